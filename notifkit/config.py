@@ -1,0 +1,461 @@
+"""Settings: one frozen dataclass built once from the environment and passed down.
+
+Nothing else in notifkit reads ``os.environ``. Every value can also be given in code
+(``Settings(...)`` or ``Settings.from_env(overrides)``). Invalid values raise
+:class:`ConfigError`, whose message names the variable; the CLI turns it into one line on
+stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+SERVICES: tuple[str, ...] = (
+    "api",
+    "enricher",
+    "engine",
+    "delivery",
+    "scheduler",
+    "ai",
+    "workflow",
+    "events",
+)
+EMAIL_TRANSPORTS = ("resend", "sendgrid", "smtp")
+LOG_FORMATS = ("json", "text")
+_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:-]{0,64}$")
+
+
+class ConfigError(ValueError):
+    """A setting is missing or invalid; ``variable`` names it as the environment spells it."""
+
+    def __init__(self, variable: str, problem: str) -> None:
+        super().__init__(f"{variable}: {problem}")
+        self.variable = variable
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class EmailSettings:
+    transport: str | None = None  # resend | sendgrid | smtp; None = email disabled
+    from_addr: str = "notifkit <no-reply@notifkit.local>"
+    resend_api_key: str | None = None
+    resend_base_url: str = "https://api.resend.com"
+    sendgrid_api_key: str | None = None
+    sendgrid_base_url: str = "https://api.sendgrid.com"
+    smtp_url: str | None = None
+
+
+@dataclass(frozen=True)
+class SmsSettings:
+    account_sid: str | None = None
+    auth_token: str | None = None
+    from_number: str | None = None
+    base_url: str = "https://api.twilio.com"
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.account_sid and self.auth_token)
+
+
+@dataclass(frozen=True)
+class PushSettings:
+    project_id: str | None = None
+    access_token: str | None = None
+    credentials_file: str | None = None
+    base_url: str = "https://fcm.googleapis.com"
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.project_id and (self.access_token or self.credentials_file))
+
+
+@dataclass(frozen=True)
+class AiSettings:
+    api_key: str | None = None
+    base_url: str = "https://api.openai.com/v1"
+    model: str = "gpt-4o-mini"
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.api_key)
+
+
+@dataclass(frozen=True)
+class WebhookSecrets:
+    """Secrets that verify provider callbacks (``POST /v1/webhooks/{provider}/{projectId}``)."""
+
+    resend: str | None = None
+    sendgrid: str | None = None
+    fcm: str | None = None
+    smtp: str | None = None
+    twilio_auth_token: str | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
+    services: tuple[str, ...] = SERVICES
+    namespace: str = ""
+    worker_concurrency: int = 50
+    queue_max_len: int = 10_000_000
+    idempotency_ttl_s: int = 3600
+    caller_idempotency_ttl_s: int = 24 * 3600
+    reclaim_interval_s: float = 60.0
+    reclaim_min_idle_s: float = 60.0
+    max_attempts: int = 3
+    enricher_max_attempts: int = 5
+    attempts_ttl_s: int = 2 * 3600
+    heartbeat_interval_s: float = 5.0
+    heartbeat_ttl_s: int = 30
+    read_block_ms: int = 1000
+    shutdown_grace_s: float = 10.0
+    db_max_connections: int = 2
+    db_schema: str = "public"
+    auto_migrate: bool = True
+    host: str = "0.0.0.0"
+    port: int = 8080
+    admin_key: str | None = None
+    secret: str = "notifkit-development-secret"
+    public_url: str = "http://127.0.0.1:8080"
+    provider_timeout_s: float = 10.0
+    max_body_bytes: int = 1024 * 1024
+    api_rate_per_second: float = 100.0
+    api_rate_burst: int = 200
+    throttle_limit: int = 0  # 0 = no per-user throttle unless a project sets one
+    throttle_window_s: int = 3600
+    scheduler_poll_interval_s: float = 0.5
+    scheduler_lock_ttl_s: int = 30
+    workflow_lock_ttl_s: int = 60
+    simulator_url: str | None = None
+    simulator_smtp: str | None = None
+    log_format: str = "json"
+    log_level: str = "INFO"
+    email: EmailSettings = field(default_factory=EmailSettings)
+    sms: SmsSettings = field(default_factory=SmsSettings)
+    push: PushSettings = field(default_factory=PushSettings)
+    ai: AiSettings = field(default_factory=AiSettings)
+    webhooks: WebhookSecrets = field(default_factory=WebhookSecrets)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_env(
+        cls, env: Mapping[str, str] | None = None, **overrides: Any
+    ) -> Settings:
+        """Build settings from ``env`` (default ``os.environ``); ``overrides`` win."""
+        import os
+
+        source = os.environ if env is None else env
+        values = _read_env(source)
+        values.update(overrides)
+        return _apply_simulator(cls(**values), source)
+
+    def max_attempts_for(self, service: str) -> int:
+        return self.enricher_max_attempts if service == "enricher" else self.max_attempts
+
+
+# ---------------------------------------------------------------------------
+# Reading the environment
+
+
+def _get(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name)
+    if value is None:
+        return None
+    value = value.strip()
+    return value or None
+
+
+def _int(env: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
+    raw = _get(env, name)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(name, f"must be a whole number, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(name, f"must be at least {minimum}, got {value}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, minimum: float = 0.0) -> float | None:
+    raw = _get(env, name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(name, f"must be a number, got {raw!r}") from None
+    if not value >= minimum:  # also rejects NaN
+        raise ConfigError(name, f"must be at least {minimum}, got {raw}")
+    return value
+
+
+def _bool(env: Mapping[str, str], name: str) -> bool | None:
+    raw = _get(env, name)
+    if raw is None:
+        return None
+    lowered = raw.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(name, f"must be true or false, got {raw!r}")
+
+
+def parse_services(raw: str, variable: str = "NOTIFKIT_SERVICES") -> tuple[str, ...]:
+    """``"all"`` or a comma-separated list of service names, in canonical order."""
+    names = [part.strip().lower() for part in raw.split(",") if part.strip()]
+    if not names:
+        raise ConfigError(variable, "names no service; use 'all' or e.g. 'api,delivery'")
+    if "all" in names:
+        return SERVICES
+    unknown = [name for name in names if name not in SERVICES]
+    if unknown:
+        raise ConfigError(
+            variable,
+            f"unknown service {unknown[0]!r}; choose from all, {', '.join(SERVICES)}",
+        )
+    return tuple(name for name in SERVICES if name in names)
+
+
+def _read_env(env: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+
+    def put(key: str, value: Any) -> None:
+        if value is not None:
+            values[key] = value
+
+    put("redis_url", _get(env, "REDIS_URL"))
+    put("database_url", _get(env, "DATABASE_URL"))
+    services = _get(env, "NOTIFKIT_SERVICES")
+    if services is not None:
+        values["services"] = parse_services(services)
+    namespace = env.get("NOTIFKIT_NAMESPACE")
+    if namespace is not None:
+        values["namespace"] = namespace.strip()
+    put("worker_concurrency", _int(env, "WORKER_CONCURRENCY", 1))
+    put("queue_max_len", _int(env, "QUEUE_MAX_LEN", 1))
+    put("idempotency_ttl_s", _int(env, "IDEMPOTENCY_TTL_SECONDS", 1))
+    put("reclaim_interval_s", _float(env, "RECLAIM_INTERVAL_SECONDS", 0.01))
+    put("reclaim_min_idle_s", _float(env, "RECLAIM_MIN_IDLE_SECONDS", 0.0))
+    put("max_attempts", _int(env, "MAX_ATTEMPTS", 1))
+    put("enricher_max_attempts", _int(env, "ENRICHER_MAX_ATTEMPTS", 1))
+    put("db_max_connections", _int(env, "DB_MAX_CONNECTIONS", 1))
+    put("db_schema", _get(env, "DB_SCHEMA"))
+    put("auto_migrate", _bool(env, "AUTO_MIGRATE"))
+    put("host", _get(env, "HOST"))
+    put("port", _int(env, "PORT", 0))
+    put("admin_key", _get(env, "NOTIFKIT_ADMIN_KEY"))
+    put("secret", _get(env, "NOTIFKIT_SECRET"))
+    put("public_url", _get(env, "NOTIFKIT_PUBLIC_URL"))
+    put("provider_timeout_s", _float(env, "PROVIDER_TIMEOUT_SECONDS", 0.001))
+    put("max_body_bytes", _int(env, "MAX_BODY_BYTES", 1))
+    put("api_rate_per_second", _float(env, "API_RATE_PER_SECOND", 0.001))
+    put("api_rate_burst", _int(env, "API_RATE_BURST", 1))
+    put("throttle_limit", _int(env, "THROTTLE_LIMIT", 0))
+    put("throttle_window_s", _int(env, "THROTTLE_WINDOW_SECONDS", 1))
+    put("scheduler_poll_interval_s", _float(env, "SCHEDULER_POLL_INTERVAL_SECONDS", 0.01))
+    put("heartbeat_interval_s", _float(env, "HEARTBEAT_INTERVAL_SECONDS", 0.1))
+    put("shutdown_grace_s", _float(env, "SHUTDOWN_GRACE_SECONDS", 0.0))
+    put("simulator_url", _get(env, "NOTIFKIT_SIMULATOR_URL"))
+    put("simulator_smtp", _get(env, "NOTIFKIT_SIMULATOR_SMTP"))
+    put("log_format", _get(env, "LOG_FORMAT"))
+    put("log_level", _get(env, "LOG_LEVEL"))
+
+    email = EmailSettings()
+    values["email"] = dataclasses.replace(
+        email,
+        transport=_email_transport(env),
+        from_addr=_get(env, "EMAIL_FROM") or email.from_addr,
+        resend_api_key=_get(env, "RESEND_API_KEY"),
+        resend_base_url=_get(env, "RESEND_BASE_URL") or email.resend_base_url,
+        sendgrid_api_key=_get(env, "SENDGRID_API_KEY"),
+        sendgrid_base_url=_get(env, "SENDGRID_BASE_URL") or email.sendgrid_base_url,
+        smtp_url=_get(env, "SMTP_URL"),
+    )
+    sms = SmsSettings()
+    values["sms"] = SmsSettings(
+        account_sid=_get(env, "TWILIO_ACCOUNT_SID"),
+        auth_token=_get(env, "TWILIO_AUTH_TOKEN"),
+        from_number=_get(env, "TWILIO_FROM"),
+        base_url=_get(env, "TWILIO_BASE_URL") or sms.base_url,
+    )
+    push = PushSettings()
+    values["push"] = PushSettings(
+        project_id=_get(env, "FCM_PROJECT_ID"),
+        access_token=_get(env, "FCM_ACCESS_TOKEN"),
+        credentials_file=_get(env, "FCM_CREDENTIALS_FILE"),
+        base_url=_get(env, "FCM_BASE_URL") or push.base_url,
+    )
+    ai = AiSettings()
+    values["ai"] = AiSettings(
+        api_key=_get(env, "OPENAI_API_KEY"),
+        base_url=_get(env, "OPENAI_BASE_URL") or ai.base_url,
+        model=_get(env, "OPENAI_MODEL") or ai.model,
+    )
+    values["webhooks"] = WebhookSecrets(
+        resend=_get(env, "RESEND_WEBHOOK_SECRET"),
+        sendgrid=_get(env, "SENDGRID_WEBHOOK_SECRET"),
+        fcm=_get(env, "FCM_WEBHOOK_SECRET"),
+        smtp=_get(env, "SMTP_WEBHOOK_SECRET"),
+        twilio_auth_token=_get(env, "TWILIO_AUTH_TOKEN"),
+    )
+    return values
+
+
+def _email_transport(env: Mapping[str, str]) -> str | None:
+    """EMAIL_TRANSPORT, else inferred from whichever provider credential is set."""
+    explicit = _get(env, "EMAIL_TRANSPORT")
+    if explicit is not None:
+        return explicit.lower()
+    for variable, name in (("RESEND_API_KEY", "resend"), ("SENDGRID_API_KEY", "sendgrid"),
+                           ("SMTP_URL", "smtp")):
+        if _get(env, variable) is not None:
+            return name
+    return None
+
+
+SIMULATOR_PLACEHOLDER_KEY = "sim-placeholder-key"
+
+
+def _apply_simulator(settings: Settings, env: Mapping[str, str]) -> Settings:
+    """Point every transport that is not otherwise configured at the simulators."""
+    base = settings.simulator_url
+    smtp = settings.simulator_smtp
+    if not base and not smtp:
+        return settings
+    email, sms, push, ai = settings.email, settings.sms, settings.push, settings.ai
+    if base:
+        base = base.rstrip("/")
+        if email.transport is None and not email.smtp_url and not smtp:
+            email = dataclasses.replace(
+                email,
+                transport="resend",
+                resend_api_key=email.resend_api_key or SIMULATOR_PLACEHOLDER_KEY,
+                resend_base_url=base if _get(env, "RESEND_BASE_URL") is None
+                else email.resend_base_url,
+            )
+        if not sms.enabled:
+            sms = SmsSettings(
+                account_sid="AC" + "0" * 32,
+                auth_token=SIMULATOR_PLACEHOLDER_KEY,
+                from_number=sms.from_number or "+15005550006",
+                base_url=base,
+            )
+        if not push.enabled:
+            push = PushSettings(
+                project_id="notifkit-sim",
+                access_token=SIMULATOR_PLACEHOLDER_KEY,
+                base_url=base,
+            )
+        if not ai.enabled:
+            ai = AiSettings(api_key=SIMULATOR_PLACEHOLDER_KEY, base_url=base + "/v1",
+                            model=ai.model)
+    if smtp and email.transport is None:
+        email = dataclasses.replace(email, transport="smtp", smtp_url=f"smtp://{smtp}")
+    return settings.replace(email=email, sms=sms, push=push, ai=ai)
+
+
+# ---------------------------------------------------------------------------
+# Validation: every message names the environment variable.
+
+
+def _check_url(variable: str, value: str | None, schemes: tuple[str, ...]) -> None:
+    if value is None:
+        return
+    parts = urlsplit(value)
+    if parts.scheme not in schemes or not parts.netloc:
+        raise ConfigError(
+            variable, f"must be a {' or '.join(s + '://' for s in schemes)} URL, got {value!r}"
+        )
+
+
+def _validate(s: Settings) -> None:
+    _check_url("REDIS_URL", s.redis_url, ("redis", "rediss", "unix"))
+    _check_url("DATABASE_URL", s.database_url, ("postgresql", "postgres"))
+    if not s.services:
+        raise ConfigError("NOTIFKIT_SERVICES", "names no service")
+    unknown = [name for name in s.services if name not in SERVICES]
+    if unknown:
+        raise ConfigError("NOTIFKIT_SERVICES", f"unknown service {unknown[0]!r}")
+    if not _NAMESPACE_RE.match(s.namespace):
+        raise ConfigError(
+            "NOTIFKIT_NAMESPACE", "may hold only letters, digits and _ . : - (64 at most)"
+        )
+    if not _SCHEMA_RE.match(s.db_schema):
+        raise ConfigError(
+            "DB_SCHEMA", f"must be a lower-case SQL identifier, got {s.db_schema!r}"
+        )
+    positive = {
+        "WORKER_CONCURRENCY": s.worker_concurrency,
+        "QUEUE_MAX_LEN": s.queue_max_len,
+        "IDEMPOTENCY_TTL_SECONDS": s.idempotency_ttl_s,
+        "DB_MAX_CONNECTIONS": s.db_max_connections,
+        "MAX_ATTEMPTS": s.max_attempts,
+        "ENRICHER_MAX_ATTEMPTS": s.enricher_max_attempts,
+        "PROVIDER_TIMEOUT_SECONDS": s.provider_timeout_s,
+        "RECLAIM_INTERVAL_SECONDS": s.reclaim_interval_s,
+    }
+    for variable, value in positive.items():
+        if not value > 0:
+            raise ConfigError(variable, f"must be greater than 0, got {value}")
+    if not 0 <= s.port <= 65535:
+        raise ConfigError("PORT", f"must be a TCP port (0-65535), got {s.port}")
+    if s.reclaim_min_idle_s < 0:
+        raise ConfigError("RECLAIM_MIN_IDLE_SECONDS", "must not be negative")
+    if s.log_format not in LOG_FORMATS:
+        raise ConfigError("LOG_FORMAT", f"must be json or text, got {s.log_format!r}")
+    if s.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError(
+            "LOG_LEVEL", f"must be DEBUG, INFO, WARNING or ERROR, got {s.log_level!r}"
+        )
+    if len(s.secret) < 16:
+        raise ConfigError("NOTIFKIT_SECRET", "must be at least 16 characters")
+    if s.admin_key is not None and len(s.admin_key) < 16:
+        raise ConfigError("NOTIFKIT_ADMIN_KEY", "must be at least 16 characters")
+    _check_url("NOTIFKIT_SIMULATOR_URL", s.simulator_url, ("http", "https"))
+    _check_url("NOTIFKIT_PUBLIC_URL", s.public_url, ("http", "https"))
+    if s.simulator_smtp is not None and not re.match(r"^[^:\s]+:\d{1,5}$", s.simulator_smtp):
+        raise ConfigError("NOTIFKIT_SIMULATOR_SMTP", f"must be host:port, got {s.simulator_smtp!r}")
+    _validate_email(s.email)
+    _check_url("TWILIO_BASE_URL", s.sms.base_url, ("http", "https"))
+    _check_url("FCM_BASE_URL", s.push.base_url, ("http", "https"))
+    _check_url("OPENAI_BASE_URL", s.ai.base_url, ("http", "https"))
+    if s.push.project_id and not (s.push.access_token or s.push.credentials_file):
+        raise ConfigError("FCM_ACCESS_TOKEN", "is required with FCM_PROJECT_ID "
+                          "(or set FCM_CREDENTIALS_FILE)")
+    if bool(s.sms.account_sid) != bool(s.sms.auth_token):
+        missing = "TWILIO_AUTH_TOKEN" if s.sms.account_sid else "TWILIO_ACCOUNT_SID"
+        raise ConfigError(missing, "is required when the other Twilio credential is set")
+
+
+def _validate_email(e: EmailSettings) -> None:
+    if e.transport is None:
+        return
+    if e.transport not in EMAIL_TRANSPORTS:
+        raise ConfigError(
+            "EMAIL_TRANSPORT", f"must be resend, sendgrid or smtp, got {e.transport!r}"
+        )
+    _check_url("RESEND_BASE_URL", e.resend_base_url, ("http", "https"))
+    _check_url("SENDGRID_BASE_URL", e.sendgrid_base_url, ("http", "https"))
+    if e.transport == "resend" and not e.resend_api_key:
+        raise ConfigError("RESEND_API_KEY", "is required when EMAIL_TRANSPORT=resend")
+    if e.transport == "sendgrid" and not e.sendgrid_api_key:
+        raise ConfigError("SENDGRID_API_KEY", "is required when EMAIL_TRANSPORT=sendgrid")
+    if e.transport == "smtp":
+        if not e.smtp_url:
+            raise ConfigError("SMTP_URL", "is required when EMAIL_TRANSPORT=smtp")
+        _check_url("SMTP_URL", e.smtp_url, ("smtp", "smtps"))

@@ -1,0 +1,103 @@
+"""Deduplication (CONTRACT §4): pure key functions and provisional marks.
+
+A mark ``notif:processed:{stage}:{key}`` holds the *owner* of the claim: the stream entry
+that made it (``Entry.owner``, stable across reclaims and DLQ replays). So:
+
+- a different entry with the same key finds the mark and is a duplicate;
+- a reclaimed retry of the same entry finds its own mark and proceeds, even when a crash left
+  the mark behind;
+- when an attempt fails the worker releases the entry's marks (compare-and-delete), so the
+  retry is never swallowed.
+
+Claiming is one ``SET key owner NX GET EX ttl`` per key, pipelined for a whole batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from redis.asyncio import Redis
+
+from notifkit.keys import Keys
+from notifkit.worker import Entry
+
+STAGES = ("enricher", "engine", "ai", "delivery")
+
+
+# -- pure key functions ---------------------------------------------------------------
+# Parts are joined with ":" after escaping "\" and ":" in each, so distinct inputs can never
+# produce the same key (("a:b", "c") and ("a", "b:c") differ).
+
+
+def _join(*parts: str) -> str:
+    return ":".join(p.replace("\\", "\\\\").replace(":", "\\:") for p in parts)
+
+
+def enricher_key(project_id: str, *, idempotency_key: str | None, event_id: str) -> str:
+    """``projectId:idempotencyKey``, else ``projectId:eventId`` (tagged so they never meet)."""
+    if idempotency_key:
+        return _join(project_id, "key", idempotency_key)
+    return _join(project_id, "event", event_id)
+
+
+def engine_key(raw_event_id: str, recipient_id: str, channel: str) -> str:
+    return _join(raw_event_id, recipient_id, channel)
+
+
+def ai_key(enriched_event_id: str, recipient_id: str, channel: str) -> str:
+    return _join(enriched_event_id, recipient_id, channel, "ai")
+
+
+def delivery_key(task_id: str) -> str:
+    return _join(task_id)
+
+
+class Dedup:
+    """Provisional dedup marks for one stage."""
+
+    def __init__(self, redis: Redis, keys: Keys, stage: str, ttl_s: int) -> None:
+        if stage not in STAGES:
+            raise ValueError(f"unknown dedup stage {stage!r}")
+        self.redis = redis
+        self.keys = keys
+        self.stage = stage
+        self.ttl_s = ttl_s
+
+    async def claim(self, entry: Entry, key: str, ttl_s: int | None = None) -> bool:
+        return (await self.claim_many([(entry, key, ttl_s)]))[0]
+
+    async def claim_many(
+        self, claims: Sequence[tuple[Entry, str, int | None]]
+    ) -> list[bool]:
+        """True where the entry may proceed (fresh mark or its own), False for duplicates.
+
+        Claimed keys are recorded on the entry so the worker releases them if it fails.
+        """
+        if not claims:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for entry, key, ttl_s in claims:
+            pipe.set(
+                self.keys.processed(self.stage, key), entry.owner,
+                ex=max(1, int(ttl_s or self.ttl_s)), nx=True, get=True,
+            )
+        previous = await pipe.execute()
+        allowed: list[bool] = []
+        for (entry, key, _ttl), before in zip(claims, previous, strict=True):
+            mine = before is None or _text(before) == entry.owner
+            if mine:
+                entry.marks.append(self.keys.processed(self.stage, key))
+            allowed.append(mine)
+        return allowed
+
+    async def extend(self, key: str, ttl_s: int) -> None:
+        """Keep a mark at least ``ttl_s`` (a scheduled send must stay deduplicated until it
+        has gone out)."""
+        name = self.keys.processed(self.stage, key)
+        current = await self.redis.ttl(name)
+        if current is not None and 0 <= current < ttl_s:
+            await self.redis.expire(name, ttl_s)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

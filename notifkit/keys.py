@@ -1,0 +1,178 @@
+"""Every Redis name notifkit uses, built in one place. This comment is the key schema.
+
+Streams (one consumer group per service reads each; ``{p}`` is critical | normal | low):
+
+    notifkit:stream:inbound:{p}        api, workflow         -> enricher
+    notifkit:stream:enriched:{p}       enricher, delivery    -> engine   (delivery: fallback)
+    notifkit:stream:outbound:{p}       engine, scheduler, ai -> delivery
+    notifkit:stream:ai:pending         engine                -> ai
+    notifkit:stream:scheduled          engine, delivery      -> scheduler (sendAt, quiet hours, 429)
+    notifkit:stream:workflow:inbound   api, events, timers   -> workflow
+    notifkit:stream:events:inbound     api, delivery, worker -> events
+    notifkit:stream:dlq                any worker            -> humans, via /v1/dlq
+
+Consumer groups are ``notifkit:group:{service}``; consumers are ``{service}-{hostname}-{pid}``.
+
+Other keys:
+
+    notif:scheduled:zset:{0..f}              ZSET  task id -> due time (ms); shard = last hex
+                                                   digit of the task id
+    notif:workflow:timers                    ZSET  "instanceId:token" -> wake time (ms)
+    notif:lock:scheduler:poll                STR   token of the one polling scheduler, 30 s TTL
+    lock:workflow:{instanceId}               STR   token of the instance's runner, 60 s TTL
+    throttle:{projectId}:user:{userId}       ZSET  sliding window of send times per user
+    notif:processed:{stage}:{dedupKey}       STR   dedup mark = id of the stream entry that
+                                                   claimed it; 1 h TTL (24 h for caller keys)
+    notif:attempts:{group}:{entryId}         STR   attempt counter, 2 h TTL, deleted on ack
+    notif:health:{consumer}                  STR   JSON heartbeat, a few beats' TTL
+    notif:ratelimit:{provider}:{projectId}   HASH  token bucket shared by delivery processes
+    notif:apirate:{projectId}                HASH  API request token bucket per project
+    notif:idempotency:api:{projectId}:{key}  STR   first response to a caller's idempotency key
+    notif:channel:keys                       PUB/SUB  API-key revocations
+    notif:channel:inbox:{projectId}:{userId} PUB/SUB  new in-app messages (SSE)
+
+A namespace (``NOTIFKIT_NAMESPACE``) prefixes every name as ``{namespace}:{name}`` so several
+deployments or test runs can share one Redis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+PRIORITIES: Final = ("critical", "normal", "low")
+SCHEDULER_SHARDS: Final = "0123456789abcdef"
+
+
+@dataclass(frozen=True)
+class Keys:
+    namespace: str = ""
+
+    def _k(self, name: str) -> str:
+        return f"{self.namespace}:{name}" if self.namespace else name
+
+    # -- streams --------------------------------------------------------------
+    def inbound(self, priority: str) -> str:
+        return self._k(f"notifkit:stream:inbound:{_priority(priority)}")
+
+    def enriched(self, priority: str) -> str:
+        return self._k(f"notifkit:stream:enriched:{_priority(priority)}")
+
+    def outbound(self, priority: str) -> str:
+        return self._k(f"notifkit:stream:outbound:{_priority(priority)}")
+
+    def inbound_all(self) -> list[str]:
+        return [self.inbound(p) for p in PRIORITIES]
+
+    def enriched_all(self) -> list[str]:
+        return [self.enriched(p) for p in PRIORITIES]
+
+    def outbound_all(self) -> list[str]:
+        return [self.outbound(p) for p in PRIORITIES]
+
+    @property
+    def ai_pending(self) -> str:
+        return self._k("notifkit:stream:ai:pending")
+
+    @property
+    def scheduled(self) -> str:
+        return self._k("notifkit:stream:scheduled")
+
+    @property
+    def workflow_inbound(self) -> str:
+        return self._k("notifkit:stream:workflow:inbound")
+
+    @property
+    def events_inbound(self) -> str:
+        return self._k("notifkit:stream:events:inbound")
+
+    @property
+    def dlq(self) -> str:
+        return self._k("notifkit:stream:dlq")
+
+    def all_streams(self) -> list[str]:
+        return [
+            *self.inbound_all(),
+            *self.enriched_all(),
+            *self.outbound_all(),
+            self.ai_pending,
+            self.scheduled,
+            self.workflow_inbound,
+            self.events_inbound,
+            self.dlq,
+        ]
+
+    def group(self, service: str) -> str:
+        # Group names live inside a stream, so they need no namespace of their own.
+        return f"notifkit:group:{service}"
+
+    # -- scheduler and workflow -----------------------------------------------
+    def scheduled_zset(self, task_id: str) -> str:
+        return self.scheduled_shard(shard_of(task_id))
+
+    def scheduled_shard(self, shard: str) -> str:
+        return self._k(f"notif:scheduled:zset:{shard}")
+
+    def scheduled_shards(self) -> list[str]:
+        return [self.scheduled_shard(s) for s in SCHEDULER_SHARDS]
+
+    @property
+    def workflow_timers(self) -> str:
+        return self._k("notif:workflow:timers")
+
+    @property
+    def scheduler_lock(self) -> str:
+        return self._k("notif:lock:scheduler:poll")
+
+    def workflow_lock(self, instance_id: str) -> str:
+        return self._k(f"lock:workflow:{instance_id}")
+
+    # -- per-message state ------------------------------------------------------
+    def throttle(self, project_id: str, user_id: str) -> str:
+        return self._k(f"throttle:{project_id}:user:{user_id}")
+
+    def processed(self, stage: str, dedup_key: str) -> str:
+        return self._k(f"notif:processed:{stage}:{dedup_key}")
+
+    def attempts(self, group: str, entry_id: str) -> str:
+        return self._k(f"notif:attempts:{group}:{entry_id}")
+
+    def health(self, consumer: str) -> str:
+        return self._k(f"notif:health:{consumer}")
+
+    def health_pattern(self) -> str:
+        return self._k("notif:health:*")
+
+    def health_prefix(self) -> str:
+        return self._k("notif:health:")
+
+    # -- rate limits, API state, pub/sub -------------------------------------------
+    def provider_bucket(self, provider: str, project_id: str) -> str:
+        return self._k(f"notif:ratelimit:{provider}:{project_id}")
+
+    def api_rate(self, project_id: str) -> str:
+        return self._k(f"notif:apirate:{project_id}")
+
+    def api_idempotency(self, project_id: str, key: str) -> str:
+        return self._k(f"notif:idempotency:api:{project_id}:{key}")
+
+    @property
+    def key_revocations(self) -> str:
+        return self._k("notif:channel:keys")
+
+    def inbox_channel(self, project_id: str, user_id: str) -> str:
+        return self._k(f"notif:channel:inbox:{project_id}:{user_id}")
+
+
+def shard_of(task_id: str) -> str:
+    """The scheduler shard of a task: the last hex digit of its id (``0`` if none)."""
+    for char in reversed(task_id.lower()):
+        if char in SCHEDULER_SHARDS:
+            return char
+    return "0"
+
+
+def _priority(priority: str) -> str:
+    if priority not in PRIORITIES:
+        raise ValueError(f"unknown priority {priority!r}")
+    return priority

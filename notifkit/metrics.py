@@ -1,0 +1,30 @@
+"""Prometheus metrics shared by every service in a process (exposed by the api at /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+PROCESSED = Counter(
+    "notifkit_processed_total", "Stream entries processed and acked.", ["service", "stream"]
+)
+FAILED = Counter(
+    "notifkit_failed_total", "Failed processing attempts (left pending for reclaim).",
+    ["service", "stream"],
+)
+DEAD_LETTERED = Counter(
+    "notifkit_dead_lettered_total", "Entries moved to the DLQ.", ["service", "stream"]
+)
+MALFORMED = Counter(
+    "notifkit_malformed_total", "Unparseable entries acked at once.", ["service", "stream"]
+)
+RECLAIMED = Counter(
+    "notifkit_reclaimed_total", "Entries taken over by the reclaim sweep.", ["service", "stream"]
+)
+DELIVERIES = Counter(
+    "notifkit_deliveries_total", "Provider send outcomes.", ["channel", "provider", "outcome"]
+)
+PROVIDER_LATENCY = Histogram(
+    "notifkit_provider_latency_seconds", "Time a provider took to answer a send.",
+    ["channel", "provider"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)

@@ -1,0 +1,61 @@
+"""Stream plumbing: one JSON field per entry, trimmed XADDs, idempotent group creation.
+
+Every entry is ``{"data": <json object>}``. Anything else on a stream is malformed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import ResponseError
+
+from notifkit import codec
+from notifkit.errors import MalformedPayload
+
+DATA_FIELD = b"data"
+
+
+def encode(payload: Mapping[str, Any]) -> dict[Any, Any]:
+    return {DATA_FIELD: codec.dumps(payload)}
+
+
+def decode(fields: Mapping[bytes, bytes] | None) -> dict[str, Any]:
+    """The payload of a stream entry; :class:`MalformedPayload` if it will never parse."""
+    if not fields or DATA_FIELD not in fields:
+        raise MalformedPayload("entry has no 'data' field")
+    try:
+        payload = codec.loads(fields[DATA_FIELD])
+    except (ValueError, TypeError) as exc:
+        raise MalformedPayload(f"'data' is not JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise MalformedPayload("'data' is not a JSON object")
+    return payload
+
+
+async def xadd(redis: Redis, stream: str, payload: Mapping[str, Any], maxlen: int) -> str:
+    entry_id = await redis.xadd(stream, encode(payload), maxlen=maxlen, approximate=True)
+    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+
+
+def queue_xadd(pipe: Pipeline, stream: str, payload: Mapping[str, Any], maxlen: int) -> None:
+    pipe.xadd(stream, encode(payload), maxlen=maxlen, approximate=True)
+
+
+async def ensure_group(redis: Redis, stream: str, group: str) -> None:
+    """Create ``group`` on ``stream`` (and the stream) reading from the start; idempotent.
+
+    Starting at ``0`` rather than ``$`` means entries written before the first consumer of a
+    service started are still delivered to it.
+    """
+    try:
+        await redis.xgroup_create(stream, group, id="0", mkstream=True)
+    except ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def as_str(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,508 @@
+"""The stream worker: CONTRACT §3 as one small loop around a service's batch processor.
+
+    read (priority fill, bounded by free capacity)
+      -> INCR attempt counters (one pipeline)  -> over the limit? dead-letter
+      -> process(batch)                         -> per-entry success or failure
+      -> success: XADD the entry's outputs + XACK + DEL counter, in one MULTI
+      -> failure: release its dedup marks, ack nothing; last attempt? dead-letter
+    reclaim sweep: XAUTOCLAIM idle entries every ``reclaim_interval_s`` and run them again
+
+Outputs are written in the same MULTI/EXEC as the ack, so a crash can never leave a stage
+having emitted its output without acking its input (or the reverse). Side effects outside
+Redis (provider calls, PostgreSQL rows) are the processor's to make idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from notifkit import codec, metrics
+from notifkit.config import Settings
+from notifkit.errors import MalformedPayload, PermanentFailure
+from notifkit.keys import Keys
+from notifkit.streams import as_str, decode, ensure_group, queue_xadd
+
+log = logging.getLogger("notifkit.worker")
+
+# Compare-and-delete: only the entry that claimed a dedup mark may release it.
+_RELEASE_MARKS = """
+local n = 0
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[1] then n = n + redis.call('DEL', key) end
+end
+return n
+"""
+
+
+def consumer_name(service: str) -> str:
+    """``{service}-{hostname}-{pid}``: two containers both running as pid 1 must differ."""
+    return f"{service}-{socket.gethostname()}-{os.getpid()}"
+
+
+def utc_now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(slots=True, eq=False)
+class Entry:
+    """One stream entry handed to a processor.
+
+    A processor marks a failure with :meth:`fail` (or by raising, which fails the whole
+    batch) and queues outputs with :meth:`emit`; outputs of failed entries are discarded.
+    """
+
+    stream: str
+    id: str
+    payload: dict[str, Any]
+    attempt: int
+    reclaimed: bool = False
+    error: BaseException | None = None
+    emits: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    marks: list[str] = field(default_factory=list)
+
+    @property
+    def owner(self) -> str:
+        """Who holds this entry's dedup marks. Stable across reclaims and DLQ replays."""
+        replay_of = self.payload.get("_replayOf")
+        return replay_of if isinstance(replay_of, str) else f"{self.stream}/{self.id}"
+
+    def emit(self, stream: str, payload: Mapping[str, Any]) -> None:
+        self.emits.append((stream, dict(payload)))
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+
+
+BatchProcessor = Callable[[list[Entry]], Awaitable[None]]
+
+
+@dataclass
+class WorkerStats:
+    processed: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+    malformed: int = 0
+    reclaimed: int = 0
+    max_in_flight: int = 0
+
+
+class StreamWorker:
+    """Consumes ``streams`` (highest priority first) through ``notifkit:group:{service}``."""
+
+    def __init__(
+        self,
+        *,
+        redis: Redis,
+        settings: Settings,
+        service: str,
+        streams: Sequence[str],
+        process: BatchProcessor,
+        consumer: str | None = None,
+        max_attempts: int | None = None,
+        concurrency: int | None = None,
+    ) -> None:
+        if not streams:
+            raise ValueError("a worker needs at least one stream")
+        self.redis = redis
+        self.settings = settings
+        self.keys = Keys(settings.namespace)
+        self.service = service
+        self.streams = list(streams)
+        self.group = self.keys.group(service)
+        self.consumer = consumer or consumer_name(service)
+        self.process = process
+        self.max_attempts = max_attempts or settings.max_attempts_for(service)
+        self.concurrency = concurrency or settings.worker_concurrency
+        self.stats = WorkerStats()
+        self._in_flight: dict[tuple[str, str], Entry] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._capacity = asyncio.Event()
+        self._capacity.set()
+        self._stopping = asyncio.Event()
+        self._loops: list[asyncio.Task[None]] = []
+        self._groups_ready = False
+        self._release = redis.register_script(_RELEASE_MARKS)
+
+    # -- lifecycle ----------------------------------------------------------------
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    async def ensure_groups(self) -> None:
+        if not self._groups_ready:
+            for stream in self.streams:
+                await ensure_group(self.redis, stream, self.group)
+            self._groups_ready = True
+
+    async def start(self) -> None:
+        await self.ensure_groups()
+        self._stopping.clear()
+        self._loops = [
+            asyncio.create_task(self._read_loop(), name=f"{self.consumer}:read"),
+            asyncio.create_task(self._reclaim_loop(), name=f"{self.consumer}:reclaim"),
+            asyncio.create_task(self._heartbeat_loop(), name=f"{self.consumer}:heartbeat"),
+        ]
+        log.info("Worker started; reading %s.", ", ".join(self.streams),
+                 extra={"service": self.service, "consumer": self.consumer})
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Stop reading, let in-flight work finish for ``grace_s``, then cancel the rest.
+
+        Cancelled work is not acked: it stays pending and another process reclaims it.
+        """
+        grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
+        self._stopping.set()
+        for task in self._loops:
+            task.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        self._loops = []
+        if self._tasks:
+            _done, pending = await asyncio.wait(self._tasks, timeout=grace)
+            if pending:
+                stuck = [f"{e.stream}/{e.id}" for e in self._in_flight.values()]
+                log.warning(
+                    "Shutdown grace period over; cancelling %d batches. Their entries stay "
+                    "pending and will be reclaimed: %s", len(pending), ", ".join(stuck[:20]),
+                    extra={"service": self.service},
+                )
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+        with contextlib.suppress(RedisError):
+            await self.redis.delete(self.keys.health(self.consumer))
+        log.info("Worker stopped.", extra={"service": self.service, "consumer": self.consumer})
+
+    async def run_until_idle(self, *, reclaim: bool = True, max_rounds: int = 10_000) -> int:
+        """Process everything available (new entries, and reclaimable ones when ``reclaim``)
+        until a round finds nothing; returns how many entries were handled. For tests."""
+        await self.ensure_groups()
+        handled = 0
+        for _ in range(max_rounds):
+            found = 0
+            if reclaim:
+                found += await self.reclaim_once()
+            while self.concurrency - self.in_flight > 0:
+                batch = await self._read_new(self.concurrency - self.in_flight, block_ms=None)
+                if not batch:
+                    break
+                found += len(batch)
+            if self._tasks:
+                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+            handled += found
+            if not found:
+                return handled
+        return handled
+
+    # -- reading ------------------------------------------------------------------
+    async def _read_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                free = self.concurrency - self.in_flight
+                if free <= 0:
+                    self._capacity.clear()
+                    await self._capacity.wait()
+                    continue
+                await self._read_new(free, block_ms=self.settings.read_block_ms)
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError) as exc:
+                log.warning("Reading %s failed (%s); retrying in 1 s.", self.service, exc,
+                            extra={"service": self.service})
+                await asyncio.sleep(1.0)
+            except Exception:
+                log.exception("Unexpected error in the read loop; retrying in 1 s.",
+                              extra={"service": self.service})
+                await asyncio.sleep(1.0)
+
+    async def _read_new(self, free: int, *, block_ms: int | None) -> list[Entry]:
+        """Fill ``free`` slots from the streams in priority order, then dispatch."""
+        raw: list[tuple[str, str, Mapping[bytes, bytes] | None]] = []
+        for stream in self.streams:
+            want = free - len(raw)
+            if want <= 0:
+                break
+            raw.extend(await self._xread({stream: ">"}, want, None))
+        if not raw and block_ms is not None:
+            # Nothing anywhere: block on every stream at once. ``count`` per stream keeps the
+            # total within the free capacity.
+            per_stream = free // len(self.streams)
+            if per_stream >= 1:
+                raw = await self._xread({s: ">" for s in self.streams}, per_stream, block_ms)
+            else:
+                await asyncio.sleep(block_ms / 1000)
+        if not raw:
+            return []
+        return await self._dispatch(raw, reclaimed=False)
+
+    async def _xread(
+        self, streams: dict[str, str], count: int, block_ms: int | None
+    ) -> list[tuple[str, str, Mapping[bytes, bytes] | None]]:
+        reply: Any = await self.redis.xreadgroup(
+            self.group, self.consumer, streams, count=count, block=block_ms  # type: ignore[arg-type]
+        )
+        out: list[tuple[str, str, Mapping[bytes, bytes] | None]] = []
+        for stream, entries in reply or []:
+            name = as_str(stream)
+            for entry_id, fields in entries:
+                out.append((name, as_str(entry_id), fields))
+        return out
+
+    # -- reclaiming ---------------------------------------------------------------
+    async def _reclaim_loop(self) -> None:
+        while not self._stopping.is_set():
+            await asyncio.sleep(self.settings.reclaim_interval_s)
+            try:
+                await self.reclaim_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a chore: log and carry on
+                log.warning("Reclaim sweep failed (%s); next sweep in %.1f s.", exc,
+                            self.settings.reclaim_interval_s, extra={"service": self.service})
+
+    async def reclaim_once(self) -> int:
+        """XAUTOCLAIM entries idle past ``reclaim_min_idle_s`` (up to free capacity) and
+        dispatch them; returns how many were taken over."""
+        min_idle_ms = int(self.settings.reclaim_min_idle_s * 1000)
+        total = 0
+        for stream in self.streams:
+            cursor = "0-0"
+            while True:
+                free = self.concurrency - self.in_flight
+                if free <= 0:
+                    return total
+                reply: Any = await self.redis.xautoclaim(
+                    stream, self.group, self.consumer, min_idle_ms, cursor, count=free
+                )
+                cursor = as_str(reply[0])
+                claimed = [
+                    (stream, as_str(entry_id), fields)
+                    for entry_id, fields in reply[1]
+                    if (stream, as_str(entry_id)) not in self._in_flight
+                ]
+                if claimed:
+                    total += len(claimed)
+                    self.stats.reclaimed += len(claimed)
+                    metrics.RECLAIMED.labels(self.service, stream).inc(len(claimed))
+                    log.info("Reclaimed %d idle entries from %s.", len(claimed), stream,
+                             extra={"service": self.service})
+                    await self._dispatch(claimed, reclaimed=True)
+                if cursor == "0-0":
+                    break
+        return total
+
+    # -- dispatching ----------------------------------------------------------------
+    async def _dispatch(
+        self, raw: list[tuple[str, str, Mapping[bytes, bytes] | None]], *, reclaimed: bool
+    ) -> list[Entry]:
+        parsed: list[tuple[str, str, dict[str, Any]]] = []
+        malformed: list[tuple[str, str, str]] = []
+        for stream, entry_id, fields in raw:
+            try:
+                parsed.append((stream, entry_id, decode(fields)))
+            except MalformedPayload as exc:
+                malformed.append((stream, entry_id, str(exc)))
+
+        pipe = self.redis.pipeline(transaction=False)
+        for _stream, entry_id, _payload in parsed:
+            key = self.keys.attempts(self.group, entry_id)
+            pipe.incr(key)
+            pipe.expire(key, self.settings.attempts_ttl_s)
+        for stream, entry_id, _reason in malformed:
+            pipe.xack(stream, self.group, entry_id)
+            pipe.delete(self.keys.attempts(self.group, entry_id))
+        results = await pipe.execute()
+
+        for stream, entry_id, reason in malformed:
+            self.stats.malformed += 1
+            metrics.MALFORMED.labels(self.service, stream).inc()
+            log.error("Acked a malformed entry without processing it: %s.", reason,
+                      extra={"service": self.service, "stream": stream, "entry_id": entry_id})
+
+        batch: list[Entry] = []
+        over_limit: list[Entry] = []
+        for index, (stream, entry_id, payload) in enumerate(parsed):
+            attempt = int(results[index * 2])
+            entry = Entry(stream, entry_id, payload, attempt, reclaimed)
+            if attempt > self.max_attempts:
+                entry.attempt = attempt - 1  # the attempts actually made
+                entry.error = RuntimeError(
+                    f"gave up after {entry.attempt} attempts (last one never finished)"
+                )
+                over_limit.append(entry)
+            else:
+                batch.append(entry)
+        if over_limit:
+            await self._dead_letter(over_limit)
+        if batch:
+            for entry in batch:
+                self._in_flight[(entry.stream, entry.id)] = entry
+            self.stats.max_in_flight = max(self.stats.max_in_flight, self.in_flight)
+            task = asyncio.create_task(self._run(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return batch
+
+    async def _run(self, batch: list[Entry]) -> None:
+        try:
+            try:
+                await self.process(batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                for entry in batch:
+                    if entry.error is None:
+                        entry.error = exc
+            done = [e for e in batch if e.error is None]
+            failed = [e for e in batch if e.error is not None]
+            if done:
+                await asyncio.shield(self._commit(done))
+            if failed:
+                await asyncio.shield(self._handle_failures(failed))
+        except asyncio.CancelledError:
+            pass  # left pending: another process (or this one) reclaims it
+        except Exception:
+            log.exception("Could not record the outcome of a batch; its entries stay pending "
+                          "and will be reclaimed.", extra={"service": self.service})
+        finally:
+            for entry in batch:
+                self._in_flight.pop((entry.stream, entry.id), None)
+            self._capacity.set()
+
+    async def _commit(self, done: list[Entry]) -> None:
+        maxlen = self.settings.queue_max_len
+        pipe = self.redis.pipeline(transaction=True)
+        for entry in done:
+            for stream, payload in entry.emits:
+                queue_xadd(pipe, stream, payload, maxlen)
+            pipe.xack(entry.stream, self.group, entry.id)
+            pipe.delete(self.keys.attempts(self.group, entry.id))
+        await pipe.execute()
+        self.stats.processed += len(done)
+        for entry in done:
+            metrics.PROCESSED.labels(self.service, entry.stream).inc()
+
+    async def _handle_failures(self, failed: list[Entry]) -> None:
+        last: list[Entry] = []
+        for entry in failed:
+            self.stats.failed += 1
+            metrics.FAILED.labels(self.service, entry.stream).inc()
+            permanent = isinstance(entry.error, PermanentFailure)
+            final = permanent or entry.attempt >= self.max_attempts
+            log.warning(
+                "Attempt %d of %d failed: %s. %s", entry.attempt, self.max_attempts,
+                entry.error,
+                "Dead-lettering it." if final else "It stays pending for the reclaim sweep.",
+                extra=_ids(self.service, entry),
+            )
+            if entry.marks:
+                await self._release(keys=entry.marks, args=[entry.owner])
+                entry.marks.clear()
+            if final:
+                last.append(entry)
+        if last:
+            await self._dead_letter(last)
+
+    async def _dead_letter(self, entries: list[Entry]) -> None:
+        """DLQ entry + ``notification:failed`` + XACK + DEL counter, atomically per batch."""
+        maxlen = self.settings.queue_max_len
+        now = utc_now_iso()
+        pipe = self.redis.pipeline(transaction=True)
+        for entry in entries:
+            payload = entry.payload
+            record = {
+                "stream": entry.stream,
+                "group": self.group,
+                "entryId": entry.id,
+                "service": self.service,
+                "payload": payload,
+                "error": _describe(entry.error),
+                "attempts": entry.attempt,
+                "failedAt": now,
+                "projectId": payload.get("projectId"),
+                "replayOf": entry.owner,
+            }
+            queue_xadd(pipe, self.keys.dlq, record, maxlen)
+            if entry.stream != self.keys.events_inbound:
+                queue_xadd(pipe, self.keys.events_inbound, failed_event(entry, record), maxlen)
+            pipe.xack(entry.stream, self.group, entry.id)
+            pipe.delete(self.keys.attempts(self.group, entry.id))
+        await pipe.execute()
+        for entry in entries:
+            self.stats.dead_lettered += 1
+            metrics.DEAD_LETTERED.labels(self.service, entry.stream).inc()
+            log.error("Moved to the dead-letter queue after %d attempts; replay it with "
+                      "POST /v1/dlq/{id}/replay once the cause is fixed.", entry.attempt,
+                      extra=_ids(self.service, entry))
+
+    # -- heartbeat -----------------------------------------------------------------
+    async def _heartbeat_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                await self.beat()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("Heartbeat failed (%s); trying again.", exc,
+                            extra={"service": self.service})
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
+
+    async def beat(self) -> None:
+        beat = {
+            "service": self.service,
+            "consumer": self.consumer,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "lastBeat": utc_now_iso(),
+            "inFlight": self.in_flight,
+            "processed": self.stats.processed,
+            "ts": time.time(),
+        }
+        await self.redis.set(
+            self.keys.health(self.consumer), codec.dumps(beat), ex=self.settings.heartbeat_ttl_s
+        )
+
+
+def failed_event(entry: Entry, record: Mapping[str, Any]) -> dict[str, Any]:
+    p = entry.payload
+    return {
+        "type": "notification:failed",
+        "projectId": p.get("projectId"),
+        "eventId": p.get("eventId"),
+        "taskId": p.get("taskId"),
+        "userId": p.get("userId"),
+        "channel": p.get("channel"),
+        "campaignId": p.get("campaignId"),
+        "stream": entry.stream,
+        "entryId": entry.id,
+        "error": record["error"],
+        "attempts": entry.attempt,
+        "at": record["failedAt"],
+    }
+
+
+def _describe(error: BaseException | None) -> str:
+    if error is None:
+        return "unknown error"
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _ids(service: str, entry: Entry) -> dict[str, Any]:
+    p = entry.payload
+    fields: dict[str, Any] = {"service": service, "stream": entry.stream, "entry_id": entry.id}
+    for key, name in (("eventId", "event_id"), ("taskId", "task_id"), ("projectId", "project_id")):
+        if p.get(key):
+            fields[name] = p[key]
+    return fields
