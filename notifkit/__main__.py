@@ -1,0 +1,127 @@
+"""``python -m notifkit``: serve (default), migrate, dev.
+
+    python -m notifkit                              # every service
+    python -m notifkit serve --services api,engine  # a subset
+    python -m notifkit migrate                      # apply database migrations, then exit
+
+Configuration comes from the environment (see the README's table). Invalid configuration
+exits with status 2 and one line naming the variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from notifkit import __version__
+from notifkit.config import ConfigError, Settings, parse_services
+from notifkit.log import setup_logging
+
+log = logging.getLogger("notifkit")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m notifkit",
+        description="Reliable multi-channel notifications on Redis Streams and PostgreSQL.",
+    )
+    parser.add_argument("--version", action="version", version=f"notifkit {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = commands.add_parser("serve", help="run services (the default command)")
+    serve.add_argument(
+        "--services",
+        help="comma-separated services to run, or 'all' (default: NOTIFKIT_SERVICES or all)",
+    )
+    serve.add_argument("--port", type=int, help="HTTP port of the api service (default: PORT)")
+    commands.add_parser("migrate", help="apply pending database migrations and exit")
+    dev = commands.add_parser(
+        "dev", help="run everything locally with the simulators as providers"
+    )
+    dev.add_argument("--data-dir", default=".notifkit", help="where local data is kept")
+    dev.add_argument("--port", type=int, default=8080, help="HTTP port of the api service")
+    return parser
+
+
+def load_settings(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, object] = {}
+    services = getattr(args, "services", None)
+    if services:
+        overrides["services"] = parse_services(services, "--services")
+    port = getattr(args, "port", None)
+    if port is not None:
+        if not 0 <= port <= 65535:
+            raise ConfigError("--port", f"must be a TCP port (0-65535), got {port}")
+        overrides["port"] = port
+    return Settings.from_env(**overrides)
+
+
+async def serve(settings: Settings) -> int:
+    from notifkit.server import NotifkitServer
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signum, stop.set)
+    server = NotifkitServer(settings=settings)
+    try:
+        await server.start()
+    except Exception as exc:
+        await server.stop()
+        log.error("notifkit could not start: %s", exc)
+        return 1
+    await stop.wait()
+    log.info("Stopping: finishing in-flight work (up to %.0f s).", settings.shutdown_grace_s)
+    await server.stop()
+    return 0
+
+
+async def migrate_only(settings: Settings) -> int:
+    from notifkit.db.migrate import migrate
+
+    applied = await migrate(settings)
+    print(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else ""))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = args.command or "serve"
+    try:
+        settings = load_settings(args)
+    except ConfigError as exc:
+        print(f"notifkit: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(settings.log_format, settings.log_level)
+    try:
+        _install_event_loop()
+        if command == "migrate":
+            return asyncio.run(migrate_only(settings))
+        if command == "dev":
+            from notifkit.dev import run_dev
+
+            return asyncio.run(run_dev(settings, data_dir=args.data_dir, port=args.port))
+        return asyncio.run(serve(settings))
+    except KeyboardInterrupt:
+        return 130
+    except (OSError, ConnectionError) as exc:
+        print(f"notifkit: {exc}", file=sys.stderr)
+        return 1
+
+
+def _install_event_loop() -> None:
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""NotifkitServer: run any subset of the eight services in this process.
+
+    async with NotifkitServer(services=["api", "delivery"], redis_url=..., database_url=...):
+        ...
+
+Processes started with different service lists against the same Redis and PostgreSQL form one
+system. Each service owns its connections, so the same code serves a laptop and a fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import Any
+
+from notifkit.config import SERVICES, ConfigError, Settings, parse_services
+from notifkit.services.base import Service
+
+log = logging.getLogger("notifkit.server")
+
+# Service name -> "module:class". Imported only when the service is asked for.
+REGISTRY: dict[str, str] = {
+    "api": "notifkit.services.api.service:ApiService",
+    "enricher": "notifkit.services.enricher:EnricherService",
+    "engine": "notifkit.services.engine:EngineService",
+    "delivery": "notifkit.services.delivery:DeliveryService",
+    "scheduler": "notifkit.services.scheduler:SchedulerService",
+    "ai": "notifkit.services.ai:AiService",
+    "workflow": "notifkit.services.workflow:WorkflowService",
+    "events": "notifkit.services.events:EventsService",
+}
+
+
+def service_class(name: str) -> type[Service]:
+    if name not in REGISTRY:
+        raise ConfigError("NOTIFKIT_SERVICES", f"unknown service {name!r}")
+    module_name, _, class_name = REGISTRY[name].partition(":")
+    module = importlib.import_module(module_name)
+    cls: type[Service] = getattr(module, class_name)
+    return cls
+
+
+def resolve_services(services: str | Iterable[str] | None) -> tuple[str, ...]:
+    if services is None:
+        return SERVICES
+    if isinstance(services, str):
+        return parse_services(services, "services")
+    return parse_services(",".join(services), "services")
+
+
+class NotifkitServer:
+    """Starts the chosen services (default: all), owns their lifecycles."""
+
+    def __init__(
+        self,
+        services: str | Sequence[str] | None = None,
+        *,
+        settings: Settings | None = None,
+        redis_url: str | None = None,
+        database_url: str | None = None,
+        auto_migrate: bool | None = None,
+        worker_concurrency: int | None = None,
+        transports: Sequence[Any] | None = None,
+        **overrides: Any,
+    ) -> None:
+        for key, value in (
+            ("redis_url", redis_url),
+            ("database_url", database_url),
+            ("auto_migrate", auto_migrate),
+            ("worker_concurrency", worker_concurrency),
+        ):
+            if value is not None:
+                overrides[key] = value
+        base = settings if settings is not None else Settings.from_env()
+        chosen = resolve_services(services) if services is not None else base.services
+        self.settings = base.replace(services=chosen, **overrides)
+        self.transports = list(transports or [])
+        self.services: dict[str, Service] = {}
+        self._started = False
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        if self.settings.auto_migrate:
+            from notifkit.db.migrate import migrate
+
+            await migrate(self.settings)
+        started: list[Service] = []
+        try:
+            for name in self.settings.services:
+                cls = service_class(name)
+                service = cls(self.settings, transports=self.transports)
+                await service.start()
+                self.services[name] = service
+                started.append(service)
+        except BaseException:
+            for service in reversed(started):
+                await _stop_quietly(service)
+            self.services.clear()
+            raise
+        self._started = True
+        log.info("notifkit is running: %s.", ", ".join(self.settings.services))
+
+    async def stop(self) -> None:
+        # Upstream first, so nothing new is produced for services already stopped.
+        for service in list(self.services.values()):
+            await _stop_quietly(service)
+        self.services.clear()
+        self._started = False
+
+    def service(self, name: str) -> Service:
+        return self.services[name]
+
+    async def run_until_idle(self, *, max_rounds: int = 1000) -> int:
+        """Run every started service until none finds work. For tests and scenarios."""
+        total = 0
+        for _ in range(max_rounds):
+            done = 0
+            for service in self.services.values():
+                done += await service.run_until_idle()
+            total += done
+            if not done:
+                break
+        return total
+
+    async def __aenter__(self) -> NotifkitServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+
+async def _stop_quietly(service: Service) -> None:
+    try:
+        await service.stop()
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("Stopping the %s service failed; carrying on with the others.",
+                      service.name)

@@ -1,0 +1,1 @@
+"""The eight services. Each is importable on its own; none imports another."""

@@ -1,0 +1,108 @@
+"""What every service is: something that starts, stops, and owns its own connections.
+
+A :class:`WorkerService` is a service built around one :class:`~notifkit.worker.StreamWorker`:
+it opens its own Redis client and (when it needs one) its own PostgreSQL pool, so any subset of
+services can run in any process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import asyncpg
+from redis.asyncio import Redis
+
+from notifkit.config import Settings
+from notifkit.keys import Keys
+from notifkit.worker import Entry, StreamWorker
+
+log = logging.getLogger("notifkit.services")
+
+
+def open_redis(settings: Settings, *, max_connections: int = 64) -> Redis:
+    return Redis.from_url(
+        settings.redis_url, max_connections=max_connections, health_check_interval=30
+    )
+
+
+class Service:
+    """Base class: subclasses set ``name`` and override :meth:`start` / :meth:`stop`."""
+
+    name: ClassVar[str] = ""
+    needs_db: ClassVar[bool] = True
+
+    def __init__(self, settings: Settings, **options: Any) -> None:
+        self.settings = settings
+        self.keys = Keys(settings.namespace)
+        self.options = options
+        self.redis: Redis = open_redis(settings)
+        self.db: asyncpg.Pool | None = None
+
+    async def open(self) -> None:
+        if self.needs_db and self.db is None:
+            from notifkit.db.pool import create_pool
+
+            self.db = await create_pool(self.settings)
+
+    async def close(self) -> None:
+        if self.db is not None:
+            await self.db.close()
+            self.db = None
+        await self.redis.aclose()
+
+    async def start(self) -> None:
+        await self.open()
+
+    async def stop(self) -> None:
+        await self.close()
+
+    async def run_until_idle(self) -> int:
+        """Process whatever is available and return how much was done (0 = idle)."""
+        return 0
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        if self.db is None:
+            raise RuntimeError(f"the {self.name} service has not been started")
+        return self.db
+
+
+class WorkerService(Service):
+    """A service that consumes streams through the worker contract."""
+
+    def streams(self) -> Sequence[str]:
+        raise NotImplementedError
+
+    async def process(self, batch: list[Entry]) -> None:
+        raise NotImplementedError
+
+    def __init__(self, settings: Settings, **options: Any) -> None:
+        super().__init__(settings, **options)
+        self.worker = StreamWorker(
+            redis=self.redis,
+            settings=settings,
+            service=self.name,
+            streams=self.streams(),
+            process=self.process,
+            consumer=options.get("consumer"),
+        )
+        self._background: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        await self.open()
+        await self.worker.start()
+
+    async def stop(self) -> None:
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        self._background = []
+        await self.worker.stop()
+        await self.close()
+
+    async def run_until_idle(self) -> int:
+        await self.open()
+        return await self.worker.run_until_idle()
