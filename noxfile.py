@@ -1,0 +1,54 @@
+"""Developer tasks: ``nox -s tests``, ``nox -s lint``, ``nox -s typecheck``, ``nox -s scenarios``,
+``nox -s bench``. Extra arguments after ``--`` go to the underlying tool."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests", "lint"]
+nox.options.reuse_existing_virtualenvs = True
+nox.options.default_venv_backend = "venv"
+
+PYPROJECT = nox.project.load_toml("pyproject.toml")
+PYTHON = "3.11"
+
+
+def install(session: nox.Session, *groups: str, extras: str = "fast") -> None:
+    session.install("-e", f".[{extras}]" if extras else ".")
+    for group in groups:
+        session.install(*nox.project.dependency_groups(PYPROJECT, group))
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """Unit, integration and property tests against real Redis and PostgreSQL."""
+    install(session, "test")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff over everything."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".", *session.posargs)
+
+
+@nox.session(python=PYTHON, default=False)
+def typecheck(session: nox.Session) -> None:
+    """mypy, strict on notifkit/."""
+    install(session, "lint")
+    session.run("mypy", *session.posargs)
+
+
+@nox.session(python=PYTHON, default=False)
+def scenarios(session: nox.Session) -> None:
+    """Fault scenarios against the real system as OS processes (see scenarios/)."""
+    install(session, "test")
+    session.run("python", "-m", "scenarios", "run", "all", *session.posargs)
+
+
+@nox.session(python=PYTHON, default=False)
+def bench(session: nox.Session) -> None:
+    """Throughput and latency benchmarks with baselines measured in the same run."""
+    install(session, "test")
+    session.run("python", "-m", "benchmarks", *session.posargs)

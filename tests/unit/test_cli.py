@@ -1,0 +1,64 @@
+"""The command line: invalid configuration exits 2 with one line naming the setting."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import notifkit
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("NOTIFKIT_", "REDIS"))}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "notifkit", *args],
+        capture_output=True, text=True, env=full_env, timeout=60, check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("WORKER_CONCURRENCY", "abc"),
+        ("WORKER_CONCURRENCY", "0"),
+        ("REDIS_URL", "localhost:6379"),
+        ("DATABASE_URL", "mysql://x"),
+        ("DB_SCHEMA", "Bad-Schema"),
+        ("NOTIFKIT_SERVICES", "api,nope"),
+        ("EMAIL_TRANSPORT", "pigeon"),
+        ("AUTO_MIGRATE", "perhaps"),
+        ("PROVIDER_TIMEOUT_SECONDS", "-1"),
+        ("PORT", "70000"),
+    ],
+)
+def test_invalid_configuration_exits_2_naming_the_variable(variable: str, value: str) -> None:
+    result = run_cli("serve", env={variable: value})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert variable in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_service_flag_is_named() -> None:
+    result = run_cli("serve", "--services", "api,bogus")
+    assert result.returncode == 2
+    assert "--services" in result.stderr
+    assert "bogus" in result.stderr
+
+
+def test_version() -> None:
+    result = run_cli("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"notifkit {notifkit.__version__}"
+
+
+def test_help_lists_commands() -> None:
+    result = run_cli("--help")
+    assert result.returncode == 0
+    for command in ("serve", "migrate", "dev"):
+        assert command in result.stdout
