@@ -315,13 +315,13 @@ class StreamWorker:
                 malformed.append((stream, entry_id, str(exc)))
 
         pipe = self.redis.pipeline(transaction=False)
-        for _stream, entry_id, _payload in parsed:
-            key = self.keys.attempts(self.group, entry_id)
+        for stream, entry_id, _payload in parsed:
+            key = self.keys.attempts(self.group, stream, entry_id)
             pipe.incr(key)
             pipe.expire(key, self.settings.attempts_ttl_s)
         for stream, entry_id, _reason in malformed:
             pipe.xack(stream, self.group, entry_id)
-            pipe.delete(self.keys.attempts(self.group, entry_id))
+            pipe.delete(self.keys.attempts(self.group, stream, entry_id))
         results = await pipe.execute()
 
         for stream, entry_id, reason in malformed:
@@ -387,7 +387,7 @@ class StreamWorker:
             for stream, payload in entry.emits:
                 queue_xadd(pipe, stream, payload, maxlen)
             pipe.xack(entry.stream, self.group, entry.id)
-            pipe.delete(self.keys.attempts(self.group, entry.id))
+            pipe.delete(self.keys.attempts(self.group, entry.stream, entry.id))
         await pipe.execute()
         self.stats.processed += len(done)
         for entry in done:
@@ -437,7 +437,7 @@ class StreamWorker:
             if entry.stream != self.keys.events_inbound:
                 queue_xadd(pipe, self.keys.events_inbound, failed_event(entry, record), maxlen)
             pipe.xack(entry.stream, self.group, entry.id)
-            pipe.delete(self.keys.attempts(self.group, entry.id))
+            pipe.delete(self.keys.attempts(self.group, entry.stream, entry.id))
         await pipe.execute()
         for entry in entries:
             self.stats.dead_lettered += 1

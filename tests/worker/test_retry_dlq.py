@@ -1,0 +1,183 @@
+"""Retries through the reclaim sweep, and the dead-letter queue (CONTRACT §3.3–3.5)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import pytest
+from redis.asyncio import Redis
+
+from notifkit.errors import PermanentFailure
+from notifkit.keys import Keys
+from notifkit.streams import encode
+from notifkit.worker import Entry
+
+if TYPE_CHECKING:
+    from .conftest import Add, Payloads, Pending, WorkerFactory
+
+
+class AlwaysFails:
+    """A processor that fails every entry and counts its calls per entry id."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.calls: dict[str, int] = {}
+        self.attempts_seen: list[int] = []
+
+    async def __call__(self, batch: list[Entry]) -> None:
+        for entry in batch:
+            self.calls[entry.id] = self.calls.get(entry.id, 0) + 1
+            self.attempts_seen.append(entry.attempt)
+        raise self.error
+
+
+@pytest.mark.parametrize(("service", "limit"), [("engine", 3), ("delivery", 3), ("enricher", 5)])
+async def test_a_failing_entry_is_retried_by_the_sweep_then_dead_lettered(
+    make_worker: WorkerFactory, worker_redis: Redis, keys: Keys, add: Add, pending: Pending,
+    payloads: Payloads, service: str, limit: int,
+) -> None:
+    # Given a handler that always raises, and entries reclaimable as soon as they fail
+    stream = keys.enriched("normal")
+    processor = AlwaysFails(RuntimeError("provider exploded"))
+    worker = make_worker(processor, service=service)
+    payload = {"projectId": "p1", "eventId": "ev-1", "taskId": "t-1", "userId": "u-1",
+               "channel": "email", "n": 1}
+    entry_id = await add(stream, payload)
+
+    # When the worker drains the stream (first read, then reclaim sweeps)
+    await worker.run_until_idle()
+
+    # Then it was attempted exactly `limit` times, counting 1..limit, then dead-lettered
+    assert processor.calls == {entry_id: limit}
+    assert processor.attempts_seen == list(range(1, limit + 1))
+    assert worker.stats.failed == limit
+    assert worker.stats.dead_lettered == 1
+    assert worker.stats.reclaimed == limit - 1
+
+    [dead] = await payloads(keys.dlq)
+    assert dead["stream"] == stream
+    assert dead["group"] == f"notifkit:group:{service}"
+    assert dead["entryId"] == entry_id
+    assert dead["payload"] == payload
+    assert dead["error"] == "RuntimeError: provider exploded"
+    assert dead["attempts"] == limit
+    assert datetime.fromisoformat(dead["failedAt"].replace("Z", "+00:00")).tzinfo is not None
+
+    # And a notification:failed event carries the notification's ids
+    [failed] = await payloads(keys.events_inbound)
+    assert failed["type"] == "notification:failed"
+    assert {k: failed[k] for k in ("projectId", "eventId", "taskId", "userId", "channel")} == {
+        "projectId": "p1", "eventId": "ev-1", "taskId": "t-1", "userId": "u-1",
+        "channel": "email",
+    }
+    assert failed["entryId"] == entry_id
+    assert failed["attempts"] == limit
+
+    # And the original is acked and its attempt counter is gone
+    assert await pending(stream, worker.group) == 0
+    assert await worker_redis.exists(keys.attempts(worker.group, stream, entry_id)) == 0
+
+    # And a further drain finds nothing to do
+    assert await worker.run_until_idle() == 0
+    assert processor.calls == {entry_id: limit}
+
+
+async def test_a_permanent_failure_is_dead_lettered_after_one_attempt(
+    make_worker: WorkerFactory, worker_redis: Redis, keys: Keys, add: Add, pending: Pending,
+    payloads: Payloads,
+) -> None:
+    stream = keys.enriched("normal")
+    processor = AlwaysFails(PermanentFailure("unsupported model"))
+    worker = make_worker(processor)
+    entry_id = await add(stream, {"eventId": "ev-2"})
+
+    await worker.run_until_idle()
+
+    assert processor.calls == {entry_id: 1}
+    [dead] = await payloads(keys.dlq)
+    assert dead["attempts"] == 1
+    assert dead["error"] == "PermanentFailure: unsupported model"
+    [failed] = await payloads(keys.events_inbound)
+    assert failed["type"] == "notification:failed"
+    assert failed["eventId"] == "ev-2"
+    assert await pending(stream, worker.group) == 0
+    assert await worker_redis.exists(keys.attempts(worker.group, stream, entry_id)) == 0
+
+
+async def test_one_failing_entry_does_not_fail_its_batch_neighbours(
+    make_worker: WorkerFactory, keys: Keys, add: Add, pending: Pending, payloads: Payloads,
+) -> None:
+    # Given a batch in which the processor marks only one entry as failed
+    stream = keys.enriched("normal")
+    calls: dict[str, int] = {}
+
+    async def process(batch: list[Entry]) -> None:
+        for entry in batch:
+            calls[entry.id] = calls.get(entry.id, 0) + 1
+            if entry.payload["bad"]:
+                entry.fail(RuntimeError("bad recipient"))
+
+    worker = make_worker(process)
+    good = [await add(stream, {"bad": False, "n": n}) for n in range(4)]
+    bad = await add(stream, {"bad": True})
+
+    await worker.run_until_idle()
+
+    # Then the good entries were processed once, the bad one three times then dead-lettered
+    assert calls == {**dict.fromkeys(good, 1), bad: 3}
+    assert worker.stats.processed == 4
+    assert [d["entryId"] for d in await payloads(keys.dlq)] == [bad]
+    assert await pending(stream, worker.group) == 0
+
+
+async def test_an_entry_whose_last_attempt_never_finished_is_dead_lettered_on_reclaim(
+    make_worker: WorkerFactory, worker_redis: Redis, keys: Keys, add: Add, pending: Pending,
+    payloads: Payloads,
+) -> None:
+    # Given an entry whose counter says all 3 attempts were started (the last by a process
+    # that died mid-attempt), and which is pending for that dead consumer
+    stream = keys.enriched("normal")
+    calls: list[str] = []
+
+    async def process(batch: list[Entry]) -> None:
+        calls.extend(e.id for e in batch)
+
+    worker = make_worker(process)
+    await worker.ensure_groups()
+    entry_id = await add(stream, {"eventId": "ev-3"})
+    await worker_redis.xreadgroup(worker.group, "engine-gone-1", {stream: ">"}, count=1)
+    await worker_redis.set(keys.attempts(worker.group, stream, entry_id), 3, ex=60)
+
+    # When the sweep takes it over
+    await worker.run_until_idle()
+
+    # Then it is not attempted a fourth time but dead-lettered with 3 attempts
+    assert calls == []
+    [dead] = await payloads(keys.dlq)
+    assert (dead["entryId"], dead["attempts"]) == (entry_id, 3)
+    assert await pending(stream, worker.group) == 0
+    assert await worker_redis.exists(keys.attempts(worker.group, stream, entry_id)) == 0
+
+
+async def test_entries_with_the_same_id_on_two_priority_streams_count_attempts_apart(
+    make_worker: WorkerFactory, worker_redis: Redis, keys: Keys, pending: Pending,
+    payloads: Payloads,
+) -> None:
+    # Given two failing entries that happen to get the same id on the critical and normal
+    # streams (ids are per stream: two XADDs in the same millisecond produce this)
+    processor = AlwaysFails(RuntimeError("down"))
+    worker = make_worker(processor)
+    for priority in ("critical", "normal"):
+        await worker_redis.xadd(keys.enriched(priority), encode({"p": priority}), id="5-0")
+
+    await worker.run_until_idle()
+
+    # Then each has its own attempt counter: both get exactly three attempts
+    assert processor.attempts_seen == [1, 1, 2, 2, 3, 3]
+    dead = await payloads(keys.dlq)
+    assert sorted((d["stream"], d["attempts"]) for d in dead) == [
+        (keys.enriched("critical"), 3), (keys.enriched("normal"), 3)
+    ]
+    assert await pending(keys.enriched("critical"), worker.group) == 0
+    assert await pending(keys.enriched("normal"), worker.group) == 0
