@@ -1,0 +1,112 @@
+"""PostgreSQL connections: one pool per service, every connection set up the same way.
+
+Each connection gets ``search_path`` = ``DB_SCHEMA`` (so queries and migrations use unqualified
+names) and codecs that turn ``json``/``jsonb`` into Python objects and back. The jsonb codec
+uses PostgreSQL's binary format (a version byte ``1`` followed by the JSON text), which also
+lets ``copy_records_to_table`` write jsonb columns: a text-format codec would make COPY fail.
+
+Pass Python objects (dicts, lists, strings, numbers) as json/jsonb parameters; a string is
+stored as a JSON string, not parsed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+
+from notifkit.config import Settings
+
+__all__ = ["connect", "create_pool", "init_connection", "json_dumps", "json_loads"]
+
+_JSONB_VERSION = b"\x01"
+
+
+def _stdlib_default(value: object) -> Any:
+    # The types orjson serialises natively, so both encoders accept the same values.
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _stdlib_dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False,
+                      default=_stdlib_default).encode()
+
+
+try:
+    import orjson
+
+    json_dumps: Callable[[Any], bytes] = orjson.dumps
+    json_loads: Callable[[bytes | str], Any] = orjson.loads
+except ImportError:  # pragma: no cover - orjson is an optional extra
+    json_dumps = _stdlib_dumps
+    json_loads = json.loads
+
+
+def _encode_jsonb(value: Any) -> bytes:
+    return _JSONB_VERSION + json_dumps(value)
+
+
+def _decode_jsonb(data: bytes) -> Any:
+    if data[:1] != _JSONB_VERSION:
+        raise ValueError(f"unsupported jsonb binary format version {data[:1]!r}")
+    return json_loads(data[1:])
+
+
+def _decode_json(data: bytes) -> Any:
+    return json_loads(data)
+
+
+async def init_connection(conn: asyncpg.Connection) -> None:
+    """Install the json/jsonb codecs on one connection (pools do this for every connection)."""
+    await conn.set_type_codec(
+        "jsonb", schema="pg_catalog", encoder=_encode_jsonb, decoder=_decode_jsonb,
+        format="binary",
+    )
+    await conn.set_type_codec(
+        "json", schema="pg_catalog", encoder=json_dumps, decoder=_decode_json, format="binary",
+    )
+
+
+def _server_settings(settings: Settings, application_name: str) -> dict[str, str]:
+    # DB_SCHEMA is validated as a lower-case identifier; quoting keeps words like "user" literal.
+    return {"search_path": f'"{settings.db_schema}"', "application_name": application_name}
+
+
+async def create_pool(
+    settings: Settings,
+    *,
+    min_size: int = 1,
+    max_size: int | None = None,
+    application_name: str = "notifkit",
+) -> asyncpg.Pool:
+    """A pool of at most ``max_size`` (default ``DB_MAX_CONNECTIONS``) prepared connections."""
+    size = settings.db_max_connections if max_size is None else max_size
+    pool: asyncpg.Pool = await asyncpg.create_pool(
+        settings.database_url,
+        min_size=min(min_size, size),
+        max_size=size,
+        server_settings=_server_settings(settings, application_name),
+        init=init_connection,
+    )
+    return pool
+
+
+async def connect(settings: Settings, *, application_name: str = "notifkit") -> asyncpg.Connection:
+    """One connection set up like a pool's (search_path and codecs); the caller closes it."""
+    conn: asyncpg.Connection = await asyncpg.connect(
+        settings.database_url, server_settings=_server_settings(settings, application_name)
+    )
+    try:
+        await init_connection(conn)
+    except BaseException:
+        await conn.close()
+        raise
+    return conn

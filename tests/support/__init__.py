@@ -1,0 +1,1 @@
+"""Helpers shared by the test suites (service selection for the fixtures)."""

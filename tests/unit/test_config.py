@@ -1,0 +1,195 @@
+"""Settings.from_env: the defaults of CONTRACT §9, parsing, and errors that name the variable.
+
+A deployment learns about a typo from the first line of output at start, so every invalid
+value must raise ConfigError naming the environment variable as the operator spelled it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from notifkit.config import (
+    SERVICES,
+    SIMULATOR_PLACEHOLDER_KEY,
+    ConfigError,
+    Settings,
+    parse_services,
+)
+
+
+def test_defaults_match_the_contract() -> None:
+    s = Settings.from_env({})
+    assert s.redis_url == "redis://127.0.0.1:6379/0"
+    assert s.services == SERVICES
+    assert set(SERVICES) == {
+        "api", "enricher", "engine", "delivery", "scheduler", "ai", "workflow", "events"
+    }
+    assert s.namespace == ""
+    assert s.queue_max_len == 10_000_000
+    assert s.idempotency_ttl_s == 3600
+    assert s.caller_idempotency_ttl_s == 24 * 3600
+    assert s.reclaim_interval_s == 60
+    assert s.reclaim_min_idle_s == 60
+    assert s.max_attempts == 3
+    assert s.enricher_max_attempts == 5
+    assert s.max_attempts_for("enricher") == 5
+    assert s.max_attempts_for("delivery") == 3
+    assert s.attempts_ttl_s == 2 * 3600
+    assert s.db_max_connections == 2
+    assert s.db_schema == "public"
+    assert s.auto_migrate is True
+    assert s.port == 8080
+    assert s.provider_timeout_s == 10
+    assert s.scheduler_lock_ttl_s == 30
+    assert s.workflow_lock_ttl_s == 60
+    assert s.max_body_bytes == 1024 * 1024
+    # No transport is enabled unless configured.
+    assert s.email.transport is None
+    assert not s.sms.enabled
+    assert not s.push.enabled
+    assert not s.ai.enabled
+
+
+def test_values_are_read_from_the_environment() -> None:
+    s = Settings.from_env({
+        "REDIS_URL": "redis://cache:6380/2",
+        "DATABASE_URL": "postgresql://app:pw@db:5432/notifkit",
+        "NOTIFKIT_SERVICES": "delivery, api",
+        "NOTIFKIT_NAMESPACE": "staging",
+        "WORKER_CONCURRENCY": "25",
+        "QUEUE_MAX_LEN": "1000",
+        "IDEMPOTENCY_TTL_SECONDS": "60",
+        "RECLAIM_INTERVAL_SECONDS": "0.5",
+        "RECLAIM_MIN_IDLE_SECONDS": "1.5",
+        "DB_MAX_CONNECTIONS": "4",
+        "DB_SCHEMA": "notifkit",
+        "AUTO_MIGRATE": "false",
+        "PORT": "9090",
+        "NOTIFKIT_ADMIN_KEY": "admin-key-0123456789",
+        "NOTIFKIT_SECRET": "secret-0123456789abcdef",
+        "PROVIDER_TIMEOUT_SECONDS": "2.5",
+    })
+    assert s.redis_url == "redis://cache:6380/2"
+    assert s.database_url == "postgresql://app:pw@db:5432/notifkit"
+    assert s.services == ("api", "delivery")  # canonical order
+    assert s.namespace == "staging"
+    assert s.worker_concurrency == 25
+    assert s.queue_max_len == 1000
+    assert s.idempotency_ttl_s == 60
+    assert (s.reclaim_interval_s, s.reclaim_min_idle_s) == (0.5, 1.5)
+    assert s.db_max_connections == 4
+    assert s.db_schema == "notifkit"
+    assert s.auto_migrate is False
+    assert s.port == 9090
+    assert s.admin_key == "admin-key-0123456789"
+    assert s.secret == "secret-0123456789abcdef"
+    assert s.provider_timeout_s == 2.5
+
+
+def test_code_overrides_win_over_the_environment() -> None:
+    s = Settings.from_env({"WORKER_CONCURRENCY": "7", "DB_SCHEMA": "env"},
+                          worker_concurrency=9, db_schema="code")
+    assert (s.worker_concurrency, s.db_schema) == (9, "code")
+
+
+@pytest.mark.parametrize("raw", ["all", "api,all", " ALL "])
+def test_all_means_every_service(raw: str) -> None:
+    assert parse_services(raw) == SERVICES
+
+
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        ({"WORKER_CONCURRENCY": "abc"}, "WORKER_CONCURRENCY"),
+        ({"WORKER_CONCURRENCY": "0"}, "WORKER_CONCURRENCY"),
+        ({"QUEUE_MAX_LEN": "1e3"}, "QUEUE_MAX_LEN"),
+        ({"REDIS_URL": "foo"}, "REDIS_URL"),
+        ({"DATABASE_URL": "mysql://db/app"}, "DATABASE_URL"),
+        ({"DB_SCHEMA": "Bad-Name"}, "DB_SCHEMA"),
+        ({"DB_SCHEMA": "1abc"}, "DB_SCHEMA"),
+        ({"DB_MAX_CONNECTIONS": "-1"}, "DB_MAX_CONNECTIONS"),
+        ({"NOTIFKIT_SERVICES": "api,nope"}, "NOTIFKIT_SERVICES"),
+        ({"NOTIFKIT_SERVICES": ","}, "NOTIFKIT_SERVICES"),
+        ({"NOTIFKIT_NAMESPACE": "has space"}, "NOTIFKIT_NAMESPACE"),
+        ({"AUTO_MIGRATE": "maybe"}, "AUTO_MIGRATE"),
+        ({"PORT": "70000"}, "PORT"),
+        ({"PORT": "http"}, "PORT"),
+        ({"RECLAIM_INTERVAL_SECONDS": "nan"}, "RECLAIM_INTERVAL_SECONDS"),
+        ({"RECLAIM_MIN_IDLE_SECONDS": "-1"}, "RECLAIM_MIN_IDLE_SECONDS"),
+        ({"IDEMPOTENCY_TTL_SECONDS": "0"}, "IDEMPOTENCY_TTL_SECONDS"),
+        ({"PROVIDER_TIMEOUT_SECONDS": "0"}, "PROVIDER_TIMEOUT_SECONDS"),
+        ({"NOTIFKIT_SECRET": "short"}, "NOTIFKIT_SECRET"),
+        ({"NOTIFKIT_ADMIN_KEY": "short"}, "NOTIFKIT_ADMIN_KEY"),
+        ({"LOG_FORMAT": "xml"}, "LOG_FORMAT"),
+        ({"EMAIL_TRANSPORT": "pigeon"}, "EMAIL_TRANSPORT"),
+        ({"EMAIL_TRANSPORT": "resend"}, "RESEND_API_KEY"),
+        ({"EMAIL_TRANSPORT": "sendgrid"}, "SENDGRID_API_KEY"),
+        ({"EMAIL_TRANSPORT": "smtp"}, "SMTP_URL"),
+        ({"SMTP_URL": "http://mail:25"}, "SMTP_URL"),
+        ({"RESEND_API_KEY": "k", "RESEND_BASE_URL": "resend.local"}, "RESEND_BASE_URL"),
+        ({"TWILIO_ACCOUNT_SID": "AC1"}, "TWILIO_AUTH_TOKEN"),
+        ({"TWILIO_BASE_URL": "ftp://twilio"}, "TWILIO_BASE_URL"),
+        ({"FCM_PROJECT_ID": "p"}, "FCM_ACCESS_TOKEN"),
+        ({"OPENAI_BASE_URL": "openai"}, "OPENAI_BASE_URL"),
+        ({"NOTIFKIT_SIMULATOR_URL": "ftp://sim"}, "NOTIFKIT_SIMULATOR_URL"),
+        ({"NOTIFKIT_SIMULATOR_SMTP": "nohost"}, "NOTIFKIT_SIMULATOR_SMTP"),
+    ],
+)
+def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env(env)
+    assert caught.value.variable == variable
+    assert str(caught.value).startswith(f"{variable}: ")
+
+
+def test_invalid_values_given_in_code_name_the_variable_too() -> None:
+    with pytest.raises(ConfigError, match=r"^DB_SCHEMA: "):
+        Settings(db_schema="Bad-Name")
+    with pytest.raises(ConfigError, match=r"^WORKER_CONCURRENCY: "):
+        Settings.from_env({}, worker_concurrency=0)
+
+
+def test_empty_values_count_as_unset() -> None:
+    assert Settings.from_env({"WORKER_CONCURRENCY": "", "DB_SCHEMA": "  "}) == Settings()
+
+
+def test_simulator_url_configures_every_unconfigured_transport() -> None:
+    s = Settings.from_env({"NOTIFKIT_SIMULATOR_URL": "http://sim:9000/"})
+    assert s.email.transport == "resend"
+    assert s.email.resend_base_url == "http://sim:9000"
+    assert s.email.resend_api_key == SIMULATOR_PLACEHOLDER_KEY
+    assert s.sms.enabled
+    assert s.sms.base_url == "http://sim:9000"
+    assert s.push.enabled
+    assert s.push.base_url == "http://sim:9000"
+    assert s.ai.enabled
+    assert s.ai.base_url == "http://sim:9000/v1"
+
+
+def test_simulator_url_leaves_configured_transports_alone() -> None:
+    s = Settings.from_env({
+        "NOTIFKIT_SIMULATOR_URL": "http://sim:9000",
+        "EMAIL_TRANSPORT": "sendgrid",
+        "SENDGRID_API_KEY": "real-key",
+        "TWILIO_ACCOUNT_SID": "ACreal",
+        "TWILIO_AUTH_TOKEN": "real-token",
+    })
+    assert (s.email.transport, s.email.sendgrid_api_key) == ("sendgrid", "real-key")
+    assert s.email.sendgrid_base_url == "https://api.sendgrid.com"
+    assert (s.sms.account_sid, s.sms.base_url) == ("ACreal", "https://api.twilio.com")
+    assert s.push.base_url == "http://sim:9000"  # still unconfigured, so simulated
+
+
+def test_simulator_smtp_takes_email_when_it_is_unconfigured() -> None:
+    s = Settings.from_env({
+        "NOTIFKIT_SIMULATOR_URL": "http://sim:9000",
+        "NOTIFKIT_SIMULATOR_SMTP": "sim:2525",
+    })
+    assert (s.email.transport, s.email.smtp_url) == ("smtp", "smtp://sim:2525")
+    assert s.sms.base_url == "http://sim:9000"
+
+
+def test_email_transport_is_inferred_from_the_credential_set() -> None:
+    assert Settings.from_env({"RESEND_API_KEY": "k"}).email.transport == "resend"
+    assert Settings.from_env({"SENDGRID_API_KEY": "k"}).email.transport == "sendgrid"
+    assert Settings.from_env({"SMTP_URL": "smtp://u:p@mail:25"}).email.transport == "smtp"
