@@ -194,10 +194,10 @@ class StreamWorker:
             if reclaim:
                 found += await self.reclaim_once()
             while self.concurrency - self.in_flight > 0:
-                batch = await self._read_new(self.concurrency - self.in_flight, block_ms=None)
-                if not batch:
+                taken = await self._read_new(self.concurrency - self.in_flight, block_ms=None)
+                if not taken:
                     break
-                found += len(batch)
+                found += taken
             if self._tasks:
                 await asyncio.gather(*list(self._tasks), return_exceptions=True)
             handled += found
@@ -226,8 +226,10 @@ class StreamWorker:
                               extra={"service": self.service})
                 await asyncio.sleep(1.0)
 
-    async def _read_new(self, free: int, *, block_ms: int | None) -> list[Entry]:
-        """Fill ``free`` slots from the streams in priority order, then dispatch."""
+    async def _read_new(self, free: int, *, block_ms: int | None) -> int:
+        """Fill ``free`` slots from the streams in priority order, then dispatch; returns how
+        many entries were taken off the streams (malformed and dead-lettered ones included,
+        so a read that yields only those still counts as progress)."""
         raw: list[tuple[str, str, Mapping[bytes, bytes] | None]] = []
         for stream in self.streams:
             want = free - len(raw)
@@ -243,8 +245,9 @@ class StreamWorker:
             else:
                 await asyncio.sleep(block_ms / 1000)
         if not raw:
-            return []
-        return await self._dispatch(raw, reclaimed=False)
+            return 0
+        await self._dispatch(raw, reclaimed=False)
+        return len(raw)
 
     async def _xread(
         self, streams: dict[str, str], count: int, block_ms: int | None
