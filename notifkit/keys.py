@@ -17,6 +17,12 @@ Other keys:
 
     notif:scheduled:zset:{0..f}              ZSET  task id -> due time (ms); shard = last hex
                                                    digit of the task id
+    notif:scheduled:payload:{0..f}           HASH  task id -> "{target stream}\n{entry JSON}":
+                                                   what the move script XADDs when it is due
+    notif:scheduled:moved:{0..f}             ZSET  task id -> due time (ms) of tasks moved whose
+                                                   scheduled_payloads row is not deleted yet
+    notif:scheduled:ready                    STR   set once the shards are built; missing =
+                                                   Redis lost them, rebuild from PostgreSQL
     notif:workflow:timers                    ZSET  "instanceId:token" -> wake time (ms)
     notif:lock:scheduler:poll                STR   token of the one polling scheduler, 30 s TTL
     lock:workflow:{instanceId}               STR   token of the instance's runner, 60 s TTL
@@ -119,6 +125,16 @@ class Keys:
 
     def scheduled_shards(self) -> list[str]:
         return [self.scheduled_shard(s) for s in SCHEDULER_SHARDS]
+
+    def scheduled_payloads(self, shard: str) -> str:
+        return self._k(f"notif:scheduled:payload:{shard}")
+
+    def scheduled_moved(self, shard: str) -> str:
+        return self._k(f"notif:scheduled:moved:{shard}")
+
+    @property
+    def scheduled_ready(self) -> str:
+        return self._k("notif:scheduled:ready")
 
     @property
     def workflow_timers(self) -> str:
