@@ -21,7 +21,6 @@ chooses explicitly.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -30,8 +29,8 @@ import redis.asyncio as aioredis
 from hypothesis import settings as hypothesis_settings
 
 from notifkit.config import Settings
-from notifkit.db.migrate import migrate_connection
 from notifkit.db.pool import create_pool
+from tests.support.isolation import isolated_namespace, isolated_schema
 from tests.support.services import (
     POSTGRES,
     REDIS,
@@ -93,20 +92,8 @@ def database_url(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 async def namespace(redis_url: str) -> AsyncIterator[str]:
     """A namespace no other test uses; every ``{namespace}:*`` key is deleted afterwards."""
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    yield name
-    client = aioredis.Redis.from_url(redis_url)
-    try:
-        batch: list[bytes] = []
-        async for key in client.scan_iter(match=f"{name}:*", count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                await client.unlink(*batch)
-                batch.clear()
-        if batch:
-            await client.unlink(*batch)
-    finally:
-        await client.aclose()
+    async with isolated_namespace(redis_url) as name:
+        yield name
 
 
 @pytest.fixture
@@ -121,18 +108,8 @@ async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 @pytest.fixture
 async def db_schema(database_url: str) -> AsyncIterator[str]:
     """A schema of its own, migrated to the latest version; dropped with everything in it."""
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(database_url)
-    try:
-        await migrate_connection(conn, schema)
+    async with isolated_schema(database_url) as schema:
         yield schema
-    finally:
-        try:
-            # A test that left a transaction open makes this wait: fail its teardown, don't hang.
-            await conn.execute("SET lock_timeout = '10s'")
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            await conn.close()
 
 
 @pytest.fixture

@@ -1,9 +1,10 @@
 """PostgreSQL connections: one pool per service, every connection set up the same way.
 
 Each connection gets ``search_path`` = ``DB_SCHEMA`` (so queries and migrations use unqualified
-names) and codecs that turn ``json``/``jsonb`` into Python objects and back. The jsonb codec
-uses PostgreSQL's binary format (a version byte ``1`` followed by the JSON text), which also
-lets ``copy_records_to_table`` write jsonb columns: a text-format codec would make COPY fail.
+names) and codecs that turn ``json``/``jsonb`` into Python objects and back with
+:mod:`notifkit.codec` (orjson when installed). The jsonb codec uses PostgreSQL's binary format
+(a version byte ``1`` followed by the JSON text), which also lets ``copy_records_to_table``
+write jsonb columns: a text-format codec would make COPY fail.
 
 Pass Python objects (dicts, lists, strings, numbers) as json/jsonb parameters; a string is
 stored as a JSON string, not parsed.
@@ -11,43 +12,17 @@ stored as a JSON string, not parsed.
 
 from __future__ import annotations
 
-import datetime
-import json
-import uuid
-from collections.abc import Callable
 from typing import Any
 
 import asyncpg
 
+from notifkit.codec import dumps as json_dumps
+from notifkit.codec import loads as json_loads
 from notifkit.config import Settings
 
-__all__ = ["connect", "create_pool", "init_connection", "json_dumps", "json_loads"]
+__all__ = ["connect", "create_pool", "init_connection"]
 
 _JSONB_VERSION = b"\x01"
-
-
-def _stdlib_default(value: object) -> Any:
-    # The types orjson serialises natively, so both encoders accept the same values.
-    if isinstance(value, datetime.date | datetime.time):
-        return value.isoformat()
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def _stdlib_dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False,
-                      default=_stdlib_default).encode()
-
-
-try:
-    import orjson
-
-    json_dumps: Callable[[Any], bytes] = orjson.dumps
-    json_loads: Callable[[bytes | str], Any] = orjson.loads
-except ImportError:  # pragma: no cover - orjson is an optional extra
-    json_dumps = _stdlib_dumps
-    json_loads = json.loads
 
 
 def _encode_jsonb(value: Any) -> bytes:
@@ -60,10 +35,6 @@ def _decode_jsonb(data: bytes) -> Any:
     return json_loads(data[1:])
 
 
-def _decode_json(data: bytes) -> Any:
-    return json_loads(data)
-
-
 async def init_connection(conn: asyncpg.Connection) -> None:
     """Install the json/jsonb codecs on one connection (pools do this for every connection)."""
     await conn.set_type_codec(
@@ -71,7 +42,7 @@ async def init_connection(conn: asyncpg.Connection) -> None:
         format="binary",
     )
     await conn.set_type_codec(
-        "json", schema="pg_catalog", encoder=json_dumps, decoder=_decode_json, format="binary",
+        "json", schema="pg_catalog", encoder=json_dumps, decoder=json_loads, format="binary",
     )
 
 

@@ -1,4 +1,4 @@
-"""Migrations and the data model, against a real PostgreSQL.
+"""Migrations, the data model and per-test isolation, against real PostgreSQL and Redis.
 
 Every service migrates at start, so the runner must be a no-op when nothing is pending, safe
 when several processes start at once, and confined to DB_SCHEMA. The model's constraints are
@@ -8,7 +8,6 @@ what the services' idempotent writes (ON CONFLICT ...) rely on, so they are asse
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 import uuid
@@ -18,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
+import redis.asyncio as aioredis
 
 from notifkit.config import Settings
 from notifkit.db.migrate import (
@@ -29,6 +29,7 @@ from notifkit.db.migrate import (
     migration_lock_key,
 )
 from notifkit.db.pool import connect, create_pool
+from tests.support.isolation import isolated_namespace, isolated_schema
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -106,14 +107,6 @@ async def test_migrating_twice_applies_once_then_does_nothing(
     ]
 
 
-_MIGRATE_SCRIPT = """
-import asyncio, json
-from notifkit.config import Settings
-from notifkit.db.migrate import migrate
-print(json.dumps(asyncio.run(migrate(Settings.from_env()))))
-"""
-
-
 @pytest.mark.slow
 async def test_two_processes_migrating_at_once_both_succeed(
     database_url: str, fresh_schema: str
@@ -134,7 +127,7 @@ async def test_two_processes_migrating_at_once_both_succeed(
         for _ in range(2):
             processes.append(
                 await asyncio.create_subprocess_exec(
-                    sys.executable, "-c", _MIGRATE_SCRIPT, cwd=REPO_ROOT, env=env,
+                    sys.executable, "-m", "notifkit", "migrate", cwd=REPO_ROOT, env=env,
                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 )
             )
@@ -164,8 +157,9 @@ async def test_two_processes_migrating_at_once_both_succeed(
 
     for p, (_out, err) in zip(processes, outputs, strict=True):
         assert p.returncode == 0, err.decode()
-    applied = sorted(json.loads(out.decode().strip().splitlines()[-1]) for out, _ in outputs)
-    assert applied == [[], [m.name for m in load_migrations()]]
+    # `migrate` prints the names it applied: exactly one process names the first migration.
+    reports = [out.decode() for out, _ in outputs]
+    assert sum("0001_initial" in report for report in reports) == 1, reports
     conn = await asyncpg.connect(database_url)
     try:
         counts = await conn.fetch(
@@ -446,3 +440,37 @@ async def test_copy_writes_jsonb_through_the_pool(settings: Settings) -> None:
     finally:
         await pool.close()
     assert metadata == {"url": "https://example.com/7"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-test isolation (what the `namespace` and `db_schema` fixtures do)
+
+
+async def test_isolated_schema_is_migrated_then_dropped(database_url: str) -> None:
+    async with isolated_schema(database_url) as schema:
+        conn = await asyncpg.connect(database_url)
+        try:
+            assert await _tables(conn, schema) == CONTRACT_TABLES | {"schema_migrations"}
+            await conn.execute(f'INSERT INTO "{schema}".projects (name) VALUES ($1)', "x")
+        finally:
+            await conn.close()
+    conn = await asyncpg.connect(database_url)
+    try:
+        assert await conn.fetchval("SELECT to_regnamespace($1)", schema) is None
+    finally:
+        await conn.close()
+
+
+async def test_isolated_namespace_deletes_its_keys_and_nobody_elses(
+    redis: aioredis.Redis, redis_url: str
+) -> None:
+    outsider = f"t-outsider-{uuid.uuid4().hex[:8]}:kept"
+    await redis.set(outsider, b"1")
+    try:
+        async with isolated_namespace(redis_url) as name:
+            await redis.mset({f"{name}:k{i}": b"v" for i in range(1200)})
+            await redis.xadd(f"{name}:notifkit:stream:dlq", {"data": b"{}"})
+        assert [key async for key in redis.scan_iter(match=f"{name}:*")] == []
+        assert await redis.get(outsider) == b"1"
+    finally:
+        await redis.delete(outsider)
