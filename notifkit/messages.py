@@ -58,6 +58,65 @@ class OutcomeEvent(TypedDict, total=False):
     userId: str
     channel: str
     at: str
+    # notification:sent | notification:failed | notification:invalid_token (delivery)
+    provider: str
+    providerMessageId: str | None
+    attempt: int
+    campaignId: str | None
+    error: str
+    # notification:failed from the worker's dead-lettering (worker.failed_event)
+    stream: str
+    entryId: str
+    attempts: int
+    # receipt: kind is delivered | bounced | complained | opened | clicked | failed
+    kind: str
+    raw: Any
+    # custom
+    name: str
+    data: dict[str, Any]
+
+
+OUTCOME_TYPES: tuple[str, ...] = (
+    "notification:sent",
+    "notification:failed",
+    "notification:invalid_token",
+    "receipt",
+    "custom",
+)
+RECEIPT_KINDS: tuple[str, ...] = ("delivered", "bounced", "complained", "opened", "clicked",
+                                  "failed")
+
+
+class WorkflowEvent(TypedDict):
+    """``notifkit:stream:workflow:inbound`` entry with ``type = "event"``: a custom event
+    (``POST /v1/events``) forwarded by the events service to wake waiting instances."""
+
+    type: Literal["event"]
+    projectId: str
+    name: str
+    userId: str
+    data: dict[str, Any]
+    at: str
+
+
+SCHEDULE_REASONS: tuple[str, ...] = ("sendAt", "quietHours", "rateLimited")
+
+
+class ScheduledTask(TypedDict):
+    """``notifkit:stream:scheduled`` — a task to re-emit on ``stream`` at ``dueAt``.
+
+    Written by the engine (sendAt, quiet hours) and delivery (429 parking). ``payload`` is
+    the entry to XADD when due, exactly as given; ``stream`` is its full key (e.g.
+    ``Keys.outbound("normal")``). A task id appears at most once in the scheduler: adding
+    it again replaces its due time and payload.
+    """
+
+    taskId: str
+    projectId: str
+    dueAt: int  # ms since the epoch, UTC
+    stream: str
+    payload: dict[str, Any]
+    reason: str  # one of SCHEDULE_REASONS
 
 
 def require(payload: dict[str, Any], field: str, kind: type | tuple[type, ...]) -> Any:
@@ -81,4 +140,17 @@ def parse_inbound(payload: dict[str, Any]) -> InboundMessage:
     payload.setdefault("sendAt", None)
     payload.setdefault("campaignId", None)
     payload.setdefault("idempotencyKey", None)
+    return payload  # type: ignore[return-value]
+
+
+def parse_scheduled_task(payload: dict[str, Any]) -> ScheduledTask:
+    require(payload, "taskId", str)
+    require(payload, "projectId", str)
+    due = payload.get("dueAt")
+    if isinstance(due, bool) or not isinstance(due, int | float):
+        raise MalformedPayload("field 'dueAt' is missing or not a number of milliseconds")
+    payload["dueAt"] = int(due)
+    require(payload, "stream", str)
+    require(payload, "payload", dict)
+    payload.setdefault("reason", "sendAt")
     return payload  # type: ignore[return-value]
