@@ -130,6 +130,9 @@ class StreamWorker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._capacity = asyncio.Event()
         self._capacity.set()
+        # Reads and reclaim sweeps take entries one at a time: each counts the free slots and
+        # fills them before the other may count, so together they never exceed `concurrency`.
+        self._taking = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
         self._groups_ready = False
@@ -194,7 +197,7 @@ class StreamWorker:
             if reclaim:
                 found += await self.reclaim_once()
             while self.concurrency - self.in_flight > 0:
-                taken = await self._read_new(self.concurrency - self.in_flight, block_ms=None)
+                taken = await self._read_new(block_ms=None)
                 if not taken:
                     break
                 found += taken
@@ -214,7 +217,7 @@ class StreamWorker:
                     self._capacity.clear()
                     await self._capacity.wait()
                     continue
-                await self._read_new(free, block_ms=self.settings.read_block_ms)
+                await self._read_new(block_ms=self.settings.read_block_ms)
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError) as exc:
@@ -226,28 +229,32 @@ class StreamWorker:
                               extra={"service": self.service})
                 await asyncio.sleep(1.0)
 
-    async def _read_new(self, free: int, *, block_ms: int | None) -> int:
-        """Fill ``free`` slots from the streams in priority order, then dispatch; returns how
+    async def _read_new(self, *, block_ms: int | None) -> int:
+        """Fill the free slots from the streams in priority order, then dispatch; returns how
         many entries were taken off the streams (malformed and dead-lettered ones included,
         so a read that yields only those still counts as progress)."""
-        raw: list[tuple[str, str, Mapping[bytes, bytes] | None]] = []
-        for stream in self.streams:
-            want = free - len(raw)
-            if want <= 0:
-                break
-            raw.extend(await self._xread({stream: ">"}, want, None))
-        if not raw and block_ms is not None:
-            # Nothing anywhere: block on every stream at once. ``count`` per stream keeps the
-            # total within the free capacity.
-            per_stream = free // len(self.streams)
-            if per_stream >= 1:
-                raw = await self._xread({s: ">" for s in self.streams}, per_stream, block_ms)
-            else:
-                await asyncio.sleep(block_ms / 1000)
-        if not raw:
-            return 0
-        await self._dispatch(raw, reclaimed=False)
-        return len(raw)
+        async with self._taking:
+            free = self.concurrency - self.in_flight
+            if free <= 0:
+                return 0
+            raw: list[tuple[str, str, Mapping[bytes, bytes] | None]] = []
+            for stream in self.streams:
+                want = free - len(raw)
+                if want <= 0:
+                    break
+                raw.extend(await self._xread({stream: ">"}, want, None))
+            if not raw and block_ms is not None:
+                # Nothing anywhere: block on every stream at once. ``count`` per stream keeps
+                # the total within the free capacity.
+                per_stream = free // len(self.streams)
+                if per_stream >= 1:
+                    raw = await self._xread({s: ">" for s in self.streams}, per_stream, block_ms)
+                else:
+                    await asyncio.sleep(block_ms / 1000)
+            if not raw:
+                return 0
+            await self._dispatch(raw, reclaimed=False)
+            return len(raw)
 
     async def _xread(
         self, streams: dict[str, str], count: int, block_ms: int | None
@@ -282,25 +289,26 @@ class StreamWorker:
         for stream in self.streams:
             cursor = "0-0"
             while True:
-                free = self.concurrency - self.in_flight
-                if free <= 0:
-                    return total
-                reply: Any = await self.redis.xautoclaim(
-                    stream, self.group, self.consumer, min_idle_ms, cursor, count=free
-                )
-                cursor = as_str(reply[0])
-                claimed = [
-                    (stream, as_str(entry_id), fields)
-                    for entry_id, fields in reply[1]
-                    if (stream, as_str(entry_id)) not in self._in_flight
-                ]
-                if claimed:
-                    total += len(claimed)
-                    self.stats.reclaimed += len(claimed)
-                    metrics.RECLAIMED.labels(self.service, stream).inc(len(claimed))
-                    log.info("Reclaimed %d idle entries from %s.", len(claimed), stream,
-                             extra={"service": self.service})
-                    await self._dispatch(claimed, reclaimed=True)
+                async with self._taking:
+                    free = self.concurrency - self.in_flight
+                    if free <= 0:
+                        return total
+                    reply: Any = await self.redis.xautoclaim(
+                        stream, self.group, self.consumer, min_idle_ms, cursor, count=free
+                    )
+                    cursor = as_str(reply[0])
+                    claimed = [
+                        (stream, as_str(entry_id), fields)
+                        for entry_id, fields in reply[1]
+                        if (stream, as_str(entry_id)) not in self._in_flight
+                    ]
+                    if claimed:
+                        total += len(claimed)
+                        self.stats.reclaimed += len(claimed)
+                        metrics.RECLAIMED.labels(self.service, stream).inc(len(claimed))
+                        log.info("Reclaimed %d idle entries from %s.", len(claimed), stream,
+                                 extra={"service": self.service})
+                        await self._dispatch(claimed, reclaimed=True)
                 if cursor == "0-0":
                     break
         return total
