@@ -1,0 +1,130 @@
+"""Start, heartbeat and graceful stop (CONTRACT §3.7), and the consumer name (§2)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+from typing import TYPE_CHECKING
+
+from redis.asyncio import Redis
+
+from notifkit.keys import Keys
+from notifkit.worker import Entry, consumer_name
+
+if TYPE_CHECKING:
+    from .conftest import Add, Pending, WorkerFactory
+
+WAIT_S = 10.0
+
+
+class Gate:
+    """A processor that records what it was given, says so, and waits until opened."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.opened = asyncio.Event()
+        self.seen: list[str] = []
+        self.finished: list[str] = []
+
+    async def __call__(self, batch: list[Entry]) -> None:
+        self.seen.extend(e.id for e in batch)
+        self.entered.set()
+        await self.opened.wait()
+        self.finished.extend(e.id for e in batch)
+
+
+def test_consumer_name_is_service_hostname_pid() -> None:
+    assert consumer_name("delivery") == f"delivery-{socket.gethostname()}-{os.getpid()}"
+
+
+async def test_a_started_worker_keeps_a_heartbeat_with_a_ttl_and_its_in_flight_count(
+    make_worker: WorkerFactory, worker_redis: Redis, keys: Keys, add: Add,
+) -> None:
+    # Given a running worker holding 3 entries
+    gate = Gate()
+    worker = make_worker(gate, service="delivery", streams=keys.outbound_all())
+    assert worker.consumer == f"delivery-{socket.gethostname()}-{os.getpid()}"
+    for n in range(3):
+        await add(keys.outbound("normal"), {"n": n})
+    await worker.start()
+    await asyncio.wait_for(gate.entered.wait(), WAIT_S)
+
+    # Then its heartbeat soon says so, and expires on its own if the process dies
+    health = keys.health(worker.consumer)
+    beat: dict[str, object] = {}
+    for _ in range(1000):  # bounded wait for the condition: the next beat
+        raw = await worker_redis.get(health)
+        beat = json.loads(raw) if raw else {}
+        if beat.get("inFlight") == 3:
+            break
+        await asyncio.sleep(0.01)
+    assert beat["inFlight"] == 3
+    assert beat["service"] == "delivery"
+    assert beat["consumer"] == worker.consumer
+    assert beat["pid"] == os.getpid()
+    assert beat["host"] == socket.gethostname()
+    ttl = await worker_redis.ttl(health)
+    assert 0 < ttl <= worker.settings.heartbeat_ttl_s
+
+    # And stopping removes it
+    gate.opened.set()
+    await worker.stop()
+    assert await worker_redis.exists(health) == 0
+
+
+async def test_stop_lets_the_batch_in_flight_finish_within_the_grace_period(
+    make_worker: WorkerFactory, keys: Keys, add: Add, pending: Pending,
+) -> None:
+    # Given a running worker in the middle of a batch
+    gate = Gate()
+    worker = make_worker(gate)
+    stream = keys.enriched("normal")
+    ids = [await add(stream, {"n": n}) for n in range(4)]
+    await worker.start()
+    await asyncio.wait_for(gate.entered.wait(), WAIT_S)
+
+    # When it is asked to stop with a long grace period
+    stopping = asyncio.create_task(worker.stop(grace_s=30))
+    for _ in range(20):
+        await asyncio.sleep(0)  # let stop() get going
+    assert not stopping.done()  # it waits for the batch
+    gate.opened.set()
+    await asyncio.wait_for(stopping, WAIT_S)
+
+    # Then the batch finished and was acked before stop() returned
+    assert sorted(gate.finished) == sorted(ids)
+    assert worker.stats.processed == 4
+    assert await pending(stream, worker.group) == 0
+
+
+async def test_stop_without_grace_acks_nothing_and_another_worker_takes_over(
+    make_worker: WorkerFactory, keys: Keys, add: Add, pending: Pending,
+) -> None:
+    # Given a running worker whose processor never finishes
+    gate = Gate()
+    first = make_worker(gate, consumer="engine-host-a-1")
+    stream = keys.enriched("normal")
+    ids = [await add(stream, {"n": n}) for n in range(4)]
+    await first.start()
+    await asyncio.wait_for(gate.entered.wait(), WAIT_S)
+
+    # When it stops with no grace at all
+    await first.stop(grace_s=0)
+
+    # Then nothing was acked: every entry is still pending, for the stopped consumer
+    assert gate.finished == []
+    assert first.stats.processed == 0
+    assert await pending(stream, first.group) == 4
+
+    # And another worker reclaims and processes all of them
+    done: list[tuple[str, int]] = []
+
+    async def process(batch: list[Entry]) -> None:
+        done.extend((e.id, e.attempt) for e in batch)
+
+    second = make_worker(process, consumer="engine-host-b-1")
+    await second.run_until_idle()
+    assert sorted(done) == sorted((entry_id, 2) for entry_id in ids)
+    assert await pending(stream, first.group) == 0
