@@ -153,7 +153,13 @@ async def migrate_connection(
             say(f"Schema {schema!r} is up to date ({len(applied)} migrations applied).")
             return []
         done: list[str] = []
+        newest_applied = max(applied, default=0)
         for migration in todo:
+            if migration.version < newest_applied:
+                log.warning(
+                    "Applying migration %s to schema %r after version %04d: it was added out "
+                    "of order.", migration.name, schema, newest_applied,
+                )
             started = time.perf_counter()
             try:
                 async with conn.transaction():

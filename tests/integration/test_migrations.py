@@ -383,21 +383,29 @@ async def test_workflow_idempotency_and_one_open_digest_window(db: asyncpg.Pool)
         first = await conn.fetchval(trigger, project, [{"type": "wait", "seconds": 1}], "k1")
         assert first is not None
         assert await conn.fetchval(trigger, project, [], "k1") is None
-        assert await conn.fetchval(trigger, project, [], None) is not None
-        assert await conn.fetchval(trigger, project, [], None) is not None
+        second = await conn.fetchval(trigger, project, [], None)
+        third_instance = await conn.fetchval(trigger, project, [], None)
+        # Without a key every trigger is a new instance (NULLs never conflict).
+        assert None not in (second, third_instance)
+        assert second != third_instance
 
         digest = (
             "INSERT INTO workflow_digests (project_id, workflow_id, user_id, step_index, "
-            "owner_instance_id, items, window_ends_at) "
-            "VALUES ($1, 'onboarding', 'u1', 2, $2, $3, now() + interval '1 hour') "
-            "ON CONFLICT (project_id, workflow_id, user_id, step_index) WHERE closed_at IS NULL "
+            "step_path, owner_instance_id, items, window_ends_at) "
+            "VALUES ($1, 'onboarding', 'u1', 2, '2', $2, $3, now() + interval '1 hour') "
+            "ON CONFLICT (project_id, workflow_id, user_id, step_path) WHERE closed_at IS NULL "
             "DO UPDATE SET items = workflow_digests.items || EXCLUDED.items "
             "RETURNING owner_instance_id, items"
         )
         owner, _ = await conn.fetchrow(digest, project, first, [{"data": {"n": 1}}])
-        again = await conn.fetchrow(digest, project, uuid.uuid4(), [{"data": {"n": 2}}])
+        again = await conn.fetchrow(digest, project, second, [{"data": {"n": 2}}])
         assert again["owner_instance_id"] == owner == first
         assert again["items"] == [{"data": {"n": 1}}, {"data": {"n": 2}}]
+        # Once the owner closes the window, the next arrival opens a new one.
+        await conn.execute("UPDATE workflow_digests SET closed_at = now()")
+        third = await conn.fetchrow(digest, project, third_instance, [{"data": {"n": 3}}])
+        assert third["owner_instance_id"] == third_instance
+        assert third["items"] == [{"data": {"n": 3}}]
 
 
 # ---------------------------------------------------------------------------------------------
