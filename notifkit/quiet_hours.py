@@ -1,0 +1,145 @@
+"""Quiet hours: when a user's daily quiet period ends, as a UTC instant. Pure functions.
+
+A quiet period is a pair of wall-clock times in the user's IANA timezone, ``start`` inclusive,
+``end`` exclusive. ``end < start`` wraps midnight (22:00 to 07:00); ``start == end`` is no
+quiet period at all. Wall-clock semantics decide everything, so the period follows DST:
+
+- 22:00-07:00 in Europe/Berlin on the night of 2026-03-29 lasts 8 hours (21:00Z to 05:00Z),
+  and in America/New_York on the night of 2026-11-01 it lasts 10 (02:00Z to 12:00Z).
+- An ``end`` that falls in a spring-forward gap (02:30 in Berlin on 2026-03-29) ends the period
+  at the transition, the first instant the clock shows a time past it.
+- An ``end`` that happens twice in a fall-back hour ends the period at the next occurrence
+  after ``now``.
+
+The engine decides who bypasses quiet hours (critical sends); this module only tells the time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from functools import lru_cache
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+log = logging.getLogger("notifkit.quiet_hours")
+
+_ONE_SECOND = timedelta(seconds=1)
+
+
+@dataclass(frozen=True)
+class QuietHours:
+    start: time
+    end: time
+
+    @classmethod
+    def parse(cls, value: QuietHours | Mapping[str, Any] | None) -> QuietHours | None:
+        """From the API's ``{"start": "22:00", "end": "07:00"}`` (or ``time`` values, as a
+        ``quiet_hours`` row gives them); None when there is no quiet period."""
+        if value is None or isinstance(value, QuietHours):
+            return value
+        start, end = value.get("start"), value.get("end")
+        if start is None or end is None:
+            return None
+        return cls(_time(start), _time(end))
+
+    def contains(self, wall: time) -> bool:
+        """Whether the wall-clock time ``wall`` lies inside the quiet period."""
+        if self.start == self.end:
+            return False
+        if self.start < self.end:
+            return self.start <= wall < self.end
+        return wall >= self.start or wall < self.end
+
+
+def _time(value: object) -> time:
+    if isinstance(value, time):
+        return value.replace(tzinfo=None, microsecond=0)
+    if isinstance(value, str):
+        parts = value.strip().split(":")
+        if 2 <= len(parts) <= 3 and all(p.isdigit() for p in parts):
+            numbers = [int(p) for p in parts]
+            try:
+                return time(*numbers)
+            except ValueError:
+                pass
+    raise ValueError(f"a quiet-hours time must be HH:MM or HH:MM:SS, got {value!r}")
+
+
+@lru_cache(maxsize=1024)
+def zone(name: str | None) -> ZoneInfo:
+    """The user's zone; UTC when none is set (users.timezone NULL) or the name is unknown."""
+    if not name:
+        return ZoneInfo("UTC")
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        log.warning("Unknown timezone %r; using UTC for quiet hours.", name)
+        return ZoneInfo("UTC")
+
+
+def deferral(
+    prefs: QuietHours | Mapping[str, Any] | None, tz: str | None, now: datetime
+) -> datetime | None:
+    """None when ``now`` is outside the quiet period, else the UTC instant it ends.
+
+    ``prefs`` is the user's quiet period (or None), ``tz`` their IANA timezone (None = UTC),
+    ``now`` an aware datetime.
+    """
+    if now.tzinfo is None:
+        raise ValueError("now must be an aware datetime")
+    quiet = QuietHours.parse(prefs)
+    if quiet is None:
+        return None
+    where = zone(tz)
+    local = now.astimezone(where)
+    if not quiet.contains(local.time().replace(tzinfo=None)):
+        return None
+    now_utc = now.astimezone(UTC)
+    # The period ends today (now is before `end`) or tomorrow (it wrapped midnight). Taking the
+    # first occurrence after now covers both, and a fall-back hour that repeats `end`.
+    for day in (local.date(), local.date() + timedelta(days=1)):
+        for instant in wall_instants(day, quiet.end, where):
+            if instant > now_utc:
+                return instant
+    raise AssertionError("a quiet period always ends within two local days")  # pragma: no cover
+
+
+def is_quiet(prefs: QuietHours | Mapping[str, Any] | None, tz: str | None, now: datetime) -> bool:
+    return deferral(prefs, tz, now) is not None
+
+
+def wall_instants(day: date, wall: time, where: ZoneInfo) -> list[datetime]:
+    """The UTC instants at which the clock in ``where`` reaches ``wall`` on ``day``, in order.
+
+    Usually one; two in a fall-back hour; in a spring-forward gap the wall time never shows,
+    and the clock passes it at the transition, which is returned instead.
+    """
+    naive = datetime.combine(day, wall)
+    first = naive.replace(tzinfo=where, fold=0).astimezone(UTC)
+    second = naive.replace(tzinfo=where, fold=1).astimezone(UTC)
+    if first == second:
+        return [first]
+    if first < second:  # ambiguous: fold=0 is the earlier offset's reading
+        return [first, second]
+    # A gap: fold=0 reads the wall time with the offset before the transition, fold=1 with the
+    # one after, so the transition lies between `second` and `first`.
+    return [_transition(second, first, where)]
+
+
+def _transition(before: datetime, after: datetime, where: ZoneInfo) -> datetime:
+    """The first whole second in (before, after] whose UTC offset differs from ``before``'s."""
+    offset = before.astimezone(where).utcoffset()
+    lo, hi = before, after
+    while hi - lo > _ONE_SECOND:
+        mid = lo + (hi - lo) / 2
+        mid = mid.replace(microsecond=0)
+        if mid <= lo:
+            mid = lo + _ONE_SECOND
+        if mid.astimezone(where).utcoffset() == offset:
+            lo = mid
+        else:
+            hi = mid
+    return hi

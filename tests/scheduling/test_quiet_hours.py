@@ -1,0 +1,152 @@
+"""Quiet hours end at the right instant, across DST changes in two timezones."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, time, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from notifkit.quiet_hours import QuietHours, deferral, is_quiet, wall_instants, zone
+
+NIGHT = {"start": "22:00", "end": "07:00"}
+
+
+def utc(*parts: int) -> datetime:
+    return datetime(*parts, tzinfo=UTC)
+
+
+# -- Europe/Berlin, spring forward on 2026-03-29 (02:00 CET -> 03:00 CEST) -----------------------
+
+
+@pytest.mark.parametrize(
+    ("now", "expected"),
+    [
+        (utc(2026, 3, 28, 20, 59), None),  # 21:59 CET, before the period
+        (utc(2026, 3, 28, 21, 0), utc(2026, 3, 29, 5, 0)),  # 22:00 CET, it starts
+        (utc(2026, 3, 28, 23, 0), utc(2026, 3, 29, 5, 0)),  # midnight
+        (utc(2026, 3, 29, 0, 59), utc(2026, 3, 29, 5, 0)),  # 01:59 CET, just before the jump
+        (utc(2026, 3, 29, 1, 0), utc(2026, 3, 29, 5, 0)),  # 03:00 CEST, just after it
+        (utc(2026, 3, 29, 4, 59, 59), utc(2026, 3, 29, 5, 0)),
+        (utc(2026, 3, 29, 5, 0), None),  # 07:00 CEST: over, 8 hours after it began
+    ],
+)
+def test_berlin_spring_forward_night_ends_at_seven_summer_time(
+    now: datetime, expected: datetime | None
+) -> None:
+    assert deferral(NIGHT, "Europe/Berlin", now) == expected
+
+
+# -- America/New_York, fall back on 2026-11-01 (02:00 EDT -> 01:00 EST) --------------------------
+
+
+@pytest.mark.parametrize(
+    ("now", "expected"),
+    [
+        (utc(2026, 11, 1, 1, 59), None),  # 21:59 EDT
+        (utc(2026, 11, 1, 2, 0), utc(2026, 11, 1, 12, 0)),  # 22:00 EDT
+        (utc(2026, 11, 1, 5, 30), utc(2026, 11, 1, 12, 0)),  # 01:30 EDT, first pass
+        (utc(2026, 11, 1, 6, 30), utc(2026, 11, 1, 12, 0)),  # 01:30 EST, second pass
+        (utc(2026, 11, 1, 11, 0), utc(2026, 11, 1, 12, 0)),  # 06:00 EST; naive +offset says 11:00Z
+        (utc(2026, 11, 1, 12, 0), None),  # 07:00 EST: over, 10 hours after it began
+    ],
+)
+def test_new_york_fall_back_night_ends_at_seven_standard_time(
+    now: datetime, expected: datetime | None
+) -> None:
+    assert deferral(NIGHT, "America/New_York", now) == expected
+
+
+def test_the_other_direction_in_each_zone() -> None:
+    # Berlin falls back on 2026-10-25, New York springs forward on 2026-03-08.
+    assert deferral(NIGHT, "Europe/Berlin", utc(2026, 10, 24, 23, 0)) == utc(2026, 10, 25, 6, 0)
+    assert deferral(NIGHT, "America/New_York", utc(2026, 3, 8, 5, 0)) == utc(2026, 3, 8, 11, 0)
+
+
+def test_an_end_inside_the_spring_forward_gap_ends_at_the_transition() -> None:
+    # 02:30 never shows in Berlin on 2026-03-29: the clock passes it at 01:00Z (02:00 -> 03:00).
+    quiet = {"start": "01:00", "end": "02:30"}
+    assert deferral(quiet, "Europe/Berlin", utc(2026, 3, 29, 0, 15)) == utc(2026, 3, 29, 1, 0)
+    assert deferral(quiet, "Europe/Berlin", utc(2026, 3, 29, 1, 0)) is None  # 03:00 CEST
+
+
+def test_an_end_that_happens_twice_ends_at_the_next_occurrence() -> None:
+    quiet = {"start": "00:30", "end": "01:30"}
+    # 01:10 EDT: ends at the first 01:30 (EDT, 05:30Z).
+    assert deferral(quiet, "America/New_York", utc(2026, 11, 1, 5, 10)) == utc(2026, 11, 1, 5, 30)
+    # 01:10 EST: the clock shows a quiet time again; it ends at the second 01:30 (06:30Z).
+    assert deferral(quiet, "America/New_York", utc(2026, 11, 1, 6, 10)) == utc(2026, 11, 1, 6, 30)
+
+
+def test_a_period_within_one_day_and_the_degenerate_ones() -> None:
+    lunch = {"start": "12:00", "end": "13:30"}
+    assert deferral(lunch, None, utc(2026, 6, 1, 12, 15)) == utc(2026, 6, 1, 13, 30)
+    assert deferral(lunch, None, utc(2026, 6, 1, 13, 30)) is None
+    assert deferral(lunch, None, utc(2026, 6, 1, 11, 59)) is None
+    assert deferral({"start": "09:00", "end": "09:00"}, "Europe/Berlin", utc(2026, 6, 1, 7)) is None
+    assert deferral(None, "Europe/Berlin", utc(2026, 6, 1, 23)) is None
+    assert deferral({"start": None, "end": "07:00"}, None, utc(2026, 6, 1, 23)) is None
+
+
+def test_rows_from_the_database_and_unknown_zones() -> None:
+    row = QuietHours(time(22, 0), time(7, 0))
+    assert deferral(row, "Not/AZone", utc(2026, 6, 1, 23)) == utc(2026, 6, 2, 7)  # UTC
+    assert is_quiet(row, "Asia/Tokyo", utc(2026, 6, 1, 14))  # 23:00 JST
+    with pytest.raises(ValueError, match="aware"):
+        deferral(row, None, datetime(2026, 6, 1, 23))
+    with pytest.raises(ValueError, match="HH:MM"):
+        QuietHours.parse({"start": "25:00", "end": "07:00"})
+
+
+ZONES = ["Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata", "UTC"]
+# DST days of those zones in 2026, so the examples cluster where the rules bite.
+DST_DAYS = [utc(2026, 3, 29), utc(2026, 10, 25), utc(2026, 3, 8), utc(2026, 11, 1),
+            utc(2026, 4, 5), utc(2026, 10, 4)]
+times = st.builds(time, st.integers(0, 23), st.sampled_from([0, 15, 30, 45]))
+instants = st.one_of(
+    st.datetimes(datetime(2025, 1, 1), datetime(2028, 1, 1), timezones=st.just(UTC)),
+    st.builds(
+        lambda day, seconds: day + timedelta(seconds=seconds),
+        st.sampled_from(DST_DAYS),
+        st.integers(-36 * 3600, 36 * 3600),
+    ),
+)
+
+
+@given(start=times, end=times, tz=st.sampled_from(ZONES), now=instants)
+def test_deferral_ends_exactly_when_the_quiet_period_ends(
+    start: time, end: time, tz: str, now: datetime
+) -> None:
+    """Whatever the zone and its DST rules (Lord Howe shifts by 30 minutes): a send deferred
+    leaves at the first instant the user's clock is out of quiet hours, never earlier, never
+    a day late."""
+    quiet = QuietHours(start, end)
+    where = zone(tz)
+
+    def quiet_at(instant: datetime) -> bool:
+        return quiet.contains(instant.astimezone(where).time().replace(tzinfo=None))
+
+    until = deferral(quiet, tz, now)
+    if until is None:
+        assert not quiet_at(now)
+        return
+    assert quiet_at(now)
+    assert now < until <= now + timedelta(hours=25)
+    assert not quiet_at(until)
+    # Quiet all the way there: probe the second before and a spread of points in between.
+    span = until - now
+    for fraction in (0.0, 0.25, 0.5, 0.75):
+        assert quiet_at(now + span * fraction)
+    if until - timedelta(seconds=1) >= now:
+        assert quiet_at(until - timedelta(seconds=1))
+
+
+def test_wall_instants_in_each_kind_of_day() -> None:
+    berlin, new_york = zone("Europe/Berlin"), zone("America/New_York")
+    assert wall_instants(utc(2026, 6, 1).date(), time(7), berlin) == [utc(2026, 6, 1, 5)]
+    assert wall_instants(utc(2026, 3, 29).date(), time(2, 30), berlin) == [utc(2026, 3, 29, 1)]
+    assert wall_instants(utc(2026, 11, 1).date(), time(1, 30), new_york) == [
+        utc(2026, 11, 1, 5, 30),
+        utc(2026, 11, 1, 6, 30),
+    ]
