@@ -60,9 +60,9 @@ def _time(value: object) -> time:
     if isinstance(value, str):
         parts = value.strip().split(":")
         if 2 <= len(parts) <= 3 and all(p.isdigit() for p in parts):
-            numbers = [int(p) for p in parts]
+            hour, minute, second = (int(p) for p in [*parts, "0"][:3])
             try:
-                return time(*numbers)
+                return time(hour, minute, second)
             except ValueError:
                 pass
     raise ValueError(f"a quiet-hours time must be HH:MM or HH:MM:SS, got {value!r}")
