@@ -1,0 +1,113 @@
+"""Every Redis name of CONTRACT §2, exactly, with and without a namespace.
+
+Processes of different versions (and the operators' dashboards) share one Redis: a name that
+drifts by one character splits the system in two without any error.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from notifkit.keys import PRIORITIES, SCHEDULER_SHARDS, Keys, shard_of
+
+# name built by Keys("") -> the contract's name
+CONTRACT_NAMES: list[tuple[str, str]] = [
+    *((f"inbound:{p}", f"notifkit:stream:inbound:{p}") for p in PRIORITIES),
+    *((f"enriched:{p}", f"notifkit:stream:enriched:{p}") for p in PRIORITIES),
+    *((f"outbound:{p}", f"notifkit:stream:outbound:{p}") for p in PRIORITIES),
+    ("ai_pending", "notifkit:stream:ai:pending"),
+    ("scheduled", "notifkit:stream:scheduled"),
+    ("workflow_inbound", "notifkit:stream:workflow:inbound"),
+    ("events_inbound", "notifkit:stream:events:inbound"),
+    ("dlq", "notifkit:stream:dlq"),
+    ("scheduled_shard:7", "notif:scheduled:zset:7"),
+    ("workflow_timers", "notif:workflow:timers"),
+    ("scheduler_lock", "notif:lock:scheduler:poll"),
+    ("workflow_lock:wf-1", "lock:workflow:wf-1"),
+    ("throttle:p1:u1", "throttle:p1:user:u1"),
+    ("processed:delivery:task-1", "notif:processed:delivery:task-1"),
+    ("health:engine-host-42", "notif:health:engine-host-42"),
+]
+
+
+def build(keys: Keys, spec: str) -> str:
+    name, *args = spec.split(":")
+    if name in ("inbound", "enriched", "outbound"):
+        return str(getattr(keys, name)(*args))
+    value = getattr(keys, name)
+    return str(value(*args) if callable(value) else value)
+
+
+@pytest.mark.parametrize(("spec", "expected"), CONTRACT_NAMES)
+def test_names_without_a_namespace_are_the_contract_names(spec: str, expected: str) -> None:
+    assert build(Keys(), spec) == expected
+
+
+@pytest.mark.parametrize(("spec", "expected"), CONTRACT_NAMES)
+def test_a_namespace_prefixes_every_name(spec: str, expected: str) -> None:
+    assert build(Keys("staging-2"), spec) == f"staging-2:{expected}"
+
+
+def test_streams_of_each_kind_are_listed_in_priority_order() -> None:
+    keys = Keys("ns")
+    assert keys.inbound_all() == [
+        "ns:notifkit:stream:inbound:critical",
+        "ns:notifkit:stream:inbound:normal",
+        "ns:notifkit:stream:inbound:low",
+    ]
+    assert [s.rsplit(":", 1)[1] for s in keys.enriched_all()] == list(PRIORITIES)
+    assert [s.rsplit(":", 1)[1] for s in keys.outbound_all()] == list(PRIORITIES)
+    assert len(set(keys.all_streams())) == 14
+    assert all(s.startswith("ns:notifkit:stream:") for s in keys.all_streams())
+
+
+def test_consumer_groups_are_named_by_service_and_live_inside_their_streams() -> None:
+    # A group belongs to its (namespaced) stream, so the group name itself carries no prefix.
+    assert Keys().group("delivery") == "notifkit:group:delivery"
+    assert Keys("ns").group("delivery") == "notifkit:group:delivery"
+
+
+def test_attempt_counters_name_the_group_the_stream_and_the_entry() -> None:
+    keys = Keys("ns")
+    stream = keys.enriched("low")
+    assert keys.attempts("notifkit:group:engine", stream, "1-0") == (
+        "ns:notif:attempts:notifkit:group:engine:ns:notifkit:stream:enriched:low:1-0"
+    )
+    # the same id on two priority streams of one group: two counters
+    assert keys.attempts("g", keys.enriched("low"), "1-0") != keys.attempts(
+        "g", keys.enriched("critical"), "1-0"
+    )
+
+
+def test_scheduler_shards_are_the_sixteen_hex_digits() -> None:
+    assert Keys().scheduled_shards() == [f"notif:scheduled:zset:{d}" for d in "0123456789abcdef"]
+    assert Keys("ns").scheduled_zset("task-3f") == "ns:notif:scheduled:zset:f"
+
+
+def test_health_keys_share_one_prefix_and_pattern() -> None:
+    keys = Keys("ns")
+    assert keys.health_prefix() == "ns:notif:health:"
+    assert keys.health_pattern() == "ns:notif:health:*"
+    assert keys.health("api-h-1").startswith(keys.health_prefix())
+
+
+def test_an_unknown_priority_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown priority"):
+        Keys().inbound("urgent")
+
+
+@pytest.mark.parametrize(
+    ("task_id", "shard"),
+    [
+        ("0190f3a2-7b1c-7def-8a9b-0123456789ab", "b"),
+        ("0190F3A2-7B1C-7DEF-8A9B-0123456789AB", "b"),  # case does not matter
+        ("task-42", "2"),
+        ("abc-xyz", "c"),  # the last *hex* digit, skipping the rest
+        ("f", "f"),
+        ("zzz", "0"),  # no hex digit at all
+        ("", "0"),
+    ],
+)
+def test_shard_of_is_the_last_hex_digit_of_the_task_id(task_id: str, shard: str) -> None:
+    assert shard_of(task_id) == shard
+    assert shard in SCHEDULER_SHARDS
