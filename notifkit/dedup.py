@@ -40,6 +40,11 @@ def enricher_key(project_id: str, *, idempotency_key: str | None, event_id: str)
     return _join(project_id, "event", event_id)
 
 
+def enricher_page_key(notification_key: str, after: str) -> str:
+    """A segment continuation: the notification's enricher key plus the page's cursor."""
+    return _join(notification_key, "page", after)
+
+
 def engine_key(raw_event_id: str, recipient_id: str, channel: str) -> str:
     return _join(raw_event_id, recipient_id, channel)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 import uuid
@@ -9,7 +10,23 @@ import uuid
 
 def uuid7(now_ms: int | None = None) -> str:
     ms = int(time.time() * 1000) if now_ms is None else now_ms
-    rand = int.from_bytes(os.urandom(10), "big")
+    return _layout(ms, int.from_bytes(os.urandom(10), "big"))
+
+
+def derived_uuid7(anchor: str, *parts: str) -> str:
+    """A UUIDv7 that is a pure function of ``anchor`` (a UUIDv7, whose time it keeps) and
+    ``parts``. Task ids are derived this way from (event, recipient, channel), so a stage that
+    runs twice produces the same task id and every later stage deduplicates on it."""
+    try:
+        ms = uuid.UUID(anchor).int >> 80
+    except ValueError:
+        ms = 0
+    digest = hashlib.sha256("\x1f".join((anchor, *parts)).encode()).digest()
+    return _layout(ms, int.from_bytes(digest[:10], "big"))
+
+
+def _layout(ms: int, rand: int) -> str:
+    """RFC 9562 UUIDv7 bits: 48-bit ms time, version 7, 74 bits from ``rand``, variant 10."""
     value = (ms & ((1 << 48) - 1)) << 80
     value |= 0x7 << 76
     value |= ((rand >> 68) & 0xFFF) << 64

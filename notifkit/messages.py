@@ -42,6 +42,9 @@ class InboundMessage(TypedDict):
     workflowInstanceId: NotRequired[str]
     workflowStep: NotRequired[int]
     digestItems: NotRequired[list[dict[str, Any]]]
+    # A segment is fanned out a page at a time: the enricher handles one page and writes the
+    # rest back as a continuation of the same message that starts after this member id.
+    segmentAfter: NotRequired[str]
 
 
 class OutcomeEvent(TypedDict, total=False):
@@ -154,3 +157,175 @@ def parse_scheduled_task(payload: dict[str, Any]) -> ScheduledTask:
     require(payload, "payload", dict)
     payload.setdefault("reason", "sendAt")
     return payload  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------------------------------
+# The send path: enricher -> engine -> (ai | scheduler) -> delivery
+
+
+class UserProfile(TypedDict):
+    """What templates see as ``user``."""
+
+    id: str
+    attributes: dict[str, Any]
+    timezone: str | None
+    locale: str | None
+
+
+class Preferences(TypedDict):
+    """Explicit choices only: a channel or topic missing from the map is allowed."""
+
+    channels: dict[str, bool]
+    topics: dict[str, bool]
+    quietHours: dict[str, str] | None  # {"start": "22:00", "end": "07:00"}, user's timezone
+
+
+class FallbackFrom(TypedDict):
+    """Why an enriched message is a fallback re-entry: the task whose channel failed."""
+
+    taskId: str
+    channel: str
+    reason: str
+
+
+class EnrichedMessage(TypedDict):
+    """``notifkit:stream:enriched:{p}`` — one recipient of a notification, with everything the
+    engine needs to choose channels and render (written by the enricher, and by delivery when
+    a channel fails and the fallback chain goes on)."""
+
+    eventId: str
+    projectId: str
+    template: str
+    priority: str
+    data: dict[str, Any]
+    channels: list[str] | None  # requested; None = the template's channels
+    sendAt: str | None
+    campaignId: str | None
+    createdAt: str
+    user: UserProfile
+    contacts: dict[str, list[str]]  # channel -> enabled targets, oldest first
+    preferences: Preferences
+    # Set on a fallback re-entry: the rest of the chain, tried in order (first available wins).
+    fallbackChain: NotRequired[list[str]]
+    fallbackFrom: NotRequired[FallbackFrom]
+    workflowInstanceId: NotRequired[str]
+    workflowStep: NotRequired[int]
+    digestItems: NotRequired[list[dict[str, Any]]]
+
+
+class FallbackContext(TypedDict):
+    """Carried by a task sent on a fallback-chain channel: where to go if it fails."""
+
+    chain: list[str]  # the channels after this one, in order
+    recipient: EnrichedMessage  # the recipient as the engine saw it (contacts of the chain)
+
+
+class OutboundTask(TypedDict):
+    """``notifkit:stream:outbound:{p}`` — one rendered message for one recipient on one channel
+    (engine, ai, scheduler -> delivery). ``taskId`` is the provider idempotency key."""
+
+    taskId: str
+    eventId: str
+    projectId: str
+    userId: str
+    channel: str
+    priority: str
+    template: str
+    topic: str | None
+    to: list[str]  # destinations: address, number, device tokens, URL; the user id for inapp
+    content: dict[str, Any]  # the rendered channel content (subject/html/text, text, ...)
+    campaignId: str | None
+    createdAt: str
+    unsubscribeUrl: NotRequired[str]  # email: List-Unsubscribe target
+    parkCount: NotRequired[int]  # times parked after a provider 429
+    priorAttempts: NotRequired[int]  # attempts made by earlier (parked) entries of this task
+    fallback: NotRequired[FallbackContext]
+    workflowInstanceId: NotRequired[str]
+    workflowStep: NotRequired[int]
+
+
+class AiSpec(TypedDict):
+    model: str
+    prompt: str
+
+
+class AiTask(OutboundTask):
+    """``notifkit:stream:ai:pending`` — an outbound task whose content the AI service writes.
+
+    ``content`` is empty; ``ai`` is the template's model and prompt (not yet rendered) and
+    ``context`` the template render context. :func:`outbound_from_ai` makes the outbound task.
+    """
+
+    ai: AiSpec
+    context: dict[str, Any]
+
+
+def parse_enriched(payload: dict[str, Any]) -> EnrichedMessage:
+    for name in ("eventId", "projectId", "template", "createdAt"):
+        require(payload, name, str)
+    if payload.get("priority") not in PRIORITIES:
+        raise MalformedPayload("field 'priority' is not critical, normal or low")
+    user = require(payload, "user", dict)
+    if not isinstance(user.get("id"), str):
+        raise MalformedPayload("field 'user.id' is missing")
+    user.setdefault("attributes", {})
+    user.setdefault("timezone", None)
+    user.setdefault("locale", None)
+    channels = payload.setdefault("channels", None)
+    if channels is not None and not _str_list(channels):
+        raise MalformedPayload("field 'channels' is not a list of channel names")
+    if not isinstance(payload.setdefault("data", {}), dict):
+        raise MalformedPayload("field 'data' is not an object")
+    contacts = payload.setdefault("contacts", {})
+    if not isinstance(contacts, dict) or not all(_str_list(v) for v in contacts.values()):
+        raise MalformedPayload("field 'contacts' is not a map of channel -> targets")
+    prefs = payload.setdefault("preferences", {})
+    if not isinstance(prefs, dict):
+        raise MalformedPayload("field 'preferences' is not an object")
+    prefs.setdefault("channels", {})
+    prefs.setdefault("topics", {})
+    prefs.setdefault("quietHours", None)
+    chain = payload.get("fallbackChain")
+    if chain is not None and not _str_list(chain):
+        raise MalformedPayload("field 'fallbackChain' is not a list of channel names")
+    payload.setdefault("sendAt", None)
+    payload.setdefault("campaignId", None)
+    return payload  # type: ignore[return-value]
+
+
+def parse_outbound(payload: dict[str, Any]) -> OutboundTask:
+    for name in ("taskId", "eventId", "projectId", "userId", "template"):
+        require(payload, name, str)
+    if payload.get("channel") not in CHANNELS:
+        raise MalformedPayload("field 'channel' is not one of the five channels")
+    if payload.get("priority") not in PRIORITIES:
+        raise MalformedPayload("field 'priority' is not critical, normal or low")
+    if not _str_list(payload.get("to")) or not payload["to"]:
+        raise MalformedPayload("field 'to' is not a non-empty list of destinations")
+    require(payload, "content", dict)
+    for name in ("parkCount", "priorAttempts"):
+        value = payload.setdefault(name, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise MalformedPayload(f"field {name!r} is not a non-negative integer")
+    fallback = payload.get("fallback")
+    if fallback is not None and (
+        not isinstance(fallback, dict)
+        or not _str_list(fallback.get("chain"))
+        or not isinstance(fallback.get("recipient"), dict)
+    ):
+        raise MalformedPayload("field 'fallback' is not {chain, recipient}")
+    payload.setdefault("topic", None)
+    payload.setdefault("campaignId", None)
+    payload.setdefault("createdAt", "")
+    return payload  # type: ignore[return-value]
+
+
+def outbound_from_ai(task: AiTask, content: dict[str, Any]) -> OutboundTask:
+    """The outbound task of an AI task once its content is written."""
+    out = {k: v for k, v in task.items() if k not in ("ai", "context")}
+    out["content"] = content
+    return out  # type: ignore[return-value]
+
+
+def _str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)

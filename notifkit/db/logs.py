@@ -1,0 +1,81 @@
+"""The timeline: ``message_logs`` rows written by the pipeline, in batches.
+
+Every pipeline decision is one row; rows are inserted with ``ON CONFLICT (task_id, channel,
+attempt, kind) DO NOTHING``, so a stage that runs an entry twice records nothing twice.
+``status`` is the recipient+channel status after the row (the API's status values).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import asyncpg
+
+
+class Status(StrEnum):
+    ACCEPTED = "accepted"
+    PROCESSING = "processing"
+    SCHEDULED = "scheduled"
+    SENT = "sent"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    SUPPRESSED = "suppressed"
+    THROTTLED = "throttled"
+    DEAD_LETTERED = "dead_lettered"
+
+
+class Kind(StrEnum):
+    SKIPPED = "skipped"
+    SUPPRESSED = "suppressed"
+    THROTTLED = "throttled"
+    DEFERRED = "deferred"
+    SCHEDULED = "scheduled"
+    QUEUED = "queued"
+    SENT = "sent"
+    FAILED = "failed"
+    FALLBACK = "fallback"
+    DEAD_LETTERED = "dead_lettered"
+
+
+@dataclass(slots=True)
+class LogRow:
+    project_id: str
+    event_id: str
+    task_id: str
+    user_id: str | None
+    channel: str  # '' for a row about the whole event or recipient
+    kind: Kind
+    status: Status
+    attempt: int = 0
+    detail: str | None = None
+    provider: str | None = None
+    provider_message_id: str | None = None
+    campaign_id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+_INSERT = """
+INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, attempt, kind,
+                          status, detail, provider, provider_message_id, campaign_id, metadata)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+ON CONFLICT (task_id, channel, attempt, kind) DO NOTHING
+"""
+
+
+async def insert_logs(db: asyncpg.Pool | asyncpg.Connection, rows: Sequence[LogRow]) -> None:
+    """Write a read batch's rows in one ``executemany``."""
+    if not rows:
+        return
+    await db.executemany(
+        _INSERT,
+        [
+            (r.project_id, r.event_id, r.task_id, r.user_id, r.channel, r.attempt,
+             r.kind.value, r.status.value, r.detail, r.provider, r.provider_message_id,
+             r.campaign_id, r.metadata)
+            for r in rows
+        ],
+    )

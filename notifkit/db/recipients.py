@@ -1,0 +1,115 @@
+"""What the enricher reads: segment pages and recipient profiles, one query per read batch.
+
+A recipient is a user with everything the engine needs: profile, enabled contacts (oldest
+first), explicit channel and topic preferences and quiet hours. :func:`load_recipients` loads
+them for every (project, user) pair of a read batch in one round trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TypeAlias
+
+import asyncpg
+
+from notifkit.messages import EnrichedMessage, Preferences, UserProfile
+
+Executor: TypeAlias = asyncpg.Pool | asyncpg.Connection
+
+_RECIPIENTS_SQL = """
+SELECT u.project_id::text AS project_id, u.id, u.attributes, u.timezone, u.locale,
+       (SELECT coalesce(jsonb_agg(jsonb_build_array(c.channel, c.target)
+                                  ORDER BY c.created_at, c.target), '[]'::jsonb)
+          FROM user_contacts c
+         WHERE c.project_id = u.project_id AND c.user_id = u.id AND c.enabled) AS contacts,
+       (SELECT coalesce(jsonb_object_agg(p.channel, p.enabled), '{}'::jsonb)
+          FROM user_channel_preferences p
+         WHERE p.project_id = u.project_id AND p.user_id = u.id) AS channel_prefs,
+       (SELECT coalesce(jsonb_object_agg(t.topic, t.enabled), '{}'::jsonb)
+          FROM user_topic_preferences t
+         WHERE t.project_id = u.project_id AND t.user_id = u.id) AS topic_prefs,
+       to_char(q.start_time, 'HH24:MI') AS quiet_start,
+       to_char(q.end_time, 'HH24:MI') AS quiet_end
+  FROM unnest($1::uuid[], $2::text[]) AS r(project_id, user_id)
+  JOIN users u ON u.project_id = r.project_id AND u.id = r.user_id
+  LEFT JOIN quiet_hours q ON q.project_id = u.project_id AND q.user_id = u.id
+"""
+
+
+class Recipient:
+    """One user's profile, contacts and preferences, as the engine receives them."""
+
+    __slots__ = ("contacts", "preferences", "user")
+
+    def __init__(
+        self, user: UserProfile, contacts: dict[str, list[str]], preferences: Preferences
+    ) -> None:
+        self.user = user
+        self.contacts = contacts
+        self.preferences = preferences
+
+    def fill(self, message: EnrichedMessage) -> None:
+        message["user"] = self.user
+        message["contacts"] = self.contacts
+        message["preferences"] = self.preferences
+
+
+async def load_recipients(
+    db: Executor, pairs: Iterable[tuple[str, str]]
+) -> dict[tuple[str, str], Recipient]:
+    """(project id, user id) -> recipient, for the users that exist; one query."""
+    unique = list(dict.fromkeys(pairs))
+    if not unique:
+        return {}
+    rows = await db.fetch(
+        _RECIPIENTS_SQL, [p for p, _ in unique], [u for _, u in unique]
+    )
+    found: dict[tuple[str, str], Recipient] = {}
+    for row in rows:
+        contacts: dict[str, list[str]] = {}
+        for channel, target in row["contacts"]:
+            contacts.setdefault(channel, []).append(target)
+        quiet = (
+            {"start": row["quiet_start"], "end": row["quiet_end"]}
+            if row["quiet_start"] is not None else None
+        )
+        found[(row["project_id"], row["id"])] = Recipient(
+            user={
+                "id": row["id"],
+                "attributes": row["attributes"],
+                "timezone": row["timezone"],
+                "locale": row["locale"],
+            },
+            contacts=contacts,
+            preferences={
+                "channels": row["channel_prefs"],
+                "topics": row["topic_prefs"],
+                "quietHours": quiet,
+            },
+        )
+    return found
+
+
+async def segment_page(
+    db: Executor, project_id: str, segment: str, after: str | None, limit: int
+) -> list[str]:
+    """Up to ``limit`` member ids of a segment after ``after``, in id order (keyset paging on
+    the primary key, so each page costs the same however deep into the segment it is)."""
+    rows = await db.fetch(
+        "SELECT user_id FROM user_segments WHERE project_id = $1 AND segment = $2 "
+        "AND user_id > $3 ORDER BY user_id LIMIT $4",
+        project_id, segment, after or "", limit,
+    )
+    return [row["user_id"] for row in rows]
+
+
+async def mark_processing(db: Executor, events: Sequence[tuple[str, str]]) -> None:
+    """notifications.status accepted -> processing for (project id, event id) pairs."""
+    if not events:
+        return
+    await db.execute(
+        "UPDATE notifications n SET status = 'processing', updated_at = now() "
+        "FROM unnest($1::uuid[], $2::uuid[]) AS e(project_id, id) "
+        "WHERE n.project_id = e.project_id AND n.id = e.id AND n.status = 'accepted'",
+        [p for p, _ in events], [e for _, e in events],
+    )

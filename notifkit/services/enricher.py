@@ -1,0 +1,146 @@
+"""The enricher: one inbound notification -> one enriched message per recipient.
+
+    inbound:{p}  --dedup (caller key 24 h, else event id 1 h)-->  resolve recipients
+                 --one query per read batch-->  profiles, contacts, preferences, quiet hours
+                 --> enriched:{p} (one message per known user; unknown users are logged)
+
+A segment is streamed with keyset pagination: each entry handles one page of members and, if
+more follow, emits a *continuation* (the same inbound message with ``segmentAfter`` = the last
+member id) to its own stream, atomically with its ack. No entry ever does unbounded work or
+holds more than a page of recipients, and a crash loses nothing: the continuation either was
+written together with the page's outputs or neither was.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from notifkit.config import Settings
+from notifkit.db.logs import Kind, LogRow, Status, insert_logs
+from notifkit.db.recipients import load_recipients, mark_processing, segment_page
+from notifkit.dedup import Dedup, enricher_key, enricher_page_key
+from notifkit.ids import derived_uuid7
+from notifkit.messages import InboundMessage, parse_inbound
+from notifkit.services.base import WorkerService
+from notifkit.services.payloads import parse_each
+from notifkit.worker import Entry
+
+log = logging.getLogger("notifkit.enricher")
+
+# Recipients one read batch may fan out, shared among the batch's segment pages, so a batch
+# of segment entries holds a bounded number of enriched messages however large the segments.
+RECIPIENTS_PER_BATCH = 2000
+MIN_SEGMENT_PAGE = 50
+
+# Fields the enriched message copies from the inbound one.
+_COPIED = ("eventId", "projectId", "template", "priority", "data", "channels", "sendAt",
+           "campaignId", "createdAt", "workflowInstanceId", "workflowStep", "digestItems")
+
+
+@dataclass
+class _Work:
+    entry: Entry
+    message: InboundMessage
+    user_ids: list[str]
+    continuation: str | None = None  # segment: the member id the next page starts after
+
+
+class EnricherService(WorkerService):
+    name: ClassVar[str] = "enricher"
+
+    def __init__(self, settings: Settings, **options: Any) -> None:
+        super().__init__(settings, **options)
+        self.recipients_per_batch = int(options.get("recipients_per_batch",
+                                                    RECIPIENTS_PER_BATCH))
+
+    def streams(self) -> list[str]:
+        return self.keys.inbound_all()
+
+    @property
+    def dedup(self) -> Dedup:
+        return Dedup(self.redis, self.keys, "enricher", self.settings.idempotency_ttl_s)
+
+    async def process(self, batch: list[Entry]) -> None:
+        parsed = parse_each(self.name, batch, parse_inbound)
+        fresh = await self._claim(parsed)
+        segments = sum(1 for _e, m in fresh if "segment" in m["to"])
+        page = max(MIN_SEGMENT_PAGE, self.recipients_per_batch // max(segments, 1))
+        work = [await self._resolve(entry, message, page) for entry, message in fresh]
+
+        recipients = await load_recipients(
+            self.pool, [(w.message["projectId"], uid) for w in work for uid in w.user_ids]
+        )
+        logs: list[LogRow] = []
+        for w in work:
+            m = w.message
+            for user_id in w.user_ids:
+                recipient = recipients.get((m["projectId"], user_id))
+                if recipient is None:
+                    logs.append(_unknown_user(m, user_id))
+                    continue
+                enriched: dict[str, Any] = {k: m[k] for k in _COPIED if k in m}  # type: ignore[literal-required]
+                recipient.fill(enriched)  # type: ignore[arg-type]
+                w.entry.emit(self.keys.enriched(m["priority"]), enriched)
+            if w.continuation is not None:
+                rest = {**m, "segmentAfter": w.continuation}
+                w.entry.emit(self.keys.inbound(m["priority"]), rest)
+        await mark_processing(
+            self.pool, list(dict.fromkeys((w.message["projectId"], w.message["eventId"])
+                                          for w in work))
+        )
+        await insert_logs(self.pool, logs)
+        for w in work:
+            log.info("Enriched %d recipients of the notification%s.", len(w.user_ids),
+                     "; the rest of the segment follows" if w.continuation else "",
+                     extra=_ids(w.message))
+
+    async def _claim(
+        self, parsed: list[tuple[Entry, InboundMessage]]
+    ) -> list[tuple[Entry, InboundMessage]]:
+        claims: list[tuple[Entry, str, int | None]] = []
+        for entry, m in parsed:
+            caller_key = m.get("idempotencyKey")
+            key = enricher_key(m["projectId"], idempotency_key=caller_key, event_id=m["eventId"])
+            if "segmentAfter" in m:
+                key = enricher_page_key(key, m["segmentAfter"])
+            ttl = self.settings.caller_idempotency_ttl_s if caller_key else None
+            claims.append((entry, key, ttl))
+        allowed = await self.dedup.claim_many(claims)
+        fresh = []
+        for (entry, m), ok in zip(parsed, allowed, strict=True):
+            if ok:
+                fresh.append((entry, m))
+            else:
+                log.info("Skipped a duplicate of a notification already enriched.",
+                         extra=_ids(m))
+        return fresh
+
+    async def _resolve(self, entry: Entry, m: InboundMessage, page: int) -> _Work:
+        to = m["to"]
+        if "segment" in to:
+            members = await segment_page(
+                self.pool, m["projectId"], str(to["segment"]), m.get("segmentAfter"), page + 1
+            )
+            more = len(members) > page
+            members = members[:page]
+            return _Work(entry, m, members, members[-1] if more else None)
+        if "userIds" in to:
+            ids = [u for u in to["userIds"] if isinstance(u, str)]
+            return _Work(entry, m, list(dict.fromkeys(ids)))
+        user_id = to.get("userId")
+        return _Work(entry, m, [user_id] if isinstance(user_id, str) else [])
+
+
+def _unknown_user(m: InboundMessage, user_id: str) -> LogRow:
+    return LogRow(
+        project_id=m["projectId"], event_id=m["eventId"],
+        task_id=derived_uuid7(m["eventId"], user_id, ""), user_id=user_id, channel="",
+        kind=Kind.SKIPPED, status=Status.SKIPPED, detail="unknown user",
+        campaign_id=m.get("campaignId"),
+    )
+
+
+def _ids(m: InboundMessage) -> dict[str, Any]:
+    return {"service": "enricher", "event_id": m["eventId"], "project_id": m["projectId"]}

@@ -1,0 +1,103 @@
+"""The enricher: recipients resolved, profiles loaded in one go, one message per recipient."""
+
+from __future__ import annotations
+
+import asyncpg
+from redis.asyncio import Redis
+
+from notifkit.keys import Keys
+from notifkit.services.enricher import EnricherService
+
+from .conftest import ServiceFactory
+from .helpers import add_user, entries, send, timeline
+
+
+async def test_a_list_of_users_becomes_one_enriched_message_per_known_user(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    # Given two users with contacts and preferences, and a third id nobody registered
+    await add_user(db, project, "u1", contacts=[("email", "u1@example.com"), ("sms", "+15550001")],
+                   channels={"sms": False}, topics={"marketing": False},
+                   attributes={"name": "Ada"}, timezone="Europe/Berlin", locale="de")
+    await add_user(db, project, "u2", contacts=[("push", "tok-2")])
+    await db.execute("INSERT INTO quiet_hours VALUES ($1, 'u2', '22:00', '07:00')", project)
+    enricher = await services(EnricherService)
+
+    # When a notification to all three is enriched
+    event_id = await send(redis, keys, db, project, "welcome", ["u1", "u2", "ghost", "u1"],
+                          data={"plan": "pro"})
+    await enricher.run_until_idle()
+
+    # Then each known user gets exactly one enriched message with their profile
+    out = {m["user"]["id"]: m for m in await entries(redis, keys.enriched("normal"))}
+    assert set(out) == {"u1", "u2"}
+    u1 = out["u1"]
+    assert u1["eventId"] == event_id
+    assert u1["data"] == {"plan": "pro"}
+    assert u1["user"] == {"id": "u1", "attributes": {"name": "Ada"},
+                          "timezone": "Europe/Berlin", "locale": "de"}
+    assert u1["contacts"] == {"email": ["u1@example.com"], "sms": ["+15550001"]}
+    assert u1["preferences"] == {"channels": {"sms": False}, "topics": {"marketing": False},
+                                 "quietHours": None}
+    assert out["u2"]["preferences"]["quietHours"] == {"start": "22:00", "end": "07:00"}
+
+    # And the unknown user is on the timeline as skipped, and the notification is processing
+    [row] = await timeline(db, event_id)
+    assert (row["user_id"], row["kind"], row["status"], row["detail"]) == (
+        "ghost", "skipped", "skipped", "unknown user")
+    status = await db.fetchval("SELECT status FROM notifications WHERE id = $1", event_id)
+    assert status == "processing"
+
+
+async def test_a_disabled_contact_is_not_loaded(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    await add_user(db, project, "u1", contacts=[("push", "dead"), ("push", "alive")])
+    await db.execute("UPDATE user_contacts SET enabled = false WHERE target = 'dead'")
+    enricher = await services(EnricherService)
+
+    await send(redis, keys, db, project, "t", "u1")
+    await enricher.run_until_idle()
+
+    [message] = await entries(redis, keys.enriched("normal"))
+    assert message["contacts"] == {"push": ["alive"]}
+
+
+async def test_the_same_event_twice_is_enriched_once(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    # Given the same inbound message written twice (an upstream retry)
+    await add_user(db, project, "u1")
+    enricher = await services(EnricherService)
+    await send(redis, keys, db, project, "t", "u1", idempotency_key="order-1")
+    [raw] = await redis.xrange(keys.inbound("normal"))
+    await redis.xadd(keys.inbound("normal"), raw[1])
+
+    await enricher.run_until_idle()
+
+    assert len(await entries(redis, keys.enriched("normal"))) == 1
+    ttl = await redis.ttl(keys.processed("enricher", f"{project}:key:order-1"))
+    assert 3600 < ttl <= 24 * 3600
+
+
+async def test_a_segment_is_fanned_out_in_pages_through_continuations(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    # Given a segment of 250 members and an enricher that fans out 100 recipients a batch
+    await db.execute(
+        "INSERT INTO users (project_id, id) SELECT $1, 'm' || lpad(g::text, 4, '0') "
+        "FROM generate_series(1, 250) g", project)
+    await db.execute(
+        "INSERT INTO user_segments SELECT $1, id, 'beta' FROM users WHERE project_id = $1",
+        project)
+    enricher = await services(EnricherService, recipients_per_batch=100)
+
+    # When it is enriched
+    await send(redis, keys, db, project, "t", {"segment": "beta"}, priority="low")
+    await enricher.run_until_idle()
+
+    # Then every member got exactly one message, and the continuations said where to go on
+    users = [m["user"]["id"] for m in await entries(redis, keys.enriched("low"))]
+    assert sorted(users) == [f"m{i:04d}" for i in range(1, 251)]
+    inbound = await entries(redis, keys.inbound("low"))
+    assert [m.get("segmentAfter") for m in inbound] == [None, "m0100", "m0200"]
