@@ -1,0 +1,107 @@
+"""The per-user throttle: the Redis sliding window against a plain in-memory model."""
+
+from __future__ import annotations
+
+import uuid
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from redis.asyncio import Redis
+
+from notifkit.config import Settings
+from notifkit.keys import Keys
+from notifkit.throttle import (
+    ThrottleCheck,
+    ThrottleRule,
+    WindowModel,
+    allow,
+    check,
+    check_many,
+    rule_for,
+)
+
+# One step: (user, ms since the previous step, reuse an earlier task id?, how many sends at once)
+steps = st.lists(
+    st.tuples(
+        st.integers(0, 2),
+        # Half-second steps land exactly on window edges (windows are whole seconds) often.
+        st.one_of(st.integers(0, 24).map(lambda n: n * 500), st.integers(0, 12_000)),
+        st.booleans(),
+        st.integers(1, 3),
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(limit=st.integers(1, 5), window_s=st.integers(1, 10), plan=steps)
+async def test_redis_sliding_window_agrees_with_the_model(
+    redis: Redis, namespace: str, limit: int, window_s: int, plan: list[tuple[int, int, bool, int]]
+) -> None:
+    """The Lua window must say exactly what the definition says ("fewer than `limit` sends
+    allowed in the last `window`"), including at the window's edge, for several users whose
+    windows must not leak into each other, for batches checked in one pipeline, and for a
+    retried decision that must not count its task twice."""
+    keys = Keys(namespace)
+    project = uuid.uuid4().hex  # a fresh window per example
+    rule = ThrottleRule(limit, window_s)
+    model = WindowModel()
+    now_ms = 1_780_000_000_000
+    issued: list[str] = []
+    for user_index, delta_ms, reuse, batch_size in plan:
+        now_ms += delta_ms
+        user = f"user-{user_index}"
+        batch: list[ThrottleCheck] = []
+        for n in range(batch_size):
+            member = issued[(delta_ms + n) % len(issued)] if reuse and issued else uuid.uuid4().hex
+            issued.append(member)
+            batch.append(ThrottleCheck(project, user, rule, member))
+        decisions = await check_many(redis, keys, batch, now_ms)
+        expected = [model.allow(project, user, rule, now_ms, c.member) for c in batch]
+        assert [d.allowed for d in decisions] == expected
+
+
+async def test_a_full_window_refuses_until_the_oldest_send_leaves_it(
+    redis: Redis, namespace: str
+) -> None:
+    keys = Keys(namespace)
+    t0 = 1_780_000_000_000
+    rule = ThrottleRule(limit=2, window_s=60)
+    assert await check(redis, keys, "p", "u", rule, t0, "task-1")
+    assert await check(redis, keys, "p", "u", rule, t0 + 1_000, "task-2")
+    refused = await check(redis, keys, "p", "u", rule, t0 + 2_000, "task-3")
+    assert not refused.allowed
+    assert refused.count == 2
+    assert refused.retry_at_ms == t0 + 60_000
+    # The same task asking again is not a new send.
+    assert (await check(redis, keys, "p", "u", rule, t0 + 3_000, "task-2")).count == 2
+    # At t0 + 60 s the first send is exactly one window old and no longer counts.
+    assert await allow(redis, keys, "p", "u", 2, 60, t0 + 60_000, "task-3")
+    ttl_ms = await redis.pttl(keys.throttle("p", "u"))
+    assert 0 < ttl_ms <= 60_000
+    # Another user and another project have windows of their own.
+    assert await allow(redis, keys, "p", "someone-else", 2, 60, t0 + 60_000)
+    assert await allow(redis, keys, "other-project", "u", 2, 60, t0 + 60_000)
+
+
+async def test_limit_zero_is_off_and_touches_nothing(redis: Redis, namespace: str) -> None:
+    keys = Keys(namespace)
+    for _ in range(5):
+        assert await allow(redis, keys, "p", "u", 0, 60, 1_000)
+    assert await redis.exists(keys.throttle("p", "u")) == 0
+
+
+def test_project_settings_override_the_deployment_default() -> None:
+    defaults = Settings(throttle_limit=10, throttle_window_s=3600)
+    assert rule_for(None, defaults) == ThrottleRule(10, 3600)
+    assert rule_for({}, defaults) == ThrottleRule(10, 3600)
+    assert rule_for({"throttle": {"limit": 3, "windowSeconds": 60}}, defaults) == ThrottleRule(
+        3, 60
+    )
+    assert rule_for({"throttle": {"limit": 0}}, defaults) == ThrottleRule(0, 3600)
+    assert not rule_for({"throttle": {"limit": 0}}, defaults).enabled
+    assert rule_for({"throttle": {"limit": "x", "windowSeconds": -1}}, defaults) == ThrottleRule(
+        10, 3600
+    )
+    assert not rule_for(None, Settings()).enabled  # THROTTLE_LIMIT defaults to 0: off
