@@ -1,0 +1,129 @@
+"""`python -m simulators`: run every provider simulator until SIGINT or SIGTERM.
+
+    python -m simulators [--host 127.0.0.1] [--port 8025] [--smtp-port 2525] [--seed N]
+                         [--max-messages 10000] [--log-level INFO]
+
+Port 0 binds a free port; the line "Simulators listening on ..." says which.
+Without --seed a random seed is chosen and logged, so any run can be replayed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import secrets
+import signal
+import sys
+from typing import NoReturn
+
+from simulators.server import SimulatorServer
+
+log = logging.getLogger("simulators")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """One line that says what is wrong, exit status 2 (argparse's usage error)."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"port must be an integer, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0-65535, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("expected a positive integer, got 0")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = _Parser(
+        prog="python -m simulators",
+        description="Wire-compatible provider simulators (Resend, SendGrid, SMTP, Twilio, FCM, "
+        "OpenAI) with fault injection. Control API and page under /_sim/.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=8025, help="HTTP port (default 8025)")
+    parser.add_argument("--smtp-port", type=_port, default=2525, help="SMTP port (default 2525)")
+    parser.add_argument("--seed", type=_non_negative, default=None, help="random seed for faults")
+    parser.add_argument(
+        "--max-messages",
+        type=_positive,
+        default=10_000,
+        help="messages kept in memory, oldest dropped first (default 10000)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="default INFO: one line per received message",
+    )
+    return parser.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    seed = args.seed if args.seed is not None else secrets.randbelow(2**32)
+    server = SimulatorServer(
+        host=args.host,
+        port=args.port,
+        smtp_port=args.smtp_port,
+        seed=seed,
+        max_messages=args.max_messages,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await server.start()
+    try:
+        log.info(
+            "Simulators listening on %s (SMTP %s:%d), seed %d; page at %s/_sim/.",
+            server.base_url,
+            server.smtp_host,
+            server.smtp_port,
+            seed,
+            server.base_url,
+        )
+        await stop.wait()
+        log.info("Stopping: held requests are released and connections closed.")
+    finally:
+        await server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        asyncio.run(serve(args))
+    except OSError as exc:
+        # Typically the port is taken or the host cannot be bound.
+        print(f"python -m simulators: error: cannot listen: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""The aiohttp application: every HTTP provider on one port, plus the control API.
+
+POST /emails                                       Resend
+POST /v3/mail/send                                 SendGrid
+POST /2010-04-01/Accounts/{sid}/Messages.json      Twilio
+POST /v1/projects/{project}/messages:send          FCM HTTP v1
+POST /token                                        OAuth2 token endpoint for FCM clients
+POST /v1/chat/completions, GET /v1/models[/{id}]   OpenAI
+/_sim/...                                          control API and page (see control.py)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+
+from simulators import control
+from simulators.pipeline import HttpProvider, handle_send
+from simulators.providers.fcm import Fcm, token_endpoint
+from simulators.providers.openai import OpenAI, get_model, list_models
+from simulators.providers.resend import Resend
+from simulators.providers.sendgrid import SendGrid
+from simulators.providers.twilio import Twilio
+from simulators.state import STATE, SimSettings, SimState
+from simulators.validation import ControlError
+
+log = logging.getLogger("simulators")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _send(provider: HttpProvider) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await handle_send(request, provider)
+
+    return handler
+
+
+def _error_json(status: int, message: str) -> web.Response:
+    return web.Response(
+        status=status,
+        text=json.dumps({"error": message}, ensure_ascii=False),
+        content_type="application/json",
+    )
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """No input may crash the simulator or leak a traceback: every failure becomes JSON."""
+    try:
+        return await handler(request)
+    except ControlError as exc:
+        return _error_json(exc.status, exc.message)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = (
+            f"no route for {request.method} {request.path}"
+            if exc.status in (404, 405)
+            else exc.reason
+        )
+        return _error_json(exc.status, message)
+    except Exception:
+        log.exception(
+            "Unexpected error handling %s %s; answered 500.", request.method, request.path
+        )
+        return _error_json(500, "internal simulator error (logged)")
+
+
+def create_app(state: SimState) -> web.Application:
+    app = web.Application(
+        middlewares=[errors_middleware],
+        client_max_size=state.settings.max_body_bytes,
+    )
+    app[STATE] = state
+    app.router.add_routes(
+        [
+            web.post("/emails", _send(Resend())),
+            web.post("/v3/mail/send", _send(SendGrid())),
+            web.post("/2010-04-01/Accounts/{sid}/Messages.json", _send(Twilio())),
+            web.post("/v1/projects/{project}/messages:send", _send(Fcm())),
+            web.post("/token", token_endpoint),
+            web.post("/v1/chat/completions", _send(OpenAI())),
+            web.get("/v1/models", list_models),
+            web.get("/v1/models/{model}", get_model),
+            *control.routes(),
+        ]
+    )
+    app.cleanup_ctx.append(_receipts_ctx)
+    return app
+
+
+async def _receipts_ctx(app: web.Application) -> AsyncIterator[None]:
+    yield
+    await app[STATE].receipts.close()
+
+
+def create_default_app(settings: SimSettings | None = None) -> web.Application:
+    """An app with fresh state, for `aiohttp.web.run_app` or an aiohttp test client."""
+    return create_app(SimState(settings or SimSettings()))

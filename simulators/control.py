@@ -1,0 +1,222 @@
+"""The control API under `/_sim/`: operations on the simulator state and their HTTP routes.
+
+Each operation takes the decoded request (JSON body or query) and returns the JSON answer,
+raising `ControlError` for bad input. The HTTP handlers and `SimulatorServer`'s Python
+methods call the same operations, so both check input identically.
+
+    POST   /_sim/faults           add a rule               -> 201 {"id", ...rule}
+    GET    /_sim/faults           list rules               -> {"items": [rule]}
+    DELETE /_sim/faults           remove all rules         -> 204
+    DELETE /_sim/faults/{id}      remove one rule          -> 204, 404 if unknown
+    GET    /_sim/messages         ?provider=&to=&taskId=&limit=, newest first -> {"items"}
+    GET    /_sim/stats            per-provider counters
+    POST   /_sim/limits           {"provider", "ratePerSecond", "burst"?} -> {"items"}
+    GET    /_sim/limits           -> {"items"};   DELETE /_sim/limits -> 204
+    POST   /_sim/receipts         {"url", "secret", "delayMs"?, probabilities...}
+    GET    /_sim/receipts         configuration and delivery counters
+    DELETE /_sim/receipts         stop sending receipts -> 204
+    POST   /_sim/reset            {"seed"?} clear messages, faults, limits, counters
+    GET    /_sim/health           {"ok": true, "seed"}
+    GET    /_sim/                 the HTML page
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+
+from simulators.faults import FaultItem
+from simulators.kinds import Provider
+from simulators.limits import LimitItem
+from simulators.page import render_page
+from simulators.receipts import ReceiptsItem
+from simulators.records import MessageItem
+from simulators.state import STATE, SimState
+from simulators.stats import ProviderStatsItem
+from simulators.validation import ControlError, get_int, reject_unknown, require_object, show
+
+MAX_LIMIT = 100_000
+DEFAULT_LIMIT = 1000
+MESSAGE_QUERY = ("provider", "to", "taskId", "limit")
+MAX_SEED = 2**63
+# Rendered email HTML sits in sandboxed iframes (which inherit this policy): no script runs
+# anywhere on the page and no remote resource (tracking pixels included) is fetched.
+_PAGE_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-src 'self'"
+
+
+def add_fault(state: SimState, payload: object) -> FaultItem:
+    return state.faults.add(payload).to_item()
+
+
+def list_faults(state: SimState) -> dict[str, list[FaultItem]]:
+    return {"items": [rule.to_item() for rule in state.faults.rules]}
+
+
+def delete_fault(state: SimState, rule_id: str) -> None:
+    if not state.faults.remove(rule_id):
+        raise ControlError(f"no fault rule with id {show(rule_id)}", status=404)
+
+
+def clear_faults(state: SimState) -> None:
+    state.faults.clear()
+
+
+def list_messages(state: SimState, query: Mapping[str, str]) -> dict[str, list[MessageItem]]:
+    reject_unknown(query, MESSAGE_QUERY, "messages query")
+    provider_name = query.get("provider") or None
+    provider: Provider | None = None
+    if provider_name is not None:
+        try:
+            provider = Provider(provider_name)
+        except ValueError:
+            names = ", ".join(p.value for p in Provider)
+            raise ControlError(
+                f"'provider' must be one of: {names}; got {show(provider_name)}"
+            ) from None
+    limit = DEFAULT_LIMIT
+    raw_limit = query.get("limit")
+    if raw_limit:
+        try:
+            limit = int(raw_limit)
+        except ValueError:
+            raise ControlError(f"'limit' must be an integer, got {show(raw_limit)}") from None
+        if not 1 <= limit <= MAX_LIMIT:
+            raise ControlError(f"'limit' must be between 1 and {MAX_LIMIT}, got {limit}")
+    records = state.messages.query(
+        provider=provider,
+        to=query.get("to") or None,
+        task_id=query.get("taskId") or None,
+        limit=limit,
+    )
+    return {"items": [record.to_item() for record in records]}
+
+
+def stats(state: SimState) -> dict[str, ProviderStatsItem]:
+    return state.stats.to_items()
+
+
+def set_limit(state: SimState, payload: object) -> dict[str, list[LimitItem]]:
+    state.limits.set(payload)
+    return {"items": state.limits.items()}
+
+
+def list_limits(state: SimState) -> dict[str, list[LimitItem]]:
+    return {"items": state.limits.items()}
+
+
+def clear_limits(state: SimState) -> None:
+    state.limits.clear()
+
+
+def set_receipts(state: SimState, payload: object) -> ReceiptsItem:
+    return state.receipts.configure(payload)
+
+
+def get_receipts(state: SimState) -> ReceiptsItem:
+    return state.receipts.item()
+
+
+def disable_receipts(state: SimState) -> None:
+    state.receipts.disable()
+
+
+def reset(state: SimState, payload: object) -> dict[str, int]:
+    body = require_object(payload if payload is not None else {}, "reset")
+    reject_unknown(body, ("seed",), "reset")
+    seed = get_int(body, "seed", minimum=0, maximum=MAX_SEED)
+    state.reset(seed)
+    return {"seed": state.seed}
+
+
+def health(state: SimState) -> dict[str, Any]:
+    return {"ok": True, "seed": state.seed, "messages": len(state.messages), **state.endpoints}
+
+
+# HTTP ------------------------------------------------------------------------------------
+
+
+def _json(payload: Any, status: int = 200) -> web.Response:
+    return web.json_response(
+        payload, status=status, dumps=lambda v: json.dumps(v, ensure_ascii=False)
+    )
+
+
+async def _body(request: web.Request) -> object:
+    raw = await request.read()
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise ControlError("request body must be valid UTF-8 JSON") from None
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _with_body(operation: Callable[[SimState, object], Any], status: int = 200) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        payload = await _body(request)
+        if payload is None and operation is not reset:
+            raise ControlError("request body must be a JSON object")
+        return _json(operation(request.app[STATE], payload), status)
+
+    return handler
+
+
+def _no_body(operation: Callable[[SimState], Any]) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        result = operation(request.app[STATE])
+        return web.Response(status=204) if result is None else _json(result)
+
+    return handler
+
+
+async def _messages(request: web.Request) -> web.StreamResponse:
+    query = {key: request.query.getone(key) for key in request.query}
+    return _json(list_messages(request.app[STATE], query))
+
+
+async def _delete_fault(request: web.Request) -> web.StreamResponse:
+    delete_fault(request.app[STATE], request.match_info["id"])
+    return web.Response(status=204)
+
+
+async def _page(request: web.Request) -> web.StreamResponse:
+    html = render_page(request.app[STATE])
+    return web.Response(
+        text=html,
+        content_type="text/html",
+        headers={
+            "Content-Security-Policy": _PAGE_POLICY,
+            "X-Content-Type-Options": "nosniff",
+        },
+    )
+
+
+async def _redirect_to_page(request: web.Request) -> web.StreamResponse:
+    raise web.HTTPFound("/_sim/")
+
+
+def routes() -> list[web.RouteDef]:
+    return [
+        web.get("/_sim", _redirect_to_page),
+        web.get("/_sim/", _page),
+        web.get("/_sim/health", _no_body(health)),
+        web.post("/_sim/faults", _with_body(add_fault, status=201)),
+        web.get("/_sim/faults", _no_body(list_faults)),
+        web.delete("/_sim/faults", _no_body(clear_faults)),
+        web.delete("/_sim/faults/{id}", _delete_fault),
+        web.get("/_sim/messages", _messages),
+        web.get("/_sim/stats", _no_body(stats)),
+        web.post("/_sim/limits", _with_body(set_limit)),
+        web.get("/_sim/limits", _no_body(list_limits)),
+        web.delete("/_sim/limits", _no_body(clear_limits)),
+        web.post("/_sim/receipts", _with_body(set_receipts)),
+        web.get("/_sim/receipts", _no_body(get_receipts)),
+        web.delete("/_sim/receipts", _no_body(disable_receipts)),
+        web.post("/_sim/reset", _with_body(reset)),
+    ]

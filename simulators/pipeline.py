@@ -1,0 +1,325 @@
+"""The one path every HTTP provider request takes.
+
+    count -> credentials (401) -> provider rate limit (429) -> read and validate (4xx)
+    -> fault decision -> [timeout: hold, record nothing | error, rate_limit, invalid_token:
+       answer the provider's error] -> idempotency (replay / 409) -> [latency: wait]
+    -> accept: record, schedule receipts -> [lost_response: hold, never answer |
+       malformed: unparseable 200 | otherwise the provider's success answer]
+
+Providers only describe their wire format (`HttpProvider`); the order above, and therefore
+the meaning of every fault, is the same for all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from aiohttp import web
+
+from simulators.faults import FaultDecision
+from simulators.idempotency import Lookup, fingerprint
+from simulators.kinds import ErrorCase, FaultKind, Provider, case_for_status
+from simulators.records import MessageRecord
+from simulators.replies import Reply, malformed_reply
+from simulators.state import STATE, SimState
+from simulators.stats import ProviderStats
+
+log = logging.getLogger("simulators")
+
+TASK_ID_HEADER = "X-Notifkit-Task-Id"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+MAX_TASK_ID_CHARS = 256
+
+# The status each case answers with unless a provider or a fault rule says otherwise.
+DEFAULT_STATUS: dict[ErrorCase, int] = {
+    ErrorCase.BAD_REQUEST: 400,
+    ErrorCase.UNAUTHORIZED: 401,
+    ErrorCase.FORBIDDEN: 403,
+    ErrorCase.NOT_FOUND: 404,
+    ErrorCase.CONFLICT: 409,
+    ErrorCase.TOO_LARGE: 413,
+    ErrorCase.INVALID_RECIPIENT: 400,
+    ErrorCase.RATE_LIMITED: 429,
+    ErrorCase.QUOTA_EXCEEDED: 429,
+    ErrorCase.SERVER_ERROR: 500,
+    ErrorCase.UNAVAILABLE: 503,
+}
+DEFAULT_RETRY_AFTER_S = 1.0
+
+
+class Rejection(Exception):
+    """A request the provider refuses; rendered in the provider's own error format."""
+
+    def __init__(
+        self,
+        case: ErrorCase,
+        detail: str = "",
+        *,
+        status: int | None = None,
+        field_name: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(detail or case.value)
+        self.case = case
+        self.detail = detail
+        self.status = status
+        self.field_name = field_name
+        self.code = code
+
+
+@dataclass
+class Submission:
+    """A request that passed validation, described in provider-neutral terms."""
+
+    recipients: list[str]
+    content: dict[str, Any]
+    task_id: str | None = None
+    idempotency_key: str | None = None
+    # Raw request payload, for idempotency fingerprints.
+    payload: Any = None
+    # Facts receipts need (tags, auth token, status callback...).
+    meta: dict[str, Any] = field(default_factory=dict)
+    # False for validate-only and sandbox requests: answered as success, recorded nowhere.
+    deliver: bool = True
+
+
+@dataclass(frozen=True)
+class ErrorSpec:
+    """Everything a provider needs to render one error answer."""
+
+    case: ErrorCase
+    status: int
+    detail: str = ""
+    field_name: str | None = None
+    code: str | None = None
+    recipient: str | None = None
+    retry_after_s: float | None = None
+
+
+class HttpProvider(ABC):
+    provider: ClassVar[Provider]
+    # Statuses that differ from DEFAULT_STATUS for this provider.
+    status_overrides: ClassVar[dict[ErrorCase, int]] = {}
+    # Whether the provider honours an Idempotency-Key header (Resend does).
+    idempotent: ClassVar[bool] = False
+
+    @abstractmethod
+    def credentials(self, request: web.Request) -> str | None:
+        """The API key (rate-limit identity), or None if the request is not authenticated."""
+
+    @abstractmethod
+    async def parse(self, request: web.Request, body: bytes, state: SimState) -> Submission:
+        """Validate the request; raise Rejection with the provider's own reason if invalid."""
+
+    @abstractmethod
+    def new_message_id(self, state: SimState, submission: Submission) -> str: ...
+
+    @abstractmethod
+    def success(self, record: MessageRecord, submission: Submission, request: web.Request) -> Reply:
+        """The provider's answer to an accepted message."""
+
+    @abstractmethod
+    def error(self, spec: ErrorSpec) -> Reply:
+        """The provider's error body for `spec`, with Retry-After where it sends one."""
+
+    def status_for(self, case: ErrorCase) -> int:
+        return self.status_overrides.get(case, DEFAULT_STATUS[case])
+
+    def render(
+        self,
+        case: ErrorCase,
+        *,
+        status: int | None = None,
+        detail: str = "",
+        field_name: str | None = None,
+        code: str | None = None,
+        recipient: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> Reply:
+        spec = ErrorSpec(
+            case=case,
+            status=status if status is not None else self.status_for(case),
+            detail=detail,
+            field_name=field_name,
+            code=code,
+            recipient=recipient,
+            retry_after_s=retry_after_s,
+        )
+        return self.error(spec)
+
+    def fault_reply(self, decision: FaultDecision, submission: Submission) -> Reply:
+        rule = decision.rule
+        recipient = submission.recipients[0] if submission.recipients else None
+        if rule.kind is FaultKind.RATE_LIMIT:
+            case = ErrorCase.RATE_LIMITED
+        elif rule.kind is FaultKind.INVALID_TOKEN:
+            case = ErrorCase.INVALID_RECIPIENT
+        else:
+            case = case_for_status(rule.status) if rule.status else ErrorCase.SERVER_ERROR
+        retry_after_s = rule.retry_after_s
+        status = rule.status if rule.status else self.status_for(case)
+        if retry_after_s is None and (status == 429 or case is ErrorCase.UNAVAILABLE):
+            retry_after_s = DEFAULT_RETRY_AFTER_S
+        return self.render(case, status=status, recipient=recipient, retry_after_s=retry_after_s)
+
+    def malformed(self, decision: FaultDecision) -> Reply:
+        return malformed_reply(decision.rule.status or 200)
+
+
+def header_task_id(request: web.Request) -> str | None:
+    value = request.headers.get(TASK_ID_HEADER, "").strip()
+    return value[:MAX_TASK_ID_CHARS] or None
+
+
+def bearer_token(request: web.Request) -> str | None:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+async def handle_send(request: web.Request, provider: HttpProvider) -> web.StreamResponse:
+    state = request.app[STATE]
+    stats = state.stats[provider.provider]
+    stats.requests += 1
+    try:
+        return await _handle(request, provider, state, stats)
+    except Rejection as rejection:
+        stats.rejected += 1
+        return provider.render(
+            rejection.case,
+            status=rejection.status,
+            detail=rejection.detail,
+            field_name=rejection.field_name,
+            code=rejection.code,
+        ).response()
+
+
+async def _handle(
+    request: web.Request, provider: HttpProvider, state: SimState, stats: ProviderStats
+) -> web.StreamResponse:
+    name = provider.provider
+    api_key = provider.credentials(request)
+    if not api_key:
+        raise Rejection(ErrorCase.UNAUTHORIZED)
+    wait_s = state.limits.check(name, api_key)
+    if wait_s is not None:
+        stats.rate_limited += 1
+        log.info(
+            "%s rate limit: key ...%s answered 429, retry in %.2fs.", name, api_key[-4:], wait_s
+        )
+        return provider.render(ErrorCase.RATE_LIMITED, retry_after_s=wait_s).response()
+
+    body = await _read_body(request, state)
+    submission = await provider.parse(request, body, state)
+
+    decision = state.faults.decide(name, submission.recipients)
+    kind = decision.kind if decision else None
+    if decision is not None:
+        stats.faults[decision.kind] += 1
+        log.info(
+            "%s fault %s (rule %s) for to=%s task_id=%s.",
+            name,
+            decision.kind.value,
+            decision.rule.id,
+            ",".join(submission.recipients),
+            submission.task_id,
+        )
+    if decision is not None and kind is FaultKind.TIMEOUT:
+        await state.hold(request, decision.delay_s)
+        return _drop(request)
+    if decision is not None and kind in (
+        FaultKind.ERROR,
+        FaultKind.RATE_LIMIT,
+        FaultKind.INVALID_TOKEN,
+    ):
+        return provider.fault_reply(decision, submission).response()
+
+    key = submission.idempotency_key if provider.idempotent else None
+    reply: Reply | None = None
+    if key is not None:
+        lookup, reply = state.idempotency.begin(name, api_key, key, fingerprint(submission.payload))
+        if lookup is Lookup.MISMATCH:
+            raise Rejection(ErrorCase.CONFLICT, code="invalid_idempotent_request")
+        if lookup is Lookup.IN_FLIGHT:
+            raise Rejection(ErrorCase.CONFLICT, code="concurrent_idempotent_requests")
+        if lookup is Lookup.REPLAY:
+            stats.replays += 1
+            log.info("%s idempotent replay of key %s; nothing sent again.", name, key)
+    if reply is None:
+        try:
+            if decision is not None and kind is FaultKind.LATENCY:
+                await state.pause(decision.delay_s)
+            reply = _accept(request, provider, state, stats, submission)
+        finally:
+            if key is not None and reply is None:
+                state.idempotency.abandon(name, api_key, key)
+        if key is not None:
+            state.idempotency.complete(name, api_key, key, reply)
+
+    if decision is not None and kind is FaultKind.LOST_RESPONSE:
+        await state.hold(request, decision.delay_s)
+        return _drop(request)
+    if decision is not None and kind is FaultKind.MALFORMED:
+        return provider.malformed(decision).response()
+    return reply.response()
+
+
+def _accept(
+    request: web.Request,
+    provider: HttpProvider,
+    state: SimState,
+    stats: ProviderStats,
+    submission: Submission,
+) -> Reply:
+    record = MessageRecord(
+        id=provider.new_message_id(state, submission),
+        provider=provider.provider,
+        recipients=submission.recipients,
+        task_id=submission.task_id,
+        idempotency_key=submission.idempotency_key,
+        content=submission.content,
+        meta=submission.meta,
+    )
+    if submission.deliver:
+        accept(state, stats, record)
+    return provider.success(record, submission, request)
+
+
+def accept(state: SimState, stats: ProviderStats, record: MessageRecord) -> None:
+    """Record an accepted message and schedule its receipts (shared with SMTP)."""
+    state.messages.add(record)
+    stats.accepted += 1
+    if record.accept_count > 1:
+        stats.duplicates += 1
+    state.receipts.schedule(record)
+    log.info(
+        "%s accepted message %s to=%s task_id=%s accept_count=%d.",
+        record.provider.value,
+        record.id,
+        ",".join(record.recipients),
+        record.task_id,
+        record.accept_count,
+    )
+
+
+async def _read_body(request: web.Request, state: SimState) -> bytes:
+    if (
+        request.content_length is not None
+        and request.content_length > state.settings.max_body_bytes
+    ):
+        raise Rejection(ErrorCase.TOO_LARGE)
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise Rejection(ErrorCase.TOO_LARGE) from None
+
+
+def _drop(request: web.BaseRequest) -> web.StreamResponse:
+    """Close the connection without an answer: to the client, the response was lost."""
+    transport = request.transport
+    if transport is not None:
+        transport.close()
+    return web.Response(status=204)

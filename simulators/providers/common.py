@@ -1,0 +1,57 @@
+"""Small parsing helpers shared by the provider modules."""
+
+from __future__ import annotations
+
+import json
+import re
+from email.utils import parseaddr
+from typing import Any
+
+from simulators.kinds import ErrorCase
+from simulators.pipeline import Rejection
+
+# Stored email bodies are cut here so a few huge messages cannot exhaust the ring buffer.
+MAX_STORED_TEXT = 256 * 1024
+_EMAIL = re.compile(r"^[^@\s<>(),;:\"\[\]]+@[^@\s<>(),;:\"\[\]]+\.[^@\s<>(),;:\"\[\]]+$")
+_E164 = re.compile(r"^\+[1-9]\d{1,14}$")
+
+
+def load_json(body: bytes, *, status: int | None = None) -> Any:
+    """The parsed body, or a Rejection the provider renders as its own 'bad JSON' error."""
+    try:
+        return json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise Rejection(
+            ErrorCase.BAD_REQUEST, "The request body is not valid JSON.", status=status
+        ) from None
+
+
+def email_address(value: object) -> str | None:
+    """The bare address of `a@b.c` or `Name <a@b.c>`, or None if it is not one."""
+    if not isinstance(value, str) or len(value) > 512:
+        return None
+    _, address = parseaddr(value)
+    return address if _EMAIL.match(address) else None
+
+
+def is_phone_number(value: str) -> bool:
+    """E.164, optionally behind a channel prefix such as `whatsapp:`."""
+    _, _, number = value.rpartition(":")
+    return bool(_E164.match(number))
+
+
+def stored_text(value: object) -> str | None:
+    if not isinstance(value, str):
+        return None
+    return value if len(value) <= MAX_STORED_TEXT else value[:MAX_STORED_TEXT] + "…[truncated]"
+
+
+def drop_none(values: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in values.items() if value is not None}
+
+
+def task_id_text(value: object) -> str | None:
+    if isinstance(value, str | int) and not isinstance(value, bool):
+        text = str(value).strip()
+        return text[:256] or None
+    return None

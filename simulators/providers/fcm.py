@@ -1,0 +1,185 @@
+"""FCM HTTP v1: `POST /v1/projects/{project}/messages:send`, OAuth2 Bearer token, JSON body.
+
+Success is 200 `{"name": "projects/{project}/messages/{id}"}`; `validate_only` checks the
+message and sends nothing. Errors use Google's format:
+`{"error": {"code", "message", "status", "details": [{"@type": ".../FcmError",
+"errorCode": "UNREGISTERED"}]}}`.
+`POST /token` is a stand-in OAuth2 token endpoint: point a service account's `token_uri` at
+it and google-auth style clients get a token the simulator accepts (any non-empty Bearer
+token is accepted).
+Task id: `X-Notifkit-Task-Id` header, else `message.data.notifkit_task_id`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, ClassVar
+
+from aiohttp import web
+
+from simulators.kinds import ErrorCase, Provider
+from simulators.pipeline import (
+    IDEMPOTENCY_HEADER,
+    ErrorSpec,
+    HttpProvider,
+    Rejection,
+    Submission,
+    bearer_token,
+    header_task_id,
+)
+from simulators.providers.common import drop_none, load_json, task_id_text
+from simulators.records import MessageRecord
+from simulators.replies import Reply, json_reply
+from simulators.state import STATE, SimState
+
+TASK_KEY = "notifkit_task_id"
+MAX_PAYLOAD_BYTES = 4096  # FCM's limit on a message's notification + data
+TOKEN_LIFETIME_S = 3599
+FCM_ERROR_TYPE = "type.googleapis.com/google.firebase.fcm.v1.FcmError"
+BAD_REQUEST_TYPE = "type.googleapis.com/google.rpc.BadRequest"
+_UNAUTHENTICATED = (
+    "Request had invalid authentication credentials. Expected OAuth 2 access token, login "
+    "cookie or other valid authentication credential. See "
+    "https://developers.google.com/identity/sign-in/web/devconsole-project."
+)
+# (google status, message, FcmError errorCode or None) per case.
+_ERRORS: dict[ErrorCase, tuple[str, str, str | None]] = {
+    ErrorCase.BAD_REQUEST: (
+        "INVALID_ARGUMENT",
+        "Request contains an invalid argument.",
+        "INVALID_ARGUMENT",
+    ),
+    ErrorCase.UNAUTHORIZED: ("UNAUTHENTICATED", _UNAUTHENTICATED, None),
+    ErrorCase.FORBIDDEN: ("PERMISSION_DENIED", "SenderId mismatch", "SENDER_ID_MISMATCH"),
+    ErrorCase.NOT_FOUND: ("NOT_FOUND", "Requested entity was not found.", "UNREGISTERED"),
+    ErrorCase.CONFLICT: ("ABORTED", "The request was aborted.", None),
+    ErrorCase.TOO_LARGE: ("INVALID_ARGUMENT", "Message is too big", "INVALID_ARGUMENT"),
+    ErrorCase.INVALID_RECIPIENT: ("NOT_FOUND", "Requested entity was not found.", "UNREGISTERED"),
+    ErrorCase.RATE_LIMITED: (
+        "RESOURCE_EXHAUSTED",
+        "Quota exceeded for quota metric 'Send requests' and limit 'Send requests per minute' "
+        "of service 'fcm.googleapis.com'.",
+        "QUOTA_EXCEEDED",
+    ),
+    ErrorCase.QUOTA_EXCEEDED: (
+        "RESOURCE_EXHAUSTED",
+        "Quota exceeded for quota metric 'Send requests' and limit 'Send requests per minute' "
+        "of service 'fcm.googleapis.com'.",
+        "QUOTA_EXCEEDED",
+    ),
+    ErrorCase.SERVER_ERROR: ("INTERNAL", "Internal error encountered.", "INTERNAL"),
+    ErrorCase.UNAVAILABLE: ("UNAVAILABLE", "The service is currently unavailable.", "UNAVAILABLE"),
+}
+_INVALID_TOKEN = "The registration token is not a valid FCM registration token"
+
+
+class Fcm(HttpProvider):
+    provider = Provider.FCM
+    status_overrides: ClassVar[dict[ErrorCase, int]] = {
+        ErrorCase.INVALID_RECIPIENT: 404,
+        ErrorCase.TOO_LARGE: 400,
+    }
+
+    def credentials(self, request: web.Request) -> str | None:
+        return bearer_token(request)
+
+    async def parse(self, request: web.Request, body: bytes, state: SimState) -> Submission:
+        payload = load_json(body)
+        if not isinstance(payload, dict) or not isinstance(payload.get("message"), dict):
+            raise _invalid("message", "Required field 'message' is missing.")
+        message: dict[str, Any] = payload["message"]
+        targets = [name for name in ("token", "topic", "condition") if message.get(name)]
+        if len(targets) != 1:
+            raise _invalid("message", "Exactly one of token, topic or condition must be set.")
+        target = targets[0]
+        if not isinstance(message[target], str):
+            raise _invalid(
+                f"message.{target}", f"Invalid value at 'message.{target}' (TYPE_STRING)"
+            )
+        recipient = message[target] if target != "topic" else f"/topics/{message['topic']}"
+        data = message.get("data")
+        if data is not None:
+            if not isinstance(data, dict):
+                raise _invalid("message.data", "Invalid value at 'message.data' (map)")
+            for index, value in enumerate(data.values()):
+                if not isinstance(value, str):
+                    where = f"message.data[{index}].value"
+                    raise _invalid(
+                        where, f"Invalid value at '{where}' (TYPE_STRING), {json.dumps(value)}"
+                    )
+        notification = message.get("notification")
+        if notification is not None and not isinstance(notification, dict):
+            raise _invalid("message.notification", "Invalid value at 'message.notification'")
+        size = len(json.dumps({"data": data, "notification": notification}).encode())
+        if size > MAX_PAYLOAD_BYTES:
+            raise Rejection(ErrorCase.TOO_LARGE)
+        return Submission(
+            recipients=[recipient],
+            content=drop_none(
+                {
+                    "token": message.get("token"),
+                    "topic": message.get("topic"),
+                    "condition": message.get("condition"),
+                    "notification": notification,
+                    "data": data,
+                    "android": message.get("android"),
+                    "apns": message.get("apns"),
+                    "webpush": message.get("webpush"),
+                }
+            ),
+            task_id=header_task_id(request) or task_id_text((data or {}).get(TASK_KEY)),
+            idempotency_key=request.headers.get(IDEMPOTENCY_HEADER),
+            payload=payload,
+            meta={"project": request.match_info["project"]},
+            deliver=payload.get("validate_only") is not True,
+        )
+
+    def new_message_id(self, state: SimState, submission: Submission) -> str:
+        return f"0:{int(time.time() * 1000)}%{state.ids.hex(16)}"
+
+    def success(self, record: MessageRecord, submission: Submission, request: web.Request) -> Reply:
+        project = record.meta["project"]
+        message_id = record.id if submission.deliver else "fake_message_id"
+        return json_reply(200, {"name": f"projects/{project}/messages/{message_id}"})
+
+    def error(self, spec: ErrorSpec) -> Reply:
+        status_name, message, error_code = _ERRORS[spec.case]
+        if spec.case is ErrorCase.INVALID_RECIPIENT and spec.status == 400:
+            status_name, message, error_code = (
+                "INVALID_ARGUMENT",
+                _INVALID_TOKEN,
+                "INVALID_ARGUMENT",
+            )
+        details: list[dict[str, Any]] = []
+        if error_code is not None:
+            details.append({"@type": FCM_ERROR_TYPE, "errorCode": error_code})
+        if spec.field_name is not None:
+            violation = {"field": spec.field_name, "description": spec.detail or message}
+            details.append({"@type": BAD_REQUEST_TYPE, "fieldViolations": [violation]})
+        error: dict[str, Any] = {
+            "code": spec.status,
+            "message": spec.detail or message,
+            "status": status_name,
+        }
+        if details:
+            error["details"] = details
+        return json_reply(
+            spec.status,
+            {"error": error},
+            retry_after_s=spec.retry_after_s,
+            content_type="application/json; charset=UTF-8",
+        )
+
+
+def _invalid(field_name: str, description: str) -> Rejection:
+    return Rejection(ErrorCase.BAD_REQUEST, description, field_name=field_name)
+
+
+async def token_endpoint(request: web.Request) -> web.Response:
+    """OAuth2 token endpoint: any grant (a service account's signed JWT included) gets a token."""
+    state = request.app[STATE]
+    await request.read()
+    token = "ya29.sim-" + state.ids.token(48)
+    body = {"access_token": token, "expires_in": TOKEN_LIFETIME_S, "token_type": "Bearer"}
+    return json_reply(200, body).response()

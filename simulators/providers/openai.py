@@ -1,0 +1,382 @@
+"""OpenAI: `POST /v1/chat/completions` and `GET /v1/models`, Bearer API key, JSON body.
+
+Completions are deterministic: the text is derived from a hash of the model and messages,
+so the same prompt always gets the same answer and tests can assert on it. `usage` counts
+tokens approximately (about four characters per prompt token, one per completion word).
+`stream: true` answers as server-sent events, `max_tokens` truncates with
+`finish_reason: "length"`, and `response_format` json modes return a JSON object.
+Errors are `{"error": {"message", "type", "param", "code"}}`.
+
+Known models are a fixed list plus anything named `sim-*`; others get 404 model_not_found.
+The fault rules' recipient pattern (`to`) matches the model name. Task id:
+`X-Notifkit-Task-Id` header, else `metadata.notifkit_task_id`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any, ClassVar
+
+from aiohttp import web
+
+from simulators.kinds import ErrorCase, Provider
+from simulators.pipeline import (
+    IDEMPOTENCY_HEADER,
+    ErrorSpec,
+    HttpProvider,
+    Rejection,
+    Submission,
+    bearer_token,
+    header_task_id,
+)
+from simulators.providers.common import stored_text, task_id_text
+from simulators.records import MessageRecord
+from simulators.replies import Reply, json_reply
+from simulators.state import SimState
+
+KNOWN_MODELS = (
+    "gpt-4o",
+    "gpt-4o-mini",
+    "gpt-4.1",
+    "gpt-4.1-mini",
+    "gpt-4.1-nano",
+    "gpt-3.5-turbo",
+    "o4-mini",
+)
+SIM_MODEL_PREFIX = "sim-"
+ROLES = ("system", "assistant", "user", "function", "tool", "developer")
+TASK_KEY = "notifkit_task_id"
+MODEL_CREATED_S = 1_700_000_000
+FINGERPRINT = "fp_notifkit_sim"
+# Completion text is drawn from these words.
+_VOCABULARY = (
+    "notification delivered reliably across every channel while the queue stays calm and the "
+    "workers keep pace with steady traffic so each message reaches its reader exactly once "
+    "retries back off politely when providers push back and receipts confirm the outcome "
+    "quickly digest summaries group related updates into one friendly note for the user today"
+)
+_WORDS = _VOCABULARY.split()
+
+_UNAUTHORIZED = (
+    "You didn't provide an API key. You need to provide your API key in an Authorization header "
+    "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or as the password field (with "
+    "blank username) if you're accessing the API from your browser and are prompted for a "
+    "username and password. You can obtain an API key from "
+    "https://platform.openai.com/account/api-keys."
+)
+# (message, type, code) per case.
+_ERRORS: dict[ErrorCase, tuple[str, str, str | None]] = {
+    ErrorCase.BAD_REQUEST: ("Invalid request.", "invalid_request_error", None),
+    ErrorCase.UNAUTHORIZED: (_UNAUTHORIZED, "invalid_request_error", None),
+    ErrorCase.FORBIDDEN: (
+        "You are not allowed to sample from this model",
+        "invalid_request_error",
+        None,
+    ),
+    ErrorCase.NOT_FOUND: (
+        "The model `{model}` does not exist or you do not have access to it.",
+        "invalid_request_error",
+        "model_not_found",
+    ),
+    ErrorCase.CONFLICT: (
+        "The request conflicts with another request.",
+        "invalid_request_error",
+        None,
+    ),
+    ErrorCase.TOO_LARGE: ("Request too large.", "invalid_request_error", None),
+    ErrorCase.INVALID_RECIPIENT: (
+        "Incorrect API key provided. You can find your API key at "
+        "https://platform.openai.com/account/api-keys.",
+        "invalid_request_error",
+        "invalid_api_key",
+    ),
+    ErrorCase.RATE_LIMITED: (
+        "Rate limit reached for {model} in organization org-notifkit-sim on requests per min "
+        "(RPM): Limit 3, Used 3, Requested 1. Please try again in 1s. Visit "
+        "https://platform.openai.com/account/rate-limits to learn more.",
+        "requests",
+        "rate_limit_exceeded",
+    ),
+    ErrorCase.QUOTA_EXCEEDED: (
+        "You exceeded your current quota, please check your plan and billing details. For more "
+        "information on this error, read the docs: "
+        "https://platform.openai.com/docs/guides/error-codes/api-errors.",
+        "insufficient_quota",
+        "insufficient_quota",
+    ),
+    ErrorCase.SERVER_ERROR: (
+        "The server had an error while processing your request. Sorry about that!",
+        "server_error",
+        None,
+    ),
+    ErrorCase.UNAVAILABLE: (
+        "The engine is currently overloaded, please try again later.",
+        "server_error",
+        None,
+    ),
+}
+
+
+def known_model(model: str) -> bool:
+    return model in KNOWN_MODELS or model.startswith(SIM_MODEL_PREFIX)
+
+
+def completion_text(model: str, messages: list[Any], index: int = 0) -> str:
+    """A sentence fixed by the prompt: same model, messages and choice index, same text."""
+    canonical = json.dumps([model, messages, index], sort_keys=True, ensure_ascii=False)
+    digest = hashlib.sha256(canonical.encode()).digest()
+    count = 8 + digest[0] % 17
+    words = [_WORDS[digest[1 + i % 31] * (i + 1) % len(_WORDS)] for i in range(count)]
+    return " ".join(words).capitalize() + "."
+
+
+def prompt_tokens(messages: list[Any]) -> int:
+    total = 3  # every reply is primed with <|start|>assistant<|message|>
+    for message in messages:
+        text = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(text, str):
+            text = json.dumps(text, ensure_ascii=False)
+        total += 3 + math.ceil(len(text) / 4)
+    return total
+
+
+class OpenAI(HttpProvider):
+    provider = Provider.OPENAI
+    status_overrides: ClassVar[dict[ErrorCase, int]] = {ErrorCase.INVALID_RECIPIENT: 401}
+
+    def credentials(self, request: web.Request) -> str | None:
+        return bearer_token(request)
+
+    async def parse(self, request: web.Request, body: bytes, state: SimState) -> Submission:
+        try:
+            payload = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            raise Rejection(
+                ErrorCase.BAD_REQUEST,
+                "We could not parse the JSON body of your request. (HINT: This likely means you "
+                "aren't using your HTTP library correctly. The OpenAI API expects a JSON payload, "
+                "but what was sent was not valid JSON.)",
+            ) from None
+        if not isinstance(payload, dict):
+            raise Rejection(ErrorCase.BAD_REQUEST, "Invalid type for body: expected an object.")
+        model = payload.get("model")
+        if not isinstance(model, str) or not model:
+            raise Rejection(ErrorCase.BAD_REQUEST, "you must provide a model parameter")
+        messages = _messages(payload.get("messages"))
+        n = _positive_int(payload, "n", maximum=128) or 1
+        limit = _positive_int(payload, "max_completion_tokens", maximum=1_000_000)
+        limit = limit or _positive_int(payload, "max_tokens", maximum=1_000_000)
+        if not known_model(model):
+            raise Rejection(
+                ErrorCase.NOT_FOUND, _ERRORS[ErrorCase.NOT_FOUND][0].format(model=model)
+            )
+        json_mode = isinstance(payload.get("response_format"), dict) and payload[
+            "response_format"
+        ].get("type") in ("json_object", "json_schema")
+        choices = []
+        for index in range(n):
+            text = completion_text(model, messages, index)
+            words = text.split()
+            finish = "stop"
+            if limit is not None and len(words) > limit:
+                words, finish = words[:limit], "length"
+            content = " ".join(words)
+            if json_mode and finish == "stop":
+                content = json.dumps({"text": content})
+            choices.append({"content": content, "finish_reason": finish, "tokens": len(words)})
+        metadata = payload.get("metadata")
+        task_id = header_task_id(request)
+        if task_id is None and isinstance(metadata, dict):
+            task_id = task_id_text(metadata.get(TASK_KEY))
+        stream_options = payload.get("stream_options")
+        return Submission(
+            recipients=[model],
+            content={
+                "model": model,
+                "messages": [_stored_message(m) for m in messages],
+                "completion": choices[0]["content"],
+            },
+            task_id=task_id,
+            idempotency_key=request.headers.get(IDEMPOTENCY_HEADER),
+            payload=payload,
+            meta={
+                "model": model,
+                "choices": choices,
+                "prompt_tokens": prompt_tokens(messages),
+                "stream": payload.get("stream") is True,
+                "include_usage": isinstance(stream_options, dict)
+                and stream_options.get("include_usage") is True,
+            },
+        )
+
+    def new_message_id(self, state: SimState, submission: Submission) -> str:
+        return "chatcmpl-" + state.ids.token(29)
+
+    def success(self, record: MessageRecord, submission: Submission, request: web.Request) -> Reply:
+        meta = record.meta
+        completion_tokens = sum(choice["tokens"] for choice in meta["choices"])
+        usage = {
+            "prompt_tokens": meta["prompt_tokens"],
+            "completion_tokens": completion_tokens,
+            "total_tokens": meta["prompt_tokens"] + completion_tokens,
+        }
+        created = int(record.received_at.timestamp())
+        headers = {
+            "x-request-id": "req_" + record.id.removeprefix("chatcmpl-"),
+            "openai-processing-ms": "1",
+        }
+        if meta["stream"]:
+            body = _event_stream(record.id, created, meta, usage)
+            return Reply(status=200, body=body, content_type="text/event-stream", headers=headers)
+        completion = {
+            "id": record.id,
+            "object": "chat.completion",
+            "created": created,
+            "model": meta["model"],
+            "choices": [
+                {
+                    "index": index,
+                    "message": {"role": "assistant", "content": choice["content"], "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": choice["finish_reason"],
+                }
+                for index, choice in enumerate(meta["choices"])
+            ],
+            "usage": usage,
+            "system_fingerprint": FINGERPRINT,
+        }
+        return json_reply(200, completion, headers=headers)
+
+    def error(self, spec: ErrorSpec) -> Reply:
+        message, kind, code = _ERRORS[spec.case]
+        message = spec.detail or message.replace("{model}", spec.recipient or "the model")
+        headers: dict[str, str] = {}
+        if spec.status == 429:
+            headers = {
+                "x-ratelimit-limit-requests": "3",
+                "x-ratelimit-remaining-requests": "0",
+                "x-ratelimit-reset-requests": "1s",
+            }
+        body = {
+            "error": {
+                "message": message,
+                "type": kind,
+                "param": spec.field_name,
+                "code": spec.code if spec.code is not None else code,
+            }
+        }
+        return json_reply(spec.status, body, headers=headers, retry_after_s=spec.retry_after_s)
+
+
+def _messages(value: object) -> list[Any]:
+    if value is None:
+        raise Rejection(
+            ErrorCase.BAD_REQUEST,
+            "Missing required parameter: 'messages'.",
+            field_name="messages",
+            code="missing_required_parameter",
+        )
+    if not isinstance(value, list):
+        raise Rejection(
+            ErrorCase.BAD_REQUEST,
+            "Invalid type for 'messages': expected an array.",
+            field_name="messages",
+            code="invalid_type",
+        )
+    if not value:
+        raise Rejection(
+            ErrorCase.BAD_REQUEST,
+            "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an "
+            "empty array instead.",
+            field_name="messages",
+            code="empty_array",
+        )
+    for index, message in enumerate(value):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in ROLES:
+            shown = json.dumps(role)[:40]
+            raise Rejection(
+                ErrorCase.BAD_REQUEST,
+                f"Invalid value: {shown}. Supported values are: 'system', 'assistant', 'user', "
+                "'function', 'tool', and 'developer'.",
+                field_name=f"messages[{index}].role",
+                code="invalid_value",
+            )
+    return value
+
+
+def _positive_int(payload: dict[str, Any], name: str, *, maximum: int) -> int | None:
+    value = payload.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+        raise Rejection(
+            ErrorCase.BAD_REQUEST,
+            f"Invalid '{name}': integer between 1 and {maximum} expected.",
+            field_name=name,
+            code="invalid_value",
+        )
+    return value
+
+
+def _stored_message(message: dict[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    return {
+        "role": message.get("role"),
+        "content": stored_text(content) if isinstance(content, str) else content,
+    }
+
+
+def _event_stream(
+    completion_id: str, created: int, meta: dict[str, Any], usage: dict[str, int]
+) -> bytes:
+    """The same completion as chat.completion.chunk events, one word per chunk."""
+    base = {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": meta["model"],
+    }
+    base["system_fingerprint"] = FINGERPRINT
+    events: list[dict[str, Any]] = []
+    for index, choice in enumerate(meta["choices"]):
+        events.append({**base, "choices": [_delta(index, {"role": "assistant", "content": ""})]})
+        words = choice["content"].split(" ")
+        for position, word in enumerate(words):
+            piece = word if position == 0 else " " + word
+            events.append({**base, "choices": [_delta(index, {"content": piece})]})
+        events.append({**base, "choices": [_delta(index, {}, choice["finish_reason"])]})
+    if meta["include_usage"]:
+        events.append({**base, "choices": [], "usage": usage})
+    lines = [f"data: {json.dumps(event, ensure_ascii=False)}\n\n" for event in events]
+    lines.append("data: [DONE]\n\n")
+    return "".join(lines).encode()
+
+
+def _delta(index: int, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+
+async def list_models(request: web.Request) -> web.Response:
+    provider = OpenAI()
+    if provider.credentials(request) is None:
+        return provider.render(ErrorCase.UNAUTHORIZED).response()
+    data = [_model(name) for name in KNOWN_MODELS]
+    return json_reply(200, {"object": "list", "data": data}).response()
+
+
+async def get_model(request: web.Request) -> web.Response:
+    provider = OpenAI()
+    if provider.credentials(request) is None:
+        return provider.render(ErrorCase.UNAUTHORIZED).response()
+    name = request.match_info["model"]
+    if not known_model(name):
+        message = _ERRORS[ErrorCase.NOT_FOUND][0].format(model=name)
+        return provider.render(ErrorCase.NOT_FOUND, detail=message).response()
+    return json_reply(200, _model(name)).response()
+
+
+def _model(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": MODEL_CREATED_S, "owned_by": "system"}

@@ -1,0 +1,222 @@
+"""Resend: `POST /emails`, Bearer API key, JSON body, `Idempotency-Key` honoured.
+
+Success is 200 `{"id": "<uuid>"}`. Errors are `{"statusCode", "name", "message"}`, with the
+names the official SDKs map to their exception classes (missing_required_field,
+validation_error, missing_api_key, invalid_api_key, rate_limit_exceeded,
+daily_quota_exceeded, invalid_idempotent_request, application_error...).
+Task id: `X-Notifkit-Task-Id` header, else a tag named `notifkit_task_id`, else that header
+inside the payload's `headers`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar
+
+from aiohttp import web
+
+from simulators.kinds import ErrorCase, Provider
+from simulators.limits import retry_after_header
+from simulators.pipeline import (
+    IDEMPOTENCY_HEADER,
+    TASK_ID_HEADER,
+    ErrorSpec,
+    HttpProvider,
+    Rejection,
+    Submission,
+    bearer_token,
+    header_task_id,
+)
+from simulators.providers.common import (
+    drop_none,
+    email_address,
+    load_json,
+    stored_text,
+    task_id_text,
+)
+from simulators.records import MessageRecord
+from simulators.replies import Reply, json_reply
+from simulators.state import SimState
+
+TASK_TAG = "notifkit_task_id"
+MAX_RECIPIENTS = 50
+_TAG_TEXT = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
+_ADDRESS_FORMAT = (
+    "The email address needs to follow the `email@example.com` or "
+    "`Name <email@example.com>` format."
+)
+# (name, message) per case; `code` on a spec overrides the name.
+_ERRORS: dict[ErrorCase, tuple[str, str]] = {
+    ErrorCase.BAD_REQUEST: (
+        "validation_error",
+        "The request body is missing one or more required fields.",
+    ),
+    ErrorCase.UNAUTHORIZED: (
+        "missing_api_key",
+        "Missing API key in the authorization header. Include the following header "
+        "Authorization: Bearer YOUR_API_KEY in the request.",
+    ),
+    ErrorCase.FORBIDDEN: ("invalid_api_key", "API key is invalid"),
+    ErrorCase.NOT_FOUND: ("not_found", "The requested endpoint does not exist."),
+    ErrorCase.CONFLICT: (
+        "invalid_idempotent_request",
+        "Same idempotency key used with a different request payload. "
+        "Change your idempotency key or payload.",
+    ),
+    ErrorCase.TOO_LARGE: ("validation_error", "The request body is too large."),
+    ErrorCase.INVALID_RECIPIENT: ("validation_error", f"Invalid `to` field. {_ADDRESS_FORMAT}"),
+    ErrorCase.RATE_LIMITED: (
+        "rate_limit_exceeded",
+        "Too many requests. You can only make 2 requests per second. See rate limit response "
+        "headers for more information. Or contact support to increase rate limit.",
+    ),
+    ErrorCase.QUOTA_EXCEEDED: (
+        "daily_quota_exceeded",
+        "You have reached your daily email sending quota.",
+    ),
+    ErrorCase.SERVER_ERROR: ("application_error", "An unexpected error occurred."),
+    ErrorCase.UNAVAILABLE: ("application_error", "The service is temporarily unavailable."),
+}
+_CODE_MESSAGES = {
+    "concurrent_idempotent_requests": (
+        "Same idempotency key used while original request is still in progress. "
+        "Try the request again later."
+    ),
+    "invalid_idempotency_key": "The key must be between 1-256 chars.",
+}
+
+
+class Resend(HttpProvider):
+    provider = Provider.RESEND
+    status_overrides: ClassVar[dict[ErrorCase, int]] = {
+        ErrorCase.BAD_REQUEST: 422,
+        ErrorCase.INVALID_RECIPIENT: 422,
+    }
+    idempotent = True
+
+    def credentials(self, request: web.Request) -> str | None:
+        return bearer_token(request)
+
+    async def parse(self, request: web.Request, body: bytes, state: SimState) -> Submission:
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        if key is not None and not 1 <= len(key) <= 256:
+            raise Rejection(ErrorCase.BAD_REQUEST, status=400, code="invalid_idempotency_key")
+        payload = load_json(body, status=400)
+        if not isinstance(payload, dict):
+            raise Rejection(ErrorCase.BAD_REQUEST, "The request body must be a JSON object.")
+        for name in ("from", "to", "subject"):
+            if payload.get(name) in (None, "", []):
+                raise Rejection(
+                    ErrorCase.BAD_REQUEST, f"Missing `{name}` field.", code="missing_required_field"
+                )
+        sender = payload["from"]
+        if email_address(sender) is None:
+            raise Rejection(ErrorCase.BAD_REQUEST, f"Invalid `from` field. {_ADDRESS_FORMAT}")
+        to = _addresses(payload, "to")
+        cc = _addresses(payload, "cc")
+        bcc = _addresses(payload, "bcc")
+        if len(to) + len(cc) + len(bcc) > MAX_RECIPIENTS:
+            raise Rejection(
+                ErrorCase.BAD_REQUEST, f"Too many recipients. The maximum is {MAX_RECIPIENTS}."
+            )
+        if not isinstance(payload["subject"], str):
+            raise Rejection(ErrorCase.BAD_REQUEST, "Invalid `subject` field.")
+        tags = _tags(payload.get("tags"))
+        headers = payload.get("headers")
+        if headers is not None and not (
+            isinstance(headers, dict) and all(isinstance(v, str) for v in headers.values())
+        ):
+            raise Rejection(ErrorCase.BAD_REQUEST, "Invalid `headers` field.")
+        task_id = (
+            header_task_id(request) or task_id_text(tags.get(TASK_TAG)) or _header_value(headers)
+        )
+        content = drop_none(
+            {
+                "from": sender,
+                "to": to,
+                "cc": cc or None,
+                "bcc": bcc or None,
+                "reply_to": payload.get("reply_to"),
+                "subject": payload["subject"],
+                "html": stored_text(payload.get("html")),
+                "text": stored_text(payload.get("text")),
+                "headers": headers,
+                "tags": payload.get("tags"),
+                "scheduled_at": payload.get("scheduled_at"),
+            }
+        )
+        return Submission(
+            recipients=to + cc + bcc,
+            content=content,
+            task_id=task_id,
+            idempotency_key=key,
+            payload=payload,
+            meta={"tags": tags},
+        )
+
+    def new_message_id(self, state: SimState, submission: Submission) -> str:
+        return state.ids.uuid4()
+
+    def success(self, record: MessageRecord, submission: Submission, request: web.Request) -> Reply:
+        return json_reply(200, {"id": record.id})
+
+    def error(self, spec: ErrorSpec) -> Reply:
+        name, message = _ERRORS[spec.case]
+        if spec.code is not None:
+            name = spec.code
+            message = _CODE_MESSAGES.get(spec.code, message)
+        if spec.detail:
+            message = spec.detail
+        # Resend's headers are lower-case (HTTP/2); the SDK exposes them as a plain dict.
+        headers: dict[str, str] = {}
+        if spec.status == 429:
+            headers = {"ratelimit-limit": "2", "ratelimit-remaining": "0", "ratelimit-reset": "1"}
+        if spec.retry_after_s is not None:
+            headers["retry-after"] = retry_after_header(spec.retry_after_s)
+        body = {"statusCode": spec.status, "name": name, "message": message}
+        return json_reply(spec.status, body, headers=headers)
+
+
+def _addresses(payload: dict[str, Any], name: str) -> list[str]:
+    value = payload.get(name)
+    if value is None:
+        return []
+    values = value if isinstance(value, list) else [value]
+    addresses = []
+    for item in values:
+        address = email_address(item)
+        if address is None:
+            raise Rejection(ErrorCase.BAD_REQUEST, f"Invalid `{name}` field. {_ADDRESS_FORMAT}")
+        addresses.append(address)
+    return addresses
+
+
+def _tags(value: object) -> dict[str, str]:
+    if value is None:
+        return {}
+    invalid = Rejection(
+        ErrorCase.BAD_REQUEST,
+        "Tags should only contain ASCII letters, numbers, underscores, or dashes.",
+    )
+    if not isinstance(value, list):
+        raise invalid
+    tags: dict[str, str] = {}
+    for tag in value:
+        if not isinstance(tag, dict):
+            raise invalid
+        name, text = tag.get("name"), tag.get("value")
+        if not isinstance(name, str) or not _TAG_TEXT.match(name):
+            raise invalid
+        if text is not None and (not isinstance(text, str) or not _TAG_TEXT.match(text)):
+            raise invalid
+        tags[name] = text or ""
+    return tags
+
+
+def _header_value(headers: object) -> str | None:
+    if not isinstance(headers, dict):
+        return None
+    for name, value in headers.items():
+        if isinstance(name, str) and name.lower() == TASK_ID_HEADER.lower():
+            return task_id_text(value)
+    return None

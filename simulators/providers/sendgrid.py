@@ -1,0 +1,229 @@
+"""SendGrid v3: `POST /v3/mail/send`, Bearer API key, JSON body.
+
+Success is 202 with an empty body and the message id in `X-Message-Id`; with
+`mail_settings.sandbox_mode.enable` it is 200 and nothing is sent, as at SendGrid.
+Errors are `{"errors": [{"message", "field", "help"}]}`.
+Task id: `X-Notifkit-Task-Id` header, else `custom_args.notifkit_task_id` (top level or in the
+first personalization), else that header in the payload's `headers`.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any, ClassVar
+
+from aiohttp import web
+
+from simulators.kinds import ErrorCase, Provider
+from simulators.pipeline import (
+    IDEMPOTENCY_HEADER,
+    TASK_ID_HEADER,
+    ErrorSpec,
+    HttpProvider,
+    Rejection,
+    Submission,
+    bearer_token,
+    header_task_id,
+)
+from simulators.providers.common import (
+    drop_none,
+    email_address,
+    load_json,
+    stored_text,
+    task_id_text,
+)
+from simulators.records import MessageRecord
+from simulators.replies import Reply, json_reply
+from simulators.state import SimState
+
+TASK_ARG = "notifkit_task_id"
+MAX_BODY_BYTES = 30 * 1024 * 1024
+_HELP = "http://sendgrid.com/docs/API_Reference/Web_API_v3/Mail/errors.html"
+_ID_ALPHABET = string.ascii_letters + string.digits + "-_"
+_PERSONALIZATIONS_REQUIRED = (
+    "The personalizations field is required and must have at least one personalization."
+)
+_ERRORS: dict[ErrorCase, str] = {
+    ErrorCase.BAD_REQUEST: "Bad Request",
+    ErrorCase.UNAUTHORIZED: "The provided authorization grant is invalid, expired, or revoked",
+    ErrorCase.FORBIDDEN: "access forbidden",
+    ErrorCase.NOT_FOUND: "Not Found",
+    ErrorCase.CONFLICT: "Conflict",
+    ErrorCase.TOO_LARGE: "The JSON payload you have included in your request is too large.",
+    ErrorCase.INVALID_RECIPIENT: "Does not contain a valid address.",
+    ErrorCase.RATE_LIMITED: "too many requests",
+    ErrorCase.QUOTA_EXCEEDED: "Maximum credits exceeded",
+    ErrorCase.SERVER_ERROR: "An internal server error occurred.",
+    ErrorCase.UNAVAILABLE: "Service Unavailable",
+}
+
+
+class SendGrid(HttpProvider):
+    provider = Provider.SENDGRID
+    status_overrides: ClassVar[dict[ErrorCase, int]] = {}
+
+    def credentials(self, request: web.Request) -> str | None:
+        return bearer_token(request)
+
+    async def parse(self, request: web.Request, body: bytes, state: SimState) -> Submission:
+        if len(body) > MAX_BODY_BYTES:
+            raise Rejection(ErrorCase.TOO_LARGE)
+        payload = load_json(body)
+        if not isinstance(payload, dict):
+            raise Rejection(ErrorCase.BAD_REQUEST, "Bad Request", field_name=None)
+        personalizations = payload.get("personalizations")
+        if not isinstance(personalizations, list) or not personalizations:
+            raise _invalid(
+                _PERSONALIZATIONS_REQUIRED, "personalizations", "#-Personalizations-Errors"
+            )
+        recipients: list[str] = []
+        for index, personalization in enumerate(personalizations):
+            recipients += _personalization_recipients(personalization, index)
+        sender = payload.get("from")
+        if not isinstance(sender, dict) or email_address(sender.get("email")) is None:
+            raise _invalid(
+                "The from object must be provided for every email send. It is an object that "
+                "requires the email parameter, but may also contain a name parameter.  e.g. "
+                '{"email" : "example@example.com"}  or '
+                '{"email" : "example@example.com", "name" : "Example Recipient"}.',
+                "from.email",
+                "#message.from",
+            )
+        template = payload.get("template_id")
+        subject = payload.get("subject")
+        every_has_subject = all(isinstance(p, dict) and p.get("subject") for p in personalizations)
+        if not template and not every_has_subject and not (isinstance(subject, str) and subject):
+            raise _invalid(
+                "The subject is required. You can get around this requirement if you use a "
+                "template with a subject defined or if every personalization has a subject "
+                "defined.",
+                "subject",
+                "#message.subject",
+            )
+        content = payload.get("content")
+        if not template and not (isinstance(content, list) and content):
+            raise _invalid(
+                "Unless a valid template_id is provided, the content parameter is required. There "
+                "must be at least one defined content block. We typically suggest both text/plain "
+                "and text/html blocks are included, but only one block is required.",
+                "content",
+                "#message.content",
+            )
+        blocks = content if isinstance(content, list) else []
+        for index, block in enumerate(blocks):
+            if (
+                not isinstance(block, dict)
+                or not isinstance(block.get("type"), str)
+                or not isinstance(block.get("value"), str)
+            ):
+                raise _invalid(
+                    "The content value must be a string at least one character in length.",
+                    f"content.{index}.value",
+                    "#message.content.value",
+                )
+        first = personalizations[0] if isinstance(personalizations[0], dict) else {}
+        headers = payload.get("headers") if isinstance(payload.get("headers"), dict) else None
+        task_id = (
+            header_task_id(request)
+            or _custom_arg(payload.get("custom_args"))
+            or _custom_arg(first.get("custom_args"))
+            or _header_value(headers)
+        )
+        bodies = {str(b.get("type")): stored_text(b.get("value")) for b in blocks}
+        settings = payload.get("mail_settings")
+        sandbox = isinstance(settings, dict) and _enabled(settings.get("sandbox_mode"))
+        return Submission(
+            recipients=recipients,
+            content=drop_none(
+                {
+                    "from": sender.get("email"),
+                    "to": recipients,
+                    "subject": subject or first.get("subject"),
+                    "text": bodies.get("text/plain"),
+                    "html": bodies.get("text/html"),
+                    "template_id": template,
+                    "custom_args": payload.get("custom_args") or first.get("custom_args"),
+                    "headers": headers,
+                    "categories": payload.get("categories"),
+                }
+            ),
+            task_id=task_id,
+            idempotency_key=request.headers.get(IDEMPOTENCY_HEADER),
+            payload=payload,
+            deliver=not sandbox,
+        )
+
+    def new_message_id(self, state: SimState, submission: Submission) -> str:
+        return state.ids.token(22, _ID_ALPHABET)
+
+    def success(self, record: MessageRecord, submission: Submission, request: web.Request) -> Reply:
+        if not submission.deliver:
+            return Reply(status=200, content_type=None)
+        return Reply(status=202, content_type=None, headers={"X-Message-Id": record.id})
+
+    def error(self, spec: ErrorSpec) -> Reply:
+        message = spec.detail or _ERRORS[spec.case]
+        field_name = spec.field_name
+        help_url: str | None = None
+        if spec.case is ErrorCase.INVALID_RECIPIENT and not spec.detail:
+            field_name = "personalizations.0.to.0.email"
+            help_url = f"{_HELP}#message.personalizations.to"
+        elif spec.code is not None:
+            help_url = f"{_HELP}{spec.code}"
+        headers: dict[str, str] = {}
+        if spec.status == 429:
+            headers = {"X-RateLimit-Limit": "600", "X-RateLimit-Remaining": "0"}
+        body = {"errors": [{"message": message, "field": field_name, "help": help_url}]}
+        return json_reply(spec.status, body, headers=headers, retry_after_s=spec.retry_after_s)
+
+
+def _invalid(message: str, field_name: str, anchor: str) -> Rejection:
+    # The help anchor rides in `code` so error() can build the documentation link.
+    return Rejection(ErrorCase.BAD_REQUEST, message, field_name=field_name, code=anchor)
+
+
+def _personalization_recipients(personalization: object, index: int) -> list[str]:
+    if not isinstance(personalization, dict):
+        raise _invalid(
+            _PERSONALIZATIONS_REQUIRED,
+            "personalizations",
+            "#-Personalizations-Errors",
+        )
+    to = personalization.get("to")
+    if not isinstance(to, list) or not to:
+        raise _invalid(
+            "The to array is required for all personalization objects, and must have at least "
+            "one email object with a valid email address.",
+            f"personalizations.{index}.to",
+            "#message.personalizations.to",
+        )
+    found: list[str] = []
+    for kind in ("to", "cc", "bcc"):
+        entries = personalization.get(kind) or []
+        if not isinstance(entries, list):
+            entries = [entries]
+        for position, entry in enumerate(entries):
+            address = email_address(entry.get("email")) if isinstance(entry, dict) else None
+            if address is None:
+                raise _invalid(
+                    "Does not contain a valid address.",
+                    f"personalizations.{index}.{kind}.{position}.email",
+                    "#message.personalizations.to",
+                )
+            found.append(address)
+    return found
+
+
+def _custom_arg(args: object) -> str | None:
+    return task_id_text(args.get(TASK_ARG)) if isinstance(args, dict) else None
+
+
+def _header_value(headers: dict[str, Any] | None) -> str | None:
+    for name, value in (headers or {}).items():
+        if name.lower() == TASK_ID_HEADER.lower():
+            return task_id_text(value)
+    return None
+
+
+def _enabled(setting: object) -> bool:
+    return isinstance(setting, dict) and setting.get("enable") is True

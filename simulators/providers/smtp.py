@@ -1,0 +1,236 @@
+"""SMTP (aiosmtpd): a mail server that records what it is given and fails on command.
+
+Any client may connect; AUTH PLAIN/LOGIN is offered without TLS and accepts any credentials
+(the login names the rate-limit bucket; unauthenticated clients share "anonymous").
+Faults are decided once per message, at the end of DATA, when recipients and headers are
+known:
+
+    timeout        no reply to DATA until the client gives up; nothing recorded
+    error          451 4.3.0 (or the rule's status; 421 also closes the connection)
+    rate_limit     421 4.7.0 and the connection is closed (or the rule's status)
+    invalid_token  550 5.1.1 recipient address rejected (or the rule's status)
+    lost_response  recorded, then no reply until the client gives up
+    latency        the reply comes late
+    malformed      a reply line that is not SMTP
+
+Task id: the message's `X-Notifkit-Task-Id` header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email
+import email.policy
+import logging
+from collections.abc import Callable
+from email.message import EmailMessage
+from typing import Any, NoReturn
+
+from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
+
+from simulators.faults import FaultDecision
+from simulators.kinds import FaultKind, Provider
+from simulators.pipeline import TASK_ID_HEADER, accept
+from simulators.providers.common import drop_none, stored_text, task_id_text
+from simulators.records import MessageRecord
+from simulators.state import SimState
+
+log = logging.getLogger("simulators")
+
+ANONYMOUS = "anonymous"
+# Give up waiting for the connection to be torn down after we closed it ourselves.
+CLOSE_GRACE_S = 5.0
+_REPLIES = {
+    421: "421 4.3.2 Service not available, closing transmission channel",
+    450: "450 4.2.1 Mailbox temporarily unavailable, try again later",
+    451: "451 4.3.0 Error: temporary server failure, try again later",
+    452: "452 4.3.1 Insufficient system storage",
+    550: "550 5.1.1 <{to}>: Recipient address rejected: User unknown in virtual mailbox table",
+    552: "552 5.3.4 Message size exceeds fixed limit",
+    553: "553 5.1.3 <{to}>: Bad recipient address syntax",
+    554: "554 5.0.0 Transaction failed",
+}
+RATE_LIMITED_BY_FAULT = "421 4.7.0 Too many messages, slow down; closing transmission channel"
+RATE_LIMITED_BY_LIMIT = "451 4.7.1 Rate limit exceeded, try again later"
+MALFORMED = "2x0 this is not an SMTP reply"
+
+
+def reply_text(status: int, recipient: str) -> str:
+    if status in _REPLIES:
+        return _REPLIES[status].replace("{to}", recipient)
+    klass = "4.0.0" if status < 500 else "5.0.0"
+    return f"{status} {klass} Error: requested action not taken"
+
+
+class SmtpHandler:
+    """The aiosmtpd handler: one `handle_DATA` per message."""
+
+    def __init__(self, state: SimState) -> None:
+        self.state = state
+
+    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        state = self.state
+        stats = state.stats[Provider.SMTP]
+        stats.requests += 1
+        recipients = [str(r) for r in envelope.rcpt_tos]
+        first = recipients[0] if recipients else ""
+
+        wait_s = state.limits.check(Provider.SMTP, _login(session))
+        if wait_s is not None:
+            stats.rate_limited += 1
+            return RATE_LIMITED_BY_LIMIT
+
+        decision = state.faults.decide(Provider.SMTP, recipients)
+        if decision is not None:
+            stats.faults[decision.kind] += 1
+            log.info(
+                "smtp fault %s (rule %s) for to=%s.", decision.kind.value, decision.rule.id, first
+            )
+            early = await self._before_accept(server, decision, first)
+            if early is not None:
+                return early
+
+        content = envelope.original_content or b""
+        message = _parse(content)
+        record = MessageRecord(
+            id=state.ids.token(12, "0123456789ABCDEF"),
+            provider=Provider.SMTP,
+            recipients=recipients,
+            task_id=task_id_text(message.get(TASK_ID_HEADER)) if message is not None else None,
+            idempotency_key=None,
+            content=_content(envelope, message),
+        )
+        accept(state, stats, record)
+
+        if decision is not None and decision.kind is FaultKind.LOST_RESPONSE:
+            await self._hold_then_drop(server, decision.delay_s)
+        if decision is not None and decision.kind is FaultKind.MALFORMED:
+            return MALFORMED
+        return f"250 2.0.0 Ok: queued as {record.id}"
+
+    async def _before_accept(
+        self, server: SMTP, decision: FaultDecision, recipient: str
+    ) -> str | None:
+        rule = decision.rule
+        kind = decision.kind
+        if kind is FaultKind.TIMEOUT:
+            await self._hold_then_drop(server, decision.delay_s)
+        if kind is FaultKind.LATENCY:
+            await self.state.pause(decision.delay_s)
+            return None
+        if kind is FaultKind.ERROR:
+            status = rule.status or 451
+            return self._closing_if_421(server, status, reply_text(status, recipient))
+        if kind is FaultKind.RATE_LIMIT:
+            if rule.status is None:
+                return self._closing_if_421(server, 421, RATE_LIMITED_BY_FAULT)
+            return self._closing_if_421(server, rule.status, reply_text(rule.status, recipient))
+        if kind is FaultKind.INVALID_TOKEN:
+            status = rule.status or 550
+            return self._closing_if_421(server, status, reply_text(status, recipient))
+        return None
+
+    def _closing_if_421(self, server: SMTP, status: int, reply: str) -> str:
+        """421 means the server is going away: close right after the reply is written."""
+        transport = server.transport
+        if status == 421 and transport is not None:
+            asyncio.get_running_loop().call_soon(transport.close)
+        return reply
+
+    async def _hold_then_drop(self, server: SMTP, seconds: float) -> NoReturn:
+        """Say nothing until the client hangs up (aiosmtpd then cancels us), or time/shutdown."""
+        await self.state.pause(seconds)
+        transport = server.transport
+        if transport is not None:
+            transport.close()
+        # Closing makes aiosmtpd cancel this handler; wait for that rather than reply.
+        await asyncio.sleep(CLOSE_GRACE_S)
+        raise asyncio.CancelledError
+
+
+async def authenticate_anyone(
+    server: SMTP, session: Session, envelope: Envelope, mechanism: str, auth_data: Any
+) -> AuthResult:
+    return AuthResult(success=True, auth_data=auth_data)
+
+
+def _login(session: Session) -> str:
+    data = session.auth_data
+    if isinstance(data, LoginPassword):
+        return data.login.decode("utf-8", errors="replace") or ANONYMOUS
+    return ANONYMOUS
+
+
+def _parse(content: bytes) -> EmailMessage | None:
+    try:
+        message = email.message_from_bytes(content, policy=email.policy.default)
+    except Exception:  # arbitrary client bytes; the email package raises many kinds
+        return None
+    return message if isinstance(message, EmailMessage) else None
+
+
+def _content(envelope: Envelope, message: EmailMessage | None) -> dict[str, Any]:
+    content: dict[str, Any] = {"mail_from": envelope.mail_from, "rcpt_tos": list(envelope.rcpt_tos)}
+    if message is None:
+        return content
+    try:
+        text = message.get_body(preferencelist=("plain",))
+        html = message.get_body(preferencelist=("html",))
+        content.update(
+            drop_none(
+                {
+                    "from": _header(message, "From"),
+                    "to": _header(message, "To"),
+                    "subject": _header(message, "Subject"),
+                    "message_id": _header(message, "Message-ID"),
+                    "text": stored_text(text.get_content()) if text is not None else None,
+                    "html": stored_text(html.get_content()) if html is not None else None,
+                }
+            )
+        )
+    except Exception:  # a broken MIME body still leaves the envelope worth recording
+        log.debug("smtp could not parse a message body; recording the envelope only.")
+    return content
+
+
+def _header(message: EmailMessage, name: str) -> str | None:
+    value = message.get(name)
+    return str(value) if value is not None else None
+
+
+class TrackedSMTP(SMTP):
+    """An aiosmtpd session that keeps itself in `connections` while open, for shutdown."""
+
+    def __init__(self, handler: SmtpHandler, connections: set[TrackedSMTP], **options: Any) -> None:
+        super().__init__(handler, **options)
+        self._connections = connections
+
+    def connection_made(self, transport: Any) -> None:
+        self._connections.add(self)
+        super().connection_made(transport)
+
+    def connection_lost(self, error: Exception | None) -> None:
+        self._connections.discard(self)
+        super().connection_lost(error)
+
+
+def smtp_factory(
+    state: SimState, hostname: str, connections: set[TrackedSMTP]
+) -> Callable[[], TrackedSMTP]:
+    """A protocol factory for `loop.create_server`."""
+    handler = SmtpHandler(state)
+
+    def build() -> TrackedSMTP:
+        return TrackedSMTP(
+            handler,
+            connections,
+            hostname=hostname,
+            ident="notifkit-simulators ESMTP",
+            enable_SMTPUTF8=True,
+            data_size_limit=state.settings.max_body_bytes,
+            auth_require_tls=False,
+            authenticator=authenticate_anyone,
+            loop=asyncio.get_running_loop(),
+        )
+
+    return build

@@ -1,0 +1,208 @@
+"""Twilio Messages: `POST /2010-04-01/Accounts/{AccountSid}/Messages.json`.
+
+HTTP Basic auth (Account SID or API key SID : Auth Token or secret), form-encoded body with
+`To`, `From` (or `MessagingServiceSid`) and `Body` (or `MediaUrl` / `ContentSid`).
+Success is 201 with the Message resource (`sid` "SM" + 32 hex, `status` "queued").
+Errors are `{"code", "message", "more_info", "status"}` with Twilio's error codes.
+
+Twilio's test credentials answer fixed errors for "magic" To numbers; so does the simulator:
++15005550001 (21211 invalid number), +15005550002 (21612 cannot route),
++15005550003 (21408 no permission for region), +15005550004 (21610 unsubscribed recipient),
++15005550009 (21614 not a mobile number).
+Task id: `X-Notifkit-Task-Id` header, else a `notifkit_task_id` query parameter on the
+message's StatusCallback URL.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from datetime import UTC, datetime
+from email.utils import format_datetime
+from typing import ClassVar
+from urllib.parse import parse_qs, urlsplit
+
+from aiohttp import web
+
+from simulators.kinds import ErrorCase, Provider
+from simulators.pipeline import (
+    IDEMPOTENCY_HEADER,
+    ErrorSpec,
+    HttpProvider,
+    Rejection,
+    Submission,
+    header_task_id,
+)
+from simulators.providers.common import drop_none, is_phone_number, stored_text, task_id_text
+from simulators.records import MessageRecord
+from simulators.replies import Reply, json_reply
+from simulators.state import SimState
+
+API_VERSION = "2010-04-01"
+TASK_PARAM = "notifkit_task_id"
+MAGIC_NUMBERS: dict[str, tuple[int, str]] = {
+    "+15005550001": (21211, "The 'To' number {to} is not a valid phone number."),
+    "+15005550002": (
+        21612,
+        "The 'To' phone number: {to}, is not currently reachable using the 'From' phone number "
+        "via SMS.",
+    ),
+    "+15005550003": (
+        21408,
+        "Permission to send an SMS has not been enabled for the region indicated by the 'To' "
+        "number: {to}.",
+    ),
+    "+15005550004": (21610, "Attempt to send to unsubscribed recipient"),
+    "+15005550009": (21614, "'To' number is not a valid mobile number"),
+}
+# (code, message) per case.
+_ERRORS: dict[ErrorCase, tuple[int, str]] = {
+    ErrorCase.BAD_REQUEST: (21600, "Invalid request"),
+    ErrorCase.UNAUTHORIZED: (20003, "Authenticate"),
+    ErrorCase.FORBIDDEN: (20003, "Permission Denied"),
+    ErrorCase.NOT_FOUND: (20404, "The requested resource was not found"),
+    ErrorCase.CONFLICT: (20409, "Conflict"),
+    ErrorCase.TOO_LARGE: (21617, "The concatenated message body exceeds the 1600 character limit."),
+    ErrorCase.INVALID_RECIPIENT: (21211, "The 'To' number {to} is not a valid phone number."),
+    ErrorCase.RATE_LIMITED: (20429, "Too Many Requests"),
+    ErrorCase.QUOTA_EXCEEDED: (20429, "Too Many Requests"),
+    ErrorCase.SERVER_ERROR: (20500, "An internal server error has occurred"),
+    ErrorCase.UNAVAILABLE: (20503, "Service unavailable"),
+}
+MAX_BODY_CHARS = 1600
+
+
+class Twilio(HttpProvider):
+    provider = Provider.TWILIO
+    status_overrides: ClassVar[dict[ErrorCase, int]] = {}
+
+    def credentials(self, request: web.Request) -> str | None:
+        user, token = basic_auth(request)
+        return user if user and token else None
+
+    async def parse(self, request: web.Request, body: bytes, state: SimState) -> Submission:
+        account_sid = request.match_info["sid"]
+        try:
+            form = parse_qs(body.decode("utf-8"), keep_blank_values=True)
+        except UnicodeDecodeError:
+            raise Rejection(ErrorCase.BAD_REQUEST) from None
+        fields = {name: values[0] for name, values in form.items() if values}
+        to = fields.get("To", "").strip()
+        sender = fields.get("From", "").strip()
+        service = fields.get("MessagingServiceSid", "").strip()
+        text = fields.get("Body", "")
+        media = form.get("MediaUrl", [])
+        if not to:
+            raise _error(21604, "A 'To' phone number is required.")
+        if not sender and not service:
+            raise _error(21603, "A 'From' phone number is required.")
+        if not text and not media and not fields.get("ContentSid"):
+            raise _error(21602, "Message body is required.")
+        if len(text) > MAX_BODY_CHARS:
+            raise _error(21617, _ERRORS[ErrorCase.TOO_LARGE][1])
+        if not is_phone_number(to):
+            raise _error(21211, _ERRORS[ErrorCase.INVALID_RECIPIENT][1].format(to=to))
+        if to in MAGIC_NUMBERS:
+            code, message = MAGIC_NUMBERS[to]
+            raise _error(code, message.format(to=to))
+        callback = fields.get("StatusCallback") or None
+        _, auth_token = basic_auth(request)
+        return Submission(
+            recipients=[to],
+            content=drop_none(
+                {
+                    "from": sender or None,
+                    "to": to,
+                    "body": stored_text(text),
+                    "messaging_service_sid": service or None,
+                    "media_url": media or None,
+                    "status_callback": callback,
+                }
+            ),
+            task_id=header_task_id(request) or _callback_task_id(callback),
+            idempotency_key=request.headers.get(IDEMPOTENCY_HEADER),
+            payload=form,
+            meta={
+                "account_sid": account_sid,
+                "auth_token": auth_token,
+                "status_callback": callback,
+                "messaging_service_sid": service or None,
+                "num_media": len(media),
+            },
+        )
+
+    def new_message_id(self, state: SimState, submission: Submission) -> str:
+        prefix = "MM" if submission.meta.get("num_media") else "SM"
+        return prefix + state.ids.hex(32)
+
+    def success(self, record: MessageRecord, submission: Submission, request: web.Request) -> Reply:
+        account_sid = record.meta["account_sid"]
+        now = format_datetime(datetime.now(UTC))  # RFC 2822, as Twilio dates are
+        uri = f"/{API_VERSION}/Accounts/{account_sid}/Messages/{record.id}"
+        text = record.content.get("body") or ""
+        resource = {
+            "account_sid": account_sid,
+            "api_version": API_VERSION,
+            "body": text,
+            "date_created": now,
+            "date_sent": None,
+            "date_updated": now,
+            "direction": "outbound-api",
+            "error_code": None,
+            "error_message": None,
+            "from": record.content.get("from"),
+            "messaging_service_sid": record.meta.get("messaging_service_sid"),
+            "num_media": str(record.meta.get("num_media", 0)),
+            "num_segments": str(_segments(text)),
+            "price": None,
+            "price_unit": "USD",
+            "sid": record.id,
+            "status": "accepted" if record.meta.get("messaging_service_sid") else "queued",
+            "subresource_uris": {"media": f"{uri}/Media.json"},
+            "to": record.to,
+            "uri": f"{uri}.json",
+        }
+        return json_reply(201, resource)
+
+    def error(self, spec: ErrorSpec) -> Reply:
+        code, message = _ERRORS[spec.case]
+        if spec.code is not None:
+            code = int(spec.code)
+        if spec.detail:
+            message = spec.detail
+        message = message.replace("{to}", spec.recipient or "")
+        body = {
+            "code": code,
+            "message": message,
+            "more_info": f"https://www.twilio.com/docs/errors/{code}",
+            "status": spec.status,
+        }
+        return json_reply(spec.status, body, retry_after_s=spec.retry_after_s)
+
+
+def _segments(text: str) -> int:
+    """GSM-7 segments: 160 characters fit one, longer texts split into 153-character parts."""
+    return 1 if len(text) <= 160 else -(-len(text) // 153)
+
+
+def basic_auth(request: web.Request) -> tuple[str, str]:
+    scheme, _, encoded = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "basic":
+        return "", ""
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return "", ""
+    user, _, password = decoded.partition(":")
+    return user, password
+
+
+def _error(code: int, message: str) -> Rejection:
+    return Rejection(ErrorCase.BAD_REQUEST, message, code=str(code))
+
+
+def _callback_task_id(callback: str | None) -> str | None:
+    if not callback:
+        return None
+    values = parse_qs(urlsplit(callback).query).get(TASK_PARAM)
+    return task_id_text(values[0]) if values else None

@@ -1,0 +1,125 @@
+"""What the simulators remember: accepted messages and how often each task was accepted.
+
+Memory is bounded: messages live in a ring buffer (`max_messages`, oldest dropped first) and
+the per-task acceptance counters in an LRU map a few times larger, so a long staging run
+keeps a steady footprint while recent duplicates are still detected.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypedDict
+
+from simulators.kinds import Provider
+
+DEFAULT_MAX_MESSAGES = 10_000
+# Task counters outlive their messages so a duplicate is still seen after the buffer turned.
+TASK_COUNTERS_PER_MESSAGE = 4
+
+
+class MessageItem(TypedDict):
+    """A record as `GET /_sim/messages` shows it."""
+
+    id: str
+    provider: str
+    to: str
+    taskId: str | None
+    idempotencyKey: str | None
+    receivedAt: str
+    acceptCount: int
+    content: dict[str, Any]
+
+
+@dataclass
+class MessageRecord:
+    id: str  # the provider's own message id, as returned to the client
+    provider: Provider
+    recipients: list[str]
+    task_id: str | None
+    idempotency_key: str | None
+    content: dict[str, Any]
+    received_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    accept_count: int = 1
+    # Provider-side facts that receipts need but the control API does not show.
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def to(self) -> str:
+        return self.recipients[0] if self.recipients else ""
+
+    def to_item(self) -> MessageItem:
+        return {
+            "id": self.id,
+            "provider": self.provider.value,
+            "to": self.to,
+            "taskId": self.task_id,
+            "idempotencyKey": self.idempotency_key,
+            "receivedAt": iso(self.received_at),
+            "acceptCount": self.accept_count,
+            "content": self.content,
+        }
+
+
+def iso(moment: datetime) -> str:
+    """RFC 3339 with milliseconds and a Z, the way the control API shows times."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class MessageStore:
+    def __init__(self, max_messages: int = DEFAULT_MAX_MESSAGES) -> None:
+        self.max_messages = max_messages
+        self._messages: deque[MessageRecord] = deque(maxlen=max_messages)
+        self._accepts: OrderedDict[tuple[Provider, str], int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    def __iter__(self) -> Iterator[MessageRecord]:
+        return iter(self._messages)
+
+    def add(self, record: MessageRecord) -> MessageRecord:
+        """Store an accepted message; its `accept_count` says how often its task was accepted."""
+        if record.task_id is not None:
+            key = (record.provider, record.task_id)
+            record.accept_count = self._accepts.pop(key, 0) + 1
+            self._accepts[key] = record.accept_count
+            while len(self._accepts) > self.max_messages * TASK_COUNTERS_PER_MESSAGE:
+                self._accepts.popitem(last=False)
+        self._messages.append(record)
+        return record
+
+    def find(self, provider: Provider, message_id: str) -> MessageRecord | None:
+        for record in reversed(self._messages):
+            if record.provider is provider and record.id == message_id:
+                return record
+        return None
+
+    def query(
+        self,
+        *,
+        provider: Provider | None = None,
+        to: str | None = None,
+        task_id: str | None = None,
+        limit: int = 1000,
+    ) -> list[MessageRecord]:
+        """Newest first. `to` matches any recipient of a message, ignoring case."""
+        wanted_to = to.lower() if to is not None else None
+        found: list[MessageRecord] = []
+        for record in reversed(self._messages):
+            if len(found) >= limit:
+                break
+            if provider is not None and record.provider is not provider:
+                continue
+            if task_id is not None and record.task_id != task_id:
+                continue
+            if wanted_to is not None and wanted_to not in (r.lower() for r in record.recipients):
+                continue
+            found.append(record)
+        return found
+
+    def clear(self) -> None:
+        self._messages.clear()
+        self._accepts.clear()

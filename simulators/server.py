@@ -1,0 +1,129 @@
+"""`SimulatorServer`: the HTTP providers and the SMTP server, started and stopped together.
+
+async with SimulatorServer(seed=1) as sim:          # free ports by default
+    resend.api_url = sim.base_url
+    await sim.add_fault("error", "resend", times=1)
+    ...
+    assert (await sim.messages("resend"))[0]["acceptCount"] == 1
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from types import TracebackType
+from typing import Any
+
+from aiohttp import web
+
+from simulators.app import create_app
+from simulators.client import Op, SimulatorControl
+from simulators.providers.smtp import TrackedSMTP, smtp_factory
+from simulators.records import DEFAULT_MAX_MESSAGES
+from simulators.state import SimSettings, SimState
+
+log = logging.getLogger("simulators")
+
+# Held requests are released the moment shutdown starts; this only bounds a stuck handler.
+SHUTDOWN_TIMEOUT_S = 2.0
+
+
+class SimulatorServer(SimulatorControl):
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        smtp_port: int | None = 0,
+        seed: int = 0,
+        max_messages: int = DEFAULT_MAX_MESSAGES,
+    ) -> None:
+        """`port`/`smtp_port` 0 bind free ports; `smtp_port=None` runs no SMTP server."""
+        self.settings = SimSettings(
+            host=host,
+            port=port,
+            smtp_port=smtp_port if smtp_port is not None else 0,
+            seed=seed,
+            max_messages=max_messages,
+        )
+        self._smtp_enabled = smtp_port is not None
+        self.state = SimState(self.settings)
+        self.port = 0
+        self.smtp_port = 0
+        self._runner: web.AppRunner | None = None
+        self._smtp: asyncio.Server | None = None
+        self._smtp_connections: set[TrackedSMTP] = set()
+
+    @property
+    def host(self) -> str:
+        return self.settings.host
+
+    @property
+    def smtp_host(self) -> str:
+        return self.settings.host
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        runner = web.AppRunner(
+            create_app(self.state), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+        )
+        await runner.setup()
+        self._runner = runner
+        try:
+            site = web.TCPSite(runner, self.host, self.settings.port)
+            await site.start()
+            self.port = int(runner.addresses[0][1])
+            if self._smtp_enabled:
+                loop = asyncio.get_running_loop()
+                factory = smtp_factory(self.state, "notifkit-sim.localhost", self._smtp_connections)
+                self._smtp = await loop.create_server(factory, self.host, self.settings.smtp_port)
+                self.smtp_port = int(self._smtp.sockets[0].getsockname()[1])
+        except BaseException:
+            await self.stop()
+            raise
+        self.state.endpoints = {
+            "baseUrl": self.base_url,
+            "smtpHost": self.smtp_host if self._smtp_enabled else None,
+            "smtpPort": self.smtp_port if self._smtp_enabled else None,
+        }
+
+    async def stop(self) -> None:
+        """Release held requests, close SMTP sessions, then stop the HTTP server."""
+        self.state.closing.set()
+        if self._smtp is not None:
+            self._smtp.close()
+            for protocol in list(self._smtp_connections):
+                if protocol.transport is not None:
+                    protocol.transport.close()
+            await self._smtp.wait_closed()
+            self._smtp = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def drain_receipts(self, timeout_s: float = 30.0) -> None:
+        """Wait until every scheduled receipt has been posted (or given up on)."""
+        await self.state.receipts.drain(timeout_s)
+
+    async def __aenter__(self) -> SimulatorServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def _call(self, op: Op, payload: Any = None) -> Any:
+        result = op.local(self.state, payload)
+        # A JSON round trip gives callers exactly what the HTTP API would, and copies that
+        # cannot alter the simulator's own records.
+        return None if result is None else json.loads(json.dumps(result))

@@ -1,0 +1,125 @@
+"""Validation of control-API input.
+
+Every control payload is checked field by field so a bad request gets a 400 whose message
+names the field and what is wrong with it, never a 500. The same checks run for the Python
+control methods, which raise the same `ControlError`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+class ControlError(ValueError):
+    """A control request the simulator refuses; `status` is the HTTP status it answers."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+def show(value: object, limit: int = 60) -> str:
+    """A short repr for error messages; fuzzed input can be megabytes long."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def require_object(payload: object, what: str) -> Mapping[str, Any]:
+    if not isinstance(payload, Mapping):
+        raise ControlError(f"{what} must be a JSON object")
+    for key in payload:
+        if not isinstance(key, str):
+            raise ControlError(f"{what} keys must be strings")
+    return payload
+
+
+def reject_unknown(payload: Mapping[str, Any], allowed: Iterable[str], what: str) -> None:
+    """Refuse unknown fields: a typo such as `probabilty` must not silently mean 'always'."""
+    unknown = sorted(set(payload) - set(allowed))
+    if unknown:
+        names = ", ".join(repr(name) for name in unknown)
+        raise ControlError(f"{what} has unknown field(s) {names}; allowed: {', '.join(allowed)}")
+
+
+def get_str(
+    payload: Mapping[str, Any], name: str, *, required: bool = False, max_len: int = 2048
+) -> str | None:
+    value = payload.get(name)
+    if value is None:
+        if required:
+            raise ControlError(f"'{name}' is required")
+        return None
+    if not isinstance(value, str) or not value:
+        raise ControlError(f"'{name}' must be a non-empty string")
+    if len(value) > max_len:
+        raise ControlError(f"'{name}' must be at most {max_len} characters")
+    return value
+
+
+def get_number(
+    payload: Mapping[str, Any],
+    name: str,
+    *,
+    minimum: float,
+    maximum: float,
+    required: bool = False,
+    exclusive_minimum: bool = False,
+) -> float | None:
+    value = payload.get(name)
+    if value is None:
+        if required:
+            raise ControlError(f"'{name}' is required")
+        return None
+    # bool is an int subclass; `true` is not a probability.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ControlError(f"'{name}' must be a number")
+    too_low = value <= minimum if exclusive_minimum else value < minimum
+    if too_low or value > maximum:
+        bracket = "(" if exclusive_minimum else "["
+        raise ControlError(
+            f"'{name}' must be in {bracket}{minimum:g}, {maximum:g}], got {show(value)}"
+        )
+    return float(value)
+
+
+def get_int(
+    payload: Mapping[str, Any],
+    name: str,
+    *,
+    minimum: int,
+    maximum: int,
+    required: bool = False,
+) -> int | None:
+    value = payload.get(name)
+    if value is None:
+        if required:
+            raise ControlError(f"'{name}' is required")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ControlError(f"'{name}' must be an integer")
+    if not minimum <= value <= maximum:
+        raise ControlError(f"'{name}' must be between {minimum} and {maximum}, got {value}")
+    return value
+
+
+def get_choice(
+    payload: Mapping[str, Any], name: str, choices: Iterable[str], *, required: bool = False
+) -> str | None:
+    value = payload.get(name)
+    options = list(choices)
+    if value is None:
+        if required:
+            raise ControlError(f"'{name}' is required, one of: {', '.join(options)}")
+        return None
+    if not isinstance(value, str) or value not in options:
+        raise ControlError(f"'{name}' must be one of: {', '.join(options)}; got {show(value)}")
+    return value
+
+
+def require_choice(payload: Mapping[str, Any], name: str, choices: Iterable[str]) -> str:
+    value = get_choice(payload, name, choices, required=True)
+    assert value is not None  # required=True raised otherwise
+    return value
