@@ -333,12 +333,21 @@ SIMULATOR_PLACEHOLDER_KEY = "sim-placeholder-key"
 
 
 def _apply_simulator(settings: Settings, env: Mapping[str, str]) -> Settings:
-    """Point every transport that is not otherwise configured at the simulators."""
+    """Point every transport that is not otherwise configured at the simulators.
+
+    An explicitly set ``*_BASE_URL`` still wins, so one provider can be real while the rest
+    are simulated.
+    """
     base = settings.simulator_url
     smtp = settings.simulator_smtp
     if not base and not smtp:
         return settings
     email, sms, push, ai = settings.email, settings.sms, settings.push, settings.ai
+    webhooks = settings.webhooks
+
+    def url(variable: str, default: str) -> str:
+        return _get(env, variable) or default
+
     if base:
         base = base.rstrip("/")
         if email.transport is None and not email.smtp_url and not smtp:
@@ -346,28 +355,32 @@ def _apply_simulator(settings: Settings, env: Mapping[str, str]) -> Settings:
                 email,
                 transport="resend",
                 resend_api_key=email.resend_api_key or SIMULATOR_PLACEHOLDER_KEY,
-                resend_base_url=base if _get(env, "RESEND_BASE_URL") is None
-                else email.resend_base_url,
+                resend_base_url=url("RESEND_BASE_URL", base),
             )
         if not sms.enabled:
             sms = SmsSettings(
                 account_sid="AC" + "0" * 32,
                 auth_token=SIMULATOR_PLACEHOLDER_KEY,
                 from_number=sms.from_number or "+15005550006",
-                base_url=base,
+                base_url=url("TWILIO_BASE_URL", base),
             )
+            # Twilio signs status callbacks with the auth token: the simulator's too.
+            if webhooks.twilio_auth_token is None:
+                webhooks = dataclasses.replace(
+                    webhooks, twilio_auth_token=SIMULATOR_PLACEHOLDER_KEY
+                )
         if not push.enabled:
             push = PushSettings(
                 project_id="notifkit-sim",
                 access_token=SIMULATOR_PLACEHOLDER_KEY,
-                base_url=base,
+                base_url=url("FCM_BASE_URL", base),
             )
         if not ai.enabled:
-            ai = AiSettings(api_key=SIMULATOR_PLACEHOLDER_KEY, base_url=base + "/v1",
-                            model=ai.model)
+            ai = AiSettings(api_key=SIMULATOR_PLACEHOLDER_KEY,
+                            base_url=url("OPENAI_BASE_URL", base + "/v1"), model=ai.model)
     if smtp and email.transport is None:
         email = dataclasses.replace(email, transport="smtp", smtp_url=f"smtp://{smtp}")
-    return settings.replace(email=email, sms=sms, push=push, ai=ai)
+    return settings.replace(email=email, sms=sms, push=push, ai=ai, webhooks=webhooks)
 
 
 # ---------------------------------------------------------------------------
