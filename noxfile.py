@@ -19,10 +19,17 @@ def install(session: nox.Session, *groups: str, extras: str = "fast") -> None:
         session.install(*nox.project.dependency_groups(PYPROJECT, group))
 
 
+@nox.session(python=PYTHON, default=False)
+def dev(session: nox.Session) -> None:
+    """Run notifkit locally: every service, the simulators, embedded Redis and PostgreSQL."""
+    install(session, extras="fast,dev")
+    session.run("python", "-m", "notifkit", "dev", *session.posargs)
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """Unit, integration and property tests against real Redis and PostgreSQL."""
-    install(session, "test")
+    install(session, "test", extras="fast,dev")
     session.run("pytest", *session.posargs)
 
 

