@@ -1,0 +1,348 @@
+"""Workflow queries: definitions, instances, step rows, waiters and digest windows.
+
+Every function takes a connection (or pool) and the caller's times (``now``), so the service's
+clock, not PostgreSQL's, decides when a wait is over. Instance ids are globally unique UUIDv7s;
+lookups by instance id add ``project_id`` whenever the caller knows it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeAlias
+
+import asyncpg
+
+Conn: TypeAlias = asyncpg.Connection | asyncpg.Pool
+
+TERMINAL_STATUSES: tuple[str, ...] = ("completed", "stopped", "failed", "digested")
+
+
+@dataclass
+class Instance:
+    id: str
+    project_id: str
+    workflow_id: str
+    user_id: str
+    status: str
+    current_step: int
+    cursor: str | None
+    steps: list[dict[str, Any]]
+    trigger_data: dict[str, Any]
+    wake_at: datetime | None
+    created_at: datetime
+
+    @property
+    def finished(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+@dataclass
+class StepRow:
+    index: int
+    path: str
+    type: str
+    status: str
+    output: Any
+    started_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass
+class Waiter:
+    id: str
+    step_index: int
+    expires_at: datetime
+    resolved_at: datetime | None
+    resolved_by: str | None
+    event: Any
+
+
+@dataclass
+class DigestWindow:
+    id: str
+    owner_instance_id: str
+    window_ends_at: datetime
+    items: list[dict[str, Any]]
+    closed_at: datetime | None
+
+
+_INSTANCE_COLUMNS = """id::text, project_id::text, workflow_id, user_id, status, current_step,
+    cursor, steps, trigger_data, wake_at, created_at"""
+
+
+def _instance(row: asyncpg.Record | None) -> Instance | None:
+    return Instance(*row.values()) if row is not None else None
+
+
+# -- definitions ------------------------------------------------------------------------------
+
+
+async def get_definition(conn: Conn, project_id: str, workflow_id: str) -> list[Any] | None:
+    steps: list[Any] | None = await conn.fetchval(
+        "SELECT steps FROM workflow_definitions WHERE project_id = $1 AND id = $2",
+        project_id, workflow_id,
+    )
+    return steps
+
+
+async def put_definition(
+    conn: Conn, project_id: str, workflow_id: str, steps: list[Any]
+) -> bool:
+    """Create or replace a definition; True when it was created."""
+    created: bool = await conn.fetchval(
+        """INSERT INTO workflow_definitions (project_id, id, steps) VALUES ($1, $2, $3)
+           ON CONFLICT (project_id, id) DO UPDATE SET steps = EXCLUDED.steps, updated_at = now()
+           RETURNING (xmax = 0)""",
+        project_id, workflow_id, steps,
+    )
+    return created
+
+
+# -- instances --------------------------------------------------------------------------------
+
+
+async def get_instance(
+    conn: Conn, instance_id: str, project_id: str | None = None
+) -> Instance | None:
+    if project_id is None:
+        row = await conn.fetchrow(
+            f"SELECT {_INSTANCE_COLUMNS} FROM workflow_instances WHERE id = $1", instance_id
+        )
+    else:
+        row = await conn.fetchrow(
+            f"SELECT {_INSTANCE_COLUMNS} FROM workflow_instances WHERE id = $1 "
+            "AND project_id = $2", instance_id, project_id,
+        )
+    return _instance(row)
+
+
+async def create_instance(
+    conn: Conn, *, instance_id: str, project_id: str, workflow_id: str, user_id: str,
+    data: dict[str, Any], now: datetime, idempotency_key: str | None = None,
+) -> Instance | None:
+    """The instance a trigger names, created from the current definition if the API has not
+    written it; None when the workflow does not exist."""
+    await conn.execute(
+        """INSERT INTO workflow_instances
+               (id, project_id, workflow_id, user_id, status, steps, trigger_data,
+                idempotency_key, created_at, updated_at)
+           SELECT $1, project_id, id, $3, 'pending', steps, $4, $5, $6, $6
+             FROM workflow_definitions WHERE project_id = $2 AND id = $7
+           ON CONFLICT DO NOTHING""",
+        instance_id, project_id, user_id, data, idempotency_key, now, workflow_id,
+    )
+    return await get_instance(conn, instance_id, project_id)
+
+
+async def set_state(
+    conn: Conn, instance: Instance, *, status: str, cursor: str | None, current_step: int,
+    wake_at: datetime | None, now: datetime,
+) -> None:
+    await conn.execute(
+        """UPDATE workflow_instances
+              SET status = $3, cursor = $4, current_step = $5, wake_at = $6, updated_at = $7
+            WHERE id = $1 AND project_id = $2""",
+        instance.id, instance.project_id, status, cursor, current_step, wake_at, now,
+    )
+    instance.status, instance.cursor, instance.current_step = status, cursor, current_step
+    instance.wake_at = wake_at
+
+
+async def sleeping_instances(conn: Conn, limit: int = 10_000) -> list[tuple[str, str, datetime]]:
+    """(instance id, cursor, wake_at) of every waiting instance: rebuilds the timer set."""
+    rows = await conn.fetch(
+        """SELECT id::text, cursor, wake_at FROM workflow_instances
+            WHERE wake_at IS NOT NULL AND status = 'waiting' ORDER BY wake_at LIMIT $1""",
+        limit,
+    )
+    return [(r[0], r[1] or "", r[2]) for r in rows]
+
+
+# -- step rows --------------------------------------------------------------------------------
+
+
+async def step_rows(conn: Conn, instance: Instance) -> dict[str, StepRow]:
+    rows = await conn.fetch(
+        """SELECT step_index, path, type, status, output, started_at, finished_at
+             FROM workflow_steps WHERE instance_id = $1 AND project_id = $2
+            ORDER BY step_index""",
+        instance.id, instance.project_id,
+    )
+    return {r["path"]: StepRow(*r.values()) for r in rows}
+
+
+async def start_step(
+    conn: Conn, instance: Instance, path: str, step_type: str, now: datetime
+) -> StepRow:
+    """The step's row, created as ``running`` with the next execution index if new."""
+    row = await conn.fetchrow(
+        """WITH ins AS (
+               INSERT INTO workflow_steps
+                   (instance_id, step_index, path, project_id, type, status, started_at)
+               SELECT $1, COALESCE(MAX(step_index) + 1, 0), $3, $2, $4, 'running', $5
+                 FROM workflow_steps WHERE instance_id = $1
+               ON CONFLICT (instance_id, path) DO NOTHING
+               RETURNING step_index, path, type, status, output, started_at, finished_at)
+           SELECT * FROM ins
+           UNION ALL
+           SELECT step_index, path, type, status, output, started_at, finished_at
+             FROM workflow_steps WHERE instance_id = $1 AND path = $3""",
+        instance.id, instance.project_id, path, step_type, now,
+    )
+    assert row is not None
+    return StepRow(*row.values())
+
+
+async def update_step(
+    conn: Conn, instance: Instance, row: StepRow, *, status: str, output: Any,
+    finished_at: datetime | None,
+) -> None:
+    await conn.execute(
+        """UPDATE workflow_steps SET status = $4, output = $5, finished_at = $6
+            WHERE instance_id = $1 AND project_id = $2 AND path = $3""",
+        instance.id, instance.project_id, row.path, status, output, finished_at,
+    )
+    row.status, row.output, row.finished_at = status, output, finished_at
+
+
+# -- waiters ----------------------------------------------------------------------------------
+
+
+async def open_waiter(
+    conn: Conn, instance: Instance, row: StepRow, event_name: str, expires_at: datetime,
+    now: datetime,
+) -> Waiter:
+    await conn.execute(
+        """INSERT INTO workflow_waiters
+               (project_id, instance_id, user_id, event_name, step_index, path, expires_at,
+                created_at)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+           ON CONFLICT (instance_id, step_index) DO NOTHING""",
+        instance.project_id, instance.id, instance.user_id, event_name, row.index, row.path,
+        expires_at, now,
+    )
+    waiter = await get_waiter(conn, instance, row)
+    assert waiter is not None
+    return waiter
+
+
+async def get_waiter(conn: Conn, instance: Instance, row: StepRow) -> Waiter | None:
+    found = await conn.fetchrow(
+        """SELECT id::text, step_index, expires_at, resolved_at, resolved_by, event
+             FROM workflow_waiters
+            WHERE instance_id = $1 AND project_id = $2 AND step_index = $3""",
+        instance.id, instance.project_id, row.index,
+    )
+    return Waiter(*found.values()) if found is not None else None
+
+
+async def resolve_waiters(
+    conn: Conn, *, project_id: str, user_id: str, event_name: str, event: dict[str, Any],
+    resolved_by: str, now: datetime,
+) -> list[str]:
+    """Resolve the user's open, unexpired waiters for ``event_name``; returns their instance
+    ids. Waiters this ``resolved_by`` resolved before (a retried entry) are returned again."""
+    rows = await conn.fetch(
+        """UPDATE workflow_waiters
+              SET resolved_at = COALESCE(resolved_at, $5), resolved_by = $6, event = $7
+            WHERE project_id = $1 AND user_id = $2 AND event_name = $3
+              AND ((resolved_at IS NULL AND expires_at > $4) OR resolved_by = $6)
+        RETURNING instance_id::text""",
+        project_id, user_id, event_name, now, now, resolved_by, event,
+    )
+    return sorted({r[0] for r in rows})
+
+
+async def resolve_timeout(conn: Conn, waiter: Waiter, now: datetime) -> bool:
+    """Time the waiter out unless an event won first; True when the timeout won."""
+    won = await conn.fetchval(
+        """UPDATE workflow_waiters SET resolved_at = $2, resolved_by = 'timeout'
+            WHERE id = $1 AND resolved_at IS NULL RETURNING true""",
+        waiter.id, now,
+    )
+    return bool(won)
+
+
+# -- digest windows ---------------------------------------------------------------------------
+
+
+async def join_digest(
+    conn: Conn, instance: Instance, path: str, step_index: int, item: dict[str, Any],
+    window_ends_at: datetime, now: datetime,
+) -> DigestWindow:
+    """Open the user's window for this step, or add ``item`` to the open one (once per
+    instance: a retried join finds its item already there)."""
+    row = await conn.fetchrow(
+        """INSERT INTO workflow_digests
+               (project_id, workflow_id, user_id, step_index, step_path, owner_instance_id,
+                items, window_ends_at, created_at)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+           ON CONFLICT (project_id, workflow_id, user_id, step_path) WHERE closed_at IS NULL
+           DO UPDATE SET items = CASE WHEN workflow_digests.items @> EXCLUDED.items
+                                      THEN workflow_digests.items
+                                      ELSE workflow_digests.items || EXCLUDED.items END
+        RETURNING id::text, owner_instance_id::text, window_ends_at, items, closed_at""",
+        instance.project_id, instance.workflow_id, instance.user_id, step_index, path,
+        instance.id, [item], window_ends_at, now,
+    )
+    assert row is not None
+    return DigestWindow(*row.values())
+
+
+async def owned_window(conn: Conn, instance: Instance, path: str) -> DigestWindow | None:
+    row = await conn.fetchrow(
+        """SELECT id::text, owner_instance_id::text, window_ends_at, items, closed_at
+             FROM workflow_digests
+            WHERE project_id = $1 AND owner_instance_id = $2 AND step_path = $3
+            ORDER BY created_at DESC LIMIT 1""",
+        instance.project_id, instance.id, path,
+    )
+    return DigestWindow(*row.values()) if row is not None else None
+
+
+async def close_window(conn: Conn, instance: Instance, window_id: str, now: datetime) -> None:
+    await conn.execute(
+        """UPDATE workflow_digests SET closed_at = $3
+            WHERE id = $1 AND project_id = $2 AND closed_at IS NULL""",
+        window_id, instance.project_id, now,
+    )
+
+
+# -- users and the send's notification row ------------------------------------------------------
+
+
+async def get_user(conn: Conn, project_id: str, user_id: str) -> dict[str, Any]:
+    """What templates and branch expressions see as ``user`` (a bare id if unknown)."""
+    row = await conn.fetchrow(
+        "SELECT attributes, timezone, locale FROM users WHERE project_id = $1 AND id = $2",
+        project_id, user_id,
+    )
+    if row is None:
+        return {"id": user_id, "attributes": {}, "timezone": None, "locale": None}
+    return {"id": user_id, "attributes": row[0] or {}, "timezone": row[1], "locale": row[2]}
+
+
+async def record_notification(
+    conn: Conn, *, event_id: str, project_id: str, template: str, priority: str,
+    user_id: str, data: dict[str, Any], channels: list[str] | None, idempotency_key: str,
+    now: datetime,
+) -> None:
+    """The notifications row and ``accepted`` timeline row of a workflow's send, so
+    ``GET /v1/notifications/{id}`` knows it like a send made through the API."""
+    await conn.execute(
+        """INSERT INTO notifications
+               (id, project_id, template_id, priority, status, recipients_spec, data, channels,
+                idempotency_key, created_at, updated_at)
+           VALUES ($1, $2, $3, $4, 'accepted', $5, $6, $7, $8, $9, $9)
+           ON CONFLICT (id) DO NOTHING""",
+        event_id, project_id, template, priority, user_id, data, channels, idempotency_key, now,
+    )
+    await conn.execute(
+        """INSERT INTO message_logs
+               (project_id, event_id, task_id, user_id, channel, attempt, kind, status, detail,
+                created_at)
+           VALUES ($1, $2, $3, $4, '', 0, 'accepted', 'accepted', $5, $6)
+           ON CONFLICT (task_id, channel, attempt, kind) DO NOTHING""",
+        project_id, event_id, event_id, user_id, "sent by a workflow step", now,
+    )

@@ -1,0 +1,240 @@
+"""The workflow service: consumes ``workflow:inbound`` and polls the workflow timers.
+
+Entries on ``workflow:inbound``:
+
+    {"type": "trigger", "projectId", "workflowId", "instanceId", "userId", "data"}   (api)
+    {"type": "event", "projectId", "name", "userId", "data", "at"}                  (events)
+    {"type": "wake", "timer": "{instanceId}:{path}"}                                (timers)
+    {"type": "wake", "instanceId", "projectId", "reason": "event"}                  (this service)
+
+A trigger or wake runs its instance under ``lock:workflow:{instanceId}``. When another process
+holds the lock, the entry is acked and a wake is scheduled a moment later (``{id}:retry``):
+the holder may be about to sleep, and the instance must be looked at again after it lets go.
+An event resolves the user's open waiters for that name in PostgreSQL and emits one wake per
+instance, written atomically with the event's ack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import asyncpg
+
+from notifkit.config import Settings
+from notifkit.db import workflows as db
+from notifkit.services.base import WorkerService
+from notifkit.services.workflow.lock import HeldLock, InstanceLocks
+from notifkit.services.workflow.runner import Runner, as_datetime, iso, ms
+from notifkit.services.workflow.timers import Timers, instance_of
+from notifkit.worker import Entry
+
+log = logging.getLogger("notifkit.workflow")
+
+LOCK_RETRY_S = 0.25  # a busy instance is looked at again this much later
+TIMER_BATCH = 500
+
+
+class WorkflowService(WorkerService):
+    name: ClassVar[str] = "workflow"
+
+    def __init__(self, settings: Settings, **options: Any) -> None:
+        super().__init__(settings, **options)
+        self.clock: Callable[[], float] = options.get("clock") or time.time
+        self.timer_poll_interval_s: float = options.get(
+            "timer_poll_interval_s", settings.scheduler_poll_interval_s
+        )
+        self.lock_retry_s: float = options.get("lock_retry_s", LOCK_RETRY_S)
+        self.locks = InstanceLocks(
+            self.redis, int(options.get("lock_ttl_ms", settings.workflow_lock_ttl_s * 1000))
+        )
+        self.timers = Timers(self.redis, self.keys.workflow_timers, self.keys.workflow_inbound,
+                             settings.queue_max_len)
+        self._runner: Runner | None = None
+
+    def streams(self) -> Sequence[str]:
+        return [self.keys.workflow_inbound]
+
+    @property
+    def runner(self) -> Runner:
+        if self._runner is None:
+            self._runner = self.make_runner()
+        return self._runner
+
+    def make_runner(self) -> Runner:
+        return Runner(pool=self.pool, redis=self.redis, settings=self.settings,
+                      timers=self.timers, clock=self.clock)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await super().start()
+        await self.rebuild_timers()
+        self._background.append(
+            asyncio.create_task(self._timer_loop(), name="workflow:timers")
+        )
+
+    async def run_until_idle(self) -> int:
+        """Move due timers and drain the stream until neither finds anything. For tests."""
+        await self.open()
+        total = 0
+        while True:
+            moved = await self.poll_timers()
+            done = await self.worker.run_until_idle()
+            total += moved + done
+            if not moved and not done:
+                return total
+
+    async def poll_timers(self) -> int:
+        moved = 0
+        while True:
+            batch = await self.timers.move_due(int(self.clock() * 1000), TIMER_BATCH)
+            moved += batch
+            if batch < TIMER_BATCH:
+                return moved
+
+    async def rebuild_timers(self) -> int:
+        """Re-add the timer of every sleeping instance (ZADD NX): the set can be lost with
+        Redis, PostgreSQL still knows who sleeps until when."""
+        sleeping = await db.sleeping_instances(self.pool)
+        if sleeping:
+            await self.redis.zadd(
+                self.keys.workflow_timers,
+                {f"{iid}:{path}": ms(wake_at) for iid, path, wake_at in sleeping}, nx=True,
+            )
+        return len(sleeping)
+
+    async def _timer_loop(self) -> None:
+        while True:
+            try:
+                await self.poll_timers()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a chore: log and carry on
+                log.warning("Moving due workflow timers failed (%s); trying again in %.2f s.",
+                            exc, self.timer_poll_interval_s)
+            await asyncio.sleep(self.timer_poll_interval_s)
+
+    # -- processing ---------------------------------------------------------------------------
+
+    async def process(self, batch: list[Entry]) -> None:
+        by_instance: dict[str, list[Entry]] = {}
+        events: list[Entry] = []
+        for entry in batch:
+            kind = entry.payload.get("type")
+            if kind == "event":
+                events.append(entry)
+                continue
+            instance_id = _instance_id(entry.payload)
+            if kind in ("trigger", "wake") and instance_id:
+                by_instance.setdefault(instance_id, []).append(entry)
+            else:
+                log.error("Acked a workflow entry it cannot use (type %r, no instance).", kind,
+                          extra={"entry_id": entry.id})
+        # Entries of one instance run together (one run serves them all); instances in
+        # parallel, each under its own lock.
+        await asyncio.gather(
+            *(self._event(entry) for entry in events),
+            *(self._instance(iid, entries) for iid, entries in by_instance.items()),
+        )
+
+    async def _instance(self, instance_id: str, entries: list[Entry]) -> None:
+        try:
+            await self.handle_instance(instance_id, entries)
+        except Exception as exc:
+            for entry in entries:
+                entry.fail(exc)
+
+    async def handle_instance(self, instance_id: str, entries: list[Entry]) -> None:
+        trigger = next((e.payload for e in entries if e.payload.get("type") == "trigger"), None)
+        project_id = _project_id(entries)
+        try:
+            instance = await db.get_instance(self.pool, instance_id, project_id)
+            if instance is None and trigger is not None:
+                instance = await db.create_instance(
+                    self.pool, instance_id=instance_id, project_id=trigger["projectId"],
+                    workflow_id=str(trigger.get("workflowId")),
+                    user_id=str(trigger.get("userId")), data=trigger.get("data") or {},
+                    now=as_datetime(self.clock()),
+                    idempotency_key=trigger.get("idempotencyKey"),
+                )
+        except (asyncpg.DataError, KeyError) as exc:
+            log.error("Acked a workflow entry naming no valid instance (%s).", exc,
+                      extra={"instance_id": instance_id})
+            return
+        if instance is None:
+            log.warning("Workflow instance %s does not exist (or its workflow was deleted); "
+                        "nothing to run.", instance_id, extra={"instance_id": instance_id})
+            return
+        if instance.finished:
+            return
+        lock = await self.locks.acquire(self.keys.workflow_lock(instance_id))
+        if lock is None:
+            due_ms = int((self.clock() + self.lock_retry_s) * 1000)
+            await self.timers.schedule(instance_id, "retry", due_ms)
+            log.info("Workflow instance is running elsewhere; looking at it again shortly.",
+                     extra={"instance_id": instance_id})
+            return
+        try:
+            await self.run_locked(instance_id, project_id, lock)
+        finally:
+            await lock.release()
+
+    async def run_locked(self, instance_id: str, project_id: str | None, lock: HeldLock) -> None:
+        """Run the instance while holding ``lock``; re-reads the instance under it."""
+        instance = await db.get_instance(self.pool, instance_id, project_id)
+        if instance is None or instance.finished:
+            return
+        await self.runner.run(instance, lock)
+
+    async def _event(self, entry: Entry) -> None:
+        p = entry.payload
+        name, user_id, project_id = p.get("name"), p.get("userId"), p.get("projectId")
+        if not (isinstance(name, str) and isinstance(user_id, str)
+                and isinstance(project_id, str)):
+            log.error("Acked a workflow event without name, userId and projectId.",
+                      extra={"entry_id": entry.id})
+            return
+        now = as_datetime(self.clock())
+        event = {"name": name, "data": p.get("data") or {}, "at": p.get("at") or iso(now)}
+        try:
+            woken = await db.resolve_waiters(
+                self.pool, project_id=project_id, user_id=user_id, event_name=name,
+                event=event, resolved_by=entry.owner, now=now,
+            )
+        except asyncpg.DataError as exc:
+            log.error("Acked a workflow event with an invalid project id (%s).", exc,
+                      extra={"entry_id": entry.id})
+            return
+        except Exception as exc:
+            entry.fail(exc)
+            return
+        for instance_id in woken:
+            entry.emit(self.keys.workflow_inbound, {
+                "type": "wake", "instanceId": instance_id, "projectId": project_id,
+                "reason": "event",
+            })
+        if woken:
+            log.info("Event %r resolved %d waiting workflow instance(s); waking them.", name,
+                     len(woken), extra={"project_id": project_id})
+
+
+def _instance_id(payload: dict[str, Any]) -> str | None:
+    value = payload.get("instanceId")
+    if isinstance(value, str) and value:
+        return value
+    timer = payload.get("timer")
+    if isinstance(timer, str) and timer:
+        return instance_of(timer)
+    return None
+
+
+def _project_id(entries: list[Entry]) -> str | None:
+    for entry in entries:
+        value = entry.payload.get("projectId")
+        if isinstance(value, str):
+            return value
+    return None

@@ -1,0 +1,218 @@
+"""Workflow definitions: validation, step paths and branch conditions. Pure; no I/O.
+
+A definition is the API's ``steps`` array. Every step is addressed by its *path*, its place in
+the definition written with dots: top-level steps are ``"0"``, ``"1"``, ...; the steps of a
+branch are ``"<branch>.then.<i>"`` and ``"<branch>.else.<i>"``, nesting as deep as branches
+nest (``"3.then.1.else.0"``). A path runs at most once per instance, so it names the step's
+row, its waiter, its digest window and the idempotency key of its send
+(``wf:{instanceId}:{path}``).
+
+``validate_steps(steps)`` returns one ``{"field", "message"}`` per problem, naming the step
+(``steps[2].timeoutSeconds``, ``steps[3].then[0].template``): the API answers 400 with them
+as the error's details.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
+
+from jinja2 import TemplateSyntaxError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+STEP_TYPES: tuple[str, ...] = ("send", "wait", "waitForEvent", "branch", "digest")
+CHANNELS: tuple[str, ...] = ("email", "sms", "push", "inapp", "webhook")
+PRIORITIES: tuple[str, ...] = ("critical", "normal", "low")
+ON_TIMEOUT: tuple[str, ...] = ("continue", "stop")
+BRANCHES: tuple[str, ...] = ("then", "else")
+MAX_STEPS = 100  # per list
+MAX_DEPTH = 8  # branches inside branches
+MAX_SECONDS = 366 * 24 * 3600  # waits, timeouts and digest windows
+
+Path = tuple[int | str, ...]
+
+
+class FieldError(TypedDict):
+    field: str
+    message: str
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+def validate_steps(steps: Any) -> list[FieldError]:
+    """Every problem with a definition's ``steps``; empty when it can run."""
+    errors: list[FieldError] = []
+    if not isinstance(steps, list):
+        return [{"field": "steps", "message": "must be a list of steps"}]
+    if not steps:
+        return [{"field": "steps", "message": "must hold at least one step"}]
+    _validate_list(steps, "steps", 0, errors)
+    return errors
+
+
+def _validate_list(steps: list[Any], field: str, depth: int, errors: list[FieldError]) -> None:
+    if len(steps) > MAX_STEPS:
+        errors.append({"field": field, "message": f"may hold at most {MAX_STEPS} steps"})
+        return
+    for i, step in enumerate(steps):
+        _validate_step(step, f"{field}[{i}]", depth, errors)
+
+
+def _validate_step(step: Any, field: str, depth: int, errors: list[FieldError]) -> None:
+    def bad(name: str, message: str) -> None:
+        errors.append({"field": f"{field}.{name}" if name else field, "message": message})
+
+    if not isinstance(step, dict):
+        bad("", "must be an object with a type")
+        return
+    kind = step.get("type")
+    if kind not in STEP_TYPES:
+        bad("type", f"must be one of {', '.join(STEP_TYPES)}")
+        return
+    if kind in ("send", "digest"):
+        if not _nonempty_str(step.get("template")):
+            bad("template", "is required: the id of the template to send")
+        channels = step.get("channels")
+        if channels is not None and (
+            not isinstance(channels, list) or not channels
+            or any(c not in CHANNELS for c in channels)
+        ):
+            bad("channels", f"must be a non-empty list of {', '.join(CHANNELS)}")
+        if step.get("priority") is not None and step.get("priority") not in PRIORITIES:
+            bad("priority", "must be critical, normal or low")
+    if kind == "wait":
+        _check_seconds(step, "seconds", bad)
+    elif kind == "waitForEvent":
+        if not _nonempty_str(step.get("event")):
+            bad("event", "is required: the name of the event to wait for")
+        _check_seconds(step, "timeoutSeconds", bad)
+        if step.get("onTimeout") is not None and step.get("onTimeout") not in ON_TIMEOUT:
+            bad("onTimeout", "must be continue or stop")
+    elif kind == "digest":
+        _check_seconds(step, "windowSeconds", bad)
+    elif kind == "branch":
+        expression = step.get("if")
+        if not isinstance(expression, str) or not expression.strip():
+            bad("if", "is required: a Jinja2 expression over data, user and steps")
+        else:
+            problem = expression_error(expression)
+            if problem is not None:
+                bad("if", problem)
+        if depth + 1 >= MAX_DEPTH:
+            bad("", f"branches may nest at most {MAX_DEPTH} deep")
+            return
+        for name in BRANCHES:
+            children = step.get(name, [])
+            if children is None:
+                continue
+            if not isinstance(children, list):
+                bad(name, "must be a list of steps")
+                continue
+            _validate_list(children, f"{field}.{name}", depth + 1, errors)
+
+
+def _check_seconds(step: Mapping[str, Any], name: str, bad: Any) -> None:
+    value = step.get(name)
+    if (
+        isinstance(value, bool) or not isinstance(value, int | float)
+        or not math.isfinite(value) or value <= 0
+    ):
+        bad(name, "is required: a number of seconds greater than 0")
+    elif value > MAX_SECONDS:
+        bad(name, f"may be at most {MAX_SECONDS} seconds (366 days)")
+
+
+def _nonempty_str(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+# ---------------------------------------------------------------------------------------------
+# Branch conditions
+
+_ENV = ImmutableSandboxedEnvironment()
+
+
+def expression_error(expression: str) -> str | None:
+    """Why ``expression`` does not compile, or None."""
+    try:
+        _ENV.compile_expression(expression)
+    except TemplateSyntaxError as exc:
+        return f"is not a valid expression: {exc.message} (line {exc.lineno})"
+    return None
+
+
+def evaluate_condition(expression: str, context: Mapping[str, Any]) -> bool:
+    """Evaluate a branch's ``if`` in the sandbox; undefined names are falsy."""
+    try:
+        from notifkit.templates import (  # type: ignore[import-not-found,unused-ignore]
+            render_expression,
+        )
+    except ImportError:  # the shared template module is optional here
+        return bool(_ENV.compile_expression(expression, undefined_to_none=True)(**context))
+    return bool(render_expression(expression, dict(context)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths
+
+
+def format_path(path: Path) -> str:
+    return ".".join(str(part) for part in path)
+
+
+def parse_path(text: str) -> Path:
+    parts: list[int | str] = []
+    for i, token in enumerate(text.split(".")):
+        if i % 2 == 0:
+            parts.append(int(token))
+        elif token in BRANCHES:
+            parts.append(token)
+        else:
+            raise ValueError(f"not a step path: {text!r}")
+    if len(parts) % 2 == 0:
+        raise ValueError(f"not a step path: {text!r}")
+    return tuple(parts)
+
+
+def _list_at(steps: Sequence[Any], prefix: Path) -> Sequence[Any]:
+    """The step list that ``prefix`` (a path without its last index) points into."""
+    current: Sequence[Any] = steps
+    for i in range(0, len(prefix), 2):
+        step = current[int(prefix[i])]
+        current = step.get(str(prefix[i + 1])) or []
+    return current
+
+
+def step_at(steps: Sequence[Any], path: Path) -> dict[str, Any]:
+    step: dict[str, Any] = _list_at(steps, path[:-1])[int(path[-1])]
+    return step
+
+
+def first_path(steps: Sequence[Any]) -> Path | None:
+    return (0,) if steps else None
+
+
+def next_path(steps: Sequence[Any], path: Path) -> Path | None:
+    """The step after ``path`` once it is done (leaving a branch continues after it)."""
+    siblings = _list_at(steps, path[:-1])
+    index = int(path[-1])
+    if index + 1 < len(siblings):
+        return (*path[:-1], index + 1)
+    if len(path) == 1:
+        return None
+    return next_path(steps, path[:-2])
+
+
+def enter_branch(steps: Sequence[Any], path: Path, name: str) -> Path | None:
+    """The first step of a branch's ``then``/``else`` list (or what follows an empty one)."""
+    children = step_at(steps, path).get(name) or []
+    if children:
+        return (*path, name, 0)
+    return next_path(steps, path)
+
+
+def top_index(path: Path) -> int:
+    return int(path[0])

@@ -1,0 +1,74 @@
+"""Definition validation names the step at fault; step paths walk into and out of branches."""
+
+from __future__ import annotations
+
+from notifkit.workflow_defs import (
+    enter_branch,
+    format_path,
+    next_path,
+    parse_path,
+    validate_steps,
+)
+
+GOOD = [
+    {"type": "send", "template": "welcome", "channels": ["email", "push"]},
+    {"type": "wait", "seconds": 86400},
+    {"type": "waitForEvent", "event": "clicked", "timeoutSeconds": 3600, "onTimeout": "stop"},
+    {"type": "branch", "if": "steps[2] is not none and data.plan == 'pro'",
+     "then": [{"type": "send", "template": "thanks"}], "else": []},
+    {"type": "digest", "windowSeconds": 600, "template": "digest"},
+]
+
+
+def fields(steps: object) -> list[str]:
+    return [error["field"] for error in validate_steps(steps)]
+
+
+def test_a_valid_definition_has_no_errors() -> None:
+    assert validate_steps(GOOD) == []
+
+
+def test_errors_name_the_step_and_field() -> None:
+    steps = [
+        {"type": "send"},
+        {"type": "wait", "seconds": 0},
+        {"type": "waitForEvent", "event": "", "timeoutSeconds": "soon", "onTimeout": "never"},
+        {"type": "branch", "if": "data.x ==",
+         "then": [{"type": "send", "template": "ok", "channels": ["fax"]}],
+         "else": [{"type": "teleport"}]},
+        {"type": "digest", "windowSeconds": True, "template": "d"},
+        "not a step",
+    ]
+    assert fields(steps) == [
+        "steps[0].template",
+        "steps[1].seconds",
+        "steps[2].event", "steps[2].timeoutSeconds", "steps[2].onTimeout",
+        "steps[3].if", "steps[3].then[0].channels", "steps[3].else[0].type",
+        "steps[4].windowSeconds",
+        "steps[5]",
+    ]
+    messages = {e["field"]: e["message"] for e in validate_steps(steps)}
+    assert "not a valid expression" in messages["steps[3].if"]
+
+
+def test_the_steps_must_be_a_non_empty_list() -> None:
+    assert fields(None) == ["steps"]
+    assert fields([]) == ["steps"]
+
+
+def test_paths_enter_and_leave_branches() -> None:
+    steps = [
+        {"type": "send", "template": "a"},
+        {"type": "branch", "if": "true",
+         "then": [{"type": "send", "template": "b"}, {"type": "send", "template": "c"}],
+         "else": []},
+        {"type": "send", "template": "d"},
+    ]
+    assert next_path(steps, (0,)) == (1,)
+    assert enter_branch(steps, (1,), "then") == (1, "then", 0)
+    assert next_path(steps, (1, "then", 0)) == (1, "then", 1)
+    assert next_path(steps, (1, "then", 1)) == (2,)
+    assert enter_branch(steps, (1,), "else") == (2,)
+    assert next_path(steps, (2,)) is None
+    assert format_path((1, "then", 0)) == "1.then.0"
+    assert parse_path("3.else.1.then.0") == (3, "else", 1, "then", 0)

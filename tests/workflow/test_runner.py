@@ -1,0 +1,246 @@
+"""Workflow execution against real Redis and PostgreSQL, with the clock in the test's hands:
+sends, waits, waiting for events with a timeout, branches and digests."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from notifkit.keys import Keys
+
+from .conftest import templates_of
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+    from .conftest import FakeClock, Flow, ServiceFactory
+
+CLICK_OR_REMIND = [
+    {"type": "send", "template": "welcome"},
+    {"type": "waitForEvent", "event": "clicked", "timeoutSeconds": 3600},
+    {"type": "branch", "if": "steps[1] is not none",
+     "then": [{"type": "send", "template": "thanks", "channels": ["email"]}],
+     "else": [{"type": "send", "template": "reminder"}]},
+]
+
+
+async def test_users_who_send_the_event_take_one_path_the_rest_time_out_into_the_other(
+    flow: Flow, make_service: ServiceFactory, clock: FakeClock,
+) -> None:
+    # Given four users in a workflow that waits an hour for "clicked"
+    await flow.define("onboarding", CLICK_OR_REMIND)
+    service = make_service()
+    users = ["u1", "u2", "u3", "u4"]
+    instances = {u: await flow.trigger("onboarding", u, {"plan": "pro"}) for u in users}
+    await service.run_until_idle()
+    assert sorted(m["to"]["userId"] for m in await flow.sent()) == users
+    for instance_id in instances.values():
+        assert (await flow.instance(instance_id))["status"] == "waiting"
+
+    # When u1 and u3 click within the hour (u2 sends some other event)
+    clock.advance(600)
+    await flow.event("clicked", "u1", {"link": "a"})
+    await flow.event("clicked", "u3", {"link": "b"})
+    await flow.event("opened", "u2")
+    await service.run_until_idle()
+
+    # Then they take the "then" path at once, and nobody else moves
+    sent = await flow.sent()
+    assert templates_of(sent, "u1") == ["welcome", "thanks"]
+    assert templates_of(sent, "u3") == ["welcome", "thanks"]
+    assert templates_of(sent, "u2") == ["welcome"]
+    assert templates_of(sent, "u4") == ["welcome"]
+    steps = await flow.steps(instances["u1"])
+    assert [(s["path"], s["type"], s["status"]) for s in steps] == [
+        ("0", "send", "completed"), ("1", "waitForEvent", "completed"),
+        ("2", "branch", "completed"), ("2.then.0", "send", "completed"),
+    ]
+    assert steps[1]["output"]["name"] == "clicked"
+    assert steps[1]["output"]["data"] == {"link": "a"}
+    assert steps[2]["output"] == {"result": True, "branch": "then"}
+    assert [s["step_index"] for s in steps] == [0, 1, 2, 3]
+
+    # When the hour is over
+    clock.advance(3000)
+    await service.run_until_idle()
+    # Then the others time out into the "else" path, with a null output
+    sent = await flow.sent()
+    assert templates_of(sent, "u2") == ["welcome", "reminder"]
+    assert templates_of(sent, "u4") == ["welcome", "reminder"]
+    assert templates_of(sent, "u1") == ["welcome", "thanks"]
+    steps = await flow.steps(instances["u2"])
+    assert steps[1]["output"] is None
+    assert steps[2]["output"] == {"result": False, "branch": "else"}
+    assert steps[3]["path"] == "2.else.0"
+    for instance_id in instances.values():
+        assert (await flow.instance(instance_id))["status"] == "completed"
+
+    # And an event after the timeout wakes nobody
+    await flow.event("clicked", "u2")
+    await service.run_until_idle()
+    assert len(await flow.sent()) == 8
+
+
+async def test_on_timeout_stop_ends_the_instance(
+    flow: Flow, make_service: ServiceFactory, clock: FakeClock,
+) -> None:
+    await flow.define("nudge", [
+        {"type": "waitForEvent", "event": "paid", "timeoutSeconds": 60, "onTimeout": "stop"},
+        {"type": "send", "template": "receipt"},
+    ])
+    service = make_service()
+    paid = await flow.trigger("nudge", "payer")
+    idle = await flow.trigger("nudge", "idler")
+    await service.run_until_idle()
+    await flow.event("paid", "payer", {"amount": 12})
+    await service.run_until_idle()
+    clock.advance(61)
+    await flow.event("paid", "idler")  # too late: the waiter has expired
+    await service.run_until_idle()
+    assert templates_of(await flow.sent(), "payer") == ["receipt"]
+    assert templates_of(await flow.sent(), "idler") == []
+    assert (await flow.instance(paid))["status"] == "completed"
+    stopped = await flow.instance(idle)
+    assert (stopped["status"], stopped["cursor"]) == ("stopped", "0")
+
+
+async def test_wait_sleeps_until_its_time_and_sends_carry_deterministic_keys(
+    flow: Flow, make_service: ServiceFactory, clock: FakeClock, redis: Redis, keys: Keys,
+) -> None:
+    await flow.define("drip", [
+        {"type": "send", "template": "day0", "priority": "critical"},
+        {"type": "wait", "seconds": 86400},
+        {"type": "send", "template": "day1"},
+    ])
+    service = make_service()
+    instance_id = await flow.trigger("drip", "u1", {"name": "Ada"})
+    await service.run_until_idle()
+    first = await flow.sent()
+    assert [m["template"] for m in first] == ["day0"]
+    assert first[0]["priority"] == "critical"
+    assert first[0]["idempotencyKey"] == f"wf:{instance_id}:0"
+    assert first[0]["workflowInstanceId"] == instance_id
+    assert first[0]["workflowStep"] == 0
+    assert first[0]["data"] == {"name": "Ada"}
+    assert await redis.zscore(keys.workflow_timers, f"{instance_id}:1") is not None
+
+    clock.advance(86399)
+    await service.run_until_idle()
+    assert len(await flow.sent()) == 1
+
+    clock.advance(1)
+    await service.run_until_idle()
+    sent = await flow.sent()
+    assert [m["template"] for m in sent] == ["day0", "day1"]
+    assert sent[1]["idempotencyKey"] == f"wf:{instance_id}:2"
+    assert (await flow.instance(instance_id))["status"] == "completed"
+    assert await redis.zcard(keys.workflow_timers) == 0
+    # The notification rows exist for GET /v1/notifications/{id}
+    step_outputs = [s["output"] for s in await flow.steps(instance_id)]
+    assert step_outputs[0]["eventId"] == sent[0]["eventId"]
+    assert step_outputs[2]["eventId"] == sent[1]["eventId"]
+
+
+async def test_digest_turns_n_triggers_within_the_window_into_one_message_listing_n_items(
+    flow: Flow, make_service: ServiceFactory, clock: FakeClock,
+) -> None:
+    # Given a workflow that digests a user's triggers over ten minutes
+    await flow.define("comments", [
+        {"type": "digest", "windowSeconds": 600, "template": "comment-digest"},
+    ])
+    service = make_service()
+    n = 7
+    # When N triggers for one user (and two for another) arrive within the window
+    ada = [await flow.trigger("comments", "ada", {"comment": i}) for i in range(n)]
+    await service.run_until_idle()
+    clock.advance(300)
+    bob = [await flow.trigger("comments", "bob", {"comment": i}) for i in range(2)]
+    await service.run_until_idle()
+    assert await flow.sent() == []
+
+    # Then nothing goes out before a window ends, and one message per user after
+    clock.advance(301)
+    await service.run_until_idle()
+    assert [m["to"]["userId"] for m in await flow.sent()] == ["ada"]  # bob's opened later
+    clock.advance(300)
+    await service.run_until_idle()
+    sent = await flow.sent()
+    assert [(m["to"]["userId"], m["template"]) for m in sent] == [
+        ("ada", "comment-digest"), ("bob", "comment-digest"),
+    ]
+    ada_items = sent[0]["digestItems"]
+    assert sorted(item["data"]["comment"] for item in ada_items) == list(range(n))
+    assert all(set(item) == {"data", "at"} for item in ada_items)
+    assert len(sent[1]["digestItems"]) == 2
+
+    statuses = [(await flow.instance(i))["status"] for i in ada]
+    assert statuses.count("completed") == 1
+    assert statuses.count("digested") == n - 1
+    assert sorted([(await flow.instance(i))["status"] for i in bob]) == ["completed", "digested"]
+
+    # And a trigger after the window closed opens a new one
+    later = await flow.trigger("comments", "ada", {"comment": "late"})
+    await service.run_until_idle()
+    assert (await flow.instance(later))["status"] == "waiting"
+    clock.advance(601)
+    await service.run_until_idle()
+    sent = await flow.sent()
+    assert len(sent) == 3
+    assert [i["data"] for i in sent[2]["digestItems"]] == [{"comment": "late"}]
+
+
+async def test_a_trigger_without_an_instance_row_creates_it_from_the_definition(
+    flow: Flow, make_service: ServiceFactory,
+) -> None:
+    await flow.define("one", [{"type": "send", "template": "hello"}])
+    instance_id = await flow.trigger("one", "u1", create_row=False)
+    unknown = await flow.trigger("missing", "u1", create_row=False)
+    await make_service().run_until_idle()
+    assert (await flow.instance(instance_id))["status"] == "completed"
+    assert [m["template"] for m in await flow.sent()] == ["hello"]
+    assert await flow.db.fetchval(
+        "SELECT count(*) FROM workflow_instances WHERE id = $1", unknown) == 0
+
+
+async def test_a_branch_sees_data_user_and_earlier_outputs(
+    flow: Flow, make_service: ServiceFactory,
+) -> None:
+    await flow.db.execute(
+        "INSERT INTO users (project_id, id, attributes) VALUES ($1, 'vip', $2)",
+        flow.project_id, {"tier": "gold"},
+    )
+    await flow.define("tiers", [
+        {"type": "send", "template": "hello"},
+        {"type": "branch", "if": "user.attributes.tier == 'gold' and data.total > 10 "
+                                 "and steps[0].eventId",
+         "then": [{"type": "branch", "if": "data.total > 100",
+                   "then": [{"type": "send", "template": "huge"}],
+                   "else": [{"type": "send", "template": "gold"}]}],
+         "else": []},
+        {"type": "send", "template": "bye"},
+    ])
+    service = make_service()
+    gold = await flow.trigger("tiers", "vip", {"total": 50})
+    plain = await flow.trigger("tiers", "nobody", {"total": 50})
+    await service.run_until_idle()
+    sent = await flow.sent()
+    assert templates_of(sent, "vip") == ["hello", "gold", "bye"]
+    assert templates_of(sent, "nobody") == ["hello", "bye"]
+    assert [s["path"] for s in await flow.steps(gold)] == ["0", "1", "1.then.0",
+                                                           "1.then.0.else.0", "2"]
+    assert [s["path"] for s in await flow.steps(plain)] == ["0", "1", "2"]
+
+
+async def test_a_broken_expression_fails_the_instance_without_retrying(
+    flow: Flow, make_service: ServiceFactory,
+) -> None:
+    await flow.define("broken", [
+        {"type": "branch", "if": "1 // data.zero", "then": [], "else": []},
+        {"type": "send", "template": "never"},
+    ])
+    instance_id = await flow.trigger("broken", "u1", {"zero": 0})
+    await make_service().run_until_idle()
+    assert (await flow.instance(instance_id))["status"] == "failed"
+    steps = await flow.steps(instance_id)
+    assert steps[0]["status"] == "failed"
+    assert "ZeroDivisionError" in steps[0]["output"]["error"]
+    assert await flow.sent() == []
