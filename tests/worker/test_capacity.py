@@ -67,7 +67,7 @@ async def test_a_critical_entry_arriving_mid_backlog_jumps_the_queue(
 
 
 async def test_in_flight_work_never_exceeds_worker_concurrency(
-    make_worker: WorkerFactory, worker_redis: Redis, worker_settings: Settings, keys: Keys,
+    make_worker: WorkerFactory, redis: Redis, worker_settings: Settings, keys: Keys,
     add: Add, pending: Pending,
 ) -> None:
     # Given a running worker with capacity 7 and a reclaim sweep that runs all the time, a
@@ -101,7 +101,7 @@ async def test_in_flight_work_never_exceeds_worker_concurrency(
             await add(keys.enriched(priority), {"n": n})
             total += 1
     # a dead consumer took 20 entries of each priority and never acked them
-    await worker_redis.xreadgroup(
+    await redis.xreadgroup(
         worker.group, "engine-gone-1", dict.fromkeys(keys.enriched_all(), ">"), count=20
     )
 

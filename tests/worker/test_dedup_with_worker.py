@@ -55,12 +55,12 @@ class Sender:
 
 
 @pytest.fixture
-def sender(worker_redis: Redis, worker_settings: Settings) -> Sender:
-    return Sender(worker_redis, worker_settings)
+def sender(redis: Redis, worker_settings: Settings) -> Sender:
+    return Sender(redis, worker_settings)
 
 
 async def test_a_failed_attempt_releases_its_mark_and_the_retry_claims_it(
-    make_worker: WorkerFactory, worker_redis: Redis, keys: Keys, add: Add, pending: Pending,
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, add: Add, pending: Pending,
     sender: Sender,
 ) -> None:
     stream = keys.enriched("normal")
@@ -74,19 +74,19 @@ async def test_a_failed_attempt_releases_its_mark_and_the_retry_claims_it(
 
     # Then the mark is gone again
     assert sender.claims == [(entry_id, 1, True)]
-    assert await worker_redis.exists(mark) == 0
+    assert await redis.exists(mark) == 0
 
     # And the retry claims it afresh, sends, and leaves the mark in place (owned by the entry)
     await worker.run_until_idle()
     assert sender.claims == [(entry_id, 1, True), (entry_id, 2, True)]
     assert sender.sent == [entry_id]
-    assert (await worker_redis.get(mark)).decode() == f"{stream}/{entry_id}"
-    assert 0 < await worker_redis.ttl(mark) <= 3600
+    assert (await redis.get(mark)).decode() == f"{stream}/{entry_id}"
+    assert 0 < await redis.ttl(mark) <= 3600
     assert await pending(stream, worker.group) == 0
 
 
 async def test_a_crash_after_claiming_does_not_swallow_the_retry(
-    make_worker: WorkerFactory, worker_redis: Redis, keys: Keys, add: Add, pending: Pending,
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, add: Add, pending: Pending,
     sender: Sender,
 ) -> None:
     # Given a worker that claimed the mark and then died before acking (stopped with no
@@ -99,7 +99,7 @@ async def test_a_crash_after_claiming_does_not_swallow_the_retry(
     await crashed.start()
     await asyncio.wait_for(sender.hanging.wait(), WAIT_S)
     await crashed.stop(grace_s=0)
-    assert (await worker_redis.get(mark)).decode() == f"{stream}/{entry_id}"
+    assert (await redis.get(mark)).decode() == f"{stream}/{entry_id}"
     assert await pending(stream, crashed.group) == 1
 
     # When another worker reclaims the entry
@@ -146,7 +146,7 @@ async def test_two_entries_with_one_key_in_the_same_batch_send_once(
 
 
 async def test_a_dlq_replay_acts_as_the_original_owner_of_its_marks(
-    make_worker: WorkerFactory, worker_redis: Redis, worker_settings: Settings, keys: Keys,
+    make_worker: WorkerFactory, redis: Redis, worker_settings: Settings, keys: Keys,
     add: Add, payloads: Payloads, pending: Pending, sender: Sender,
 ) -> None:
     # Given an entry that claimed its mark, crashed on its only allowed attempt, and was
@@ -165,7 +165,7 @@ async def test_a_dlq_replay_acts_as_the_original_owner_of_its_marks(
     [dead] = await payloads(keys.dlq)
     assert dead["entryId"] == entry_id
     assert dead["replayOf"] == f"{stream}/{entry_id}"
-    assert await worker_redis.exists(mark) == 1
+    assert await redis.exists(mark) == 1
 
     # When it is replayed (a new entry carrying `_replayOf`) ...
     replay_id = await add(stream, {**dead["payload"], "hang": False,

@@ -40,7 +40,7 @@ def test_consumer_name_is_service_hostname_pid() -> None:
 
 
 async def test_a_started_worker_keeps_a_heartbeat_with_a_ttl_and_its_in_flight_count(
-    make_worker: WorkerFactory, worker_redis: Redis, keys: Keys, add: Add,
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, add: Add,
 ) -> None:
     # Given a running worker holding 3 entries
     gate = Gate()
@@ -55,7 +55,7 @@ async def test_a_started_worker_keeps_a_heartbeat_with_a_ttl_and_its_in_flight_c
     health = keys.health(worker.consumer)
     beat: dict[str, object] = {}
     for _ in range(1000):  # bounded wait for the condition: the next beat
-        raw = await worker_redis.get(health)
+        raw = await redis.get(health)
         beat = json.loads(raw) if raw else {}
         if beat.get("inFlight") == 3:
             break
@@ -65,13 +65,13 @@ async def test_a_started_worker_keeps_a_heartbeat_with_a_ttl_and_its_in_flight_c
     assert beat["consumer"] == worker.consumer
     assert beat["pid"] == os.getpid()
     assert beat["host"] == socket.gethostname()
-    ttl = await worker_redis.ttl(health)
+    ttl = await redis.ttl(health)
     assert 0 < ttl <= worker.settings.heartbeat_ttl_s
 
     # And stopping removes it
     gate.opened.set()
     await worker.stop()
-    assert await worker_redis.exists(health) == 0
+    assert await redis.exists(health) == 0
 
 
 async def test_stop_lets_the_batch_in_flight_finish_within_the_grace_period(

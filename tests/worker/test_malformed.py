@@ -25,7 +25,7 @@ GARBAGE: list[dict[str, str | bytes]] = [
 
 @pytest.mark.parametrize("concurrency", [1, 2, 10])
 async def test_garbage_is_acked_at_once_and_counted_and_never_processed(
-    make_worker: WorkerFactory, worker_redis: Redis, keys: Keys, add: Add, pending: Pending,
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, add: Add, pending: Pending,
     payloads: Payloads, concurrency: int,
 ) -> None:
     # Given garbage entries ahead of a valid one (more of them than the worker takes at once)
@@ -36,7 +36,7 @@ async def test_garbage_is_acked_at_once_and_counted_and_never_processed(
         seen.extend(batch)
 
     worker = make_worker(process, concurrency=concurrency)
-    garbage_ids = [await worker_redis.xadd(stream, fields) for fields in GARBAGE]
+    garbage_ids = [await redis.xadd(stream, fields) for fields in GARBAGE]
     valid_id = await add(stream, {"eventId": "ok"})
 
     # When the worker drains the stream
@@ -49,14 +49,14 @@ async def test_garbage_is_acked_at_once_and_counted_and_never_processed(
     assert await pending(stream, worker.group) == 0
     for garbage_id in garbage_ids:
         key = keys.attempts(worker.group, stream, garbage_id.decode())
-        assert await worker_redis.exists(key) == 0
+        assert await redis.exists(key) == 0
     # Garbage is not a failure: nothing is dead-lettered for it
     assert await payloads(keys.dlq) == []
     assert worker.stats.failed == 0
 
 
 async def test_a_running_worker_keeps_going_after_garbage(
-    make_worker: WorkerFactory, worker_redis: Redis, keys: Keys, add: Add, pending: Pending,
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, add: Add, pending: Pending,
 ) -> None:
     stream = keys.enriched("low")
     done = asyncio.Event()
@@ -71,7 +71,7 @@ async def test_a_running_worker_keeps_going_after_garbage(
     await worker.start()
     await add(stream, {"n": "before"})
     for fields in GARBAGE:
-        await worker_redis.xadd(stream, fields)
+        await redis.xadd(stream, fields)
     await add(stream, {"n": "after"})
 
     await asyncio.wait_for(done.wait(), timeout=10)

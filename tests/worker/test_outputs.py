@@ -47,7 +47,7 @@ async def test_outputs_of_a_failed_attempt_are_discarded_and_the_retry_writes_it
 
 
 async def test_a_processor_that_raises_after_emitting_writes_nothing(
-    make_worker: WorkerFactory, worker_redis: Redis, keys: Keys, add: Add, pending: Pending,
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, add: Add, pending: Pending,
 ) -> None:
     source, out = keys.enriched("normal"), keys.outbound("normal")
 
@@ -62,12 +62,12 @@ async def test_a_processor_that_raises_after_emitting_writes_nothing(
 
     await worker.run_until_idle(reclaim=False)
 
-    assert await worker_redis.exists(out) == 0
+    assert await redis.exists(out) == 0
     assert await pending(source, worker.group) == 3
 
 
 async def test_outputs_appear_exactly_when_their_inputs_are_acked(
-    make_worker: WorkerFactory, worker_redis: Redis, keys: Keys, add: Add, pending: Pending,
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, add: Add, pending: Pending,
 ) -> None:
     # Given a running worker that writes one output per input
     source, out = keys.enriched("normal"), keys.outbound("normal")
@@ -80,7 +80,7 @@ async def test_outputs_appear_exactly_when_their_inputs_are_acked(
 
     async def snapshot() -> tuple[int, int]:
         """(outputs written, inputs acked), read in one MULTI so both are of one instant."""
-        pipe = worker_redis.pipeline(transaction=True)
+        pipe = redis.pipeline(transaction=True)
         pipe.xlen(out)
         pipe.xinfo_groups(source)
         length, groups = await pipe.execute()

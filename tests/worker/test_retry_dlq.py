@@ -34,7 +34,7 @@ class AlwaysFails:
 
 @pytest.mark.parametrize(("service", "limit"), [("engine", 3), ("delivery", 3), ("enricher", 5)])
 async def test_a_failing_entry_is_retried_by_the_sweep_then_dead_lettered(
-    make_worker: WorkerFactory, worker_redis: Redis, keys: Keys, add: Add, pending: Pending,
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, add: Add, pending: Pending,
     payloads: Payloads, service: str, limit: int,
 ) -> None:
     # Given a handler that always raises, and entries reclaimable as soon as they fail
@@ -76,7 +76,7 @@ async def test_a_failing_entry_is_retried_by_the_sweep_then_dead_lettered(
 
     # And the original is acked and its attempt counter is gone
     assert await pending(stream, worker.group) == 0
-    assert await worker_redis.exists(keys.attempts(worker.group, stream, entry_id)) == 0
+    assert await redis.exists(keys.attempts(worker.group, stream, entry_id)) == 0
 
     # And a further drain finds nothing to do
     assert await worker.run_until_idle() == 0
@@ -84,7 +84,7 @@ async def test_a_failing_entry_is_retried_by_the_sweep_then_dead_lettered(
 
 
 async def test_a_permanent_failure_is_dead_lettered_after_one_attempt(
-    make_worker: WorkerFactory, worker_redis: Redis, keys: Keys, add: Add, pending: Pending,
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, add: Add, pending: Pending,
     payloads: Payloads,
 ) -> None:
     stream = keys.enriched("normal")
@@ -102,7 +102,7 @@ async def test_a_permanent_failure_is_dead_lettered_after_one_attempt(
     assert failed["type"] == "notification:failed"
     assert failed["eventId"] == "ev-2"
     assert await pending(stream, worker.group) == 0
-    assert await worker_redis.exists(keys.attempts(worker.group, stream, entry_id)) == 0
+    assert await redis.exists(keys.attempts(worker.group, stream, entry_id)) == 0
 
 
 async def test_one_failing_entry_does_not_fail_its_batch_neighbours(
@@ -132,7 +132,7 @@ async def test_one_failing_entry_does_not_fail_its_batch_neighbours(
 
 
 async def test_an_entry_whose_last_attempt_never_finished_is_dead_lettered_on_reclaim(
-    make_worker: WorkerFactory, worker_redis: Redis, keys: Keys, add: Add, pending: Pending,
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, add: Add, pending: Pending,
     payloads: Payloads,
 ) -> None:
     # Given an entry whose counter says all 3 attempts were started (the last by a process
@@ -146,8 +146,8 @@ async def test_an_entry_whose_last_attempt_never_finished_is_dead_lettered_on_re
     worker = make_worker(process)
     await worker.ensure_groups()
     entry_id = await add(stream, {"eventId": "ev-3"})
-    await worker_redis.xreadgroup(worker.group, "engine-gone-1", {stream: ">"}, count=1)
-    await worker_redis.set(keys.attempts(worker.group, stream, entry_id), 3, ex=60)
+    await redis.xreadgroup(worker.group, "engine-gone-1", {stream: ">"}, count=1)
+    await redis.set(keys.attempts(worker.group, stream, entry_id), 3, ex=60)
 
     # When the sweep takes it over
     await worker.run_until_idle()
@@ -157,11 +157,11 @@ async def test_an_entry_whose_last_attempt_never_finished_is_dead_lettered_on_re
     [dead] = await payloads(keys.dlq)
     assert (dead["entryId"], dead["attempts"]) == (entry_id, 3)
     assert await pending(stream, worker.group) == 0
-    assert await worker_redis.exists(keys.attempts(worker.group, stream, entry_id)) == 0
+    assert await redis.exists(keys.attempts(worker.group, stream, entry_id)) == 0
 
 
 async def test_entries_with_the_same_id_on_two_priority_streams_count_attempts_apart(
-    make_worker: WorkerFactory, worker_redis: Redis, keys: Keys, pending: Pending,
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, pending: Pending,
     payloads: Payloads,
 ) -> None:
     # Given two failing entries that happen to get the same id on the critical and normal
@@ -169,7 +169,7 @@ async def test_entries_with_the_same_id_on_two_priority_streams_count_attempts_a
     processor = AlwaysFails(RuntimeError("down"))
     worker = make_worker(processor)
     for priority in ("critical", "normal"):
-        await worker_redis.xadd(keys.enriched(priority), encode({"p": priority}), id="5-0")
+        await redis.xadd(keys.enriched(priority), encode({"p": priority}), id="5-0")
 
     await worker.run_until_idle()
 

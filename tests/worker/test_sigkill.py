@@ -37,12 +37,12 @@ async def read_line(proc: asyncio.subprocess.Process) -> list[str]:
 
 @pytest.mark.slow
 async def test_entries_held_by_a_killed_process_are_reclaimed_and_none_is_lost(
-    make_worker: WorkerFactory, worker_redis: Redis, worker_redis_url: str,
-    worker_namespace: str, keys: Keys, add: Add, pending: Pending,
+    make_worker: WorkerFactory, redis: Redis, redis_url: str,
+    namespace: str, keys: Keys, add: Add, pending: Pending,
 ) -> None:
     n = 12
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(HOLDER), worker_redis_url, worker_namespace, "engine", str(n),
+        sys.executable, str(HOLDER), redis_url, namespace, "engine", str(n),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO_ROOT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -63,7 +63,7 @@ async def test_entries_held_by_a_killed_process_are_reclaimed_and_none_is_lost(
             held.update(tuple(e.rsplit("/", 1)) for e in entries)  # type: ignore[misc]
         group = keys.group("engine")
         for stream in keys.enriched_all():
-            reply = await worker_redis.xpending_range(stream, group, "-", "+", n)
+            reply = await redis.xpending_range(stream, group, "-", "+", n)
             assert {r["consumer"].decode() for r in reply} <= {dead_consumer}
 
         # When it is killed without any chance to clean up
@@ -93,4 +93,4 @@ async def test_entries_held_by_a_killed_process_are_reclaimed_and_none_is_lost(
     for stream in keys.enriched_all():
         assert await pending(stream, group) == 0
     for stream, entry_id in added:
-        assert await worker_redis.exists(keys.attempts(group, stream, entry_id)) == 0
+        assert await redis.exists(keys.attempts(group, stream, entry_id)) == 0
