@@ -1,0 +1,160 @@
+"""FCM HTTP v1 on the wire: OAuth token from the stand-in token endpoint, `messages:send`,
+and Google-format errors with the FcmError detail codes clients branch on."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from simulators import SimulatorServer
+
+PROJECT = "notifkit-test"
+FCM_ERROR = "type.googleapis.com/google.firebase.fcm.v1.FcmError"
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def access_token(http: aiohttp.ClientSession, sim: SimulatorServer) -> str:
+    # What google-auth does with a service account whose token_uri is the simulator.
+    form = {"grant_type": "urn:ietf:params:oauth:grant-type:jwt-bearer", "assertion": "a.b.c"}
+    async with http.post(f"{sim.base_url}/token", data=form) as response:
+        assert response.status == 200
+        body = await response.json()
+    assert body["token_type"] == "Bearer"
+    assert body["expires_in"] > 0
+    return str(body["access_token"])
+
+
+async def push(
+    http: aiohttp.ClientSession,
+    sim: SimulatorServer,
+    message: dict[str, Any] | None = None,
+    *,
+    token: str | None = "ya29.test",
+    **body: Any,
+) -> tuple[int, dict[str, Any]]:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    payload = {
+        "message": message
+        or {
+            "token": "device-token-1",
+            "notification": {"title": "Hi", "body": "You have mail"},
+            "data": {"notifkit_task_id": "task-p"},
+        },
+        **body,
+    }
+    url = f"{sim.base_url}/v1/projects/{PROJECT}/messages:send"
+    async with http.post(url, json=payload, headers=headers) as response:
+        return response.status, await response.json()
+
+
+def error_code(body: dict[str, Any]) -> str | None:
+    for detail in body["error"].get("details", []):
+        if detail["@type"] == FCM_ERROR:
+            return str(detail["errorCode"])
+    return None
+
+
+async def test_send_with_token_from_token_endpoint(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    token = await access_token(http, sim)
+
+    status, body = await push(http, sim, token=token)
+
+    assert status == 200
+    [record] = await sim.messages("fcm")
+    assert body["name"] == f"projects/{PROJECT}/messages/{record['id']}"
+    assert record["taskId"] == "task-p"
+    assert record["to"] == "device-token-1"
+    assert record["content"]["notification"]["title"] == "Hi"
+
+
+async def test_validate_only_sends_nothing(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    status, body = await push(http, sim, validate_only=True)
+    assert status == 200
+    assert body["name"].endswith("/messages/fake_message_id")
+    assert await sim.messages("fcm") == []
+
+
+async def test_no_token_is_401_unauthenticated(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    status, body = await push(http, sim, token=None)
+    assert status == 401
+    assert body["error"]["status"] == "UNAUTHENTICATED"
+
+
+async def test_non_string_data_is_invalid_argument(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    status, body = await push(http, sim, {"token": "t", "data": {"count": 12}})
+    assert status == 400
+    assert body["error"]["status"] == "INVALID_ARGUMENT"
+    assert body["error"]["message"] == "Invalid value at 'message.data[0].value' (TYPE_STRING), 12"
+    assert error_code(body) == "INVALID_ARGUMENT"
+
+
+async def test_two_targets_are_invalid(http: aiohttp.ClientSession, sim: SimulatorServer) -> None:
+    status, _ = await push(http, sim, {"token": "t", "topic": "news"})
+    assert status == 400
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "expected_status", "google_status", "fcm_code"),
+    [
+        ("invalid_token", None, 404, "NOT_FOUND", "UNREGISTERED"),
+        ("invalid_token", 400, 400, "INVALID_ARGUMENT", "INVALID_ARGUMENT"),
+        ("rate_limit", None, 429, "RESOURCE_EXHAUSTED", "QUOTA_EXCEEDED"),
+        ("error", None, 500, "INTERNAL", "INTERNAL"),
+        ("error", 503, 503, "UNAVAILABLE", "UNAVAILABLE"),
+    ],
+)
+async def test_faults_use_google_error_format(
+    http: aiohttp.ClientSession,
+    sim: SimulatorServer,
+    kind: str,
+    status: int | None,
+    expected_status: int,
+    google_status: str,
+    fcm_code: str,
+) -> None:
+    await sim.add_fault(kind, "fcm", status=status)
+
+    answered, body = await push(http, sim)
+
+    assert answered == expected_status
+    assert body["error"]["code"] == expected_status
+    assert body["error"]["status"] == google_status
+    assert error_code(body) == fcm_code
+    assert await sim.messages("fcm") == []
+
+
+async def test_topic_recipient_pattern(http: aiohttp.ClientSession, sim: SimulatorServer) -> None:
+    await sim.add_fault("invalid_token", "fcm", to="/topics/*")
+    status, _ = await push(http, sim, {"topic": "news"})
+    assert status == 404
+    status, _ = await push(http, sim)
+    assert status == 200
+
+
+async def test_quota_429_has_retry_after(http: aiohttp.ClientSession, sim: SimulatorServer) -> None:
+    await sim.set_limit("fcm", 1, burst=1)
+    url = f"{sim.base_url}/v1/projects/{PROJECT}/messages:send"
+    headers = {"Authorization": "Bearer ya29.test"}
+    body = {"message": {"token": "t"}}
+    async with http.post(url, json=body, headers=headers) as first:
+        assert first.status == 200
+    async with http.post(url, json=body, headers=headers) as second:
+        assert second.status == 429
+        assert int(second.headers["Retry-After"]) >= 1
+        assert error_code(await second.json()) == "QUOTA_EXCEEDED"

@@ -1,0 +1,159 @@
+"""The official `openai` SDK, given only `base_url=<simulator>/v1`, gets deterministic chat
+completions with usage, and OpenAI's errors as the SDK's own exception classes."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from openai import AsyncOpenAI
+
+from simulators import SimulatorServer
+
+SHORT_TIMEOUT_S = 0.5
+PROMPT = [{"role": "user", "content": "Summarise today's notifications."}]
+
+
+def client(
+    sim: SimulatorServer, *, timeout_s: float = 5.0, api_key: str = "sk-test"
+) -> AsyncOpenAI:
+    # max_retries=0: the test sees each answer itself instead of the SDK's own retries.
+    return AsyncOpenAI(
+        api_key=api_key, base_url=f"{sim.base_url}/v1", max_retries=0, timeout=timeout_s
+    )
+
+
+async def test_completion_is_deterministic_with_usage(sim: SimulatorServer) -> None:
+    ai = client(sim)
+
+    first = await ai.chat.completions.create(model="gpt-4o-mini", messages=PROMPT)
+    second = await ai.chat.completions.create(model="gpt-4o-mini", messages=PROMPT)
+    other = await ai.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "Something else"}]
+    )
+
+    text = first.choices[0].message.content
+    assert text
+    assert second.choices[0].message.content == text
+    assert other.choices[0].message.content != text
+    assert first.choices[0].finish_reason == "stop"
+    assert first.id.startswith("chatcmpl-")
+    assert first.usage is not None
+    usage = first.usage
+    assert usage.prompt_tokens > 0
+    assert usage.completion_tokens > 0
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert len(await sim.messages("openai")) == 3
+
+
+async def test_task_id_from_metadata_and_max_tokens(sim: SimulatorServer) -> None:
+    completion = await client(sim).chat.completions.create(
+        model="sim-digest",
+        messages=PROMPT,
+        max_tokens=3,
+        metadata={"notifkit_task_id": "task-ai"},
+    )
+    assert completion.choices[0].finish_reason == "length"
+    assert len((completion.choices[0].message.content or "").split()) == 3
+    [record] = await sim.messages("openai", task_id="task-ai")
+    assert record["to"] == "sim-digest"
+
+
+async def test_json_mode_returns_json(sim: SimulatorServer) -> None:
+    completion = await client(sim).chat.completions.create(
+        model="gpt-4o", messages=PROMPT, response_format={"type": "json_object"}
+    )
+    assert "text" in json.loads(completion.choices[0].message.content or "")
+
+
+async def test_streaming_matches_plain_completion(sim: SimulatorServer) -> None:
+    ai = client(sim)
+    plain = await ai.chat.completions.create(model="gpt-4o", messages=PROMPT)
+    stream = await ai.chat.completions.create(
+        model="gpt-4o", messages=PROMPT, stream=True, stream_options={"include_usage": True}
+    )
+    pieces = []
+    usage = None
+    async for chunk in stream:
+        if chunk.choices:
+            pieces.append(chunk.choices[0].delta.content or "")
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert "".join(pieces) == plain.choices[0].message.content
+    assert usage is not None
+    assert plain.usage is not None
+    assert usage.total_tokens == plain.usage.total_tokens
+
+
+async def test_models_list(sim: SimulatorServer) -> None:
+    models = [model.id async for model in client(sim).models.list()]
+    assert "gpt-4o-mini" in models
+
+
+async def test_unknown_model_is_404_model_not_found(sim: SimulatorServer) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        await client(sim).chat.completions.create(model="gpt-nonexistent", messages=PROMPT)
+    assert caught.value.code == "model_not_found"
+    assert "gpt-nonexistent" in caught.value.message
+
+
+async def test_missing_messages_is_400(sim: SimulatorServer) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client(sim).chat.completions.create(model="gpt-4o", messages=[])
+    assert caught.value.code == "empty_array"
+    assert caught.value.param == "messages"
+
+
+async def test_missing_key_is_401(sim: SimulatorServer) -> None:
+    ai = AsyncOpenAI(api_key="sk-x", base_url=f"{sim.base_url}/v1", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        await ai.chat.completions.create(
+            model="gpt-4o", messages=PROMPT, extra_headers={"Authorization": ""}
+        )
+
+
+async def test_rate_limit_fault_is_retryable_429(sim: SimulatorServer) -> None:
+    await sim.add_fault("rate_limit", "openai", retry_after_s=2)
+    with pytest.raises(openai.RateLimitError) as caught:
+        await client(sim).chat.completions.create(model="gpt-4o", messages=PROMPT)
+    assert caught.value.code == "rate_limit_exceeded"
+    assert caught.value.response.headers["retry-after"] == "2"
+
+
+async def test_error_429_is_insufficient_quota(sim: SimulatorServer) -> None:
+    await sim.add_fault("error", "openai", status=429)
+    with pytest.raises(openai.RateLimitError) as caught:
+        await client(sim).chat.completions.create(model="gpt-4o", messages=PROMPT)
+    assert caught.value.code == "insufficient_quota"
+    assert caught.value.type == "insufficient_quota"
+
+
+async def test_error_fault_is_internal_server_error(sim: SimulatorServer) -> None:
+    await sim.add_fault("error", "openai", to="gpt-4o")
+    with pytest.raises(openai.InternalServerError):
+        await client(sim).chat.completions.create(model="gpt-4o", messages=PROMPT)
+    # The rule names one model; others are unaffected.
+    await client(sim).chat.completions.create(model="gpt-4o-mini", messages=PROMPT)
+
+
+async def test_invalid_token_fault_is_invalid_api_key(sim: SimulatorServer) -> None:
+    await sim.add_fault("invalid_token", "openai")
+    with pytest.raises(openai.AuthenticationError) as caught:
+        await client(sim).chat.completions.create(model="gpt-4o", messages=PROMPT)
+    assert caught.value.code == "invalid_api_key"
+
+
+async def test_malformed_fault_is_unparseable(sim: SimulatorServer) -> None:
+    await sim.add_fault("malformed", "openai")
+    with pytest.raises((openai.APIResponseValidationError, json.JSONDecodeError, ValueError)):
+        await client(sim).chat.completions.create(model="gpt-4o", messages=PROMPT)
+
+
+async def test_timeout_fault_is_api_timeout(sim: SimulatorServer) -> None:
+    await sim.add_fault("timeout", "openai")
+    with pytest.raises(openai.APITimeoutError):
+        await client(sim, timeout_s=SHORT_TIMEOUT_S).chat.completions.create(
+            model="gpt-4o", messages=PROMPT
+        )
+    assert await sim.messages("openai") == []

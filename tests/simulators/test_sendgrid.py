@@ -1,0 +1,156 @@
+"""The official `sendgrid` SDK, given only `host=<simulator>`, sends mail (202 + X-Message-Id)
+and gets SendGrid's errors, raised as python_http_client's exception classes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from python_http_client import exceptions
+from sendgrid import SendGridAPIClient
+from sendgrid.helpers.mail import CustomArg, Mail, MailSettings, SandBoxMode
+
+from simulators import SimulatorServer
+
+SHORT_TIMEOUT_S = 0.5
+
+
+def message(to: str = "ada@example.com", task_id: str = "task-1") -> Mail:
+    mail = Mail(
+        from_email="noreply@example.com",
+        to_emails=to,
+        subject="Welcome",
+        html_content="<p>Hello</p>",
+        plain_text_content="Hello",
+    )
+    mail.custom_arg = CustomArg("notifkit_task_id", task_id)
+    return mail
+
+
+def client(sim: SimulatorServer, api_key: str = "SG.test") -> SendGridAPIClient:
+    return SendGridAPIClient(api_key, host=sim.base_url)
+
+
+async def send(sg: SendGridAPIClient, mail: Mail | dict[str, Any]) -> Any:
+    return await asyncio.to_thread(sg.send, mail)
+
+
+def errors(caught: pytest.ExceptionInfo[exceptions.HTTPError]) -> list[dict[str, Any]]:
+    return json.loads(caught.value.body)["errors"]
+
+
+async def test_send_is_202_with_message_id(sim: SimulatorServer) -> None:
+    response = await send(client(sim), message())
+
+    assert response.status_code == 202
+    assert response.body == b""
+    [record] = await sim.messages("sendgrid")
+    assert response.headers["X-Message-Id"] == record["id"]
+    assert record["taskId"] == "task-1"
+    assert record["content"]["text"] == "Hello"
+    assert record["content"]["html"] == "<p>Hello</p>"
+
+
+async def test_sandbox_mode_is_200_and_sends_nothing(sim: SimulatorServer) -> None:
+    mail = message()
+    mail.mail_settings = MailSettings(sandbox_mode=SandBoxMode(True))
+
+    response = await send(client(sim), mail)
+
+    assert response.status_code == 200
+    assert await sim.messages("sendgrid") == []
+
+
+async def test_missing_subject_is_400_naming_the_field(sim: SimulatorServer) -> None:
+    body = message().get()
+    del body["subject"]
+
+    with pytest.raises(exceptions.BadRequestsError) as caught:
+        await send(client(sim), body)
+
+    [error] = errors(caught)
+    assert error["field"] == "subject"
+    assert error["help"].startswith("http://sendgrid.com/docs/")
+
+
+async def test_invalid_address_is_400(sim: SimulatorServer) -> None:
+    body = message().get()
+    body["personalizations"][0]["to"][0]["email"] = "nope"
+
+    with pytest.raises(exceptions.BadRequestsError) as caught:
+        await send(client(sim), body)
+
+    assert errors(caught)[0]["field"] == "personalizations.0.to.0.email"
+
+
+async def test_missing_key_is_401(sim: SimulatorServer) -> None:
+    sg = client(sim, api_key="")
+    sg.client.request_headers["Authorization"] = "Bearer "
+    with pytest.raises(exceptions.UnauthorizedError) as caught:
+        await send(sg, message())
+    assert "authorization grant is invalid" in errors(caught)[0]["message"]
+
+
+@pytest.mark.parametrize(
+    ("status", "exception"),
+    [
+        (500, exceptions.InternalServerError),
+        (503, exceptions.ServiceUnavailableError),
+        (413, exceptions.PayloadTooLargeError),
+        (400, exceptions.BadRequestsError),
+    ],
+)
+async def test_error_fault_statuses(
+    sim: SimulatorServer, status: int, exception: type[exceptions.HTTPError]
+) -> None:
+    await sim.add_fault("error", "sendgrid", status=status)
+    with pytest.raises(exception) as caught:
+        await send(client(sim), message())
+    assert caught.value.status_code == status
+    assert errors(caught)[0]["message"]
+    assert await sim.messages("sendgrid") == []
+
+
+async def test_rate_limit_fault_is_429_with_retry_after(sim: SimulatorServer) -> None:
+    await sim.add_fault("rate_limit", "sendgrid", retry_after_s=3)
+    with pytest.raises(exceptions.TooManyRequestsError) as caught:
+        await send(client(sim), message())
+    assert caught.value.headers["Retry-After"] == "3"
+    assert errors(caught)[0]["message"] == "too many requests"
+
+
+async def test_invalid_token_fault_is_400_invalid_address(sim: SimulatorServer) -> None:
+    await sim.add_fault("invalid_token", "sendgrid")
+    with pytest.raises(exceptions.BadRequestsError) as caught:
+        await send(client(sim), message())
+    assert errors(caught)[0]["message"] == "Does not contain a valid address."
+
+
+async def test_malformed_fault_is_200_without_message_id(sim: SimulatorServer) -> None:
+    await sim.add_fault("malformed", "sendgrid")
+    response = await send(client(sim), message())
+    assert response.status_code == 200
+    assert "X-Message-Id" not in response.headers
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(response.body)
+
+
+async def test_timeout_fault_times_out_the_client(sim: SimulatorServer) -> None:
+    await sim.add_fault("timeout", "sendgrid")
+    sg = client(sim)
+    sg.client.timeout = SHORT_TIMEOUT_S
+    with pytest.raises(TimeoutError):
+        await send(sg, message())
+    assert await sim.messages("sendgrid") == []
+
+
+async def test_provider_rate_limit(sim: SimulatorServer) -> None:
+    await sim.set_limit("sendgrid", 0.5, burst=2)
+    sg = client(sim)
+    await send(sg, message())
+    await send(sg, message())
+    with pytest.raises(exceptions.TooManyRequestsError) as caught:
+        await send(sg, message())
+    assert int(caught.value.headers["Retry-After"]) >= 1

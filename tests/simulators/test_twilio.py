@@ -1,0 +1,125 @@
+"""The official `twilio` SDK, with its API domain's base URL set to the simulator, sends SMS
+(201 Message resource) and gets Twilio's errors as `TwilioRestException` with Twilio's codes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import requests
+from twilio.base.exceptions import TwilioRestException
+from twilio.http.http_client import TwilioHttpClient
+from twilio.rest import Client
+
+from simulators import SimulatorServer
+
+ACCOUNT_SID = "AC" + "0" * 32
+AUTH_TOKEN = "twilio-test-token"
+SHORT_TIMEOUT_S = 0.5
+
+
+def client(sim: SimulatorServer, *, timeout_s: float = 5.0, token: str = AUTH_TOKEN) -> Client:
+    twilio = Client(ACCOUNT_SID, token, http_client=TwilioHttpClient(timeout=timeout_s))
+    # The only change from production: where the Api domain lives.
+    twilio.api.base_url = sim.base_url
+    return twilio
+
+
+async def send(twilio: Client, to: str = "+15558675310", **extra: Any) -> Any:
+    return await asyncio.to_thread(
+        twilio.messages.create, to=to, from_="+15017122661", body="Your code is 123456", **extra
+    )
+
+
+async def test_send_is_201_message_resource(sim: SimulatorServer) -> None:
+    message = await send(client(sim))
+
+    assert message.sid.startswith("SM")
+    assert len(message.sid) == 34
+    assert message.status == "queued"
+    assert message.to == "+15558675310"
+    assert message.account_sid == ACCOUNT_SID
+    assert message.direction == "outbound-api"
+    [record] = await sim.messages("twilio")
+    assert record["id"] == message.sid
+    assert record["content"]["body"] == "Your code is 123456"
+
+
+async def test_task_id_from_status_callback_query(sim: SimulatorServer) -> None:
+    callback = "https://notifkit.example.com/webhooks/twilio?notifkit_task_id=task-9"
+    await send(client(sim), status_callback=callback)
+    [record] = await sim.messages("twilio")
+    assert record["taskId"] == "task-9"
+
+
+async def test_invalid_number_is_21211(sim: SimulatorServer) -> None:
+    with pytest.raises(TwilioRestException) as caught:
+        await send(client(sim), to="12345")
+    assert (caught.value.status, caught.value.code) == (400, 21211)
+
+
+@pytest.mark.parametrize(
+    ("number", "code"),
+    [("+15005550001", 21211), ("+15005550004", 21610), ("+15005550009", 21614)],
+)
+async def test_magic_test_numbers(sim: SimulatorServer, number: str, code: int) -> None:
+    with pytest.raises(TwilioRestException) as caught:
+        await send(client(sim), to=number)
+    assert caught.value.code == code
+    assert await sim.messages("twilio") == []
+
+
+async def test_bad_credentials_are_401_20003(sim: SimulatorServer) -> None:
+    with pytest.raises(TwilioRestException) as caught:
+        await send(client(sim, token=""))
+    assert (caught.value.status, caught.value.code) == (401, 20003)
+
+
+async def test_invalid_token_fault_is_21211(sim: SimulatorServer) -> None:
+    await sim.add_fault("invalid_token", "twilio", to="+1555*")
+    with pytest.raises(TwilioRestException) as caught:
+        await send(client(sim))
+    assert (caught.value.status, caught.value.code) == (400, 21211)
+    assert "+15558675310" in caught.value.msg
+
+
+async def test_rate_limit_fault_is_429_20429(sim: SimulatorServer) -> None:
+    await sim.add_fault("rate_limit", "twilio")
+    with pytest.raises(TwilioRestException) as caught:
+        await send(client(sim))
+    assert (caught.value.status, caught.value.code) == (429, 20429)
+
+
+async def test_error_fault_is_5xx(sim: SimulatorServer) -> None:
+    await sim.add_fault("error", "twilio", status=503)
+    with pytest.raises(TwilioRestException) as caught:
+        await send(client(sim))
+    assert (caught.value.status, caught.value.code) == (503, 20503)
+
+
+async def test_malformed_fault_cannot_be_parsed(sim: SimulatorServer) -> None:
+    await sim.add_fault("malformed", "twilio")
+    with pytest.raises(ValueError, match=r"Expecting|Unterminated"):
+        await send(client(sim))
+    assert len(await sim.messages("twilio")) == 1
+
+
+async def test_lost_response_is_recorded_and_client_times_out(sim: SimulatorServer) -> None:
+    await sim.add_fault("lost_response", "twilio")
+    with pytest.raises(requests.exceptions.Timeout):
+        await send(client(sim, timeout_s=SHORT_TIMEOUT_S))
+    assert len(await sim.messages("twilio")) == 1
+    assert (await sim.stats())["twilio"]["accepted"] == 1
+
+
+async def test_provider_rate_limit_is_20429_with_retry_after(sim: SimulatorServer) -> None:
+    await sim.set_limit("twilio", 1, burst=1)
+    twilio = client(sim)
+    await send(twilio)
+    with pytest.raises(TwilioRestException) as caught:
+        await send(twilio)
+    assert caught.value.code == 20429
+    last = twilio.http_client._test_only_last_response  # the SDK's hook for exactly this
+    assert last is not None
+    assert int(last.headers["Retry-After"]) >= 1
