@@ -33,3 +33,10 @@ DROP INDEX workflow_digests_open_idx;
 CREATE UNIQUE INDEX workflow_digests_open_idx
     ON workflow_digests (project_id, workflow_id, user_id, step_path)
     WHERE closed_at IS NULL;
+
+-- AI usage: the generated content is kept with the tokens it cost, so a retry after a crash
+-- between the model's answer and the ack re-uses the answer instead of paying for it again.
+ALTER TABLE ai_usage ADD COLUMN user_id text;
+ALTER TABLE ai_usage ADD COLUMN channel text;
+ALTER TABLE ai_usage ADD COLUMN content jsonb;
+COMMENT ON COLUMN ai_usage.content IS 'The channel content written from the model''s answer.';

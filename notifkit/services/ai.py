@@ -1,0 +1,226 @@
+"""The ai service: writes a recipient's content with a model, then hands it to delivery.
+
+Consumes ``ai:pending`` (:class:`~notifkit.messages.AiTask`, written by the engine for the
+channels a template's ``ai`` block names). Per task:
+
+1. dedup ``enrichedEventId:recipientId:channel:ai`` (1 h): a second task for the same
+   recipient and channel is dropped;
+2. render the template's prompt with the task's context (``data``, ``user``, ``notification``,
+   ``channel``, ``items``) in the template sandbox;
+3. ask the chat-completions endpoint (:mod:`notifkit.transports.openai`), with the channel
+   in a system message so the answer fits it;
+4. build the channel content: the template's own content for that channel, rendered, with its
+   body field (email text/html, sms text, push body, in-app text, webhook body) replaced by
+   the model's text; a missing email subject or push title is the answer's first sentence;
+5. emit the outbound task (atomically with the ack) and record tokens in ``ai_usage`` and a
+   ``generated`` row of the timeline whose metadata holds them.
+
+Failures: a 4xx or an unknown model is permanent (dead-lettered at once: one request, never
+repeated); 5xx and timeouts fail the attempt (the reclaim cycle retries, up to the limit); a
+429 parks the task on the scheduler until Retry-After, up to the attempt limit. Content already
+written for a task (a crash after the model answered) is re-used, never paid for twice.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import re
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from notifkit.db import ai_usage
+from notifkit.dedup import Dedup, ai_key
+from notifkit.errors import MalformedPayload, PermanentFailure, RateLimited, RetryLater
+from notifkit.messages import AiTask, ScheduledTask, outbound_from_ai, parse_outbound
+from notifkit.services.base import WorkerService
+from notifkit.templates import RenderError, render_channel, render_string
+from notifkit.transports.openai import OpenAiClient
+from notifkit.worker import Entry
+
+log = logging.getLogger("notifkit.ai")
+
+_RELEASE_MARK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+SYSTEM_PROMPTS: dict[str, str] = {
+    "email": "You write the body of an e-mail notification. Reply with the text only.",
+    "sms": "You write an SMS notification of at most 160 characters. Reply with the text only.",
+    "push": "You write a short push notification body. Reply with the text only.",
+    "inapp": "You write a short in-app notification. Reply with the text only.",
+    "webhook": "You write a notification message. Reply with the text only.",
+}
+BODY_FIELDS: dict[str, str] = {
+    "email": "text", "sms": "text", "push": "body", "inapp": "text", "webhook": "body",
+}
+
+
+class AiService(WorkerService):
+    name: ClassVar[str] = "ai"
+
+    def __init__(self, settings: Any, **options: Any) -> None:
+        super().__init__(settings, **options)
+        self.client: OpenAiClient = options.get("ai_client") or OpenAiClient.from_settings(
+            settings
+        )
+        self.dedup = Dedup(self.redis, self.keys, "ai", settings.idempotency_ttl_s)
+        self._release_mark = self.redis.register_script(_RELEASE_MARK)
+
+    def streams(self) -> Sequence[str]:
+        return [self.keys.ai_pending]
+
+    async def close(self) -> None:
+        await self.client.close()
+        await super().close()
+
+    async def process(self, batch: list[Entry]) -> None:
+        tasks: list[tuple[Entry, AiTask]] = []
+        for entry in batch:
+            try:
+                tasks.append((entry, parse_ai_task(entry.payload)))
+            except MalformedPayload as exc:
+                log.error("Acked an AI task that can never be processed: %s.", exc,
+                          extra={"entry_id": entry.id})
+        allowed = await self.dedup.claim_many(
+            [(e, ai_key(t["eventId"], t["userId"], t["channel"]), None) for e, t in tasks]
+        )
+        fresh = []
+        for (entry, task), ok in zip(tasks, allowed, strict=True):
+            if ok:
+                fresh.append((entry, task))
+            else:
+                log.info("Dropped a duplicate AI task for the same recipient and channel.",
+                         extra={"task_id": task["taskId"], "event_id": task["eventId"]})
+        if not fresh:
+            return
+        cached = await ai_usage.written(self.pool, [t["taskId"] for _e, t in fresh])
+        templates = await self._template_contents(fresh)
+        usages: list[ai_usage.Usage] = []
+        for entry, task in fresh:
+            usage = await self._write(entry, task, cached, templates)
+            if usage is not None:
+                usages.append(usage)
+        await ai_usage.record(self.pool, usages, datetime.now(UTC))
+
+    async def _write(
+        self, entry: Entry, task: AiTask, cached: dict[str, dict[str, Any]],
+        templates: dict[tuple[str, str], dict[str, Any]],
+    ) -> ai_usage.Usage | None:
+        ids = {"task_id": task["taskId"], "event_id": task["eventId"]}
+        channel = task["channel"]
+        if task["taskId"] in cached:
+            entry.emit(self.keys.outbound(task["priority"]),
+                       outbound_from_ai(task, cached[task["taskId"]]))
+            log.info("Re-used AI content written earlier for this task.", extra=ids)
+            return None
+        try:
+            prompt = render_string(task["ai"]["prompt"], task["context"], field="ai.prompt")
+        except RenderError as exc:
+            entry.fail(PermanentFailure(f"the AI prompt does not render: {exc}"))
+            return None
+        model = task["ai"].get("model") or self.settings.ai.model
+        messages = [
+            {"role": "system", "content": SYSTEM_PROMPTS.get(channel, SYSTEM_PROMPTS["webhook"])},
+            {"role": "user", "content": prompt},
+        ]
+        try:
+            completion = await self.client.complete(
+                model=model, messages=messages, task_id=task["taskId"]
+            )
+        except RateLimited as exc:
+            await self._park(entry, task, exc)
+            return None
+        except (RetryLater, PermanentFailure) as exc:
+            entry.fail(exc)
+            return None
+        base: dict[str, Any] = {}
+        channel_content = templates.get((task["projectId"], task["template"]), {}).get(channel)
+        if isinstance(channel_content, dict):
+            try:
+                base = render_channel(channel_content, channel, task["context"])
+            except RenderError:
+                base = {}  # the model's text replaces the body; a subject is made below
+        content = content_for(channel, completion.text, base)
+        entry.emit(self.keys.outbound(task["priority"]), outbound_from_ai(task, content))
+        log.info("AI content written with %s (%d tokens); queued for delivery.",
+                 completion.model, completion.total_tokens, extra=ids)
+        return ai_usage.Usage(
+            task_id=task["taskId"], project_id=task["projectId"], event_id=task["eventId"],
+            user_id=task["userId"], channel=channel, model=completion.model,
+            prompt_tokens=completion.prompt_tokens,
+            completion_tokens=completion.completion_tokens, content=content,
+        )
+
+    async def _park(self, entry: Entry, task: AiTask, exc: RateLimited) -> None:
+        """Hand the task to the scheduler until the provider's window reopens."""
+        parks = int(task.get("parkCount") or 0) + 1
+        if parks > self.settings.max_attempts:
+            entry.fail(PermanentFailure(f"still rate limited after {parks - 1} parkings: {exc}"))
+            return
+        after_s = exc.after_s if exc.after_s is not None else 1.0
+        payload: dict[str, Any] = {**task, "parkCount": parks}
+        parked: ScheduledTask = {
+            "taskId": task["taskId"], "projectId": task["projectId"],
+            "dueAt": int((time.time() + after_s) * 1000), "stream": self.keys.ai_pending,
+            "payload": payload, "reason": "rateLimited",
+        }
+        entry.emit(self.keys.scheduled, parked)
+        # The task comes back as a new entry: it must find the dedup key free.
+        for mark in list(entry.marks):
+            await self._release_mark(keys=[mark], args=[entry.owner])
+            entry.marks.remove(mark)
+        log.warning("The AI provider is rate limiting; parked the task for %.1f s (parking %d "
+                    "of %d).", after_s, parks, self.settings.max_attempts,
+                    extra={"task_id": task["taskId"], "event_id": task["eventId"]})
+
+    async def _template_contents(
+        self, tasks: list[tuple[Entry, AiTask]]
+    ) -> dict[tuple[str, str], dict[str, Any]]:
+        pairs = sorted({(t["projectId"], t["template"]) for _e, t in tasks})
+        rows = await self.pool.fetch(
+            """SELECT t.project_id::text, t.id, t.content
+                 FROM templates t
+                 JOIN unnest($1::uuid[], $2::text[]) AS want(project_id, id)
+                   ON t.project_id = want.project_id AND t.id = want.id""",
+            [p for p, _t in pairs], [t for _p, t in pairs],
+        )
+        return {(r[0], r[1]): r[2] for r in rows}
+
+
+def parse_ai_task(payload: dict[str, Any]) -> AiTask:
+    task: dict[str, Any] = dict(parse_outbound(payload))
+    ai = task.get("ai")
+    if not isinstance(ai, dict) or not isinstance(ai.get("prompt"), str) or not ai["prompt"]:
+        raise MalformedPayload("field 'ai.prompt' is missing")
+    if not isinstance(task.get("context"), dict):
+        raise MalformedPayload("field 'context' is not an object")
+    return task  # type: ignore[return-value]
+
+
+_SENTENCE = re.compile(r"^(.+?[.!?])(\s|$)")
+
+
+def headline(text: str, limit: int = 78) -> str:
+    """The first sentence of ``text``, cut to ``limit`` characters."""
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    match = _SENTENCE.match(first)
+    line = match.group(1) if match else first
+    return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
+
+
+def content_for(channel: str, text: str, base: dict[str, Any]) -> dict[str, Any]:
+    """The channel's content with its body written by the model."""
+    content = dict(base)
+    content[BODY_FIELDS.get(channel, "text")] = text
+    if channel == "email":
+        paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
+        content["html"] = "".join(f"<p>{html.escape(p)}</p>" for p in paragraphs)
+        if not content.get("subject"):
+            content["subject"] = headline(text)
+    elif channel == "push" and not content.get("title"):
+        content["title"] = headline(text, 60)
+    return content

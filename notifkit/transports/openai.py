@@ -1,0 +1,139 @@
+"""An OpenAI-compatible chat-completions client for the ai service.
+
+``POST {base_url}/chat/completions`` with a Bearer key; every call bounded by
+``PROVIDER_TIMEOUT_SECONDS``. Answers are classified once, here (CONTRACT §5):
+
+    200 with a message          -> Completion (text and tokens used)
+    429 rate_limit_exceeded     -> RateLimited(after_s = Retry-After): the task is parked
+    429 insufficient_quota      -> PermanentFailure: waiting does not buy quota
+    other 4xx (400, 401, 403, 404 model_not_found, ...)
+                                -> PermanentFailure: dead-lettered at once, never re-sent,
+                                   so a rejection is billed (and logged) once
+    5xx, 408, timeout, connection failure, unparseable 200
+                                -> RetryLater: the reclaim cycle tries again
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from notifkit.config import Settings
+from notifkit.errors import PermanentFailure, RateLimited, RetryLater
+from notifkit.transports.base import TASK_ID_HEADER, HttpReply, error_detail
+
+DEFAULT_RETRY_AFTER_S = 1.0
+NOT_RETRYABLE_429 = ("insufficient_quota",)
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    response_id: str | None = None
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class OpenAiClient:
+    provider = "openai"
+
+    def __init__(
+        self, *, base_url: str, api_key: str | None, timeout_s: float = 10.0,
+        connections: int = 32,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self.connections = connections
+        self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> OpenAiClient:
+        return cls(base_url=settings.ai.base_url, api_key=settings.ai.api_key,
+                   timeout_s=settings.provider_timeout_s)
+
+    async def open(self) -> None:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self.connections, keepalive_timeout=30)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+            )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def complete(
+        self, *, model: str, messages: list[dict[str, str]], task_id: str,
+    ) -> Completion:
+        """One chat completion; raises RetryLater, RateLimited or PermanentFailure."""
+        if not self.api_key:
+            raise PermanentFailure("no AI provider is configured (set OPENAI_API_KEY)")
+        await self.open()
+        assert self._session is not None
+        body = {"model": model, "messages": messages,
+                "metadata": {"notifkit_task_id": task_id}}
+        headers = {"Authorization": f"Bearer {self.api_key}", TASK_ID_HEADER: task_id}
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async with self._session.post(
+                    f"{self.base_url}/chat/completions", json=body, headers=headers
+                ) as response:
+                    reply = HttpReply(response.status, dict(response.headers),
+                                      await response.read())
+        except TimeoutError:
+            raise RetryLater(f"the model gave no answer within {self.timeout_s:g} s") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise RetryLater(f"could not reach the model: {exc!r}") from None
+        return parse_reply(reply, model)
+
+
+def error_code(reply: HttpReply) -> str | None:
+    """OpenAI's ``error.code`` (or ``error.type``) from an error answer."""
+    payload = reply.json()
+    if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+        error = payload["error"]
+        code = error.get("code") or error.get("type")
+        return str(code) if code else None
+    return None
+
+
+def parse_reply(reply: HttpReply, model: str) -> Completion:
+    detail = error_detail(reply)
+    if reply.status == 429:
+        if error_code(reply) in NOT_RETRYABLE_429:
+            raise PermanentFailure(f"the AI provider refused for quota: {detail}")
+        raise RateLimited(f"the AI provider is rate limiting: {detail}",
+                          after_s=reply.retry_after_s or DEFAULT_RETRY_AFTER_S)
+    if reply.status == 408 or reply.status >= 500:
+        raise RetryLater(f"the AI provider failed: {detail}")
+    if not reply.ok:
+        raise PermanentFailure(f"the AI provider rejected the request: {detail}")
+    payload = reply.json()
+    try:
+        choice = payload["choices"][0]
+        text = choice["message"]["content"]
+        if not isinstance(text, str):
+            raise TypeError("content is not text")
+        usage: dict[str, Any] = payload.get("usage") or {}
+        return Completion(
+            text=text.strip(),
+            model=str(payload.get("model") or model),
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            response_id=payload.get("id"),
+        )
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        shown = json.dumps(payload)[:200] if payload is not None else reply.body[:200]
+        raise RetryLater(f"the AI provider's answer could not be read ({exc}): {shown!r}") \
+            from None

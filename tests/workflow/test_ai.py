@@ -1,0 +1,231 @@
+"""The ai service against the OpenAI simulator: generated text reaches the outbound task,
+rejections are dead-lettered after exactly one request, 5xx are retried up to the limit and
+429s are parked with the scheduler."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+from redis.asyncio import Redis
+
+from notifkit.config import AiSettings, Settings
+from notifkit.ids import uuid7
+from notifkit.keys import Keys
+from notifkit.services.ai import AiService, content_for, headline
+from notifkit.streams import decode, xadd
+from simulators import SimulatorServer
+
+PROMPT = "Write a friendly note telling {{ user.attributes.name }} that {{ data.amount }} is paid."
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[SimulatorServer]:
+    async with SimulatorServer(seed=1, smtp_port=None) as server:
+        yield server
+
+
+@pytest.fixture
+def ai_settings(settings: Settings, sim: SimulatorServer) -> Settings:
+    # Entries are reclaimable at once, so a drain runs the whole retry cycle.
+    return settings.replace(
+        ai=AiSettings(api_key="sk-test", base_url=f"{sim.base_url}/v1", model="gpt-4o-mini"),
+        reclaim_min_idle_s=0.0, provider_timeout_s=5.0,
+    )
+
+
+@pytest.fixture
+async def ai(ai_settings: Settings) -> AsyncIterator[AiService]:
+    service = AiService(ai_settings)
+    yield service
+    await service.stop()
+
+
+@pytest.fixture
+async def template(db: asyncpg.Pool, project_id: str) -> str:
+    await db.execute(
+        """INSERT INTO templates (project_id, id, content, ai) VALUES ($1, 'paid', $2, $3)""",
+        project_id,
+        {"email": {"subject": "Paid: {{ data.amount }}", "text": "fallback"}},
+        {"model": "gpt-4o-mini", "prompt": PROMPT, "channels": ["email", "sms"]},
+    )
+    return "paid"
+
+
+def ai_task(project_id: str, *, channel: str = "email", model: str = "gpt-4o-mini",
+            event_id: str | None = None) -> dict[str, Any]:
+    """An AiTask as the engine writes it."""
+    event_id = event_id or uuid7()
+    context = {"data": {"amount": "12.00"},
+               "user": {"id": "ada", "attributes": {"name": "Ada"}, "timezone": None,
+                        "locale": None},
+               "notification": {"id": event_id, "template": "paid", "priority": "normal",
+                                "campaignId": None},
+               "channel": channel}
+    return {
+        "taskId": f"{event_id}:{channel}", "eventId": event_id, "projectId": project_id,
+        "userId": "ada", "channel": channel, "priority": "normal", "template": "paid",
+        "topic": None, "to": ["ada@example.com" if channel == "email" else "+15005550006"],
+        "content": {}, "campaignId": None, "createdAt": "2027-01-15T08:00:00.000Z",
+        "ai": {"model": model, "prompt": PROMPT}, "context": context,
+    }
+
+
+async def stream(redis: Redis, name: str) -> list[dict[str, Any]]:
+    return [decode(fields) for _id, fields in await redis.xrange(name)]
+
+
+async def requests_made(sim: SimulatorServer) -> int:
+    stats = await sim.stats()
+    return int(stats.get("openai", {}).get("requests", 0))
+
+
+async def test_generated_text_becomes_the_outbound_tasks_content_and_tokens_are_recorded(
+    ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys, db: asyncpg.Pool,
+    project_id: str, template: str,
+) -> None:
+    # Given an AI task for e-mail
+    task = ai_task(project_id)
+    await xadd(redis, keys.ai_pending, task, 10_000)
+    # When the ai service drains its stream
+    await ai.run_until_idle()
+    # Then one outbound task carries the model's text, with the template's subject rendered
+    [message] = await sim.messages("openai")
+    out = await stream(redis, keys.outbound("normal"))
+    assert len(out) == 1
+    generated = message["content"]["completion"]
+    assert out[0]["content"]["text"] == generated
+    assert out[0]["content"]["subject"] == "Paid: 12.00"
+    assert out[0]["content"]["html"].startswith("<p>")
+    assert out[0]["taskId"] == task["taskId"]
+    assert "ai" not in out[0]
+    assert "context" not in out[0]
+    # the prompt was rendered with the recipient's data
+    prompts = [m["content"] for m in message["content"]["messages"] if m["role"] == "user"]
+    assert prompts == ["Write a friendly note telling Ada that 12.00 is paid."]
+    # and tokens are recorded in ai_usage and in the timeline's metadata
+    usage = await db.fetchrow("SELECT * FROM ai_usage WHERE task_id = $1", task["taskId"])
+    assert usage is not None
+    assert usage["prompt_tokens"] > 0
+    assert usage["completion_tokens"] > 0
+    meta = await db.fetchval(
+        "SELECT metadata FROM message_logs WHERE task_id = $1 AND kind = 'generated'",
+        task["taskId"],
+    )
+    assert meta["ai"]["totalTokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert await requests_made(sim) == 1
+
+
+async def test_a_duplicate_task_for_the_same_recipient_and_channel_costs_nothing(
+    ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys, project_id: str,
+    template: str,
+) -> None:
+    task = ai_task(project_id, channel="sms")
+    await xadd(redis, keys.ai_pending, task, 10_000)
+    await xadd(redis, keys.ai_pending, task, 10_000)
+    await ai.run_until_idle()
+    assert await requests_made(sim) == 1
+    out = await stream(redis, keys.outbound("normal"))
+    assert len(out) == 1
+    assert set(out[0]["content"]) == {"text"}
+
+
+@pytest.mark.parametrize("fault", ["status-400", "unknown-model"])
+async def test_a_rejection_is_dead_lettered_after_exactly_one_request(
+    fault: str, ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys,
+    project_id: str, template: str,
+) -> None:
+    # Given a model that rejects the request (400, or 404 model_not_found)
+    if fault == "status-400":
+        await sim.add_fault("error", "openai", status=400)
+        task = ai_task(project_id)
+    else:
+        task = ai_task(project_id, model="no-such-model")
+    await xadd(redis, keys.ai_pending, task, 10_000)
+    # When the service drains (reclaiming at once, so any retry would happen now)
+    await ai.run_until_idle()
+    # Then the task is in the DLQ, nothing is sent, and the model was asked once
+    [dead] = await stream(redis, keys.dlq)
+    assert dead["payload"]["taskId"] == task["taskId"]
+    assert "PermanentFailure" in dead["error"]
+    assert dead["attempts"] == 1
+    assert await stream(redis, keys.outbound("normal")) == []
+    assert await requests_made(sim) == 1
+    assert ai.worker.stats.dead_lettered == 1
+
+
+async def test_a_503_is_retried_up_to_the_attempt_limit(
+    ai: AiService, ai_settings: Settings, sim: SimulatorServer, redis: Redis, keys: Keys,
+    project_id: str, template: str,
+) -> None:
+    await sim.add_fault("error", "openai", status=503)
+    task = ai_task(project_id)
+    await xadd(redis, keys.ai_pending, task, 10_000)
+    await ai.run_until_idle()
+    assert await requests_made(sim) == ai_settings.max_attempts
+    [dead] = await stream(redis, keys.dlq)
+    assert dead["attempts"] == ai_settings.max_attempts
+    assert await stream(redis, keys.outbound("normal")) == []
+
+
+async def test_a_503_that_clears_before_the_limit_delivers(
+    ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys, project_id: str,
+    template: str,
+) -> None:
+    await sim.add_fault("error", "openai", status=503, times=2)
+    await xadd(redis, keys.ai_pending, ai_task(project_id), 10_000)
+    await ai.run_until_idle()
+    assert await requests_made(sim) == 3
+    assert len(await stream(redis, keys.outbound("normal"))) == 1
+    assert await stream(redis, keys.dlq) == []
+
+
+async def test_a_429_parks_the_task_with_the_scheduler_until_retry_after(
+    ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys, project_id: str,
+    template: str,
+) -> None:
+    await sim.add_fault("rate_limit", "openai", retry_after_s=7, times=1)
+    task = ai_task(project_id)
+    await xadd(redis, keys.ai_pending, task, 10_000)
+    before_ms = int(time.time() * 1000)
+    await ai.run_until_idle()
+    [parked] = await stream(redis, keys.scheduled)
+    assert parked["reason"] == "rateLimited"
+    assert parked["stream"] == keys.ai_pending
+    assert parked["taskId"] == task["taskId"]
+    assert parked["dueAt"] >= before_ms + 7000
+    assert parked["payload"]["parkCount"] == 1
+    assert await stream(redis, keys.dlq) == []
+    # When the scheduler hands it back, the dedup key is free and the text is written
+    await xadd(redis, keys.ai_pending, parked["payload"], 10_000)
+    await ai.run_until_idle()
+    assert len(await stream(redis, keys.outbound("normal"))) == 1
+    assert await requests_made(sim) == 2
+
+
+def test_content_for_fills_the_channels_body_and_a_missing_subject() -> None:
+    email = content_for("email", "Your invoice is paid. Thanks!\n\nSee you.", {})
+    assert email["subject"] == "Your invoice is paid."
+    assert email["html"] == "<p>Your invoice is paid. Thanks!</p><p>See you.</p>"
+    push = content_for("push", "Hello there", {"title": "Kept"})
+    assert push == {"title": "Kept", "body": "Hello there"}
+    assert headline("x" * 100, 10) == "x" * 9 + "…"
+
+
+async def test_a_model_that_times_out_is_retried(
+    ai_settings: Settings, sim: SimulatorServer, redis: Redis, keys: Keys, project_id: str,
+    template: str,
+) -> None:
+    await sim.add_fault("timeout", "openai", times=1)
+    service = AiService(ai_settings.replace(provider_timeout_s=0.3))
+    try:
+        await xadd(redis, keys.ai_pending, ai_task(project_id), 10_000)
+        await service.run_until_idle()
+    finally:
+        await service.stop()
+    assert len(await stream(redis, keys.outbound("normal"))) == 1
+    assert await stream(redis, keys.dlq) == []
+    assert service.worker.stats.failed == 1

@@ -1,0 +1,58 @@
+"""How the chat-completions client classifies a provider's answer (CONTRACT §5)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from notifkit.errors import PermanentFailure, RateLimited, RetryLater
+from notifkit.transports.base import HttpReply
+from notifkit.transports.openai import parse_reply
+
+
+def reply(status: int, body: Any, headers: dict[str, str] | None = None) -> HttpReply:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return HttpReply(status, headers or {}, raw)
+
+
+def error(code: str | None, kind: str = "invalid_request_error") -> dict[str, Any]:
+    return {"error": {"message": "no", "type": kind, "param": None, "code": code}}
+
+
+def test_a_completion_gives_text_and_tokens() -> None:
+    body = {"id": "chatcmpl-1", "model": "gpt-4o-mini",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": " Hi! "}}],
+            "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}}
+    done = parse_reply(reply(200, body), "gpt-4o-mini")
+    assert (done.text, done.prompt_tokens, done.completion_tokens) == ("Hi!", 11, 3)
+    assert done.total_tokens == 14
+
+
+def test_rate_limit_is_parked_for_retry_after_but_missing_quota_is_permanent() -> None:
+    with pytest.raises(RateLimited) as limited:
+        parse_reply(reply(429, error("rate_limit_exceeded", "requests"), {"Retry-After": "7"}),
+                    "m")
+    assert limited.value.after_s == 7.0
+    with pytest.raises(PermanentFailure):
+        parse_reply(reply(429, error("insufficient_quota", "insufficient_quota")), "m")
+
+
+@pytest.mark.parametrize(("status", "code"), [(400, None), (401, "invalid_api_key"),
+                                         (403, None), (404, "model_not_found"), (422, None)])
+def test_client_errors_are_permanent(status: int, code: str | None) -> None:
+    with pytest.raises(PermanentFailure):
+        parse_reply(reply(status, error(code)), "m")
+
+
+@pytest.mark.parametrize("status", [408, 500, 502, 503])
+def test_server_errors_are_retried(status: int) -> None:
+    with pytest.raises(RetryLater) as failed:
+        parse_reply(reply(status, error(None, "server_error")), "m")
+    assert not isinstance(failed.value, RateLimited)
+
+
+def test_an_unreadable_success_is_retried() -> None:
+    with pytest.raises(RetryLater):
+        parse_reply(reply(200, b"<html>oops"), "m")
