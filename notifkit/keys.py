@@ -29,11 +29,11 @@ Other keys:
     throttle:{projectId}:user:{userId}       ZSET  sliding window of send times per user
     notif:processed:{stage}:{dedupKey}       STR   dedup mark = id of the stream entry that
                                                    claimed it; 1 h TTL (24 h for caller keys)
-    notif:attempts:{group}:{stream}:{entryId}
-                                             STR   attempt counter, 2 h TTL, deleted on ack.
-                                                   Stream ids are unique only per stream, and
-                                                   a group reads several (one per priority),
-                                                   so the stream is part of the name.
+    notif:attempts:{group}:{entryId}         HASH  attempt counter: field = stream name, value =
+                                                   attempts; 2 h TTL; the field is deleted on
+                                                   ack. Stream ids are unique only per stream and
+                                                   a group reads one stream per priority, so the
+                                                   same id on two streams gets two fields.
     notif:health:{consumer}                  STR   JSON heartbeat, a few beats' TTL
     notif:ratelimit:{provider}:{projectId}   HASH  token bucket shared by delivery processes
     notif:apirate:{projectId}                HASH  API request token bucket per project
@@ -154,8 +154,9 @@ class Keys:
     def processed(self, stage: str, dedup_key: str) -> str:
         return self._k(f"notif:processed:{stage}:{dedup_key}")
 
-    def attempts(self, group: str, stream: str, entry_id: str) -> str:
-        return self._k(f"notif:attempts:{group}:{stream}:{entry_id}")
+    def attempts(self, group: str, entry_id: str) -> str:
+        """A hash: one counter field per stream holding ``entry_id`` (see the schema above)."""
+        return self._k(f"notif:attempts:{group}:{entry_id}")
 
     def health(self, consumer: str) -> str:
         return self._k(f"notif:health:{consumer}")

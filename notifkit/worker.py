@@ -152,6 +152,7 @@ class StreamWorker:
     async def start(self) -> None:
         await self.ensure_groups()
         self._stopping.clear()
+        await self.beat()  # so /health sees this consumer as soon as start() returns
         self._loops = [
             asyncio.create_task(self._read_loop(), name=f"{self.consumer}:read"),
             asyncio.create_task(self._reclaim_loop(), name=f"{self.consumer}:reclaim"),
@@ -327,12 +328,12 @@ class StreamWorker:
 
         pipe = self.redis.pipeline(transaction=False)
         for stream, entry_id, _payload in parsed:
-            key = self.keys.attempts(self.group, stream, entry_id)
-            pipe.incr(key)
+            key = self.keys.attempts(self.group, entry_id)
+            pipe.hincrby(key, stream, 1)
             pipe.expire(key, self.settings.attempts_ttl_s)
         for stream, entry_id, _reason in malformed:
             pipe.xack(stream, self.group, entry_id)
-            pipe.delete(self.keys.attempts(self.group, stream, entry_id))
+            pipe.hdel(self.keys.attempts(self.group, entry_id), stream)
         results = await pipe.execute()
 
         for stream, entry_id, reason in malformed:
@@ -398,7 +399,7 @@ class StreamWorker:
             for stream, payload in entry.emits:
                 queue_xadd(pipe, stream, payload, maxlen)
             pipe.xack(entry.stream, self.group, entry.id)
-            pipe.delete(self.keys.attempts(self.group, entry.stream, entry.id))
+            pipe.hdel(self.keys.attempts(self.group, entry.id), entry.stream)
         await pipe.execute()
         self.stats.processed += len(done)
         for entry in done:
@@ -448,7 +449,7 @@ class StreamWorker:
             if entry.stream != self.keys.events_inbound:
                 queue_xadd(pipe, self.keys.events_inbound, failed_event(entry, record), maxlen)
             pipe.xack(entry.stream, self.group, entry.id)
-            pipe.delete(self.keys.attempts(self.group, entry.stream, entry.id))
+            pipe.hdel(self.keys.attempts(self.group, entry.id), entry.stream)
         await pipe.execute()
         for entry in entries:
             self.stats.dead_lettered += 1

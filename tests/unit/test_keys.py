@@ -67,15 +67,13 @@ def test_consumer_groups_are_named_by_service_and_live_inside_their_streams() ->
     assert Keys("ns").group("delivery") == "notifkit:group:delivery"
 
 
-def test_attempt_counters_name_the_group_the_stream_and_the_entry() -> None:
-    keys = Keys("ns")
-    stream = keys.enriched("low")
-    assert keys.attempts("notifkit:group:engine", stream, "1-0") == (
-        "ns:notif:attempts:notifkit:group:engine:ns:notifkit:stream:enriched:low:1-0"
+def test_attempt_counters_name_the_group_and_the_entry() -> None:
+    # Exactly CONTRACT §2; the stream is a field of the hash (see the worker tests).
+    assert Keys().attempts("notifkit:group:engine", "1-0") == (
+        "notif:attempts:notifkit:group:engine:1-0"
     )
-    # the same id on two priority streams of one group: two counters
-    assert keys.attempts("g", keys.enriched("low"), "1-0") != keys.attempts(
-        "g", keys.enriched("critical"), "1-0"
+    assert Keys("ns").attempts("notifkit:group:engine", "1-0") == (
+        "ns:notif:attempts:notifkit:group:engine:1-0"
     )
 
 

@@ -76,7 +76,7 @@ async def test_a_failing_entry_is_retried_by_the_sweep_then_dead_lettered(
 
     # And the original is acked and its attempt counter is gone
     assert await pending(stream, worker.group) == 0
-    assert await redis.exists(keys.attempts(worker.group, stream, entry_id)) == 0
+    assert await redis.hexists(keys.attempts(worker.group, entry_id), stream) == 0
 
     # And a further drain finds nothing to do
     assert await worker.run_until_idle() == 0
@@ -102,7 +102,7 @@ async def test_a_permanent_failure_is_dead_lettered_after_one_attempt(
     assert failed["type"] == "notification:failed"
     assert failed["eventId"] == "ev-2"
     assert await pending(stream, worker.group) == 0
-    assert await redis.exists(keys.attempts(worker.group, stream, entry_id)) == 0
+    assert await redis.hexists(keys.attempts(worker.group, entry_id), stream) == 0
 
 
 async def test_one_failing_entry_does_not_fail_its_batch_neighbours(
@@ -147,7 +147,7 @@ async def test_an_entry_whose_last_attempt_never_finished_is_dead_lettered_on_re
     await worker.ensure_groups()
     entry_id = await add(stream, {"eventId": "ev-3"})
     await redis.xreadgroup(worker.group, "engine-gone-1", {stream: ">"}, count=1)
-    await redis.set(keys.attempts(worker.group, stream, entry_id), 3, ex=60)
+    await redis.hset(keys.attempts(worker.group, entry_id), stream, 3)
 
     # When the sweep takes it over
     await worker.run_until_idle()
@@ -157,7 +157,7 @@ async def test_an_entry_whose_last_attempt_never_finished_is_dead_lettered_on_re
     [dead] = await payloads(keys.dlq)
     assert (dead["entryId"], dead["attempts"]) == (entry_id, 3)
     assert await pending(stream, worker.group) == 0
-    assert await redis.exists(keys.attempts(worker.group, stream, entry_id)) == 0
+    assert await redis.hexists(keys.attempts(worker.group, entry_id), stream) == 0
 
 
 async def test_entries_with_the_same_id_on_two_priority_streams_count_attempts_apart(
