@@ -19,7 +19,7 @@ from aiohttp import web
 
 from simulators.app import create_app
 from simulators.client import Op, SimulatorControl
-from simulators.providers.smtp import TrackedSMTP, smtp_factory
+from simulators.providers.smtp import TrackedSMTP, quiet_aiosmtpd_logs, smtp_factory
 from simulators.records import DEFAULT_MAX_MESSAGES
 from simulators.state import SimSettings, SimState
 
@@ -79,6 +79,7 @@ class SimulatorServer(SimulatorControl):
             await site.start()
             self.port = int(runner.addresses[0][1])
             if self._smtp_enabled:
+                quiet_aiosmtpd_logs()
                 loop = asyncio.get_running_loop()
                 factory = smtp_factory(self.state, "notifkit-sim.localhost", self._smtp_connections)
                 self._smtp = await loop.create_server(factory, self.host, self.settings.smtp_port)

@@ -148,10 +148,27 @@ class SmtpHandler:
         raise asyncio.CancelledError
 
 
-async def authenticate_anyone(
+def authenticate_anyone(
     server: SMTP, session: Session, envelope: Envelope, mechanism: str, auth_data: Any
 ) -> AuthResult:
+    """aiosmtpd calls this synchronously; every login is welcome."""
     return AuthResult(success=True, auth_data=auth_data)
+
+
+class _DropLoginDataWarning(logging.Filter):
+    """aiosmtpd warns on every AUTH about a deprecated attribute it sets itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "login_data is deprecated" not in record.getMessage()
+
+
+def quiet_aiosmtpd_logs() -> None:
+    """Keep aiosmtpd's per-connection chatter out of the simulator's one-line-per-message log."""
+    mail_log = logging.getLogger("mail.log")
+    if not any(isinstance(f, _DropLoginDataWarning) for f in mail_log.filters):
+        mail_log.addFilter(_DropLoginDataWarning())
+    if mail_log.level == logging.NOTSET:
+        mail_log.setLevel(logging.WARNING)
 
 
 def _login(session: Session) -> str:

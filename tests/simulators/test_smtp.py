@@ -1,0 +1,136 @@
+"""Real SMTP clients (aiosmtplib and the standard library's smtplib) against the SMTP
+simulator: delivery, 4xx/5xx faults, stalls, lost replies and rate limits."""
+
+from __future__ import annotations
+
+import asyncio
+import smtplib
+from email.message import EmailMessage
+
+import aiosmtplib
+import pytest
+
+from simulators import SimulatorServer
+
+SHORT_TIMEOUT_S = 0.5
+
+
+def mail(to: str = "ada@example.com", task_id: str = "task-s") -> EmailMessage:
+    message = EmailMessage()
+    message["From"] = "Notifkit <noreply@example.com>"
+    message["To"] = to
+    message["Subject"] = "Your receipt"
+    message["X-Notifkit-Task-Id"] = task_id
+    message.set_content("Plain body")
+    message.add_alternative("<p>HTML body</p>", subtype="html")
+    return message
+
+
+async def send(
+    sim: SimulatorServer, message: EmailMessage, **options: object
+) -> tuple[object, str]:
+    return await aiosmtplib.send(  # type: ignore[no-any-return]
+        message, hostname=sim.smtp_host, port=sim.smtp_port, timeout=5, **options
+    )
+
+
+async def test_delivery_is_250_and_recorded(sim: SimulatorServer) -> None:
+    _, reply = await send(sim, mail())
+
+    [record] = await sim.messages("smtp")
+    assert reply == f"2.0.0 Ok: queued as {record['id']}"
+    assert record["to"] == "ada@example.com"
+    assert record["taskId"] == "task-s"
+    assert record["content"]["subject"] == "Your receipt"
+    assert record["content"]["text"].strip() == "Plain body"
+    assert record["content"]["html"].strip() == "<p>HTML body</p>"
+
+
+async def test_stdlib_smtplib_with_auth_delivers(sim: SimulatorServer) -> None:
+    def deliver() -> None:
+        with smtplib.SMTP(sim.smtp_host, sim.smtp_port, timeout=5) as client:
+            client.login("notifkit", "secret")
+            client.send_message(mail())
+
+    await asyncio.to_thread(deliver)
+    assert len(await sim.messages("smtp")) == 1
+
+
+@pytest.mark.parametrize(("status", "text"), [(451, "4.3.0"), (421, "4.3.2"), (452, "4.3.1")])
+async def test_error_fault_is_temporary_failure(
+    sim: SimulatorServer, status: int, text: str
+) -> None:
+    await sim.add_fault("error", "smtp", status=status)
+
+    with pytest.raises(aiosmtplib.SMTPResponseException) as caught:
+        await send(sim, mail())
+
+    assert caught.value.code == status
+    assert text in caught.value.message
+    assert await sim.messages("smtp") == []
+
+
+async def test_invalid_token_fault_is_550_mailbox_unavailable(sim: SimulatorServer) -> None:
+    await sim.add_fault("invalid_token", "smtp", to="*@gone.example.com")
+
+    def deliver() -> None:
+        with smtplib.SMTP(sim.smtp_host, sim.smtp_port, timeout=5) as client:
+            client.send_message(mail(to="old@gone.example.com"))
+
+    with pytest.raises(smtplib.SMTPDataError) as caught:
+        await asyncio.to_thread(deliver)
+    assert caught.value.smtp_code == 550
+    assert b"old@gone.example.com" in caught.value.smtp_error
+
+
+async def test_rate_limit_fault_is_421_and_closes(sim: SimulatorServer) -> None:
+    await sim.add_fault("rate_limit", "smtp", times=1)
+    with pytest.raises(aiosmtplib.SMTPResponseException) as caught:
+        await send(sim, mail())
+    assert caught.value.code == 421
+    # A fresh connection succeeds once the rule is spent.
+    await send(sim, mail())
+    assert len(await sim.messages("smtp")) == 1
+
+
+async def test_timeout_fault_stalls_and_records_nothing(sim: SimulatorServer) -> None:
+    await sim.add_fault("timeout", "smtp")
+    with pytest.raises(aiosmtplib.SMTPTimeoutError):
+        await aiosmtplib.send(
+            mail(), hostname=sim.smtp_host, port=sim.smtp_port, timeout=SHORT_TIMEOUT_S
+        )
+    assert await sim.messages("smtp") == []
+
+
+async def test_lost_response_is_recorded_but_unanswered(sim: SimulatorServer) -> None:
+    await sim.add_fault("lost_response", "smtp")
+    with pytest.raises(aiosmtplib.SMTPTimeoutError):
+        await aiosmtplib.send(
+            mail(), hostname=sim.smtp_host, port=sim.smtp_port, timeout=SHORT_TIMEOUT_S
+        )
+    [record] = await sim.messages("smtp")
+    assert record["taskId"] == "task-s"
+
+
+async def test_malformed_reply_is_a_protocol_error(sim: SimulatorServer) -> None:
+    await sim.add_fault("malformed", "smtp")
+    with pytest.raises(aiosmtplib.SMTPException):
+        await send(sim, mail())
+
+
+async def test_latency_then_delivery(sim: SimulatorServer) -> None:
+    await sim.add_fault("latency", "smtp", delay_ms=150)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await send(sim, mail())
+    assert loop.time() - started >= 0.15
+
+
+async def test_rate_limit_per_login(sim: SimulatorServer) -> None:
+    await sim.set_limit("smtp", 0.5, burst=1)
+    await send(sim, mail(), username="a", password="p")
+    with pytest.raises(aiosmtplib.SMTPResponseException) as caught:
+        await send(sim, mail(), username="a", password="p")
+    assert caught.value.code == 451
+    await send(sim, mail(), username="b", password="p")
+    assert (await sim.stats())["smtp"]["rateLimited"] == 1
