@@ -1,0 +1,429 @@
+"""The scheduler: tasks wait here for their time (sendAt, quiet hours, a provider's 429) and
+leave exactly once.
+
+Ingest (the worker contract, on ``notifkit:stream:scheduled``), per read batch:
+
+    upsert scheduled_payloads (one statement)      the durable copy, written first
+    MULTI: HSET payload shard + ZADD zset shard    task id -> "{stream}\\n{project}\\n{JSON}"
+    ack                                            (the worker, after process() returns)
+
+A crash between the steps replays the entry: the upsert and the ZADD of the same task are
+idempotent.
+
+Polling: one scheduler at a time holds ``notif:lock:scheduler:poll`` (``SET NX PX`` with a
+random token; renewed and released only by a script that checks the token). Each poll, per
+shard, one Lua script takes up to ``batch_size`` due task ids and for each one XADDs its entry
+to its target stream, removes it from the zset and the payload hash and records it in the
+shard's *moved* set, all in one script: a task leaves once or not at all, whoever dies when.
+The script also checks the lock token, so a poller that lost its lock while paused moves
+nothing. Then the poller deletes the ``scheduled_payloads`` rows of the tasks in the moved
+sets and takes them out of the sets; a poller that died before that leaves the ids to the next
+one, so no row outlives its task for long.
+
+Why a task id member plus a payload hash rather than the payload as the member: adding a task
+again (an entry replayed, a task parked again) must replace it, not add a second copy; the
+rebuild must ask "is this task present?"; and the moved set must name tasks, not payloads.
+
+Rebuild: ``notif:scheduled:ready`` is set once the shards are built. An empty zset disappears
+in Redis, so only this marker tells "nothing waits" from "Redis lost everything". When it is
+missing (at start, or noticed by any later poll), the poll-lock holder re-adds every row of
+``scheduled_payloads`` whose task is neither in its shard nor already moved at that due time,
+then sets the marker. A task moved but not yet deleted from PostgreSQL when Redis lost its
+data is the one that can leave twice; delivery's taskId dedup absorbs that.
+
+Tests drive it without sleeping: :meth:`SchedulerService.run_until_idle` ingests everything
+and polls once at ``clock()``; the clock (``clock=`` option, ms) is injectable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from notifkit import codec, metrics
+from notifkit.config import Settings
+from notifkit.db import scheduled as scheduled_db
+from notifkit.errors import MalformedPayload
+from notifkit.ids import is_uuid
+from notifkit.keys import PRIORITIES, SCHEDULER_SHARDS, shard_of
+from notifkit.messages import ScheduledTask, parse_scheduled_task
+from notifkit.services.base import WorkerService
+from notifkit.streams import as_str
+from notifkit.worker import Entry
+
+log = logging.getLogger("notifkit.scheduler")
+
+Clock = Callable[[], int]
+
+# KEYS: zset, payload hash, moved set, lock. ARGV: now_ms, limit, maxlen, token ('' = no check).
+# Returns -1 when the lock is not ours, else {moved: {id, due, project, ...}, orphans: {id...}}.
+_MOVE_DUE = """
+if ARGV[4] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[4] then return -1 end
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES',
+                       'LIMIT', 0, tonumber(ARGV[2]))
+local moved, orphans = {}, {}
+for i = 1, #due, 2 do
+  local id, score = due[i], due[i + 1]
+  local value = redis.call('HGET', KEYS[2], id)
+  redis.call('ZREM', KEYS[1], id)
+  if value then
+    local a = string.find(value, '\\n', 1, true)
+    local b = string.find(value, '\\n', a + 1, true)
+    local stream = string.sub(value, 1, a - 1)
+    local project = string.sub(value, a + 1, b - 1)
+    redis.call('XADD', stream, 'MAXLEN', '~', ARGV[3], '*', 'data', string.sub(value, b + 1))
+    redis.call('HDEL', KEYS[2], id)
+    redis.call('ZADD', KEYS[3], score, project .. ' ' .. id)
+    moved[#moved + 1] = id
+    moved[#moved + 1] = score
+    moved[#moved + 1] = project
+  else
+    orphans[#orphans + 1] = id
+  end
+end
+return {moved, orphans}
+"""
+
+# KEYS: zset, payload hash, moved set. ARGV: task id, due ms, value, moved-set member.
+# Adds the task unless it is in its shard already or was moved at this due time.
+_ADD_IF_ABSENT = """
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+local moved = redis.call('ZSCORE', KEYS[3], ARGV[4])
+if moved and tonumber(moved) == tonumber(ARGV[2]) then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+return 1
+"""
+
+# KEYS: moved set. ARGV: member, due ms. Forget a moved task once its row is deleted, unless
+# it was moved again (at another due time) in between.
+_FORGET_MOVED = """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score and tonumber(score) == tonumber(ARGV[2]) then
+  return redis.call('ZREM', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
+_RENEW_LOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+_RELEASE_LOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class MovedTask:
+    task_id: str
+    due_ms: int
+    project_id: str
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def encode_entry(stream: str, project_id: str, payload: dict[str, Any]) -> bytes:
+    """The payload-hash value the move script splits: target stream, project, entry JSON."""
+    return b"\n".join((stream.encode(), project_id.encode(), codec.dumps(payload)))
+
+
+def moved_member(project_id: str, task_id: str) -> str:
+    return f"{project_id} {task_id}"
+
+
+class SchedulerService(WorkerService):
+    name = "scheduler"
+
+    def __init__(self, settings: Settings, **options: Any) -> None:
+        super().__init__(settings, **options)
+        self.clock: Clock = options.get("clock") or wall_clock_ms
+        self.batch_size: int = int(options.get("batch_size", 500))
+        self.lock_ttl_ms = int(settings.scheduler_lock_ttl_s * 1000)
+        self.token: str | None = None  # set while this scheduler holds the poll lock
+        self._move = self.redis.register_script(_MOVE_DUE)
+        self._add_if_absent = self.redis.register_script(_ADD_IF_ABSENT)
+        self._forget = self.redis.register_script(_FORGET_MOVED)
+        self._renew = self.redis.register_script(_RENEW_LOCK)
+        self._release = self.redis.register_script(_RELEASE_LOCK)
+        self._targets = frozenset(
+            [*self.keys.outbound_all(), *self.keys.enriched_all(), *self.keys.inbound_all(),
+             self.keys.ai_pending]
+        )
+
+    def streams(self) -> Sequence[str]:
+        return [self.keys.scheduled]
+
+    @property
+    def holds_lock(self) -> bool:
+        return self.token is not None
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        await super().start()
+        self._background.append(
+            asyncio.create_task(self._poll_loop(), name=f"{self.worker.consumer}:poll")
+        )
+
+    async def stop(self) -> None:
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        self._background = []
+        await self.release_lock()
+        await super().stop()
+
+    async def run_until_idle(self) -> int:
+        """Ingest everything on the stream, then poll once at ``clock()``."""
+        handled = await self.ingest_until_idle()
+        return handled + await self.poll_once()
+
+    async def ingest_until_idle(self, *, reclaim: bool = True) -> int:
+        """Only the stream half of :meth:`run_until_idle`: schedule what is waiting."""
+        await self.open()
+        return await self.worker.run_until_idle(reclaim=reclaim)
+
+    # -- ingest ------------------------------------------------------------------------
+    async def process(self, batch: list[Entry]) -> None:
+        latest: dict[str, ScheduledTask] = {}  # a task named twice in a batch: the last wins
+        for entry in batch:
+            try:
+                task = self._parse(entry.payload)
+            except MalformedPayload as exc:
+                metrics.MALFORMED.labels(self.name, entry.stream).inc()
+                log.error("Acked a scheduled task that can never be scheduled: %s.", exc,
+                          extra={"service": self.name, "entry_id": entry.id,
+                                 "task_id": entry.payload.get("taskId")})
+                continue
+            latest[task["taskId"]] = task
+        if not latest:
+            return
+        rows = [
+            scheduled_db.ScheduledRow(
+                task_id=t["taskId"], project_id=t["projectId"], due_ms=t["dueAt"],
+                priority=_priority(t), stream=t["stream"], payload=t["payload"],
+            )
+            for t in latest.values()
+        ]
+        written = await scheduled_db.upsert(self.pool, rows)
+        pipe = self.redis.pipeline(transaction=True)
+        for task in latest.values():
+            task_id = task["taskId"]
+            if task_id not in written:
+                log.warning("Dropped a scheduled task: its project no longer exists.",
+                            extra={"task_id": task_id, "project_id": task["projectId"]})
+                continue
+            shard = shard_of(task_id)
+            value = encode_entry(task["stream"], task["projectId"], task["payload"])
+            pipe.hset(self.keys.scheduled_payloads(shard), task_id, value)
+            pipe.zadd(self.keys.scheduled_shard(shard), {task_id: task["dueAt"]})
+        await pipe.execute()
+        for task in latest.values():
+            if task["taskId"] in written:
+                log.debug("Scheduled a task; it leaves for %s at %d ms (%s).", task["stream"],
+                          task["dueAt"], task.get("reason"),
+                          extra={"task_id": task["taskId"], "project_id": task["projectId"]})
+
+    def _parse(self, payload: dict[str, Any]) -> ScheduledTask:
+        task = parse_scheduled_task(payload)
+        if not is_uuid(task["projectId"]):
+            raise MalformedPayload("field 'projectId' is not a UUID")
+        if task["stream"] not in self._targets:
+            raise MalformedPayload(f"stream {task['stream']!r} is not a stream tasks return to")
+        return task
+
+    # -- polling -----------------------------------------------------------------------
+    async def _poll_loop(self) -> None:
+        interval_s = self.settings.scheduler_poll_interval_s
+        while True:
+            try:
+                moved = await self.poll_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a chore: log and carry on
+                log.warning("A scheduler poll failed (%s); polling again in %.2f s.", exc,
+                            interval_s, extra={"service": self.name})
+                moved = 0
+            if moved < self.batch_size:  # a full batch: more may be due, go again at once
+                await asyncio.sleep(interval_s)
+
+    async def poll_once(self, now_ms: int | None = None) -> int:
+        """One poll: hold the lock, rebuild if Redis lost the shards, move what is due at
+        ``now_ms`` (default ``clock()``), delete moved rows. Returns how many tasks moved;
+        0 without doing anything when another scheduler holds the lock."""
+        if not await self.acquire_lock():
+            return 0
+        if not await self.redis.exists(self.keys.scheduled_ready):
+            await self.rebuild()
+        moved = await self.move_due(self.clock() if now_ms is None else now_ms)
+        try:
+            await self.forget_moved()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # moving never waits for PostgreSQL; the rows can lag
+            log.warning("Could not delete moved tasks from PostgreSQL (%s); the next poll "
+                        "tries again.", exc, extra={"service": self.name})
+        return len(moved)
+
+    async def move_due(self, now_ms: int, *, token: str | None = None) -> list[MovedTask]:
+        """Move every task due at ``now_ms``, shard by shard, ``batch_size`` per script call;
+        returns what moved. ``token`` defaults to this scheduler's lock token; ``""`` skips
+        the lock check."""
+        fence = self.token if token is None else token
+        if fence is None:
+            return []
+        total: list[MovedTask] = []
+        shards = list(SCHEDULER_SHARDS)
+        while shards:
+            pipe = self.redis.pipeline(transaction=False)
+            for shard in shards:
+                await self._move(
+                    keys=[self.keys.scheduled_shard(shard), self.keys.scheduled_payloads(shard),
+                          self.keys.scheduled_moved(shard), self.keys.scheduler_lock],
+                    args=[now_ms, self.batch_size, self.settings.queue_max_len, fence],
+                    client=pipe,
+                )
+            replies = await pipe.execute()
+            again: list[str] = []
+            orphans: list[str] = []
+            for shard, reply in zip(shards, replies, strict=True):
+                if reply == -1:
+                    log.warning("Lost the scheduler poll lock; another scheduler polls now.",
+                                extra={"service": self.name})
+                    self.token = None
+                    return total
+                moved, missing = reply
+                count = len(moved) // 3
+                total.extend(
+                    MovedTask(as_str(moved[i]), int(float(moved[i + 1])), as_str(moved[i + 2]))
+                    for i in range(0, len(moved), 3)
+                )
+                orphans.extend(as_str(m) for m in missing)
+                if count + len(missing) >= self.batch_size:
+                    again.append(shard)
+            if orphans:
+                await self._restore(orphans)
+            shards = again
+            if shards and fence and not await self.acquire_lock():
+                break
+        if total:
+            log.info("Moved %d due tasks to their streams.", len(total),
+                     extra={"service": self.name})
+        return total
+
+    async def forget_moved(self) -> int:
+        """Delete the PostgreSQL rows of moved tasks, then take them out of the moved sets."""
+        pipe = self.redis.pipeline(transaction=False)
+        for shard in SCHEDULER_SHARDS:
+            pipe.zrange(self.keys.scheduled_moved(shard), 0, self.batch_size - 1, withscores=True)
+        replies = await pipe.execute()
+        moved: list[tuple[str, str, str, int]] = []  # shard, member, task, due
+        for shard, members in zip(SCHEDULER_SHARDS, replies, strict=True):
+            for raw_member, score in members:
+                member = as_str(raw_member)
+                moved.append((shard, member, member.partition(" ")[2], int(score)))
+        if not moved:
+            return 0
+        await scheduled_db.delete_moved(
+            self.pool, [(m[1].partition(" ")[0], m[2], m[3]) for m in moved]
+        )
+        pipe = self.redis.pipeline(transaction=False)
+        for shard, member, _task, due in moved:
+            await self._forget(keys=[self.keys.scheduled_moved(shard)], args=[member, due],
+                               client=pipe)
+        await pipe.execute()
+        return len(moved)
+
+    async def rebuild(self) -> int:
+        """Re-add every waiting task from PostgreSQL that Redis does not hold; set the marker."""
+        log.info("The scheduler's shards are not marked as built in Redis (a first start, or "
+                 "Redis lost its data); rebuilding them from scheduled_payloads before polling.",
+                 extra={"service": self.name})
+        added = 0
+        async for page in scheduled_db.pages(self.pool, self.batch_size):
+            added += await self.add_rows(page)
+            if not await self.acquire_lock():
+                log.warning("Lost the scheduler poll lock during a rebuild; the holder "
+                            "finishes it.", extra={"service": self.name})
+                return added
+        await self.redis.set(self.keys.scheduled_ready, str(self.clock()))
+        log.log(logging.WARNING if added else logging.INFO,
+                "Rebuilt the scheduler's shards: %d waiting tasks re-added from PostgreSQL.",
+                added, extra={"service": self.name})
+        return added
+
+    async def add_rows(self, rows: Sequence[scheduled_db.ScheduledRow]) -> int:
+        """Put tasks read from PostgreSQL into their shards unless already there (or already
+        moved at that due time); returns how many were added."""
+        pipe = self.redis.pipeline(transaction=False)
+        for row in rows:
+            shard = shard_of(row.task_id)
+            await self._add_if_absent(
+                keys=[self.keys.scheduled_shard(shard), self.keys.scheduled_payloads(shard),
+                      self.keys.scheduled_moved(shard)],
+                args=[row.task_id, row.due_ms, encode_entry(row.stream, row.project_id,
+                                                            row.payload),
+                      moved_member(row.project_id, row.task_id)],
+                client=pipe,
+            )
+        return sum(int(r) for r in await pipe.execute())
+
+    async def _restore(self, task_ids: list[str]) -> None:
+        """Shard entries without a payload (the hash lost them): re-add from PostgreSQL."""
+        rows = await scheduled_db.by_task_ids(self.pool, task_ids)
+        restored = await self.add_rows(rows)
+        log.error("Found %d due tasks without a payload in Redis; re-added %d from "
+                  "PostgreSQL (the rest were already gone).", len(task_ids), restored,
+                  extra={"service": self.name})
+
+    # -- the poll lock -----------------------------------------------------------------
+    async def acquire_lock(self) -> bool:
+        """Hold the poll lock: renew it if this scheduler holds it, else try to take it."""
+        if self.token is not None:
+            renewed = await self._renew(keys=[self.keys.scheduler_lock],
+                                        args=[self.token, self.lock_ttl_ms])
+            if int(renewed):
+                return True
+            log.warning("The scheduler poll lock expired before it was renewed; trying to "
+                        "take it again.", extra={"service": self.name})
+            self.token = None
+        token = f"{self.worker.consumer}:{uuid.uuid4().hex}"
+        if await self.redis.set(self.keys.scheduler_lock, token, nx=True, px=self.lock_ttl_ms):
+            self.token = token
+            log.info("Took the scheduler poll lock; this scheduler polls now.",
+                     extra={"service": self.name, "consumer": self.worker.consumer})
+            return True
+        return False
+
+    async def release_lock(self) -> None:
+        if self.token is None:
+            return
+        token, self.token = self.token, None
+        try:
+            await self._release(keys=[self.keys.scheduler_lock], args=[token])
+        except (RedisError, OSError) as exc:
+            log.warning("Could not release the scheduler poll lock (%s); it expires within "
+                        "%d s and another scheduler takes over.", exc,
+                        self.settings.scheduler_lock_ttl_s, extra={"service": self.name})
+
+
+def _priority(task: ScheduledTask) -> str:
+    priority = task["payload"].get("priority")
+    if priority in PRIORITIES:
+        return str(priority)
+    suffix = task["stream"].rsplit(":", 1)[-1]
+    return suffix if suffix in PRIORITIES else "normal"
+

@@ -1,0 +1,305 @@
+"""The scheduler: durable before visible, due tasks leave once, one poller, rebuild from
+PostgreSQL. Every test drives time with an injected clock and drains with run_until_idle."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+
+import asyncpg
+import pytest
+from redis.asyncio import Redis
+
+from notifkit.db import scheduled as scheduled_db
+from notifkit.keys import Keys, shard_of
+from notifkit.streams import xadd
+
+from .helpers import T0_MS, FakeClock, Schedule, SchedulerFactory, Sent, wipe_scheduler_state
+
+
+async def pending_rows(db: asyncpg.Pool) -> dict[str, int]:
+    rows = await db.fetch("SELECT task_id, due_at FROM scheduled_payloads")
+    return {r["task_id"]: scheduled_db.to_ms(r["due_at"]) for r in rows}
+
+
+async def test_tasks_wait_for_their_due_time_and_leave_exactly_once(
+    make_scheduler: SchedulerFactory, schedule: Schedule, outbound: Sent, clock: FakeClock,
+    db: asyncpg.Pool, redis: Redis, keys: Keys,
+) -> None:
+    # Given tasks due over the next minute, on different priorities
+    scheduler = make_scheduler()
+    tasks = [
+        await schedule(T0_MS + 10_000 * (i + 1), priority=("critical", "normal", "low")[i % 3])
+        for i in range(6)
+    ]
+    # When the scheduler ingests them at T0
+    await scheduler.run_until_idle()
+    # Then each is durable in PostgreSQL and waits in its shard; nothing left yet
+    assert await pending_rows(db) == {t["taskId"]: t["dueAt"] for t in tasks}
+    for task in tasks:
+        score = await redis.zscore(keys.scheduled_zset(task["taskId"]), task["taskId"])
+        assert score == task["dueAt"]
+    assert await outbound() == []
+
+    # When time reaches the third due time
+    clock.now_ms = T0_MS + 30_000
+    assert await scheduler.run_until_idle() == 3
+    # Then exactly the three due tasks left, each on its own priority stream, payload intact
+    sent = await outbound()
+    assert sorted(p["taskId"] for p in sent) == sorted(t["taskId"] for t in tasks[:3])
+    for task in tasks[:3]:
+        [payload] = await outbound(task["payload"]["priority"]) or [None]
+        assert payload == task["payload"]
+    # And their rows are gone; the others wait on
+    assert set(await pending_rows(db)) == {t["taskId"] for t in tasks[3:]}
+
+    # When polling again at the same time nothing moves; later the rest move, once each
+    assert await scheduler.run_until_idle() == 0
+    clock.now_ms = T0_MS + 10**9
+    await scheduler.run_until_idle()
+    assert Counter(p["taskId"] for p in await outbound()) == {t["taskId"]: 1 for t in tasks}
+    assert await pending_rows(db) == {}
+    for shard in "0123456789abcdef":
+        assert await redis.exists(keys.scheduled_shard(shard), keys.scheduled_payloads(shard),
+                                  keys.scheduled_moved(shard)) == 0
+
+
+async def test_a_task_is_durable_before_it_is_visible(
+    make_scheduler: SchedulerFactory, schedule: Schedule, redis: Redis, keys: Keys,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given PostgreSQL refusing writes
+    async def refuse(*_args: object, **_kw: object) -> set[str]:
+        raise asyncpg.exceptions.CannotConnectNowError("the database is starting up")
+
+    monkeypatch.setattr(scheduled_db, "upsert", refuse)
+    scheduler = make_scheduler()
+    task = await schedule(T0_MS)
+    # When the scheduler reads the task
+    await scheduler.ingest_until_idle(reclaim=False)
+    # Then the task is not in Redis either, and its entry stays pending for a retry
+    assert await redis.zscore(keys.scheduled_zset(task["taskId"]), task["taskId"]) is None
+    summary = await redis.xpending(keys.scheduled, keys.group("scheduler"))
+    assert summary["pending"] == 1
+
+
+async def test_malformed_tasks_and_deleted_projects_are_acked_and_dropped(
+    make_scheduler: SchedulerFactory, schedule: Schedule, redis: Redis, keys: Keys,
+    outbound: Sent, clock: FakeClock, project_id: str,
+) -> None:
+    scheduler = make_scheduler()
+    await xadd(redis, keys.scheduled, {"taskId": "t-1", "dueAt": "soon"}, maxlen=1000)
+    await schedule(T0_MS, stream=keys.dlq)  # not a stream tasks return to
+    bad_stream = {"taskId": "t-2", "projectId": project_id, "dueAt": T0_MS, "stream": "elsewhere",
+                  "payload": {}}
+    await xadd(redis, keys.scheduled, bad_stream, maxlen=1000)
+    await schedule(T0_MS, project=str(uuid.uuid4()))  # no such project
+    await schedule(T0_MS, project="not-a-uuid")
+    await scheduler.run_until_idle()
+    assert await outbound() == []
+    summary = await redis.xpending(keys.scheduled, keys.group("scheduler"))
+    assert summary["pending"] == 0
+
+
+async def test_scheduling_a_task_again_replaces_it(
+    make_scheduler: SchedulerFactory, schedule: Schedule, outbound: Sent, clock: FakeClock,
+    db: asyncpg.Pool,
+) -> None:
+    # Given a task scheduled, then scheduled again for later (a second 429, say)
+    scheduler = make_scheduler()
+    first = await schedule(T0_MS + 1_000, task_id="task-0001")
+    await scheduler.run_until_idle()
+    second = await schedule(T0_MS + 5_000, task_id="task-0001", note="second")
+    await scheduler.run_until_idle()
+    # Then only the second schedule counts
+    clock.now_ms = T0_MS + 2_000
+    assert await scheduler.run_until_idle() == 0
+    clock.now_ms = T0_MS + 5_000
+    assert await scheduler.run_until_idle() == 1
+    assert [p.get("note") for p in await outbound()] == ["second"]
+    assert first["taskId"] == second["taskId"]
+    assert await pending_rows(db) == {}
+
+
+async def test_a_task_parked_again_after_it_moved_keeps_its_new_row(
+    make_scheduler: SchedulerFactory, schedule: Schedule, outbound: Sent, clock: FakeClock,
+    db: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The moved row is deleted by (task, due time): a delivery that parks the same task again
+    before the poller has cleaned up must not lose the new schedule."""
+    scheduler = make_scheduler()
+    forget = scheduler.forget_moved
+
+    async def later() -> int:
+        return 0
+
+    # Given a task moved but whose row the poller has not deleted yet
+    monkeypatch.setattr(scheduler, "forget_moved", later)
+    await schedule(T0_MS, task_id="task-000a")
+    assert await scheduler.run_until_idle() == 2  # ingested, moved
+    # When it is parked again (a 429) and only then the cleanup runs
+    await schedule(T0_MS + 30_000, task_id="task-000a", reason="rateLimited")
+    await scheduler.ingest_until_idle()
+    await forget()
+    # Then the new row survives and the task leaves again at its new time
+    assert await pending_rows(db) == {"task-000a": T0_MS + 30_000}
+    monkeypatch.setattr(scheduler, "forget_moved", forget)
+    clock.now_ms = T0_MS + 30_000
+    assert await scheduler.run_until_idle() == 1
+    assert len(await outbound()) == 2
+    assert await pending_rows(db) == {}
+
+
+async def test_only_the_lock_holder_polls(
+    make_scheduler: SchedulerFactory, schedule: Schedule, outbound: Sent, clock: FakeClock,
+    redis: Redis, keys: Keys,
+) -> None:
+    a, b = make_scheduler("a"), make_scheduler("b")
+    for i in range(20):
+        await schedule(T0_MS + 1 + i)
+    # Given scheduler a polling first: it holds the lock
+    await a.run_until_idle()
+    assert a.holds_lock
+    assert (await redis.get(keys.scheduler_lock)).decode() == a.token
+    clock.now_ms = T0_MS + 100
+    # When b polls, it moves nothing, however many tasks are due
+    assert await b.run_until_idle() == 0
+    assert not b.holds_lock
+    assert await outbound() == []
+    # And a moves them all
+    assert await a.run_until_idle() == 20
+    # When a stops, it releases the lock and b takes over at its next poll
+    await a.stop()
+    assert await redis.exists(keys.scheduler_lock) == 0
+    await schedule(T0_MS + 50)
+    assert await b.run_until_idle() == 2  # one ingested + one moved
+    assert b.holds_lock
+    assert len(await outbound()) == 21
+
+
+async def test_a_poller_that_lost_its_lock_moves_nothing(
+    make_scheduler: SchedulerFactory, schedule: Schedule, outbound: Sent, clock: FakeClock,
+    redis: Redis, keys: Keys,
+) -> None:
+    a, b = make_scheduler("a"), make_scheduler("b")
+    await schedule(T0_MS)
+    await a.run_until_idle()  # takes the lock and moves the task
+    stale = a.token
+    assert stale is not None
+    # Given a's lock expired while a was paused, and b took it
+    await redis.delete(keys.scheduler_lock)
+    assert await b.acquire_lock()
+    await schedule(T0_MS)
+    await b.ingest_until_idle()
+    # When a, still believing it polls, runs the move with its old token
+    assert await a.move_due(T0_MS) == []
+    # Then it moved nothing and knows it lost the lock; renewal never steals it back
+    assert not a.holds_lock
+    assert not await a.acquire_lock()
+    assert len(await outbound()) == 1
+    assert len(await b.move_due(T0_MS)) == 1
+
+
+async def test_the_lock_is_held_with_the_configured_ttl(
+    make_scheduler: SchedulerFactory, settings: object, redis: Redis, keys: Keys,
+) -> None:
+    scheduler = make_scheduler()
+    assert await scheduler.acquire_lock()
+    ttl_ms = await redis.pttl(keys.scheduler_lock)
+    assert 0 < ttl_ms <= 30_000
+    await redis.pexpire(keys.scheduler_lock, 50)
+    assert await scheduler.acquire_lock()  # renewal restores the full TTL
+    assert await redis.pttl(keys.scheduler_lock) > 50
+    await scheduler.release_lock()
+    assert await redis.exists(keys.scheduler_lock) == 0
+
+
+async def test_shards_lost_with_redis_are_rebuilt_from_postgres(
+    make_scheduler: SchedulerFactory, schedule: Schedule, outbound: Sent, clock: FakeClock,
+    redis: Redis, keys: Keys, db: asyncpg.Pool,
+) -> None:
+    # Given 40 tasks waiting, 10 of them already sent
+    scheduler = make_scheduler(batch_size=7)  # small pages and move batches
+    tasks = [await schedule(T0_MS + 1_000 * (i + 1)) for i in range(40)]
+    await scheduler.run_until_idle()
+    clock.now_ms = T0_MS + 10_000
+    assert await scheduler.run_until_idle() == 10
+    # When Redis loses every scheduler key (a restart without persistence)
+    await wipe_scheduler_state(redis, keys)
+    # Then the next poll rebuilds the shards from PostgreSQL and the rest leave once each
+    clock.now_ms = T0_MS + 10**9
+    await scheduler.run_until_idle()
+    assert await redis.exists(keys.scheduled_ready) == 1
+    assert Counter(p["taskId"] for p in await outbound()) == {t["taskId"]: 1 for t in tasks}
+    assert await pending_rows(db) == {}
+
+
+async def test_a_rebuild_skips_tasks_already_moved(
+    make_scheduler: SchedulerFactory, schedule: Schedule, outbound: Sent, clock: FakeClock,
+    redis: Redis, keys: Keys, db: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A task moved whose row is not yet deleted (the poller died in between) is in its
+    shard's moved set; a rebuild must not send it again."""
+    scheduler = make_scheduler()
+    tasks = [await schedule(T0_MS + 1_000 * (i + 1)) for i in range(10)]
+    await scheduler.run_until_idle()
+
+    async def never() -> int:
+        return 0
+
+    monkeypatch.setattr(scheduler, "forget_moved", never)
+    clock.now_ms = T0_MS + 5_000
+    assert await scheduler.run_until_idle() == 5
+    assert len(await pending_rows(db)) == 10  # rows of moved tasks still there
+    # When the shards and the marker are lost but the moved sets survive
+    await wipe_scheduler_state(redis, keys, keep_moved=True)
+    monkeypatch.undo()
+    clock.now_ms = T0_MS + 10**9
+    await scheduler.run_until_idle()
+    assert Counter(p["taskId"] for p in await outbound()) == {t["taskId"]: 1 for t in tasks}
+    assert await pending_rows(db) == {}
+
+
+async def test_a_shard_entry_whose_payload_vanished_is_restored_from_postgres(
+    make_scheduler: SchedulerFactory, schedule: Schedule, outbound: Sent, clock: FakeClock,
+    redis: Redis, keys: Keys,
+) -> None:
+    scheduler = make_scheduler()
+    task = await schedule(T0_MS)
+    await scheduler.ingest_until_idle()  # ingested, not polled yet
+    # Given the payload hash lost (evicted, or deleted by hand) while the zset kept the task
+    await redis.delete(keys.scheduled_payloads(shard_of(task["taskId"])))
+    # When it is due, the poll restores it from PostgreSQL and the next one sends it
+    await scheduler.run_until_idle()
+    await scheduler.run_until_idle()
+    assert [p["taskId"] for p in await outbound()] == [task["taskId"]]
+
+
+async def test_a_parked_task_waits_for_the_retry_after(
+    make_scheduler: SchedulerFactory, schedule: Schedule, outbound: Sent, clock: FakeClock,
+) -> None:
+    """The scheduler's half of 429 parking: delivery parks a task until the provider's
+    Retry-After; it must not come back a millisecond early, and must come back."""
+    scheduler = make_scheduler()
+    retry_after_ms = 30_000
+    parked = await schedule(T0_MS + retry_after_ms, reason="rateLimited", parkCount=1)
+    await scheduler.run_until_idle()
+    for step_ms in (1, 10_000, 29_999):
+        clock.now_ms = T0_MS + step_ms
+        await scheduler.run_until_idle()
+        assert await outbound() == []
+    clock.now_ms = T0_MS + retry_after_ms
+    await scheduler.run_until_idle()
+    assert await outbound() == [parked["payload"]]
+
+
+async def test_many_due_tasks_move_in_bounded_batches(
+    make_scheduler: SchedulerFactory, schedule: Schedule, outbound: Sent, clock: FakeClock,
+    redis: Redis, keys: Keys,
+) -> None:
+    scheduler = make_scheduler(batch_size=5)
+    ids = [uuid.uuid4().hex for _ in range(300)]
+    for i, task_id in enumerate(ids):
+        await schedule(T0_MS - i, task_id=task_id)
+    assert await scheduler.run_until_idle() == 600  # 300 ingested, 300 moved in one poll
+    assert Counter(p["taskId"] for p in await outbound()) == dict.fromkeys(ids, 1)
