@@ -1,0 +1,300 @@
+"""Template rendering: one sandboxed Jinja2 environment for every channel's content.
+
+Public functions (the api validates and previews with them; the engine renders sends with
+them):
+
+    template_errors(channels)                 -> [{"field", "message"}] syntax errors, [] if none
+    render_channel(content, channel, context) -> that channel's content, every string rendered
+    render_expression(expr, context)          -> the value of a workflow branch condition
+    expression_error(expr)                    -> why an expression does not compile, or None
+
+Choices, and why:
+
+- ``ImmutableSandboxedEnvironment``: templates are written by tenants, so they may not reach
+  Python internals (``__class__``, ``mro``, ...) nor mutate the context. Arithmetic that would
+  build huge values (``"x" * 10**9``, ``9 ** 999999``) is refused, and so is output past
+  :data:`MAX_OUTPUT_CHARS`.
+- ``StrictUndefined``: a variable the data does not carry is an error, not an empty string. A
+  notification reading "Hi , your invoice of  is paid" is worse than one that visibly failed:
+  the preview shows the mistake before any send, and the engine falls back to generic content
+  and records the error in the timeline. ``{{ name | default("there") }}`` and
+  ``{% if data.x is defined %}`` are how a template makes a field optional. Branch
+  conditions are the exception: there a missing field is simply undefined (falsy, ``None`` as a
+  value), because ``data.plan == "pro"`` should be false, not an error, for data without a plan.
+- Autoescaping only for HTML fields (``email.html``): escaping an SMS or a push title would
+  put ``&amp;`` in front of the user.
+- Compiled templates are cached by (source, autoescape), so the engine compiles each distinct
+  template text once per process.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Mapping
+from functools import lru_cache
+from typing import Any, Final
+
+from jinja2 import ChainableUndefined, StrictUndefined, TemplateSyntaxError
+from jinja2.exceptions import SecurityError, TemplateError
+from jinja2.nodes import Template as TemplateNode
+from jinja2.runtime import Context
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+__all__ = [
+    "CHANNEL_FIELDS",
+    "HTML_FIELDS",
+    "RenderError",
+    "build_context",
+    "expression_error",
+    "render_channel",
+    "render_expression",
+    "render_string",
+    "template_errors",
+]
+
+# Each channel's content fields: required, optional. ``push.data`` and ``webhook.body`` may be
+# objects, whose string values are rendered too.
+CHANNEL_FIELDS: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
+    "email": (("subject",), ("html", "text")),
+    "sms": (("text",), ()),
+    "push": (("title", "body"), ("data",)),
+    "inapp": (("text",), ("url",)),
+    "webhook": (("body",), ()),
+}
+HTML_FIELDS: Final = frozenset({("email", "html")})
+MAX_OUTPUT_CHARS: Final = 1_000_000
+MAX_POWER_EXPONENT: Final = 1000
+MAX_RESULT_BITS: Final = 100_000
+_CACHE_SIZE: Final = 4096
+
+
+class RenderError(ValueError):
+    """Rendering failed; ``field`` is the content path (e.g. ``channels.email.subject``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Context, operator_: str, left: Any, right: Any) -> Any:
+        if operator_ == "**":
+            if isinstance(right, int | float) and abs(right) > MAX_POWER_EXPONENT:
+                raise SecurityError("exponent too large")
+            if isinstance(left, int) and isinstance(right, int) \
+                    and left.bit_length() * right > MAX_RESULT_BITS:
+                raise SecurityError("the result would be too large")
+            return operator.pow(left, right)
+        if operator_ == "*":
+            size = _repeat_size(left, right)
+            if size > MAX_OUTPUT_CHARS:
+                raise SecurityError("the result would be too large")
+            return operator.mul(left, right)
+        return super().call_binop(context, operator_, left, right)
+
+
+def _repeat_size(left: Any, right: Any) -> int:
+    for seq, count in ((left, right), (right, left)):
+        if isinstance(seq, str | list | tuple) and isinstance(count, int):
+            return len(seq) * max(count, 0)
+    return 0
+
+
+def _environment(autoescape: bool, undefined: type[Any] = StrictUndefined) -> _Sandbox:
+    return _Sandbox(
+        undefined=undefined, autoescape=autoescape, keep_trailing_newline=True,
+        auto_reload=False,
+    )
+
+
+_TEXT = _environment(autoescape=False)
+_HTML = _environment(autoescape=True)
+_EXPRESSIONS = _environment(autoescape=False, undefined=ChainableUndefined)
+
+
+@lru_cache(maxsize=_CACHE_SIZE)
+def _compile(source: str, html: bool) -> Any:
+    return (_HTML if html else _TEXT).from_string(source)
+
+
+@lru_cache(maxsize=_CACHE_SIZE)
+def _compile_expression(expr: str) -> Callable[..., Any]:
+    return _EXPRESSIONS.compile_expression(expr, undefined_to_none=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Syntax checks
+
+
+def template_errors(channels: Mapping[str, Any]) -> list[dict[str, str]]:
+    """A ``{"field", "message"}`` for every string in ``channels`` that does not parse.
+
+    ``channels`` is a template's ``channels`` object; fields are reported as
+    ``channels.<channel>.<field>[.<key>...]`` and messages end with the line number.
+    """
+    errors: list[dict[str, str]] = []
+    for channel, content in channels.items():
+        if isinstance(content, Mapping):
+            for key, value in content.items():
+                _check(value, f"channels.{channel}.{key}", errors)
+    return errors
+
+
+def _check(value: Any, field: str, errors: list[dict[str, str]]) -> None:
+    if isinstance(value, str):
+        problem = syntax_error(value)
+        if problem:
+            errors.append({"field": field, "message": problem})
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _check(item, f"{field}.{key}", errors)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check(item, f"{field}[{index}]", errors)
+
+
+def syntax_error(source: str) -> str | None:
+    """Why ``source`` is not a valid template ("... line N"), or None."""
+    try:
+        _parse(source)
+    except TemplateSyntaxError as exc:
+        return f"{exc.message or 'invalid template syntax'} (line {exc.lineno})"
+    except (RecursionError, MemoryError):
+        return "the template is nested too deeply (line 1)"
+    return None
+
+
+def _parse(source: str) -> TemplateNode:
+    return _TEXT.parse(source)
+
+
+def expression_error(expr: str) -> str | None:
+    """Why ``expr`` is not a valid Jinja expression, or None."""
+    try:
+        _compile_expression(expr)
+    except TemplateSyntaxError as exc:
+        return f"{exc.message or 'invalid expression'} (line {exc.lineno})"
+    except (RecursionError, MemoryError):
+        return "the expression is nested too deeply"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering
+
+
+def render_string(source: str, context: Mapping[str, Any], *, html: bool = False,
+                  field: str = "template") -> str:
+    """Render one template text; :class:`RenderError` names ``field`` on any failure."""
+    try:
+        output = _render_bounded(_compile(source, html), context)
+    except TemplateSyntaxError as exc:
+        raise RenderError(field, f"{exc.message} (line {exc.lineno})") from None
+    except SecurityError as exc:
+        raise RenderError(field, f"not allowed in a template: {exc}") from None
+    except TemplateError as exc:
+        raise RenderError(field, str(exc.message or exc)) from None
+    except (ArithmeticError, TypeError, ValueError, LookupError, AttributeError,
+            RecursionError, MemoryError) as exc:
+        raise RenderError(field, f"{type(exc).__name__}: {exc}") from None
+    if output is None:
+        raise RenderError(field, f"renders to more than {MAX_OUTPUT_CHARS} characters")
+    return output
+
+
+def _render_bounded(template: Any, context: Mapping[str, Any]) -> str | None:
+    """Render chunk by chunk, giving up (None) as soon as the output passes the limit."""
+    chunks: list[str] = []
+    size = 0
+    for chunk in template.generate(context):
+        size += len(chunk)
+        if size > MAX_OUTPUT_CHARS:
+            return None
+        chunks.append(chunk)
+    return "".join(chunks)
+
+
+def render_channel(content: Mapping[str, Any], channel: str,
+                   context: Mapping[str, Any]) -> dict[str, Any]:
+    """One channel's content with every string field rendered (nested ones included).
+
+    ``content`` is ``template.channels[channel]``; ``context`` holds ``data``, ``user``,
+    ``notification``, ``channel`` (and ``unsubscribeUrl`` for email, ``items`` for digests).
+    HTML fields are autoescaped. Raises :class:`RenderError` naming the failing field.
+    """
+    out: dict[str, Any] = {}
+    for key, value in content.items():
+        html = (channel, key) in HTML_FIELDS
+        out[key] = _render_value(value, context, html, f"channels.{channel}.{key}")
+    return out
+
+
+def _render_value(value: Any, context: Mapping[str, Any], html: bool, field: str) -> Any:
+    if isinstance(value, str):
+        return render_string(value, context, html=html, field=field)
+    if isinstance(value, Mapping):
+        return {k: _render_value(v, context, html, f"{field}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [_render_value(v, context, html, f"{field}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def render_expression(expr: str, context: Mapping[str, Any]) -> Any:
+    """Evaluate a workflow ``branch`` condition (``data``, ``user``, ``steps`` in scope).
+
+    Raises :class:`RenderError` (field ``if``) when it fails to compile or evaluate.
+    """
+    try:
+        compiled = _compile_expression(expr)
+    except TemplateSyntaxError as exc:
+        raise RenderError("if", f"{exc.message} (line {exc.lineno})") from None
+    try:
+        return compiled(**context)
+    except SecurityError as exc:
+        raise RenderError("if", f"not allowed in an expression: {exc}") from None
+    except TemplateError as exc:
+        raise RenderError("if", str(exc.message or exc)) from None
+    except (ArithmeticError, TypeError, ValueError, LookupError, AttributeError,
+            RecursionError, MemoryError) as exc:
+        raise RenderError("if", f"{type(exc).__name__}: {exc}") from None
+
+
+def build_context(
+    *,
+    data: Mapping[str, Any],
+    user: Mapping[str, Any],
+    notification: Mapping[str, Any],
+    channel: str | None,
+    unsubscribe_url: str | None = None,
+    items: list[Any] | None = None,
+) -> dict[str, Any]:
+    """The variables a template sees (API.md "Templates render with").
+
+    ``user`` is ``{"id", "attributes", "timezone", "locale"}``; ``notification`` is
+    ``{"id", "template", "priority", "campaignId"}``. ``unsubscribeUrl`` is present for email,
+    ``items`` (each ``{"data", "at"}``) for a digest.
+    """
+    context: dict[str, Any] = {
+        "data": dict(data),
+        "user": {
+            "id": user.get("id"),
+            "attributes": user.get("attributes") or {},
+            "timezone": user.get("timezone"),
+            "locale": user.get("locale"),
+        },
+        "notification": {
+            "id": notification.get("id"),
+            "template": notification.get("template"),
+            "priority": notification.get("priority", "normal"),
+            "campaignId": notification.get("campaignId"),
+        },
+        "channel": channel,
+    }
+    if channel == "email":
+        context["unsubscribeUrl"] = unsubscribe_url
+    if items is not None:
+        context["items"] = items
+    return context

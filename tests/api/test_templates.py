@@ -1,0 +1,101 @@
+"""The sandboxed template module the api validates with and the engine renders with."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from notifkit.templates import (
+    RenderError,
+    build_context,
+    expression_error,
+    render_channel,
+    render_expression,
+    render_string,
+    template_errors,
+)
+
+
+def test_syntax_errors_name_channel_field_and_line() -> None:
+    errors = template_errors({
+        "email": {"subject": "Hi {{ user.id }}", "html": "<p>\nHello\n{{ data.x + }}</p>"},
+        "push": {"title": "ok", "body": "ok", "data": {"link": "{{ }}"}},
+    })
+    assert [e["field"] for e in errors] == ["channels.email.html", "channels.push.data.link"]
+    assert "line 3" in errors[0]["message"]
+    assert "line 1" in errors[1]["message"]
+
+
+def test_valid_templates_have_no_errors() -> None:
+    assert template_errors({"sms": {"text": "{{ data.code }} {% if x %}y{% endif %}"}}) == []
+
+
+def test_html_fields_are_autoescaped_and_text_fields_are_not() -> None:
+    context = {"data": {"name": "<Ada & Bob>"}}
+    out = render_channel(
+        {"subject": "Hi {{ data.name }}", "html": "<b>{{ data.name }}</b>",
+         "text": "{{ data.name }}"},
+        "email", context,
+    )
+    assert out == {"subject": "Hi <Ada & Bob>", "html": "<b>&lt;Ada &amp; Bob&gt;</b>",
+                   "text": "<Ada & Bob>"}
+
+
+def test_nested_push_data_is_rendered_and_non_strings_kept() -> None:
+    out = render_channel({"title": "t", "body": "b", "data": {"id": "{{ data.id }}", "n": 3}},
+                         "push", {"data": {"id": "x1"}})
+    assert out["data"] == {"id": "x1", "n": 3}
+
+
+def test_missing_variables_fail_loudly_naming_the_field() -> None:
+    with pytest.raises(RenderError) as caught:
+        render_channel({"text": "{{ data.amount }}"}, "sms", {"data": {}})
+    assert caught.value.field == "channels.sms.text"
+    assert render_string('{{ data.name | default("there") }}', {"data": {}}) == "there"
+
+
+@pytest.mark.parametrize("source", [
+    "{{ data.__class__.__mro__ }}",
+    "{{ ''.__class__.__subclasses__() }}",
+    "{{ data.update({'x': 1}) }}",
+    "{{ 'x' * 100000000 }}",
+    "{{ (9 ** 999) ** 999 }}",
+    "{% for i in range(100000) %}{% for j in range(100) %}xxxxxxxxxx{% endfor %}{% endfor %}",
+])
+def test_the_sandbox_refuses_escapes_mutation_and_huge_output(source: str) -> None:
+    with pytest.raises(RenderError):
+        render_string(source, {"data": {}})
+
+
+def test_branch_expressions_treat_missing_fields_as_undefined() -> None:
+    assert render_expression("data.plan == 'pro'", {"data": {}}) is False
+    assert render_expression("data.a.b", {"data": {}}) is None
+    assert render_expression("data.n > 3", {"data": {"n": 5}}) is True
+    assert expression_error("data.x ==") is not None
+    assert expression_error("steps[0] and user.id") is None
+
+
+def test_context_has_the_documented_variables() -> None:
+    context = build_context(
+        data={"a": 1}, user={"id": "u1", "attributes": {"n": "Ada"}},
+        notification={"id": "e1", "template": "t1", "campaignId": "c"}, channel="email",
+        unsubscribe_url="https://x/u",
+    )
+    assert render_string(
+        "{{ data.a }} {{ user.attributes.n }} {{ notification.template }} "
+        "{{ notification.priority }} {{ channel }} {{ unsubscribeUrl }}", context,
+    ) == "1 Ada t1 normal email https://x/u"
+    assert "unsubscribeUrl" not in build_context(data={}, user={}, notification={},
+                                                 channel="sms")
+
+
+@given(st.text(max_size=200))
+def test_any_text_either_renders_or_fails_with_render_error(source: str) -> None:
+    """Tenants write templates: no text may crash the renderer with anything else."""
+    with contextlib.suppress(RenderError):
+        render_string(source, {"data": {"x": 1}, "user": {"id": "u"}})
+    errors = template_errors({"sms": {"text": source}})
+    assert all(e["field"] == "channels.sms.text" for e in errors)
