@@ -1,0 +1,96 @@
+"""The instance lock (held with a token, renewed, released only by its holder), what a busy
+instance does with its entry, and the timer set (atomic moves, rebuilt from PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from redis.asyncio import Redis
+
+from notifkit.keys import Keys
+from notifkit.services.workflow.lock import InstanceLocks
+from notifkit.services.workflow.timers import Timers
+from notifkit.streams import decode
+
+if TYPE_CHECKING:
+    from .conftest import FakeClock, Flow, ServiceFactory
+
+
+async def test_the_lock_is_exclusive_renewed_and_released_only_by_its_holder(
+    redis: Redis, keys: Keys,
+) -> None:
+    locks = InstanceLocks(redis, ttl_ms=300)
+    key = keys.workflow_lock("i-1")
+    held = await locks.acquire(key)
+    assert held is not None
+    assert await locks.acquire(key) is None
+    # Renewed while held: still there after several TTLs
+    for _ in range(3):
+        await asyncio.sleep(0.3)  # real time is what the lock's TTL measures
+        assert await redis.get(key) == held.token.encode()
+    assert not held.lost
+    await held.release()
+    assert await redis.exists(key) == 0
+
+    # A holder whose lock expired and was taken over neither renews nor frees the new one
+    stale = await locks.acquire(key)
+    assert stale is not None
+    await redis.set(key, "someone-else", px=10_000)
+    await asyncio.sleep(0.25)  # past one renewal interval (ttl / 3)
+    assert stale.lost
+    await stale.release()
+    assert await redis.get(key) == b"someone-else"
+
+
+async def test_a_busy_instance_is_looked_at_again_after_its_holder_lets_go(
+    flow: Flow, make_service: ServiceFactory, clock: FakeClock, redis: Redis, keys: Keys,
+) -> None:
+    await flow.define("one", [{"type": "send", "template": "hello"}])
+    instance_id = await flow.trigger("one", "u1")
+    # Given another process holding the instance's lock
+    await redis.set(keys.workflow_lock(instance_id), "other-process", px=60_000)
+    service = make_service()
+    await service.run_until_idle()
+    # Then nothing ran, the entry is acked, and a retry wake is due shortly
+    assert await flow.sent() == []
+    assert (await flow.instance(instance_id))["status"] == "pending"
+    assert await redis.zscore(keys.workflow_timers, f"{instance_id}:retry") is not None
+    # When the holder lets go and the retry is due
+    await redis.delete(keys.workflow_lock(instance_id))
+    clock.advance(1)
+    await service.run_until_idle()
+    assert [m["template"] for m in await flow.sent()] == ["hello"]
+    assert (await flow.instance(instance_id))["status"] == "completed"
+
+
+async def test_due_timers_move_to_the_stream_once_even_with_two_pollers(
+    redis: Redis, keys: Keys,
+) -> None:
+    a = Timers(redis, keys.workflow_timers, keys.workflow_inbound, 10_000)
+    b = Timers(redis, keys.workflow_timers, keys.workflow_inbound, 10_000)
+    for i in range(200):
+        await a.schedule(f"i-{i}", "0", 1000 + i)
+    await a.schedule("later", "0", 5000)
+    moved = await asyncio.gather(*(t.move_due(2000, limit=7) for t in [a, b] * 20))
+    assert sum(moved) == 200
+    wakes = [decode(f) for _id, f in await redis.xrange(keys.workflow_inbound)]
+    assert sorted(w["timer"] for w in wakes) == sorted(f"i-{i}:0" for i in range(200))
+    assert all(w["type"] == "wake" for w in wakes)
+    assert await redis.zrange(keys.workflow_timers, 0, -1) == [b"later:0"]
+
+
+async def test_lost_timers_are_rebuilt_from_postgresql(
+    flow: Flow, make_service: ServiceFactory, clock: FakeClock, redis: Redis, keys: Keys,
+) -> None:
+    await flow.define("slow", [{"type": "wait", "seconds": 60},
+                               {"type": "send", "template": "late"}])
+    instance_id = await flow.trigger("slow", "u1")
+    service = make_service()
+    await service.run_until_idle()
+    await redis.delete(keys.workflow_timers)  # Redis lost its data
+    assert await service.rebuild_timers() == 1
+    clock.advance(60)
+    await service.run_until_idle()
+    assert [m["template"] for m in await flow.sent()] == ["late"]
+    assert (await flow.instance(instance_id))["status"] == "completed"
