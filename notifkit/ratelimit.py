@@ -1,0 +1,79 @@
+"""Provider token buckets, shared by every delivery process through Redis.
+
+    notif:ratelimit:{provider}:{projectId}   HASH  tokens (float), ts (ms of the last take)
+
+A send takes one token from each bucket that applies to it (the provider's own rate, under
+the bucket ``{provider}:_all``, and the project's override from ``projects.settings.rateLimits``
+for the channel, under ``{provider}:{projectId}``), all or none, in one Lua call that reads the
+clock of the Redis server, so processes on different hosts agree on time. When a bucket is
+short the call takes nothing and answers how long until the send would fit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+# KEYS: bucket hashes. ARGV: cost, then rate_per_s and burst for each key.
+# Returns 0 when the tokens were taken, else the wait in ms until they would be.
+_TAKE = """
+local now_t = redis.call('TIME')
+local now = tonumber(now_t[1]) * 1000 + math.floor(tonumber(now_t[2]) / 1000)
+local cost = tonumber(ARGV[1])
+local wait = 0
+local tokens = {}
+for i, key in ipairs(KEYS) do
+  local rate = tonumber(ARGV[2 * i])
+  local burst = tonumber(ARGV[2 * i + 1])
+  local state = redis.call('HMGET', key, 'tokens', 'ts')
+  local have = tonumber(state[1]) or burst
+  local ts = tonumber(state[2]) or now
+  if now > ts then have = math.min(burst, have + (now - ts) * rate / 1000) end
+  tokens[i] = have
+  if have < cost then
+    wait = math.max(wait, (cost - have) * 1000 / rate)
+  end
+end
+if wait > 0 then return math.max(1, math.ceil(wait)) end
+for i, key in ipairs(KEYS) do
+  local rate = tonumber(ARGV[2 * i])
+  local burst = tonumber(ARGV[2 * i + 1])
+  redis.call('HSET', key, 'tokens', tostring(tokens[i] - cost), 'ts', now)
+  redis.call('PEXPIRE', key, math.ceil(burst * 1000 / rate) + 1000)
+end
+return 0
+"""
+
+ALL_PROJECTS = "_all"
+
+
+@dataclass(frozen=True)
+class Bucket:
+    key: str
+    rate_per_s: float
+    burst: float
+
+    @classmethod
+    def per_second(cls, key: str, rate_per_s: float) -> Bucket:
+        """A bucket that allows a one-second burst at its rate (at least one send)."""
+        return cls(key, rate_per_s, max(1.0, rate_per_s))
+
+
+class TokenBuckets:
+    def __init__(self, redis: Redis) -> None:
+        self._take = redis.register_script(_TAKE)
+
+    async def take(self, buckets: Sequence[Bucket], cost: float = 1.0) -> float:
+        """Take ``cost`` tokens from every bucket, or none: 0.0 when taken, else the seconds
+        to wait before the tokens would be there."""
+        live = [b for b in buckets if b.rate_per_s > 0 and math.isfinite(b.rate_per_s)]
+        if not live:
+            return 0.0
+        args: list[float] = [cost]
+        for bucket in live:
+            args += [bucket.rate_per_s, bucket.burst]
+        wait_ms = await self._take(keys=[b.key for b in live], args=args)
+        return int(wait_ms) / 1000.0

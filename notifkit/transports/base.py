@@ -1,0 +1,257 @@
+"""The Transport protocol and how a provider's answer is classified.
+
+A transport sends one :class:`Message` to one destination and answers a :class:`SendResult`
+whose :class:`Outcome` is one of the contract's failure classes (CONTRACT §5); it never raises
+for a provider failure. Delivery maps outcomes to actions in one place
+(:mod:`notifkit.services.delivery.outcomes`):
+
+    SENT               the provider accepted; provider_message_id when it gave one
+    RETRY              timeout, connection error, 5xx: a failed attempt (fallback, then retry)
+    RATE_LIMITED       429: park until ``retry_after_s``
+    INVALID_RECIPIENT  the token/address is invalid: disable the contact, never retry it
+    PERMANENT          a rejection retrying cannot fix (bad credentials, rejected payload)
+
+``maybe_accepted`` marks a RETRY whose request may have reached the provider (a timeout or a
+connection lost after sending): retrying it on a provider without idempotency keys is the one
+documented way to send a message twice.
+
+HTTP transports share :class:`HttpTransport`: one ``aiohttp.ClientSession`` per transport with
+a sized, keep-alive connector, every call bounded by ``PROVIDER_TIMEOUT_SECONDS``, and the task
+id in ``X-Notifkit-Task-Id``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+import aiohttp
+import asyncpg
+from redis.asyncio import Redis
+
+from notifkit.config import Settings
+from notifkit.keys import Keys
+
+TASK_ID_HEADER = "X-Notifkit-Task-Id"
+METADATA_FIELD = "notifkit_task_id"  # the provider metadata field that carries the task id
+
+
+class Outcome(StrEnum):
+    SENT = "sent"
+    RETRY = "retry"
+    RATE_LIMITED = "rate_limited"
+    INVALID_RECIPIENT = "invalid_recipient"
+    PERMANENT = "permanent"
+
+
+@dataclass(frozen=True)
+class SendResult:
+    outcome: Outcome
+    provider_message_id: str | None = None
+    detail: str = ""
+    status: int | None = None  # the provider's HTTP (or SMTP) status, when it answered
+    retry_after_s: float | None = None
+    maybe_accepted: bool = False
+
+    @property
+    def sent(self) -> bool:
+        return self.outcome is Outcome.SENT
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message to one destination, built by delivery from an outbound task."""
+
+    task_id: str
+    event_id: str
+    project_id: str
+    user_id: str
+    channel: str
+    to: str
+    content: Mapping[str, Any]
+    template: str = ""
+    topic: str | None = None
+    campaign_id: str | None = None
+    unsubscribe_url: str | None = None
+    created_at: str = ""
+
+
+@dataclass
+class TransportContext:
+    """What transports may need at run time (the in-app one writes PostgreSQL and Redis)."""
+
+    settings: Settings
+    redis: Redis
+    db: asyncpg.Pool | None
+    keys: Keys = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.keys = Keys(self.settings.namespace)
+
+
+@runtime_checkable
+class Transport(Protocol):
+    channel: str  # email | sms | push | inapp | webhook
+    provider: str  # resend, sendgrid, smtp, twilio, fcm, webhook, inapp, ...
+    idempotent: bool  # the provider honours the task id as an idempotency key
+    rate_per_s: float | None  # the provider's documented rate; None = no notifkit bucket
+
+    async def open(self, ctx: TransportContext) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def send(self, message: Message) -> SendResult: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP
+
+
+@dataclass(frozen=True)
+class HttpReply:
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        """The body as JSON, or None when it is not JSON."""
+        try:
+            return json.loads(self.body)
+        except ValueError:
+            return None
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    @property
+    def retry_after_s(self) -> float | None:
+        return parse_retry_after(self.headers.get("Retry-After"))
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Retry-After as seconds: delta-seconds or an HTTP date."""
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def classify_status(reply: HttpReply, detail: str, message_id: str | None = None) -> SendResult:
+    """The generic meaning of an HTTP status; providers refine it (invalid recipients)."""
+    if reply.ok:
+        return SendResult(Outcome.SENT, message_id, detail, reply.status)
+    if reply.status == 429:
+        return SendResult(Outcome.RATE_LIMITED, None, detail, reply.status,
+                          retry_after_s=reply.retry_after_s)
+    if reply.status == 408 or reply.status >= 500:
+        return SendResult(Outcome.RETRY, None, detail, reply.status,
+                          retry_after_s=reply.retry_after_s)
+    return SendResult(Outcome.PERMANENT, None, detail, reply.status)
+
+
+class HttpTransport:
+    """Base of the HTTP transports: session, connector, timeout and failure mapping.
+
+    Subclasses implement :meth:`_send` with :meth:`_request` and classify the reply.
+    """
+
+    channel: str = ""
+    provider: str = ""
+    idempotent: bool = False
+
+    def __init__(
+        self,
+        *,
+        base_url: str = "",
+        timeout_s: float = 10.0,
+        connections: int = 64,
+        rate_per_s: float | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.connections = connections
+        self.rate_per_s = rate_per_s
+        self._session: aiohttp.ClientSession | None = None
+
+    async def open(self, ctx: TransportContext) -> None:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=self.connections, limit_per_host=self.connections, keepalive_timeout=30
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def send(self, message: Message) -> SendResult:
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self._send(message)
+        except TimeoutError:
+            return SendResult(
+                Outcome.RETRY,
+                detail=f"no answer within {self.timeout_s:g} s "
+                f"(waited {time.perf_counter() - started:.2f} s)",
+                maybe_accepted=True,
+            )
+        except aiohttp.ClientConnectorError as exc:
+            return SendResult(Outcome.RETRY, detail=f"could not connect: {exc}")
+        except (aiohttp.ClientError, OSError) as exc:
+            # The request may have been written before the connection broke.
+            return SendResult(Outcome.RETRY, detail=f"connection failed: {exc!r}",
+                              maybe_accepted=True)
+
+    async def _send(self, message: Message) -> SendResult:
+        raise NotImplementedError
+
+    async def _request(
+        self,
+        method: str,
+        url: str,
+        *,
+        task_id: str,
+        headers: Mapping[str, str] | None = None,
+        json_body: Any = None,
+        data: Any = None,
+        body: bytes | None = None,
+    ) -> HttpReply:
+        if self._session is None:
+            raise RuntimeError(f"the {self.provider} transport is not open")
+        all_headers = {TASK_ID_HEADER: task_id, **(headers or {})}
+        async with self._session.request(
+            method, url, headers=all_headers, json=json_body, data=body if body is not None
+            else data,
+        ) as response:
+            raw = await response.read()
+            return HttpReply(response.status, dict(response.headers), raw)
+
+
+def error_detail(reply: HttpReply, limit: int = 300) -> str:
+    """A short description of a provider's error answer for logs and the timeline."""
+    text = reply.body.decode("utf-8", "replace").strip().replace("\n", " ")
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"HTTP {reply.status}: {text}" if text else f"HTTP {reply.status}"

@@ -1,0 +1,48 @@
+"""What every email transport sends: sender, recipient, subject, bodies and headers.
+
+Every email carries ``List-Unsubscribe: <url>`` and ``List-Unsubscribe-Post:
+List-Unsubscribe=One-Click`` (RFC 8058) when the task has an unsubscribe link (the engine
+signs one for every email), and the task id in ``X-Notifkit-Task-Id``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from notifkit.transports.base import TASK_ID_HEADER, Message
+
+
+@dataclass(frozen=True)
+class Email:
+    from_addr: str
+    to: str
+    subject: str
+    text: str | None
+    html: str | None
+    headers: dict[str, str]
+
+
+def build_email(message: Message, from_addr: str) -> Email:
+    content = message.content
+    headers = {TASK_ID_HEADER: message.task_id}
+    if message.unsubscribe_url:
+        headers["List-Unsubscribe"] = f"<{message.unsubscribe_url}>"
+        headers["List-Unsubscribe-Post"] = "List-Unsubscribe=One-Click"
+    text = _str(content.get("text"))
+    html = _str(content.get("html"))
+    if text is None and html is None:
+        text = ""
+    return Email(
+        from_addr=from_addr,
+        to=message.to,
+        subject=_str(content.get("subject")) or "",
+        text=text,
+        html=html,
+        headers=headers,
+    )
+
+
+def _str(value: object) -> str | None:
+    if value is None:
+        return None
+    return value if isinstance(value, str) else str(value)

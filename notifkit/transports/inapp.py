@@ -1,0 +1,74 @@
+"""In-app messages: a row in ``inapp_messages`` plus a notification on the user's inbox
+channel (``notif:channel:inbox:{projectId}:{userId}``), which the api turns into server-sent
+events. ``task_id`` is unique, so delivering a task twice stores (and announces) one message.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import asyncpg
+from redis.exceptions import RedisError
+
+from notifkit import codec
+from notifkit.transports.base import Message, Outcome, SendResult, TransportContext
+
+log = logging.getLogger("notifkit.transports.inapp")
+
+_INSERT = """
+INSERT INTO inapp_messages (project_id, user_id, task_id, event_id, content)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (task_id) DO NOTHING
+RETURNING id::text AS id, created_at
+"""
+
+
+class InAppTransport:
+    channel: str = "inapp"
+    provider: str = "inapp"
+    idempotent: bool = True
+    rate_per_s: float | None = None
+
+    def __init__(self) -> None:
+        self._ctx: TransportContext | None = None
+
+    async def open(self, ctx: TransportContext) -> None:
+        if ctx.db is None:
+            raise RuntimeError("the in-app transport needs the PostgreSQL pool")
+        self._ctx = ctx
+
+    async def close(self) -> None:
+        self._ctx = None
+
+    async def send(self, message: Message) -> SendResult:
+        ctx = self._ctx
+        if ctx is None or ctx.db is None:
+            raise RuntimeError("the in-app transport is not open")
+        content: dict[str, Any] = dict(message.content)
+        try:
+            row = await ctx.db.fetchrow(_INSERT, message.project_id, message.user_id,
+                                        message.task_id, message.event_id, content)
+            if row is None:  # delivered before: the stored message stands, announced already
+                existing = await ctx.db.fetchval(
+                    "SELECT id::text FROM inapp_messages WHERE task_id = $1 AND project_id = $2",
+                    message.task_id, message.project_id,
+                )
+                return SendResult(Outcome.SENT, existing, "already stored")
+        except (asyncpg.PostgresError, OSError) as exc:
+            return SendResult(Outcome.RETRY, detail=f"could not store the message: {exc}")
+        item = {
+            "id": row["id"], "userId": message.user_id, "taskId": message.task_id,
+            "eventId": message.event_id, "content": content, "readAt": None,
+            "createdAt": row["created_at"].isoformat().replace("+00:00", "Z"),
+        }
+        try:
+            await ctx.redis.publish(
+                ctx.keys.inbox_channel(message.project_id, message.user_id), codec.dumps(item)
+            )
+        except (RedisError, OSError) as exc:
+            # The message is stored, so the inbox lists it; only the live push is lost.
+            log.warning("Stored an in-app message but could not announce it (%s); open inbox "
+                        "streams will not show it until reloaded.", exc,
+                        extra={"task_id": message.task_id})
+        return SendResult(Outcome.SENT, row["id"], "stored")

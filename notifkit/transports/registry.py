@@ -1,0 +1,81 @@
+"""The transports a delivery process uses, one per channel, built from Settings.
+
+    email    EMAIL_TRANSPORT: resend | sendgrid | smtp (with its key, base URL, EMAIL_FROM)
+    sms      Twilio when TWILIO_ACCOUNT_SID and TWILIO_AUTH_TOKEN are set
+    push     FCM when FCM_PROJECT_ID and a token (or credentials file) are set
+    webhook  always (signs with NOTIFKIT_SECRET)
+    inapp    always (PostgreSQL + Redis pub/sub)
+
+``NOTIFKIT_SIMULATOR_URL`` fills in every provider left unset (see notifkit.config). Transports
+given in code (``NotifkitServer(transports=[...])``) replace the configured one of their channel.
+A channel without a transport is not an error at start: its tasks fail permanently with a
+message naming the variables to set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from notifkit.config import ConfigError, Settings
+from notifkit.transports.base import Transport
+from notifkit.transports.fcm import FcmTransport
+from notifkit.transports.inapp import InAppTransport
+from notifkit.transports.resend import ResendTransport
+from notifkit.transports.sendgrid import SendgridTransport
+from notifkit.transports.smtp import SmtpTransport
+from notifkit.transports.twilio import TwilioTransport
+from notifkit.transports.webhook import WebhookTransport
+
+MISSING: dict[str, str] = {
+    "email": "EMAIL_TRANSPORT with RESEND_API_KEY, SENDGRID_API_KEY or SMTP_URL",
+    "sms": "TWILIO_ACCOUNT_SID and TWILIO_AUTH_TOKEN",
+    "push": "FCM_PROJECT_ID and FCM_ACCESS_TOKEN (or FCM_CREDENTIALS_FILE)",
+}
+
+
+def build_transports(
+    settings: Settings, extra: Iterable[object] = ()
+) -> dict[str, Transport]:
+    """channel -> transport. ``extra`` are transports registered in code; they win."""
+    timeout_s = settings.provider_timeout_s
+    # One connection per message in flight is the most a delivery process can use.
+    connections = max(1, settings.worker_concurrency)
+    built: dict[str, Transport] = {}
+    email = settings.email
+    if email.transport == "resend" and email.resend_api_key:
+        built["email"] = ResendTransport(
+            api_key=email.resend_api_key, from_addr=email.from_addr,
+            base_url=email.resend_base_url, timeout_s=timeout_s, connections=connections,
+        )
+    elif email.transport == "sendgrid" and email.sendgrid_api_key:
+        built["email"] = SendgridTransport(
+            api_key=email.sendgrid_api_key, from_addr=email.from_addr,
+            base_url=email.sendgrid_base_url, timeout_s=timeout_s, connections=connections,
+        )
+    elif email.transport == "smtp" and email.smtp_url:
+        built["email"] = SmtpTransport(url=email.smtp_url, from_addr=email.from_addr,
+                                       timeout_s=timeout_s)
+    sms = settings.sms
+    if sms.enabled and sms.account_sid and sms.auth_token:
+        if not sms.from_number:
+            raise ConfigError("TWILIO_FROM", "is required when Twilio is configured")
+        built["sms"] = TwilioTransport(
+            account_sid=sms.account_sid, auth_token=sms.auth_token, from_number=sms.from_number,
+            base_url=sms.base_url, timeout_s=timeout_s, connections=connections,
+        )
+    push = settings.push
+    if push.enabled and push.project_id:
+        built["push"] = FcmTransport(
+            project_id=push.project_id, access_token=push.access_token,
+            credentials_file=push.credentials_file, base_url=push.base_url,
+            timeout_s=timeout_s, connections=connections,
+        )
+    built["webhook"] = WebhookTransport(secret=settings.secret, timeout_s=timeout_s,
+                                        connections=connections)
+    built["inapp"] = InAppTransport()
+    for transport in extra:
+        if not isinstance(transport, Transport):
+            raise TypeError(f"{transport!r} is not a notifkit transport (channel, provider, "
+                            "idempotent, rate_per_s, open, close, send)")
+        built[transport.channel] = transport
+    return built

@@ -1,0 +1,76 @@
+"""Email through Resend's HTTP API (``POST /emails``), or anything that speaks it.
+
+The task id is the ``Idempotency-Key`` (Resend keeps keys 24 h and answers a repeated request
+with the first answer), so a retry after a lost response sends nothing twice. The task id is
+also a tag (``notifkit_task_id``) that comes back in Resend's webhooks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from notifkit.transports.base import (
+    METADATA_FIELD,
+    HttpReply,
+    HttpTransport,
+    Message,
+    Outcome,
+    SendResult,
+    classify_status,
+    error_detail,
+)
+from notifkit.transports.email import build_email
+
+# Resend's error names (``{"name": ..., "message": ...}``) that mean the address is bad.
+_INVALID_RECIPIENT_NAMES = {"invalid_to_address", "invalid_recipient"}
+
+
+class ResendTransport(HttpTransport):
+    channel: str = "email"
+    provider: str = "resend"
+    idempotent: bool = True
+
+    def __init__(self, *, api_key: str, from_addr: str,
+                 base_url: str = "https://api.resend.com", **options: Any) -> None:
+        super().__init__(base_url=base_url, **options)
+        self.api_key = api_key
+        self.from_addr = from_addr
+
+    async def _send(self, message: Message) -> SendResult:
+        email = build_email(message, self.from_addr)
+        body: dict[str, Any] = {
+            "from": email.from_addr,
+            "to": [email.to],
+            "subject": email.subject,
+            "headers": email.headers,
+            "tags": [{"name": METADATA_FIELD, "value": message.task_id}],
+        }
+        if email.html is not None:
+            body["html"] = email.html
+        if email.text is not None:
+            body["text"] = email.text
+        reply = await self._request(
+            "POST", f"{self.base_url}/emails", task_id=message.task_id, json_body=body,
+            headers={"Authorization": f"Bearer {self.api_key}",
+                     "Idempotency-Key": message.task_id},
+        )
+        return classify(reply)
+
+
+def classify(reply: HttpReply) -> SendResult:
+    payload = reply.json()
+    detail = error_detail(reply)
+    if reply.ok:
+        message_id = payload.get("id") if isinstance(payload, dict) else None
+        return SendResult(Outcome.SENT, message_id if isinstance(message_id, str) else None,
+                          "accepted", reply.status)
+    name = payload.get("name") if isinstance(payload, dict) else None
+    text = str(payload.get("message", "")) if isinstance(payload, dict) else ""
+    if name in _INVALID_RECIPIENT_NAMES or (
+        reply.status == 422 and name == "validation_error" and "`to`" in text
+    ):
+        return SendResult(Outcome.INVALID_RECIPIENT, None, detail, reply.status)
+    if reply.status == 409 and name == "concurrent_idempotent_requests":
+        # The first request under this key is still being processed: try again later.
+        return SendResult(Outcome.RETRY, None, detail, reply.status, maybe_accepted=True)
+    return classify_status(reply, detail)

@@ -1,0 +1,82 @@
+"""Email through SendGrid's v3 Mail Send API (``POST /v3/mail/send``).
+
+SendGrid has no idempotency key: a retry after a lost response sends the email again (the
+documented duplicate). The task id travels in ``custom_args.notifkit_task_id``, which SendGrid
+echoes in its event webhooks, and in the ``X-Notifkit-Task-Id`` header.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from notifkit.transports.base import (
+    METADATA_FIELD,
+    HttpReply,
+    HttpTransport,
+    Message,
+    Outcome,
+    SendResult,
+    classify_status,
+    error_detail,
+)
+from notifkit.transports.email import build_email
+
+
+class SendgridTransport(HttpTransport):
+    channel: str = "email"
+    provider: str = "sendgrid"
+    idempotent: bool = False
+
+    def __init__(self, *, api_key: str, from_addr: str,
+                 base_url: str = "https://api.sendgrid.com", **options: Any) -> None:
+        super().__init__(base_url=base_url, **options)
+        self.api_key = api_key
+        self.from_addr = from_addr
+
+    async def _send(self, message: Message) -> SendResult:
+        email = build_email(message, self.from_addr)
+        name, address = _split_address(email.from_addr)
+        sender: dict[str, str] = {"email": address}
+        if name:
+            sender["name"] = name
+        content = []
+        if email.text is not None:
+            content.append({"type": "text/plain", "value": email.text or " "})
+        if email.html is not None:
+            content.append({"type": "text/html", "value": email.html})
+        body: dict[str, Any] = {
+            "personalizations": [{"to": [{"email": email.to}]}],
+            "from": sender,
+            "subject": email.subject,
+            "content": content,
+            "headers": email.headers,
+            "custom_args": {METADATA_FIELD: message.task_id},
+        }
+        reply = await self._request(
+            "POST", f"{self.base_url}/v3/mail/send", task_id=message.task_id, json_body=body,
+            headers={"Authorization": f"Bearer {self.api_key}"},
+        )
+        return classify(reply)
+
+
+def classify(reply: HttpReply) -> SendResult:
+    detail = error_detail(reply)
+    if reply.ok:
+        return SendResult(Outcome.SENT, reply.headers.get("X-Message-Id"), "accepted",
+                          reply.status)
+    payload = reply.json()
+    errors = payload.get("errors") if isinstance(payload, dict) else None
+    if reply.status == 400 and isinstance(errors, list):
+        for error in errors:
+            where = str(error.get("field") or "") if isinstance(error, dict) else ""
+            if where.startswith("personalizations") and ".to" in where:
+                return SendResult(Outcome.INVALID_RECIPIENT, None, detail, reply.status)
+    return classify_status(reply, detail)
+
+
+def _split_address(value: str) -> tuple[str, str]:
+    """``"Name <a@b>"`` -> ("Name", "a@b"); a bare address has no name."""
+    if "<" in value and value.rstrip().endswith(">"):
+        name, _, rest = value.partition("<")
+        return name.strip().strip('"'), rest.rstrip().rstrip(">").strip()
+    return "", value.strip()

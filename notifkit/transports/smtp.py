@@ -1,0 +1,131 @@
+"""Email over SMTP (``SMTP_URL`` = ``smtp://user:pass@host:port``, ``smtps://`` for implicit
+TLS; STARTTLS is used when the server offers it).
+
+Connections are pooled (up to ``connections`` open at once, kept open between sends). SMTP has
+no idempotency key: a retry after a lost answer (a timeout after DATA) sends the email again,
+the documented duplicate. The task id travels in ``X-Notifkit-Task-Id`` and in the
+``Message-ID`` (``<taskId@notifkit>``), which is also the provider message id.
+
+Replies: 250 sent; 550/551/553 to RCPT, or to DATA with an enhanced status 5.1.x (bad
+mailbox) = invalid address; other 5xx = permanent; 4xx (421, 451, ...), timeouts and dropped
+connections = retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from email.message import EmailMessage
+from urllib.parse import unquote, urlsplit
+
+import aiosmtplib
+
+from notifkit.transports.base import Message, Outcome, SendResult, TransportContext
+from notifkit.transports.email import build_email
+
+INVALID_MAILBOX_CODES = frozenset({550, 551, 553})
+
+
+class SmtpTransport:
+    channel: str = "email"
+    provider: str = "smtp"
+    idempotent: bool = False
+
+    def __init__(self, *, url: str, from_addr: str, timeout_s: float = 10.0,
+                 connections: int = 4, rate_per_s: float | None = None) -> None:
+        parts = urlsplit(url)
+        self.hostname = parts.hostname or "localhost"
+        self.use_tls = parts.scheme == "smtps"
+        self.port = parts.port or (465 if self.use_tls else 25)
+        self.username = unquote(parts.username) if parts.username else None
+        self.password = unquote(parts.password) if parts.password else None
+        self.from_addr = from_addr
+        self.timeout_s = timeout_s
+        self.rate_per_s = rate_per_s
+        self._slots = asyncio.Semaphore(connections)
+        self._idle: list[aiosmtplib.SMTP] = []
+
+    async def open(self, ctx: TransportContext) -> None:
+        return None
+
+    async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for client in idle:
+            await _quit(client)
+
+    async def send(self, message: Message) -> SendResult:
+        mail = self._compose(message)
+        message_id = mail["Message-ID"]
+        async with self._slots:
+            client = self._idle.pop() if self._idle else None
+            keep = False
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    if client is None or not client.is_connected:
+                        client = await self._connect()
+                    await client.send_message(mail)
+                keep = True
+                return SendResult(Outcome.SENT, message_id, "accepted", 250)
+            except aiosmtplib.SMTPRecipientsRefused as exc:
+                refused = exc.recipients[0] if exc.recipients else None
+                code = refused.code if refused is not None else 550
+                text = refused.message if refused is not None else str(exc)
+                if code in INVALID_MAILBOX_CODES:  # refused at RCPT: the mailbox itself
+                    return SendResult(Outcome.INVALID_RECIPIENT, None, f"SMTP {code}: {text}",
+                                      code)
+                return _by_code(code, text)
+            except aiosmtplib.SMTPResponseException as exc:
+                return _by_code(exc.code, exc.message)
+            except TimeoutError:
+                return SendResult(Outcome.RETRY, detail=f"no answer within {self.timeout_s:g} s",
+                                  maybe_accepted=True)
+            except (aiosmtplib.SMTPException, OSError) as exc:
+                return SendResult(Outcome.RETRY, detail=f"SMTP connection failed: {exc}",
+                                  maybe_accepted=True)
+            finally:
+                if client is not None:
+                    if keep:
+                        self._idle.append(client)
+                    else:
+                        await _quit(client)
+
+    async def _connect(self) -> aiosmtplib.SMTP:
+        client = aiosmtplib.SMTP(
+            hostname=self.hostname, port=self.port, username=self.username,
+            password=self.password, use_tls=self.use_tls, timeout=self.timeout_s,
+        )
+        await client.connect()
+        return client
+
+    def _compose(self, message: Message) -> EmailMessage:
+        email = build_email(message, self.from_addr)
+        mail = EmailMessage()
+        mail["From"] = email.from_addr
+        mail["To"] = email.to
+        mail["Subject"] = email.subject
+        mail["Message-ID"] = f"<{message.task_id}@notifkit>"
+        for name, value in email.headers.items():
+            mail[name] = value
+        mail.set_content(email.text if email.text is not None else "")
+        if email.html is not None:
+            mail.add_alternative(email.html, subtype="html")
+        return mail
+
+
+def _by_code(code: int, text: str) -> SendResult:
+    detail = f"SMTP {code}: {text}"
+    if 400 <= code < 500:
+        return SendResult(Outcome.RETRY, None, detail, code)
+    # Servers that check recipients late answer DATA with 550 and an enhanced status 5.1.x
+    # (bad destination mailbox): we send one recipient per message, so it is that address.
+    if code in INVALID_MAILBOX_CODES and " 5.1." in f" {text}":
+        return SendResult(Outcome.INVALID_RECIPIENT, None, detail, code)
+    return SendResult(Outcome.PERMANENT, None, detail, code)
+
+
+async def _quit(client: aiosmtplib.SMTP) -> None:
+    with contextlib.suppress(Exception):
+        if client.is_connected:
+            await asyncio.wait_for(client.quit(), 1.0)
+    with contextlib.suppress(Exception):
+        client.close()

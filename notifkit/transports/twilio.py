@@ -1,0 +1,66 @@
+"""SMS through Twilio's Messages API (form POST, Basic auth with the account SID and token).
+
+Twilio has no idempotency key: a retry after a lost response sends the SMS again (the
+documented duplicate). Twilio has no metadata field either; the task id travels in the
+``X-Notifkit-Task-Id`` header only.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from notifkit.transports.base import (
+    HttpReply,
+    HttpTransport,
+    Message,
+    Outcome,
+    SendResult,
+    classify_status,
+    error_detail,
+)
+
+# Error codes that mean the number can never receive from us: invalid number, unsubscribed
+# (the recipient replied STOP), not a mobile number, unreachable/blocked destination.
+INVALID_NUMBER_CODES = frozenset({21211, 21610, 21614, 21612, 21408})
+RATE_LIMIT_CODES = frozenset({20429})
+
+
+class TwilioTransport(HttpTransport):
+    channel: str = "sms"
+    provider: str = "twilio"
+    idempotent: bool = False
+
+    def __init__(self, *, account_sid: str, auth_token: str, from_number: str,
+                 base_url: str = "https://api.twilio.com", **options: Any) -> None:
+        super().__init__(base_url=base_url, **options)
+        self.account_sid = account_sid
+        credentials = base64.b64encode(f"{account_sid}:{auth_token}".encode()).decode()
+        self.authorization = f"Basic {credentials}"
+        self.from_number = from_number
+
+    async def _send(self, message: Message) -> SendResult:
+        text = message.content.get("text")
+        form = {"To": message.to, "From": self.from_number,
+                "Body": text if isinstance(text, str) else str(text or "")}
+        reply = await self._request(
+            "POST", f"{self.base_url}/2010-04-01/Accounts/{self.account_sid}/Messages.json",
+            task_id=message.task_id, data=form, headers={"Authorization": self.authorization},
+        )
+        return classify(reply)
+
+
+def classify(reply: HttpReply) -> SendResult:
+    payload = reply.json()
+    detail = error_detail(reply)
+    if reply.ok:
+        sid = payload.get("sid") if isinstance(payload, dict) else None
+        return SendResult(Outcome.SENT, sid if isinstance(sid, str) else None, "accepted",
+                          reply.status)
+    code = payload.get("code") if isinstance(payload, dict) else None
+    if code in INVALID_NUMBER_CODES:
+        return SendResult(Outcome.INVALID_RECIPIENT, None, detail, reply.status)
+    if code in RATE_LIMIT_CODES:
+        return SendResult(Outcome.RATE_LIMITED, None, detail, reply.status,
+                          retry_after_s=reply.retry_after_s)
+    return classify_status(reply, detail)

@@ -1,0 +1,41 @@
+"""Provider token buckets in Redis: shared state, all-or-nothing across buckets."""
+
+from __future__ import annotations
+
+from redis.asyncio import Redis
+
+from notifkit.keys import Keys
+from notifkit.ratelimit import Bucket, TokenBuckets
+
+
+async def test_a_bucket_allows_its_burst_then_says_how_long_to_wait(
+    redis: Redis, keys: Keys
+) -> None:
+    bucket = Bucket(keys.provider_bucket("twilio", "_all"), rate_per_s=2.0, burst=2.0)
+    # Two processes share the bucket through Redis.
+    first, second = TokenBuckets(redis), TokenBuckets(redis)
+
+    assert await first.take([bucket]) == 0.0
+    assert await second.take([bucket]) == 0.0
+    wait_s = await first.take([bucket])
+
+    # The third send must wait for the next token: at most half a second at 2 per second.
+    assert 0.0 < wait_s <= 0.5
+
+
+async def test_a_short_bucket_takes_nothing_from_the_others(redis: Redis, keys: Keys) -> None:
+    provider = Bucket(keys.provider_bucket("resend", "_all"), rate_per_s=100.0, burst=100.0)
+    project = Bucket(keys.provider_bucket("resend", "p1"), rate_per_s=1.0, burst=1.0)
+    buckets = TokenBuckets(redis)
+
+    assert await buckets.take([provider, project]) == 0.0
+    assert await buckets.take([provider, project]) > 0.0  # the project's bucket is empty
+
+    # The provider bucket lost one token (the first send), not two.
+    tokens = float(await redis.hget(provider.key, "tokens") or 0)
+    assert 98.9 <= tokens <= 99.1
+    assert 0 < await redis.pttl(provider.key) <= 2000
+
+
+async def test_no_bucket_means_no_limit(redis: Redis) -> None:
+    assert await TokenBuckets(redis).take([]) == 0.0

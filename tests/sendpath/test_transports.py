@@ -1,0 +1,141 @@
+"""Every transport against its provider simulator: one contract, run per provider.
+
+The contract: an accepted send is SENT with the provider's message id and the simulator
+recorded the recipient and the task id; the simulator's faults map onto the failure classes
+(error -> RETRY, rate_limit -> RATE_LIMITED with Retry-After, invalid_token ->
+INVALID_RECIPIENT, timeout and lost_response -> RETRY that may have been accepted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from notifkit.config import Settings
+from notifkit.transports.base import Message, Outcome, Transport, TransportContext
+from notifkit.transports.fcm import FcmTransport
+from notifkit.transports.resend import ResendTransport
+from notifkit.transports.sendgrid import SendgridTransport
+from notifkit.transports.smtp import SmtpTransport
+from notifkit.transports.twilio import TwilioTransport
+from simulators import SimulatorServer
+
+TIMEOUT_S = 0.5
+
+
+@dataclass
+class Case:
+    provider: str
+    channel: str
+    to: str
+    content: dict[str, Any]
+    make: Callable[[SimulatorServer], Transport]
+    # Whether a fault's HTTP status is part of the answer (SMTP has reply codes instead).
+    http: bool = True
+
+
+CASES = [
+    Case("resend", "email", "ada@example.com",
+         {"subject": "Hi", "text": "Hello", "html": "<p>Hello</p>"},
+         lambda sim: ResendTransport(api_key="re_test", from_addr="notifkit <n@example.com>",
+                                     base_url=sim.base_url, timeout_s=TIMEOUT_S)),
+    Case("sendgrid", "email", "ada@example.com", {"subject": "Hi", "text": "Hello"},
+         lambda sim: SendgridTransport(api_key="SG.test", from_addr="n@example.com",
+                                       base_url=sim.base_url, timeout_s=TIMEOUT_S)),
+    Case("smtp", "email", "ada@example.com", {"subject": "Hi", "text": "Hello"},
+         lambda sim: SmtpTransport(url=f"smtp://{sim.smtp_host}:{sim.smtp_port}",
+                                   from_addr="n@example.com", timeout_s=TIMEOUT_S), http=False),
+    Case("twilio", "sms", "+15557654321", {"text": "Hello"},
+         lambda sim: TwilioTransport(account_sid="AC" + "1" * 32, auth_token="tok",
+                                     from_number="+15550001111", base_url=sim.base_url,
+                                     timeout_s=TIMEOUT_S)),
+    Case("fcm", "push", "device-token-1", {"title": "Hi", "body": "Hello", "data": {"n": 1}},
+         lambda sim: FcmTransport(project_id="p1", access_token="ya29.test",
+                                  base_url=sim.base_url, timeout_s=TIMEOUT_S)),
+]
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[SimulatorServer]:
+    async with SimulatorServer(seed=1) as server:
+        yield server
+
+
+@pytest.fixture(params=CASES, ids=[c.provider for c in CASES])
+async def case(request: pytest.FixtureRequest, sim: SimulatorServer,
+               settings: Settings, redis: Redis) -> AsyncIterator[tuple[Case, Transport]]:
+    spec: Case = request.param
+    transport = spec.make(sim)
+    await transport.open(TransportContext(settings, redis, None))
+    try:
+        yield spec, transport
+    finally:
+        await transport.close()
+
+
+def message(spec: Case, task_id: str = "task-0001", **extra: Any) -> Message:
+    return Message(task_id=task_id, event_id="event-1", project_id="project-1",
+                   user_id="user-1", channel=spec.channel, to=spec.to, content=spec.content,
+                   **extra)
+
+
+async def test_an_accepted_send_names_the_recipient_and_the_task(
+    case: tuple[Case, Transport], sim: SimulatorServer
+) -> None:
+    spec, transport = case
+    result = await transport.send(message(spec, "task-accepted"))
+
+    assert result.outcome is Outcome.SENT, result.detail
+    assert result.provider_message_id
+    [record] = await sim.messages(spec.provider)
+    assert record["to"].lower() == spec.to.lower()
+    assert record["taskId"] == "task-accepted"
+    assert record["acceptCount"] == 1
+
+
+@pytest.mark.parametrize(("fault", "outcome"), [
+    ("error", Outcome.RETRY),
+    ("rate_limit", Outcome.RATE_LIMITED),
+    ("invalid_token", Outcome.INVALID_RECIPIENT),
+    ("timeout", Outcome.RETRY),
+    ("lost_response", Outcome.RETRY),
+])
+async def test_faults_map_onto_the_failure_classes(
+    case: tuple[Case, Transport], sim: SimulatorServer, fault: str, outcome: Outcome
+) -> None:
+    spec, transport = case
+    if spec.provider == "smtp" and fault == "rate_limit":
+        outcome = Outcome.RETRY  # SMTP says 421 "slow down": a temporary failure, no Retry-After
+    await sim.add_fault(fault, spec.provider, times=1,
+                        retry_after_s=7 if fault == "rate_limit" else None)
+
+    result = await transport.send(message(spec))
+
+    assert result.outcome is outcome, result.detail
+    if outcome is Outcome.RATE_LIMITED:
+        assert result.retry_after_s == 7
+    assert result.maybe_accepted is (fault in ("timeout", "lost_response"))
+    recorded = await sim.messages(spec.provider)
+    assert len(recorded) == (1 if fault == "lost_response" else 0)
+
+
+async def test_email_carries_the_one_click_unsubscribe_headers(sim: SimulatorServer) -> None:
+    transport = ResendTransport(api_key="re_test", from_addr="n@example.com",
+                                base_url=sim.base_url)
+    await transport.open(None)  # type: ignore[arg-type]
+    try:
+        await transport.send(Message(
+            task_id="t-unsub", event_id="e", project_id="p", user_id="u", channel="email",
+            to="ada@example.com", content={"subject": "s", "text": "t"},
+            unsubscribe_url="https://notifkit.example/v1/unsubscribe?token=abc"))
+    finally:
+        await transport.close()
+    [record] = await sim.messages("resend")
+    headers = record["content"]["headers"]
+    assert headers["List-Unsubscribe"] == "<https://notifkit.example/v1/unsubscribe?token=abc>"
+    assert headers["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
+    assert headers["X-Notifkit-Task-Id"] == "t-unsub"
