@@ -175,8 +175,11 @@ def _check_status(kind: FaultKind, provider: str, status: int) -> None:
                 f"'status' for smtp must be an SMTP reply code 400-599, got {status}"
             )
     elif kind is FaultKind.MALFORMED:
-        if not 200 <= status <= 599:
-            raise ControlError(f"'status' for malformed must be 200-599, got {status}")
+        # 204 and 304 carry no body, so nothing would be malformed.
+        if not 200 <= status <= 599 or status in (204, 304):
+            raise ControlError(
+                f"'status' for malformed must be 200-599 but not 204/304, got {status}"
+            )
     elif not 400 <= status <= 599:
         raise ControlError(f"'status' for kind '{kind}' must be 400-599, got {status}")
 

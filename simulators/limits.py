@@ -23,6 +23,8 @@ from simulators.validation import (
 )
 
 MAX_RATE_PER_S = 1_000_000.0
+MIN_RATE_PER_S = 0.001  # one request per ~17 minutes; slower is no longer a rate
+MAX_RETRY_AFTER_S = 86_400
 MAX_BUCKETS_PER_PROVIDER = 10_000  # keys are client-chosen; bound the map
 
 
@@ -68,12 +70,7 @@ class RateLimits:
         choices = [ANY_PROVIDER, *(p.value for p in Provider)]
         name = require_choice(body, "provider", choices)
         rate = get_number(
-            body,
-            "ratePerSecond",
-            minimum=0.0,
-            maximum=MAX_RATE_PER_S,
-            required=True,
-            exclusive_minimum=True,
+            body, "ratePerSecond", minimum=MIN_RATE_PER_S, maximum=MAX_RATE_PER_S, required=True
         )
         assert rate is not None
         burst = get_int(body, "burst", minimum=1, maximum=1_000_000)
@@ -127,6 +124,8 @@ class RateLimits:
 
 def retry_after_header(seconds: float) -> str:
     """Retry-After carries whole seconds; round up so a client that obeys it is not refused."""
+    if not math.isfinite(seconds) or seconds >= MAX_RETRY_AFTER_S:
+        return str(MAX_RETRY_AFTER_S)
     return str(max(1, math.ceil(seconds)))
 
 

@@ -66,7 +66,6 @@ def get_number(
     minimum: float,
     maximum: float,
     required: bool = False,
-    exclusive_minimum: bool = False,
 ) -> float | None:
     value = payload.get(name)
     if value is None:
@@ -76,12 +75,8 @@ def get_number(
     # bool is an int subclass; `true` is not a probability.
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ControlError(f"'{name}' must be a number")
-    too_low = value <= minimum if exclusive_minimum else value < minimum
-    if too_low or value > maximum:
-        bracket = "(" if exclusive_minimum else "["
-        raise ControlError(
-            f"'{name}' must be in {bracket}{minimum:g}, {maximum:g}], got {show(value)}"
-        )
+    if not minimum <= value <= maximum:
+        raise ControlError(f"'{name}' must be in [{minimum:g}, {maximum:g}], got {show(value)}")
     return float(value)
 
 

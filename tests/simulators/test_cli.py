@@ -1,0 +1,87 @@
+"""`python -m simulators`: bad arguments get one clear line and exit 2; a running simulator
+serves HTTP and SMTP and stops cleanly on SIGTERM and SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+import aiosmtplib
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LISTENING = re.compile(r"listening on (http://[\d.]+:\d+) \(SMTP ([\d.]+):(\d+)\)")
+
+
+async def run_cli(*args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "simulators",
+        *args,
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "complaint"),
+    [
+        (["--port", "http"], "port must be an integer"),
+        (["--smtp-port", "70000"], "port must be 0-65535"),
+        (["--seed", "-3"], "non-negative"),
+        (["--max-messages", "0"], "positive"),
+        (["--colour"], "unrecognized arguments"),
+    ],
+)
+async def test_bad_arguments_exit_2_with_one_line(args: list[str], complaint: str) -> None:
+    process = await run_cli(*args)
+    stdout, stderr = await asyncio.wait_for(process.communicate(), 20)
+    assert process.returncode == 2
+    lines = stderr.decode().strip().splitlines()
+    assert len(lines) == 1
+    assert complaint in lines[0]
+    assert stdout == b""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop_with", [signal.SIGTERM, signal.SIGINT])
+async def test_serves_and_stops_cleanly(stop_with: signal.Signals) -> None:
+    process = await run_cli("--port", "0", "--smtp-port", "0", "--seed", "4")
+    assert process.stderr is not None
+    try:
+        line = (await asyncio.wait_for(process.stderr.readline(), 20)).decode()
+        match = LISTENING.search(line)
+        assert match, line
+        base_url, smtp_host, smtp_port = match.group(1), match.group(2), int(match.group(3))
+        assert "seed 4" in line
+
+        async with aiohttp.ClientSession() as http:
+            async with http.get(base_url + "/_sim/health") as response:
+                assert (await response.json())["seed"] == 4
+            body = {"from": "a@example.com", "to": "b@example.com", "subject": "s", "text": "t"}
+            async with http.post(
+                base_url + "/emails", json=body, headers={"Authorization": "Bearer re_1"}
+            ) as response:
+                assert response.status == 200
+        await aiosmtplib.send(
+            "Subject: hi\r\n\r\nbody\r\n",
+            sender="a@example.com",
+            recipients=["c@example.com"],
+            hostname=smtp_host,
+            port=smtp_port,
+            timeout=5,
+        )
+        received = (await asyncio.wait_for(process.stderr.readline(), 10)).decode()
+        assert "resend accepted message" in received
+    finally:
+        process.send_signal(stop_with)
+        _, rest = await asyncio.wait_for(process.communicate(), 20)
+    assert process.returncode == 0
+    assert "Traceback" not in rest.decode()
+    assert "smtp accepted message" in rest.decode()

@@ -1,0 +1,247 @@
+"""The control API's exact shapes over HTTP, and `SimulatorClient` driving it from outside."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from simulators import ControlError, SimulatorClient, SimulatorServer
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def call(
+    http: aiohttp.ClientSession, sim: SimulatorServer, method: str, path: str, **options: Any
+) -> tuple[int, Any]:
+    async with http.request(method, sim.base_url + path, **options) as response:
+        body = await response.read()
+        return response.status, (await response.json()) if body else None
+
+
+async def send_email(http: aiohttp.ClientSession, sim: SimulatorServer, to: str, task: str) -> None:
+    body = {"from": "a@example.com", "to": to, "subject": "s", "text": "t"}
+    headers = {"Authorization": "Bearer re_1", "X-Notifkit-Task-Id": task}
+    status, _ = await call(http, sim, "POST", "/emails", json=body, headers=headers)
+    assert status == 200
+
+
+async def test_fault_lifecycle(http: aiohttp.ClientSession, sim: SimulatorServer) -> None:
+    rule = {"provider": "twilio", "kind": "error", "to": "+44*", "probability": 0.5, "times": 3}
+    status, created = await call(http, sim, "POST", "/_sim/faults", json={**rule, "status": 503})
+    assert status == 201
+    assert created["id"]
+    assert {key: created[key] for key in rule} == rule
+    assert created["status"] == 503
+
+    status, listed = await call(http, sim, "GET", "/_sim/faults")
+    assert listed == {"items": [created]}
+
+    assert (await call(http, sim, "DELETE", f"/_sim/faults/{created['id']}"))[0] == 204
+    status, missing = await call(http, sim, "DELETE", f"/_sim/faults/{created['id']}")
+    assert status == 404
+    assert created["id"] in missing["error"]
+
+    await call(http, sim, "POST", "/_sim/faults", json={"kind": "timeout"})
+    assert (await call(http, sim, "DELETE", "/_sim/faults"))[0] == 204
+    assert (await call(http, sim, "GET", "/_sim/faults"))[1] == {"items": []}
+
+
+async def test_messages_filters_newest_first(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    await send_email(http, sim, "ada@example.com", "t1")
+    await send_email(http, sim, "bob@example.com", "t2")
+    await send_email(http, sim, "ada@example.com", "t1")
+
+    _, everything = await call(http, sim, "GET", "/_sim/messages")
+    assert [m["taskId"] for m in everything["items"]] == ["t1", "t2", "t1"]
+    assert [m["acceptCount"] for m in everything["items"]] == [2, 1, 1]
+    item = everything["items"][0]
+    assert set(item) == {
+        "id",
+        "provider",
+        "to",
+        "taskId",
+        "idempotencyKey",
+        "receivedAt",
+        "acceptCount",
+        "content",
+    }
+    assert item["receivedAt"].endswith("Z")
+
+    _, for_bob = await call(http, sim, "GET", "/_sim/messages", params={"to": "BOB@example.com"})
+    assert [m["taskId"] for m in for_bob["items"]] == ["t2"]
+    _, by_task = await call(
+        http, sim, "GET", "/_sim/messages", params={"taskId": "t1", "limit": "1"}
+    )
+    assert len(by_task["items"]) == 1
+    _, other = await call(http, sim, "GET", "/_sim/messages", params={"provider": "twilio"})
+    assert other == {"items": []}
+
+
+@pytest.mark.parametrize(
+    ("params", "named"),
+    [
+        ({"provider": "pigeon"}, "'provider'"),
+        ({"limit": "many"}, "'limit'"),
+        ({"limit": "0"}, "'limit'"),
+        ({"task_id": "x"}, "'task_id'"),
+    ],
+)
+async def test_bad_message_queries_are_400(
+    http: aiohttp.ClientSession, sim: SimulatorServer, params: dict[str, str], named: str
+) -> None:
+    status, body = await call(http, sim, "GET", "/_sim/messages", params=params)
+    assert status == 400
+    assert named in body["error"]
+
+
+async def test_stats_shape(http: aiohttp.ClientSession, sim: SimulatorServer) -> None:
+    await call(
+        http, sim, "POST", "/_sim/faults", json={"provider": "resend", "kind": "error", "times": 1}
+    )
+    body = {"from": "a@example.com", "to": "b@example.com", "subject": "s", "text": "t"}
+    headers = {"Authorization": "Bearer re_1"}
+    assert (await call(http, sim, "POST", "/emails", json=body, headers=headers))[0] == 500
+    assert (await call(http, sim, "POST", "/emails", json=body, headers=headers))[0] == 200
+
+    _, stats = await call(http, sim, "GET", "/_sim/stats")
+
+    assert set(stats) == {"resend", "sendgrid", "smtp", "twilio", "fcm", "openai"}
+    resend = stats["resend"]
+    assert (resend["requests"], resend["accepted"], resend["duplicates"]) == (2, 1, 0)
+    assert resend["faults"] == {"error": 1}
+
+
+async def test_limits_and_reset(http: aiohttp.ClientSession, sim: SimulatorServer) -> None:
+    status, limits = await call(
+        http,
+        sim,
+        "POST",
+        "/_sim/limits",
+        json={"provider": "resend", "ratePerSecond": 2, "burst": 4},
+    )
+    assert status == 200
+    assert limits == {"items": [{"provider": "resend", "ratePerSecond": 2.0, "burst": 4}]}
+    await send_email(http, sim, "ada@example.com", "t1")
+    await call(http, sim, "POST", "/_sim/faults", json={"kind": "error"})
+
+    status, reset = await call(http, sim, "POST", "/_sim/reset")
+
+    assert status == 200
+    assert reset == {"seed": 1}
+    assert (await call(http, sim, "GET", "/_sim/messages"))[1] == {"items": []}
+    assert (await call(http, sim, "GET", "/_sim/faults"))[1] == {"items": []}
+    assert (await call(http, sim, "GET", "/_sim/limits"))[1] == {"items": []}
+    assert (await call(http, sim, "GET", "/_sim/stats"))[1]["resend"]["requests"] == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "named"),
+    [
+        ("/_sim/faults", b"{not json", "valid UTF-8 JSON"),
+        ("/_sim/faults", b"", "JSON object"),
+        ("/_sim/limits", {"provider": "resend"}, "'ratePerSecond' is required"),
+        ("/_sim/limits", {"provider": "resend", "ratePerSecond": 0}, "'ratePerSecond'"),
+        ("/_sim/receipts", {"url": "ftp://x", "secret": "s"}, "'url'"),
+        ("/_sim/receipts", {"url": "http://x.test/h"}, "'secret' is required"),
+        ("/_sim/receipts", {"url": "http://x.test/h", "secret": "s", "opened": 2}, "'opened'"),
+        ("/_sim/reset", {"seed": -1}, "'seed'"),
+    ],
+)
+async def test_bad_control_input_is_400_naming_the_problem(
+    http: aiohttp.ClientSession, sim: SimulatorServer, path: str, body: Any, named: str
+) -> None:
+    options = {"data": body} if isinstance(body, bytes) else {"json": body}
+    status, answer = await call(http, sim, "POST", path, **options)
+    assert status == 400
+    assert named in answer["error"]
+
+
+async def test_unknown_paths_and_methods_are_json_404_405(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    status, body = await call(http, sim, "GET", "/nowhere")
+    assert status == 404
+    assert body == {"error": "no route for GET /nowhere"}
+    status, body = await call(http, sim, "PUT", "/_sim/faults")
+    assert status == 405
+
+
+async def test_page_lists_messages_and_escapes_them(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    body = {
+        "from": "a@example.com",
+        "to": "b@example.com",
+        "subject": "<script>alert(1)</script>",
+        "html": '<p onclick="x()">Hi "there"</p>',
+    }
+    await call(http, sim, "POST", "/emails", json=body, headers={"Authorization": "Bearer re_1"})
+    await call(http, sim, "POST", "/_sim/faults", json={"kind": "latency", "provider": "fcm"})
+
+    async with http.get(sim.base_url + "/_sim/") as response:
+        assert response.status == 200
+        assert response.content_type == "text/html"
+        assert "default-src 'none'" in response.headers["Content-Security-Policy"]
+        page = await response.text()
+
+    assert "<script>alert(1)</script>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert '<iframe sandbox="" srcdoc="&lt;p onclick=&quot;x()&quot;&gt;' in page
+    assert 'http-equiv="refresh"' in page
+    assert "latency" in page
+
+
+async def test_simulator_client_over_http(
+    sim: SimulatorServer, http: aiohttp.ClientSession
+) -> None:
+    async with SimulatorClient(sim.base_url) as remote:
+        rule = await remote.add_fault("rate_limit", "resend", times=1, retry_after_s=2)
+        assert rule["retryAfter"] == 2
+        assert await remote.faults() == [rule]
+        health = await remote.health()
+        assert health["smtpPort"] == sim.smtp_port
+
+        body = {"from": "a@example.com", "to": "b@example.com", "subject": "s", "text": "t"}
+        for expected in (429, 200):
+            status, _ = await call(
+                http, sim, "POST", "/emails", json=body, headers={"Authorization": "Bearer k"}
+            )
+            assert status == expected
+        [message] = await remote.wait_for_messages(1, "resend")
+        assert message["to"] == "b@example.com"
+        assert (await remote.stats())["resend"]["faults"] == {"rate_limit": 1}
+
+        with pytest.raises(ControlError) as caught:
+            await remote.add_fault("error", probability=3)
+        assert caught.value.status == 400
+        assert "'probability'" in caught.value.message
+        with pytest.raises(ControlError) as missing:
+            await remote.remove_fault("f_999")
+        assert missing.value.status == 404
+
+        assert await remote.reset(seed=7) == 7
+        assert await remote.messages() == []
+
+
+async def test_in_process_and_http_answers_are_identical(sim: SimulatorServer) -> None:
+    async with SimulatorClient(sim.base_url) as remote:
+        local = await sim.add_fault("latency", "*", delay_ms=(5, 10))
+        assert await remote.faults() == [local]
+        assert await sim.stats() == await remote.stats()
+        with pytest.raises(ControlError) as caught:
+            await sim.set_limit("nobody", 1)
+        assert "'provider'" in caught.value.message
+
+
+async def test_wait_for_messages_times_out_with_a_clear_message(sim: SimulatorServer) -> None:
+    with pytest.raises(TimeoutError, match="expected 1 message"):
+        await sim.wait_for_messages(1, "twilio", timeout_s=0.05)

@@ -1,0 +1,82 @@
+"""Provider-side token buckets: per key, refilled at the configured rate, never more than
+`burst` at once, and a Retry-After that is always a usable header value."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulators import ControlError
+from simulators.kinds import Provider
+from simulators.limits import RateLimits, retry_after_header
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def test_burst_then_rate() -> None:
+    clock = Clock()
+    limits = RateLimits(clock=clock)
+    limits.set({"provider": "resend", "ratePerSecond": 2, "burst": 3})
+
+    granted = [limits.check(Provider.RESEND, "key") is None for _ in range(4)]
+    assert granted == [True, True, True, False]
+
+    wait_s = limits.check(Provider.RESEND, "key")
+    assert wait_s == pytest.approx(0.5)
+    clock.now_s += 0.5
+    assert limits.check(Provider.RESEND, "key") is None
+    # Other keys and other providers are not affected.
+    assert limits.check(Provider.RESEND, "other") is None
+    assert limits.check(Provider.TWILIO, "key") is None
+
+
+def test_star_sets_every_provider_and_burst_defaults_to_rate() -> None:
+    limits = RateLimits()
+    items = limits.set({"provider": "*", "ratePerSecond": 2.5})
+    assert len(items) == len(Provider)
+    assert {item["burst"] for item in items} == {3}
+
+
+@pytest.mark.parametrize("rate", [0, -1, 1e-9, 1e9, "fast", None])
+def test_unusable_rates_are_refused(rate: object) -> None:
+    with pytest.raises(ControlError, match="ratePerSecond"):
+        RateLimits().set({"provider": "fcm", "ratePerSecond": rate})
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rate=st.floats(min_value=0.001, max_value=1e6),
+    burst=st.integers(min_value=1, max_value=1000),
+    gaps=st.lists(st.floats(min_value=0, max_value=1e5), min_size=1, max_size=60),
+)
+def test_never_more_than_burst_plus_refill(rate: float, burst: int, gaps: list[float]) -> None:
+    """Whatever the timing, grants never exceed what the bucket could have held, and every
+    refusal carries a Retry-After a client can parse."""
+    clock = Clock()
+    limits = RateLimits(clock=clock)
+    limits.set({"provider": "sendgrid", "ratePerSecond": rate, "burst": burst})
+    started = clock.now_s
+    granted = 0
+    for gap in gaps:
+        clock.now_s += gap
+        wait_s = limits.check(Provider.SENDGRID, "k")
+        if wait_s is None:
+            granted += 1
+        else:
+            assert wait_s > 0
+            header = retry_after_header(wait_s)
+            assert header.isdigit()
+            assert 1 <= int(header) <= 86_400
+        assert granted <= burst + (clock.now_s - started) * rate + 1e-6
+
+
+@pytest.mark.parametrize(("seconds", "header"), [(0.01, "1"), (1.2, "2"), (float("inf"), "86400")])
+def test_retry_after_rounds_up(seconds: float, header: str) -> None:
+    assert retry_after_header(seconds) == header
