@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+import pytest
 from redis.asyncio import Redis
 
 from notifkit.keys import Keys
@@ -94,3 +95,36 @@ async def test_lost_timers_are_rebuilt_from_postgresql(
     await service.run_until_idle()
     assert [m["template"] for m in await flow.sent()] == ["late"]
     assert (await flow.instance(instance_id))["status"] == "completed"
+
+
+class _LosesAfter:
+    """A lock that reports itself lost after ``checks`` looks (as if it expired mid-run)."""
+
+    def __init__(self, checks: int) -> None:
+        self.checks = checks
+
+    @property
+    def lost(self) -> bool:
+        self.checks -= 1
+        return self.checks < 0
+
+
+async def test_a_runner_that_loses_its_lock_stops_before_the_next_step(
+    flow: Flow, make_service: ServiceFactory,
+) -> None:
+    from notifkit.db import workflows as db
+    from notifkit.services.workflow.runner import LockLost
+
+    await flow.define("two", [{"type": "send", "template": "a"},
+                              {"type": "send", "template": "b"}])
+    instance_id = await flow.trigger("two", "u1")
+    service = make_service()
+    await service.open()
+    instance = await db.get_instance(service.pool, instance_id)
+    assert instance is not None
+    with pytest.raises(LockLost):
+        await service.runner.run(instance, _LosesAfter(1))  # type: ignore[arg-type]
+    assert [m["template"] for m in await flow.sent()] == ["a"]
+    assert [s["path"] for s in await flow.steps(instance_id)] == ["0"]
+    # and the instance is at the next step, for whoever holds the lock now
+    assert (await flow.instance(instance_id))["cursor"] == "1"

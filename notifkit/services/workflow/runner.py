@@ -53,6 +53,10 @@ log = logging.getLogger("notifkit.workflow")
 Clock = Callable[[], float]
 
 
+class LockLost(RetryLater):
+    """The runner's lock expired or was taken over: it stops before its next step."""
+
+
 @dataclass
 class Advance:
     """The step is done; the instance goes on at ``next`` (None = the workflow is over)."""
@@ -131,7 +135,7 @@ class Runner:
             )
         while path is not None:
             if lock.lost:
-                raise RetryLater("the instance's lock was lost mid-run; another runner has it")
+                raise LockLost("the instance's lock was lost mid-run; another runner has it")
             text = format_path(path)
             step = step_at(instance.steps, path)
             row = run.rows.get(text)

@@ -28,7 +28,7 @@ from notifkit.config import Settings
 from notifkit.db import workflows as db
 from notifkit.services.base import WorkerService
 from notifkit.services.workflow.lock import HeldLock, InstanceLocks
-from notifkit.services.workflow.runner import Runner, as_datetime, iso, ms
+from notifkit.services.workflow.runner import LockLost, Runner, as_datetime, iso, ms
 from notifkit.services.workflow.timers import Timers, instance_of
 from notifkit.worker import Entry
 
@@ -173,15 +173,21 @@ class WorkflowService(WorkerService):
             return
         lock = await self.locks.acquire(self.keys.workflow_lock(instance_id))
         if lock is None:
-            due_ms = int((self.clock() + self.lock_retry_s) * 1000)
-            await self.timers.schedule(instance_id, "retry", due_ms)
-            log.info("Workflow instance is running elsewhere; looking at it again shortly.",
-                     extra={"instance_id": instance_id})
+            await self._retry_soon(instance_id)
             return
         try:
             await self.run_locked(instance_id, project_id, lock)
+        except LockLost:
+            await self._retry_soon(instance_id)
         finally:
             await lock.release()
+
+    async def _retry_soon(self, instance_id: str) -> None:
+        """Someone else runs the instance: look at it again once they are likely done."""
+        due_ms = int((self.clock() + self.lock_retry_s) * 1000)
+        await self.timers.schedule(instance_id, "retry", due_ms)
+        log.info("Workflow instance is running elsewhere; looking at it again shortly.",
+                 extra={"instance_id": instance_id})
 
     async def run_locked(self, instance_id: str, project_id: str | None, lock: HeldLock) -> None:
         """Run the instance while holding ``lock``; re-reads the instance under it."""
