@@ -1,0 +1,91 @@
+"""Which channels a recipient is sent on: a pure function of the enriched message, the
+template and the suppression list.
+
+    requested  = the send's channels, else the template's (content ∪ fallback ∪ ai channels)
+    available  = requested ∩ channel preferences ∩ topic preference ∩ enabled contacts
+                 − suppressed addresses                      (in-app needs no contact)
+
+The fallback chain (the template's ``fallback`` list) is tried in order: of the requested
+channels that are in the chain, only the first available one is sent on, and its task carries
+the rest of the chain so delivery can go on to the next channel if the provider fails. The
+requested channels outside the chain are sent on independently. An unavailable channel is a
+decision too (skipped or suppressed, with the reason) and ends up on the timeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+
+from notifkit.db.logs import Kind
+from notifkit.db.routing import Template
+from notifkit.messages import CHANNELS, EnrichedMessage
+
+# Channels whose messages go to every enabled address (a user's devices); the others go to
+# the oldest enabled address only.
+ALL_DESTINATIONS = frozenset({"push"})
+
+
+@dataclass(frozen=True)
+class Decision:
+    channel: str
+    send: bool
+    destinations: list[str] = field(default_factory=list)
+    kind: Kind | None = None  # skipped | suppressed when not sent
+    reason: str | None = None
+    chain: list[str] = field(default_factory=list)  # fallback channels after this one
+
+
+def template_channels(template: Template) -> list[str]:
+    """The channels a send gets when it names none: content, fallback chain, AI channels."""
+    ai_channels = (template.ai or {}).get("channels") or []
+    return _valid([*template.content, *template.fallback, *ai_channels])
+
+
+def decide(
+    message: EnrichedMessage, template: Template, suppressed: Collection[tuple[str, str]]
+) -> list[Decision]:
+    """One decision per channel considered; ``suppressed`` holds (channel, target) pairs."""
+    chain_override = message.get("fallbackChain")
+    if chain_override is not None:
+        chain, independent = _valid(chain_override), []
+    else:
+        requested = _valid(message.get("channels") or template_channels(template))
+        chain = [c for c in _valid(template.fallback) if c in requested]
+        independent = [c for c in requested if c not in chain]
+
+    decisions = [_availability(message, template, c, suppressed) for c in independent]
+    for index, channel in enumerate(chain):
+        decision = _availability(message, template, channel, suppressed)
+        if decision.send:
+            decisions.append(Decision(channel, True, decision.destinations,
+                                      chain=chain[index + 1:]))
+            break
+        decisions.append(decision)
+    return decisions
+
+
+def _availability(
+    message: EnrichedMessage, template: Template, channel: str,
+    suppressed: Collection[tuple[str, str]],
+) -> Decision:
+    prefs = message["preferences"]
+    if template.topic and prefs["topics"].get(template.topic) is False:
+        return Decision(channel, False, kind=Kind.SKIPPED,
+                        reason=f"topic opted out ({template.topic})")
+    if prefs["channels"].get(channel) is False:
+        return Decision(channel, False, kind=Kind.SKIPPED,
+                        reason="channel disabled by preference")
+    if channel == "inapp":
+        return Decision(channel, True, [message["user"]["id"]])
+    targets = message["contacts"].get(channel) or []
+    if not targets:
+        return Decision(channel, False, kind=Kind.SKIPPED, reason="no contact")
+    live = [t for t in targets if (channel, t) not in suppressed]
+    if not live:
+        return Decision(channel, False, kind=Kind.SUPPRESSED, reason="address suppressed")
+    return Decision(channel, True, live if channel in ALL_DESTINATIONS else live[:1])
+
+
+def _valid(channels: Iterable[str]) -> list[str]:
+    return [c for c in dict.fromkeys(channels) if c in CHANNELS]

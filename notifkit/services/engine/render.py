@@ -1,0 +1,90 @@
+"""Rendering one channel of one recipient's message.
+
+Templates render in the sandboxed Jinja2 environment of :mod:`notifkit.templates` with the
+context of API.md (``data``, ``user``, ``notification``, ``channel``, ``unsubscribeUrl`` for
+email, ``items`` for a digest). A template without content for a channel (or whose content fails
+to render, e.g. a variable the data lacks) falls back to a generic message built from the
+template id and the data:
+
+    email    subject "Invoice paid" (the id, humanised), text "amount: 12.00" one line per
+             field, html the same lines as paragraphs
+    sms      "Invoice paid: amount: 12.00, ..."
+    push     title "Invoice paid", body "amount: 12.00, ..."
+    inapp    text as for sms
+    webhook  body = JSON {"template": id, "data": data}
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from typing import Any
+
+from notifkit import templates
+from notifkit.db.routing import Template
+from notifkit.messages import EnrichedMessage
+
+
+def context_for(
+    message: EnrichedMessage, channel: str, unsubscribe_url: str | None
+) -> dict[str, Any]:
+    return templates.build_context(
+        data=message["data"],
+        user=message["user"],
+        notification={
+            "id": message["eventId"],
+            "template": message["template"],
+            "priority": message["priority"],
+            "campaignId": message.get("campaignId"),
+        },
+        channel=channel,
+        unsubscribe_url=unsubscribe_url,
+        items=message.get("digestItems"),
+    )
+
+
+def render(
+    template: Template, channel: str, context: dict[str, Any]
+) -> tuple[dict[str, Any], str | None]:
+    """The channel's content, and the template error that made it generic (None if none).
+
+    A template that fails to render (say, a variable the data does not carry) does not stop
+    the send: the generic content goes out and the error is recorded on the timeline.
+    """
+    content = template.content.get(channel)
+    if not isinstance(content, dict):
+        return generic(template.id, channel, context), None
+    try:
+        return templates.render_channel(content, channel, context), None
+    except templates.RenderError as exc:
+        return generic(template.id, channel, context), str(exc)
+
+
+def generic(template_id: str, channel: str, context: dict[str, Any]) -> dict[str, Any]:
+    title = humanise(template_id)
+    data = context.get("data") or {}
+    lines = [f"{key}: {_text(value)}" for key, value in data.items()]
+    summary = ", ".join(lines)
+    line = f"{title}: {summary}" if summary else title
+    if channel == "email":
+        paragraphs = "".join(f"<p>{html.escape(x)}</p>" for x in lines) or ""
+        return {"subject": title, "text": "\n".join(lines) or title,
+                "html": f"<h1>{html.escape(title)}</h1>{paragraphs}"}
+    if channel == "push":
+        return {"title": title, "body": summary or title}
+    if channel == "webhook":
+        return {"body": json.dumps({"template": template_id, "data": data},
+                                   ensure_ascii=False, default=str)}
+    return {"text": line}
+
+
+def humanise(template_id: str) -> str:
+    words = template_id.replace("_", " ").replace("-", " ").replace(".", " ").split()
+    text = " ".join(words)
+    return text[:1].upper() + text[1:] if text else "Notification"
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=str)

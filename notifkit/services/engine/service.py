@@ -1,0 +1,255 @@
+"""The engine: one enriched recipient -> the channels it is sent on, rendered and routed.
+
+Per read batch: templates, suppressions and project settings are loaded in one query each;
+then for every recipient the channel decisions (:mod:`.channels`), the engine dedup
+(``rawEventId:recipientId:channel``), the per-user throttle (critical bypasses), quiet hours
+(critical bypasses) and ``sendAt`` decide where each channel's task goes:
+
+    outbound:{p}   rendered task, due now
+    ai:pending     a task of one of the template's AI channels (content written by the ai service)
+    scheduled      due later (sendAt, quiet hours); the scheduler moves it on when due
+
+Every decision is one ``message_logs`` row, written for the whole batch at once. Task ids are
+derived from (event, recipient, channel), so a rerun of the same entry produces the same ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from notifkit import quiet_hours, throttle
+from notifkit.config import Settings
+from notifkit.db.logs import Kind, LogRow, Status, insert_logs
+from notifkit.db.routing import Template, load_suppressed, load_templates, project_settings
+from notifkit.dedup import Dedup, engine_key
+from notifkit.ids import derived_uuid7
+from notifkit.messages import (
+    AiTask,
+    EnrichedMessage,
+    FallbackContext,
+    ScheduledTask,
+    parse_enriched,
+)
+from notifkit.services.base import WorkerService
+from notifkit.services.engine.channels import Decision, decide
+from notifkit.services.engine.render import context_for, render
+from notifkit.services.payloads import parse_each
+from notifkit.unsubscribe import unsubscribe_url
+from notifkit.worker import Entry, utc_now_iso
+
+log = logging.getLogger("notifkit.engine")
+
+
+@dataclass
+class _Send:
+    """A channel decided to be sent, on its way through dedup, throttle and routing."""
+
+    entry: Entry
+    message: EnrichedMessage
+    template: Template
+    decision: Decision
+    task_id: str
+    due_ms: int | None  # None = now
+    due_reason: str  # sendAt | quietHours
+
+
+class EngineService(WorkerService):
+    name: ClassVar[str] = "engine"
+
+    def __init__(self, settings: Settings, **options: Any) -> None:
+        super().__init__(settings, **options)
+        self.clock = options.get("clock") or time.time  # seconds; tests move time
+
+    def streams(self) -> list[str]:
+        return self.keys.enriched_all()
+
+    async def process(self, batch: list[Entry]) -> None:
+        parsed = parse_each(self.name, batch, parse_enriched)
+        if not parsed:
+            return
+        now_ms = int(self.clock() * 1000)
+        templates = await load_templates(
+            self.pool, [(m["projectId"], m["template"]) for _e, m in parsed]
+        )
+        suppressed = await load_suppressed(self.pool, [
+            (m["projectId"], channel, target)
+            for _e, m in parsed for channel, targets in m["contacts"].items()
+            for target in targets
+        ])
+        logs: list[LogRow] = []
+        sends: list[_Send] = []
+        for entry, m in parsed:
+            template = templates.get((m["projectId"], m["template"]))
+            if template is None:
+                logs.append(_row(m, "", derived_uuid7(m["eventId"], m["user"]["id"], ""),
+                                 Kind.FAILED, Status.FAILED, "template not found"))
+                continue
+            mine = {(c, t) for p, c, t in suppressed if p == m["projectId"]}
+            due_ms, reason = self._due(m, now_ms)
+            for decision in decide(m, template, mine):
+                task_id = derived_uuid7(m["eventId"], m["user"]["id"], decision.channel)
+                if decision.send:
+                    sends.append(_Send(entry, m, template, decision, task_id, due_ms, reason))
+                else:
+                    status = Status.SUPPRESSED if decision.kind is Kind.SUPPRESSED \
+                        else Status.SKIPPED
+                    logs.append(_row(m, decision.channel, task_id, decision.kind or Kind.SKIPPED,
+                                     status, decision.reason))
+        sends = await self._deduplicate(sends, now_ms)
+        sends = await self._throttle(sends, logs, now_ms)
+        for send in sends:
+            self._route(send, logs)
+        await insert_logs(self.pool, logs)
+
+    # -- the steps ------------------------------------------------------------------
+    def _due(self, m: EnrichedMessage, now_ms: int) -> tuple[int | None, str]:
+        """When the recipient's message is due and why: ``sendAt``, pushed past the user's
+        quiet hours unless the send is critical. ``None`` = due now."""
+        due_ms, reason = max(now_ms, _parse_ms(m.get("sendAt")) or now_ms), "sendAt"
+        if m["priority"] != "critical":
+            quiet_end = quiet_hours.deferral(
+                m["preferences"].get("quietHours"), m["user"].get("timezone"),
+                datetime.fromtimestamp(due_ms / 1000, UTC),
+            )
+            if quiet_end is not None:
+                due_ms, reason = int(quiet_end.timestamp() * 1000), "quietHours"
+        return (due_ms if due_ms > now_ms else None), reason
+
+    async def _deduplicate(self, sends: list[_Send], now_ms: int) -> list[_Send]:
+        ttl_default = self.settings.idempotency_ttl_s
+        claims: list[tuple[Entry, str, int | None]] = []
+        for s in sends:
+            ttl = ttl_default
+            if s.due_ms is not None:  # the mark must outlive the wait for a scheduled send
+                ttl = ttl_default + (s.due_ms - now_ms) // 1000 + 1
+            claims.append((s.entry,
+                           engine_key(s.message["eventId"], s.message["user"]["id"],
+                                      s.decision.channel), ttl))
+        allowed = await Dedup(self.redis, self.keys, "engine", ttl_default).claim_many(claims)
+        kept = []
+        for s, ok in zip(sends, allowed, strict=True):
+            if ok:
+                kept.append(s)
+            else:
+                log.info("Skipped a duplicate of a channel already routed.",
+                         extra=_ids(s.message, s.task_id))
+        return kept
+
+    async def _throttle(self, sends: list[_Send], logs: list[LogRow], now_ms: int) -> list[_Send]:
+        checked = [s for s in sends if s.message["priority"] != "critical"]
+        if not checked:
+            return sends
+        settings_of = await project_settings(self.pool, {s.message["projectId"] for s in checked})
+        # One notification is one send however many channels it goes out on: the window's
+        # member is the event id, so its second channel finds the first one's mark.
+        decisions = await throttle.check_many(self.redis, self.keys, [
+            throttle.ThrottleCheck(
+                s.message["projectId"], s.message["user"]["id"],
+                throttle.rule_for(settings_of.get(s.message["projectId"]), self.settings),
+                member=s.message["eventId"],
+            )
+            for s in checked
+        ], now_ms)
+        refused = {id(s) for s, d in zip(checked, decisions, strict=True) if not d.allowed}
+        for s, d in zip(checked, decisions, strict=True):
+            if not d.allowed:
+                logs.append(_row(s.message, s.decision.channel, s.task_id, Kind.THROTTLED,
+                                 Status.THROTTLED, f"throttled: {d.count} sends in the window"))
+        return [s for s in sends if id(s) not in refused]
+
+    def _route(self, s: _Send, logs: list[LogRow]) -> None:
+        m, channel = s.message, s.decision.channel
+        unsubscribe = None
+        if channel == "email":
+            unsubscribe = unsubscribe_url(self.settings, m["projectId"], m["user"]["id"],
+                                          channel, s.template.topic, s.decision.destinations[0])
+        context = context_for(m, channel, unsubscribe)
+        task: dict[str, Any] = {
+            "taskId": s.task_id, "eventId": m["eventId"], "projectId": m["projectId"],
+            "userId": m["user"]["id"], "channel": channel, "priority": m["priority"],
+            "template": m["template"], "topic": s.template.topic,
+            "to": s.decision.destinations, "content": {}, "campaignId": m.get("campaignId"),
+            "createdAt": utc_now_iso(),
+        }
+        for name in ("workflowInstanceId", "workflowStep"):
+            if name in m:
+                task[name] = m[name]  # type: ignore[literal-required]
+        if unsubscribe is not None:
+            task["unsubscribeUrl"] = unsubscribe
+        if s.decision.chain:
+            task["fallback"] = _fallback(m, s.decision.chain)
+
+        ai = s.template.ai or {}
+        if channel in (ai.get("channels") or []):
+            ai_task: AiTask = {**task, "ai": {"model": ai.get("model", ""),  # type: ignore[typeddict-item]
+                                              "prompt": ai.get("prompt", "")},
+                               "context": context}
+            stream, payload, detail = self.keys.ai_pending, dict(ai_task), "waiting for AI content"
+        else:
+            task["content"], template_error = render(s.template, channel, context)
+            stream, payload, detail = self.keys.outbound(m["priority"]), task, "queued"
+            if template_error is not None:
+                detail += f"; the template failed ({template_error}), generic content sent"
+                log.warning("The %s template failed to render (%s); sending generic content.",
+                            channel, template_error, extra=_ids(m, s.task_id))
+
+        fallback_from = m.get("fallbackFrom")
+        if fallback_from:
+            detail += f" (fallback after {fallback_from['channel']} failed)"
+        if s.due_ms is None:
+            s.entry.emit(stream, payload)
+            logs.append(_row(m, channel, s.task_id, Kind.QUEUED, Status.PROCESSING, detail))
+            return
+        reason = s.due_reason
+        scheduled: ScheduledTask = {
+            "taskId": s.task_id, "projectId": m["projectId"], "dueAt": s.due_ms,
+            "stream": stream, "payload": payload, "reason": reason,
+        }
+        s.entry.emit(self.keys.scheduled, scheduled)
+        at = datetime.fromtimestamp(s.due_ms / 1000, UTC).isoformat().replace("+00:00", "Z")
+        kind = Kind.SCHEDULED if reason == "sendAt" else Kind.DEFERRED
+        why = "scheduled" if reason == "sendAt" else "deferred for quiet hours"
+        logs.append(_row(m, channel, s.task_id, kind, Status.SCHEDULED, f"{why} until {at}",
+                         metadata={"dueAt": at, "reason": reason}))
+
+
+def _fallback(m: EnrichedMessage, chain: list[str]) -> FallbackContext:
+    """What delivery needs to go on along the chain: the recipient, with only the chain's
+    contacts (delivery re-enters it on enriched:{p} restricted to the rest of the chain)."""
+    recipient: dict[str, Any] = {k: v for k, v in m.items()
+                                 if k not in ("fallbackChain", "fallbackFrom", "contacts")}
+    recipient["contacts"] = {c: t for c, t in m["contacts"].items() if c in chain}
+    return {"chain": chain, "recipient": recipient}  # type: ignore[typeddict-item]
+
+
+def _row(
+    m: EnrichedMessage, channel: str, task_id: str, kind: Kind, status: Status,
+    detail: str | None, metadata: dict[str, Any] | None = None,
+) -> LogRow:
+    return LogRow(
+        project_id=m["projectId"], event_id=m["eventId"], task_id=task_id,
+        user_id=m["user"]["id"], channel=channel, kind=kind, status=status, detail=detail,
+        campaign_id=m.get("campaignId"), metadata=metadata or {},
+    )
+
+
+def _parse_ms(value: str | None) -> int | None:
+    if not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def _ids(m: EnrichedMessage, task_id: str) -> dict[str, Any]:
+    return {"service": "engine", "event_id": m["eventId"], "task_id": task_id,
+            "project_id": m["projectId"]}
+

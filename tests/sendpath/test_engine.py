@@ -1,0 +1,243 @@
+"""The engine: channel choice, rendering, dedup and routing, with every decision on the
+timeline. Driven through the enricher from inbound messages, as in production."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import unquote
+
+import asyncpg
+from redis.asyncio import Redis
+
+from notifkit.keys import Keys
+from notifkit.services.engine import EngineService
+from notifkit.services.enricher import EnricherService
+from notifkit.unsubscribe import verify_token
+
+from .conftest import ServiceFactory
+from .helpers import add_template, add_user, drain, entries, send, timeline
+
+EMAIL = {"subject": "Invoice {{ data.amount }}", "text": "Hi {{ user.attributes.name }}",
+         "html": "<p>{{ data.amount }}</p>"}
+SMS = {"text": "Paid {{ data.amount }}"}
+PUSH = {"title": "Paid", "body": "{{ data.amount }}"}
+
+
+async def pipeline(services: ServiceFactory, **engine_options: Any) -> tuple[Any, Any]:
+    return await services(EnricherService), await services(EngineService, **engine_options)
+
+
+def by_channel(tasks: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {t["channel"]: t for t in tasks}
+
+
+async def test_each_requested_channel_is_rendered_and_queued(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    await add_user(db, project, "u1", contacts=[("email", "ada@example.com"),
+                                                 ("sms", "+15550001")],
+                   attributes={"name": "Ada"})
+    await add_template(db, project, "invoice", {"email": EMAIL, "sms": SMS}, topic="billing")
+    stages = await pipeline(services)
+
+    event_id = await send(redis, keys, db, project, "invoice", "u1", data={"amount": "12.00"},
+                          campaign_id="c1")
+    await drain(*stages)
+
+    tasks = by_channel(await entries(redis, keys.outbound("normal")))
+    assert set(tasks) == {"email", "sms"}
+    email = tasks["email"]
+    assert email["to"] == ["ada@example.com"]
+    assert email["content"] == {"subject": "Invoice 12.00", "text": "Hi Ada",
+                                "html": "<p>12.00</p>"}
+    assert email["campaignId"] == "c1"
+    assert email["topic"] == "billing"
+    token = email["unsubscribeUrl"].split("token=")[1]
+
+    unsub = verify_token("test-secret-0123456789abcdef", unquote(token))
+    assert (unsub.project_id, unsub.user_id, unsub.topic) == (project, "u1", "billing")
+    assert tasks["sms"]["content"] == {"text": "Paid 12.00"}
+    assert "fallback" not in tasks["sms"]
+
+    rows = await timeline(db, event_id)
+    assert {(r["channel"], r["kind"], r["status"], r["task_id"]) for r in rows} == {
+        ("email", "queued", "processing", email["taskId"]),
+        ("sms", "queued", "processing", tasks["sms"]["taskId"]),
+    }
+
+
+async def test_preferences_topic_opt_out_suppression_and_missing_contacts_are_recorded(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    # Given one user per reason a channel is not sent on
+    await add_user(db, project, "pref", contacts=[("email", "p@example.com")],
+                   channels={"email": False})
+    await add_user(db, project, "topic", contacts=[("email", "t@example.com")],
+                   topics={"billing": False})
+    await add_user(db, project, "supp", contacts=[("email", "s@example.com")])
+    await db.execute("INSERT INTO suppressions (project_id, channel, target, reason) "
+                     "VALUES ($1, 'email', 's@example.com', 'bounce')", project)
+    await add_user(db, project, "none")
+    await add_template(db, project, "invoice", {"email": EMAIL}, topic="billing")
+    stages = await pipeline(services)
+
+    event_id = await send(redis, keys, db, project, "invoice", ["pref", "topic", "supp", "none"],
+                          data={"amount": "1"})
+    await drain(*stages)
+
+    assert await entries(redis, keys.outbound("normal")) == []
+    rows = {r["user_id"]: r for r in await timeline(db, event_id)}
+    assert {u: (r["kind"], r["status"], r["detail"]) for u, r in rows.items()} == {
+        "pref": ("skipped", "skipped", "channel disabled by preference"),
+        "topic": ("skipped", "skipped", "topic opted out (billing)"),
+        "supp": ("suppressed", "suppressed", "address suppressed"),
+        "none": ("skipped", "skipped", "no contact"),
+    }
+    assert all(r["channel"] == "email" and r["task_id"] for r in rows.values())
+
+
+async def test_the_fallback_chain_sends_the_first_available_channel_only(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    # Given a chain push -> sms -> email, one user with every contact, one without push
+    await add_user(db, project, "all", contacts=[("push", "tok-a"), ("push", "tok-b"),
+                                                  ("sms", "+15550001"), ("email", "a@x.io")])
+    await add_user(db, project, "nopush", contacts=[("sms", "+15550002"), ("email", "b@x.io")])
+    await add_template(db, project, "alert", {"push": PUSH, "sms": SMS, "email": EMAIL,
+                                              "inapp": {"text": "x"}},
+                       fallback=["push", "sms", "email"])
+    stages = await pipeline(services)
+
+    event_id = await send(redis, keys, db, project, "alert", ["all", "nopush"],
+                          data={"amount": "5"})
+    await drain(*stages)
+
+    # Then each user gets the first available chain channel plus in-app (not in the chain)
+    tasks = await entries(redis, keys.outbound("normal"))
+    sent = sorted((t["userId"], t["channel"]) for t in tasks)
+    assert sent == [("all", "inapp"), ("all", "push"), ("nopush", "inapp"), ("nopush", "sms")]
+    push = next(t for t in tasks if t["channel"] == "push")
+    assert push["to"] == ["tok-a", "tok-b"]  # every device
+    assert push["fallback"]["chain"] == ["sms", "email"]
+    assert push["fallback"]["recipient"]["contacts"] == {"sms": ["+15550001"],
+                                                        "email": ["a@x.io"]}
+    sms = next(t for t in tasks if t["channel"] == "sms")
+    assert sms["fallback"]["chain"] == ["email"]
+    inapp = next(t for t in tasks if t["userId"] == "all" and t["channel"] == "inapp")
+    assert inapp["to"] == ["all"]
+    assert "fallback" not in inapp
+    skipped = [(r["user_id"], r["channel"], r["detail"]) for r in await timeline(db, event_id)
+               if r["kind"] == "skipped"]
+    assert skipped == [("nopush", "push", "no contact")]
+
+
+async def test_a_channel_without_template_content_gets_generic_content(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    await add_user(db, project, "u1", contacts=[("sms", "+15550001")])
+    await add_template(db, project, "order-shipped", {"email": EMAIL})
+    stages = await pipeline(services)
+
+    await send(redis, keys, db, project, "order-shipped", "u1", channels=["sms"],
+               data={"order": "A-1", "eta": "Friday"})
+    await drain(*stages)
+
+    [task] = await entries(redis, keys.outbound("normal"))
+    assert task["content"] == {"text": "Order shipped: order: A-1, eta: Friday"}
+
+
+async def test_a_future_send_and_quiet_hours_go_to_the_scheduler(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    # Given a clock at 23:00 UTC, a user in quiet hours (22:00-07:00 UTC) and one without
+    now = datetime(2026, 6, 1, 23, 0, tzinfo=UTC).timestamp()
+    await add_user(db, project, "night", contacts=[("sms", "+15550001")])
+    await db.execute("INSERT INTO quiet_hours VALUES ($1, 'night', '22:00', '07:00')", project)
+    await add_user(db, project, "day", contacts=[("sms", "+15550002")])
+    await add_template(db, project, "t", {"sms": SMS})
+    stages = await pipeline(services, clock=lambda: now)
+
+    quiet = await send(redis, keys, db, project, "t", "night", data={"amount": "1"})
+    later = await send(redis, keys, db, project, "t", "day", data={"amount": "1"},
+                       send_at="2026-06-02T09:30:00Z")
+    urgent = await send(redis, keys, db, project, "t", "night", data={"amount": "1"},
+                        priority="critical")
+    await drain(*stages)
+
+    # Then the critical one goes out now, the other two wait on the scheduled stream
+    [now_task] = await entries(redis, keys.outbound("critical"))
+    assert now_task["eventId"] == urgent
+    scheduled = {s["payload"]["eventId"]: s for s in await entries(redis, keys.scheduled)}
+    assert set(scheduled) == {quiet, later}
+    assert scheduled[quiet]["reason"] == "quietHours"
+    assert scheduled[quiet]["dueAt"] == int(datetime(2026, 6, 2, 7, 0, tzinfo=UTC).timestamp()
+                                            * 1000)
+    assert scheduled[later]["reason"] == "sendAt"
+    assert scheduled[later]["stream"] == keys.outbound("normal")
+    assert scheduled[later]["payload"]["content"] == {"text": "Paid 1"}
+    [deferred] = await timeline(db, quiet)
+    assert (deferred["kind"], deferred["status"]) == ("deferred", "scheduled")
+    [planned] = await timeline(db, later)
+    assert (planned["kind"], planned["status"]) == ("scheduled", "scheduled")
+    # And the engine's dedup mark outlives the wait
+    ttl = await redis.ttl(keys.processed("engine", f"{later}:day:sms"))
+    assert ttl > 10 * 3600
+
+
+async def test_an_ai_channel_goes_to_the_ai_service(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    await add_user(db, project, "u1", contacts=[("email", "a@x.io"), ("sms", "+15550001")])
+    await add_template(db, project, "digest", {"email": EMAIL, "sms": SMS},
+                       ai={"model": "gpt-test", "prompt": "Summarise {{ data }}",
+                           "channels": ["email"]})
+    stages = await pipeline(services)
+
+    await send(redis, keys, db, project, "digest", "u1", data={"amount": "3"})
+    await drain(*stages)
+
+    [ai] = await entries(redis, keys.ai_pending)
+    assert ai["channel"] == "email"
+    assert ai["content"] == {}
+    assert ai["ai"] == {"model": "gpt-test", "prompt": "Summarise {{ data }}"}
+    assert ai["context"]["data"] == {"amount": "3"}
+    assert ai["context"]["unsubscribeUrl"] == ai["unsubscribeUrl"]
+    assert [t["channel"] for t in await entries(redis, keys.outbound("normal"))] == ["sms"]
+
+
+async def test_the_same_recipient_twice_is_routed_once(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    await add_user(db, project, "u1", contacts=[("sms", "+15550001")])
+    await add_template(db, project, "t", {"sms": SMS})
+    enricher, engine = await pipeline(services)
+    await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(enricher)
+    [raw] = await redis.xrange(keys.enriched("normal"))
+    await redis.xadd(keys.enriched("normal"), raw[1])  # an upstream duplicate
+
+    await drain(engine)
+
+    assert len(await entries(redis, keys.outbound("normal"))) == 1
+
+
+async def test_the_per_user_throttle_logs_what_it_holds_back(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, services: ServiceFactory
+) -> None:
+    from .helpers import add_project
+    project = await add_project(db, {"throttle": {"limit": 1, "windowSeconds": 3600}})
+    await add_user(db, project, "u1", contacts=[("sms", "+15550001"), ("email", "a@x.io")])
+    await add_template(db, project, "t", {"sms": SMS, "email": EMAIL})
+    stages = await pipeline(services)
+
+    first = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(*stages)
+    second = await send(redis, keys, db, project, "t", "u1", data={"amount": "2"})
+    await drain(*stages)
+
+    # One notification is one send, on both its channels; the second is throttled
+    assert {t["eventId"] for t in await entries(redis, keys.outbound("normal"))} == {first}
+    rows = await timeline(db, second)
+    assert {(r["channel"], r["kind"], r["status"]) for r in rows} == {
+        ("sms", "throttled", "throttled"), ("email", "throttled", "throttled")}
