@@ -8,7 +8,7 @@ Errors are `{"code", "message", "more_info", "status"}` with Twilio's error code
 Twilio's test credentials answer fixed errors for "magic" To numbers; so does the simulator:
 +15005550001 (21211 invalid number), +15005550002 (21612 cannot route),
 +15005550003 (21408 no permission for region), +15005550004 (21610 unsubscribed recipient),
-+15005550009 (21614 not a mobile number).
++15005550009 (21614 not a mobile number). An `error` fault with status 400 answers 21610.
 Task id: `X-Notifkit-Task-Id` header, else a `notifkit_task_id` query parameter on the
 message's StatusCallback URL.
 """
@@ -57,7 +57,8 @@ MAGIC_NUMBERS: dict[str, tuple[int, str]] = {
 }
 # (code, message) per case.
 _ERRORS: dict[ErrorCase, tuple[int, str]] = {
-    ErrorCase.BAD_REQUEST: (21600, "Invalid request"),
+    # An `error` fault with status 400 stands for the commonest per-recipient refusal.
+    ErrorCase.BAD_REQUEST: (21610, "Attempt to send to unsubscribed recipient"),
     ErrorCase.UNAUTHORIZED: (20003, "Authenticate"),
     ErrorCase.FORBIDDEN: (20003, "Permission Denied"),
     ErrorCase.NOT_FOUND: (20404, "The requested resource was not found"),
@@ -85,7 +86,7 @@ class Twilio(HttpProvider):
         try:
             form = parse_qs(body.decode("utf-8"), keep_blank_values=True)
         except UnicodeDecodeError:
-            raise Rejection(ErrorCase.BAD_REQUEST) from None
+            raise _error(21602, "Message body is required.") from None
         fields = {name: values[0] for name, values in form.items() if values}
         to = fields.get("To", "").strip()
         sender = fields.get("From", "").strip()

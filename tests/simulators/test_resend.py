@@ -262,3 +262,21 @@ async def test_provider_rate_limit_per_api_key(resend_sdk: Any, sim: SimulatorSe
     resend.api_key = "re_other_key"
     await send(email())
     assert (await sim.stats())["resend"]["rateLimited"] == 1
+
+
+async def test_same_key_while_first_is_in_flight_is_409(
+    resend_sdk: Any, sim: SimulatorServer
+) -> None:
+    # Given a first request that is slow to be processed
+    await sim.add_fault("latency", "resend", delay_ms=300, times=1)
+    first = asyncio.create_task(send(email(), {"idempotency_key": "slow"}))
+    await asyncio.sleep(0.1)
+
+    # When the same key arrives before it finished, Resend refuses it as concurrent
+    with pytest.raises(exceptions.ResendError) as caught:
+        await send(email(), {"idempotency_key": "slow"})
+
+    assert caught.value.code == 409
+    assert caught.value.error_type == "concurrent_idempotent_requests"
+    await first
+    assert len(await sim.messages("resend")) == 1

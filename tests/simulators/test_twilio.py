@@ -123,3 +123,10 @@ async def test_provider_rate_limit_is_20429_with_retry_after(sim: SimulatorServe
     last = twilio.http_client._test_only_last_response  # the SDK's hook for exactly this
     assert last is not None
     assert int(last.headers["Retry-After"]) >= 1
+
+
+async def test_error_fault_400_is_unsubscribed_recipient(sim: SimulatorServer) -> None:
+    await sim.add_fault("error", "twilio", status=400, to="+15558675310")
+    with pytest.raises(TwilioRestException) as caught:
+        await send(client(sim))
+    assert (caught.value.status, caught.value.code) == (400, 21610)
