@@ -23,6 +23,7 @@ written for a task (a crash after the model answered) is re-used, never paid for
 
 from __future__ import annotations
 
+import asyncio
 import html
 import logging
 import re
@@ -99,11 +100,11 @@ class AiService(WorkerService):
             return
         cached = await ai_usage.written(self.pool, [t["taskId"] for _e, t in fresh])
         templates = await self._template_contents(fresh)
-        usages: list[ai_usage.Usage] = []
-        for entry, task in fresh:
-            usage = await self._write(entry, task, cached, templates)
-            if usage is not None:
-                usages.append(usage)
+        # Model calls are slow and independent: the whole batch waits for them together.
+        written = await asyncio.gather(
+            *(self._write(entry, task, cached, templates) for entry, task in fresh)
+        )
+        usages = [usage for usage in written if usage is not None]
         await ai_usage.record(self.pool, usages, datetime.now(UTC))
 
     async def _write(
