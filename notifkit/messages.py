@@ -100,6 +100,7 @@ class WorkflowEvent(TypedDict):
     userId: str
     data: dict[str, Any]
     at: str
+    eventId: NotRequired[str]  # the custom event's id, as POST /v1/events answered it
 
 
 SCHEDULE_REASONS: tuple[str, ...] = ("sendAt", "quietHours", "rateLimited")
