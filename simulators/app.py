@@ -24,7 +24,7 @@ from simulators.providers.openai import OpenAI, get_model, list_models
 from simulators.providers.resend import Resend
 from simulators.providers.sendgrid import SendGrid
 from simulators.providers.twilio import Twilio
-from simulators.state import STATE, SimSettings, SimState
+from simulators.state import STATE, SimState
 from simulators.validation import ControlError
 
 log = logging.getLogger("simulators")
@@ -96,8 +96,3 @@ def create_app(state: SimState) -> web.Application:
 async def _receipts_ctx(app: web.Application) -> AsyncIterator[None]:
     yield
     await app[STATE].receipts.close()
-
-
-def create_default_app(settings: SimSettings | None = None) -> web.Application:
-    """An app with fresh state, for `aiohttp.web.run_app` or an aiohttp test client."""
-    return create_app(SimState(settings or SimSettings()))

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import fnmatch
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from simulators.kinds import ANY_PROVIDER, FaultKind, Provider
 from simulators.validation import (
@@ -262,12 +262,3 @@ class FaultTable:
         if isinstance(delay, tuple):
             return self._rng.uniform(delay[0], delay[1]) / 1000.0
         return delay / 1000.0
-
-
-def items(rules: Iterable[FaultRule]) -> list[FaultItem]:
-    return [rule.to_item() for rule in rules]
-
-
-def as_payload(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Drop the fields a caller left as None so defaults apply, as in a hand-written JSON rule."""
-    return {key: value for key, value in values.items() if value is not None}

@@ -11,7 +11,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from simulators.kinds import ANY_PROVIDER, Provider
 from simulators.validation import (
@@ -127,10 +127,3 @@ def retry_after_header(seconds: float) -> str:
     if not math.isfinite(seconds) or seconds >= MAX_RETRY_AFTER_S:
         return str(MAX_RETRY_AFTER_S)
     return str(max(1, math.ceil(seconds)))
-
-
-def limit_payload(provider: str, rate_per_s: float, burst: int | None) -> dict[str, Any]:
-    payload: dict[str, Any] = {"provider": provider, "ratePerSecond": rate_per_s}
-    if burst is not None:
-        payload["burst"] = burst
-    return payload

@@ -238,9 +238,11 @@ async def _handle(
         return provider.fault_reply(decision, submission).response()
 
     key = submission.idempotency_key if provider.idempotent else None
-    reply: Reply | None = None
+    cached: Reply | None = None
     if key is not None:
-        lookup, reply = state.idempotency.begin(name, api_key, key, fingerprint(submission.payload))
+        lookup, cached = state.idempotency.begin(
+            name, api_key, key, fingerprint(submission.payload)
+        )
         if lookup is Lookup.MISMATCH:
             raise Rejection(ErrorCase.CONFLICT, code="invalid_idempotent_request")
         if lookup is Lookup.IN_FLIGHT:
@@ -248,16 +250,18 @@ async def _handle(
         if lookup is Lookup.REPLAY:
             stats.replays += 1
             log.info("%s idempotent replay of key %s; nothing sent again.", name, key)
-    if reply is None:
-        try:
-            if decision is not None and kind is FaultKind.LATENCY:
-                await state.pause(decision.delay_s)
-            reply = _accept(request, provider, state, stats, submission)
-        finally:
-            if key is not None and reply is None:
-                state.idempotency.abandon(name, api_key, key)
-        if key is not None:
-            state.idempotency.complete(name, api_key, key, reply)
+    claimed = key is not None and cached is None
+    try:
+        if decision is not None and kind is FaultKind.LATENCY:
+            await state.pause(decision.delay_s)
+        reply = cached or _accept(request, provider, state, stats, submission)
+    except BaseException:
+        # Not accepted after all (shutdown during the delay): let a retry use the key.
+        if claimed and key is not None:
+            state.idempotency.abandon(name, api_key, key)
+        raise
+    if claimed and key is not None:
+        state.idempotency.complete(name, api_key, key, reply)
 
     if decision is not None and kind is FaultKind.LOST_RESPONSE:
         await state.hold(request, decision.delay_s)

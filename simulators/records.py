@@ -91,12 +91,6 @@ class MessageStore:
         self._messages.append(record)
         return record
 
-    def find(self, provider: Provider, message_id: str) -> MessageRecord | None:
-        for record in reversed(self._messages):
-            if record.provider is provider and record.id == message_id:
-                return record
-        return None
-
     def query(
         self,
         *,

@@ -52,9 +52,6 @@ class IdSource:
     def uuid4(self) -> str:
         return str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
 
-    def digits(self, length: int) -> str:
-        return "".join(self._rng.choice(string.digits) for _ in range(length))
-
 
 @dataclass
 class SimState:
