@@ -186,6 +186,15 @@ class SimulatorControl(ABC):
     async def disable_receipts(self) -> None:
         await self._call(DISABLE_RECEIPTS)
 
+    async def drain_receipts(self, timeout_s: float = 30.0) -> None:
+        """Wait until no receipt is waiting to be posted (each is posted or given up on)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (await self.receipts())["pending"]:
+            if loop.time() >= deadline:
+                raise TimeoutError(f"receipts still pending after {timeout_s}s")
+            await asyncio.sleep(WAIT_POLL_S)
+
     async def reset(self, seed: int | None = None) -> int:
         """Clear messages, faults, limits and counters and restart the random sequences.
 

@@ -188,6 +188,12 @@ async def handle_send(request: web.Request, provider: HttpProvider) -> web.Strea
         return await _handle(request, provider, state, stats)
     except Rejection as rejection:
         stats.rejected += 1
+        log.info(
+            "%s refused a request (%s): %s",
+            provider.provider.value,
+            rejection.code or rejection.case.value,
+            rejection.detail or "no detail",
+        )
         return provider.render(
             rejection.case,
             status=rejection.status,

@@ -245,3 +245,15 @@ async def test_in_process_and_http_answers_are_identical(sim: SimulatorServer) -
 async def test_wait_for_messages_times_out_with_a_clear_message(sim: SimulatorServer) -> None:
     with pytest.raises(TimeoutError, match="expected 1 message"):
         await sim.wait_for_messages(1, "twilio", timeout_s=0.05)
+
+
+async def test_client_drains_receipts(
+    sim: SimulatorServer, http: aiohttp.ClientSession, receiver: Any
+) -> None:
+    async with SimulatorClient(sim.base_url) as remote:
+        await remote.set_receipts(receiver.url, "plain-secret", delay_ms=100)
+        await send_email(http, sim, "ada@example.com", "t1")
+        assert (await remote.receipts())["pending"] == 1
+        await remote.drain_receipts(timeout_s=5)
+        assert (await remote.receipts())["sent"] == 1
+        assert len(receiver.requests) == 1
