@@ -3,7 +3,7 @@ that are always stopped, and helpers to put tasks on streams and read them back.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import asyncpg
@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 
 from notifkit.config import Settings
 from notifkit.keys import Keys
+from notifkit.services.events import EventsService
 from notifkit.services.scheduler import SchedulerService
 from notifkit.streams import decode, xadd
 
@@ -75,3 +76,18 @@ def outbound(redis: Redis, keys: Keys) -> Sent:
         return out
 
     return _outbound
+
+
+@pytest.fixture
+async def make_events(settings: Settings) -> AsyncIterator[Callable[..., EventsService]]:
+    made: list[EventsService] = []
+
+    def factory(**options: Any) -> EventsService:
+        service = EventsService(options.pop("settings", settings), consumer="events-test",
+                                **options)
+        made.append(service)
+        return service
+
+    yield factory
+    for service in made:
+        await service.stop()

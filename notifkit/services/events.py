@@ -1,0 +1,299 @@
+"""The events service: outcomes and receipts become the record, and change what happens next.
+
+Consumes ``notifkit:stream:events:inbound`` (CONTRACT §6). Per read batch:
+
+    notification:sent | :failed | :invalid_token   -> message_logs rows (one INSERT)
+    receipt (provider webhook, via the api)         -> provider message id resolved to its task
+                                                       (one query), then message_logs rows and,
+                                                       for hard bounces and complaints,
+                                                       suppressions (one INSERT each)
+    custom (POST /v1/events)                        -> workflow:inbound {"type": "event", ...},
+                                                       written atomically with the ack
+
+Every row is inserted with ON CONFLICT DO NOTHING on its natural key, so a replayed entry or
+a provider repeating a webhook records nothing twice. A receipt whose message notifkit cannot
+find yet (the webhook overtook delivery's own record) fails its attempt and is retried by the
+reclaim cycle; after the attempt limit it is dead-lettered where an operator sees it.
+
+Statuses written (the recipient+channel status after the row): sent -> sent; failed ->
+failed; dead-lettered (the worker's failed event, which carries ``attempts`` and ``stream``)
+-> dead_lettered; receipts delivered, opened, clicked, complained -> delivered; bounced and
+failed -> failed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from notifkit import metrics
+from notifkit.db import events as events_db
+from notifkit.db.events import SentMessage, Suppression, TimelineRow
+from notifkit.errors import MalformedPayload, RetryLater
+from notifkit.ids import is_uuid
+from notifkit.messages import CHANNELS, RECEIPT_KINDS, WorkflowEvent
+from notifkit.services.base import WorkerService
+from notifkit.worker import Entry, utc_now_iso
+
+log = logging.getLogger("notifkit.events")
+
+RECEIPT_STATUS = {
+    "delivered": "delivered",
+    "opened": "delivered",
+    "clicked": "delivered",
+    "complained": "delivered",  # it arrived; the complaint suppresses the address
+    "bounced": "failed",
+    "failed": "failed",
+}
+SUPPRESSIBLE_CHANNELS = ("email", "sms", "push", "webhook")
+# Words providers use for a bounce that says nothing about the address itself.
+_SOFT_BOUNCE = frozenset({"transient", "soft", "softbounce", "soft_bounce", "blocked",
+                          "deferred", "undetermined", "temporary"})
+_MAX_RAW_CHARS = 4000
+
+
+class EventsService(WorkerService):
+    name = "events"
+
+    def streams(self) -> Sequence[str]:
+        return [self.keys.events_inbound]
+
+    async def process(self, batch: list[Entry]) -> None:
+        rows: list[TimelineRow] = []
+        receipts: list[tuple[Entry, dict[str, Any]]] = []
+        for entry in batch:
+            try:
+                kind = entry.payload.get("type")
+                if kind in ("notification:sent", "notification:failed",
+                            "notification:invalid_token"):
+                    row = outcome_row(entry.payload)
+                    if row is not None:
+                        rows.append(row)
+                elif kind == "receipt":
+                    receipts.append((entry, parse_receipt(entry.payload)))
+                elif kind == "custom":
+                    entry.emit(self.keys.workflow_inbound, workflow_event(entry.payload))
+                else:
+                    raise MalformedPayload(f"unknown event type {kind!r}")
+            except MalformedPayload as exc:
+                metrics.MALFORMED.labels(self.name, entry.stream).inc()
+                log.error("Acked an event that can never be recorded: %s.", exc,
+                          extra={"service": self.name, "entry_id": entry.id,
+                                 "event_id": entry.payload.get("eventId")})
+        # Outcomes first: a receipt in the same batch may name a message sent just before.
+        await events_db.insert_timeline(self.pool, rows)
+        if receipts:
+            await self._receipts(receipts)
+
+    async def _receipts(self, receipts: list[tuple[Entry, dict[str, Any]]]) -> None:
+        found = await events_db.resolve_messages(
+            self.pool,
+            [(r["projectId"], r["provider"], r["providerMessageId"]) for _e, r in receipts],
+        )
+        rows: list[TimelineRow] = []
+        suppressions: list[Suppression] = []
+        for (entry, receipt), message in zip(receipts, found, strict=True):
+            if message is None or message.event_id is None:
+                entry.fail(RetryLater(
+                    f"no message with {receipt['provider']} id {receipt['providerMessageId']!r}"
+                    " is recorded yet"))
+                continue
+            suppression = suppression_for(receipt, message)
+            rows.append(receipt_row(receipt, message, suppression))
+            if suppression is not None:
+                suppressions.append(suppression)
+                log.info("Suppressed a %s address after a %s; it is never contacted again in "
+                         "this project.", suppression.channel, receipt["kind"],
+                         extra={"project_id": receipt["projectId"], "task_id": message.task_id,
+                                "event_id": message.event_id})
+        async with self.pool.acquire() as conn, conn.transaction():
+            await events_db.insert_timeline(conn, rows)
+            await events_db.insert_suppressions(conn, suppressions)
+
+
+# -- outcome events ------------------------------------------------------------------------
+
+
+def outcome_row(event: Mapping[str, Any]) -> TimelineRow | None:
+    """The timeline row of a delivery outcome or a dead-lettering; None when the event names
+    nothing the timeline can hold (no notification id: e.g. a dead-lettered scheduler entry)."""
+    project_id = event.get("projectId")
+    if not isinstance(project_id, str) or not is_uuid(project_id):
+        raise MalformedPayload("field 'projectId' is not a UUID")
+    event_id = event.get("eventId")
+    if not isinstance(event_id, str) or not is_uuid(event_id):
+        log.info("A %s event names no notification; nothing to add to a timeline.",
+                 event.get("type"), extra={"project_id": project_id,
+                                           "task_id": event.get("taskId")})
+        return None
+    task_id = _text(event.get("taskId"))
+    channel = _channel(event.get("channel"))
+    if task_id is None:  # a failure before the recipient stage: a row about the whole event
+        task_id, channel = event_id, ""
+    kind = event["type"]
+    provider = _text(event.get("provider"))
+    error = _text(event.get("error"))
+    metadata: dict[str, Any] = {"at": event.get("at")}
+    if kind == "notification:sent":
+        row_kind, status = "sent", "sent"
+        attempt = _count(event.get("attempt"))
+        detail = f"accepted by {provider}" if provider else "accepted by the provider"
+    elif kind == "notification:invalid_token":
+        row_kind, status = "failed", "failed"
+        attempt = _count(event.get("attempt"))
+        detail = f"invalid recipient, contact disabled: {error or 'rejected by the provider'}"
+        metadata["reason"] = "invalid_recipient"
+    elif "attempts" in event and "stream" in event:  # the worker's dead-lettering
+        row_kind, status = "dead_lettered", "dead_lettered"
+        attempt = _count(event.get("attempts"))
+        detail = f"dead-lettered after {attempt} attempts: {error or 'unknown error'}"
+        metadata.update(stream=event.get("stream"), entryId=event.get("entryId"))
+    else:
+        row_kind, status = "failed", "failed"
+        attempt = _count(event.get("attempt"))
+        detail = error or "the send failed"
+    return TimelineRow(
+        project_id=project_id, event_id=event_id, task_id=task_id,
+        user_id=_text(event.get("userId")), channel=channel, attempt=attempt, kind=row_kind,
+        status=status, detail=detail, provider=provider,
+        provider_message_id=_text(event.get("providerMessageId")),
+        campaign_id=_text(event.get("campaignId")), metadata=metadata,
+    )
+
+
+# -- receipts ---------------------------------------------------------------------------------
+
+
+def parse_receipt(event: dict[str, Any]) -> dict[str, Any]:
+    project_id = event.get("projectId")
+    if not isinstance(project_id, str) or not is_uuid(project_id):
+        raise MalformedPayload("field 'projectId' is not a UUID")
+    for name in ("provider", "providerMessageId"):
+        if not isinstance(event.get(name), str) or not event[name]:
+            raise MalformedPayload(f"field {name!r} is missing")
+    if event.get("kind") not in RECEIPT_KINDS:
+        raise MalformedPayload(f"receipt kind {event.get('kind')!r} is not one of "
+                               f"{', '.join(RECEIPT_KINDS)}")
+    return event
+
+
+def receipt_row(
+    receipt: Mapping[str, Any], message: SentMessage, suppression: Suppression | None
+) -> TimelineRow:
+    kind = receipt["kind"]
+    detail = _receipt_detail(receipt)
+    if suppression is not None:
+        detail = f"{detail}; address suppressed"
+    metadata: dict[str, Any] = {"at": receipt.get("at")}
+    raw = receipt.get("raw")
+    if raw is not None and len(repr(raw)) <= _MAX_RAW_CHARS:
+        metadata["raw"] = raw
+    link = _find(raw, ("data", "click", "link"), ("click", "link"), ("url",))
+    if isinstance(link, str):
+        metadata["link"] = link
+    return TimelineRow(
+        project_id=receipt["projectId"], event_id=str(message.event_id),
+        task_id=message.task_id, user_id=message.user_id, channel=message.channel,
+        attempt=message.attempt, kind=kind, status=RECEIPT_STATUS[kind], detail=detail,
+        provider=receipt["provider"], provider_message_id=receipt["providerMessageId"],
+        campaign_id=message.campaign_id, metadata=metadata,
+    )
+
+
+def suppression_for(receipt: Mapping[str, Any], message: SentMessage) -> Suppression | None:
+    """A hard bounce or a complaint suppresses the address the message went to."""
+    kind = receipt["kind"]
+    if kind == "complained":
+        reason = "complaint"
+    elif kind == "bounced" and is_hard_bounce(receipt):
+        reason = "bounce"
+    else:
+        return None
+    if message.channel not in SUPPRESSIBLE_CHANNELS:
+        return None
+    target = message.destination or _raw_recipient(receipt.get("raw"))
+    if not target:
+        log.warning("A %s names no address notifkit can find; nothing is suppressed.", kind,
+                    extra={"project_id": receipt["projectId"], "task_id": message.task_id})
+        return None
+    return Suppression(receipt["projectId"], message.channel, target, reason,
+                       _receipt_detail(receipt))
+
+
+def is_hard_bounce(receipt: Mapping[str, Any]) -> bool:
+    """Bounces are hard unless the receipt says otherwise (``hard: false``, or a provider's
+    bounce type such as Resend's ``Transient``/``Undetermined`` or SendGrid's ``blocked``)."""
+    hard = receipt.get("hard")
+    if isinstance(hard, bool):
+        return hard
+    raw = receipt.get("raw")
+    for path in (("bounce", "type"), ("data", "bounce", "type"), ("bounceType",),
+                 ("data", "bounceType"), ("bounce_classification",), ("type",)):
+        value = _find(raw, path)
+        if isinstance(value, str) and value.strip().lower().replace(" ", "") in _SOFT_BOUNCE:
+            return False
+    return True
+
+
+def _receipt_detail(receipt: Mapping[str, Any]) -> str:
+    raw = receipt.get("raw")
+    message = _find(raw, ("data", "bounce", "message"), ("bounce", "message"), ("reason",),
+                    ("data", "reason"), ("ErrorMessage",))
+    base = f"{receipt['kind']} ({receipt['provider']})"
+    return f"{base}: {message}" if isinstance(message, str) and message else base
+
+
+def _raw_recipient(raw: Any) -> str | None:
+    value = _find(raw, ("data", "to"), ("to",), ("email",), ("To",))
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    return value if isinstance(value, str) and value else None
+
+
+def _find(raw: Any, *paths: tuple[str, ...]) -> Any:
+    """The first value found at one of ``paths`` in a nested mapping (None if none is)."""
+    for path in paths:
+        node = raw
+        for part in path:
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if node is not None:
+            return node
+    return None
+
+
+# -- custom events -------------------------------------------------------------------------
+
+
+def workflow_event(event: Mapping[str, Any]) -> WorkflowEvent:
+    project_id, name, user_id = event.get("projectId"), event.get("name"), event.get("userId")
+    if not isinstance(project_id, str) or not is_uuid(project_id):
+        raise MalformedPayload("field 'projectId' is not a UUID")
+    if not isinstance(name, str) or not name:
+        raise MalformedPayload("field 'name' is missing")
+    if not isinstance(user_id, str) or not user_id:
+        raise MalformedPayload("field 'userId' is missing")
+    data = event.get("data")
+    forwarded: WorkflowEvent = {
+        "type": "event", "projectId": project_id, "name": name, "userId": user_id,
+        "data": data if isinstance(data, dict) else {},
+        "at": event["at"] if isinstance(event.get("at"), str) else utc_now_iso(),
+    }
+    if isinstance(event.get("eventId"), str):
+        forwarded["eventId"] = event["eventId"]
+    return forwarded
+
+
+# -- field helpers -------------------------------------------------------------------------
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _channel(value: Any) -> str:
+    return value if value in CHANNELS else ""
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0

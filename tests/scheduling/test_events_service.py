@@ -1,0 +1,266 @@
+"""The events service: outcomes and receipts land on the timeline once, hard bounces and
+complaints suppress the address, custom events go on to the workflow service."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+import pytest
+from redis.asyncio import Redis
+
+from notifkit.config import Settings
+from notifkit.ids import uuid7
+from notifkit.keys import Keys
+from notifkit.services.events import EventsService
+from notifkit.streams import decode, xadd
+
+EventsFactory = Callable[..., EventsService]
+AT = "2026-05-28T20:26:40.000Z"
+
+
+async def put(redis: Redis, keys: Keys, *events: dict[str, Any]) -> None:
+    for event in events:
+        await xadd(redis, keys.events_inbound, event, maxlen=100_000)
+
+
+async def timeline(db: asyncpg.Pool, task_id: str) -> list[tuple[str, str, int, str]]:
+    rows = await db.fetch(
+        "SELECT kind, status, attempt, channel FROM message_logs WHERE task_id = $1 "
+        "ORDER BY id", task_id,
+    )
+    return [(r["kind"], r["status"], r["attempt"], r["channel"]) for r in rows]
+
+
+def sent_event(project_id: str, event_id: str, task_id: str, message_id: str,
+               channel: str = "email", attempt: int = 1) -> dict[str, Any]:
+    return {
+        "type": "notification:sent", "projectId": project_id, "eventId": event_id,
+        "taskId": task_id, "userId": "user-1", "channel": channel, "provider": "resend",
+        "providerMessageId": message_id, "attempt": attempt, "campaignId": "spring", "at": AT,
+    }
+
+
+def receipt(project_id: str, message_id: str, kind: str, raw: Any = None,
+            provider: str = "resend") -> dict[str, Any]:
+    return {"type": "receipt", "projectId": project_id, "provider": provider,
+            "providerMessageId": message_id, "kind": kind, "at": AT, "raw": raw or {}}
+
+
+async def record_send(db: asyncpg.Pool, project_id: str, task_id: str, destination: str,
+                      message_id: str, channel: str = "email") -> None:
+    """What delivery leaves in the outbox after the provider accepted a send."""
+    await db.execute(
+        "INSERT INTO delivery_outbox (task_id, channel, destination, project_id, provider, "
+        "provider_message_id, status) VALUES ($1, $2, $3, $4, 'resend', $5, 'sent')",
+        task_id, channel, destination, project_id, message_id,
+    )
+
+
+async def test_outcomes_are_recorded_once_with_their_status(
+    make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
+) -> None:
+    events = make_events()
+    event_id = uuid7()
+    outcomes = [
+        sent_event(project_id, event_id, "task-sent", "msg-1"),
+        {"type": "notification:failed", "projectId": project_id, "eventId": event_id,
+         "taskId": "task-failed", "userId": "user-1", "channel": "sms", "provider": "twilio",
+         "providerMessageId": None, "attempt": 2, "error": "503 from twilio", "at": AT},
+        {"type": "notification:invalid_token", "projectId": project_id, "eventId": event_id,
+         "taskId": "task-invalid", "userId": "user-1", "channel": "push", "provider": "fcm",
+         "providerMessageId": None, "attempt": 1, "error": "UNREGISTERED", "at": AT},
+        # the worker's dead-lettering of a delivery entry (worker.failed_event)
+        {"type": "notification:failed", "projectId": project_id, "eventId": event_id,
+         "taskId": "task-dead", "userId": "user-1", "channel": "email", "campaignId": None,
+         "stream": keys.outbound("normal"), "entryId": "1-0", "error": "RuntimeError: boom",
+         "attempts": 3, "at": AT},
+        # ... of an enricher entry: no task yet, a row about the whole notification
+        {"type": "notification:failed", "projectId": project_id, "eventId": event_id,
+         "taskId": None, "userId": None, "channel": None, "stream": keys.inbound("normal"),
+         "entryId": "2-0", "error": "RuntimeError: db down", "attempts": 5, "at": AT},
+        # ... of a scheduler entry: names no notification, nothing to record
+        {"type": "notification:failed", "projectId": project_id, "eventId": None,
+         "taskId": "task-x", "stream": keys.scheduled, "entryId": "3-0", "error": "x",
+         "attempts": 3, "at": AT},
+    ]
+    # When the outcomes arrive, and arrive again (a replay)
+    await put(redis, keys, *outcomes)
+    await events.run_until_idle()
+    await put(redis, keys, *outcomes)
+    await events.run_until_idle()
+    # Then each is one row with the status it implies
+    assert await timeline(db, "task-sent") == [("sent", "sent", 1, "email")]
+    assert await timeline(db, "task-failed") == [("failed", "failed", 2, "sms")]
+    assert await timeline(db, "task-invalid") == [("failed", "failed", 1, "push")]
+    assert await timeline(db, "task-dead") == [("dead_lettered", "dead_lettered", 3, "email")]
+    assert await timeline(db, event_id) == [("dead_lettered", "dead_lettered", 5, "")]
+    assert await timeline(db, "task-x") == []
+    row = await db.fetchrow("SELECT * FROM message_logs WHERE task_id = 'task-sent'")
+    assert (row["provider"], row["provider_message_id"], row["campaign_id"], row["user_id"]) == (
+        "resend", "msg-1", "spring", "user-1")
+
+
+async def test_a_dead_lettering_already_on_the_timeline_is_not_repeated(
+    make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
+) -> None:
+    """Delivery writes its own dead_lettered row (counting parked attempts too); the worker's
+    failed event for the same task must not add a second one."""
+    event_id = uuid7()
+    await db.execute(
+        "INSERT INTO message_logs (project_id, event_id, task_id, channel, attempt, kind, status)"
+        " VALUES ($1, $2, 'task-d', 'email', 4, 'dead_lettered', 'dead_lettered')",
+        project_id, event_id,
+    )
+    await put(redis, keys, {
+        "type": "notification:failed", "projectId": project_id, "eventId": event_id,
+        "taskId": "task-d", "channel": "email", "stream": keys.outbound("normal"),
+        "entryId": "1-0", "error": "PermanentFailure: 400", "attempts": 1, "at": AT})
+    await make_events().run_until_idle()
+    assert await timeline(db, "task-d") == [("dead_lettered", "dead_lettered", 4, "email")]
+
+
+async def test_receipts_land_on_the_sent_attempt_once(
+    make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
+) -> None:
+    events = make_events()
+    event_id = uuid7()
+    await record_send(db, project_id, "task-1", "ada@example.com", "msg-1")
+    await put(redis, keys, sent_event(project_id, event_id, "task-1", "msg-1", attempt=2))
+    click = {"data": {"click": {"link": "https://example.com/offer"}}}
+    receipts = [receipt(project_id, "msg-1", kind, raw)
+                for kind, raw in (("delivered", None), ("opened", None), ("clicked", click))]
+    await put(redis, keys, *receipts, *receipts)  # the provider repeats its webhooks
+    await events.run_until_idle()
+    assert await timeline(db, "task-1") == [
+        ("sent", "sent", 2, "email"),
+        ("delivered", "delivered", 2, "email"),
+        ("opened", "delivered", 2, "email"),
+        ("clicked", "delivered", 2, "email"),
+    ]
+    clicked = await db.fetchrow("SELECT * FROM message_logs WHERE kind = 'clicked'")
+    assert clicked["metadata"]["link"] == "https://example.com/offer"
+    assert str(clicked["event_id"]) == event_id
+    assert clicked["campaign_id"] == "spring"
+    assert await db.fetchval("SELECT count(*) FROM suppressions") == 0
+
+
+RESEND_HARD_BOUNCE = {"type": "email.bounced", "data": {
+    "email_id": "msg-2", "to": ["gone@example.com"],
+    "bounce": {"message": "The recipient's email provider sent a hard bounce message.",
+               "subType": "General", "type": "Permanent"}}}
+RESEND_SOFT_BOUNCE = {"type": "email.bounced", "data": {
+    "email_id": "msg-3", "to": ["full@example.com"],
+    "bounce": {"message": "Mailbox full", "subType": "MailboxFull", "type": "Transient"}}}
+
+
+async def test_a_hard_bounce_or_a_complaint_suppresses_the_address(
+    make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
+) -> None:
+    events = make_events()
+    event_id = uuid7()
+    for task, address, message in (("task-2", "gone@example.com", "msg-2"),
+                                   ("task-3", "full@example.com", "msg-3"),
+                                   ("task-4", "angry@example.com", "msg-4")):
+        await record_send(db, project_id, task, address, message)
+        await put(redis, keys, sent_event(project_id, event_id, task, message))
+    await events.run_until_idle()
+    # When a hard bounce, a soft bounce and a complaint arrive
+    await put(redis, keys,
+              receipt(project_id, "msg-2", "bounced", RESEND_HARD_BOUNCE),
+              receipt(project_id, "msg-3", "bounced", RESEND_SOFT_BOUNCE),
+              receipt(project_id, "msg-4", "delivered"),
+              receipt(project_id, "msg-4", "complained"))
+    await events.run_until_idle()
+    # Then the hard bounce and the complaint suppress their addresses; the soft bounce doesn't
+    rows = await db.fetch(
+        "SELECT channel, target, reason, detail FROM suppressions WHERE project_id = $1 "
+        "ORDER BY target", project_id)
+    assert [(r["channel"], r["target"], r["reason"]) for r in rows] == [
+        ("email", "angry@example.com", "complaint"),
+        ("email", "gone@example.com", "bounce"),
+    ]
+    assert "hard bounce" in rows[1]["detail"]
+    assert await timeline(db, "task-2") == [("sent", "sent", 1, "email"),
+                                            ("bounced", "failed", 1, "email")]
+    assert await timeline(db, "task-3") == [("sent", "sent", 1, "email"),
+                                            ("bounced", "failed", 1, "email")]
+    detail = await db.fetchval("SELECT detail FROM message_logs WHERE task_id = 'task-2' "
+                               "AND kind = 'bounced'")
+    assert detail.endswith("address suppressed")
+
+
+async def test_a_receipt_that_overtakes_the_send_record_is_retried(
+    make_events: EventsFactory, settings: Settings, redis: Redis, keys: Keys,
+    db: asyncpg.Pool, project_id: str,
+) -> None:
+    # Given failed attempts reclaimable at once, and a bounce for a message not recorded yet
+    events = make_events(settings=settings.replace(reclaim_min_idle_s=0.0))
+    await put(redis, keys, receipt(project_id, "msg-9", "bounced", RESEND_HARD_BOUNCE))
+    await events.worker.run_until_idle(reclaim=False)
+    assert await db.fetchval("SELECT count(*) FROM suppressions") == 0
+    summary = await redis.xpending(keys.events_inbound, keys.group("events"))
+    assert summary["pending"] == 1
+    # When delivery's record appears, the retry finds it
+    event_id = uuid7()
+    await record_send(db, project_id, "task-9", "gone@example.com", "msg-9")
+    await put(redis, keys, sent_event(project_id, event_id, "task-9", "msg-9"))
+    await events.run_until_idle()
+    assert await timeline(db, "task-9") == [("sent", "sent", 1, "email"),
+                                            ("bounced", "failed", 1, "email")]
+    assert await db.fetchval("SELECT target FROM suppressions") == "gone@example.com"
+    summary = await redis.xpending(keys.events_inbound, keys.group("events"))
+    assert summary["pending"] == 0
+
+
+async def test_a_receipt_found_by_the_timeline_alone(
+    make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
+) -> None:
+    """A message id the outbox does not know (another provider name in the webhook URL, say)
+    is still found by the sent row; the address then comes from the receipt itself."""
+    events = make_events()
+    event_id = uuid7()
+    await put(redis, keys, sent_event(project_id, event_id, "task-5", "msg-5"))
+    raw = {"type": "email.bounced", "data": {"to": ["old@example.com"]}}
+    await put(redis, keys, receipt(project_id, "msg-5", "bounced", raw, provider="mailer"))
+    await events.run_until_idle()
+    assert await timeline(db, "task-5") == [("sent", "sent", 1, "email"),
+                                            ("bounced", "failed", 1, "email")]
+    assert await db.fetchval("SELECT target FROM suppressions") == "old@example.com"
+
+
+async def test_custom_events_go_to_the_workflow_service(
+    make_events: EventsFactory, redis: Redis, keys: Keys, project_id: str,
+) -> None:
+    event_id = uuid7()
+    await put(redis, keys, {"type": "custom", "projectId": project_id, "name": "order.paid",
+                            "userId": "user-1", "data": {"orderId": 7}, "eventId": event_id,
+                            "at": AT})
+    await make_events().run_until_idle()
+    [(_id, fields)] = await redis.xrange(keys.workflow_inbound)
+    assert decode(fields) == {"type": "event", "projectId": project_id, "name": "order.paid",
+                              "userId": "user-1", "data": {"orderId": 7}, "at": AT,
+                              "eventId": event_id}
+
+
+@pytest.mark.parametrize("event", [
+    {"type": "receipt", "projectId": "nope", "provider": "resend", "providerMessageId": "m",
+     "kind": "delivered"},
+    {"type": "receipt", "projectId": str(uuid.uuid4()), "provider": "resend",
+     "providerMessageId": "m", "kind": "teleported"},
+    {"type": "custom", "projectId": str(uuid.uuid4()), "userId": "u"},
+    {"type": "notification:sent", "projectId": 7},
+    {"type": "who-knows"},
+])
+async def test_events_that_can_never_be_recorded_are_acked(
+    make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool,
+    event: dict[str, Any],
+) -> None:
+    await put(redis, keys, event)
+    await make_events().run_until_idle()
+    summary = await redis.xpending(keys.events_inbound, keys.group("events"))
+    assert summary["pending"] == 0
+    assert await db.fetchval("SELECT count(*) FROM message_logs") == 0
+    assert await redis.exists(keys.workflow_inbound) == 0
