@@ -9,9 +9,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from notifkit.config import Settings
+from notifkit.config import EmailSettings, PushSettings, Settings, SmsSettings
 from notifkit.keys import Keys
 from notifkit.services.base import Service
+from simulators import SimulatorServer
 
 from .helpers import add_project
 
@@ -20,6 +21,35 @@ from .helpers import add_project
 def sp_settings(settings: Settings) -> Settings:
     """Failed entries are reclaimable at once, so run_until_idle drives the retry cycle."""
     return settings.replace(reclaim_min_idle_s=0.0, worker_concurrency=20, read_block_ms=50)
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[SimulatorServer]:
+    async with SimulatorServer(seed=1) as server:
+        yield server
+
+
+def simulated(settings: Settings, sim: SimulatorServer, *, email: str = "resend") -> Settings:
+    """``settings`` with every provider pointed at the simulator and a short provider timeout
+    (a lost response costs half a second)."""
+    return settings.replace(
+        provider_timeout_s=0.5,
+        email=EmailSettings(
+            transport=email, from_addr="notifkit <no-reply@example.com>",
+            resend_api_key="re_test", resend_base_url=sim.base_url,
+            sendgrid_api_key="SG.test", sendgrid_base_url=sim.base_url,
+            smtp_url=f"smtp://{sim.smtp_host}:{sim.smtp_port}",
+        ),
+        sms=SmsSettings(account_sid="AC" + "1" * 32, auth_token="twilio-token",
+                        from_number="+15550000000", base_url=sim.base_url),
+        push=PushSettings(project_id="notifkit-test", access_token="fcm-token",
+                          base_url=sim.base_url),
+    )
+
+
+@pytest.fixture
+def sim_settings(sp_settings: Settings, sim: SimulatorServer) -> Settings:
+    return simulated(sp_settings, sim)
 
 
 @pytest.fixture

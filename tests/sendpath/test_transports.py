@@ -59,12 +59,6 @@ CASES = [
 ]
 
 
-@pytest.fixture
-async def sim() -> AsyncIterator[SimulatorServer]:
-    async with SimulatorServer(seed=1) as server:
-        yield server
-
-
 @pytest.fixture(params=CASES, ids=[c.provider for c in CASES])
 async def case(request: pytest.FixtureRequest, sim: SimulatorServer,
                settings: Settings, redis: Redis) -> AsyncIterator[tuple[Case, Transport]]:

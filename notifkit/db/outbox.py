@@ -1,0 +1,120 @@
+"""What delivery writes besides the timeline: ``delivery_outbox`` and disabled contacts.
+
+The outbox is how a reclaimed task knows what an earlier attempt did, per (task, channel,
+destination):
+
+    no row     never handed to a provider
+    sending    claimed before the provider call and never confirmed: the call may have been
+               accepted (a crash or a lost response). Resending is safe only where the
+               provider honours the idempotency key; elsewhere it is the documented duplicate.
+    sent       the provider accepted (provider_message_id): never sent again
+    failed     the provider refused (4xx/5xx/429): nothing went out, resending is safe
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from notifkit.db.recipients import Executor
+
+SENDING, SENT, FAILED = "sending", "sent", "failed"
+
+_CLAIM = """
+WITH input AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[])
+        AS i(task_id, channel, destination, project_id, provider)
+), before AS (
+    SELECT o.task_id, o.channel, o.destination, o.status, o.provider_message_id
+      FROM delivery_outbox o
+      JOIN input i ON o.task_id = i.task_id AND o.channel = i.channel
+                  AND o.destination = i.destination AND o.project_id = i.project_id
+), claimed AS (
+    INSERT INTO delivery_outbox (task_id, channel, destination, project_id, provider)
+    SELECT task_id, channel, destination, project_id, provider FROM input
+    ON CONFLICT (task_id, channel, destination) DO UPDATE
+       SET status = CASE WHEN delivery_outbox.status = 'sent' THEN 'sent' ELSE 'sending' END,
+           provider = CASE WHEN delivery_outbox.status = 'sent' THEN delivery_outbox.provider
+                           ELSE EXCLUDED.provider END,
+           updated_at = now()
+     WHERE delivery_outbox.project_id = EXCLUDED.project_id
+    RETURNING 1
+)
+SELECT i.task_id, i.channel, i.destination, b.status, b.provider_message_id
+  FROM input i
+  LEFT JOIN before b ON b.task_id = i.task_id AND b.channel = i.channel
+                    AND b.destination = i.destination
+"""
+
+
+@dataclass(frozen=True)
+class Claim:
+    task_id: str
+    channel: str
+    destination: str
+    project_id: str
+    provider: str
+
+
+@dataclass(frozen=True)
+class Previous:
+    """What the outbox held before this attempt claimed the row (status None = no row)."""
+
+    status: str | None
+    provider_message_id: str | None
+
+
+async def claim(db: Executor, claims: Sequence[Claim]) -> dict[tuple[str, str, str], Previous]:
+    """Mark every (task, channel, destination) 'sending' (a 'sent' row stays 'sent') and
+    answer what each held before; one query for the batch."""
+    if not claims:
+        return {}
+    rows = await db.fetch(
+        _CLAIM,
+        [c.task_id for c in claims], [c.channel for c in claims],
+        [c.destination for c in claims], [c.project_id for c in claims],
+        [c.provider for c in claims],
+    )
+    return {
+        (r["task_id"], r["channel"], r["destination"]): Previous(r["status"],
+                                                                 r["provider_message_id"])
+        for r in rows
+    }
+
+
+async def settle(
+    db: Executor, rows: Sequence[tuple[str, str, str, str, str | None]]
+) -> None:
+    """Record outcomes: (task id, channel, destination, status, provider message id).
+    A 'sent' row is never changed back."""
+    if not rows:
+        return
+    await db.execute(
+        "UPDATE delivery_outbox o SET status = u.status, "
+        "provider_message_id = coalesce(u.provider_message_id, o.provider_message_id), "
+        "updated_at = now() "
+        "FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) "
+        "AS u(task_id, channel, destination, status, provider_message_id) "
+        "WHERE o.task_id = u.task_id AND o.channel = u.channel "
+        "AND o.destination = u.destination AND o.status <> 'sent'",
+        [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
+        [r[3] for r in rows], [r[4] for r in rows],
+    )
+
+
+async def disable_contacts(
+    db: Executor, contacts: Sequence[tuple[str, str, str, str]]
+) -> None:
+    """Disable (project id, channel, target, reason) addresses for every user who has them."""
+    if not contacts:
+        return
+    await db.execute(
+        "UPDATE user_contacts c SET enabled = false, disabled_reason = u.reason, "
+        "disabled_at = now() "
+        "FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) "
+        "AS u(project_id, channel, target, reason) "
+        "WHERE c.project_id = u.project_id AND c.channel = u.channel "
+        "AND c.target = u.target AND c.enabled",
+        [c[0] for c in contacts], [c[1] for c in contacts], [c[2] for c in contacts],
+        [c[3] for c in contacts],
+    )

@@ -1,0 +1,88 @@
+"""How a task's provider answers become one action: the contract's failure classes (CONTRACT
+§5) in one place. Pure, so every combination is tested without a provider.
+
+A task goes to one or more destinations (a user's push devices; one address elsewhere):
+
+    any destination SENT                      -> SENT (the recipient has it; invalid ones are
+                                                  still disabled, others are not retried)
+    any PERMANENT                             -> PERMANENT: dead-lettered now
+    any RETRY (timeout, 5xx, connection)      -> FALLBACK to the chain's next channel if there
+                                                  is one, else RETRY (the reclaim cycle), and
+                                                  DEAD once the attempts are used up
+    any provider RATE_LIMITED                 -> PARK until Retry-After, counting as an
+                                                  attempt; DEAD once the attempts are used up
+    notifkit's own bucket empty               -> PARK, not counted (nothing reached a provider)
+    all INVALID_RECIPIENT                     -> contacts disabled; FALLBACK if there is a next
+                                                  channel, else INVALID (failed, not retried)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from notifkit.transports.base import Outcome, SendResult
+
+
+class Action(StrEnum):
+    SENT = "sent"
+    FALLBACK = "fallback"
+    RETRY = "retry"
+    PARK = "park"
+    INVALID = "invalid"
+    PERMANENT = "permanent"
+    DEAD = "dead"  # a transient failure with no attempts left
+
+
+@dataclass(frozen=True)
+class Attempted:
+    """One destination's answer in this attempt."""
+
+    destination: str
+    result: SendResult
+    # The outbox said an earlier attempt may have reached a provider that has no idempotency
+    # key: if this send is accepted too, the recipient may get the message twice.
+    possible_duplicate: bool = False
+    local_limit: bool = False  # refused by notifkit's own token bucket, not by the provider
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: Action
+    reason: str
+    retry_after_s: float | None = None
+    counts_as_attempt: bool = True  # for PARK: a provider 429 counts, our own bucket does not
+
+
+def judge(
+    attempted: Sequence[Attempted], *, has_next_channel: bool, attempt: int, max_attempts: int
+) -> Verdict:
+    """``attempt`` is this attempt's number counting earlier parked entries of the task."""
+    outcomes = [a.result.outcome for a in attempted]
+    first = {o: a for a, o in reversed(list(zip(attempted, outcomes, strict=True)))}
+    if Outcome.SENT in first:
+        return Verdict(Action.SENT, "accepted")
+    if Outcome.PERMANENT in first:
+        return Verdict(Action.PERMANENT, first[Outcome.PERMANENT].result.detail)
+    exhausted = attempt >= max_attempts
+    if Outcome.RETRY in first:
+        reason = first[Outcome.RETRY].result.detail
+        if has_next_channel:
+            return Verdict(Action.FALLBACK, reason)
+        return Verdict(Action.DEAD if exhausted else Action.RETRY, reason)
+    if Outcome.RATE_LIMITED in first:
+        limited = [a for a in attempted if a.result.outcome is Outcome.RATE_LIMITED]
+        by_provider = [a for a in limited if not a.local_limit]
+        wait_s = max((a.result.retry_after_s or 0.0) for a in limited)
+        reason = (by_provider or limited)[0].result.detail
+        if by_provider:
+            if exhausted:
+                return Verdict(Action.DEAD, f"still rate limited after {attempt} attempts: "
+                               f"{reason}")
+            return Verdict(Action.PARK, reason, wait_s)
+        return Verdict(Action.PARK, reason, wait_s, counts_as_attempt=False)
+    reason = first[Outcome.INVALID_RECIPIENT].result.detail if attempted else "no destination"
+    if has_next_channel:
+        return Verdict(Action.FALLBACK, f"invalid recipient: {reason}")
+    return Verdict(Action.INVALID, reason)

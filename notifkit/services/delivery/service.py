@@ -1,0 +1,408 @@
+"""Delivery: one outbound task -> the provider, exactly once where the provider allows it.
+
+Per read batch:
+
+1. dedup on the task id (a task parked and brought back by the scheduler releases its mark);
+2. ``delivery_outbox`` claimed for every (task, channel, destination) in one query: a
+   destination already ``sent`` is never sent again; one left ``sending`` by an earlier
+   attempt may have reached the provider (crash or lost response);
+3. the sends run concurrently, each through the provider's shared token bucket (and the
+   project's override) and bounded by ``PROVIDER_TIMEOUT_SECONDS``; every accepted send is
+   recorded ``sent`` in the outbox as soon as it is accepted (writes that finish together
+   share one query);
+4. each task's answers become one action (:mod:`.outcomes`): sent, fallback (an enriched
+   message restricted to the chain's next channel), retry, park on ``scheduled`` after a 429,
+   invalid (contact disabled), or dead-lettered;
+5. the timeline rows, disabled contacts and outbox outcomes are written in one query each;
+   outcome events, fallbacks and parked tasks go out atomically with the ack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, ClassVar
+
+from notifkit import metrics
+from notifkit.config import Settings
+from notifkit.db import outbox
+from notifkit.db.logs import Kind, LogRow, Status, insert_logs
+from notifkit.db.routing import project_settings
+from notifkit.dedup import Dedup, delivery_key
+from notifkit.errors import PermanentFailure, RetryLater
+from notifkit.messages import OutboundTask, ScheduledTask, parse_outbound
+from notifkit.ratelimit import ALL_PROJECTS, Bucket, TokenBuckets
+from notifkit.services.base import WorkerService
+from notifkit.services.delivery.outcomes import Action, Attempted, Verdict, judge
+from notifkit.services.payloads import parse_each
+from notifkit.transports.base import Message, Outcome, SendResult, Transport, TransportContext
+from notifkit.transports.registry import MISSING, build_transports
+from notifkit.worker import Entry, utc_now_iso
+
+log = logging.getLogger("notifkit.delivery")
+
+# The longest a send waits in-process for notifkit's own token bucket; a longer wait parks the
+# task on the scheduler instead, so a slot is never held long enough to be reclaimed.
+MAX_BUCKET_WAIT_S = 2.0
+DEFAULT_PARK_S = 1.0
+PROJECT_SETTINGS_TTL_S = 30.0
+
+_RELEASE_MARK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class DeliveryService(WorkerService):
+    name: ClassVar[str] = "delivery"
+
+    def __init__(self, settings: Settings, **options: Any) -> None:
+        super().__init__(settings, **options)
+        self.transports: dict[str, Transport] = build_transports(
+            settings, options.get("transports") or ()
+        )
+        # provider -> sends per second across all delivery processes (default: the
+        # transport's own rate_per_s; None = no bucket).
+        self.provider_rates: dict[str, float] = dict(options.get("provider_rates") or {})
+        self.buckets = TokenBuckets(self.redis)
+        self._release = self.redis.register_script(_RELEASE_MARK)
+        self._opened: list[Transport] = []
+        self._project_settings: dict[str, tuple[float, dict[str, Any]]] = {}
+
+    def streams(self) -> list[str]:
+        return self.keys.outbound_all()
+
+    async def open(self) -> None:
+        await super().open()
+        if not self._opened:
+            ctx = TransportContext(self.settings, self.redis, self.db)
+            for transport in dict.fromkeys(self.transports.values()):
+                await transport.open(ctx)
+                self._opened.append(transport)
+
+    async def close(self) -> None:
+        opened, self._opened = self._opened, []
+        for transport in opened:
+            try:
+                await transport.close()
+            except Exception:
+                log.exception("Closing the %s transport failed; carrying on.",
+                              transport.provider)
+        await super().close()
+
+    # -- the batch --------------------------------------------------------------------
+    async def process(self, batch: list[Entry]) -> None:
+        parsed = parse_each(self.name, batch, parse_outbound)
+        tasks = await self._deduplicate(parsed)
+        if not tasks:
+            return
+        logs: list[LogRow] = []
+        runnable: list[tuple[Entry, OutboundTask, Transport]] = []
+        for entry, task in tasks:
+            transport = self.transports.get(task["channel"])
+            if transport is None:
+                why = (f"no {task['channel']} transport is configured; set "
+                       f"{MISSING.get(task['channel'], 'one in code')}")
+                logs.append(_row(task, self._attempt(entry, task), Kind.DEAD_LETTERED,
+                                 Status.DEAD_LETTERED, why))
+                entry.fail(PermanentFailure(why))
+            else:
+                runnable.append((entry, task, transport))
+
+        previous = await outbox.claim(self.pool, [
+            outbox.Claim(t["taskId"], t["channel"], dest, t["projectId"], tr.provider)
+            for _e, t, tr in runnable for dest in t["to"]
+        ])
+        limits = await self._limits({t["projectId"] for _e, t, _tr in runnable})
+        recorder = _SentRecorder(self.pool)
+        attempted = await asyncio.gather(*(
+            self._send_task(task, transport, previous, limits, recorder)
+            for _e, task, transport in runnable
+        ))
+
+        settled: list[tuple[str, str, str, str, str | None]] = []
+        disabled: list[tuple[str, str, str, str]] = []
+        for (entry, task, transport), answers in zip(runnable, attempted, strict=True):
+            attempt = self._attempt(entry, task)
+            verdict = judge(answers, has_next_channel=bool(task.get("fallback", {}).get("chain")),
+                            attempt=attempt, max_attempts=self.settings.max_attempts)
+            if verdict.action is Action.RETRY and entry.attempt >= self.worker.max_attempts:
+                verdict = Verdict(Action.DEAD, verdict.reason)
+            for a in answers:
+                outcome = a.result.outcome
+                if outcome is Outcome.INVALID_RECIPIENT:
+                    disabled.append((task["projectId"], task["channel"], a.destination,
+                                     "invalid_recipient"))
+                if outcome is not Outcome.SENT and not a.result.maybe_accepted:
+                    settled.append((task["taskId"], task["channel"], a.destination,
+                                    outbox.FAILED, None))
+            await self._apply(entry, task, transport, answers, verdict, attempt, logs)
+
+        await outbox.settle(self.pool, settled)
+        await outbox.disable_contacts(self.pool, disabled)
+        await insert_logs(self.pool, logs)
+
+    def _attempt(self, entry: Entry, task: OutboundTask) -> int:
+        """This attempt's number for the task, counting its earlier (parked) entries."""
+        return int(task.get("priorAttempts", 0)) + entry.attempt
+
+    async def _deduplicate(
+        self, parsed: list[tuple[Entry, OutboundTask]]
+    ) -> list[tuple[Entry, OutboundTask]]:
+        dedup = Dedup(self.redis, self.keys, "delivery", self.settings.idempotency_ttl_s)
+        allowed = await dedup.claim_many([(e, delivery_key(t["taskId"]), None) for e, t in parsed])
+        kept = []
+        for (entry, task), ok in zip(parsed, allowed, strict=True):
+            if ok:
+                kept.append((entry, task))
+            else:
+                log.info("Skipped a duplicate of a task already being delivered.",
+                         extra=_ids(task))
+        return kept
+
+    # -- sending --------------------------------------------------------------------------
+    async def _send_task(
+        self,
+        task: OutboundTask,
+        transport: Transport,
+        previous: dict[tuple[str, str, str], outbox.Previous],
+        limits: dict[str, dict[str, Any]],
+        recorder: _SentRecorder,
+    ) -> list[Attempted]:
+        buckets = self._buckets(task, transport, limits)
+
+        async def one(destination: str) -> Attempted:
+            before = previous.get((task["taskId"], task["channel"], destination))
+            if before is not None and before.status == outbox.SENT:
+                return Attempted(destination, SendResult(
+                    Outcome.SENT, before.provider_message_id, "already sent (outbox)"))
+            possible_duplicate = (before is not None and before.status == outbox.SENDING
+                                  and not transport.idempotent)
+            wait_s = await self._take(buckets)
+            if wait_s > 0:
+                return Attempted(destination, SendResult(
+                    Outcome.RATE_LIMITED,
+                    detail=f"notifkit's {transport.provider} rate limit is used up",
+                    retry_after_s=wait_s), local_limit=True)
+            started = time.perf_counter()
+            result = await transport.send(_message(task, destination))
+            metrics.PROVIDER_LATENCY.labels(task["channel"], transport.provider).observe(
+                time.perf_counter() - started)
+            metrics.DELIVERIES.labels(task["channel"], transport.provider,
+                                      result.outcome.value).inc()
+            if result.sent:
+                await recorder.record((task["taskId"], task["channel"], destination,
+                                       outbox.SENT, result.provider_message_id))
+            return Attempted(destination, result, possible_duplicate)
+
+        return list(await asyncio.gather(*(one(d) for d in task["to"])))
+
+    def _buckets(self, task: OutboundTask, transport: Transport,
+                 limits: dict[str, dict[str, Any]]) -> list[Bucket]:
+        provider = transport.provider
+        buckets = []
+        rate = self.provider_rates.get(provider, transport.rate_per_s)
+        if rate:
+            buckets.append(Bucket.per_second(self.keys.provider_bucket(provider, ALL_PROJECTS),
+                                             rate))
+        override = (limits.get(task["projectId"]) or {}).get(task["channel"])
+        if isinstance(override, int | float) and not isinstance(override, bool) and override > 0:
+            buckets.append(Bucket.per_second(
+                self.keys.provider_bucket(provider, task["projectId"]), float(override)))
+        return buckets
+
+    async def _take(self, buckets: list[Bucket]) -> float:
+        """Wait for a token when it comes soon; else answer how long it would take."""
+        waited = 0.0
+        while True:
+            wait_s = await self.buckets.take(buckets)
+            if wait_s <= 0:
+                return 0.0
+            if waited + wait_s > MAX_BUCKET_WAIT_S:
+                return wait_s
+            await asyncio.sleep(wait_s)
+            waited += wait_s
+
+    async def _limits(self, project_ids: set[str]) -> dict[str, dict[str, Any]]:
+        """Each project's ``settings.rateLimits`` (cached for a few seconds)."""
+        now = time.monotonic()
+        stale = [p for p in project_ids
+                 if p not in self._project_settings or self._project_settings[p][0] < now]
+        if stale:
+            loaded = await project_settings(self.pool, stale)
+            for project_id in stale:
+                limits = (loaded.get(project_id) or {}).get("rateLimits")
+                self._project_settings[project_id] = (
+                    now + PROJECT_SETTINGS_TTL_S, limits if isinstance(limits, dict) else {})
+        return {p: self._project_settings[p][1] for p in project_ids}
+
+    # -- acting on the verdict ------------------------------------------------------------
+    async def _apply(
+        self, entry: Entry, task: OutboundTask, transport: Transport,
+        answers: list[Attempted], verdict: Verdict, attempt: int, logs: list[LogRow],
+    ) -> None:
+        provider = transport.provider
+        ids = _ids(task)
+        action = verdict.action
+        if action is Action.SENT:
+            sent = [a for a in answers if a.result.sent]
+            duplicate = any(a.possible_duplicate for a in sent)
+            metadata: dict[str, Any] = {"destinations": len(task["to"]),
+                                        "accepted": len(sent)}
+            detail = f"accepted by {provider}"
+            if duplicate:
+                metadata["possibleDuplicate"] = True
+                detail += ("; sent again after an earlier attempt's answer was lost, and "
+                           f"{provider} has no idempotency key: the recipient may get it twice")
+                log.warning("Sent a task again after an earlier attempt's answer was lost; "
+                            "%s has no idempotency key, so the recipient may get it twice.",
+                            provider, extra=ids)
+            message_id = sent[0].result.provider_message_id
+            logs.append(_row(task, attempt, Kind.SENT, Status.SENT, detail, provider,
+                             message_id, metadata))
+            entry.emit(self.keys.events_inbound,
+                       _event("notification:sent", task, provider, message_id, attempt))
+            return
+        if action in (Action.INVALID, Action.FALLBACK) and any(
+            a.result.outcome is Outcome.INVALID_RECIPIENT for a in answers
+        ):
+            entry.emit(self.keys.events_inbound,
+                       _event("notification:invalid_token", task, provider, None, attempt,
+                              verdict.reason))
+            log.warning("The provider rejected the %s address; the contact is disabled and "
+                        "never used again.", task["channel"], extra=ids)
+        if action is Action.INVALID:
+            logs.append(_row(task, attempt, Kind.FAILED, Status.FAILED,
+                             f"invalid recipient, contact disabled: {verdict.reason}", provider,
+                             metadata={"reason": "invalid_recipient"}))
+            return
+        if action is Action.FALLBACK:
+            fallback = task["fallback"]
+            next_channel = fallback["chain"][0]
+            logs.append(_row(task, attempt, Kind.FALLBACK, Status.FAILED,
+                             f"{verdict.reason}; trying {next_channel} next", provider,
+                             metadata={"next": next_channel}))
+            entry.emit(self.keys.enriched(task["priority"]), {
+                **fallback["recipient"],
+                "fallbackChain": fallback["chain"],
+                "fallbackFrom": {"taskId": task["taskId"], "channel": task["channel"],
+                                 "reason": verdict.reason},
+            })
+            entry.emit(self.keys.events_inbound,
+                       _event("notification:failed", task, provider, None, attempt,
+                              verdict.reason))
+            log.warning("Sending on %s failed (%s); falling back to %s.", task["channel"],
+                        verdict.reason, next_channel, extra=ids)
+            return
+        if action is Action.PARK:
+            wait_s = verdict.retry_after_s if verdict.retry_after_s else DEFAULT_PARK_S
+            due_ms = int((time.time() + wait_s) * 1000)
+            parked: dict[str, Any] = dict(task)
+            if verdict.counts_as_attempt:
+                parked["parkCount"] = int(task.get("parkCount", 0)) + 1
+                parked["priorAttempts"] = attempt
+            else:
+                parked["priorAttempts"] = attempt - 1
+            scheduled: ScheduledTask = {
+                "taskId": task["taskId"], "projectId": task["projectId"], "dueAt": due_ms,
+                "stream": self.keys.outbound(task["priority"]), "payload": parked,
+                "reason": "rateLimited",
+            }
+            entry.emit(self.keys.scheduled, scheduled)
+            # The task comes back as a new entry with the same task id: let it through.
+            for mark in list(entry.marks):
+                await self._release(keys=[mark], args=[entry.owner])
+            entry.marks.clear()
+            logs.append(_row(task, attempt, Kind.DEFERRED, Status.SCHEDULED,
+                             f"{verdict.reason}; parked for {wait_s:g} s", provider,
+                             metadata={"retryAfterSeconds": wait_s,
+                                       "parkCount": parked.get("parkCount", 0)}))
+            log.info("Rate limited by %s; parked for %.1f s.", provider, wait_s, extra=ids)
+            return
+        if action is Action.RETRY:
+            logs.append(_row(task, attempt, Kind.FAILED, Status.PROCESSING,
+                             f"{verdict.reason}; will retry", provider))
+            entry.fail(RetryLater(verdict.reason))
+            return
+        # PERMANENT or DEAD: the worker dead-letters the entry and emits notification:failed.
+        logs.append(_row(task, attempt, Kind.DEAD_LETTERED, Status.DEAD_LETTERED,
+                         verdict.reason, provider))
+        entry.fail(PermanentFailure(verdict.reason))
+
+
+class _SentRecorder:
+    """Writes outbox 'sent' rows as sends are accepted; rows that arrive while a write is in
+    flight go together in the next one, so a batch costs few queries and a crash right after
+    an accepted send finds it recorded."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self._rows: list[tuple[str, str, str, str, str | None]] = []
+        self._waiters: list[asyncio.Future[None]] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def record(self, row: tuple[str, str, str, str, str | None]) -> None:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._rows.append(row)
+        self._waiters.append(waiter)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write())
+        await waiter
+
+    async def _write(self) -> None:
+        while self._rows:
+            rows, waiters = self._rows, self._waiters
+            self._rows, self._waiters = [], []
+            try:
+                await outbox.settle(self.pool, rows)
+            except Exception as exc:
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_exception(exc)
+            else:
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
+
+
+def _message(task: OutboundTask, destination: str) -> Message:
+    return Message(
+        task_id=task["taskId"], event_id=task["eventId"], project_id=task["projectId"],
+        user_id=task["userId"], channel=task["channel"], to=destination,
+        content=task["content"], template=task["template"], topic=task.get("topic"),
+        campaign_id=task.get("campaignId"), unsubscribe_url=task.get("unsubscribeUrl"),
+        created_at=task.get("createdAt", ""),
+    )
+
+
+def _row(
+    task: OutboundTask, attempt: int, kind: Kind, status: Status, detail: str,
+    provider: str | None = None, provider_message_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> LogRow:
+    return LogRow(
+        project_id=task["projectId"], event_id=task["eventId"], task_id=task["taskId"],
+        user_id=task["userId"], channel=task["channel"], attempt=attempt, kind=kind,
+        status=status, detail=detail, provider=provider,
+        provider_message_id=provider_message_id, campaign_id=task.get("campaignId"),
+        metadata=metadata or {},
+    )
+
+
+def _event(kind: str, task: OutboundTask, provider: str, message_id: str | None,
+           attempt: int, error: str | None = None) -> dict[str, Any]:
+    event: dict[str, Any] = {
+        "type": kind, "projectId": task["projectId"], "eventId": task["eventId"],
+        "taskId": task["taskId"], "userId": task["userId"], "channel": task["channel"],
+        "provider": provider, "providerMessageId": message_id, "attempt": attempt,
+        "campaignId": task.get("campaignId"), "at": utc_now_iso(),
+    }
+    if error is not None:
+        event["error"] = error
+    return event
+
+
+def _ids(task: OutboundTask) -> dict[str, Any]:
+    return {"service": "delivery", "event_id": task["eventId"], "task_id": task["taskId"],
+            "project_id": task["projectId"], "channel": task["channel"]}

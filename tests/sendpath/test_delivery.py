@@ -1,0 +1,458 @@
+"""The whole send path against the provider simulators: inbound -> enricher -> engine ->
+delivery -> provider, with the failure classes of CONTRACT §5."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import asyncpg
+import pytest
+from aiohttp import web
+from redis.asyncio import Redis
+
+from notifkit.config import Settings
+from notifkit.keys import Keys
+from notifkit.services.delivery import DeliveryService
+from notifkit.services.engine import EngineService
+from notifkit.services.enricher import EnricherService
+from notifkit.streams import xadd
+from notifkit.transports.webhook import SIGNATURE_HEADER, verify
+from simulators import SimulatorServer
+
+from .conftest import ServiceFactory, simulated
+from .helpers import add_template, add_user, drain, entries, send, timeline
+
+EMAIL = {"subject": "Invoice {{ data.amount }}", "text": "Hi {{ user.attributes.name }}"}
+SMS = {"text": "Paid {{ data.amount }}"}
+PUSH = {"title": "Paid", "body": "Amount {{ data.amount }}"}
+
+
+async def stages(services: ServiceFactory, settings: Settings) -> tuple[Any, Any, Any]:
+    return (await services(EnricherService, settings),
+            await services(EngineService, settings),
+            await services(DeliveryService, settings))
+
+
+def kinds(rows: list[dict[str, Any]], channel: str) -> list[tuple[str, str, int]]:
+    return [(r["kind"], r["status"], r["attempt"]) for r in rows if r["channel"] == channel]
+
+
+async def test_a_notification_reaches_the_providers_rendered_with_its_timeline(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    # Given a user with an address, a number and a device, and a template for all three
+    await add_user(db, project, "u1", attributes={"name": "Ada"},
+                   contacts=[("email", "ada@example.com"), ("sms", "+15557654321"),
+                             ("push", "device-1")])
+    await add_template(db, project, "invoice", {"email": EMAIL, "sms": SMS, "push": PUSH})
+    pipeline = await stages(services, sim_settings)
+
+    # When a notification is sent and the pipeline drains
+    event_id = await send(redis, keys, db, project, "invoice", "u1", data={"amount": "12.00"})
+    await drain(*pipeline)
+
+    # Then each provider received its rendered message for the right recipient
+    [email] = await sim.messages("resend")
+    assert email["to"] == "ada@example.com"
+    assert email["content"]["subject"] == "Invoice 12.00"
+    assert email["content"]["text"] == "Hi Ada"
+    assert email["content"]["headers"]["List-Unsubscribe"].startswith(
+        "<http://127.0.0.1:8080/v1/unsubscribe?token=")
+    assert email["content"]["headers"]["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
+    assert email["idempotencyKey"] == email["taskId"]
+    [sms] = await sim.messages("twilio")
+    assert (sms["to"], sms["content"]["body"]) == ("+15557654321", "Paid 12.00")
+    [push] = await sim.messages("fcm")
+    assert push["to"] == "device-1"
+    assert push["content"]["notification"] == {"title": "Paid", "body": "Amount 12.00"}
+
+    # And the timeline shows each step, with the provider's message id
+    rows = await timeline(db, event_id)
+    for channel, record in (("email", email), ("sms", sms), ("push", push)):
+        assert kinds(rows, channel) == [("queued", "processing", 0), ("sent", "sent", 1)]
+        sent = next(r for r in rows if r["channel"] == channel and r["kind"] == "sent")
+        assert sent["task_id"] == record["taskId"]
+        assert sent["provider_message_id"]
+    # And outcome events went to the events stream, and the outbox says sent
+    events = await entries(redis, keys.events_inbound)
+    assert sorted((e["type"], e["channel"]) for e in events) == [
+        ("notification:sent", "email"), ("notification:sent", "push"),
+        ("notification:sent", "sms")]
+    statuses = await db.fetch("SELECT status FROM delivery_outbox WHERE project_id = $1",
+                              project)
+    assert [r["status"] for r in statuses] == ["sent"] * 3
+
+
+async def test_nothing_is_sent_where_preferences_suppressions_or_contacts_say_no(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    await add_user(db, project, "pref", contacts=[("sms", "+15550000001")],
+                   channels={"sms": False})
+    await add_user(db, project, "topic", contacts=[("sms", "+15550000002")],
+                   topics={"billing": False})
+    await add_user(db, project, "supp", contacts=[("sms", "+15550000003")])
+    await db.execute("INSERT INTO suppressions (project_id, channel, target, reason) "
+                     "VALUES ($1, 'sms', '+15550000003', 'complaint')", project)
+    await add_user(db, project, "none")
+    await add_template(db, project, "t", {"sms": SMS}, topic="billing")
+
+    event_id = await send(redis, keys, db, project, "t", ["pref", "topic", "supp", "none"],
+                          data={"amount": "1"})
+    await drain(*await stages(services, sim_settings))
+
+    assert await sim.messages() == []
+    reasons = {r["user_id"]: r["detail"] for r in await timeline(db, event_id)}
+    assert reasons == {"pref": "channel disabled by preference",
+                       "topic": "topic opted out (billing)", "supp": "address suppressed",
+                       "none": "no contact"}
+
+
+async def test_a_push_outage_falls_back_to_exactly_one_sms_per_recipient(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    # Given five users with a device and a number, a template falling back push -> sms,
+    # and a push provider answering 503 to everything
+    users = [f"u{i}" for i in range(5)]
+    for i, user in enumerate(users):
+        await add_user(db, project, user,
+                       contacts=[("push", f"device-{i}"), ("sms", f"+1555000000{i}")])
+    await add_template(db, project, "alert", {"push": PUSH, "sms": SMS},
+                       fallback=["push", "sms"])
+    await sim.add_fault("error", "fcm", status=503)
+
+    event_id = await send(redis, keys, db, project, "alert", users, data={"amount": "9"})
+    await drain(*await stages(services, sim_settings))
+
+    # Then every user got exactly one SMS, and no push went through
+    sms = await sim.messages("twilio")
+    assert sorted(m["to"] for m in sms) == [f"+1555000000{i}" for i in range(5)]
+    assert all(m["acceptCount"] == 1 for m in sms)
+    assert await sim.messages("fcm") == []
+    assert (await sim.stats())["fcm"]["requests"] == 5  # one attempt each, then the fallback
+    rows = await timeline(db, event_id)
+    for user in users:
+        mine = [r for r in rows if r["user_id"] == user]
+        assert [(r["channel"], r["kind"]) for r in mine] == [
+            ("push", "queued"), ("push", "fallback"), ("sms", "queued"), ("sms", "sent")]
+        fallback = next(r for r in mine if r["kind"] == "fallback")
+        assert fallback["status"] == "failed"
+        assert "trying sms next" in fallback["detail"]
+        queued_sms = next(r for r in mine if r["channel"] == "sms" and r["kind"] == "queued")
+        assert "fallback after push failed" in queued_sms["detail"]
+
+
+async def test_an_invalid_push_token_disables_the_contact_and_the_fallback_is_used(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    await add_user(db, project, "u1", contacts=[("push", "stale-token"), ("sms", "+15550000001")])
+    await add_template(db, project, "alert", {"push": PUSH, "sms": SMS},
+                       fallback=["push", "sms"])
+    await sim.add_fault("invalid_token", "fcm", to="stale-token")
+    pipeline = await stages(services, sim_settings)
+
+    first = await send(redis, keys, db, project, "alert", "u1", data={"amount": "1"})
+    await drain(*pipeline)
+
+    # Then the token is disabled at once, the SMS went out, and push was tried once
+    enabled = await db.fetchval("SELECT enabled FROM user_contacts WHERE target = 'stale-token'")
+    assert enabled is False
+    assert len(await sim.messages("twilio")) == 1
+    assert (await sim.stats())["fcm"]["requests"] == 1
+    events = [e["type"] for e in await entries(redis, keys.events_inbound)]
+    assert "notification:invalid_token" in events
+    push_rows = [r for r in await timeline(db, first) if r["channel"] == "push"]
+    assert [(r["kind"], r["status"]) for r in push_rows] == [
+        ("queued", "processing"), ("fallback", "failed")]
+    assert push_rows[1]["detail"].startswith("invalid recipient")
+
+    # And a later notification never tries the token again
+    second = await send(redis, keys, db, project, "alert", "u1", data={"amount": "2"})
+    await drain(*pipeline)
+    assert (await sim.stats())["fcm"]["requests"] == 1
+    assert len(await sim.messages("twilio")) == 2
+    assert ("push", "skipped", "no contact") in [
+        (r["channel"], r["kind"], r["detail"]) for r in await timeline(db, second)]
+
+
+async def test_an_invalid_address_without_fallback_fails_without_retry(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    await add_user(db, project, "u1", contacts=[("sms", "+15005550001")])  # Twilio: 21211
+    await add_template(db, project, "t", {"sms": SMS})
+
+    event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(*await stages(services, sim_settings))
+
+    assert (await sim.stats())["twilio"]["requests"] == 1
+    assert await db.fetchval("SELECT enabled FROM user_contacts") is False
+    [row] = [r for r in await timeline(db, event_id) if r["kind"] == "failed"]
+    assert row["status"] == "failed"
+    assert "contact disabled" in row["detail"]
+    assert await entries(redis, keys.dlq) == []
+
+
+async def test_lost_responses_are_not_duplicated_where_the_provider_honours_idempotency_keys(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    # Given Resend loses the answer to the first three sends
+    users = [f"u{i}" for i in range(3)]
+    for user in users:
+        await add_user(db, project, user, contacts=[("email", f"{user}@example.com")])
+    await add_template(db, project, "t", {"email": EMAIL})
+    await sim.add_fault("lost_response", "resend", times=3)
+
+    event_id = await send(redis, keys, db, project, "t", users, data={"amount": "1"})
+    await drain(*await stages(services, sim_settings))
+
+    # Then the retries replayed the idempotency key: one message each, no duplicates
+    messages = await sim.messages("resend")
+    assert sorted(m["to"] for m in messages) == [f"{u}@example.com" for u in users]
+    assert [m["acceptCount"] for m in messages] == [1, 1, 1]
+    assert (await sim.stats())["resend"]["duplicates"] == 0
+    rows = await timeline(db, event_id)
+    assert sorted(kinds(rows, "email")) == sorted(
+        [("queued", "processing", 0), ("failed", "processing", 1), ("sent", "sent", 2)] * 3)
+    assert not any(r["metadata"].get("possibleDuplicate") for r in rows)
+
+
+async def test_lost_responses_are_duplicated_exactly_once_where_there_is_no_idempotency_key(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given Twilio loses the answer to the first two of four sends
+    users = [f"u{i}" for i in range(4)]
+    for i, user in enumerate(users):
+        await add_user(db, project, user, contacts=[("sms", f"+1555000000{i}")])
+    await add_template(db, project, "t", {"sms": SMS})
+    await sim.add_fault("lost_response", "twilio", times=2)
+
+    with caplog.at_level(logging.WARNING, logger="notifkit.delivery"):
+        event_id = await send(redis, keys, db, project, "t", users, data={"amount": "1"})
+        await drain(*await stages(services, sim_settings))
+
+    # Then exactly the two lost responses became duplicates, and nothing else
+    counts = sorted(m["acceptCount"] for m in await sim.messages("twilio"))
+    assert counts == [1, 1, 1, 1, 2, 2]  # the two duplicates are the second accepts
+    assert (await sim.stats())["twilio"]["duplicates"] == 2
+    # And each is visible: on the timeline and in the log
+    sent = [r for r in await timeline(db, event_id) if r["kind"] == "sent"]
+    flagged = [r for r in sent if r["metadata"].get("possibleDuplicate")]
+    assert len(sent) == 4
+    assert len(flagged) == 2
+    assert all("may get it twice" in r["detail"] for r in flagged)
+    warnings = [r for r in caplog.records if "may get it twice" in r.getMessage()]
+    assert {r.task_id for r in warnings} == {r["task_id"] for r in flagged}  # type: ignore[attr-defined]
+
+
+async def test_a_transient_failure_without_fallback_is_retried_by_the_reclaim_cycle(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    await add_user(db, project, "u1", contacts=[("email", "a@example.com")])
+    await add_template(db, project, "t", {"email": EMAIL})
+    await sim.add_fault("error", "resend", times=1)
+
+    event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(*await stages(services, sim_settings))
+
+    assert len(await sim.messages("resend")) == 1
+    assert kinds(await timeline(db, event_id), "email") == [
+        ("queued", "processing", 0), ("failed", "processing", 1), ("sent", "sent", 2)]
+
+
+async def test_a_provider_that_keeps_failing_dead_letters_the_task_after_the_attempt_limit(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    await add_user(db, project, "u1", contacts=[("email", "a@example.com")])
+    await add_template(db, project, "t", {"email": EMAIL})
+    await sim.add_fault("error", "resend")
+
+    event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(*await stages(services, sim_settings))
+
+    assert (await sim.stats())["resend"]["requests"] == 3
+    [dead] = await entries(redis, keys.dlq)
+    assert dead["payload"]["channel"] == "email"
+    assert kinds(await timeline(db, event_id), "email") == [
+        ("queued", "processing", 0), ("failed", "processing", 1), ("failed", "processing", 2),
+        ("dead_lettered", "dead_lettered", 3)]
+    assert "notification:failed" in [e["type"] for e in await entries(redis, keys.events_inbound)]
+
+
+async def test_a_rejected_request_is_dead_lettered_at_once(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    await add_user(db, project, "u1", contacts=[("push", "device-1")])
+    await add_template(db, project, "t", {"push": PUSH})
+    await sim.add_fault("error", "fcm", status=403)
+
+    await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(*await stages(services, sim_settings))
+
+    assert (await sim.stats())["fcm"]["requests"] == 1
+    [dead] = await entries(redis, keys.dlq)
+    assert dead["attempts"] == 1
+
+
+async def test_a_429_parks_the_task_until_retry_after_then_it_is_sent_once(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    await add_user(db, project, "u1", contacts=[("sms", "+15550000001")])
+    await add_template(db, project, "t", {"sms": SMS})
+    await sim.add_fault("rate_limit", "twilio", times=1, retry_after_s=30)
+    pipeline = await stages(services, sim_settings)
+
+    event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(*pipeline)
+
+    # Then the task waits on the scheduled stream for the provider's Retry-After
+    [parked] = await entries(redis, keys.scheduled)
+    assert parked["reason"] == "rateLimited"
+    assert parked["stream"] == keys.outbound("normal")
+    assert parked["payload"]["parkCount"] == 1
+    assert parked["payload"]["priorAttempts"] == 1
+    created_ms = (await redis.xrange(keys.scheduled))[0][0].decode().split("-")[0]
+    assert 29_000 <= parked["dueAt"] - int(created_ms) <= 31_000
+    assert await sim.messages("twilio") == []
+
+    # When the scheduler moves it back (done by hand here), it is sent once
+    await xadd(redis, parked["stream"], parked["payload"], maxlen=1000)
+    await drain(*pipeline)
+    [sms] = await sim.messages("twilio")
+    assert sms["acceptCount"] == 1
+    assert kinds(await timeline(db, event_id), "sms") == [
+        ("queued", "processing", 0), ("deferred", "scheduled", 1), ("sent", "sent", 2)]
+
+
+async def test_a_task_still_rate_limited_at_the_attempt_limit_is_dead_lettered(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    await add_user(db, project, "u1", contacts=[("sms", "+15550000001")])
+    await add_template(db, project, "t", {"sms": SMS})
+    await sim.add_fault("rate_limit", "twilio", retry_after_s=1)
+    pipeline = await stages(services, sim_settings)
+    await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(*pipeline)
+
+    for _ in range(2):  # the scheduler brings it back twice
+        parked = (await entries(redis, keys.scheduled))[-1]
+        await xadd(redis, parked["stream"], parked["payload"], maxlen=1000)
+        await drain(*pipeline)
+
+    assert len(await entries(redis, keys.scheduled)) == 2
+    [dead] = await entries(redis, keys.dlq)
+    assert "rate limited after 3 attempts" in dead["error"]
+
+
+async def test_a_task_the_outbox_records_as_sent_is_not_sent_again(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    # Given a task whose send an earlier process recorded before it died
+    await add_user(db, project, "u1", contacts=[("sms", "+15550000001")])
+    await add_template(db, project, "t", {"sms": SMS})
+    enricher, engine, delivery = await stages(services, sim_settings)
+    await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(enricher, engine)
+    [task] = await entries(redis, keys.outbound("normal"))
+    await db.execute(
+        "INSERT INTO delivery_outbox (task_id, channel, destination, project_id, provider, "
+        "provider_message_id, status) VALUES ($1, 'sms', '+15550000001', $2, 'twilio', "
+        "'SM-earlier', 'sent')", task["taskId"], project)
+
+    await drain(delivery)
+
+    assert await sim.messages("twilio") == []
+    [sent] = [r for r in await timeline(db, task["eventId"]) if r["kind"] == "sent"]
+    assert sent["provider_message_id"] == "SM-earlier"
+
+
+@pytest.mark.parametrize("email", ["sendgrid", "smtp"])
+async def test_the_other_email_transports_deliver_too(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sp_settings: Settings, email: str,
+) -> None:
+    await add_user(db, project, "u1", contacts=[("email", "ada@example.com")])
+    await add_template(db, project, "t", {"email": EMAIL})
+
+    await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(*await stages(services, simulated(sp_settings, sim, email=email)))
+
+    [message] = await sim.messages(email)
+    assert message["to"] == "ada@example.com"
+    assert message["taskId"]
+
+
+async def test_webhooks_are_signed_and_in_app_messages_are_stored_and_announced(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim_settings: Settings,
+) -> None:
+    received: list[tuple[bytes, dict[str, str]]] = []
+
+    async def hook(request: web.Request) -> web.Response:
+        received.append((await request.read(), dict(request.headers)))
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(keys.inbox_channel(project, "u1"))
+    try:
+        await add_user(db, project, "u1", contacts=[("webhook", f"http://127.0.0.1:{port}/hook")])
+        await add_template(db, project, "t", {
+            "webhook": {"body": '{"amount": "{{ data.amount }}"}'},
+            "inapp": {"text": "Paid {{ data.amount }}"},
+        })
+        event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "7"})
+        await drain(*await stages(services, sim_settings))
+
+        # The webhook: JSON with the rendered body, signed with the deployment's secret
+        [(body, headers)] = received
+        assert verify(sim_settings.secret, body, headers[SIGNATURE_HEADER])
+        assert not verify("another-secret-0123456789", body, headers[SIGNATURE_HEADER])
+        document = json.loads(body)
+        assert document["body"] == {"amount": "7"}
+        assert document["eventId"] == event_id
+        assert headers["X-Notifkit-Task-Id"] == document["id"]
+
+        # The in-app message: one row, announced on the user's inbox channel
+        [row] = await db.fetch("SELECT user_id, content, task_id FROM inapp_messages")
+        assert (row["user_id"], row["content"]) == ("u1", {"text": "Paid 7"})
+        announced = None
+        while announced is None:
+            announced = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+        assert json.loads(announced["data"])["taskId"] == row["task_id"]
+    finally:
+        await pubsub.aclose()
+        await runner.cleanup()
+
+
+async def test_a_channel_without_a_transport_is_dead_lettered_naming_the_settings(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sp_settings: Settings,
+) -> None:
+    await add_user(db, project, "u1", contacts=[("sms", "+15550000001")])
+    await add_template(db, project, "t", {"sms": SMS})
+
+    await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(*await stages(services, sp_settings))  # no provider configured
+
+    [dead] = await entries(redis, keys.dlq)
+    assert "TWILIO_ACCOUNT_SID" in dead["error"]

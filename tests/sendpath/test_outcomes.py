@@ -1,0 +1,43 @@
+"""How provider answers become a task's action (pure; the contract's failure classes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from notifkit.services.delivery.outcomes import Action, Attempted, judge
+from notifkit.transports.base import Outcome, SendResult
+
+
+def answer(outcome: Outcome, retry_after_s: float | None = None, *,
+           local: bool = False) -> Attempted:
+    return Attempted("dest", SendResult(outcome, detail=outcome.value,
+                                        retry_after_s=retry_after_s), local_limit=local)
+
+
+@pytest.mark.parametrize(("answers", "has_next", "attempt", "expected"), [
+    ([Outcome.SENT], False, 1, Action.SENT),
+    # one device accepted: the recipient has it, the other device is not retried
+    ([Outcome.RETRY, Outcome.SENT], True, 1, Action.SENT),
+    ([Outcome.RETRY], True, 1, Action.FALLBACK),
+    ([Outcome.RETRY], False, 1, Action.RETRY),
+    ([Outcome.RETRY], False, 3, Action.DEAD),
+    ([Outcome.RATE_LIMITED], True, 1, Action.PARK),  # a 429 waits rather than falls back
+    ([Outcome.RATE_LIMITED], False, 3, Action.DEAD),
+    ([Outcome.INVALID_RECIPIENT], False, 1, Action.INVALID),
+    ([Outcome.INVALID_RECIPIENT], True, 1, Action.FALLBACK),
+    ([Outcome.INVALID_RECIPIENT, Outcome.RETRY], False, 1, Action.RETRY),
+    ([Outcome.PERMANENT, Outcome.RETRY], True, 1, Action.PERMANENT),
+])
+def test_answers_to_actions(answers: list[Outcome], has_next: bool, attempt: int,
+                            expected: Action) -> None:
+    verdict = judge([answer(o, 2.0) for o in answers], has_next_channel=has_next,
+                    attempt=attempt, max_attempts=3)
+    assert verdict.action is expected
+
+
+def test_notifkits_own_bucket_parks_without_using_an_attempt() -> None:
+    verdict = judge([answer(Outcome.RATE_LIMITED, 4.0, local=True)], has_next_channel=False,
+                    attempt=3, max_attempts=3)
+    assert verdict.action is Action.PARK
+    assert verdict.counts_as_attempt is False
+    assert verdict.retry_after_s == 4.0
