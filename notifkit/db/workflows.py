@@ -242,14 +242,21 @@ async def resolve_waiters(
     resolved_by: str, now: datetime,
 ) -> list[str]:
     """Resolve the user's open, unexpired waiters for ``event_name``; returns their instance
-    ids. Waiters this ``resolved_by`` resolved before (a retried entry) are returned again."""
+    ids. An event seen before (``resolved_by`` already on some waiter: a retried entry or a
+    repeated forward) resolves nothing new and returns the instances it resolved then."""
     rows = await conn.fetch(
-        """UPDATE workflow_waiters
-              SET resolved_at = COALESCE(resolved_at, $5), resolved_by = $6, event = $7
-            WHERE project_id = $1 AND user_id = $2 AND event_name = $3
-              AND ((resolved_at IS NULL AND expires_at > $4) OR resolved_by = $6)
-        RETURNING instance_id::text""",
-        project_id, user_id, event_name, now, now, resolved_by, event,
+        """WITH earlier AS (
+               SELECT instance_id FROM workflow_waiters
+                WHERE project_id = $1 AND resolved_by = $5),
+           fresh AS (
+               UPDATE workflow_waiters SET resolved_at = $4, resolved_by = $5, event = $6
+                WHERE project_id = $1 AND user_id = $2 AND event_name = $3
+                  AND resolved_at IS NULL AND expires_at > $4
+                  AND NOT EXISTS (SELECT 1 FROM earlier)
+            RETURNING instance_id)
+           SELECT instance_id::text FROM earlier
+           UNION SELECT instance_id::text FROM fresh""",
+        project_id, user_id, event_name, now, resolved_by, event,
     )
     return sorted({r[0] for r in rows})
 

@@ -106,12 +106,17 @@ class Flow:
         }, 10_000)
         return instance_id
 
-    async def event(self, name: str, user_id: str, data: dict[str, Any] | None = None) -> None:
-        """As the events service forwarding POST /v1/events."""
+    async def event(
+        self, name: str, user_id: str, data: dict[str, Any] | None = None,
+        event_id: str | None = None,
+    ) -> str:
+        """As the events service forwarding POST /v1/events; returns the event's id."""
+        event_id = event_id or uuid7()
         await xadd(self.redis, self.keys.workflow_inbound, {
             "type": "event", "projectId": self.project_id, "name": name, "userId": user_id,
-            "data": data or {}, "at": "2027-01-15T08:00:00.000Z",
+            "data": data or {}, "at": "2027-01-15T08:00:00.000Z", "eventId": event_id,
         }, 10_000)
+        return event_id
 
     async def sent(self) -> list[dict[str, Any]]:
         """Every InboundMessage the workflow service wrote, oldest first."""

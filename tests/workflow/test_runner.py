@@ -244,3 +244,30 @@ async def test_a_broken_expression_fails_the_instance_without_retrying(
     assert steps[0]["status"] == "failed"
     assert "ZeroDivisionError" in steps[0]["output"]["error"]
     assert await flow.sent() == []
+
+
+async def test_a_repeated_event_resolves_nothing_new_and_a_fresh_one_only_open_waiters(
+    flow: Flow, make_service: ServiceFactory,
+) -> None:
+    await flow.define("two-waits", [
+        {"type": "waitForEvent", "event": "ping", "timeoutSeconds": 60},
+        {"type": "send", "template": "first"},
+        {"type": "waitForEvent", "event": "ping", "timeoutSeconds": 60},
+        {"type": "send", "template": "second"},
+    ])
+    service = make_service()
+    instance_id = await flow.trigger("two-waits", "u1")
+    await service.run_until_idle()
+    event_id = await flow.event("ping", "u1", {"n": 1})
+    await service.run_until_idle()
+    # The same event forwarded again (a retried forward) must not pass the second wait
+    await flow.event("ping", "u1", {"n": 1}, event_id=event_id)
+    await service.run_until_idle()
+    assert [m["template"] for m in await flow.sent()] == ["first"]
+    steps = await flow.steps(instance_id)
+    assert steps[0]["output"] == {"id": event_id, "name": "ping", "data": {"n": 1},
+                                  "at": "2027-01-15T08:00:00.000Z"}
+    assert steps[2]["status"] == "waiting"
+    await flow.event("ping", "u1", {"n": 2})
+    await service.run_until_idle()
+    assert [m["template"] for m in await flow.sent()] == ["first", "second"]

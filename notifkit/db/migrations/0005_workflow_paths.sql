@@ -26,6 +26,8 @@ COMMENT ON COLUMN workflow_instances.cursor IS
 ALTER TABLE workflow_waiters ADD COLUMN resolved_by text;
 ALTER TABLE workflow_waiters ADD COLUMN event jsonb;
 ALTER TABLE workflow_waiters ADD COLUMN path text NOT NULL DEFAULT '';
+CREATE INDEX workflow_waiters_resolved_by_idx ON workflow_waiters (project_id, resolved_by)
+    WHERE resolved_by IS NOT NULL;
 
 -- Digest windows are per step path (two digests in different branches of one step differ).
 ALTER TABLE workflow_digests ADD COLUMN step_path text NOT NULL DEFAULT '';

@@ -3,7 +3,7 @@
 Entries on ``workflow:inbound``:
 
     {"type": "trigger", "projectId", "workflowId", "instanceId", "userId", "data"}   (api)
-    {"type": "event", "projectId", "name", "userId", "data", "at"}                  (events)
+    {"type": "event", "projectId", "name", "userId", "data", "at", "eventId"?}      (events)
     {"type": "wake", "timer": "{instanceId}:{path}"}                                (timers)
     {"type": "wake", "instanceId", "projectId", "reason": "event"}                  (this service)
 
@@ -205,11 +205,18 @@ class WorkflowService(WorkerService):
                       extra={"entry_id": entry.id})
             return
         now = as_datetime(self.clock())
-        event = {"name": name, "data": p.get("data") or {}, "at": p.get("at") or iso(now)}
+        event_id = p.get("eventId")
+        event: dict[str, Any] = {"name": name, "data": p.get("data") or {},
+                                 "at": p.get("at") or iso(now)}
+        if isinstance(event_id, str):
+            event["id"] = event_id
+        # Keyed by the event's id when it has one, so a copy of the same event (a retried
+        # forward) finds the waiters it resolved and wakes them again, resolving no others.
+        resolved_by = f"event:{event_id}" if isinstance(event_id, str) else entry.owner
         try:
             woken = await db.resolve_waiters(
                 self.pool, project_id=project_id, user_id=user_id, event_name=name,
-                event=event, resolved_by=entry.owner, now=now,
+                event=event, resolved_by=resolved_by, now=now,
             )
         except asyncpg.DataError as exc:
             log.error("Acked a workflow event with an invalid project id (%s).", exc,
