@@ -79,18 +79,19 @@ class SentMessage:
 
 # The outbox knows every destination's message id; the timeline's 'sent' row knows the event,
 # user, campaign and attempt. A message id only in the timeline (a transport without an
-# outbox row) is found there, whatever the provider is called.
+# outbox row) is found there, whatever the provider is called; failing both, the task id a
+# provider echoes back (our metadata) finds the task's 'sent' row.
 _RESOLVE = """
 SELECT r.idx,
-       COALESCE(o.task_id, l.task_id) AS task_id,
-       COALESCE(o.channel, l.channel) AS channel,
+       COALESCE(o.task_id, l.task_id, t.task_id) AS task_id,
+       COALESCE(o.channel, l.channel, t.channel) AS channel,
        o.destination,
-       COALESCE(s.event_id, l.event_id)::text AS event_id,
-       COALESCE(s.user_id, l.user_id) AS user_id,
-       COALESCE(s.campaign_id, l.campaign_id) AS campaign_id,
-       COALESCE(s.attempt, l.attempt, 0) AS attempt
-FROM unnest($1::uuid[], $2::text[], $3::text[]) WITH ORDINALITY
-     AS r(project_id, provider, pmid, idx)
+       COALESCE(s.event_id, l.event_id, t.event_id)::text AS event_id,
+       COALESCE(s.user_id, l.user_id, t.user_id) AS user_id,
+       COALESCE(s.campaign_id, l.campaign_id, t.campaign_id) AS campaign_id,
+       COALESCE(s.attempt, l.attempt, t.attempt, 0) AS attempt
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY
+     AS r(project_id, provider, pmid, task_id, channel, idx)
 LEFT JOIN LATERAL (
     SELECT task_id, channel, destination FROM delivery_outbox
     WHERE project_id = r.project_id AND provider = r.provider AND provider_message_id = r.pmid
@@ -110,18 +111,39 @@ LEFT JOIN LATERAL (
     ORDER BY id DESC
     LIMIT 1
 ) l ON true
+LEFT JOIN LATERAL (
+    SELECT task_id, channel, event_id, user_id, campaign_id, attempt FROM message_logs
+    WHERE (o.task_id IS NULL OR s.event_id IS NULL) AND l.task_id IS NULL
+      AND r.task_id IS NOT NULL AND project_id = r.project_id AND task_id = r.task_id
+      AND (r.channel IS NULL OR channel = r.channel) AND kind = 'sent'
+    ORDER BY attempt DESC
+    LIMIT 1
+) t ON true
 """
 
 
+@dataclass(frozen=True, slots=True)
+class MessageLookup:
+    """What a receipt says about the message it is about."""
+
+    project_id: str
+    provider: str
+    provider_message_id: str
+    task_id: str | None = None  # when the provider echoes the task id back
+    channel: str | None = None
+
+
 async def resolve_messages(
-    db: asyncpg.Pool | asyncpg.Connection, lookups: Sequence[tuple[str, str, str]]
+    db: asyncpg.Pool | asyncpg.Connection, lookups: Sequence[MessageLookup]
 ) -> list[SentMessage | None]:
-    """For each (project id, provider, provider message id), the message it names, or None
-    when notifkit has no record of it (yet)."""
+    """For each lookup, the message it names, or None when notifkit has no record of it
+    (yet)."""
     if not lookups:
         return []
     records = await db.fetch(
-        _RESOLVE, [x[0] for x in lookups], [x[1] for x in lookups], [x[2] for x in lookups]
+        _RESOLVE, [x.project_id for x in lookups], [x.provider for x in lookups],
+        [x.provider_message_id for x in lookups], [x.task_id for x in lookups],
+        [x.channel for x in lookups],
     )
     found: list[SentMessage | None] = [None] * len(lookups)
     for r in records:

@@ -29,7 +29,7 @@ from typing import Any
 
 from notifkit import metrics
 from notifkit.db import events as events_db
-from notifkit.db.events import SentMessage, Suppression, TimelineRow
+from notifkit.db.events import MessageLookup, SentMessage, Suppression, TimelineRow
 from notifkit.errors import MalformedPayload, RetryLater
 from notifkit.ids import is_uuid
 from notifkit.messages import CHANNELS, RECEIPT_KINDS, WorkflowEvent
@@ -50,6 +50,8 @@ SUPPRESSIBLE_CHANNELS = ("email", "sms", "push", "webhook")
 # Words providers use for a bounce that says nothing about the address itself.
 _SOFT_BOUNCE = frozenset({"transient", "soft", "softbounce", "soft_bounce", "blocked",
                           "deferred", "undetermined", "temporary"})
+# Twilio error codes that say the number itself will never take a message.
+TWILIO_PERMANENT_ERRORS = frozenset({"21211", "21610", "21614", "30004", "30005", "30006"})
 _MAX_RAW_CHARS = 4000
 
 
@@ -87,10 +89,11 @@ class EventsService(WorkerService):
             await self._receipts(receipts)
 
     async def _receipts(self, receipts: list[tuple[Entry, dict[str, Any]]]) -> None:
-        found = await events_db.resolve_messages(
-            self.pool,
-            [(r["projectId"], r["provider"], r["providerMessageId"]) for _e, r in receipts],
-        )
+        found = await events_db.resolve_messages(self.pool, [
+            MessageLookup(r["projectId"], r["provider"], r["providerMessageId"],
+                          _text(r.get("taskId")), _text(r.get("channel")))
+            for _e, r in receipts
+        ])
         rows: list[TimelineRow] = []
         suppressions: list[Suppression] = []
         for (entry, receipt), message in zip(receipts, found, strict=True):
@@ -212,7 +215,7 @@ def suppression_for(receipt: Mapping[str, Any], message: SentMessage) -> Suppres
         return None
     if message.channel not in SUPPRESSIBLE_CHANNELS:
         return None
-    target = message.destination or _raw_recipient(receipt.get("raw"))
+    target = message.destination or _text(receipt.get("to")) or _raw_recipient(receipt.get("raw"))
     if not target:
         log.warning("A %s names no address notifkit can find; nothing is suppressed.", kind,
                     extra={"project_id": receipt["projectId"], "task_id": message.task_id})
@@ -222,12 +225,16 @@ def suppression_for(receipt: Mapping[str, Any], message: SentMessage) -> Suppres
 
 
 def is_hard_bounce(receipt: Mapping[str, Any]) -> bool:
-    """Bounces are hard unless the receipt says otherwise (``hard: false``, or a provider's
-    bounce type such as Resend's ``Transient``/``Undetermined`` or SendGrid's ``blocked``)."""
+    """Bounces are hard unless the receipt says otherwise: ``hard: false``, a provider's bounce
+    type such as Resend's ``Transient``/``Undetermined`` or SendGrid's ``blocked``, or a Twilio
+    error code that names a temporary condition (30003: handset unreachable, ...)."""
     hard = receipt.get("hard")
     if isinstance(hard, bool):
         return hard
     raw = receipt.get("raw")
+    code = _find(raw, ("ErrorCode",))
+    if isinstance(code, str | int) and str(code).strip():
+        return str(code).strip() in TWILIO_PERMANENT_ERRORS
     for path in (("bounce", "type"), ("data", "bounce", "type"), ("bounceType",),
                  ("data", "bounceType"), ("bounce_classification",), ("type",)):
         value = _find(raw, path)

@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from notifkit.config import Settings
 from notifkit.ids import uuid7
 from notifkit.keys import Keys
-from notifkit.services.events import EventsService
+from notifkit.services.events import EventsService, is_hard_bounce
 from notifkit.streams import decode, xadd
 
 EventsFactory = Callable[..., EventsService]
@@ -264,3 +264,38 @@ async def test_events_that_can_never_be_recorded_are_acked(
     assert summary["pending"] == 0
     assert await db.fetchval("SELECT count(*) FROM message_logs") == 0
     assert await redis.exists(keys.workflow_inbound) == 0
+
+
+async def test_a_receipt_found_by_the_task_id_the_provider_echoes(
+    make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
+) -> None:
+    """The api passes on a task id the provider echoes back (our metadata) and the address
+    the receipt names; they find the task when the message id does not."""
+    events = make_events()
+    event_id = uuid7()
+    sent = sent_event(project_id, event_id, "task-6", "msg-6")
+    sent["providerMessageId"] = None
+    await put(redis, keys, sent)
+    complaint = receipt(project_id, "unknown-id", "complained")
+    complaint.update(taskId="task-6", channel="email", to="spam-hater@example.com")
+    await put(redis, keys, complaint)
+    await events.run_until_idle()
+    assert await timeline(db, "task-6") == [("sent", "sent", 1, "email"),
+                                            ("complained", "delivered", 1, "email")]
+    row = await db.fetchrow("SELECT target, reason FROM suppressions")
+    assert (row["target"], row["reason"]) == ("spam-hater@example.com", "complaint")
+
+
+@pytest.mark.parametrize(("raw", "extra", "hard"), [
+    (RESEND_HARD_BOUNCE, {}, True),
+    (RESEND_SOFT_BOUNCE, {}, False),
+    ({"data": {"bounce": {"type": "Undetermined"}}}, {}, False),
+    ({"event": "bounce", "type": "bounce", "reason": "550 5.1.1 unknown user"}, {}, True),
+    ({"event": "bounce", "type": "blocked", "reason": "IP blocked"}, {}, False),
+    ({"MessageStatus": "undelivered", "ErrorCode": "30003"}, {}, False),  # handset off
+    ({"MessageStatus": "undelivered", "ErrorCode": "30005"}, {}, True),  # unknown number
+    ({}, {}, True),  # nothing says otherwise
+    (RESEND_HARD_BOUNCE, {"hard": False}, False),  # the receipt's own word wins
+])
+def test_which_bounces_are_hard(raw: dict[str, Any], extra: dict[str, Any], hard: bool) -> None:
+    assert is_hard_bounce({"kind": "bounced", "raw": raw, **extra}) is hard
