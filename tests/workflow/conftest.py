@@ -1,6 +1,7 @@
-"""Fixtures for the workflow and AI tests: a project, a controllable clock, workflow services
-that are always stopped, and helpers that play the API and events services' part (storing a
-definition, XADDing triggers and custom events) and read what the workflow sent."""
+"""Fixtures for the workflow and AI tests: a project, a controllable clock, the provider
+simulators, workflow services that are always stopped, and helpers that play the API and
+events services' part (storing a definition, XADDing triggers and custom events) and read
+what the workflow sent."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from notifkit.ids import uuid7
 from notifkit.keys import Keys
 from notifkit.services.workflow import WorkflowService
 from notifkit.streams import decode, xadd
+from simulators import SimulatorServer
 
 
 @dataclass
@@ -35,6 +37,12 @@ class FakeClock:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[SimulatorServer]:
+    async with SimulatorServer(seed=1, smtp_port=None) as server:
+        yield server
 
 
 @pytest.fixture

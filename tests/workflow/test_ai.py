@@ -23,12 +23,6 @@ PROMPT = "Write a friendly note telling {{ user.attributes.name }} that {{ data.
 
 
 @pytest.fixture
-async def sim() -> AsyncIterator[SimulatorServer]:
-    async with SimulatorServer(seed=1, smtp_port=None) as server:
-        yield server
-
-
-@pytest.fixture
 def ai_settings(settings: Settings, sim: SimulatorServer) -> Settings:
     # Entries are reclaimable at once, so a drain runs the whole retry cycle.
     return settings.replace(
