@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 PROCESSED = Counter(
     "notifkit_processed_total", "Stream entries processed and acked.", ["service", "stream"]
@@ -27,4 +27,15 @@ PROVIDER_LATENCY = Histogram(
     "notifkit_provider_latency_seconds", "Time a provider took to answer a send.",
     ["channel", "provider"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+
+# Computed when /metrics is scraped (the api reads XLEN / XINFO GROUPS / XPENDING then).
+STREAM_LENGTH = Gauge("notifkit_stream_length", "Entries in a stream.", ["stream"])
+STREAM_PENDING = Gauge(
+    "notifkit_stream_pending", "Entries delivered to a group but not yet acked.",
+    ["stream", "group"],
+)
+STREAM_OLDEST_PENDING_AGE = Gauge(
+    "notifkit_stream_oldest_pending_age_seconds",
+    "Age of a group's oldest unacked entry (0 when none).", ["stream", "group"],
 )

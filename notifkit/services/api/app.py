@@ -1,0 +1,123 @@
+"""``create_app(settings)``: the aiohttp application of the HTTP API.
+
+Resources are opened and closed in ``cleanup_ctx`` (Redis client, PostgreSQL pool, the pub/sub
+hub's task) and published under typed ``web.AppKey``s (state.py). A caller that already owns a
+Redis client or a pool (the ``ApiService``) passes them in, and they are left open at cleanup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterable
+
+import asyncpg
+from aiohttp import web
+from redis.asyncio import Redis
+
+from notifkit.config import Settings
+from notifkit.keys import Keys
+from notifkit.services.api.auth import KeyCache
+from notifkit.services.api.errors import error_middleware
+from notifkit.services.api.middleware import auth_middleware
+from notifkit.services.api.pubsub import Hub
+from notifkit.services.api.ratelimit import TokenBucket
+from notifkit.services.api.routing import Operation
+from notifkit.services.api.state import (
+    DB,
+    HUB,
+    KEY_CACHE,
+    KEYS,
+    OPERATIONS,
+    RATE,
+    REDIS,
+    SETTINGS,
+    SSE_HEARTBEAT_S,
+)
+
+SSE_HEARTBEAT_DEFAULT_S = 15.0
+
+
+def operations() -> list[Operation]:
+    """Every operation the API serves, in document order."""
+    from notifkit.services.api.routes import (
+        dlq,
+        events,
+        inbox,
+        notifications,
+        ops,
+        projects,
+        templates,
+        unsubscribe,
+        usage,
+        users,
+        webhooks,
+        workflows,
+    )
+
+    tables: Iterable[Iterable[Operation]] = (
+        projects.ops, users.ops, templates.ops, notifications.ops, events.ops,
+        workflows.ops, inbox.ops, usage.ops, ops.ops, dlq.ops, webhooks.ops, unsubscribe.ops,
+    )
+    return [op for table in tables for op in table]
+
+
+def create_app(
+    settings: Settings,
+    *,
+    redis: Redis | None = None,
+    db: asyncpg.Pool | None = None,
+    sse_heartbeat_s: float = SSE_HEARTBEAT_DEFAULT_S,
+) -> web.Application:
+    app = web.Application(
+        middlewares=[error_middleware, auth_middleware],
+        client_max_size=settings.max_body_bytes,
+    )
+    app[SETTINGS] = settings
+    app[KEYS] = Keys(settings.namespace)
+    app[SSE_HEARTBEAT_S] = sse_heartbeat_s
+    table: dict[str, Operation] = {}
+    for op in operations():
+        app.router.add_route(op.method, op.path, op.handler, name=op.operation_id)
+        table[op.operation_id] = op
+    app[OPERATIONS] = table
+    app.cleanup_ctx.append(_resources(settings, redis, db))
+    app.on_shutdown.append(_close_streams)
+    return app
+
+
+async def _close_streams(app: web.Application) -> None:
+    if HUB in app:
+        app[HUB].close_streams()
+
+
+def _resources(
+    settings: Settings, redis: Redis | None, db: asyncpg.Pool | None
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        from notifkit.db.pool import create_pool
+        from notifkit.services.base import open_redis
+
+        own_redis = redis is None
+        own_db = db is None
+        client = open_redis(settings) if redis is None else redis
+        pool = await create_pool(settings) if db is None else db
+        app[REDIS] = client
+        app[DB] = pool
+        app[KEY_CACHE] = KeyCache(pool)
+        app[RATE] = TokenBucket(client, settings.api_rate_per_second, settings.api_rate_burst)
+        hub = Hub(client, app[KEYS], app[KEY_CACHE])
+        app[HUB] = hub
+        task = asyncio.create_task(hub.run(), name="notifkit-api-pubsub")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            if own_db:
+                await pool.close()
+            if own_redis:
+                await client.aclose()
+
+    return ctx

@@ -1,0 +1,146 @@
+"""Who is calling: bearer keys, roles, the admin key's project rule, and the key cache.
+
+Project keys are stored only as the hex SHA-256 of the key. A looked-up key is cached for
+``KEY_CACHE_TTL_S``; revoking one publishes on ``Keys.key_revocations`` and every API process's
+:class:`~notifkit.services.api.pubsub.Hub` drops it from its cache at once. The cache is only
+trusted while that subscription is live: a process that lost its subscription could miss a
+revocation, so until it has resubscribed every request goes to PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import asyncpg
+
+from notifkit.services.api.errors import ApiError
+from notifkit.services.api.validation import parse_uuid
+
+KEY_CACHE_TTL_S = 60.0
+KEY_PREFIX = "nk_"
+MAX_KEY_LEN = 512
+
+Role = Literal["admin", "full", "send"]
+ROLES = ("full", "send")
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """The caller. ``project_id`` is None only for the admin key naming no project."""
+
+    role: Role
+    project_id: str | None
+    key_id: str | None = None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+    def project(self) -> str:
+        if self.project_id is None:  # routes that need one never let this happen
+            raise ApiError(400, "project_required", "This call needs a project.")
+        return self.project_id
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    key_id: str
+    project_id: str
+    role: Role
+
+
+def new_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class KeyCache:
+    """Key hash -> key record for ``ttl_s``; revocations drop entries immediately."""
+
+    def __init__(self, pool: asyncpg.Pool, ttl_s: float = KEY_CACHE_TTL_S) -> None:
+        self.pool = pool
+        self.ttl_s = ttl_s
+        self.live = False  # set by the Hub while its revocation subscription is up
+        self._entries: dict[str, tuple[float, KeyRecord]] = {}
+        self._revocations = 0  # bumped by every drop, so a racing lookup never re-caches
+
+    async def lookup(self, key_hash: str) -> KeyRecord | None:
+        now = time.monotonic()
+        if self.live:
+            cached = self._entries.get(key_hash)
+            if cached is not None and cached[0] > now:
+                return cached[1]
+        seen = self._revocations
+        row = await self.pool.fetchrow(
+            "SELECT id, project_id, role FROM project_api_keys "
+            "WHERE key_hash = $1 AND revoked_at IS NULL",
+            key_hash,
+        )
+        if row is None:
+            return None
+        record = KeyRecord(str(row["id"]), str(row["project_id"]), row["role"])
+        if self.live and seen == self._revocations:
+            self._entries[key_hash] = (now + self.ttl_s, record)
+        return record
+
+    def drop(self, key_hash: str) -> None:
+        self._revocations += 1
+        self._entries.pop(key_hash, None)
+
+    def clear(self) -> None:
+        self._revocations += 1
+        self._entries.clear()
+
+
+def bearer_key(header: str | None) -> str:
+    if not header:
+        raise unauthorized("missing_api_key",
+                           "Send an API key as 'Authorization: Bearer <key>'.")
+    scheme, _, key = header.strip().partition(" ")
+    key = key.strip()
+    if scheme.lower() != "bearer" or not key:
+        raise unauthorized("missing_api_key",
+                           "Send an API key as 'Authorization: Bearer <key>'.")
+    if len(key) > MAX_KEY_LEN:
+        raise unauthorized("invalid_api_key", "The API key is not valid.")
+    return key
+
+
+def is_admin_key(key: str, admin_key: str | None) -> bool:
+    return admin_key is not None and hmac.compare_digest(
+        key.encode("utf-8", "surrogatepass"), admin_key.encode()
+    )
+
+
+def admin_project(header: str | None, query: str | None) -> str | None:
+    """The project the admin key names (header first), normalised; None if it names none.
+
+    A value that is not a UUID cannot name an existing project: 404, like an unknown one.
+    """
+    raw = header if header else query
+    if not raw:
+        return None
+    normalised = parse_uuid(raw.strip())
+    if normalised is None:
+        raise project_not_found()
+    return normalised
+
+
+def project_not_found() -> ApiError:
+    return ApiError(404, "project_not_found", "No project with that id exists.")
+
+
+def unauthorized(code: str, message: str) -> ApiError:
+    return ApiError(401, code, message, headers={"WWW-Authenticate": "Bearer"})
+
+
+def forbidden(message: str) -> ApiError:
+    return ApiError(403, "forbidden", message)

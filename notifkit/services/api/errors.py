@@ -1,0 +1,143 @@
+"""The API's one error shape and the middleware that guarantees it.
+
+Every failure leaves the API as::
+
+    {"error": {"code": "<snake_case>", "message": "<sentence>", "details": [{"field", "message"}]}}
+
+Handlers raise :class:`ApiError` (or one of the helpers below). The middleware also turns
+aiohttp's own HTTP exceptions (unknown route, wrong method, body over the limit) into the same
+shape, maps an unreachable Redis or PostgreSQL to 503, and, as a last resort only, logs any
+other exception and answers 500. Validation is what keeps 500s away; the last resort is there so
+that a bug still answers in the documented shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypedDict
+
+import asyncpg
+from aiohttp import web
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from notifkit import codec
+from notifkit.services.api.state import SETTINGS
+
+log = logging.getLogger("notifkit.api")
+
+
+class Detail(TypedDict):
+    field: str
+    message: str
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status, a stable snake_case code, a sentence and field details."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        details: Sequence[Detail] = (),
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = list(details)
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, "details": self.details}}
+
+
+def detail(field: str, message: str) -> Detail:
+    return {"field": field, "message": message}
+
+
+def invalid(details: Sequence[Detail], message: str | None = None) -> ApiError:
+    """400 validation_error naming every offending field."""
+    if message is None:
+        fields = ", ".join(dict.fromkeys(d["field"] for d in details))
+        message = f"The request has invalid fields: {fields}."
+    return ApiError(400, "validation_error", message, details)
+
+
+def invalid_field(field: str, message: str) -> ApiError:
+    return invalid([detail(field, message)])
+
+
+def not_found(what: str, ident: str | None = None) -> ApiError:
+    shown = f" {ident!r}" if ident is not None and len(ident) <= 200 else ""
+    return ApiError(404, f"{what.replace(' ', '_')}_not_found",
+                    f"No {what}{shown} exists in this project.")
+
+
+def json_response(
+    body: Any, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        body=codec.dumps(body), status=status, content_type="application/json",
+        headers=headers,
+    )
+
+
+def error_response(error: ApiError) -> web.Response:
+    return json_response(error.body(), error.status, error.headers)
+
+
+# aiohttp's own exceptions, renamed into the contract's vocabulary.
+_HTTP_CODES: dict[int, tuple[str, str]] = {
+    400: ("bad_request", "The request could not be understood."),
+    404: ("not_found", "No such route; see GET /openapi.json for the API's routes."),
+    405: ("method_not_allowed", "This route does not accept that method."),
+    413: ("payload_too_large", "The request body is larger than the server accepts."),
+    415: ("unsupported_media_type", "Send the request body as application/json."),
+}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return error_response(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code, message = _HTTP_CODES.get(
+            exc.status, (_snake(exc.reason), f"{exc.reason}.")
+        )
+        if exc.status == 413:
+            max_bytes = request.app[SETTINGS].max_body_bytes
+            message = f"The request body is larger than {max_bytes} bytes."
+        headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+        return error_response(ApiError(exc.status, code, message, headers=headers))
+    except asyncio.CancelledError:
+        raise
+    except (RedisConnectionError, RedisTimeoutError, OSError, asyncpg.InterfaceError,
+            asyncpg.CannotConnectNowError, TimeoutError) as exc:
+        log.warning("A request failed because a backing store is unreachable (%s); the client "
+                    "is told to retry.", exc, extra={"path": request.path})
+        return error_response(ApiError(
+            503, "service_unavailable",
+            "A backing store is unreachable; retry the request shortly.",
+            headers={"Retry-After": "1"},
+        ))
+    except Exception:
+        log.exception("An unexpected error escaped a handler; answering 500. This is a bug: "
+                      "the request should have been rejected by validation.",
+                      extra={"path": request.path, "method": request.method})
+        return error_response(ApiError(500, "internal_error",
+                                       "The server failed to handle the request."))
+
+
+def _snake(reason: str) -> str:
+    return "_".join(reason.lower().replace("-", " ").split()) or "error"

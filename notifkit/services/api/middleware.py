@@ -1,0 +1,94 @@
+"""Authentication, authorisation and the per-project rate limit, in one middleware.
+
+The matched route's :class:`~notifkit.services.api.routing.Operation` says who may call it;
+the order of checks is the contract's: no or unknown key 401, wrong role 403, admin key without
+a project 400 (unknown project 404), over the project's API rate 429 with Retry-After.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from notifkit.services.api.auth import (
+    Principal,
+    admin_project,
+    bearer_key,
+    forbidden,
+    hash_key,
+    is_admin_key,
+    project_not_found,
+    unauthorized,
+)
+from notifkit.services.api.errors import ApiError, Handler
+from notifkit.services.api.routing import Operation
+from notifkit.services.api.state import DB, KEY_CACHE, KEYS, OPERATIONS, PRINCIPAL, RATE, SETTINGS
+
+PROJECT_HEADER = "x-project-id"
+PROJECT_QUERY = "projectId"
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    route = request.match_info.route
+    op = request.app[OPERATIONS].get(route.name or "")
+    if op is None or op.access == "public":
+        return await handler(request)  # unknown routes fall through to aiohttp's 404/405
+    request[PRINCIPAL] = await authenticate(request, op)
+    return await handler(request)
+
+
+async def authenticate(request: web.Request, op: Operation) -> Principal:
+    app = request.app
+    key = bearer_key(request.headers.get("Authorization"))
+    if is_admin_key(key, app[SETTINGS].admin_key):
+        return await _admin(request, op)
+    record = await app[KEY_CACHE].lookup(hash_key(key))
+    if record is None:
+        raise unauthorized("invalid_api_key", "The API key is unknown or has been revoked.")
+    if op.access == "admin":
+        raise forbidden("Only the admin key may call this route.")
+    if record.role not in op.roles:
+        raise forbidden(
+            f"A '{record.role}' key may not call this route; it needs a "
+            f"{' or '.join(sorted(op.roles))} key."
+        )
+    decision = await app[RATE].take(app[KEYS].api_rate(record.project_id))
+    if not decision.allowed:
+        raise ApiError(
+            429, "rate_limited",
+            f"This project is over its API rate; retry in {decision.retry_after_s} s.",
+            headers={"Retry-After": str(decision.retry_after_s)},
+        )
+    return Principal(record.role, record.project_id, record.key_id)
+
+
+async def _admin(request: web.Request, op: Operation) -> Principal:
+    if op.access == "admin":
+        return Principal("admin", None)
+    project_id = admin_project(
+        request.headers.get(PROJECT_HEADER), request.query.get(PROJECT_QUERY)
+    )
+    if project_id is None:
+        if op.access == "ops":
+            return Principal("admin", None)
+        raise ApiError(
+            400, "project_required",
+            "The admin key acts for a project only when it names one: send the "
+            "x-project-id header or the projectId query parameter.",
+            [{"field": PROJECT_HEADER, "message": "is required with the admin key"}],
+        )
+    exists = await request.app[DB].fetchval("SELECT 1 FROM projects WHERE id = $1", project_id)
+    if not exists:
+        raise project_not_found()
+    return Principal("admin", project_id)
+
+
+def principal(request: web.Request) -> Principal:
+    who: Principal = request[PRINCIPAL]
+    return who
+
+
+def project_id(request: web.Request) -> str:
+    """The caller's project; project-scoped routes always have one."""
+    who: Principal = request[PRINCIPAL]
+    return who.project()

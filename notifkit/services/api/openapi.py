@@ -1,0 +1,134 @@
+"""The OpenAPI 3.1 document (``GET /openapi.json``), built from the same
+:class:`~notifkit.services.api.routing.Operation` objects the router mounts.
+
+Each operation's error responses follow from what the middleware and handlers can answer: 401
+and 403 for keyed routes, 429 for project keys, 400 for the admin key without a project, 400/
+413/415 for bodies, 404 for path ids, 503 when Redis or PostgreSQL is unreachable.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from notifkit import __version__
+from notifkit.services.api.routing import Operation, Param, Reply
+from notifkit.services.api.schemas import COMPONENTS, ID, UUID, ref
+
+_PATH_PARAM = re.compile(r"{([^}]+)}")
+
+PATH_PARAMS: dict[str, dict[str, Any]] = {
+    "userId": ID, "templateId": ID, "workflowId": ID,
+    "projectId": UUID, "keyId": UUID, "contactId": UUID, "eventId": UUID, "instanceId": UUID,
+    "messageId": UUID,
+    "entryId": {"type": "string", "pattern": r"^[0-9]{1,20}-[0-9]{1,20}$"},
+    "provider": {"type": "string", "enum": ["resend", "sendgrid", "fcm", "smtp", "twilio"]},
+}
+
+_ERROR_TEXT = {
+    400: "Invalid JSON or fields; details name each field.",
+    401: "Missing, unknown or revoked API key.",
+    403: "The key's role does not allow this call.",
+    404: "No such resource in this project (another project's id is also 404).",
+    409: "Conflict (e.g. an idempotency key reused with a different request).",
+    413: "The body is larger than the limit (1 MiB by default).",
+    415: "The body is not application/json.",
+    429: "The project is over its API rate; retry after Retry-After seconds.",
+    503: "Redis or PostgreSQL is unreachable; retry shortly.",
+}
+
+DESCRIPTION = """\
+notifkit's HTTP API. Authenticate with `Authorization: Bearer <key>`: a project key (role
+`full`, or `send` for the three sending routes) or the admin key, which must name a project
+(`x-project-id` header or `projectId` query) on project routes. Every error has the shape
+`{"error": {"code", "message", "details": [{"field", "message"}]}}`. Lists take `limit`
+(default 50, max 500) and an opaque `cursor` and answer `{"items", "nextCursor"}`."""
+
+
+def document(operations: list[Operation]) -> dict[str, Any]:
+    paths: dict[str, dict[str, Any]] = {}
+    for op in operations:
+        paths.setdefault(op.path, {})[op.method.lower()] = _operation(op)
+    tags = list(dict.fromkeys(op.tag for op in operations))
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "notifkit", "version": __version__, "description": DESCRIPTION},
+        "tags": [{"name": tag} for tag in tags],
+        "paths": paths,
+        "components": {
+            "schemas": COMPONENTS,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+def _operation(op: Operation) -> dict[str, Any]:
+    path_names = _PATH_PARAM.findall(op.path)
+    params: list[dict[str, Any]] = [
+        {"name": name, "in": "path", "required": True, "schema": PATH_PARAMS[name]}
+        for name in path_names
+    ]
+    query = list(op.query)
+    headers = list(op.headers)
+    if op.access in ("project", "ops"):
+        headers.append(Param("x-project-id", "header", UUID,
+                             "Admin key only: the project to act for."))
+        if op.access == "project" and not any(p.name == "projectId" for p in query):
+            query.append(Param("projectId", "query", UUID,
+                               "Admin key only: the project to act for (or x-project-id)."))
+    for p in [*query, *headers]:
+        entry: dict[str, Any] = {"name": p.name, "in": p.where, "required": p.required,
+                                 "schema": p.schema}
+        if p.description:
+            entry["description"] = p.description
+        params.append(entry)
+    out: dict[str, Any] = {
+        "operationId": op.operation_id,
+        "summary": op.summary,
+        "tags": [op.tag],
+        "parameters": params,
+        "responses": _responses(op, bool(path_names), bool(query)),
+        "security": [] if op.access == "public" else [{"bearer": []}],
+    }
+    if op.description:
+        out["description"] = op.description
+    if op.body is not None:
+        out["requestBody"] = {
+            "required": op.body_required,
+            "content": {media: {"schema": op.body} for media in op.body_types},
+        }
+    return out
+
+
+def _responses(op: Operation, has_path: bool, has_query: bool) -> dict[str, Any]:
+    statuses: set[int] = {503, *op.errors}
+    if op.access != "public":
+        statuses |= {401, 403}
+        if op.access in ("project", "ops"):
+            statuses |= {400, 404, 429}
+    if op.body is not None:
+        statuses |= {400, 413}
+        if "application/json" in op.body_types and len(op.body_types) == 1:
+            statuses.add(415)
+    if has_path:
+        statuses |= {400, 404}
+    if has_query:
+        statuses.add(400)
+    out: dict[str, Any] = {}
+    for status, reply in sorted(op.responses.items()):
+        out[str(status)] = _reply(reply)
+    for status in sorted(statuses):
+        if str(status) in out:
+            continue
+        out[str(status)] = _reply(Reply(ref("Error"), _ERROR_TEXT[status], headers=(
+            {"Retry-After": {"type": "string"}} if status == 429 else {})))
+    return out
+
+
+def _reply(reply: Reply) -> dict[str, Any]:
+    out: dict[str, Any] = {"description": reply.description or "OK"}
+    if reply.schema is not None:
+        out["content"] = {reply.content_type: {"schema": reply.schema}}
+    if reply.headers:
+        out["headers"] = {name: {"schema": schema} for name, schema in reply.headers.items()}
+    return out

@@ -1,0 +1,144 @@
+"""One Redis pub/sub connection per API process: key revocations and in-app inbox messages.
+
+The hub subscribes to ``Keys.key_revocations`` (dropping revoked keys from the
+:class:`~notifkit.services.api.auth.KeyCache`) and to the pattern of every inbox channel,
+handing each inbox message to the server-sent-event streams of that user open in this process.
+One pattern subscription instead of one channel per open stream keeps it to a single
+connection whatever the number of streams.
+
+While the subscription is down the key cache is marked not live (every request checks
+PostgreSQL) and cleared, because a revocation published meanwhile would be missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from notifkit import codec
+from notifkit.keys import Keys
+from notifkit.services.api.auth import KeyCache
+
+log = logging.getLogger("notifkit.api.pubsub")
+
+RECONNECT_DELAY_S = 0.5
+QUEUE_SIZE = 256
+
+
+class Hub:
+    def __init__(self, redis: Redis, keys: Keys, key_cache: KeyCache) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.key_cache = key_cache
+        self.live = asyncio.Event()
+        self._listeners: dict[str, set[asyncio.Queue[bytes]]] = defaultdict(set)
+        self._inbox_pattern = keys.inbox_channel("*", "*")
+
+    # -- revocations ---------------------------------------------------------------------
+    async def publish_revocation(self, key_hash: str, key_id: str) -> None:
+        self.key_cache.drop(key_hash)  # this process at once, the others via the channel
+        await self.redis.publish(
+            self.keys.key_revocations, codec.dumps({"keyHash": key_hash, "keyId": key_id})
+        )
+
+    # -- inbox streams -------------------------------------------------------------------
+    def listen(self, project_id: str, user_id: str) -> asyncio.Queue[bytes]:
+        queue: asyncio.Queue[bytes] = asyncio.Queue(QUEUE_SIZE)
+        self._listeners[self.keys.inbox_channel(project_id, user_id)].add(queue)
+        return queue
+
+    def unlisten(self, project_id: str, user_id: str, queue: asyncio.Queue[bytes]) -> None:
+        channel = self.keys.inbox_channel(project_id, user_id)
+        queues = self._listeners.get(channel)
+        if queues is not None:
+            queues.discard(queue)
+            if not queues:
+                del self._listeners[channel]
+
+    def close_streams(self) -> None:
+        """Tell every open inbox stream to end (an empty message): the server is stopping."""
+        for queues in list(self._listeners.values()):
+            for queue in list(queues):
+                with contextlib.suppress(asyncio.QueueEmpty):
+                    if queue.full():
+                        queue.get_nowait()
+                queue.put_nowait(b"")
+
+    # -- the loop --------------------------------------------------------------------------
+    async def run(self) -> None:
+        while True:
+            pubsub = self.redis.pubsub()
+            try:
+                await pubsub.subscribe(self.keys.key_revocations)
+                await pubsub.psubscribe(self._inbox_pattern)
+                while True:
+                    message = await pubsub.get_message(timeout=1.0)
+                    if message is not None:
+                        self._handle(message)
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError) as exc:
+                log.warning("The pub/sub connection failed (%s); API keys are checked against "
+                            "PostgreSQL until it is back. Reconnecting in %.1f s.", exc,
+                            RECONNECT_DELAY_S)
+            except Exception:
+                log.exception("The pub/sub loop failed unexpectedly; reconnecting in %.1f s.",
+                              RECONNECT_DELAY_S)
+            finally:
+                self._down()
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await asyncio.sleep(RECONNECT_DELAY_S)
+
+    def _down(self) -> None:
+        self.live.clear()
+        self.key_cache.live = False
+        self.key_cache.clear()
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        kind = _text(message.get("type"))
+        channel = _text(message.get("channel"))
+        if kind in ("subscribe", "psubscribe"):
+            # Live once both subscriptions are confirmed; only then is the cache trustworthy.
+            if kind == "psubscribe":
+                self.key_cache.clear()
+                self.key_cache.live = True
+                self.live.set()
+            return
+        data = message.get("data")
+        if not isinstance(data, bytes | str):
+            return
+        raw = data.encode() if isinstance(data, str) else data
+        if kind == "message" and channel == self.keys.key_revocations:
+            self._revoke(raw)
+        elif kind == "pmessage":
+            for queue in list(self._listeners.get(channel, ())):
+                if queue.full():
+                    log.warning("An inbox stream is not keeping up; dropping its oldest "
+                                "message. The client can re-read GET /inbox.")
+                    with contextlib.suppress(asyncio.QueueEmpty):
+                        queue.get_nowait()
+                queue.put_nowait(raw)
+
+    def _revoke(self, raw: bytes) -> None:
+        try:
+            payload = codec.loads(raw)
+            key_hash = payload["keyHash"]
+        except (ValueError, TypeError, KeyError):
+            log.warning("Ignoring a malformed key revocation; clearing the key cache instead.")
+            self.key_cache.clear()
+            return
+        if isinstance(key_hash, str):
+            self.key_cache.drop(key_hash)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value if isinstance(value, str) else ""

@@ -1,0 +1,173 @@
+"""The dead-letter queue, scoped to the caller's project (the admin key sees every project's,
+or the one it names).
+
+A DLQ record (notifkit/worker.py) holds the origin ``stream`` and ``group``, the ``payload``,
+the last ``error``, ``attempts``, ``failedAt``, ``projectId`` and ``replayOf`` (who owns the
+entry's dedup marks). Replaying XADDs the payload back to its origin stream with
+``"_replayOf"`` set, so the dedup marks the original claimed are honoured as its own
+(``Entry.owner``), and XDELs the record, in one Lua call: two concurrent replays of one
+record enqueue it once. The new entry id has no attempt counter, so the count starts afresh.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from aiohttp import web
+from redis.asyncio import Redis
+
+from notifkit import codec
+from notifkit.errors import MalformedPayload
+from notifkit.services.api.auth import Principal
+from notifkit.services.api.errors import ApiError, invalid_field, json_response
+from notifkit.services.api.middleware import principal
+from notifkit.services.api.routing import Operations, Param, Reply
+from notifkit.services.api.schemas import ref
+from notifkit.services.api.state import KEYS, REDIS, SETTINGS
+from notifkit.services.api.validation import decode_cursor, encode_cursor, limit_param
+from notifkit.streams import as_str, decode
+
+ops = Operations("dlq")
+
+ENTRY_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+SCAN_CHUNK = 500
+SCAN_BUDGET = 10_000  # entries read per list request, whatever the filter keeps
+
+# KEYS[1] = dlq, KEYS[2] = origin stream; ARGV = entry id, maxlen, payload. The XADD happens
+# only if this call removed the record, so a record is replayed at most once.
+_REPLAY = """
+if redis.call('XDEL', KEYS[1], ARGV[1]) == 0 then return false end
+return redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'data', ARGV[3])
+"""
+
+ENTRY_NOT_FOUND = ("dlq_entry_not_found", "No dead-lettered entry with that id exists for "
+                                          "this project.")
+
+
+@ops.route("GET", "/v1/dlq", "Dead-lettered entries of the project", access="ops",
+           query=(
+               Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 500}),
+               Param("cursor", "query", {"type": "string"}, "nextCursor of the previous page"),
+               Param("projectId", "query", {"type": "string", "format": "uuid"},
+                     "Admin key only: one project's entries (default: every project's)."),
+           ),
+           responses={200: ref("DlqList")})
+async def list_dlq(request: web.Request) -> web.Response:
+    who = principal(request)
+    limit = limit_param(request)
+    cursor = decode_cursor(request, 1)
+    start = "-"
+    if cursor is not None:
+        if not isinstance(cursor[0], str) or not ENTRY_ID.match(cursor[0]):
+            raise invalid_field("cursor", "is not a cursor this API returned")
+        start = "(" + cursor[0]
+    redis = request.app[REDIS]
+    dlq = request.app[KEYS].dlq
+    items: list[dict[str, Any]] = []
+    scanned = 0
+    last_id: str | None = None
+    while len(items) < limit and scanned < SCAN_BUDGET:
+        chunk: list[Any] = await redis.xrange(dlq, min=start, max="+", count=SCAN_CHUNK) or []
+        for raw_id, fields in chunk:
+            scanned += 1
+            last_id = as_str(raw_id)
+            record = _record(fields)
+            if record is not None and _visible(who, record):
+                items.append(entry_json(last_id, record))
+                if len(items) == limit:
+                    break
+        if len(chunk) < SCAN_CHUNK or last_id is None:
+            break
+        start = "(" + last_id
+    next_cursor = None
+    if last_id is not None and await redis.xrange(dlq, min="(" + last_id, max="+", count=1):
+        next_cursor = encode_cursor(last_id)
+    return json_response({"items": items, "nextCursor": next_cursor})
+
+
+@ops.route("POST", "/v1/dlq/{entryId}/replay", "Send an entry back to its stream",
+           access="ops",
+           responses={202: Reply(ref("Replayed"), "Back on its origin stream with a fresh "
+                                                  "attempt count; gone from the DLQ.")})
+async def replay_dlq(request: web.Request) -> web.Response:
+    app = request.app
+    entry_id, record = await _find(request)
+    keys = app[KEYS]
+    stream = record.get("stream")
+    if stream not in keys.all_streams() or stream == keys.dlq:
+        raise ApiError(409, "not_replayable",
+                       "This entry does not name a notifkit stream to go back to.")
+    payload = record.get("payload")
+    if not isinstance(payload, dict):
+        raise ApiError(409, "not_replayable", "This entry has no payload to replay.")
+    replay_of = record.get("replayOf") or f"{stream}/{record.get('entryId') or entry_id}"
+    replayed = {**payload, "_replayOf": replay_of}
+    script = app[REDIS].register_script(_REPLAY)
+    new_id = await script(keys=[keys.dlq, stream],
+                          args=[entry_id, app[SETTINGS].queue_max_len, codec.dumps(replayed)])
+    if new_id is None:  # another request replayed or deleted it meanwhile
+        raise ApiError(404, *ENTRY_NOT_FOUND)
+    return json_response({"id": as_str(new_id), "stream": stream, "replayOf": replay_of}, 202)
+
+
+@ops.route("DELETE", "/v1/dlq/{entryId}", "Discard a dead-lettered entry", access="ops",
+           responses={204: Reply(None, "Discarded.")})
+async def delete_dlq(request: web.Request) -> web.Response:
+    entry_id, _ = await _find(request)
+    if not await request.app[REDIS].xdel(request.app[KEYS].dlq, entry_id):
+        raise ApiError(404, *ENTRY_NOT_FOUND)
+    return web.Response(status=204)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+async def _find(request: web.Request) -> tuple[str, dict[str, Any]]:
+    entry_id = request.match_info["entryId"]
+    if not ENTRY_ID.match(entry_id):
+        raise ApiError(404, *ENTRY_NOT_FOUND)
+    record = await read_entry(request.app[REDIS], request.app[KEYS].dlq, entry_id)
+    if record is None or not _visible(principal(request), record):
+        raise ApiError(404, *ENTRY_NOT_FOUND)
+    return entry_id, record
+
+
+async def read_entry(redis: Redis, dlq: str, entry_id: str) -> dict[str, Any] | None:
+    try:
+        found = await redis.xrange(dlq, min=entry_id, max=entry_id, count=1)
+    except Exception as exc:  # an id past the 64-bit range is "Invalid stream ID"
+        if "Invalid stream ID" in str(exc):
+            return None
+        raise
+    return _record(found[0][1]) if found else None
+
+
+def _record(fields: Any) -> dict[str, Any] | None:
+    try:
+        return decode(fields)
+    except MalformedPayload:
+        return None
+
+
+def _visible(who: Principal, record: dict[str, Any]) -> bool:
+    if who.project_id is None:
+        return who.is_admin
+    return record.get("projectId") == who.project_id
+
+
+def entry_json(entry_id: str, record: dict[str, Any]) -> dict[str, Any]:
+    attempts = record.get("attempts")
+    return {
+        "id": entry_id,
+        "stream": str(record.get("stream", "")),
+        "group": record.get("group") if isinstance(record.get("group"), str) else None,
+        "payload": record.get("payload"),
+        "error": record.get("error") if isinstance(record.get("error"), str) else None,
+        "attempts": attempts if isinstance(attempts, int) else None,
+        "failedAt": record.get("failedAt") if isinstance(record.get("failedAt"), str) else None,
+        "projectId": record.get("projectId") if isinstance(record.get("projectId"), str)
+        else None,
+        "service": record.get("service") if isinstance(record.get("service"), str) else None,
+        "entryId": record.get("entryId") if isinstance(record.get("entryId"), str) else None,
+    }

@@ -1,0 +1,48 @@
+"""``POST /v1/events``: a custom event for a user, handed to the events service.
+
+The events service records it and wakes workflow instances waiting for it (``waitForEvent``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from notifkit.ids import uuid7
+from notifkit.services.api.errors import json_response
+from notifkit.services.api.middleware import project_id
+from notifkit.services.api.routing import SEND, Operations, Reply
+from notifkit.services.api.schemas import ref
+from notifkit.services.api.state import KEYS, REDIS, SETTINGS
+from notifkit.services.api.validation import Fields, read_json
+from notifkit.streams import xadd
+from notifkit.worker import utc_now_iso
+
+log = logging.getLogger("notifkit.api")
+
+ops = Operations("events")
+
+
+@ops.route("POST", "/v1/events", "Record a custom event (wakes waiting workflows)",
+           roles=SEND, body=ref("EventCreate"),
+           responses={202: Reply(ref("Accepted"), "Accepted and queued for the events "
+                                                  "service.")})
+async def post_event(request: web.Request) -> web.Response:
+    project = project_id(request)
+    fields = Fields(await read_json(request))
+    fields.only(("name", "userId", "data"))
+    name = fields.string("name", required=True, max_len=200)
+    user_id = fields.identifier("userId", required=True)
+    data = fields.obj("data")
+    fields.raise_if_invalid()
+    event_id = uuid7()
+    payload = {
+        "type": "custom", "projectId": project, "name": name, "userId": user_id,
+        "data": data or {}, "eventId": event_id, "at": utc_now_iso(),
+    }
+    app = request.app
+    await xadd(app[REDIS], app[KEYS].events_inbound, payload, app[SETTINGS].queue_max_len)
+    log.info("Accepted custom event %r and queued it for the events service.", name,
+             extra={"event_id": event_id, "project_id": project})
+    return json_response({"id": event_id, "status": "accepted"}, 202)

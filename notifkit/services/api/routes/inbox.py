@@ -1,0 +1,150 @@
+"""The in-app inbox: list, mark read, and a server-sent-event stream of new messages.
+
+Delivery stores in-app messages in ``inapp_messages`` and publishes each on
+``Keys.inbox_channel(projectId, userId)``; the stream forwards whatever it publishes as the
+``data`` of a ``message`` event. A comment line every ``SSE_HEARTBEAT_S`` keeps proxies from
+closing an idle stream. Messages published while a client is disconnected are not replayed by
+the stream: a client that reconnects re-reads ``GET .../inbox``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import asyncpg
+from aiohttp import web
+
+from notifkit.services.api.errors import invalid_field, json_response, not_found
+from notifkit.services.api.middleware import project_id
+from notifkit.services.api.routing import Operations, Param, Reply
+from notifkit.services.api.schemas import ref
+from notifkit.services.api.state import DB, HUB, SSE_HEARTBEAT_S
+from notifkit.services.api.validation import (
+    cursor_time,
+    decode_cursor,
+    encode_cursor,
+    iso,
+    limit_param,
+    lookup_id,
+    parse_uuid,
+    query_bool,
+    uuid_id,
+)
+
+ops = Operations("inbox")
+
+CLOSE = b""  # what the hub puts on a stream's queue when the server shuts down
+
+
+@ops.route("GET", "/v1/users/{userId}/inbox", "A user's in-app messages, newest first",
+           query=(
+               Param("unread", "query", {"type": "boolean"}, "Only messages not yet read"),
+               Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 500}),
+               Param("cursor", "query", {"type": "string"}, "nextCursor of the previous page"),
+           ),
+           responses={200: ref("InboxList")})
+async def list_inbox(request: web.Request) -> web.Response:
+    project = project_id(request)
+    user_id = lookup_id(request, "userId", "user")
+    unread = query_bool(request, "unread")
+    limit = limit_param(request)
+    cursor = decode_cursor(request, 2)
+    pool = request.app[DB]
+    await _require_user(pool, project, user_id)
+    where = ["project_id = $1", "user_id = $2"]
+    args: list[Any] = [project, user_id]
+    if unread:
+        where.append("read_at IS NULL")
+    if cursor is not None:
+        last_id = parse_uuid(cursor[1]) if isinstance(cursor[1], str) else None
+        if last_id is None:
+            raise invalid_field("cursor", "is not a cursor this API returned")
+        args.extend([cursor_time(cursor[0]), last_id])
+        where.append(f"(created_at, id) < (${len(args) - 1}, ${len(args)}::uuid)")
+    args.append(limit + 1)
+    rows = await pool.fetch(
+        "SELECT id, task_id, event_id, content, read_at, created_at FROM inapp_messages "
+        f"WHERE {' AND '.join(where)} ORDER BY created_at DESC, id DESC LIMIT ${len(args)}",
+        *args,
+    )
+    page = rows[:limit]
+    next_cursor = None
+    if len(rows) > limit:
+        last = page[-1]
+        next_cursor = encode_cursor(last["created_at"].isoformat(), str(last["id"]))
+    return json_response({"items": [inbox_json(r) for r in page], "nextCursor": next_cursor})
+
+
+@ops.route("POST", "/v1/users/{userId}/inbox/{messageId}/read", "Mark an in-app message read",
+           responses={204: Reply(None, "Marked read (again, if it was already).")})
+async def mark_read(request: web.Request) -> web.Response:
+    project = project_id(request)
+    user_id = lookup_id(request, "userId", "user")
+    message_id = uuid_id(request, "messageId", "message")
+    updated = await request.app[DB].fetchval(
+        "UPDATE inapp_messages SET read_at = coalesce(read_at, now()) "
+        "WHERE id = $1 AND project_id = $2 AND user_id = $3 RETURNING true",
+        message_id, project, user_id,
+    )
+    if not updated:
+        raise not_found("message", message_id)
+    return web.Response(status=204)
+
+
+@ops.route("GET", "/v1/users/{userId}/inbox/stream", "Server-sent events of new in-app messages",
+           responses={200: Reply({"type": "string"},
+                                 "An endless text/event-stream: `event: message` with the "
+                                 "message as JSON data, and a comment heartbeat.",
+                                 content_type="text/event-stream")})
+async def inbox_stream(request: web.Request) -> web.StreamResponse:
+    project = project_id(request)
+    user_id = lookup_id(request, "userId", "user")
+    await _require_user(request.app[DB], project, user_id)
+    hub = request.app[HUB]
+    heartbeat_s = request.app[SSE_HEARTBEAT_S]
+    queue = hub.listen(project, user_id)
+    response = web.StreamResponse(headers={
+        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+        "X-Accel-Buffering": "no",
+    })
+    try:
+        await response.prepare(request)
+        await response.write(b"retry: 3000\n: connected\n\n")
+        while True:
+            try:
+                raw = await asyncio.wait_for(queue.get(), heartbeat_s)
+            except TimeoutError:
+                await response.write(b": heartbeat\n\n")
+                continue
+            if raw == CLOSE:
+                break
+            await response.write(sse_event("message", raw))
+    except (ConnectionResetError, ConnectionError):
+        pass  # the client went away
+    finally:
+        hub.unlisten(project, user_id, queue)
+    with contextlib.suppress(ConnectionError):
+        await response.write_eof()
+    return response
+
+
+def sse_event(event: str, data: bytes) -> bytes:
+    lines = data.replace(b"\r\n", b"\n").split(b"\n")
+    return f"event: {event}\n".encode() + b"".join(b"data: " + ln + b"\n" for ln in lines) \
+        + b"\n"
+
+
+async def _require_user(pool: asyncpg.Pool, project: str, user_id: str) -> None:
+    if not await pool.fetchval("SELECT 1 FROM users WHERE project_id = $1 AND id = $2",
+                               project, user_id):
+        raise not_found("user", user_id)
+
+
+def inbox_json(row: asyncpg.Record) -> dict[str, Any]:
+    return {
+        "id": str(row["id"]), "taskId": row["task_id"], "eventId": str(row["event_id"]),
+        "content": row["content"], "read": row["read_at"] is not None,
+        "readAt": iso(row["read_at"]), "createdAt": iso(row["created_at"]),
+    }

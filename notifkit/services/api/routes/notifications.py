@@ -1,0 +1,378 @@
+"""Sending: ``POST /v1/notifications``, its status and timeline, and ``GET /v1/messages``.
+
+Accepting a send writes the ``notifications`` row and the event's ``accepted`` timeline row in
+one transaction, then XADDs the :class:`~notifkit.messages.InboundMessage` to
+``inbound:{priority}``. If the XADD fails the rows are deleted again and the caller gets a 503:
+nothing is left half-accepted.
+
+A recipient+channel status is the status of its latest timeline row, except that a terminal row
+outranks a later ``processing`` one (a retry that had already been decided). The notification's
+own status summarises its recipients: still in progress while any is, else the best outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import asyncpg
+from aiohttp import web
+
+from notifkit.ids import uuid7
+from notifkit.messages import CHANNELS, PRIORITIES, InboundMessage, Recipients
+from notifkit.services.api.errors import invalid_field, json_response, not_found
+from notifkit.services.api.idempotency import (
+    REPLAY_HEADER,
+    IdempotencyKey,
+    fingerprint,
+    header_key,
+)
+from notifkit.services.api.middleware import project_id
+from notifkit.services.api.routing import SEND, Operations, Param, Reply
+from notifkit.services.api.schemas import MAX_RECIPIENTS, RECIPIENT_STATUSES, ref
+from notifkit.services.api.state import DB, KEYS, REDIS, SETTINGS
+from notifkit.services.api.validation import (
+    Fields,
+    cursor_time,
+    decode_cursor,
+    encode_cursor,
+    identifier_problem,
+    iso,
+    limit_param,
+    parse_uuid,
+    query_string,
+    read_json,
+    uuid_id,
+)
+from notifkit.streams import xadd
+from notifkit.worker import utc_now_iso
+
+log = logging.getLogger("notifkit.api")
+
+ops = Operations("notifications")
+
+TERMINAL = frozenset({"delivered", "sent", "failed", "dead_lettered", "skipped", "suppressed"})
+IN_PROGRESS = ("accepted", "processing", "scheduled", "throttled")
+# The notification's status when every recipient is done: the best outcome any reached.
+OUTCOME_ORDER = ("delivered", "sent", "failed", "dead_lettered", "suppressed", "skipped")
+
+IDEMPOTENCY_PARAM = Param(
+    "x-idempotency-key", "header", {"type": "string", "minLength": 1, "maxLength": 255},
+    "Replays the first response (same id, header x-idempotent-replay: true) for 24 h; "
+    "nothing is enqueued again.",
+)
+REPLAY_REPLY_HEADERS = {REPLAY_HEADER: {"type": "string", "enum": ["true"]}}
+
+
+@ops.route("POST", "/v1/notifications", "Send a notification", roles=SEND,
+           body=ref("NotificationCreate"), headers=(IDEMPOTENCY_PARAM,),
+           responses={202: Reply(ref("Accepted"), "Accepted and enqueued.",
+                                 headers=REPLAY_REPLY_HEADERS)},
+           errors=(409,))
+async def send_notification(request: web.Request) -> web.Response:
+    project = project_id(request)
+    key = header_key(request)
+    body = await read_json(request)
+    message = await _validate(request, project, body)
+    if key is None:
+        response = await _accept(request, message)
+        return json_response(response, 202)
+    app = request.app
+    idem = IdempotencyKey(
+        app[REDIS], app[KEYS].api_idempotency(project, key),
+        fingerprint("POST /v1/notifications", body), app[SETTINGS].caller_idempotency_ttl_s,
+    )
+    replay = await idem.claim()
+    if replay is not None:
+        return json_response(replay.body, replay.status, {REPLAY_HEADER: "true"})
+    message["idempotencyKey"] = key
+    try:
+        response = await _accept(request, message)
+    except BaseException:
+        await idem.release()
+        raise
+    await idem.finish(202, response)
+    return json_response(response, 202)
+
+
+@ops.route("GET", "/v1/notifications/{eventId}", "A notification's status and timelines",
+           responses={200: ref("Notification")})
+async def get_notification(request: web.Request) -> web.Response:
+    project = project_id(request)
+    event_id = uuid_id(request, "eventId", "notification")
+    pool = request.app[DB]
+    row = await pool.fetchrow(
+        "SELECT id, template_id, priority, status, recipients_spec, channels, campaign_id, "
+        "send_at, created_at FROM notifications WHERE id = $1 AND project_id = $2",
+        event_id, project,
+    )
+    if row is None:
+        raise not_found("notification", event_id)
+    logs = await pool.fetch(
+        "SELECT task_id, user_id, channel, attempt, kind, status, detail, created_at "
+        "FROM message_logs WHERE project_id = $1 AND event_id = $2 ORDER BY created_at, id",
+        project, event_id,
+    )
+    recipients, timeline = timelines(event_id, logs)
+    return json_response({
+        "id": event_id,
+        "status": summary_status(row["status"], recipients, timeline),
+        "template": row["template_id"],
+        "priority": row["priority"],
+        "to": row["recipients_spec"],
+        "channels": row["channels"],
+        "campaignId": row["campaign_id"],
+        "sendAt": iso(row["send_at"]),
+        "createdAt": iso(row["created_at"]),
+        "recipients": recipients,
+        "timeline": timeline,
+    })
+
+
+@ops.route("GET", "/v1/messages", "Message-log entries, newest first",
+           query=(
+               Param("userId", "query", {"type": "string", "minLength": 1, "maxLength": 255}),
+               Param("campaignId", "query",
+                     {"type": "string", "minLength": 1, "maxLength": 255}),
+               Param("eventId", "query", {"type": "string", "format": "uuid"}),
+               Param("status", "query", {"type": "string", "enum": list(RECIPIENT_STATUSES)}),
+               Param("channel", "query", {"type": "string", "enum": list(CHANNELS)}),
+               Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 500}),
+               Param("cursor", "query", {"type": "string"}, "nextCursor of the previous page"),
+           ),
+           responses={200: ref("MessageList")})
+async def list_messages(request: web.Request) -> web.Response:
+    project = project_id(request)
+    limit = limit_param(request)
+    where = ["project_id = $1"]
+    args: list[Any] = [project]
+
+    def add(condition: str, value: Any) -> None:
+        args.append(value)
+        where.append(condition.format(f"${len(args)}"))
+
+    if (user_id := query_string(request, "userId")) is not None:
+        add("user_id = {}", user_id)
+    if (campaign := query_string(request, "campaignId")) is not None:
+        add("campaign_id = {}", campaign)
+    if (event := request.query.get("eventId")) is not None:
+        parsed = parse_uuid(event)
+        if parsed is None:
+            raise invalid_field("eventId", "must be a notification id (UUID)")
+        add("event_id = {}", parsed)
+    if (status := request.query.get("status")) is not None:
+        _enum_query("status", status, RECIPIENT_STATUSES)
+        add("status = {}", status)
+    if (channel := request.query.get("channel")) is not None:
+        _enum_query("channel", channel, CHANNELS)
+        add("channel = {}", channel)
+    cursor = decode_cursor(request, 2)
+    if cursor is not None:
+        if not isinstance(cursor[1], int):
+            raise invalid_field("cursor", "is not a cursor this API returned")
+        args.extend([cursor_time(cursor[0]), cursor[1]])
+        where.append(f"(created_at, id) < (${len(args) - 1}, ${len(args)})")
+    args.append(limit + 1)
+    rows = await request.app[DB].fetch(
+        "SELECT id, event_id, task_id, user_id, channel, attempt, kind, status, detail, "
+        "provider, provider_message_id, campaign_id, metadata, created_at FROM message_logs "
+        f"WHERE {' AND '.join(where)} ORDER BY created_at DESC, id DESC LIMIT ${len(args)}",
+        *args,
+    )
+    page = rows[:limit]
+    next_cursor = None
+    if len(rows) > limit:
+        last = page[-1]
+        next_cursor = encode_cursor(last["created_at"].isoformat(), last["id"])
+    return json_response({"items": [message_json(r) for r in page], "nextCursor": next_cursor})
+
+
+# ---------------------------------------------------------------------------------------------
+# Accepting
+
+
+async def _validate(request: web.Request, project: str, body: dict[str, Any]) -> InboundMessage:
+    fields = Fields(body)
+    fields.only(("to", "template", "data", "channels", "priority", "sendAt", "campaignId"))
+    to = _recipients(fields)
+    template = fields.identifier("template", required=True)
+    data = fields.obj("data")
+    channels = fields.channel_list("channels", CHANNELS)
+    priority = fields.choice("priority", PRIORITIES) or "normal"
+    send_at = fields.timestamp("sendAt")
+    campaign = fields.string("campaignId")
+    fields.raise_if_invalid()
+    assert template is not None
+    assert to is not None
+    row = await request.app[DB].fetchrow(
+        "SELECT content, ai FROM templates WHERE project_id = $1 AND id = $2", project, template
+    )
+    if row is None:
+        fields.fail("template", "no template with this id exists in this project")
+    elif channels is not None:
+        available = set(row["content"]) | set((row["ai"] or {}).get("channels") or ())
+        for index, channel in enumerate(channels):
+            if channel not in available:
+                fields.fail(f"channels[{index}]", f"the template has no {channel} content")
+    fields.raise_if_invalid()
+    return {
+        "eventId": uuid7(),
+        "projectId": project,
+        "template": template,
+        "to": to,
+        "data": data or {},
+        "channels": channels,
+        "priority": priority,
+        "sendAt": iso(send_at),
+        "campaignId": campaign,
+        "idempotencyKey": None,
+        "createdAt": utc_now_iso(),
+    }
+
+
+def _recipients(fields: Fields) -> Recipients | None:
+    if "to" not in fields.body:
+        fields.fail("to", "is required")
+        return None
+    to = fields.body["to"]
+    if isinstance(to, str):
+        if problem := identifier_problem(to):
+            fields.fail("to", problem)
+            return None
+        return {"userId": to}
+    if isinstance(to, list):
+        if not 1 <= len(to) <= MAX_RECIPIENTS:
+            fields.fail("to", f"must list 1 to {MAX_RECIPIENTS} user ids; use a segment for "
+                              "larger audiences")
+            return None
+        ids: list[str] = []
+        for index, item in enumerate(to):
+            problem = identifier_problem(item) if isinstance(item, str) else "must be a string"
+            if problem:
+                fields.fail(f"to[{index}]", problem)
+            else:
+                ids.append(item)
+        return {"userIds": list(dict.fromkeys(ids))} if len(ids) == len(to) else None
+    if isinstance(to, dict):
+        inner = fields.child("to", to)
+        inner.only(("segment",))
+        segment = inner.string("segment", required=True, max_len=100)
+        return {"segment": segment} if segment is not None else None
+    fields.fail("to", 'must be a user id, a list of user ids or {"segment": name}')
+    return None
+
+
+async def _accept(request: web.Request, message: InboundMessage) -> dict[str, str]:
+    app = request.app
+    project, event_id = message["projectId"], message["eventId"]
+    body_to: Any = message["to"].get("userId") or message["to"].get("userIds") \
+        or {"segment": message["to"].get("segment")}
+    async with app[DB].acquire() as conn, conn.transaction():
+        await conn.execute(
+            "INSERT INTO notifications (id, project_id, template_id, priority, status, "
+            "recipients_spec, data, channels, send_at, campaign_id, idempotency_key) "
+            "VALUES ($1, $2, $3, $4, 'accepted', $5, $6, $7, $8::text::timestamptz, $9, $10)",
+            event_id, project, message["template"], message["priority"], body_to,
+            message["data"], message["channels"], message["sendAt"], message["campaignId"],
+            message["idempotencyKey"],
+        )
+        await conn.execute(
+            "INSERT INTO message_logs (project_id, event_id, task_id, channel, kind, status, "
+            "campaign_id, detail) VALUES ($1, $2, $3, '', 'accepted', 'accepted', $4, $5) "
+            "ON CONFLICT (task_id, channel, attempt, kind) DO NOTHING",
+            project, event_id, event_id, message["campaignId"],
+            f"accepted by the API for {message['priority']} delivery",
+        )
+    settings = app[SETTINGS]
+    try:
+        await xadd(app[REDIS], app[KEYS].inbound(message["priority"]), message,
+                   settings.queue_max_len)
+    except BaseException:
+        log.warning("Enqueueing an accepted notification failed; deleting its rows so nothing "
+                    "is left half-accepted.", extra={"event_id": event_id})
+        await _forget(app[DB], project, event_id)
+        raise
+    log.info("Accepted a notification and queued it for the enricher.",
+             extra={"event_id": event_id, "project_id": project})
+    return {"id": event_id, "status": "accepted"}
+
+
+async def _forget(pool: asyncpg.Pool, project: str, event_id: str) -> None:
+    try:
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute("DELETE FROM message_logs WHERE project_id = $1 AND event_id = $2",
+                               project, event_id)
+            await conn.execute("DELETE FROM notifications WHERE project_id = $1 AND id = $2",
+                               project, event_id)
+    except Exception:
+        log.exception("Could not delete the rows of a notification that was never enqueued; "
+                      "it will show as accepted.", extra={"event_id": event_id})
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def timelines(
+    event_id: str, logs: list[asyncpg.Record]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per recipient+channel timelines, and the event's own rows (channel '' on the event)."""
+    recipients: dict[tuple[str, str], dict[str, Any]] = {}
+    event_rows: list[dict[str, Any]] = []
+    for row in logs:
+        entry = {"kind": row["kind"], "at": iso(row["created_at"]), "detail": row["detail"],
+                 "status": row["status"], "attempt": row["attempt"]}
+        if row["channel"] == "" and row["task_id"] == event_id:
+            event_rows.append(entry)
+            continue
+        key = (row["task_id"], row["channel"])
+        recipient = recipients.get(key)
+        if recipient is None:
+            recipient = recipients[key] = {
+                "userId": row["user_id"], "channel": row["channel"] or None,
+                "taskId": row["task_id"], "status": row["status"], "timeline": [],
+            }
+        if recipient["userId"] is None:
+            recipient["userId"] = row["user_id"]
+        recipient["status"] = next_status(recipient["status"], row["status"])
+        recipient["timeline"].append(entry)
+    return list(recipients.values()), event_rows
+
+
+def next_status(current: str, row_status: str) -> str:
+    if row_status == "processing" and current in TERMINAL:
+        return current
+    return row_status
+
+
+def summary_status(
+    stored: str, recipients: list[dict[str, Any]], event_rows: list[dict[str, Any]]
+) -> str:
+    if not recipients:
+        status = event_rows[-1]["status"] if event_rows else stored
+        return status if status in RECIPIENT_STATUSES else "accepted"
+    statuses = {r["status"] for r in recipients}
+    for status in IN_PROGRESS:
+        if status in statuses:
+            return "processing" if status == "accepted" else status
+    for status in OUTCOME_ORDER:
+        if status in statuses:
+            return status
+    return "processing"
+
+
+def message_json(row: asyncpg.Record) -> dict[str, Any]:
+    return {
+        "id": str(row["id"]), "eventId": str(row["event_id"]), "taskId": row["task_id"],
+        "userId": row["user_id"], "channel": row["channel"] or None, "attempt": row["attempt"],
+        "kind": row["kind"], "status": row["status"], "detail": row["detail"],
+        "provider": row["provider"], "providerMessageId": row["provider_message_id"],
+        "campaignId": row["campaign_id"], "metadata": row["metadata"],
+        "createdAt": iso(row["created_at"]),
+    }
+
+
+def _enum_query(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise invalid_field(name, f"must be one of {', '.join(allowed)}")
+

@@ -1,0 +1,195 @@
+"""Operations: ``/health``, ``/metrics``, ``/v1/streams`` and the OpenAPI document.
+
+``/health`` answers 503 when Redis or PostgreSQL does not answer within
+``HEALTH_TIMEOUT_S``, and lists every service's heartbeat (``notif:health:*``). A heartbeat
+older than three intervals (the service stalled but its key has not expired yet) makes the
+status ``degraded``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from redis.asyncio import Redis
+from redis.exceptions import RedisError, ResponseError
+
+from notifkit import codec, metrics
+from notifkit.keys import Keys
+from notifkit.services.api.errors import json_response
+from notifkit.services.api.routing import Operations, Reply
+from notifkit.services.api.schemas import ref
+from notifkit.services.api.state import DB, KEYS, OPERATIONS, REDIS, SETTINGS
+from notifkit.streams import as_str
+
+ops = Operations("operations")
+
+HEALTH_TIMEOUT_S = 1.0
+STALE_BEATS = 3
+
+
+@ops.route("GET", "/health", "Liveness of Redis, PostgreSQL and every service", access="public",
+           responses={200: ref("Health"),
+                      503: Reply(ref("Health"), "Redis or PostgreSQL is unreachable.")})
+async def health(request: web.Request) -> web.Response:
+    app = request.app
+    redis_ok, services = await _redis_health(app[REDIS], app[KEYS],
+                                             app[SETTINGS].heartbeat_interval_s)
+    postgres_ok = await _postgres_health(app)
+    if not (redis_ok and postgres_ok):
+        status = "unavailable"
+    elif any(s["stale"] for s in services.values()):
+        status = "degraded"
+    else:
+        status = "ok"
+    body = {
+        "status": status,
+        "redis": "ok" if redis_ok else "unreachable",
+        "postgres": "ok" if postgres_ok else "unreachable",
+        "services": services,
+    }
+    return json_response(body, 200 if redis_ok and postgres_ok else 503)
+
+
+@ops.route("GET", "/metrics", "Prometheus metrics", access="public",
+           responses={200: Reply({"type": "string"}, "Prometheus text exposition format.",
+                                 content_type="text/plain")})
+async def prometheus_metrics(request: web.Request) -> web.Response:
+    app = request.app
+    try:
+        streams = await asyncio.wait_for(stream_stats(app[REDIS], app[KEYS]), HEALTH_TIMEOUT_S)
+    except (RedisError, OSError, TimeoutError):
+        streams = []  # the counters are still worth scraping without Redis
+    for info in streams:
+        metrics.STREAM_LENGTH.labels(info["stream"]).set(info["length"])
+        for group in info["groups"]:
+            metrics.STREAM_PENDING.labels(info["stream"], group["name"]).set(group["pending"])
+            metrics.STREAM_OLDEST_PENDING_AGE.labels(info["stream"], group["name"]).set(
+                group["oldestPendingAgeSeconds"] or 0)
+    return web.Response(body=generate_latest(REGISTRY),
+                        headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+@ops.route("GET", "/v1/streams", "Every stream's length, pending count, oldest pending age and "
+           "consumers", access="ops", responses={200: ref("StreamList")},
+           description="The admin key or a full key. Streams are shared by every project.")
+async def list_streams(request: web.Request) -> web.Response:
+    app = request.app
+    return json_response({"items": await stream_stats(app[REDIS], app[KEYS])})
+
+
+@ops.route("GET", "/openapi.json", "This document", access="public",
+           responses={200: Reply({"type": "object"}, "An OpenAPI 3.1 document.")})
+async def openapi_document(request: web.Request) -> web.Response:
+    from notifkit.services.api.openapi import document
+
+    return json_response(document(list(request.app[OPERATIONS].values())))
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+async def _redis_health(
+    redis: Redis, keys: Keys, interval_s: float
+) -> tuple[bool, dict[str, dict[str, Any]]]:
+    try:
+        return True, await asyncio.wait_for(_heartbeats(redis, keys, interval_s),
+                                            HEALTH_TIMEOUT_S)
+    except (RedisError, OSError, TimeoutError):
+        return False, {}
+
+
+async def _heartbeats(
+    redis: Redis, keys: Keys, interval_s: float
+) -> dict[str, dict[str, Any]]:
+    await redis.ping()
+    names = [key async for key in redis.scan_iter(match=keys.health_pattern(), count=500)]
+    if not names:
+        return {}
+    prefix = keys.health_prefix()
+    now = time.time()
+    services: dict[str, dict[str, Any]] = {}
+    for name, raw in zip(names, await redis.mget(names), strict=True):
+        if raw is None:
+            continue  # expired between SCAN and MGET
+        try:
+            beat = codec.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(beat, dict):
+            continue
+        ts = beat.get("ts")
+        stale = isinstance(ts, int | float) and now - ts > STALE_BEATS * max(interval_s, 1.0)
+        in_flight = beat.get("inFlight")
+        services[as_str(name)[len(prefix):]] = {
+            "service": str(beat.get("service", "")),
+            "lastBeat": beat.get("lastBeat") if isinstance(beat.get("lastBeat"), str) else None,
+            "inFlight": in_flight if isinstance(in_flight, int) else 0,
+            "stale": bool(stale),
+        }
+    return dict(sorted(services.items()))
+
+
+async def _postgres_health(app: web.Application) -> bool:
+    try:
+        await asyncio.wait_for(app[DB].fetchval("SELECT 1"), HEALTH_TIMEOUT_S)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        return False
+    return True
+
+
+async def stream_stats(redis: Redis, keys: Keys) -> list[dict[str, Any]]:
+    """Length, groups, pending counts and oldest pending age of every notifkit stream."""
+    streams = keys.all_streams()
+    pipe = redis.pipeline(transaction=False)
+    for stream in streams:
+        pipe.xlen(stream)
+        pipe.xinfo_groups(stream)
+    replies = await pipe.execute(raise_on_error=False)
+    groups_of: dict[str, list[dict[str, Any]]] = {}
+    pending_pipe = redis.pipeline(transaction=False)
+    wanted: list[tuple[str, dict[str, Any]]] = []
+    for index, stream in enumerate(streams):
+        raw_groups = replies[index * 2 + 1]
+        if isinstance(raw_groups, ResponseError | BaseException) or not raw_groups:
+            groups_of[stream] = []
+            continue
+        groups: list[dict[str, Any]] = []
+        for g in raw_groups:
+            group: dict[str, Any] = {
+                "name": as_str(g["name"]), "pending": int(g.get("pending") or 0),
+                "consumers": int(g.get("consumers") or 0), "oldestPendingAgeSeconds": None,
+                "lag": int(g["lag"]) if isinstance(g.get("lag"), int) else None,
+            }
+            groups.append(group)
+            if group["pending"]:
+                pending_pipe.xpending(stream, group["name"])
+                wanted.append((stream, group))
+        groups_of[stream] = groups
+    if wanted:
+        now_ms = time.time() * 1000
+        for (_stream, group), summary in zip(wanted, await pending_pipe.execute(
+                raise_on_error=False), strict=True):
+            if isinstance(summary, dict) and summary.get("min"):
+                oldest_ms = int(as_str(summary["min"]).split("-")[0])
+                group["oldestPendingAgeSeconds"] = round(max(0.0, now_ms - oldest_ms) / 1000, 3)
+    out: list[dict[str, Any]] = []
+    for index, stream in enumerate(streams):
+        length = replies[index * 2]
+        groups = groups_of[stream]
+        ages = [g["oldestPendingAgeSeconds"] for g in groups
+                if g["oldestPendingAgeSeconds"] is not None]
+        out.append({
+            "stream": stream,
+            "length": length if isinstance(length, int) else 0,
+            "pending": sum(g["pending"] for g in groups),
+            "oldestPendingAgeSeconds": max(ages) if ages else None,
+            "consumers": sum(g["consumers"] for g in groups),
+            "groups": groups,
+        })
+    return out

@@ -1,0 +1,138 @@
+"""Admin routes: projects (tenants) and their API keys.
+
+A key is shown once, in the response that creates it; only its SHA-256 is stored. Revoking a
+key marks it revoked in PostgreSQL and then publishes the revocation, so every API process
+drops it from its cache at once (pubsub.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+from aiohttp import web
+
+from notifkit.services.api.auth import ROLES, hash_key, new_key, project_not_found
+from notifkit.services.api.errors import json_response, not_found
+from notifkit.services.api.routing import Operations, Reply
+from notifkit.services.api.schemas import CONTACT_CHANNELS, ref
+from notifkit.services.api.state import DB, HUB
+from notifkit.services.api.validation import Fields, iso, read_json, uuid_id
+
+ops = Operations("admin")
+
+MAX_THROTTLE_LIMIT = 1_000_000
+MAX_WINDOW_S = 31_536_000
+MAX_RATE_PER_S = 100_000
+
+
+@ops.route("POST", "/v1/projects", "Create a project", access="admin",
+           body=ref("ProjectCreate"), responses={201: ref("Project")})
+async def create_project(request: web.Request) -> web.Response:
+    fields = Fields(await read_json(request))
+    fields.only(("name", "settings"))
+    name = fields.string("name", required=True, max_len=200)
+    settings = project_settings(fields)
+    fields.raise_if_invalid()
+    row = await request.app[DB].fetchrow(
+        "INSERT INTO projects (name, settings) VALUES ($1, $2) "
+        "RETURNING id, name, settings, created_at",
+        name, settings,
+    )
+    return json_response(project_json(row), 201)
+
+
+@ops.route("GET", "/v1/projects/{projectId}", "Get a project", access="admin",
+           responses={200: ref("Project")})
+async def get_project(request: web.Request) -> web.Response:
+    project_id = uuid_id(request, "projectId", "project")
+    row = await request.app[DB].fetchrow(
+        "SELECT id, name, settings, created_at FROM projects WHERE id = $1", project_id
+    )
+    if row is None:
+        raise project_not_found()
+    return json_response(project_json(row))
+
+
+@ops.route("POST", "/v1/projects/{projectId}/keys", "Create an API key (shown once)",
+           access="admin", body=ref("KeyCreate"), responses={201: ref("KeyCreated")})
+async def create_key(request: web.Request) -> web.Response:
+    project_id = uuid_id(request, "projectId", "project")
+    fields = Fields(await read_json(request))
+    fields.only(("role", "name"))
+    role = fields.choice("role", ROLES, required=True)
+    name = fields.string("name", max_len=200)
+    fields.raise_if_invalid()
+    key = new_key()
+    try:
+        row = await request.app[DB].fetchrow(
+            "INSERT INTO project_api_keys (project_id, key_hash, role, name) "
+            "VALUES ($1, $2, $3, $4) RETURNING id, role, name, created_at",
+            project_id, hash_key(key), role, name,
+        )
+    except asyncpg.ForeignKeyViolationError:
+        raise project_not_found() from None
+    return json_response({
+        "id": str(row["id"]), "key": key, "role": row["role"], "name": row["name"],
+        "projectId": project_id, "createdAt": iso(row["created_at"]),
+    }, 201)
+
+
+@ops.route("DELETE", "/v1/keys/{keyId}", "Revoke an API key", access="admin",
+           responses={204: Reply(None, "Revoked; every API process rejects it within 1 s.")})
+async def revoke_key(request: web.Request) -> web.Response:
+    key_id = uuid_id(request, "keyId", "key")
+    row = await request.app[DB].fetchrow(
+        "UPDATE project_api_keys SET revoked_at = coalesce(revoked_at, now()) "
+        "WHERE id = $1 RETURNING key_hash",
+        key_id,
+    )
+    if row is None:
+        raise not_found("key")
+    # Published even when it was revoked already: a repeat is harmless and heals a lost one.
+    await request.app[HUB].publish_revocation(row["key_hash"], key_id)
+    return web.Response(status=204)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def project_settings(fields: Fields) -> dict[str, Any]:
+    """The validated ``settings`` object of a project (``{}`` when absent)."""
+    raw = fields.obj("settings")
+    if raw is None:
+        return {}
+    inner = fields.child("settings", raw)
+    inner.only(("throttle", "rateLimits"))
+    out: dict[str, Any] = {}
+    throttle = inner.obj("throttle")
+    if throttle is not None:
+        t = inner.child("throttle", throttle)
+        t.only(("limit", "windowSeconds"))
+        limit = t.integer("limit", required=True, minimum=1, maximum=MAX_THROTTLE_LIMIT)
+        window = t.integer("windowSeconds", required=True, minimum=1, maximum=MAX_WINDOW_S)
+        if limit is not None and window is not None:
+            out["throttle"] = {"limit": limit, "windowSeconds": window}
+    rates = inner.obj("rateLimits")
+    if rates is not None:
+        r = inner.child("rateLimits", rates)
+        r.only(CONTACT_CHANNELS)
+        chosen: dict[str, float] = {}
+        for channel, value in rates.items():
+            if channel not in CONTACT_CHANNELS:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) \
+                    or not 0 < value <= MAX_RATE_PER_S:
+                r.fail(channel, f"must be a number of sends per second above 0 and at most "
+                                f"{MAX_RATE_PER_S}")
+            else:
+                chosen[channel] = value
+        out["rateLimits"] = chosen
+    return out
+
+
+def project_json(row: asyncpg.Record) -> dict[str, Any]:
+    return {
+        "id": str(row["id"]), "name": row["name"], "settings": row["settings"],
+        "createdAt": iso(row["created_at"]),
+    }

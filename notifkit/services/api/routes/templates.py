@@ -1,0 +1,206 @@
+"""Templates: per-channel Jinja2 content, checked at PUT, rendered by the preview route.
+
+A template's channels are the channels it has content for plus those its ``ai`` block writes.
+Each ``fallback`` channel must be one of them, so a fallback can always be rendered.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+from aiohttp import web
+
+from notifkit.messages import CHANNELS
+from notifkit.services.api.errors import ApiError, detail, invalid, json_response, not_found
+from notifkit.services.api.middleware import project_id
+from notifkit.services.api.routing import Operations
+from notifkit.services.api.schemas import ref
+from notifkit.services.api.state import DB, SETTINGS
+from notifkit.services.api.validation import Fields, iso, lookup_id, path_id, read_json
+from notifkit.templates import (
+    CHANNEL_FIELDS,
+    RenderError,
+    build_context,
+    render_channel,
+    render_string,
+    syntax_error,
+    template_errors,
+)
+from notifkit.unsubscribe import unsubscribe_url
+
+ops = Operations("templates")
+
+MAX_TEMPLATE_CHARS = 100_000
+PREVIEW_EVENT_ID = "00000000-0000-7000-8000-000000000000"
+PREVIEW_USER_ID = "preview-user"
+
+
+@ops.route("PUT", "/v1/templates/{templateId}", "Create or replace a template",
+           body=ref("TemplatePut"), responses={200: ref("Template"), 201: ref("Template")},
+           description="A Jinja2 syntax error is a 400 whose details name the field "
+                       "(e.g. channels.email.subject) and the line.")
+async def put_template(request: web.Request) -> web.Response:
+    project = project_id(request)
+    template_id = path_id(request, "templateId")
+    fields = Fields(await read_json(request))
+    fields.only(("topic", "channels", "fallback", "ai"))
+    topic = fields.string("topic", nullable=True, max_len=100)
+    channels = _channels(fields)
+    ai = _ai(fields)
+    fallback = fields.channel_list("fallback", CHANNELS)
+    fields.raise_if_invalid()
+    assert channels is not None
+    available = set(channels) | set(ai["channels"] if ai else ())
+    if not available:
+        fields.fail("channels", "must hold content for at least one channel (or use ai)")
+    for index, channel in enumerate(fallback or ()):
+        if channel not in available:
+            fields.fail(f"fallback[{index}]", f"the template has no {channel} content")
+    fields.errors.extend(detail(e["field"], e["message"]) for e in template_errors(channels))
+    if ai is not None and (problem := syntax_error(ai["prompt"])):
+        fields.fail("ai.prompt", problem)
+    if fields.errors:
+        raise invalid(fields.errors)
+    row = await request.app[DB].fetchrow(
+        "INSERT INTO templates (project_id, id, topic, content, fallback, ai) "
+        "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (project_id, id) DO UPDATE SET "
+        "topic = EXCLUDED.topic, content = EXCLUDED.content, fallback = EXCLUDED.fallback, "
+        "ai = EXCLUDED.ai, updated_at = now() "
+        "RETURNING (xmax = 0) AS created, id, topic, content, fallback, ai, created_at, "
+        "updated_at",
+        project, template_id, topic, channels, fallback, ai,
+    )
+    return json_response(template_json(row), 201 if row["created"] else 200)
+
+
+@ops.route("GET", "/v1/templates/{templateId}", "Get a template",
+           responses={200: ref("Template")})
+async def get_template(request: web.Request) -> web.Response:
+    row = await load_template(request, lookup_id(request, "templateId", "template"))
+    return json_response(template_json(row))
+
+
+@ops.route("POST", "/v1/templates/{templateId}/preview", "Render a template without sending",
+           body=ref("PreviewRequest"), responses={200: ref("Preview")},
+           description="Renders every channel with data, user (the named user, or a "
+                       "placeholder), notification (placeholders), channel and, for e-mail, "
+                       "unsubscribeUrl. A render error is a 400 naming the field.")
+async def preview_template(request: web.Request) -> web.Response:
+    project = project_id(request)
+    template_id = lookup_id(request, "templateId", "template")
+    fields = Fields(await read_json(request))
+    fields.only(("userId", "data"))
+    user_id = fields.identifier("userId")
+    data = fields.obj("data") or {}
+    fields.raise_if_invalid()
+    row = await load_template(request, template_id)
+    user: dict[str, Any] = {"id": PREVIEW_USER_ID, "attributes": {}, "timezone": None,
+                            "locale": None}
+    if user_id is not None:
+        found = await request.app[DB].fetchrow(
+            "SELECT id, attributes, timezone, locale FROM users "
+            "WHERE project_id = $1 AND id = $2",
+            project, user_id,
+        )
+        if found is None:
+            raise invalid([detail("userId", "no user with this id exists in this project")])
+        user = dict(found)
+    notification = {"id": PREVIEW_EVENT_ID, "template": template_id, "priority": "normal",
+                    "campaignId": None}
+    settings = request.app[SETTINGS]
+    rendered: dict[str, Any] = {}
+    problems = []
+    for channel, content in row["content"].items():
+        context = build_context(
+            data=data, user=user, notification=notification, channel=channel,
+            unsubscribe_url=unsubscribe_url(settings, project, user["id"], channel,
+                                            row["topic"]),
+        )
+        try:
+            rendered[channel] = render_channel(content, channel, context)
+        except RenderError as exc:
+            problems.append(detail(exc.field, exc.message))
+    ai_out = None
+    if row["ai"]:
+        context = build_context(data=data, user=user, notification=notification, channel=None)
+        try:
+            prompt = render_string(row["ai"]["prompt"], context, field="ai.prompt")
+            ai_out = {"model": row["ai"]["model"], "prompt": prompt,
+                      "channels": row["ai"]["channels"]}
+        except RenderError as exc:
+            problems.append(detail(exc.field, exc.message))
+    if problems:
+        raise ApiError(400, "template_render_error",
+                       "The template does not render with this data.", problems)
+    return json_response({"template": template_id, "channels": rendered, "ai": ai_out})
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+async def load_template(request: web.Request, template_id: str) -> asyncpg.Record:
+    row = await request.app[DB].fetchrow(
+        "SELECT id, topic, content, fallback, ai, created_at, updated_at FROM templates "
+        "WHERE project_id = $1 AND id = $2",
+        project_id(request), template_id,
+    )
+    if row is None:
+        raise not_found("template", template_id)
+    return row
+
+
+def template_json(row: asyncpg.Record) -> dict[str, Any]:
+    return {
+        "id": row["id"], "topic": row["topic"], "channels": row["content"],
+        "fallback": row["fallback"], "ai": row["ai"], "createdAt": iso(row["created_at"]),
+        "updatedAt": iso(row["updated_at"]),
+    }
+
+
+def _channels(fields: Fields) -> dict[str, Any] | None:
+    raw = fields.obj("channels", required=True)
+    if raw is None:
+        return None
+    outer = fields.child("channels", raw)
+    outer.only(CHANNELS)
+    out: dict[str, Any] = {}
+    for channel, content in raw.items():
+        if channel not in CHANNEL_FIELDS:
+            continue
+        if not isinstance(content, dict):
+            outer.fail(channel, "must be an object")
+            continue
+        inner = outer.child(channel, content)
+        required, optional = CHANNEL_FIELDS[channel]
+        inner.only((*required, *optional))
+        for key in (*required, *optional):
+            if channel == "push" and key == "data":
+                inner.obj("data")
+            elif channel == "webhook" and key == "body":
+                body = content.get("body")
+                if "body" not in content:
+                    inner.fail("body", "is required")
+                elif not isinstance(body, str | dict):
+                    inner.fail("body", "must be a template string or an object")
+                elif isinstance(body, str) and len(body) > MAX_TEMPLATE_CHARS:
+                    inner.fail("body", f"must be at most {MAX_TEMPLATE_CHARS} characters")
+            else:
+                inner.string(key, required=key in required, min_len=0,
+                             max_len=MAX_TEMPLATE_CHARS)
+        out[channel] = content
+    return out
+
+
+def _ai(fields: Fields) -> dict[str, Any] | None:
+    raw = fields.obj("ai", nullable=True)
+    if raw is None:
+        return None
+    inner = fields.child("ai", raw)
+    inner.only(("model", "prompt", "channels"))
+    model = inner.string("model", required=True, max_len=200)
+    prompt = inner.string("prompt", required=True, max_len=MAX_TEMPLATE_CHARS)
+    channels = inner.channel_list("channels", CHANNELS, required=True)
+    if model is None or prompt is None or channels is None:
+        return None
+    return {"model": model, "prompt": prompt, "channels": channels}

@@ -1,0 +1,112 @@
+"""``GET`` and ``POST /v1/unsubscribe?token=...`` (the POST is RFC 8058 one-click).
+
+The token (notifkit/unsubscribe.py) is the authentication. It turns the named topic off, or
+the channel when it names no topic; when it names the address it also records a suppression
+(reason ``unsubscribe``) so that address is never contacted again in the project. Repeating it
+changes nothing further and answers the same. A forged or altered token is a 400 that changes
+nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from urllib.parse import parse_qs
+
+from aiohttp import web
+
+from notifkit.services.api.errors import ApiError, json_response
+from notifkit.services.api.routing import Operations, Param, Reply, Schema
+from notifkit.services.api.schemas import CONTACT_CHANNELS, ref
+from notifkit.services.api.state import DB, SETTINGS
+from notifkit.services.api.validation import parse_uuid
+from notifkit.unsubscribe import MAX_TOKEN_CHARS, InvalidToken, Unsubscribe, verify_token
+
+log = logging.getLogger("notifkit.api")
+
+ops = Operations("unsubscribe")
+
+TOKEN = Param("token", "query", {"type": "string", "minLength": 1, "maxLength": MAX_TOKEN_CHARS},
+              "The signed token from the unsubscribe link.", required=True)
+_RESULT: dict[int, Reply | Schema | None] = {200: ref("Unsubscribed"),
+           400: Reply(ref("Error"), "The token is missing, forged or altered; nothing changed.")}
+
+
+@ops.route("GET", "/v1/unsubscribe", "Unsubscribe through a signed link", access="public",
+           query=(TOKEN,), responses=_RESULT)
+async def unsubscribe_get(request: web.Request) -> web.Response:
+    return await _apply(request, request.query.get("token"))
+
+
+@ops.route("POST", "/v1/unsubscribe", "One-click unsubscribe (RFC 8058)", access="public",
+           query=(TOKEN,), body={"type": "object", "properties": {
+               "List-Unsubscribe": {"type": "string", "enum": ["One-Click"]}}},
+           body_required=False, body_types=("application/x-www-form-urlencoded",),
+           responses=_RESULT,
+           description="Mail clients POST 'List-Unsubscribe=One-Click' to the link from the "
+                       "List-Unsubscribe header; the token may also come as a form field.")
+async def unsubscribe_post(request: web.Request) -> web.Response:
+    token = request.query.get("token")
+    if token is None:
+        raw = await request.read()
+        try:
+            token = parse_qs(raw.decode("utf-8"), max_num_fields=20).get("token", [None])[0]
+        except (UnicodeDecodeError, ValueError):
+            token = None
+    return await _apply(request, token)
+
+
+async def _apply(request: web.Request, token: str | None) -> web.Response:
+    if not token:
+        raise ApiError(400, "invalid_token", "The unsubscribe link has no token.",
+                       [{"field": "token", "message": "is required"}])
+    try:
+        claims = verify_token(request.app[SETTINGS].secret, token)
+    except InvalidToken:
+        raise ApiError(400, "invalid_token",
+                       "The unsubscribe link is not valid; it may have been altered.",
+                       [{"field": "token", "message": "is not a valid unsubscribe token"}]) \
+            from None
+    project = parse_uuid(claims.project_id)
+    if project is None:
+        raise ApiError(400, "invalid_token", "The unsubscribe link names no project.",
+                       [{"field": "token", "message": "names no project"}])
+    suppressed = await _unsubscribe(request, project, claims)
+    log.info("Unsubscribed a user through a signed link.",
+             extra={"project_id": project, "channel": claims.channel, "topic": claims.topic})
+    return json_response({"unsubscribed": True, "channel": claims.channel,
+                          "topic": claims.topic, "suppressed": suppressed})
+
+
+async def _unsubscribe(request: web.Request, project: str, claims: Unsubscribe) -> bool:
+    async with request.app[DB].acquire() as conn, conn.transaction():
+        if not await conn.fetchval("SELECT 1 FROM projects WHERE id = $1", project):
+            raise ApiError(404, "project_not_found", "The project of this link no longer "
+                                                     "exists.")
+        # The preference rows need the user; a user erased since the e-mail was sent has no
+        # preferences left to change, but the suppression below still applies.
+        user_exists = await conn.fetchval(
+            "SELECT 1 FROM users WHERE project_id = $1 AND id = $2", project, claims.user_id
+        )
+        if user_exists and claims.topic is not None:
+            await conn.execute(
+                "INSERT INTO user_topic_preferences (project_id, user_id, topic, enabled) "
+                "VALUES ($1, $2, $3, false) ON CONFLICT (project_id, user_id, topic) "
+                "DO UPDATE SET enabled = false",
+                project, claims.user_id, claims.topic,
+            )
+        elif user_exists:
+            await conn.execute(
+                "INSERT INTO user_channel_preferences (project_id, user_id, channel, enabled) "
+                "VALUES ($1, $2, $3, false) ON CONFLICT (project_id, user_id, channel) "
+                "DO UPDATE SET enabled = false",
+                project, claims.user_id, claims.channel,
+            )
+        if claims.target is None or claims.channel not in CONTACT_CHANNELS:
+            return False
+        await conn.execute(
+            "INSERT INTO suppressions (project_id, channel, target, reason, detail) "
+            "VALUES ($1, $2, $3, 'unsubscribe', $4) ON CONFLICT DO NOTHING",
+            project, claims.channel, claims.target,
+            f"unsubscribe link (topic {claims.topic})" if claims.topic else "unsubscribe link",
+        )
+        return True

@@ -1,0 +1,280 @@
+"""Provider callbacks: delivery receipts and engagement, signature-checked, to ``events:inbound``.
+
+``POST /v1/webhooks/{provider}/{projectId}`` needs no API key; the signature is the
+authentication, and a bad one is a 401 that changes nothing.
+
+- resend, sendgrid, fcm, smtp: Svix-style headers ``svix-id``, ``svix-timestamp``,
+  ``svix-signature: v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}.{body}")>`` (several
+  space-separated signatures allowed), with that provider's secret from the settings (a
+  ``whsec_`` secret is base64 of the key). Timestamps more than 5 minutes away are refused, so
+  a captured callback cannot be replayed later.
+- twilio: ``X-Twilio-Signature`` = base64 HMAC-SHA1(auth token, URL + the form parameters
+  sorted by name, each as name + value), over ``NOTIFKIT_PUBLIC_URL`` + the request path, since
+  that is the URL Twilio was given.
+
+Each event becomes one receipt on ``events:inbound``::
+
+    {"type": "receipt", "projectId", "provider", "channel", "providerMessageId",
+     "kind": "delivered" | "bounced" | "complained" | "opened" | "clicked" | "failed",
+     "at", "webhookId", "taskId"?, "to"?, "raw": {...the provider's event...}}
+
+Events that are not receipts (sent, queued, delivery delayed, ...) are acknowledged and
+ignored, so the provider does not retry them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import time
+from typing import Any
+from urllib.parse import parse_qsl
+
+from aiohttp import web
+
+from notifkit import codec
+from notifkit.config import Settings
+from notifkit.services.api.auth import project_not_found, unauthorized
+from notifkit.services.api.errors import ApiError, json_response
+from notifkit.services.api.routing import Operations, Reply
+from notifkit.services.api.schemas import ref
+from notifkit.services.api.state import DB, KEYS, REDIS, SETTINGS
+from notifkit.services.api.validation import iso, parse_json_object, parse_rfc3339, parse_uuid
+from notifkit.streams import queue_xadd
+from notifkit.worker import utc_now_iso
+
+ops = Operations("webhooks")
+
+PROVIDERS = ("resend", "sendgrid", "fcm", "smtp", "twilio")
+CHANNEL_OF = {"resend": "email", "sendgrid": "email", "smtp": "email", "fcm": "push",
+              "twilio": "sms"}
+SVIX_TOLERANCE_S = 300
+MAX_EVENTS = 1000
+
+# "<channel>.<event>" suffixes (Resend and the simulators) and SendGrid's event names.
+_KINDS = {
+    "delivered": "delivered", "bounced": "bounced", "complained": "complained",
+    "opened": "opened", "clicked": "clicked", "failed": "failed",
+    "bounce": "bounced", "dropped": "failed", "spamreport": "complained", "open": "opened",
+    "click": "clicked",
+}
+_TWILIO_KINDS = {"delivered": "delivered", "undelivered": "bounced", "failed": "failed"}
+_TASK_TAGS = ("taskId", "task_id", "notifkit_task_id")
+
+
+@ops.route("POST", "/v1/webhooks/{provider}/{projectId}", "Provider receipts and engagement",
+           access="public", body={"type": "object"}, body_required=False,
+           body_types=("application/json", "application/x-www-form-urlencoded"),
+           responses={200: ref("WebhookResult"),
+                      401: Reply(ref("Error"), "The signature is missing, wrong or too old; "
+                                               "nothing was recorded.")},
+           description="Signed like the provider signs (Svix headers; X-Twilio-Signature for "
+                       "twilio). Each receipt goes to the events service.")
+async def provider_webhook(request: web.Request) -> web.Response:
+    provider = request.match_info["provider"]
+    if provider not in PROVIDERS:
+        raise ApiError(404, "provider_not_found",
+                       f"Unknown provider; webhooks exist for {', '.join(PROVIDERS)}.")
+    project = parse_uuid(request.match_info["projectId"])
+    if project is None:
+        raise project_not_found()
+    app = request.app
+    settings = app[SETTINGS]
+    raw = await request.read()
+    if provider == "twilio":
+        params = _form(raw)
+        _check_twilio(settings, request, params)
+        events = _twilio_events(params)
+    else:
+        _check_svix(settings, provider, request, raw)
+        events = _json_events(provider, raw)
+    if not await app[DB].fetchval("SELECT 1 FROM projects WHERE id = $1", project):
+        raise project_not_found()
+    webhook_id = request.headers.get("svix-id") or ""
+    pipe = app[REDIS].pipeline(transaction=True)
+    receipts = 0
+    for index, event in enumerate(events[:MAX_EVENTS]):
+        if event is None:
+            continue
+        receipt = {"type": "receipt", "projectId": project, **event}
+        receipt["webhookId"] = f"{provider}:{webhook_id or event['providerMessageId']}:{index}"
+        queue_xadd(pipe, app[KEYS].events_inbound, receipt, settings.queue_max_len)
+        receipts += 1
+    if receipts:
+        await pipe.execute()
+    return json_response({"received": receipts, "ignored": len(events) - receipts})
+
+
+# ---------------------------------------------------------------------------------------------
+# Signatures
+
+
+def _secret(settings: Settings, provider: str) -> str | None:
+    secret: str | None = getattr(settings.webhooks, provider, None)
+    return secret
+
+
+def svix_key(secret: str) -> bytes:
+    if secret.startswith("whsec_"):
+        try:
+            return base64.b64decode(secret[len("whsec_"):], validate=True)
+        except (binascii.Error, ValueError):
+            return secret.encode()
+    return secret.encode()
+
+
+def _check_svix(settings: Settings, provider: str, request: web.Request, body: bytes) -> None:
+    secret = _secret(settings, provider)
+    if not secret:
+        raise unauthorized("webhook_not_configured",
+                           f"No webhook secret is configured for {provider}; the callback "
+                           "cannot be verified.")
+    msg_id = request.headers.get("svix-id", "")
+    timestamp = request.headers.get("svix-timestamp", "")
+    signatures = request.headers.get("svix-signature", "")
+    if not (msg_id and timestamp.isdigit() and signatures) or len(timestamp) > 12:
+        raise _bad_signature()
+    if abs(time.time() - int(timestamp)) > SVIX_TOLERANCE_S:
+        raise unauthorized("invalid_signature",
+                           "The webhook timestamp is more than 5 minutes away from now.")
+    signed = f"{msg_id}.{timestamp}.".encode() + body
+    expected = base64.b64encode(hmac.new(svix_key(secret), signed, hashlib.sha256).digest())
+    for candidate in signatures.split():
+        version, _, value = candidate.partition(",")
+        if version == "v1" and hmac.compare_digest(expected, value.encode("utf-8", "replace")):
+            return
+    raise _bad_signature()
+
+
+def _check_twilio(settings: Settings, request: web.Request,
+                  params: list[tuple[str, str]]) -> None:
+    token = settings.webhooks.twilio_auth_token or settings.sms.auth_token
+    if not token:
+        raise unauthorized("webhook_not_configured",
+                           "No Twilio auth token is configured; the callback cannot be "
+                           "verified.")
+    signature = request.headers.get("X-Twilio-Signature", "")
+    url = settings.public_url.rstrip("/") + request.raw_path
+    signed = url + "".join(name + value for name, value in sorted(params))
+    expected = base64.b64encode(hmac.new(token.encode(), signed.encode(), hashlib.sha1).digest())
+    if not signature or not hmac.compare_digest(expected, signature.encode("utf-8", "replace")):
+        raise _bad_signature()
+
+
+def _bad_signature() -> ApiError:
+    return unauthorized("invalid_signature",
+                        "The webhook signature does not match; nothing was recorded.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Events
+
+
+def _form(raw: bytes) -> list[tuple[str, str]]:
+    try:
+        return parse_qsl(raw.decode("utf-8"), keep_blank_values=True, max_num_fields=200)
+    except (UnicodeDecodeError, ValueError):
+        raise ApiError(400, "invalid_form", "The callback body is not a form.") from None
+
+
+def _twilio_events(params: list[tuple[str, str]]) -> list[dict[str, Any] | None]:
+    form = dict(params)
+    kind = _TWILIO_KINDS.get(form.get("MessageStatus", ""))
+    sid = form.get("MessageSid") or form.get("SmsSid")
+    if kind is None or not sid:
+        return [None]
+    receipt = {"provider": "twilio", "channel": "sms", "providerMessageId": sid, "kind": kind,
+               "at": utc_now_iso(), "raw": form}
+    if form.get("To"):
+        receipt["to"] = form["To"]
+    return [receipt]
+
+
+def _json_events(provider: str, raw: bytes) -> list[dict[str, Any] | None]:
+    stripped = raw.strip()
+    if stripped.startswith(b"["):  # SendGrid's event webhook posts a list of events
+        try:
+            items = codec.loads(stripped)
+        except ValueError:
+            raise ApiError(400, "invalid_json", "The callback body is not valid JSON.") \
+                from None
+        return [_sendgrid_event(provider, item) for item in items[:MAX_EVENTS]]
+    return [_typed_event(provider, parse_json_object(raw))]
+
+
+def _typed_event(provider: str, event: dict[str, Any]) -> dict[str, Any] | None:
+    """Resend's ``{"type": "email.delivered", "created_at", "data": {"email_id", ...}}`` and
+    the simulators' ``{"type": "push.delivered", "data": {"provider", "message_id", ...}}``."""
+    kind_name = event.get("type")
+    data = event.get("data")
+    if not isinstance(kind_name, str) or not isinstance(data, dict):
+        return None
+    prefix, _, suffix = kind_name.partition(".")
+    kind = _KINDS.get(suffix)
+    message_id = data.get("email_id") or data.get("message_id") or data.get("id")
+    if kind is None or not isinstance(message_id, str) or not message_id:
+        return None
+    source = data.get("provider")
+    actual = source if isinstance(source, str) and source in PROVIDERS else provider
+    receipt: dict[str, Any] = {
+        "provider": actual, "channel": prefix if prefix in ("email", "sms", "push")
+        else CHANNEL_OF[actual], "providerMessageId": message_id, "kind": kind,
+        "at": _when(event.get("created_at")), "raw": event,
+    }
+    task_id = data.get("task_id") or _tag(data.get("tags"))
+    if isinstance(task_id, str) and task_id:
+        receipt["taskId"] = task_id
+    to = data.get("to")
+    if isinstance(to, list) and to and isinstance(to[0], str):
+        receipt["to"] = to[0]
+    elif isinstance(to, str):
+        receipt["to"] = to
+    return receipt
+
+
+def _sendgrid_event(provider: str, item: Any) -> dict[str, Any] | None:
+    if not isinstance(item, dict):
+        return None
+    kind = _KINDS.get(str(item.get("event", "")))
+    message_id = item.get("sg_message_id")
+    if kind is None or not isinstance(message_id, str) or not message_id:
+        return None
+    at = item.get("timestamp")
+    receipt: dict[str, Any] = {
+        "provider": provider, "channel": "email",
+        # sg_message_id is the X-Message-Id of the send plus a filter suffix after a dot.
+        "providerMessageId": message_id.split(".", 1)[0], "kind": kind,
+        "at": iso(_epoch(at)) if isinstance(at, int) else utc_now_iso(), "raw": item,
+    }
+    if isinstance(item.get("email"), str):
+        receipt["to"] = item["email"]
+    return receipt
+
+
+def _tag(tags: Any) -> str | None:
+    if isinstance(tags, dict):
+        for name in _TASK_TAGS:
+            if isinstance(tags.get(name), str):
+                return str(tags[name])
+    if isinstance(tags, list):
+        for tag in tags:
+            if isinstance(tag, dict) and tag.get("name") in _TASK_TAGS \
+                    and isinstance(tag.get("value"), str):
+                return str(tag["value"])
+    return None
+
+
+def _when(value: Any) -> str:
+    parsed = parse_rfc3339(value) if isinstance(value, str) else None
+    return iso(parsed) or utc_now_iso()
+
+
+def _epoch(seconds: int) -> Any:
+    from datetime import UTC, datetime
+
+    try:
+        return datetime.fromtimestamp(seconds, UTC)
+    except (OverflowError, OSError, ValueError):
+        return datetime.now(UTC)

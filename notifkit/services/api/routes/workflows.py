@@ -1,0 +1,226 @@
+"""Workflow definitions, triggers and instances. The api only stores and enqueues; the
+workflow service runs instances from ``workflow:inbound``.
+
+Definitions are validated by :func:`notifkit.workflow_defs.validate_steps`, the rules the
+workflow service runs by, plus a check that every template they name exists.
+
+A trigger creates the ``workflow_instances`` row (status ``pending``, the definition's steps
+copied so later edits never change a running instance) and XADDs
+``{"type": "trigger", "projectId", "workflowId", "instanceId", "userId", "data"}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import asyncpg
+from aiohttp import web
+
+from notifkit.ids import uuid7
+from notifkit.services.api.errors import detail, json_response, not_found
+from notifkit.services.api.idempotency import (
+    REPLAY_HEADER,
+    IdempotencyKey,
+    fingerprint,
+    header_key,
+)
+from notifkit.services.api.middleware import project_id
+from notifkit.services.api.routes.notifications import IDEMPOTENCY_PARAM, REPLAY_REPLY_HEADERS
+from notifkit.services.api.routing import SEND, Operations, Reply
+from notifkit.services.api.schemas import ref
+from notifkit.services.api.state import DB, KEYS, REDIS, SETTINGS
+from notifkit.services.api.validation import (
+    Fields,
+    iso,
+    lookup_id,
+    path_id,
+    read_json,
+    uuid_id,
+)
+from notifkit.streams import xadd
+from notifkit.workflow_defs import BRANCHES, validate_steps
+
+log = logging.getLogger("notifkit.api")
+
+ops = Operations("workflows")
+
+@ops.route("PUT", "/v1/workflows/{workflowId}", "Create or replace a workflow",
+           body=ref("WorkflowPut"), responses={200: ref("Workflow"), 201: ref("Workflow")},
+           description="Errors name the step by its path, e.g. steps[2].then[0].template.")
+async def put_workflow(request: web.Request) -> web.Response:
+    project = project_id(request)
+    workflow_id = path_id(request, "workflowId")
+    fields = Fields(await read_json(request))
+    fields.only(("steps",))
+    if "steps" not in fields.body:
+        fields.fail("steps", "is required")
+    else:
+        fields.errors.extend(detail(e["field"], e["message"])
+                             for e in validate_steps(fields.body["steps"]))
+    fields.raise_if_invalid()
+    steps: list[Any] = fields.body["steps"]
+    templates: dict[str, list[str]] = {}
+    _templates(steps, "steps", templates)
+    pool = request.app[DB]
+    known = {r["id"] for r in await pool.fetch(
+        "SELECT id FROM templates WHERE project_id = $1 AND id = ANY($2::text[])",
+        project, list(templates),
+    )}
+    for template, paths in templates.items():
+        if template not in known:
+            for path in paths:
+                fields.errors.append(
+                    detail(path, "no template with this id exists in this project"))
+    fields.raise_if_invalid()
+    row = await pool.fetchrow(
+        "INSERT INTO workflow_definitions (project_id, id, steps) VALUES ($1, $2, $3) "
+        "ON CONFLICT (project_id, id) DO UPDATE SET steps = EXCLUDED.steps, updated_at = now() "
+        "RETURNING (xmax = 0) AS created, id, steps, created_at, updated_at",
+        project, workflow_id, steps,
+    )
+    return json_response(workflow_json(row), 201 if row["created"] else 200)
+
+
+@ops.route("GET", "/v1/workflows/{workflowId}", "Get a workflow",
+           responses={200: ref("Workflow")})
+async def get_workflow(request: web.Request) -> web.Response:
+    workflow_id = lookup_id(request, "workflowId", "workflow")
+    row = await request.app[DB].fetchrow(
+        "SELECT id, steps, created_at, updated_at FROM workflow_definitions "
+        "WHERE project_id = $1 AND id = $2",
+        project_id(request), workflow_id,
+    )
+    if row is None:
+        raise not_found("workflow", workflow_id)
+    return json_response(workflow_json(row))
+
+
+@ops.route("POST", "/v1/workflows/{workflowId}/trigger", "Start a workflow for a user",
+           roles=SEND, body=ref("TriggerRequest"), headers=(IDEMPOTENCY_PARAM,),
+           responses={202: Reply(ref("TriggerAccepted"), "The instance is queued.",
+                                 headers=REPLAY_REPLY_HEADERS)},
+           errors=(409,))
+async def trigger_workflow(request: web.Request) -> web.Response:
+    project = project_id(request)
+    workflow_id = lookup_id(request, "workflowId", "workflow")
+    key = header_key(request)
+    body = await read_json(request)
+    fields = Fields(body)
+    fields.only(("userId", "data"))
+    user_id = fields.identifier("userId", required=True)
+    data = fields.obj("data") or {}
+    fields.raise_if_invalid()
+    assert user_id is not None
+    app = request.app
+    steps = await app[DB].fetchval(
+        "SELECT steps FROM workflow_definitions WHERE project_id = $1 AND id = $2",
+        project, workflow_id,
+    )
+    if steps is None:
+        raise not_found("workflow", workflow_id)
+    if key is None:
+        instance_id, _ = await _start(request, project, workflow_id, user_id, data, steps, None)
+        return json_response({"instanceId": instance_id}, 202)
+    idem = IdempotencyKey(
+        app[REDIS], app[KEYS].api_idempotency(project, key),
+        fingerprint(f"POST /v1/workflows/{workflow_id}/trigger", body),
+        app[SETTINGS].caller_idempotency_ttl_s,
+    )
+    replay = await idem.claim()
+    if replay is not None:
+        return json_response(replay.body, replay.status, {REPLAY_HEADER: "true"})
+    try:
+        instance_id, created = await _start(request, project, workflow_id, user_id, data,
+                                            steps, key)
+    except BaseException:
+        await idem.release()
+        raise
+    await idem.finish(202, {"instanceId": instance_id})
+    headers = None if created else {REPLAY_HEADER: "true"}
+    return json_response({"instanceId": instance_id}, 202, headers)
+
+
+@ops.route("GET", "/v1/workflow-instances/{instanceId}", "A workflow instance and its steps",
+           responses={200: ref("WorkflowInstance")})
+async def get_instance(request: web.Request) -> web.Response:
+    project = project_id(request)
+    instance_id = uuid_id(request, "instanceId", "workflow instance")
+    pool = request.app[DB]
+    row = await pool.fetchrow(
+        "SELECT id, workflow_id, user_id, status, current_step, created_at, updated_at "
+        "FROM workflow_instances WHERE id = $1 AND project_id = $2",
+        instance_id, project,
+    )
+    if row is None:
+        raise not_found("workflow instance", instance_id)
+    steps = await pool.fetch(
+        "SELECT step_index, path, type, status, output, "
+        "coalesce(finished_at, started_at) AS at "
+        "FROM workflow_steps WHERE instance_id = $1 AND project_id = $2 ORDER BY step_index",
+        instance_id, project,
+    )
+    return json_response({
+        "id": str(row["id"]), "workflowId": row["workflow_id"], "userId": row["user_id"],
+        "status": row["status"], "currentStep": row["current_step"],
+        "steps": [{"index": s["step_index"], "path": s["path"], "type": s["type"],
+                   "status": s["status"], "output": s["output"], "at": iso(s["at"])}
+                  for s in steps],
+        "createdAt": iso(row["created_at"]), "updatedAt": iso(row["updated_at"]),
+    })
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+async def _start(
+    request: web.Request, project: str, workflow_id: str, user_id: str, data: dict[str, Any],
+    steps: list[Any], key: str | None,
+) -> tuple[str, bool]:
+    """Create the instance and enqueue it; (instance id, False) if the key already made one."""
+    app = request.app
+    instance_id = uuid7()
+    pool = app[DB]
+    inserted = await pool.fetchval(
+        "INSERT INTO workflow_instances (id, project_id, workflow_id, user_id, status, steps, "
+        "trigger_data, idempotency_key) VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7) "
+        "ON CONFLICT (project_id, idempotency_key) DO NOTHING RETURNING id",
+        instance_id, project, workflow_id, user_id, steps, data, key,
+    )
+    if inserted is None:
+        # The key outlived its 24 h in Redis but the instance it made is still on record.
+        existing = await pool.fetchval(
+            "SELECT id FROM workflow_instances WHERE project_id = $1 AND idempotency_key = $2",
+            project, key,
+        )
+        return str(existing), False
+    payload = {"type": "trigger", "projectId": project, "workflowId": workflow_id,
+               "instanceId": instance_id, "userId": user_id, "data": data}
+    try:
+        await xadd(app[REDIS], app[KEYS].workflow_inbound, payload, app[SETTINGS].queue_max_len)
+    except BaseException:
+        log.warning("Enqueueing a workflow trigger failed; deleting the instance so nothing is "
+                    "left half-started.", extra={"instance_id": instance_id})
+        await pool.execute("DELETE FROM workflow_instances WHERE id = $1 AND project_id = $2",
+                           instance_id, project)
+        raise
+    log.info("Started workflow %r and queued the instance for the workflow service.",
+             workflow_id, extra={"instance_id": instance_id, "project_id": project})
+    return instance_id, True
+
+
+def workflow_json(row: asyncpg.Record) -> dict[str, Any]:
+    return {"id": row["id"], "steps": row["steps"], "createdAt": iso(row["created_at"]),
+            "updatedAt": iso(row["updated_at"])}
+
+
+def _templates(steps: list[Any], path: str, found: dict[str, list[str]]) -> None:
+    """Template id -> the fields naming it, over every send and digest step, branches included."""
+    for index, step in enumerate(steps):
+        where = f"{path}[{index}]"
+        if step.get("type") in ("send", "digest") and isinstance(step.get("template"), str):
+            found.setdefault(step["template"], []).append(f"{where}.template")
+        for arm in BRANCHES:
+            children = step.get(arm)
+            if isinstance(children, list):
+                _templates(children, f"{where}.{arm}", found)

@@ -1,0 +1,321 @@
+"""JSON Schemas of every request and response body, as the OpenAPI document publishes them.
+
+Route modules reference these by name (``ref("User")``); openapi.py puts :data:`COMPONENTS`
+under ``components/schemas``. The handlers validate by hand (validation.py) so that each error
+names its field; the schemathesis test checks both agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from notifkit.messages import CHANNELS, PRIORITIES
+
+Schema = dict[str, Any]
+
+CONTACT_CHANNELS = ("email", "sms", "push", "webhook")
+RECIPIENT_STATUSES = (
+    "accepted", "processing", "scheduled", "sent", "delivered", "failed", "skipped",
+    "suppressed", "throttled", "dead_lettered",
+)
+RECEIPT_KINDS = ("delivered", "bounced", "complained", "opened", "clicked", "failed")
+# Caller-chosen ids: 1-255 printable characters, no surrounding whitespace.
+ID_PATTERN = r"^[^\s\x00-\x1f\x7f-\x9f]([^\x00-\x1f\x7f-\x9f]{0,253}[^\s\x00-\x1f\x7f-\x9f])?$"
+MAX_RECIPIENTS = 1000
+
+
+def ref(name: str) -> Schema:
+    if name not in COMPONENTS:
+        raise KeyError(f"no schema component {name!r}")
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def nullable(schema: Schema) -> Schema:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def obj(properties: dict[str, Schema], required: tuple[str, ...] = (),
+        *, closed: bool = True) -> Schema:
+    schema: Schema = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = list(required)
+    if closed:
+        schema["additionalProperties"] = False
+    return schema
+
+
+def page_of(item: str) -> Schema:
+    return obj({"items": {"type": "array", "items": ref(item)},
+                "nextCursor": nullable({"type": "string"})}, ("items", "nextCursor"))
+
+
+STRING: Schema = {"type": "string"}
+ID: Schema = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": ID_PATTERN}
+UUID: Schema = {"type": "string", "format": "uuid"}
+DATETIME: Schema = {"type": "string", "format": "date-time"}
+ANY_OBJECT: Schema = {"type": "object"}
+CHANNEL: Schema = {"type": "string", "enum": list(CHANNELS)}
+CHANNEL_LIST: Schema = {"type": "array", "items": CHANNEL, "minItems": 1, "maxItems": 5,
+                        "uniqueItems": True}
+TEMPLATE_TEXT: Schema = {"type": "string", "maxLength": 100_000}
+HHMM: Schema = {"type": "string", "pattern": r"^([01][0-9]|2[0-3]):[0-5][0-9]$"}
+SECONDS: Schema = {"type": "integer", "minimum": 1, "maximum": 31_536_000}
+STEP_SECONDS: Schema = {"type": "number", "exclusiveMinimum": 0, "maximum": 366 * 24 * 3600}
+
+_rate: Schema = {"type": "number", "exclusiveMinimum": 0, "maximum": 100_000}
+
+COMPONENTS: dict[str, Schema] = {
+    "Error": obj({
+        "error": obj({
+            "code": STRING,
+            "message": STRING,
+            "details": {"type": "array", "items": obj(
+                {"field": STRING, "message": STRING}, ("field", "message"))},
+        }, ("code", "message", "details")),
+    }, ("error",)),
+    # -- projects and keys ---------------------------------------------------------------
+    "ProjectSettings": obj({
+        "throttle": obj({
+            "limit": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+            "windowSeconds": SECONDS,
+        }, ("limit", "windowSeconds")),
+        "rateLimits": obj({channel: _rate for channel in CONTACT_CHANNELS}),
+    }),
+    "ProjectCreate": obj({
+        "name": {"type": "string", "minLength": 1, "maxLength": 200},
+        "settings": {"$ref": "#/components/schemas/ProjectSettings"},
+    }, ("name",)),
+    "Project": obj({
+        "id": UUID, "name": STRING,
+        "settings": {"$ref": "#/components/schemas/ProjectSettings"},
+        "createdAt": DATETIME,
+    }, ("id", "name", "settings", "createdAt")),
+    "KeyCreate": obj({
+        "role": {"type": "string", "enum": ["full", "send"]},
+        "name": {"type": "string", "minLength": 1, "maxLength": 200},
+    }, ("role",)),
+    "KeyCreated": obj({
+        "id": UUID, "key": STRING, "role": {"type": "string", "enum": ["full", "send"]},
+        "name": nullable(STRING), "projectId": UUID, "createdAt": DATETIME,
+    }, ("id", "key", "role", "name", "projectId", "createdAt")),
+    # -- users -----------------------------------------------------------------------------
+    "ContactCreate": obj({
+        "channel": {"type": "string", "enum": list(CONTACT_CHANNELS)},
+        "target": {"type": "string", "minLength": 1, "maxLength": 4096},
+    }, ("channel", "target")),
+    "Contact": obj({
+        "id": UUID, "channel": {"type": "string", "enum": list(CONTACT_CHANNELS)},
+        "target": STRING, "enabled": {"type": "boolean"}, "createdAt": DATETIME,
+    }, ("id", "channel", "target", "enabled", "createdAt")),
+    "QuietHours": obj({"start": HHMM, "end": HHMM}, ("start", "end")),
+    "Preferences": obj({
+        "channels": {"type": "object", "additionalProperties": {"type": "boolean"}},
+        "topics": {"type": "object", "additionalProperties": {"type": "boolean"}},
+        "quietHours": nullable({"$ref": "#/components/schemas/QuietHours"}),
+    }, ("channels", "topics", "quietHours")),
+    "PreferencesPut": obj({
+        "channels": obj({channel: {"type": "boolean"} for channel in CHANNELS}),
+        "topics": {"type": "object", "maxProperties": 200,
+                   "propertyNames": {"minLength": 1, "maxLength": 100},
+                   "additionalProperties": {"type": "boolean"}},
+        "quietHours": nullable({"$ref": "#/components/schemas/QuietHours"}),
+    }),
+    "UserPut": obj({
+        "attributes": ANY_OBJECT,
+        "timezone": nullable({"type": "string", "minLength": 1, "maxLength": 64,
+                              "description": "An IANA time zone such as Europe/Berlin."}),
+        "locale": nullable({"type": "string", "pattern":
+                            r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{1,8}){0,3}$"}),
+        "segments": {"type": "array", "maxItems": 100, "uniqueItems": True,
+                     "items": {"type": "string", "minLength": 1, "maxLength": 100}},
+        "contacts": {"type": "array", "maxItems": 100,
+                     "items": {"$ref": "#/components/schemas/ContactCreate"}},
+    }),
+    "User": obj({
+        "id": STRING, "attributes": ANY_OBJECT, "timezone": nullable(STRING),
+        "locale": nullable(STRING), "segments": {"type": "array", "items": STRING},
+        "contacts": {"type": "array", "items": {"$ref": "#/components/schemas/Contact"}},
+        "preferences": {"$ref": "#/components/schemas/Preferences"},
+        "createdAt": DATETIME, "updatedAt": DATETIME,
+    }, ("id", "attributes", "timezone", "locale", "segments", "contacts", "preferences",
+        "createdAt", "updatedAt")),
+    # -- templates ---------------------------------------------------------------------------
+    "TemplateChannels": obj({
+        "email": obj({"subject": TEMPLATE_TEXT, "html": TEMPLATE_TEXT, "text": TEMPLATE_TEXT},
+                     ("subject",)),
+        "sms": obj({"text": TEMPLATE_TEXT}, ("text",)),
+        "push": obj({"title": TEMPLATE_TEXT, "body": TEMPLATE_TEXT, "data": ANY_OBJECT},
+                    ("title", "body")),
+        "inapp": obj({"text": TEMPLATE_TEXT, "url": TEMPLATE_TEXT}, ("text",)),
+        "webhook": obj({"body": {"anyOf": [TEMPLATE_TEXT, ANY_OBJECT]}}, ("body",)),
+    }),
+    "TemplateAi": obj({
+        "model": {"type": "string", "minLength": 1, "maxLength": 200},
+        "prompt": {"type": "string", "minLength": 1, "maxLength": 100_000},
+        "channels": CHANNEL_LIST,
+    }, ("model", "prompt", "channels")),
+    "TemplatePut": obj({
+        "topic": nullable({"type": "string", "minLength": 1, "maxLength": 100}),
+        "channels": {"$ref": "#/components/schemas/TemplateChannels"},
+        "fallback": CHANNEL_LIST,
+        "ai": nullable({"$ref": "#/components/schemas/TemplateAi"}),
+    }, ("channels",)),
+    "Template": obj({
+        "id": STRING, "topic": nullable(STRING),
+        "channels": {"type": "object"},
+        "fallback": nullable({"type": "array", "items": CHANNEL}),
+        "ai": nullable({"type": "object"}),
+        "createdAt": DATETIME, "updatedAt": DATETIME,
+    }, ("id", "topic", "channels", "fallback", "ai", "createdAt", "updatedAt")),
+    "PreviewRequest": obj({"userId": ID, "data": ANY_OBJECT}),
+    "Preview": obj({
+        "template": STRING,
+        "channels": {"type": "object", "additionalProperties": {"type": "object"}},
+        "ai": nullable(obj({"model": STRING, "prompt": STRING, "channels": {
+            "type": "array", "items": CHANNEL}})),
+    }, ("template", "channels", "ai")),
+    # -- sending -------------------------------------------------------------------------------
+    "NotificationCreate": obj({
+        "to": {"anyOf": [
+            ID,
+            {"type": "array", "items": ID, "minItems": 1, "maxItems": MAX_RECIPIENTS},
+            obj({"segment": {"type": "string", "minLength": 1, "maxLength": 100}},
+                ("segment",)),
+        ]},
+        "template": ID,
+        "data": ANY_OBJECT,
+        "channels": CHANNEL_LIST,
+        "priority": {"type": "string", "enum": list(PRIORITIES)},
+        "sendAt": DATETIME,
+        "campaignId": {"type": "string", "minLength": 1, "maxLength": 255},
+    }, ("to", "template")),
+    "Accepted": obj({"id": UUID, "status": {"type": "string", "enum": ["accepted"]}},
+                    ("id", "status")),
+    "TimelineEntry": obj({"kind": STRING, "at": DATETIME, "detail": nullable(STRING),
+                          "status": {"type": "string", "enum": list(RECIPIENT_STATUSES)},
+                          "attempt": {"type": "integer"}},
+                         ("kind", "at", "detail")),
+    "Recipient": obj({
+        "userId": nullable(STRING), "channel": nullable(CHANNEL), "taskId": STRING,
+        "status": {"type": "string", "enum": list(RECIPIENT_STATUSES)},
+        "timeline": {"type": "array", "items": {"$ref": "#/components/schemas/TimelineEntry"}},
+    }, ("userId", "channel", "taskId", "status", "timeline")),
+    "Notification": obj({
+        "id": UUID,
+        "status": {"type": "string", "enum": list(RECIPIENT_STATUSES)},
+        "template": STRING,
+        "priority": {"type": "string", "enum": list(PRIORITIES)},
+        "to": {},
+        "channels": nullable({"type": "array", "items": CHANNEL}),
+        "campaignId": nullable(STRING),
+        "sendAt": nullable(DATETIME),
+        "createdAt": DATETIME,
+        "recipients": {"type": "array", "items": {"$ref": "#/components/schemas/Recipient"}},
+        "timeline": {"type": "array", "items": {"$ref": "#/components/schemas/TimelineEntry"}},
+    }, ("id", "status", "template", "priority", "createdAt", "recipients")),
+    "MessageLog": obj({
+        "id": STRING, "eventId": UUID, "taskId": STRING, "userId": nullable(STRING),
+        "channel": nullable(CHANNEL), "attempt": {"type": "integer"}, "kind": STRING,
+        "status": {"type": "string", "enum": list(RECIPIENT_STATUSES)},
+        "detail": nullable(STRING), "provider": nullable(STRING),
+        "providerMessageId": nullable(STRING), "campaignId": nullable(STRING),
+        "metadata": ANY_OBJECT, "createdAt": DATETIME,
+    }, ("id", "eventId", "taskId", "userId", "channel", "attempt", "kind", "status",
+        "createdAt")),
+    # -- events and workflows -------------------------------------------------------------------
+    "EventCreate": obj({
+        "name": {"type": "string", "minLength": 1, "maxLength": 200},
+        "userId": ID,
+        "data": ANY_OBJECT,
+    }, ("name", "userId")),
+    "WorkflowStep": {
+        "type": "object",
+        "required": ["type"],
+        "properties": {
+            "type": {"type": "string",
+                     "enum": ["send", "wait", "waitForEvent", "branch", "digest"]},
+            "template": ID,
+            "channels": CHANNEL_LIST,
+            "priority": {"type": "string", "enum": list(PRIORITIES)},
+            "seconds": STEP_SECONDS,
+            "event": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": r"\S"},
+            "timeoutSeconds": STEP_SECONDS,
+            "onTimeout": {"type": "string", "enum": ["continue", "stop"]},
+            "if": {"type": "string", "minLength": 1, "maxLength": 10_000,
+                   "description": "A Jinja2 expression over data, user and steps."},
+            "then": {"type": "array", "maxItems": 100,
+                     "items": {"$ref": "#/components/schemas/WorkflowStep"}},
+            "else": {"type": "array", "maxItems": 100,
+                     "items": {"$ref": "#/components/schemas/WorkflowStep"}},
+            "windowSeconds": STEP_SECONDS,
+        },
+        "description": "send {template, channels?, priority?} | wait {seconds} | waitForEvent "
+                       "{event, timeoutSeconds, onTimeout?} | branch {if, then, else?} | digest "
+                       "{windowSeconds, template}",
+    },
+    "WorkflowPut": obj({
+        "steps": {"type": "array", "minItems": 1, "maxItems": 100,
+                  "items": {"$ref": "#/components/schemas/WorkflowStep"}},
+    }, ("steps",)),
+    "Workflow": obj({
+        "id": STRING, "steps": {"type": "array", "items": {"type": "object"}},
+        "createdAt": DATETIME, "updatedAt": DATETIME,
+    }, ("id", "steps", "createdAt", "updatedAt")),
+    "TriggerRequest": obj({"userId": ID, "data": ANY_OBJECT}, ("userId",)),
+    "TriggerAccepted": obj({"instanceId": UUID}, ("instanceId",)),
+    "WorkflowInstance": obj({
+        "id": UUID, "workflowId": STRING, "userId": STRING, "status": STRING,
+        "currentStep": {"type": "integer"},
+        "steps": {"type": "array", "items": obj({
+            "index": {"type": "integer"}, "path": STRING, "type": STRING, "status": STRING,
+            "output": {},
+            "at": DATETIME}, ("index", "type", "status", "output", "at"))},
+        "createdAt": DATETIME, "updatedAt": DATETIME,
+    }, ("id", "workflowId", "status", "currentStep", "steps")),
+    # -- inbox ---------------------------------------------------------------------------------
+    "InboxMessage": obj({
+        "id": UUID, "taskId": STRING, "eventId": UUID, "content": ANY_OBJECT,
+        "read": {"type": "boolean"}, "readAt": nullable(DATETIME), "createdAt": DATETIME,
+    }, ("id", "taskId", "eventId", "content", "read", "readAt", "createdAt")),
+    # -- operations --------------------------------------------------------------------------
+    "Health": obj({
+        "status": {"type": "string", "enum": ["ok", "degraded", "unavailable"]},
+        "redis": {"type": "string", "enum": ["ok", "unreachable"]},
+        "postgres": {"type": "string", "enum": ["ok", "unreachable"]},
+        "services": {"type": "object", "additionalProperties": obj({
+            "lastBeat": nullable(DATETIME), "inFlight": {"type": "integer"},
+            "service": STRING, "stale": {"type": "boolean"}}, ("lastBeat", "inFlight"))},
+    }, ("status", "redis", "postgres", "services")),
+    "StreamGroup": obj({
+        "name": STRING, "pending": {"type": "integer"}, "consumers": {"type": "integer"},
+        "oldestPendingAgeSeconds": nullable({"type": "number"}),
+        "lag": nullable({"type": "integer"}),
+    }, ("name", "pending", "consumers", "oldestPendingAgeSeconds")),
+    "StreamInfo": obj({
+        "stream": STRING, "length": {"type": "integer"}, "pending": {"type": "integer"},
+        "oldestPendingAgeSeconds": nullable({"type": "number"}),
+        "consumers": {"type": "integer"},
+        "groups": {"type": "array", "items": {"$ref": "#/components/schemas/StreamGroup"}},
+    }, ("stream", "length", "pending", "oldestPendingAgeSeconds", "consumers", "groups")),
+    "StreamList": obj({"items": {"type": "array",
+                                 "items": {"$ref": "#/components/schemas/StreamInfo"}}},
+                      ("items",)),
+    "DlqEntry": obj({
+        "id": STRING, "stream": STRING, "group": nullable(STRING), "payload": {},
+        "error": nullable(STRING), "attempts": nullable({"type": "integer"}),
+        "failedAt": nullable(STRING), "projectId": nullable(STRING),
+        "service": nullable(STRING), "entryId": nullable(STRING),
+    }, ("id", "stream", "group", "payload", "error", "attempts", "failedAt")),
+    "Replayed": obj({"id": STRING, "stream": STRING, "replayOf": STRING},
+                    ("id", "stream", "replayOf")),
+    "WebhookResult": obj({"received": {"type": "integer"}, "ignored": {"type": "integer"}},
+                         ("received", "ignored")),
+    "Unsubscribed": obj({
+        "unsubscribed": {"type": "boolean"}, "channel": CHANNEL, "topic": nullable(STRING),
+        "suppressed": {"type": "boolean"},
+    }, ("unsubscribed", "channel", "topic", "suppressed")),
+}
+
+COMPONENTS["MessageList"] = page_of("MessageLog")
+COMPONENTS["InboxList"] = page_of("InboxMessage")
+COMPONENTS["DlqList"] = page_of("DlqEntry")

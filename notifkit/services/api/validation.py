@@ -1,0 +1,504 @@
+"""Reading and validating request input. Every problem names its field.
+
+:func:`read_json` enforces the transport rules (JSON media type, body size, a JSON object whose
+values PostgreSQL and the stream codec can store). :class:`Fields` checks one object's fields
+and collects every problem before raising, so a client fixes a request in one round trip.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import re
+import uuid
+import zoneinfo
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from functools import cache
+from typing import Any
+
+from aiohttp import web
+
+from notifkit import codec
+from notifkit.services.api.errors import ApiError, Detail, detail, invalid, invalid_field
+
+MAX_JSON_DEPTH = 32
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+JSON_TYPES = ("application/json",)
+
+# RFC 3339 date-time; Python's fromisoformat alone accepts many non-RFC spellings.
+_RFC3339 = re.compile(
+    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
+)
+E164 = re.compile(r"^\+[1-9]\d{6,14}$")
+# Deliberately simple: one @, no spaces, a dotted domain of DNS labels. Providers do the rest.
+_EMAIL = re.compile(
+    r"^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}@"
+    r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+$"
+)
+_LOCALE = re.compile(r"^[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{1,8}){0,3}$")
+_HHMM = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$")
+
+
+# ---------------------------------------------------------------------------------------------
+# Bodies
+
+
+def is_json_media_type(content_type: str) -> bool:
+    return content_type in JSON_TYPES or (
+        content_type.startswith("application/") and content_type.endswith("+json")
+    )
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object, or the contract's 413 / 415 / 400."""
+    raw = await request.read()  # aiohttp raises 413 past client_max_size
+    if not is_json_media_type(request.content_type):
+        raise ApiError(415, "unsupported_media_type",
+                       "Send the request body as application/json.")
+    return parse_json_object(raw)
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    if not raw.strip():
+        raise ApiError(400, "invalid_json", "The request body is empty; send a JSON object.")
+    try:
+        value = codec.loads(raw)
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise ApiError(400, "invalid_json", f"The request body is not valid JSON: {exc}.") \
+            from None
+    if not isinstance(value, dict):
+        raise ApiError(400, "invalid_json", "The request body must be a JSON object.")
+    problems: list[Detail] = []
+    check_storable(value, "", problems)
+    if problems:
+        raise invalid(problems)
+    return value
+
+
+def check_storable(value: Any, path: str, problems: list[Detail], depth: int = 0) -> None:
+    """Flag what PostgreSQL's jsonb or the stream codec cannot hold: NUL characters, integers
+    beyond 64 bits, non-finite numbers, and nesting deeper than :data:`MAX_JSON_DEPTH`."""
+    if len(problems) >= 20:
+        return
+    where = path or "body"
+    if depth > MAX_JSON_DEPTH:
+        problems.append(detail(where, f"is nested deeper than {MAX_JSON_DEPTH} levels"))
+        return
+    if isinstance(value, str):
+        if "\x00" in value:
+            problems.append(detail(where, "must not contain NUL characters"))
+        elif not value.isascii() and not _utf8(value):
+            problems.append(detail(where, "must be valid Unicode (no lone surrogates)"))
+    elif isinstance(value, bool) or value is None:
+        return
+    elif isinstance(value, int):
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            problems.append(detail(where, "is outside the 64-bit integer range"))
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            problems.append(detail(where, "must be a finite number"))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if "\x00" in key or not _utf8(key):
+                problems.append(detail(where, "has a key with a NUL character or a lone "
+                                              "surrogate"))
+                continue
+            check_storable(item, f"{path}.{key}" if path else key, problems, depth + 1)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            check_storable(item, f"{where}[{index}]", problems, depth + 1)
+
+
+def _utf8(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Field-by-field validation
+
+
+class Fields:
+    """Validates the fields of one JSON object, collecting problems under dotted paths."""
+
+    def __init__(
+        self, body: Mapping[str, Any], prefix: str = "", errors: list[Detail] | None = None
+    ) -> None:
+        self.body = body
+        self.prefix = prefix
+        self.errors: list[Detail] = [] if errors is None else errors
+
+    def path(self, name: str) -> str:
+        return f"{self.prefix}.{name}" if self.prefix else name
+
+    def fail(self, name: str, message: str) -> None:
+        self.errors.append(detail(self.path(name), message))
+
+    def child(self, name: str, value: Mapping[str, Any]) -> Fields:
+        return Fields(value, self.path(name), self.errors)
+
+    def only(self, allowed: Iterable[str]) -> None:
+        known = set(allowed)
+        for key in self.body:
+            if key not in known:
+                self.fail(key, "is not a known field")
+
+    def raise_if_invalid(self) -> None:
+        if self.errors:
+            raise invalid(self.errors)
+
+    def _get(self, name: str, required: bool) -> tuple[bool, Any]:
+        if name not in self.body:
+            if required:
+                self.fail(name, "is required")
+            return False, None
+        return True, self.body[name]
+
+    def string(
+        self,
+        name: str,
+        *,
+        required: bool = False,
+        nullable: bool = False,
+        max_len: int = 255,
+        min_len: int = 1,
+        pattern: re.Pattern[str] | None = None,
+        hint: str = "",
+    ) -> str | None:
+        present, value = self._get(name, required)
+        if not present:
+            return None
+        if value is None and nullable:
+            return None
+        if not isinstance(value, str):
+            self.fail(name, "must be a string" + (" or null" if nullable else ""))
+            return None
+        if len(value) < min_len:
+            self.fail(name, "must not be empty" if min_len == 1
+                      else f"must be at least {min_len} characters")
+            return None
+        if len(value) > max_len:
+            self.fail(name, f"must be at most {max_len} characters")
+            return None
+        if pattern is not None and not pattern.match(value):
+            self.fail(name, hint or f"must match {pattern.pattern}")
+            return None
+        return value
+
+    def identifier(self, name: str, *, required: bool = False) -> str | None:
+        value = self.string(name, required=required)
+        if value is not None and (problem := identifier_problem(value)):
+            self.fail(name, problem)
+            return None
+        return value
+
+    def choice(
+        self, name: str, choices: Iterable[str], *, required: bool = False,
+        nullable: bool = False,
+    ) -> str | None:
+        options = tuple(choices)
+        present, value = self._get(name, required)
+        if not present or (value is None and nullable):
+            return None
+        if not isinstance(value, str) or value not in options:
+            self.fail(name, f"must be one of {', '.join(options)}")
+            return None
+        return value
+
+    def integer(
+        self, name: str, *, required: bool = False, minimum: int | None = None,
+        maximum: int | None = None,
+    ) -> int | None:
+        present, value = self._get(name, required)
+        if not present:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(name, "must be a whole number")
+            return None
+        if minimum is not None and value < minimum:
+            self.fail(name, f"must be at least {minimum}")
+            return None
+        if maximum is not None and value > maximum:
+            self.fail(name, f"must be at most {maximum}")
+            return None
+        return value
+
+    def boolean(self, name: str, *, required: bool = False) -> bool | None:
+        present, value = self._get(name, required)
+        if not present:
+            return None
+        if not isinstance(value, bool):
+            self.fail(name, "must be true or false")
+            return None
+        return value
+
+    def obj(
+        self, name: str, *, required: bool = False, nullable: bool = False
+    ) -> dict[str, Any] | None:
+        present, value = self._get(name, required)
+        if not present or (value is None and nullable):
+            return None
+        if not isinstance(value, dict):
+            self.fail(name, "must be an object" + (" or null" if nullable else ""))
+            return None
+        return value
+
+    def array(
+        self, name: str, *, required: bool = False, min_items: int = 0, max_items: int = 1000,
+        nullable: bool = False,
+    ) -> list[Any] | None:
+        present, value = self._get(name, required)
+        if not present or (value is None and nullable):
+            return None
+        if not isinstance(value, list):
+            self.fail(name, "must be an array")
+            return None
+        if len(value) < min_items:
+            self.fail(name, "must not be empty" if min_items == 1
+                      else f"must hold at least {min_items} items")
+            return None
+        if len(value) > max_items:
+            self.fail(name, f"must hold at most {max_items} items")
+            return None
+        return value
+
+    def channel_list(
+        self, name: str, channels: Iterable[str], *, required: bool = False,
+        min_items: int = 1, nullable: bool = False,
+    ) -> list[str] | None:
+        allowed = tuple(channels)
+        items = self.array(name, required=required, min_items=min_items,
+                           max_items=len(allowed), nullable=nullable)
+        if items is None:
+            return None
+        out: list[str] = []
+        for index, item in enumerate(items):
+            if not isinstance(item, str) or item not in allowed:
+                self.fail(f"{name}[{index}]", f"must be one of {', '.join(allowed)}")
+            elif item in out:
+                self.fail(f"{name}[{index}]", f"repeats {item!r}")
+            else:
+                out.append(item)
+        return out if len(out) == len(items) else None
+
+    def timestamp(self, name: str, *, required: bool = False,
+                  nullable: bool = False) -> datetime | None:
+        present, value = self._get(name, required)
+        if not present or (value is None and nullable):
+            return None
+        parsed = parse_rfc3339(value) if isinstance(value, str) else None
+        if parsed is None:
+            self.fail(name, "must be an RFC 3339 date-time such as 2026-12-01T09:00:00Z")
+        return parsed
+
+
+# ---------------------------------------------------------------------------------------------
+# Single values
+
+
+def identifier_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a caller-chosen id (user, template, workflow), or None."""
+    if not 1 <= len(value) <= 255:
+        return "must be 1 to 255 characters"
+    if not value.isprintable():
+        return "must not contain control or separator characters"
+    if value != value.strip():
+        return "must not start or end with whitespace"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must be valid UTF-8"
+    return None
+
+
+def path_id(request: web.Request, name: str) -> str:
+    """A caller-chosen id from the path, for creating: a bad one is a 400 naming it."""
+    value = request.match_info[name]
+    problem = identifier_problem(value)
+    if problem:
+        raise invalid_field(name, problem)
+    return value
+
+
+def lookup_id(request: web.Request, name: str, what: str) -> str:
+    """A caller-chosen id from the path, for reading: one that cannot exist is a 404."""
+    value = request.match_info[name]
+    if identifier_problem(value):
+        raise ApiError(404, f"{what.replace(' ', '_')}_not_found",
+                       f"No {what} with that id exists in this project.")
+    return value
+
+
+def uuid_id(request: web.Request, name: str, what: str) -> str:
+    """A generated (UUID) id from the path; anything that is not a UUID is a 404."""
+    value = request.match_info[name]
+    normalised = parse_uuid(value)
+    if normalised is None:
+        raise ApiError(404, f"{what.replace(' ', '_')}_not_found",
+                       f"No {what} with that id exists in this project.")
+    return normalised
+
+
+def parse_uuid(value: str) -> str | None:
+    if len(value) != 36:
+        return None
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        return None
+
+
+def parse_rfc3339(value: str) -> datetime | None:
+    if not _RFC3339.match(value):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("z", "Z").replace("t", "T"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        return None
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:
+        return None
+
+
+def iso(value: datetime | None) -> str | None:
+    """RFC 3339 in UTC with milliseconds and ``Z``, as every response spells times."""
+    if value is None:
+        return None
+    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@cache
+def _zones() -> frozenset[str]:
+    return frozenset(zoneinfo.available_timezones())
+
+
+def is_timezone(value: str) -> bool:
+    return value in _zones() or value == "UTC"
+
+
+def is_locale(value: str) -> bool:
+    return bool(_LOCALE.match(value))
+
+
+def is_hhmm(value: str) -> bool:
+    return bool(_HHMM.match(value))
+
+
+def email_problem(value: str) -> str | None:
+    if len(value) > 254 or not _EMAIL.match(value):
+        return "must be an e-mail address such as ada@example.com"
+    return None
+
+
+def contact_problem(channel: str, target: str) -> str | None:
+    """Why ``target`` is not a valid address for ``channel``, or None."""
+    if channel == "email":
+        return email_problem(target)
+    if channel == "sms":
+        return None if E164.match(target) else \
+            "must be an E.164 phone number such as +4915112345678"
+    if channel == "push":
+        if not 1 <= len(target) <= 4096:
+            return "must be a device token of 1 to 4096 characters"
+        if not target.isprintable() or target != target.strip():
+            return "must be a device token of printable characters without surrounding spaces"
+        return None
+    if channel == "webhook":
+        return https_url_problem(target)
+    return "is not a channel that has contacts"
+
+
+def https_url_problem(value: str) -> str | None:
+    from urllib.parse import urlsplit
+
+    if len(value) > 2048:
+        return "must be at most 2048 characters"
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:
+        return "must be an https URL"
+    if parts.scheme != "https" or not parts.hostname or any(c.isspace() for c in value):
+        return "must be an https URL such as https://example.com/hooks"
+    if port == 0:
+        return "must name a valid port"
+    return None
+
+
+def normalise_contact(channel: str, target: str) -> str:
+    """The stored spelling: e-mail domains are case-insensitive, so they are lower-cased."""
+    if channel == "email":
+        local, _, domain = target.rpartition("@")
+        return f"{local}@{domain.lower()}"
+    return target
+
+
+# ---------------------------------------------------------------------------------------------
+# Lists: limit and opaque cursors
+
+
+def limit_param(request: web.Request, default: int = 50, maximum: int = 500) -> int:
+    raw = request.query.get("limit")
+    if raw is None:
+        return default
+    if not raw.isdigit() or not 1 <= int(raw) <= maximum:
+        raise invalid_field("limit", f"must be a whole number from 1 to {maximum}")
+    return int(raw)
+
+
+def encode_cursor(*parts: Any) -> str:
+    """An opaque cursor; times go in as ``isoformat()`` to keep PostgreSQL's microseconds."""
+    return base64.urlsafe_b64encode(codec.dumps(list(parts))).decode().rstrip("=")
+
+
+def decode_cursor(request: web.Request, arity: int) -> list[Any] | None:
+    """The cursor's parts, None without a cursor; a cursor we did not make is a 400."""
+    raw = request.query.get("cursor")
+    if raw is None or raw == "":
+        return None
+    try:
+        if len(raw) > 512:
+            raise ValueError("too long")
+        parts = codec.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+    except (ValueError, TypeError, binascii.Error):
+        parts = None
+    if not isinstance(parts, list) or len(parts) != arity:
+        raise invalid_field("cursor", "is not a cursor this API returned")
+    return parts
+
+
+def cursor_time(value: Any) -> datetime:
+    parsed = parse_rfc3339(value) if isinstance(value, str) else None
+    if parsed is None:
+        raise invalid_field("cursor", "is not a cursor this API returned")
+    return parsed
+
+
+def query_string(request: web.Request, name: str, *, max_len: int = 255) -> str | None:
+    value = request.query.get(name)
+    if value is None:
+        return None
+    if not 1 <= len(value) <= max_len or "\x00" in value:
+        raise invalid_field(name, f"must be 1 to {max_len} characters")
+    return value
+
+
+def query_bool(request: web.Request, name: str) -> bool | None:
+    value = request.query.get(name)
+    if value is None:
+        return None
+    lowered = value.lower()
+    if lowered in ("true", "1"):
+        return True
+    if lowered in ("false", "0"):
+        return False
+    raise invalid_field(name, "must be true or false")

@@ -1,0 +1,186 @@
+"""Authentication, roles, the admin key's project rule, limits, and the one error shape."""
+
+from __future__ import annotations
+
+import pytest
+
+from notifkit.config import Settings
+from tests.api.conftest import ADMIN, Api, Project, start_api
+
+
+def nested(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def assert_error_shape(body: object) -> None:
+    assert isinstance(body, dict)
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert set(error) == {"code", "message", "details"}
+    assert isinstance(error["code"], str)
+    assert error["code"] == error["code"].lower()
+    assert isinstance(error["message"], str)
+    assert error["message"]
+    assert all(set(d) == {"field", "message"} for d in error["details"])
+
+
+async def test_a_missing_or_unknown_key_is_401(api: Api, project: Project) -> None:
+    missing = await api.call("GET", "/v1/users/u1")
+    assert missing.status == 401
+    assert missing.headers["WWW-Authenticate"] == "Bearer"
+    assert_error_shape(missing.body)
+    for header in ("Bearer nope", "Basic abc", "Bearer ", "bearer " + "x" * 5000):
+        reply = await api.call("GET", "/v1/users/u1", headers={"Authorization": header})
+        assert reply.status == 401, header
+        assert_error_shape(reply.body)
+
+
+async def test_a_send_key_may_only_send(api: Api, project: Project) -> None:
+    for method, path in (("GET", "/v1/users/u1"), ("PUT", "/v1/templates/t"),
+                         ("GET", "/v1/messages"), ("GET", "/v1/streams"), ("GET", "/v1/dlq")):
+        reply = await api.call(method, path, key=project.send, json={})
+        assert reply.status == 403, (method, path)
+        assert reply.error["code"] == "forbidden"
+    # The three sending routes accept it (here: past auth, into validation).
+    for path in ("/v1/notifications", "/v1/events", "/v1/workflows/w/trigger"):
+        reply = await api.call("POST", path, key=project.send, json={})
+        assert reply.status in (400, 404), (path, reply.body)
+
+
+async def test_project_keys_cannot_call_admin_routes(api: Api, project: Project) -> None:
+    reply = await api.call("POST", "/v1/projects", key=project.full, json={"name": "x"})
+    assert reply.status == 403
+    reply = await api.call("GET", f"/v1/projects/{project.id}", key=project.full)
+    assert reply.status == 403
+
+
+async def test_the_admin_key_must_name_an_existing_project(api: Api, project: Project) -> None:
+    without = await api.admin("GET", "/v1/messages")
+    assert without.status == 400
+    assert without.error["code"] == "project_required"
+    assert without.fields == ["x-project-id"]
+    unknown = await api.admin("GET", "/v1/messages",
+                              project="00000000-0000-4000-8000-000000000000")
+    assert unknown.status == 404
+    malformed = await api.admin("GET", "/v1/messages", project="not-a-uuid")
+    assert malformed.status == 404
+    by_header = await api.admin("GET", "/v1/messages", project=project.id)
+    assert by_header.status == 200
+    by_query = await api.admin("GET", "/v1/messages", params={"projectId": project.id})
+    assert by_query.status == 200
+
+
+async def test_bodies_must_be_json_objects_within_the_limit(api: Api, project: Project) -> None:
+    not_json = await api.call("PUT", "/v1/users/u1", key=project.full, data="a=b",
+                              headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert not_json.status == 415
+    assert_error_shape(not_json.body)
+    broken = await api.call("PUT", "/v1/users/u1", key=project.full, data="{",
+                            headers={"Content-Type": "application/json"})
+    assert broken.status == 400
+    assert broken.error["code"] == "invalid_json"
+    array = await api.call("PUT", "/v1/users/u1", key=project.full, json=[1])
+    assert array.status == 400
+    huge = await api.call("PUT", "/v1/users/u1", key=project.full,
+                          data='{"attributes": {"x": "' + "a" * (1024 * 1024) + '"}}',
+                          headers={"Content-Type": "application/json"})
+    assert huge.status == 413
+    assert huge.error["code"] == "payload_too_large"
+
+
+@pytest.mark.parametrize("attributes", [
+    {"x": "nul\u0000"}, {"deep": {"a": nested(40)}},
+])
+async def test_values_postgres_cannot_store_are_400_naming_the_field(
+    api: Api, project: Project, attributes: dict[str, object]
+) -> None:
+    reply = await api.call("PUT", "/v1/users/u1", key=project.full,
+                           json={"attributes": attributes})
+    assert reply.status == 400
+    assert reply.fields
+    assert all(f.startswith("attributes.") for f in reply.fields)
+
+
+async def test_unknown_routes_and_methods_use_the_error_shape(api: Api) -> None:
+    missing = await api.call("GET", "/v2/nothing")
+    assert missing.status == 404
+    assert_error_shape(missing.body)
+    wrong = await api.call("PATCH", "/v1/notifications")
+    assert wrong.status == 405
+    assert_error_shape(wrong.body)
+
+
+async def test_a_project_over_its_api_rate_gets_429_with_retry_after(
+    settings: Settings,
+) -> None:
+    slow = settings.replace(api_rate_per_second=0.5, api_rate_burst=3)
+    _server, client = await start_api(slow)
+    try:
+        api = Api(client, slow)
+        project = await api.project()  # the admin key is not rate limited
+        statuses = [(await api.call("GET", "/v1/messages", key=project.full)).status
+                    for _ in range(4)]
+        assert statuses == [200, 200, 200, 429]
+        limited = await api.call("GET", "/v1/messages", key=project.full)
+        assert limited.status == 429
+        assert limited.error["code"] == "rate_limited"
+        assert int(limited.headers["Retry-After"]) >= 1
+        # Another project has a bucket of its own.
+        other = await api.project("other")
+        assert (await api.call("GET", "/v1/messages", key=other.full)).status == 200
+        assert (await api.admin("GET", "/v1/messages", project=project.id)).status == 200
+    finally:
+        await client.close()
+
+
+async def test_keys_are_shown_once_and_stored_hashed(api: Api, project: Project, db) -> None:  # type: ignore[no-untyped-def]
+    made = await api.admin("POST", f"/v1/projects/{project.id}/keys", json={"role": "send"})
+    assert made.status == 201
+    assert set(made.body) == {"id", "key", "role", "name", "projectId", "createdAt"}
+    import hashlib
+
+    stored = await db.fetchval("SELECT key_hash FROM project_api_keys WHERE id = $1",
+                               made.body["id"])
+    assert stored == hashlib.sha256(made.body["key"].encode()).hexdigest()
+    assert made.body["key"] not in str(await db.fetch("SELECT * FROM project_api_keys"))
+    bad_role = await api.admin("POST", f"/v1/projects/{project.id}/keys", json={"role": "root"})
+    assert bad_role.status == 400
+    assert bad_role.fields == ["role"]
+    gone = await api.admin("POST", "/v1/projects/00000000-0000-4000-8000-000000000000/keys",
+                           json={"role": "full"})
+    assert gone.status == 404
+
+
+async def test_a_revoked_key_is_rejected_at_once(api: Api, project: Project) -> None:
+    made = await api.admin("POST", f"/v1/projects/{project.id}/keys", json={"role": "full"})
+    key = made.body["key"]
+    assert (await api.call("GET", "/v1/messages", key=key)).status == 200  # now cached
+    assert (await api.admin("DELETE", f"/v1/keys/{made.body['id']}")).status == 204
+    assert (await api.call("GET", "/v1/messages", key=key)).status == 401
+    assert (await api.admin("DELETE", f"/v1/keys/{made.body['id']}")).status == 204
+    assert (await api.admin("DELETE", "/v1/keys/00000000-0000-4000-8000-000000000000")
+            ).status == 404
+
+
+async def test_projects_validate_their_settings(api: Api) -> None:
+    good = await api.admin("POST", "/v1/projects", json={
+        "name": "p", "settings": {"throttle": {"limit": 5, "windowSeconds": 60},
+                                  "rateLimits": {"email": 2, "sms": 1.5}}})
+    assert good.status == 201
+    assert good.body["settings"]["throttle"] == {"limit": 5, "windowSeconds": 60}
+    fetched = await api.admin("GET", f"/v1/projects/{good.body['id']}")
+    assert fetched.body == good.body
+    bad = await api.admin("POST", "/v1/projects", json={
+        "name": "", "settings": {"throttle": {"limit": 0}, "rateLimits": {"fax": 1, "sms": -1},
+                                 "color": "red"}})
+    assert bad.status == 400
+    assert set(bad.fields) == {
+        "name", "settings.throttle.limit", "settings.throttle.windowSeconds",
+        "settings.rateLimits.fax", "settings.rateLimits.sms", "settings.color"}
+
+
+async def test_admin_key_is_not_a_project_key(api: Api) -> None:
+    assert (await api.call("GET", "/v1/users/u", key=ADMIN + "x")).status == 401

@@ -1,0 +1,252 @@
+"""POST /v1/notifications (validation, enqueueing, idempotency), its timeline, /v1/messages."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import asyncpg
+import pytest
+from redis.asyncio import Redis
+
+from notifkit.keys import Keys
+from notifkit.messages import parse_inbound
+from notifkit.streams import decode
+from tests.api.conftest import Api, Project
+
+
+@pytest.fixture
+async def template(api: Api, project: Project) -> str:
+    reply = await api.call("PUT", "/v1/templates/invoice", key=project.full, json={
+        "channels": {"email": {"subject": "s", "text": "t"}, "sms": {"text": "t"}}})
+    assert reply.status == 201
+    return "invoice"
+
+
+async def inbound(redis: Redis, api: Api, priority: str = "normal") -> list[dict[str, Any]]:
+    entries = await redis.xrange(Keys(api.settings.namespace).inbound(priority))
+    return [decode(fields) for _id, fields in entries]
+
+
+async def test_a_send_is_accepted_recorded_and_enqueued(
+    api: Api, project: Project, template: str, redis: Redis, db: asyncpg.Pool
+) -> None:
+    reply = await api.call("POST", "/v1/notifications", key=project.send, json={
+        "to": ["u1", "u2", "u1"], "template": template, "data": {"amount": "12.00"},
+        "channels": ["email"], "priority": "critical", "sendAt": "2026-12-01T10:00:00+01:00",
+        "campaignId": "black-friday"})
+    assert reply.status == 202
+    assert reply.body == {"id": reply.body["id"], "status": "accepted"}
+    event_id = reply.body["id"]
+    assert uuid.UUID(event_id).version == 7
+    [message] = await inbound(redis, api, "critical")
+    parse_inbound(message)
+    assert message == {
+        "eventId": event_id, "projectId": project.id, "template": "invoice",
+        "to": {"userIds": ["u1", "u2"]}, "data": {"amount": "12.00"}, "channels": ["email"],
+        "priority": "critical", "sendAt": "2026-12-01T09:00:00.000Z",
+        "campaignId": "black-friday", "idempotencyKey": None,
+        "createdAt": message["createdAt"]}
+    row = await db.fetchrow("SELECT * FROM notifications WHERE id = $1", event_id)
+    assert row["project_id"] == uuid.UUID(project.id)
+    assert row["recipients_spec"] == ["u1", "u2"]
+    assert await inbound(redis, api, "normal") == []
+
+
+@pytest.mark.parametrize(("to", "expected"), [
+    ("u1", {"userId": "u1"}), ({"segment": "beta"}, {"segment": "beta"}),
+])
+async def test_recipients_as_user_or_segment(
+    api: Api, project: Project, template: str, redis: Redis, to: Any, expected: Any
+) -> None:
+    reply = await api.call("POST", "/v1/notifications", key=project.full,
+                           json={"to": to, "template": template})
+    assert reply.status == 202
+    [message] = await inbound(redis, api)
+    assert message["to"] == expected
+    assert message["channels"] is None
+
+
+@pytest.mark.parametrize(("body", "fields"), [
+    ({}, {"to", "template"}),
+    ({"to": [], "template": "invoice"}, {"to"}),
+    ({"to": ["u"] * 1001, "template": "invoice"}, {"to"}),
+    ({"to": ["ok", 5, ""], "template": "invoice"}, {"to[1]", "to[2]"}),
+    ({"to": {"segment": ""}, "template": "invoice"}, {"to.segment"}),
+    ({"to": {"segments": "x"}, "template": "invoice"}, {"to.segments", "to.segment"}),
+    ({"to": 3, "template": "invoice"}, {"to"}),
+    ({"to": "u1", "template": "nope"}, {"template"}),
+    ({"to": "u1", "template": "invoice", "channels": ["email", "fax"]}, {"channels[1]"}),
+    ({"to": "u1", "template": "invoice", "channels": ["push"]}, {"channels[0]"}),
+    ({"to": "u1", "template": "invoice", "channels": []}, {"channels"}),
+    ({"to": "u1", "template": "invoice", "priority": "urgent"}, {"priority"}),
+    ({"to": "u1", "template": "invoice", "sendAt": "tomorrow"}, {"sendAt"}),
+    ({"to": "u1", "template": "invoice", "sendAt": "2026-12-01T09:00:00"}, {"sendAt"}),
+    ({"to": "u1", "template": "invoice", "campaignId": 7, "data": []},
+     {"campaignId", "data"}),
+    ({"to": "u1", "template": "invoice", "extra": 1}, {"extra"}),
+])
+async def test_every_invalid_field_is_named_and_nothing_is_enqueued(
+    api: Api, project: Project, template: str, redis: Redis, body: dict[str, Any],
+    fields: set[str],
+) -> None:
+    reply = await api.call("POST", "/v1/notifications", key=project.send, json=body)
+    assert reply.status == 400, reply.body
+    assert set(reply.fields) == fields
+    assert await inbound(redis, api) == []
+
+
+async def test_an_idempotent_replay_returns_the_first_response_and_enqueues_nothing(
+    api: Api, project: Project, template: str, redis: Redis, db: asyncpg.Pool
+) -> None:
+    body = {"to": "u1", "template": template}
+    headers = {"x-idempotency-key": "order-42"}
+    first = await api.call("POST", "/v1/notifications", key=project.send, json=body,
+                           headers=headers)
+    stream = Keys(api.settings.namespace).inbound("normal")
+    assert first.status == 202
+    assert "x-idempotent-replay" not in first.headers
+    assert await redis.xlen(stream) == 1
+    again = await api.call("POST", "/v1/notifications", key=project.send, json=body,
+                           headers=headers)
+    assert again.status == 202
+    assert again.body == first.body
+    assert again.headers["x-idempotent-replay"] == "true"
+    assert await redis.xlen(stream) == 1
+    assert await db.fetchval("SELECT count(*) FROM notifications") == 1
+    [message] = await inbound(redis, api)
+    assert message["idempotencyKey"] == "order-42"
+    # The key belongs to the project: another project may use the same one.
+    other = await api.project("other")
+    await api.call("PUT", "/v1/templates/invoice", key=other.full,
+                   json={"channels": {"sms": {"text": "t"}}})
+    elsewhere = await api.call("POST", "/v1/notifications", key=other.send, json=body,
+                               headers=headers)
+    assert elsewhere.status == 202
+    assert elsewhere.body["id"] != first.body["id"]
+
+
+async def test_concurrent_identical_requests_enqueue_once(
+    api: Api, project: Project, template: str, redis: Redis
+) -> None:
+    body = {"to": "u1", "template": template}
+    replies = await asyncio.gather(*(
+        api.call("POST", "/v1/notifications", key=project.send, json=body,
+                 headers={"x-idempotency-key": "burst"}) for _ in range(8)))
+    assert {r.status for r in replies} == {202}
+    assert len({r.body["id"] for r in replies}) == 1
+    assert sum(r.headers.get("x-idempotent-replay") == "true" for r in replies) == 7
+    assert await redis.xlen(Keys(api.settings.namespace).inbound("normal")) == 1
+
+
+async def test_a_reused_key_with_another_body_is_409(
+    api: Api, project: Project, template: str
+) -> None:
+    headers = {"x-idempotency-key": "k"}
+    await api.call("POST", "/v1/notifications", key=project.send,
+                   json={"to": "u1", "template": template}, headers=headers)
+    reply = await api.call("POST", "/v1/notifications", key=project.send,
+                           json={"to": "u2", "template": template}, headers=headers)
+    assert reply.status == 409
+    assert reply.error["code"] == "idempotency_key_reused"
+    too_long = await api.call("POST", "/v1/notifications", key=project.send,
+                              json={"to": "u1", "template": template},
+                              headers={"x-idempotency-key": "k" * 256})
+    assert too_long.status == 400
+    assert too_long.fields == ["x-idempotency-key"]
+
+
+async def test_a_failed_send_releases_its_idempotency_key(
+    api: Api, project: Project, template: str, redis: Redis
+) -> None:
+    headers = {"x-idempotency-key": "retry-me"}
+    bad = await api.call("POST", "/v1/notifications", key=project.send,
+                         json={"to": "u1", "template": "missing"}, headers=headers)
+    assert bad.status == 400
+    good = await api.call("POST", "/v1/notifications", key=project.send,
+                          json={"to": "u1", "template": template}, headers=headers)
+    assert good.status == 202
+    assert "x-idempotent-replay" not in good.headers
+
+
+async def log(db: asyncpg.Pool, project: str, event: str, task: str, user: str | None,
+              channel: str, kind: str, status: str, at: str, attempt: int = 0,
+              campaign: str | None = None) -> None:
+    await db.execute(
+        "INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, attempt, "
+        "kind, status, campaign_id, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, "
+        "$10::text::timestamptz)",
+        project, event, task, user, channel, attempt, kind, status, campaign, at)
+
+
+async def test_the_notification_shows_each_recipients_timeline(
+    api: Api, project: Project, template: str, db: asyncpg.Pool
+) -> None:
+    sent = await api.call("POST", "/v1/notifications", key=project.send,
+                          json={"to": ["u1", "u2"], "template": template})
+    event = sent.body["id"]
+    rows = [
+        ("t1", "u1", "email", "queued", "processing", "2030-01-01T00:00:01Z", 0),
+        ("t1", "u1", "email", "sent", "sent", "2030-01-01T00:00:02Z", 0),
+        ("t1", "u1", "email", "delivered", "delivered", "2030-01-01T00:00:03Z", 0),
+        ("t2", "u1", "sms", "sent", "sent", "2030-01-01T00:00:02Z", 0),
+        ("t2", "u1", "sms", "queued", "processing", "2030-01-01T00:00:04Z", 1),
+        ("t3", "u2", "email", "skipped", "skipped", "2030-01-01T00:00:02Z", 0),
+    ]
+    for task, user, channel, kind, status, at, attempt in rows:
+        await log(db, project.id, event, task, user, channel, kind, status, at, attempt)
+    reply = await api.call("GET", f"/v1/notifications/{event}", key=project.full)
+    assert reply.status == 200
+    body = reply.body
+    assert (body["id"], body["template"], body["priority"]) == (event, "invoice", "normal")
+    by_task = {r["taskId"]: r for r in body["recipients"]}
+    assert by_task["t1"]["status"] == "delivered"
+    assert [e["kind"] for e in by_task["t1"]["timeline"]] == ["queued", "sent", "delivered"]
+    assert by_task["t2"]["status"] == "sent"  # a later 'processing' never outranks 'sent'
+    assert by_task["t3"] == {"userId": "u2", "channel": "email", "taskId": "t3",
+                             "status": "skipped", "timeline": by_task["t3"]["timeline"]}
+    assert body["status"] == "delivered"
+    assert [e["kind"] for e in body["timeline"]] == ["accepted"]
+    for missing in ("00000000-0000-7000-8000-000000000000", "nope"):
+        assert (await api.call("GET", f"/v1/notifications/{missing}", key=project.full)
+                ).status == 404
+
+
+async def test_messages_filter_and_paginate_with_an_opaque_cursor(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
+    event = str(uuid.uuid4())
+    for i in range(7):
+        await log(db, project.id, event, f"t{i}", "u1" if i % 2 else "u2",
+                  "email" if i < 4 else "sms", "sent", "sent" if i != 3 else "failed",
+                  f"2030-01-01T00:00:0{i}Z", campaign="c1" if i < 2 else None)
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params = {"limit": "3", **({"cursor": cursor} if cursor else {})}
+        page = await api.call("GET", "/v1/messages", key=project.full, params=params)
+        assert page.status == 200
+        seen += [item["taskId"] for item in page.body["items"]]
+        cursor = page.body["nextCursor"]
+        if cursor is None:
+            break
+    assert seen == [f"t{i}" for i in reversed(range(7))]
+
+    async def tasks(**params: str) -> list[str]:
+        reply = await api.call("GET", "/v1/messages", key=project.full, params=params)
+        assert reply.status == 200, reply.body
+        return [item["taskId"] for item in reply.body["items"]]
+
+    assert await tasks(userId="u1") == ["t5", "t3", "t1"]
+    assert await tasks(campaignId="c1") == ["t1", "t0"]
+    assert await tasks(status="failed") == ["t3"]
+    assert await tasks(channel="sms") == ["t6", "t5", "t4"]
+    assert await tasks(channel="email", userId="u2") == ["t2", "t0"]
+    assert await tasks(eventId=event, limit="1") == ["t6"]
+    for params, field in (({"limit": "0"}, "limit"), ({"limit": "501"}, "limit"),
+                          ({"cursor": "garbage"}, "cursor"), ({"status": "gone"}, "status"),
+                          ({"channel": "fax"}, "channel"), ({"eventId": "x"}, "eventId")):
+        reply = await api.call("GET", "/v1/messages", key=project.full, params=params)
+        assert reply.status == 400
+        assert reply.fields == [field]

@@ -1,0 +1,111 @@
+"""Template routes: validation at PUT (syntax errors by channel, field and line) and preview."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, urlsplit
+
+from notifkit.unsubscribe import verify_token
+from tests.api.conftest import Api, Project
+
+INVOICE = {
+    "topic": "billing",
+    "channels": {
+        "email": {"subject": "Invoice {{ data.number }}",
+                  "html": "<p>Hi {{ user.attributes.name | default('there') }}, "
+                          "{{ data.amount }}</p><a href='{{ unsubscribeUrl }}'>x</a>",
+                  "text": "Paid: {{ data.amount }}"},
+        "sms": {"text": "Paid {{ data.amount }}"},
+        "push": {"title": "Paid", "body": "{{ data.amount }}", "data": {"n": "{{ data.number }}"}},
+        "inapp": {"text": "Invoice {{ data.number }} paid", "url": "/invoices/{{ data.number }}"},
+        "webhook": {"body": "{\"amount\": \"{{ data.amount }}\"}"},
+    },
+    "fallback": ["push", "sms", "email"],
+}
+
+
+async def test_put_creates_then_replaces(api: Api, project: Project) -> None:
+    created = await api.call("PUT", "/v1/templates/invoice", key=project.full, json=INVOICE)
+    assert created.status == 201
+    assert created.body["channels"] == INVOICE["channels"]
+    assert created.body["fallback"] == ["push", "sms", "email"]
+    assert created.body["topic"] == "billing"
+    replaced = await api.call("PUT", "/v1/templates/invoice", key=project.full,
+                              json={"channels": {"sms": {"text": "hi"}}})
+    assert replaced.status == 200
+    fetched = await api.call("GET", "/v1/templates/invoice", key=project.full)
+    assert fetched.body == replaced.body
+    assert fetched.body["topic"] is None
+    assert (await api.call("GET", "/v1/templates/nope", key=project.full)).status == 404
+
+
+async def test_a_syntax_error_names_channel_field_and_line(api: Api, project: Project) -> None:
+    reply = await api.call("PUT", "/v1/templates/t", key=project.full, json={"channels": {
+        "email": {"subject": "ok", "html": "<p>\nline two\n{{ data.x + }}</p>"},
+        "sms": {"text": "{% for %}"}}})
+    assert reply.status == 400
+    details = {d["field"]: d["message"] for d in reply.error["details"]}
+    assert set(details) == {"channels.email.html", "channels.sms.text"}
+    assert "line 3" in details["channels.email.html"]
+    assert "line 1" in details["channels.sms.text"]
+
+
+async def test_content_keys_fallback_and_ai_are_checked(api: Api, project: Project) -> None:
+    reply = await api.call("PUT", "/v1/templates/t", key=project.full, json={
+        "channels": {"email": {"html": "x", "body": "y"}, "fax": {}, "push": "x",
+                     "webhook": {"body": 3}},
+        "fallback": ["sms", "pager"],
+        "ai": {"model": "", "prompt": "{{", "channels": []},
+    })
+    assert reply.status == 400
+    assert set(reply.fields) == {
+        "channels.email.subject", "channels.email.body", "channels.fax", "channels.push",
+        "channels.webhook.body", "fallback[1]", "ai.model", "ai.channels"}
+    no_content = await api.call("PUT", "/v1/templates/t", key=project.full, json={
+        "channels": {"sms": {"text": "x"}}, "fallback": ["email"]})
+    assert no_content.fields == ["fallback[0]"]
+    empty = await api.call("PUT", "/v1/templates/t", key=project.full, json={"channels": {}})
+    assert empty.fields == ["channels"]
+    prompt = await api.call("PUT", "/v1/templates/t", key=project.full, json={
+        "channels": {}, "ai": {"model": "m", "prompt": "{% if %}", "channels": ["email"]}})
+    assert prompt.fields == ["ai.prompt"]
+    ai_only = await api.call("PUT", "/v1/templates/t", key=project.full, json={
+        "channels": {}, "ai": {"model": "m", "prompt": "Write to {{ user.id }}",
+                               "channels": ["email"]}, "fallback": ["email"]})
+    assert ai_only.status == 201
+
+
+async def test_preview_renders_every_channel_with_the_documented_context(
+    api: Api, project: Project
+) -> None:
+    await api.call("PUT", "/v1/templates/invoice", key=project.full, json=INVOICE)
+    await api.call("PUT", "/v1/users/u1", key=project.full,
+                   json={"attributes": {"name": "<Ada>"}})
+    reply = await api.call("POST", "/v1/templates/invoice/preview", key=project.full,
+                           json={"userId": "u1", "data": {"amount": "12.00", "number": 7}})
+    assert reply.status == 200, reply.body
+    channels = reply.body["channels"]
+    assert channels["email"]["subject"] == "Invoice 7"
+    assert channels["email"]["html"].startswith("<p>Hi &lt;Ada&gt;, 12.00</p>")
+    assert channels["sms"] == {"text": "Paid 12.00"}
+    assert channels["push"]["data"] == {"n": "7"}
+    assert channels["inapp"]["url"] == "/invoices/7"
+    href = channels["email"]["html"].split("href='")[1].split("'")[0]
+    token = parse_qs(urlsplit(href.replace("&amp;", "&")).query)["token"][0]
+    claims = verify_token(api.settings.secret, token)
+    assert (claims.project_id, claims.user_id, claims.channel, claims.topic) == (
+        project.id, "u1", "email", "billing")
+
+
+async def test_preview_errors_name_the_field(api: Api, project: Project) -> None:
+    await api.call("PUT", "/v1/templates/invoice", key=project.full, json=INVOICE)
+    missing = await api.call("POST", "/v1/templates/invoice/preview", key=project.full,
+                             json={"data": {"amount": "1"}})
+    assert missing.status == 400
+    assert missing.error["code"] == "template_render_error"
+    assert "channels.email.subject" in missing.fields
+    ghost = await api.call("POST", "/v1/templates/invoice/preview", key=project.full,
+                           json={"userId": "ghost", "data": {}})
+    assert ghost.fields == ["userId"]
+    unknown = await api.call("POST", "/v1/templates/nope/preview", key=project.full,
+                             json={"data": {}})
+    assert unknown.status == 404

@@ -1,0 +1,186 @@
+"""Users, contacts, preferences and erasure."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from tests.api.conftest import Api, Project
+
+
+async def test_put_creates_then_updates_only_what_is_sent(api: Api, project: Project) -> None:
+    created = await api.call("PUT", "/v1/users/u1", key=project.full, json={
+        "attributes": {"name": "Ada"}, "timezone": "Europe/Berlin", "locale": "de",
+        "segments": ["beta", "vip"],
+        "contacts": [{"channel": "email", "target": "ada@Example.COM"},
+                     {"channel": "sms", "target": "+4915112345678"}],
+    })
+    assert created.status == 201
+    body = created.body
+    assert body["id"] == "u1"
+    assert body["segments"] == ["beta", "vip"]
+    assert [(c["channel"], c["target"], c["enabled"]) for c in body["contacts"]] == [
+        ("email", "ada@example.com", True), ("sms", "+4915112345678", True)]
+    assert body["preferences"] == {"channels": {}, "topics": {}, "quietHours": None}
+
+    updated = await api.call("PUT", "/v1/users/u1", key=project.full,
+                             json={"locale": None, "segments": ["vip"]})
+    assert updated.status == 200
+    assert updated.body["locale"] is None
+    assert updated.body["timezone"] == "Europe/Berlin"
+    assert updated.body["attributes"] == {"name": "Ada"}
+    assert updated.body["segments"] == ["vip"]
+    assert updated.body["contacts"] == body["contacts"]  # omitted: kept, ids included
+
+    replaced = await api.call("PUT", "/v1/users/u1", key=project.full, json={
+        "contacts": [{"channel": "sms", "target": "+4915112345678"}]})
+    assert [c["id"] for c in replaced.body["contacts"]] == [body["contacts"][1]["id"]]
+    fetched = await api.call("GET", "/v1/users/u1", key=project.full)
+    assert fetched.status == 200
+    assert fetched.body == replaced.body
+
+
+async def test_every_invalid_user_field_is_named(api: Api, project: Project) -> None:
+    reply = await api.call("PUT", "/v1/users/u1", key=project.full, json={
+        "attributes": [], "timezone": "Mars/Olympus", "locale": "not a locale!",
+        "segments": ["a", "a", ""], "contacts": [{"channel": "fax", "target": "1"},
+                                                 {"channel": "email", "target": "nope"}],
+        "colour": "blue",
+    })
+    assert reply.status == 400
+    assert reply.error["code"] == "validation_error"
+    assert set(reply.fields) == {
+        "attributes", "timezone", "locale", "segments[1]", "segments[2]",
+        "contacts[0].channel", "contacts[1].target", "colour"}
+
+
+@pytest.mark.parametrize(("path", "status"), [
+    ("/v1/users/%20padded", 400), ("/v1/users/" + "x" * 256, 400), ("/v1/users/tab%09", 400),
+])
+async def test_bad_user_ids_are_rejected_on_put(
+    api: Api, project: Project, path: str, status: int
+) -> None:
+    reply = await api.call("PUT", path, key=project.full, json={})
+    assert reply.status == status
+    assert reply.fields == ["userId"]
+
+
+@pytest.mark.parametrize(("channel", "target"), [
+    ("email", "ada@example.com"), ("email", "a.b+tag@sub.example.co.uk"),
+    ("sms", "+14155550100"), ("push", "fcm-token:APA91b-xyz_123"),
+    ("webhook", "https://hooks.example.com/notify?x=1"),
+])
+async def test_valid_contacts_are_added(
+    api: Api, project: Project, channel: str, target: str
+) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    reply = await api.call("POST", "/v1/users/u1/contacts", key=project.full,
+                           json={"channel": channel, "target": target})
+    assert reply.status == 201, reply.body
+    assert reply.body["channel"] == channel
+    assert reply.body["enabled"] is True
+
+
+@pytest.mark.parametrize(("channel", "target"), [
+    ("email", "no-at-sign"), ("email", "a@b"), ("email", "a b@example.com"),
+    ("sms", "004915112345678"), ("sms", "+0123456789"), ("sms", "+12"),
+    ("push", " token"), ("push", "tok\nen"), ("push", "x" * 4097),
+    ("webhook", "http://example.com/hook"), ("webhook", "https://"),
+    ("webhook", "ftp://example.com"),
+])
+async def test_invalid_contact_targets_are_400_naming_target(
+    api: Api, project: Project, channel: str, target: str
+) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    reply = await api.call("POST", "/v1/users/u1/contacts", key=project.full,
+                           json={"channel": channel, "target": target})
+    assert reply.status == 400
+    assert reply.fields == ["target"]
+
+
+async def test_adding_an_existing_contact_is_idempotent(api: Api, project: Project) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    first = await api.call("POST", "/v1/users/u1/contacts", key=project.full,
+                           json={"channel": "email", "target": "ada@example.com"})
+    again = await api.call("POST", "/v1/users/u1/contacts", key=project.full,
+                           json={"channel": "email", "target": "ada@EXAMPLE.com"})
+    assert (first.status, again.status) == (201, 200)
+    assert again.body == first.body
+
+
+async def test_contacts_of_unknown_users_and_unknown_contacts_are_404(
+    api: Api, project: Project
+) -> None:
+    reply = await api.call("POST", "/v1/users/ghost/contacts", key=project.full,
+                           json={"channel": "email", "target": "a@example.com"})
+    assert reply.status == 404
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    for contact in ("00000000-0000-4000-8000-000000000000", "not-a-uuid"):
+        reply = await api.call("DELETE", f"/v1/users/u1/contacts/{contact}", key=project.full)
+        assert reply.status == 404
+
+
+async def test_deleting_a_contact(api: Api, project: Project) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    contact = await api.call("POST", "/v1/users/u1/contacts", key=project.full,
+                             json={"channel": "sms", "target": "+14155550100"})
+    path = f"/v1/users/u1/contacts/{contact.body['id']}"
+    assert (await api.call("DELETE", path, key=project.full)).status == 204
+    assert (await api.call("DELETE", path, key=project.full)).status == 404
+    user = await api.call("GET", "/v1/users/u1", key=project.full)
+    assert user.body["contacts"] == []
+
+
+async def test_preferences_replace_what_is_sent(api: Api, project: Project) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    first = await api.call("PUT", "/v1/users/u1/preferences", key=project.full, json={
+        "channels": {"email": True, "sms": False}, "topics": {"marketing": False},
+        "quietHours": {"start": "22:00", "end": "07:00"}})
+    assert first.status == 200
+    assert first.body == {"channels": {"email": True, "sms": False},
+                          "topics": {"marketing": False},
+                          "quietHours": {"start": "22:00", "end": "07:00"}}
+    second = await api.call("PUT", "/v1/users/u1/preferences", key=project.full,
+                            json={"topics": {"billing": True}, "quietHours": None})
+    assert second.body == {"channels": {"email": True, "sms": False},
+                           "topics": {"billing": True}, "quietHours": None}
+    user = await api.call("GET", "/v1/users/u1", key=project.full)
+    assert user.body["preferences"] == second.body
+
+
+async def test_invalid_preferences_name_the_field(api: Api, project: Project) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    reply = await api.call("PUT", "/v1/users/u1/preferences", key=project.full, json={
+        "channels": {"fax": True, "email": "yes"}, "topics": {"t": 1},
+        "quietHours": {"start": "24:00", "end": "7"}})
+    assert reply.status == 400
+    assert set(reply.fields) == {"channels.fax", "channels.email", "topics.t",
+                                 "quietHours.start", "quietHours.end"}
+    same = await api.call("PUT", "/v1/users/u1/preferences", key=project.full,
+                          json={"quietHours": {"start": "22:00", "end": "22:00"}})
+    assert same.fields == ["quietHours.end"]
+    ghost = await api.call("PUT", "/v1/users/ghost/preferences", key=project.full, json={})
+    assert ghost.status == 404
+
+
+async def test_deleting_a_user_erases_everything_about_them(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={
+        "segments": ["beta"], "contacts": [{"channel": "email", "target": "a@example.com"}]})
+    await api.call("PUT", "/v1/users/u1/preferences", key=project.full, json={
+        "channels": {"sms": False}, "topics": {"x": False},
+        "quietHours": {"start": "22:00", "end": "07:00"}})
+    await db.execute(
+        "INSERT INTO inapp_messages (project_id, user_id, task_id, event_id, content) "
+        "VALUES ($1, 'u1', 't1', gen_random_uuid(), '{}')", project.id)
+    assert (await api.call("DELETE", "/v1/users/u1", key=project.full)).status == 204
+    for table in ("users", "user_contacts", "user_segments", "user_channel_preferences",
+                  "user_topic_preferences", "quiet_hours", "inapp_messages"):
+        column = "id" if table == "users" else "user_id"
+        count = await db.fetchval(
+            f"SELECT count(*) FROM {table} WHERE project_id = $1 AND {column} = 'u1'",
+            project.id)
+        assert count == 0, table
+    assert (await api.call("GET", "/v1/users/u1", key=project.full)).status == 404
+    assert (await api.call("DELETE", "/v1/users/u1", key=project.full)).status == 404
