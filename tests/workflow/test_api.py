@@ -1,0 +1,109 @@
+"""The workflow and usage endpoints with the workflow service behind them: definitions
+validated by step, triggers run, instances shown step by step, AI tokens totalled."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import asyncpg
+import pytest
+
+from notifkit.config import Settings
+from tests.api.conftest import Api, Project, start_api
+
+if TYPE_CHECKING:
+    from .conftest import FakeClock, ServiceFactory
+
+
+@pytest.fixture
+async def api(settings: Settings) -> AsyncIterator[Api]:
+    chosen = settings.replace(api_rate_per_second=10_000.0, api_rate_burst=10_000)
+    _server, client = await start_api(chosen)
+    try:
+        yield Api(client, chosen)
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+async def project(api: Api, db: asyncpg.Pool) -> Project:
+    made = await api.project()
+    await db.execute(
+        "INSERT INTO templates (project_id, id, content) VALUES ($1, 'hello', $2), "
+        "($1, 'bye', $2)", made.id, {"email": {"subject": "s", "text": "t"}},
+    )
+    return made
+
+
+async def test_a_definition_is_validated_per_step(api: Api, project: Project) -> None:
+    bad = await api.call("PUT", "/v1/workflows/onboarding", key=project.full, json={"steps": [
+        {"type": "send", "template": "hello"},
+        {"type": "waitForEvent", "event": "clicked", "timeoutSeconds": -1},
+        {"type": "branch", "if": "data.x ==", "then": [{"type": "wait"}]},
+    ]})
+    assert bad.status == 400
+    assert {"steps[1].timeoutSeconds", "steps[2].if", "steps[2].then[0].seconds"} <= set(
+        bad.fields)
+
+
+async def test_an_instance_shows_every_step_with_status_output_and_time(
+    api: Api, project: Project, make_service: ServiceFactory, clock: FakeClock,
+) -> None:
+    put = await api.call("PUT", "/v1/workflows/onboarding", key=project.full, json={"steps": [
+        {"type": "send", "template": "hello"},
+        {"type": "wait", "seconds": 60},
+        {"type": "branch", "if": "data.vip", "then": [{"type": "send", "template": "bye"}]},
+    ]})
+    assert put.status == 201, put.body
+    trigger = await api.call("POST", "/v1/workflows/onboarding/trigger", key=project.send,
+                             json={"userId": "u1", "data": {"vip": True}})
+    assert trigger.status == 202, trigger.body
+    instance_id = trigger.body["instanceId"]
+    service = make_service()
+    await service.run_until_idle()
+
+    waiting = await api.call("GET", f"/v1/workflow-instances/{instance_id}", key=project.full)
+    assert waiting.status == 200, waiting.body
+    assert (waiting.body["status"], waiting.body["currentStep"]) == ("waiting", 1)
+    assert [(s["index"], s["type"], s["status"]) for s in waiting.body["steps"]] == [
+        (0, "send", "completed"), (1, "wait", "waiting"),
+    ]
+    assert waiting.body["steps"][0]["output"]["eventId"]
+
+    clock.advance(60)
+    await service.run_until_idle()
+    done = await api.call("GET", f"/v1/workflow-instances/{instance_id}", key=project.full)
+    assert done.body["status"] == "completed"
+    steps = done.body["steps"]
+    assert [(s["index"], s.get("path"), s["status"]) for s in steps] == [
+        (0, "0", "completed"), (1, "1", "completed"), (2, "2", "completed"),
+        (3, "2.then.0", "completed"),
+    ]
+    assert steps[2]["output"] == {"result": True, "branch": "then"}
+    assert all(s["at"] for s in steps)
+
+
+async def test_ai_usage_totals_per_project(
+    api: Api, project: Project, db: asyncpg.Pool,
+) -> None:
+    other = await api.project("other")
+    rows = [("t1", project.id, "gpt-4o-mini", 10, 5), ("t2", project.id, "gpt-4o-mini", 7, 3),
+            ("t3", project.id, "gpt-4o", 1, 1), ("t4", other.id, "gpt-4o", 100, 100)]
+    await db.executemany(
+        "INSERT INTO ai_usage (task_id, project_id, model, prompt_tokens, completion_tokens) "
+        "VALUES ($1, $2, $3, $4, $5)", rows,
+    )
+    usage = await api.call("GET", "/v1/usage/ai", key=project.full)
+    assert usage.status == 200, usage.body
+    assert (usage.body["requests"], usage.body["promptTokens"], usage.body["completionTokens"],
+            usage.body["totalTokens"]) == (3, 18, 9, 27)
+    assert [(m["model"], m["totalTokens"]) for m in usage.body["models"]] == [
+        ("gpt-4o", 2), ("gpt-4o-mini", 25)]
+    future = await api.call("GET", "/v1/usage/ai", key=project.full,
+                            params={"since": "2999-01-01T00:00:00Z"})
+    assert future.body["totalTokens"] == 0
+    bad = await api.call("GET", "/v1/usage/ai", key=project.full, params={"since": "yesterday"})
+    assert bad.status == 400
+    assert bad.fields == ["since"]
+    assert (await api.call("GET", "/v1/usage/ai", key=project.send)).status == 403
