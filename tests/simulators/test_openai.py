@@ -4,6 +4,7 @@ completions with usage, and OpenAI's errors as the SDK's own exception classes."
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Callable
 
 import openai
 import pytest
@@ -15,16 +16,30 @@ SHORT_TIMEOUT_S = 0.5
 PROMPT = [{"role": "user", "content": "Summarise today's notifications."}]
 
 
-def client(
-    sim: SimulatorServer, *, timeout_s: float = 5.0, api_key: str = "sk-test"
-) -> AsyncOpenAI:
-    # max_retries=0: the test sees each answer itself instead of the SDK's own retries.
-    return AsyncOpenAI(
-        api_key=api_key, base_url=f"{sim.base_url}/v1", max_retries=0, timeout=timeout_s
-    )
+Factory = Callable[..., AsyncOpenAI]
 
 
-async def test_completion_is_deterministic_with_usage(sim: SimulatorServer) -> None:
+@pytest.fixture
+async def client() -> AsyncIterator[Factory]:
+    """Build SDK clients for a simulator; all are closed after the test."""
+    made: list[AsyncOpenAI] = []
+
+    def build(sim: SimulatorServer, *, timeout_s: float = 5.0) -> AsyncOpenAI:
+        # max_retries=0: the test sees each answer itself instead of the SDK's own retries.
+        ai = AsyncOpenAI(
+            api_key="sk-test", base_url=f"{sim.base_url}/v1", max_retries=0, timeout=timeout_s
+        )
+        made.append(ai)
+        return ai
+
+    yield build
+    for ai in made:
+        await ai.close()
+
+
+async def test_completion_is_deterministic_with_usage(
+    sim: SimulatorServer, client: Factory
+) -> None:
     ai = client(sim)
 
     first = await ai.chat.completions.create(model="gpt-4o-mini", messages=PROMPT)
@@ -47,7 +62,7 @@ async def test_completion_is_deterministic_with_usage(sim: SimulatorServer) -> N
     assert len(await sim.messages("openai")) == 3
 
 
-async def test_task_id_from_metadata_and_max_tokens(sim: SimulatorServer) -> None:
+async def test_task_id_from_metadata_and_max_tokens(sim: SimulatorServer, client: Factory) -> None:
     completion = await client(sim).chat.completions.create(
         model="sim-digest",
         messages=PROMPT,
@@ -60,14 +75,14 @@ async def test_task_id_from_metadata_and_max_tokens(sim: SimulatorServer) -> Non
     assert record["to"] == "sim-digest"
 
 
-async def test_json_mode_returns_json(sim: SimulatorServer) -> None:
+async def test_json_mode_returns_json(sim: SimulatorServer, client: Factory) -> None:
     completion = await client(sim).chat.completions.create(
         model="gpt-4o", messages=PROMPT, response_format={"type": "json_object"}
     )
     assert "text" in json.loads(completion.choices[0].message.content or "")
 
 
-async def test_streaming_matches_plain_completion(sim: SimulatorServer) -> None:
+async def test_streaming_matches_plain_completion(sim: SimulatorServer, client: Factory) -> None:
     ai = client(sim)
     plain = await ai.chat.completions.create(model="gpt-4o", messages=PROMPT)
     stream = await ai.chat.completions.create(
@@ -86,34 +101,34 @@ async def test_streaming_matches_plain_completion(sim: SimulatorServer) -> None:
     assert usage.total_tokens == plain.usage.total_tokens
 
 
-async def test_models_list(sim: SimulatorServer) -> None:
+async def test_models_list(sim: SimulatorServer, client: Factory) -> None:
     models = [model.id async for model in client(sim).models.list()]
     assert "gpt-4o-mini" in models
 
 
-async def test_unknown_model_is_404_model_not_found(sim: SimulatorServer) -> None:
+async def test_unknown_model_is_404_model_not_found(sim: SimulatorServer, client: Factory) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
         await client(sim).chat.completions.create(model="gpt-nonexistent", messages=PROMPT)
     assert caught.value.code == "model_not_found"
     assert "gpt-nonexistent" in caught.value.message
 
 
-async def test_missing_messages_is_400(sim: SimulatorServer) -> None:
+async def test_missing_messages_is_400(sim: SimulatorServer, client: Factory) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         await client(sim).chat.completions.create(model="gpt-4o", messages=[])
     assert caught.value.code == "empty_array"
     assert caught.value.param == "messages"
 
 
-async def test_missing_key_is_401(sim: SimulatorServer) -> None:
-    ai = AsyncOpenAI(api_key="sk-x", base_url=f"{sim.base_url}/v1", max_retries=0)
+async def test_missing_key_is_401(sim: SimulatorServer, client: Factory) -> None:
+    ai = client(sim)
     with pytest.raises(openai.AuthenticationError):
         await ai.chat.completions.create(
             model="gpt-4o", messages=PROMPT, extra_headers={"Authorization": ""}
         )
 
 
-async def test_rate_limit_fault_is_retryable_429(sim: SimulatorServer) -> None:
+async def test_rate_limit_fault_is_retryable_429(sim: SimulatorServer, client: Factory) -> None:
     await sim.add_fault("rate_limit", "openai", retry_after_s=2)
     with pytest.raises(openai.RateLimitError) as caught:
         await client(sim).chat.completions.create(model="gpt-4o", messages=PROMPT)
@@ -121,7 +136,7 @@ async def test_rate_limit_fault_is_retryable_429(sim: SimulatorServer) -> None:
     assert caught.value.response.headers["retry-after"] == "2"
 
 
-async def test_error_429_is_insufficient_quota(sim: SimulatorServer) -> None:
+async def test_error_429_is_insufficient_quota(sim: SimulatorServer, client: Factory) -> None:
     await sim.add_fault("error", "openai", status=429)
     with pytest.raises(openai.RateLimitError) as caught:
         await client(sim).chat.completions.create(model="gpt-4o", messages=PROMPT)
@@ -129,7 +144,7 @@ async def test_error_429_is_insufficient_quota(sim: SimulatorServer) -> None:
     assert caught.value.type == "insufficient_quota"
 
 
-async def test_error_fault_is_internal_server_error(sim: SimulatorServer) -> None:
+async def test_error_fault_is_internal_server_error(sim: SimulatorServer, client: Factory) -> None:
     await sim.add_fault("error", "openai", to="gpt-4o")
     with pytest.raises(openai.InternalServerError):
         await client(sim).chat.completions.create(model="gpt-4o", messages=PROMPT)
@@ -137,20 +152,22 @@ async def test_error_fault_is_internal_server_error(sim: SimulatorServer) -> Non
     await client(sim).chat.completions.create(model="gpt-4o-mini", messages=PROMPT)
 
 
-async def test_invalid_token_fault_is_invalid_api_key(sim: SimulatorServer) -> None:
+async def test_invalid_token_fault_is_invalid_api_key(
+    sim: SimulatorServer, client: Factory
+) -> None:
     await sim.add_fault("invalid_token", "openai")
     with pytest.raises(openai.AuthenticationError) as caught:
         await client(sim).chat.completions.create(model="gpt-4o", messages=PROMPT)
     assert caught.value.code == "invalid_api_key"
 
 
-async def test_malformed_fault_is_unparseable(sim: SimulatorServer) -> None:
+async def test_malformed_fault_is_unparseable(sim: SimulatorServer, client: Factory) -> None:
     await sim.add_fault("malformed", "openai")
     with pytest.raises((openai.APIResponseValidationError, json.JSONDecodeError, ValueError)):
         await client(sim).chat.completions.create(model="gpt-4o", messages=PROMPT)
 
 
-async def test_timeout_fault_is_api_timeout(sim: SimulatorServer) -> None:
+async def test_timeout_fault_is_api_timeout(sim: SimulatorServer, client: Factory) -> None:
     await sim.add_fault("timeout", "openai")
     with pytest.raises(openai.APITimeoutError):
         await client(sim, timeout_s=SHORT_TIMEOUT_S).chat.completions.create(
