@@ -1,0 +1,138 @@
+"""POST /v1/events and the workflow routes: they validate, store and enqueue."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import pytest
+from redis.asyncio import Redis
+
+from notifkit.keys import Keys
+from notifkit.streams import decode
+from tests.api.conftest import Api, Project
+
+
+async def stream(redis: Redis, name: str) -> list[dict[str, Any]]:
+    return [decode(fields) for _id, fields in await redis.xrange(name)]
+
+
+@pytest.fixture
+async def template(api: Api, project: Project) -> str:
+    await api.call("PUT", "/v1/templates/welcome", key=project.full,
+                   json={"channels": {"email": {"subject": "Hi", "text": "Welcome"}}})
+    return "welcome"
+
+
+async def test_an_event_goes_to_the_events_stream(
+    api: Api, project: Project, redis: Redis
+) -> None:
+    reply = await api.call("POST", "/v1/events", key=project.send,
+                           json={"name": "order.paid", "userId": "u1", "data": {"n": 1}})
+    assert reply.status == 202
+    [event] = await stream(redis, Keys(api.settings.namespace).events_inbound)
+    assert event == {"type": "custom", "projectId": project.id, "name": "order.paid",
+                     "userId": "u1", "data": {"n": 1}, "eventId": reply.body["id"],
+                     "at": event["at"]}
+    bad = await api.call("POST", "/v1/events", key=project.send,
+                         json={"name": "", "userId": " u", "data": 1})
+    assert bad.status == 400
+    assert set(bad.fields) == {"name", "userId", "data"}
+
+
+STEPS = [
+    {"type": "send", "template": "welcome", "channels": ["email"]},
+    {"type": "wait", "seconds": 3600},
+    {"type": "waitForEvent", "event": "order.paid", "timeoutSeconds": 86400,
+     "onTimeout": "continue"},
+    {"type": "branch", "if": "steps[2] is none", "then": [
+        {"type": "send", "template": "welcome"}], "else": []},
+    {"type": "digest", "windowSeconds": 600, "template": "welcome"},
+]
+
+
+async def test_a_workflow_is_stored_and_replaced(
+    api: Api, project: Project, template: str
+) -> None:
+    created = await api.call("PUT", "/v1/workflows/onboarding", key=project.full,
+                             json={"steps": STEPS})
+    assert created.status == 201, created.body
+    assert created.body["steps"] == STEPS
+    again = await api.call("PUT", "/v1/workflows/onboarding", key=project.full,
+                           json={"steps": STEPS[:1]})
+    assert again.status == 200
+    fetched = await api.call("GET", "/v1/workflows/onboarding", key=project.full)
+    assert fetched.body["steps"] == STEPS[:1]
+
+
+async def test_workflow_errors_name_the_step(api: Api, project: Project, template: str) -> None:
+    reply = await api.call("PUT", "/v1/workflows/w", key=project.full, json={"steps": [
+        {"type": "send"},
+        {"type": "wait", "seconds": -1},
+        {"type": "branch", "if": "data.x ==", "then": [{"type": "send", "template": "ghost"}]},
+        {"type": "teleport"},
+    ]})
+    assert reply.status == 400
+    assert set(reply.fields) == {"steps[0].template", "steps[1].seconds", "steps[2].if",
+                                 "steps[3].type"}
+    unknown = await api.call("PUT", "/v1/workflows/w", key=project.full, json={"steps": [
+        {"type": "branch", "if": "true", "then": [{"type": "send", "template": "ghost"}]}]})
+    assert unknown.fields == ["steps[0].then[0].template"]
+    empty = await api.call("PUT", "/v1/workflows/w", key=project.full, json={"steps": []})
+    assert empty.fields == ["steps"]
+
+
+async def test_a_trigger_creates_a_pending_instance_and_enqueues_it(
+    api: Api, project: Project, template: str, redis: Redis, db: asyncpg.Pool
+) -> None:
+    await api.call("PUT", "/v1/workflows/onboarding", key=project.full, json={"steps": STEPS})
+    reply = await api.call("POST", "/v1/workflows/onboarding/trigger", key=project.send,
+                           json={"userId": "u1", "data": {"plan": "pro"}})
+    assert reply.status == 202
+    instance_id = reply.body["instanceId"]
+    [entry] = await stream(redis, Keys(api.settings.namespace).workflow_inbound)
+    assert entry == {"type": "trigger", "projectId": project.id, "workflowId": "onboarding",
+                     "instanceId": instance_id, "userId": "u1", "data": {"plan": "pro"}}
+    row = await db.fetchrow("SELECT status, steps, trigger_data FROM workflow_instances "
+                            "WHERE id = $1", instance_id)
+    assert (row["status"], row["steps"], row["trigger_data"]) == ("pending", STEPS,
+                                                                 {"plan": "pro"})
+    instance = await api.call("GET", f"/v1/workflow-instances/{instance_id}", key=project.full)
+    assert instance.status == 200
+    assert instance.body["workflowId"] == "onboarding"
+    assert instance.body["status"] == "pending"
+    assert instance.body["steps"] == []
+    missing = await api.call("POST", "/v1/workflows/ghost/trigger", key=project.send,
+                             json={"userId": "u1"})
+    assert missing.status == 404
+
+
+async def test_a_trigger_with_an_idempotency_key_starts_one_instance(
+    api: Api, project: Project, template: str, redis: Redis
+) -> None:
+    await api.call("PUT", "/v1/workflows/onboarding", key=project.full, json={"steps": STEPS})
+    headers = {"x-idempotency-key": "signup-1"}
+    first = await api.call("POST", "/v1/workflows/onboarding/trigger", key=project.send,
+                           json={"userId": "u1"}, headers=headers)
+    again = await api.call("POST", "/v1/workflows/onboarding/trigger", key=project.send,
+                           json={"userId": "u1"}, headers=headers)
+    assert first.body == again.body
+    assert again.headers["x-idempotent-replay"] == "true"
+    assert await redis.xlen(Keys(api.settings.namespace).workflow_inbound) == 1
+
+
+async def test_instance_steps_come_from_workflow_steps(
+    api: Api, project: Project, template: str, db: asyncpg.Pool
+) -> None:
+    await api.call("PUT", "/v1/workflows/onboarding", key=project.full, json={"steps": STEPS})
+    reply = await api.call("POST", "/v1/workflows/onboarding/trigger", key=project.send,
+                           json={"userId": "u1"})
+    instance_id = reply.body["instanceId"]
+    await db.execute(
+        "INSERT INTO workflow_steps (instance_id, step_index, path, project_id, type, status, "
+        "output, finished_at) VALUES ($1, 0, '0', $2, 'send', 'completed', $3, now())",
+        instance_id, project.id, {"eventId": "e1"})
+    instance = await api.call("GET", f"/v1/workflow-instances/{instance_id}", key=project.full)
+    [step] = instance.body["steps"]
+    assert (step["index"], step["type"], step["status"], step["output"]) == (
+        0, "send", "completed", {"eventId": "e1"})

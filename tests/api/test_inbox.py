@@ -1,0 +1,77 @@
+"""The in-app inbox: listing, marking read, and the server-sent-event stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import asyncpg
+from redis.asyncio import Redis
+
+from notifkit.keys import Keys
+from tests.api.conftest import Api, Project
+
+
+async def add_message(db: asyncpg.Pool, project: str, user: str, task: str, at: str,
+                      read: bool = False) -> str:
+    return str(await db.fetchval(
+        "INSERT INTO inapp_messages (project_id, user_id, task_id, event_id, content, "
+        "created_at, read_at) VALUES ($1, $2, $3, gen_random_uuid(), $4, "
+        "$5::text::timestamptz, CASE WHEN $6 THEN now() END) RETURNING id",
+        project, user, task, {"text": f"message {task}"}, at, read))
+
+
+async def test_listing_unread_and_marking_read(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    ids = [await add_message(db, project.id, "u1", f"t{i}", f"2030-01-01T00:00:0{i}Z",
+                             read=i == 0) for i in range(4)]
+    everything = await api.call("GET", "/v1/users/u1/inbox", key=project.full)
+    assert everything.status == 200
+    assert [m["taskId"] for m in everything.body["items"]] == ["t3", "t2", "t1", "t0"]
+    assert everything.body["items"][0]["content"] == {"text": "message t3"}
+    unread = await api.call("GET", "/v1/users/u1/inbox", key=project.full,
+                            params={"unread": "true"})
+    assert [m["taskId"] for m in unread.body["items"]] == ["t3", "t2", "t1"]
+    paged = await api.call("GET", "/v1/users/u1/inbox", key=project.full,
+                           params={"limit": "2"})
+    rest = await api.call("GET", "/v1/users/u1/inbox", key=project.full,
+                          params={"limit": "2", "cursor": paged.body["nextCursor"]})
+    assert [m["taskId"] for m in rest.body["items"]] == ["t1", "t0"]
+    assert rest.body["nextCursor"] is None
+
+    read = await api.call("POST", f"/v1/users/u1/inbox/{ids[3]}/read", key=project.full)
+    assert read.status == 204
+    unread = await api.call("GET", "/v1/users/u1/inbox", key=project.full,
+                            params={"unread": "true"})
+    assert [m["taskId"] for m in unread.body["items"]] == ["t2", "t1"]
+    assert (await api.call("POST", f"/v1/users/u2/inbox/{ids[2]}/read", key=project.full)
+            ).status == 404
+    assert (await api.call("GET", "/v1/users/ghost/inbox", key=project.full)).status == 404
+    bad = await api.call("GET", "/v1/users/u1/inbox", key=project.full,
+                         params={"unread": "maybe"})
+    assert bad.fields == ["unread"]
+
+
+async def test_the_stream_forwards_published_messages_and_heartbeats(
+    api: Api, project: Project, redis: Redis
+) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    channel = Keys(api.settings.namespace).inbox_channel(project.id, "u1")
+    other = Keys(api.settings.namespace).inbox_channel(project.id, "u2")
+    async with api.client.get("/v1/users/u1/inbox/stream",
+                              headers={"Authorization": f"Bearer {project.full}"}) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"] == "text/event-stream"
+        assert await response.content.readuntil(b"\n\n") == b"retry: 3000\n: connected\n\n"
+        await redis.publish(other, json.dumps({"id": "not-mine"}))
+        await redis.publish(channel, json.dumps({"id": "m1", "text": "hello"}))
+        frames: list[bytes] = []
+        while not any(b"event: message" in f for f in frames):
+            frames.append(await asyncio.wait_for(response.content.readuntil(b"\n\n"), 10))
+        message = next(f for f in frames if b"event: message" in f)
+        assert message == b'event: message\ndata: {"id": "m1", "text": "hello"}\n\n'
+        # The fixture's heartbeat is 0.2 s: a comment frame arrives on an idle stream.
+        heartbeat = await asyncio.wait_for(response.content.readuntil(b"\n\n"), 10)
+        assert heartbeat == b": heartbeat\n\n"

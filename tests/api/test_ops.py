@@ -1,0 +1,167 @@
+"""/health, /metrics, /v1/streams and the DLQ routes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import asyncpg
+from redis.asyncio import Redis
+
+from notifkit.config import Settings
+from notifkit.keys import Keys
+from notifkit.streams import decode, ensure_group, xadd
+from tests.api.conftest import ADMIN, Api, Project, start_api
+
+
+async def test_health_lists_heartbeats(api: Api, redis: Redis) -> None:
+    keys = Keys(api.settings.namespace)
+    beat = {"service": "delivery", "lastBeat": "2030-01-01T00:00:00.000Z", "inFlight": 3,
+            "ts": time.time()}
+    await redis.set(keys.health("delivery-host-1"), json.dumps(beat), ex=30)
+    reply = await api.call("GET", "/health")
+    assert reply.status == 200
+    assert reply.body["status"] == "ok"
+    assert (reply.body["redis"], reply.body["postgres"]) == ("ok", "ok")
+    assert reply.body["services"]["delivery-host-1"] == {
+        "service": "delivery", "lastBeat": "2030-01-01T00:00:00.000Z", "inFlight": 3,
+        "stale": False}
+    await redis.set(keys.health("engine-host-2"), json.dumps({**beat, "ts": time.time() - 600}),
+                    ex=30)
+    degraded = await api.call("GET", "/health")
+    assert degraded.status == 200
+    assert degraded.body["status"] == "degraded"
+
+
+async def test_health_is_503_without_redis(settings: Settings) -> None:
+    broken = settings.replace(redis_url="redis://127.0.0.1:1/0")
+    _server, client = await _start_without_hub(broken)
+    try:
+        reply = await client.get("/health")
+        assert reply.status == 503
+        body = await reply.json()
+        assert (body["status"], body["redis"], body["postgres"]) == ("unavailable",
+                                                                     "unreachable", "ok")
+    finally:
+        await client.close()
+
+
+async def test_health_is_503_without_postgres(settings: Settings) -> None:
+    dead = await asyncpg.create_pool("postgresql://postgres@127.0.0.1:1/none", min_size=0)
+    _server, client = await start_api(settings, db=dead)
+    try:
+        reply = await client.get("/health")
+        assert reply.status == 503
+        body = await reply.json()
+        assert (body["redis"], body["postgres"]) == ("ok", "unreachable")
+        # Every other route answers 503 in the error shape rather than failing.
+        keyed = await client.get("/v1/messages",
+                                 headers={"Authorization": "Bearer nk_whatever"})
+        assert keyed.status == 503
+        assert (await keyed.json())["error"]["code"] == "service_unavailable"
+    finally:
+        await client.close()
+        await dead.close()
+
+
+async def _start_without_hub(settings: Settings) -> tuple[Any, Any]:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from notifkit.services.api.app import create_app
+
+    server = TestServer(create_app(settings))
+    client = TestClient(server)
+    await client.start_server()
+    return server, client
+
+
+async def test_streams_report_length_pending_and_age(
+    api: Api, project: Project, redis: Redis
+) -> None:
+    keys = Keys(api.settings.namespace)
+    stream = keys.outbound("normal")
+    await ensure_group(redis, stream, keys.group("delivery"))
+    for i in range(3):
+        await xadd(redis, stream, {"n": i}, maxlen=1000)
+    await redis.xreadgroup(keys.group("delivery"), "delivery-h-1", {stream: ">"}, count=2)
+    reply = await api.call("GET", "/v1/streams", key=project.full)
+    assert reply.status == 200
+    info = next(s for s in reply.body["items"] if s["stream"] == stream)
+    assert (info["length"], info["pending"], info["consumers"]) == (3, 2, 1)
+    assert info["oldestPendingAgeSeconds"] >= 0
+    assert info["groups"][0]["name"] == "notifkit:group:delivery"
+    assert {s["stream"] for s in reply.body["items"]} == set(keys.all_streams())
+    assert (await api.admin("GET", "/v1/streams")).status == 200
+    assert (await api.call("GET", "/v1/streams", key=project.send)).status == 403
+
+    metrics = await api.call("GET", "/metrics")
+    assert metrics.status == 200
+    assert metrics.headers["Content-Type"].startswith("text/plain")
+    assert f'notifkit_stream_length{{stream="{stream}"}} 3.0' in metrics.body
+    assert (f'notifkit_stream_pending{{group="notifkit:group:delivery",stream="{stream}"}} 2.0'
+            in metrics.body)
+    assert "notifkit_processed_total" in metrics.body
+
+
+def dlq_record(keys: Keys, project: str, entry: str, n: int) -> dict[str, Any]:
+    stream = keys.enriched("normal")
+    return {"stream": stream, "group": "notifkit:group:engine", "entryId": entry,
+            "service": "engine", "payload": {"projectId": project, "eventId": f"e{n}", "n": n},
+            "error": "RuntimeError: boom", "attempts": 3, "failedAt": "2030-01-01T00:00:00Z",
+            "projectId": project, "replayOf": f"{stream}/{entry}"}
+
+
+async def test_dlq_is_scoped_replayable_and_deletable(api: Api, redis: Redis) -> None:
+    keys = Keys(api.settings.namespace)
+    a, b = await api.project("a"), await api.project("b")
+    ids = []
+    for n, owner in enumerate([a, b, a]):
+        ids.append(await xadd(redis, keys.dlq, dlq_record(keys, owner.id, f"1-{n}", n), 1000))
+
+    mine = await api.call("GET", "/v1/dlq", key=a.full)
+    assert mine.status == 200
+    assert [item["id"] for item in mine.body["items"]] == [ids[0], ids[2]]
+    item = mine.body["items"][0]
+    assert (item["stream"], item["group"], item["error"], item["attempts"], item["failedAt"]) \
+        == (keys.enriched("normal"), "notifkit:group:engine", "RuntimeError: boom", 3,
+            "2030-01-01T00:00:00Z")
+    assert item["payload"]["n"] == 0
+    page = await api.call("GET", "/v1/dlq", key=a.full, params={"limit": "1"})
+    rest = await api.call("GET", "/v1/dlq", key=a.full,
+                          params={"limit": "1", "cursor": page.body["nextCursor"]})
+    assert [i["id"] for i in rest.body["items"]] == [ids[2]]
+    everything = await api.admin("GET", "/v1/dlq")
+    assert len(everything.body["items"]) == 3
+    only_b = await api.admin("GET", "/v1/dlq", project=b.id)
+    assert [i["id"] for i in only_b.body["items"]] == [ids[1]]
+
+    # Another project's entry does not exist for this key.
+    for method, path in (("POST", f"/v1/dlq/{ids[1]}/replay"), ("DELETE", f"/v1/dlq/{ids[1]}"),
+                         ("DELETE", "/v1/dlq/99999999999999999999-1"),
+                         ("POST", "/v1/dlq/garbage/replay")):
+        assert (await api.call(method, path, key=a.full)).status == 404
+
+    replayed = await api.call("POST", f"/v1/dlq/{ids[0]}/replay", key=a.full)
+    assert replayed.status == 202
+    entries = await redis.xrange(keys.enriched("normal"))
+    [(new_id, fields)] = entries
+    assert replayed.body == {"id": new_id.decode(), "stream": keys.enriched("normal"),
+                             "replayOf": f"{keys.enriched('normal')}/1-0"}
+    assert decode(fields) == {"projectId": a.id, "eventId": "e0", "n": 0,
+                              "_replayOf": f"{keys.enriched('normal')}/1-0"}
+    assert (await api.call("POST", f"/v1/dlq/{ids[0]}/replay", key=a.full)).status == 404
+
+    assert (await api.call("DELETE", f"/v1/dlq/{ids[2]}", key=a.full)).status == 204
+    assert (await api.call("GET", "/v1/dlq", key=a.full)).body["items"] == []
+    assert await redis.xlen(keys.dlq) == 1  # b's entry is untouched
+
+
+async def test_concurrent_replays_enqueue_once(api: Api, project: Project, redis: Redis) -> None:
+    keys = Keys(api.settings.namespace)
+    entry = await xadd(redis, keys.dlq, dlq_record(keys, project.id, "1-0", 0), 1000)
+    replies = await asyncio.gather(*(api.call("POST", f"/v1/dlq/{entry}/replay", key=ADMIN)
+                                     for _ in range(5)))
+    assert sorted(r.status for r in replies) == [202, 404, 404, 404, 404]
+    assert await redis.xlen(keys.enriched("normal")) == 1

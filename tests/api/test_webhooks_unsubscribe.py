@@ -1,0 +1,212 @@
+"""Provider webhooks (signature-checked, to events:inbound) and signed unsubscribe links."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlencode
+
+import asyncpg
+import pytest
+from redis.asyncio import Redis
+
+from notifkit.config import Settings, WebhookSecrets
+from notifkit.keys import Keys
+from notifkit.streams import decode
+from notifkit.unsubscribe import make_token
+from simulators.signing import svix_headers, twilio_sign
+from tests.api.conftest import Api, Project, start_api
+
+RESEND_SECRET = "whsec_" + base64.b64encode(b"resend-webhook-key-0123456789").decode()
+SHARED_SECRET = "sim-shared-webhook-secret"
+TWILIO_TOKEN = "twilio-auth-token-0123456789"
+
+
+@pytest.fixture
+async def hooks(api_settings: Settings) -> AsyncIterator[Api]:
+    settings = api_settings.replace(webhooks=WebhookSecrets(
+        resend=RESEND_SECRET, sendgrid=SHARED_SECRET, fcm=SHARED_SECRET, smtp=SHARED_SECRET,
+        twilio_auth_token=TWILIO_TOKEN))
+    _server, client = await start_api(settings)
+    try:
+        yield Api(client, settings)
+    finally:
+        await client.close()
+
+
+async def receipts(redis: Redis, api: Api) -> list[dict[str, Any]]:
+    entries = await redis.xrange(Keys(api.settings.namespace).events_inbound)
+    return [decode(fields) for _id, fields in entries]
+
+
+RESEND_BOUNCE = {"type": "email.bounced", "created_at": "2030-01-01T00:00:00.000Z",
+                 "data": {"email_id": "re_123", "to": ["ada@example.com"],
+                          "tags": [{"name": "task_id", "value": "task-1"}]}}
+
+
+async def test_a_signed_resend_receipt_goes_to_the_events_stream(
+    hooks: Api, redis: Redis
+) -> None:
+    project = await hooks.project()
+    body = json.dumps(RESEND_BOUNCE)
+    reply = await hooks.call("POST", f"/v1/webhooks/resend/{project.id}", data=body,
+                             headers={"Content-Type": "application/json",
+                                      **svix_headers(RESEND_SECRET, body)})
+    assert reply.status == 200
+    assert reply.body == {"received": 1, "ignored": 0}
+    [receipt] = await receipts(redis, hooks)
+    assert receipt == {
+        "type": "receipt", "projectId": project.id, "provider": "resend", "channel": "email",
+        "providerMessageId": "re_123", "kind": "bounced", "at": "2030-01-01T00:00:00.000Z",
+        "raw": RESEND_BOUNCE, "taskId": "task-1", "to": "ada@example.com",
+        "webhookId": receipt["webhookId"]}
+
+
+@pytest.mark.parametrize("headers", [
+    {},
+    {"svix-id": "msg_1", "svix-timestamp": str(int(time.time())), "svix-signature": "v1,AAAA"},
+    svix_headers("another-secret", json.dumps(RESEND_BOUNCE)),
+    svix_headers(RESEND_SECRET, json.dumps(RESEND_BOUNCE), timestamp=int(time.time()) - 600),
+    svix_headers(RESEND_SECRET, json.dumps({**RESEND_BOUNCE, "type": "email.delivered"})),
+])
+async def test_a_bad_signature_is_401_and_records_nothing(
+    hooks: Api, redis: Redis, headers: dict[str, str]
+) -> None:
+    project = await hooks.project()
+    reply = await hooks.call("POST", f"/v1/webhooks/resend/{project.id}",
+                             data=json.dumps(RESEND_BOUNCE),
+                             headers={"Content-Type": "application/json", **headers})
+    assert reply.status == 401
+    assert reply.error["code"] in ("invalid_signature",)
+    assert await receipts(redis, hooks) == []
+
+
+async def test_simulator_style_receipts_for_other_providers(hooks: Api, redis: Redis) -> None:
+    project = await hooks.project()
+    for provider, event in (("fcm", "push.opened"), ("sendgrid", "email.complained"),
+                            ("smtp", "email.sent")):
+        body = json.dumps({"type": event, "created_at": "2030-01-01T00:00:00Z", "data": {
+            "provider": provider, "message_id": f"{provider}-1", "to": "x", "task_id": "t9"}})
+        reply = await hooks.call("POST", f"/v1/webhooks/{provider}/{project.id}", data=body,
+                                 headers={"Content-Type": "application/json",
+                                          **svix_headers(SHARED_SECRET, body)})
+        assert reply.status == 200
+    kinds = [(r["provider"], r["channel"], r["kind"], r["taskId"])
+             for r in await receipts(redis, hooks)]
+    assert kinds == [("fcm", "push", "opened", "t9"), ("sendgrid", "email", "complained", "t9")]
+
+
+async def test_sendgrid_event_lists(hooks: Api, redis: Redis) -> None:
+    project = await hooks.project()
+    body = json.dumps([
+        {"event": "delivered", "sg_message_id": "abc.filter0001", "email": "a@b.co",
+         "timestamp": 1900000000},
+        {"event": "processed", "sg_message_id": "abc.filter0001"},
+        {"event": "click", "sg_message_id": "abc.filter0001", "url": "https://x"}])
+    reply = await hooks.call("POST", f"/v1/webhooks/sendgrid/{project.id}", data=body,
+                             headers={"Content-Type": "application/json",
+                                      **svix_headers(SHARED_SECRET, body)})
+    assert reply.body == {"received": 2, "ignored": 1}
+    assert [(r["kind"], r["providerMessageId"]) for r in await receipts(redis, hooks)] == [
+        ("delivered", "abc"), ("clicked", "abc")]
+
+
+async def test_twilio_status_callbacks_are_verified_against_the_public_url(
+    hooks: Api, redis: Redis
+) -> None:
+    project = await hooks.project()
+    path = f"/v1/webhooks/twilio/{project.id}"
+    params = {"MessageSid": "SM1", "MessageStatus": "undelivered", "ErrorCode": "30003",
+              "To": "+14155550100"}
+    signature = twilio_sign(TWILIO_TOKEN, hooks.settings.public_url + path, params)
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    forged = await hooks.call("POST", path, data=urlencode(params),
+                              headers={**form, "X-Twilio-Signature": "bm9wZQ=="})
+    assert forged.status == 401
+    reply = await hooks.call("POST", path, data=urlencode(params),
+                             headers={**form, "X-Twilio-Signature": signature})
+    assert reply.status == 200
+    [receipt] = await receipts(redis, hooks)
+    assert (receipt["provider"], receipt["kind"], receipt["providerMessageId"]) == (
+        "twilio", "bounced", "SM1")
+
+
+async def test_unknown_providers_and_projects_are_404(hooks: Api) -> None:
+    project = await hooks.project()
+    assert (await hooks.call("POST", f"/v1/webhooks/mailgun/{project.id}", json={})
+            ).status == 404
+    body = json.dumps(RESEND_BOUNCE)
+    signed = {"Content-Type": "application/json", **svix_headers(RESEND_SECRET, body)}
+    for project_id in ("00000000-0000-4000-8000-000000000000", "x"):
+        reply = await hooks.call("POST", f"/v1/webhooks/resend/{project_id}", data=body,
+                                 headers=signed)
+        assert reply.status == 404
+
+
+async def test_webhooks_without_a_configured_secret_are_refused(api: Api,
+                                                                project: Project) -> None:
+    body = json.dumps(RESEND_BOUNCE)
+    reply = await api.call("POST", f"/v1/webhooks/resend/{project.id}", data=body,
+                           headers={"Content-Type": "application/json",
+                                    **svix_headers(RESEND_SECRET, body)})
+    assert reply.status == 401
+    assert reply.error["code"] == "webhook_not_configured"
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+async def preferences(api: Api, project: Project) -> dict[str, Any]:
+    user = await api.call("GET", "/v1/users/u1", key=project.full)
+    prefs: dict[str, Any] = user.body["preferences"]
+    return prefs
+
+
+async def test_get_turns_the_topic_off(api: Api, project: Project, db: asyncpg.Pool) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    token = make_token(api.settings.secret, project.id, "u1", "email", "marketing")
+    reply = await api.call("GET", "/v1/unsubscribe", params={"token": token})
+    assert reply.status == 200
+    assert reply.body == {"unsubscribed": True, "channel": "email", "topic": "marketing",
+                          "suppressed": False}
+    assert (await preferences(api, project))["topics"] == {"marketing": False}
+    assert await db.fetchval("SELECT count(*) FROM suppressions") == 0
+    again = await api.call("GET", "/v1/unsubscribe", params={"token": token})
+    assert again.status == 200
+
+
+async def test_one_click_post_turns_the_channel_off_and_suppresses_the_address(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    token = make_token(api.settings.secret, project.id, "u1", "email", None, "ada@example.com")
+    reply = await api.call("POST", "/v1/unsubscribe", params={"token": token},
+                           data="List-Unsubscribe=One-Click",
+                           headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert reply.status == 200
+    assert reply.body["suppressed"] is True
+    assert (await preferences(api, project))["channels"] == {"email": False}
+    row = await db.fetchrow("SELECT channel, target, reason FROM suppressions")
+    assert dict(row) == {"channel": "email", "target": "ada@example.com",
+                         "reason": "unsubscribe"}
+
+
+async def test_a_forged_or_altered_token_is_400_and_changes_nothing(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    good = make_token(api.settings.secret, project.id, "u1", "email", None, "a@b.co")
+    forged = make_token("not-the-secret-0123456789", project.id, "u1", "email", None, "a@b.co")
+    altered = make_token(api.settings.secret, project.id, "u2", "email", None).split(".")[0] \
+        + "." + good.split(".")[1]
+    for token in (forged, altered, "garbage", ""):
+        for method in ("GET", "POST"):
+            reply = await api.call(method, "/v1/unsubscribe", params={"token": token})
+            assert reply.status == 400, (method, token)
+            assert reply.error["code"] == "invalid_token"
+    assert (await api.call("GET", "/v1/unsubscribe")).status == 400
+    assert (await preferences(api, project))["channels"] == {}
+    assert await db.fetchval("SELECT count(*) FROM suppressions") == 0
