@@ -63,32 +63,42 @@ log = logging.getLogger("notifkit.scheduler")
 Clock = Callable[[], int]
 
 # KEYS: zset, payload hash, moved set, lock. ARGV: now_ms, limit, maxlen, token ('' = no check).
-# Returns -1 when the lock is not ours, else {moved: {id, due, project, ...}, orphans: {id...}}.
+# Returns -1 when the lock is not ours, else {moved: {id, due, project, ...}, orphans: {id...},
+# refused: {id, error, ...}}. Per task the XADD comes first: a script that stops half-way
+# keeps what it did, so a task whose XADD failed must still be waiting.
 _MOVE_DUE = """
 if ARGV[4] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[4] then return -1 end
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES',
                        'LIMIT', 0, tonumber(ARGV[2]))
-local moved, orphans = {}, {}
+local moved, orphans, refused = {}, {}, {}
 for i = 1, #due, 2 do
   local id, score = due[i], due[i + 1]
   local value = redis.call('HGET', KEYS[2], id)
-  redis.call('ZREM', KEYS[1], id)
-  if value then
-    local a = string.find(value, '\\n', 1, true)
-    local b = string.find(value, '\\n', a + 1, true)
+  local a = value and string.find(value, '\\n', 1, true)
+  local b = a and string.find(value, '\\n', a + 1, true)
+  if not b then
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', KEYS[2], id)
+    orphans[#orphans + 1] = id
+  else
     local stream = string.sub(value, 1, a - 1)
     local project = string.sub(value, a + 1, b - 1)
-    redis.call('XADD', stream, 'MAXLEN', '~', ARGV[3], '*', 'data', string.sub(value, b + 1))
-    redis.call('HDEL', KEYS[2], id)
-    redis.call('ZADD', KEYS[3], score, project .. ' ' .. id)
-    moved[#moved + 1] = id
-    moved[#moved + 1] = score
-    moved[#moved + 1] = project
-  else
-    orphans[#orphans + 1] = id
+    local added = redis.pcall('XADD', stream, 'MAXLEN', '~', ARGV[3], '*', 'data',
+                              string.sub(value, b + 1))
+    if type(added) == 'table' and added.err then
+      refused[#refused + 1] = id
+      refused[#refused + 1] = added.err
+    else
+      redis.call('ZREM', KEYS[1], id)
+      redis.call('HDEL', KEYS[2], id)
+      redis.call('ZADD', KEYS[3], score, project .. ' ' .. id)
+      moved[#moved + 1] = id
+      moved[#moved + 1] = score
+      moved[#moved + 1] = project
+    end
   end
 end
-return {moved, orphans}
+return {moved, orphans, refused}
 """
 
 # KEYS: zset, payload hash, moved set. ARGV: task id, due ms, value, moved-set member.
@@ -305,7 +315,11 @@ class SchedulerService(WorkerService):
                                 extra={"service": self.name})
                     self.token = None
                     return total
-                moved, missing = reply
+                moved, missing, refused = reply
+                for i in range(0, len(refused), 2):
+                    log.error("Could not add a due task to its stream (%s); it stays scheduled "
+                              "and the next poll tries again.", as_str(refused[i + 1]),
+                              extra={"service": self.name, "task_id": as_str(refused[i])})
                 count = len(moved) // 3
                 total.extend(
                     MovedTask(as_str(moved[i]), int(float(moved[i + 1])), as_str(moved[i + 2]))

@@ -303,3 +303,36 @@ async def test_many_due_tasks_move_in_bounded_batches(
         await schedule(T0_MS - i, task_id=task_id)
     assert await scheduler.run_until_idle() == 600  # 300 ingested, 300 moved in one poll
     assert Counter(p["taskId"] for p in await outbound()) == dict.fromkeys(ids, 1)
+
+
+async def test_a_task_whose_stream_refuses_it_stays_scheduled(
+    make_scheduler: SchedulerFactory, schedule: Schedule, outbound: Sent, redis: Redis,
+    keys: Keys, db: asyncpg.Pool,
+) -> None:
+    scheduler = make_scheduler()
+    # Given the target stream's name taken by a key of another type (XADD fails: WRONGTYPE)
+    await redis.set(keys.outbound("low"), "not a stream")
+    refused = await schedule(T0_MS, priority="low")
+    fine = await schedule(T0_MS, priority="normal")
+    await scheduler.run_until_idle()
+    # Then the other task leaves and the refused one still waits, durable
+    assert [p["taskId"] for p in await outbound("normal")] == [fine["taskId"]]
+    assert await redis.zscore(keys.scheduled_zset(refused["taskId"]), refused["taskId"])
+    assert set(await pending_rows(db)) == {refused["taskId"]}
+    # When the stream can take it again, it leaves
+    await redis.delete(keys.outbound("low"))
+    await scheduler.run_until_idle()
+    assert [p["taskId"] for p in await outbound("low")] == [refused["taskId"]]
+
+
+async def test_a_corrupt_payload_is_replaced_from_postgres(
+    make_scheduler: SchedulerFactory, schedule: Schedule, outbound: Sent, redis: Redis,
+    keys: Keys,
+) -> None:
+    scheduler = make_scheduler()
+    task = await schedule(T0_MS)
+    await scheduler.ingest_until_idle()
+    await redis.hset(keys.scheduled_payloads(shard_of(task["taskId"])), task["taskId"], "junk")
+    await scheduler.run_until_idle()
+    await scheduler.run_until_idle()
+    assert await outbound() == [task["payload"]]
