@@ -118,10 +118,10 @@ def _check_seconds(step: Mapping[str, Any], name: str, bad: Any) -> None:
     value = step.get(name)
     if (
         isinstance(value, bool) or not isinstance(value, int | float)
-        or not math.isfinite(value) or value <= 0
+        or (isinstance(value, float) and not math.isfinite(value)) or value <= 0
     ):
         bad(name, "is required: a number of seconds greater than 0")
-    elif value > MAX_SECONDS:
+    elif value > MAX_SECONDS:  # compared exactly: a huge int never becomes a float
         bad(name, f"may be at most {MAX_SECONDS} seconds (366 days)")
 
 
@@ -135,12 +135,19 @@ def _nonempty_str(value: Any) -> bool:
 _ENV = ImmutableSandboxedEnvironment()
 
 
+MAX_EXPRESSION_CHARS = 2000
+
+
 def expression_error(expression: str) -> str | None:
     """Why ``expression`` does not compile, or None."""
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        return f"may be at most {MAX_EXPRESSION_CHARS} characters"
     try:
         _ENV.compile_expression(expression)
     except TemplateSyntaxError as exc:
         return f"is not a valid expression: {exc.message} (line {exc.lineno})"
+    except (RecursionError, MemoryError):
+        return "is not a valid expression: nested too deeply"
     return None
 
 

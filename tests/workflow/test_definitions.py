@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from notifkit.workflow_defs import (
     enter_branch,
     format_path,
@@ -72,3 +75,33 @@ def test_paths_enter_and_leave_branches() -> None:
     assert next_path(steps, (2,)) is None
     assert format_path((1, "then", 0)) == "1.then.0"
     assert parse_path("3.else.1.then.0") == (3, "else", 1, "then", 0)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
+    | st.sampled_from(["send", "wait", "waitForEvent", "branch", "digest", "email", "stop"]),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.sampled_from(["type", "template", "channels", "seconds", "event",
+                                       "timeoutSeconds", "onTimeout", "if", "then", "else",
+                                       "windowSeconds", "priority"]) | st.text(max_size=5),
+                      children, max_size=6),
+    max_leaves=30,
+)
+
+
+@given(json_values)
+def test_validation_never_raises_whatever_json_it_is_given(steps: object) -> None:
+    """The API validates request bodies with it: any exception would be a 500."""
+    errors = validate_steps(steps)
+    assert all(set(e) == {"field", "message"} for e in errors)
+    assert all(e["field"].startswith("steps") for e in errors)
+
+
+def test_huge_numbers_are_rejected_not_crashed_on() -> None:
+    assert fields([{"type": "wait", "seconds": 10**400}]) == ["steps[0].seconds"]
+
+
+def test_pathological_expressions_are_errors_not_crashes() -> None:
+    for expression in ("(" * 5000, "[" * 5000, "a" * 100_000):
+        [error] = validate_steps([{"type": "branch", "if": expression}])
+        assert error["field"] == "steps[0].if"
