@@ -247,7 +247,7 @@ async def test_a_broken_expression_fails_the_instance_without_retrying(
 
 
 async def test_a_repeated_event_resolves_nothing_new_and_a_fresh_one_only_open_waiters(
-    flow: Flow, make_service: ServiceFactory,
+    flow: Flow, make_service: ServiceFactory, redis: Redis, keys: Keys,
 ) -> None:
     await flow.define("two-waits", [
         {"type": "waitForEvent", "event": "ping", "timeoutSeconds": 60},
@@ -268,6 +268,9 @@ async def test_a_repeated_event_resolves_nothing_new_and_a_fresh_one_only_open_w
     assert steps[0]["output"] == {"id": event_id, "name": "ping", "data": {"n": 1},
                                   "at": "2027-01-15T08:00:00.000Z"}
     assert steps[2]["status"] == "waiting"
+    # the first wait's timeout timer went with it; the second's is set
+    assert await redis.zscore(keys.workflow_timers, f"{instance_id}:0") is None
+    assert await redis.zscore(keys.workflow_timers, f"{instance_id}:2") is not None
     await flow.event("ping", "u1", {"n": 2})
     await service.run_until_idle()
     assert [m["template"] for m in await flow.sent()] == ["first", "second"]

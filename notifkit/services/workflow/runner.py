@@ -149,6 +149,7 @@ class Runner:
                 await self._sleep(instance, row, outcome)
                 return
             now = self.now()
+            slept = row.status == "waiting"
             async with self.pool.acquire() as conn, conn.transaction():
                 if isinstance(outcome, Finish):
                     await db.update_step(conn, instance, row, status=outcome.step_status,
@@ -157,16 +158,21 @@ class Runner:
                                        current_step=top_index(path), wake_at=None, now=now)
                     log.info("Workflow instance ended %s at step %s.", outcome.status, text,
                              extra={"instance_id": instance.id})
-                    return
-                await db.update_step(conn, instance, row, status="completed",
-                                     output=outcome.output, finished_at=now)
-                nxt = outcome.next
-                await db.set_state(
-                    conn, instance, status="running" if nxt else "completed",
-                    cursor=format_path(nxt) if nxt else None,
-                    current_step=top_index(nxt) if nxt else top_index(path),
-                    wake_at=None, now=now,
-                )
+                    nxt = None
+                else:
+                    await db.update_step(conn, instance, row, status="completed",
+                                         output=outcome.output, finished_at=now)
+                    nxt = outcome.next
+                    await db.set_state(
+                        conn, instance, status="running" if nxt else "completed",
+                        cursor=format_path(nxt) if nxt else None,
+                        current_step=top_index(nxt) if nxt else top_index(path),
+                        wake_at=None, now=now,
+                    )
+            if slept:  # woken early (an event): its timer would only wake it for nothing
+                await self.timers.cancel(instance.id, text)
+            if isinstance(outcome, Finish):
+                return
             path = nxt
         if instance.status != "completed":
             await db.set_state(self.pool, instance, status="completed", cursor=None,

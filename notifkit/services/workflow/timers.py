@@ -44,6 +44,9 @@ class Timers:
     async def schedule(self, instance_id: str, tag: str, due_ms: int) -> None:
         await self.redis.zadd(self.key, {timer_member(instance_id, tag): due_ms})
 
+    async def cancel(self, instance_id: str, tag: str) -> None:
+        await self.redis.zrem(self.key, timer_member(instance_id, tag))
+
     async def move_due(self, now_ms: int, limit: int = 500) -> int:
         """Move up to ``limit`` due timers into the stream; returns how many moved."""
         moved: Any = await self._move(
