@@ -59,7 +59,7 @@ class InAppTransport:
             return SendResult(Outcome.RETRY, detail=f"could not store the message: {exc}")
         item = {
             "id": row["id"], "userId": message.user_id, "taskId": message.task_id,
-            "eventId": message.event_id, "content": content, "readAt": None,
+            "eventId": message.event_id, "content": content, "read": False, "readAt": None,
             "createdAt": row["created_at"].isoformat().replace("+00:00", "Z"),
         }
         try:

@@ -17,6 +17,7 @@ from notifkit.keys import Keys
 from notifkit.services.delivery import DeliveryService
 from notifkit.services.engine import EngineService
 from notifkit.services.enricher import EnricherService
+from notifkit.services.events import EventsService
 from notifkit.streams import xadd
 from notifkit.transports.webhook import SIGNATURE_HEADER, verify
 from simulators import SimulatorServer
@@ -29,10 +30,16 @@ SMS = {"text": "Paid {{ data.amount }}"}
 PUSH = {"title": "Paid", "body": "Amount {{ data.amount }}"}
 
 
-async def stages(services: ServiceFactory, settings: Settings) -> tuple[Any, Any, Any]:
+async def stages(services: ServiceFactory, settings: Settings) -> tuple[Any, ...]:
     return (await services(EnricherService, settings),
             await services(EngineService, settings),
             await services(DeliveryService, settings))
+
+
+async def with_events(services: ServiceFactory, settings: Settings) -> tuple[Any, ...]:
+    """The send path plus the events service, which writes the outcome events' rows: they
+    must land on delivery's own rows, not repeat them."""
+    return (*await stages(services, settings), await services(EventsService, settings))
 
 
 def kinds(rows: list[dict[str, Any]], channel: str) -> list[tuple[str, str, int]]:
@@ -48,7 +55,7 @@ async def test_a_notification_reaches_the_providers_rendered_with_its_timeline(
                    contacts=[("email", "ada@example.com"), ("sms", "+15557654321"),
                              ("push", "device-1")])
     await add_template(db, project, "invoice", {"email": EMAIL, "sms": SMS, "push": PUSH})
-    pipeline = await stages(services, sim_settings)
+    pipeline = await with_events(services, sim_settings)
 
     # When a notification is sent and the pipeline drains
     event_id = await send(redis, keys, db, project, "invoice", "u1", data={"amount": "12.00"})
@@ -126,7 +133,7 @@ async def test_a_push_outage_falls_back_to_exactly_one_sms_per_recipient(
     await sim.add_fault("error", "fcm", status=503)
 
     event_id = await send(redis, keys, db, project, "alert", users, data={"amount": "9"})
-    await drain(*await stages(services, sim_settings))
+    await drain(*await with_events(services, sim_settings))
 
     # Then every user got exactly one SMS, and no push went through
     sms = await sim.messages("twilio")
@@ -138,9 +145,10 @@ async def test_a_push_outage_falls_back_to_exactly_one_sms_per_recipient(
     for user in users:
         mine = [r for r in rows if r["user_id"] == user]
         assert [(r["channel"], r["kind"]) for r in mine] == [
-            ("push", "queued"), ("push", "fallback"), ("sms", "queued"), ("sms", "sent")]
-        fallback = next(r for r in mine if r["kind"] == "fallback")
+            ("push", "queued"), ("push", "failed"), ("sms", "queued"), ("sms", "sent")]
+        fallback = next(r for r in mine if r["kind"] == "failed")
         assert fallback["status"] == "failed"
+        assert fallback["metadata"]["fallback"] == "sms"
         assert "trying sms next" in fallback["detail"]
         queued_sms = next(r for r in mine if r["channel"] == "sms" and r["kind"] == "queued")
         assert "fallback after push failed" in queued_sms["detail"]
@@ -154,7 +162,7 @@ async def test_an_invalid_push_token_disables_the_contact_and_the_fallback_is_us
     await add_template(db, project, "alert", {"push": PUSH, "sms": SMS},
                        fallback=["push", "sms"])
     await sim.add_fault("invalid_token", "fcm", to="stale-token")
-    pipeline = await stages(services, sim_settings)
+    pipeline = await with_events(services, sim_settings)
 
     first = await send(redis, keys, db, project, "alert", "u1", data={"amount": "1"})
     await drain(*pipeline)
@@ -168,7 +176,7 @@ async def test_an_invalid_push_token_disables_the_contact_and_the_fallback_is_us
     assert "notification:invalid_token" in events
     push_rows = [r for r in await timeline(db, first) if r["channel"] == "push"]
     assert [(r["kind"], r["status"]) for r in push_rows] == [
-        ("queued", "processing"), ("fallback", "failed")]
+        ("queued", "processing"), ("failed", "failed")]
     assert push_rows[1]["detail"].startswith("invalid recipient")
 
     # And a later notification never tries the token again

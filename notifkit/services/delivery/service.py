@@ -264,34 +264,38 @@ class DeliveryService(WorkerService):
             entry.emit(self.keys.events_inbound,
                        _event("notification:sent", task, provider, message_id, attempt))
             return
-        if action in (Action.INVALID, Action.FALLBACK) and any(
-            a.result.outcome is Outcome.INVALID_RECIPIENT for a in answers
-        ):
-            entry.emit(self.keys.events_inbound,
-                       _event("notification:invalid_token", task, provider, None, attempt,
-                              verdict.reason))
+        invalid = any(a.result.outcome is Outcome.INVALID_RECIPIENT for a in answers)
+        if invalid:
             log.warning("The provider rejected the %s address; the contact is disabled and "
                         "never used again.", task["channel"], extra=ids)
         if action is Action.INVALID:
             logs.append(_row(task, attempt, Kind.FAILED, Status.FAILED,
                              f"invalid recipient, contact disabled: {verdict.reason}", provider,
                              metadata={"reason": "invalid_recipient"}))
+            entry.emit(self.keys.events_inbound,
+                       _event("notification:invalid_token", task, provider, None, attempt,
+                              verdict.reason))
             return
         if action is Action.FALLBACK:
+            # Kind 'failed' (not a kind of its own) so the events service's row for the same
+            # outcome event lands on this one instead of repeating it.
             fallback = task["fallback"]
             next_channel = fallback["chain"][0]
-            logs.append(_row(task, attempt, Kind.FALLBACK, Status.FAILED,
+            metadata = {"fallback": next_channel}
+            if invalid:
+                metadata["reason"] = "invalid_recipient"
+            logs.append(_row(task, attempt, Kind.FAILED, Status.FAILED,
                              f"{verdict.reason}; trying {next_channel} next", provider,
-                             metadata={"next": next_channel}))
+                             metadata=metadata))
             entry.emit(self.keys.enriched(task["priority"]), {
                 **fallback["recipient"],
                 "fallbackChain": fallback["chain"],
                 "fallbackFrom": {"taskId": task["taskId"], "channel": task["channel"],
                                  "reason": verdict.reason},
             })
+            outcome = "notification:invalid_token" if invalid else "notification:failed"
             entry.emit(self.keys.events_inbound,
-                       _event("notification:failed", task, provider, None, attempt,
-                              verdict.reason))
+                       _event(outcome, task, provider, None, attempt, verdict.reason))
             log.warning("Sending on %s failed (%s); falling back to %s.", task["channel"],
                         verdict.reason, next_channel, extra=ids)
             return
