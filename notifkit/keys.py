@@ -23,7 +23,8 @@ Other keys:
                                                    scheduled_payloads row is not deleted yet
     notif:scheduled:ready                    STR   set once the shards are built; missing =
                                                    Redis lost them, rebuild from PostgreSQL
-    notif:workflow:timers                    ZSET  "instanceId:token" -> wake time (ms)
+    notif:workflow:timers                    ZSET  "{instanceId}:{stepPath}" (or ":retry") -> wake
+                                                   time (ms); moved to workflow:inbound by Lua
     notif:lock:scheduler:poll                STR   token of the one polling scheduler, 30 s TTL
     lock:workflow:{instanceId}               STR   token of the instance's runner, 60 s TTL
     throttle:{projectId}:user:{userId}       ZSET  sliding window of send times per user
