@@ -1,0 +1,94 @@
+"""``python -m scenarios list | run NAME... | run all [--json FILE] [--seed N] [--set k=v]``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from scenarios import catalog
+from scenarios.harness import RunOptions
+from scenarios.report import Progress, ScenarioResult, table, violations_text, write_json
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m scenarios", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", help="list the scenarios and what each proves")
+    run = commands.add_parser("run", help="run scenarios by name, or 'all'")
+    run.add_argument("names", nargs="+", metavar="NAME")
+    run.add_argument("--seed", type=int, default=1, help="seed for faults and traffic")
+    run.add_argument("--json", type=Path, default=Path("scenario-results/results.json"),
+                     help="where to write the JSON results")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a scenario parameter, e.g. --set messages=500")
+    return parser.parse_args(argv)
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"scenarios: --set expects KEY=VALUE, got {pair!r}")
+        try:
+            overrides[key] = int(value)
+        except ValueError:
+            try:
+                overrides[key] = float(value)
+            except ValueError:
+                overrides[key] = value
+    return overrides
+
+
+async def run_all(names: list[str], seed: int, overrides: dict[str, Any],
+                  run_dir: Path) -> list[ScenarioResult]:
+    results: list[ScenarioResult] = []
+    progress = Progress()
+    for index, name in enumerate(names, 1):
+        module = catalog.load(name)
+        params = {**module.PARAMS, **{k: v for k, v in overrides.items() if k in module.PARAMS}}
+        options = RunOptions(name=name, seed=seed, run_dir=run_dir, progress=progress)
+        progress.update(f"[{index}/{len(names)}] {name}: starting")
+        started = time.monotonic()
+        try:
+            result = await module.run(options, params)
+        except Exception as exc:  # a crashed scenario is a failed one, with the reason
+            result = ScenarioResult(name=name, seed=seed)
+            result.violations.append(f"the scenario itself failed: {type(exc).__name__}: {exc}")
+        result.wall_s = time.monotonic() - started
+        progress.done()
+        status = "ok" if result.ok else "FAILED"
+        print(f"{name}: {status} in {result.wall_s:.1f} s", file=sys.stderr, flush=True)
+        results.append(result)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.command == "list":
+        for name in catalog.available():
+            print(f"{name:<26} {catalog.load(name).DESCRIPTION}")
+        return 0
+    names = catalog.available() if args.names == ["all"] else args.names
+    unknown = [n for n in names if n not in catalog.available()]
+    if unknown:
+        print(f"scenarios: unknown scenario {unknown[0]!r}; see 'python -m scenarios list'",
+              file=sys.stderr)
+        return 2
+    overrides = parse_overrides(args.set)
+    results = asyncio.run(run_all(names, args.seed, overrides, args.json.parent))
+    print(table(results))
+    write_json(args.json, results)
+    problems = violations_text(results)
+    if problems:
+        print("\nViolated invariants:\n" + problems, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

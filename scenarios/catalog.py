@@ -1,0 +1,38 @@
+"""Every scenario by name. A scenario module exposes ``DESCRIPTION``, ``PARAMS`` (defaults)
+and ``async def run(options: RunOptions, params: dict) -> ScenarioResult``."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from types import ModuleType
+
+NAMES: tuple[str, ...] = (
+    "crash_reclaim",
+    "duplicate_send",
+    "dlq_poison",
+    "malformed",
+    "rate_limit_429",
+    "invalid_token",
+    "fallback_chain",
+    "provider_outage",
+    "priority_isolation",
+    "backpressure",
+    "scheduler_failover",
+    "quiet_hours_throttle",
+    "workflow_wait_for_event",
+    "key_revocation",
+    "redis_restart",
+    "postgres_outage",
+)
+
+
+def available() -> list[str]:
+    """The scenarios of NAMES that have a module, in NAMES order."""
+    return [name for name in NAMES if importlib.util.find_spec(f"scenarios.{name}") is not None]
+
+
+def load(name: str) -> ModuleType:
+    if name not in NAMES:
+        raise KeyError(name)
+    return importlib.import_module(f"scenarios.{name}")

@@ -1,0 +1,415 @@
+"""The real system for a scenario: services as OS processes, simulators, Redis and PostgreSQL.
+
+    async with System(run, layout={"api": ["api"], "pipeline": [...], "delivery-1": [...]}) as sys:
+        await sys.bootstrap(users=100)
+        ids = await sys.send_many(...)
+        await sys.kill("delivery-1")
+        await sys.quiesce()
+        result = await sys.account(ids)
+
+Redis and PostgreSQL are found the way the test fixtures find them (env URLs, then the local
+default ports); each run gets its own Redis namespace and PostgreSQL schema, removed afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+from redis.asyncio import Redis
+
+from notifkit.config import Settings
+from notifkit.db.migrate import migrate
+from notifkit.keys import Keys
+from scenarios.processes import (
+    ManagedProcess,
+    child_env,
+    free_port,
+    python_module,
+    wait_for_port,
+)
+from scenarios.report import Progress, ScenarioResult
+from simulators import SimulatorClient
+
+ADMIN_KEY = "scenario-admin-key-0123456789"
+SECRET = "scenario-secret-0123456789abcdef"
+DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
+DEFAULT_DATABASE = "postgresql://postgres@127.0.0.1:5432/test"
+
+SKIP_STATUSES = ("skipped", "suppressed", "throttled")
+
+
+def service_urls() -> tuple[str, str]:
+    redis_url = os.environ.get("NOTIFKIT_TEST_REDIS_URL") or os.environ.get("REDIS_URL")
+    database_url = (os.environ.get("NOTIFKIT_TEST_DATABASE_URL")
+                    or os.environ.get("DATABASE_URL"))
+    return redis_url or DEFAULT_REDIS, database_url or DEFAULT_DATABASE
+
+
+@dataclass
+class RunOptions:
+    name: str
+    seed: int = 1
+    run_dir: Path = Path("scenario-results")
+    reclaim_s: float = 1.0
+    env: dict[str, str] = field(default_factory=dict)
+    progress: Progress | None = None
+
+
+@dataclass
+class Sent:
+    event_id: str
+    user_id: str
+    accepted_at: float  # wall clock, seconds
+
+
+class System:
+    """Owns every process, connection and namespace of one scenario run."""
+
+    def __init__(self, options: RunOptions, layout: Mapping[str, Sequence[str]]) -> None:
+        self.options = options
+        self.layout = dict(layout)
+        self.redis_url, self.database_url = service_urls()
+        suffix = secrets.token_hex(4)
+        self.namespace = f"sc-{options.name}-{suffix}"
+        self.schema = f"sc_{options.name}_{suffix}"[:60]
+        self.keys = Keys(self.namespace)
+        self.folder = options.run_dir / f"{options.name}-{suffix}"
+        self.processes: dict[str, ManagedProcess] = {}
+        self.api_ports: dict[str, int] = {}
+        self.sim_port = free_port()
+        self.smtp_port = free_port()
+        self.redis: Redis = Redis.from_url(self.redis_url)
+        self.db: asyncpg.Pool | None = None
+        self.http: aiohttp.ClientSession | None = None
+        self.sim = SimulatorClient(f"http://127.0.0.1:{self.sim_port}")
+        self.project_id = ""
+        self.api_key = ""
+        self.settings = Settings(
+            redis_url=self.redis_url, database_url=self.database_url,
+            namespace=self.namespace, db_schema=self.schema, secret=SECRET,
+        )
+
+    # -- lifecycle -------------------------------------------------------------------
+    async def __aenter__(self) -> System:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        await migrate(self.settings)
+        from notifkit.db.pool import create_pool
+
+        self.db = await create_pool(self.settings, max_size=4)
+        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        sim = ManagedProcess(
+            "simulators",
+            python_module("simulators", "--host", "127.0.0.1", "--port", str(self.sim_port),
+                          "--smtp-port", str(self.smtp_port), "--seed", str(self.options.seed)),
+            child_env(),
+            self.folder / "simulators.log",
+        )
+        await sim.start()
+        self.processes["simulators"] = sim
+        await wait_for_port("127.0.0.1", self.sim_port, 20, sim)
+        for name, services in self.layout.items():
+            await self.spawn(name, services)
+        for name, port in self.api_ports.items():
+            await wait_for_port("127.0.0.1", port, 30, self.processes[name])
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for proc in self.processes.values():
+            with contextlib.suppress(Exception):
+                await proc.terminate(timeout_s=10)
+            proc.close_logs()
+        if self.http is not None:
+            await self.http.close()
+        await self.sim.close()
+        if self.db is not None:
+            with contextlib.suppress(Exception):
+                await self.db.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+            await self.db.close()
+        with contextlib.suppress(Exception):
+            async for key in self.redis.scan_iter(match=f"{self.namespace}:*", count=1000):
+                await self.redis.unlink(key)
+        await self.redis.aclose()
+
+    def env_for(self, services: Sequence[str], **extra: str) -> dict[str, str]:
+        env = child_env(
+            REDIS_URL=self.redis_url,
+            DATABASE_URL=self.database_url,
+            DB_SCHEMA=self.schema,
+            NOTIFKIT_NAMESPACE=self.namespace,
+            NOTIFKIT_SERVICES=",".join(services),
+            NOTIFKIT_ADMIN_KEY=ADMIN_KEY,
+            NOTIFKIT_SECRET=SECRET,
+            NOTIFKIT_SIMULATOR_URL=f"http://127.0.0.1:{self.sim_port}",
+            RECLAIM_INTERVAL_SECONDS=str(self.options.reclaim_s),
+            RECLAIM_MIN_IDLE_SECONDS=str(self.options.reclaim_s),
+            SCHEDULER_POLL_INTERVAL_SECONDS="0.2",
+            HEARTBEAT_INTERVAL_SECONDS="1",
+            SHUTDOWN_GRACE_SECONDS="5",
+            PROVIDER_TIMEOUT_SECONDS="2",
+            AUTO_MIGRATE="false",
+            LOG_FORMAT="json",
+            **self.options.env,
+        )
+        env.update(extra)
+        return env
+
+    async def spawn(self, name: str, services: Sequence[str], **env: str) -> ManagedProcess:
+        extra = dict(env)
+        if "api" in services:
+            port = self.api_ports.get(name) or free_port()
+            self.api_ports[name] = port
+            extra["PORT"] = str(port)
+        proc = ManagedProcess(
+            name, python_module("notifkit", "serve"), self.env_for(services, **extra),
+            self.folder / f"{name}.log",
+        )
+        await proc.start()
+        self.processes[name] = proc
+        return proc
+
+    async def kill(self, name: str) -> None:
+        await self.processes[name].kill()
+
+    async def restart(self, name: str) -> None:
+        await self.processes[name].restart()
+        if name in self.api_ports:
+            await wait_for_port("127.0.0.1", self.api_ports[name], 30, self.processes[name])
+
+    def pause(self, name: str) -> None:
+        import signal
+
+        self.processes[name].signal(signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        import signal
+
+        self.processes[name].signal(signal.SIGCONT)
+
+    def check_alive(self, result: ScenarioResult, expected: Iterable[str]) -> None:
+        for name in expected:
+            proc = self.processes[name]
+            result.check(proc.running, f"process {name} died unexpectedly:\n{proc.tail()}")
+
+    # -- HTTP ----------------------------------------------------------------------------
+    @property
+    def api_url(self) -> str:
+        port = next(iter(self.api_ports.values()))
+        return f"http://127.0.0.1:{port}"
+
+    async def request(self, method: str, path: str, *, key: str | None = None,
+                      json: Any = None, headers: Mapping[str, str] | None = None,
+                      base: str | None = None) -> tuple[int, Any]:
+        assert self.http is not None
+        all_headers = {"Authorization": f"Bearer {key or self.api_key}", **(headers or {})}
+        async with self.http.request(method, (base or self.api_url) + path, json=json,
+                                     headers=all_headers) as resp:
+            body: Any = None
+            if resp.content_type == "application/json":
+                body = await resp.json()
+            return resp.status, body
+
+    async def bootstrap(self, *, users: int = 10, channels: Sequence[str] = ("email",),
+                        templates: Mapping[str, Any] | None = None,
+                        settings: Mapping[str, Any] | None = None) -> list[str]:
+        """A project, a full key, ``users`` users with a contact per channel, templates."""
+        status, body = await self.request(
+            "POST", "/v1/projects", key=ADMIN_KEY,
+            json={"name": self.options.name, "settings": dict(settings or {})},
+        )
+        assert status == 201, body
+        self.project_id = body["id"]
+        status, body = await self.request(
+            "POST", f"/v1/projects/{self.project_id}/keys", key=ADMIN_KEY,
+            json={"role": "full", "name": "scenario"},
+        )
+        assert status == 201, body
+        self.api_key = body["key"]
+        for name, template in (templates or {"basic": basic_template(channels)}).items():
+            status, body = await self.request("PUT", f"/v1/templates/{name}", json=template)
+            assert status in (200, 201), body
+        user_ids = [f"user-{i:05d}" for i in range(users)]
+        sem = asyncio.Semaphore(16)
+
+        async def put_user(user_id: str, index: int) -> None:
+            async with sem:
+                status, body = await self.request(
+                    "PUT", f"/v1/users/{user_id}", json={"contacts": contacts_for(index, channels)}
+                )
+                assert status in (200, 201), body
+
+        await asyncio.gather(*(put_user(u, i) for i, u in enumerate(user_ids)))
+        return user_ids
+
+    async def send(self, user_id: str, *, template: str = "basic",
+                   priority: str = "normal", **fields: Any) -> Sent | None:
+        body = {"to": user_id, "template": template, "priority": priority,
+                "data": {"n": user_id}, **fields}
+        try:
+            status, reply = await self.request("POST", "/v1/notifications", json=body)
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+        if status != 202:
+            return None
+        return Sent(reply["id"], user_id, time.time())
+
+    async def send_many(self, user_ids: Sequence[str], *, concurrency: int = 32,
+                        label: str = "sending", **fields: Any) -> list[Sent]:
+        sem = asyncio.Semaphore(concurrency)
+        sent: list[Sent] = []
+
+        async def one(user_id: str) -> None:
+            async with sem:
+                result = await self.send(user_id, **fields)
+                if result is not None:
+                    sent.append(result)
+                    self.say(f"{label}: {len(sent)}/{len(user_ids)} accepted")
+
+        await asyncio.gather(*(one(u) for u in user_ids))
+        return sent
+
+    def say(self, text: str) -> None:
+        if self.options.progress is not None:
+            self.options.progress.update(f"[{self.options.name}] {text}")
+
+    # -- quiescence ------------------------------------------------------------------------
+    async def backlog(self) -> dict[str, int]:
+        """Entries not yet acked by every group of every stream, plus scheduled tasks."""
+        waiting: dict[str, int] = {}
+        for stream in self.keys.all_streams():
+            if stream == self.keys.dlq:
+                continue
+            try:
+                groups = await self.redis.xinfo_groups(stream)
+            except Exception:
+                continue
+            for group in groups:
+                pending = int(group.get("pending") or 0)
+                lag = group.get("lag")
+                unread = int(lag) if lag is not None else 0
+                if pending or unread:
+                    waiting[f"{stream}/{_text(group['name'])}"] = pending + unread
+        scheduled = 0
+        for shard in self.keys.scheduled_shards():
+            scheduled += int(await self.redis.zcard(shard))
+        if scheduled:
+            waiting["scheduled"] = scheduled
+        timers = int(await self.redis.zcard(self.keys.workflow_timers))
+        if timers:
+            waiting["workflow timers"] = timers
+        return waiting
+
+    async def quiesce(self, timeout_s: float = 60.0, *, stable_polls: int = 3) -> dict[str, int]:
+        """Wait until nothing is waiting anywhere for a few polls in a row; returns what was
+        still waiting at the deadline (empty = quiescent)."""
+        deadline = time.monotonic() + timeout_s
+        calm = 0
+        waiting: dict[str, int] = {}
+        while time.monotonic() < deadline:
+            waiting = await self.backlog()
+            if waiting:
+                calm = 0
+                self.say("draining: " + ", ".join(
+                    f"{k.rsplit(':', 1)[-1]}={v}" for k, v in sorted(waiting.items())[:4]))
+            else:
+                calm += 1
+                if calm >= stable_polls:
+                    return {}
+            await asyncio.sleep(0.25)
+        return waiting
+
+    # -- accounting ------------------------------------------------------------------------
+    async def account(self, sent: Sequence[Sent], result: ScenarioResult) -> None:
+        """Fill ``result`` from PostgreSQL and the simulators' records: delivered, duplicates,
+        DLQ, skipped, lost, latency."""
+        assert self.db is not None
+        result.accepted = len(sent)
+        event_ids = [s.event_id for s in sent]
+        accepted_at = {s.event_id: s.accepted_at for s in sent}
+        rows = await self.db.fetch(
+            "SELECT event_id::text AS event_id, task_id, status, kind, detail "
+            "FROM message_logs WHERE project_id = $1 AND event_id = ANY($2::uuid[]) "
+            "AND channel <> ''",
+            self.project_id, event_ids,
+        )
+        task_event = {r["task_id"]: r["event_id"] for r in rows}
+        skipped: dict[str, str] = {}
+        for r in rows:
+            if r["status"] in SKIP_STATUSES:
+                skipped.setdefault(r["event_id"], f"{r['status']}: {r['detail'] or r['kind']}")
+        dead: set[str] = set()
+        for _id, fields in await self.redis.xrange(self.keys.dlq):
+            from notifkit.streams import decode
+
+            with contextlib.suppress(Exception):
+                record = decode(fields)
+                event_id = (record.get("payload") or {}).get("eventId")
+                if event_id:
+                    dead.add(event_id)
+        messages = await self.sim.messages(limit=1_000_000)
+        delivered: dict[str, float] = {}
+        for message in messages:
+            event_id = task_event.get(message.get("taskId") or "")
+            if event_id is None:
+                continue
+            received = _epoch(message.get("receivedAt"))
+            if event_id not in delivered or received < delivered[event_id]:
+                delivered[event_id] = received
+            extra = int(message.get("acceptCount") or 1) - 1
+            if extra:
+                result.duplicates[f"{message['provider']} accepted twice"] += extra
+        result.delivered = len(delivered)
+        result.dead_lettered = len(dead & set(event_ids))
+        for event_id, reason in skipped.items():
+            if event_id not in delivered:
+                result.skipped[reason.split(":")[0]] += 1
+        for event_id in event_ids:
+            if event_id not in delivered and event_id not in dead and event_id not in skipped:
+                result.lost.append(event_id)
+            elif event_id in delivered:
+                result.latencies_s.append(max(0.0, delivered[event_id] - accepted_at[event_id]))
+
+
+def basic_template(channels: Sequence[str]) -> dict[str, Any]:
+    content: dict[str, Any] = {
+        "email": {"subject": "Hello {{ user.id }}", "text": "Message {{ data.n }}"},
+        "sms": {"text": "Message {{ data.n }}"},
+        "push": {"title": "Hello", "body": "Message {{ data.n }}"},
+        "inapp": {"text": "Message {{ data.n }}"},
+    }
+    return {"channels": {c: content[c] for c in channels if c in content}}
+
+
+def contacts_for(index: int, channels: Sequence[str]) -> list[dict[str, str]]:
+    targets = {
+        "email": f"user{index}@example.com",
+        "sms": f"+1555{index:07d}",
+        "push": f"device-token-{index:06d}",
+    }
+    return [{"channel": c, "target": targets[c]} for c in channels if c in targets]
+
+
+def summarize_counter(counter: Counter[str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in counter.items())
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _epoch(value: Any) -> float:
+    from datetime import datetime
+
+    if not value:
+        return time.time()
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
