@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -18,7 +20,7 @@ from notifkit.services.delivery import DeliveryService
 from notifkit.services.engine import EngineService
 from notifkit.services.enricher import EnricherService
 from notifkit.services.events import EventsService
-from notifkit.streams import xadd
+from notifkit.services.scheduler import SchedulerService
 from notifkit.transports.webhook import SIGNATURE_HEADER, verify
 from simulators import SimulatorServer
 
@@ -312,6 +314,16 @@ async def test_a_rejected_request_is_dead_lettered_at_once(
     assert dead["attempts"] == 1
 
 
+class Clock:
+    """The scheduler's clock (ms), moved by the test instead of waiting."""
+
+    def __init__(self) -> None:
+        self.now_ms = int(time.time() * 1000)
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
 async def test_a_429_parks_the_task_until_retry_after_then_it_is_sent_once(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
     sim: SimulatorServer, sim_settings: Settings,
@@ -319,23 +331,25 @@ async def test_a_429_parks_the_task_until_retry_after_then_it_is_sent_once(
     await add_user(db, project, "u1", contacts=[("sms", "+15550000001")])
     await add_template(db, project, "t", {"sms": SMS})
     await sim.add_fault("rate_limit", "twilio", times=1, retry_after_s=30)
-    pipeline = await stages(services, sim_settings)
+    clock = Clock()
+    pipeline = (*await stages(services, sim_settings),
+                await services(SchedulerService, sim_settings, clock=clock))
 
     event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
     await drain(*pipeline)
 
-    # Then the task waits on the scheduled stream for the provider's Retry-After
+    # Then the task waits with the scheduler for the provider's Retry-After
     [parked] = await entries(redis, keys.scheduled)
     assert parked["reason"] == "rateLimited"
     assert parked["stream"] == keys.outbound("normal")
     assert parked["payload"]["parkCount"] == 1
     assert parked["payload"]["priorAttempts"] == 1
-    created_ms = (await redis.xrange(keys.scheduled))[0][0].decode().split("-")[0]
-    assert 29_000 <= parked["dueAt"] - int(created_ms) <= 31_000
+    created_ms = int((await redis.xrange(keys.scheduled))[0][0].decode().split("-")[0])
+    assert 29_000 <= parked["dueAt"] - created_ms <= 31_000
     assert await sim.messages("twilio") == []
 
-    # When the scheduler moves it back (done by hand here), it is sent once
-    await xadd(redis, parked["stream"], parked["payload"], maxlen=1000)
+    # When the window reopens, the scheduler brings it back and it is sent once
+    clock.now_ms = parked["dueAt"] + 1
     await drain(*pipeline)
     [sms] = await sim.messages("twilio")
     assert sms["acceptCount"] == 1
@@ -350,18 +364,43 @@ async def test_a_task_still_rate_limited_at_the_attempt_limit_is_dead_lettered(
     await add_user(db, project, "u1", contacts=[("sms", "+15550000001")])
     await add_template(db, project, "t", {"sms": SMS})
     await sim.add_fault("rate_limit", "twilio", retry_after_s=1)
-    pipeline = await stages(services, sim_settings)
-    await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    clock = Clock()
+    pipeline = (*await stages(services, sim_settings),
+                await services(SchedulerService, sim_settings, clock=clock))
+    event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
     await drain(*pipeline)
 
-    for _ in range(2):  # the scheduler brings it back twice
-        parked = (await entries(redis, keys.scheduled))[-1]
-        await xadd(redis, parked["stream"], parked["payload"], maxlen=1000)
+    for _ in range(2):  # each time the window reopens, the provider says 429 again
+        clock.now_ms += 2_000
         await drain(*pipeline)
 
-    assert len(await entries(redis, keys.scheduled)) == 2
+    assert (await sim.stats())["twilio"]["requests"] == 3
     [dead] = await entries(redis, keys.dlq)
     assert "rate limited after 3 attempts" in dead["error"]
+    assert kinds(await timeline(db, event_id), "sms") == [
+        ("queued", "processing", 0), ("deferred", "scheduled", 1), ("deferred", "scheduled", 2),
+        ("dead_lettered", "dead_lettered", 3)]
+
+
+async def test_a_send_at_in_the_future_is_delivered_when_the_scheduler_says_so(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    await add_user(db, project, "u1", contacts=[("sms", "+15550000001")])
+    await add_template(db, project, "t", {"sms": SMS})
+    clock = Clock()
+    pipeline = (*await stages(services, sim_settings),
+                await services(SchedulerService, sim_settings, clock=clock))
+    send_at = datetime.fromtimestamp(time.time() + 3600, UTC)
+
+    await send(redis, keys, db, project, "t", "u1", data={"amount": "1"},
+               send_at=send_at.isoformat().replace("+00:00", "Z"))
+    await drain(*pipeline)
+    assert await sim.messages("twilio") == []
+
+    clock.now_ms = int(send_at.timestamp() * 1000) + 1
+    await drain(*pipeline)
+    assert len(await sim.messages("twilio")) == 1
 
 
 async def test_a_task_the_outbox_records_as_sent_is_not_sent_again(
