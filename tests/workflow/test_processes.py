@@ -143,7 +143,9 @@ async def test_two_processes_never_run_the_same_instance_at_once(
     flow: Flow, spawn: Spawn, redis: Redis, keys: Keys, settings: Settings,
 ) -> None:
     # Given two workflow processes consuming the same stream
+    # (the wait makes both processes' timer pollers race for the same wake-ups too)
     await flow.define("busy", [{"type": "send", "template": "a"},
+                               {"type": "wait", "seconds": 0.05},
                                {"type": "send", "template": "b"},
                                {"type": "send", "template": "c"}])
     first = await spawn("record-runs")
