@@ -1,0 +1,77 @@
+"""From the HTTP API to the provider and back: POST /v1/notifications, the pipeline drains,
+the simulator has the message and GET /v1/notifications/{id} shows every step."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from notifkit.config import Settings
+from notifkit.services.delivery import DeliveryService
+from notifkit.services.engine import EngineService
+from notifkit.services.enricher import EnricherService
+from notifkit.services.events import EventsService
+from simulators import SimulatorServer
+from tests.api.conftest import Api, start_api
+
+from .conftest import ServiceFactory
+from .helpers import drain
+
+
+@pytest.fixture
+async def api(sim_settings: Settings) -> AsyncIterator[Api]:
+    settings = sim_settings.replace(api_rate_per_second=10_000.0, api_rate_burst=10_000)
+    _server, client = await start_api(settings)
+    try:
+        yield Api(client, settings)
+    finally:
+        await client.close()
+
+
+async def test_a_notification_sent_through_the_api_reaches_the_provider_and_its_timeline(
+    api: Api, redis: Redis, services: ServiceFactory, sim: SimulatorServer,
+    sim_settings: Settings,
+) -> None:
+    # Given a project, a user with an e-mail address and a phone, and a template for both
+    project = await api.project()
+    user = await api.call("PUT", "/v1/users/ada", key=project.full, json={
+        "attributes": {"name": "Ada"},
+        "contacts": [{"channel": "email", "target": "ada@example.com"},
+                     {"channel": "sms", "target": "+15557654321"}],
+    })
+    assert user.status in (200, 201), user.body
+    template = await api.call("PUT", "/v1/templates/welcome", key=project.full, json={
+        "channels": {"email": {"subject": "Welcome {{ user.attributes.name }}",
+                               "text": "Your plan: {{ data.plan }}"},
+                     "sms": {"text": "Welcome to {{ data.plan }}"}},
+    })
+    assert template.status in (200, 201), template.body
+
+    # When it is sent through the API and the pipeline drains
+    accepted = await api.call("POST", "/v1/notifications", key=project.send,
+                              json={"to": "ada", "template": "welcome", "data": {"plan": "pro"}})
+    assert accepted.status == 202, accepted.body
+    await drain(*[await services(cls, sim_settings) for cls in
+                  (EnricherService, EngineService, DeliveryService, EventsService)])
+
+    # Then each provider has the rendered message for the right recipient
+    [email] = await sim.messages("resend")
+    assert (email["to"], email["content"]["subject"]) == ("ada@example.com", "Welcome Ada")
+    assert email["content"]["text"] == "Your plan: pro"
+    [sms] = await sim.messages("twilio")
+    assert (sms["to"], sms["content"]["body"]) == ("+15557654321", "Welcome to pro")
+
+    # And the notification's timeline shows each step for each channel
+    shown = await api.call("GET", f"/v1/notifications/{accepted.body['id']}", key=project.full)
+    assert shown.status == 200, shown.body
+    recipients = {r["channel"]: r for r in shown.body["recipients"]}
+    assert set(recipients) == {"email", "sms"}
+    for channel, record in (("email", email), ("sms", sms)):
+        recipient = recipients[channel]
+        assert recipient["userId"] == "ada"
+        assert recipient["taskId"] == record["taskId"]
+        assert recipient["status"] == "sent"
+        assert [step["kind"] for step in recipient["timeline"]] == ["queued", "sent"]
+    assert shown.body["status"] == "sent"
