@@ -356,7 +356,7 @@ class System:
                 event_id = (record.get("payload") or {}).get("eventId")
                 if event_id:
                     dead.add(event_id)
-        messages = await self.sim.messages(limit=1_000_000)
+        messages = await self.sim.messages(limit=100_000)
         delivered: dict[str, float] = {}
         for message in messages:
             event_id = task_event.get(message.get("taskId") or "")
