@@ -260,15 +260,13 @@ class SchedulerService(WorkerService):
         interval_s = self.settings.scheduler_poll_interval_s
         while True:
             try:
-                moved = await self.poll_once()
+                await self.poll_once()  # moves everything due, a batch per shard at a time
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a chore: log and carry on
                 log.warning("A scheduler poll failed (%s); polling again in %.2f s.", exc,
                             interval_s, extra={"service": self.name})
-                moved = 0
-            if moved < self.batch_size:  # a full batch: more may be due, go again at once
-                await asyncio.sleep(interval_s)
+            await asyncio.sleep(interval_s)
 
     async def poll_once(self, now_ms: int | None = None) -> int:
         """One poll: hold the lock, rebuild if Redis lost the shards, move what is due at
