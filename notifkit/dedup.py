@@ -57,6 +57,15 @@ def delivery_key(task_id: str) -> str:
     return _join(task_id)
 
 
+# Compare-and-delete, as the worker releases the marks of a failed entry.
+_RELEASE_OWN = """
+for _, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[1] then redis.call('DEL', key) end
+end
+return 0
+"""
+
+
 class Dedup:
     """Provisional dedup marks for one stage."""
 
@@ -94,6 +103,14 @@ class Dedup:
                 entry.marks.append(self.keys.processed(self.stage, key))
             allowed.append(mine)
         return allowed
+
+    async def release(self, entry: Entry) -> None:
+        """Drop the entry's marks now (only those it still owns). For an entry that succeeds
+        but hands its work back under the same key, e.g. a task parked until a provider's
+        Retry-After, which must not be taken for its own duplicate when it returns."""
+        if entry.marks:
+            await self.redis.eval(_RELEASE_OWN, len(entry.marks), *entry.marks, entry.owner)
+            entry.marks.clear()
 
     async def extend(self, key: str, ttl_s: int) -> None:
         """Keep a mark at least ``ttl_s`` (a scheduled send must stay deduplicated until it

@@ -48,11 +48,6 @@ MAX_BUCKET_WAIT_S = 2.0
 DEFAULT_PARK_S = 1.0
 PROJECT_SETTINGS_TTL_S = 30.0
 
-_RELEASE_MARK = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
 
 class DeliveryService(WorkerService):
     name: ClassVar[str] = "delivery"
@@ -66,7 +61,7 @@ class DeliveryService(WorkerService):
         # transport's own rate_per_s; None = no bucket).
         self.provider_rates: dict[str, float] = dict(options.get("provider_rates") or {})
         self.buckets = TokenBuckets(self.redis)
-        self._release = self.redis.register_script(_RELEASE_MARK)
+        self.dedup = Dedup(self.redis, self.keys, "delivery", settings.idempotency_ttl_s)
         self._opened: list[Transport] = []
         self._project_settings: dict[str, tuple[float, dict[str, Any]]] = {}
 
@@ -150,8 +145,8 @@ class DeliveryService(WorkerService):
     async def _deduplicate(
         self, parsed: list[tuple[Entry, OutboundTask]]
     ) -> list[tuple[Entry, OutboundTask]]:
-        dedup = Dedup(self.redis, self.keys, "delivery", self.settings.idempotency_ttl_s)
-        allowed = await dedup.claim_many([(e, delivery_key(t["taskId"]), None) for e, t in parsed])
+        allowed = await self.dedup.claim_many(
+            [(e, delivery_key(t["taskId"]), None) for e, t in parsed])
         kept = []
         for (entry, task), ok in zip(parsed, allowed, strict=True):
             if ok:
@@ -315,9 +310,7 @@ class DeliveryService(WorkerService):
             }
             entry.emit(self.keys.scheduled, scheduled)
             # The task comes back as a new entry with the same task id: let it through.
-            for mark in list(entry.marks):
-                await self._release(keys=[mark], args=[entry.owner])
-            entry.marks.clear()
+            await self.dedup.release(entry)
             logs.append(_row(task, attempt, Kind.DEFERRED, Status.SCHEDULED,
                              f"{verdict.reason}; parked for {wait_s:g} s", provider,
                              metadata={"retryAfterSeconds": wait_s,
