@@ -25,7 +25,7 @@ from notifkit.transports.webhook import SIGNATURE_HEADER, verify
 from simulators import SimulatorServer
 
 from .conftest import ServiceFactory, simulated
-from .helpers import add_template, add_user, drain, entries, send, timeline
+from .helpers import add_project, add_template, add_user, drain, entries, send, timeline
 
 EMAIL = {"subject": "Invoice {{ data.amount }}", "text": "Hi {{ user.attributes.name }}"}
 SMS = {"text": "Paid {{ data.amount }}"}
@@ -503,3 +503,28 @@ async def test_a_channel_without_a_transport_is_dead_lettered_naming_the_setting
 
     [dead] = await entries(redis, keys.dlq)
     assert "TWILIO_ACCOUNT_SID" in dead["error"]
+
+
+async def test_a_projects_rate_limit_holds_sends_back_without_using_attempts(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    # Given a project allowed one SMS every ten seconds, and two recipients
+    project = await add_project(db, {"rateLimits": {"sms": 0.1}})
+    for i in range(2):
+        await add_user(db, project, f"u{i}", contacts=[("sms", f"+1555000000{i}")])
+    await add_template(db, project, "t", {"sms": SMS})
+
+    await send(redis, keys, db, project, "t", ["u0", "u1"], data={"amount": "1"})
+    await drain(*await stages(services, sim_settings))
+
+    # Then one SMS went out and the other waits for the bucket, with no attempt used
+    assert len(await sim.messages("twilio")) == 1
+    [parked] = await entries(redis, keys.scheduled)
+    assert parked["reason"] == "rateLimited"
+    assert parked["payload"].get("parkCount", 0) == 0
+    assert parked["payload"]["priorAttempts"] == 0
+    created_ms = int((await redis.xrange(keys.scheduled))[0][0].decode().split("-")[0])
+    assert 5_000 <= parked["dueAt"] - created_ms <= 10_500
+    bucket = keys.provider_bucket("twilio", project)
+    assert await redis.exists(bucket)
