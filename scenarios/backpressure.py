@@ -1,0 +1,128 @@
+"""backpressure: a slow provider (latency fault) under sustained load.
+
+Delivery runs in a process of its own. The simulated provider answers every send only after
+``delay_ms``, so delivery can finish about ``WORKER_CONCURRENCY / delay`` sends a second, while
+sends keep arriving faster than that. The work that cannot be taken yet must wait in Redis,
+not in the process: delivery reads no more than its free capacity.
+
+Invariants, sampled while the load runs: the delivery process's RSS (from /proc) grows by at
+most ``rss_growth_mb`` from the first sample taken under backlog to the peak, while the backlog
+waiting for delivery grows by at least ``min_backlog`` entries; delivery never holds more than
+its concurrency of entries pending; once the provider is fast again everything is delivered,
+nothing dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from scenarios.harness import RunOptions, System
+from scenarios.report import ScenarioResult
+
+DESCRIPTION = "slow provider under sustained load: delivery memory bounded, nothing dropped"
+PARAMS: dict[str, Any] = {
+    "messages": 3000, "rate_per_s": 400.0, "delay_ms": 400, "concurrency": 50,
+    "rss_growth_mb": 40.0, "min_backlog": 500, "quiesce_s": 60.0,
+}
+
+LAYOUT = {
+    "api": ["api"],
+    "pipeline": ["enricher", "engine", "scheduler", "events"],
+    "delivery": ["delivery"],
+}
+
+
+def rss_mb(pid: int | None) -> float | None:
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+async def delivery_queue(system: System) -> tuple[int, int]:
+    """(entries waiting unread for delivery, entries pending in delivery's group)."""
+    unread = pending = 0
+    group = system.keys.group("delivery")
+    for stream in system.keys.outbound_all():
+        try:
+            groups = await system.redis.xinfo_groups(stream)
+        except Exception:
+            continue
+        for info in groups:
+            name = info["name"].decode() if isinstance(info["name"], bytes) else info["name"]
+            if name == group:
+                unread += int(info.get("lag") or 0)
+                pending += int(info.get("pending") or 0)
+    return unread, pending
+
+
+async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
+    result = ScenarioResult(name=options.name, seed=options.seed)
+    concurrency = int(params["concurrency"])
+    options.env.setdefault("WORKER_CONCURRENCY", str(concurrency))
+    options.env.setdefault("API_RATE_PER_SECOND", "2000")
+    options.env.setdefault("API_RATE_BURST", "2000")
+    async with System(options, LAYOUT) as system:
+        users = await system.bootstrap(users=200)
+        await system.sim.add_fault("latency", "resend", delay_ms=int(params["delay_ms"]))
+        system.say(f"provider slowed to {params['delay_ms']} ms per send", force=True)
+        pid = system.processes["delivery"].pid
+
+        samples: list[tuple[float, float, int, int]] = []  # (t, rss MB, unread, pending)
+        stop = asyncio.Event()
+
+        async def sample() -> None:
+            while not stop.is_set():
+                rss = rss_mb(pid)
+                unread, pending = await delivery_queue(system)
+                if rss is not None:
+                    samples.append((time.monotonic(), rss, unread, pending))
+                await asyncio.sleep(0.25)
+
+        sampler = asyncio.create_task(sample())
+        count = int(params["messages"])
+        sends = [(users[i % len(users)], {"data": {"n": str(i)}}) for i in range(count)]
+        sent = await system.send_paced(sends, rate_per_s=float(params["rate_per_s"]),
+                                       label="sustained load")
+        await asyncio.sleep(1.0)
+        stop.set()
+        await sampler
+
+        under_load = [s for s in samples if s[2] > 0]
+        result.check(bool(under_load), "no backlog ever waited for delivery: the provider was "
+                                       "not slow enough for the load")
+        if under_load:
+            first, peak_rss = under_load[0], max(s[1] for s in under_load)
+            peak_backlog = max(s[2] for s in under_load)
+            max_pending = max(s[3] for s in samples)
+            growth = peak_rss - first[1]
+            result.facts["delivery RSS at first backlog (MB)"] = round(first[1], 1)
+            result.facts["delivery RSS peak (MB)"] = round(peak_rss, 1)
+            result.facts["backlog waiting for delivery, peak"] = peak_backlog
+            result.facts["delivery pending, peak"] = max_pending
+            result.check(peak_backlog - first[2] >= int(params["min_backlog"]),
+                         f"the backlog grew only from {first[2]} to {peak_backlog}: not enough "
+                         "load to show anything")
+            result.check(growth <= float(params["rss_growth_mb"]),
+                         f"delivery RSS grew {growth:.1f} MB (to {peak_rss:.1f} MB) while the "
+                         f"backlog grew to {peak_backlog}: memory follows the backlog")
+            result.check(max_pending <= concurrency,
+                         f"delivery held {max_pending} entries pending, more than its "
+                         f"concurrency {concurrency}")
+
+        await system.sim.clear_faults()
+        system.say("provider fast again; draining", force=True)
+        left = await system.quiesce(float(params["quiesce_s"]))
+        result.check(not left, f"the system did not quiesce: {left}")
+        await system.account(sent, result)
+        result.check(len(sent) == count, f"only {len(sent)} of {count} sends were accepted")
+        system.check_alive(result, LAYOUT)
+    return result
