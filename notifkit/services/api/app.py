@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Callable, Iterable
 
 import asyncpg
@@ -36,6 +37,7 @@ from notifkit.services.api.state import (
 )
 
 SSE_HEARTBEAT_DEFAULT_S = 15.0
+_PLACEHOLDER = re.compile(r"{([A-Za-z]+)}")
 
 
 def operations() -> list[Operation]:
@@ -78,12 +80,18 @@ def create_app(
     app[SSE_HEARTBEAT_S] = sse_heartbeat_s
     table: dict[str, Operation] = {}
     for op in operations():
-        app.router.add_route(op.method, op.path, op.handler, name=op.operation_id)
+        app.router.add_route(op.method, route_path(op.path), op.handler, name=op.operation_id)
         table[op.operation_id] = op
     app[OPERATIONS] = table
     app.cleanup_ctx.append(_resources(settings, redis, db))
     app.on_shutdown.append(_close_streams)
     return app
+
+
+def route_path(path: str) -> str:
+    """aiohttp's default placeholder refuses ``{`` and ``}``, which caller-chosen ids may hold:
+    every placeholder matches one whole path segment instead."""
+    return _PLACEHOLDER.sub(r"{\1:[^/]+}", path)
 
 
 async def _close_streams(app: web.Application) -> None:
