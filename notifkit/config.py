@@ -27,6 +27,18 @@ SERVICES: tuple[str, ...] = (
 )
 EMAIL_TRANSPORTS = ("resend", "sendgrid", "smtp")
 LOG_FORMATS = ("json", "text")
+# Test-only: guarantees the scenario suite breaks on purpose (NOTIFKIT_FAULT_INJECTION) to show
+# that each scenario notices. Off unless that variable names them; never set it in production.
+FAULT_INJECTIONS: dict[str, str] = {
+    "ack_before_process": "the worker acks an entry as soon as it reads it, before processing",
+    "skip_reclaim": "the reclaim sweep never takes over idle entries",
+    "drop_idempotency_key": "transports send no idempotency key to the provider",
+    "skip_failed_event": "dead-lettering emits no notification:failed event",
+    "retry_malformed": "a malformed entry stays pending instead of being acked",
+    "ignore_retry_after": "a 429's Retry-After is ignored: parked tasks come back at once",
+    "keep_invalid_contacts": "contacts the provider calls invalid are not disabled",
+    "skip_fallback": "a failed channel is retried instead of falling back to the next one",
+}
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:-]{0,64}$")
 
@@ -142,6 +154,8 @@ class Settings:
     push: PushSettings = field(default_factory=PushSettings)
     ai: AiSettings = field(default_factory=AiSettings)
     webhooks: WebhookSecrets = field(default_factory=WebhookSecrets)
+    # Test-only (see FAULT_INJECTIONS): names of guarantees to break on purpose. Empty = none.
+    fault_injection: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -160,6 +174,10 @@ class Settings:
         values = _read_env(source)
         values.update(overrides)
         return _apply_simulator(cls(**values), source)
+
+    def injects(self, fault: str) -> bool:
+        """Whether the test-only fault ``fault`` (a FAULT_INJECTIONS name) is switched on."""
+        return fault in self.fault_injection
 
     def max_attempts_for(self, service: str) -> int:
         return self.enricher_max_attempts if service == "enricher" else self.max_attempts
@@ -275,6 +293,10 @@ def _read_env(env: Mapping[str, str]) -> dict[str, Any]:
     put("simulator_smtp", _get(env, "NOTIFKIT_SIMULATOR_SMTP"))
     put("log_format", _get(env, "LOG_FORMAT"))
     put("log_level", _get(env, "LOG_LEVEL"))
+    faults = _get(env, "NOTIFKIT_FAULT_INJECTION")
+    if faults is not None:
+        values["fault_injection"] = frozenset(
+            part.strip() for part in faults.split(",") if part.strip())
 
     email = EmailSettings()
     values["email"] = dataclasses.replace(
@@ -436,6 +458,11 @@ def _validate(s: Settings) -> None:
         raise ConfigError(
             "LOG_LEVEL", f"must be DEBUG, INFO, WARNING or ERROR, got {s.log_level!r}"
         )
+    unknown_faults = sorted(s.fault_injection - FAULT_INJECTIONS.keys())
+    if unknown_faults:
+        raise ConfigError("NOTIFKIT_FAULT_INJECTION",
+                          f"unknown fault {unknown_faults[0]!r}; choose from "
+                          f"{', '.join(FAULT_INJECTIONS)}")
     if len(s.secret) < 16:
         raise ConfigError("NOTIFKIT_SECRET", "must be at least 16 characters")
     if s.admin_key is not None and len(s.admin_key) < 16:

@@ -285,6 +285,8 @@ class StreamWorker:
     async def reclaim_once(self) -> int:
         """XAUTOCLAIM entries idle past ``reclaim_min_idle_s`` (up to free capacity) and
         dispatch them; returns how many were taken over."""
+        if self.settings.injects("skip_reclaim"):  # test-only fault (config.FAULT_INJECTIONS)
+            return 0
         min_idle_ms = int(self.settings.reclaim_min_idle_s * 1000)
         total = 0
         for stream in self.streams:
@@ -332,8 +334,13 @@ class StreamWorker:
             pipe.hincrby(key, stream, 1)
             pipe.expire(key, self.settings.attempts_ttl_s)
         for stream, entry_id, _reason in malformed:
+            if self.settings.injects("retry_malformed"):  # test-only fault
+                continue
             pipe.xack(stream, self.group, entry_id)
             pipe.hdel(self.keys.attempts(self.group, entry_id), stream)
+        if self.settings.injects("ack_before_process"):  # test-only fault: breaks at-least-once
+            for stream, entry_id, _payload in parsed:
+                pipe.xack(stream, self.group, entry_id)
         results = await pipe.execute()
 
         for stream, entry_id, reason in malformed:
@@ -446,7 +453,8 @@ class StreamWorker:
                 "replayOf": entry.owner,
             }
             queue_xadd(pipe, self.keys.dlq, record, maxlen)
-            if entry.stream != self.keys.events_inbound:
+            if (entry.stream != self.keys.events_inbound
+                    and not self.settings.injects("skip_failed_event")):  # test-only fault
                 queue_xadd(pipe, self.keys.events_inbound, failed_event(entry, record), maxlen)
             pipe.xack(entry.stream, self.group, entry.id)
             pipe.hdel(self.keys.attempts(self.group, entry.id), entry.stream)

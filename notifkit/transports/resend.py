@@ -16,6 +16,7 @@ from notifkit.transports.base import (
     Message,
     Outcome,
     SendResult,
+    TransportContext,
     classify_status,
     error_detail,
 )
@@ -35,6 +36,13 @@ class ResendTransport(HttpTransport):
         super().__init__(base_url=base_url, **options)
         self.api_key = api_key
         self.from_addr = from_addr
+        self._send_idempotency_key = True
+
+    async def open(self, ctx: TransportContext) -> None:
+        await super().open(ctx)
+        # Test-only fault (config.FAULT_INJECTIONS): the scenarios show what the key prevents.
+        settings = getattr(ctx, "settings", None)  # tests may open a transport without one
+        self._send_idempotency_key = not (settings and settings.injects("drop_idempotency_key"))
 
     async def _send(self, message: Message) -> SendResult:
         email = build_email(message, self.from_addr)
@@ -49,10 +57,12 @@ class ResendTransport(HttpTransport):
             body["html"] = email.html
         if email.text is not None:
             body["text"] = email.text
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        if self._send_idempotency_key:
+            headers["Idempotency-Key"] = message.task_id
         reply = await self._request(
             "POST", f"{self.base_url}/emails", task_id=message.task_id, json_body=body,
-            headers={"Authorization": f"Bearer {self.api_key}",
-                     "Idempotency-Key": message.task_id},
+            headers=headers,
         )
         return classify(reply)
 

@@ -193,3 +193,17 @@ def test_email_transport_is_inferred_from_the_credential_set() -> None:
     assert Settings.from_env({"RESEND_API_KEY": "k"}).email.transport == "resend"
     assert Settings.from_env({"SENDGRID_API_KEY": "k"}).email.transport == "sendgrid"
     assert Settings.from_env({"SMTP_URL": "smtp://u:p@mail:25"}).email.transport == "smtp"
+
+
+def test_fault_injection_is_off_by_default_and_names_are_checked() -> None:
+    """The scenario suite's test-only faults: none unless NOTIFKIT_FAULT_INJECTION names them,
+    and a misspelt one is an error rather than a silently unbroken guarantee."""
+    from notifkit.config import ConfigError, Settings
+
+    assert Settings.from_env({}).fault_injection == frozenset()
+    settings = Settings.from_env({"NOTIFKIT_FAULT_INJECTION": "skip_reclaim, ack_before_process"})
+    assert settings.injects("skip_reclaim")
+    assert settings.injects("ack_before_process")
+    assert not settings.injects("drop_idempotency_key")
+    with pytest.raises(ConfigError, match="NOTIFKIT_FAULT_INJECTION"):
+        Settings.from_env({"NOTIFKIT_FAULT_INJECTION": "skip_reclaims"})

@@ -120,13 +120,16 @@ class DeliveryService(WorkerService):
         disabled: list[tuple[str, str, str, str]] = []
         for (entry, task, transport), answers in zip(runnable, attempted, strict=True):
             attempt = self._attempt(entry, task)
-            verdict = judge(answers, has_next_channel=bool(task.get("fallback", {}).get("chain")),
+            has_next = (bool(task.get("fallback", {}).get("chain"))
+                        and not self.settings.injects("skip_fallback"))  # test-only fault
+            verdict = judge(answers, has_next_channel=has_next,
                             attempt=attempt, max_attempts=self.settings.max_attempts)
             if verdict.action is Action.RETRY and entry.attempt >= self.worker.max_attempts:
                 verdict = Verdict(Action.DEAD, verdict.reason)
             for a in answers:
                 outcome = a.result.outcome
-                if outcome is Outcome.INVALID_RECIPIENT:
+                if outcome is Outcome.INVALID_RECIPIENT and not self.settings.injects(
+                        "keep_invalid_contacts"):  # test-only fault
                     disabled.append((task["projectId"], task["channel"], a.destination,
                                      "invalid_recipient"))
                 if outcome is not Outcome.SENT and not a.result.maybe_accepted:
@@ -296,6 +299,8 @@ class DeliveryService(WorkerService):
             return
         if action is Action.PARK:
             wait_s = verdict.retry_after_s if verdict.retry_after_s else DEFAULT_PARK_S
+            if self.settings.injects("ignore_retry_after"):  # test-only fault
+                wait_s = 0.0
             due_ms = int((time.time() + wait_s) * 1000)
             parked: dict[str, Any] = dict(task)
             if verdict.counts_as_attempt:
