@@ -278,9 +278,32 @@ class System:
         await asyncio.gather(*(one(u) for u in user_ids))
         return sent
 
-    def say(self, text: str) -> None:
+    async def send_paced(self, sends: Sequence[tuple[str, Mapping[str, Any]]], *,
+                         rate_per_s: float, concurrency: int = 32,
+                         label: str = "sending") -> list[Sent]:
+        """Send ``(user_id, fields)`` pairs at about ``rate_per_s``, so faults land under load
+        rather than after a burst has already drained."""
+        sem = asyncio.Semaphore(concurrency)
+        sent: list[Sent] = []
+        started = time.monotonic()
+
+        async def one(index: int, user_id: str, fields: Mapping[str, Any]) -> None:
+            delay = started + index / rate_per_s - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            async with sem:
+                result = await self.send(user_id, **fields)
+                if result is not None:
+                    sent.append(result)
+                    self.say(f"{label}: {len(sent)}/{len(sends)} accepted")
+
+        await asyncio.gather(*(one(i, u, f) for i, (u, f) in enumerate(sends)))
+        return sent
+
+    def say(self, text: str, *, force: bool = False) -> None:
+        """A progress line; ``force`` for one worth keeping in a CI log (a fault injected)."""
         if self.options.progress is not None:
-            self.options.progress.update(f"[{self.options.name}] {text}")
+            self.options.progress.update(f"[{self.options.name}] {text}", force=force)
 
     # -- quiescence ------------------------------------------------------------------------
     async def backlog(self) -> dict[str, int]:
@@ -328,6 +351,101 @@ class System:
             await asyncio.sleep(0.25)
         return waiting
 
+    # -- inspecting processes and streams ---------------------------------------------------
+    def consumer_of(self, name: str, service: str) -> str:
+        """The consumer name the worker in process ``name`` uses (see notifkit.worker)."""
+        import socket
+
+        return f"{service}-{socket.gethostname()}-{self.processes[name].pid}"
+
+    async def pending_of(self, name: str, service: str) -> list[tuple[str, str]]:
+        """``(stream, entry id)`` pending for the consumer of ``service`` in process ``name``."""
+        consumer = self.consumer_of(name, service)
+        group = self.keys.group(service)
+        held: list[tuple[str, str]] = []
+        for stream in self.keys.all_streams():
+            try:
+                rows = await self.redis.xpending_range(
+                    stream, group, min="-", max="+", count=10_000, consumername=consumer)
+            except Exception:  # no such group on this stream
+                continue
+            held.extend((stream, _text(r["message_id"])) for r in rows)
+        return held
+
+    async def pending_of_dead_consumers(self) -> dict[str, int]:
+        """Entries still pending for consumers whose process is gone."""
+        live = {p.pid for p in self.processes.values() if p.running}
+        stale: dict[str, int] = {}
+        for stream in self.keys.all_streams():
+            try:
+                groups = await self.redis.xinfo_groups(stream)
+            except Exception:
+                continue
+            for group in groups:
+                for consumer in await self.redis.xinfo_consumers(stream, group["name"]):
+                    name = _text(consumer["name"])
+                    pid = name.rsplit("-", 1)[-1]
+                    if int(consumer.get("pending") or 0) and (
+                            not pid.isdigit() or int(pid) not in live):
+                        stale[f"{stream}/{name}"] = int(consumer["pending"])
+        return stale
+
+    async def task_ids_of(self, entries: Iterable[tuple[str, str]]) -> set[str]:
+        from notifkit.streams import decode
+
+        task_ids: set[str] = set()
+        for stream, entry_id in entries:
+            for _id, fields in await self.redis.xrange(stream, entry_id, entry_id):
+                with contextlib.suppress(Exception):
+                    task_id = decode(fields).get("taskId")
+                    if task_id:
+                        task_ids.add(str(task_id))
+        return task_ids
+
+    def log_records(self, name: str) -> list[dict[str, Any]]:
+        """The JSON log records process ``name`` wrote (over all its restarts)."""
+        import json
+
+        proc = self.processes[name]
+        records: list[dict[str, Any]] = []
+        try:
+            text = proc.log_path.read_text(errors="replace")
+        except OSError:
+            return records
+        for line in text.splitlines():
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    records.append(json.loads(line))
+        return records
+
+    def count_log_lines(self, *fragments: str) -> dict[str, int]:
+        """Per process: how many log messages contain every fragment."""
+        counts: dict[str, int] = {}
+        for name in self.processes:
+            n = sum(1 for r in self.log_records(name)
+                    if all(f in str(r.get("message", r.get("msg", ""))) for f in fragments))
+            if n:
+                counts[name] = n
+        return counts
+
+    async def duplicates(self) -> dict[str, tuple[str, int]]:
+        """task id -> (provider, extra acceptances) for every task a provider accepted more
+        than once, from the simulators' records."""
+        most: dict[str, tuple[str, int]] = {}
+        for message in await self.sim.messages(limit=100_000):
+            task_id = message.get("taskId")
+            count = int(message.get("acceptCount") or 1)
+            if task_id and count > 1 and count - 1 > most.get(task_id, ("", 0))[1]:
+                most[task_id] = (message["provider"], count - 1)
+        return most
+
+    async def event_of_task(self, task_id: str) -> str:
+        assert self.db is not None
+        value = await self.db.fetchval(
+            "SELECT event_id::text FROM message_logs WHERE project_id = $1 AND task_id = $2 "
+            "LIMIT 1", self.project_id, task_id)
+        return str(value or "?")
+
     # -- accounting ------------------------------------------------------------------------
     async def account(self, sent: Sequence[Sent], result: ScenarioResult) -> None:
         """Fill ``result`` from PostgreSQL and the simulators' records: delivered, duplicates,
@@ -365,9 +483,9 @@ class System:
             received = _epoch(message.get("receivedAt"))
             if event_id not in delivered or received < delivered[event_id]:
                 delivered[event_id] = received
-            extra = int(message.get("acceptCount") or 1) - 1
-            if extra:
-                result.duplicates[f"{message['provider']} accepted twice"] += extra
+        # A task accepted n times shows n records with acceptCount 1..n: count n - 1 once.
+        for _task_id, (provider, extra) in (await self.duplicates()).items():
+            result.duplicates[f"{provider} accepted twice"] += extra
         result.delivered = len(delivered)
         result.dead_lettered = len(dead & set(event_ids))
         for event_id, reason in skipped.items():

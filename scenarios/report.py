@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -122,14 +123,21 @@ class Progress:
         self.stream = stream or sys.stderr
         self.live = bool(getattr(self.stream, "isatty", lambda: False)())
         self._last = ""
+        self._shown_at = 0.0
 
-    def update(self, text: str) -> None:
+    # Without a terminal (CI logs), at most one progress line per this many seconds.
+    quiet_interval_s = 2.0
+
+    def update(self, text: str, *, force: bool = False) -> None:
+        """Show ``text`` as the live line; ``force`` for a line worth keeping in a CI log."""
         if text == self._last:
             return
         self._last = text
+        now = time.monotonic()
         if self.live:
-            self.stream.write("\r\033[K" + text)
-        else:
+            self.stream.write("\r\033[K" + text + ("\n" if force else ""))
+        elif force or now - self._shown_at >= self.quiet_interval_s:
+            self._shown_at = now
             self.stream.write(text + "\n")
         self.stream.flush()
 
