@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from notifkit import __version__
 from notifkit.config import ConfigError, Settings, parse_services
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_settings(args: argparse.Namespace) -> Settings:
-    overrides: dict[str, object] = {}
+    overrides: dict[str, Any] = {}
     services = getattr(args, "services", None)
     if services:
         overrides["services"] = parse_services(services, "--services")

@@ -83,7 +83,7 @@ def _start_postgres(folder: Path, stack: contextlib.ExitStack) -> str:
             "pip install 'notifkit[dev]' or set DATABASE_URL"
         ) from None
     folder.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(folder.resolve(), cleanup_mode="stop")
+    server = pgserver.get_server(folder.resolve(), cleanup_mode="stop")  # type: ignore[attr-defined]
     stack.callback(server.cleanup)
     uri = str(server.get_uri())
     log.info("Embedded PostgreSQL (data in %s).", folder)
