@@ -1,0 +1,89 @@
+"""Providers accept a message and then never answer (``lost_response``): the duplicate-send case.
+
+Proves: against a provider that honours idempotency keys (Resend) a retry after a lost answer
+sends nothing twice; against one without them (Twilio SMS) every lost answer costs exactly one
+duplicate, and each duplicated task is flagged ``possibleDuplicate`` in its timeline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scenarios.harness import RunOptions, Sent, System, basic_template
+from scenarios.report import ScenarioResult
+
+DESCRIPTION = ("lost_response faults: Resend (idempotency keys) sends nothing twice; Twilio "
+               "duplicates exactly the lost responses, each flagged in the log")
+PARAMS: dict[str, Any] = {
+    "users": 40,
+    "messages": 60,  # per provider
+    "lost_responses": 6,  # per provider, at most
+    "probability": 0.15,
+}
+
+LAYOUT = {"api": ["api"], "workers": ["enricher", "engine", "delivery", "scheduler", "events"]}
+PHASES = (("resend", "mail"), ("twilio", "text"))
+
+
+async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
+    result = ScenarioResult(options.name, options.seed)
+    async with System(options, LAYOUT) as system:
+        users = await system.bootstrap(
+            users=int(params["users"]), channels=("email", "sms"),
+            templates={"mail": basic_template(["email"]), "text": basic_template(["sms"])},
+        )
+        all_sent: list[Sent] = []
+        for provider, template in PHASES:
+            rule = await system.sim.add_fault(
+                "lost_response", provider, probability=float(params["probability"]),
+                times=int(params["lost_responses"]))
+            system.say(f"{provider}: lost_response on, sending", force=True)
+            sent = await system.send_many(
+                [users[i % len(users)] for i in range(int(params["messages"]))],
+                template=template, label=f"{provider}")
+            all_sent += sent
+            waiting = await system.quiesce(60)
+            result.check(not waiting, f"{provider}: the system never drained: {waiting}")
+            await system.sim.remove_fault(rule["id"])
+            stats = (await system.sim.stats()).get(provider) or {}
+            lost = int((stats.get("faults") or {}).get("lost_response", 0))
+            dupes = {t: extra for t, (p, extra) in (await system.duplicates()).items()
+                     if p == provider}
+            extra_total = sum(dupes.values())
+            flagged = await flagged_tasks(system, [s.event_id for s in sent])
+            result.facts[provider] = {"lost_responses": lost, "duplicates": extra_total,
+                                      "flagged_in_log": len(flagged)}
+            result.check(lost > 0, f"{provider}: no response was lost; raise probability")
+            if extra_total:
+                result.duplicates[f"{provider}: lost response"] += extra_total
+            if provider == "resend":
+                for task_id, extra in dupes.items():
+                    result.check(False, f"resend accepted task {task_id} (notification "
+                                        f"{await system.event_of_task(task_id)}) {extra + 1} "
+                                        "times despite its idempotency key")
+            else:
+                result.check(extra_total == lost,
+                             f"twilio: {lost} lost responses but {extra_total} duplicates "
+                             "(each lost answer must cost exactly one)")
+                unflagged = sorted(set(dupes) - flagged)
+                for task_id in unflagged:
+                    result.check(False, f"twilio: task {task_id} (notification "
+                                        f"{await system.event_of_task(task_id)}) was sent "
+                                        "twice but its timeline does not say so")
+        await system.account(all_sent, result)
+        # account() counts duplicates by provider; keep the attributed ones above.
+        for key in [k for k in result.duplicates if k.endswith("accepted twice")]:
+            del result.duplicates[key]
+        system.check_alive(result, LAYOUT)
+    return result
+
+
+async def flagged_tasks(system: System, event_ids: list[str]) -> set[str]:
+    """Tasks whose timeline has a send flagged as a possible duplicate."""
+    assert system.db is not None
+    rows = await system.db.fetch(
+        "SELECT DISTINCT task_id FROM message_logs WHERE project_id = $1 "
+        "AND event_id = ANY($2::uuid[]) AND kind = 'sent' "
+        "AND (metadata->>'possibleDuplicate')::boolean",
+        system.project_id, event_ids)
+    return {r["task_id"] for r in rows}
