@@ -446,6 +446,14 @@ class System:
             "LIMIT 1", self.project_id, task_id)
         return str(value or "?")
 
+    async def task_ids_of_event(self, event_id: str) -> list[str]:
+        """The tasks the pipeline made for a notification (one per recipient and channel)."""
+        assert self.db is not None
+        rows = await self.db.fetch(
+            "SELECT DISTINCT task_id FROM message_logs WHERE project_id = $1 "
+            "AND event_id = $2::uuid AND channel <> ''", self.project_id, event_id)
+        return [r["task_id"] for r in rows]
+
     # -- accounting ------------------------------------------------------------------------
     async def account(self, sent: Sequence[Sent], result: ScenarioResult) -> None:
         """Fill ``result`` from PostgreSQL and the simulators' records: delivered, duplicates,

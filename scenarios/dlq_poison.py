@@ -1,0 +1,118 @@
+"""Poison messages: one that always fails at delivery (the provider answers 500 for one
+recipient) and one that always fails at the enricher; then the delivery cause is fixed and the
+dead-lettered entry replayed through ``POST /v1/dlq/{id}/replay``.
+
+Proves: a poison lands in the DLQ after exactly its stage's attempt limit (read from the
+settings the processes run with, not assumed), a ``notification:failed`` event is emitted for
+it, the traffic around it is delivered, and after the fix a replay delivers it exactly once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from notifkit.config import Settings
+from notifkit.streams import decode, encode
+from scenarios.harness import ADMIN_KEY, RunOptions, Sent, System, basic_template
+from scenarios.report import ScenarioResult
+
+DESCRIPTION = ("a message that always fails (provider 500 for one recipient; an enricher "
+               "crash) is dead-lettered after exactly the attempt limit, notification:failed "
+               "is emitted, and a replay after the fix delivers it once")
+PARAMS: dict[str, Any] = {"users": 20, "messages": 40}
+
+LAYOUT = {"api": ["api"], "workers": ["enricher", "engine", "delivery", "scheduler", "events"]}
+
+
+async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
+    result = ScenarioResult(options.name, options.seed)
+    async with System(options, LAYOUT) as system:
+        limits = Settings.from_env(system.env_for(["delivery"]))
+        users = await system.bootstrap(users=int(params["users"]), channels=("email",),
+                                       templates={"mail": basic_template(["email"])})
+        poison_user, others = users[0], users[1:]
+        # 1. Delivery poison: the provider always fails for this one address.
+        rule = await system.sim.add_fault("error", "resend", to="user0@example.com", status=500)
+        system.say("resend answers 500 for user0@example.com; sending", force=True)
+        poison = await system.send(poison_user, template="mail")
+        assert poison is not None, "the API refused the poison notification"
+        sent: list[Sent] = [poison]
+        sent += await system.send_many(
+            [others[i % len(others)] for i in range(int(params["messages"]))], template="mail")
+        # 2. Enricher poison: an inbound entry of the right shape that fails every time (its
+        # segment cursor is not text, so the segment query raises).
+        enricher_poison = str(uuid.uuid4())
+        await system.redis.xadd(system.keys.inbound("normal"), encode({
+            "eventId": enricher_poison, "projectId": system.project_id, "template": "mail",
+            "to": {"segment": "everyone"}, "priority": "normal", "segmentAfter": 12345,
+        }))
+        waiting = await system.quiesce(60)
+        result.check(not waiting, f"the system never drained: {waiting}")
+
+        dlq = await dead_letters(system)
+        failed_events = await failed_event_ids(system)
+        for event_id, service, limit in ((poison.event_id, "delivery", limits.max_attempts),
+                                         (enricher_poison, "enricher",
+                                          limits.enricher_max_attempts)):
+            records = [r for r in dlq.values() if event_of(r) == event_id]
+            result.check(len(records) == 1,
+                         f"{service} poison {event_id}: {len(records)} DLQ entries, expected 1")
+            for record in records:
+                result.check(record.get("service") == service,
+                             f"poison {event_id} dead-lettered by {record.get('service')}, "
+                             f"expected {service}")
+                result.check(record.get("attempts") == limit,
+                             f"{service} poison {event_id}: dead-lettered after "
+                             f"{record.get('attempts')} attempts, the limit is {limit}")
+            result.check(event_id in failed_events,
+                         f"no notification:failed event for the {service} poison {event_id}")
+        provider_tries = int(((await system.sim.stats()).get("resend") or {})
+                             .get("faults", {}).get("error", 0))
+        result.check(provider_tries == limits.max_attempts,
+                     f"resend saw the poison {provider_tries} times, the limit is "
+                     f"{limits.max_attempts}")
+        result.facts.update(dlq_before_replay=len(dlq), provider_tries=provider_tries)
+
+        # 3. Fix the cause, replay the delivery poison through the API.
+        await system.sim.remove_fault(rule["id"])
+        entry_id = next((i for i, r in dlq.items() if event_of(r) == poison.event_id), None)
+        if entry_id is not None:
+            status, body = await system.request("POST", f"/v1/dlq/{entry_id}/replay")
+            if status in (401, 403):
+                status, body = await system.request("POST", f"/v1/dlq/{entry_id}/replay",
+                                                    key=ADMIN_KEY)
+            result.check(status == 202, f"replay of {entry_id} answered {status}: {body}")
+            system.say(f"cause fixed; replayed DLQ entry {entry_id}", force=True)
+            waiting = await system.quiesce(60)
+            result.check(not waiting, f"the replay never drained: {waiting}")
+            task_ids = await system.task_ids_of_event(poison.event_id)
+            copies = [m for t in task_ids for m in await system.sim.messages(task_id=t)]
+            result.check(len(copies) == 1,
+                         f"the replayed notification {poison.event_id} reached resend "
+                         f"{len(copies)} times, expected once")
+            result.facts["replayed_deliveries"] = len(copies)
+        await system.account(sent, result)
+        system.check_alive(result, LAYOUT)
+    return result
+
+
+async def dead_letters(system: System) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for entry_id, fields in await system.redis.xrange(system.keys.dlq):
+        out[entry_id.decode() if isinstance(entry_id, bytes) else entry_id] = decode(fields)
+    return out
+
+
+async def failed_event_ids(system: System) -> set[str]:
+    ids: set[str] = set()
+    for _id, fields in await system.redis.xrange(system.keys.events_inbound):
+        event = decode(fields)
+        if event.get("type") == "notification:failed" and event.get("eventId"):
+            ids.add(str(event["eventId"]))
+    return ids
+
+
+def event_of(record: dict[str, Any]) -> str | None:
+    payload = record.get("payload") or {}
+    return payload.get("eventId") if isinstance(payload, dict) else None
