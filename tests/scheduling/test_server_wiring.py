@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from typing import Any
 
 import asyncpg
 from redis.asyncio import Redis
@@ -15,23 +17,32 @@ from notifkit.streams import decode, xadd
 from .helpers import scheduled_task
 
 
-async def test_scheduler_and_events_start_drain_and_stop_in_a_server(
+async def wait_for_entry(redis: Redis, stream: str, timeout_s: float = 20.0) -> dict[str, Any]:
+    """The first entry of ``stream``, once the running services have written it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        reply = await redis.xrange(stream, count=1)
+        if reply:
+            return decode(reply[0][1])
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"nothing arrived on {stream} within {timeout_s:.0f} s")
+
+
+async def test_scheduler_and_events_run_in_a_server_and_stop_cleanly(
     settings: Settings, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
 ) -> None:
-    server = NotifkitServer(["scheduler", "events"], settings=settings, auto_migrate=False)
+    fast = settings.replace(scheduler_poll_interval_s=0.05, read_block_ms=100)
+    server = NotifkitServer(["scheduler", "events"], settings=fast, auto_migrate=False)
     await server.start()
     try:
+        # The services' own loops (read, poll) do the work: nothing is driven by hand here.
         due = scheduled_task(keys, project_id, time.time_ns() // 1_000_000 - 1)
         await xadd(redis, keys.scheduled, due, maxlen=1000)
         await xadd(redis, keys.events_inbound, {
             "type": "custom", "projectId": project_id, "name": "signed-up", "userId": "u1",
             "data": {}, "at": "2026-06-01T00:00:00.000Z"}, maxlen=1000)
-        # The background poller or this drain moves the task (same service, same lock token)
-        await server.run_until_idle()
-        [(_id, fields)] = await redis.xrange(keys.outbound("normal"))
-        assert decode(fields) == due["payload"]
-        [(_id, fields)] = await redis.xrange(keys.workflow_inbound)
-        assert decode(fields)["name"] == "signed-up"
+        assert await wait_for_entry(redis, keys.outbound("normal")) == due["payload"]
+        assert (await wait_for_entry(redis, keys.workflow_inbound))["name"] == "signed-up"
         assert await redis.get(keys.scheduler_lock) is not None
     finally:
         await server.stop()
