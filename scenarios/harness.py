@@ -73,6 +73,14 @@ class Sent:
     accepted_at: float  # wall clock, seconds
 
 
+@dataclass(frozen=True)
+class FaultHit:
+    at: float  # epoch seconds, the simulators' clock
+    provider: str
+    to: str
+    task_id: str
+
+
 class System:
     """Owns every process, connection and namespace of one scenario run."""
 
@@ -454,6 +462,23 @@ class System:
             "AND event_id = $2::uuid AND channel <> ''", self.project_id, event_id)
         return [r["task_id"] for r in rows]
 
+    def simulator_faults(self, kind: str) -> list[FaultHit]:
+        """Every request the simulators answered with a ``kind`` fault, from their log (the
+        simulators' own clock and the recipient and task each fault hit)."""
+        import re
+        from datetime import datetime
+
+        line_re = re.compile(r"^(\S+ \S+) \w+ \S+ (\w+) fault " + re.escape(kind)
+                             + r" \(rule [^)]*\) for to=(\S*) task_id=(\S+?)\.?$")
+        hits: list[FaultHit] = []
+        text = self.processes["simulators"].log_path.read_text(errors="replace")
+        for line in text.splitlines():
+            match = line_re.match(line.strip())
+            if match:
+                at = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                hits.append(FaultHit(at, match.group(2), match.group(3), match.group(4)))
+        return hits
+
     # -- accounting ------------------------------------------------------------------------
     async def account(self, sent: Sequence[Sent], result: ScenarioResult) -> None:
         """Fill ``result`` from PostgreSQL and the simulators' records: delivered, duplicates,
@@ -498,7 +523,7 @@ class System:
         result.dead_lettered = len(dead & set(event_ids))
         for event_id, reason in skipped.items():
             if event_id not in delivered:
-                result.skipped[reason.split(":")[0]] += 1
+                result.skipped[reason] += 1
         for event_id in event_ids:
             if event_id not in delivered and event_id not in dead and event_id not in skipped:
                 result.lost.append(event_id)
@@ -531,6 +556,11 @@ def summarize_counter(counter: Counter[str]) -> str:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def epoch(value: Any) -> float:
+    """An RFC 3339 time from the simulators as epoch seconds."""
+    return _epoch(value)
 
 
 def _epoch(value: Any) -> float:

@@ -9,11 +9,9 @@ and nothing was dropped.
 from __future__ import annotations
 
 import asyncio
-import re
-from datetime import datetime
 from typing import Any
 
-from scenarios.harness import RunOptions, System, _epoch
+from scenarios.harness import RunOptions, System, epoch
 from scenarios.report import ScenarioResult
 
 DESCRIPTION = ("provider 429 + Retry-After for a window: parked with the scheduler, sent after "
@@ -27,9 +25,6 @@ PARAMS: dict[str, Any] = {
 }
 
 LAYOUT = {"api": ["api"], "workers": ["enricher", "engine", "delivery", "scheduler", "events"]}
-# "2026-11-30 02:24:15,223 INFO simulators: resend fault rate_limit (rule r1) for to=... task_id=T."
-_FAULT_LINE = re.compile(r"^(\S+ \S+) \w+ \S+ (\w+) fault rate_limit \(rule [^)]*\) for "
-                         r"to=\S* task_id=(\S+?)\.?$")
 # The simulator writes whole milliseconds; a send in the same millisecond is not early.
 CLOCK_RESOLUTION_S = 0.001
 
@@ -63,7 +58,7 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
             event = await system.event_of_task(task_id)
             result.check(task_id in deferred, f"task {task_id} (notification {event}) met a "
                                               "429 but was never parked with the scheduler")
-            received = [_epoch(m["receivedAt"]) for m in await system.sim.messages(
+            received = [epoch(m["receivedAt"]) for m in await system.sim.messages(
                 task_id=task_id)]
             result.check(bool(received), f"task {task_id} (notification {event}) met a 429 "
                                          "and was never sent")
@@ -74,7 +69,7 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
                     result.check(False, f"task {task_id} (notification {event}) was sent "
                                         f"{max(before) + retry_after_s - at:.3f} s before its "
                                         "Retry-After ran out")
-        margins = [min(at for at in [_epoch(m["receivedAt"]) for m in
+        margins = [min(at for at in [epoch(m["receivedAt"]) for m in
                                      await system.sim.messages(task_id=t)]) - max(times)
                    for t, times in refusals.items() if await system.sim.messages(task_id=t)]
         result.facts.update(rate_limited_tasks=len(refusals), parked=len(deferred),
@@ -85,14 +80,10 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
 
 
 def limited_at(system: System) -> dict[str, list[float]]:
-    """When the simulator answered 429 to each task, from its log."""
+    """When the simulator answered 429 to each task."""
     out: dict[str, list[float]] = {}
-    text = system.processes["simulators"].log_path.read_text(errors="replace")
-    for line in text.splitlines():
-        match = _FAULT_LINE.match(line.strip())
-        if match:
-            at = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            out.setdefault(match.group(3), []).append(at)
+    for hit in system.simulator_faults("rate_limit"):
+        out.setdefault(hit.task_id, []).append(hit.at)
     return out
 
 
