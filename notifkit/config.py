@@ -38,6 +38,7 @@ FAULT_INJECTIONS: dict[str, str] = {
     "ignore_retry_after": "a 429's Retry-After is ignored: parked tasks come back at once",
     "keep_invalid_contacts": "contacts the provider calls invalid are not disabled",
     "skip_fallback": "a failed channel is retried instead of falling back to the next one",
+    "ignore_priority": "workers fill their slots from the lowest-priority stream first",
 }
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:-]{0,64}$")

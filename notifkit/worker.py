@@ -36,6 +36,12 @@ from notifkit.streams import as_str, decode, ensure_group, queue_xadd
 
 log = logging.getLogger("notifkit.worker")
 
+# A worker of several priority streams keeps 1/20 of its slots (none below 20) for the first
+# one: with every slot busy on low work, a critical entry would wait for a whole batch.
+PRIORITY_RESERVE_DIVISOR = 20
+# How long a read waits on the first stream alone while only its reserved slots are free.
+RESERVED_POLL_MS = 50
+
 # Compare-and-delete: only the entry that claimed a dedup mark may release it.
 _RELEASE_MARKS = """
 local n = 0
@@ -239,23 +245,37 @@ class StreamWorker:
             if free <= 0:
                 return 0
             raw: list[tuple[str, str, Mapping[bytes, bytes] | None]] = []
-            for stream in self.streams:
-                want = free - len(raw)
+            streams, reserve = self._read_order()
+            for index, stream in enumerate(streams):
+                # Lower streams leave `reserve` slots free, so work arriving on the first
+                # stream never waits for a batch of lower-priority work to finish.
+                want = free - len(raw) - (reserve if index else 0)
                 if want <= 0:
                     break
                 raw.extend(await self._xread({stream: ">"}, want, None))
             if not raw and block_ms is not None:
                 # Nothing anywhere: block on every stream at once. ``count`` per stream keeps
                 # the total within the free capacity.
-                per_stream = free // len(self.streams)
+                per_stream = (free - reserve) // len(streams)
                 if per_stream >= 1:
-                    raw = await self._xread({s: ">" for s in self.streams}, per_stream, block_ms)
+                    raw = await self._xread({s: ">" for s in streams}, per_stream, block_ms)
                 else:
-                    await asyncio.sleep(block_ms / 1000)
+                    # Only the slots kept for the first stream are free: wait on it alone,
+                    # briefly, so freed slots are soon offered to the others again.
+                    raw = await self._xread({streams[0]: ">"}, free,
+                                            min(block_ms, RESERVED_POLL_MS))
             if not raw:
                 return 0
             await self._dispatch(raw, reclaimed=False)
             return len(raw)
+
+    def _read_order(self) -> tuple[list[str], int]:
+        """The streams in the order to fill slots from, and how many slots only the first
+        (highest-priority) stream may fill."""
+        if self.settings.injects("ignore_priority"):  # test-only fault: lowest first
+            return self.streams[::-1], 0
+        reserve = self.concurrency // PRIORITY_RESERVE_DIVISOR if len(self.streams) > 1 else 0
+        return self.streams, reserve
 
     async def _xread(
         self, streams: dict[str, str], count: int, block_ms: int | None

@@ -1,0 +1,54 @@
+"""A critical entry never waits for a batch of low-priority work (CONTRACT §3.2).
+
+Found by the priority_isolation scenario: with every slot busy on a low backlog, a critical
+entry waited for a whole low batch to finish at every stage (~0.5 s end to end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from notifkit.config import Settings
+from notifkit.keys import Keys
+from notifkit.worker import PRIORITY_RESERVE_DIVISOR, Entry
+
+if TYPE_CHECKING:
+    from .conftest import Add, WorkerFactory
+
+
+async def test_a_critical_entry_is_taken_while_low_batches_hold_every_other_slot(
+    make_worker: WorkerFactory, worker_settings: Settings, keys: Keys, add: Add,
+) -> None:
+    # Given a running worker whose low batches never finish until released, and a backlog of
+    # low entries far larger than its capacity
+    concurrency = 2 * PRIORITY_RESERVE_DIVISOR
+    release = asyncio.Event()
+    critical_seen = asyncio.Event()
+    low_in_flight = 0
+
+    async def process(batch: list[Entry]) -> None:
+        nonlocal low_in_flight
+        if any(e.payload["p"] == "critical" for e in batch):
+            critical_seen.set()
+            return
+        low_in_flight += len(batch)
+        await release.wait()
+
+    worker = make_worker(process, settings=worker_settings.replace(
+        worker_concurrency=concurrency, read_block_ms=50))
+    for _ in range(5 * concurrency):
+        await add(keys.enriched("low"), {"p": "low"})
+    await worker.start()
+    for _ in range(400):  # bounded wait until the low work fills what it may
+        if low_in_flight >= concurrency - concurrency // PRIORITY_RESERVE_DIVISOR:
+            break
+        await asyncio.sleep(0.005)
+
+    # When a critical entry arrives while every low batch is still running
+    await add(keys.enriched("critical"), {"p": "critical"})
+
+    # Then it is processed without any low batch finishing first
+    await asyncio.wait_for(critical_seen.wait(), timeout=2.0)
+    assert low_in_flight == concurrency - concurrency // PRIORITY_RESERVE_DIVISOR
+    release.set()
