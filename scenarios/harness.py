@@ -84,10 +84,17 @@ class FaultHit:
 class System:
     """Owns every process, connection and namespace of one scenario run."""
 
-    def __init__(self, options: RunOptions, layout: Mapping[str, Sequence[str]]) -> None:
+    def __init__(self, options: RunOptions, layout: Mapping[str, Sequence[str]], *,
+                 redis_url: str | None = None, service_database_url: str | None = None) -> None:
+        """``redis_url`` replaces the shared Redis (a scenario's own, which it restarts);
+        ``service_database_url`` is what the notifkit processes get instead of the shared
+        PostgreSQL (a proxy the scenario controls), while the harness itself keeps the real
+        one for migrating and accounting."""
         self.options = options
         self.layout = dict(layout)
         self.redis_url, self.database_url = service_urls()
+        self.redis_url = redis_url or self.redis_url
+        self.service_database_url = service_database_url or self.database_url
         suffix = secrets.token_hex(4)
         self.namespace = f"sc-{options.name}-{suffix}"
         self.schema = f"sc_{options.name}_{suffix}"[:60]
@@ -152,7 +159,7 @@ class System:
     def env_for(self, services: Sequence[str], **extra: str) -> dict[str, str]:
         env = child_env(
             REDIS_URL=self.redis_url,
-            DATABASE_URL=self.database_url,
+            DATABASE_URL=self.service_database_url,
             DB_SCHEMA=self.schema,
             NOTIFKIT_NAMESPACE=self.namespace,
             NOTIFKIT_SERVICES=",".join(services),
