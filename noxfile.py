@@ -57,5 +57,5 @@ def scenarios(session: nox.Session) -> None:
 @nox.session(python=PYTHON, default=False)
 def bench(session: nox.Session) -> None:
     """Throughput and latency benchmarks with baselines measured in the same run."""
-    install(session, "test")
+    install(session, "bench")
     session.run("python", "-m", "benchmarks", *session.posargs)

@@ -1,0 +1,1 @@
+"""notifkit benchmarks: `python -m benchmarks` (see benchmarks/__main__.py)."""

@@ -1,0 +1,153 @@
+"""``python -m benchmarks [--quick] [--json FILE] [--duration S]``: notifkit's throughput,
+latency and fan-out against real Redis, PostgreSQL and the provider simulators (no simulated
+latency, no faults), with baselines measured in the same run; prints a markdown table and
+writes the figures as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks import baselines, phases
+from benchmarks.report import machine, markdown
+from benchmarks.stats import Progress
+from benchmarks.system import TOPOLOGIES, BenchSystem
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--quick", action="store_true",
+                        help="shorter phases, 10,000-user fan-out only (about 2 minutes)")
+    parser.add_argument("--json", type=Path, default=Path("bench-results/bench.json"),
+                        help="where to write the figures (default bench-results/bench.json)")
+    parser.add_argument("--duration", type=float, default=None,
+                        help="seconds each measured window lasts (default 20, quick 8)")
+    parser.add_argument("--topologies", default=",".join(TOPOLOGIES),
+                        help=f"comma-separated, of {', '.join(TOPOLOGIES)}")
+    parser.add_argument("--rates", default="250,500,1000",
+                        help="offered loads for the latency phases, per second")
+    parser.add_argument("--concurrency", type=int, default=64,
+                        help="requests in flight during the saturation phase (default 64)")
+    parser.add_argument("--celery-concurrency", type=int, default=4,
+                        help="Celery prefork worker processes (default 4)")
+    parser.add_argument("--skip-baselines", action="store_true")
+    parser.add_argument("--skip-fanout", action="store_true")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="extra environment for the notifkit processes (repeatable)")
+    return parser.parse_args(argv)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    progress = Progress()
+    duration = args.duration or (8.0 if args.quick else 20.0)
+    warmup = 3.0 if args.quick else 5.0
+    rate_window = min(duration, 6.0 if args.quick else 10.0)
+    rates = [float(r) for r in args.rates.split(",") if r]
+    topologies = [t for t in args.topologies.split(",") if t]
+    fanouts = [] if args.skip_fanout else ([10_000] if args.quick else [10_000, 100_000])
+    users = max(fanouts or [10_000])
+    env = dict(item.split("=", 1) for item in args.env)
+    results: dict[str, Any] = {
+        "machine": machine(),
+        "settings": {"quick": args.quick, "duration_s": duration, "warmup_s": warmup,
+                     "rate_window_s": rate_window, "saturation_concurrency": args.concurrency,
+                     "env": env},
+        "baselines": {}, "topologies": {},
+    }
+    progress.say("Note: the load generator and this runner share the machine's "
+                 f"{results['machine']['cores']} cores with the system under test; their CPU "
+                 "use is reported with the saturation figures.")
+    folder = args.json.parent / "logs"
+    system = BenchSystem(folder, users=users, env=env)
+    try:
+        progress.say(f"Migrating schema {system.schema}, starting the simulators, inserting "
+                     f"{users:,} users ...")
+        await system.open()
+        await system.seed()
+        if not args.skip_baselines:
+            progress.say("Baseline: bare XADD/XREADGROUP/XACK loop ...")
+            results["baselines"]["redis_streams"] = await baselines.redis_ceiling(
+                system.redis_url, system.namespace, min(duration, 5.0))
+            progress.say(f"  {results['baselines']['redis_streams']['per_s']:,.0f} messages/s")
+            progress.say("Baseline: bare HTTP POST loop to the simulator ...")
+            results["baselines"]["http_post"] = await baselines.http_ceiling(
+                system.sim_url, min(duration, 5.0))
+            progress.say(f"  {results['baselines']['http_post']['per_s']:,.0f} requests/s")
+            progress.say(f"Baseline: Celery ({args.celery_concurrency} prefork workers) ...")
+            results["baselines"]["celery"] = await baselines.celery_baseline(
+                system, warmup_s=warmup, duration_s=duration,
+                concurrency=args.celery_concurrency, progress=progress)
+            progress.say(f"  {results['baselines']['celery']['per_s']:,.0f} notifications/s")
+        for topology in topologies:
+            results["topologies"][topology] = await run_topology(
+                system, topology, args=args, duration=duration, warmup=warmup,
+                rate_window=rate_window, rates=rates, fanouts=fanouts, progress=progress)
+    finally:
+        progress.say("Stopping everything and removing the run's schema and keys ...")
+        await system.close()
+    return results
+
+
+async def run_topology(system: BenchSystem, topology: str, *, args: argparse.Namespace,
+                       duration: float, warmup: float, rate_window: float, rates: list[float],
+                       fanouts: list[int], progress: Progress) -> dict[str, Any]:
+    layout = " / ".join(f"{name}: {','.join(s)}" for name, s in TOPOLOGIES[topology].items())
+    progress.say(f"Topology {topology} ({layout}): starting ...")
+    out: dict[str, Any] = {"processes": TOPOLOGIES[topology]}
+    await system.start_topology(topology)
+    api_url = f"http://127.0.0.1:{system.api_port}"
+    progress.say(f"Topology {topology}: saturation, {warmup:g} s warm-up + {duration:g} s "
+                 f"measured, {args.concurrency} requests in flight ...")
+    out["saturation"] = await phases.saturation(
+        system, api_url, warmup_s=warmup, duration_s=duration, concurrency=args.concurrency,
+        progress=progress)
+    progress.say(f"  {out['saturation']['per_s']:,.0f} notifications/s received by the "
+                 f"provider (API accepted {out['saturation']['api_accepted_per_s']:,.0f}/s)")
+    out["latency"] = []
+    for rate in rates:
+        progress.say(f"Topology {topology}: {rate:g}/s offered for {2 + rate_window:g} s ...")
+        figures = await phases.fixed_rate(system, api_url, rate_per_s=rate, warmup_s=2.0,
+                                          duration_s=rate_window, progress=progress)
+        out["latency"].append(figures)
+        progress.say(f"  p50 {figures['p50_ms']} ms, p95 {figures['p95_ms']} ms, "
+                     f"p99 {figures['p99_ms']} ms ({figures['delivered']}/{figures['measured']}"
+                     " delivered)")
+    out["usage"] = await system.stop_topology()
+    out["fan_out"] = []
+    for size in fanouts:
+        # Fresh processes, so each peak RSS belongs to this campaign alone.
+        await system.start_topology(topology)
+        progress.say(f"Topology {topology}: fan-out to a {size:,}-user segment ...")
+        figures = await phases.fan_out(system, api_url=f"http://127.0.0.1:{system.api_port}",
+                                       size=size, progress=progress)
+        out["fan_out"].append(figures)
+        rss = ", ".join(f"{n} {u['peak_rss_mb']:.0f} MiB" for n, u in figures["usage"].items()
+                        if u["peak_rss_mb"] is not None)
+        progress.say(f"  {figures['per_s']:,.0f} recipients/s; peak RSS {rss}")
+        await system.stop_topology()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    runner: Any = asyncio.run
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        runner = uvloop.run
+    results = runner(run(args))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2))
+    print()
+    print(markdown(results))
+    print(f"\nFigures written to {args.json}.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""The measured phases run against one topology: saturation, fixed offered loads, fan-out.
+
+Every figure is counted at the simulator: a notification counts once the provider simulator
+received its request (``receivedAt``). A notification's accept time is the time inside its id
+(a UUIDv7 the API assigns when it accepts the request, before its PostgreSQL commit and XADD),
+and every task id derived from it keeps that time, so each simulator record carries the
+moment its notification was accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from benchmarks.load import LoadGenerator, LoadResult
+from benchmarks.stats import MachineCpu, Progress, epoch, percentile, uuid7_seconds
+from benchmarks.system import LARGE_SEGMENT, SMALL_SEGMENT, TEMPLATE, BenchSystem
+from notifkit import codec
+from notifkit.ids import derived_uuid7
+
+SIM_QUERY_LIMIT = 100_000
+
+
+async def drain(system: BenchSystem, progress: Progress, timeout_s: float = 120.0) -> bool:
+    """Until no stream holds unacked entries; False if the deadline came first."""
+    deadline = time.monotonic() + timeout_s
+    calm = 0
+    last_said = 0.0
+    while time.monotonic() < deadline:
+        system.check_alive()
+        waiting = await system.backlog()
+        calm = calm + 1 if waiting == 0 else 0
+        if calm >= 3:
+            return True
+        if waiting and time.monotonic() - last_said > 2:
+            progress.say(f"  draining: {waiting} entries still in the streams")
+            last_said = time.monotonic()
+        await asyncio.sleep(0.2)
+    return False
+
+
+def _tick(progress: Progress, label: str, system: BenchSystem):  # type: ignore[no-untyped-def]
+    def tick(result: LoadResult) -> None:
+        elapsed = max(time.time() - result.started_at, 1e-9)
+        progress.say(f"  {label}: {len(result.accepted)} accepted "
+                     f"({len(result.accepted) / elapsed:.0f}/s)"
+                     + (f", {result.missed} missed" if result.missed else ""))
+    return tick
+
+
+async def saturation(system: BenchSystem, api_url: str, *, warmup_s: float, duration_s: float,
+                     concurrency: int, progress: Progress) -> dict[str, Any]:
+    """Closed-loop load from ``concurrency`` senders; the rate of provider receipts during
+    ``duration_s`` after ``warmup_s`` of the same load."""
+    await system.sim.reset()
+    async with LoadGenerator(api_url, system.api_key, 10_000) as load:
+        running = asyncio.create_task(load.closed_loop(
+            warmup_s + duration_s, concurrency, _tick(progress, "saturation", system)))
+        await asyncio.sleep(warmup_s)
+        await system.sim.reset()
+        cpu = MachineCpu()
+        cpu_before = system.cpu_by_process()
+        own_cpu = time.process_time()
+        window_start = time.time()
+        result = await running
+        window_end = time.time()
+        busy = cpu.busy()
+        cpu_after = system.cpu_by_process()
+        own_cpu = time.process_time() - own_cpu
+    backlog_at_end = await system.backlog()
+    drained = await drain(system, progress)
+    messages = await system.sim.messages(limit=SIM_QUERY_LIMIT)
+    received = [epoch(m["receivedAt"]) for m in messages]
+    in_window = sum(1 for t in received if window_start <= t < window_end)
+    seconds = window_end - window_start
+    accepted_in_window = sum(1 for _e, _u, t in result.accepted if t >= window_start)
+    cores = {name: round((cpu_after[name] - cpu_before.get(name, 0.0)) / seconds, 2)
+             for name in cpu_after}
+    notifkit_cpu_s = sum(cpu_after[n] - cpu_before.get(n, 0.0) for n in system.processes)
+    return {
+        "concurrency": concurrency,
+        "seconds": round(seconds, 2),
+        "received": in_window,
+        "per_s": round(in_window / seconds, 1),
+        "api_accepted_per_s": round(accepted_in_window / seconds, 1),
+        "rejected": result.rejected,
+        "errors": result.errors,
+        "backlog_at_end": backlog_at_end,
+        "drained": drained,
+        "truncated": len(messages) >= SIM_QUERY_LIMIT,
+        "machine_cpu_busy": round(busy, 3) if busy is not None else None,
+        "cores_used": {**cores, "load generator + runner": round(own_cpu / seconds, 2)},
+        # Robust to other work on the machine: what one notification costs notifkit itself.
+        "notifkit_cpu_ms_per_notification": round(1000 * notifkit_cpu_s / in_window, 3)
+        if in_window else None,
+    }
+
+
+async def fixed_rate(system: BenchSystem, api_url: str, *, rate_per_s: float, warmup_s: float,
+                     duration_s: float, progress: Progress) -> dict[str, Any]:
+    """Paced open-loop load at ``rate_per_s``; latency accept -> provider receipt of the
+    notifications accepted after ``warmup_s``."""
+    await system.sim.reset()
+    async with LoadGenerator(api_url, system.api_key, 10_000) as load:
+        result = await load.open_loop(rate_per_s, warmup_s + duration_s,
+                                      _tick(progress, f"{rate_per_s:g}/s", system))
+    drained = await drain(system, progress, timeout_s=60)
+    measured_from = result.started_at + warmup_s
+    wanted = {derived_uuid7(event, user, "email"): event
+              for event, user, t in result.accepted if t >= measured_from}
+    messages = await system.sim.messages(limit=SIM_QUERY_LIMIT)
+    received: dict[str, float] = {}
+    for m in messages:
+        task_id = m.get("taskId")
+        if task_id in wanted:
+            t = epoch(m["receivedAt"])
+            received[task_id] = min(t, received.get(task_id, t))
+    latencies = sorted(max(0.0, t - uuid7_seconds(task)) * 1000 for task, t in received.items())
+    offered = int(rate_per_s * (warmup_s + duration_s))
+    return {
+        "offered_per_s": rate_per_s,
+        "achieved_per_s": round(len(result.accepted) / (warmup_s + duration_s), 1),
+        "sent": offered - result.missed,
+        "missed": result.missed,
+        "generator_max_lag_ms": round(result.max_lag_ms, 1),
+        "rejected": result.rejected,
+        "errors": result.errors,
+        "measured": len(wanted),
+        "delivered": len(received),
+        "drained": drained,
+        "p50_ms": _round(percentile(latencies, 0.50)),
+        "p95_ms": _round(percentile(latencies, 0.95)),
+        "p99_ms": _round(percentile(latencies, 0.99)),
+        "max_ms": _round(latencies[-1] if latencies else None),
+    }
+
+
+async def fan_out(system: BenchSystem, api_url: str, *, size: int, progress: Progress,
+                  timeout_s: float = 600.0) -> dict[str, Any]:
+    """One campaign to a segment of ``size`` users; recipients per second from accept to the
+    last provider receipt."""
+    import aiohttp
+
+    segment = SMALL_SEGMENT if size <= 10_000 else LARGE_SEGMENT
+    await system.sim.reset()
+    async with aiohttp.ClientSession() as http, http.post(
+        f"{api_url}/v1/notifications",
+        data=codec.dumps({"to": {"segment": segment}, "template": TEMPLATE,
+                          "campaignId": f"fanout-{size}", "data": {"n": 0}}),
+        headers={"Authorization": f"Bearer {system.api_key}",
+                 "Content-Type": "application/json"},
+    ) as resp:
+        body = codec.loads(await resp.read())
+        if resp.status != 202:
+            raise RuntimeError(f"the campaign was refused: {resp.status} {body}")
+    accepted_at = uuid7_seconds(body["id"])
+    deadline = time.monotonic() + timeout_s
+    count = 0
+    last_said = 0.0
+    while time.monotonic() < deadline:
+        system.check_alive()
+        count = await system.accepted_at_sim()
+        if count >= size:
+            break
+        if time.monotonic() - last_said >= 2:
+            elapsed = time.time() - accepted_at
+            progress.say(f"  fan-out {size:,}: {count:,} received ({count / elapsed:.0f}/s)")
+            last_said = time.monotonic()
+        await asyncio.sleep(0.25)
+    newest = await system.sim.messages(limit=1)
+    last = epoch(newest[0]["receivedAt"]) if newest else time.time()
+    seconds = max(last - accepted_at, 1e-9)
+    await drain(system, progress)
+    return {
+        "recipients": size,
+        "received": count,
+        "complete": count >= size,
+        "seconds": round(seconds, 2),
+        "per_s": round(count / seconds, 1),
+        "usage": system.usage(),
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return round(value, 1) if value is not None else None

@@ -1,0 +1,115 @@
+"""``python -m benchmarks.profile [--topology split] [--seconds 20]``: sample every notifkit
+process with py-spy while the saturation load runs, and print each one's hottest functions.
+
+Writes one py-spy ``raw`` (collapsed stacks) file per process under ``--out``; feed them to a
+flame-graph viewer (speedscope, inferno) for the full picture.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks.load import LoadGenerator
+from benchmarks.stats import Progress
+from benchmarks.system import TOPOLOGIES, BenchSystem
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.profile", description=__doc__)
+    parser.add_argument("--topology", default="split", choices=list(TOPOLOGIES))
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rate", type=float, default=None,
+                        help="paced open-loop load instead of saturation")
+    parser.add_argument("--out", type=Path, default=Path("bench-results/profile"))
+    parser.add_argument("--top", type=int, default=25, help="functions listed per process")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+    return parser.parse_args(argv)
+
+
+def hottest(raw: Path, top: int) -> list[tuple[str, float, float]]:
+    """(function, self %, inclusive %) from py-spy's collapsed stacks."""
+    own: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack:
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        total += count
+        own[frames[-1]] += count
+        for frame in set(frames):
+            inclusive[frame] += count
+    if not total:
+        return []
+    return [(frame, 100 * n / total, 100 * inclusive[frame] / total)
+            for frame, n in own.most_common(top)]
+
+
+async def run(args: argparse.Namespace) -> None:
+    if shutil.which("py-spy") is None and not (Path(sys.executable).parent / "py-spy").exists():
+        raise SystemExit("py-spy is not installed: pip install py-spy")
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    progress = Progress()
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = dict(item.split("=", 1) for item in args.env)
+    system = BenchSystem(args.out / "logs", users=10_000, env=env)
+    try:
+        await system.open()
+        await system.seed()
+        await system.start_topology(args.topology)
+        api_url = f"http://127.0.0.1:{system.api_port}"
+        async with LoadGenerator(api_url, system.api_key, 10_000) as load:
+            warm = asyncio.create_task(load.closed_loop(3.0, args.concurrency))
+            await warm
+            spies: dict[str, Any] = {}
+            for name, proc in system.processes.items():
+                spies[name] = await asyncio.create_subprocess_exec(
+                    spy, "record", "--pid", str(proc.pid), "--duration",
+                    str(int(args.seconds)), "--rate", "200", "--format", "raw",
+                    # --gil: only samples holding the GIL, i.e. Python work, not waiting.
+                    "--nonblocking", "--gil",
+                    "--output", str(args.out / f"{args.topology}-{name}.txt"),
+                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+            progress.say(f"Sampling {', '.join(spies)} for {args.seconds:g} s under load ...")
+            if args.rate:
+                result = await load.open_loop(args.rate, args.seconds + 1)
+            else:
+                result = await load.closed_loop(args.seconds + 1, args.concurrency)
+            progress.say(f"{result.achieved_per_s:.0f} notifications/s accepted meanwhile.")
+            for spy_proc in spies.values():
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(spy_proc.wait(), 30)
+    finally:
+        await system.close()
+    for name in spies:
+        raw = args.out / f"{args.topology}-{name}.txt"
+        if not raw.exists():
+            continue
+        print(f"\n## {name}: hottest functions (self %, inclusive %)")
+        for frame, self_pct, incl_pct in hottest(raw, args.top):
+            print(f"{self_pct:6.1f} {incl_pct:6.1f}  {frame}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    runner: Any = asyncio.run
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        runner = uvloop.run
+    runner(run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The machine a run happened on, and the markdown tables of its figures."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram_gib = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                ram_gib = round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    return {
+        "cores": os.cpu_count(),
+        "cpu": cpu,
+        "ram_gib": ram_gib,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "redis": _version(["redis-server", "--version"]),
+        "postgresql": _version(["postgres", "--version"]) or _version(["psql", "--version"]),
+    }
+
+
+def _version(argv: list[str]) -> str | None:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def _n(value: Any, digits: int = 0) -> str:
+    if value is None:
+        return "–"
+    return f"{value:,.{digits}f}"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    topologies: dict[str, Any] = results["topologies"]
+    names = list(topologies)
+    lines = [
+        f"Machine: {m['cores']} cores ({m['cpu']}), {m['ram_gib']} GiB RAM, {m['os']}, "
+        f"Python {m['python']}.",
+        "",
+        "| | " + " | ".join(_label(n, topologies[n]) for n in names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+
+    def row(label: str, cells: list[str]) -> None:
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+
+    row("**saturation**: notifications/s received by the provider",
+        [f"**{_n(topologies[n]['saturation']['per_s'])}**" for n in names])
+    row("API accepted/s in the same window",
+        [_n(topologies[n]["saturation"]["api_accepted_per_s"]) for n in names])
+    row("CPU cores used at saturation, per process",
+        [_cores(topologies[n]["saturation"]["cores_used"]) for n in names])
+    row("notifkit CPU ms per notification (all its processes)",
+        [_n(topologies[n]["saturation"].get("notifkit_cpu_ms_per_notification"), 2)
+         for n in names])
+    rates = [r["offered_per_s"] for r in (topologies[names[0]]["latency"] if names else [])]
+    for index, rate in enumerate(rates):
+        cells = []
+        for n in names:
+            r = topologies[n]["latency"][index]
+            cell = f"{_n(r['p50_ms'], 1)} / {_n(r['p95_ms'], 1)} / {_n(r['p99_ms'], 1)}"
+            if r["missed"] or r["delivered"] < r["measured"] or \
+                    r["achieved_per_s"] < 0.95 * r["offered_per_s"]:
+                cell += (f" (not sustained: {_n(r['achieved_per_s'])}/s accepted, "
+                         f"{r['delivered']:,}/{r['measured']:,} delivered)")
+            cells.append(cell)
+        row(f"latency p50 / p95 / p99 ms at {rate:g}/s offered", cells)
+    sizes = [f["recipients"] for f in (topologies[names[0]]["fan_out"] if names else [])]
+    for index, size in enumerate(sizes):
+        row(f"fan-out {size:,} users: recipients/s",
+            [_n(topologies[n]["fan_out"][index]["per_s"]) for n in names])
+        row(f"fan-out {size:,} users: peak RSS MiB per process",
+            [_rss(topologies[n]["fan_out"][index]["usage"]) for n in names])
+
+    baselines = results.get("baselines") or {}
+    if baselines:
+        best = max((topologies[n]["saturation"]["per_s"] for n in names), default=None)
+        lines += ["", "| baseline (same run) | per second | best notifkit topology ÷ baseline |",
+                  "|---|---:|---:|"]
+        labels = {
+            "redis_streams": "ceiling: bare XADD → XREADGROUP → XACK loop (batches of 100)",
+            "http_post": "ceiling: bare HTTP POST loop to the simulator (64 in flight)",
+            "celery": "Celery on Redis, same work per notification "
+                      f"({baselines.get('celery', {}).get('concurrency', '?')} prefork workers)",
+        }
+        for key, label in labels.items():
+            if key in baselines:
+                per_s = baselines[key]["per_s"]
+                ratio = f"{best / per_s:.2f}×" if best and per_s else "–"
+                lines.append(f"| {label} | {_n(per_s)} | {ratio} |")
+    lines += ["", "The load generator (one aiohttp session, kept-alive connections, "
+              "pre-encoded bodies) runs on the same cores as everything it measures."]
+    return "\n".join(lines)
+
+
+def _label(name: str, topology: dict[str, Any]) -> str:
+    if name == "all":
+        return "one process (`all`)"
+    return f"{name}: " + " / ".join(topology["processes"])
+
+
+def _cores(cores: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:.2f}" for name, value in cores.items())
+
+
+def _rss(usage: dict[str, dict[str, float | None]]) -> str:
+    return ", ".join(f"{name} {u['peak_rss_mb']:.0f}" for name, u in usage.items()
+                     if u.get("peak_rss_mb") is not None)
