@@ -23,7 +23,8 @@ PARAMS: dict[str, Any] = {
     "messages": 600,  # at least; traffic lasts as long as the kills
     "kills": 4,  # per stage
     "send_rate_per_s": 150,
-    "provider_delay_ms": 80,  # keeps sends in flight long enough to be caught by a kill
+    "provider_delay_ms": 80,  # keeps sends in flight long enough to be caught by a kill,
+    "drain_timeout_s": 60.0,  # waiting longer than this for quiescence is a violation
 }
 
 STAGES = ("enricher", "engine", "delivery")
@@ -91,7 +92,7 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
                  for i in range(wave)], rate_per_s=rate, label=f"sending (sent {n})")
         await killing
         stop.set()
-        waiting = await system.quiesce(60)
+        waiting = await system.quiesce(float(params["drain_timeout_s"]))
         result.check(not waiting, f"the system never drained: {waiting}")
         await system.account(sent, result)
 

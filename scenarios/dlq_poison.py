@@ -20,7 +20,7 @@ from scenarios.report import ScenarioResult
 DESCRIPTION = ("a message that always fails (provider 500 for one recipient; an enricher "
                "crash) is dead-lettered after exactly the attempt limit, notification:failed "
                "is emitted, and a replay after the fix delivers it once")
-PARAMS: dict[str, Any] = {"users": 20, "messages": 40}
+PARAMS: dict[str, Any] = {"users": 20, "messages": 40, "drain_timeout_s": 60.0}
 
 LAYOUT = {"api": ["api"], "workers": ["enricher", "engine", "delivery", "scheduler", "events"]}
 
@@ -47,7 +47,7 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
             "eventId": enricher_poison, "projectId": system.project_id, "template": "mail",
             "to": {"segment": "everyone"}, "priority": "normal", "segmentAfter": 12345,
         }))
-        waiting = await system.quiesce(60)
+        waiting = await system.quiesce(float(params["drain_timeout_s"]))
         result.check(not waiting, f"the system never drained: {waiting}")
 
         dlq = await dead_letters(system)
@@ -84,7 +84,7 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
                                                     key=ADMIN_KEY)
             result.check(status == 202, f"replay of {entry_id} answered {status}: {body}")
             system.say(f"cause fixed; replayed DLQ entry {entry_id}", force=True)
-            waiting = await system.quiesce(60)
+            waiting = await system.quiesce(float(params["drain_timeout_s"]))
             result.check(not waiting, f"the replay never drained: {waiting}")
             task_ids = await system.task_ids_of_event(poison.event_id)
             copies = [m for t in task_ids for m in await system.sim.messages(task_id=t)]

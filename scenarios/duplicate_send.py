@@ -19,6 +19,7 @@ PARAMS: dict[str, Any] = {
     "messages": 60,  # per provider
     "lost_responses": 6,  # per provider, at most
     "probability": 0.15,
+    "drain_timeout_s": 60.0,  # waiting longer than this for quiescence is a violation
 }
 
 LAYOUT = {"api": ["api"], "workers": ["enricher", "engine", "delivery", "scheduler", "events"]}
@@ -42,7 +43,7 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
                 [users[i % len(users)] for i in range(int(params["messages"]))],
                 template=template, label=f"{provider}")
             all_sent += sent
-            waiting = await system.quiesce(60)
+            waiting = await system.quiesce(float(params["drain_timeout_s"]))
             result.check(not waiting, f"{provider}: the system never drained: {waiting}")
             await system.sim.remove_fault(rule["id"])
             stats = (await system.sim.stats()).get(provider) or {}

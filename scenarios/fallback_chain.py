@@ -14,7 +14,7 @@ from scenarios.report import ScenarioResult
 
 DESCRIPTION = ("push provider down (503), SMS down for some: the chain push -> sms -> email "
                "delivers each notification exactly once, in chain order")
-PARAMS: dict[str, Any] = {"users": 30, "messages": 60}
+PARAMS: dict[str, Any] = {"users": 30, "messages": 60, "drain_timeout_s": 60.0}
 
 LAYOUT = {"api": ["api"], "workers": ["enricher", "engine", "delivery", "scheduler", "events"]}
 TEMPLATE = {
@@ -39,7 +39,7 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         system.say("FCM down; Twilio down for some numbers", force=True)
         sent = await system.send_many(
             [users[i % len(users)] for i in range(int(params["messages"]))], template="chain")
-        waiting = await system.quiesce(60)
+        waiting = await system.quiesce(float(params["drain_timeout_s"]))
         result.check(not waiting, f"the system never drained: {waiting}")
         await system.account(sent, result)
 

@@ -15,7 +15,7 @@ from scenarios.report import ScenarioResult
 
 DESCRIPTION = ("FCM says some tokens are invalid: each tried once then disabled, never used "
                "again; the fallback chain delivers by email; push-only sends skipped, not lost")
-PARAMS: dict[str, Any] = {"users": 30, "invalid_users": 10}
+PARAMS: dict[str, Any] = {"users": 30, "invalid_users": 10, "drain_timeout_s": 60.0}
 
 LAYOUT = {"api": ["api"], "workers": ["enricher", "engine", "delivery", "scheduler", "events"]}
 TEMPLATES = {
@@ -41,11 +41,11 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         system.say(f"FCM calls {len(bad_tokens)} tokens invalid", force=True)
 
         first = await system.send_many(users, template="push_or_mail", label="round 1")
-        waiting = await system.quiesce(60)
+        waiting = await system.quiesce(float(params["drain_timeout_s"]))
         result.check(not waiting, f"round 1 never drained: {waiting}")
         second = await system.send_many(users, template="push_or_mail", label="round 2")
         second_push = await system.send_many(users, template="push_only", label="push only")
-        waiting = await system.quiesce(60)
+        waiting = await system.quiesce(float(params["drain_timeout_s"]))
         result.check(not waiting, f"round 2 never drained: {waiting}")
         sent: list[Sent] = first + second + second_push
         await system.account(sent, result)

@@ -16,7 +16,7 @@ from scenarios.report import ScenarioResult
 
 DESCRIPTION = ("raw garbage XADDed into each stream: acked at once, reported once, never "
                "retried; workers unaffected and a send afterwards is delivered")
-PARAMS: dict[str, Any] = {"users": 5, "messages": 10}
+PARAMS: dict[str, Any] = {"users": 5, "messages": 10, "drain_timeout_s": 60.0}
 
 LAYOUT = {
     "api": ["api"],
@@ -57,7 +57,7 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         for stream, entry_id in sorted(unacked):
             result.check(False, f"garbage {entry_id} in {stream} was not acked by "
                                 f"the first read ({acked_s:.2f} s)")
-        waiting = await system.quiesce(30)
+        waiting = await system.quiesce(float(params["drain_timeout_s"]))
         result.check(not waiting, f"the system never drained: {waiting}")
         for stream, entry_id in sorted(await still_unacked(system, added)):
             result.check(False, f"garbage {entry_id} in {stream} is still unacked")
@@ -94,7 +94,7 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         # Unaffected: the same processes deliver a normal notification.
         system.check_alive(result, LAYOUT)
         sent = await system.send_many(users[: int(params["messages"])] * 2, template="basic")
-        waiting = await system.quiesce(30)
+        waiting = await system.quiesce(float(params["drain_timeout_s"]))
         result.check(not waiting, f"the system never drained after the garbage: {waiting}")
         await system.account(sent, result)
         system.check_alive(result, LAYOUT)

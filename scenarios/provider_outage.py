@@ -25,6 +25,7 @@ PARAMS: dict[str, Any] = {
     "outage_s": 4.0,
     "traffic_s": 6.0,
     "send_rate_per_s": 20,
+    "drain_timeout_s": 60.0,  # waiting longer than this for quiescence is a violation
 }
 
 LAYOUT = {"api": ["api"], "workers": ["enricher", "engine", "delivery", "scheduler", "events"]}
@@ -52,7 +53,7 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         recovered_at = time.time()
         system.say("resend recovered", force=True)
         sent = await sending
-        waiting = await system.quiesce(60)
+        waiting = await system.quiesce(float(params["drain_timeout_s"]))
         result.check(not waiting, f"the system never drained: {waiting}")
         await system.account(sent, result)
 

@@ -22,6 +22,7 @@ PARAMS: dict[str, Any] = {
     "window_s": 1.5,
     "retry_after_s": 2,
     "send_rate_per_s": 40,
+    "drain_timeout_s": 60.0,  # waiting longer than this for quiescence is a violation
 }
 
 LAYOUT = {"api": ["api"], "workers": ["enricher", "engine", "delivery", "scheduler", "events"]}
@@ -43,7 +44,7 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         await system.sim.remove_fault(rule["id"])
         system.say("resend recovered", force=True)
         sent = await sending
-        waiting = await system.quiesce(60)
+        waiting = await system.quiesce(float(params["drain_timeout_s"]))
         result.check(not waiting, f"the system never drained: {waiting}")
         await system.account(sent, result)
 

@@ -1,0 +1,78 @@
+"""Each scenario can fail: run it against the real system as is (it must pass), then with the
+one guarantee it checks broken on purpose through NOTIFKIT_FAULT_INJECTION (it must report the
+violation). A scenario that passes either way proves nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scenarios import catalog
+from scenarios.harness import RunOptions
+from scenarios.report import ScenarioResult, violations_text
+
+pytestmark = pytest.mark.slow
+
+# (scenario, fault injected, small parameters, what the report must say when it is broken)
+CASES: list[tuple[str, str, dict[str, Any], str]] = [
+    ("crash_reclaim", "skip_reclaim",
+     {"users": 20, "messages": 60, "kills": 1, "send_rate_per_s": 60, "drain_timeout_s": 8},
+     r"never drained|lost|killed consumers"),
+    ("duplicate_send", "drop_idempotency_key",
+     {"users": 10, "messages": 30, "lost_responses": 3, "probability": 0.3},
+     r"resend accepted task .* despite its idempotency key"),
+    ("dlq_poison", "skip_failed_event", {"users": 5, "messages": 5},
+     r"no notification:failed event"),
+    ("malformed", "retry_malformed", {"users": 2, "messages": 2, "drain_timeout_s": 5},
+     r"was not acked by the first read"),
+    ("rate_limit_429", "ignore_retry_after", {"users": 10, "messages": 20},
+     r"before its Retry-After ran out|dropped to the DLQ"),
+    ("invalid_token", "keep_invalid_contacts", {"users": 6, "invalid_users": 2},
+     r"reached FCM [0-9]+ times, expected exactly once"),
+    ("fallback_chain", "skip_fallback", {"users": 12, "messages": 12},
+     r"expected exactly once on"),
+    ("provider_outage", "ack_before_process",
+     {"users": 10, "outage_s": 2.0, "traffic_s": 3.0, "send_rate_per_s": 10},
+     r"notification\(s\) lost"),
+]
+
+
+@pytest.fixture
+def system_urls(redis_url: str, database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scenarios find Redis and PostgreSQL the way the fixtures did."""
+    monkeypatch.setenv("NOTIFKIT_TEST_REDIS_URL", redis_url)
+    monkeypatch.setenv("NOTIFKIT_TEST_DATABASE_URL", database_url)
+
+
+def run_scenario(name: str, params: dict[str, Any], run_dir: Path,
+                 env: dict[str, str]) -> ScenarioResult:
+    module = catalog.load(name)
+    options = RunOptions(name=name, seed=1, run_dir=run_dir, env=env)
+    return asyncio.run(module.run(options, {**module.PARAMS, **params}))
+
+
+@pytest.mark.usefixtures("system_urls")
+@pytest.mark.parametrize(("name", "fault", "params", "expected"), CASES,
+                         ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_scenario_passes_and_reports_its_guarantee_broken(
+    name: str, fault: str, params: dict[str, Any], expected: str, tmp_path: Path
+) -> None:
+    # Given the real system as it is, the scenario holds.
+    clean = run_scenario(name, params, tmp_path, {})
+    assert clean.ok, violations_text([clean])
+
+    # When the guarantee it checks is broken on purpose, it says so.
+    broken = run_scenario(name, params, tmp_path, {"NOTIFKIT_FAULT_INJECTION": fault})
+    report = violations_text([broken])
+    assert not broken.ok, f"{name} did not notice {fault}"
+    assert re.search(expected, report), report
+
+
+def test_every_scenario_of_this_half_has_a_mutation() -> None:
+    covered = {case[0] for case in CASES}
+    assert covered <= set(catalog.available())
+    assert len({case[1] for case in CASES}) == len(CASES)
