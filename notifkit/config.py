@@ -288,6 +288,7 @@ def _read_env(env: Mapping[str, str]) -> dict[str, Any]:
     put("throttle_window_s", _int(env, "THROTTLE_WINDOW_SECONDS", 1))
     put("scheduler_poll_interval_s", _float(env, "SCHEDULER_POLL_INTERVAL_SECONDS", 0.01))
     put("scheduler_lock_ttl_s", _int(env, "SCHEDULER_LOCK_TTL_SECONDS", 1))
+    put("workflow_lock_ttl_s", _int(env, "WORKFLOW_LOCK_TTL_SECONDS", 1))
     put("heartbeat_interval_s", _float(env, "HEARTBEAT_INTERVAL_SECONDS", 0.1))
     put("shutdown_grace_s", _float(env, "SHUTDOWN_GRACE_SECONDS", 0.0))
     put("simulator_url", _get(env, "NOTIFKIT_SIMULATOR_URL"))

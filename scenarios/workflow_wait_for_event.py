@@ -1,0 +1,158 @@
+"""workflow_wait_for_event: waitForEvent with a timeout; the event comes for some users only.
+
+Workflow: send ``welcome``; wait up to ``timeout_s`` for ``activated``; branch on whether it
+came: ``thanks`` or ``reminder``. Two workflow processes share the instances. Right after the
+triggers, while the first steps are running, one workflow process is SIGKILLed: its pending
+entries are reclaimed by the survivor, and the instances it held stay locked until their lock
+expires (``WORKFLOW_LOCK_TTL_SECONDS``), then resume. Each chosen user's event is posted once
+that user's instance is waiting for it.
+
+Invariants, from the provider's records and the instances: every user gets exactly one
+``welcome`` and exactly one of ``thanks`` (the event came) or ``reminder`` (it did not), each
+accepted once; every instance completes; each instance's steps ran one after another (no
+step started before the previous one finished: the instance lock held); nothing lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from datetime import datetime
+from typing import Any
+
+from scenarios.harness import RunOptions, Sent, System
+from scenarios.report import ScenarioResult
+
+DESCRIPTION = "waitForEvent with a timeout; SIGKILL a workflow process mid-step: the right " \
+              "branch per user, each step once"
+PARAMS: dict[str, Any] = {
+    "users": 30, "timeout_s": 8, "kill_within_s": 5.0, "lock_ttl_s": 2, "quiesce_s": 45.0,
+}
+
+LAYOUT = {
+    "api": ["api"],
+    "pipeline": ["enricher", "engine", "delivery", "scheduler", "events"],
+    "workflow-1": ["workflow"],
+    "workflow-2": ["workflow"],
+}
+
+TEMPLATES = {
+    name: {"channels": {"email": {"subject": name, "text": f"{name} {{{{ user.id }}}}"}}}
+    for name in ("welcome", "thanks", "reminder")
+}
+
+
+def workflow(timeout_s: int) -> dict[str, Any]:
+    return {"steps": [
+        {"type": "send", "template": "welcome"},
+        {"type": "waitForEvent", "event": "activated", "timeoutSeconds": timeout_s,
+         "onTimeout": "continue"},
+        {"type": "branch", "if": "steps[1] is not none",
+         "then": [{"type": "send", "template": "thanks"}],
+         "else": [{"type": "send", "template": "reminder"}]},
+    ]}
+
+
+async def instance(system: System, instance_id: str) -> dict[str, Any]:
+    status, body = await system.request("GET", f"/v1/workflow-instances/{instance_id}")
+    return body if status == 200 else {}
+
+
+async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
+    result = ScenarioResult(name=options.name, seed=options.seed)
+    options.env.setdefault("WORKFLOW_LOCK_TTL_SECONDS", str(int(params["lock_ttl_s"])))
+    rng = random.Random(options.seed)
+    async with System(options, LAYOUT) as system:
+        users = await system.bootstrap(users=int(params["users"]), templates=TEMPLATES)
+        status, body = await system.request("PUT", "/v1/workflows/onboarding",
+                                            json=workflow(int(params["timeout_s"])))
+        result.check(status in (200, 201), f"defining the workflow: {status} {body}")
+        chosen = set(rng.sample(users, len(users) // 2))  # these users send the event
+
+        instances: dict[str, str] = {}
+
+        async def trigger(user: str) -> None:
+            status, body = await system.request("POST", "/v1/workflows/onboarding/trigger",
+                                                json={"userId": user, "data": {}})
+            if status == 202:
+                instances[user] = body["instanceId"]
+            else:
+                result.violations.append(f"triggering for {user}: {status} {body}")
+
+        triggering = asyncio.gather(*(trigger(u) for u in users))
+        held: list[tuple[str, str]] = []
+        deadline = time.monotonic() + float(params["kill_within_s"])
+        while not held and time.monotonic() < deadline:
+            held = await system.pending_of("workflow-1", "workflow")
+        locks = [k async for k in system.redis.scan_iter(
+            match=system.keys.workflow_lock("*"), count=1000)]
+        system.say(f"SIGKILL workflow-1 holding {len(held)} entries", force=True)
+        await system.kill("workflow-1")
+        await triggering
+        result.facts["entries workflow-1 held when killed"] = len(held)
+        result.facts["instance locks held when killed"] = len(locks)
+        result.check(bool(held), "workflow-1 never held an entry: the kill proved nothing")
+
+        # Post each chosen user's event once their instance waits for it.
+        posted: dict[str, float] = {}
+        deadline = time.monotonic() + float(params["timeout_s"])
+        while len(posted) < len(chosen) and time.monotonic() < deadline:
+            for user in sorted(chosen - posted.keys()):
+                body = await instance(system, instances.get(user, ""))
+                steps = body.get("steps") or []
+                if len(steps) > 1 and steps[1].get("status") == "waiting":
+                    status, reply = await system.request(
+                        "POST", "/v1/events", json={"name": "activated", "userId": user,
+                                                    "data": {"from": "scenario"}})
+                    result.check(status == 202, f"posting {user}'s event: {status} {reply}")
+                    posted[user] = time.time()
+            system.say(f"events posted: {len(posted)}/{len(chosen)}")
+            await asyncio.sleep(0.2)
+        result.check(len(posted) == len(chosen),
+                     f"{len(chosen) - len(posted)} instances never reached waitForEvent in time")
+
+        left = await system.quiesce(float(params["quiesce_s"]))
+        result.check(not left, f"the system did not quiesce: {left}")
+
+        # Each user's e-mails, by template (subject), counting every acceptance.
+        got: dict[str, list[str]] = {}
+        for message in await system.sim.messages(limit=100_000):
+            content = message.get("content") or {}
+            subject = str(content.get("subject") or "")
+            got.setdefault(str(message.get("to")), []).append(subject)
+        duplicates = await system.duplicates()
+        result.check(not duplicates, f"tasks accepted more than once: {list(duplicates)[:10]}")
+        sent: list[Sent] = []
+        for index, user in enumerate(users):
+            address = f"user{index}@example.com"
+            subjects = sorted(s for a, ss in got.items() if address in a for s in ss)
+            want = sorted(["welcome", "thanks" if user in posted else "reminder"])
+            came = "sent" if user in posted else "not sent"
+            result.check(subjects == want,
+                         f"{user} (event {came}) got {subjects}, expected {want}")
+            body = await instance(system, instances.get(user, ""))
+            result.check(body.get("status") == "completed",
+                         f"instance of {user} is {body.get('status')!r}, not completed")
+            steps = sorted(body.get("steps") or [], key=lambda s: s["index"])
+            for step in steps:
+                output = step.get("output") or {}
+                if step.get("type") == "send" and output.get("eventId"):
+                    sent.append(Sent(output["eventId"], user, _epoch(step.get("at"))))
+            times = [_epoch(s.get("at")) for s in steps if s.get("at")]
+            result.check(times == sorted(times),
+                         f"instance of {user} ran steps out of order: {steps}")
+        result.facts["users who sent the event"] = len(posted)
+        result.facts["instances"] = len(instances)
+        result.facts["lock contention retries"] = sum(
+            system.count_log_lines("running elsewhere").values())
+        await system.account(sent, result)
+        result.latencies_s.clear()  # a workflow's sends wait by design; latency says nothing
+        system.check_alive(result, [n for n in LAYOUT if n != "workflow-1"])
+    return result
+
+
+def _epoch(value: Any) -> float:
+    if not value:
+        return time.time()
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
