@@ -66,8 +66,16 @@ async def create_pool(
         max_size=size,
         server_settings=_server_settings(settings, application_name),
         init=init_connection,
+        reset=_keep_session,
     )
     return pool
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Release a connection to its pool without asyncpg's reset query (advisory unlock, CLOSE
+    ALL, UNLISTEN, RESET ALL): one round trip per acquire that buys nothing here, since notifkit
+    leaves no session state on pooled connections. An open transaction is still rolled back
+    (asyncpg does that before calling this)."""
 
 
 async def connect(settings: Settings, *, application_name: str = "notifkit") -> asyncpg.Connection:
