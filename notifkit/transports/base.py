@@ -36,6 +36,7 @@ import aiohttp
 import asyncpg
 from redis.asyncio import Redis
 
+from notifkit import codec
 from notifkit.config import Settings
 from notifkit.keys import Keys
 
@@ -241,9 +242,12 @@ class HttpTransport:
         if self._session is None:
             raise RuntimeError(f"the {self.provider} transport is not open")
         all_headers = {TASK_ID_HEADER: task_id, **(headers or {})}
+        if json_body is not None:
+            # notifkit's codec (orjson when installed) rather than aiohttp's json.dumps.
+            body = codec.dumps(json_body)
+            all_headers.setdefault("Content-Type", "application/json")
         async with self._session.request(
-            method, url, headers=all_headers, json=json_body, data=body if body is not None
-            else data,
+            method, url, headers=all_headers, data=body if body is not None else data,
         ) as response:
             raw = await response.read()
             return HttpReply(response.status, dict(response.headers), raw)
