@@ -67,7 +67,12 @@ class EnricherService(WorkerService):
         fresh = await self._claim(parsed)
         segments = sum(1 for _e, m in fresh if "segment" in m["to"])
         page = max(MIN_SEGMENT_PAGE, self.recipients_per_batch // max(segments, 1))
-        work = [await self._resolve(entry, message, page) for entry, message in fresh]
+        work: list[_Work] = []
+        for entry, message in fresh:
+            try:
+                work.append(await self._resolve(entry, message, page))
+            except Exception as exc:  # this entry alone fails; its batch neighbours go on
+                entry.fail(exc)
 
         recipients = await load_recipients(
             self.pool, [(w.message["projectId"], uid) for w in work for uid in w.user_ids]
@@ -100,16 +105,23 @@ class EnricherService(WorkerService):
         self, parsed: list[tuple[Entry, InboundMessage]]
     ) -> list[tuple[Entry, InboundMessage]]:
         claims: list[tuple[Entry, str, int | None]] = []
+        claimed: list[tuple[Entry, InboundMessage]] = []
         for entry, m in parsed:
             caller_key = m.get("idempotencyKey")
-            key = enricher_key(m["projectId"], idempotency_key=caller_key, event_id=m["eventId"])
-            if "segmentAfter" in m:
-                key = enricher_page_key(key, m["segmentAfter"])
+            try:
+                key = enricher_key(m["projectId"], idempotency_key=caller_key,
+                                   event_id=m["eventId"])
+                if "segmentAfter" in m:
+                    key = enricher_page_key(key, m["segmentAfter"])
+            except Exception as exc:  # a key of the wrong type: this entry alone fails
+                entry.fail(exc)
+                continue
             ttl = self.settings.caller_idempotency_ttl_s if caller_key else None
             claims.append((entry, key, ttl))
+            claimed.append((entry, m))
         allowed = await self.dedup.claim_many(claims)
         fresh = []
-        for (entry, m), ok in zip(parsed, allowed, strict=True):
+        for (entry, m), ok in zip(claimed, allowed, strict=True):
             if ok:
                 fresh.append((entry, m))
             else:

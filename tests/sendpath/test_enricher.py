@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncpg
 from redis.asyncio import Redis
 
+from notifkit.ids import uuid7
 from notifkit.keys import Keys
 from notifkit.services.enricher import EnricherService
+from notifkit.streams import encode
 
 from .conftest import ServiceFactory
 from .helpers import add_user, entries, send, timeline
@@ -101,3 +103,30 @@ async def test_a_segment_is_fanned_out_in_pages_through_continuations(
     assert sorted(users) == [f"m{i:04d}" for i in range(1, 251)]
     inbound = await entries(redis, keys.inbound("low"))
     assert [m.get("segmentAfter") for m in inbound] == [None, "m0100", "m0200"]
+
+
+async def test_a_poison_entry_fails_alone_and_its_batch_neighbours_are_enriched(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    """Found by the dlq_poison scenario: an entry whose own data makes the enricher raise used
+    to fail its whole read batch, so every notification read with it was retried with it and
+    dead-lettered with it."""
+    # Given a notification, then an entry that can never be enriched (its segment cursor is
+    # not text), then another notification, all in one read batch
+    await add_user(db, project, "u1")
+    first = await send(redis, keys, db, project, "t", "u1")
+    poison = str(uuid7())
+    await redis.xadd(keys.inbound("normal"), encode({
+        "eventId": poison, "projectId": project, "template": "t",
+        "to": {"segment": "everyone"}, "priority": "normal", "segmentAfter": 12345}))
+    second = await send(redis, keys, db, project, "t", "u1")
+    enricher = await services(EnricherService)
+
+    # When the enricher runs until idle (retrying the poison to its limit)
+    await enricher.run_until_idle()
+
+    # Then both notifications are enriched, and only the poison is dead-lettered
+    out = {m["eventId"] for m in await entries(redis, keys.enriched("normal"))}
+    assert out == {first, second}
+    dead = [m["payload"]["eventId"] for m in await entries(redis, keys.dlq)]
+    assert dead == [poison]
