@@ -40,13 +40,27 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         sent: list[Sent] = [poison]
         sent += await system.send_many(
             [others[i % len(others)] for i in range(int(params["messages"]))], template="mail")
+        waiting = await system.quiesce(float(params["drain_timeout_s"]))
+        result.check(not waiting, f"the system never drained: {waiting}")
         # 2. Enricher poison: an inbound entry of the right shape that fails every time (its
-        # segment cursor is not text, so the segment query raises).
+        # segment cursor is not text, so the segment query raises). The workers are paused
+        # while it and more traffic queue up, so the poison shares its read batch with
+        # innocent notifications: it must not take them down with it.
+        # (A read blocked when the pause began takes the first entry that arrives on its own,
+        # so traffic goes in before the poison as well as after it.)
+        system.pause("workers")
+        half = int(params["messages"]) // 2
+        sent += await system.send_many([others[i % len(others)] for i in range(half)],
+                                       template="mail", label="before the enricher poison")
         enricher_poison = str(uuid.uuid4())
         await system.redis.xadd(system.keys.inbound("normal"), encode({
             "eventId": enricher_poison, "projectId": system.project_id, "template": "mail",
             "to": {"segment": "everyone"}, "priority": "normal", "segmentAfter": 12345,
         }))
+        sent += await system.send_many([others[i % len(others)] for i in range(half)],
+                                       template="mail", label="after the enricher poison")
+        system.resume("workers")
+        system.say("enricher poison queued with other traffic", force=True)
         waiting = await system.quiesce(float(params["drain_timeout_s"]))
         result.check(not waiting, f"the system never drained: {waiting}")
 
@@ -67,6 +81,10 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
                              f"{record.get('attempts')} attempts, the limit is {limit}")
             result.check(event_id in failed_events,
                          f"no notification:failed event for the {service} poison {event_id}")
+        poisons = {poison.event_id, enricher_poison}
+        innocent = sorted({event_of(r) or "?" for r in dlq.values()} - poisons)
+        result.check(not innocent, f"notifications dead-lettered along with a poison: "
+                                   f"{', '.join(innocent)}")
         provider_tries = int(((await system.sim.stats()).get("resend") or {})
                              .get("faults", {}).get("error", 0))
         result.check(provider_tries == limits.max_attempts,
