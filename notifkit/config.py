@@ -39,6 +39,13 @@ FAULT_INJECTIONS: dict[str, str] = {
     "keep_invalid_contacts": "contacts the provider calls invalid are not disabled",
     "skip_fallback": "a failed channel is retried instead of falling back to the next one",
     "ignore_priority": "workers fill their slots from the lowest-priority stream first",
+    "unbounded_reads": "workers read far more than their free capacity",
+    "scheduler_lock_forever": "the scheduler poll lock never expires, so no other scheduler "
+                              "takes over from a dead one",
+    "ignore_quiet_hours": "the engine sends at once into a user's quiet hours",
+    "ignore_workflow_events": "custom events resolve no waiting workflow step",
+    "unpublished_key_revocations": "a revoked key is dropped only by the API process that "
+                                   "revoked it, not announced to the others",
 }
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:-]{0,64}$")

@@ -244,6 +244,8 @@ class StreamWorker:
             free = self.concurrency - self.in_flight
             if free <= 0:
                 return 0
+            if self.settings.injects("unbounded_reads"):  # test-only fault: no backpressure
+                free = max(free, 100 * self.concurrency)
             raw: list[tuple[str, str, Mapping[bytes, bytes] | None]] = []
             streams, reserve = self._read_order()
             for index, stream in enumerate(streams):

@@ -404,6 +404,13 @@ class SchedulerService(WorkerService):
     # -- the poll lock -----------------------------------------------------------------
     async def acquire_lock(self) -> bool:
         """Hold the poll lock: renew it if this scheduler holds it, else try to take it."""
+        if self.settings.injects("scheduler_lock_forever"):  # test-only fault: no expiry
+            mine = self.token or f"{self.worker.consumer}:{uuid.uuid4().hex}"
+            if await self.redis.set(self.keys.scheduler_lock, mine, nx=True):
+                self.token = mine
+                return True
+            current = await self.redis.get(self.keys.scheduler_lock)
+            return current is not None and as_str(current) == self.token
         if self.token is not None:
             renewed = await self._renew(keys=[self.keys.scheduler_lock],
                                         args=[self.token, self.lock_ttl_ms])

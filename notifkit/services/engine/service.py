@@ -89,8 +89,13 @@ class EngineService(WorkerService):
                                  Kind.FAILED, Status.FAILED, "template not found"))
                 continue
             mine = {(c, t) for p, c, t in suppressed if p == m["projectId"]}
-            due_ms, reason = self._due(m, now_ms)
-            for decision in decide(m, template, mine):
+            try:
+                due_ms, reason = self._due(m, now_ms)
+                decisions = decide(m, template, mine)
+            except Exception as exc:  # this entry's own data is unusable; the batch goes on
+                entry.fail(exc)
+                continue
+            for decision in decisions:
                 task_id = derived_uuid7(m["eventId"], m["user"]["id"], decision.channel)
                 if decision.send:
                     sends.append(_Send(entry, m, template, decision, task_id, due_ms, reason))
@@ -110,7 +115,7 @@ class EngineService(WorkerService):
         """When the recipient's message is due and why: ``sendAt``, pushed past the user's
         quiet hours unless the send is critical. ``None`` = due now."""
         due_ms, reason = max(now_ms, _parse_ms(m.get("sendAt")) or now_ms), "sendAt"
-        if m["priority"] != "critical":
+        if m["priority"] != "critical" and not self.settings.injects("ignore_quiet_hours"):
             quiet_end = quiet_hours.deferral(
                 m["preferences"].get("quietHours"), m["user"].get("timezone"),
                 datetime.fromtimestamp(due_ms / 1000, UTC),

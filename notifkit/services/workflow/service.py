@@ -213,6 +213,8 @@ class WorkflowService(WorkerService):
         # Keyed by the event's id when it has one, so a copy of the same event (a retried
         # forward) finds the waiters it resolved and wakes them again, resolving no others.
         resolved_by = f"event:{event_id}" if isinstance(event_id, str) else entry.owner
+        if self.settings.injects("ignore_workflow_events"):  # test-only fault
+            return
         try:
             woken = await db.resolve_waiters(
                 self.pool, project_id=project_id, user_id=user_id, event_name=name,

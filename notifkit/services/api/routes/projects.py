@@ -16,7 +16,7 @@ from notifkit.services.api.auth import ROLES, hash_key, new_key, project_not_fou
 from notifkit.services.api.errors import json_response, not_found
 from notifkit.services.api.routing import Operations, Reply
 from notifkit.services.api.schemas import CONTACT_CHANNELS, ref
-from notifkit.services.api.state import DB, HUB
+from notifkit.services.api.state import DB, HUB, SETTINGS
 from notifkit.services.api.validation import Fields, iso, read_json, uuid_id
 
 ops = Operations("admin")
@@ -90,7 +90,11 @@ async def revoke_key(request: web.Request) -> web.Response:
     if row is None:
         raise not_found("key")
     # Published even when it was revoked already: a repeat is harmless and heals a lost one.
-    await request.app[HUB].publish_revocation(row["key_hash"], key_id)
+    hub = request.app[HUB]
+    if request.app[SETTINGS].injects("unpublished_key_revocations"):  # test-only fault
+        hub.key_cache.drop(row["key_hash"])  # this process only
+    else:
+        await hub.publish_revocation(row["key_hash"], key_id)
     return web.Response(status=204)
 
 
