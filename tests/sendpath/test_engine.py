@@ -10,9 +10,11 @@ from urllib.parse import unquote
 import asyncpg
 from redis.asyncio import Redis
 
+from notifkit.ids import uuid7
 from notifkit.keys import Keys
 from notifkit.services.engine import EngineService
 from notifkit.services.enricher import EnricherService
+from notifkit.streams import decode, encode
 from notifkit.unsubscribe import verify_token
 
 from .conftest import ServiceFactory
@@ -241,3 +243,34 @@ async def test_the_per_user_throttle_logs_what_it_holds_back(
     rows = await timeline(db, second)
     assert {(r["channel"], r["kind"], r["status"]) for r in rows} == {
         ("sms", "throttled", "throttled"), ("email", "throttled", "throttled")}
+
+
+async def test_a_poison_entry_fails_alone_and_its_batch_neighbours_are_routed(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    """Found by the dlq_poison scenario: an enriched entry whose own data makes the engine
+    raise (quiet hours that are not an object) used to fail its whole read batch, so every
+    recipient read with it was retried with it and dead-lettered with it."""
+    # Given two enriched messages with a poison between them, all in one read batch
+    await add_user(db, project, "u1", contacts=[("sms", "+15550001")])
+    await add_user(db, project, "u2", contacts=[("sms", "+15550002")])
+    await add_template(db, project, "t", {"sms": SMS})
+    enricher, engine = await pipeline(services)
+    await send(redis, keys, db, project, "t", ["u1", "u2"], data={"amount": "1"})
+    await drain(enricher)
+    raw = await redis.xrange(keys.enriched("normal"))
+    poison = {**decode(raw[0][1]), "eventId": str(uuid7()),
+              "preferences": {"quietHours": "never"}}
+    await redis.delete(keys.enriched("normal"))
+    await redis.xadd(keys.enriched("normal"), raw[0][1])
+    await redis.xadd(keys.enriched("normal"), encode(poison))
+    await redis.xadd(keys.enriched("normal"), raw[1][1])
+
+    # When the engine runs until idle (retrying the poison to its limit)
+    await engine.run_until_idle()
+
+    # Then both recipients are routed, and only the poison is dead-lettered
+    routed = {t["userId"] for t in await entries(redis, keys.outbound("normal"))}
+    assert routed == {"u1", "u2"}
+    dead = [m["payload"]["eventId"] for m in await entries(redis, keys.dlq)]
+    assert dead == [poison["eventId"]]
