@@ -9,6 +9,7 @@ it, the traffic around it is delivered, and after the fix a replay delivers it e
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -17,12 +18,14 @@ from notifkit.streams import decode, encode
 from scenarios.harness import ADMIN_KEY, RunOptions, Sent, System, basic_template
 from scenarios.report import ScenarioResult
 
-DESCRIPTION = ("a message that always fails (provider 500 for one recipient; an enricher "
-               "crash) is dead-lettered after exactly the attempt limit, notification:failed "
-               "is emitted, and a replay after the fix delivers it once")
+DESCRIPTION = ("messages that always fail (provider 500 for one recipient; enricher and engine "
+               "crashes) are dead-lettered after exactly their stage's attempt limit without "
+               "their batch neighbours, notification:failed is emitted, a replay after the fix "
+               "delivers once")
 PARAMS: dict[str, Any] = {"users": 20, "messages": 40, "drain_timeout_s": 60.0}
 
-LAYOUT = {"api": ["api"], "workers": ["enricher", "engine", "delivery", "scheduler", "events"]}
+LAYOUT = {"api": ["api"], "workers": ["enricher", "delivery", "scheduler", "events"],
+          "engine": ["engine"]}
 
 
 async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
@@ -63,12 +66,33 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         system.say("enricher poison queued with other traffic", force=True)
         waiting = await system.quiesce(float(params["drain_timeout_s"]))
         result.check(not waiting, f"the system never drained: {waiting}")
+        # 3. Engine poisons: enriched entries whose quiet hours are not an object. The engine
+        # is paused while two of them and more traffic queue up (the first may be read alone).
+        system.pause("engine")
+        engine_poisons = [str(uuid.uuid4()) for _ in range(2)]
+        for event_id in engine_poisons:
+            await system.redis.xadd(system.keys.enriched("normal"), encode({
+                "eventId": event_id, "projectId": system.project_id, "template": "mail",
+                "createdAt": "2026-01-01T00:00:00Z", "priority": "normal",
+                "user": {"id": others[0]}, "contacts": {"email": ["user1@example.com"]},
+                "preferences": {"quietHours": "never"}, "data": {},
+            }))
+            await asyncio.sleep(0.1)
+        sent += await system.send_many([others[i % len(others)] for i in range(half)],
+                                       template="mail", label="after the engine poisons")
+        await system.wait_until(lambda waiting: not any(":inbound:" in k for k in waiting),
+                                float(params["drain_timeout_s"]))
+        system.resume("engine")
+        system.say("engine poisons queued with other traffic", force=True)
+        waiting = await system.quiesce(float(params["drain_timeout_s"]))
+        result.check(not waiting, f"the system never drained: {waiting}")
 
         dlq = await dead_letters(system)
         failed_events = await failed_event_ids(system)
-        for event_id, service, limit in ((poison.event_id, "delivery", limits.max_attempts),
-                                         (enricher_poison, "enricher",
-                                          limits.enricher_max_attempts)):
+        expected = [(poison.event_id, "delivery", limits.max_attempts),
+                    (enricher_poison, "enricher", limits.enricher_max_attempts),
+                    *((e, "engine", limits.max_attempts) for e in engine_poisons)]
+        for event_id, service, limit in expected:
             records = [r for r in dlq.values() if event_of(r) == event_id]
             result.check(len(records) == 1,
                          f"{service} poison {event_id}: {len(records)} DLQ entries, expected 1")
@@ -81,7 +105,7 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
                              f"{record.get('attempts')} attempts, the limit is {limit}")
             result.check(event_id in failed_events,
                          f"no notification:failed event for the {service} poison {event_id}")
-        poisons = {poison.event_id, enricher_poison}
+        poisons = {event_id for event_id, _service, _limit in expected}
         innocent = sorted({event_of(r) or "?" for r in dlq.values()} - poisons)
         result.check(not innocent, f"notifications dead-lettered along with a poison: "
                                    f"{', '.join(innocent)}")

@@ -19,7 +19,7 @@ import os
 import secrets
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -485,6 +485,16 @@ class System:
                 at = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
                 hits.append(FaultHit(at, match.group(2), match.group(3), match.group(4)))
         return hits
+
+    async def wait_until(self, done: Callable[[dict[str, int]], bool],
+                         timeout_s: float) -> bool:
+        """Poll :meth:`backlog` until ``done(backlog)`` holds; False at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if done(await self.backlog()):
+                return True
+            await asyncio.sleep(0.1)
+        return False
 
     # -- accounting ------------------------------------------------------------------------
     async def account(self, sent: Sequence[Sent], result: ScenarioResult) -> None:
