@@ -514,7 +514,8 @@ class System:
         skipped: dict[str, str] = {}
         for r in rows:
             if r["status"] in SKIP_STATUSES:
-                skipped.setdefault(r["event_id"], f"{r['status']}: {r['detail'] or r['kind']}")
+                reason = skip_reason(r["status"], r["detail"] or r["kind"])
+                skipped.setdefault(r["event_id"], reason)
         dead: set[str] = set()
         for _id, fields in await self.redis.xrange(self.keys.dlq):
             from notifkit.streams import decode
@@ -546,6 +547,11 @@ class System:
                 result.lost.append(event_id)
             elif event_id in delivered:
                 result.latencies_s.append(max(0.0, delivered[event_id] - accepted_at[event_id]))
+
+
+def skip_reason(status: str, detail: str) -> str:
+    """``status: detail`` for the table, without saying the status twice."""
+    return detail if detail.startswith(status) else f"{status}: {detail}"
 
 
 def basic_template(channels: Sequence[str]) -> dict[str, Any]:
