@@ -30,6 +30,7 @@ from notifkit.config import Settings
 __all__ = ["InvalidToken", "Unsubscribe", "make_token", "unsubscribe_url", "verify_token"]
 
 MAX_TOKEN_CHARS = 4096
+TOKEN_PATTERN = r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$"
 _CHANNELS = ("email", "sms", "push", "inapp", "webhook")
 
 

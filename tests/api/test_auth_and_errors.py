@@ -66,7 +66,12 @@ async def test_the_admin_key_must_name_an_existing_project(api: Api, project: Pr
                               project="00000000-0000-4000-8000-000000000000")
     assert unknown.status == 404
     malformed = await api.admin("GET", "/v1/messages", project="not-a-uuid")
-    assert malformed.status == 404
+    assert malformed.status == 400
+    assert malformed.fields == ["x-project-id"]
+    # Only the admin key acts on it, but a project key naming garbage is told so too.
+    named = await api.call("GET", "/v1/messages", key=project.full,
+                           params={"projectId": "nope"})
+    assert named.fields == ["projectId"]
     by_header = await api.admin("GET", "/v1/messages", project=project.id)
     assert by_header.status == 200
     by_query = await api.admin("GET", "/v1/messages", params={"projectId": project.id})

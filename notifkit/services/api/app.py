@@ -37,6 +37,7 @@ from notifkit.services.api.state import (
 )
 
 SSE_HEARTBEAT_DEFAULT_S = 15.0
+MAX_LINE_BYTES = 64 * 1024
 _PLACEHOLDER = re.compile(r"{([A-Za-z]+)}")
 
 
@@ -74,6 +75,9 @@ def create_app(
     app = web.Application(
         middlewares=[error_middleware, auth_middleware],
         client_max_size=settings.max_body_bytes,
+        # Room for every documented parameter at its longest, percent-encoded (aiohttp's own
+        # 8 KiB limit answers a plain-text 400 before the app sees the request).
+        handler_args={"max_line_size": MAX_LINE_BYTES, "max_field_size": MAX_LINE_BYTES},
     )
     app[SETTINGS] = settings
     app[KEYS] = Keys(settings.namespace)

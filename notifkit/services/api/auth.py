@@ -18,7 +18,7 @@ from typing import Literal
 
 import asyncpg
 
-from notifkit.services.api.errors import ApiError
+from notifkit.services.api.errors import ApiError, invalid_field
 from notifkit.services.api.validation import parse_uuid
 
 KEY_CACHE_TTL_S = 60.0
@@ -120,18 +120,19 @@ def is_admin_key(key: str, admin_key: str | None) -> bool:
     )
 
 
-def admin_project(header: str | None, query: str | None) -> str | None:
-    """The project the admin key names (header first), normalised; None if it names none.
-
-    A value that is not a UUID cannot name an existing project: 404, like an unknown one.
-    """
-    raw = header if header else query
-    if not raw:
-        return None
-    normalised = parse_uuid(raw.strip())
-    if normalised is None:
-        raise project_not_found()
-    return normalised
+def named_project(header: str | None, query: str | None) -> str | None:
+    """The project a request names (``x-project-id`` first, then ``projectId``), normalised;
+    None if it names none. Only the admin key acts on it, but a value that is not a project
+    id is a 400 whoever sends it."""
+    named: list[str] = []
+    for field, raw in (("x-project-id", header), ("projectId", query)):
+        if raw is None:
+            continue
+        normalised = parse_uuid(raw.strip())
+        if normalised is None:
+            raise invalid_field(field, "must be a project id (UUID)")
+        named.append(normalised)
+    return named[0] if named else None
 
 
 def project_not_found() -> ApiError:

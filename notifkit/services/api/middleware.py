@@ -11,15 +11,15 @@ from aiohttp import web
 
 from notifkit.services.api.auth import (
     Principal,
-    admin_project,
     bearer_key,
     forbidden,
     hash_key,
     is_admin_key,
+    named_project,
     project_not_found,
     unauthorized,
 )
-from notifkit.services.api.errors import ApiError, Handler
+from notifkit.services.api.errors import ApiError, Handler, detail, invalid
 from notifkit.services.api.routing import Operation
 from notifkit.services.api.state import DB, KEY_CACHE, KEYS, OPERATIONS, PRINCIPAL, RATE, SETTINGS
 
@@ -32,16 +32,35 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     route = request.match_info.route
     op = request.app[OPERATIONS].get(route.name or "")
     if op is None or op.access == "public":
-        return await handler(request)  # unknown routes fall through to aiohttp's 404/405
+        # Unknown routes fall through to aiohttp's 404/405. Public routes are called by
+        # browsers, mail clients and providers that may add parameters of their own.
+        return await handler(request)
     request[PRINCIPAL] = await authenticate(request, op)
+    _reject_unknown_query(request, op)
     return await handler(request)
+
+
+def _reject_unknown_query(request: web.Request, op: Operation) -> None:
+    """A misspelt filter (``?userid=``) must not silently widen a list: unknown query
+    parameters are a 400 naming them."""
+    allowed = {p.name for p in op.query}
+    if op.access in ("project", "ops"):
+        allowed.add(PROJECT_QUERY)
+    unknown = [name for name in dict.fromkeys(request.query) if name not in allowed]
+    if unknown:
+        raise invalid([detail(name[:100], "is not a query parameter of this route")
+                       for name in unknown[:20]])
 
 
 async def authenticate(request: web.Request, op: Operation) -> Principal:
     app = request.app
     key = bearer_key(request.headers.get("Authorization"))
+    named = None
+    if op.access in ("project", "ops"):
+        named = named_project(request.headers.get(PROJECT_HEADER),
+                              request.query.get(PROJECT_QUERY))
     if is_admin_key(key, app[SETTINGS].admin_key):
-        return await _admin(request, op)
+        return await _admin(request, op, named)
     record = await app[KEY_CACHE].lookup(hash_key(key))
     if record is None:
         raise unauthorized("invalid_api_key", "The API key is unknown or has been revoked.")
@@ -62,12 +81,9 @@ async def authenticate(request: web.Request, op: Operation) -> Principal:
     return Principal(record.role, record.project_id, record.key_id)
 
 
-async def _admin(request: web.Request, op: Operation) -> Principal:
+async def _admin(request: web.Request, op: Operation, project_id: str | None) -> Principal:
     if op.access == "admin":
         return Principal("admin", None)
-    project_id = admin_project(
-        request.headers.get(PROJECT_HEADER), request.query.get(PROJECT_QUERY)
-    )
     if project_id is None:
         if op.access == "ops":
             return Principal("admin", None)

@@ -42,6 +42,14 @@ class Param:
     required: bool = False
 
 
+# The list parameters every list route shares.
+LIMIT = Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 500},
+              "Page size (default 50).")
+CURSOR = Param("cursor", "query",
+               {"type": "string", "maxLength": 512, "pattern": "^[A-Za-z0-9_-]*$"},
+               "The nextCursor of the previous page.")
+
+
 @dataclass(frozen=True)
 class Reply:
     """One documented response. ``schema`` None = no body."""

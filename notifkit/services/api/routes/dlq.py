@@ -22,7 +22,7 @@ from notifkit.errors import MalformedPayload
 from notifkit.services.api.auth import Principal
 from notifkit.services.api.errors import ApiError, invalid_field, json_response
 from notifkit.services.api.middleware import principal
-from notifkit.services.api.routing import Operations, Param, Reply
+from notifkit.services.api.routing import CURSOR, LIMIT, Operations, Param, Reply
 from notifkit.services.api.schemas import ref
 from notifkit.services.api.state import KEYS, REDIS, SETTINGS
 from notifkit.services.api.validation import decode_cursor, encode_cursor, limit_param
@@ -47,8 +47,8 @@ ENTRY_NOT_FOUND = ("dlq_entry_not_found", "No dead-lettered entry with that id e
 
 @ops.route("GET", "/v1/dlq", "Dead-lettered entries of the project", access="ops",
            query=(
-               Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 500}),
-               Param("cursor", "query", {"type": "string"}, "nextCursor of the previous page"),
+               LIMIT,
+               CURSOR,
                Param("projectId", "query", {"type": "string", "format": "uuid"},
                      "Admin key only: one project's entries (default: every project's)."),
            ),

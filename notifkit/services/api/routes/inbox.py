@@ -18,7 +18,7 @@ from aiohttp import web
 
 from notifkit.services.api.errors import invalid_field, json_response, not_found
 from notifkit.services.api.middleware import project_id
-from notifkit.services.api.routing import Operations, Param, Reply
+from notifkit.services.api.routing import CURSOR, LIMIT, Operations, Param, Reply
 from notifkit.services.api.schemas import ref
 from notifkit.services.api.state import DB, HUB, SSE_HEARTBEAT_S
 from notifkit.services.api.validation import (
@@ -41,8 +41,8 @@ CLOSE = b""  # what the hub puts on a stream's queue when the server shuts down
 @ops.route("GET", "/v1/users/{userId}/inbox", "A user's in-app messages, newest first",
            query=(
                Param("unread", "query", {"type": "boolean"}, "Only messages not yet read"),
-               Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 500}),
-               Param("cursor", "query", {"type": "string"}, "nextCursor of the previous page"),
+               LIMIT,
+               CURSOR,
            ),
            responses={200: ref("InboxList")})
 async def list_inbox(request: web.Request) -> web.Response:

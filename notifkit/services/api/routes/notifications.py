@@ -28,7 +28,7 @@ from notifkit.services.api.idempotency import (
     header_key,
 )
 from notifkit.services.api.middleware import project_id
-from notifkit.services.api.routing import SEND, Operations, Param, Reply
+from notifkit.services.api.routing import CURSOR, LIMIT, SEND, Operations, Param, Reply
 from notifkit.services.api.schemas import MAX_RECIPIENTS, RECIPIENT_STATUSES, ref
 from notifkit.services.api.state import DB, KEYS, REDIS, SETTINGS
 from notifkit.services.api.validation import (
@@ -137,8 +137,8 @@ async def get_notification(request: web.Request) -> web.Response:
                Param("eventId", "query", {"type": "string", "format": "uuid"}),
                Param("status", "query", {"type": "string", "enum": list(RECIPIENT_STATUSES)}),
                Param("channel", "query", {"type": "string", "enum": list(CHANNELS)}),
-               Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 500}),
-               Param("cursor", "query", {"type": "string"}, "nextCursor of the previous page"),
+               LIMIT,
+               CURSOR,
            ),
            responses={200: ref("MessageList")})
 async def list_messages(request: web.Request) -> web.Response:

@@ -19,13 +19,20 @@ from notifkit.services.api.routing import Operations, Param, Reply, Schema
 from notifkit.services.api.schemas import CONTACT_CHANNELS, ref
 from notifkit.services.api.state import DB, SETTINGS
 from notifkit.services.api.validation import parse_uuid
-from notifkit.unsubscribe import MAX_TOKEN_CHARS, InvalidToken, Unsubscribe, verify_token
+from notifkit.unsubscribe import (
+    MAX_TOKEN_CHARS,
+    TOKEN_PATTERN,
+    InvalidToken,
+    Unsubscribe,
+    verify_token,
+)
 
 log = logging.getLogger("notifkit.api")
 
 ops = Operations("unsubscribe")
 
-TOKEN = Param("token", "query", {"type": "string", "minLength": 1, "maxLength": MAX_TOKEN_CHARS},
+TOKEN = Param("token", "query", {"type": "string", "minLength": 3, "maxLength": MAX_TOKEN_CHARS,
+                                 "pattern": TOKEN_PATTERN},
               "The signed token from the unsubscribe link.", required=True)
 _RESULT: dict[int, Reply | Schema | None] = {200: ref("Unsubscribed"),
            400: Reply(ref("Error"), "The token is missing, forged or altered; nothing changed.")}
