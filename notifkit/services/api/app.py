@@ -18,11 +18,11 @@ from redis.asyncio import Redis
 
 from notifkit.config import Settings
 from notifkit.keys import Keys
+from notifkit.ratelimit import TokenBuckets
 from notifkit.services.api.auth import KeyCache
 from notifkit.services.api.errors import error_middleware
 from notifkit.services.api.middleware import auth_middleware
 from notifkit.services.api.pubsub import Hub
-from notifkit.services.api.ratelimit import TokenBucket
 from notifkit.services.api.routing import Operation
 from notifkit.services.api.state import (
     DB,
@@ -117,7 +117,7 @@ def _resources(
         app[REDIS] = client
         app[DB] = pool
         app[KEY_CACHE] = KeyCache(pool)
-        app[RATE] = TokenBucket(client, settings.api_rate_per_second, settings.api_rate_burst)
+        app[RATE] = TokenBuckets(client)
         hub = Hub(client, app[KEYS], app[KEY_CACHE])
         app[HUB] = hub
         task = asyncio.create_task(hub.run(), name="notifkit-api-pubsub")

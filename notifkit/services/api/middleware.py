@@ -7,8 +7,11 @@ a project 400 (unknown project 404), over the project's API rate 429 with Retry-
 
 from __future__ import annotations
 
+import math
+
 from aiohttp import web
 
+from notifkit.ratelimit import Bucket
 from notifkit.services.api.auth import (
     Principal,
     bearer_key,
@@ -71,12 +74,16 @@ async def authenticate(request: web.Request, op: Operation) -> Principal:
             f"A '{record.role}' key may not call this route; it needs a "
             f"{' or '.join(sorted(op.roles))} key."
         )
-    decision = await app[RATE].take(app[KEYS].api_rate(record.project_id))
-    if not decision.allowed:
+    settings = app[SETTINGS]
+    wait_s = await app[RATE].take([Bucket(app[KEYS].api_rate(record.project_id),
+                                          settings.api_rate_per_second,
+                                          settings.api_rate_burst)])
+    if wait_s > 0:
+        retry_after_s = max(1, math.ceil(wait_s))
         raise ApiError(
             429, "rate_limited",
-            f"This project is over its API rate; retry in {decision.retry_after_s} s.",
-            headers={"Retry-After": str(decision.retry_after_s)},
+            f"This project is over its API rate; retry in {retry_after_s} s.",
+            headers={"Retry-After": str(retry_after_s)},
         )
     return Principal(record.role, record.project_id, record.key_id)
 

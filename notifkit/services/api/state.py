@@ -16,9 +16,9 @@ from notifkit.config import Settings
 from notifkit.keys import Keys
 
 if TYPE_CHECKING:
+    from notifkit.ratelimit import TokenBuckets
     from notifkit.services.api.auth import KeyCache, Principal
     from notifkit.services.api.pubsub import Hub
-    from notifkit.services.api.ratelimit import TokenBucket
     from notifkit.services.api.routing import Operation
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -27,7 +27,7 @@ REDIS = web.AppKey("redis", Redis)
 DB = web.AppKey("db", asyncpg.Pool)
 KEY_CACHE: web.AppKey[KeyCache] = web.AppKey("key_cache")
 HUB: web.AppKey[Hub] = web.AppKey("hub")
-RATE: web.AppKey[TokenBucket] = web.AppKey("rate")
+RATE: web.AppKey[TokenBuckets] = web.AppKey("rate")
 OPERATIONS: web.AppKey[dict[str, Operation]] = web.AppKey("operations")
 SSE_HEARTBEAT_S = web.AppKey("sse_heartbeat_s", float)
 

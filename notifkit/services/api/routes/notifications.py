@@ -349,8 +349,11 @@ def summary_status(
     stored: str, recipients: list[dict[str, Any]], event_rows: list[dict[str, Any]]
 ) -> str:
     if not recipients:
-        status = event_rows[-1]["status"] if event_rows else stored
-        return status if status in RECIPIENT_STATUSES else "accepted"
+        # The enricher moves the stored status on (accepted -> processing); a later row
+        # about the whole event (e.g. dead_lettered) says more than either.
+        latest = event_rows[-1]["status"] if event_rows else "accepted"
+        status = latest if latest != "accepted" else stored
+        return status if status in RECIPIENT_STATUSES else "processing"
     statuses = {r["status"] for r in recipients}
     for status in IN_PROGRESS:
         if status in statuses:
