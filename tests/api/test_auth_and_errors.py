@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import asyncpg
 import pytest
+from redis.asyncio import Redis
 
 from notifkit.config import Settings
+from notifkit.services.api.state import HUB
 from tests.api.conftest import ADMIN, Api, Project, start_api
 
 
@@ -141,7 +146,9 @@ async def test_a_project_over_its_api_rate_gets_429_with_retry_after(
         await client.close()
 
 
-async def test_keys_are_shown_once_and_stored_hashed(api: Api, project: Project, db) -> None:  # type: ignore[no-untyped-def]
+async def test_keys_are_shown_once_and_stored_hashed(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
     made = await api.admin("POST", f"/v1/projects/{project.id}/keys", json={"role": "send"})
     assert made.status == 201
     assert set(made.body) == {"id", "key", "role", "name", "projectId", "createdAt"}
@@ -189,3 +196,37 @@ async def test_projects_validate_their_settings(api: Api) -> None:
 
 async def test_admin_key_is_not_a_project_key(api: Api) -> None:
     assert (await api.call("GET", "/v1/users/u", key=ADMIN + "x")).status == 401
+
+
+async def test_the_key_cache_is_cleared_when_the_revocation_subscription_drops(
+    api_settings: Settings, redis: Redis, db: asyncpg.Pool
+) -> None:
+    """A revocation published while the subscription is down would be missed, so a process
+    that loses it forgets every cached key and trusts its cache again only once resubscribed."""
+    name = f"api-{api_settings.namespace}"
+    client = Redis.from_url(api_settings.redis_url, client_name=name)
+    _server, http = await start_api(api_settings, redis=client)
+    hub = http.server.app[HUB]
+    try:
+        api = Api(http, api_settings)
+        project = await api.project()
+        assert (await api.call("GET", "/v1/messages", key=project.full)).status == 200
+        # Revoked in PostgreSQL only: the cached key still works while the cache is trusted.
+        await db.execute("UPDATE project_api_keys SET revoked_at = now() WHERE role = 'full'")
+        assert (await api.call("GET", "/v1/messages", key=project.full)).status == 200
+
+        clients = await redis.client_list()
+        ids = [c["id"] for c in clients if c.get("name") == name and "P" in c.get("flags", "")]
+        assert ids, "the hub's pub/sub connection was not found"
+        for client_id in ids:
+            await redis.client_kill_filter(_id=client_id)
+        for _ in range(500):  # the hub notices the drop (bounded: 500 x 10 ms)
+            if not hub.live.is_set():
+                break
+            await asyncio.sleep(0.01)
+        assert (await api.call("GET", "/v1/messages", key=project.full)).status == 401
+        await asyncio.wait_for(hub.live.wait(), 10)  # and resubscribes
+        assert (await api.call("GET", "/v1/messages", key=project.full)).status == 401
+    finally:
+        await http.close()
+        await client.aclose()

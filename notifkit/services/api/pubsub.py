@@ -28,6 +28,7 @@ from notifkit.services.api.auth import KeyCache
 log = logging.getLogger("notifkit.api.pubsub")
 
 RECONNECT_DELAY_S = 0.5
+MAX_RECONNECT_DELAY_S = 5.0
 QUEUE_SIZE = 256
 
 
@@ -72,11 +73,13 @@ class Hub:
 
     # -- the loop --------------------------------------------------------------------------
     async def run(self) -> None:
+        delay_s = RECONNECT_DELAY_S
         while True:
             pubsub = self.redis.pubsub()
             try:
                 await pubsub.subscribe(self.keys.key_revocations)
                 await pubsub.psubscribe(self._inbox_pattern)
+                delay_s = RECONNECT_DELAY_S
                 while True:
                     message = await pubsub.get_message(timeout=1.0)
                     if message is not None:
@@ -86,15 +89,16 @@ class Hub:
             except (RedisError, OSError) as exc:
                 log.warning("The pub/sub connection failed (%s); API keys are checked against "
                             "PostgreSQL until it is back. Reconnecting in %.1f s.", exc,
-                            RECONNECT_DELAY_S)
+                            delay_s)
             except Exception:
                 log.exception("The pub/sub loop failed unexpectedly; reconnecting in %.1f s.",
-                              RECONNECT_DELAY_S)
+                              delay_s)
             finally:
                 self._down()
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
-            await asyncio.sleep(RECONNECT_DELAY_S)
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, MAX_RECONNECT_DELAY_S)
 
     def _down(self) -> None:
         self.live.clear()

@@ -1,0 +1,52 @@
+"""ApiService: the API as a notifkit service on a real port."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from notifkit.config import Settings
+from notifkit.server import NotifkitServer
+from notifkit.services.api.service import ApiService
+from tests.api.conftest import ADMIN
+
+
+async def test_the_service_serves_on_the_port_it_bound(settings: Settings) -> None:
+    async with NotifkitServer(services=["api"], settings=settings.replace(port=0),
+                              auto_migrate=False) as server:
+        service = server.service("api")
+        assert isinstance(service, ApiService)
+        assert service.port not in (None, 0)
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{service.base_url}/health") as response:
+                assert response.status == 200
+            async with http.post(f"{service.base_url}/v1/projects", json={"name": "p"},
+                                 headers={"Authorization": f"Bearer {ADMIN}"}) as response:
+                assert response.status == 201
+
+
+async def test_stopping_ends_open_event_streams(settings: Settings) -> None:
+    service = ApiService(settings.replace(port=0, host="127.0.0.1"))
+    await service.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            admin = {"Authorization": f"Bearer {ADMIN}"}
+            async with http.post(f"{service.base_url}/v1/projects", json={"name": "p"},
+                                 headers=admin) as r:
+                project = (await r.json())["id"]
+            headers = {**admin, "x-project-id": project}
+            async with http.put(f"{service.base_url}/v1/users/u1", json={},
+                                headers=headers) as r:
+                assert r.status == 201
+            async with http.get(f"{service.base_url}/v1/users/u1/inbox/stream",
+                                headers=headers) as stream:
+                assert stream.status == 200
+                await stream.content.readuntil(b"\n\n")
+                stopping = asyncio.create_task(service.stop())
+                # The stream ends (EOF) instead of holding the shutdown for its timeout.
+                rest = await asyncio.wait_for(stream.content.read(), 5)
+                assert b"event: message" not in rest
+                await asyncio.wait_for(stopping, 5)
+    finally:
+        await service.stop()
