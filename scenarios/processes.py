@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import socket
 import sys
@@ -16,8 +17,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# Ports handed to child processes come from below the kernel's ephemeral range (32768+ on
+# Linux), so an outgoing connection cannot take one between our check and the child's bind.
+_PORT_RANGE = (20000, 32000)
+
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    for _ in range(200):
+        port = random.randint(*_PORT_RANGE)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
