@@ -23,7 +23,7 @@ MEMBERS = 100_000
 # segment would take about 600 MB (100,000 enriched messages as Python objects plus their
 # encoded entries, measured with tracemalloc); paging measured about 15 MB.
 GROWTH_BOUND_MB = 60
-DEADLINE_S = 90.0
+DEADLINE_S = 240.0  # generous: a loaded 2-core CI machine is slow, and this bounds memory, not time
 
 
 def status_kb(pid: int, field: str) -> int:
@@ -34,6 +34,7 @@ def status_kb(pid: int, field: str) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
 async def test_a_100k_segment_fans_out_with_flat_memory(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, sp_settings: Settings,
