@@ -14,7 +14,7 @@ import uuid
 from typing import Any
 
 from notifkit.config import Settings
-from notifkit.streams import decode, encode
+from notifkit.streams import encode
 from scenarios.harness import ADMIN_KEY, RunOptions, Sent, System, basic_template
 from scenarios.report import ScenarioResult
 
@@ -109,8 +109,7 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         innocent = sorted({event_of(r) or "?" for r in dlq.values()} - poisons)
         result.check(not innocent, f"notifications dead-lettered along with a poison: "
                                    f"{', '.join(innocent)}")
-        provider_tries = int(((await system.sim.stats()).get("resend") or {})
-                             .get("faults", {}).get("error", 0))
+        provider_tries = await system.fault_count("resend", "error")
         result.check(provider_tries == limits.max_attempts,
                      f"resend saw the poison {provider_tries} times, the limit is "
                      f"{limits.max_attempts}")
@@ -140,19 +139,13 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
 
 
 async def dead_letters(system: System) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    for entry_id, fields in await system.redis.xrange(system.keys.dlq):
-        out[entry_id.decode() if isinstance(entry_id, bytes) else entry_id] = decode(fields)
-    return out
+    return dict(await system.stream_entries(system.keys.dlq))
 
 
 async def failed_event_ids(system: System) -> set[str]:
-    ids: set[str] = set()
-    for _id, fields in await system.redis.xrange(system.keys.events_inbound):
-        event = decode(fields)
-        if event.get("type") == "notification:failed" and event.get("eventId"):
-            ids.add(str(event["eventId"]))
-    return ids
+    return {str(event["eventId"])
+            for _id, event in await system.stream_entries(system.keys.events_inbound)
+            if event.get("type") == "notification:failed" and event.get("eventId")}
 
 
 def event_of(record: dict[str, Any]) -> str | None:

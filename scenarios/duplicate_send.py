@@ -46,8 +46,7 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
             waiting = await system.quiesce(float(params["drain_timeout_s"]))
             result.check(not waiting, f"{provider}: the system never drained: {waiting}")
             await system.sim.remove_fault(rule["id"])
-            stats = (await system.sim.stats()).get(provider) or {}
-            lost = int((stats.get("faults") or {}).get("lost_response", 0))
+            lost = await system.fault_count(provider, "lost_response")
             dupes = {t: extra for t, (p, extra) in (await system.duplicates()).items()
                      if p == provider}
             extra_total = sum(dupes.values())

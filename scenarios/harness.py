@@ -174,8 +174,8 @@ class System:
             PROVIDER_TIMEOUT_SECONDS="2",
             AUTO_MIGRATE="false",
             LOG_FORMAT="json",
-            **self.options.env,
         )
+        env.update(self.options.env)
         env.update(extra)
         return env
 
@@ -410,9 +410,9 @@ class System:
 
         task_ids: set[str] = set()
         for stream, entry_id in entries:
-            for _id, fields in await self.redis.xrange(stream, entry_id, entry_id):
+            for _id, fields in await self.redis.xrange(stream, entry_id, entry_id) or []:
                 with contextlib.suppress(Exception):
-                    task_id = decode(fields).get("taskId")
+                    task_id = decode(fields).get("taskId")  # type: ignore[arg-type]
                     if task_id:
                         task_ids.add(str(task_id))
         return task_ids
@@ -453,6 +453,22 @@ class System:
             if task_id and count > 1 and count - 1 > most.get(task_id, ("", 0))[1]:
                 most[task_id] = (message["provider"], count - 1)
         return most
+
+    async def stream_entries(self, stream: str) -> list[tuple[str, dict[str, Any]]]:
+        """``(entry id, decoded payload)`` of every entry of ``stream``; undecodable ones are
+        left out."""
+        from notifkit.streams import decode
+
+        out: list[tuple[str, dict[str, Any]]] = []
+        for entry_id, fields in await self.redis.xrange(stream) or []:
+            with contextlib.suppress(Exception):
+                out.append((_text(entry_id), decode(fields)))  # type: ignore[arg-type]
+        return out
+
+    async def fault_count(self, provider: str, kind: str) -> int:
+        """How many requests the simulators answered with a ``kind`` fault for ``provider``."""
+        stats: dict[str, Any] = dict((await self.sim.stats()).get(provider) or {})
+        return int((stats.get("faults") or {}).get(kind, 0))
 
     async def event_of_task(self, task_id: str) -> str:
         assert self.db is not None
@@ -517,14 +533,11 @@ class System:
                 reason = skip_reason(r["status"], r["detail"] or r["kind"])
                 skipped.setdefault(r["event_id"], reason)
         dead: set[str] = set()
-        for _id, fields in await self.redis.xrange(self.keys.dlq):
-            from notifkit.streams import decode
-
-            with contextlib.suppress(Exception):
-                record = decode(fields)
-                event_id = (record.get("payload") or {}).get("eventId")
-                if event_id:
-                    dead.add(event_id)
+        for _id, record in await self.stream_entries(self.keys.dlq):
+            payload = record.get("payload")
+            event_id = payload.get("eventId") if isinstance(payload, dict) else None
+            if event_id:
+                dead.add(str(event_id))
         messages = await self.sim.messages(limit=100_000)
         delivered: dict[str, float] = {}
         for message in messages:

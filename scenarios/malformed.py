@@ -73,14 +73,14 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         for name in system.processes:
             for record in system.log_records(name):
                 stream = record.get("stream") or only_stream.get(str(record.get("logger")), "")
-                entry_id = (str(stream), str(record.get("entry_id") or ""))
-                if entry_id not in added:
+                where = (str(stream), str(record.get("entry_id") or ""))
+                if where not in added:
                     continue
                 message = str(record.get("msg", ""))
                 if message.startswith("Acked "):
-                    reports[entry_id] = reports.get(entry_id, 0) + 1
+                    reports[where] = reports.get(where, 0) + 1
                 elif "failed" in message or "Reclaimed" in message:
-                    retried.add(entry_id)
+                    retried.add(where)
         for stream, entry_id in sorted(added):
             count = reports.get((stream, entry_id), 0)
             result.check(count == 1, f"garbage {entry_id} in {stream} reported {count} times")

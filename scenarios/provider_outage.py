@@ -14,7 +14,6 @@ from itertools import pairwise
 from typing import Any
 
 from notifkit.config import Settings
-from notifkit.streams import decode
 from scenarios.harness import RunOptions, System, epoch
 from scenarios.report import ScenarioResult
 
@@ -105,18 +104,15 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
 async def dlq_by_event(system: System) -> dict[str, int]:
     """event id -> attempts its DLQ entry records."""
     out: dict[str, int] = {}
-    for _id, fields in await system.redis.xrange(system.keys.dlq):
-        record = decode(fields)
-        event_id = (record.get("payload") or {}).get("eventId")
+    for _id, record in await system.stream_entries(system.keys.dlq):
+        payload = record.get("payload")
+        event_id = payload.get("eventId") if isinstance(payload, dict) else None
         if event_id:
             out[str(event_id)] = int(record.get("attempts") or 0)
     return out
 
 
 async def failed_event_ids(system: System) -> set[str]:
-    ids: set[str] = set()
-    for _id, fields in await system.redis.xrange(system.keys.events_inbound):
-        event = decode(fields)
-        if event.get("type") == "notification:failed" and event.get("eventId"):
-            ids.add(str(event["eventId"]))
-    return ids
+    return {str(event["eventId"])
+            for _id, event in await system.stream_entries(system.keys.events_inbound)
+            if event.get("type") == "notification:failed" and event.get("eventId")}
