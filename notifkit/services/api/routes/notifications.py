@@ -265,14 +265,15 @@ def _recipients(fields: Fields) -> Recipients | None:
 async def _accept(request: web.Request, message: InboundMessage) -> dict[str, str]:
     app = request.app
     project, event_id = message["projectId"], message["eventId"]
-    body_to: Any = message["to"].get("userId") or message["to"].get("userIds") \
-        or {"segment": message["to"].get("segment")}
+    to = message["to"]
+    # The request's "to" as the caller wrote it: a user id, a list, or {"segment": name}.
+    spec: Any = to["userId"] if "userId" in to else to.get("userIds", to)
     async with app[DB].acquire() as conn, conn.transaction():
         await conn.execute(
             "INSERT INTO notifications (id, project_id, template_id, priority, status, "
             "recipients_spec, data, channels, send_at, campaign_id, idempotency_key) "
             "VALUES ($1, $2, $3, $4, 'accepted', $5, $6, $7, $8::text::timestamptz, $9, $10)",
-            event_id, project, message["template"], message["priority"], body_to,
+            event_id, project, message["template"], message["priority"], spec,
             message["data"], message["channels"], message["sendAt"], message["campaignId"],
             message["idempotencyKey"],
         )

@@ -217,7 +217,7 @@ async def put_preferences(request: web.Request) -> web.Response:
                 "SELECT $1, $2, t, e FROM unnest($3::text[], $4::boolean[]) AS p(t, e)",
                 project, user_id, list(topics), list(topics.values()),
             )
-        if "quietHours" in fields.body and not fields.errors:
+        if "quietHours" in fields.body:
             if quiet is None:
                 await conn.execute(
                     "DELETE FROM quiet_hours WHERE project_id = $1 AND user_id = $2",
