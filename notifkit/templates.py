@@ -161,7 +161,7 @@ def syntax_error(source: str) -> str | None:
     try:
         _parse(source)
     except TemplateSyntaxError as exc:
-        return f"{exc.message or 'invalid template syntax'} (line {exc.lineno})"
+        return f"{(exc.message or 'invalid template syntax').rstrip('.')} (line {exc.lineno})"
     except (RecursionError, MemoryError):
         return "the template is nested too deeply (line 1)"
     return None
@@ -176,7 +176,7 @@ def expression_error(expr: str) -> str | None:
     try:
         _compile_expression(expr)
     except TemplateSyntaxError as exc:
-        return f"{exc.message or 'invalid expression'} (line {exc.lineno})"
+        return f"{(exc.message or 'invalid expression').rstrip('.')} (line {exc.lineno})"
     except (RecursionError, MemoryError):
         return "the expression is nested too deeply"
     return None
