@@ -46,17 +46,15 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
                 added.add((stream, _text(entry_id)))
         system.say(f"XADDed {len(added)} garbage entries into {len(streams)} streams",
                    force=True)
-        # "At once": acked before the reclaim sweep may touch an entry (min idle time).
-        deadline = started + system.options.reclaim_s * 0.9
+        # Acked: nothing left pending or unread. (Acked by the *first* read is checked below
+        # from the logs: a second read could only be a reclaim, and it would report again.)
+        deadline = started + float(params["drain_timeout_s"])
         unacked = set(added)
         while unacked and time.monotonic() < deadline:
             unacked = await still_unacked(system, added)
             if unacked:
                 await asyncio.sleep(0.05)
         acked_s = time.monotonic() - started
-        for stream, entry_id in sorted(unacked):
-            result.check(False, f"garbage {entry_id} in {stream} was not acked by "
-                                f"the first read ({acked_s:.2f} s)")
         waiting = await system.quiesce(float(params["drain_timeout_s"]))
         result.check(not waiting, f"the system never drained: {waiting}")
         for stream, entry_id in sorted(await still_unacked(system, added)):
@@ -83,7 +81,9 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
                     retried.add(where)
         for stream, entry_id in sorted(added):
             count = reports.get((stream, entry_id), 0)
-            result.check(count == 1, f"garbage {entry_id} in {stream} reported {count} times")
+            result.check(count != 0, f"garbage {entry_id} in {stream} was never reported")
+            result.check(count <= 1, f"garbage {entry_id} in {stream} was not acked by its "
+                                     f"first read: handled {count} times")
         for stream, entry_id in sorted(retried):
             result.check(False, f"garbage {entry_id} in {stream} was retried")
         reclaimed = system.count_log_lines("Reclaimed ", "idle entries")
