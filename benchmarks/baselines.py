@@ -158,9 +158,13 @@ async def celery_baseline(system: BenchSystem, *, warmup_s: float, duration_s: f
     thread = threading.Thread(target=produce, name="celery-producer", daemon=True)
     thread.start()
     try:
+        # Worker processes take a while to boot on a busy machine: warm up once they work.
+        deadline = time.monotonic() + 120
+        while await system.accepted_at_sim() == 0:
+            if not worker.running or time.monotonic() > deadline:
+                raise RuntimeError(f"the Celery worker sent nothing:\n{worker.tail()}")
+            await asyncio.sleep(0.2)
         await asyncio.sleep(warmup_s)
-        if not worker.running:
-            raise RuntimeError(f"the Celery worker died:\n{worker.tail()}")
         await system.sim.reset()
         window_start = time.time()
         for second in range(int(duration_s)):

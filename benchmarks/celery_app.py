@@ -6,7 +6,7 @@ Resend simulator (same headers and idempotency key as notifkit's transport) and 
 ``message_logs`` row. ``acks_late`` keeps Celery at-least-once like notifkit (the message is
 acked after the task ran). Compiled templates and connections are reused per worker process.
 
-    celery -A benchmarks.celery_app worker -P prefork -c 4 -Q <queue>
+    celery -A benchmarks.celery_app worker -P prefork -c 8 -Q <queue>
 
 Configured from the environment by the benchmark runner (BENCH_CELERY_*).
 """

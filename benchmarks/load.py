@@ -39,8 +39,10 @@ class LoadResult:
 
 
 class LoadGenerator:
-    def __init__(self, api_url: str, api_key: str, users: int) -> None:
+    def __init__(self, api_url: str, api_key: str, users: int, recipients: int = 1) -> None:
+        """``recipients`` > 1: each request names that many users (``to`` as a list)."""
         self.url = f"{api_url}/v1/notifications"
+        self.recipients = recipients
         self.headers = {"Authorization": f"Bearer {api_key}",
                         "Content-Type": "application/json"}
         self.users = users
@@ -59,8 +61,14 @@ class LoadGenerator:
 
     def _next(self) -> tuple[str, bytes]:
         self._seq += 1
-        user = user_id(self._seq % self.users)
-        body = codec.dumps({"to": user, "template": TEMPLATE, "data": {"n": self._seq}})
+        if self.recipients > 1:
+            first = self._seq * self.recipients
+            to: str | list[str] = [user_id((first + i) % self.users)
+                                   for i in range(self.recipients)]
+            user = ",".join(to)
+        else:
+            to = user = user_id(self._seq % self.users)
+        body = codec.dumps({"to": to, "template": TEMPLATE, "data": {"n": self._seq}})
         return user, body
 
     async def _post(self, result: LoadResult) -> None:

@@ -10,6 +10,7 @@ moment its notification was accepted.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -50,11 +51,12 @@ def _tick(progress: Progress, label: str, system: BenchSystem):  # type: ignore[
 
 
 async def saturation(system: BenchSystem, api_url: str, *, warmup_s: float, duration_s: float,
-                     concurrency: int, progress: Progress) -> dict[str, Any]:
+                     concurrency: int, progress: Progress,
+                     recipients: int = 1) -> dict[str, Any]:
     """Closed-loop load from ``concurrency`` senders; the rate of provider receipts during
-    ``duration_s`` after ``warmup_s`` of the same load."""
+    ``duration_s`` after ``warmup_s`` of the same load. ``recipients`` users per request."""
     await system.sim.reset()
-    async with LoadGenerator(api_url, system.api_key, 10_000) as load:
+    async with LoadGenerator(api_url, system.api_key, 10_000, recipients) as load:
         running = asyncio.create_task(load.closed_loop(
             warmup_s + duration_s, concurrency, _tick(progress, "saturation", system)))
         await asyncio.sleep(warmup_s)
@@ -79,11 +81,12 @@ async def saturation(system: BenchSystem, api_url: str, *, warmup_s: float, dura
              for name in cpu_after}
     notifkit_cpu_s = sum(cpu_after[n] - cpu_before.get(n, 0.0) for n in system.processes)
     return {
+        "recipients_per_request": recipients,
         "concurrency": concurrency,
         "seconds": round(seconds, 2),
         "received": in_window,
         "per_s": round(in_window / seconds, 1),
-        "api_accepted_per_s": round(accepted_in_window / seconds, 1),
+        "api_accepted_per_s": round(accepted_in_window * recipients / seconds, 1),
         "rejected": result.rejected,
         "errors": result.errors,
         "backlog_at_end": backlog_at_end,
@@ -91,9 +94,16 @@ async def saturation(system: BenchSystem, api_url: str, *, warmup_s: float, dura
         "truncated": len(messages) >= SIM_QUERY_LIMIT,
         "machine_cpu_busy": round(busy, 3) if busy is not None else None,
         "cores_used": {**cores, "load generator + runner": round(own_cpu / seconds, 2)},
+        # Everything else the machine ran meanwhile (other users' work competes for the cores).
+        "other_cores": round(max(0.0, (busy or 0.0) * (os.cpu_count() or 1)
+                                 - sum(cores.values()) - own_cpu / seconds), 2)
+        if busy is not None else None,
+        "load_average": os.getloadavg()[0],
         # Robust to other work on the machine: what one notification costs notifkit itself.
         "notifkit_cpu_ms_per_notification": round(1000 * notifkit_cpu_s / in_window, 3)
         if in_window else None,
+        "cpu_ms_per_notification": {name: round(1000 * c * seconds / in_window, 3)
+                                    for name, c in cores.items()} if in_window else {},
     }
 
 

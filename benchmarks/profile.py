@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks import phases
 from benchmarks.load import LoadGenerator
 from benchmarks.stats import Progress
 from benchmarks.system import TOPOLOGIES, BenchSystem
@@ -28,6 +29,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rate", type=float, default=None,
                         help="paced open-loop load instead of saturation")
+    parser.add_argument("--fanout", type=int, default=None,
+                        help="profile a campaign to the first N users (10000 or 100000) "
+                             "instead of the API load")
     parser.add_argument("--out", type=Path, default=Path("bench-results/profile"))
     parser.add_argument("--top", type=int, default=25, help="functions listed per process")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
@@ -62,15 +66,15 @@ async def run(args: argparse.Namespace) -> None:
     progress = Progress()
     args.out.mkdir(parents=True, exist_ok=True)
     env = dict(item.split("=", 1) for item in args.env)
-    system = BenchSystem(args.out / "logs", users=10_000, env=env)
+    system = BenchSystem(args.out / "logs", users=max(10_000, args.fanout or 0), env=env)
     try:
         await system.open()
         await system.seed()
         await system.start_topology(args.topology)
         api_url = f"http://127.0.0.1:{system.api_port}"
         async with LoadGenerator(api_url, system.api_key, 10_000) as load:
-            warm = asyncio.create_task(load.closed_loop(3.0, args.concurrency))
-            await warm
+            await load.closed_loop(3.0, args.concurrency)
+            await phases.drain(system, progress)
             spies: dict[str, Any] = {}
             for name, proc in system.processes.items():
                 spies[name] = await asyncio.create_subprocess_exec(
@@ -81,11 +85,16 @@ async def run(args: argparse.Namespace) -> None:
                     "--output", str(args.out / f"{args.topology}-{name}.txt"),
                     stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
             progress.say(f"Sampling {', '.join(spies)} for {args.seconds:g} s under load ...")
-            if args.rate:
+            if args.fanout:
+                figures = await phases.fan_out(system, api_url, size=args.fanout,
+                                               progress=progress)
+                progress.say(f"{figures['per_s']:.0f} recipients/s.")
+            elif args.rate:
                 result = await load.open_loop(args.rate, args.seconds + 1)
+                progress.say(f"{result.achieved_per_s:.0f} notifications/s accepted.")
             else:
                 result = await load.closed_loop(args.seconds + 1, args.concurrency)
-            progress.say(f"{result.achieved_per_s:.0f} notifications/s accepted meanwhile.")
+                progress.say(f"{result.achieved_per_s:.0f} notifications/s accepted.")
             for spy_proc in spies.values():
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(spy_proc.wait(), 30)

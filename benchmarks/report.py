@@ -57,6 +57,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         f"Machine: {m['cores']} cores ({m['cpu']}), {m['ram_gib']} GiB RAM, {m['os']}, "
         f"Python {m['python']}.",
+        f"notifkit settings: {_settings(results)}.",
         "",
         "| | " + " | ".join(_label(n, topologies[n]) for n in names) + " |",
         "|---|" + "---:|" * len(names),
@@ -69,8 +70,18 @@ def markdown(results: dict[str, Any]) -> str:
         [f"**{_n(topologies[n]['saturation']['per_s'])}**" for n in names])
     row("API accepted/s in the same window",
         [_n(topologies[n]["saturation"]["api_accepted_per_s"]) for n in names])
+    if all("saturation_batched" in topologies[n] for n in names) and names:
+        k = topologies[names[0]]["saturation_batched"]["recipients_per_request"]
+        row(f"saturation with {k} recipients per request: notifications/s",
+            [_n(topologies[n]["saturation_batched"]["per_s"]) for n in names])
     row("CPU cores used at saturation, per process",
         [_cores(topologies[n]["saturation"]["cores_used"]) for n in names])
+    row("other work on the machine meanwhile (cores; 1-min load average)",
+        [f"{_n(topologies[n]['saturation'].get('other_cores'), 2)}; "
+         f"{_n(topologies[n]['saturation'].get('load_average'), 1)}" for n in names])
+    row("CPU ms per notification at saturation, per process",
+        [_costs(topologies[n]["saturation"].get("cpu_ms_per_notification") or {})
+         for n in names])
     row("notifkit CPU ms per notification (all its processes)",
         [_n(topologies[n]["saturation"].get("notifkit_cpu_ms_per_notification"), 2)
          for n in names])
@@ -86,18 +97,22 @@ def markdown(results: dict[str, Any]) -> str:
                          f"{r['delivered']:,}/{r['measured']:,} delivered)")
             cells.append(cell)
         row(f"latency p50 / p95 / p99 ms at {rate:g}/s offered", cells)
-    sizes = [f["recipients"] for f in (topologies[names[0]]["fan_out"] if names else [])]
-    for index, size in enumerate(sizes):
+    sizes = sorted({f["recipients"] for n in names for f in topologies[n]["fan_out"]})
+    for size in sizes:
+        runs = {n: next((f for f in topologies[n]["fan_out"] if f["recipients"] == size), None)
+                for n in names}
         row(f"fan-out {size:,} users: recipients/s",
-            [_n(topologies[n]["fan_out"][index]["per_s"]) for n in names])
+            [_n(r["per_s"]) if r else "not run" for r in runs.values()])
         row(f"fan-out {size:,} users: peak RSS MiB per process",
-            [_rss(topologies[n]["fan_out"][index]["usage"]) for n in names])
+            [_rss(r["usage"]) if r else "not run" for r in runs.values()])
 
     baselines = results.get("baselines") or {}
     if baselines:
         best = max((topologies[n]["saturation"]["per_s"] for n in names), default=None)
-        lines += ["", "| baseline (same run) | per second | best notifkit topology ÷ baseline |",
-                  "|---|---:|---:|"]
+        best_batched = max((topologies[n]["saturation_batched"]["per_s"] for n in names
+                            if "saturation_batched" in topologies[n]), default=None)
+        lines += ["", "| baseline (same run) | per second | best notifkit topology ÷ baseline "
+                  "| same, 10 recipients per request ÷ baseline |", "|---|---:|---:|---:|"]
         labels = {
             "redis_streams": "ceiling: bare XADD → XREADGROUP → XACK loop (batches of 100)",
             "http_post": "ceiling: bare HTTP POST loop to the simulator (64 in flight)",
@@ -108,10 +123,22 @@ def markdown(results: dict[str, Any]) -> str:
             if key in baselines:
                 per_s = baselines[key]["per_s"]
                 ratio = f"{best / per_s:.2f}×" if best and per_s else "–"
-                lines.append(f"| {label} | {_n(per_s)} | {ratio} |")
-    lines += ["", "The load generator (one aiohttp session, kept-alive connections, "
-              "pre-encoded bodies) runs on the same cores as everything it measures."]
+                batched = f"{best_batched / per_s:.2f}×" if best_batched and per_s else "–"
+                lines.append(f"| {label} | {_n(per_s)} | {ratio} | {batched} |")
+    lines += ["", "Notes: the load generator (one aiohttp session, kept-alive connections, "
+              "pre-encoded bodies, no idempotency keys) runs on the same cores as everything it "
+              "measures. Latency is from the API's accept (the time inside the notification's "
+              "UUIDv7 id) to the simulator's receipt; percentiles are of the notifications "
+              "accepted after a short warm-up. Redis and PostgreSQL CPU is that of the whole "
+              "server (other databases' work included). The Celery producer is a bare enqueue "
+              "with no HTTP API in front, which favours Celery."]
     return "\n".join(lines)
+
+
+def _settings(results: dict[str, Any]) -> str:
+    env = results.get("settings", {}).get("env") or {}
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
+    return (shown + ", " if shown else "") + "LOG_LEVEL=WARNING, API rate limit off"
 
 
 def _label(name: str, topology: dict[str, Any]) -> str:
@@ -122,6 +149,10 @@ def _label(name: str, topology: dict[str, Any]) -> str:
 
 def _cores(cores: dict[str, float]) -> str:
     return ", ".join(f"{name} {value:.2f}" for name, value in cores.items())
+
+
+def _costs(costs: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:.2f}" for name, value in costs.items())
 
 
 def _rss(usage: dict[str, dict[str, float | None]]) -> str:
