@@ -46,6 +46,7 @@ SECRET = "scenario-secret-0123456789abcdef"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE = "postgresql://postgres@127.0.0.1:5432/test"
 
+SIM_MAX_MESSAGES = 100_000
 SKIP_STATUSES = ("skipped", "suppressed", "throttled")
 
 
@@ -126,7 +127,9 @@ class System:
         sim = ManagedProcess(
             "simulators",
             python_module("simulators", "--host", "127.0.0.1", "--port", str(self.sim_port),
-                          "--smtp-port", str(self.smtp_port), "--seed", str(self.options.seed)),
+                          "--smtp-port", str(self.smtp_port), "--seed", str(self.options.seed),
+                          # Accounting reads every message back: keep as many as it asks for.
+                          "--max-messages", str(SIM_MAX_MESSAGES)),
             child_env(),
             self.folder / "simulators.log",
         )
@@ -447,7 +450,7 @@ class System:
         """task id -> (provider, extra acceptances) for every task a provider accepted more
         than once, from the simulators' records."""
         most: dict[str, tuple[str, int]] = {}
-        for message in await self.sim.messages(limit=100_000):
+        for message in await self.sim.messages(limit=SIM_MAX_MESSAGES):
             task_id = message.get("taskId")
             count = int(message.get("acceptCount") or 1)
             if task_id and count > 1 and count - 1 > most.get(task_id, ("", 0))[1]:
@@ -538,7 +541,7 @@ class System:
             event_id = payload.get("eventId") if isinstance(payload, dict) else None
             if event_id:
                 dead.add(str(event_id))
-        messages = await self.sim.messages(limit=100_000)
+        messages = await self.sim.messages(limit=SIM_MAX_MESSAGES)
         delivered: dict[str, float] = {}
         for message in messages:
             event_id = task_event.get(message.get("taskId") or "")
