@@ -143,7 +143,7 @@ async def queue_backlog(system: System, users: list[str], count: int) -> int:
     from notifkit.worker import utc_now_iso
 
     now = utc_now_iso()
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"eventId": uuid7(), "projectId": system.project_id, "template": "basic",
          "to": {"userId": users[i % len(users)]}, "data": {"n": f"backlog-{i}"},
          "channels": None, "priority": "low", "sendAt": None, "campaignId": None,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -37,7 +38,7 @@ ZONES = {"user-00000": "Asia/Kathmandu", "user-00001": "America/New_York"}
 THROTTLED = "user-00002"
 
 
-def _received(message: dict[str, Any]) -> float:
+def _received(message: Mapping[str, Any]) -> float:
     return datetime.fromisoformat(str(message["receivedAt"]).replace("Z", "+00:00")).timestamp()
 
 
@@ -126,20 +127,20 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         kinds = await kinds_of(system, everything)
         late_bound = float(params["late_bound_s"])
         for s in quiet_normal:
-            got = times.get(s.event_id, [])
+            arrived = times.get(s.event_id, [])
             result.check("deferred" in kinds.get(s.event_id, set()),
                          f"{s.event_id} ({s.user_id}, in quiet hours) was not deferred")
-            early = [t for t in got if t < quiet_end]
+            early = [t for t in arrived if t < quiet_end]
             result.check(not early, f"{s.event_id} ({s.user_id}) reached the provider "
                                     f"{quiet_end - min(early, default=0):.1f} s before its "
                                     "quiet hours ended")
-            late = [t for t in got if t > quiet_end + late_bound]
+            late = [t for t in arrived if t > quiet_end + late_bound]
             result.check(not late, f"{s.event_id} ({s.user_id}) arrived "
                                    f"{max(late, default=0) - quiet_end:.1f} s after its quiet "
                                    "hours ended")
         for s in quiet_critical:
-            got = times.get(s.event_id, [])
-            result.check(bool(got) and min(got) < quiet_end,
+            arrived = times.get(s.event_id, [])
+            result.check(bool(arrived) and min(arrived) < quiet_end,
                          f"critical {s.event_id} ({s.user_id}) waited for quiet hours")
         through = [s for s in over_normal if times.get(s.event_id)]
         throttled = [s for s in over_normal if "throttled" in kinds.get(s.event_id, set())]
