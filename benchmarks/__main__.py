@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    # SIGTERM/SIGINT cancel the run, so the finally below still stops every process it started.
+    main_task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        if main_task is not None:
+            loop.add_signal_handler(signum, main_task.cancel)
     progress = Progress()
     duration = args.duration or (5.0 if args.quick else 20.0)
     warmup = 2.0 if args.quick else 5.0

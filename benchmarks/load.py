@@ -85,13 +85,18 @@ class LoadGenerator:
             result.errors += 1
 
     async def closed_loop(self, duration_s: float, concurrency: int,
-                          tick: Callable[[LoadResult], None] | None = None) -> LoadResult:
-        """``concurrency`` senders, each sending as soon as its last request was answered."""
+                          tick: Callable[[LoadResult], None] | None = None,
+                          paused: asyncio.Event | None = None) -> LoadResult:
+        """``concurrency`` senders, each sending as soon as its last request was answered
+        (and ``paused`` is not set: the caller's brake on a growing backlog)."""
         result = LoadResult(None, time.time(), duration_s)
         deadline = time.monotonic() + duration_s
 
         async def sender() -> None:
             while time.monotonic() < deadline:
+                if paused is not None and paused.is_set():
+                    await asyncio.sleep(0.01)
+                    continue
                 await self._post(result)
 
         async def ticker() -> None:

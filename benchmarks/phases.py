@@ -21,6 +21,7 @@ from notifkit import codec
 from notifkit.ids import derived_uuid7
 
 SIM_QUERY_LIMIT = 100_000
+MAX_BACKLOG = 5_000
 
 
 async def drain(system: BenchSystem, progress: Progress, timeout_s: float = 120.0) -> bool:
@@ -56,9 +57,23 @@ async def saturation(system: BenchSystem, api_url: str, *, warmup_s: float, dura
     """Closed-loop load from ``concurrency`` senders; the rate of provider receipts during
     ``duration_s`` after ``warmup_s`` of the same load. ``recipients`` users per request."""
     await system.sim.reset()
+    paused = asyncio.Event()
+
+    async def brake() -> None:
+        # The API can accept faster than the pipeline delivers (several recipients per
+        # request): hold the senders while the streams hold more than MAX_BACKLOG entries, so
+        # the pipeline stays saturated without a backlog that takes minutes to drain.
+        while True:
+            if await system.backlog() > MAX_BACKLOG:
+                paused.set()
+            else:
+                paused.clear()
+            await asyncio.sleep(0.25)
+
+    braking = asyncio.create_task(brake())
     async with LoadGenerator(api_url, system.api_key, 10_000, recipients) as load:
         running = asyncio.create_task(load.closed_loop(
-            warmup_s + duration_s, concurrency, _tick(progress, "saturation", system)))
+            warmup_s + duration_s, concurrency, _tick(progress, "saturation", system), paused))
         await asyncio.sleep(warmup_s)
         await system.sim.reset()
         cpu = MachineCpu()
@@ -70,6 +85,7 @@ async def saturation(system: BenchSystem, api_url: str, *, warmup_s: float, dura
         busy = cpu.busy()
         cpu_after = system.cpu_by_process()
         own_cpu = time.process_time() - own_cpu
+    braking.cancel()
     backlog_at_end = await system.backlog()
     drained = await drain(system, progress)
     messages = await system.sim.messages(limit=SIM_QUERY_LIMIT)
