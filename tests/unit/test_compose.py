@@ -1,0 +1,44 @@
+"""compose.yaml stays consistent with the configuration: every variable it sets is one
+notifkit reads, documented in the README, and the whole environment is valid settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from notifkit.config import Settings, parse_services
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    return data
+
+
+def notifkit_services() -> dict[str, dict[str, Any]]:
+    return {name: spec for name, spec in compose()["services"].items()
+            if spec.get("command", [None])[0] == "serve"}
+
+
+def test_every_variable_compose_sets_is_documented_and_valid() -> None:
+    readme = (ROOT / "README.md").read_text()
+    services = notifkit_services()
+    assert set(services) == {"api", "pipeline", "delivery"}
+    for name, spec in services.items():
+        env = {k: str(v).split(":-", 1)[-1].rstrip("}") if str(v).startswith("${") else str(v)
+               for k, v in spec["environment"].items()}
+        for variable in env:
+            assert f"`{variable}`" in readme, f"{name} sets {variable}, not in the README"
+        Settings.from_env(env)  # raises ConfigError naming any invalid variable
+
+
+def test_the_roles_cover_every_service_once_and_only_the_api_migrates() -> None:
+    covered: list[str] = []
+    for name, spec in notifkit_services().items():
+        covered += parse_services(spec["command"][2])
+        migrates = spec["environment"]["AUTO_MIGRATE"] == "true"
+        assert migrates == (name == "api")
+    assert sorted(covered) == sorted(Settings().services)
