@@ -41,6 +41,8 @@ log = logging.getLogger("notifkit.worker")
 PRIORITY_RESERVE_DIVISOR = 20
 # How long a read waits on the first stream alone while only its reserved slots are free.
 RESERVED_POLL_MS = 50
+# How soon a reclaim sweep that ran out of free slots sweeps again.
+RECLAIM_AGAIN_S = 0.1
 
 # Compare-and-delete: only the entry that claimed a dedup mark may release it.
 _RELEASE_MARKS = """
@@ -142,6 +144,7 @@ class StreamWorker:
         self._stopping = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
         self._groups_ready = False
+        self.sweep_cut_short = False  # the last reclaim sweep stopped for want of free slots
         self._release = redis.register_script(_RELEASE_MARKS)
 
     # -- lifecycle ----------------------------------------------------------------
@@ -295,7 +298,7 @@ class StreamWorker:
     # -- reclaiming ---------------------------------------------------------------
     async def _reclaim_loop(self) -> None:
         while not self._stopping.is_set():
-            await asyncio.sleep(self.settings.reclaim_interval_s)
+            await asyncio.sleep(self.next_reclaim_delay_s())
             try:
                 await self.reclaim_once()
             except asyncio.CancelledError:
@@ -304,9 +307,18 @@ class StreamWorker:
                 log.warning("Reclaim sweep failed (%s); next sweep in %.1f s.", exc,
                             self.settings.reclaim_interval_s, extra={"service": self.service})
 
+    def next_reclaim_delay_s(self) -> float:
+        """A sweep that ran out of free slots left idle entries behind (after an outage there
+        can be thousands): the next one comes as soon as slots may have freed, not a whole
+        interval later. Each entry still waits ``reclaim_min_idle_s`` between its tries."""
+        if self.sweep_cut_short:
+            return min(self.settings.reclaim_interval_s, RECLAIM_AGAIN_S)
+        return self.settings.reclaim_interval_s
+
     async def reclaim_once(self) -> int:
         """XAUTOCLAIM entries idle past ``reclaim_min_idle_s`` (up to free capacity) and
         dispatch them; returns how many were taken over."""
+        self.sweep_cut_short = False
         if self.settings.injects("skip_reclaim"):  # test-only fault (config.FAULT_INJECTIONS)
             return 0
         min_idle_ms = int(self.settings.reclaim_min_idle_s * 1000)
@@ -317,6 +329,7 @@ class StreamWorker:
                 async with self._taking:
                     free = self.concurrency - self.in_flight
                     if free <= 0:
+                        self.sweep_cut_short = True
                         return total
                     reply: Any = await self.redis.xautoclaim(
                         stream, self.group, self.consumer, min_idle_ms, cursor, count=free
