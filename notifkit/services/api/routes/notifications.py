@@ -268,22 +268,19 @@ async def _accept(request: web.Request, message: InboundMessage) -> dict[str, st
     to = message["to"]
     # The request's "to" as the caller wrote it: a user id, a list, or {"segment": name}.
     spec: Any = to["userId"] if "userId" in to else to.get("userIds", to)
-    async with app[DB].acquire() as conn, conn.transaction():
-        await conn.execute(
-            "INSERT INTO notifications (id, project_id, template_id, priority, status, "
-            "recipients_spec, data, channels, send_at, campaign_id, idempotency_key) "
-            "VALUES ($1, $2, $3, $4, 'accepted', $5, $6, $7, $8::text::timestamptz, $9, $10)",
-            event_id, project, message["template"], message["priority"], spec,
-            message["data"], message["channels"], message["sendAt"], message["campaignId"],
-            message["idempotencyKey"],
-        )
-        await conn.execute(
-            "INSERT INTO message_logs (project_id, event_id, task_id, channel, kind, status, "
-            "campaign_id, detail) VALUES ($1, $2, $3, '', 'accepted', 'accepted', $4, $5) "
-            "ON CONFLICT (task_id, channel, attempt, kind) DO NOTHING",
-            project, event_id, event_id, message["campaignId"],
-            f"accepted by the API for {message['priority']} delivery",
-        )
+    # One statement, so both rows commit together without BEGIN/COMMIT round trips.
+    await app[DB].execute(
+        "WITH n AS (INSERT INTO notifications (id, project_id, template_id, priority, status, "
+        "recipients_spec, data, channels, send_at, campaign_id, idempotency_key) "
+        "VALUES ($1, $2, $3, $4, 'accepted', $5, $6, $7, $8::text::timestamptz, $9, $10) "
+        "RETURNING id, project_id, campaign_id) "
+        "INSERT INTO message_logs (project_id, event_id, task_id, channel, kind, status, "
+        "campaign_id, detail) SELECT project_id, id, id::text, '', 'accepted', 'accepted', "
+        "campaign_id, $11 FROM n ON CONFLICT (task_id, channel, attempt, kind) DO NOTHING",
+        event_id, project, message["template"], message["priority"], spec,
+        message["data"], message["channels"], message["sendAt"], message["campaignId"],
+        message["idempotencyKey"], f"accepted by the API for {message['priority']} delivery",
+    )
     settings = app[SETTINGS]
     try:
         await xadd(app[REDIS], app[KEYS].inbound(message["priority"]), message,
