@@ -11,12 +11,17 @@ from redis.asyncio import Redis
 
 from notifkit.ids import uuid7
 from notifkit.keys import Keys
-from notifkit.services.base import Service
-from notifkit.streams import decode, xadd
+from notifkit.streams import xadd
 from notifkit.worker import utc_now_iso
+from tests.sendpath.helpers import drain, entries, timeline
 
 EMAIL = {"subject": "Hello {{ user.id }}", "text": "Your code is {{ data.code }}."}
 SMS = {"text": "Code {{ data.code }}"}
+
+# Draining and reading back are the send path's helpers; these builders add what the
+# scheduling rules need (time zones, quiet hours, project throttles).
+__all__ = ["EMAIL", "SMS", "add_template", "add_user", "drain", "entries", "send",
+           "set_project_settings", "timeline"]
 
 
 async def add_user(
@@ -64,24 +69,3 @@ async def send(redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str, temp
     return event_id
 
 
-async def drain(*services: Service, max_rounds: int = 50) -> int:
-    total = 0
-    for _ in range(max_rounds):
-        done = 0
-        for service in services:
-            done += await service.run_until_idle()
-        total += done
-        if not done:
-            return total
-    raise AssertionError(f"the pipeline did not become idle in {max_rounds} rounds")
-
-
-async def entries(redis: Redis, stream: str) -> list[dict[str, Any]]:
-    return [decode(fields) for _id, fields in await redis.xrange(stream)]
-
-
-async def timeline(db: asyncpg.Pool, event_id: str) -> list[dict[str, Any]]:
-    rows = await db.fetch(
-        "SELECT task_id, channel, attempt, kind, status, detail, metadata FROM message_logs "
-        "WHERE event_id = $1 ORDER BY id", event_id)
-    return [dict(r) for r in rows]
