@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import asyncpg
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 
 from notifkit.config import Settings
 from notifkit.keys import Keys
@@ -23,9 +23,13 @@ log = logging.getLogger("notifkit.services")
 
 
 def open_redis(settings: Settings, *, max_connections: int = 64) -> Redis:
-    return Redis.from_url(
-        settings.redis_url, max_connections=max_connections, health_check_interval=30
+    """A client whose pool makes a burst wait for a free connection (up to 10 s) instead of
+    failing with "Too many connections"."""
+    pool = BlockingConnectionPool.from_url(
+        settings.redis_url, max_connections=max_connections, timeout=10,
+        health_check_interval=30,
     )
+    return Redis.from_pool(pool)  # the client owns the pool: aclose() closes it
 
 
 class Service:
