@@ -178,7 +178,8 @@ async def celery_baseline(system: BenchSystem, *, warmup_s: float, duration_s: f
         await worker.terminate(timeout_s=20)
         worker.close_logs()
         with contextlib.suppress(Exception):
-            await system.redis.delete(queue)
+            await system.redis.delete(queue, f"_kombu.binding.{queue}",
+                                      f"_kombu.binding_permanent.{queue}")
     messages = await system.sim.messages(limit=100_000)
     received = sum(1 for m in messages if window_start <= epoch(m["receivedAt"]) < window_end)
     return {"concurrency": concurrency, "pool": "prefork", "messages": received,
