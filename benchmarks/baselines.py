@@ -180,6 +180,11 @@ async def celery_baseline(system: BenchSystem, *, warmup_s: float, duration_s: f
         with contextlib.suppress(Exception):
             await system.redis.delete(queue, f"_kombu.binding.{queue}",
                                       f"_kombu.binding_permanent.{queue}")
+            # Tasks in flight when the worker stopped stay in kombu's shared 'unacked' hash.
+            async for tag, message in system.redis.hscan_iter("unacked"):
+                if queue.encode() in message:
+                    await system.redis.hdel("unacked", tag)
+                    await system.redis.zrem("unacked_index", tag)
     messages = await system.sim.messages(limit=100_000)
     received = sum(1 for m in messages if window_start <= epoch(m["receivedAt"]) < window_end)
     return {"concurrency": concurrency, "pool": "prefork", "messages": received,
