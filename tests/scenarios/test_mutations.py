@@ -15,7 +15,8 @@ from scenarios import catalog
 from scenarios.harness import RunOptions
 from scenarios.report import ScenarioResult, violations_text
 
-pytestmark = pytest.mark.slow
+# Each case runs a whole scenario twice (as is, then broken): minutes, not the default 120 s.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 BROKEN_DRAIN_TIMEOUT_S = 8.0
 NEVER_DRAIN_WHEN_BROKEN = {"crash_reclaim", "malformed"}

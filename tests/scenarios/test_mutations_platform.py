@@ -15,7 +15,8 @@ from scenarios import catalog
 from scenarios.report import violations_text
 from tests.scenarios.test_mutations import run_scenario, system_urls  # noqa: F401
 
-pytestmark = pytest.mark.slow
+# Each case runs a whole scenario twice (as is, then broken): minutes, not the default 120 s.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 # (scenario, fault injected, small parameters, what the report must say when it is broken)
 CASES: list[tuple[str, str, dict[str, Any], str]] = [

@@ -29,7 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from notifkit.streams import decode
 from scenarios.harness import ADMIN_KEY, RunOptions, Sent, System, basic_template
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 PIPELINE = ["enricher", "engine", "delivery", "scheduler", "events"]
 LAYOUT = {"api": ["api"], "pipeline-a": PIPELINE, "pipeline-b": PIPELINE}
