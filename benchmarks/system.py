@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from notifkit.config import Settings
 from notifkit.db.migrate import migrate
 from notifkit.keys import Keys
+from scenarios.harness import remove_run_data
 from scenarios.processes import (
     ManagedProcess,
     child_env,
@@ -158,14 +159,7 @@ class BenchSystem:
                 await self.simulators.terminate(timeout_s=10)
             self.simulators.close_logs()
         await self.sim.close()
-        if self.db is not None:
-            with contextlib.suppress(Exception):
-                await self.db.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
-            await self.db.close()
-        with contextlib.suppress(Exception):
-            async for key in self.redis.scan_iter(match=f"{self.namespace}:*", count=1000):
-                await self.redis.unlink(key)
-        await self.redis.aclose()
+        await remove_run_data(self.db, self.redis, self.schema, self.namespace)
 
     # -- data --------------------------------------------------------------------------
     async def seed(self) -> None:

@@ -150,14 +150,7 @@ class System:
         if self.http is not None:
             await self.http.close()
         await self.sim.close()
-        if self.db is not None:
-            with contextlib.suppress(Exception):
-                await self.db.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
-            await self.db.close()
-        with contextlib.suppress(Exception):
-            async for key in self.redis.scan_iter(match=f"{self.namespace}:*", count=1000):
-                await self.redis.unlink(key)
-        await self.redis.aclose()
+        await remove_run_data(self.db, self.redis, self.schema, self.namespace)
 
     def env_for(self, services: Sequence[str], **extra: str) -> dict[str, str]:
         env = child_env(
@@ -608,3 +601,16 @@ def _epoch(value: Any) -> float:
     if not value:
         return time.time()
     return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+
+
+async def remove_run_data(db: asyncpg.Pool | None, redis: Redis, schema: str,
+                          namespace: str) -> None:
+    """Drop a run's schema and every key of its namespace, then close both connections."""
+    if db is not None:
+        with contextlib.suppress(Exception):
+            await db.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await db.close()
+    with contextlib.suppress(Exception):
+        async for key in redis.scan_iter(match=f"{namespace}:*", count=1000):
+            await redis.unlink(key)
+    await redis.aclose()
