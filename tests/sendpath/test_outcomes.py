@@ -41,3 +41,10 @@ def test_notifkits_own_bucket_parks_without_using_an_attempt() -> None:
     assert verdict.action is Action.PARK
     assert verdict.counts_as_attempt is False
     assert verdict.retry_after_s == 4.0
+
+
+def test_a_task_out_of_attempts_says_so_and_why() -> None:
+    # The DLQ entry and the timeline must tell an operator it was given up, not rejected.
+    verdict = judge([answer(Outcome.RETRY)], has_next_channel=False, attempt=3, max_attempts=3)
+    assert verdict.action is Action.DEAD
+    assert verdict.reason == "gave up after 3 attempts: retry"

@@ -70,7 +70,9 @@ def judge(
         reason = first[Outcome.RETRY].result.detail
         if has_next_channel:
             return Verdict(Action.FALLBACK, reason)
-        return Verdict(Action.DEAD if exhausted else Action.RETRY, reason)
+        if exhausted:
+            return Verdict(Action.DEAD, f"gave up after {attempt} attempts: {reason}")
+        return Verdict(Action.RETRY, reason)
     if Outcome.RATE_LIMITED in first:
         limited = [a for a in attempted if a.result.outcome is Outcome.RATE_LIMITED]
         by_provider = [a for a in limited if not a.local_limit]
