@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 from notifkit.config import Settings
 from notifkit.db.migrate import migrate
 from notifkit.keys import Keys
-from scenarios.harness import remove_run_data
+from scenarios.harness import remove_run_data, stream_backlog
 from scenarios.processes import (
     ManagedProcess,
     child_env,
@@ -277,17 +277,7 @@ class BenchSystem:
     # -- observing ------------------------------------------------------------------------
     async def backlog(self) -> int:
         """Entries some group has not yet acked, over every stream."""
-        waiting = 0
-        for stream in self.keys.all_streams():
-            if stream == self.keys.dlq:
-                continue
-            try:
-                groups = await self.redis.xinfo_groups(stream)
-            except Exception:
-                continue
-            for group in groups:
-                waiting += int(group.get("pending") or 0) + int(group.get("lag") or 0)
-        return waiting
+        return sum((await stream_backlog(self.redis, self.keys)).values())
 
     async def accepted_at_sim(self) -> int:
         stats: Any = await self.sim.stats()

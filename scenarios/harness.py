@@ -319,20 +319,7 @@ class System:
     # -- quiescence ------------------------------------------------------------------------
     async def backlog(self) -> dict[str, int]:
         """Entries not yet acked by every group of every stream, plus scheduled tasks."""
-        waiting: dict[str, int] = {}
-        for stream in self.keys.all_streams():
-            if stream == self.keys.dlq:
-                continue
-            try:
-                groups = await self.redis.xinfo_groups(stream)
-            except Exception:
-                continue
-            for group in groups:
-                pending = int(group.get("pending") or 0)
-                lag = group.get("lag")
-                unread = int(lag) if lag is not None else 0
-                if pending or unread:
-                    waiting[f"{stream}/{_text(group['name'])}"] = pending + unread
+        waiting = await stream_backlog(self.redis, self.keys)
         scheduled = 0
         for shard in self.keys.scheduled_shards():
             scheduled += int(await self.redis.zcard(shard))
@@ -614,3 +601,23 @@ async def remove_run_data(db: asyncpg.Pool | None, redis: Redis, schema: str,
         async for key in redis.scan_iter(match=f"{namespace}:*", count=1000):
             await redis.unlink(key)
     await redis.aclose()
+
+
+async def stream_backlog(redis: Redis, keys: Keys) -> dict[str, int]:
+    """Entries each group of each stream (but the DLQ) has not acked yet, read or unread,
+    keyed ``{stream}/{group}``; groups with nothing waiting are left out."""
+    waiting: dict[str, int] = {}
+    for stream in keys.all_streams():
+        if stream == keys.dlq:
+            continue
+        try:
+            groups = await redis.xinfo_groups(stream)
+        except Exception:  # no such stream yet
+            continue
+        for group in groups:
+            pending = int(group.get("pending") or 0)
+            lag = group.get("lag")
+            unread = int(lag) if lag is not None else 0
+            if pending or unread:
+                waiting[f"{stream}/{_text(group['name'])}"] = pending + unread
+    return waiting
