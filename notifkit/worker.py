@@ -120,6 +120,7 @@ class StreamWorker:
         consumer: str | None = None,
         max_attempts: int | None = None,
         concurrency: int | None = None,
+        max_batches: int | None = None,
     ) -> None:
         if not streams:
             raise ValueError("a worker needs at least one stream")
@@ -133,6 +134,12 @@ class StreamWorker:
         self.process = process
         self.max_attempts = max_attempts or settings.max_attempts_for(service)
         self.concurrency = concurrency or settings.worker_concurrency
+        # A stage whose batches only talk to Redis and PostgreSQL does better with few,
+        # large batches: while they run, new entries gather and the next read takes them all,
+        # so the per-batch round trips are shared by more entries. None = only `concurrency`
+        # bounds it (stages that wait on providers, whose batches may be slow).
+        self.max_batches = max_batches
+        self._batches = 0
         self.stats = WorkerStats()
         self._in_flight: dict[tuple[str, str], Entry] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -223,7 +230,7 @@ class StreamWorker:
         while not self._stopping.is_set():
             try:
                 free = self.concurrency - self.in_flight
-                if free <= 0:
+                if free <= 0 or self._batches_full():
                     self._capacity.clear()
                     await self._capacity.wait()
                     continue
@@ -273,6 +280,9 @@ class StreamWorker:
                 return 0
             await self._dispatch(raw, reclaimed=False)
             return len(raw)
+
+    def _batches_full(self) -> bool:
+        return self.max_batches is not None and self._batches >= self.max_batches
 
     def _read_order(self) -> tuple[list[str], int]:
         """The streams in the order to fill slots from, and how many slots only the first
@@ -403,6 +413,7 @@ class StreamWorker:
             for entry in batch:
                 self._in_flight[(entry.stream, entry.id)] = entry
             self.stats.max_in_flight = max(self.stats.max_in_flight, self.in_flight)
+            self._batches += 1
             task = asyncio.create_task(self._run(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -432,6 +443,7 @@ class StreamWorker:
         finally:
             for entry in batch:
                 self._in_flight.pop((entry.stream, entry.id), None)
+            self._batches -= 1
             self._capacity.set()
 
     async def _commit(self, done: list[Entry]) -> None:

@@ -77,6 +77,9 @@ class Service:
 class WorkerService(Service):
     """A service that consumes streams through the worker contract."""
 
+    # Batches in flight at once (see StreamWorker.max_batches); None = bounded by slots only.
+    max_batches: ClassVar[int | None] = None
+
     def streams(self) -> Sequence[str]:
         raise NotImplementedError
 
@@ -92,6 +95,7 @@ class WorkerService(Service):
             streams=self.streams(),
             process=self.process,
             consumer=options.get("consumer"),
+            max_batches=self.max_batches,
         )
         self._background: list[asyncio.Task[None]] = []
 

@@ -49,6 +49,8 @@ class _Work:
 
 class EnricherService(WorkerService):
     name: ClassVar[str] = "enricher"
+    # Its batches only query Redis and PostgreSQL: two at a time keeps them large.
+    max_batches = 2
 
     def __init__(self, settings: Settings, **options: Any) -> None:
         super().__init__(settings, **options)

@@ -57,6 +57,8 @@ _MAX_RAW_CHARS = 4000
 
 class EventsService(WorkerService):
     name = "events"
+    # Its batches only query Redis and PostgreSQL: two at a time keeps them large.
+    max_batches = 2
 
     def streams(self) -> Sequence[str]:
         return [self.keys.events_inbound]

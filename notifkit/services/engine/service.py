@@ -59,6 +59,8 @@ class _Send:
 
 class EngineService(WorkerService):
     name: ClassVar[str] = "engine"
+    # Its batches only query Redis and PostgreSQL: two at a time keeps them large.
+    max_batches = 2
 
     def __init__(self, settings: Settings, **options: Any) -> None:
         super().__init__(settings, **options)

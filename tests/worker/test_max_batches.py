@@ -1,0 +1,80 @@
+"""``max_batches``: a stage that only talks to Redis and PostgreSQL keeps few batches in flight,
+so entries that arrive meanwhile wait for the next read and go in one larger batch."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from notifkit.keys import Keys
+from notifkit.worker import Entry
+
+if TYPE_CHECKING:
+    from .conftest import Add, Pending, WorkerFactory
+
+
+async def test_entries_arriving_while_the_only_batch_runs_form_one_next_batch(
+    make_worker: WorkerFactory, keys: Keys, add: Add, pending: Pending,
+) -> None:
+    stream = keys.enriched("normal")
+    batches: list[list[int]] = []
+    running = 0
+    most_running = 0
+    first_started = asyncio.Event()
+    release_first = asyncio.Event()
+
+    async def process(batch: list[Entry]) -> None:
+        nonlocal running, most_running
+        running += 1
+        most_running = max(most_running, running)
+        batches.append([e.payload["n"] for e in batch])
+        if len(batches) == 1:
+            first_started.set()
+            await release_first.wait()
+        running -= 1
+
+    worker = make_worker(process, streams=[stream], concurrency=50, max_batches=1)
+    await worker.start()
+    await add(stream, {"n": 0})
+    await asyncio.wait_for(first_started.wait(), 5)
+
+    # While the first batch runs, nine more entries arrive: with room for 49 more entries but
+    # no room for another batch, the worker does not read them yet.
+    for n in range(1, 10):
+        await add(stream, {"n": n})
+    await asyncio.sleep(0.2)
+    assert batches == [[0]]
+
+    release_first.set()
+    for _ in range(100):
+        if sum(len(b) for b in batches) == 10 and await pending(stream, worker.group) == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert batches == [[0], list(range(1, 10))]
+    assert most_running == 1
+
+
+async def test_without_max_batches_new_entries_start_at_once(
+    make_worker: WorkerFactory, keys: Keys, add: Add,
+) -> None:
+    stream = keys.enriched("normal")
+    started = asyncio.Event()
+    release = asyncio.Event()
+    batches: list[list[int]] = []
+
+    async def process(batch: list[Entry]) -> None:
+        batches.append([e.payload["n"] for e in batch])
+        started.set()
+        await release.wait()
+
+    worker = make_worker(process, streams=[stream], concurrency=50)
+    await worker.start()
+    await add(stream, {"n": 0})
+    await asyncio.wait_for(started.wait(), 5)
+    await add(stream, {"n": 1})
+    for _ in range(100):
+        if len(batches) == 2:
+            break
+        await asyncio.sleep(0.02)
+    release.set()
+    assert batches == [[0], [1]]
