@@ -39,3 +39,22 @@ async def test_a_short_bucket_takes_nothing_from_the_others(redis: Redis, keys: 
 
 async def test_no_bucket_means_no_limit(redis: Redis) -> None:
     assert await TokenBuckets(redis).take([]) == 0.0
+
+
+async def test_take_many_answers_as_one_take_per_request_in_order(
+    redis: Redis, keys: Keys
+) -> None:
+    shared = Bucket(keys.api_rate("p1"), rate_per_s=1.0, burst=3.0)
+    other = Bucket(keys.api_rate("p2"), rate_per_s=1.0, burst=1.0)
+    buckets = TokenBuckets(redis)
+
+    # Five requests on a bucket of three, one on another bucket, one with no limit at all,
+    # in one round trip.
+    waits = await buckets.take_many([[shared]] * 5 + [[other], []])
+
+    assert waits[:3] == [0.0, 0.0, 0.0]
+    assert all(0.0 < w <= 2.0 for w in waits[3:5])
+    assert waits[5:] == [0.0, 0.0]
+    # The refused requests took nothing: the bucket holds what three takes left.
+    tokens = float(await redis.hget(shared.key, "tokens") or -1)
+    assert 0.0 <= tokens < 0.1

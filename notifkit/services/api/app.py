@@ -19,12 +19,14 @@ from redis.asyncio import Redis
 from notifkit.config import Settings
 from notifkit.keys import Keys
 from notifkit.ratelimit import TokenBuckets
+from notifkit.services.api.admission import Admission
 from notifkit.services.api.auth import KeyCache
 from notifkit.services.api.errors import error_middleware
 from notifkit.services.api.middleware import auth_middleware
 from notifkit.services.api.pubsub import Hub
 from notifkit.services.api.routing import Operation
 from notifkit.services.api.state import (
+    ADMISSION,
     DB,
     HUB,
     KEY_CACHE,
@@ -118,6 +120,7 @@ def _resources(
         app[DB] = pool
         app[KEY_CACHE] = KeyCache(pool)
         app[RATE] = TokenBuckets(client)
+        app[ADMISSION] = Admission(settings, app[KEYS], client, pool, app[RATE])
         hub = Hub(client, app[KEYS], app[KEY_CACHE])
         app[HUB] = hub
         task = asyncio.create_task(hub.run(), name="notifkit-api-pubsub")

@@ -11,7 +11,6 @@ import math
 
 from aiohttp import web
 
-from notifkit.ratelimit import Bucket
 from notifkit.services.api.auth import (
     Principal,
     bearer_key,
@@ -24,7 +23,7 @@ from notifkit.services.api.auth import (
 )
 from notifkit.services.api.errors import ApiError, Handler, detail, invalid
 from notifkit.services.api.routing import Operation
-from notifkit.services.api.state import DB, KEY_CACHE, KEYS, OPERATIONS, PRINCIPAL, RATE, SETTINGS
+from notifkit.services.api.state import ADMISSION, DB, KEY_CACHE, OPERATIONS, PRINCIPAL, SETTINGS
 
 PROJECT_HEADER = "x-project-id"
 PROJECT_QUERY = "projectId"
@@ -74,10 +73,7 @@ async def authenticate(request: web.Request, op: Operation) -> Principal:
             f"A '{record.role}' key may not call this route; it needs a "
             f"{' or '.join(sorted(op.roles))} key."
         )
-    settings = app[SETTINGS]
-    wait_s = await app[RATE].take([Bucket(app[KEYS].api_rate(record.project_id),
-                                          settings.api_rate_per_second,
-                                          settings.api_rate_burst)])
+    wait_s = await app[ADMISSION].rate_wait_s(record.project_id)
     if wait_s > 0:
         retry_after_s = max(1, math.ceil(wait_s))
         raise ApiError(

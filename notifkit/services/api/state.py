@@ -17,6 +17,7 @@ from notifkit.keys import Keys
 
 if TYPE_CHECKING:
     from notifkit.ratelimit import TokenBuckets
+    from notifkit.services.api.admission import Admission
     from notifkit.services.api.auth import KeyCache, Principal
     from notifkit.services.api.pubsub import Hub
     from notifkit.services.api.routing import Operation
@@ -28,6 +29,7 @@ DB = web.AppKey("db", asyncpg.Pool)
 KEY_CACHE: web.AppKey[KeyCache] = web.AppKey("key_cache")
 HUB: web.AppKey[Hub] = web.AppKey("hub")
 RATE: web.AppKey[TokenBuckets] = web.AppKey("rate")
+ADMISSION: web.AppKey[Admission] = web.AppKey("admission")
 OPERATIONS: web.AppKey[dict[str, Operation]] = web.AppKey("operations")
 SSE_HEARTBEAT_S = web.AppKey("sse_heartbeat_s", float)
 

@@ -30,7 +30,7 @@ from notifkit.services.api.idempotency import (
 from notifkit.services.api.middleware import project_id
 from notifkit.services.api.routing import CURSOR, LIMIT, SEND, Operations, Param, Reply
 from notifkit.services.api.schemas import MAX_RECIPIENTS, RECIPIENT_STATUSES, ref
-from notifkit.services.api.state import DB, KEYS, REDIS, SETTINGS
+from notifkit.services.api.state import ADMISSION, DB, KEYS, REDIS, SETTINGS
 from notifkit.services.api.validation import (
     Fields,
     cursor_time,
@@ -44,7 +44,6 @@ from notifkit.services.api.validation import (
     read_json,
     uuid_id,
 )
-from notifkit.streams import xadd
 from notifkit.worker import utc_now_iso
 
 log = logging.getLogger("notifkit.api")
@@ -204,13 +203,11 @@ async def _validate(request: web.Request, project: str, body: dict[str, Any]) ->
     fields.raise_if_invalid()
     assert template is not None
     assert to is not None
-    row = await request.app[DB].fetchrow(
-        "SELECT content, ai FROM templates WHERE project_id = $1 AND id = $2", project, template
-    )
-    if row is None:
+    found = await request.app[ADMISSION].template(project, template)
+    if found is None:
         fields.fail("template", "no template with this id exists in this project")
     elif channels is not None:
-        available = set(row["content"]) | set((row["ai"] or {}).get("channels") or ())
+        available = found.channels
         for index, channel in enumerate(channels):
             if channel not in available:
                 fields.fail(f"channels[{index}]", f"the template has no {channel} content")
@@ -263,48 +260,10 @@ def _recipients(fields: Fields) -> Recipients | None:
 
 
 async def _accept(request: web.Request, message: InboundMessage) -> dict[str, str]:
-    app = request.app
-    project, event_id = message["projectId"], message["eventId"]
-    to = message["to"]
-    # The request's "to" as the caller wrote it: a user id, a list, or {"segment": name}.
-    spec: Any = to["userId"] if "userId" in to else to.get("userIds", to)
-    # One statement, so both rows commit together without BEGIN/COMMIT round trips.
-    await app[DB].execute(
-        "WITH n AS (INSERT INTO notifications (id, project_id, template_id, priority, status, "
-        "recipients_spec, data, channels, send_at, campaign_id, idempotency_key) "
-        "VALUES ($1, $2, $3, $4, 'accepted', $5, $6, $7, $8::text::timestamptz, $9, $10) "
-        "RETURNING id, project_id, campaign_id) "
-        "INSERT INTO message_logs (project_id, event_id, task_id, channel, kind, status, "
-        "campaign_id, detail) SELECT project_id, id, id::text, '', 'accepted', 'accepted', "
-        "campaign_id, $11 FROM n ON CONFLICT (task_id, channel, attempt, kind) DO NOTHING",
-        event_id, project, message["template"], message["priority"], spec,
-        message["data"], message["channels"], message["sendAt"], message["campaignId"],
-        message["idempotencyKey"], f"accepted by the API for {message['priority']} delivery",
-    )
-    settings = app[SETTINGS]
-    try:
-        await xadd(app[REDIS], app[KEYS].inbound(message["priority"]), message,
-                   settings.queue_max_len)
-    except BaseException:
-        log.warning("Enqueueing an accepted notification failed; deleting its rows so nothing "
-                    "is left half-accepted.", extra={"event_id": event_id})
-        await _forget(app[DB], project, event_id)
-        raise
+    await request.app[ADMISSION].accept(message)
     log.info("Accepted a notification and queued it for the enricher.",
-             extra={"event_id": event_id, "project_id": project})
-    return {"id": event_id, "status": "accepted"}
-
-
-async def _forget(pool: asyncpg.Pool, project: str, event_id: str) -> None:
-    try:
-        async with pool.acquire() as conn, conn.transaction():
-            await conn.execute("DELETE FROM message_logs WHERE project_id = $1 AND event_id = $2",
-                               project, event_id)
-            await conn.execute("DELETE FROM notifications WHERE project_id = $1 AND id = $2",
-                               project, event_id)
-    except Exception:
-        log.exception("Could not delete the rows of a notification that was never enqueued; "
-                      "it will show as accepted.", extra={"event_id": event_id})
+             extra={"event_id": message["eventId"], "project_id": message["projectId"]})
+    return {"id": message["eventId"], "status": "accepted"}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,178 @@
+"""The API's hot round trips, shared by concurrent requests.
+
+Every authenticated request takes a token from its project's rate bucket, and every send looks
+up its template, writes its ``notifications`` row with the ``accepted`` timeline row and XADDs
+its message. Done one request at a time that is four round trips per send; here each is a
+:class:`~notifkit.coalesce.Coalescer`, so a busy process issues one call for all the requests
+that arrived while the previous call was out. The answers are exactly the one-at-a-time ones:
+every request still gets its own script call, lookup, row pair and stream entry.
+
+Accepting keeps its guarantee per send: a send whose rows are written but whose XADD fails has
+its rows deleted again and the caller gets an error (503 for an unreachable Redis), so nothing
+is left half-accepted; a send whose rows cannot be written is never enqueued.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+from redis.asyncio import Redis
+
+from notifkit.coalesce import Coalescer
+from notifkit.config import Settings
+from notifkit.keys import Keys
+from notifkit.messages import InboundMessage
+from notifkit.ratelimit import Bucket, TokenBuckets
+from notifkit.streams import queue_xadd
+
+log = logging.getLogger("notifkit.api")
+
+_INSERT_ACCEPTED = (
+    "WITH n AS (INSERT INTO notifications (id, project_id, template_id, priority, status, "
+    "recipients_spec, data, channels, send_at, campaign_id, idempotency_key) "
+    "VALUES ($1, $2, $3, $4, 'accepted', $5, $6, $7, $8::text::timestamptz, $9, $10) "
+    "RETURNING id, project_id, campaign_id) "
+    "INSERT INTO message_logs (project_id, event_id, task_id, channel, kind, status, "
+    "campaign_id, detail) SELECT project_id, id, id::text, '', 'accepted', 'accepted', "
+    "campaign_id, $11 FROM n ON CONFLICT (task_id, channel, attempt, kind) DO NOTHING"
+)
+
+_TEMPLATES = (
+    "SELECT w.n, t.content, t.ai "
+    "FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS w (project_id, id, n) "
+    "JOIN templates t ON t.project_id = w.project_id AND t.id = w.id"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateChannels:
+    """What accepting a send needs to know of its template."""
+
+    content: dict[str, Any]
+    ai: dict[str, Any] | None
+
+    @property
+    def channels(self) -> set[str]:
+        return set(self.content) | set((self.ai or {}).get("channels") or ())
+
+
+class Admission:
+    def __init__(self, settings: Settings, keys: Keys, redis: Redis, pool: asyncpg.Pool,
+                 buckets: TokenBuckets) -> None:
+        self.settings = settings
+        self.keys = keys
+        self.redis = redis
+        self.pool = pool
+        self.buckets = buckets
+        self._rate: Coalescer[str, float] = Coalescer(self._take_rate)
+        self._templates: Coalescer[tuple[str, str], TemplateChannels | None] = Coalescer(
+            self._load_templates)
+        self._accept: Coalescer[InboundMessage, None] = Coalescer(self._accept_many)
+
+    # -- what handlers call -------------------------------------------------------------
+    async def rate_wait_s(self, project_id: str) -> float:
+        """Take one token from the project's API bucket: 0.0, or the seconds to wait."""
+        return await self._rate.submit(project_id)
+
+    async def template(self, project_id: str, template_id: str) -> TemplateChannels | None:
+        return await self._templates.submit((project_id, template_id))
+
+    async def accept(self, message: InboundMessage) -> None:
+        """Write the send's rows, then enqueue it on ``inbound:{priority}``."""
+        await self._accept.submit(message)
+
+    # -- the batches --------------------------------------------------------------------
+    async def _take_rate(self, projects: list[str]) -> list[float]:
+        rate, burst = self.settings.api_rate_per_second, self.settings.api_rate_burst
+        return await self.buckets.take_many(
+            [[Bucket(self.keys.api_rate(p), rate, burst)] for p in projects])
+
+    async def _load_templates(
+        self, wanted: list[tuple[str, str]]
+    ) -> list[TemplateChannels | None]:
+        rows = await self.pool.fetch(_TEMPLATES, [p for p, _t in wanted],
+                                     [t for _p, t in wanted])
+        found: list[TemplateChannels | None] = [None] * len(wanted)
+        for row in rows:
+            found[row["n"] - 1] = TemplateChannels(row["content"], row["ai"])
+        return found
+
+    async def _accept_many(self, messages: list[InboundMessage]) -> list[BaseException | None]:
+        results: list[BaseException | None] = [None] * len(messages)
+        await self._insert(messages, results)
+        written = [i for i, r in enumerate(results) if r is None]
+        if not written:
+            return results
+        pipe = self.redis.pipeline(transaction=False)
+        for index in written:
+            message = messages[index]
+            queue_xadd(pipe, self.keys.inbound(message["priority"]), message,
+                       self.settings.queue_max_len)
+        try:
+            replies: Sequence[Any] = await pipe.execute(raise_on_error=False)
+        except Exception as exc:  # the whole pipeline failed: none of them is enqueued
+            replies = [exc] * len(written)
+        failed: list[InboundMessage] = []
+        for index, reply in zip(written, replies, strict=True):
+            if isinstance(reply, BaseException):
+                results[index] = reply
+                failed.append(messages[index])
+        if failed:
+            log.warning("Enqueueing %d accepted notifications failed (%s); deleting their rows "
+                        "so nothing is left half-accepted.", len(failed),
+                        next(r for r in results if r is not None),
+                        extra={"event_id": failed[0]["eventId"]})
+            await self._forget(failed)
+        return results
+
+    async def _insert(self, messages: list[InboundMessage],
+                      results: list[BaseException | None]) -> None:
+        rows = [_accepted_row(m) for m in messages]
+        try:
+            await self.pool.executemany(_INSERT_ACCEPTED, rows)
+            return
+        except (asyncpg.InterfaceError, OSError):
+            raise  # unreachable or broken: every request of the batch gets the 503
+        except asyncpg.PostgresError:
+            if len(rows) == 1:
+                raise
+        # executemany is all or nothing: find the rows that fail on their own (a project
+        # deleted meanwhile, say) so the rest of the batch is still accepted.
+        for index, row in enumerate(rows):
+            try:
+                await self.pool.execute(_INSERT_ACCEPTED, *row)
+            except asyncpg.PostgresError as exc:
+                results[index] = exc
+
+    async def _forget(self, messages: list[InboundMessage]) -> None:
+        by_project: dict[str, list[str]] = {}
+        for m in messages:
+            by_project.setdefault(m["projectId"], []).append(m["eventId"])
+        try:
+            async with self.pool.acquire() as conn, conn.transaction():
+                for project, events in by_project.items():
+                    await conn.execute(
+                        "DELETE FROM message_logs WHERE project_id = $1 "
+                        "AND event_id = ANY($2::uuid[])", project, events)
+                    await conn.execute(
+                        "DELETE FROM notifications WHERE project_id = $1 "
+                        "AND id = ANY($2::uuid[])", project, events)
+        except Exception:
+            log.exception("Could not delete the rows of notifications that were never "
+                          "enqueued; they will show as accepted.",
+                          extra={"event_id": messages[0]["eventId"]})
+
+
+def _accepted_row(m: InboundMessage) -> tuple[Any, ...]:
+    to = m["to"]
+    # The request's "to" as the caller wrote it: a user id, a list, or {"segment": name}.
+    spec: Any = to["userId"] if "userId" in to else to.get("userIds", to)
+    return (
+        m["eventId"], m["projectId"], m["template"], m["priority"], spec, m["data"],
+        m["channels"], m["sendAt"], m["campaignId"], m["idempotencyKey"],
+        f"accepted by the API for {m['priority']} delivery",
+    )

@@ -1,0 +1,112 @@
+"""The send path's coalesced round trips: concurrent sends share their queries and XADDs, yet
+each one is accepted, refused or rolled back on its own."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import asyncpg
+import pytest
+from redis.asyncio import Redis
+
+from notifkit.config import Settings
+from notifkit.ids import uuid7
+from notifkit.keys import Keys
+from notifkit.messages import InboundMessage
+from notifkit.ratelimit import TokenBuckets
+from notifkit.services.api.admission import Admission
+from tests.api.conftest import Api, Project
+
+
+@pytest.fixture
+async def template(api: Api, project: Project) -> str:
+    reply = await api.call("PUT", "/v1/templates/hello", key=project.full, json={
+        "channels": {"email": {"subject": "s", "text": "t"}}})
+    assert reply.status == 201
+    return "hello"
+
+
+async def test_concurrent_sends_are_each_accepted_recorded_and_enqueued_once(
+    api: Api, project: Project, template: str, redis: Redis, db: asyncpg.Pool,
+) -> None:
+    replies = await asyncio.gather(*(
+        api.call("POST", "/v1/notifications", key=project.send,
+                 json={"to": f"user-{n}", "template": template, "data": {"n": n}})
+        for n in range(60)))
+
+    assert [r.status for r in replies] == [202] * 60
+    ids = {r.body["id"] for r in replies}
+    assert len(ids) == 60
+    stream = Keys(api.settings.namespace).inbound("normal")
+    assert await redis.xlen(stream) == 60
+    rows = await db.fetch("SELECT id::text, data FROM notifications WHERE project_id = $1",
+                          project.id)
+    assert {r["id"] for r in rows} == ids
+    assert sorted(r["data"]["n"] for r in rows) == list(range(60))
+    accepted = await db.fetchval(
+        "SELECT count(*) FROM message_logs WHERE project_id = $1 AND kind = 'accepted'",
+        project.id)
+    assert accepted == 60
+
+
+async def test_an_unknown_template_among_concurrent_sends_is_refused_alone(
+    api: Api, project: Project, template: str,
+) -> None:
+    names = [template, "nope", template, "nope", template]
+    replies = await asyncio.gather(*(
+        api.call("POST", "/v1/notifications", key=project.send,
+                 json={"to": "u1", "template": name}) for name in names))
+    assert [r.status for r in replies] == [202, 400, 202, 400, 202]
+    assert replies[1].fields == ["template"]
+
+
+async def test_a_send_whose_enqueue_fails_leaves_no_rows_and_its_neighbours_are_accepted(
+    api: Api, project: Project, template: str, redis: Redis, db: asyncpg.Pool,
+) -> None:
+    # The low-priority stream's key holds a string, so an XADD to it fails with WRONGTYPE
+    # while XADDs to the other priorities in the same pipeline succeed.
+    keys = Keys(api.settings.namespace)
+    await redis.set(keys.inbound("low"), "not a stream")
+    priorities = ["normal", "low", "critical", "low", "normal"]
+    replies = await asyncio.gather(*(
+        api.call("POST", "/v1/notifications", key=project.send,
+                 json={"to": "u1", "template": template, "priority": p}) for p in priorities))
+
+    statuses = [r.status for r in replies]
+    assert statuses[0] == statuses[2] == statuses[4] == 202
+    assert statuses[1] >= 500 and statuses[3] >= 500
+    accepted = {r.body["id"] for r in replies if r.status == 202}
+    rows = await db.fetch("SELECT id::text FROM notifications WHERE project_id = $1",
+                          project.id)
+    assert {r["id"] for r in rows} == accepted
+    logs = await db.fetch("SELECT event_id::text FROM message_logs WHERE project_id = $1",
+                          project.id)
+    assert {r["event_id"] for r in logs} == accepted
+    assert await redis.xlen(keys.inbound("normal")) == 2
+    assert await redis.xlen(keys.inbound("critical")) == 1
+
+
+async def test_a_row_that_cannot_be_written_fails_alone_and_is_never_enqueued(
+    settings: Settings, project: Project, redis: Redis, db: asyncpg.Pool,
+) -> None:
+    keys = Keys(settings.namespace)
+    admission = Admission(settings, keys, redis, db, TokenBuckets(redis))
+    gone = str(uuid.uuid4())  # no such project: its row violates the foreign key
+
+    def message(project_id: str) -> InboundMessage:
+        return {"eventId": uuid7(), "projectId": project_id, "template": "t",
+                "to": {"userId": "u1"}, "data": {}, "channels": None, "priority": "normal",
+                "sendAt": None, "campaignId": None, "idempotencyKey": None,
+                "createdAt": "2026-11-30T00:00:00.000Z"}
+
+    messages = [message(project.id), message(gone), message(project.id)]
+    results = await asyncio.gather(*(admission.accept(m) for m in messages),
+                                   return_exceptions=True)
+
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], asyncpg.ForeignKeyViolationError)
+    entries = await redis.xrange(keys.inbound("normal"))
+    assert len(entries) == 2
+    stored = await db.fetch("SELECT id::text FROM notifications")
+    assert {r["id"] for r in stored} == {messages[0]["eventId"], messages[2]["eventId"]}
