@@ -75,7 +75,8 @@ async def test_a_send_whose_enqueue_fails_leaves_no_rows_and_its_neighbours_are_
 
     statuses = [r.status for r in replies]
     assert statuses[0] == statuses[2] == statuses[4] == 202
-    assert statuses[1] >= 500 and statuses[3] >= 500
+    assert statuses[1] >= 500
+    assert statuses[3] >= 500
     accepted = {r.body["id"] for r in replies if r.status == 202}
     rows = await db.fetch("SELECT id::text FROM notifications WHERE project_id = $1",
                           project.id)
@@ -104,7 +105,8 @@ async def test_a_row_that_cannot_be_written_fails_alone_and_is_never_enqueued(
     results = await asyncio.gather(*(admission.accept(m) for m in messages),
                                    return_exceptions=True)
 
-    assert results[0] is None and results[2] is None
+    assert results[0] is None
+    assert results[2] is None
     assert isinstance(results[1], asyncpg.ForeignKeyViolationError)
     entries = await redis.xrange(keys.inbound("normal"))
     assert len(entries) == 2
