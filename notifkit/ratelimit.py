@@ -93,7 +93,9 @@ class TokenBuckets:
             args: list[float] = [1.0]
             for bucket in live:
                 args += [bucket.rate_per_s, bucket.burst]
-            await self._take(keys=[b.key for b in live], args=args, client=pipe)
+            # EVAL, not the registered script: redis-py would precede the pipeline with a
+            # SCRIPT EXISTS round trip; Redis caches the body anyway.
+            pipe.eval(_TAKE, len(live), *[b.key for b in live], *args)
             calls.append(index)
         if calls:
             for index, wait_ms in zip(calls, await pipe.execute(), strict=True):

@@ -1,7 +1,7 @@
 """The stream worker: CONTRACT §3 as one small loop around a service's batch processor.
 
     read (priority fill, bounded by free capacity)
-      -> INCR attempt counters (one pipeline)  -> over the limit? dead-letter
+      -> INCR attempt counters (one script call) -> over the limit? dead-letter
       -> process(batch)                         -> per-entry success or failure
       -> success: XADD the entry's outputs + XACK + DEL counter, in one MULTI
       -> failure: release its dedup marks, ack nothing; last attempt? dead-letter
@@ -51,6 +51,23 @@ for i, key in ipairs(KEYS) do
   if redis.call('GET', key) == ARGV[1] then n = n + redis.call('DEL', key) end
 end
 return n
+"""
+
+# One call for a batch's attempt counters (KEYS: counters; ARGV: TTL, then each entry's stream,
+# the counter's field): the new count of each.
+_COUNT_ATTEMPTS = """
+local counts = {}
+for i, key in ipairs(KEYS) do
+  counts[i] = redis.call('HINCRBY', key, ARGV[i + 1], 1)
+  redis.call('EXPIRE', key, ARGV[1])
+end
+return counts
+"""
+
+# Acked entries' counters go (KEYS: counters; ARGV: each entry's stream).
+_FORGET_ATTEMPTS = """
+for i, key in ipairs(KEYS) do redis.call('HDEL', key, ARGV[i]) end
+return #KEYS
 """
 
 
@@ -374,10 +391,10 @@ class StreamWorker:
                 malformed.append((stream, entry_id, str(exc)))
 
         pipe = self.redis.pipeline(transaction=False)
-        for stream, entry_id, _payload in parsed:
-            key = self.keys.attempts(self.group, entry_id)
-            pipe.hincrby(key, stream, 1)
-            pipe.expire(key, self.settings.attempts_ttl_s)
+        if parsed:
+            pipe.eval(_COUNT_ATTEMPTS, len(parsed),
+                      *[self.keys.attempts(self.group, entry_id) for _s, entry_id, _p in parsed],
+                      self.settings.attempts_ttl_s, *[stream for stream, _i, _p in parsed])
         for stream, entry_id, _reason in malformed:
             if self.settings.injects("retry_malformed"):  # test-only fault
                 continue
@@ -394,10 +411,11 @@ class StreamWorker:
             log.error("Acked a malformed entry without processing it: %s.", reason,
                       extra={"service": self.service, "stream": stream, "entry_id": entry_id})
 
+        counts = results[0] if parsed else []
         batch: list[Entry] = []
         over_limit: list[Entry] = []
         for index, (stream, entry_id, payload) in enumerate(parsed):
-            attempt = int(results[index * 2])
+            attempt = int(counts[index])
             entry = Entry(stream, entry_id, payload, attempt, reclaimed)
             if attempt > self.max_attempts:
                 entry.attempt = attempt - 1  # the attempts actually made
@@ -452,12 +470,14 @@ class StreamWorker:
         for entry in done:
             for stream, payload in entry.emits:
                 queue_xadd(pipe, stream, payload, maxlen)
-            pipe.xack(entry.stream, self.group, entry.id)
-            pipe.hdel(self.keys.attempts(self.group, entry.id), entry.stream)
+        self._queue_acks(pipe, done)
         await pipe.execute()
         self.stats.processed += len(done)
+        per_stream: dict[str, int] = {}
         for entry in done:
-            metrics.PROCESSED.labels(self.service, entry.stream).inc()
+            per_stream[entry.stream] = per_stream.get(entry.stream, 0) + 1
+        for stream, count in per_stream.items():
+            metrics.PROCESSED.labels(self.service, stream).inc(count)
 
     async def _handle_failures(self, failed: list[Entry]) -> None:
         last: list[Entry] = []
@@ -503,8 +523,7 @@ class StreamWorker:
             if (entry.stream != self.keys.events_inbound
                     and not self.settings.injects("skip_failed_event")):  # test-only fault
                 queue_xadd(pipe, self.keys.events_inbound, failed_event(entry, record), maxlen)
-            pipe.xack(entry.stream, self.group, entry.id)
-            pipe.hdel(self.keys.attempts(self.group, entry.id), entry.stream)
+        self._queue_acks(pipe, entries)
         await pipe.execute()
         for entry in entries:
             self.stats.dead_lettered += 1
@@ -512,6 +531,17 @@ class StreamWorker:
             log.error("Moved to the dead-letter queue after %d attempts; replay it with "
                       "POST /v1/dlq/{id}/replay once the cause is fixed.", entry.attempt,
                       extra=_ids(self.service, entry))
+
+    def _queue_acks(self, pipe: Any, entries: Sequence[Entry]) -> None:
+        """XACK the entries (one command per stream) and delete their attempt counters."""
+        by_stream: dict[str, list[str]] = {}
+        for entry in entries:
+            by_stream.setdefault(entry.stream, []).append(entry.id)
+        for stream, ids in by_stream.items():
+            pipe.xack(stream, self.group, *ids)
+        pipe.eval(_FORGET_ATTEMPTS, len(entries),
+                  *[self.keys.attempts(self.group, e.id) for e in entries],
+                  *[e.stream for e in entries])
 
     # -- heartbeat -----------------------------------------------------------------
     async def _heartbeat_loop(self) -> None:

@@ -2,7 +2,9 @@
 
 Consumes ``notifkit:stream:events:inbound`` (CONTRACT §6). Per read batch:
 
-    notification:sent | :failed | :invalid_token   -> message_logs rows (one INSERT)
+    notification:sent | :failed | :invalid_token   -> message_logs rows (one INSERT), unless
+                                                       the event says ``recorded`` (delivery
+                                                       wrote the row before it acked)
     receipt (provider webhook, via the api)         -> provider message id resolved to its task
                                                        (one query), then message_logs rows and,
                                                        for hard bounces and complaints,
@@ -71,6 +73,8 @@ class EventsService(WorkerService):
                 kind = entry.payload.get("type")
                 if kind in ("notification:sent", "notification:failed",
                             "notification:invalid_token"):
+                    if entry.payload.get("recorded") is True:
+                        continue  # delivery wrote this row itself before it acked
                     row = outcome_row(entry.payload)
                     if row is not None:
                         rows.append(row)

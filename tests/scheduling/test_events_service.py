@@ -103,6 +103,25 @@ async def test_outcomes_are_recorded_once_with_their_status(
         "resend", "msg-1", "spring", "user-1")
 
 
+async def test_an_outcome_delivery_already_recorded_is_acked_without_a_second_write(
+    make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
+) -> None:
+    # Given a sent event that says delivery wrote its row, and one that does not
+    events = make_events()
+    event_id = uuid7()
+    await put(redis, keys, {**sent_event(project_id, event_id, "task-recorded", "msg-1"),
+                            "recorded": True},
+              sent_event(project_id, event_id, "task-unrecorded", "msg-2"))
+    # When the events service runs
+    await events.run_until_idle()
+    # Then only the second becomes a row (delivery's own row stands for the first), and both
+    # are acked
+    assert await timeline(db, "task-recorded") == []
+    assert await timeline(db, "task-unrecorded") == [("sent", "sent", 1, "email")]
+    summary: Any = await redis.xpending(keys.events_inbound, events.worker.group)
+    assert summary["pending"] == 0
+
+
 async def test_a_dead_lettering_already_on_the_timeline_is_not_repeated(
     make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
 ) -> None:

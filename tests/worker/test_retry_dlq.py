@@ -181,3 +181,21 @@ async def test_entries_with_the_same_id_on_two_priority_streams_count_attempts_a
     ]
     assert await pending(keys.enriched("critical"), worker.group) == 0
     assert await pending(keys.enriched("normal"), worker.group) == 0
+
+
+async def test_a_failed_attempt_leaves_its_counter_with_the_contract_ttl(
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, add: Add,
+) -> None:
+    # Given two entries on two streams of one group, both failing their first attempt
+    processor = AlwaysFails(RuntimeError("boom"))
+    worker = make_worker(processor)
+    normal, low = keys.enriched("normal"), keys.enriched("low")
+    first = await add(normal, {"n": 1})
+    second = await add(low, {"n": 2})
+    await worker.run_until_idle(reclaim=False)  # one attempt each, nothing reclaimed
+
+    # Then each counter says one attempt, under its own stream's field, and expires in 2 h
+    for stream, entry_id in ((normal, first), (low, second)):
+        key = keys.attempts(worker.group, entry_id)
+        assert await redis.hget(key, stream) == b"1"
+        assert 7000 < await redis.ttl(key) <= 7200

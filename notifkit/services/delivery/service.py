@@ -399,6 +399,9 @@ def _event(kind: str, task: OutboundTask, provider: str, message_id: str | None,
         "taskId": task["taskId"], "userId": task["userId"], "channel": task["channel"],
         "provider": provider, "providerMessageId": message_id, "attempt": attempt,
         "campaignId": task.get("campaignId"), "at": utc_now_iso(),
+        # Delivery writes the outcome's timeline row itself, before the ack that emits this
+        # event: the events service need not write it again.
+        "recorded": True,
     }
     if error is not None:
         event["error"] = error
