@@ -13,6 +13,7 @@ written together with the page's outputs or neither was.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -49,7 +50,9 @@ class _Work:
 
 class EnricherService(WorkerService):
     name: ClassVar[str] = "enricher"
-    # Its batches only query Redis and PostgreSQL: two at a time keeps them large.
+    # Its batches only query Redis and PostgreSQL: few at a time keeps them large. Two, not
+    # one: a batch of segment pages can take a while, and a critical send should not always
+    # wait for it to finish.
     max_batches = 2
 
     def __init__(self, settings: Settings, **options: Any) -> None:
@@ -76,8 +79,13 @@ class EnricherService(WorkerService):
             except Exception as exc:  # this entry alone fails; its batch neighbours go on
                 entry.fail(exc)
 
-        recipients = await load_recipients(
-            self.pool, [(w.message["projectId"], uid) for w in work for uid in w.user_ids]
+        # The status update does not depend on the recipients: both go out at once.
+        recipients, _ = await asyncio.gather(
+            load_recipients(
+                self.pool, [(w.message["projectId"], uid) for w in work for uid in w.user_ids]),
+            mark_processing(
+                self.pool, list(dict.fromkeys((w.message["projectId"], w.message["eventId"])
+                                              for w in work))),
         )
         logs: list[LogRow] = []
         for w in work:
@@ -93,10 +101,6 @@ class EnricherService(WorkerService):
             if w.continuation is not None:
                 rest = {**m, "segmentAfter": w.continuation}
                 w.entry.emit(self.keys.inbound(m["priority"]), rest)
-        await mark_processing(
-            self.pool, list(dict.fromkeys((w.message["projectId"], w.message["eventId"])
-                                          for w in work))
-        )
         await insert_logs(self.pool, logs)
         for w in work:
             log.info("Enriched %d recipients of the notification%s.", len(w.user_ids),

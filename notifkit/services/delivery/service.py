@@ -137,9 +137,10 @@ class DeliveryService(WorkerService):
                                     outbox.FAILED, None))
             await self._apply(entry, task, transport, answers, verdict, attempt, logs)
 
-        await outbox.settle(self.pool, settled)
-        await outbox.disable_contacts(self.pool, disabled)
-        await insert_logs(self.pool, logs)
+        # Independent writes, issued together (each on its own pooled connection).
+        await asyncio.gather(outbox.settle(self.pool, settled),
+                             outbox.disable_contacts(self.pool, disabled),
+                             insert_logs(self.pool, logs))
 
     def _attempt(self, entry: Entry, task: OutboundTask) -> int:
         """This attempt's number for the task, counting its earlier (parked) entries."""

@@ -15,6 +15,7 @@ derived from (event, recipient, channel), so a rerun of the same entry produces 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -59,8 +60,9 @@ class _Send:
 
 class EngineService(WorkerService):
     name: ClassVar[str] = "engine"
-    # Its batches only query Redis and PostgreSQL: two at a time keeps them large.
-    max_batches = 2
+    # Its batches only query Redis and PostgreSQL and are bounded by the slots: one at a time
+    # keeps them large, and measured lowest latency at moderate load.
+    max_batches = 1
 
     def __init__(self, settings: Settings, **options: Any) -> None:
         super().__init__(settings, **options)
@@ -74,14 +76,17 @@ class EngineService(WorkerService):
         if not parsed:
             return
         now_ms = int(self.clock() * 1000)
-        templates = await load_templates(
-            self.pool, [(m["projectId"], m["template"]) for _e, m in parsed]
+        # Three independent lookups, issued together (each on its own pooled connection).
+        templates, suppressed, settings_of = await asyncio.gather(
+            load_templates(self.pool, [(m["projectId"], m["template"]) for _e, m in parsed]),
+            load_suppressed(self.pool, [
+                (m["projectId"], channel, target)
+                for _e, m in parsed for channel, targets in m["contacts"].items()
+                for target in targets
+            ]),
+            project_settings(self.pool, {m["projectId"] for _e, m in parsed
+                                         if m["priority"] != "critical"}),
         )
-        suppressed = await load_suppressed(self.pool, [
-            (m["projectId"], channel, target)
-            for _e, m in parsed for channel, targets in m["contacts"].items()
-            for target in targets
-        ])
         logs: list[LogRow] = []
         sends: list[_Send] = []
         for entry, m in parsed:
@@ -107,7 +112,7 @@ class EngineService(WorkerService):
                     logs.append(_row(m, decision.channel, task_id, decision.kind or Kind.SKIPPED,
                                      status, decision.reason))
         sends = await self._deduplicate(sends, now_ms)
-        sends = await self._throttle(sends, logs, now_ms)
+        sends = await self._throttle(sends, logs, now_ms, settings_of)
         for send in sends:
             self._route(send, logs)
         await insert_logs(self.pool, logs)
@@ -146,11 +151,11 @@ class EngineService(WorkerService):
                          extra=_ids(s.message, s.task_id))
         return kept
 
-    async def _throttle(self, sends: list[_Send], logs: list[LogRow], now_ms: int) -> list[_Send]:
+    async def _throttle(self, sends: list[_Send], logs: list[LogRow], now_ms: int,
+                        settings_of: dict[str, dict[str, Any]]) -> list[_Send]:
         checked = [s for s in sends if s.message["priority"] != "critical"]
         if not checked:
             return sends
-        settings_of = await project_settings(self.pool, {s.message["projectId"] for s in checked})
         # One notification is one send however many channels it goes out on: the window's
         # member is the event id, so its second channel finds the first one's mark.
         decisions = await throttle.check_many(self.redis, self.keys, [
