@@ -34,5 +34,10 @@ class PermanentFailure(NotifkitError):
     """Retrying cannot help (AI 4xx, unsupported model, rejected payload): dead-letter now."""
 
 
+class AttemptsExhausted(PermanentFailure):
+    """A transient failure (timeout, 5xx, 429) on the last attempt: dead-letter now, and say
+    so rather than calling the cause permanent."""
+
+
 class InvalidRecipient(PermanentFailure):
     """The provider says the token/address is invalid: disable the contact, never retry it."""

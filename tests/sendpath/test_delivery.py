@@ -376,7 +376,7 @@ async def test_a_task_still_rate_limited_at_the_attempt_limit_is_dead_lettered(
 
     assert (await sim.stats())["twilio"]["requests"] == 3
     [dead] = await entries(redis, keys.dlq)
-    assert "rate limited after 3 attempts" in dead["error"]
+    assert dead["error"].startswith("AttemptsExhausted: still rate limited after 3 attempts")
     assert kinds(await timeline(db, event_id), "sms") == [
         ("queued", "processing", 0), ("deferred", "scheduled", 1), ("deferred", "scheduled", 2),
         ("dead_lettered", "dead_lettered", 3)]

@@ -30,7 +30,7 @@ from notifkit.db import outbox
 from notifkit.db.logs import Kind, LogRow, Status, insert_logs
 from notifkit.db.routing import project_settings
 from notifkit.dedup import Dedup, delivery_key
-from notifkit.errors import PermanentFailure, RetryLater
+from notifkit.errors import AttemptsExhausted, PermanentFailure, RetryLater
 from notifkit.messages import OutboundTask, ScheduledTask, parse_outbound
 from notifkit.ratelimit import ALL_PROJECTS, Bucket, TokenBuckets
 from notifkit.services.base import WorkerService
@@ -331,7 +331,8 @@ class DeliveryService(WorkerService):
         # PERMANENT or DEAD: the worker dead-letters the entry and emits notification:failed.
         logs.append(_row(task, attempt, Kind.DEAD_LETTERED, Status.DEAD_LETTERED,
                          verdict.reason, provider))
-        entry.fail(PermanentFailure(verdict.reason))
+        error = AttemptsExhausted if action is Action.DEAD else PermanentFailure
+        entry.fail(error(verdict.reason))
 
 
 class _SentRecorder:
