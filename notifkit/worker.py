@@ -138,6 +138,7 @@ class StreamWorker:
         max_attempts: int | None = None,
         concurrency: int | None = None,
         max_batches: int | None = None,
+        max_batch_size: int | None = None,
     ) -> None:
         if not streams:
             raise ValueError("a worker needs at least one stream")
@@ -156,6 +157,8 @@ class StreamWorker:
         # so the per-batch round trips are shared by more entries. None = only `concurrency`
         # bounds it (stages that wait on providers, whose batches may be slow).
         self.max_batches = max_batches
+        # The most entries one read takes (None = all the free slots).
+        self.max_batch_size = max_batch_size
         self._batches = 0
         self.stats = WorkerStats()
         self._in_flight: dict[tuple[str, str], Entry] = {}
@@ -271,6 +274,8 @@ class StreamWorker:
             free = self.concurrency - self.in_flight
             if free <= 0:
                 return 0
+            if self.max_batch_size is not None:
+                free = min(free, self.max_batch_size)
             if self.settings.injects("unbounded_reads"):  # test-only fault: no backpressure
                 free = max(free, 100 * self.concurrency)
             raw: list[tuple[str, str, Mapping[bytes, bytes] | None]] = []

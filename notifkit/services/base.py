@@ -79,6 +79,8 @@ class WorkerService(Service):
 
     # Batches in flight at once (see StreamWorker.max_batches); None = bounded by slots only.
     max_batches: ClassVar[int | None] = None
+    # A batch takes at most 1/batch_share of the slots (None = every free slot).
+    batch_share: ClassVar[int | None] = None
 
     def streams(self) -> Sequence[str]:
         raise NotImplementedError
@@ -96,6 +98,8 @@ class WorkerService(Service):
             process=self.process,
             consumer=options.get("consumer"),
             max_batches=self.max_batches,
+            max_batch_size=(max(1, settings.worker_concurrency // self.batch_share)
+                            if self.batch_share else None),
         )
         self._background: list[asyncio.Task[None]] = []
 

@@ -1,5 +1,6 @@
 """``max_batches``: a stage that only talks to Redis and PostgreSQL keeps few batches in flight,
-so entries that arrive meanwhile wait for the next read and go in one larger batch."""
+so entries that arrive meanwhile wait for the next read and go in one larger batch.
+``max_batch_size``: delivery cuts a backlog into several batches that run side by side."""
 
 from __future__ import annotations
 
@@ -78,3 +79,38 @@ async def test_without_max_batches_new_entries_start_at_once(
         await asyncio.sleep(0.02)
     release.set()
     assert batches == [[0], [1]]
+
+
+async def test_max_batch_size_splits_a_backlog_into_batches_that_run_together(
+    make_worker: WorkerFactory, keys: Keys, add: Add, pending: Pending,
+) -> None:
+    stream = keys.outbound("normal")
+    running = 0
+    most_running = 0
+    sizes: list[int] = []
+    all_started = asyncio.Event()
+
+    async def process(batch: list[Entry]) -> None:
+        nonlocal running, most_running
+        running += 1
+        most_running = max(most_running, running)
+        sizes.append(len(batch))
+        if len(sizes) == 3:
+            all_started.set()
+        await asyncio.wait_for(all_started.wait(), 5)  # each batch waits for the others
+        running -= 1
+
+    for n in range(7):
+        await add(stream, {"n": n})
+    worker = make_worker(process, streams=[stream], concurrency=10, max_batch_size=3)
+    await worker.start()
+    await asyncio.wait_for(all_started.wait(), 5)
+    for _ in range(100):
+        if await pending(stream, worker.group) == 0:
+            break
+        await asyncio.sleep(0.02)
+
+    # Ten slots, three per batch: the backlog of seven runs as 3 + 3 + 1, all at once
+    assert sizes == [3, 3, 1]
+    assert most_running == 3
+    assert await pending(stream, worker.group) == 0
