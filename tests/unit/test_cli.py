@@ -62,3 +62,18 @@ def test_help_lists_commands() -> None:
     assert result.returncode == 0
     for command in ("serve", "migrate", "dev"):
         assert command in result.stdout
+
+
+def test_a_started_service_freezes_what_is_alive_and_collects_less_often() -> None:
+    import gc
+
+    from notifkit.__main__ import GC_GEN0_THRESHOLD, tune_gc
+
+    before = gc.get_threshold()
+    try:
+        tune_gc()
+        assert gc.get_threshold()[0] == GC_GEN0_THRESHOLD > before[0]
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
