@@ -50,10 +50,6 @@ class _Work:
 
 class EnricherService(WorkerService):
     name: ClassVar[str] = "enricher"
-    # Its batches only query Redis and PostgreSQL: few at a time keeps them large. Two, not
-    # one: a batch of segment pages can take a while, and a critical send should not always
-    # wait for it to finish.
-    max_batches = 2
 
     def __init__(self, settings: Settings, **options: Any) -> None:
         super().__init__(settings, **options)

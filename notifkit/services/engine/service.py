@@ -60,9 +60,6 @@ class _Send:
 
 class EngineService(WorkerService):
     name: ClassVar[str] = "engine"
-    # Its batches only query Redis and PostgreSQL and are bounded by the slots: one at a time
-    # keeps them large, and measured lowest latency at moderate load.
-    max_batches = 1
 
     def __init__(self, settings: Settings, **options: Any) -> None:
         super().__init__(settings, **options)
