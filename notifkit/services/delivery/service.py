@@ -25,6 +25,7 @@ import time
 from typing import Any, ClassVar
 
 from notifkit import metrics
+from notifkit.coalesce import Coalescer
 from notifkit.config import Settings
 from notifkit.db import outbox
 from notifkit.db.logs import Kind, LogRow, Status, insert_logs
@@ -41,6 +42,9 @@ from notifkit.transports.registry import MISSING, build_transports
 from notifkit.worker import Entry, utc_now_iso
 
 log = logging.getLogger("notifkit.delivery")
+
+# (task id, channel, destination, outbox status, provider message id)
+SentRow = tuple[str, str, str, str, str | None]
 
 # The longest a send waits in-process for notifkit's own token bucket; a longer wait parks the
 # task on the scheduler instead, so a slot is never held long enough to be reclaimed.
@@ -114,13 +118,15 @@ class DeliveryService(WorkerService):
             for _e, t, tr in runnable for dest in t["to"]
         ])
         limits = await self._limits({t["projectId"] for _e, t, _tr in runnable})
-        recorder = _SentRecorder(self.pool)
+        # Every accepted send is recorded 'sent' as soon as it is accepted (a crash right
+        # after finds it); sends accepted while a write is out go together in the next one.
+        recorder: Coalescer[SentRow, None] = Coalescer(self._record_sent)
         attempted = await asyncio.gather(*(
             self._send_task(task, transport, previous, limits, recorder)
             for _e, task, transport in runnable
         ))
 
-        settled: list[tuple[str, str, str, str, str | None]] = []
+        settled: list[SentRow] = []
         disabled: list[tuple[str, str, str, str]] = []
         for (entry, task, transport), answers in zip(runnable, attempted, strict=True):
             attempt = self._attempt(entry, task)
@@ -145,6 +151,10 @@ class DeliveryService(WorkerService):
         await asyncio.gather(outbox.settle(self.pool, settled),
                              outbox.disable_contacts(self.pool, disabled),
                              insert_logs(self.pool, logs))
+
+    async def _record_sent(self, rows: list[SentRow]) -> list[None]:
+        await outbox.settle(self.pool, rows)
+        return [None] * len(rows)
 
     def _attempt(self, entry: Entry, task: OutboundTask) -> int:
         """This attempt's number for the task, counting its earlier (parked) entries."""
@@ -171,7 +181,7 @@ class DeliveryService(WorkerService):
         transport: Transport,
         previous: dict[tuple[str, str, str], outbox.Previous],
         limits: dict[str, dict[str, Any]],
-        recorder: _SentRecorder,
+        recorder: Coalescer[SentRow, None],
     ) -> list[Attempted]:
         buckets = self._buckets(task, transport, limits)
 
@@ -195,7 +205,7 @@ class DeliveryService(WorkerService):
             metrics.DELIVERIES.labels(task["channel"], transport.provider,
                                       result.outcome.value).inc()
             if result.sent:
-                await recorder.record((task["taskId"], task["channel"], destination,
+                await recorder.submit((task["taskId"], task["channel"], destination,
                                        outbox.SENT, result.provider_message_id))
             return Attempted(destination, result, possible_duplicate)
 
@@ -337,41 +347,6 @@ class DeliveryService(WorkerService):
                          verdict.reason, provider))
         error = AttemptsExhausted if action is Action.DEAD else PermanentFailure
         entry.fail(error(verdict.reason))
-
-
-class _SentRecorder:
-    """Writes outbox 'sent' rows as sends are accepted; rows that arrive while a write is in
-    flight go together in the next one, so a batch costs few queries and a crash right after
-    an accepted send finds it recorded."""
-
-    def __init__(self, pool: Any) -> None:
-        self.pool = pool
-        self._rows: list[tuple[str, str, str, str, str | None]] = []
-        self._waiters: list[asyncio.Future[None]] = []
-        self._writer: asyncio.Task[None] | None = None
-
-    async def record(self, row: tuple[str, str, str, str, str | None]) -> None:
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._rows.append(row)
-        self._waiters.append(waiter)
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write())
-        await waiter
-
-    async def _write(self) -> None:
-        while self._rows:
-            rows, waiters = self._rows, self._waiters
-            self._rows, self._waiters = [], []
-            try:
-                await outbox.settle(self.pool, rows)
-            except Exception as exc:
-                for waiter in waiters:
-                    if not waiter.done():
-                        waiter.set_exception(exc)
-            else:
-                for waiter in waiters:
-                    if not waiter.done():
-                        waiter.set_result(None)
 
 
 def _message(task: OutboundTask, destination: str) -> Message:
