@@ -41,8 +41,6 @@ log = logging.getLogger("notifkit.worker")
 PRIORITY_RESERVE_DIVISOR = 20
 # How long a read waits on the first stream alone while only its reserved slots are free.
 RESERVED_POLL_MS = 50
-# How often a worker whose batches are all in flight (max_batches) looks at its first stream.
-FIRST_STREAM_POLL_S = 0.01
 # How soon a reclaim sweep that ran out of free slots sweeps again.
 RECLAIM_AGAIN_S = 0.1
 
@@ -144,6 +142,10 @@ class StreamWorker:
     ) -> None:
         if not streams:
             raise ValueError("a worker needs at least one stream")
+        if max_batches is not None and len(streams) > 1:
+            # While its batches run it reads nothing, critical entries included: a backlog of
+            # lower work would delay them (the priority_isolation scenario measured it).
+            raise ValueError("max_batches is for a worker of one stream, not of priority streams")
         self.redis = redis
         self.settings = settings
         self.keys = Keys(settings.namespace)
@@ -257,7 +259,8 @@ class StreamWorker:
                     await self._capacity.wait()
                     continue
                 if self._batches_full():
-                    await self._while_batches_full()
+                    self._capacity.clear()
+                    await self._capacity.wait()
                     continue
                 await self._read_new(block_ms=self.settings.read_block_ms)
             except asyncio.CancelledError:
@@ -307,25 +310,6 @@ class StreamWorker:
                 return 0
             await self._dispatch(raw, reclaimed=False)
             return len(raw)
-
-    async def _while_batches_full(self) -> None:
-        """Wait for a batch to finish. A worker of priority streams meanwhile looks at the
-        first (critical) stream every few milliseconds and starts a batch of what it finds
-        beyond ``max_batches``: a backlog of lower work must not make it wait a whole batch."""
-        self._capacity.clear()
-        if len(self.streams) < 2 or self.settings.injects("ignore_priority"):
-            await self._capacity.wait()
-            return
-        async with self._taking:
-            free = self.concurrency - self.in_flight
-            if self.max_batch_size is not None:
-                free = min(free, self.max_batch_size)
-            first = (await self._xread({self.streams[0]: ">"}, free, None)) if free > 0 else []
-            if first:
-                await self._dispatch(first, reclaimed=False)
-                return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._capacity.wait(), FIRST_STREAM_POLL_S)
 
     def _batches_full(self) -> bool:
         return self.max_batches is not None and self._batches >= self.max_batches

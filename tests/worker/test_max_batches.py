@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+import pytest
+
 from notifkit.keys import Keys
 from notifkit.worker import Entry
 
@@ -116,34 +118,11 @@ async def test_max_batch_size_splits_a_backlog_into_batches_that_run_together(
     assert await pending(stream, worker.group) == 0
 
 
-async def test_a_critical_entry_does_not_wait_for_the_batch_in_flight(
-    make_worker: WorkerFactory, keys: Keys, add: Add,
+def test_a_worker_of_priority_streams_cannot_limit_its_batches(
+    make_worker: WorkerFactory, keys: Keys,
 ) -> None:
-    # Given a worker of the priority streams with room for one batch, busy with low work
-    low_started = asyncio.Event()
-    release_low = asyncio.Event()
-    critical_done = asyncio.Event()
-    batches: list[list[str]] = []
-
     async def process(batch: list[Entry]) -> None:
-        batches.append([e.payload["p"] for e in batch])
-        if batch[0].payload["p"] == "low":
-            low_started.set()
-            await release_low.wait()
-        else:
-            critical_done.set()
+        return None
 
-    worker = make_worker(process, concurrency=50, max_batches=1)
-    for _ in range(5):
-        await add(keys.enriched("low"), {"p": "low"})
-    await worker.start()
-    await asyncio.wait_for(low_started.wait(), 5)
-
-    # When a critical entry arrives while that batch is still running
-    await add(keys.enriched("critical"), {"p": "critical"})
-
-    # Then it is processed before the low batch ends, in a batch of its own
-    await asyncio.wait_for(critical_done.wait(), 5)
-    assert not release_low.is_set()
-    assert batches == [["low"] * 5, ["critical"]]
-    release_low.set()
+    with pytest.raises(ValueError, match="max_batches is for a worker of one stream"):
+        make_worker(process, streams=keys.enriched_all(), max_batches=1)
