@@ -70,13 +70,11 @@ class TokenBuckets:
     async def take(self, buckets: Sequence[Bucket], cost: float = 1.0) -> float:
         """Take ``cost`` tokens from every bucket, or none: 0.0 when taken, else the seconds
         to wait before the tokens would be there."""
-        live = [b for b in buckets if b.rate_per_s > 0 and math.isfinite(b.rate_per_s)]
-        if not live:
+        call = _script_call(buckets, cost)
+        if call is None:
             return 0.0
-        args: list[float] = [cost]
-        for bucket in live:
-            args += [bucket.rate_per_s, bucket.burst]
-        wait_ms = await self._take(keys=[b.key for b in live], args=args)
+        keys, args = call
+        wait_ms = await self._take(keys=keys, args=args)
         return int(wait_ms) / 1000.0
 
     async def take_many(self, requests: Sequence[Sequence[Bucket]]) -> list[float]:
@@ -87,17 +85,26 @@ class TokenBuckets:
         calls: list[int] = []
         pipe = self._redis.pipeline(transaction=False)
         for index, buckets in enumerate(requests):
-            live = [b for b in buckets if b.rate_per_s > 0 and math.isfinite(b.rate_per_s)]
-            if not live:
+            call = _script_call(buckets, 1.0)
+            if call is None:
                 continue
-            args: list[float] = [1.0]
-            for bucket in live:
-                args += [bucket.rate_per_s, bucket.burst]
+            keys, args = call
             # EVAL, not the registered script: redis-py would precede the pipeline with a
             # SCRIPT EXISTS round trip; Redis caches the body anyway.
-            pipe.eval(_TAKE, len(live), *[b.key for b in live], *args)
+            pipe.eval(_TAKE, len(keys), *keys, *args)
             calls.append(index)
         if calls:
             for index, wait_ms in zip(calls, await pipe.execute(), strict=True):
                 waits[index] = int(wait_ms) / 1000.0
         return waits
+
+
+def _script_call(buckets: Sequence[Bucket], cost: float) -> tuple[list[str], list[float]] | None:
+    """KEYS and ARGV of the take script for the buckets that limit anything (None: none do)."""
+    live = [b for b in buckets if b.rate_per_s > 0 and math.isfinite(b.rate_per_s)]
+    if not live:
+        return None
+    args: list[float] = [cost]
+    for bucket in live:
+        args += [bucket.rate_per_s, bucket.burst]
+    return [b.key for b in live], args
