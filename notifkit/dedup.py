@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from redis.asyncio import Redis
 
 from notifkit.keys import Keys
+from notifkit.redis_pipe import pipe
 from notifkit.worker import Entry
 
 STAGES = ("enricher", "engine", "ai", "delivery")
@@ -89,13 +90,13 @@ class Dedup:
         """
         if not claims:
             return []
-        pipe = self.redis.pipeline(transaction=False)
+        marks = pipe(self.redis)
         for entry, key, ttl_s in claims:
-            pipe.set(
+            marks.set(
                 self.keys.processed(self.stage, key), entry.owner,
                 ex=max(1, int(ttl_s or self.ttl_s)), nx=True, get=True,
             )
-        previous = await pipe.execute()
+        previous = await marks.execute()
         allowed: list[bool] = []
         for (entry, key, _ttl), before in zip(claims, previous, strict=True):
             mine = before is None or _text(before) == entry.owner

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
+from notifkit.redis_pipe import pipe
+
 # KEYS: bucket hashes. ARGV: cost, then rate_per_s and burst for each key.
 # Returns 0 when the tokens were taken, else the wait in ms until they would be.
 _TAKE = """
@@ -83,7 +85,7 @@ class TokenBuckets:
         :meth:`take` once per request."""
         waits = [0.0] * len(requests)
         calls: list[int] = []
-        pipe = self._redis.pipeline(transaction=False)
+        calls_pipe = pipe(self._redis)
         for index, buckets in enumerate(requests):
             call = _script_call(buckets, 1.0)
             if call is None:
@@ -91,10 +93,10 @@ class TokenBuckets:
             keys, args = call
             # EVAL, not the registered script: redis-py would precede the pipeline with a
             # SCRIPT EXISTS round trip; Redis caches the body anyway.
-            pipe.eval(_TAKE, len(keys), *keys, *args)
+            calls_pipe.eval(_TAKE, len(keys), *keys, *args)
             calls.append(index)
         if calls:
-            for index, wait_ms in zip(calls, await pipe.execute(), strict=True):
+            for index, wait_ms in zip(calls, await calls_pipe.execute(), strict=True):
                 waits[index] = int(wait_ms) / 1000.0
         return waits
 

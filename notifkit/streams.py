@@ -14,6 +14,7 @@ from redis.exceptions import ResponseError
 
 from notifkit import codec
 from notifkit.errors import MalformedPayload
+from notifkit.redis_pipe import Pipe
 
 DATA_FIELD = b"data"
 
@@ -40,7 +41,7 @@ async def xadd(redis: Redis, stream: str, payload: Mapping[str, Any], maxlen: in
     return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
 
-def queue_xadd(pipe: Pipeline, stream: str, payload: Mapping[str, Any], maxlen: int) -> None:
+def queue_xadd(pipe: Pipeline | Pipe, stream: str, payload: Mapping[str, Any], maxlen: int) -> None:
     pipe.xadd(stream, encode(payload), maxlen=maxlen, approximate=True)
 
 

@@ -26,6 +26,7 @@ from redis.asyncio import Redis
 
 from notifkit.config import Settings
 from notifkit.keys import Keys
+from notifkit.redis_pipe import pipe
 
 # KEYS[1] the user's window. ARGV: now_ms, window_ms, limit, member.
 # Returns {allowed (0|1), sends in the window after this call, oldest score in the window}.
@@ -105,15 +106,15 @@ async def check_many(
     decisions = [_OFF] * len(checks)
     if not live:
         return decisions
-    pipe = redis.pipeline(transaction=False)
+    windows = pipe(redis)
     for i in live:
         c = checks[i]
         window_ms = c.rule.window_s * 1000
         # EVAL, not a registered script: redis-py would precede every pipeline of
         # registered scripts with a SCRIPT EXISTS round trip; Redis caches the body anyway.
-        pipe.eval(_SLIDING_WINDOW, 1, keys.throttle(c.project_id, c.user_id),
+        windows.eval(_SLIDING_WINDOW, 1, keys.throttle(c.project_id, c.user_id),
                   now_ms, window_ms, c.rule.limit, c.member)
-    replies = await pipe.execute()
+    replies = await windows.execute()
     for i, reply in zip(live, replies, strict=True):
         allowed, count, oldest = int(reply[0]), int(reply[1]), reply[2]
         retry_at = None

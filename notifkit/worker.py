@@ -32,6 +32,7 @@ from notifkit import codec, metrics
 from notifkit.config import Settings
 from notifkit.errors import MalformedPayload, PermanentFailure
 from notifkit.keys import Keys
+from notifkit.redis_pipe import Pipe, pipe
 from notifkit.streams import as_str, decode, ensure_group, queue_xadd
 
 log = logging.getLogger("notifkit.worker")
@@ -175,6 +176,8 @@ class StreamWorker:
         self._stopping = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
         self._groups_ready = False
+        # The last blocking read left every stream empty (see _read_new).
+        self._drained = False
         self.sweep_cut_short = False  # the last reclaim sweep stopped for want of free slots
         self._release = redis.register_script(_RELEASE_MARKS)
 
@@ -288,19 +291,26 @@ class StreamWorker:
                 free = max(free, 100 * self.concurrency)
             raw: list[tuple[str, str, Mapping[bytes, bytes] | None]] = []
             streams, reserve = self._read_order()
-            for index, stream in enumerate(streams):
-                # Lower streams leave `reserve` slots free, so work arriving on the first
-                # stream never waits for a batch of lower-priority work to finish.
-                want = free - len(raw) - (reserve if index else 0)
-                if want <= 0:
-                    break
-                raw.extend(await self._xread({stream: ">"}, want, None))
+            if not (self._drained and block_ms is not None):
+                for index, stream in enumerate(streams):
+                    # Lower streams leave `reserve` slots free, so work arriving on the first
+                    # stream never waits for a batch of lower-priority work to finish.
+                    want = free - len(raw) - (reserve if index else 0)
+                    if want <= 0:
+                        break
+                    raw.extend(await self._xread({stream: ">"}, want, None))
+            self._drained = False
             if not raw and block_ms is not None:
                 # Nothing anywhere: block on every stream at once. ``count`` per stream keeps
                 # the total within the free capacity.
                 per_stream = (free - reserve) // len(streams)
                 if per_stream >= 1:
                     raw = await self._xread({s: ">" for s in streams}, per_stream, block_ms)
+                    # Fewer than `count` from every stream: each was empty after this read,
+                    # so the next read can block at once instead of first polling each
+                    # stream in priority order (three round trips per batch at low load).
+                    # A blocking read returns whatever any stream holds, so nothing waits.
+                    self._drained = all(n < per_stream for n in _per_stream(raw).values())
                 else:
                     # Only the slots kept for the first stream are free: wait on it alone,
                     # briefly, so freed slots are soon offered to the others again.
@@ -325,14 +335,22 @@ class StreamWorker:
     async def _xread(
         self, streams: dict[str, str], count: int, block_ms: int | None
     ) -> list[tuple[str, str, Mapping[bytes, bytes] | None]]:
-        reply: Any = await self.redis.xreadgroup(
-            self.group, self.consumer, streams, count=count, block=block_ms  # type: ignore[arg-type]
-        )
+        args: list[Any] = ["XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count]
+        if block_ms is not None:
+            args += ["BLOCK", block_ms]
+        args += ["STREAMS", *streams, *streams.values()]
+        (reply,) = await pipe(self.redis).command(*args).execute()
         out: list[tuple[str, str, Mapping[bytes, bytes] | None]] = []
-        for stream, entries in reply or []:
+        # A map under RESP3, pairs under RESP2.
+        pairs = reply.items() if isinstance(reply, dict) else reply or []
+        for stream, entries in pairs:
             name = as_str(stream)
             for entry_id, fields in entries:
-                out.append((name, as_str(entry_id), fields))
+                # Raw reply: fields come as [name, value, ...]; an entry deleted while
+                # pending comes back with none.
+                out.append((name, as_str(entry_id),
+                            dict(zip(fields[::2], fields[1::2], strict=True))
+                            if fields is not None else None))
         return out
 
     # -- reclaiming ---------------------------------------------------------------
@@ -403,20 +421,20 @@ class StreamWorker:
             except MalformedPayload as exc:
                 malformed.append((stream, entry_id, str(exc)))
 
-        pipe = self.redis.pipeline(transaction=False)
+        batch_pipe = pipe(self.redis)
         if parsed:
-            pipe.eval(_COUNT_ATTEMPTS, len(parsed),
+            batch_pipe.eval(_COUNT_ATTEMPTS, len(parsed),
                       *[self.keys.attempts(self.group, entry_id) for _s, entry_id, _p in parsed],
                       self.settings.attempts_ttl_s, *[stream for stream, _i, _p in parsed])
         for stream, entry_id, _reason in malformed:
             if self.settings.injects("retry_malformed"):  # test-only fault
                 continue
-            pipe.xack(stream, self.group, entry_id)
-            pipe.hdel(self.keys.attempts(self.group, entry_id), stream)
+            batch_pipe.xack(stream, self.group, entry_id)
+            batch_pipe.hdel(self.keys.attempts(self.group, entry_id), stream)
         if self.settings.injects("ack_before_process"):  # test-only fault: breaks at-least-once
             for stream, entry_id, _payload in parsed:
-                pipe.xack(stream, self.group, entry_id)
-        results = await pipe.execute()
+                batch_pipe.xack(stream, self.group, entry_id)
+        results = await batch_pipe.execute()
 
         for stream, entry_id, reason in malformed:
             self.stats.malformed += 1
@@ -479,12 +497,12 @@ class StreamWorker:
 
     async def _commit(self, done: list[Entry]) -> None:
         maxlen = self.settings.queue_max_len
-        pipe = self.redis.pipeline(transaction=True)
+        commit = pipe(self.redis, transaction=True)
         for entry in done:
             for stream, payload in entry.emits:
-                queue_xadd(pipe, stream, payload, maxlen)
-        self._queue_acks(pipe, done)
-        await pipe.execute()
+                queue_xadd(commit, stream, payload, maxlen)
+        self._queue_acks(commit, done)
+        await commit.execute()
         self.stats.processed += len(done)
         per_stream: dict[str, int] = {}
         for entry in done:
@@ -517,7 +535,7 @@ class StreamWorker:
         """DLQ entry + ``notification:failed`` + XACK + DEL counter, atomically per batch."""
         maxlen = self.settings.queue_max_len
         now = utc_now_iso()
-        pipe = self.redis.pipeline(transaction=True)
+        dead = pipe(self.redis, transaction=True)
         for entry in entries:
             payload = entry.payload
             record = {
@@ -532,12 +550,12 @@ class StreamWorker:
                 "projectId": payload.get("projectId"),
                 "replayOf": entry.owner,
             }
-            queue_xadd(pipe, self.keys.dlq, record, maxlen)
+            queue_xadd(dead, self.keys.dlq, record, maxlen)
             if (entry.stream != self.keys.events_inbound
                     and not self.settings.injects("skip_failed_event")):  # test-only fault
-                queue_xadd(pipe, self.keys.events_inbound, failed_event(entry, record), maxlen)
-        self._queue_acks(pipe, entries)
-        await pipe.execute()
+                queue_xadd(dead, self.keys.events_inbound, failed_event(entry, record), maxlen)
+        self._queue_acks(dead, entries)
+        await dead.execute()
         for entry in entries:
             self.stats.dead_lettered += 1
             metrics.DEAD_LETTERED.labels(self.service, entry.stream).inc()
@@ -545,7 +563,7 @@ class StreamWorker:
                       "POST /v1/dlq/{id}/replay once the cause is fixed.", entry.attempt,
                       extra=_ids(self.service, entry))
 
-    def _queue_acks(self, pipe: Any, entries: Sequence[Entry]) -> None:
+    def _queue_acks(self, pipe: Pipe, entries: Sequence[Entry]) -> None:
         """XACK the entries (one command per stream) and delete their attempt counters."""
         by_stream: dict[str, list[str]] = {}
         for entry in entries:
@@ -616,3 +634,10 @@ def _ids(service: str, entry: Entry) -> dict[str, Any]:
         if p.get(key):
             fields[name] = p[key]
     return fields
+
+
+def _per_stream(raw: list[tuple[str, str, Mapping[bytes, bytes] | None]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for stream, _entry_id, _fields in raw:
+        counts[stream] = counts.get(stream, 0) + 1
+    return counts

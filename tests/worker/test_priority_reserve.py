@@ -52,3 +52,42 @@ async def test_a_critical_entry_is_taken_while_low_batches_hold_every_other_slot
     await asyncio.wait_for(critical_seen.wait(), timeout=2.0)
     assert low_in_flight == concurrency - concurrency // PRIORITY_RESERVE_DIVISOR
     release.set()
+
+
+async def test_a_read_that_drained_every_stream_is_followed_by_one_blocking_read(
+    make_worker: WorkerFactory, worker_settings: Settings, keys: Keys, add: Add,
+) -> None:
+    # Given an idle worker on three priority streams, reads counted by how they were made
+    reads: list[tuple[int, bool]] = []  # (streams read at once, blocking)
+    seen: list[str] = []
+
+    async def process(batch: list[Entry]) -> None:
+        seen.extend(e.payload["p"] for e in batch)
+
+    worker = make_worker(process, settings=worker_settings.replace(read_block_ms=2000))
+    real_xread = worker._xread
+
+    async def counted(streams: dict[str, str], count: int, block_ms: int | None) -> list:  # type: ignore[type-arg]
+        reads.append((len(streams), block_ms is not None))
+        return await real_xread(streams, count, block_ms)
+
+    worker._xread = counted  # type: ignore[method-assign]
+    await worker.start()
+    await asyncio.sleep(0.2)
+
+    # When single entries arrive one at a time on different streams
+    for p in ("normal", "low", "critical", "normal"):
+        before = len(reads)
+        await add(keys.enriched(p), {"p": p})
+        for _ in range(100):
+            if len(seen) == len(("normal", "low", "critical", "normal")[: len(seen)]) and \
+                    p in seen[-1:] and len(reads) > before:
+                break
+            await asyncio.sleep(0.02)
+
+    # Then each was taken by the blocking read on all three streams, with no round of
+    # per-stream polls in between: the reply showed every stream empty.
+    assert seen == ["normal", "low", "critical", "normal"]
+    polls = [r for r in reads if not r[1]]
+    assert polls == [(1, False)] * 3  # only the three before the very first blocking read
+    assert all(r == (3, True) for r in reads if r[1])

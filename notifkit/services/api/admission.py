@@ -27,6 +27,7 @@ from notifkit.config import Settings
 from notifkit.keys import Keys
 from notifkit.messages import InboundMessage
 from notifkit.ratelimit import Bucket, TokenBuckets
+from notifkit.redis_pipe import pipe
 from notifkit.streams import queue_xadd
 
 log = logging.getLogger("notifkit.api")
@@ -107,13 +108,13 @@ class Admission:
         written = [i for i, r in enumerate(results) if r is None]
         if not written:
             return results
-        pipe = self.redis.pipeline(transaction=False)
+        enqueue = pipe(self.redis)
         for index in written:
             message = messages[index]
-            queue_xadd(pipe, self.keys.inbound(message["priority"]), message,
+            queue_xadd(enqueue, self.keys.inbound(message["priority"]), message,
                        self.settings.queue_max_len)
         try:
-            replies: Sequence[Any] = await pipe.execute(raise_on_error=False)
+            replies: Sequence[Any] = await enqueue.execute(raise_on_error=False)
         except Exception as exc:  # the whole pipeline failed: none of them is enqueued
             replies = [exc] * len(written)
         failed: list[InboundMessage] = []

@@ -1,0 +1,120 @@
+"""The hot path's pipelines (notifkit.redis_pipe) against real Redis: the same answers and
+errors as a redis-py pipeline, connections that never carry a half-read reply, and a total
+still bounded by the client's pool."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.exceptions import ResponseError
+
+from notifkit.keys import Keys
+from notifkit.redis_pipe import pipe
+
+
+async def test_replies_come_back_in_order_as_redis_py_gives_them(redis: Redis,
+                                                                  keys: Keys) -> None:
+    stream, mark = keys.outbound("normal"), keys.processed("delivery", "t1")
+    replies = await (pipe(redis)
+                     .xadd(stream, {b"data": b"{}"}, maxlen=1000)
+                     .set(mark, "owner-1", ex=60, nx=True, get=True)
+                     .set(mark, "owner-2", ex=60, nx=True, get=True)
+                     .eval("return {KEYS[1], ARGV[1]}", 1, "k", "v")
+                     .execute())
+    assert isinstance(replies[0], bytes)
+    assert b"-" in replies[0]
+    assert replies[1:] == [None, b"owner-1", [b"k", b"v"]]
+    assert await redis.xlen(stream) == 1
+    assert await redis.get(mark) == b"owner-1"
+    assert 0 < await redis.ttl(mark) <= 60
+
+
+async def test_an_error_reply_is_raised_after_every_reply_was_read(redis: Redis,
+                                                                   keys: Keys) -> None:
+    wrong = keys.processed("engine", "a-string")
+    await redis.set(wrong, "x")
+    stream = keys.enriched("normal")
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        await pipe(redis).xadd(wrong, {b"data": b"{}"}).xadd(stream, {b"data": b"{}"}).execute()
+    # The command after the failing one ran, and the connection is still in step.
+    assert await redis.xlen(stream) == 1
+    replies = await (pipe(redis).xadd(wrong, {b"data": b"{}"}).command("PING")
+                     .execute(raise_on_error=False))
+    assert isinstance(replies[0], ResponseError)
+    assert replies[1] in (b"PONG", "PONG")
+
+
+async def test_a_transaction_runs_its_commands_together_or_reports_why_not(
+        redis: Redis, keys: Keys) -> None:
+    stream, wrong = keys.outbound("critical"), keys.processed("engine", "b-string")
+    await redis.set(wrong, "x")
+    assert len(await pipe(redis, transaction=True).xadd(stream, {b"data": b"1"})
+               .xadd(stream, {b"data": b"2"}).execute()) == 2
+    assert await redis.xlen(stream) == 2
+
+    # A command refused while queueing: nothing runs, and the error names the command.
+    with pytest.raises(ResponseError, match="wrong number of arguments"):
+        await pipe(redis, transaction=True).xadd(stream, {b"data": b"3"}).command(
+            "XADD", stream).execute()
+    assert await redis.xlen(stream) == 2
+
+    # A runtime error inside EXEC (Redis does not roll back): raised, the rest ran.
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        await pipe(redis, transaction=True).xadd(wrong, {b"data": b"{}"}).xadd(
+            stream, {b"data": b"4"}).execute()
+    assert await redis.xlen(stream) == 3
+    assert await pipe(redis).command("PING").execute() in ([b"PONG"], ["PONG"])
+
+
+async def test_a_cancelled_call_closes_its_connection_instead_of_reusing_it(
+        redis: Redis, keys: Keys) -> None:
+    stream = keys.inbound("low")
+    await redis.xgroup_create(stream, "g", id="$", mkstream=True)
+    blocked = asyncio.create_task(pipe(redis).command(
+        "XREADGROUP", "GROUP", "g", "c", "BLOCK", 5000, "STREAMS", stream, ">").execute())
+    await asyncio.sleep(0.2)
+    blocked.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await blocked
+    # Had the connection gone back to the lane, this XADD's entry would be the reply the
+    # cancelled read was waiting for, and the next call would read it as its own.
+    await redis.xadd(stream, {b"data": b"{}"})
+    assert await pipe(redis).command("PING").execute() in ([b"PONG"], ["PONG"])
+    assert await redis.xlen(stream) == 1
+
+
+async def test_a_connection_killed_while_idle_is_replaced_once(redis: Redis,
+                                                              keys: Keys) -> None:
+    await pipe(redis).command("CLIENT", "SETNAME", "notifkit-pipe-test").execute()
+    clients = await redis.client_list()
+    victim = [c for c in clients if c.get("name") == "notifkit-pipe-test"]
+    assert len(victim) == 1
+    await redis.client_kill_filter(_id=victim[0]["id"])
+    stream = keys.enriched("low")
+    assert await pipe(redis).xadd(stream, {b"data": b"{}"}).execute()
+    assert await redis.xlen(stream) == 1
+
+
+async def test_connections_stay_within_the_pools_limit_and_close_with_the_client(
+        redis_url: str) -> None:
+    pool = BlockingConnectionPool.from_url(redis_url, max_connections=3, timeout=10)
+    client = Redis.from_pool(pool)
+    in_flight = 0
+    most = 0
+
+    async def one() -> None:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await pipe(client).command("PING").execute()
+        in_flight -= 1
+
+    await asyncio.gather(*(one() for _ in range(40)))
+    assert most > 3  # 40 calls really were waiting at once ...
+    opened = list(pool._in_use_connections) + list(pool._available_connections)
+    assert 0 < len(opened) <= 3  # ... on no more than the pool's three connections
+    assert await client.ping()  # the client's own commands still find a connection
+    await client.aclose()
+    assert not any(c.is_connected for c in opened)
