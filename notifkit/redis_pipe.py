@@ -29,7 +29,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ExecAbortError, ResponseError
+from redis.exceptions import DataError, ExecAbortError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 __all__ = ["Pipe", "pipe"]
@@ -237,7 +237,7 @@ class Pipe:
         commands: Iterable[Command] = self.commands
         if self._transaction:
             commands = [("MULTI",), *self.commands, ("EXEC",)]
-        await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+        await conn.send_packed_command(pack(commands), check_health=False)
         if not self._transaction:
             return [await _read(conn) for _ in self.commands]
         queued = [await _read(conn) for _ in range(len(self.commands) + 1)]
@@ -248,6 +248,35 @@ class Pipe:
             # error says why, EXECABORT only that nothing ran.
             raise next(r for r in queued if isinstance(r, ResponseError)) from None
         return list(result or [])
+
+
+def pack(commands: Iterable[Command]) -> bytes:
+    """The commands in the Redis protocol, in one buffer.
+
+    redis-py's packer walks every argument through its encoder and re-joins the buffer once
+    per argument: about a seventh of a pipeline stage's CPU at saturation. The encoding is
+    the same (str as UTF-8, int and float by ``repr``, bool refused).
+    """
+    out: list[bytes] = []
+    append = out.append
+    for args in commands:
+        append(b"*%d\r\n" % len(args))
+        for arg in args:
+            if isinstance(arg, bytes):
+                data = arg
+            elif isinstance(arg, str):
+                data = arg.encode()
+            elif isinstance(arg, int | float) and not isinstance(arg, bool):
+                data = repr(arg).encode()
+            elif isinstance(arg, bytearray | memoryview):
+                data = bytes(arg)
+            else:
+                raise DataError(f"Invalid input of type: {type(arg).__name__!r}. Convert to "
+                                "bytes, str, int or float first.")
+            append(b"$%d\r\n" % len(data))
+            append(data)
+            append(b"\r\n")
+    return b"".join(out)
 
 
 async def _read(conn: AbstractConnection) -> Any:
