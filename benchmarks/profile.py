@@ -76,7 +76,10 @@ async def run(args: argparse.Namespace) -> None:
             await load.closed_loop(3.0, args.concurrency)
             await phases.drain(system, progress)
             spies: dict[str, Any] = {}
-            for name, proc in system.processes.items():
+            sampled = dict(system.processes)
+            if system.simulators is not None:
+                sampled["simulators"] = system.simulators
+            for name, proc in sampled.items():
                 spies[name] = await asyncio.create_subprocess_exec(
                     spy, "record", "--pid", str(proc.pid), "--duration",
                     str(int(args.seconds)), "--rate", "200", "--format", "raw",
