@@ -3,6 +3,7 @@ and PostgreSQL servers, the simulators as providers, a demo project and a ready 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -27,7 +28,16 @@ def start_dev(data_dir: Path, port: int, sim_port: int) -> subprocess.Popen[str]
         [sys.executable, "-m", "notifkit", "dev", "--data-dir", str(data_dir),
          "--port", str(port), "--sim-port", str(sim_port), "--sim-smtp-port", str(free_port())],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        # Its own process group: a dev that has to be killed takes its embedded servers
+        # with it instead of leaving them running after the test.
+        start_new_session=True,
     )
+
+
+def kill(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
 
 
 def read_until_ready(proc: subprocess.Popen[str], timeout_s: float = 90) -> str:
@@ -42,7 +52,7 @@ def read_until_ready(proc: subprocess.Popen[str], timeout_s: float = 90) -> str:
         lines.append(line)
         if "Press Ctrl-C to stop." in line:
             return "".join(lines)
-    proc.kill()
+    kill(proc)
     raise AssertionError("dev never became ready:\n" + "".join(lines[-40:]))
 
 
@@ -52,7 +62,7 @@ def stop(proc: subprocess.Popen[str]) -> int:
         return proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            kill(proc)
 
 
 def simulator_messages(sim_port: int) -> list[dict[str, object]]:
