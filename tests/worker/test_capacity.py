@@ -36,8 +36,9 @@ async def test_critical_entries_added_after_a_low_backlog_are_in_the_first_batch
     # When the worker drains
     await worker.run_until_idle()
 
-    # Then the first batch is filled critical first, then normal, then low
-    assert batches[0] == ["critical"] * 3 + ["normal"] * 2 + ["low"] * 5
+    # Then the first read is filled critical first, then normal, then low, and dispatched
+    # as one batch per stream in that order
+    assert batches[:3] == [["critical"] * 3, ["normal"] * 2, ["low"] * 5]
     assert all(len(batch) <= 10 for batch in batches)
     assert sum(len(batch) for batch in batches) == 205
     for stream in keys.enriched_all():
@@ -61,9 +62,11 @@ async def test_a_critical_entry_arriving_mid_backlog_jumps_the_queue(
 
     await worker.run_until_idle()
 
-    # Then the very next batch starts with it, ahead of the remaining 90 low entries
+    # Then the very next read takes it first, ahead of the remaining 90 low entries, as a
+    # batch of its own
     assert batches[0] == ["low"] * 10
-    assert batches[1] == ["critical"] + ["low"] * 9
+    assert batches[1] == ["critical"]
+    assert batches[2] == ["low"] * 9
 
 
 async def test_in_flight_work_never_exceeds_worker_concurrency(

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from notifkit.config import Settings
 from notifkit.keys import Keys
-from notifkit.worker import PRIORITY_RESERVE_DIVISOR, Entry
+from notifkit.worker import PRIORITY_RESERVE_DIVISOR, Entry, batch_stream
 
 if TYPE_CHECKING:
     from .conftest import Add, WorkerFactory
@@ -91,3 +91,27 @@ async def test_a_read_that_drained_every_stream_is_followed_by_one_blocking_read
     polls = [r for r in reads if not r[1]]
     assert polls == [(1, False)] * 3  # only the three before the very first blocking read
     assert all(r == (3, True) for r in reads if r[1])
+
+
+async def test_entries_of_several_streams_read_together_form_one_batch_per_stream(
+    make_worker: WorkerFactory, keys: Keys, add: Add,
+) -> None:
+    # Given entries already waiting on the critical and the low stream
+    for n in range(3):
+        await add(keys.enriched("low"), {"p": "low", "n": n})
+    await add(keys.enriched("critical"), {"p": "critical", "n": 0})
+    batches: list[list[str]] = []
+    streams_seen: list[str | None] = []
+
+    async def process(batch: list[Entry]) -> None:
+        batches.append([e.payload["p"] for e in batch])
+        streams_seen.append(batch_stream.get())
+
+    # When one read takes them all
+    worker = make_worker(process)
+    await worker.run_until_idle()
+
+    # Then the critical entry is a batch of its own, not one more entry of the low batch,
+    # and each batch knows its stream
+    assert batches == [["critical"], ["low", "low", "low"]]
+    assert streams_seen == [keys.enriched("critical"), keys.enriched("low")]
