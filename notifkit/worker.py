@@ -305,30 +305,33 @@ class StreamWorker:
                     if want <= 0:
                         break
                     raw.extend(await self._xread({stream: ">"}, want, None))
-            self._drained = False
+            blocking_count = None  # the per-stream count of a blocking read over every stream
             if not raw and block_ms is not None:
                 # Nothing anywhere: block on every stream at once. ``count`` per stream keeps
                 # the total within the free capacity.
                 per_stream = (free - reserve) // len(streams)
                 if per_stream >= 1:
                     raw = await self._xread({s: ">" for s in streams}, per_stream, block_ms)
-                    # Fewer than `count` from every stream: each was empty after this read,
-                    # so the next read can block at once instead of first polling each
-                    # stream in priority order (three round trips per batch at low load).
-                    # A blocking read returns whatever any stream holds, so nothing waits.
-                    self._drained = all(n < per_stream for n in _per_stream(raw).values())
+                    blocking_count = per_stream
                 else:
                     # Only the slots kept for the first stream are free: wait on it alone,
                     # briefly, so freed slots are soon offered to the others again.
                     raw = await self._xread({streams[0]: ">"}, free,
                                             min(block_ms, RESERVED_POLL_MS))
-            if not raw:
-                return 0
+            by_stream: dict[str, list[tuple[str, str, Mapping[bytes, bytes] | None]]] = {}
+            for item in raw:
+                by_stream.setdefault(item[0], []).append(item)
+            # A blocking read that got fewer than `count` from every stream left each of them
+            # empty, so the next read can block at once instead of first polling each stream
+            # in priority order (three round trips per batch at low load): a blocking read
+            # returns whatever any stream holds, so nothing waits.
+            self._drained = blocking_count is not None and all(
+                len(entries) < blocking_count for entries in by_stream.values())
             # One batch per stream: a critical entry read together with lower-priority ones
             # must not wait for their batch to finish (measured: a critical entry in a batch
             # of 45 low ones spent 740 ms in the enricher under a low backlog).
-            for stream in dict.fromkeys(s for s, _i, _f in raw):
-                await self._dispatch([r for r in raw if r[0] == stream], reclaimed=False)
+            for entries in by_stream.values():
+                await self._dispatch(entries, reclaimed=False)
             return len(raw)
 
     def _batches_full(self) -> bool:
@@ -647,9 +650,3 @@ def _ids(service: str, entry: Entry) -> dict[str, Any]:
             fields[name] = p[key]
     return fields
 
-
-def _per_stream(raw: list[tuple[str, str, Mapping[bytes, bytes] | None]]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for stream, _entry_id, _fields in raw:
-        counts[stream] = counts.get(stream, 0) + 1
-    return counts

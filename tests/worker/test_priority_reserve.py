@@ -60,9 +60,12 @@ async def test_a_read_that_drained_every_stream_is_followed_by_one_blocking_read
     # Given an idle worker on three priority streams, reads counted by how they were made
     reads: list[tuple[int, bool]] = []  # (streams read at once, blocking)
     seen: list[str] = []
+    arrived = asyncio.Queue[str]()
 
     async def process(batch: list[Entry]) -> None:
-        seen.extend(e.payload["p"] for e in batch)
+        for e in batch:
+            seen.append(e.payload["p"])
+            arrived.put_nowait(e.payload["p"])
 
     worker = make_worker(process, settings=worker_settings.replace(read_block_ms=2000))
     real_xread = worker._xread
@@ -73,17 +76,15 @@ async def test_a_read_that_drained_every_stream_is_followed_by_one_blocking_read
 
     worker._xread = counted  # type: ignore[method-assign]
     await worker.start()
-    await asyncio.sleep(0.2)
+    for _ in range(500):  # until the worker waits in its first blocking read
+        if any(blocking for _n, blocking in reads):
+            break
+        await asyncio.sleep(0.01)
 
     # When single entries arrive one at a time on different streams
     for p in ("normal", "low", "critical", "normal"):
-        before = len(reads)
         await add(keys.enriched(p), {"p": p})
-        for _ in range(100):
-            if len(seen) == len(("normal", "low", "critical", "normal")[: len(seen)]) and \
-                    p in seen[-1:] and len(reads) > before:
-                break
-            await asyncio.sleep(0.02)
+        assert await asyncio.wait_for(arrived.get(), 5) == p
 
     # Then each was taken by the blocking read on all three streams, with no round of
     # per-stream polls in between: the reply showed every stream empty.

@@ -74,7 +74,12 @@ async def test_a_cancelled_call_closes_its_connection_instead_of_reusing_it(
     await redis.xgroup_create(stream, "g", id="$", mkstream=True)
     blocked = asyncio.create_task(pipe(redis).command(
         "XREADGROUP", "GROUP", "g", "c", "BLOCK", 5000, "STREAMS", stream, ">").execute())
-    await asyncio.sleep(0.2)
+    for _ in range(200):  # until Redis shows the read blocked
+        if any(c.get("cmd") == "xreadgroup" for c in await redis.client_list()):
+            break
+        await asyncio.sleep(0.01)
+    else:
+        pytest.fail("the blocking read never reached Redis")
     blocked.cancel()
     with pytest.raises(asyncio.CancelledError):
         await blocked
