@@ -1,0 +1,57 @@
+"""Pooled connections plan each statement for the table as it is now, not as it was.
+
+asyncpg prepares every statement, and PostgreSQL switches a prepared statement to a cached
+generic plan after a few executions. Planned on an empty table, that plan is a sequential
+scan, and it stays cached while the table grows: the enricher's status UPDATE took over 100 ms
+per batch once 50,000 notifications had arrived in a few seconds (priority_isolation).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+
+from notifkit.db.recipients import mark_processing
+from notifkit.ids import uuid7
+
+
+async def _plan_of_cached_statement(conn: asyncpg.Connection, prefix: str,
+                                    args_sql: str) -> str:
+    name = await conn.fetchval(
+        "SELECT name FROM pg_prepared_statements WHERE statement LIKE $1", prefix + "%")
+    assert name, f"no prepared statement starting {prefix!r} on this connection"
+    rows = await conn.fetch(f'EXPLAIN EXECUTE "{name}"({args_sql})')
+    return "\n".join(r[0] for r in rows)
+
+
+async def test_a_statement_prepared_on_an_empty_table_uses_the_index_once_it_has_grown(
+    db: asyncpg.Pool,
+) -> None:
+    project = uuid.uuid4()
+    async with db.acquire() as conn:
+        await conn.execute("INSERT INTO projects (id, name) VALUES ($1, 'plans')", project)
+        # Past the executions after which PostgreSQL would settle on a generic plan.
+        for _ in range(12):
+            await mark_processing(conn, [(str(project), uuid7())])
+        await conn.execute(
+            "INSERT INTO notifications (id, project_id, template_id, recipients_spec) "
+            "SELECT gen_random_uuid(), $1, 'basic', '\"u\"' FROM generate_series(1, 20000)",
+            project)
+        await mark_processing(conn, [(str(project), uuid7())])
+
+        plan = await _plan_of_cached_statement(
+            conn, "UPDATE notifications n SET status = 'processing'",
+            f"ARRAY['{project}']::uuid[], ARRAY['{uuid7()}']::uuid[]")
+    assert "Index Scan using notifications_pkey" in plan, plan
+    assert "Seq Scan on notifications" not in plan, plan
+
+
+async def test_pooled_connections_never_settle_on_a_generic_plan(db: asyncpg.Pool) -> None:
+    async with db.acquire() as conn:
+        for _ in range(12):
+            await conn.fetchval("SELECT count(*) FROM notifications WHERE id = $1", uuid7())
+        generic, custom = await conn.fetchrow(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+            "WHERE statement LIKE 'SELECT count(*) FROM notifications WHERE id = %'")
+    assert (generic, custom) == (0, 12)
