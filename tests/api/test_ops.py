@@ -8,10 +8,13 @@ import time
 from typing import Any
 
 import asyncpg
+import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from notifkit.config import Settings
 from notifkit.keys import Keys
+from notifkit.services.api.errors import store_unavailable
 from notifkit.streams import decode, ensure_group, xadd
 from tests.api.conftest import ADMIN, Api, Project, start_api
 
@@ -165,3 +168,35 @@ async def test_concurrent_replays_enqueue_once(api: Api, project: Project, redis
                                      for _ in range(5)))
     assert sorted(r.status for r in replies) == [202, 404, 404, 404, 404]
     assert await redis.xlen(keys.enriched("normal")) == 1
+
+
+async def test_a_redis_refusal_on_accept_answers_503_and_keeps_nothing(
+    api: Api, project: Project, redis: Redis, db: asyncpg.Pool,
+) -> None:
+    created = await api.call("PUT", "/v1/templates/any", key=project.full,
+                             json={"channels": {"sms": {"text": "t"}}})
+    assert created.status == 201
+    # A key of the wrong type where the inbound stream belongs: Redis refuses the XADD.
+    await redis.set(Keys(api.settings.namespace).inbound("normal"), "not a stream")
+    reply = await api.call("POST", "/v1/notifications", key=project.send,
+                           json={"to": "u1", "template": "any"})
+    assert reply.status == 503, reply.body
+    assert reply.body["error"]["code"] == "service_unavailable"
+    assert reply.headers["Retry-After"] == "1"
+    assert await db.fetchval("SELECT count(*) FROM notifications") == 0
+
+
+@pytest.mark.parametrize(("error", "unavailable"), [
+    (asyncpg.TooManyConnectionsError("too many clients"), True),
+    (asyncpg.CannotConnectNowError("starting up"), True),
+    (asyncpg.AdminShutdownError("terminating"), True),
+    (asyncpg.ConnectionFailureError("gone"), True),
+    (asyncpg.UniqueViolationError("duplicate"), False),
+    (asyncpg.UndefinedColumnError("no such column"), False),
+    (ResponseError("OOM command not allowed when used memory > 'maxmemory'."), True),
+    (ConnectionRefusedError(), True),
+    (KeyError("bug"), False),
+])
+def test_only_a_store_that_cannot_serve_answers_503(error: Exception,
+                                                    unavailable: bool) -> None:
+    assert store_unavailable(error) is unavailable

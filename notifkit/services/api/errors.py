@@ -6,7 +6,8 @@ Every failure leaves the API as::
 
 Handlers raise :class:`ApiError` (or one of the helpers below). The middleware also turns
 aiohttp's own HTTP exceptions (unknown route, wrong method, body over the limit) into the same
-shape, maps an unreachable Redis or PostgreSQL to 503, and, as a last resort only, logs any
+shape, maps a Redis or PostgreSQL that cannot serve (unreachable, out of memory, read-only,
+out of connections) to 503, and, as a last resort only, logs any
 other exception and answers 500. Validation is what keeps 500s away; the last resort is there so
 that a bug still answers in the documented shape.
 """
@@ -20,8 +21,7 @@ from typing import Any, TypedDict
 
 import asyncpg
 from aiohttp import web
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import RedisError
 
 from notifkit import codec
 from notifkit.services.api.state import SETTINGS
@@ -122,21 +122,42 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(ApiError(exc.status, code, message, headers=headers))
     except asyncio.CancelledError:
         raise
-    except (RedisConnectionError, RedisTimeoutError, OSError, asyncpg.InterfaceError,
-            asyncpg.CannotConnectNowError, TimeoutError) as exc:
-        log.warning("A request failed because a backing store is unreachable (%s); the client "
-                    "is told to retry.", exc, extra={"path": request.path})
+    except Exception as exc:
+        if not store_unavailable(exc):
+            log.exception("An unexpected error escaped a handler; answering 500. This is a bug: "
+                          "the request should have been rejected by validation.",
+                          extra={"path": request.path, "method": request.method})
+            return error_response(ApiError(500, "internal_error",
+                                           "The server failed to handle the request."))
+        log.warning("A request failed because a backing store is unreachable or refused the "
+                    "command (%s: %s); the client is told to retry.", type(exc).__name__, exc,
+                    extra={"path": request.path})
         return error_response(ApiError(
             503, "service_unavailable",
-            "A backing store is unreachable; retry the request shortly.",
+            "Redis or PostgreSQL cannot serve the request right now; retry it shortly.",
             headers={"Retry-After": "1"},
         ))
-    except Exception:
-        log.exception("An unexpected error escaped a handler; answering 500. This is a bug: "
-                      "the request should have been rejected by validation.",
-                      extra={"path": request.path, "method": request.method})
-        return error_response(ApiError(500, "internal_error",
-                                       "The server failed to handle the request."))
+
+
+# PostgreSQL error classes that describe the server's state, not the statement: connection
+# exceptions (08), insufficient resources (53: too many connections, disk full), operator
+# intervention (57: shutdown, cannot connect now).
+_UNAVAILABLE_SQLSTATE_CLASSES = ("08", "53", "57")
+
+
+def store_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` means Redis or PostgreSQL cannot serve right now (answer 503, retry),
+    as opposed to a bug in the request's handling (500).
+
+    Every Redis error counts: the API's own commands are well formed, so a refusal is the
+    server's state (out of memory, a read-only replica after a failover, a key of the wrong
+    type left by an operator), and the request itself may well succeed once that is fixed.
+    """
+    if isinstance(exc, RedisError | OSError | TimeoutError | asyncpg.InterfaceError):
+        return True
+    if isinstance(exc, asyncpg.PostgresError):
+        return str(getattr(exc, "sqlstate", "") or "")[:2] in _UNAVAILABLE_SQLSTATE_CLASSES
+    return False
 
 
 def _snake(reason: str) -> str:
