@@ -42,8 +42,8 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, default=False)
 def typecheck(session: nox.Session) -> None:
-    """mypy, strict on notifkit/."""
-    install(session, "lint")
+    """mypy, strict on the code, the scenarios, the benchmarks and the tests."""
+    install(session, "dev", "bench", extras="fast,dev,fcm")
     session.run("mypy", *session.posargs)
 
 

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 from redis.asyncio import Redis
@@ -59,10 +59,14 @@ async def redis_ceiling(redis_url: str, namespace: str, duration_s: float) -> di
     async def consume() -> None:
         nonlocal consumed
         while time.monotonic() < deadline:
-            reply = await consumer.xreadgroup(group, "c", {stream: ">"}, count=BATCH, block=100)
-            ids = [entry_id for _s, entries in reply or [] for entry_id, _f in entries]
+            # RESP2 (this client's protocol): [[stream, [(id, fields), ...]], ...].
+            reply = cast(list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]],
+                         await consumer.xreadgroup(group, "c", {stream: ">"}, count=BATCH,
+                                                   block=100) or [])
+            entries = [entry for _stream, stream_entries in reply for entry in stream_entries]
+            ids = [entry_id for entry_id, _fields in entries]
             if ids:
-                for _entry_id, fields in [e for _s, es in reply for e in es]:
+                for _entry_id, fields in entries:
                     codec.loads(fields[b"data"])
                 await consumer.xack(stream, group, *ids)
                 consumed += len(ids)

@@ -44,7 +44,7 @@ def configure(broker: str, queue: str) -> None:
     app.conf.task_default_queue = queue
 
 
-_state: dict[str, Any] = {}
+_state: dict[str | tuple[str, ...], Any] = {}
 _jinja = SandboxedEnvironment(autoescape=False)
 
 

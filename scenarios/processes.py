@@ -110,7 +110,7 @@ def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
-def child_env(base: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
+def child_env(base: Mapping[str, str] | None = None, /, **extra: str) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     env.update(extra)
     env.setdefault("PYTHONUNBUFFERED", "1")
