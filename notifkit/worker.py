@@ -3,13 +3,17 @@
     read (priority fill, bounded by free capacity)
       -> INCR attempt counters (one script call) -> over the limit? dead-letter
       -> process(batch)                         -> per-entry success or failure
-      -> success: XADD the entry's outputs + XACK + DEL counter, in one MULTI
+      -> success: XADD the entry's outputs, then XACK + DEL counter, in one script call
       -> failure: release its dedup marks, ack nothing; last attempt? dead-letter
     reclaim sweep: XAUTOCLAIM idle entries every ``reclaim_interval_s`` and run them again
 
-Outputs are written in the same MULTI/EXEC as the ack, so a crash can never leave a stage
-having emitted its output without acking its input (or the reverse). Side effects outside
-Redis (provider calls, PostgreSQL rows) are the processor's to make idempotent.
+Outputs are written by the same script call as the ack, so a crash can never leave a stage
+having acked its input without its outputs (nor the reverse). A script, unlike MULTI/EXEC,
+stops at the first command Redis refuses: were an output stream's key of the wrong type, a
+MULTI would still run the XACK after the failed XADD and lose the entry, where the script
+leaves it pending, to be retried and, past its attempts, dead-lettered. Outputs written before
+the refusal are written again by the retry; every stage's dedup absorbs such copies. Side
+effects outside Redis (provider calls, PostgreSQL rows) are the processor's to make idempotent.
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ from notifkit import codec, metrics
 from notifkit.config import Settings
 from notifkit.errors import MalformedPayload, PermanentFailure
 from notifkit.keys import Keys
-from notifkit.redis_pipe import Pipe, pipe
-from notifkit.streams import as_str, decode, ensure_group, queue_xadd
+from notifkit.redis_pipe import pipe
+from notifkit.streams import DATA_FIELD, as_str, decode, encode, ensure_group
 
 log = logging.getLogger("notifkit.worker")
 
@@ -66,10 +70,40 @@ end
 return counts
 """
 
-# Acked entries' counters go (KEYS: counters; ARGV: each entry's stream).
-_FORGET_ATTEMPTS = """
-for i, key in ipairs(KEYS) do redis.call('HDEL', key, ARGV[i]) end
-return #KEYS
+# Settle a batch: XADD its outputs, then XACK its entries and delete their attempt counters.
+# KEYS: output streams, then streams to ack on, then attempt counters. ARGV: how many outputs,
+# how many ack streams, MAXLEN ('' = none), group, then each output's data field value, then
+# per ack stream its number of ids and the ids, then each counter's field (the entry's stream).
+# Outputs come first so that a refused XADD aborts the script before anything is acked. The
+# field name is streams.DATA_FIELD.
+_SETTLE = """
+local outputs, acks = tonumber(ARGV[1]), tonumber(ARGV[2])
+local maxlen, group = ARGV[3], ARGV[4]
+local a = 5
+for i = 1, outputs do
+  if maxlen == '' then
+    redis.call('XADD', KEYS[i], '*', 'data', ARGV[a])
+  else
+    redis.call('XADD', KEYS[i], 'MAXLEN', '~', maxlen, '*', 'data', ARGV[a])
+  end
+  a = a + 1
+end
+for j = 1, acks do
+  local n = tonumber(ARGV[a])
+  a = a + 1
+  local first = a
+  while first < a + n do
+    local last = math.min(first + 999, a + n - 1)
+    redis.call('XACK', KEYS[outputs + j], group, unpack(ARGV, first, last))
+    first = last + 1
+  end
+  a = a + n
+end
+for k = outputs + acks + 1, #KEYS do
+  redis.call('HDEL', KEYS[k], ARGV[a])
+  a = a + 1
+end
+return outputs
 """
 
 
@@ -511,13 +545,7 @@ class StreamWorker:
             self._capacity.set()
 
     async def _commit(self, done: list[Entry]) -> None:
-        maxlen = self.settings.queue_max_len
-        commit = pipe(self.redis, transaction=True)
-        for entry in done:
-            for stream, payload in entry.emits:
-                queue_xadd(commit, stream, payload, maxlen)
-        self._queue_acks(commit, done)
-        await commit.execute()
+        await self._settle([out for entry in done for out in entry.emits], done)
         self.stats.processed += len(done)
         per_stream: dict[str, int] = {}
         for entry in done:
@@ -548,9 +576,8 @@ class StreamWorker:
 
     async def _dead_letter(self, entries: list[Entry]) -> None:
         """DLQ entry + ``notification:failed`` + XACK + DEL counter, atomically per batch."""
-        maxlen = self.settings.queue_max_len
         now = utc_now_iso()
-        dead = pipe(self.redis, transaction=True)
+        outputs: list[tuple[str, dict[str, Any]]] = []
         for entry in entries:
             payload = entry.payload
             record = {
@@ -565,12 +592,11 @@ class StreamWorker:
                 "projectId": payload.get("projectId"),
                 "replayOf": entry.owner,
             }
-            queue_xadd(dead, self.keys.dlq, record, maxlen)
+            outputs.append((self.keys.dlq, record))
             if (entry.stream != self.keys.events_inbound
                     and not self.settings.injects("skip_failed_event")):  # test-only fault
-                queue_xadd(dead, self.keys.events_inbound, failed_event(entry, record), maxlen)
-        self._queue_acks(dead, entries)
-        await dead.execute()
+                outputs.append((self.keys.events_inbound, failed_event(entry, record)))
+        await self._settle(outputs, entries)
         for entry in entries:
             self.stats.dead_lettered += 1
             metrics.DEAD_LETTERED.labels(self.service, entry.stream).inc()
@@ -578,16 +604,24 @@ class StreamWorker:
                       "POST /v1/dlq/{id}/replay once the cause is fixed.", entry.attempt,
                       extra=_ids(self.service, entry))
 
-    def _queue_acks(self, pipe: Pipe, entries: Sequence[Entry]) -> None:
-        """XACK the entries (one command per stream) and delete their attempt counters."""
+    async def _settle(self, outputs: Sequence[tuple[str, Mapping[str, Any]]],
+                      entries: Sequence[Entry]) -> None:
+        """Write ``outputs``, then ack ``entries`` and delete their attempt counters: one
+        script call, which stops before acking anything if Redis refuses an output."""
         by_stream: dict[str, list[str]] = {}
         for entry in entries:
             by_stream.setdefault(entry.stream, []).append(entry.id)
-        for stream, ids in by_stream.items():
-            pipe.xack(stream, self.group, *ids)
-        pipe.eval(_FORGET_ATTEMPTS, len(entries),
-                  *[self.keys.attempts(self.group, e.id) for e in entries],
-                  *[e.stream for e in entries])
+        maxlen = self.settings.queue_max_len
+        keys = [stream for stream, _payload in outputs]
+        keys += by_stream
+        keys += [self.keys.attempts(self.group, e.id) for e in entries]
+        args: list[Any] = [len(outputs), len(by_stream), maxlen if maxlen else "", self.group]
+        args += [encode(payload)[DATA_FIELD] for _stream, payload in outputs]
+        for ids in by_stream.values():
+            args.append(len(ids))
+            args += ids
+        args += [e.stream for e in entries]
+        await pipe(self.redis).eval(_SETTLE, len(keys), *keys, *args).execute()
 
     # -- heartbeat -----------------------------------------------------------------
     async def _heartbeat_loop(self) -> None:
