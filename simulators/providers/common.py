@@ -16,11 +16,21 @@ _EMAIL = re.compile(r"^[^@\s<>(),;:\"\[\]]+@[^@\s<>(),;:\"\[\]]+\.[^@\s<>(),;:\"
 _E164 = re.compile(r"^\+[1-9]\d{1,14}$")
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def strict_json(body: bytes) -> Any:
+    """``body`` parsed as JSON as the providers' servers read it: NaN and Infinity, which
+    Python's parser accepts and no JSON client writes, are errors (ValueError)."""
+    return json.loads(body.decode("utf-8"), parse_constant=_no_constant)
+
+
 def load_json(body: bytes, *, status: int | None = None) -> Any:
     """The parsed body, or a Rejection the provider renders as its own 'bad JSON' error."""
     try:
-        return json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return strict_json(body)
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError included
         raise Rejection(
             ErrorCase.BAD_REQUEST, "The request body is not valid JSON.", status=status
         ) from None

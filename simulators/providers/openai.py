@@ -31,7 +31,7 @@ from simulators.pipeline import (
     bearer_token,
     header_task_id,
 )
-from simulators.providers.common import stored_text, task_id_text
+from simulators.providers.common import stored_text, strict_json, task_id_text
 from simulators.records import MessageRecord
 from simulators.replies import Reply, json_reply
 from simulators.state import SimState
@@ -151,8 +151,8 @@ class OpenAI(HttpProvider):
 
     async def parse(self, request: web.Request, body: bytes, state: SimState) -> Submission:
         try:
-            payload = json.loads(body.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            payload = strict_json(body)
+        except (ValueError, RecursionError):
             raise Rejection(
                 ErrorCase.BAD_REQUEST,
                 "We could not parse the JSON body of your request. (HINT: This likely means you "
