@@ -42,7 +42,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, default=False)
 def typecheck(session: nox.Session) -> None:
-    """mypy, strict on the code, the scenarios, the benchmarks and the tests."""
+    """mypy, strict on everything: the code, simulators, scenarios, benchmarks and tests."""
     install(session, "dev", "bench", extras="fast,dev,fcm")
     session.run("mypy", *session.posargs)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from multidict import CIMultiDictProxy
 
@@ -21,6 +22,8 @@ from notifkit.services.api.app import create_app
 from notifkit.services.api.state import HUB
 
 ADMIN = "test-admin-key-0123456789"
+
+ApiClient = TestClient[web.Request, web.Application]
 
 
 @dataclass
@@ -49,7 +52,7 @@ class Project:
 
 
 class Api:
-    def __init__(self, client: TestClient, settings: Settings) -> None:
+    def __init__(self, client: ApiClient, settings: Settings) -> None:
         self.client = client
         self.settings = settings
 
@@ -98,7 +101,7 @@ def api_settings(settings: Settings) -> Settings:
                             public_url="http://127.0.0.1:8080")
 
 
-async def start_api(settings: Settings, **options: Any) -> tuple[TestServer, TestClient]:
+async def start_api(settings: Settings, **options: Any) -> tuple[TestServer, ApiClient]:
     app = create_app(settings, sse_heartbeat_s=options.pop("sse_heartbeat_s", 0.2), **options)
     server = TestServer(app)
     client = TestClient(server)

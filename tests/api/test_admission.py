@@ -17,6 +17,7 @@ from notifkit.messages import InboundMessage
 from notifkit.ratelimit import TokenBuckets
 from notifkit.services.api.admission import Admission
 from tests.api.conftest import Api, Project
+from tests.support.streams import xrange
 
 
 @pytest.fixture
@@ -108,7 +109,7 @@ async def test_a_row_that_cannot_be_written_fails_alone_and_is_never_enqueued(
     assert results[0] is None
     assert results[2] is None
     assert isinstance(results[1], asyncpg.ForeignKeyViolationError)
-    entries = await redis.xrange(keys.inbound("normal"))
+    entries = await xrange(redis, keys.inbound("normal"))
     assert len(entries) == 2
     stored = await db.fetch("SELECT id::text FROM notifications")
     assert {r["id"] for r in stored} == {messages[0]["eventId"], messages[2]["eventId"]}

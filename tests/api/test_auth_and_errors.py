@@ -206,7 +206,7 @@ async def test_the_key_cache_is_cleared_when_the_revocation_subscription_drops(
     name = f"api-{api_settings.namespace}"
     client = Redis.from_url(api_settings.redis_url, client_name=name)
     _server, http = await start_api(api_settings, redis=client)
-    hub = http.server.app[HUB]
+    hub = http.app[HUB]
     try:
         api = Api(http, api_settings)
         project = await api.project()

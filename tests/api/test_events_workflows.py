@@ -11,10 +11,11 @@ from redis.asyncio import Redis
 from notifkit.keys import Keys
 from notifkit.streams import decode
 from tests.api.conftest import Api, Project
+from tests.support.streams import xrange
 
 
 async def stream(redis: Redis, name: str) -> list[dict[str, Any]]:
-    return [decode(fields) for _id, fields in await redis.xrange(name)]
+    return [decode(fields) for _id, fields in await xrange(redis, name)]
 
 
 @pytest.fixture

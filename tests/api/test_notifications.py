@@ -14,6 +14,7 @@ from notifkit.keys import Keys
 from notifkit.messages import parse_inbound
 from notifkit.streams import decode
 from tests.api.conftest import Api, Project
+from tests.support.streams import xrange
 
 
 @pytest.fixture
@@ -25,7 +26,7 @@ async def template(api: Api, project: Project) -> str:
 
 
 async def inbound(redis: Redis, api: Api, priority: str = "normal") -> list[dict[str, Any]]:
-    entries = await redis.xrange(Keys(api.settings.namespace).inbound(priority))
+    entries = await xrange(redis, Keys(api.settings.namespace).inbound(priority))
     return [decode(fields) for _id, fields in entries]
 
 

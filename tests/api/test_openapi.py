@@ -28,6 +28,7 @@ from schemathesis.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from schemathesis.core.result import Ok
 
 from notifkit.config import Settings
 from notifkit.services.api.app import create_app, operations
@@ -149,6 +150,7 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(live: LiveAp
     failures: list[str] = []
     session = requests.Session()
     for result in schema.get_all_operations():
+        assert isinstance(result, Ok), result.err()
         operation = result.ok()
         operation_id = operation.definition.raw.get("operationId")
         if operation_id in SKIPPED:

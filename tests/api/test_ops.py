@@ -17,6 +17,7 @@ from notifkit.keys import Keys
 from notifkit.services.api.errors import store_unavailable
 from notifkit.streams import decode, ensure_group, xadd
 from tests.api.conftest import ADMIN, Api, Project, start_api
+from tests.support.streams import xrange
 
 
 async def test_health_lists_heartbeats(api: Api, redis: Redis) -> None:
@@ -148,7 +149,7 @@ async def test_dlq_is_scoped_replayable_and_deletable(api: Api, redis: Redis) ->
 
     replayed = await api.call("POST", f"/v1/dlq/{ids[0]}/replay", key=a.full)
     assert replayed.status == 202
-    entries = await redis.xrange(keys.enriched("normal"))
+    entries = await xrange(redis, keys.enriched("normal"))
     [(new_id, fields)] = entries
     assert replayed.body == {"id": new_id.decode(), "stream": keys.enriched("normal"),
                              "replayOf": f"{keys.enriched('normal')}/1-0"}

@@ -19,6 +19,7 @@ from notifkit.streams import decode
 from notifkit.unsubscribe import make_token
 from simulators.signing import svix_headers, twilio_sign
 from tests.api.conftest import Api, Project, start_api
+from tests.support.streams import xrange
 
 RESEND_SECRET = "whsec_" + base64.b64encode(b"resend-webhook-key-0123456789").decode()
 SHARED_SECRET = "sim-shared-webhook-secret"
@@ -38,7 +39,7 @@ async def hooks(api_settings: Settings) -> AsyncIterator[Api]:
 
 
 async def receipts(redis: Redis, api: Api) -> list[dict[str, Any]]:
-    entries = await redis.xrange(Keys(api.settings.namespace).events_inbound)
+    entries = await xrange(redis, Keys(api.settings.namespace).events_inbound)
     return [decode(fields) for _id, fields in entries]
 
 

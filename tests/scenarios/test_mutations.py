@@ -80,7 +80,8 @@ def run_scenario(name: str, params: dict[str, Any], run_dir: Path,
                  env: dict[str, str]) -> ScenarioResult:
     module = catalog.load(name)
     options = RunOptions(name=name, seed=1, run_dir=run_dir, env=env)
-    return asyncio.run(module.run(options, {**module.PARAMS, **params}))
+    result: ScenarioResult = asyncio.run(module.run(options, {**module.PARAMS, **params}))
+    return result
 
 
 @pytest.mark.usefixtures("system_urls")

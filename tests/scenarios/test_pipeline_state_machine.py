@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from notifkit.streams import decode
 from scenarios.harness import ADMIN_KEY, RunOptions, Sent, System, basic_template
+from tests.support.streams import xrange
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -185,7 +187,7 @@ class PipelineMachine(RuleBasedStateMachine):
                 if r["status"] in ("skipped", "suppressed", "throttled"):
                     skipped.add(r["event_id"])
         dead: set[str] = set()
-        for _id, fields in await system.redis.xrange(system.keys.dlq):
+        for _id, fields in await xrange(system.redis, system.keys.dlq):
             with contextlib.suppress(Exception):
                 event_id = (decode(fields).get("payload") or {}).get("eventId")
                 if event_id:
@@ -214,8 +216,8 @@ class PipelineMachine(RuleBasedStateMachine):
         stats = await system.sim.stats()
         excused: Counter[str] = Counter()
         for provider in NO_IDEMPOTENCY_KEYS:
-            excused[provider] = int(((stats.get(provider) or {}).get("faults") or {})
-                                    .get("lost_response", 0))
+            provider_stats: Mapping[str, Any] = stats.get(provider) or {}
+            excused[provider] = int((provider_stats.get("faults") or {}).get("lost_response", 0))
         for task_id, (provider, extra) in (await system.duplicates()).items():
             assert provider in NO_IDEMPOTENCY_KEYS, (
                 f"{provider} accepted task {task_id} {extra + 1} times despite its "

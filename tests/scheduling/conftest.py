@@ -15,6 +15,7 @@ from notifkit.keys import Keys
 from notifkit.services.events import EventsService
 from notifkit.services.scheduler import SchedulerService
 from notifkit.streams import decode, xadd
+from tests.support.streams import xrange
 
 from .helpers import FakeClock, Schedule, SchedulerFactory, Sent, scheduled_task
 
@@ -72,7 +73,7 @@ def outbound(redis: Redis, keys: Keys) -> Sent:
     async def _outbound(*priorities: str) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for priority in priorities or ("critical", "normal", "low"):
-            out.extend(decode(f) for _id, f in await redis.xrange(keys.outbound(priority)))
+            out.extend(decode(f) for _id, f in await xrange(redis, keys.outbound(priority)))
         return out
 
     return _outbound

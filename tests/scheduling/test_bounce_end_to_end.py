@@ -5,7 +5,7 @@ the next send to it is skipped with the reason on its timeline."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import asyncpg
@@ -64,7 +64,7 @@ async def test_a_simulated_hard_bounce_suppresses_the_address_for_the_next_send(
                     assert reply.status == 200, await reply.text()
                     [email] = [r for r in (await reply.json())["recipients"]
                                if r["channel"] == "email"]
-                    return email
+                    return cast(dict[str, Any], email)
 
             # Given a first send that the provider accepted and then bounced, hard
             first = await notify()

@@ -15,6 +15,7 @@ from notifkit.db.scheduled import ScheduledRow
 from notifkit.keys import Keys
 from notifkit.services.scheduler import SchedulerService
 from notifkit.streams import decode
+from tests.support.streams import xrange
 
 from .helpers import T0_MS
 
@@ -65,7 +66,7 @@ async def test_concurrent_movers_move_every_task_once_and_never_early(
         assert Counter(task for task, _due, _now in moves) == dict.fromkeys(tasks, 1)
         assert all(due <= now for _task, due, now in moves)
         assert all(tasks[task] == due for task, due, _now in moves)
-        entries = [decode(f) for _id, f in await redis.xrange(keys.outbound("normal"))]
+        entries = [decode(f) for _id, f in await xrange(redis, keys.outbound("normal"))]
         assert Counter(e["taskId"] for e in entries) == dict.fromkeys(tasks, 1)
         for shard in "0123456789abcdef":
             assert await redis.exists(keys.scheduled_shard(shard),

@@ -16,6 +16,7 @@ from notifkit.ids import uuid7
 from notifkit.keys import Keys
 from notifkit.services.events import EventsService, is_hard_bounce
 from notifkit.streams import decode, xadd
+from tests.support.streams import xrange
 
 EventsFactory = Callable[..., EventsService]
 AT = "2026-05-28T20:26:40.000Z"
@@ -258,7 +259,7 @@ async def test_custom_events_go_to_the_workflow_service(
                             "userId": "user-1", "data": {"orderId": 7}, "eventId": event_id,
                             "at": AT})
     await make_events().run_until_idle()
-    [(_id, fields)] = await redis.xrange(keys.workflow_inbound)
+    [(_id, fields)] = await xrange(redis, keys.workflow_inbound)
     assert decode(fields) == {"type": "event", "projectId": project_id, "name": "order.paid",
                               "userId": "user-1", "data": {"orderId": 7}, "at": AT,
                               "eventId": event_id}

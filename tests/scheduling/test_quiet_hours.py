@@ -13,8 +13,9 @@ from notifkit.quiet_hours import QuietHours, deferral, is_quiet, wall_instants, 
 NIGHT = {"start": "22:00", "end": "07:00"}
 
 
-def utc(*parts: int) -> datetime:
-    return datetime(*parts, tzinfo=UTC)
+def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0,
+        second: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
 
 
 # -- Europe/Berlin, spring forward on 2026-03-29 (02:00 CET -> 03:00 CEST) -----------------------

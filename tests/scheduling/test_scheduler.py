@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from typing import Any, cast
 
 import asyncpg
 import pytest
@@ -48,7 +49,8 @@ async def test_tasks_wait_for_their_due_time_and_leave_exactly_once(
     sent = await outbound()
     assert sorted(p["taskId"] for p in sent) == sorted(t["taskId"] for t in tasks[:3])
     for task in tasks[:3]:
-        [payload] = await outbound(task["payload"]["priority"]) or [None]
+        found: list[dict[str, Any] | None] = [*await outbound(task["payload"]["priority"])]
+        [payload] = found or [None]
         assert payload == task["payload"]
     # And their rows are gone; the others wait on
     assert set(await pending_rows(db)) == {t["taskId"] for t in tasks[3:]}
@@ -160,7 +162,7 @@ async def test_only_the_lock_holder_polls(
     # Given scheduler a polling first: it holds the lock
     await a.run_until_idle()
     assert a.holds_lock
-    assert (await redis.get(keys.scheduler_lock)).decode() == a.token
+    assert cast(bytes, await redis.get(keys.scheduler_lock)).decode() == a.token
     clock.now_ms = T0_MS + 100
     # When b polls, it moves nothing, however many tasks are due
     assert await b.run_until_idle() == 0

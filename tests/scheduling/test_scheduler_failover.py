@@ -11,6 +11,7 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import cast
 
 import asyncpg
 import pytest
@@ -19,6 +20,7 @@ from redis.asyncio import Redis
 from notifkit.config import Settings
 from notifkit.keys import SCHEDULER_SHARDS, Keys
 from notifkit.streams import decode, xadd
+from tests.support.streams import xrange
 
 from .helpers import scheduled_task
 
@@ -86,10 +88,10 @@ async def test_the_other_scheduler_takes_over_a_killed_poller_and_nothing_is_los
         pids = {p.pid for p in procs}
 
         async def locked() -> bool:
-            return holder_pid(await redis.get(keys.scheduler_lock)) in pids
+            return holder_pid(cast(bytes | None, await redis.get(keys.scheduler_lock))) in pids
 
         await wait_for(locked, STARTUP_TIMEOUT_S, "a scheduler to take the poll lock")
-        first = holder_pid(await redis.get(keys.scheduler_lock))
+        first = holder_pid(cast(bytes | None, await redis.get(keys.scheduler_lock)))
         poller = next(p for p in procs if p.pid == first)
         survivor = next(p for p in procs if p.pid != first)
 
@@ -121,7 +123,8 @@ async def test_the_other_scheduler_takes_over_a_killed_poller_and_nothing_is_los
 
         # Then the other process takes the lock within the lock's TTL
         async def taken_over() -> bool:
-            return holder_pid(await redis.get(keys.scheduler_lock)) == survivor.pid
+            holder = holder_pid(cast(bytes | None, await redis.get(keys.scheduler_lock)))
+            return holder == survivor.pid
 
         await wait_for(taken_over, LOCK_TTL_S + STARTUP_TIMEOUT_S, "the survivor to take over")
         takeover_s = time.monotonic() - killed_at
@@ -134,7 +137,7 @@ async def test_the_other_scheduler_takes_over_a_killed_poller_and_nothing_is_los
             return bool(await redis.xlen(keys.outbound("normal")) >= len(tasks))
 
         await wait_for(all_sent, max(last_due_s, 0) + LOCK_TTL_S + 15, "every task to leave")
-        entries = await redis.xrange(keys.outbound("normal"))
+        entries = await xrange(redis, keys.outbound("normal"))
         sent = Counter(decode(fields)["taskId"] for _id, fields in entries)
         assert sent == {t["taskId"]: 1 for t in tasks}
         due = {t["taskId"]: t["dueAt"] for t in tasks}

@@ -13,6 +13,7 @@ from notifkit.config import Settings
 from notifkit.keys import Keys
 from notifkit.server import NotifkitServer
 from notifkit.streams import decode, xadd
+from tests.support.streams import xrange
 
 from .helpers import scheduled_task
 
@@ -21,7 +22,7 @@ async def wait_for_entry(redis: Redis, stream: str, timeout_s: float = 20.0) -> 
     """The first entry of ``stream``, once the running services have written it."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        reply = await redis.xrange(stream, count=1)
+        reply = await xrange(redis, stream, count=1)
         if reply:
             return decode(reply[0][1])
         await asyncio.sleep(0.02)

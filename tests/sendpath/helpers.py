@@ -14,6 +14,7 @@ from notifkit.keys import Keys
 from notifkit.services.base import Service
 from notifkit.streams import decode, xadd
 from notifkit.worker import utc_now_iso
+from tests.support.streams import xrange
 
 
 async def add_project(db: asyncpg.Pool, settings: Mapping[str, Any] | None = None) -> str:
@@ -133,7 +134,7 @@ async def drain(*services: Service, max_rounds: int = 100) -> int:
 
 
 async def entries(redis: Redis, stream: str) -> list[dict[str, Any]]:
-    return [decode(fields) for _id, fields in await redis.xrange(stream)]
+    return [decode(fields) for _id, fields in await xrange(redis, stream)]
 
 
 async def timeline(db: asyncpg.Pool, event_id: str) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ def situations(draw: st.DrawFn) -> tuple[dict[str, Any], Template, set[tuple[str
         content={c: {"text": "x"} for c in draw(st.lists(channel, unique=True))},
         fallback=draw(st.lists(channel, unique=True, max_size=4)), ai=None,
     )
-    message = {
+    message: dict[str, Any] = {
         "eventId": "e", "projectId": "p", "template": "t", "priority": "normal", "data": {},
         "channels": draw(st.one_of(st.none(), st.lists(channel, min_size=1, max_size=5))),
         "user": {"id": "u", "attributes": {}, "timezone": None, "locale": None},

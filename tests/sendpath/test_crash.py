@@ -109,7 +109,9 @@ async def test_a_delivery_process_killed_mid_batch_loses_nothing_and_resends_not
     messages = await sim.messages("twilio")
     accepted: dict[str, int] = {}
     for m in messages:
-        accepted[m["taskId"]] = max(accepted.get(m["taskId"], 0), m["acceptCount"])
+        task_id = m["taskId"]
+        assert task_id is not None
+        accepted[task_id] = max(accepted.get(task_id, 0), m["acceptCount"])
     assert len(accepted) == USERS
     assert (await redis.xpending(keys.outbound("normal"), group))["pending"] == 0
     sent_rows = [r for r in await timeline(db, event_id) if r["kind"] == "sent"]

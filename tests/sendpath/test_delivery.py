@@ -23,6 +23,7 @@ from notifkit.services.events import EventsService
 from notifkit.services.scheduler import SchedulerService
 from notifkit.transports.webhook import SIGNATURE_HEADER, verify
 from simulators import SimulatorServer
+from tests.support.streams import xrange
 
 from .conftest import ServiceFactory, simulated
 from .helpers import add_project, add_template, add_user, drain, entries, send, timeline
@@ -344,7 +345,7 @@ async def test_a_429_parks_the_task_until_retry_after_then_it_is_sent_once(
     assert parked["stream"] == keys.outbound("normal")
     assert parked["payload"]["parkCount"] == 1
     assert parked["payload"]["priorAttempts"] == 1
-    created_ms = int((await redis.xrange(keys.scheduled))[0][0].decode().split("-")[0])
+    created_ms = int((await xrange(redis, keys.scheduled))[0][0].decode().split("-")[0])
     assert 29_000 <= parked["dueAt"] - created_ms <= 31_000
     assert await sim.messages("twilio") == []
 
@@ -487,7 +488,7 @@ async def test_webhooks_are_signed_and_in_app_messages_are_stored_and_announced(
             announced = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
         assert json.loads(announced["data"])["taskId"] == row["task_id"]
     finally:
-        await pubsub.aclose()
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
         await runner.cleanup()
 
 
@@ -524,7 +525,7 @@ async def test_a_projects_rate_limit_holds_sends_back_without_using_attempts(
     assert parked["reason"] == "rateLimited"
     assert parked["payload"].get("parkCount", 0) == 0
     assert parked["payload"]["priorAttempts"] == 0
-    created_ms = int((await redis.xrange(keys.scheduled))[0][0].decode().split("-")[0])
+    created_ms = int((await xrange(redis, keys.scheduled))[0][0].decode().split("-")[0])
     assert 5_000 <= parked["dueAt"] - created_ms <= 10_500
     bucket = keys.provider_bucket("twilio", project)
     assert await redis.exists(bucket)

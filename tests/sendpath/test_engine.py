@@ -16,6 +16,7 @@ from notifkit.services.engine import EngineService
 from notifkit.services.enricher import EnricherService
 from notifkit.streams import decode, encode
 from notifkit.unsubscribe import verify_token
+from tests.support.streams import xrange
 
 from .conftest import ServiceFactory
 from .helpers import add_template, add_user, drain, entries, send, timeline
@@ -216,8 +217,9 @@ async def test_the_same_recipient_twice_is_routed_once(
     enricher, engine = await pipeline(services)
     await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
     await drain(enricher)
-    [raw] = await redis.xrange(keys.enriched("normal"))
-    await redis.xadd(keys.enriched("normal"), raw[1])  # an upstream duplicate
+    [raw] = await xrange(redis, keys.enriched("normal"))
+    # an upstream duplicate
+    await redis.xadd(keys.enriched("normal"), raw[1])  # type: ignore[arg-type]
 
     await drain(engine)
 
@@ -258,13 +260,13 @@ async def test_a_poison_entry_fails_alone_and_its_batch_neighbours_are_routed(
     enricher, engine = await pipeline(services)
     await send(redis, keys, db, project, "t", ["u1", "u2"], data={"amount": "1"})
     await drain(enricher)
-    raw = await redis.xrange(keys.enriched("normal"))
+    raw = await xrange(redis, keys.enriched("normal"))
     poison = {**decode(raw[0][1]), "eventId": str(uuid7()),
               "preferences": {"quietHours": "never"}}
     await redis.delete(keys.enriched("normal"))
-    await redis.xadd(keys.enriched("normal"), raw[0][1])
+    await redis.xadd(keys.enriched("normal"), raw[0][1])  # type: ignore[arg-type]
     await redis.xadd(keys.enriched("normal"), encode(poison))
-    await redis.xadd(keys.enriched("normal"), raw[1][1])
+    await redis.xadd(keys.enriched("normal"), raw[1][1])  # type: ignore[arg-type]
 
     # When the engine runs until idle (retrying the poison to its limit)
     await engine.run_until_idle()

@@ -9,6 +9,7 @@ from notifkit.ids import uuid7
 from notifkit.keys import Keys
 from notifkit.services.enricher import EnricherService
 from notifkit.streams import encode
+from tests.support.streams import xrange
 
 from .conftest import ServiceFactory
 from .helpers import add_user, entries, send, timeline
@@ -72,8 +73,8 @@ async def test_the_same_event_twice_is_enriched_once(
     await add_user(db, project, "u1")
     enricher = await services(EnricherService)
     await send(redis, keys, db, project, "t", "u1", idempotency_key="order-1")
-    [raw] = await redis.xrange(keys.inbound("normal"))
-    await redis.xadd(keys.inbound("normal"), raw[1])
+    [raw] = await xrange(redis, keys.inbound("normal"))
+    await redis.xadd(keys.inbound("normal"), raw[1])  # type: ignore[arg-type]
 
     await enricher.run_until_idle()
 

@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 
 from notifkit.config import Settings
 from notifkit.keys import Keys
+from tests.support.streams import xrevrange
 
 from .helpers import send
 
@@ -93,7 +94,7 @@ async def test_a_100k_segment_fans_out_with_flat_memory(
 
     # Then every member got exactly one enriched message, and the peak stayed near idle
     assert await redis.xlen(enriched) == MEMBERS
-    last = await redis.xrevrange(enriched, count=1)
+    last = await xrevrange(redis, enriched, count=1)
     assert b"user-100000" in last[0][1][b"data"]
     growth_mb = (peak_kb - idle_kb) / 1024
     print(f"enricher RSS idle {idle_kb / 1024:.0f} MB, peak {peak_kb / 1024:.0f} MB, "

@@ -9,11 +9,14 @@ from collections.abc import AsyncIterator, Callable
 import openai
 import pytest
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
 
 from simulators import SimulatorServer
 
 SHORT_TIMEOUT_S = 0.5
-PROMPT = [{"role": "user", "content": "Summarise today's notifications."}]
+PROMPT: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Summarise today's notifications."}
+]
 
 
 Factory = Callable[..., AsyncOpenAI]

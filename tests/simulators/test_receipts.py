@@ -177,7 +177,7 @@ async def test_no_receipts_when_delivery_probability_is_zero(
 
 
 async def test_receipt_outcomes_replay_with_the_seed(receiver: Any) -> None:
-    async def outcomes(seed: int) -> list[str]:
+    async def outcomes(seed: int) -> list[tuple[str, str]]:
         receiver.requests.clear()
         async with (
             SimulatorServer(seed=seed, smtp_port=None) as sim,
@@ -189,7 +189,7 @@ async def test_receipt_outcomes_replay_with_the_seed(receiver: Any) -> None:
             await sim.drain_receipts()
         return sorted(
             (verify_svix(r)["data"]["email_id"], verify_svix(r)["type"]) for r in receiver.requests
-        )  # type: ignore[return-value]
+        )
 
     first, second = await outcomes(5), await outcomes(5)
     assert first == second

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from python_http_client import exceptions
@@ -38,7 +38,7 @@ async def send(sg: SendGridAPIClient, mail: Mail | dict[str, Any]) -> Any:
 
 
 def errors(caught: pytest.ExceptionInfo[exceptions.HTTPError]) -> list[dict[str, Any]]:
-    return json.loads(caught.value.body)["errors"]
+    return cast(list[dict[str, Any]], json.loads(caught.value.body)["errors"])
 
 
 async def test_send_is_202_with_message_id(sim: SimulatorServer) -> None:

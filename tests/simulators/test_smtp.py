@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import smtplib
 from email.message import EmailMessage
+from typing import Any
 
 import aiosmtplib
 import pytest
@@ -27,7 +28,7 @@ def mail(to: str = "ada@example.com", task_id: str = "task-s") -> EmailMessage:
 
 
 async def send(
-    sim: SimulatorServer, message: EmailMessage, **options: object
+    sim: SimulatorServer, message: EmailMessage, **options: Any
 ) -> tuple[object, str]:
     return await aiosmtplib.send(  # type: ignore[no-any-return]
         message, hostname=sim.smtp_host, port=sim.smtp_port, timeout=5, **options

@@ -246,11 +246,11 @@ def start_embedded(service: Service) -> Started | None:
         server.start()
         return Started(f"redis://{server.host}:{server.port}/0", "embedded", server.stop)
     try:
-        import pgserver
+        from pgserver.postgres_server import get_server
     except ImportError:
         return None
     folder = tempfile.mkdtemp(prefix="notifkit-test-pg-")
-    pg = pgserver.get_server(folder, cleanup_mode="stop")
+    pg = get_server(folder, cleanup_mode="stop")
 
     def stop() -> None:
         pg.cleanup()

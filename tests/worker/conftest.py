@@ -15,6 +15,7 @@ from notifkit.config import Settings
 from notifkit.keys import Keys
 from notifkit.streams import decode, xadd
 from notifkit.worker import BatchProcessor, StreamWorker
+from tests.support.streams import xrange
 
 
 @pytest.fixture
@@ -109,6 +110,6 @@ def payloads(redis: Redis) -> Payloads:
     """Every payload on a stream, oldest first."""
 
     async def _payloads(stream: str) -> list[dict[str, Any]]:
-        return [decode(fields) for _id, fields in await redis.xrange(stream)]
+        return [decode(fields) for _id, fields in await xrange(redis, stream)]
 
     return _payloads

@@ -8,7 +8,7 @@ a different entry with the same key is a duplicate; a DLQ replay acts as the ori
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from redis.asyncio import Redis
@@ -80,7 +80,7 @@ async def test_a_failed_attempt_releases_its_mark_and_the_retry_claims_it(
     await worker.run_until_idle()
     assert sender.claims == [(entry_id, 1, True), (entry_id, 2, True)]
     assert sender.sent == [entry_id]
-    assert (await redis.get(mark)).decode() == f"{stream}/{entry_id}"
+    assert cast(bytes, await redis.get(mark)).decode() == f"{stream}/{entry_id}"
     assert 0 < await redis.ttl(mark) <= 3600
     assert await pending(stream, worker.group) == 0
 
@@ -99,7 +99,7 @@ async def test_a_crash_after_claiming_does_not_swallow_the_retry(
     await crashed.start()
     await asyncio.wait_for(sender.hanging.wait(), WAIT_S)
     await crashed.stop(grace_s=0)
-    assert (await redis.get(mark)).decode() == f"{stream}/{entry_id}"
+    assert cast(bytes, await redis.get(mark)).decode() == f"{stream}/{entry_id}"
     assert await pending(stream, crashed.group) == 1
 
     # When another worker reclaims the entry

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import pytest
 from redis.asyncio import Redis
+from redis.typing import EncodableT, FieldT
 
 from notifkit.keys import Keys
 from notifkit.worker import Entry
@@ -14,7 +15,7 @@ from notifkit.worker import Entry
 if TYPE_CHECKING:
     from .conftest import Add, Payloads, Pending, WorkerFactory
 
-GARBAGE: list[dict[str, str | bytes]] = [
+GARBAGE: list[dict[FieldT, EncodableT]] = [
     {"payload": '{"eventId": "e1"}'},  # no "data" field
     {"data": "{not json"},  # not JSON
     {"data": '[1, 2, 3]'},  # JSON, but not an object
@@ -48,7 +49,7 @@ async def test_garbage_is_acked_at_once_and_counted_and_never_processed(
     assert worker.stats.processed == 1
     assert await pending(stream, worker.group) == 0
     for garbage_id in garbage_ids:
-        key = keys.attempts(worker.group, garbage_id.decode())
+        key = keys.attempts(worker.group, cast(bytes, garbage_id).decode())
         assert await redis.exists(key) == 0
     # Garbage is not a failure: nothing is dead-lettered for it
     assert await payloads(keys.dlq) == []

@@ -9,7 +9,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import pytest
 from redis.asyncio import Redis
@@ -64,7 +64,7 @@ async def test_entries_held_by_a_killed_process_are_reclaimed_and_none_is_lost(
         group = keys.group("engine")
         for stream in keys.enriched_all():
             reply = await redis.xpending_range(stream, group, "-", "+", n)
-            assert {r["consumer"].decode() for r in reply} <= {dead_consumer}
+            assert {cast(bytes, r["consumer"]).decode() for r in reply} <= {dead_consumer}
 
         # When it is killed without any chance to clean up
         proc.send_signal(signal.SIGKILL)

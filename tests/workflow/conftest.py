@@ -19,6 +19,7 @@ from notifkit.keys import Keys
 from notifkit.services.workflow import WorkflowService
 from notifkit.streams import decode, xadd
 from simulators import SimulatorServer
+from tests.support.streams import xrange
 
 
 @dataclass
@@ -130,7 +131,7 @@ class Flow:
         """Every InboundMessage the workflow service wrote, oldest first."""
         out: list[tuple[tuple[int, ...], dict[str, Any]]] = []
         for stream in self.keys.inbound_all():
-            for entry_id, fields in await self.redis.xrange(stream):
+            for entry_id, fields in await xrange(self.redis, stream):
                 order = tuple(int(part) for part in entry_id.decode().split("-"))
                 out.append((order, decode(fields)))
         return [message for _order, message in sorted(out, key=lambda pair: pair[0])]

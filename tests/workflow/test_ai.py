@@ -5,7 +5,7 @@ rejections are dead-lettered after exactly one request, 5xx are retried up to th
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import asyncpg
@@ -18,6 +18,7 @@ from notifkit.keys import Keys
 from notifkit.services.ai import AiService, content_for, headline
 from notifkit.streams import decode, xadd
 from simulators import SimulatorServer
+from tests.support.streams import xrange
 
 PROMPT = "Write a friendly note telling {{ user.attributes.name }} that {{ data.amount }} is paid."
 
@@ -69,12 +70,13 @@ def ai_task(project_id: str, *, channel: str = "email", model: str = "gpt-4o-min
 
 
 async def stream(redis: Redis, name: str) -> list[dict[str, Any]]:
-    return [decode(fields) for _id, fields in await redis.xrange(name)]
+    return [decode(fields) for _id, fields in await xrange(redis, name)]
 
 
 async def requests_made(sim: SimulatorServer) -> int:
     stats = await sim.stats()
-    return int(stats.get("openai", {}).get("requests", 0))
+    openai_stats: Mapping[str, Any] = stats.get("openai", {})
+    return int(openai_stats.get("requests", 0))
 
 
 async def test_generated_text_becomes_the_outbound_tasks_content_and_tokens_are_recorded(

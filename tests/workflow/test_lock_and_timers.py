@@ -13,6 +13,7 @@ from notifkit.keys import Keys
 from notifkit.services.workflow.lock import InstanceLocks
 from notifkit.services.workflow.timers import Timers
 from notifkit.streams import decode
+from tests.support.streams import xrange
 
 if TYPE_CHECKING:
     from .conftest import FakeClock, Flow, ServiceFactory
@@ -75,7 +76,7 @@ async def test_due_timers_move_to_the_stream_once_even_with_two_pollers(
     await a.schedule("later", "0", 5000)
     moved = await asyncio.gather(*(t.move_due(2000, limit=7) for t in [a, b] * 20))
     assert sum(moved) == 200
-    wakes = [decode(f) for _id, f in await redis.xrange(keys.workflow_inbound)]
+    wakes = [decode(f) for _id, f in await xrange(redis, keys.workflow_inbound)]
     assert sorted(w["timer"] for w in wakes) == sorted(f"i-{i}:0" for i in range(200))
     assert all(w["type"] == "wake" for w in wakes)
     assert await redis.zrange(keys.workflow_timers, 0, -1) == [b"later:0"]

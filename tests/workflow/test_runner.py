@@ -3,7 +3,7 @@ sends, waits, waiting for events with a timeout, branches and digests."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from notifkit.keys import Keys
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from .conftest import FakeClock, Flow, ServiceFactory
 
-CLICK_OR_REMIND = [
+CLICK_OR_REMIND: list[dict[str, Any]] = [
     {"type": "send", "template": "welcome"},
     {"type": "waitForEvent", "event": "clicked", "timeoutSeconds": 3600},
     {"type": "branch", "if": "steps[1] is not none",
