@@ -72,20 +72,15 @@ return counts
 
 # Settle a batch: XADD its outputs, then XACK its entries and delete their attempt counters.
 # KEYS: output streams, then streams to ack on, then attempt counters. ARGV: how many outputs,
-# how many ack streams, MAXLEN ('' = none), group, then each output's data field value, then
-# per ack stream its number of ids and the ids, then each counter's field (the entry's stream).
-# Outputs come first so that a refused XADD aborts the script before anything is acked. The
-# field name is streams.DATA_FIELD.
+# how many ack streams, MAXLEN, group, the payload field's name, then each output's payload,
+# then per ack stream its number of ids and the ids, then each counter's field (the entry's
+# stream). Outputs come first so that a refused XADD aborts the script before anything is acked.
 _SETTLE = """
 local outputs, acks = tonumber(ARGV[1]), tonumber(ARGV[2])
-local maxlen, group = ARGV[3], ARGV[4]
-local a = 5
+local maxlen, group, field = ARGV[3], ARGV[4], ARGV[5]
+local a = 6
 for i = 1, outputs do
-  if maxlen == '' then
-    redis.call('XADD', KEYS[i], '*', 'data', ARGV[a])
-  else
-    redis.call('XADD', KEYS[i], 'MAXLEN', '~', maxlen, '*', 'data', ARGV[a])
-  end
+  redis.call('XADD', KEYS[i], 'MAXLEN', '~', maxlen, '*', field, ARGV[a])
   a = a + 1
 end
 for j = 1, acks do
@@ -611,11 +606,11 @@ class StreamWorker:
         by_stream: dict[str, list[str]] = {}
         for entry in entries:
             by_stream.setdefault(entry.stream, []).append(entry.id)
-        maxlen = self.settings.queue_max_len
         keys = [stream for stream, _payload in outputs]
         keys += by_stream
         keys += [self.keys.attempts(self.group, e.id) for e in entries]
-        args: list[Any] = [len(outputs), len(by_stream), maxlen if maxlen else "", self.group]
+        args: list[Any] = [len(outputs), len(by_stream), self.settings.queue_max_len,
+                           self.group, DATA_FIELD]
         args += [encode(payload)[DATA_FIELD] for _stream, payload in outputs]
         for ids in by_stream.values():
             args.append(len(ids))
