@@ -12,7 +12,8 @@ client closes them.
 
 Semantics are those of a redis-py pipeline: replies in order, raw (no response callbacks, so
 use it only for commands whose raw reply is what the caller wants), the first error reply
-raised after every reply was read, ``transaction=True`` wraps the commands in MULTI/EXEC.
+raised after every reply was read. There is no MULTI/EXEC mode: what must be atomic goes in
+one script call (see the worker's settle script), which, unlike MULTI, stops at a refusal.
 A connection that fails or is interrupted mid-call (a cancelled task) is closed, never
 reused with a reply still unread. A call that fails on a connection that sat idle (Redis
 restarted meanwhile) is sent once more on a new one, as redis-py's retry does.
@@ -29,7 +30,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError, ExecAbortError, ResponseError
+from redis.exceptions import DataError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 __all__ = ["Pipe", "pipe"]
@@ -149,11 +150,10 @@ def _lane(redis: Redis) -> _Lane:
 class Pipe:
     """Commands queued as argument tuples, sent in one write, replies read in order."""
 
-    __slots__ = ("_redis", "_transaction", "commands")
+    __slots__ = ("_redis", "commands")
 
-    def __init__(self, redis: Redis, *, transaction: bool = False) -> None:
+    def __init__(self, redis: Redis) -> None:
         self._redis = redis
-        self._transaction = transaction
         self.commands: list[Command] = []
 
     def __len__(self) -> int:
@@ -234,20 +234,8 @@ class Pipe:
         return replies
 
     async def _call(self, conn: AbstractConnection) -> list[Any]:
-        commands: Iterable[Command] = self.commands
-        if self._transaction:
-            commands = [("MULTI",), *self.commands, ("EXEC",)]
-        await conn.send_packed_command(pack(commands), check_health=False)
-        if not self._transaction:
-            return [await _read(conn) for _ in self.commands]
-        queued = [await _read(conn) for _ in range(len(self.commands) + 1)]
-        try:
-            result = await conn.read_response()
-        except ExecAbortError:
-            # A command was refused while queueing (wrong arity, unknown command): its
-            # error says why, EXECABORT only that nothing ran.
-            raise next(r for r in queued if isinstance(r, ResponseError)) from None
-        return list(result or [])
+        await conn.send_packed_command(pack(self.commands), check_health=False)
+        return [await _read(conn) for _ in self.commands]
 
 
 def pack(commands: Iterable[Command]) -> bytes:
@@ -292,5 +280,5 @@ class _StaleConnection(Exception):
         self.cause = cause
 
 
-def pipe(redis: Redis, *, transaction: bool = False) -> Pipe:
-    return Pipe(redis, transaction=transaction)
+def pipe(redis: Redis) -> Pipe:
+    return Pipe(redis)

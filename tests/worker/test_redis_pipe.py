@@ -46,28 +46,6 @@ async def test_an_error_reply_is_raised_after_every_reply_was_read(redis: Redis,
     assert replies[1] in (b"PONG", "PONG")
 
 
-async def test_a_transaction_runs_its_commands_together_or_reports_why_not(
-        redis: Redis, keys: Keys) -> None:
-    stream, wrong = keys.outbound("critical"), keys.processed("engine", "b-string")
-    await redis.set(wrong, "x")
-    assert len(await pipe(redis, transaction=True).xadd(stream, {b"data": b"1"})
-               .xadd(stream, {b"data": b"2"}).execute()) == 2
-    assert await redis.xlen(stream) == 2
-
-    # A command refused while queueing: nothing runs, and the error names the command.
-    with pytest.raises(ResponseError, match="wrong number of arguments"):
-        await pipe(redis, transaction=True).xadd(stream, {b"data": b"3"}).command(
-            "XADD", stream).execute()
-    assert await redis.xlen(stream) == 2
-
-    # A runtime error inside EXEC (Redis does not roll back): raised, the rest ran.
-    with pytest.raises(ResponseError, match="WRONGTYPE"):
-        await pipe(redis, transaction=True).xadd(wrong, {b"data": b"{}"}).xadd(
-            stream, {b"data": b"4"}).execute()
-    assert await redis.xlen(stream) == 3
-    assert await pipe(redis).command("PING").execute() in ([b"PONG"], ["PONG"])
-
-
 async def test_a_cancelled_call_closes_its_connection_instead_of_reusing_it(
         redis: Redis, keys: Keys) -> None:
     stream = keys.inbound("low")
