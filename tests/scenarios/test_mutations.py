@@ -56,7 +56,7 @@ PLATFORM_CASES: list[tuple[str, str, dict[str, Any], str]] = [
      r"the poll lock did not pass"),
     ("quiet_hours_throttle", "ignore_quiet_hours", {},
      r"in quiet hours\) was not deferred"),
-    ("workflow_wait_for_event", "ignore_workflow_events", {"users": 10, "timeout_s": 4},
+    ("workflow_wait_for_event", "ignore_workflow_events", {"users": 10, "timeout_s": 8},
      r"\(event sent\) got \['reminder', 'welcome'\]"),
     ("key_revocation", "unpublished_key_revocations", {"users": 2, "watch_s": 2.0},
      r"api-2 still accepted the revoked key"),
