@@ -7,7 +7,7 @@ them for every (project, user) pair of a read batch in one round trip.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import TypeAlias
 
 import asyncpg
@@ -101,15 +101,3 @@ async def segment_page(
         project_id, segment, after or "", limit,
     )
     return [row["user_id"] for row in rows]
-
-
-async def mark_processing(db: Executor, events: Sequence[tuple[str, str]]) -> None:
-    """notifications.status accepted -> processing for (project id, event id) pairs."""
-    if not events:
-        return
-    await db.execute(
-        "UPDATE notifications n SET status = 'processing', updated_at = now() "
-        "FROM unnest($1::uuid[], $2::uuid[]) AS e(project_id, id) "
-        "WHERE n.project_id = e.project_id AND n.id = e.id AND n.status = 'accepted'",
-        [p for p, _ in events], [e for _, e in events],
-    )

@@ -13,14 +13,13 @@ written together with the page's outputs or neither was.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from notifkit.config import Settings
 from notifkit.db.logs import Kind, LogRow, Status, insert_logs
-from notifkit.db.recipients import load_recipients, mark_processing, segment_page
+from notifkit.db.recipients import load_recipients, segment_page
 from notifkit.dedup import Dedup, enricher_key, enricher_page_key
 from notifkit.ids import derived_uuid7
 from notifkit.messages import InboundMessage, parse_inbound
@@ -75,17 +74,16 @@ class EnricherService(WorkerService):
             except Exception as exc:  # this entry alone fails; its batch neighbours go on
                 entry.fail(exc)
 
-        # The status update does not depend on the recipients: both go out at once.
-        recipients, _ = await asyncio.gather(
-            load_recipients(
-                self.pool, [(w.message["projectId"], uid) for w in work for uid in w.user_ids]),
-            mark_processing(
-                self.pool, list(dict.fromkeys((w.message["projectId"], w.message["eventId"])
-                                              for w in work))),
-        )
+        # No write to the notification row: GET /v1/notifications/{id} reads its progress
+        # from the timeline, which the engine starts moments later, and a status UPDATE
+        # here cost a statement and a WAL flush on every notification's way to the provider.
+        recipients = await load_recipients(
+            self.pool, [(w.message["projectId"], uid) for w in work for uid in w.user_ids])
         logs: list[LogRow] = []
         for w in work:
             m = w.message
+            if not w.user_ids and "segment" in m["to"] and "segmentAfter" not in m:
+                logs.append(_empty_segment(m))
             for user_id in w.user_ids:
                 recipient = recipients.get((m["projectId"], user_id))
                 if recipient is None:
@@ -152,6 +150,17 @@ def _unknown_user(m: InboundMessage, user_id: str) -> LogRow:
         project_id=m["projectId"], event_id=m["eventId"],
         task_id=derived_uuid7(m["eventId"], user_id, ""), user_id=user_id, channel="",
         kind=Kind.SKIPPED, status=Status.SKIPPED, detail="unknown user",
+        campaign_id=m.get("campaignId"),
+    )
+
+
+def _empty_segment(m: InboundMessage) -> LogRow:
+    """A row about the whole event (task id = event id, no channel), so a send to a segment
+    without members reads as skipped instead of accepted for ever."""
+    return LogRow(
+        project_id=m["projectId"], event_id=m["eventId"], task_id=m["eventId"], user_id=None,
+        channel="", kind=Kind.SKIPPED, status=Status.SKIPPED,
+        detail=f"segment {m['to']['segment']!r} has no members",
         campaign_id=m.get("campaignId"),
     )
 

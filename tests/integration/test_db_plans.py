@@ -12,8 +12,16 @@ import uuid
 
 import asyncpg
 
-from notifkit.db.recipients import mark_processing
 from notifkit.ids import uuid7
+
+# A batch UPDATE by primary key, as the workers issue them.
+_UPDATE = ("UPDATE notifications n SET status = 'processing', updated_at = now() "
+           "FROM unnest($1::uuid[], $2::uuid[]) AS e(project_id, id) "
+           "WHERE n.project_id = e.project_id AND n.id = e.id AND n.status = 'accepted'")
+
+
+async def _update(conn: asyncpg.Connection, project: uuid.UUID) -> None:
+    await conn.execute(_UPDATE, [project], [uuid7()])
 
 
 async def _plan_of_cached_statement(conn: asyncpg.Connection, prefix: str,
@@ -33,12 +41,12 @@ async def test_a_statement_prepared_on_an_empty_table_uses_the_index_once_it_has
         await conn.execute("INSERT INTO projects (id, name) VALUES ($1, 'plans')", project)
         # Past the executions after which PostgreSQL would settle on a generic plan.
         for _ in range(12):
-            await mark_processing(conn, [(str(project), uuid7())])
+            await _update(conn, project)
         await conn.execute(
             "INSERT INTO notifications (id, project_id, template_id, recipients_spec) "
             "SELECT gen_random_uuid(), $1, 'basic', '\"u\"' FROM generate_series(1, 20000)",
             project)
-        await mark_processing(conn, [(str(project), uuid7())])
+        await _update(conn, project)
 
         plan = await _plan_of_cached_statement(
             conn, "UPDATE notifications n SET status = 'processing'",

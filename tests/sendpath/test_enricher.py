@@ -44,12 +44,13 @@ async def test_a_list_of_users_becomes_one_enriched_message_per_known_user(
                                  "quietHours": None}
     assert out["u2"]["preferences"]["quietHours"] == {"start": "22:00", "end": "07:00"}
 
-    # And the unknown user is on the timeline as skipped, and the notification is processing
+    # And the unknown user is on the timeline as skipped; the enricher leaves the
+    # notification's row alone (its progress is read from the timeline)
     [row] = await timeline(db, event_id)
     assert (row["user_id"], row["kind"], row["status"], row["detail"]) == (
         "ghost", "skipped", "skipped", "unknown user")
     status = await db.fetchval("SELECT status FROM notifications WHERE id = $1", event_id)
-    assert status == "processing"
+    assert status == "accepted"
 
 
 async def test_a_disabled_contact_is_not_loaded(
@@ -104,6 +105,23 @@ async def test_a_segment_is_fanned_out_in_pages_through_continuations(
     assert sorted(users) == [f"m{i:04d}" for i in range(1, 251)]
     inbound = await entries(redis, keys.inbound("low"))
     assert [m.get("segmentAfter") for m in inbound] == [None, "m0100", "m0200"]
+
+
+async def test_a_segment_without_members_is_skipped_as_a_whole(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    # Given a send to a segment nobody is in
+    enricher = await services(EnricherService)
+    event_id = await send(redis, keys, db, project, "t", {"segment": "nobody"})
+
+    # When it is enriched
+    await enricher.run_until_idle()
+
+    # Then nothing goes on, and the event's own timeline says why
+    assert await entries(redis, keys.enriched("normal")) == []
+    [row] = await timeline(db, event_id)
+    assert (row["task_id"], row["user_id"], row["channel"], row["status"], row["detail"]) == (
+        event_id, None, "", "skipped", "segment 'nobody' has no members")
 
 
 async def test_a_poison_entry_fails_alone_and_its_batch_neighbours_are_enriched(

@@ -306,8 +306,8 @@ def summary_status(
     stored: str, recipients: list[dict[str, Any]], event_rows: list[dict[str, Any]]
 ) -> str:
     if not recipients:
-        # The enricher moves the stored status on (accepted -> processing); a later row
-        # about the whole event (e.g. dead_lettered) says more than either.
+        # Before any recipient's row: a row about the whole event (dead_lettered, or skipped
+        # for a segment without members) says more than the stored status.
         latest = event_rows[-1]["status"] if event_rows else "accepted"
         status = latest if latest != "accepted" else stored
         return status if status in RECIPIENT_STATUSES else "processing"
