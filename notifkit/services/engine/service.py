@@ -15,7 +15,6 @@ derived from (event, recipient, channel), so a rerun of the same entry produces 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from typing import Any, ClassVar
 from notifkit import quiet_hours, throttle
 from notifkit.config import Settings
 from notifkit.db.logs import Kind, LogRow, Status, insert_logs
-from notifkit.db.routing import Template, load_suppressed, load_templates, project_settings
+from notifkit.db.routing import Template, load_routing
 from notifkit.dedup import Dedup, engine_key
 from notifkit.ids import derived_uuid7
 from notifkit.messages import (
@@ -73,17 +72,16 @@ class EngineService(WorkerService):
         if not parsed:
             return
         now_ms = int(self.clock() * 1000)
-        # Three independent lookups, issued together (each on its own pooled connection).
-        templates, suppressed, settings_of = await asyncio.gather(
-            load_templates(self.pool, [(m["projectId"], m["template"]) for _e, m in parsed]),
-            load_suppressed(self.pool, [
-                (m["projectId"], channel, target)
-                for _e, m in parsed for channel, targets in m["contacts"].items()
-                for target in targets
-            ]),
-            project_settings(self.pool, {m["projectId"] for _e, m in parsed
-                                         if m["priority"] != "critical"}),
+        routing = await load_routing(
+            self.pool,
+            [(m["projectId"], m["template"]) for _e, m in parsed],
+            [(m["projectId"], channel, target)
+             for _e, m in parsed for channel, targets in m["contacts"].items()
+             for target in targets],
+            {m["projectId"] for _e, m in parsed if m["priority"] != "critical"},
         )
+        templates, suppressed, settings_of = (routing.templates, routing.suppressed,
+                                              routing.settings)
         logs: list[LogRow] = []
         sends: list[_Send] = []
         for entry, m in parsed:
