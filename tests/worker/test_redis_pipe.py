@@ -9,6 +9,7 @@ import asyncio
 import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from notifkit.keys import Keys
 from notifkit.redis_pipe import pipe
@@ -101,3 +102,41 @@ async def test_connections_stay_within_the_pools_limit_and_close_with_the_client
     assert await client.ping()  # the client's own commands still find a connection
     await client.aclose()
     assert not any(c.is_connected for c in opened)
+
+
+async def test_a_write_larger_than_the_socket_buffer_waits_for_it_to_drain(
+        redis: Redis, keys: Keys) -> None:
+    key = keys.processed("engine", "large")
+    value = b"v" * 8_000_000  # well past what a socket takes without waiting
+    assert await pipe(redis).set(key, value).command("STRLEN", key).execute() == [b"OK", 8_000_000]
+    assert await redis.get(key) == value
+
+
+async def test_a_write_nobody_reads_times_out_and_its_connection_is_dropped() -> None:
+    held: list[asyncio.StreamWriter] = []
+
+    async def stalls_on_set(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Answers the client's connection handshake, then reads nothing once a SET comes."""
+        held.append(writer)
+        while chunk := await reader.read(65536):
+            if b"\r\nSET\r\n" in chunk.upper():
+                return  # the connection stays open; nobody reads it any more
+            commands = chunk.count(b"\r\n*") + chunk.startswith(b"*")
+            writer.write(b"+OK\r\n" * commands)
+
+    server = await asyncio.start_server(stalls_on_set, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = BlockingConnectionPool(host="127.0.0.1", port=port, socket_timeout=0.5,
+                                  max_connections=2)
+    client = Redis.from_pool(pool)
+    try:
+        with pytest.raises(RedisTimeoutError, match="writing"):
+            await pipe(client).set("k", b"x" * 64_000_000).execute()
+        # The connection that might still hold part of that write is closed, not reused.
+        assert not any(c.is_connected for c in pool._in_use_connections)
+    finally:
+        await client.aclose()
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
