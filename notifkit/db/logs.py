@@ -66,16 +66,34 @@ ON CONFLICT (task_id, channel, attempt, kind) DO NOTHING
 """
 
 
+# The same row, unless its task+channel already has a row of its kind at any attempt.
+_INSERT_FIRST_OF_KIND = """
+INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, attempt, kind,
+                          status, detail, provider, provider_message_id, campaign_id, metadata)
+SELECT $1::uuid, $2::uuid, $3::text, $4::text, $5::text, $6::integer, $7::text, $8::text,
+       $9::text, $10::text, $11::text, $12::text, $13::jsonb
+WHERE NOT EXISTS (SELECT 1 FROM message_logs
+                  WHERE task_id = $3::text AND channel = $5::text AND kind = $7::text)
+ON CONFLICT (task_id, channel, attempt, kind) DO NOTHING
+"""
+
+
 async def insert_logs(db: asyncpg.Pool | asyncpg.Connection, rows: Sequence[LogRow]) -> None:
     """Write a read batch's rows in one ``executemany``."""
-    if not rows:
-        return
-    await db.executemany(
-        _INSERT,
-        [
-            (r.project_id, r.event_id, r.task_id, r.user_id, r.channel, r.attempt,
-             r.kind.value, r.status.value, r.detail, r.provider, r.provider_message_id,
-             r.campaign_id, r.metadata)
-            for r in rows
-        ],
-    )
+    if rows:
+        await db.executemany(_INSERT, [_args(r) for r in rows])
+
+
+async def insert_first_of_kind(db: asyncpg.Pool | asyncpg.Connection,
+                               rows: Sequence[LogRow]) -> None:
+    """Write each row only if its task+channel has no row of the same kind yet, whatever the
+    attempt: for an outcome an earlier attempt may already have recorded (a retry that finds
+    its task sent by a process that died before acking it)."""
+    if rows:
+        await db.executemany(_INSERT_FIRST_OF_KIND, [_args(r) for r in rows])
+
+
+def _args(r: LogRow) -> tuple[Any, ...]:
+    return (r.project_id, r.event_id, r.task_id, r.user_id, r.channel, r.attempt, r.kind.value,
+            r.status.value, r.detail, r.provider, r.provider_message_id, r.campaign_id,
+            r.metadata)

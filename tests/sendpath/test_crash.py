@@ -125,3 +125,37 @@ async def test_a_delivery_process_killed_mid_batch_loses_nothing_and_resends_not
     assert duplicated <= in_flight_at_kill
     flagged = {r["task_id"] for r in sent_rows if r["metadata"].get("possibleDuplicate")}
     assert duplicated <= flagged
+
+
+async def test_a_retry_that_finds_its_task_sent_and_recorded_adds_no_second_sent_row(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by the SIGKILL test above on a slow machine: a process that sent a batch and
+    wrote its 'sent' rows, then died before acking it, left the retry to write a second
+    'sent' row (a new attempt number, so the unique key let it in)."""
+    # Given one SMS task, and a delivery process that dies after its batch is recorded
+    # (its outcome can never be acked)
+    await add_user(db, project, "u1", contacts=[("sms", "+15550001")])
+    await add_template(db, project, "t", {"sms": {"text": "Hello"}})
+    event_id = await send(redis, keys, db, project, "t", "u1")
+    await drain(await services(EnricherService), await services(EngineService))
+    doomed = await services(DeliveryService, sim_settings)
+
+    async def dies(*_args: object) -> None:
+        raise ConnectionError("the process died before acking")
+
+    monkeypatch.setattr(doomed.worker, "_commit", dies)
+    await doomed.worker.run_until_idle(reclaim=False)
+    assert [r["kind"] for r in await timeline(db, event_id)].count("sent") == 1
+    group = keys.group("delivery")
+    assert (await redis.xpending(keys.outbound("normal"), group))["pending"] == 1
+
+    # When another process takes the entry over
+    await drain(await services(DeliveryService, sim_settings))
+
+    # Then the task was sent once, its entry is acked, and its timeline says 'sent' once
+    assert len(await sim.messages("twilio")) == 1
+    assert (await redis.xpending(keys.outbound("normal"), group))["pending"] == 0
+    sent_rows = [r for r in await timeline(db, event_id) if r["kind"] == "sent"]
+    assert [(r["attempt"], r["status"]) for r in sent_rows] == [(1, "sent")]

@@ -45,6 +45,8 @@ class Attempted:
     # key: if this send is accepted too, the recipient may get the message twice.
     possible_duplicate: bool = False
     local_limit: bool = False  # refused by notifkit's own token bucket, not by the provider
+    # The outbox says an earlier attempt was accepted: nothing was sent this time.
+    already_sent: bool = False
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from notifkit import metrics
 from notifkit.coalesce import Coalescer
 from notifkit.config import Settings
 from notifkit.db import outbox
-from notifkit.db.logs import Kind, LogRow, Status, insert_logs
+from notifkit.db.logs import Kind, LogRow, Status, insert_first_of_kind, insert_logs
 from notifkit.db.routing import project_settings
 from notifkit.dedup import Dedup, delivery_key
 from notifkit.errors import AttemptsExhausted, PermanentFailure, RetryLater
@@ -128,6 +128,7 @@ class DeliveryService(WorkerService):
 
         settled: list[SentRow] = []
         disabled: list[tuple[str, str, str, str]] = []
+        first_of_kind: list[LogRow] = []
         for (entry, task, transport), answers in zip(runnable, attempted, strict=True):
             attempt = self._attempt(entry, task)
             has_next = (bool(task.get("fallback", {}).get("chain"))
@@ -145,12 +146,14 @@ class DeliveryService(WorkerService):
                 if outcome is not Outcome.SENT and not a.result.maybe_accepted:
                     settled.append((task["taskId"], task["channel"], a.destination,
                                     outbox.FAILED, None))
-            await self._apply(entry, task, transport, answers, verdict, attempt, logs)
+            await self._apply(entry, task, transport, answers, verdict, attempt, logs,
+                              first_of_kind)
 
         # Independent writes, issued together (each on its own pooled connection).
         await asyncio.gather(outbox.settle(self.pool, settled),
                              outbox.disable_contacts(self.pool, disabled),
-                             insert_logs(self.pool, logs))
+                             insert_logs(self.pool, logs),
+                             insert_first_of_kind(self.pool, first_of_kind))
 
     async def _record_sent(self, rows: list[SentRow]) -> list[None]:
         await outbox.settle(self.pool, rows)
@@ -189,7 +192,8 @@ class DeliveryService(WorkerService):
             before = previous.get((task["taskId"], task["channel"], destination))
             if before is not None and before.status == outbox.SENT:
                 return Attempted(destination, SendResult(
-                    Outcome.SENT, before.provider_message_id, "already sent (outbox)"))
+                    Outcome.SENT, before.provider_message_id, "already sent (outbox)"),
+                    already_sent=True)
             possible_duplicate = (before is not None and before.status == outbox.SENDING
                                   and not transport.idempotent)
             wait_s = await self._take(buckets)
@@ -254,6 +258,7 @@ class DeliveryService(WorkerService):
     async def _apply(
         self, entry: Entry, task: OutboundTask, transport: Transport,
         answers: list[Attempted], verdict: Verdict, attempt: int, logs: list[LogRow],
+        first_of_kind: list[LogRow],
     ) -> None:
         provider = transport.provider
         ids = _ids(task)
@@ -272,8 +277,14 @@ class DeliveryService(WorkerService):
                             "%s has no idempotency key, so the recipient may get it twice.",
                             provider, extra=ids)
             message_id = sent[0].result.provider_message_id
-            logs.append(_row(task, attempt, Kind.SENT, Status.SENT, detail, provider,
-                             message_id, metadata))
+            row = _row(task, attempt, Kind.SENT, Status.SENT, detail, provider, message_id,
+                       metadata)
+            if all(a.already_sent for a in sent):
+                # An earlier attempt sent it and may have recorded its row before its
+                # process died unacked: one 'sent' row per task, not one per attempt.
+                first_of_kind.append(row)
+            else:
+                logs.append(row)
             entry.emit(self.keys.events_inbound,
                        _event("notification:sent", task, provider, message_id, attempt))
             return
