@@ -214,6 +214,23 @@ async def test_the_notification_shows_each_recipients_timeline(
                 ).status == 404
 
 
+async def test_before_any_recipient_row_the_events_own_latest_row_is_the_status(
+    api: Api, project: Project, template: str, db: asyncpg.Pool
+) -> None:
+    sent = await api.call("POST", "/v1/notifications", key=project.send,
+                          json={"to": {"segment": "nobody"}, "template": template})
+    event = sent.body["id"]
+    reply = await api.call("GET", f"/v1/notifications/{event}", key=project.full)
+    assert (reply.body["status"], reply.body["recipients"]) == ("accepted", [])
+
+    # The enricher's row for a segment without members is about the whole event.
+    await log(db, project.id, event, event, None, "", "skipped", "skipped",
+              "2030-01-01T00:00:01Z", 0)
+    reply = await api.call("GET", f"/v1/notifications/{event}", key=project.full)
+    assert (reply.body["status"], reply.body["recipients"]) == ("skipped", [])
+    assert [e["kind"] for e in reply.body["timeline"]] == ["accepted", "skipped"]
+
+
 async def test_messages_filter_and_paginate_with_an_opaque_cursor(
     api: Api, project: Project, db: asyncpg.Pool
 ) -> None:

@@ -101,7 +101,7 @@ async def get_notification(request: web.Request) -> web.Response:
     event_id = uuid_id(request, "eventId", "notification")
     pool = request.app[DB]
     row = await pool.fetchrow(
-        "SELECT id, template_id, priority, status, recipients_spec, channels, campaign_id, "
+        "SELECT id, template_id, priority, recipients_spec, channels, campaign_id, "
         "send_at, created_at FROM notifications WHERE id = $1 AND project_id = $2",
         event_id, project,
     )
@@ -115,7 +115,7 @@ async def get_notification(request: web.Request) -> web.Response:
     recipients, timeline = timelines(event_id, logs)
     return json_response({
         "id": event_id,
-        "status": summary_status(row["status"], recipients, timeline),
+        "status": summary_status(recipients, timeline),
         "template": row["template_id"],
         "priority": row["priority"],
         "to": row["recipients_spec"],
@@ -302,15 +302,12 @@ def next_status(current: str, row_status: str) -> str:
     return row_status
 
 
-def summary_status(
-    stored: str, recipients: list[dict[str, Any]], event_rows: list[dict[str, Any]]
-) -> str:
+def summary_status(recipients: list[dict[str, Any]], event_rows: list[dict[str, Any]]) -> str:
     if not recipients:
-        # Before any recipient's row: a row about the whole event (dead_lettered, or skipped
-        # for a segment without members) says more than the stored status.
+        # Before any recipient's row, the event's own latest row tells: accepted, or e.g.
+        # dead_lettered, or skipped for a segment without members.
         latest = event_rows[-1]["status"] if event_rows else "accepted"
-        status = latest if latest != "accepted" else stored
-        return status if status in RECIPIENT_STATUSES else "processing"
+        return latest if latest in RECIPIENT_STATUSES else "processing"
     statuses = {r["status"] for r in recipients}
     for status in IN_PROGRESS:
         if status in statuses:
