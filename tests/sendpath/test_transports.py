@@ -24,7 +24,9 @@ from notifkit.transports.smtp import SmtpTransport
 from notifkit.transports.twilio import TwilioTransport
 from simulators import SimulatorServer
 
-TIMEOUT_S = 0.5
+# Long enough for a first request on a busy machine (0.5 s was not, once in CI), short enough
+# that the held 'timeout' and 'lost_response' faults end quickly.
+TIMEOUT_S = 2.0
 
 
 @dataclass
