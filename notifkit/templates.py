@@ -11,9 +11,15 @@ them):
 Choices, and why:
 
 - ``ImmutableSandboxedEnvironment``: templates are written by tenants, so they may not reach
-  Python internals (``__class__``, ``mro``, ...) nor mutate the context. Arithmetic that would
-  build huge values (``"x" * 10**9``, ``9 ** 999999``) is refused, and so is output past
-  :data:`MAX_OUTPUT_CHARS`.
+  Python internals (``__class__``, ``mro``, ...) nor mutate the context.
+- A render is bounded in time and memory, because it runs on the event loop of the api
+  (previews) and the engine (every send): one template must not stall either, nor exhaust the
+  process's memory. Refused: arithmetic that would build huge values (``"x" * 10**9``,
+  ``9 ** 999999``), padding or repeating to sizes past :data:`MAX_OUTPUT_CHARS` (``center``,
+  ``"%9999999d"``, ``"a".ljust(...)``, ``replace``), any value past that size however it was
+  built (a string doubled in a loop), more than :data:`MAX_LOOP_ITERATIONS` loop iterations,
+  and a render past :data:`MAX_RENDER_SECONDS`; output past :data:`MAX_OUTPUT_CHARS` stops the
+  render.
 - ``StrictUndefined``: a variable the data does not carry is an error, not an empty string. A
   notification reading "Hi , your invoice of  is paid" is worse than one that visibly failed:
   the preview shows the mistake before any send, and the engine falls back to generic content
@@ -29,12 +35,16 @@ Choices, and why:
 
 from __future__ import annotations
 
+import functools
 import operator
-from collections.abc import Callable, Mapping
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from functools import lru_cache
 from typing import Any, Final
 
-from jinja2 import ChainableUndefined, StrictUndefined, TemplateSyntaxError
+from jinja2 import ChainableUndefined, StrictUndefined, TemplateSyntaxError, nodes
 from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.nodes import Template as TemplateNode
 from jinja2.runtime import Context
@@ -65,7 +75,76 @@ HTML_FIELDS: Final = frozenset({("email", "html")})
 MAX_OUTPUT_CHARS: Final = 1_000_000
 MAX_POWER_EXPONENT: Final = 1000
 MAX_RESULT_BITS: Final = 100_000
+MAX_LOOP_ITERATIONS: Final = 100_000
+MAX_RENDER_SECONDS: Final = 0.5
 _CACHE_SIZE: Final = 4096
+
+# Filters and str methods whose integer arguments set the size of what they build.
+_SIZING_FILTERS: Final = frozenset({"center", "indent", "wordwrap", "truncate", "batch", "slice"})
+_SIZING_METHODS: Final = frozenset({"ljust", "rjust", "center", "zfill", "expandtabs"})
+# A width or precision of seven digits or more in a %-format or str.format field.
+_WIDE_FIELD: Final = re.compile(r"\d{7,}")
+# The filter every for-loop's iterable passes through (see _compile).
+_LOOP_FILTER: Final = "nk_loop_budget"
+
+
+class _Budget:
+    """What one render may still spend (see the module docstring)."""
+
+    __slots__ = ("deadline", "iterations")
+
+    def __init__(self) -> None:
+        self.deadline = time.monotonic() + MAX_RENDER_SECONDS
+        self.iterations = 0
+
+    def tick(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise SecurityError(f"the template took longer than {MAX_RENDER_SECONDS:g} s "
+                                "to render")
+
+    def iterate(self, iterable: Iterable[Any]) -> Iterator[Any]:
+        for item in iterable:
+            self.iterations += 1
+            if self.iterations > MAX_LOOP_ITERATIONS:
+                raise SecurityError(f"more than {MAX_LOOP_ITERATIONS} loop iterations")
+            if not self.iterations & 255:
+                self.tick()
+            yield item
+
+
+_budget: ContextVar[_Budget | None] = ContextVar("template_budget", default=None)
+
+
+def _tick() -> None:
+    budget = _budget.get()
+    if budget is not None:
+        budget.tick()
+
+
+def _bounded(value: Any) -> Any:
+    """``value``, unless it is a string or collection past the size limit."""
+    if isinstance(value, str | list | tuple | dict) and len(value) > MAX_OUTPUT_CHARS:
+        raise SecurityError("the result would be too large")
+    return value
+
+
+def _refuse_sizes(args: Iterable[Any]) -> None:
+    for arg in args:
+        if isinstance(arg, int) and not isinstance(arg, bool) and arg > MAX_OUTPUT_CHARS:
+            raise SecurityError("the result would be too large")
+
+
+def _refuse_wide_format(fmt: Any, args: Iterable[Any] = ()) -> None:
+    if isinstance(fmt, str) and _WIDE_FIELD.search(fmt):
+        raise SecurityError("the result would be too large")
+    if isinstance(fmt, str) and "*" in fmt:  # widths taken from the arguments
+        _refuse_sizes(args)
+
+
+def _refuse_big_replace(text: Any, old: Any, new: Any) -> None:
+    if isinstance(text, str) and isinstance(old, str) and isinstance(new, str) \
+            and (text.count(old) + 1) * len(new) + len(text) > MAX_OUTPUT_CHARS:
+        raise SecurityError("the result would be too large")
 
 
 class RenderError(ValueError):
@@ -78,9 +157,42 @@ class RenderError(ValueError):
 
 
 class _Sandbox(ImmutableSandboxedEnvironment):
-    intercepted_binops = frozenset({"*", "**"})
+    intercepted_binops = frozenset({"*", "**", "%"})
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.filters = {name: _bounded_filter(name, f) for name, f in self.filters.items()}
+        self.filters[_LOOP_FILTER] = _loop_budget
+
+    # Jinja's own signature: the dunder names cannot clash with a template's keyword arguments.
+    def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        _tick()
+        for arg in (*args, *kwargs.values()):  # a macro that doubles a string per call
+            _bounded(arg)
+        owner = getattr(__obj, "__self__", None)
+        if isinstance(owner, str):
+            name = getattr(__obj, "__name__", "")
+            if name in _SIZING_METHODS:
+                _refuse_sizes([*args, *kwargs.values()])
+            elif name == "replace" and len(args) >= 2:
+                _refuse_big_replace(owner, args[0], args[1])
+        return _bounded(super().call(__context, __obj, *args, **kwargs))
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        _tick()
+        if isinstance(obj, str) and attribute in ("format", "format_map"):
+            _refuse_wide_format(obj)
+        return _bounded(super().getattr(obj, attribute))
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        _tick()
+        return _bounded(super().getitem(obj, argument))
 
     def call_binop(self, context: Context, operator_: str, left: Any, right: Any) -> Any:
+        _tick()
+        if operator_ == "%":
+            _refuse_wide_format(left, right if isinstance(right, tuple | list) else (right,))
+            return _bounded(operator.mod(left, right))
         if operator_ == "**":
             if isinstance(right, int | float) and abs(right) > MAX_POWER_EXPONENT:
                 raise SecurityError("exponent too large")
@@ -94,6 +206,30 @@ class _Sandbox(ImmutableSandboxedEnvironment):
                 raise SecurityError("the result would be too large")
             return operator.mul(left, right)
         return super().call_binop(context, operator_, left, right)
+
+
+def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(func)  # keeps jinja's pass_context / pass_environment marks
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        _tick()
+        if name in _SIZING_FILTERS:
+            _refuse_sizes([*args, *kwargs.values()])
+        elif name == "format":
+            values = [a for a in args if isinstance(a, str | int | float)]
+            if values:
+                _refuse_wide_format(values[0], [*values[1:], *kwargs.values()])
+        elif name == "replace":
+            strings = [a for a in args if isinstance(a, str)]
+            if len(strings) >= 3:
+                _refuse_big_replace(*strings[:3])
+        return _bounded(func(*args, **kwargs))
+
+    return bounded
+
+
+def _loop_budget(iterable: Any) -> Any:
+    budget = _budget.get()
+    return iterable if budget is None else budget.iterate(iterable)
 
 
 def _repeat_size(left: Any, right: Any) -> int:
@@ -117,7 +253,14 @@ _EXPRESSIONS = _environment(autoescape=False, undefined=ChainableUndefined)
 
 @lru_cache(maxsize=_CACHE_SIZE)
 def _compile(source: str, html: bool) -> Any:
-    return (_HTML if html else _TEXT).from_string(source)
+    env = _HTML if html else _TEXT
+    tree = env.parse(source)
+    # Every loop's iterable goes through the budget's counter: a loop whose body calls
+    # nothing (nested loops over a range or a long list) would otherwise pass no hook at all.
+    for loop in tree.find_all(nodes.For):
+        loop.iter = nodes.Filter(loop.iter, _LOOP_FILTER, [], [], None, None,
+                                 lineno=loop.iter.lineno)
+    return env.from_string(tree)
 
 
 @lru_cache(maxsize=_CACHE_SIZE)
@@ -206,15 +349,21 @@ def render_string(source: str, context: Mapping[str, Any], *, html: bool = False
 
 
 def _render_bounded(template: Any, context: Mapping[str, Any]) -> str | None:
-    """Render chunk by chunk, giving up (None) as soon as the output passes the limit."""
-    chunks: list[str] = []
-    size = 0
-    for chunk in template.generate(context):
-        size += len(chunk)
-        if size > MAX_OUTPUT_CHARS:
-            return None
-        chunks.append(chunk)
-    return "".join(chunks)
+    """Render chunk by chunk within a fresh budget, giving up (None) as soon as the output
+    passes the limit."""
+    token = _budget.set(budget := _Budget())
+    try:
+        chunks: list[str] = []
+        size = 0
+        for chunk in template.generate(context):
+            size += len(chunk)
+            if size > MAX_OUTPUT_CHARS:
+                return None
+            budget.tick()
+            chunks.append(chunk)
+        return "".join(chunks)
+    finally:
+        _budget.reset(token)
 
 
 def render_channel(content: Mapping[str, Any], channel: str,
@@ -251,6 +400,7 @@ def render_expression(expr: str, context: Mapping[str, Any]) -> Any:
         compiled = _compile_expression(expr)
     except TemplateSyntaxError as exc:
         raise RenderError("if", f"{exc.message} (line {exc.lineno})") from None
+    token = _budget.set(_Budget())
     try:
         return compiled(**context)
     except SecurityError as exc:
@@ -260,6 +410,8 @@ def render_expression(expr: str, context: Mapping[str, Any]) -> Any:
     except (ArithmeticError, TypeError, ValueError, LookupError, AttributeError,
             RecursionError, MemoryError) as exc:
         raise RenderError("if", f"{type(exc).__name__}: {exc}") from None
+    finally:
+        _budget.reset(token)
 
 
 def build_context(

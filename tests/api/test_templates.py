@@ -70,6 +70,55 @@ def test_the_sandbox_refuses_escapes_mutation_and_huge_output(source: str) -> No
         render_string(source, {"data": {}})
 
 
+@pytest.mark.parametrize(("source", "why"), [
+    # Each would otherwise hold the event loop for minutes or build gigabytes.
+    ("{% for i in range(100000) %}{% for j in range(300) %}{% endfor %}{% endfor %}x",
+     "loop iterations"),
+    ("{% for a in data.xs %}{% for b in data.xs %}{% for c in data.xs %}{% endfor %}"
+     "{% endfor %}{% endfor %}", "loop iterations"),
+    ('{% set ns = namespace(s="x") %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}'
+     "{% endfor %}{{ ns.s|length }}", "too large"),
+    ('{{ "x"|center(2000000000) }}', "too large"),
+    ('{{ "%2000000000d"|format(1) }}', "too large"),
+    ('{{ "%2000000000d" % 1 }}', "too large"),
+    ('{{ "%*d" % (2000000000, 1) }}', "too large"),
+    ('{{ "x".ljust(2000000000) }}', "too large"),
+    ('{{ "{:>2000000000}".format(1) }}', "too large"),
+    ('{{ ("a" * 1000).replace("", "b" * 999000) }}', "too large"),
+    ('{{ ("a" * 1000)|replace("", "b" * 999000) }}', "too large"),
+    ("{{ data.xs|slice(2000000000)|list|length }}", "too large"),
+    ("{% macro d(s, n) %}{% if n %}{{ d(s ~ s, n - 1) }}{% else %}{{ s|length }}{% endif %}"
+     "{% endmacro %}{{ d('x', 40) }}", "too large"),
+])
+def test_rendering_is_bounded_in_time_and_memory(source: str, why: str) -> None:
+    with pytest.raises(RenderError) as caught:
+        render_string(source, {"data": {"xs": list(range(1000))}})
+    assert why in caught.value.message
+
+
+def test_a_render_that_outlives_its_time_budget_is_stopped() -> None:
+    # Recursion without loops or large values: only the clock stops it.
+    source = ("{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}"
+              "{{ f(40) }}")
+    with pytest.raises(RenderError) as caught:
+        render_string(source, {"data": {}})
+    assert "longer than" in caught.value.message
+
+
+def test_the_bounds_leave_ordinary_templates_alone() -> None:
+    context = {"data": {"xs": list(range(1000)), "n": 3.14159, "amount": 5_000_000,
+                        "tree": [{"v": 1, "c": [{"v": 2, "c": []}]}]}}
+    assert render_string('{{ "%05.2f"|format(data.n) }} {{ "%d" % data.amount }} '
+                         '{{ "{:>4}".format("a") }} {{ "x"|center(5) }}|', context) \
+        == "03.14 5000000    a   x  |"
+    digest = render_string("{% for i in data.xs %}{% if loop.last %}{{ loop.length }}"
+                           "{% endif %}{% endfor %}{% for i in [] %}x{% else %}none{% endfor %}",
+                           context)
+    assert digest == "1000none"
+    assert render_string("{% for n in data.tree recursive %}{{ n.v }}{% if n.c %}"
+                         "({{ loop(n.c) }}){% endif %}{% endfor %}", context) == "1(2)"
+
+
 def test_branch_expressions_treat_missing_fields_as_undefined() -> None:
     assert render_expression("data.plan == 'pro'", {"data": {}}) is False
     assert render_expression("data.a.b", {"data": {}}) is None
