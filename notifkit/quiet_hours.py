@@ -59,7 +59,7 @@ def _time(value: object) -> time:
         return value.replace(tzinfo=None, microsecond=0)
     if isinstance(value, str):
         parts = value.strip().split(":")
-        if 2 <= len(parts) <= 3 and all(p.isdigit() for p in parts):
+        if 2 <= len(parts) <= 3 and all(p.isascii() and p.isdigit() for p in parts):
             hour, minute, second = (int(p) for p in [*parts, "0"][:3])
             try:
                 return time(hour, minute, second)

@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 
 from notifkit.keys import Keys
 from notifkit.messages import parse_inbound
+from notifkit.services.api.validation import encode_cursor
 from notifkit.streams import decode
 from tests.api.conftest import Api, Project
 from tests.support.streams import xrange
@@ -264,7 +265,15 @@ async def test_messages_filter_and_paginate_with_an_opaque_cursor(
     assert await tasks(eventId=event, limit="1") == ["t6"]
     for params, field in (({"limit": "0"}, "limit"), ({"limit": "501"}, "limit"),
                           ({"cursor": "garbage"}, "cursor"), ({"status": "gone"}, "status"),
-                          ({"channel": "fax"}, "channel"), ({"eventId": "x"}, "eventId")):
+                          ({"channel": "fax"}, "channel"), ({"eventId": "x"}, "eventId"),
+                          # digits that are not ASCII ("²", "５"), and more than int() takes
+                          ({"limit": "\u00b2"}, "limit"), ({"limit": "\uff15"}, "limit"),
+                          ({"limit": "0" * 4400 + "5"}, "limit"),
+                          # forged cursors: past bigint, and a bool for the id
+                          ({"cursor": encode_cursor("2030-01-01T00:00:00+00:00", 2**64 - 1)},
+                           "cursor"),
+                          ({"cursor": encode_cursor("2030-01-01T00:00:00+00:00", True)},
+                           "cursor")):
         reply = await api.call("GET", "/v1/messages", key=project.full, params=params)
         assert reply.status == 400
         assert reply.fields == [field]

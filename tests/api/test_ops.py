@@ -15,6 +15,7 @@ from redis.exceptions import ResponseError
 from notifkit.config import Settings
 from notifkit.keys import Keys
 from notifkit.services.api.errors import store_unavailable
+from notifkit.services.api.validation import encode_cursor
 from notifkit.streams import decode, ensure_group, xadd
 from tests.api.conftest import ADMIN, Api, Project, start_api
 from tests.support.streams import xrange
@@ -136,6 +137,10 @@ async def test_dlq_is_scoped_replayable_and_deletable(api: Api, redis: Redis) ->
     rest = await api.call("GET", "/v1/dlq", key=a.full,
                           params={"limit": "1", "cursor": page.body["nextCursor"]})
     assert [i["id"] for i in rest.body["items"]] == [ids[2]]
+    for forged in ("99999999999999999999-0", "18446744073709551616-0"):
+        bad = await api.call("GET", "/v1/dlq", key=a.full,
+                             params={"cursor": encode_cursor(forged)})
+        assert (bad.status, bad.fields) == (400, ["cursor"])
     everything = await api.admin("GET", "/v1/dlq")
     assert len(everything.body["items"]) == 3
     only_b = await api.admin("GET", "/v1/dlq", project=b.id)

@@ -450,7 +450,8 @@ def limit_param(request: web.Request, default: int = 50, maximum: int = 500) -> 
     raw = request.query.get("limit")
     if raw is None:
         return default
-    if not raw.isdigit() or not 1 <= int(raw) <= maximum:
+    # ASCII digits only: str.isdigit() also takes "²" and "５", which int() refuses or reads.
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9) or not 1 <= int(raw) <= maximum:
         raise invalid_field("limit", f"must be a whole number from 1 to {maximum}")
     return int(raw)
 

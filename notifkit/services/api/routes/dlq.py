@@ -31,6 +31,7 @@ from notifkit.streams import as_str, decode
 ops = Operations("dlq")
 
 ENTRY_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+_MAX_ID_PART = 2**64 - 1
 SCAN_CHUNK = 500
 SCAN_BUDGET = 10_000  # entries read per list request, whatever the filter keeps
 
@@ -59,7 +60,7 @@ async def list_dlq(request: web.Request) -> web.Response:
     cursor = decode_cursor(request, 1)
     start = "-"
     if cursor is not None:
-        if not isinstance(cursor[0], str) or not ENTRY_ID.match(cursor[0]):
+        if not isinstance(cursor[0], str) or not is_entry_id(cursor[0]):
             raise invalid_field("cursor", "is not a cursor this API returned")
         start = "(" + cursor[0]
     redis = request.app[REDIS]
@@ -123,9 +124,15 @@ async def delete_dlq(request: web.Request) -> web.Response:
 # ---------------------------------------------------------------------------------------------
 
 
+def is_entry_id(text: str) -> bool:
+    """A stream entry id Redis would take: two numbers within 64 bits."""
+    return bool(ENTRY_ID.match(text)) and all(
+        int(part) <= _MAX_ID_PART for part in text.split("-"))
+
+
 async def _find(request: web.Request) -> tuple[str, dict[str, Any]]:
     entry_id = request.match_info["entryId"]
-    if not ENTRY_ID.match(entry_id):
+    if not is_entry_id(entry_id):
         raise ApiError(404, *ENTRY_NOT_FOUND)
     record = await read_entry(request.app[REDIS], request.app[KEYS].dlq, entry_id)
     if record is None or not _visible(principal(request), record):

@@ -167,7 +167,9 @@ async def list_messages(request: web.Request) -> web.Response:
         add("channel = {}", channel)
     cursor = decode_cursor(request, 2)
     if cursor is not None:
-        if not isinstance(cursor[1], int):
+        # message_logs.id is a bigint; a bool is an int to Python but not an id.
+        if (not isinstance(cursor[1], int) or isinstance(cursor[1], bool)
+                or not 0 < cursor[1] < 2**63):
             raise invalid_field("cursor", "is not a cursor this API returned")
         args.extend([cursor_time(cursor[0]), cursor[1]])
         where.append(f"(created_at, id) < (${len(args) - 1}, ${len(args)})")

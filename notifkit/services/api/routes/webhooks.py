@@ -134,7 +134,7 @@ def _check_svix(settings: Settings, provider: str, request: web.Request, body: b
     msg_id = request.headers.get("svix-id", "")
     timestamp = request.headers.get("svix-timestamp", "")
     signatures = request.headers.get("svix-signature", "")
-    if not (msg_id and timestamp.isdigit() and signatures) or len(timestamp) > 12:
+    if not (msg_id and timestamp.isascii() and timestamp.isdigit() and signatures) or len(timestamp) > 12:
         raise _bad_signature()
     if abs(time.time() - int(timestamp)) > SVIX_TOLERANCE_S:
         raise unauthorized("invalid_signature",
