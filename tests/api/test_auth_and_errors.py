@@ -86,18 +86,23 @@ async def test_the_admin_key_must_name_an_existing_project(api: Api, project: Pr
 async def test_bodies_must_be_json_objects_within_the_limit(api: Api, project: Project) -> None:
     not_json = await api.call("PUT", "/v1/users/u1", key=project.full, data="a=b",
                               headers={"Content-Type": "application/x-www-form-urlencoded"})
-    assert not_json.status == 415
+    assert (not_json.status, not_json.fields) == (415, ["Content-Type"])
     assert_error_shape(not_json.body)
     broken = await api.call("PUT", "/v1/users/u1", key=project.full, data="{",
                             headers={"Content-Type": "application/json"})
-    assert broken.status == 400
+    assert (broken.status, broken.fields) == (400, ["body"])
     assert broken.error["code"] == "invalid_json"
-    array = await api.call("PUT", "/v1/users/u1", key=project.full, json=[1])
-    assert array.status == 400
+    for body in ("[1]", "null", '"text"'):
+        wrong = await api.call("PUT", "/v1/users/u1", key=project.full, data=body,
+                               headers={"Content-Type": "application/json"})
+        assert (wrong.status, wrong.fields) == (400, ["body"])
+    empty = await api.call("PUT", "/v1/users/u1", key=project.full, data="",
+                           headers={"Content-Type": "application/json"})
+    assert (empty.status, empty.fields) == (400, ["body"])
     huge = await api.call("PUT", "/v1/users/u1", key=project.full,
                           data='{"attributes": {"x": "' + "a" * (1024 * 1024) + '"}}',
                           headers={"Content-Type": "application/json"})
-    assert huge.status == 413
+    assert (huge.status, huge.fields) == (413, ["body"])
     assert huge.error["code"] == "payload_too_large"
 
 

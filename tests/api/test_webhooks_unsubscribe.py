@@ -115,6 +115,28 @@ async def test_sendgrid_event_lists(hooks: Api, redis: Redis) -> None:
         ("delivered", "abc"), ("clicked", "abc")]
 
 
+async def test_signed_event_lists_are_checked_like_any_body(hooks: Api, redis: Redis) -> None:
+    """A list of events must hold only what a stream and jsonb can: a signed but malformed
+    list is a 400 naming the field, and nothing is queued."""
+    project = await hooks.project()
+    deep: object = 1
+    for _ in range(300):
+        deep = [deep]
+    for events, field in (
+        ([{"event": "delivered", "sg_message_id": "m5", "x": deep}], "body[0].x"),
+        ([{"event": "delivered", "sg_message_id": "m5", "email": "a\u0000@b.co"}],
+         "body[0].email"),
+    ):
+        body = json.dumps(events)
+        reply = await hooks.call("POST", f"/v1/webhooks/sendgrid/{project.id}", data=body,
+                                 headers={"Content-Type": "application/json",
+                                          **svix_headers(SHARED_SECRET, body)})
+        assert reply.status == 400, reply.body
+        assert reply.fields
+        assert reply.fields[0].startswith(field)
+    assert await receipts(redis, hooks) == []
+
+
 async def test_twilio_status_callbacks_are_verified_against_the_public_url(
     hooks: Api, redis: Redis
 ) -> None:

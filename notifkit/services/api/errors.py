@@ -119,7 +119,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             max_bytes = request.app[SETTINGS].max_body_bytes
             message = f"The request body is larger than {max_bytes} bytes."
         headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
-        return error_response(ApiError(exc.status, code, message, headers=headers))
+        # Name what was wrong, as every other 4xx does.
+        details = ([detail("body", message)] if exc.status == 413
+                   else [detail("Content-Type", "must be application/json")]
+                   if exc.status == 415 else [])
+        return error_response(ApiError(exc.status, code, message, details, headers=headers))
     except asyncio.CancelledError:
         raise
     except Exception as exc:

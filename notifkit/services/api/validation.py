@@ -56,21 +56,30 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     """The request body as a JSON object, or the contract's 413 / 415 / 400."""
     raw = await request.read()  # aiohttp raises 413 past client_max_size
     if not is_json_media_type(request.content_type):
-        raise ApiError(415, "unsupported_media_type",
-                       "Send the request body as application/json.")
+        raise unsupported_media_type()
     return parse_json_object(raw)
+
+
+def unsupported_media_type() -> ApiError:
+    message = "Send the request body as application/json."
+    return ApiError(415, "unsupported_media_type", message,
+                    [detail("Content-Type", "must be application/json")])
+
+
+def invalid_json(message: str) -> ApiError:
+    """A body that is not the JSON the route takes: 400 naming ``body``."""
+    return ApiError(400, "invalid_json", message, [detail("body", message)])
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     if not raw.strip():
-        raise ApiError(400, "invalid_json", "The request body is empty; send a JSON object.")
+        raise invalid_json("The request body is empty; send a JSON object.")
     try:
         value = codec.loads(raw)
     except (ValueError, TypeError, RecursionError) as exc:
-        raise ApiError(400, "invalid_json", f"The request body is not valid JSON: {exc}.") \
-            from None
+        raise invalid_json(f"The request body is not valid JSON: {exc}.") from None
     if not isinstance(value, dict):
-        raise ApiError(400, "invalid_json", "The request body must be a JSON object.")
+        raise invalid_json("The request body must be a JSON object.")
     problems: list[Detail] = []
     check_storable(value, "", problems)
     if problems:

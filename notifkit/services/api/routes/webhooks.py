@@ -37,11 +37,18 @@ from aiohttp import web
 from notifkit import codec
 from notifkit.config import Settings
 from notifkit.services.api.auth import project_not_found, unauthorized
-from notifkit.services.api.errors import ApiError, json_response
+from notifkit.services.api.errors import ApiError, Detail, invalid, json_response
 from notifkit.services.api.routing import Operations, Reply
 from notifkit.services.api.schemas import ref
 from notifkit.services.api.state import DB, KEYS, REDIS, SETTINGS
-from notifkit.services.api.validation import iso, parse_json_object, parse_rfc3339, parse_uuid
+from notifkit.services.api.validation import (
+    check_storable,
+    invalid_json,
+    iso,
+    parse_json_object,
+    parse_rfc3339,
+    parse_uuid,
+)
 from notifkit.streams import queue_xadd
 from notifkit.worker import utc_now_iso
 
@@ -134,7 +141,8 @@ def _check_svix(settings: Settings, provider: str, request: web.Request, body: b
     msg_id = request.headers.get("svix-id", "")
     timestamp = request.headers.get("svix-timestamp", "")
     signatures = request.headers.get("svix-signature", "")
-    if not (msg_id and timestamp.isascii() and timestamp.isdigit() and signatures) or len(timestamp) > 12:
+    if not (msg_id and signatures and timestamp.isascii() and timestamp.isdigit()) \
+            or len(timestamp) > 12:
         raise _bad_signature()
     if abs(time.time() - int(timestamp)) > SVIX_TOLERANCE_S:
         raise unauthorized("invalid_signature",
@@ -197,10 +205,16 @@ def _json_events(provider: str, raw: bytes) -> list[dict[str, Any] | None]:
     if stripped.startswith(b"["):  # SendGrid's event webhook posts a list of events
         try:
             items = codec.loads(stripped)
-        except ValueError:
-            raise ApiError(400, "invalid_json", "The callback body is not valid JSON.") \
-                from None
-        return [_sendgrid_event(provider, item) for item in items[:MAX_EVENTS]]
+        except (ValueError, TypeError, RecursionError):
+            raise invalid_json("The callback body is not valid JSON.") from None
+        if not isinstance(items, list):
+            raise invalid_json("The callback body must be a JSON array or object.")
+        items = items[:MAX_EVENTS]
+        problems: list[Detail] = []
+        check_storable(items, "body", problems)
+        if problems:  # each event's raw form goes onto a stream and into jsonb
+            raise invalid(problems)
+        return [_sendgrid_event(provider, item) for item in items]
     return [_typed_event(provider, parse_json_object(raw))]
 
 
