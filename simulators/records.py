@@ -72,7 +72,7 @@ class MessageStore:
     def __init__(self, max_messages: int = DEFAULT_MAX_MESSAGES) -> None:
         self.max_messages = max_messages
         self._messages: deque[MessageRecord] = deque(maxlen=max_messages)
-        self._accepts: OrderedDict[tuple[Provider, str], int] = OrderedDict()
+        self._accepts: OrderedDict[tuple[Provider, str, str], int] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._messages)
@@ -81,9 +81,10 @@ class MessageStore:
         return iter(self._messages)
 
     def add(self, record: MessageRecord) -> MessageRecord:
-        """Store an accepted message; its `accept_count` says how often its task was accepted."""
+        """Store an accepted message; its `accept_count` says how often its task was accepted
+        for this recipient (a push task to two devices is two messages, not a duplicate)."""
         if record.task_id is not None:
-            key = (record.provider, record.task_id)
+            key = (record.provider, record.task_id, record.to)
             record.accept_count = self._accepts.pop(key, 0) + 1
             self._accepts[key] = record.accept_count
             while len(self._accepts) > self.max_messages * TASK_COUNTERS_PER_MESSAGE:

@@ -19,11 +19,26 @@ from dataclasses import dataclass
 from notifkit.db.recipients import Executor
 
 SENDING, SENT, FAILED = "sending", "sent", "failed"
+# Why a destination is no longer sent to (Previous.blocked).
+SUPPRESSED, DISABLED = "suppressed", "disabled"
 
 _CLAIM = """
 WITH input AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[])
-        AS i(task_id, channel, destination, project_id, provider)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::text[])
+        AS i(task_id, channel, destination, project_id, provider, user_id)
+), checked AS (
+    -- What happened to the address since the engine routed the task: a bounce or complaint
+    -- suppressed it, or a provider called it invalid and the contact was disabled.
+    SELECT i.*,
+           CASE WHEN EXISTS (SELECT 1 FROM suppressions s
+                              WHERE s.project_id = i.project_id AND s.channel = i.channel
+                                AND s.target = i.destination) THEN 'suppressed'
+                WHEN EXISTS (SELECT 1 FROM user_contacts c
+                              WHERE c.project_id = i.project_id AND c.user_id = i.user_id
+                                AND c.channel = i.channel AND c.target = i.destination
+                                AND NOT c.enabled) THEN 'disabled'
+           END AS blocked
+      FROM input i
 ), before AS (
     SELECT o.task_id, o.channel, o.destination, o.status, o.provider_message_id
       FROM delivery_outbox o
@@ -31,7 +46,8 @@ WITH input AS (
                   AND o.destination = i.destination AND o.project_id = i.project_id
 ), claimed AS (
     INSERT INTO delivery_outbox (task_id, channel, destination, project_id, provider)
-    SELECT task_id, channel, destination, project_id, provider FROM input
+    SELECT task_id, channel, destination, project_id, provider FROM checked
+     WHERE blocked IS NULL
     ON CONFLICT (task_id, channel, destination) DO UPDATE
        SET status = CASE WHEN delivery_outbox.status = 'sent' THEN 'sent' ELSE 'sending' END,
            provider = CASE WHEN delivery_outbox.status = 'sent' THEN delivery_outbox.provider
@@ -40,10 +56,10 @@ WITH input AS (
      WHERE delivery_outbox.project_id = EXCLUDED.project_id
     RETURNING 1
 )
-SELECT i.task_id, i.channel, i.destination, b.status, b.provider_message_id
-  FROM input i
-  LEFT JOIN before b ON b.task_id = i.task_id AND b.channel = i.channel
-                    AND b.destination = i.destination
+SELECT c.task_id, c.channel, c.destination, b.status, b.provider_message_id, c.blocked
+  FROM checked c
+  LEFT JOIN before b ON b.task_id = c.task_id AND b.channel = c.channel
+                    AND b.destination = c.destination
 """
 
 
@@ -54,30 +70,35 @@ class Claim:
     destination: str
     project_id: str
     provider: str
+    user_id: str
 
 
 @dataclass(frozen=True)
 class Previous:
-    """What the outbox held before this attempt claimed the row (status None = no row)."""
+    """What the outbox held before this attempt claimed the row (status None = no row), and
+    why the destination may no longer be sent to ('suppressed' or 'disabled'; such a row is
+    not claimed)."""
 
     status: str | None
     provider_message_id: str | None
+    blocked: str | None = None
 
 
 async def claim(db: Executor, claims: Sequence[Claim]) -> dict[tuple[str, str, str], Previous]:
     """Mark every (task, channel, destination) 'sending' (a 'sent' row stays 'sent') and
-    answer what each held before; one query for the batch."""
+    answer what each held before; one query for the batch. A destination suppressed or
+    disabled since the task was routed is answered ``blocked`` and not claimed."""
     if not claims:
         return {}
     rows = await db.fetch(
         _CLAIM,
         [c.task_id for c in claims], [c.channel for c in claims],
         [c.destination for c in claims], [c.project_id for c in claims],
-        [c.provider for c in claims],
+        [c.provider for c in claims], [c.user_id for c in claims],
     )
     return {
-        (r["task_id"], r["channel"], r["destination"]): Previous(r["status"],
-                                                                 r["provider_message_id"])
+        (r["task_id"], r["channel"], r["destination"]): Previous(
+            r["status"], r["provider_message_id"], r["blocked"])
         for r in rows
     }
 

@@ -191,6 +191,72 @@ async def test_an_invalid_push_token_disables_the_contact_and_the_fallback_is_us
         (r["channel"], r["kind"], r["detail"]) for r in await timeline(db, second)]
 
 
+async def test_a_token_called_invalid_is_not_tried_again_when_its_task_is_retried(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    # Given two devices: one the provider calls invalid, one failing transiently once
+    await add_user(db, project, "u1", contacts=[("push", "dead-token"), ("push", "live-token")])
+    await add_template(db, project, "t", {"push": PUSH})
+    await sim.add_fault("invalid_token", "fcm", to="dead-token")
+    await sim.add_fault("error", "fcm", to="live-token", times=1)
+
+    event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(*await stages(services, sim_settings))
+
+    # Then the retry went to the live device only: the dead one was asked exactly once
+    assert [m["to"] for m in await sim.messages("fcm")] == ["live-token"]
+    assert (await sim.stats())["fcm"]["requests"] == 3
+    assert kinds(await timeline(db, event_id), "push") == [
+        ("queued", "processing", 0), ("failed", "processing", 1), ("sent", "sent", 2)]
+
+
+async def test_a_device_that_failed_beside_an_accepted_one_is_retried_alone(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    await add_user(db, project, "u1", contacts=[("push", "phone"), ("push", "tablet")])
+    await add_template(db, project, "t", {"push": PUSH, "sms": SMS}, fallback=["push", "sms"])
+    await sim.add_fault("error", "fcm", to="tablet", times=1)
+
+    event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(*await stages(services, sim_settings))
+
+    # Each device got it once, and no fallback: the recipient already had it
+    assert sorted((m["to"], m["acceptCount"]) for m in await sim.messages("fcm")) == [
+        ("phone", 1), ("tablet", 1)]
+    assert await sim.messages("twilio") == []
+    rows = [r for r in await timeline(db, event_id) if r["channel"] == "push"]
+    assert [(r["kind"], r["status"], r["attempt"]) for r in rows] == [
+        ("queued", "processing", 0), ("failed", "processing", 1), ("sent", "sent", 2)]
+    assert rows[1]["detail"].startswith("accepted for 1 of 2 destinations; ")
+
+
+async def test_an_address_suppressed_while_its_task_waited_is_not_sent_to(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    await add_user(db, project, "u1", contacts=[("email", "gone@example.com")])
+    await add_user(db, project, "u2", contacts=[("email", "here@example.com")])
+    await add_template(db, project, "t", {"email": EMAIL})
+    enricher, engine, delivery = await stages(services, sim_settings)
+    event_id = await send(redis, keys, db, project, "t", ["u1", "u2"], data={"amount": "1"})
+    await drain(enricher, engine)
+
+    # While the tasks wait for delivery, a bounce suppresses one address
+    await db.execute("INSERT INTO suppressions (project_id, channel, target, reason) "
+                     "VALUES ($1, 'email', 'gone@example.com', 'bounce')", project)
+    await drain(delivery)
+
+    assert [m["to"] for m in await sim.messages("resend")] == ["here@example.com"]
+    rows = {r["user_id"]: r for r in await timeline(db, event_id) if r["kind"] != "queued"}
+    assert (rows["u1"]["kind"], rows["u1"]["status"]) == ("suppressed", "suppressed")
+    assert "suppressed" in rows["u1"]["detail"]
+    assert (rows["u2"]["kind"], rows["u2"]["status"]) == ("sent", "sent")
+    assert await entries(redis, keys.dlq) == []
+    assert await db.fetchval("SELECT bool_and(enabled) FROM user_contacts") is True
+
+
 async def test_an_invalid_address_without_fallback_fails_without_retry(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
     sim: SimulatorServer, sim_settings: Settings,

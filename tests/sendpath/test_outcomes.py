@@ -9,15 +9,23 @@ from notifkit.transports.base import Outcome, SendResult
 
 
 def answer(outcome: Outcome, retry_after_s: float | None = None, *,
-           local: bool = False) -> Attempted:
+           local: bool = False, suppressed: bool = False) -> Attempted:
     return Attempted("dest", SendResult(outcome, detail=outcome.value,
-                                        retry_after_s=retry_after_s), local_limit=local)
+                                        retry_after_s=retry_after_s), local_limit=local,
+                     suppressed=suppressed)
 
 
 @pytest.mark.parametrize(("answers", "has_next", "attempt", "expected"), [
     ([Outcome.SENT], False, 1, Action.SENT),
-    # one device accepted: the recipient has it, the other device is not retried
-    ([Outcome.RETRY, Outcome.SENT], True, 1, Action.SENT),
+    # one device accepted, another failed: that one is retried (the recipient has the
+    # message, so no fallback), and once the attempts are used up the accepted one stands
+    ([Outcome.RETRY, Outcome.SENT], True, 1, Action.RETRY),
+    ([Outcome.RETRY, Outcome.SENT], True, 3, Action.SENT),
+    ([Outcome.SENT, Outcome.RATE_LIMITED], False, 1, Action.PARK),
+    ([Outcome.SENT, Outcome.RATE_LIMITED], False, 3, Action.SENT),
+    # a device that is invalid or refused for good is not retried
+    ([Outcome.SENT, Outcome.INVALID_RECIPIENT], False, 1, Action.SENT),
+    ([Outcome.SENT, Outcome.PERMANENT], False, 1, Action.SENT),
     ([Outcome.RETRY], True, 1, Action.FALLBACK),
     ([Outcome.RETRY], False, 1, Action.RETRY),
     ([Outcome.RETRY], False, 3, Action.DEAD),
@@ -48,3 +56,23 @@ def test_a_task_out_of_attempts_says_so_and_why() -> None:
     verdict = judge([answer(Outcome.RETRY)], has_next_channel=False, attempt=3, max_attempts=3)
     assert verdict.action is Action.DEAD
     assert verdict.reason == "gave up after 3 attempts: retry"
+
+
+def test_destinations_suppressed_since_routing_are_left_out() -> None:
+    gone = answer(Outcome.INVALID_RECIPIENT, suppressed=True)
+    assert judge([gone], has_next_channel=False, attempt=1,
+                 max_attempts=3).action is Action.SUPPRESSED
+    assert judge([gone], has_next_channel=True, attempt=1,
+                 max_attempts=3).action is Action.FALLBACK
+    # the others decide: one accepted is sent, one failing is retried, not suppressed
+    assert judge([gone, answer(Outcome.SENT)], has_next_channel=False, attempt=1,
+                 max_attempts=3).action is Action.SENT
+    assert judge([gone, answer(Outcome.RETRY)], has_next_channel=False, attempt=1,
+                 max_attempts=3).action is Action.RETRY
+
+
+def test_a_partial_retry_says_how_many_destinations_have_it() -> None:
+    verdict = judge([answer(Outcome.SENT), answer(Outcome.RATE_LIMITED, 3.0)],
+                    has_next_channel=True, attempt=1, max_attempts=3)
+    assert (verdict.action, verdict.retry_after_s) == (Action.PARK, 3.0)
+    assert verdict.reason.startswith("accepted for 1 of 2 destinations; ")

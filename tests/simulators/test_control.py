@@ -59,10 +59,12 @@ async def test_messages_filters_newest_first(
     await send_email(http, sim, "ada@example.com", "t1")
     await send_email(http, sim, "bob@example.com", "t2")
     await send_email(http, sim, "ada@example.com", "t1")
+    # one task to a second recipient (a push task has one per device) is no duplicate
+    await send_email(http, sim, "cy@example.com", "t1")
 
     _, everything = await call(http, sim, "GET", "/_sim/messages")
-    assert [m["taskId"] for m in everything["items"]] == ["t1", "t2", "t1"]
-    assert [m["acceptCount"] for m in everything["items"]] == [2, 1, 1]
+    assert [m["taskId"] for m in everything["items"]] == ["t1", "t1", "t2", "t1"]
+    assert [m["acceptCount"] for m in everything["items"]] == [1, 2, 1, 1]
     item = everything["items"][0]
     assert set(item) == {
         "id",

@@ -3,8 +3,13 @@
 
 A task goes to one or more destinations (a user's push devices; one address elsewhere):
 
-    any destination SENT                      -> SENT (the recipient has it; invalid ones are
-                                                  still disabled, others are not retried)
+    destinations suppressed since routing     -> left out; all of them: FALLBACK if there is a
+                                                  next channel, else SUPPRESSED (not sent)
+    any destination SENT                      -> SENT, unless others failed transiently (5xx,
+                                                  timeout, 429) with attempts left: then RETRY
+                                                  or PARK for those alone (the outbox keeps the
+                                                  accepted ones from going out twice), no
+                                                  fallback since the recipient has it
     any PERMANENT                             -> PERMANENT: dead-lettered now
     any RETRY (timeout, 5xx, connection)      -> FALLBACK to the chain's next channel if there
                                                   is one, else RETRY (the reclaim cycle), and
@@ -31,6 +36,7 @@ class Action(StrEnum):
     RETRY = "retry"
     PARK = "park"
     INVALID = "invalid"
+    SUPPRESSED = "suppressed"  # every destination was suppressed after the task was routed
     PERMANENT = "permanent"
     DEAD = "dead"  # a transient failure with no attempts left
 
@@ -47,6 +53,8 @@ class Attempted:
     local_limit: bool = False  # refused by notifkit's own token bucket, not by the provider
     # The outbox says an earlier attempt was accepted: nothing was sent this time.
     already_sent: bool = False
+    # The address was suppressed (bounce, complaint) after the task was routed: not sent.
+    suppressed: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,9 +69,24 @@ def judge(
     attempted: Sequence[Attempted], *, has_next_channel: bool, attempt: int, max_attempts: int
 ) -> Verdict:
     """``attempt`` is this attempt's number counting earlier parked entries of the task."""
+    suppressed = [a for a in attempted if a.suppressed]
+    attempted = [a for a in attempted if not a.suppressed]
+    if suppressed and not attempted:
+        reason = suppressed[0].result.detail
+        return Verdict(Action.FALLBACK if has_next_channel else Action.SUPPRESSED, reason)
     outcomes = [a.result.outcome for a in attempted]
     first = {o: a for a, o in reversed(list(zip(attempted, outcomes, strict=True)))}
     if Outcome.SENT in first:
+        unsent = [a for a in attempted
+                  if a.result.outcome in (Outcome.RETRY, Outcome.RATE_LIMITED)]
+        if unsent:
+            rest = judge(unsent, has_next_channel=False, attempt=attempt,
+                         max_attempts=max_attempts)
+            if rest.action in (Action.RETRY, Action.PARK):
+                accepted = sum(1 for a in attempted if a.result.sent)
+                return Verdict(rest.action, f"accepted for {accepted} of {len(attempted)} "
+                               f"destinations; {rest.reason}", rest.retry_after_s,
+                               rest.counts_as_attempt)
         return Verdict(Action.SENT, "accepted")
     if Outcome.PERMANENT in first:
         return Verdict(Action.PERMANENT, first[Outcome.PERMANENT].result.detail)

@@ -114,7 +114,8 @@ class DeliveryService(WorkerService):
                 runnable.append((entry, task, transport))
 
         previous = await outbox.claim(self.pool, [
-            outbox.Claim(t["taskId"], t["channel"], dest, t["projectId"], tr.provider)
+            outbox.Claim(t["taskId"], t["channel"], dest, t["projectId"], tr.provider,
+                         t["userId"])
             for _e, t, tr in runnable for dest in t["to"]
         ])
         limits = await self._limits({t["projectId"] for _e, t, _tr in runnable})
@@ -136,11 +137,14 @@ class DeliveryService(WorkerService):
             verdict = judge(answers, has_next_channel=has_next,
                             attempt=attempt, max_attempts=self.settings.max_attempts)
             if verdict.action is Action.RETRY and entry.attempt >= self.worker.max_attempts:
-                verdict = Verdict(Action.DEAD, verdict.reason)
+                # No attempt left for the destinations that failed: those accepted stand.
+                verdict = (Verdict(Action.SENT, "accepted")
+                           if any(a.result.sent for a in answers)
+                           else Verdict(Action.DEAD, verdict.reason))
             for a in answers:
                 outcome = a.result.outcome
-                if outcome is Outcome.INVALID_RECIPIENT and not self.settings.injects(
-                        "keep_invalid_contacts"):  # test-only fault
+                if outcome is Outcome.INVALID_RECIPIENT and not a.suppressed \
+                        and not self.settings.injects("keep_invalid_contacts"):  # test fault
                     disabled.append((task["projectId"], task["channel"], a.destination,
                                      "invalid_recipient"))
                 if outcome is not Outcome.SENT and not a.result.maybe_accepted:
@@ -194,6 +198,17 @@ class DeliveryService(WorkerService):
                 return Attempted(destination, SendResult(
                     Outcome.SENT, before.provider_message_id, "already sent (outbox)"),
                     already_sent=True)
+            if before is not None and before.blocked == outbox.SUPPRESSED:
+                return Attempted(destination, SendResult(
+                    Outcome.INVALID_RECIPIENT,
+                    detail="address suppressed after the task was queued; not sent"),
+                    suppressed=True)
+            if before is not None and before.blocked == outbox.DISABLED:
+                # A provider called it invalid (maybe this task's earlier attempt, for
+                # another of its devices): never retried on that address.
+                return Attempted(destination, SendResult(
+                    Outcome.INVALID_RECIPIENT,
+                    detail="contact disabled after the task was queued; not sent"))
             possible_duplicate = (before is not None and before.status == outbox.SENDING
                                   and not transport.idempotent)
             wait_s = await self._take(buckets)
@@ -288,7 +303,14 @@ class DeliveryService(WorkerService):
             entry.emit(self.keys.events_inbound,
                        _event("notification:sent", task, provider, message_id, attempt))
             return
-        invalid = any(a.result.outcome is Outcome.INVALID_RECIPIENT for a in answers)
+        if action is Action.SUPPRESSED:
+            logs.append(_row(task, attempt, Kind.SUPPRESSED, Status.SUPPRESSED,
+                             verdict.reason, provider))
+            log.info("Not sent: the address was suppressed after the task was queued.",
+                     extra=ids)
+            return
+        invalid = any(a.result.outcome is Outcome.INVALID_RECIPIENT and not a.suppressed
+                      for a in answers)
         if invalid:
             log.warning("The provider rejected the %s address; the contact is disabled and "
                         "never used again.", task["channel"], extra=ids)
