@@ -9,10 +9,11 @@ stderr and exit status 2.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 SERVICES: tuple[str, ...] = (
@@ -153,6 +154,9 @@ class Settings:
     scheduler_poll_interval_s: float = 0.5
     scheduler_lock_ttl_s: int = 30
     workflow_lock_ttl_s: int = 60
+    # provider -> sends per second across every delivery process (PROVIDER_RATE_LIMITS); 0 = no
+    # bucket. Unset providers use their documented rate (transports/registry.py).
+    provider_rates: Mapping[str, float] = field(default_factory=dict)
     simulator_url: str | None = None
     simulator_smtp: str | None = None
     log_format: str = "json"
@@ -302,6 +306,9 @@ def _read_env(env: Mapping[str, str]) -> dict[str, Any]:
     put("simulator_smtp", _get(env, "NOTIFKIT_SIMULATOR_SMTP"))
     put("log_format", _get(env, "LOG_FORMAT"))
     put("log_level", _get(env, "LOG_LEVEL"))
+    rates = _get(env, "PROVIDER_RATE_LIMITS")
+    if rates is not None:
+        values["provider_rates"] = _provider_rates(rates)
     faults = _get(env, "NOTIFKIT_FAULT_INJECTION")
     if faults is not None:
         values["fault_injection"] = frozenset(
@@ -428,6 +435,29 @@ def _check_url(variable: str, value: str | None, schemes: tuple[str, ...]) -> No
         )
 
 
+PROVIDERS: Final = ("resend", "sendgrid", "smtp", "twilio", "fcm", "webhook", "openai")
+
+
+def _provider_rates(raw: str) -> dict[str, float]:
+    """``resend=2,twilio=50``: sends per second per provider (0 = no bucket)."""
+    rates: dict[str, float] = {}
+    for part in raw.split(","):
+        if not part.strip():
+            continue
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        try:
+            rate = float(value) if sep else -1.0
+        except ValueError:
+            rate = -1.0
+        if not sep or not math.isfinite(rate) or rate < 0:
+            raise ConfigError("PROVIDER_RATE_LIMITS",
+                              f"takes provider=sends-per-second pairs separated by commas "
+                              f"(e.g. resend=2,twilio=50), got {part.strip()!r}")
+        rates[name] = rate
+    return rates
+
+
 def _validate(s: Settings) -> None:
     _check_url("REDIS_URL", s.redis_url, ("redis", "rediss", "unix"))
     _check_url("DATABASE_URL", s.database_url, ("postgresql", "postgres"))
@@ -467,6 +497,13 @@ def _validate(s: Settings) -> None:
         raise ConfigError(
             "LOG_LEVEL", f"must be DEBUG, INFO, WARNING or ERROR, got {s.log_level!r}"
         )
+    for provider, rate in s.provider_rates.items():
+        if provider not in PROVIDERS:
+            raise ConfigError("PROVIDER_RATE_LIMITS", f"unknown provider {provider!r}; "
+                              f"known: {', '.join(PROVIDERS)}")
+        if not (math.isfinite(rate) and rate >= 0):
+            raise ConfigError("PROVIDER_RATE_LIMITS",
+                              f"{provider}: must be a number of sends per second >= 0")
     unknown_faults = sorted(s.fault_injection - FAULT_INJECTIONS.keys())
     if unknown_faults:
         raise ConfigError("NOTIFKIT_FAULT_INJECTION",

@@ -33,6 +33,16 @@ MISSING: dict[str, str] = {
 }
 
 
+# The providers that publish a default sending rate: (their API's URL, sends per second).
+# Resend: 2 requests per second per team; FCM HTTP v1: 600,000 messages per minute per
+# project. SendGrid and Twilio publish none that holds for every account: they answer 429,
+# and the task is parked until their Retry-After.
+DOCUMENTED_RATES: dict[str, tuple[str, float]] = {
+    "resend": ("https://api.resend.com", 2.0),
+    "fcm": ("https://fcm.googleapis.com", 10_000.0),
+}
+
+
 def build_transports(
     settings: Settings, extra: Iterable[object] = ()
 ) -> dict[str, Transport]:
@@ -78,4 +88,22 @@ def build_transports(
             raise TypeError(f"{transport!r} is not a notifkit transport (channel, provider, "
                             "idempotent, rate_per_s, open, close, send)")
         built[transport.channel] = transport
+    for transport in built.values():
+        transport.rate_per_s = send_rate(settings, transport)
     return built
+
+
+def send_rate(settings: Settings, transport: Transport) -> float | None:
+    """The sends per second notifkit allows itself towards ``transport``'s provider, across
+    every delivery process (None = no bucket): ``PROVIDER_RATE_LIMITS`` first, else the rate
+    the transport was built with, else the provider's documented rate when the transport
+    talks to the provider itself (a simulator or proxy sets its own limits and answers 429)."""
+    configured = settings.provider_rates.get(transport.provider)
+    if configured is not None:
+        return configured or None
+    if transport.rate_per_s:
+        return transport.rate_per_s
+    documented = DOCUMENTED_RATES.get(transport.provider)
+    if documented is not None and getattr(transport, "base_url", None) == documented[0]:
+        return documented[1]
+    return None

@@ -65,3 +65,26 @@ def test_smtp_url_parts() -> None:
         "email"]
     assert (smtp.hostname, smtp.port, smtp.use_tls) == ("mx", 465, True)
     assert (smtp.username, smtp.password) == ("a@b", "p:w")
+
+
+def test_real_providers_get_their_documented_rate_and_simulators_none() -> None:
+    real = build_transports(Settings.from_env({
+        "RESEND_API_KEY": "re_1", "EMAIL_FROM": "a@example.com",
+        "FCM_PROJECT_ID": "p", "FCM_ACCESS_TOKEN": "t",
+        "TWILIO_ACCOUNT_SID": "AC1", "TWILIO_AUTH_TOKEN": "x", "TWILIO_FROM": "+15550000000"}))
+    assert (real["email"].rate_per_s, real["push"].rate_per_s) == (2.0, 10_000.0)
+    assert real["sms"].rate_per_s is None  # Twilio publishes no account-wide rate
+    simulated = build_transports(Settings.from_env({"NOTIFKIT_SIMULATOR_URL": "http://sim:8025"}))
+    assert {t.rate_per_s for t in simulated.values()} == {None}
+
+
+def test_provider_rate_limits_override_every_default() -> None:
+    settings = Settings.from_env({
+        "NOTIFKIT_SIMULATOR_URL": "http://sim:8025",
+        "RESEND_API_KEY": "re_1", "RESEND_BASE_URL": "https://api.resend.com",
+        "PROVIDER_RATE_LIMITS": "resend=0, twilio=5",
+    })
+    built = build_transports(settings, [Pigeon()])
+    assert built["email"].rate_per_s is None  # 0 = no bucket, even towards Resend itself
+    assert built["sms"].rate_per_s == 1.0  # Pigeon's own rate: the setting names twilio
+    assert build_transports(settings)["sms"].rate_per_s == 5.0

@@ -133,6 +133,11 @@ def test_all_means_every_service(raw: str) -> None:
         ({"OPENAI_BASE_URL": "openai"}, "OPENAI_BASE_URL"),
         ({"NOTIFKIT_SIMULATOR_URL": "ftp://sim"}, "NOTIFKIT_SIMULATOR_URL"),
         ({"NOTIFKIT_SIMULATOR_SMTP": "nohost"}, "NOTIFKIT_SIMULATOR_SMTP"),
+        ({"PROVIDER_RATE_LIMITS": "resend"}, "PROVIDER_RATE_LIMITS"),
+        ({"PROVIDER_RATE_LIMITS": "resend=fast"}, "PROVIDER_RATE_LIMITS"),
+        ({"PROVIDER_RATE_LIMITS": "resend=-1"}, "PROVIDER_RATE_LIMITS"),
+        ({"PROVIDER_RATE_LIMITS": "resend=inf"}, "PROVIDER_RATE_LIMITS"),
+        ({"PROVIDER_RATE_LIMITS": "pigeon=3"}, "PROVIDER_RATE_LIMITS"),
     ],
 )
 def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) -> None:
