@@ -27,13 +27,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from simulators.faults import FaultItem
 from simulators.kinds import Provider
 from simulators.limits import LimitItem
 from simulators.page import render_page
 from simulators.receipts import ReceiptsItem
-from simulators.records import MessageItem
+from simulators.records import MessageItem, has_lone_surrogate
 from simulators.state import STATE, SimState
 from simulators.stats import ProviderStatsItem
 from simulators.validation import ControlError, get_int, reject_unknown, require_object, show
@@ -139,19 +140,27 @@ def health(state: SimState) -> dict[str, Any]:
 
 
 def _json(payload: Any, status: int = 200) -> web.Response:
-    return web.json_response(
-        payload, status=status, dumps=lambda v: json.dumps(v, ensure_ascii=False)
-    )
+    # Whatever was stored, the answer is written: a string that is not valid Unicode is
+    # escaped rather than failing the whole listing.
+    body = json.dumps(payload, ensure_ascii=False).encode("utf-8", "backslashreplace")
+    return web.Response(body=body, status=status, content_type="application/json")
 
 
 async def _body(request: web.Request) -> object:
-    raw = await request.read()
+    try:
+        raw = await request.read()
+    except RequestPayloadError:
+        raise ControlError("request body does not match its Content-Encoding") from None
     if not raw.strip():
         return None
     try:
-        return json.loads(raw.decode("utf-8"))
+        value = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise ControlError("request body must be valid UTF-8 JSON") from None
+    if has_lone_surrogate(value):
+        raise ControlError("request body must be valid Unicode (a string holds a lone "
+                           "surrogate escape)")
+    return value
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -188,8 +197,8 @@ async def _delete_fault(request: web.Request) -> web.StreamResponse:
 async def _page(request: web.Request) -> web.StreamResponse:
     html = render_page(request.app[STATE])
     return web.Response(
-        text=html,
-        content_type="text/html",
+        body=html.encode("utf-8", "backslashreplace"),
+        content_type="text/html", charset="utf-8",
         headers={
             "Content-Security-Policy": _PAGE_POLICY,
             "X-Content-Type-Options": "nosniff",

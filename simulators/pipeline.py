@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from simulators.faults import FaultDecision
 from simulators.idempotency import Lookup, fingerprint
@@ -325,6 +326,9 @@ async def _read_body(request: web.Request, state: SimState) -> bytes:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise Rejection(ErrorCase.TOO_LARGE) from None
+    except RequestPayloadError:  # gzip or deflate that does not decompress
+        raise Rejection(ErrorCase.BAD_REQUEST,
+                        "The request body does not match its Content-Encoding.") from None
 
 
 def _drop(request: web.BaseRequest) -> web.StreamResponse:

@@ -25,6 +25,7 @@ OpenAI completions get no receipts.
 from __future__ import annotations
 
 import asyncio
+import binascii
 import json
 import logging
 import random
@@ -37,7 +38,7 @@ import aiohttp
 
 from simulators.kinds import Provider
 from simulators.records import MessageRecord, iso
-from simulators.signing import svix_headers, twilio_sign
+from simulators.signing import svix_headers, svix_key, twilio_sign
 from simulators.validation import (
     ControlError,
     get_int,
@@ -102,6 +103,10 @@ def parse_config(payload: object) -> ReceiptConfig:
         raise ControlError(f"'url' must be an absolute http(s) URL, got {url[:80]!r}")
     secret = get_str(body, "secret", required=True, max_len=512)
     assert secret is not None
+    try:
+        svix_key(secret)
+    except (ValueError, binascii.Error):
+        raise ControlError("'secret' starting whsec_ must continue in base64") from None
     delay_ms = get_int(body, "delayMs", minimum=0, maximum=MAX_DELAY_MS) or 0
     probabilities = {"delivered": 1.0}
     for event in EVENTS:

@@ -33,6 +33,28 @@ class MessageItem(TypedDict):
     content: dict[str, Any]
 
 
+def scrub(value: Any) -> Any:
+    """``value`` with every string writable as UTF-8: a lone surrogate (an SMTP envelope or a
+    header byte that was not UTF-8) becomes U+FFFD, so listing what was stored never fails."""
+    if isinstance(value, str):
+        if value.isascii():
+            return value
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        return value
+    if isinstance(value, dict):
+        return {scrub(k): scrub(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub(v) for v in value]
+    return value
+
+
+def has_lone_surrogate(value: Any) -> bool:
+    return bool(scrub(value) != value)
+
+
 @dataclass
 class MessageRecord:
     id: str  # the provider's own message id, as returned to the client
@@ -83,6 +105,10 @@ class MessageStore:
     def add(self, record: MessageRecord) -> MessageRecord:
         """Store an accepted message; its `accept_count` says how often its task was accepted
         for this recipient (a push task to two devices is two messages, not a duplicate)."""
+        record.recipients = scrub(record.recipients)
+        record.task_id = scrub(record.task_id)
+        record.idempotency_key = scrub(record.idempotency_key)
+        record.content = scrub(record.content)
         if record.task_id is not None:
             key = (record.provider, record.task_id, record.to)
             record.accept_count = self._accepts.pop(key, 0) + 1

@@ -31,7 +31,7 @@ SVIX_TOLERANCE_S = 300
 
 def svix_key(secret: str) -> bytes:
     if secret.startswith(SVIX_SECRET_PREFIX):
-        return base64.b64decode(secret[len(SVIX_SECRET_PREFIX) :])
+        return base64.b64decode(secret[len(SVIX_SECRET_PREFIX) :], validate=True)
     return secret.encode()
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from simulators.kinds import ErrorCase
 from simulators.pipeline import Rejection
+from simulators.records import has_lone_surrogate
 
 # Stored email bodies are cut here so a few huge messages cannot exhaust the ring buffer.
 MAX_STORED_TEXT = 256 * 1024
@@ -23,8 +24,12 @@ def _no_constant(name: str) -> Any:
 
 def strict_json(body: bytes) -> Any:
     """``body`` parsed as JSON as the providers' servers read it: NaN and Infinity, which
-    Python's parser accepts and no JSON client writes, are errors (ValueError)."""
-    return json.loads(body.decode("utf-8"), parse_constant=_no_constant)
+    Python's parser accepts and no JSON client writes, are errors (ValueError), and so is a
+    lone surrogate escape (``"\\ud800"``): no UTF-8 text holds one."""
+    value = json.loads(body.decode("utf-8"), parse_constant=_no_constant)
+    if b"\\u" in body and has_lone_surrogate(value):
+        raise ValueError("a string holds a lone surrogate escape")
+    return value
 
 
 def load_json(body: bytes, *, status: int | None = None) -> Any:

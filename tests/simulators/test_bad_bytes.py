@@ -1,0 +1,101 @@
+"""Text that is not valid Unicode and bodies that do not decompress: a clear 4xx, and nothing
+stored that could break a later listing."""
+
+from __future__ import annotations
+
+import asyncio
+import smtplib
+from typing import Any
+
+import aiohttp
+import pytest
+
+from simulators import SimulatorServer
+
+RESEND = {"Authorization": "Bearer re_1", "Content-Type": "application/json"}
+
+
+async def call(sim: SimulatorServer, method: str, path: str, **options: Any) -> tuple[int, str]:
+    # A fresh connection each time: the server closes one whose body failed to decompress.
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as http, \
+            http.request(method, sim.base_url + path, **options) as response:
+        return response.status, await response.text()
+
+
+async def listings_still_work(sim: SimulatorServer) -> None:
+    for path in ("/_sim/messages", "/_sim/faults", "/_sim/receipts", "/_sim/stats", "/_sim/"):
+        status, _ = await call(sim, "GET", path)
+        assert status == 200, path
+
+
+@pytest.mark.parametrize(("path", "body", "headers"), [
+    ("/emails", b'{"from": "a@example.com", "to": "b@example.com", "subject": "s", '
+                b'"text": "\\ud800"}', RESEND),
+    ("/emails", b'{"from": "a@example.com", "to": "b@example.com", "subject": "\\udfff", '
+                b'"text": "t"}', {**RESEND, "Idempotency-Key": "sur1"}),
+    ("/v1/chat/completions", b'{"model": "gpt-4o-mini", "messages": '
+                             b'[{"role": "user", "content": "\\ud800"}]}',
+     {"Authorization": "Bearer sk-1", "Content-Type": "application/json"}),
+])
+async def test_a_lone_surrogate_in_a_provider_body_is_the_providers_bad_request(
+    sim: SimulatorServer, path: str, body: bytes, headers: dict[str, str]
+) -> None:
+    status, _ = await call(sim, "POST", path, data=body, headers=headers)
+    assert status == 400
+    assert await sim.messages() == []
+    await listings_still_work(sim)
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/_sim/faults", b'{"kind": "error", "provider": "twilio", "to": "\\ud800*"}'),
+    ("/_sim/receipts", b'{"url": "http://127.0.0.1:9/\\ud800", "secret": "s"}'),
+])
+async def test_a_lone_surrogate_in_a_control_body_is_refused_and_nothing_stored(
+    sim: SimulatorServer, path: str, body: bytes
+) -> None:
+    status, text = await call(sim, "POST", path, data=body)
+    assert status == 400
+    assert "Unicode" in text
+    await listings_still_work(sim)
+
+
+async def test_bytes_that_are_not_utf8_in_headers_and_smtp_are_stored_readably(
+    sim: SimulatorServer,
+) -> None:
+    # A header byte that is not UTF-8 reaches the handler as a lone surrogate.
+    raw_task_id = b"task-\xff".decode("latin-1")
+    body = {"from": "a@example.com", "to": "b@example.com", "subject": "s", "text": "t"}
+    status, _ = await call(sim, "POST", "/emails", json=body,
+                           headers={"Authorization": "Bearer re_1",
+                                    "X-Notifkit-Task-Id": raw_task_id})
+    assert status == 200
+
+    def send_raw_envelope() -> None:
+        with smtplib.SMTP(sim.smtp_host, sim.smtp_port, timeout=5) as client:
+            client.ehlo()
+            client.send(b"MAIL FROM:<a\xff@example.com>\r\n")
+            assert client.getreply()[0] == 250
+            client.putcmd("RCPT", "TO:<b@example.com>")
+            client.getreply()
+            client.data(b"Subject: hi\r\n\r\nbody\r\n")
+
+    await asyncio.to_thread(send_raw_envelope)
+    assert len(await sim.messages()) == 2
+    await listings_still_work(sim)
+
+
+@pytest.mark.parametrize("path", ["/emails", "/_sim/faults"])
+async def test_a_body_that_does_not_decompress_is_a_4xx(sim: SimulatorServer, path: str) -> None:
+    status, _ = await call(sim, "POST", path, data=b"not gzip at all",
+                           headers={**RESEND, "Content-Encoding": "gzip"})
+    assert 400 <= status < 500
+    await listings_still_work(sim)
+
+
+async def test_a_receipt_secret_that_is_not_base64_is_refused(sim: SimulatorServer) -> None:
+    status, text = await call(sim, "POST", "/_sim/receipts",
+                              json={"url": "http://127.0.0.1:9/hook",
+                                    "secret": "whsec_!!!notbase64"})
+    assert status == 400
+    assert "secret" in text
