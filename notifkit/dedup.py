@@ -26,36 +26,33 @@ STAGES = ("enricher", "engine", "ai", "delivery")
 
 
 # -- pure key functions ---------------------------------------------------------------
-# Parts are joined with ":" after escaping "\" and ":" in each, so distinct inputs can never
-# produce the same key (("a:b", "c") and ("a", "b:c") differ).
-
-
-def _join(*parts: str) -> str:
-    return ":".join(p.replace("\\", "\\\\").replace(":", "\\:") for p in parts)
+# The contract's formats, joined with ":" as they stand. They stay unambiguous because of what
+# each part is: project, event and task ids are UUIDs (no ":"), a channel is one of a fixed few
+# words, so only the recipient id or a caller's idempotency key, which may hold anything, sits
+# where the rest of the key still tells where it ends.
 
 
 def enricher_key(project_id: str, *, idempotency_key: str | None, event_id: str) -> str:
-    """``projectId:idempotencyKey``, else ``projectId:eventId`` (tagged so they never meet)."""
-    if idempotency_key:
-        return _join(project_id, "key", idempotency_key)
-    return _join(project_id, "event", event_id)
+    """``projectId:idempotencyKey``, else ``projectId:eventId``."""
+    return f"{project_id}:{idempotency_key or event_id}"
 
 
 def enricher_page_key(notification_key: str, after: str) -> str:
-    """A segment continuation: the notification's enricher key plus the page's cursor."""
-    return _join(notification_key, "page", after)
+    """A segment continuation: its notification's key and the page's cursor. It starts with
+    ``page:``, which no notification key (a project id first) does."""
+    return f"page:{notification_key}:{after}"
 
 
 def engine_key(raw_event_id: str, recipient_id: str, channel: str) -> str:
-    return _join(raw_event_id, recipient_id, channel)
+    return f"{raw_event_id}:{recipient_id}:{channel}"
 
 
 def ai_key(enriched_event_id: str, recipient_id: str, channel: str) -> str:
-    return _join(enriched_event_id, recipient_id, channel, "ai")
+    return f"{enriched_event_id}:{recipient_id}:{channel}:ai"
 
 
 def delivery_key(task_id: str) -> str:
-    return _join(task_id)
+    return task_id
 
 
 # Compare-and-delete, as the worker releases the marks of a failed entry.

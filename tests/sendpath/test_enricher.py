@@ -80,7 +80,7 @@ async def test_the_same_event_twice_is_enriched_once(
     await enricher.run_until_idle()
 
     assert len(await entries(redis, keys.enriched("normal"))) == 1
-    ttl = await redis.ttl(keys.processed("enricher", f"{project}:key:order-1"))
+    ttl = await redis.ttl(keys.processed("enricher", f"{project}:order-1"))
     assert 3600 < ttl <= 24 * 3600
 
 

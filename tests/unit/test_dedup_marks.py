@@ -94,8 +94,8 @@ async def test_a_caller_key_window_overrides_the_default(
     fake: fakeredis.FakeAsyncRedis,
 ) -> None:
     enricher = Dedup(fake, Keys("ns"), "enricher", ttl_s=3600)
-    await enricher.claim(entry("1-0"), "p1:key:abc", ttl_s=24 * 3600)
-    assert 24 * 3600 - 10 < await fake.ttl("ns:notif:processed:enricher:p1:key:abc") <= 86400
+    await enricher.claim(entry("1-0"), "p1:abc", ttl_s=24 * 3600)
+    assert 24 * 3600 - 10 < await fake.ttl("ns:notif:processed:enricher:p1:abc") <= 86400
 
 
 async def test_extend_lengthens_a_mark_but_never_shortens_it(
