@@ -142,16 +142,25 @@ async def test_concurrent_identical_requests_enqueue_once(
     assert await redis.xlen(Keys(api.settings.namespace).inbound("normal")) == 1
 
 
-async def test_a_reused_key_with_another_body_is_409(
-    api: Api, project: Project, template: str
+async def test_a_reused_key_gets_the_first_response_whatever_the_body(
+    api: Api, project: Project, template: str, redis: Redis
 ) -> None:
+    """API.md: the same key again within 24 h -> the first response again, nothing enqueued
+    (a retry may rebuild its body); the same key on another route is a 409."""
     headers = {"x-idempotency-key": "k"}
-    await api.call("POST", "/v1/notifications", key=project.send,
-                   json={"to": "u1", "template": template}, headers=headers)
+    first = await api.call("POST", "/v1/notifications", key=project.send,
+                           json={"to": "u1", "template": template}, headers=headers)
     reply = await api.call("POST", "/v1/notifications", key=project.send,
                            json={"to": "u2", "template": template}, headers=headers)
-    assert reply.status == 409
-    assert reply.error["code"] == "idempotency_key_reused"
+    assert (reply.status, reply.body) == (202, first.body)
+    assert reply.headers.get("x-idempotent-replay") == "true"
+    assert await redis.xlen(Keys(api.settings.namespace).inbound("normal")) == 1
+    await api.call("PUT", "/v1/workflows/w1", key=project.full,
+                   json={"steps": [{"type": "wait", "seconds": 1}]})
+    elsewhere = await api.call("POST", "/v1/workflows/w1/trigger", key=project.full,
+                               json={"userId": "u1"}, headers=headers)
+    assert (elsewhere.status, elsewhere.fields) == (409, ["x-idempotency-key"])
+    assert elsewhere.error["code"] == "idempotency_key_reused"
     too_long = await api.call("POST", "/v1/notifications", key=project.send,
                               json={"to": "u1", "template": template},
                               headers={"x-idempotency-key": "k" * 256})

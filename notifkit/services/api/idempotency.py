@@ -5,9 +5,10 @@
     release DEL key                                                -> the work failed; a retry may
 
 A second request with the same key waits while the first is pending, then replays its
-response, so two concurrent identical requests enqueue once. The fingerprint is the route and
-the request body: the same key with a different request is a 409, not a silent replay of
-something the caller did not ask for.
+response, so two concurrent identical requests enqueue once. As API.md says, the same key
+within 24 h gets the first response whatever the body (a retry that rebuilt its body, with a
+new timestamp in ``data`` say, is still the same send); a different body is logged. The same
+key on another route is a 409: that response would answer a request the caller did not make.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +25,8 @@ from redis.asyncio import Redis
 
 from notifkit import codec
 from notifkit.services.api.errors import ApiError, invalid_field
+
+log = logging.getLogger("notifkit.api")
 
 HEADER = "x-idempotency-key"
 REPLAY_HEADER = "x-idempotent-replay"
@@ -55,16 +59,18 @@ def fingerprint(route: str, body: Any) -> str:
 
 
 class IdempotencyKey:
-    def __init__(self, redis: Redis, key: str, fingerprint: str, ttl_s: int) -> None:
+    def __init__(self, redis: Redis, key: str, route: str, body: Any, ttl_s: int) -> None:
         self.redis = redis
         self.key = key
-        self.fingerprint = fingerprint
+        self.route = route
+        self.fingerprint = fingerprint(route, body)
         self.ttl_s = ttl_s
 
     async def claim(self) -> Replay | None:
         """None: this request owns the key and must :meth:`finish` or :meth:`release` it.
         Otherwise the first request's response, to be replayed."""
-        pending = codec.dumps({"state": "pending", "fingerprint": self.fingerprint})
+        pending = codec.dumps({"state": "pending", "route": self.route,
+                               "fingerprint": self.fingerprint})
         loop = asyncio.get_running_loop()
         deadline = loop.time() + WAIT_TOTAL_S
         while True:
@@ -74,13 +80,16 @@ class IdempotencyKey:
             if raw is None:
                 continue  # released or expired between the two calls: try to claim again
             record = codec.loads(raw)
-            if record.get("fingerprint") != self.fingerprint:
+            if record.get("route") != self.route:
                 raise ApiError(
                     409, "idempotency_key_reused",
-                    "This idempotency key was used with a different request; use a new key.",
-                    [{"field": HEADER, "message": "was used with a different request"}],
+                    "This idempotency key was used with another route; use a new key.",
+                    [{"field": HEADER, "message": "was used with another route"}],
                 )
             if record.get("state") == "done":
+                if record.get("fingerprint") != self.fingerprint:
+                    log.info("Replayed the first response to an idempotency key reused with "
+                             "a different body.", extra={"route": self.route})
                 return Replay(int(record["status"]), record["body"])
             if loop.time() >= deadline:
                 raise ApiError(
@@ -93,8 +102,8 @@ class IdempotencyKey:
             await asyncio.sleep(WAIT_STEP_S)
 
     async def finish(self, status: int, body: Any) -> None:
-        record = {"state": "done", "fingerprint": self.fingerprint, "status": status,
-                  "body": body}
+        record = {"state": "done", "route": self.route, "fingerprint": self.fingerprint,
+                  "status": status, "body": body}
         await self.redis.set(self.key, codec.dumps(record), ex=self.ttl_s)
 
     async def release(self) -> None:

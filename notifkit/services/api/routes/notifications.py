@@ -24,7 +24,6 @@ from notifkit.services.api.errors import invalid_field, json_response, not_found
 from notifkit.services.api.idempotency import (
     REPLAY_HEADER,
     IdempotencyKey,
-    fingerprint,
     header_key,
 )
 from notifkit.services.api.middleware import project_id
@@ -79,7 +78,7 @@ async def send_notification(request: web.Request) -> web.Response:
     app = request.app
     idem = IdempotencyKey(
         app[REDIS], app[KEYS].api_idempotency(project, key),
-        fingerprint("POST /v1/notifications", body), app[SETTINGS].caller_idempotency_ttl_s,
+        "POST /v1/notifications", body, app[SETTINGS].caller_idempotency_ttl_s,
     )
     replay = await idem.claim()
     if replay is not None:

@@ -22,7 +22,6 @@ from notifkit.services.api.errors import detail, json_response, not_found
 from notifkit.services.api.idempotency import (
     REPLAY_HEADER,
     IdempotencyKey,
-    fingerprint,
     header_key,
 )
 from notifkit.services.api.middleware import project_id
@@ -124,7 +123,7 @@ async def trigger_workflow(request: web.Request) -> web.Response:
         return json_response({"instanceId": instance_id}, 202)
     idem = IdempotencyKey(
         app[REDIS], app[KEYS].api_idempotency(project, key),
-        fingerprint(f"POST /v1/workflows/{workflow_id}/trigger", body),
+        f"POST /v1/workflows/{workflow_id}/trigger", body,
         app[SETTINGS].caller_idempotency_ttl_s,
     )
     replay = await idem.claim()
