@@ -323,7 +323,9 @@ def parse_outbound(payload: dict[str, Any]) -> OutboundTask:
 
 def outbound_from_ai(task: AiTask, content: dict[str, Any]) -> OutboundTask:
     """The outbound task of an AI task once its content is written."""
-    out = {k: v for k, v in task.items() if k not in ("ai", "context")}
+    # The AI stage's own attempts (priorAttempts, parkCount) are not delivery's.
+    out = {k: v for k, v in task.items()
+           if k not in ("ai", "context", "priorAttempts", "parkCount")}
     out["content"] = content
     return out  # type: ignore[return-value]
 

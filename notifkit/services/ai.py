@@ -34,7 +34,13 @@ from typing import Any, ClassVar
 
 from notifkit.db import ai_usage
 from notifkit.dedup import Dedup, ai_key
-from notifkit.errors import MalformedPayload, PermanentFailure, RateLimited, RetryLater
+from notifkit.errors import (
+    AttemptsExhausted,
+    MalformedPayload,
+    PermanentFailure,
+    RateLimited,
+    RetryLater,
+)
 from notifkit.messages import AiTask, ScheduledTask, outbound_from_ai, parse_outbound
 from notifkit.services.base import WorkerService
 from notifkit.templates import RenderError, render_channel, render_string
@@ -135,7 +141,13 @@ class AiService(WorkerService):
         except RateLimited as exc:
             await self._park(entry, task, exc)
             return None
-        except (RetryLater, PermanentFailure) as exc:
+        except RetryLater as exc:
+            # A parked task's earlier attempts count: the limit is per task, not per entry.
+            attempt = int(task.get("priorAttempts") or 0) + entry.attempt
+            entry.fail(AttemptsExhausted(f"gave up after {attempt} attempts: {exc}")
+                       if attempt >= self.settings.max_attempts else exc)
+            return None
+        except PermanentFailure as exc:
             entry.fail(exc)
             return None
         base: dict[str, Any] = {}
@@ -159,11 +171,14 @@ class AiService(WorkerService):
     async def _park(self, entry: Entry, task: AiTask, exc: RateLimited) -> None:
         """Hand the task to the scheduler until the provider's window reopens."""
         parks = int(task.get("parkCount") or 0) + 1
-        if parks > self.settings.max_attempts:
-            entry.fail(PermanentFailure(f"still rate limited after {parks - 1} parkings: {exc}"))
+        # Each 429 is an attempt, and so is each failure before it: the task's attempts,
+        # counted across its parkings, stop at the limit like any other entry's.
+        attempt = int(task.get("priorAttempts") or 0) + entry.attempt
+        if attempt >= self.settings.max_attempts:
+            entry.fail(AttemptsExhausted(f"still rate limited after {attempt} attempts: {exc}"))
             return
         after_s = exc.after_s if exc.after_s is not None else 1.0
-        payload: dict[str, Any] = {**task, "parkCount": parks}
+        payload: dict[str, Any] = {**task, "parkCount": parks, "priorAttempts": attempt}
         parked: ScheduledTask = {
             "taskId": task["taskId"], "projectId": task["projectId"],
             "dueAt": int((time.time() + after_s) * 1000), "stream": self.keys.ai_pending,

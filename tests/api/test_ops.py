@@ -118,6 +118,23 @@ def dlq_record(keys: Keys, project: str, entry: str, n: int) -> dict[str, Any]:
             "projectId": project, "replayOf": f"{stream}/{entry}"}
 
 
+async def test_a_replayed_task_starts_its_attempts_afresh(api: Api, redis: Redis) -> None:
+    """A delivery task parked after 429s carries its attempts in its payload; replayed from
+    the DLQ, it gets the full attempt limit again, as the replay promises."""
+    keys = Keys(api.settings.namespace)
+    a = await api.project("a")
+    record = dlq_record(keys, a.id, "1-0", 0)
+    record["stream"] = keys.outbound("normal")
+    record["payload"] = {**record["payload"], "priorAttempts": 2, "parkCount": 2}
+    entry_id = await xadd(redis, keys.dlq, record, 1000)
+    assert (await api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full)).status == 202
+    [(_id, fields)] = await xrange(redis, keys.outbound("normal"))
+    replayed = decode(fields)
+    assert "priorAttempts" not in replayed
+    assert "parkCount" not in replayed
+    assert replayed["n"] == 0
+
+
 async def test_dlq_is_scoped_replayable_and_deletable(api: Api, redis: Redis) -> None:
     keys = Keys(api.settings.namespace)
     a, b = await api.project("a"), await api.project("b")

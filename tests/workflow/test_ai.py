@@ -193,13 +193,36 @@ async def test_a_429_parks_the_task_with_the_scheduler_until_retry_after(
     assert parked["stream"] == keys.ai_pending
     assert parked["taskId"] == task["taskId"]
     assert parked["dueAt"] >= before_ms + 7000
-    assert parked["payload"]["parkCount"] == 1
+    assert (parked["payload"]["parkCount"], parked["payload"]["priorAttempts"]) == (1, 1)
     assert await stream(redis, keys.dlq) == []
     # When the scheduler hands it back, the dedup key is free and the text is written
     await xadd(redis, keys.ai_pending, parked["payload"], 10_000)
     await ai.run_until_idle()
-    assert len(await stream(redis, keys.outbound("normal"))) == 1
+    [out] = await stream(redis, keys.outbound("normal"))
     assert await requests_made(sim) == 2
+    # Delivery counts its own attempts from zero
+    assert "priorAttempts" not in out
+    assert "parkCount" not in out
+
+
+async def test_parkings_count_towards_the_attempt_limit(
+    ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys, project_id: str,
+    template: str,
+) -> None:
+    """Three attempts per task, 429s included: a task rate limited every time is parked
+    twice, then dead-lettered on its third 429, not parked again."""
+    await sim.add_fault("rate_limit", "openai", retry_after_s=1)
+    await xadd(redis, keys.ai_pending, ai_task(project_id), 10_000)
+    for parking in (1, 2):
+        await ai.run_until_idle()
+        parked = (await stream(redis, keys.scheduled))[-1]
+        assert parked["payload"]["priorAttempts"] == parking
+        await xadd(redis, keys.ai_pending, parked["payload"], 10_000)
+    await ai.run_until_idle()
+    [dead] = await stream(redis, keys.dlq)
+    assert "still rate limited after 3 attempts" in dead["error"]
+    assert len(await stream(redis, keys.scheduled)) == 2
+    assert await requests_made(sim) == 3
 
 
 def test_content_for_fills_the_channels_body_and_a_missing_subject() -> None:

@@ -103,7 +103,9 @@ async def replay_dlq(request: web.Request) -> web.Response:
     if not isinstance(payload, dict):
         raise ApiError(409, "not_replayable", "This entry has no payload to replay.")
     replay_of = record.get("replayOf") or f"{stream}/{record.get('entryId') or entry_id}"
-    replayed = {**payload, "_replayOf": replay_of}
+    # A fresh start: attempts a parked task carried in its payload do not count again.
+    replayed = {k: v for k, v in payload.items() if k not in ("priorAttempts", "parkCount")}
+    replayed["_replayOf"] = replay_of
     script = app[REDIS].register_script(_REPLAY)
     new_id = await script(keys=[keys.dlq, stream],
                           args=[entry_id, app[SETTINGS].queue_max_len, codec.dumps(replayed)])
