@@ -60,6 +60,17 @@ async def test_content_keys_fallback_and_ai_are_checked(api: Api, project: Proje
     assert set(reply.fields) == {
         "channels.email.subject", "channels.email.body", "channels.fax", "channels.push",
         "channels.webhook.body", "fallback[1]", "ai.model", "ai.channels"}
+    # Content no provider would take: empty required fields, an email without a body
+    undeliverable = await api.call("PUT", "/v1/templates/t", key=project.full, json={
+        "channels": {"sms": {"text": ""}, "email": {"subject": "Hi"},
+                     "push": {"title": "", "body": "b"}, "inapp": {"text": ""}}})
+    assert set(undeliverable.fields) == {
+        "channels.sms.text", "channels.email.text", "channels.push.title", "channels.inapp.text"}
+    # ... unless the AI writes that channel: then the fields are placeholders
+    placeholders = await api.call("PUT", "/v1/templates/t-ai", key=project.full, json={
+        "channels": {"sms": {"text": ""}}, "ai": {"model": "m", "prompt": "p",
+                                                   "channels": ["sms"]}})
+    assert placeholders.status == 201
     no_content = await api.call("PUT", "/v1/templates/t", key=project.full, json={
         "channels": {"sms": {"text": "x"}}, "fallback": ["email"]})
     assert no_content.fields == ["fallback[0]"]

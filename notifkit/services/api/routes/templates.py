@@ -46,7 +46,9 @@ async def put_template(request: web.Request) -> web.Response:
     fields = Fields(await read_json(request))
     fields.only(("topic", "channels", "fallback", "ai"))
     topic = fields.string("topic", nullable=True, max_len=100)
-    channels = _channels(fields)
+    raw_ai = fields.body.get("ai")
+    written_by_ai = raw_ai.get("channels") if isinstance(raw_ai, dict) else None
+    channels = _channels(fields, written_by_ai if isinstance(written_by_ai, list) else [])
     ai = _ai(fields)
     fallback = fields.channel_list("fallback", CHANNELS)
     fields.raise_if_invalid()
@@ -158,7 +160,10 @@ def template_json(row: asyncpg.Record) -> dict[str, Any]:
     }
 
 
-def _channels(fields: Fields) -> dict[str, Any] | None:
+def _channels(fields: Fields, written_by_ai: list[Any]) -> dict[str, Any] | None:
+    """Each channel's content. A required field must say something, and an email needs a
+    body, unless the AI writes that channel (then the fields may be empty placeholders): a
+    message nobody can receive is refused here, not dead-lettered at send time."""
     raw = fields.obj("channels", required=True)
     if raw is None:
         return None
@@ -186,8 +191,12 @@ def _channels(fields: Fields) -> dict[str, Any] | None:
                 elif isinstance(body, str) and len(body) > MAX_TEMPLATE_CHARS:
                     inner.fail("body", f"must be at most {MAX_TEMPLATE_CHARS} characters")
             else:
-                inner.string(key, required=key in required, min_len=0,
+                must_say = key in required and channel not in written_by_ai
+                inner.string(key, required=key in required, min_len=1 if must_say else 0,
                              max_len=MAX_TEMPLATE_CHARS)
+        if channel == "email" and channel not in written_by_ai \
+                and not any(content.get(k) for k in ("html", "text")):
+            inner.fail("text", "is required (or html): an email needs a body")
         out[channel] = content
     return out
 
