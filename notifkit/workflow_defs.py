@@ -42,6 +42,16 @@ class FieldError(TypedDict):
 # Validation
 
 
+# What each step type may hold; anything else is a typo the author should hear about.
+STEP_FIELDS: dict[str, frozenset[str]] = {
+    "send": frozenset({"type", "template", "channels", "priority"}),
+    "digest": frozenset({"type", "template", "channels", "priority", "windowSeconds"}),
+    "wait": frozenset({"type", "seconds"}),
+    "waitForEvent": frozenset({"type", "event", "timeoutSeconds", "onTimeout"}),
+    "branch": frozenset({"type", "if", "then", "else"}),
+}
+
+
 def validate_steps(steps: Any) -> list[FieldError]:
     """Every problem with a definition's ``steps``; empty when it can run."""
     errors: list[FieldError] = []
@@ -72,6 +82,9 @@ def _validate_step(step: Any, field: str, depth: int, errors: list[FieldError]) 
     if kind not in STEP_TYPES:
         bad("type", f"must be one of {', '.join(STEP_TYPES)}")
         return
+    for name in step:
+        if name not in STEP_FIELDS[kind]:
+            bad(name, f"is not a field of a {kind} step")
     if kind in ("send", "digest"):
         if not _nonempty_str(step.get("template")):
             bad("template", "is required: the id of the template to send")
@@ -81,6 +94,8 @@ def _validate_step(step: Any, field: str, depth: int, errors: list[FieldError]) 
             or any(c not in CHANNELS for c in channels)
         ):
             bad("channels", f"must be a non-empty list of {', '.join(CHANNELS)}")
+        elif channels is not None and len(set(channels)) != len(channels):
+            bad("channels", "must not name a channel twice")
         if step.get("priority") is not None and step.get("priority") not in PRIORITIES:
             bad("priority", "must be critical, normal or low")
     if kind == "wait":
