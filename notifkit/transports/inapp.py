@@ -6,6 +6,7 @@ events. ``task_id`` is unique, so delivering a task twice stores (and announces)
 from __future__ import annotations
 
 import logging
+from datetime import UTC
 from typing import Any
 
 import asyncpg
@@ -22,6 +23,18 @@ VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (task_id) DO NOTHING
 RETURNING id::text AS id, created_at
 """
+
+
+_SCRIPT_SCHEMES = ("javascript:", "vbscript:", "data:")
+
+
+def unsafe_url(value: Any) -> bool:
+    """Whether a link would run script where an inbox renders it (browsers ignore case,
+    surrounding spaces and control characters inside the scheme)."""
+    if not isinstance(value, str):
+        return False
+    compact = "".join(ch for ch in value if ch > " ").lower()
+    return compact.startswith(_SCRIPT_SCHEMES)
 
 
 class InAppTransport:
@@ -46,6 +59,12 @@ class InAppTransport:
         if ctx is None or ctx.db is None:
             raise RuntimeError("the in-app transport is not open")
         content: dict[str, Any] = dict(message.content)
+        if unsafe_url(content.get("url")):
+            # An inbox renders the link: a script URL (from the template or the send's data)
+            # would run in the recipient's app. The message goes out without it.
+            log.warning("Dropped an in-app link with a script scheme.",
+                        extra={"task_id": message.task_id})
+            content["url"] = None
         try:
             row = await ctx.db.fetchrow(_INSERT, message.project_id, message.user_id,
                                         message.task_id, message.event_id, content)
@@ -60,7 +79,9 @@ class InAppTransport:
         item = {
             "id": row["id"], "userId": message.user_id, "taskId": message.task_id,
             "eventId": message.event_id, "content": content, "read": False, "readAt": None,
-            "createdAt": row["created_at"].isoformat().replace("+00:00", "Z"),
+            # As GET /v1/users/{userId}/inbox writes it: UTC, milliseconds.
+            "createdAt": row["created_at"].astimezone(UTC).isoformat(
+                timespec="milliseconds").replace("+00:00", "Z"),
         }
         try:
             await ctx.redis.publish(

@@ -66,6 +66,9 @@ async def test_content_keys_fallback_and_ai_are_checked(api: Api, project: Proje
                      "push": {"title": "", "body": "b"}, "inapp": {"text": ""}}})
     assert set(undeliverable.fields) == {
         "channels.sms.text", "channels.email.text", "channels.push.title", "channels.inapp.text"}
+    script = await api.call("PUT", "/v1/templates/t", key=project.full, json={
+        "channels": {"inapp": {"text": "x", "url": "javascript:alert(1)"}}})
+    assert script.fields == ["channels.inapp.url"]
     # ... unless the AI writes that channel: then the fields are placeholders
     placeholders = await api.call("PUT", "/v1/templates/t-ai", key=project.full, json={
         "channels": {"sms": {"text": ""}}, "ai": {"model": "m", "prompt": "p",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -532,9 +533,11 @@ async def test_webhooks_are_signed_and_in_app_messages_are_stored_and_announced(
         await add_user(db, project, "u1", contacts=[("webhook", f"http://127.0.0.1:{port}/hook")])
         await add_template(db, project, "t", {
             "webhook": {"body": '{"amount": "{{ data.amount }}"}'},
-            "inapp": {"text": "Paid {{ data.amount }}"},
+            "inapp": {"text": "Paid {{ data.amount }}", "url": "{{ data.link }}"},
         })
-        event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "7"})
+        # A link from the send's data that would run script in the inbox is dropped
+        event_id = await send(redis, keys, db, project, "t", "u1",
+                              data={"amount": "7", "link": " JavaScript:alert(1)"})
         await drain(*await stages(services, sim_settings))
 
         # The webhook: JSON with the rendered body, signed with the deployment's secret
@@ -548,11 +551,14 @@ async def test_webhooks_are_signed_and_in_app_messages_are_stored_and_announced(
 
         # The in-app message: one row, announced on the user's inbox channel
         [row] = await db.fetch("SELECT user_id, content, task_id FROM inapp_messages")
-        assert (row["user_id"], row["content"]) == ("u1", {"text": "Paid 7"})
+        assert (row["user_id"], row["content"]) == ("u1", {"text": "Paid 7", "url": None})
         announced = None
         while announced is None:
             announced = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-        assert json.loads(announced["data"])["taskId"] == row["task_id"]
+        item = json.loads(announced["data"])
+        assert item["taskId"] == row["task_id"]
+        # the same time format as GET /v1/users/{userId}/inbox: UTC, milliseconds
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", item["createdAt"])
     finally:
         await pubsub.aclose()  # type: ignore[no-untyped-call]
         await runner.cleanup()

@@ -27,6 +27,7 @@ from notifkit.templates import (
     syntax_error,
     template_errors,
 )
+from notifkit.transports.inapp import unsafe_url
 from notifkit.unsubscribe import unsubscribe_url
 
 ops = Operations("templates")
@@ -194,6 +195,8 @@ def _channels(fields: Fields, written_by_ai: list[Any]) -> dict[str, Any] | None
                 must_say = key in required and channel not in written_by_ai
                 inner.string(key, required=key in required, min_len=1 if must_say else 0,
                              max_len=MAX_TEMPLATE_CHARS)
+        if channel == "inapp" and unsafe_url(content.get("url")):
+            inner.fail("url", "must not be a javascript:, vbscript: or data: link")
         if channel == "email" and channel not in written_by_ai \
                 and not any(content.get(k) for k in ("html", "text")):
             inner.fail("text", "is required (or html): an email needs a body")
