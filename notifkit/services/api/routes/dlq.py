@@ -90,7 +90,9 @@ async def list_dlq(request: web.Request) -> web.Response:
 @ops.route("POST", "/v1/dlq/{entryId}/replay", "Send an entry back to its stream",
            access="ops",
            responses={202: Reply(ref("Replayed"), "Back on its origin stream with a fresh "
-                                                  "attempt count; gone from the DLQ.")})
+                                                  "attempt count; gone from the DLQ."),
+                      409: Reply(ref("Error"), "The entry names no notifkit stream to go back "
+                                               "to, or holds no payload (not_replayable).")})
 async def replay_dlq(request: web.Request) -> web.Response:
     app = request.app
     entry_id, record = await _find(request)
