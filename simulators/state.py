@@ -40,8 +40,11 @@ class SimSettings:
 class IdSource:
     """Provider message ids, drawn from a seeded source so a replayed run names things alike."""
 
-    def __init__(self, seed: int) -> None:
-        self._rng = random.Random(f"ids:{seed}")
+    def __init__(self, seed: int, generation: int = 0) -> None:
+        # Each reset starts a new generation: ids stay replayable run to run, yet never repeat
+        # those handed out before the reset, which a client may still hold (receipts resolve
+        # by them).
+        self._rng = random.Random(f"ids:{seed}" if not generation else f"ids:{seed}:{generation}")
 
     def hex(self, length: int) -> str:
         return "".join(self._rng.choice("0123456789abcdef") for _ in range(length))
@@ -67,6 +70,7 @@ class SimState:
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     # Where the simulator listens, once bound (shown by /_sim/health).
     endpoints: dict[str, Any] = field(default_factory=dict)
+    _generation: int = 0  # resets so far (see IdSource)
 
     def __post_init__(self) -> None:
         seed = self.settings.seed
@@ -90,7 +94,8 @@ class SimState:
         self.idempotency.clear()
         self.receipts.reseed(seed)
         self.receipts.reset_counters()
-        self.ids = IdSource(seed)
+        self._generation += 1
+        self.ids = IdSource(seed, self._generation)
 
     async def pause(self, seconds: float) -> None:
         """Sleep, unless the simulator is shutting down."""

@@ -96,8 +96,11 @@ def classify(reply: HttpReply) -> SendResult:
         if isinstance(item, dict) and item.get("errorCode"):
             codes.add(str(item["errorCode"]))
     text = str(error.get("message") or "").lower()
+    # FCM answers a bad token with INVALID_ARGUMENT too, but so it answers any malformed
+    # request ("Exactly one of token, topic or condition must be set"): only its message about
+    # the registration token says the address is bad and the contact may be disabled.
     if "UNREGISTERED" in codes or (
-        "INVALID_ARGUMENT" in codes and "token" in text
+        "INVALID_ARGUMENT" in codes and "registration token" in text
     ):
         return SendResult(Outcome.INVALID_RECIPIENT, None, detail, reply.status)
     if "QUOTA_EXCEEDED" in codes:

@@ -111,7 +111,9 @@ class Fcm(HttpProvider):
         notification = message.get("notification")
         if notification is not None and not isinstance(notification, dict):
             raise _invalid("message.notification", "Invalid value at 'message.notification'")
-        size = len(json.dumps({"data": data, "notification": notification}).encode())
+        # Counted in UTF-8 bytes, as FCM does: escaped ASCII counts "日" six times over.
+        size = len(json.dumps({"data": data, "notification": notification},
+                              ensure_ascii=False).encode())
         if size > MAX_PAYLOAD_BYTES:
             raise Rejection(ErrorCase.TOO_LARGE)
         return Submission(

@@ -181,9 +181,22 @@ class Twilio(HttpProvider):
         return json_reply(spec.status, body, retry_after_s=spec.retry_after_s)
 
 
+# The GSM 03.38 basic character set; the extension table's characters take two septets.
+_GSM7 = frozenset(
+    "@£$¥èéùìòÇ\nØø\rÅåΔ_ΦΓΛΩΠΨΣΘΞÆæßÉ !\"#¤%&'()*+,-./0123456789:;<=>?"
+    "¡ABCDEFGHIJKLMNOPQRSTUVWXYZÄÖÑÜ§¿abcdefghijklmnopqrstuvwxyzäöñüà")
+_GSM7_EXTENDED = frozenset("^{}\\[~]|€\f")
+
+
 def _segments(text: str) -> int:
-    """GSM-7 segments: 160 characters fit one, longer texts split into 153-character parts."""
-    return 1 if len(text) <= 160 else -(-len(text) // 153)
+    """Segments as Twilio counts them: GSM-7 fits 160 septets (153 per part of a longer
+    message); any other character makes the whole message UCS-2, 70 UTF-16 code units (67 per
+    part), so an emoji counts twice."""
+    if all(ch in _GSM7 or ch in _GSM7_EXTENDED for ch in text):
+        septets = len(text) + sum(1 for ch in text if ch in _GSM7_EXTENDED)
+        return 1 if septets <= 160 else -(-septets // 153)
+    units = len(text.encode("utf-16-le")) // 2
+    return 1 if units <= 70 else -(-units // 67)
 
 
 def basic_auth(request: web.Request) -> tuple[str, str]:

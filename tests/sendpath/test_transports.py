@@ -8,6 +8,7 @@ INVALID_RECIPIENT, timeout and lost_response -> RETRY that may have been accepte
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,8 +17,9 @@ import pytest
 from redis.asyncio import Redis
 
 from notifkit.config import Settings
-from notifkit.transports.base import Message, Outcome, Transport, TransportContext
+from notifkit.transports.base import HttpReply, Message, Outcome, Transport, TransportContext
 from notifkit.transports.fcm import FcmTransport
+from notifkit.transports.fcm import classify as fcm_classify
 from notifkit.transports.resend import ResendTransport
 from notifkit.transports.sendgrid import SendgridTransport
 from notifkit.transports.smtp import SmtpTransport
@@ -135,3 +137,18 @@ async def test_email_carries_the_one_click_unsubscribe_headers(sim: SimulatorSer
     assert headers["List-Unsubscribe"] == "<https://notifkit.example/v1/unsubscribe?token=abc>"
     assert headers["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
     assert headers["X-Notifkit-Task-Id"] == "t-unsub"
+
+
+@pytest.mark.parametrize(("message", "expected"), [
+    ("The registration token is not a valid FCM registration token", Outcome.INVALID_RECIPIENT),
+    # A malformed request is INVALID_ARGUMENT too; it says nothing about the device
+    ("Exactly one of token, topic or condition must be set.", Outcome.PERMANENT),
+])
+def test_fcm_invalid_argument_disables_a_token_only_when_it_is_about_the_token(
+    message: str, expected: Outcome,
+) -> None:
+    body = {"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT",
+                      "details": [{"@type": "type.googleapis.com/google.firebase.fcm.v1.FcmError",
+                                   "errorCode": "INVALID_ARGUMENT"}]}}
+    reply = HttpReply(400, {}, json.dumps(body).encode())
+    assert fcm_classify(reply).outcome is expected

@@ -259,3 +259,16 @@ async def test_client_drains_receipts(
         await remote.drain_receipts(timeout_s=5)
         assert (await remote.receipts())["sent"] == 1
         assert len(receiver.requests) == 1
+
+
+async def test_message_ids_never_repeat_across_a_reset(sim: SimulatorServer) -> None:
+    """Clients keep ids they were given (receipts resolve by them): a reset must not hand
+    the same ones out again, though a run with the same seed and resets still replays."""
+    before = [sim.state.ids.uuid4() for _ in range(3)]
+    await sim.reset()
+    after = [sim.state.ids.uuid4() for _ in range(3)]
+    assert not set(before) & set(after)
+    async with SimulatorServer(seed=1) as again:
+        assert [again.state.ids.uuid4() for _ in range(3)] == before
+        await again.reset()
+        assert [again.state.ids.uuid4() for _ in range(3)] == after

@@ -158,3 +158,16 @@ async def test_quota_429_has_retry_after(http: aiohttp.ClientSession, sim: Simul
         assert second.status == 429
         assert int(second.headers["Retry-After"]) >= 1
         assert error_code(await second.json()) == "QUOTA_EXCEEDED"
+
+
+async def test_the_size_limit_counts_utf8_bytes(
+    http: aiohttp.ClientSession, sim: SimulatorServer,
+) -> None:
+    # 1,000 CJK characters are 3,000 UTF-8 bytes: within FCM's 4 KB, though escaped ASCII
+    # would make them 6,000
+    fits = {"token": "t", "data": {"k": "日" * 1000}}
+    assert (await push(http, sim, fits))[0] == 200
+    too_big = {"token": "t", "data": {"k": "日" * 1400}}
+    status, body = await push(http, sim, too_big)
+    assert status == 400
+    assert body["error"]["message"] == "Message is too big"

@@ -13,6 +13,7 @@ from twilio.http.http_client import TwilioHttpClient
 from twilio.rest import Client
 
 from simulators import SimulatorServer
+from simulators.providers.twilio import _segments
 
 ACCOUNT_SID = "AC" + "0" * 32
 AUTH_TOKEN = "twilio-test-token"
@@ -130,3 +131,13 @@ async def test_error_fault_400_is_unsubscribed_recipient(sim: SimulatorServer) -
     with pytest.raises(TwilioRestException) as caught:
         await send(client(sim))
     assert (caught.value.status, caught.value.code) == (400, 21610)
+
+
+@pytest.mark.parametrize(("body", "segments"), [
+    ("a" * 160, 1), ("a" * 161, 2),           # GSM-7: 160, then 153 a part
+    ("[" * 80, 1), ("[" * 81, 2),             # extension characters take two septets
+    ("日" * 70, 1), ("日" * 71, 2),           # UCS-2: 70, then 67 a part
+    ("\N{GRINNING FACE}" * 100, 3),           # an emoji is two UTF-16 units
+])
+def test_segments_are_counted_by_encoding(body: str, segments: int) -> None:
+    assert _segments(body) == segments
