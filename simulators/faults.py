@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import random
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import TypedDict
 
@@ -237,10 +237,16 @@ class FaultTable:
     def active(self) -> list[FaultRule]:
         return [rule for rule in self.rules if not rule.spent]
 
-    def decide(self, provider: Provider, recipients: Iterable[str]) -> FaultDecision | None:
+    def decide(
+        self, provider: Provider, recipients: Iterable[str], *,
+        kinds: Container[FaultKind] | None = None, skip: Container[FaultKind] = (),
+    ) -> FaultDecision | None:
+        """The first live rule for this request (only rules of ``kinds``, none of ``skip``)."""
         targets = list(recipients)
         for rule in self.rules:
             if rule.spent or not rule.matches(provider, targets):
+                continue
+            if (kinds is not None and rule.kind not in kinds) or rule.kind in skip:
                 continue
             # Draw only for partial probabilities: a rule with probability 1 never consumes
             # randomness, so adding one does not shift the sequence other rules see.

@@ -2,13 +2,14 @@
 
 Any client may connect; AUTH PLAIN/LOGIN is offered without TLS and accepts any credentials
 (the login names the rate-limit bucket; unauthenticated clients share "anonymous").
-Faults are decided once per message, at the end of DATA, when recipients and headers are
-known:
+A recipient is refused where a real server refuses it, at RCPT TO, one address at a time:
+a malformed address gets 553 5.1.3, an address an invalid_token rule matches 550 5.1.1 (or the
+rule's status); the others still get the message. The other faults are decided once per
+message, at the end of DATA, when recipients and headers are known:
 
     timeout        no reply to DATA until the client gives up; nothing recorded
     error          451 4.3.0 (or the rule's status; 421 also closes the connection)
     rate_limit     421 4.7.0 and the connection is closed (or the rule's status)
-    invalid_token  550 5.1.1 recipient address rejected (or the rule's status)
     lost_response  recorded, then no reply until the client gives up
     latency        the reply comes late
     malformed      a reply line that is not SMTP
@@ -31,8 +32,8 @@ from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 from simulators.faults import FaultDecision
 from simulators.kinds import FaultKind, Provider
 from simulators.pipeline import TASK_ID_HEADER, accept
-from simulators.providers.common import drop_none, stored_text, task_id_text
-from simulators.records import MessageRecord
+from simulators.providers.common import drop_none, email_address, stored_text, task_id_text
+from simulators.records import MessageRecord, scrub
 from simulators.state import SimState
 
 log = logging.getLogger("simulators")
@@ -68,6 +69,22 @@ class SmtpHandler:
     def __init__(self, state: SimState) -> None:
         self.state = state
 
+    async def handle_RCPT(self, server: SMTP, session: Session, envelope: Envelope,
+                          address: str, rcpt_options: list[str]) -> str:
+        address = scrub(address)
+        if email_address(address) != address:
+            return reply_text(553, address)
+        decision = self.state.faults.decide(Provider.SMTP, [address],
+                                            kinds=(FaultKind.INVALID_TOKEN,))
+        if decision is not None:
+            self.state.stats[Provider.SMTP].faults[decision.kind] += 1
+            log.info("smtp fault invalid_token (rule %s) for to=%s.", decision.rule.id, address)
+            status = decision.rule.status or 550
+            return self._closing_if_421(server, status, reply_text(status, address))
+        envelope.rcpt_tos.append(address)
+        envelope.rcpt_options.extend(rcpt_options)
+        return "250 OK"
+
     async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
         state = self.state
         stats = state.stats[Provider.SMTP]
@@ -80,7 +97,8 @@ class SmtpHandler:
             stats.rate_limited += 1
             return RATE_LIMITED_BY_LIMIT
 
-        decision = state.faults.decide(Provider.SMTP, recipients)
+        decision = state.faults.decide(Provider.SMTP, recipients,
+                                       skip=(FaultKind.INVALID_TOKEN,))  # taken at RCPT
         if decision is not None:
             stats.faults[decision.kind] += 1
             log.info(
@@ -125,9 +143,6 @@ class SmtpHandler:
             if rule.status is None:
                 return self._closing_if_421(server, 421, RATE_LIMITED_BY_FAULT)
             return self._closing_if_421(server, rule.status, reply_text(rule.status, recipient))
-        if kind is FaultKind.INVALID_TOKEN:
-            status = rule.status or 550
-            return self._closing_if_421(server, status, reply_text(status, recipient))
         return None
 
     def _closing_if_421(self, server: SMTP, status: int, reply: str) -> str:

@@ -78,10 +78,36 @@ async def test_invalid_token_fault_is_550_mailbox_unavailable(sim: SimulatorServ
         with smtplib.SMTP(sim.smtp_host, sim.smtp_port, timeout=5) as client:
             client.send_message(mail(to="old@gone.example.com"))
 
-    with pytest.raises(smtplib.SMTPDataError) as caught:
+    # Refused at RCPT TO, as a real server refuses an unknown mailbox
+    with pytest.raises(smtplib.SMTPRecipientsRefused) as caught:
         await asyncio.to_thread(deliver)
-    assert caught.value.smtp_code == 550
-    assert b"old@gone.example.com" in caught.value.smtp_error
+    [(code, reply)] = caught.value.recipients.values()
+    assert code == 550
+    assert b"old@gone.example.com" in reply
+    assert await sim.messages("smtp") == []
+
+
+async def test_recipients_are_refused_one_by_one_and_the_others_get_the_message(
+    sim: SimulatorServer,
+) -> None:
+    await sim.add_fault("invalid_token", "smtp", to="bad@*")
+
+    def deliver() -> dict[str, tuple[int, bytes]]:
+        with smtplib.SMTP(sim.smtp_host, sim.smtp_port, timeout=5) as client:
+            refused = client.sendmail("a@example.com", ["good@x.example.com",
+                                                        "bad@x.example.com"],
+                                      mail(to="good@x.example.com").as_bytes())
+            client.mail("a@example.com")
+            malformed = client.rcpt("notanaddress")
+            client.rset()
+            return {**refused, "notanaddress": malformed}
+
+    refused = await asyncio.to_thread(deliver)
+    assert refused["bad@x.example.com"][0] == 550
+    assert b"bad@x.example.com" in refused["bad@x.example.com"][1]
+    assert refused["notanaddress"][0] == 553
+    [message] = await sim.messages("smtp")
+    assert message["to"] == "good@x.example.com"
 
 
 async def test_rate_limit_fault_is_421_and_closes(sim: SimulatorServer) -> None:
