@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
+from notifkit import metrics
 from notifkit.db import ai_usage
 from notifkit.dedup import Dedup, ai_key
 from notifkit.errors import (
@@ -90,6 +91,7 @@ class AiService(WorkerService):
             try:
                 tasks.append((entry, parse_ai_task(entry.payload)))
             except MalformedPayload as exc:
+                metrics.MALFORMED.labels(self.name, entry.stream).inc()
                 log.error("Acked an AI task that can never be processed: %s.", exc,
                           extra={"entry_id": entry.id})
         allowed = await self.dedup.claim_many(

@@ -12,6 +12,7 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
+from notifkit import metrics
 from notifkit.config import AiSettings, Settings
 from notifkit.ids import uuid7
 from notifkit.keys import Keys
@@ -248,3 +249,17 @@ async def test_a_model_that_times_out_is_retried(
     assert len(await stream(redis, keys.outbound("normal"))) == 1
     assert await stream(redis, keys.dlq) == []
     assert service.worker.stats.failed == 1
+
+
+async def test_a_malformed_task_is_acked_and_counted(
+    ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys,
+) -> None:
+    counter = metrics.MALFORMED.labels("ai", keys.ai_pending)
+    before = counter._value.get()
+    await xadd(redis, keys.ai_pending, {"taskId": "t-1", "no": "shape"}, 10_000)
+    await ai.run_until_idle()
+    assert counter._value.get() == before + 1
+    assert await requests_made(sim) == 0
+    assert await stream(redis, keys.dlq) == []
+    assert await redis.xpending(keys.ai_pending, keys.group("ai")) == {
+        "pending": 0, "min": None, "max": None, "consumers": []}

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import asyncpg
 
+from notifkit import metrics
 from notifkit.config import Settings
 from notifkit.db import workflows as db
 from notifkit.services.base import WorkerService
@@ -132,6 +133,7 @@ class WorkflowService(WorkerService):
             if kind in ("trigger", "wake") and instance_id:
                 by_instance.setdefault(instance_id, []).append(entry)
             else:
+                metrics.MALFORMED.labels(self.name, entry.stream).inc()
                 log.error("Acked a workflow entry it cannot use (type %r, no instance).", kind,
                           extra={"entry_id": entry.id})
         # Entries of one instance run together (one run serves them all); instances in
