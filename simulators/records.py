@@ -44,15 +44,22 @@ def scrub(value: Any) -> Any:
         except UnicodeEncodeError:
             return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
         return value
+    # Containers are copied only when something inside changed: every accepted message
+    # passes through here, and almost none needs it.
     if isinstance(value, dict):
-        return {scrub(k): scrub(v) for k, v in value.items()}
+        items = [(scrub(k), scrub(v)) for k, v in value.items()]
+        if all(k is k0 and v is v0 for (k, v), (k0, v0) in zip(items, value.items(),
+                                                                 strict=True)):
+            return value
+        return dict(items)
     if isinstance(value, list):
-        return [scrub(v) for v in value]
+        scrubbed = [scrub(v) for v in value]
+        return value if all(a is b for a, b in zip(scrubbed, value, strict=True)) else scrubbed
     return value
 
 
 def has_lone_surrogate(value: Any) -> bool:
-    return bool(scrub(value) != value)
+    return scrub(value) is not value
 
 
 @dataclass
