@@ -21,3 +21,9 @@ except ImportError:  # pragma: no cover
 
     def loads(raw: bytes | str) -> Any:
         return json.loads(raw)
+
+
+def json_text(value: Any) -> str | None:
+    """``value`` as JSON text for a ``text`` parameter cast to jsonb in SQL; ``None`` stays SQL
+    NULL (as it does for a jsonb parameter)."""
+    return None if value is None else dumps(value).decode()

@@ -14,6 +14,8 @@ from typing import Any
 
 import asyncpg
 
+from notifkit.codec import json_text
+
 
 class Status(StrEnum):
     ACCEPTED = "accepted"
@@ -58,10 +60,20 @@ class LogRow:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+# One statement for the whole batch, the rows as parallel arrays: PostgreSQL plans and starts
+# it once, where an executemany of N rows is N executions (each planned afresh under
+# plan_cache_mode = force_custom_plan). metadata travels as JSON text: an array of jsonb would
+# take a JSON list for a nested array.
 _INSERT = """
 INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, attempt, kind,
                           status, detail, provider, provider_message_id, campaign_id, metadata)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+SELECT r.project_id, r.event_id, r.task_id, r.user_id, r.channel, r.attempt, r.kind, r.status,
+       r.detail, r.provider, r.provider_message_id, r.campaign_id, r.metadata::jsonb
+FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::integer[],
+            $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[],
+            $13::text[])
+     AS r (project_id, event_id, task_id, user_id, channel, attempt, kind, status, detail,
+           provider, provider_message_id, campaign_id, metadata)
 ON CONFLICT (task_id, channel, attempt, kind) DO NOTHING
 """
 
@@ -79,9 +91,9 @@ ON CONFLICT (task_id, channel, attempt, kind) DO NOTHING
 
 
 async def insert_logs(db: asyncpg.Pool | asyncpg.Connection, rows: Sequence[LogRow]) -> None:
-    """Write a read batch's rows in one ``executemany``."""
+    """Write a read batch's rows in one statement."""
     if rows:
-        await db.executemany(_INSERT, [_args(r) for r in rows])
+        await db.execute(_INSERT, *_columns(rows))
 
 
 async def insert_first_of_kind(db: asyncpg.Pool | asyncpg.Connection,
@@ -91,6 +103,15 @@ async def insert_first_of_kind(db: asyncpg.Pool | asyncpg.Connection,
     its task sent by a process that died before acking it)."""
     if rows:
         await db.executemany(_INSERT_FIRST_OF_KIND, [_args(r) for r in rows])
+
+
+def _columns(rows: Sequence[LogRow]) -> list[list[Any]]:
+    return [[r.project_id for r in rows], [r.event_id for r in rows],
+            [r.task_id for r in rows], [r.user_id for r in rows], [r.channel for r in rows],
+            [r.attempt for r in rows], [r.kind.value for r in rows],
+            [r.status.value for r in rows], [r.detail for r in rows],
+            [r.provider for r in rows], [r.provider_message_id for r in rows],
+            [r.campaign_id for r in rows], [json_text(r.metadata) for r in rows]]
 
 
 def _args(r: LogRow) -> tuple[Any, ...]:

@@ -23,6 +23,7 @@ import asyncpg
 from redis.asyncio import Redis
 
 from notifkit.coalesce import Coalescer
+from notifkit.codec import json_text
 from notifkit.config import Settings
 from notifkit.keys import Keys
 from notifkit.messages import InboundMessage
@@ -32,15 +33,26 @@ from notifkit.streams import queue_xadd
 
 log = logging.getLogger("notifkit.api")
 
-_INSERT_ACCEPTED = (
-    "WITH n AS (INSERT INTO notifications (id, project_id, template_id, priority, status, "
-    "recipients_spec, data, channels, send_at, campaign_id, idempotency_key) "
-    "VALUES ($1, $2, $3, $4, 'accepted', $5, $6, $7, $8::text::timestamptz, $9, $10) "
-    "RETURNING id, project_id, campaign_id) "
-    "INSERT INTO message_logs (project_id, event_id, task_id, channel, kind, status, "
-    "campaign_id, detail) SELECT project_id, id, id::text, '', 'accepted', 'accepted', "
-    "campaign_id, $11 FROM n ON CONFLICT (task_id, channel, attempt, kind) DO NOTHING"
-)
+# One statement for the whole batch, rows as parallel arrays (jsonb as JSON text): one plan
+# and one execution where an executemany would make one of each per request.
+_INSERT_ACCEPTED = """
+WITH n AS (
+    INSERT INTO notifications (id, project_id, template_id, priority, status, recipients_spec,
+                               data, channels, send_at, campaign_id, idempotency_key)
+    SELECT r.id, r.project_id, r.template_id, r.priority, 'accepted', r.spec::jsonb,
+           r.data::jsonb, r.channels::jsonb, r.send_at::timestamptz, r.campaign_id, r.idem
+    FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[],
+                $7::text[], $8::text[], $9::text[], $10::text[])
+         AS r (id, project_id, template_id, priority, spec, data, channels, send_at,
+               campaign_id, idem)
+    RETURNING id, project_id, campaign_id, priority)
+INSERT INTO message_logs (project_id, event_id, task_id, channel, kind, status, campaign_id,
+                          detail)
+SELECT project_id, id, id::text, '', 'accepted', 'accepted', campaign_id,
+       'accepted by the API for ' || priority || ' delivery'
+FROM n
+ON CONFLICT (task_id, channel, attempt, kind) DO NOTHING
+"""
 
 _TEMPLATES = (
     "SELECT w.n, t.content, t.ai "
@@ -134,18 +146,18 @@ class Admission:
                       results: list[BaseException | None]) -> None:
         rows = [_accepted_row(m) for m in messages]
         try:
-            await self.pool.executemany(_INSERT_ACCEPTED, rows)
+            await self.pool.execute(_INSERT_ACCEPTED, *_columns(rows))
             return
         except (asyncpg.InterfaceError, OSError):
             raise  # unreachable or broken: every request of the batch gets the 503
         except asyncpg.PostgresError:
             if len(rows) == 1:
                 raise
-        # executemany is all or nothing: find the rows that fail on their own (a project
+        # One statement is all or nothing: find the rows that fail on their own (a project
         # deleted meanwhile, say) so the rest of the batch is still accepted.
         for index, row in enumerate(rows):
             try:
-                await self.pool.execute(_INSERT_ACCEPTED, *row)
+                await self.pool.execute(_INSERT_ACCEPTED, *_columns([row]))
             except asyncpg.PostgresError as exc:
                 results[index] = exc
 
@@ -173,7 +185,11 @@ def _accepted_row(m: InboundMessage) -> tuple[Any, ...]:
     # The request's "to" as the caller wrote it: a user id, a list, or {"segment": name}.
     spec: Any = to["userId"] if "userId" in to else to.get("userIds", to)
     return (
-        m["eventId"], m["projectId"], m["template"], m["priority"], spec, m["data"],
-        m["channels"], m["sendAt"], m["campaignId"], m["idempotencyKey"],
-        f"accepted by the API for {m['priority']} delivery",
+        m["eventId"], m["projectId"], m["template"], m["priority"], json_text(spec),
+        json_text(m["data"]), json_text(m["channels"]), m["sendAt"], m["campaignId"],
+        m["idempotencyKey"],
     )
+
+
+def _columns(rows: list[tuple[Any, ...]]) -> list[list[Any]]:
+    return [list(column) for column in zip(*rows, strict=True)]
