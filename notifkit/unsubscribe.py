@@ -25,6 +25,7 @@ import json
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from notifkit import codec
 from notifkit.config import Settings
 
 __all__ = ["InvalidToken", "Unsubscribe", "make_token", "unsubscribe_url", "verify_token"]
@@ -66,7 +67,7 @@ def make_token(
     claims: dict[str, str | None] = {"p": project_id, "u": user_id, "c": channel, "t": topic}
     if target is not None:
         claims["target"] = target
-    payload = _b64(json.dumps(claims, separators=(",", ":"), ensure_ascii=False).encode())
+    payload = _b64(codec.dumps(claims))
     return f"{payload}.{_sign(secret, payload)}"
 
 

@@ -27,7 +27,6 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from redis.asyncio import Redis
@@ -112,8 +111,19 @@ def consumer_name(service: str) -> str:
     return f"{service}-{socket.gethostname()}-{os.getpid()}"
 
 
+# (millisecond, its text): stages stamp several entries in the same millisecond.
+_last_stamp: tuple[int, str] = (-1, "")
+
+
 def utc_now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """Now in UTC as ``2026-01-02T03:04:05.678Z``."""
+    global _last_stamp
+    ms = time.time_ns() // 1_000_000
+    if ms != _last_stamp[0]:
+        seconds, millis = divmod(ms, 1000)
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+        _last_stamp = (ms, text)
+    return _last_stamp[1]
 
 
 @dataclass(slots=True, eq=False)
