@@ -238,6 +238,12 @@ class Pipe:
         return [await _read(conn) for _ in self.commands]
 
 
+# Headers of the common lengths, built once: formatting one per argument was the packer's
+# largest cost.
+_ARRAY_HEADERS = [b"*%d\r\n" % n for n in range(256)]
+_BULK_HEADERS = [b"$%d\r\n" % n for n in range(4096)]
+
+
 def pack(commands: Iterable[Command]) -> bytes:
     """The commands in the Redis protocol, in one buffer.
 
@@ -248,23 +254,34 @@ def pack(commands: Iterable[Command]) -> bytes:
     out: list[bytes] = []
     append = out.append
     for args in commands:
-        append(b"*%d\r\n" % len(args))
+        count = len(args)
+        append(_ARRAY_HEADERS[count] if count < 256 else b"*%d\r\n" % count)
         for arg in args:
-            if isinstance(arg, bytes):
-                data = arg
-            elif isinstance(arg, str):
+            kind = type(arg)
+            if kind is str:
                 data = arg.encode()
-            elif isinstance(arg, int | float) and not isinstance(arg, bool):
-                data = repr(arg).encode()
-            elif isinstance(arg, bytearray | memoryview):
-                data = bytes(arg)
+            elif kind is bytes:
+                data = arg
             else:
-                raise DataError(f"Invalid input of type: {type(arg).__name__!r}. Convert to "
-                                "bytes, str, int or float first.")
-            append(b"$%d\r\n" % len(data))
+                data = _encode(arg)
+            size = len(data)
+            append(_BULK_HEADERS[size] if size < 4096 else b"$%d\r\n" % size)
             append(data)
             append(b"\r\n")
     return b"".join(out)
+
+
+def _encode(arg: Any) -> bytes:
+    if isinstance(arg, bytes):
+        return arg
+    if isinstance(arg, str):
+        return arg.encode()
+    if isinstance(arg, int | float) and not isinstance(arg, bool):
+        return repr(arg).encode()
+    if isinstance(arg, bytearray | memoryview):
+        return bytes(arg)
+    raise DataError(f"Invalid input of type: {type(arg).__name__!r}. Convert to bytes, str, "
+                    "int or float first.")
 
 
 async def _read(conn: AbstractConnection) -> Any:

@@ -3,6 +3,8 @@ the hot path sends."""
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -31,3 +33,19 @@ def test_pack_matches_redis_py(commands: list[tuple[object, ...]]) -> None:
 def test_arguments_redis_cannot_take_are_refused(bad: object) -> None:
     with pytest.raises(DataError):
         pack([("SET", "k", bad)])
+
+
+class _Word(StrEnum):
+    SENT = "sent"
+
+
+@pytest.mark.parametrize("args", [
+    ("SET", "k", b"x" * 4095), ("SET", "k", b"x" * 4096), ("SET", "k", "é" * 3000),
+    ("XACK", "s", "g", *[f"{n}-0" for n in range(300)]),
+    ("SET", _Word.SENT, bytearray(b"v"), memoryview(b"w"), 1.5, -7),
+])
+def test_long_arguments_many_arguments_and_str_subclasses_match_redis_py(
+    args: tuple[object, ...],
+) -> None:
+    connection = Redis().connection_pool.make_connection()  # type: ignore[no-untyped-call]
+    assert pack([args]) == b"".join(connection.pack_commands([args]))  # type: ignore[list-item]
