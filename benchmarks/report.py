@@ -138,7 +138,8 @@ def markdown(results: dict[str, Any]) -> str:
 def _settings(results: dict[str, Any]) -> str:
     env = results.get("settings", {}).get("env") or {}
     shown = ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
-    return (shown + ", " if shown else "") + "LOG_LEVEL=WARNING, API rate limit off"
+    return ((shown + ", " if shown else "")
+            + "LOG_LEVEL=WARNING, API rate limit raised to 1,000,000/s (its bucket still runs)")
 
 
 def _label(name: str, topology: dict[str, Any]) -> str:
