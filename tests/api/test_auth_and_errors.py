@@ -119,6 +119,24 @@ async def test_values_postgres_cannot_store_are_400_naming_the_field(
     assert all(f.startswith("attributes.") for f in reply.fields)
 
 
+async def test_integers_beyond_64_bits_are_refused_not_rounded(
+    api: Api, project: Project,
+) -> None:
+    # A fast JSON parser would read the first as a float and store 1.2345678901234568e+29.
+    huge = await api.call("PUT", "/v1/users/u1", key=project.full,
+                          data='{"attributes": {"n": 123456789012345678901234567890}}',
+                          headers={"Content-Type": "application/json"})
+    assert (huge.status, huge.fields) == (400, ["attributes.n"])
+    largest = await api.call("PUT", "/v1/users/u1", key=project.full,
+                             data='{"attributes": {"n": 9223372036854775807, '
+                                  '"id": "123456789012345678901234567890"}}',
+                             headers={"Content-Type": "application/json"})
+    assert largest.status in (200, 201)
+    stored = await api.call("GET", "/v1/users/u1", key=project.full)
+    assert stored.body["attributes"] == {"n": 9223372036854775807,
+                                         "id": "123456789012345678901234567890"}
+
+
 async def test_unknown_routes_and_methods_use_the_error_shape(api: Api) -> None:
     missing = await api.call("GET", "/v2/nothing")
     assert missing.status == 404

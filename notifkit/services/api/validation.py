@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
 import re
 import uuid
@@ -24,6 +25,7 @@ from notifkit import codec
 from notifkit.services.api.errors import ApiError, Detail, detail, invalid, invalid_field
 
 MAX_JSON_DEPTH = 32
+_LONG_DIGITS = re.compile(rb"\d{19}")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 JSON_TYPES = ("application/json",)
 
@@ -76,6 +78,11 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise invalid_json("The request body is empty; send a JSON object.")
     try:
         value = codec.loads(raw)
+        if _LONG_DIGITS.search(raw):
+            # orjson reads an integer beyond 64 bits as a float, silently rounded; the standard
+            # parser keeps it exact so check_storable refuses it instead. Only bodies with a
+            # run of 19+ digits (in a number or a string) take this slower path.
+            value = json.loads(raw)
     except (ValueError, TypeError, RecursionError) as exc:
         raise invalid_json(f"The request body is not valid JSON: {exc}.") from None
     if not isinstance(value, dict):
