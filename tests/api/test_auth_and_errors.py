@@ -128,6 +128,25 @@ async def test_unknown_routes_and_methods_use_the_error_shape(api: Api) -> None:
     assert_error_shape(wrong.body)
 
 
+async def test_head_answers_like_get_without_a_body(api: Api, project: Project) -> None:
+    """Given routes that answer GET, when a client sends HEAD, then it gets GET's status and
+    headers, with the same authentication, and no body; routes without GET stay 405."""
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    health = await api.call("HEAD", "/health")
+    assert health.status == 200
+    assert health.headers["Content-Type"] == "application/json"
+    assert health.body is None
+    user = await api.call("HEAD", "/v1/users/u1", key=project.full)
+    assert user.status == 200
+    assert user.body is None
+    assert (await api.call("HEAD", "/v1/users/u1")).status == 401
+    assert (await api.call("HEAD", "/v1/users/nobody", key=project.full)).status == 404
+    assert (await api.call("HEAD", "/openapi.json")).status == 200
+    not_get = await api.call("HEAD", "/v1/notifications", key=project.full)
+    assert not_get.status == 405
+    assert not_get.headers["Allow"] == "POST"
+
+
 async def test_a_project_over_its_api_rate_gets_429_with_retry_after(
     settings: Settings,
 ) -> None:
