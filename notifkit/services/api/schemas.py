@@ -157,7 +157,7 @@ COMPONENTS: dict[str, Schema] = {
     "TemplatePut": obj({
         "topic": nullable({"type": "string", "minLength": 1, "maxLength": 100}),
         "channels": {"$ref": "#/components/schemas/TemplateChannels"},
-        "fallback": CHANNEL_LIST,
+        "fallback": nullable(CHANNEL_LIST),
         "ai": nullable({"$ref": "#/components/schemas/TemplateAi"}),
     }, ("channels",)),
     "Template": obj({

@@ -51,7 +51,7 @@ async def put_template(request: web.Request) -> web.Response:
     written_by_ai = raw_ai.get("channels") if isinstance(raw_ai, dict) else None
     channels = _channels(fields, written_by_ai if isinstance(written_by_ai, list) else [])
     ai = _ai(fields)
-    fallback = fields.channel_list("fallback", CHANNELS)
+    fallback = fields.channel_list("fallback", CHANNELS, nullable=True)
     fields.raise_if_invalid()
     assert channels is not None
     available = set(channels) | set(ai["channels"] if ai else ())
