@@ -167,7 +167,7 @@ COMPONENTS: dict[str, Schema] = {
         "ai": nullable({"type": "object"}),
         "createdAt": DATETIME, "updatedAt": DATETIME,
     }, ("id", "topic", "channels", "fallback", "ai", "createdAt", "updatedAt")),
-    "PreviewRequest": obj({"userId": ID, "data": ANY_OBJECT}),
+    "PreviewRequest": obj({"userId": ID, "data": nullable(ANY_OBJECT)}),
     "Preview": obj({
         "template": STRING,
         "channels": {"type": "object", "additionalProperties": {"type": "object"}},
@@ -183,11 +183,11 @@ COMPONENTS: dict[str, Schema] = {
                 ("segment",)),
         ]},
         "template": ID,
-        "data": ANY_OBJECT,
-        "channels": CHANNEL_LIST,
-        "priority": {"type": "string", "enum": list(PRIORITIES)},
-        "sendAt": DATETIME,
-        "campaignId": {"type": "string", "minLength": 1, "maxLength": 255},
+        "data": nullable(ANY_OBJECT),
+        "channels": nullable(CHANNEL_LIST),
+        "priority": nullable({"type": "string", "enum": list(PRIORITIES)}),
+        "sendAt": nullable(DATETIME),
+        "campaignId": nullable({"type": "string", "minLength": 1, "maxLength": 255}),
     }, ("to", "template")),
     "Accepted": obj({"id": UUID, "status": {"type": "string", "enum": ["accepted"]}},
                     ("id", "status")),
@@ -226,7 +226,7 @@ COMPONENTS: dict[str, Schema] = {
     "EventCreate": obj({
         "name": {"type": "string", "minLength": 1, "maxLength": 200},
         "userId": ID,
-        "data": ANY_OBJECT,
+        "data": nullable(ANY_OBJECT),
     }, ("name", "userId")),
     "WorkflowStep": {
         "type": "object",
@@ -261,7 +261,7 @@ COMPONENTS: dict[str, Schema] = {
         "id": STRING, "steps": {"type": "array", "items": {"type": "object"}},
         "createdAt": DATETIME, "updatedAt": DATETIME,
     }, ("id", "steps", "createdAt", "updatedAt")),
-    "TriggerRequest": obj({"userId": ID, "data": ANY_OBJECT}, ("userId",)),
+    "TriggerRequest": obj({"userId": ID, "data": nullable(ANY_OBJECT)}, ("userId",)),
     "TriggerAccepted": obj({"instanceId": UUID}, ("instanceId",)),
     "WorkflowInstance": obj({
         "id": UUID, "workflowId": STRING, "userId": STRING, "status": STRING,

@@ -95,7 +95,7 @@ async def preview_template(request: web.Request) -> web.Response:
     fields = Fields(await read_json(request))
     fields.only(("userId", "data"))
     user_id = fields.identifier("userId")
-    data = fields.obj("data") or {}
+    data = fields.obj("data", nullable=True) or {}
     fields.raise_if_invalid()
     row = await load_template(request, template_id)
     user: dict[str, Any] = {"id": PREVIEW_USER_ID, "attributes": {}, "timezone": None,
