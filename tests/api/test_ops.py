@@ -93,6 +93,8 @@ async def test_streams_report_length_pending_and_age(
     await redis.xreadgroup(keys.group("delivery"), "delivery-h-1", {stream: ">"}, count=2)
     reply = await api.call("GET", "/v1/streams", key=project.full)
     assert reply.status == 200
+    assert set(reply.body) == {"items", "nextCursor"}  # the shape of every list
+    assert reply.body["nextCursor"] is None
     info = next(s for s in reply.body["items"] if s["stream"] == stream)
     assert (info["length"], info["pending"], info["consumers"]) == (3, 2, 1)
     assert info["oldestPendingAgeSeconds"] >= 0

@@ -297,9 +297,6 @@ COMPONENTS: dict[str, Schema] = {
         "consumers": {"type": "integer"},
         "groups": {"type": "array", "items": {"$ref": "#/components/schemas/StreamGroup"}},
     }, ("stream", "length", "pending", "oldestPendingAgeSeconds", "consumers", "groups")),
-    "StreamList": obj({"items": {"type": "array",
-                                 "items": {"$ref": "#/components/schemas/StreamInfo"}}},
-                      ("items",)),
     "DlqEntry": obj({
         "id": STRING, "stream": STRING, "group": nullable(STRING), "payload": {},
         "error": nullable(STRING), "attempts": nullable({"type": "integer"}),
@@ -319,3 +316,4 @@ COMPONENTS: dict[str, Schema] = {
 COMPONENTS["MessageList"] = page_of("MessageLog")
 COMPONENTS["InboxList"] = page_of("InboxMessage")
 COMPONENTS["DlqList"] = page_of("DlqEntry")
+COMPONENTS["StreamList"] = page_of("StreamInfo")  # every stream on one page: nextCursor null

@@ -78,7 +78,9 @@ async def prometheus_metrics(request: web.Request) -> web.Response:
            description="The admin key or a full key. Streams are shared by every project.")
 async def list_streams(request: web.Request) -> web.Response:
     app = request.app
-    return json_response({"items": await stream_stats(app[REDIS], app[KEYS])})
+    # The list shape every list answers; notifkit's streams always fit on one page.
+    return json_response({"items": await stream_stats(app[REDIS], app[KEYS]),
+                          "nextCursor": None})
 
 
 @ops.route("GET", "/openapi.json", "This document", access="public",
