@@ -62,6 +62,13 @@ HHMM: Schema = {"type": "string", "pattern": r"^([01][0-9]|2[0-3]):[0-5][0-9]$"}
 SECONDS: Schema = {"type": "integer", "minimum": 1, "maximum": 31_536_000}
 STEP_SECONDS: Schema = {"type": "number", "exclusiveMinimum": 0, "maximum": 366 * 24 * 3600}
 
+_STEP_LIST: Schema = {"type": "array", "maxItems": 100,
+                      "items": {"$ref": "#/components/schemas/WorkflowStep"}}
+_SEND_STEP: dict[str, Schema] = {
+    "template": ID,
+    "channels": nullable(CHANNEL_LIST),
+    "priority": nullable({"type": "string", "enum": list(PRIORITIES)}),
+}
 _rate: Schema = {"type": "number", "exclusiveMinimum": 0, "maximum": 100_000}
 
 COMPONENTS: dict[str, Schema] = {
@@ -228,30 +235,30 @@ COMPONENTS: dict[str, Schema] = {
         "userId": ID,
         "data": nullable(ANY_OBJECT),
     }, ("name", "userId")),
+    # One shape per step type (what workflow_defs.STEP_FIELDS allows and validate_steps
+    # requires), so a generated or hand-written step is either valid or visibly not.
     "WorkflowStep": {
-        "type": "object",
-        "required": ["type"],
-        "properties": {
-            "type": {"type": "string",
-                     "enum": ["send", "wait", "waitForEvent", "branch", "digest"]},
-            "template": ID,
-            "channels": CHANNEL_LIST,
-            "priority": {"type": "string", "enum": list(PRIORITIES)},
-            "seconds": STEP_SECONDS,
-            "event": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": r"\S"},
-            "timeoutSeconds": STEP_SECONDS,
-            "onTimeout": {"type": "string", "enum": ["continue", "stop"]},
-            "if": {"type": "string", "minLength": 1, "maxLength": 10_000,
-                   "description": "A Jinja2 expression over data, user and steps."},
-            "then": {"type": "array", "maxItems": 100,
-                     "items": {"$ref": "#/components/schemas/WorkflowStep"}},
-            "else": {"type": "array", "maxItems": 100,
-                     "items": {"$ref": "#/components/schemas/WorkflowStep"}},
-            "windowSeconds": STEP_SECONDS,
-        },
+        "oneOf": [
+            obj({"type": {"const": "send"}, **_SEND_STEP}, ("type", "template")),
+            obj({"type": {"const": "wait"}, "seconds": STEP_SECONDS}, ("type", "seconds")),
+            obj({"type": {"const": "waitForEvent"},
+                 "event": {"type": "string", "minLength": 1, "maxLength": 200,
+                           "pattern": r"\S"},
+                 "timeoutSeconds": STEP_SECONDS,
+                 "onTimeout": nullable({"type": "string", "enum": ["continue", "stop"]})},
+                ("type", "event", "timeoutSeconds")),
+            obj({"type": {"const": "branch"},
+                 "if": {"type": "string", "minLength": 1, "maxLength": 10_000,
+                        "pattern": r"\S",
+                        "description": "A Jinja2 expression over data, user and steps."},
+                 "then": nullable(_STEP_LIST), "else": nullable(_STEP_LIST)},
+                ("type", "if")),
+            obj({"type": {"const": "digest"}, **_SEND_STEP, "windowSeconds": STEP_SECONDS},
+                ("type", "template", "windowSeconds")),
+        ],
         "description": "send {template, channels?, priority?} | wait {seconds} | waitForEvent "
-                       "{event, timeoutSeconds, onTimeout?} | branch {if, then, else?} | digest "
-                       "{windowSeconds, template}",
+                       "{event, timeoutSeconds, onTimeout?} | branch {if, then?, else?} | "
+                       "digest {windowSeconds, template, channels?, priority?}",
     },
     "WorkflowPut": obj({
         "steps": {"type": "array", "minItems": 1, "maxItems": 100,
