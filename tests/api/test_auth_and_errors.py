@@ -83,6 +83,22 @@ async def test_the_admin_key_must_name_an_existing_project(api: Api, project: Pr
     assert by_query.status == 200
 
 
+async def test_unknown_projects_and_keys_are_404s_that_name_no_project(api: Api) -> None:
+    """Projects and keys belong to no project: their 404s, for a well-formed id or not, say
+    what is missing without claiming to have looked "in this project"."""
+    for method, path, code in (
+        ("GET", "/v1/projects/nope", "project_not_found"),
+        ("GET", "/v1/projects/00000000-0000-4000-8000-000000000000", "project_not_found"),
+        ("POST", "/v1/projects/nope/keys", "project_not_found"),
+        ("DELETE", "/v1/keys/nope", "key_not_found"),
+        ("DELETE", "/v1/keys/00000000-0000-4000-8000-000000000000", "key_not_found"),
+    ):
+        reply = await api.admin(method, path, json={"role": "full"})
+        assert reply.status == 404, (path, reply.body)
+        assert reply.error["code"] == code
+        assert "in this project" not in reply.error["message"], reply.error["message"]
+
+
 async def test_bodies_must_be_json_objects_within_the_limit(api: Api, project: Project) -> None:
     not_json = await api.call("PUT", "/v1/users/u1", key=project.full, data="a=b",
                               headers={"Content-Type": "application/x-www-form-urlencoded"})
