@@ -204,6 +204,12 @@ async def test_keys_are_shown_once_and_stored_hashed(
     gone = await api.admin("POST", "/v1/projects/00000000-0000-4000-8000-000000000000/keys",
                            json={"role": "full"})
     assert gone.status == 404
+    # A key made without a name shows "name": null; sending that null makes the same key.
+    assert made.body["name"] is None
+    unnamed = await api.admin("POST", f"/v1/projects/{project.id}/keys",
+                              json={"role": "full", "name": None})
+    assert unnamed.status == 201, unnamed.body
+    assert unnamed.body["name"] is None
 
 
 async def test_a_revoked_key_is_rejected_at_once(api: Api, project: Project) -> None:

@@ -99,7 +99,7 @@ COMPONENTS: dict[str, Schema] = {
     }, ("id", "name", "settings", "createdAt")),
     "KeyCreate": obj({
         "role": {"type": "string", "enum": ["full", "send"]},
-        "name": {"type": "string", "minLength": 1, "maxLength": 200},
+        "name": nullable({"type": "string", "minLength": 1, "maxLength": 200}),
     }, ("role",)),
     "KeyCreated": obj({
         "id": UUID, "key": STRING, "role": {"type": "string", "enum": ["full", "send"]},

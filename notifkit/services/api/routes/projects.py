@@ -62,7 +62,7 @@ async def create_key(request: web.Request) -> web.Response:
     fields = Fields(await read_json(request))
     fields.only(("role", "name"))
     role = fields.choice("role", ROLES, required=True)
-    name = fields.string("name", max_len=200)
+    name = fields.string("name", nullable=True, max_len=200)  # null: unnamed, as shown
     fields.raise_if_invalid()
     key = new_key()
     try:
