@@ -323,4 +323,4 @@ COMPONENTS: dict[str, Schema] = {
 COMPONENTS["MessageList"] = page_of("MessageLog")
 COMPONENTS["InboxList"] = page_of("InboxMessage")
 COMPONENTS["DlqList"] = page_of("DlqEntry")
-COMPONENTS["StreamList"] = page_of("StreamInfo")  # every stream on one page: nextCursor null
+COMPONENTS["StreamList"] = page_of("StreamInfo")
