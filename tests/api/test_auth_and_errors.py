@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import asyncpg
 import pytest
@@ -161,6 +162,27 @@ async def test_head_answers_like_get_without_a_body(api: Api, project: Project) 
     not_get = await api.call("HEAD", "/v1/notifications", key=project.full)
     assert not_get.status == 405
     assert not_get.headers["Allow"] == "POST"
+
+
+async def test_a_malformed_http_request_is_a_warning_not_a_logged_traceback(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Given bytes aiohttp cannot parse as a request (a NUL in a header), when they arrive,
+    then the client gets a 400 and the log holds one warning, not an error with a traceback:
+    a client's mistake is not the server's failure."""
+    server = api.client.server
+    caplog.set_level(logging.WARNING, logger="aiohttp.server")
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Probe: \x00\r\n\r\n")
+    await writer.drain()
+    answer = await reader.read()
+    writer.close()
+    assert answer.startswith(b"HTTP/1.0 400") or answer.startswith(b"HTTP/1.1 400"), answer
+    records = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert records, "the refusal is logged"
+    assert all(r.levelno == logging.WARNING and not r.exc_info for r in records), [
+        (r.levelname, r.getMessage()) for r in records]
+    assert "malformed HTTP request with 400" in records[0].getMessage()
 
 
 async def test_a_project_over_its_api_rate_gets_429_with_retry_after(

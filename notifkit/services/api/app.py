@@ -21,7 +21,7 @@ from notifkit.keys import Keys
 from notifkit.ratelimit import TokenBuckets
 from notifkit.services.api.admission import Admission
 from notifkit.services.api.auth import KeyCache
-from notifkit.services.api.errors import error_middleware
+from notifkit.services.api.errors import error_middleware, quiet_malformed_requests
 from notifkit.services.api.middleware import auth_middleware
 from notifkit.services.api.pubsub import Hub
 from notifkit.services.api.routing import Operation
@@ -82,6 +82,7 @@ def create_app(
         handler_args={"max_line_size": MAX_LINE_BYTES, "max_field_size": MAX_LINE_BYTES},
     )
     app[SETTINGS] = settings
+    quiet_malformed_requests()
     app[KEYS] = Keys(settings.namespace)
     app[SSE_HEARTBEAT_S] = sse_heartbeat_s
     table: dict[str, Operation] = {}
