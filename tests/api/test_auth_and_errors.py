@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import asyncpg
 import pytest
@@ -83,6 +84,22 @@ async def test_the_admin_key_must_name_an_existing_project(api: Api, project: Pr
     assert by_query.status == 200
 
 
+async def test_unknown_projects_and_keys_are_404s_that_name_no_project(api: Api) -> None:
+    """Projects and keys belong to no project: their 404s, for a well-formed id or not, say
+    what is missing without claiming to have looked "in this project"."""
+    for method, path, code in (
+        ("GET", "/v1/projects/nope", "project_not_found"),
+        ("GET", "/v1/projects/00000000-0000-4000-8000-000000000000", "project_not_found"),
+        ("POST", "/v1/projects/nope/keys", "project_not_found"),
+        ("DELETE", "/v1/keys/nope", "key_not_found"),
+        ("DELETE", "/v1/keys/00000000-0000-4000-8000-000000000000", "key_not_found"),
+    ):
+        reply = await api.admin(method, path, json={"role": "full"})
+        assert reply.status == 404, (path, reply.body)
+        assert reply.error["code"] == code
+        assert "in this project" not in reply.error["message"], reply.error["message"]
+
+
 async def test_bodies_must_be_json_objects_within_the_limit(api: Api, project: Project) -> None:
     not_json = await api.call("PUT", "/v1/users/u1", key=project.full, data="a=b",
                               headers={"Content-Type": "application/x-www-form-urlencoded"})
@@ -146,6 +163,46 @@ async def test_unknown_routes_and_methods_use_the_error_shape(api: Api) -> None:
     assert_error_shape(wrong.body)
 
 
+async def test_head_answers_like_get_without_a_body(api: Api, project: Project) -> None:
+    """Given routes that answer GET, when a client sends HEAD, then it gets GET's status and
+    headers, with the same authentication, and no body; routes without GET stay 405."""
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    health = await api.call("HEAD", "/health")
+    assert health.status == 200
+    assert health.headers["Content-Type"] == "application/json"
+    assert health.body is None
+    user = await api.call("HEAD", "/v1/users/u1", key=project.full)
+    assert user.status == 200
+    assert user.body is None
+    assert (await api.call("HEAD", "/v1/users/u1")).status == 401
+    assert (await api.call("HEAD", "/v1/users/nobody", key=project.full)).status == 404
+    assert (await api.call("HEAD", "/openapi.json")).status == 200
+    not_get = await api.call("HEAD", "/v1/notifications", key=project.full)
+    assert not_get.status == 405
+    assert not_get.headers["Allow"] == "POST"
+
+
+async def test_a_malformed_http_request_is_a_warning_not_a_logged_traceback(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Given bytes aiohttp cannot parse as a request (a NUL in a header), when they arrive,
+    then the client gets a 400 and the log holds one warning, not an error with a traceback:
+    a client's mistake is not the server's failure."""
+    server = api.client.server
+    caplog.set_level(logging.WARNING, logger="aiohttp.server")
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Probe: \x00\r\n\r\n")
+    await writer.drain()
+    answer = await reader.read()
+    writer.close()
+    assert answer.startswith(b"HTTP/1.0 400") or answer.startswith(b"HTTP/1.1 400"), answer
+    records = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert records, "the refusal is logged"
+    assert all(r.levelno == logging.WARNING and not r.exc_info for r in records), [
+        (r.levelname, r.getMessage()) for r in records]
+    assert "malformed HTTP request with 400" in records[0].getMessage()
+
+
 async def test_a_project_over_its_api_rate_gets_429_with_retry_after(
     settings: Settings,
 ) -> None:
@@ -187,6 +244,12 @@ async def test_keys_are_shown_once_and_stored_hashed(
     gone = await api.admin("POST", "/v1/projects/00000000-0000-4000-8000-000000000000/keys",
                            json={"role": "full"})
     assert gone.status == 404
+    # A key made without a name shows "name": null; sending that null makes the same key.
+    assert made.body["name"] is None
+    unnamed = await api.admin("POST", f"/v1/projects/{project.id}/keys",
+                              json={"role": "full", "name": None})
+    assert unnamed.status == 201, unnamed.body
+    assert unnamed.body["name"] is None
 
 
 async def test_a_revoked_key_is_rejected_at_once(api: Api, project: Project) -> None:

@@ -116,6 +116,9 @@ async def test_a_trigger_creates_a_pending_instance_and_enqueues_it(
     missing = await api.call("POST", "/v1/workflows/ghost/trigger", key=project.send,
                              json={"userId": "u1"})
     assert missing.status == 404
+    without_data = await api.call("POST", "/v1/workflows/onboarding/trigger",
+                                  key=project.send, json={"userId": "u1", "data": None})
+    assert without_data.status == 202, without_data.body
 
 
 async def test_a_trigger_with_an_idempotency_key_starts_one_instance(

@@ -70,6 +70,26 @@ async def test_recipients_as_user_or_segment(
     assert message["channels"] is None
 
 
+async def test_optional_fields_sent_as_null_are_left_out(
+    api: Api, project: Project, template: str, redis: Redis
+) -> None:
+    """Given a client that spells an absent optional field as null (as GET shows it), when it
+    sends, then the send is accepted with the defaults, not refused."""
+    reply = await api.call("POST", "/v1/notifications", key=project.send, json={
+        "to": "u1", "template": template, "data": None, "channels": None, "priority": None,
+        "sendAt": None, "campaignId": None})
+    assert reply.status == 202, reply.body
+    [message] = await inbound(redis, api)
+    assert (message["data"], message["channels"], message["priority"], message["sendAt"],
+            message["campaignId"]) == ({}, None, "normal", None, None)
+    event = await api.call("POST", "/v1/events", key=project.send,
+                           json={"name": "paid", "userId": "u1", "data": None})
+    assert event.status == 202, event.body
+    preview = await api.call("POST", f"/v1/templates/{template}/preview", key=project.full,
+                             json={"data": None})
+    assert preview.status == 200, preview.body
+
+
 @pytest.mark.parametrize(("body", "fields"), [
     ({}, {"to", "template"}),
     ({"to": [], "template": "invoice"}, {"to"}),

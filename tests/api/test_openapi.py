@@ -61,8 +61,12 @@ def test_every_route_is_documented_and_every_documented_route_exists() -> None:
     from notifkit.services.api.openapi import document
 
     app = create_app(Settings())
-    served = {(route.method, route.resource.canonical) for route in app.router.routes()
-              if route.resource is not None}
+    mounted = {(route.method, route.resource.canonical) for route in app.router.routes()
+               if route.resource is not None}
+    # HEAD comes with GET (as HTTP has it), so the document lists only the GET.
+    heads = {(method, path) for method, path in mounted if method == "HEAD"}
+    assert heads <= {("HEAD", path) for method, path in mounted if method == "GET"}
+    served = mounted - heads
     doc = document(operations())
     documented = {(method.upper(), path) for path, item in doc["paths"].items()
                   for method in item}
@@ -187,3 +191,31 @@ def _fuzz(operation: Any, mode: GenerationMode, base_url: str, headers: dict[str
                                timeout=10)
 
     run()
+
+
+def test_the_workflow_step_schema_requires_what_the_server_requires() -> None:
+    """Given the document's WorkflowStep schema, a step the server accepts validates and a step
+    missing what the server requires (a send without its template, a wait without seconds)
+    does not, so clients and generators built from the document send runnable steps."""
+    import jsonschema_rs
+
+    from notifkit.services.api.openapi import document
+    from notifkit.workflow_defs import validate_steps
+
+    doc = document(operations())
+    validator = jsonschema_rs.Draft202012Validator(
+        {**doc, "$ref": "#/components/schemas/WorkflowPut"})
+    runnable = [
+        {"type": "send", "template": "welcome", "channels": ["email"], "priority": None},
+        {"type": "wait", "seconds": 1.5},
+        {"type": "waitForEvent", "event": "paid", "timeoutSeconds": 60, "onTimeout": "stop"},
+        {"type": "branch", "if": "data.plan == 'pro'",
+         "then": [{"type": "digest", "windowSeconds": 60, "template": "welcome"}], "else": None},
+    ]
+    assert validate_steps(runnable) == []
+    assert validator.is_valid({"steps": runnable})
+    for step in ({"type": "send"}, {"type": "wait"}, {"type": "digest", "template": "t"},
+                 {"type": "waitForEvent", "event": "paid"}, {"type": "branch"},
+                 {"type": "wait", "seconds": 1, "template": "t"}, {"type": "pause"}):
+        assert validate_steps([step]), step
+        assert not validator.is_valid({"steps": [step]}), step

@@ -93,6 +93,23 @@ async def test_streams_report_length_pending_and_age(
     await redis.xreadgroup(keys.group("delivery"), "delivery-h-1", {stream: ">"}, count=2)
     reply = await api.call("GET", "/v1/streams", key=project.full)
     assert reply.status == 200
+    assert set(reply.body) == {"items", "nextCursor"}  # the shape of every list
+    assert reply.body["nextCursor"] is None
+    # limit and cursor page it as they page every list.
+    paged: list[str] = []
+    params = {"limit": "5"}
+    while True:
+        page = await api.call("GET", "/v1/streams", key=project.full, params=params)
+        assert page.status == 200, page.body
+        assert len(page.body["items"]) <= 5
+        paged += [s["stream"] for s in page.body["items"]]
+        if page.body["nextCursor"] is None:
+            break
+        params = {"limit": "5", "cursor": page.body["nextCursor"]}
+    assert paged == [s["stream"] for s in reply.body["items"]]
+    bad = await api.call("GET", "/v1/streams", key=project.full, params={"cursor": "xyz"})
+    assert bad.status == 400
+    assert bad.fields == ["cursor"]
     info = next(s for s in reply.body["items"] if s["stream"] == stream)
     assert (info["length"], info["pending"], info["consumers"]) == (3, 2, 1)
     assert info["oldestPendingAgeSeconds"] >= 0

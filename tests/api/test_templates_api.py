@@ -38,6 +38,19 @@ async def test_put_creates_then_replaces(api: Api, project: Project) -> None:
     assert (await api.call("GET", "/v1/templates/nope", key=project.full)).status == 404
 
 
+async def test_null_clears_topic_fallback_and_ai_alike(api: Api, project: Project) -> None:
+    """Given a template with a fallback chain, when it is PUT again with the null a GET shows
+    for a template without one, then the chain is cleared, as null clears topic and ai."""
+    await api.call("PUT", "/v1/templates/invoice", key=project.full, json=INVOICE)
+    cleared = await api.call("PUT", "/v1/templates/invoice", key=project.full, json={
+        "channels": INVOICE["channels"], "topic": None, "fallback": None, "ai": None})
+    assert cleared.status == 200, cleared.body
+    assert cleared.body["fallback"] is None
+    assert cleared.body["topic"] is None
+    fetched = await api.call("GET", "/v1/templates/invoice", key=project.full)
+    assert fetched.body["fallback"] is None
+
+
 async def test_a_syntax_error_names_channel_field_and_line(api: Api, project: Project) -> None:
     reply = await api.call("PUT", "/v1/templates/t", key=project.full, json={"channels": {
         "email": {"subject": "ok", "html": "<p>\nline two\n{{ data.x + }}</p>"},

@@ -21,7 +21,7 @@ from notifkit.keys import Keys
 from notifkit.ratelimit import TokenBuckets
 from notifkit.services.api.admission import Admission
 from notifkit.services.api.auth import KeyCache
-from notifkit.services.api.errors import error_middleware
+from notifkit.services.api.errors import error_middleware, quiet_malformed_requests
 from notifkit.services.api.middleware import auth_middleware
 from notifkit.services.api.pubsub import Hub
 from notifkit.services.api.routing import Operation
@@ -82,16 +82,28 @@ def create_app(
         handler_args={"max_line_size": MAX_LINE_BYTES, "max_field_size": MAX_LINE_BYTES},
     )
     app[SETTINGS] = settings
+    quiet_malformed_requests()
     app[KEYS] = Keys(settings.namespace)
     app[SSE_HEARTBEAT_S] = sse_heartbeat_s
     table: dict[str, Operation] = {}
     for op in operations():
-        app.router.add_route(op.method, route_path(op.path), op.handler, name=op.operation_id)
+        path = route_path(op.path)
+        app.router.add_route(op.method, path, op.handler, name=op.operation_id)
+        if op.method == "GET" and not _streams(op):
+            # HTTP says a resource that answers GET answers HEAD: the same status and headers,
+            # no body (aiohttp drops it). Same resource name, so the same auth applies.
+            app.router.add_route("HEAD", path, op.handler, name=op.operation_id)
         table[op.operation_id] = op
     app[OPERATIONS] = table
     app.cleanup_ctx.append(_resources(settings, redis, db))
     app.on_shutdown.append(_close_streams)
     return app
+
+
+def _streams(op: Operation) -> bool:
+    """Whether the operation answers an endless stream (server-sent events): a HEAD of it
+    would hold the connection open for headers alone, so it gets no HEAD route."""
+    return any(reply.content_type == "text/event-stream" for reply in op.responses.values())
 
 
 def route_path(path: str) -> str:

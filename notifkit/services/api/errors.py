@@ -21,6 +21,7 @@ from typing import Any, TypedDict
 
 import asyncpg
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from redis.exceptions import RedisError
 
 from notifkit import codec
@@ -166,3 +167,27 @@ def store_unavailable(exc: BaseException) -> bool:
 
 def _snake(reason: str) -> str:
     return "_".join(reason.lower().replace("-", " ").split()) or "error"
+
+
+class MalformedRequestFilter(logging.Filter):
+    """aiohttp logs a request it cannot even parse (a NUL in a header, a request line over the
+    limit) as an ERROR with a traceback, although it answers 400 and nothing failed on our
+    side. This filter turns that record into one WARNING line without the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            reason = (exc.message or "").strip().splitlines()
+            record.msg = ("Refused a malformed HTTP request with %s (%s); nothing was done, "
+                          "the client has to fix the request.")
+            record.args = (exc.code, reason[0].rstrip(":") if reason else "unparseable")
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_malformed_requests() -> None:
+    """Install :class:`MalformedRequestFilter` on aiohttp's server logger (once)."""
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, MalformedRequestFilter) for f in server_log.filters):
+        server_log.addFilter(MalformedRequestFilter())

@@ -62,6 +62,13 @@ HHMM: Schema = {"type": "string", "pattern": r"^([01][0-9]|2[0-3]):[0-5][0-9]$"}
 SECONDS: Schema = {"type": "integer", "minimum": 1, "maximum": 31_536_000}
 STEP_SECONDS: Schema = {"type": "number", "exclusiveMinimum": 0, "maximum": 366 * 24 * 3600}
 
+_STEP_LIST: Schema = {"type": "array", "maxItems": 100,
+                      "items": {"$ref": "#/components/schemas/WorkflowStep"}}
+_SEND_STEP: dict[str, Schema] = {
+    "template": ID,
+    "channels": nullable(CHANNEL_LIST),
+    "priority": nullable({"type": "string", "enum": list(PRIORITIES)}),
+}
 _rate: Schema = {"type": "number", "exclusiveMinimum": 0, "maximum": 100_000}
 
 COMPONENTS: dict[str, Schema] = {
@@ -92,7 +99,7 @@ COMPONENTS: dict[str, Schema] = {
     }, ("id", "name", "settings", "createdAt")),
     "KeyCreate": obj({
         "role": {"type": "string", "enum": ["full", "send"]},
-        "name": {"type": "string", "minLength": 1, "maxLength": 200},
+        "name": nullable({"type": "string", "minLength": 1, "maxLength": 200}),
     }, ("role",)),
     "KeyCreated": obj({
         "id": UUID, "key": STRING, "role": {"type": "string", "enum": ["full", "send"]},
@@ -157,7 +164,7 @@ COMPONENTS: dict[str, Schema] = {
     "TemplatePut": obj({
         "topic": nullable({"type": "string", "minLength": 1, "maxLength": 100}),
         "channels": {"$ref": "#/components/schemas/TemplateChannels"},
-        "fallback": CHANNEL_LIST,
+        "fallback": nullable(CHANNEL_LIST),
         "ai": nullable({"$ref": "#/components/schemas/TemplateAi"}),
     }, ("channels",)),
     "Template": obj({
@@ -167,7 +174,7 @@ COMPONENTS: dict[str, Schema] = {
         "ai": nullable({"type": "object"}),
         "createdAt": DATETIME, "updatedAt": DATETIME,
     }, ("id", "topic", "channels", "fallback", "ai", "createdAt", "updatedAt")),
-    "PreviewRequest": obj({"userId": ID, "data": ANY_OBJECT}),
+    "PreviewRequest": obj({"userId": ID, "data": nullable(ANY_OBJECT)}),
     "Preview": obj({
         "template": STRING,
         "channels": {"type": "object", "additionalProperties": {"type": "object"}},
@@ -183,11 +190,11 @@ COMPONENTS: dict[str, Schema] = {
                 ("segment",)),
         ]},
         "template": ID,
-        "data": ANY_OBJECT,
-        "channels": CHANNEL_LIST,
-        "priority": {"type": "string", "enum": list(PRIORITIES)},
-        "sendAt": DATETIME,
-        "campaignId": {"type": "string", "minLength": 1, "maxLength": 255},
+        "data": nullable(ANY_OBJECT),
+        "channels": nullable(CHANNEL_LIST),
+        "priority": nullable({"type": "string", "enum": list(PRIORITIES)}),
+        "sendAt": nullable(DATETIME),
+        "campaignId": nullable({"type": "string", "minLength": 1, "maxLength": 255}),
     }, ("to", "template")),
     "Accepted": obj({"id": UUID, "status": {"type": "string", "enum": ["accepted"]}},
                     ("id", "status")),
@@ -226,32 +233,32 @@ COMPONENTS: dict[str, Schema] = {
     "EventCreate": obj({
         "name": {"type": "string", "minLength": 1, "maxLength": 200},
         "userId": ID,
-        "data": ANY_OBJECT,
+        "data": nullable(ANY_OBJECT),
     }, ("name", "userId")),
+    # One shape per step type (what workflow_defs.STEP_FIELDS allows and validate_steps
+    # requires), so a generated or hand-written step is either valid or visibly not.
     "WorkflowStep": {
-        "type": "object",
-        "required": ["type"],
-        "properties": {
-            "type": {"type": "string",
-                     "enum": ["send", "wait", "waitForEvent", "branch", "digest"]},
-            "template": ID,
-            "channels": CHANNEL_LIST,
-            "priority": {"type": "string", "enum": list(PRIORITIES)},
-            "seconds": STEP_SECONDS,
-            "event": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": r"\S"},
-            "timeoutSeconds": STEP_SECONDS,
-            "onTimeout": {"type": "string", "enum": ["continue", "stop"]},
-            "if": {"type": "string", "minLength": 1, "maxLength": 10_000,
-                   "description": "A Jinja2 expression over data, user and steps."},
-            "then": {"type": "array", "maxItems": 100,
-                     "items": {"$ref": "#/components/schemas/WorkflowStep"}},
-            "else": {"type": "array", "maxItems": 100,
-                     "items": {"$ref": "#/components/schemas/WorkflowStep"}},
-            "windowSeconds": STEP_SECONDS,
-        },
+        "oneOf": [
+            obj({"type": {"const": "send"}, **_SEND_STEP}, ("type", "template")),
+            obj({"type": {"const": "wait"}, "seconds": STEP_SECONDS}, ("type", "seconds")),
+            obj({"type": {"const": "waitForEvent"},
+                 "event": {"type": "string", "minLength": 1, "maxLength": 200,
+                           "pattern": r"\S"},
+                 "timeoutSeconds": STEP_SECONDS,
+                 "onTimeout": nullable({"type": "string", "enum": ["continue", "stop"]})},
+                ("type", "event", "timeoutSeconds")),
+            obj({"type": {"const": "branch"},
+                 "if": {"type": "string", "minLength": 1, "maxLength": 10_000,
+                        "pattern": r"\S",
+                        "description": "A Jinja2 expression over data, user and steps."},
+                 "then": nullable(_STEP_LIST), "else": nullable(_STEP_LIST)},
+                ("type", "if")),
+            obj({"type": {"const": "digest"}, **_SEND_STEP, "windowSeconds": STEP_SECONDS},
+                ("type", "template", "windowSeconds")),
+        ],
         "description": "send {template, channels?, priority?} | wait {seconds} | waitForEvent "
-                       "{event, timeoutSeconds, onTimeout?} | branch {if, then, else?} | digest "
-                       "{windowSeconds, template}",
+                       "{event, timeoutSeconds, onTimeout?} | branch {if, then?, else?} | "
+                       "digest {windowSeconds, template, channels?, priority?}",
     },
     "WorkflowPut": obj({
         "steps": {"type": "array", "minItems": 1, "maxItems": 100,
@@ -261,7 +268,7 @@ COMPONENTS: dict[str, Schema] = {
         "id": STRING, "steps": {"type": "array", "items": {"type": "object"}},
         "createdAt": DATETIME, "updatedAt": DATETIME,
     }, ("id", "steps", "createdAt", "updatedAt")),
-    "TriggerRequest": obj({"userId": ID, "data": ANY_OBJECT}, ("userId",)),
+    "TriggerRequest": obj({"userId": ID, "data": nullable(ANY_OBJECT)}, ("userId",)),
     "TriggerAccepted": obj({"instanceId": UUID}, ("instanceId",)),
     "WorkflowInstance": obj({
         "id": UUID, "workflowId": STRING, "userId": STRING, "status": STRING,
@@ -297,9 +304,6 @@ COMPONENTS: dict[str, Schema] = {
         "consumers": {"type": "integer"},
         "groups": {"type": "array", "items": {"$ref": "#/components/schemas/StreamGroup"}},
     }, ("stream", "length", "pending", "oldestPendingAgeSeconds", "consumers", "groups")),
-    "StreamList": obj({"items": {"type": "array",
-                                 "items": {"$ref": "#/components/schemas/StreamInfo"}}},
-                      ("items",)),
     "DlqEntry": obj({
         "id": STRING, "stream": STRING, "group": nullable(STRING), "payload": {},
         "error": nullable(STRING), "attempts": nullable({"type": "integer"}),
@@ -319,3 +323,4 @@ COMPONENTS: dict[str, Schema] = {
 COMPONENTS["MessageList"] = page_of("MessageLog")
 COMPONENTS["InboxList"] = page_of("InboxMessage")
 COMPONENTS["DlqList"] = page_of("DlqEntry")
+COMPONENTS["StreamList"] = page_of("StreamInfo")

@@ -34,7 +34,7 @@ async def post_event(request: web.Request) -> web.Response:
     fields.only(("name", "userId", "data"))
     name = fields.string("name", required=True, max_len=200)
     user_id = fields.identifier("userId", required=True)
-    data = fields.obj("data")
+    data = fields.obj("data", nullable=True)
     fields.raise_if_invalid()
     event_id = uuid7()
     payload = {

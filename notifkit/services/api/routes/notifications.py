@@ -196,11 +196,12 @@ async def _validate(request: web.Request, project: str, body: dict[str, Any]) ->
     fields.only(("to", "template", "data", "channels", "priority", "sendAt", "campaignId"))
     to = _recipients(fields)
     template = fields.identifier("template", required=True)
-    data = fields.obj("data")
-    channels = fields.channel_list("channels", CHANNELS)
-    priority = fields.choice("priority", PRIORITIES) or "normal"
-    send_at = fields.timestamp("sendAt")
-    campaign = fields.string("campaignId")
+    # An optional field sent as null is the field left out, as GET shows it.
+    data = fields.obj("data", nullable=True)
+    channels = fields.channel_list("channels", CHANNELS, nullable=True)
+    priority = fields.choice("priority", PRIORITIES, nullable=True) or "normal"
+    send_at = fields.timestamp("sendAt", nullable=True)
+    campaign = fields.string("campaignId", nullable=True)
     fields.raise_if_invalid()
     assert template is not None
     assert to is not None

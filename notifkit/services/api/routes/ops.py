@@ -19,10 +19,11 @@ from redis.exceptions import RedisError, ResponseError
 
 from notifkit import codec, metrics
 from notifkit.keys import Keys
-from notifkit.services.api.errors import json_response
-from notifkit.services.api.routing import Operations, Reply
+from notifkit.services.api.errors import invalid_field, json_response
+from notifkit.services.api.routing import CURSOR, LIMIT, Operations, Reply
 from notifkit.services.api.schemas import ref
 from notifkit.services.api.state import DB, KEYS, OPERATIONS, REDIS, SETTINGS
+from notifkit.services.api.validation import decode_cursor, encode_cursor, limit_param
 from notifkit.streams import as_str
 
 ops = Operations("operations")
@@ -74,11 +75,24 @@ async def prometheus_metrics(request: web.Request) -> web.Response:
 
 
 @ops.route("GET", "/v1/streams", "Every stream's length, pending count, oldest pending age and "
-           "consumers", access="ops", responses={200: ref("StreamList")},
-           description="The admin key or a full key. Streams are shared by every project.")
+           "consumers", access="ops", query=(LIMIT, CURSOR),
+           responses={200: ref("StreamList")},
+           description="The admin key or a full key. Streams are shared by every project. "
+                       "A list like the others (limit, cursor), though every stream fits on "
+                       "the default page.")
 async def list_streams(request: web.Request) -> web.Response:
     app = request.app
-    return json_response({"items": await stream_stats(app[REDIS], app[KEYS])})
+    limit = limit_param(request)
+    cursor = decode_cursor(request, 1)
+    start = 0
+    if cursor is not None:
+        if isinstance(cursor[0], bool) or not isinstance(cursor[0], int) or cursor[0] < 0:
+            raise invalid_field("cursor", "is not a cursor this API returned")
+        start = cursor[0]
+    streams = await stream_stats(app[REDIS], app[KEYS])
+    end = start + limit
+    return json_response({"items": streams[start:end],
+                          "nextCursor": encode_cursor(end) if end < len(streams) else None})
 
 
 @ops.route("GET", "/openapi.json", "This document", access="public",

@@ -7,17 +7,18 @@ drops it from its cache at once (pubsub.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
 from aiohttp import web
 
 from notifkit.services.api.auth import ROLES, hash_key, new_key, project_not_found
-from notifkit.services.api.errors import json_response, not_found
+from notifkit.services.api.errors import ApiError, json_response
 from notifkit.services.api.routing import Operations, Reply
 from notifkit.services.api.schemas import CONTACT_CHANNELS, ref
 from notifkit.services.api.state import DB, HUB, SETTINGS
-from notifkit.services.api.validation import Fields, iso, read_json, uuid_id
+from notifkit.services.api.validation import Fields, iso, parse_uuid, read_json
 
 ops = Operations("admin")
 
@@ -45,7 +46,7 @@ async def create_project(request: web.Request) -> web.Response:
 @ops.route("GET", "/v1/projects/{projectId}", "Get a project", access="admin",
            responses={200: ref("Project")})
 async def get_project(request: web.Request) -> web.Response:
-    project_id = uuid_id(request, "projectId", "project")
+    project_id = _uuid(request, "projectId", project_not_found)
     row = await request.app[DB].fetchrow(
         "SELECT id, name, settings, created_at FROM projects WHERE id = $1", project_id
     )
@@ -57,11 +58,11 @@ async def get_project(request: web.Request) -> web.Response:
 @ops.route("POST", "/v1/projects/{projectId}/keys", "Create an API key (shown once)",
            access="admin", body=ref("KeyCreate"), responses={201: ref("KeyCreated")})
 async def create_key(request: web.Request) -> web.Response:
-    project_id = uuid_id(request, "projectId", "project")
+    project_id = _uuid(request, "projectId", project_not_found)
     fields = Fields(await read_json(request))
     fields.only(("role", "name"))
     role = fields.choice("role", ROLES, required=True)
-    name = fields.string("name", max_len=200)
+    name = fields.string("name", nullable=True, max_len=200)  # null: unnamed, as shown
     fields.raise_if_invalid()
     key = new_key()
     try:
@@ -81,14 +82,14 @@ async def create_key(request: web.Request) -> web.Response:
 @ops.route("DELETE", "/v1/keys/{keyId}", "Revoke an API key", access="admin",
            responses={204: Reply(None, "Revoked; every API process rejects it within 1 s.")})
 async def revoke_key(request: web.Request) -> web.Response:
-    key_id = uuid_id(request, "keyId", "key")
+    key_id = _uuid(request, "keyId", key_not_found)
     row = await request.app[DB].fetchrow(
         "UPDATE project_api_keys SET revoked_at = coalesce(revoked_at, now()) "
         "WHERE id = $1 RETURNING key_hash",
         key_id,
     )
     if row is None:
-        raise not_found("key")
+        raise key_not_found()
     # Published even when it was revoked already: a repeat is harmless and heals a lost one.
     hub = request.app[HUB]
     if request.app[SETTINGS].injects("unpublished_key_revocations"):  # test-only fault
@@ -140,3 +141,18 @@ def project_json(row: asyncpg.Record) -> dict[str, Any]:
         "id": str(row["id"]), "name": row["name"], "settings": row["settings"],
         "createdAt": iso(row["created_at"]),
     }
+
+
+# Projects and keys belong to no project, so their 404s do not say "in this project".
+
+
+def key_not_found() -> ApiError:
+    return ApiError(404, "key_not_found", "No key with that id exists.")
+
+
+def _uuid(request: web.Request, name: str, missing: Callable[[], ApiError]) -> str:
+    """A generated id from the path; anything that is not a UUID is the 404 of ``missing``."""
+    value = parse_uuid(request.match_info[name])
+    if value is None:
+        raise missing()
+    return value

@@ -51,7 +51,7 @@ async def put_template(request: web.Request) -> web.Response:
     written_by_ai = raw_ai.get("channels") if isinstance(raw_ai, dict) else None
     channels = _channels(fields, written_by_ai if isinstance(written_by_ai, list) else [])
     ai = _ai(fields)
-    fallback = fields.channel_list("fallback", CHANNELS)
+    fallback = fields.channel_list("fallback", CHANNELS, nullable=True)
     fields.raise_if_invalid()
     assert channels is not None
     available = set(channels) | set(ai["channels"] if ai else ())
@@ -95,7 +95,7 @@ async def preview_template(request: web.Request) -> web.Response:
     fields = Fields(await read_json(request))
     fields.only(("userId", "data"))
     user_id = fields.identifier("userId")
-    data = fields.obj("data") or {}
+    data = fields.obj("data", nullable=True) or {}
     fields.raise_if_invalid()
     row = await load_template(request, template_id)
     user: dict[str, Any] = {"id": PREVIEW_USER_ID, "attributes": {}, "timezone": None,

@@ -116,7 +116,7 @@ async def trigger_workflow(request: web.Request) -> web.Response:
     fields = Fields(body)
     fields.only(("userId", "data"))
     user_id = fields.identifier("userId", required=True)
-    data = fields.obj("data") or {}
+    data = fields.obj("data", nullable=True) or {}
     fields.raise_if_invalid()
     assert user_id is not None
     app = request.app
