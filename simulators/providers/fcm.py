@@ -1,7 +1,8 @@
 """FCM HTTP v1: `POST /v1/projects/{project}/messages:send`, OAuth2 Bearer token, JSON body.
 
-Success is 200 `{"name": "projects/{project}/messages/{id}"}`; `validate_only` checks the
-message and sends nothing. Errors use Google's format:
+Success is 200 `{"name": "projects/{project}/messages/{id}"}`. The target is exactly one of
+`fid`, `token`, `topic` or `condition`; `validate_only` checks the message and sends nothing.
+Errors use Google's format:
 `{"error": {"code", "message", "status", "details": [{"@type": ".../FcmError",
 "errorCode": "UNREGISTERED"}]}}`.
 `POST /token` is a stand-in OAuth2 token endpoint: point a service account's `token_uri` at
@@ -34,6 +35,9 @@ from simulators.replies import Reply, json_reply
 from simulators.state import STATE, SimState
 
 TASK_KEY = "notifkit_task_id"
+# A message names exactly one target. `fid` (a Firebase Installation ID) is what current
+# firebase-admin releases send in place of the deprecated `token`.
+TARGETS = ("fid", "token", "topic", "condition")
 MAX_PAYLOAD_BYTES = 4096  # FCM's limit on a message's notification + data
 TOKEN_LIFETIME_S = 3599
 FCM_ERROR_TYPE = "type.googleapis.com/google.firebase.fcm.v1.FcmError"
@@ -89,9 +93,9 @@ class Fcm(HttpProvider):
         if not isinstance(payload, dict) or not isinstance(payload.get("message"), dict):
             raise _invalid("message", "Required field 'message' is missing.")
         message: dict[str, Any] = payload["message"]
-        targets = [name for name in ("token", "topic", "condition") if message.get(name)]
+        targets = [name for name in TARGETS if message.get(name)]
         if len(targets) != 1:
-            raise _invalid("message", "Exactly one of token, topic or condition must be set.")
+            raise _invalid("message", "Exactly one of fid, token, topic or condition must be set.")
         target = targets[0]
         if not isinstance(message[target], str):
             raise _invalid(
@@ -120,6 +124,7 @@ class Fcm(HttpProvider):
             recipients=[recipient],
             content=drop_none(
                 {
+                    "fid": message.get("fid"),
                     "token": message.get("token"),
                     "topic": message.get("topic"),
                     "condition": message.get("condition"),

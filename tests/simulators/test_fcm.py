@@ -109,6 +109,24 @@ async def test_two_targets_are_invalid(http: aiohttp.ClientSession, sim: Simulat
     assert status == 400
 
 
+async def test_installation_id_is_a_target(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    """Current firebase-admin releases send `fid` (a Firebase Installation ID) instead of the
+    deprecated `token`; FCM HTTP v1 accepts it as the message's one target."""
+    status, body = await push(http, sim, {"fid": "fid-1", "data": {"notifkit_task_id": "t-f"}})
+
+    assert status == 200, body
+    [record] = await sim.messages("fcm")
+    assert record["to"] == "fid-1"
+    assert record["taskId"] == "t-f"
+    assert record["content"]["fid"] == "fid-1"
+
+    status, body = await push(http, sim, {"fid": "fid-1", "token": "t"})
+    assert status == 400
+    assert body["error"]["status"] == "INVALID_ARGUMENT"
+
+
 @pytest.mark.parametrize(
     ("kind", "status", "expected_status", "google_status", "fcm_code"),
     [
