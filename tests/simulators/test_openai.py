@@ -123,6 +123,44 @@ async def test_missing_messages_is_400(sim: SimulatorServer, client: Factory) ->
     assert caught.value.param == "messages"
 
 
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"messages": [{"role": "user"}]}, "messages[0].content", "missing_required_parameter"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "invalid_type"),
+        ({"stream": "yes"}, "stream", "invalid_type"),
+        ({"temperature": 9}, "temperature", "decimal_above_max_value"),
+        ({"top_p": -0.5}, "top_p", "decimal_below_min_value"),
+        ({"presence_penalty": "high"}, "presence_penalty", "invalid_type"),
+        ({"metadata": ["x"]}, "metadata", "invalid_type"),
+    ],
+)
+async def test_invalid_parameters_are_400_naming_the_parameter(
+    sim: SimulatorServer, client: Factory, body: dict[str, object], param: str, code: str
+) -> None:
+    """OpenAI refuses a message without content or an out-of-range option with a 400 that
+    names the parameter; nothing is recorded as a completion."""
+    request = {"messages": PROMPT, **body}
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client(sim).chat.completions.create(model="gpt-4o", **request)  # type: ignore[call-overload]
+    assert caught.value.param == param
+    assert caught.value.code == code
+    assert param in caught.value.message
+    assert await sim.messages("openai") == []
+
+
+async def test_assistant_turn_with_only_tool_calls_is_accepted(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    messages: list[ChatCompletionMessageParam] = [
+        *PROMPT,
+        {"role": "assistant", "content": None},
+        {"role": "user", "content": "And now?"},
+    ]
+    completion = await client(sim).chat.completions.create(model="gpt-4o", messages=messages)
+    assert completion.choices[0].message.content
+
+
 async def test_missing_key_is_401(sim: SimulatorServer, client: Factory) -> None:
     ai = client(sim)
     with pytest.raises(openai.AuthenticationError):
