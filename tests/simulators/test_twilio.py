@@ -27,9 +27,11 @@ def client(sim: SimulatorServer, *, timeout_s: float = 5.0, token: str = AUTH_TO
     return twilio
 
 
-async def send(twilio: Client, to: str = "+15558675310", **extra: Any) -> Any:
+async def send(
+    twilio: Client, to: str = "+15558675310", from_: str = "+15017122661", **extra: Any
+) -> Any:
     return await asyncio.to_thread(
-        twilio.messages.create, to=to, from_="+15017122661", body="Your code is 123456", **extra
+        twilio.messages.create, to=to, from_=from_, body="Your code is 123456", **extra
     )
 
 
@@ -69,6 +71,31 @@ async def test_magic_test_numbers(sim: SimulatorServer, number: str, code: int) 
         await send(client(sim), to=number)
     assert caught.value.code == code
     assert await sim.messages("twilio") == []
+
+
+@pytest.mark.parametrize(
+    ("sender", "code"),
+    [
+        ("12-34", 21212),
+        ("Notifkit-Alerts-Team", 21212),
+        ("+15005550001", 21212),
+        ("+15005550007", 21606),
+        ("+15005550008", 21611),
+    ],
+)
+async def test_unusable_from_is_refused(sim: SimulatorServer, sender: str, code: int) -> None:
+    """Twilio refuses a From that is no phone number, short code or alphanumeric sender ID
+    (21212), and its test credentials' magic From numbers answer their documented codes."""
+    with pytest.raises(TwilioRestException) as caught:
+        await send(client(sim), from_=sender)
+    assert (caught.value.status, caught.value.code) == (400, code)
+    assert await sim.messages("twilio") == []
+
+
+@pytest.mark.parametrize("sender", ["+15005550006", "Notifkit", "12345", "whatsapp:+15017122661"])
+async def test_usable_senders_are_accepted(sim: SimulatorServer, sender: str) -> None:
+    message = await send(client(sim), from_=sender)
+    assert message.status == "queued"
 
 
 async def test_bad_credentials_are_401_20003(sim: SimulatorServer) -> None:
