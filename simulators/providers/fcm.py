@@ -38,6 +38,13 @@ TASK_KEY = "notifkit_task_id"
 # A message names exactly one target. `fid` (a Firebase Installation ID) is what current
 # firebase-admin releases send in place of the deprecated `token`.
 TARGETS = ("fid", "token", "topic", "condition")
+# Fields of the send request and its Message, in both spellings proto JSON accepts.
+REQUEST_FIELDS = frozenset({"message", "validate_only", "validateOnly"})
+MESSAGE_FIELDS = frozenset({
+    "name", "data", "notification", "android", "webpush", "apns", "fcm_options", "fcmOptions",
+    *TARGETS,
+})
+NOTIFICATION_FIELDS = frozenset({"title", "body", "image"})
 MAX_PAYLOAD_BYTES = 4096  # FCM's limit on a message's notification + data
 TOKEN_LIFETIME_S = 3599
 FCM_ERROR_TYPE = "type.googleapis.com/google.firebase.fcm.v1.FcmError"
@@ -92,7 +99,15 @@ class Fcm(HttpProvider):
         payload = load_json(body)
         if not isinstance(payload, dict) or not isinstance(payload.get("message"), dict):
             raise _invalid("message", "Required field 'message' is missing.")
+        _check_known(payload, REQUEST_FIELDS, None)
         message: dict[str, Any] = payload["message"]
+        _check_known(message, MESSAGE_FIELDS, "message")
+        validate_only = payload.get("validate_only", payload.get("validateOnly"))
+        if validate_only is not None and not isinstance(validate_only, bool):
+            raise _invalid(
+                "validate_only",
+                f"Invalid value at 'validate_only' (TYPE_BOOL), {json.dumps(validate_only)}",
+            )
         targets = [name for name in TARGETS if message.get(name)]
         if len(targets) != 1:
             raise _invalid("message", "Exactly one of fid, token, topic or condition must be set.")
@@ -115,6 +130,14 @@ class Fcm(HttpProvider):
         notification = message.get("notification")
         if notification is not None and not isinstance(notification, dict):
             raise _invalid("message.notification", "Invalid value at 'message.notification'")
+        if notification is not None:
+            _check_known(notification, NOTIFICATION_FIELDS, "message.notification")
+            for name, value in notification.items():
+                if not isinstance(value, str):
+                    where = f"message.notification.{name}"
+                    raise _invalid(
+                        where, f"Invalid value at '{where}' (TYPE_STRING), {json.dumps(value)}"
+                    )
         # Counted in UTF-8 bytes, as FCM does: escaped ASCII counts "日" six times over.
         size = len(json.dumps({"data": data, "notification": notification},
                               ensure_ascii=False).encode())
@@ -139,7 +162,7 @@ class Fcm(HttpProvider):
             idempotency_key=request.headers.get(IDEMPOTENCY_HEADER),
             payload=payload,
             meta={"project": request.match_info["project"]},
-            deliver=payload.get("validate_only") is not True,
+            deliver=validate_only is not True,
         )
 
     def new_message_id(self, state: SimState, submission: Submission) -> str:
@@ -162,7 +185,9 @@ class Fcm(HttpProvider):
         if error_code is not None:
             details.append({"@type": FCM_ERROR_TYPE, "errorCode": error_code})
         if spec.field_name is not None:
-            violation = {"field": spec.field_name, "description": spec.detail or message}
+            # proto3 JSON leaves an empty field out: a request-level violation names none.
+            violation = drop_none({"field": spec.field_name or None,
+                                   "description": spec.detail or message})
             details.append({"@type": BAD_REQUEST_TYPE, "fieldViolations": [violation]})
         error: dict[str, Any] = {
             "code": spec.status,
@@ -177,6 +202,19 @@ class Fcm(HttpProvider):
             retry_after_s=spec.retry_after_s,
             content_type="application/json; charset=UTF-8",
         )
+
+
+def _check_known(body: dict[str, Any], known: frozenset[str], where: str | None) -> None:
+    """Google's JSON-to-proto parser refuses a field the message type does not have, so a
+    misspelt field is a 400 rather than silently ignored."""
+    for name in body:
+        if name not in known:
+            at = f" at '{where}'" if where else ""
+            raise _invalid(
+                where or "",
+                f"Invalid JSON payload received. Unknown name {json.dumps(name)}{at}: "
+                "Cannot find field.",
+            )
 
 
 def _invalid(field_name: str, description: str) -> Rejection:

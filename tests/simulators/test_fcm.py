@@ -109,6 +109,47 @@ async def test_two_targets_are_invalid(http: aiohttp.ClientSession, sim: Simulat
     assert status == 400
 
 
+@pytest.mark.parametrize(
+    ("message", "body", "field"),
+    [
+        ({"token": "t", "notificaton": {"title": "x"}}, {}, "message"),
+        ({"token": "t"}, {"validateonly": True}, None),
+        ({"token": "t", "notification": {"title": 5}}, {}, "message.notification.title"),
+        ({"token": "t", "notification": {"subtitle": "x"}}, {}, "message.notification"),
+        ({"token": "t"}, {"validate_only": "yes"}, "validate_only"),
+    ],
+)
+async def test_unknown_or_mistyped_fields_are_invalid_argument(
+    http: aiohttp.ClientSession,
+    sim: SimulatorServer,
+    message: dict[str, Any],
+    body: dict[str, Any],
+    field: str | None,
+) -> None:
+    """FCM parses the request into its proto types: a misspelt field or a number where a
+    string belongs is 400 INVALID_ARGUMENT with a BadRequest field violation, not a send."""
+    status, answer = await push(http, sim, message, **body)
+
+    assert status == 400
+    assert answer["error"]["status"] == "INVALID_ARGUMENT"
+    [violation] = [
+        d["fieldViolations"][0]
+        for d in answer["error"]["details"]
+        if d["@type"] == "type.googleapis.com/google.rpc.BadRequest"
+    ]
+    assert violation.get("field") == field
+    assert await sim.messages("fcm") == []
+
+
+async def test_camel_case_spellings_are_accepted(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    message = {"token": "t", "fcmOptions": {"analyticsLabel": "x"}}
+    status, body = await push(http, sim, message, validateOnly=True)
+    assert status == 200, body
+    assert body["name"].endswith("/fake_message_id")
+
+
 async def test_installation_id_is_a_target(
     http: aiohttp.ClientSession, sim: SimulatorServer
 ) -> None:
