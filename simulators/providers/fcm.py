@@ -93,7 +93,11 @@ class Fcm(HttpProvider):
     }
 
     def credentials(self, request: web.Request) -> str | None:
-        return bearer_token(request)
+        """FCM's quota is the project's, whichever of its access tokens a request carries:
+        OAuth tokens are refreshed every hour and would otherwise each get a fresh bucket."""
+        if bearer_token(request) is None:
+            return None
+        return "project:" + request.match_info["project"]
 
     async def parse(self, request: web.Request, body: bytes, state: SimState) -> Submission:
         payload = load_json(body)

@@ -230,3 +230,17 @@ async def test_the_size_limit_counts_utf8_bytes(
     status, body = await push(http, sim, too_big)
     assert status == 400
     assert body["error"]["message"] == "Message is too big"
+
+
+async def test_rate_limit_is_per_project_not_per_access_token(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    """FCM meters a project: a refreshed access token does not bring a fresh budget."""
+    await sim.set_limit("fcm", 0.01, burst=1)
+
+    first, _ = await push(http, sim, token="ya29.first")
+    second, body = await push(http, sim, token="ya29.refreshed")
+
+    assert first == 200
+    assert second == 429
+    assert error_code(body) == "QUOTA_EXCEEDED"
