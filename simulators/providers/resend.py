@@ -121,6 +121,10 @@ class Resend(HttpProvider):
             )
         if not isinstance(payload["subject"], str):
             raise Rejection(ErrorCase.BAD_REQUEST, "Invalid `subject` field.")
+        for name in ("html", "text"):
+            if payload.get(name) is not None and not isinstance(payload[name], str):
+                raise Rejection(ErrorCase.BAD_REQUEST, f"Invalid `{name}` field.")
+        _addresses(payload, "reply_to")
         tags = _tags(payload.get("tags"))
         headers = payload.get("headers")
         if headers is not None and not (

@@ -131,6 +131,22 @@ async def test_invalid_address_is_422_validation_error(resend_sdk: Any) -> None:
     assert caught.value.code == 422
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("html", 5), ("text", ["a"]), ("reply_to", "not-an-address"), ("reply_to", ["a@b.co", 7])],
+)
+async def test_mistyped_field_is_422_naming_it(
+    resend_sdk: Any, sim: SimulatorServer, field: str, value: object
+) -> None:
+    """Resend refuses a body that is not a string and a reply-to that is not an address; the
+    message is not sent."""
+    with pytest.raises(exceptions.ValidationError) as caught:
+        await send(email(**{field: value}))
+    assert caught.value.code == 422
+    assert f"`{field}`" in caught.value.message
+    assert await sim.messages("resend") == []
+
+
 async def test_missing_api_key_is_401(resend_sdk: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(resend, "api_key", "")
     with pytest.raises(exceptions.MissingApiKeyError) as caught:
