@@ -115,6 +115,7 @@ class SendGrid(HttpProvider):
                 not isinstance(block, dict)
                 or not isinstance(block.get("type"), str)
                 or not isinstance(block.get("value"), str)
+                or not block["value"]
             ):
                 raise _invalid(
                     "The content value must be a string at least one character in length.",
@@ -198,6 +199,7 @@ def _personalization_recipients(personalization: object, index: int) -> list[str
             "#message.personalizations.to",
         )
     found: list[str] = []
+    seen: set[str] = set()
     for kind in ("to", "cc", "bcc"):
         entries = personalization.get(kind) or []
         if not isinstance(entries, list):
@@ -210,6 +212,15 @@ def _personalization_recipients(personalization: object, index: int) -> list[str
                     f"personalizations.{index}.{kind}.{position}.email",
                     "#message.personalizations.to",
                 )
+            if address.lower() in seen:
+                raise _invalid(
+                    "Each email address in the personalization block should be unique between "
+                    "to, cc, and bcc. We found the first duplicate instance of "
+                    f"[{address}] in the personalizations.{index}.{kind} field.",
+                    f"personalizations.{index}.{kind}",
+                    "#message.recipient-errors",
+                )
+            seen.add(address.lower())
             found.append(address)
     return found
 
