@@ -129,6 +129,8 @@ class Twilio(HttpProvider):
             code, message = MAGIC_NUMBERS[to]
             raise _error(code, message.format(to=to))
         callback = fields.get("StatusCallback") or None
+        if callback is not None and not _absolute_http_url(callback):
+            raise _error(21609, f"The StatusCallback URL {callback} is not a valid URL.")
         _, auth_token = basic_auth(request)
         return Submission(
             recipients=[to],
@@ -219,6 +221,14 @@ def _segments(text: str) -> int:
         return 1 if septets <= 160 else -(-septets // 153)
     units = len(text.encode("utf-16-le")) // 2
     return 1 if units <= 70 else -(-units // 67)
+
+
+def _absolute_http_url(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # an unbalanced IPv6 bracket, say
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.netloc)
 
 
 def _valid_sender(sender: str) -> bool:

@@ -56,6 +56,15 @@ async def test_task_id_from_status_callback_query(sim: SimulatorServer) -> None:
     assert record["taskId"] == "task-9"
 
 
+@pytest.mark.parametrize("callback", ["not a url", "/relative/path", "ftp://example.com/x", "http://["])
+async def test_invalid_status_callback_is_21609(sim: SimulatorServer, callback: str) -> None:
+    """Twilio refuses a StatusCallback it could never post to, before sending anything."""
+    with pytest.raises(TwilioRestException) as caught:
+        await send(client(sim), status_callback=callback)
+    assert (caught.value.status, caught.value.code) == (400, 21609)
+    assert await sim.messages("twilio") == []
+
+
 async def test_invalid_number_is_21211(sim: SimulatorServer) -> None:
     with pytest.raises(TwilioRestException) as caught:
         await send(client(sim), to="12345")
