@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 from aiohttp import web
 
 from simulators.kinds import ErrorCase, Provider
+from simulators.limits import retry_after_header
 from simulators.pipeline import (
     IDEMPOTENCY_HEADER,
     ErrorSpec,
@@ -255,10 +256,13 @@ class OpenAI(HttpProvider):
         message = spec.detail or message.replace("{model}", spec.recipient or "the model")
         headers: dict[str, str] = {}
         if spec.status == 429:
+            reset_s = (
+                retry_after_header(spec.retry_after_s) if spec.retry_after_s is not None else "1"
+            )
             headers = {
                 "x-ratelimit-limit-requests": "3",
                 "x-ratelimit-remaining-requests": "0",
-                "x-ratelimit-reset-requests": "1s",
+                "x-ratelimit-reset-requests": f"{reset_s}s",
             }
         body = {
             "error": {

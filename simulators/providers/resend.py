@@ -173,10 +173,16 @@ class Resend(HttpProvider):
             message = spec.detail
         # Resend's headers are lower-case (HTTP/2); the SDK exposes them as a plain dict.
         headers: dict[str, str] = {}
+        retry_after = (
+            retry_after_header(spec.retry_after_s) if spec.retry_after_s is not None else None
+        )
         if spec.status == 429:
-            headers = {"ratelimit-limit": "2", "ratelimit-remaining": "0", "ratelimit-reset": "1"}
-        if spec.retry_after_s is not None:
-            headers["retry-after"] = retry_after_header(spec.retry_after_s)
+            # ratelimit-reset is the seconds until the window refills: never sooner than
+            # retry-after, or a client that trusts it comes back to another 429.
+            headers = {"ratelimit-limit": "2", "ratelimit-remaining": "0",
+                       "ratelimit-reset": retry_after or "1"}
+        if retry_after is not None:
+            headers["retry-after"] = retry_after
         body = {"statusCode": spec.status, "name": name, "message": message}
         return json_reply(spec.status, body, headers=headers)
 

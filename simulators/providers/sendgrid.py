@@ -9,7 +9,9 @@ first personalization), else that header in the payload's `headers`.
 
 from __future__ import annotations
 
+import math
 import string
+import time
 from typing import Any, ClassVar
 
 from aiohttp import web
@@ -173,7 +175,10 @@ class SendGrid(HttpProvider):
             help_url = f"{_HELP}{spec.code}"
         headers: dict[str, str] = {}
         if spec.status == 429:
-            headers = {"X-RateLimit-Limit": "600", "X-RateLimit-Remaining": "0"}
+            # X-RateLimit-Reset is the Unix time the limit resets, as SendGrid sends it.
+            wait_s = math.ceil(spec.retry_after_s) if spec.retry_after_s is not None else 1
+            headers = {"X-RateLimit-Limit": "600", "X-RateLimit-Remaining": "0",
+                       "X-RateLimit-Reset": str(int(time.time()) + max(wait_s, 1))}
         body = {"errors": [{"message": message, "field": field_name, "help": help_url}]}
         return json_reply(spec.status, body, headers=headers, retry_after_s=spec.retry_after_s)
 

@@ -175,6 +175,8 @@ async def test_rate_limit_fault_is_retryable_429(sim: SimulatorServer, client: F
         await client(sim).chat.completions.create(model="gpt-4o", messages=PROMPT)
     assert caught.value.code == "rate_limit_exceeded"
     assert caught.value.response.headers["retry-after"] == "2"
+    # The reset hint agrees with Retry-After, so a client trusting either waits long enough.
+    assert caught.value.response.headers["x-ratelimit-reset-requests"] == "2s"
 
 
 async def test_error_429_is_insufficient_quota(sim: SimulatorServer, client: Factory) -> None:

@@ -260,6 +260,19 @@ async def test_lost_response_is_accepted_and_idempotent_retry_is_not_resent(
     assert newest["acceptCount"] == 2
 
 
+async def test_rate_limit_reset_header_agrees_with_retry_after(
+    resend_sdk: Any, sim: SimulatorServer
+) -> None:
+    await sim.add_fault("rate_limit", "resend", retry_after_s=7)
+
+    with pytest.raises(exceptions.RateLimitError) as caught:
+        await send(email())
+
+    headers = caught.value.headers or {}
+    assert headers["retry-after"] == "7"
+    assert headers["ratelimit-reset"] == "7"
+
+
 async def test_latency_fault_delays_then_answers(resend_sdk: Any, sim: SimulatorServer) -> None:
     await sim.add_fault("latency", "resend", delay_ms=200)
     loop = asyncio.get_running_loop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any, cast
 
 import pytest
@@ -179,3 +180,6 @@ async def test_provider_rate_limit(sim: SimulatorServer) -> None:
     with pytest.raises(exceptions.TooManyRequestsError) as caught:
         await send(sg, message())
     assert int(caught.value.headers["Retry-After"]) >= 1
+    # X-RateLimit-Reset is a Unix time no sooner than Retry-After allows.
+    reset_at = int(caught.value.headers["X-RateLimit-Reset"])
+    assert reset_at >= int(time.time()) + int(caught.value.headers["Retry-After"]) - 1
