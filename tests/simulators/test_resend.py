@@ -133,7 +133,13 @@ async def test_invalid_address_is_422_validation_error(resend_sdk: Any) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("html", 5), ("text", ["a"]), ("reply_to", "not-an-address"), ("reply_to", ["a@b.co", 7])],
+    [
+        ("html", 5),
+        ("text", ["a"]),
+        ("reply_to", "not-an-address"),
+        ("reply_to", ["a@b.co", 7]),
+        ("to", "ada@example.com, bob@example.com"),
+    ],
 )
 async def test_mistyped_field_is_422_naming_it(
     resend_sdk: Any, sim: SimulatorServer, field: str, value: object
