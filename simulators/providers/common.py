@@ -51,6 +51,14 @@ def email_address(value: object) -> str | None:
     return _parsed_address(value)
 
 
+def bare_address(value: object) -> str | None:
+    """`value` if it is an address alone (`a@b.c`), as fields holding only an address require:
+    SendGrid's `email`, where the name has a field of its own."""
+    if isinstance(value, str) and len(value) <= 512 and _EMAIL.match(value):
+        return value
+    return None
+
+
 @functools.lru_cache(maxsize=4096)
 def _parsed_address(value: str) -> str | None:
     # One mailbox, `Name <a@b.c>` or `"Name, quoted" <a@b.c>`, and nothing after it: a list

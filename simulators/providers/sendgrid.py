@@ -28,8 +28,8 @@ from simulators.pipeline import (
     header_task_id,
 )
 from simulators.providers.common import (
+    bare_address,
     drop_none,
-    email_address,
     load_json,
     stored_text,
     task_id_text,
@@ -82,7 +82,7 @@ class SendGrid(HttpProvider):
         for index, personalization in enumerate(personalizations):
             recipients += _personalization_recipients(personalization, index)
         sender = payload.get("from")
-        if not isinstance(sender, dict) or email_address(sender.get("email")) is None:
+        if not isinstance(sender, dict) or bare_address(sender.get("email")) is None:
             raise _invalid(
                 "The from object must be provided for every email send. It is an object that "
                 "requires the email parameter, but may also contain a name parameter.  e.g. "
@@ -210,7 +210,7 @@ def _personalization_recipients(personalization: object, index: int) -> list[str
         if not isinstance(entries, list):
             entries = [entries]
         for position, entry in enumerate(entries):
-            address = email_address(entry.get("email")) if isinstance(entry, dict) else None
+            address = bare_address(entry.get("email")) if isinstance(entry, dict) else None
             if address is None:
                 raise _invalid(
                     "Does not contain a valid address.",

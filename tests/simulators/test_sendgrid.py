@@ -86,6 +86,19 @@ async def test_invalid_address_is_400(sim: SimulatorServer) -> None:
     assert errors(caught)[0]["field"] == "personalizations.0.to.0.email"
 
 
+async def test_named_address_in_an_email_field_is_400(sim: SimulatorServer) -> None:
+    """SendGrid's `email` holds the address alone (the name has its own field), so
+    `Ada <ada@example.com>` there is not a valid address."""
+    body = message().get()
+    body["personalizations"][0]["to"][0]["email"] = "Ada <ada@example.com>"
+
+    with pytest.raises(exceptions.BadRequestsError) as caught:
+        await send(client(sim), body)
+
+    assert errors(caught)[0]["field"] == "personalizations.0.to.0.email"
+    assert await sim.messages("sendgrid") == []
+
+
 async def test_duplicate_recipient_in_a_personalization_is_400(sim: SimulatorServer) -> None:
     """SendGrid refuses an address that appears twice among one personalization's to, cc and
     bcc (case aside), naming the field of the second one."""
