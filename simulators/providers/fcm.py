@@ -179,18 +179,21 @@ class Fcm(HttpProvider):
 
     def error(self, spec: ErrorSpec) -> Reply:
         status_name, message, error_code = _ERRORS[spec.case]
+        field_name = spec.field_name
         if spec.case is ErrorCase.INVALID_RECIPIENT and spec.status == 400:
             status_name, message, error_code = (
                 "INVALID_ARGUMENT",
                 _INVALID_TOKEN,
                 "INVALID_ARGUMENT",
             )
+            # FCM names the offending field too, as a BadRequest violation.
+            field_name = field_name or "message.token"
         details: list[dict[str, Any]] = []
         if error_code is not None:
             details.append({"@type": FCM_ERROR_TYPE, "errorCode": error_code})
-        if spec.field_name is not None:
+        if field_name is not None:
             # proto3 JSON leaves an empty field out: a request-level violation names none.
-            violation = drop_none({"field": spec.field_name or None,
+            violation = drop_none({"field": field_name or None,
                                    "description": spec.detail or message})
             details.append({"@type": BAD_REQUEST_TYPE, "fieldViolations": [violation]})
         error: dict[str, Any] = {

@@ -168,6 +168,26 @@ async def test_installation_id_is_a_target(
     assert body["error"]["status"] == "INVALID_ARGUMENT"
 
 
+async def test_invalid_registration_token_names_the_token_field(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    """FCM's 400 for a malformed registration token carries a BadRequest violation on
+    message.token beside the FcmError code, as clients that report the field expect."""
+    await sim.add_fault("invalid_token", "fcm", status=400)
+
+    status, body = await push(http, sim)
+
+    assert status == 400
+    assert error_code(body) == "INVALID_ARGUMENT"
+    [violation] = [
+        d["fieldViolations"][0]
+        for d in body["error"]["details"]
+        if d["@type"] == "type.googleapis.com/google.rpc.BadRequest"
+    ]
+    assert violation["field"] == "message.token"
+    assert "registration token" in violation["description"]
+
+
 @pytest.mark.parametrize(
     ("kind", "status", "expected_status", "google_status", "fcm_code"),
     [
