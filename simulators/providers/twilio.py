@@ -95,8 +95,10 @@ class Twilio(HttpProvider):
     status_overrides: ClassVar[dict[ErrorCase, int]] = {}
 
     def credentials(self, request: web.Request) -> str | None:
+        """Twilio meters the account in the path, whether the request authenticates with the
+        account's own SID and token or with one of its API keys (SK...)."""
         user, token = basic_auth(request)
-        return user if user and token else None
+        return "account:" + request.match_info["sid"] if user and token else None
 
     async def parse(self, request: web.Request, body: bytes, state: SimState) -> Submission:
         account_sid = request.match_info["sid"]

@@ -162,6 +162,23 @@ async def test_provider_rate_limit_is_20429_with_retry_after(sim: SimulatorServe
     assert int(last.headers["Retry-After"]) >= 1
 
 
+async def test_provider_rate_limit_meters_the_account_not_the_api_key(
+    sim: SimulatorServer,
+) -> None:
+    """Requests for one account share its budget whichever API key signs them."""
+    await sim.set_limit("twilio", 0.01, burst=1)
+    first = Client("SK" + "1" * 32, "secret-1", ACCOUNT_SID)
+    second = Client("SK" + "2" * 32, "secret-2", ACCOUNT_SID)
+    for twilio in (first, second):
+        twilio.api.base_url = sim.base_url
+
+    await send(first)
+    with pytest.raises(TwilioRestException) as caught:
+        await send(second)
+
+    assert caught.value.code == 20429
+
+
 async def test_error_fault_400_is_unsubscribed_recipient(sim: SimulatorServer) -> None:
     await sim.add_fault("error", "twilio", status=400, to="+15558675310")
     with pytest.raises(TwilioRestException) as caught:
