@@ -47,6 +47,15 @@ KNOWN_MODELS = (
     "o4-mini",
 )
 SIM_MODEL_PREFIX = "sim-"
+# Context windows in tokens; a prompt longer than its model's is refused.
+CONTEXT_TOKENS = {
+    "gpt-4.1": 1_047_576,
+    "gpt-4.1-mini": 1_047_576,
+    "gpt-4.1-nano": 1_047_576,
+    "gpt-3.5-turbo": 16_385,
+    "o4-mini": 200_000,
+}
+DEFAULT_CONTEXT_TOKENS = 128_000  # gpt-4o, gpt-4o-mini and sim-* models
 ROLES = ("system", "assistant", "user", "function", "tool", "developer")
 TASK_KEY = "notifkit_task_id"
 MODEL_CREATED_S = 1_700_000_000
@@ -174,6 +183,17 @@ class OpenAI(HttpProvider):
             raise Rejection(
                 ErrorCase.NOT_FOUND, _ERRORS[ErrorCase.NOT_FOUND][0].format(model=model)
             )
+        prompt_size = prompt_tokens(messages)
+        window = CONTEXT_TOKENS.get(model, DEFAULT_CONTEXT_TOKENS)
+        if prompt_size > window:
+            raise Rejection(
+                ErrorCase.BAD_REQUEST,
+                f"This model's maximum context length is {window} tokens. However, your "
+                f"messages resulted in {prompt_size} tokens. Please reduce the length of the "
+                "messages.",
+                field_name="messages",
+                code="context_length_exceeded",
+            )
         json_mode = isinstance(payload.get("response_format"), dict) and payload[
             "response_format"
         ].get("type") in ("json_object", "json_schema")
@@ -206,7 +226,7 @@ class OpenAI(HttpProvider):
             meta={
                 "model": model,
                 "choices": choices,
-                "prompt_tokens": prompt_tokens(messages),
+                "prompt_tokens": prompt_size,
                 "stream": payload.get("stream") is True,
                 "include_usage": isinstance(stream_options, dict)
                 and stream_options.get("include_usage") is True,

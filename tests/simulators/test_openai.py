@@ -149,6 +149,23 @@ async def test_invalid_parameters_are_400_naming_the_parameter(
     assert await sim.messages("openai") == []
 
 
+async def test_prompt_beyond_the_context_window_is_400(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    """gpt-3.5-turbo's window is 16,385 tokens; at about four characters a token, 80,000
+    characters do not fit, and OpenAI refuses with context_length_exceeded."""
+    long_prompt: list[ChatCompletionMessageParam] = [{"role": "user", "content": "x" * 80_000}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client(sim).chat.completions.create(model="gpt-3.5-turbo", messages=long_prompt)
+    assert caught.value.code == "context_length_exceeded"
+    assert caught.value.param == "messages"
+    assert "16385" in caught.value.message
+
+    completion = await client(sim).chat.completions.create(model="gpt-4o", messages=long_prompt)
+    assert completion.usage is not None
+    assert completion.usage.prompt_tokens > 16_385
+
+
 async def test_assistant_turn_with_only_tool_calls_is_accepted(
     sim: SimulatorServer, client: Factory
 ) -> None:
