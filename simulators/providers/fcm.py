@@ -45,6 +45,15 @@ MESSAGE_FIELDS = frozenset({
     *TARGETS,
 })
 NOTIFICATION_FIELDS = frozenset({"title", "body", "image"})
+# Message fields that are objects, with their proto message types.
+OBJECT_FIELDS = {
+    "notification": "Notification",
+    "android": "AndroidConfig",
+    "apns": "ApnsConfig",
+    "webpush": "WebpushConfig",
+    "fcm_options": "FcmOptions",
+    "fcmOptions": "FcmOptions",
+}
 MAX_PAYLOAD_BYTES = 4096  # FCM's limit on a message's notification + data
 TOKEN_LIFETIME_S = 3599
 FCM_ERROR_TYPE = "type.googleapis.com/google.firebase.fcm.v1.FcmError"
@@ -131,9 +140,12 @@ class Fcm(HttpProvider):
                     raise _invalid(
                         where, f"Invalid value at '{where}' (TYPE_STRING), {json.dumps(value)}"
                     )
+        for name, proto in OBJECT_FIELDS.items():
+            if message.get(name) is not None and not isinstance(message[name], dict):
+                where = f"message.{name}"
+                raise _invalid(where, f"Invalid value at '{where}' (type.googleapis.com/"
+                               f"google.firebase.fcm.v1.{proto}), {json.dumps(message[name])}")
         notification = message.get("notification")
-        if notification is not None and not isinstance(notification, dict):
-            raise _invalid("message.notification", "Invalid value at 'message.notification'")
         if notification is not None:
             _check_known(notification, NOTIFICATION_FIELDS, "message.notification")
             for name, value in notification.items():

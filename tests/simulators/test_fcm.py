@@ -117,6 +117,8 @@ async def test_two_targets_are_invalid(http: aiohttp.ClientSession, sim: Simulat
         ({"token": "t", "notification": {"title": 5}}, {}, "message.notification.title"),
         ({"token": "t", "notification": {"subtitle": "x"}}, {}, "message.notification"),
         ({"token": "t"}, {"validate_only": "yes"}, "validate_only"),
+        ({"token": "t", "android": "high"}, {}, "message.android"),
+        ({"token": "t", "apns": []}, {}, "message.apns"),
     ],
 )
 async def test_unknown_or_mistyped_fields_are_invalid_argument(
