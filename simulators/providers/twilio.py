@@ -130,6 +130,9 @@ class Twilio(HttpProvider):
         if to in MAGIC_NUMBERS:
             code, message = MAGIC_NUMBERS[to]
             raise _error(code, message.format(to=to))
+        bad_media = [url for url in media if not _absolute_http_url(url)]
+        if bad_media:
+            raise _error(21620, f"Invalid media URL(s): {', '.join(bad_media)[:200]}")
         callback = fields.get("StatusCallback") or None
         if callback is not None and not _absolute_http_url(callback):
             raise _error(21609, f"The StatusCallback URL {callback} is not a valid URL.")

@@ -65,6 +65,13 @@ async def test_invalid_status_callback_is_21609(sim: SimulatorServer, callback: 
     assert await sim.messages("twilio") == []
 
 
+async def test_invalid_media_url_is_21620(sim: SimulatorServer) -> None:
+    with pytest.raises(TwilioRestException) as caught:
+        await send(client(sim), media_url=["https://example.com/a.png", "not-a-url"])
+    assert (caught.value.status, caught.value.code) == (400, 21620)
+    assert await sim.messages("twilio") == []
+
+
 async def test_invalid_number_is_21211(sim: SimulatorServer) -> None:
     with pytest.raises(TwilioRestException) as caught:
         await send(client(sim), to="12345")
