@@ -39,7 +39,7 @@ from simulators.replies import Reply, json_reply
 from simulators.state import SimState
 
 TASK_TAG = "notifkit_task_id"
-MAX_RECIPIENTS = 50
+MAX_RECIPIENTS = 50  # in `to`
 _TAG_TEXT = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
 _ADDRESS_FORMAT = (
     "The email address needs to follow the `email@example.com` or "
@@ -115,9 +115,11 @@ class Resend(HttpProvider):
         to = _addresses(payload, "to")
         cc = _addresses(payload, "cc")
         bcc = _addresses(payload, "bcc")
-        if len(to) + len(cc) + len(bcc) > MAX_RECIPIENTS:
+        # Resend's limit is on `to` alone; cc and bcc do not count towards it.
+        if len(to) > MAX_RECIPIENTS:
             raise Rejection(
-                ErrorCase.BAD_REQUEST, f"Too many recipients. The maximum is {MAX_RECIPIENTS}."
+                ErrorCase.BAD_REQUEST,
+                f"Too many recipients in `to`. The maximum is {MAX_RECIPIENTS}.",
             )
         if not isinstance(payload["subject"], str):
             raise Rejection(ErrorCase.BAD_REQUEST, "Invalid `subject` field.")

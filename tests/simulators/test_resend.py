@@ -153,6 +153,18 @@ async def test_mistyped_field_is_422_naming_it(
     assert await sim.messages("resend") == []
 
 
+async def test_recipient_limit_is_fifty_in_to(resend_sdk: Any, sim: SimulatorServer) -> None:
+    """Resend allows 50 `to` addresses; cc and bcc do not count towards that."""
+    many = [f"user{i}@example.com" for i in range(50)]
+    await send(email(to=many, bcc=[f"audit{i}@example.com" for i in range(10)]))
+    [record] = await sim.messages("resend")
+    assert len(record["content"]["bcc"]) == 10
+
+    with pytest.raises(exceptions.ValidationError) as caught:
+        await send(email(to=[*many, "one-more@example.com"]))
+    assert "`to`" in caught.value.message
+
+
 async def test_missing_api_key_is_401(resend_sdk: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(resend, "api_key", "")
     with pytest.raises(exceptions.MissingApiKeyError) as caught:
