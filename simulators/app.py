@@ -62,7 +62,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
             if exc.status in (404, 405)
             else exc.reason
         )
-        return _error_json(exc.status, message)
+        response = _error_json(exc.status, message)
+        if "Allow" in exc.headers:  # a 405 must say which methods the path does take
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
     except Exception:
         log.exception(
             "Unexpected error handling %s %s; answered 500.", request.method, request.path

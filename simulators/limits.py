@@ -1,5 +1,9 @@
 """Provider-side rate limits: one token bucket per (provider, API key).
 
+The "API key" is whatever the provider meters: Resend, SendGrid and OpenAI the key; Twilio
+the account in the path, whichever of its API keys signs; SMTP the login; FCM the project
+(its access tokens come and go hourly).
+
 A real provider meters each account separately, so two notifkit deployments with different
 keys do not share a budget. A limit applies to every key of its provider; each key's bucket
 is created full on first use.

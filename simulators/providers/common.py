@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-from email.utils import parseaddr
 from typing import Any
 
 from simulators.kinds import ErrorCase
@@ -15,6 +14,7 @@ from simulators.records import has_lone_surrogate
 # Stored email bodies are cut here so a few huge messages cannot exhaust the ring buffer.
 MAX_STORED_TEXT = 256 * 1024
 _EMAIL = re.compile(r"^[^@\s<>(),;:\"\[\]]+@[^@\s<>(),;:\"\[\]]+\.[^@\s<>(),;:\"\[\]]+$")
+_NAMED = re.compile(r'^(?:\s*"(?:[^"\\]|\\.)*"\s*|[^<>",;]*)<([^<>]*)>\s*$')
 _E164 = re.compile(r"^\+[1-9]\d{1,14}$")
 
 
@@ -46,15 +46,28 @@ def email_address(value: object) -> str | None:
     """The bare address of `a@b.c` or `Name <a@b.c>`, or None if it is not one."""
     if not isinstance(value, str) or len(value) > 512:
         return None
-    if _EMAIL.match(value):  # already bare: parseaddr would hand it back unchanged
+    if _EMAIL.match(value):  # already bare
         return value
     return _parsed_address(value)
 
 
+def bare_address(value: object) -> str | None:
+    """`value` if it is an address alone (`a@b.c`), as fields holding only an address require:
+    SendGrid's `email`, where the name has a field of its own."""
+    if isinstance(value, str) and len(value) <= 512 and _EMAIL.match(value):
+        return value
+    return None
+
+
 @functools.lru_cache(maxsize=4096)
 def _parsed_address(value: str) -> str | None:
-    # parseaddr costs about 20 µs; a sender's `Name <a@b.c>` repeats on every request.
-    _, address = parseaddr(value)
+    # One mailbox, `Name <a@b.c>` or `"Name, quoted" <a@b.c>`, and nothing after it: a list
+    # (`a@b.c, d@e.f`) or trailing text is refused as the providers refuse it, never cut
+    # down to its first address.
+    named = _NAMED.match(value)
+    if named is None:
+        return None
+    address = named.group(1)
     return address if _EMAIL.match(address) else None
 
 

@@ -1,7 +1,8 @@
 """FCM HTTP v1: `POST /v1/projects/{project}/messages:send`, OAuth2 Bearer token, JSON body.
 
-Success is 200 `{"name": "projects/{project}/messages/{id}"}`; `validate_only` checks the
-message and sends nothing. Errors use Google's format:
+Success is 200 `{"name": "projects/{project}/messages/{id}"}`. The target is exactly one of
+`fid`, `token`, `topic` or `condition`; `validate_only` checks the message and sends nothing.
+Errors use Google's format:
 `{"error": {"code", "message", "status", "details": [{"@type": ".../FcmError",
 "errorCode": "UNREGISTERED"}]}}`.
 `POST /token` is a stand-in OAuth2 token endpoint: point a service account's `token_uri` at
@@ -34,6 +35,25 @@ from simulators.replies import Reply, json_reply
 from simulators.state import STATE, SimState
 
 TASK_KEY = "notifkit_task_id"
+# A message names exactly one target. `fid` (a Firebase Installation ID) is what current
+# firebase-admin releases send in place of the deprecated `token`.
+TARGETS = ("fid", "token", "topic", "condition")
+# Fields of the send request and its Message, in both spellings proto JSON accepts.
+REQUEST_FIELDS = frozenset({"message", "validate_only", "validateOnly"})
+MESSAGE_FIELDS = frozenset({
+    "name", "data", "notification", "android", "webpush", "apns", "fcm_options", "fcmOptions",
+    *TARGETS,
+})
+NOTIFICATION_FIELDS = frozenset({"title", "body", "image"})
+# Message fields that are objects, with their proto message types.
+OBJECT_FIELDS = {
+    "notification": "Notification",
+    "android": "AndroidConfig",
+    "apns": "ApnsConfig",
+    "webpush": "WebpushConfig",
+    "fcm_options": "FcmOptions",
+    "fcmOptions": "FcmOptions",
+}
 MAX_PAYLOAD_BYTES = 4096  # FCM's limit on a message's notification + data
 TOKEN_LIFETIME_S = 3599
 FCM_ERROR_TYPE = "type.googleapis.com/google.firebase.fcm.v1.FcmError"
@@ -82,16 +102,28 @@ class Fcm(HttpProvider):
     }
 
     def credentials(self, request: web.Request) -> str | None:
-        return bearer_token(request)
+        """FCM's quota is the project's, whichever of its access tokens a request carries:
+        OAuth tokens are refreshed every hour and would otherwise each get a fresh bucket."""
+        if bearer_token(request) is None:
+            return None
+        return "project:" + request.match_info["project"]
 
     async def parse(self, request: web.Request, body: bytes, state: SimState) -> Submission:
         payload = load_json(body)
         if not isinstance(payload, dict) or not isinstance(payload.get("message"), dict):
             raise _invalid("message", "Required field 'message' is missing.")
+        _check_known(payload, REQUEST_FIELDS, None)
         message: dict[str, Any] = payload["message"]
-        targets = [name for name in ("token", "topic", "condition") if message.get(name)]
+        _check_known(message, MESSAGE_FIELDS, "message")
+        validate_only = payload.get("validate_only", payload.get("validateOnly"))
+        if validate_only is not None and not isinstance(validate_only, bool):
+            raise _invalid(
+                "validate_only",
+                f"Invalid value at 'validate_only' (TYPE_BOOL), {json.dumps(validate_only)}",
+            )
+        targets = [name for name in TARGETS if message.get(name)]
         if len(targets) != 1:
-            raise _invalid("message", "Exactly one of token, topic or condition must be set.")
+            raise _invalid("message", "Exactly one of fid, token, topic or condition must be set.")
         target = targets[0]
         if not isinstance(message[target], str):
             raise _invalid(
@@ -108,9 +140,20 @@ class Fcm(HttpProvider):
                     raise _invalid(
                         where, f"Invalid value at '{where}' (TYPE_STRING), {json.dumps(value)}"
                     )
+        for name, proto in OBJECT_FIELDS.items():
+            if message.get(name) is not None and not isinstance(message[name], dict):
+                where = f"message.{name}"
+                raise _invalid(where, f"Invalid value at '{where}' (type.googleapis.com/"
+                               f"google.firebase.fcm.v1.{proto}), {json.dumps(message[name])}")
         notification = message.get("notification")
-        if notification is not None and not isinstance(notification, dict):
-            raise _invalid("message.notification", "Invalid value at 'message.notification'")
+        if notification is not None:
+            _check_known(notification, NOTIFICATION_FIELDS, "message.notification")
+            for name, value in notification.items():
+                if not isinstance(value, str):
+                    where = f"message.notification.{name}"
+                    raise _invalid(
+                        where, f"Invalid value at '{where}' (TYPE_STRING), {json.dumps(value)}"
+                    )
         # Counted in UTF-8 bytes, as FCM does: escaped ASCII counts "日" six times over.
         size = len(json.dumps({"data": data, "notification": notification},
                               ensure_ascii=False).encode())
@@ -120,6 +163,7 @@ class Fcm(HttpProvider):
             recipients=[recipient],
             content=drop_none(
                 {
+                    "fid": message.get("fid"),
                     "token": message.get("token"),
                     "topic": message.get("topic"),
                     "condition": message.get("condition"),
@@ -134,7 +178,7 @@ class Fcm(HttpProvider):
             idempotency_key=request.headers.get(IDEMPOTENCY_HEADER),
             payload=payload,
             meta={"project": request.match_info["project"]},
-            deliver=payload.get("validate_only") is not True,
+            deliver=validate_only is not True,
         )
 
     def new_message_id(self, state: SimState, submission: Submission) -> str:
@@ -147,17 +191,22 @@ class Fcm(HttpProvider):
 
     def error(self, spec: ErrorSpec) -> Reply:
         status_name, message, error_code = _ERRORS[spec.case]
+        field_name = spec.field_name
         if spec.case is ErrorCase.INVALID_RECIPIENT and spec.status == 400:
             status_name, message, error_code = (
                 "INVALID_ARGUMENT",
                 _INVALID_TOKEN,
                 "INVALID_ARGUMENT",
             )
+            # FCM names the offending field too, as a BadRequest violation.
+            field_name = field_name or "message.token"
         details: list[dict[str, Any]] = []
         if error_code is not None:
             details.append({"@type": FCM_ERROR_TYPE, "errorCode": error_code})
-        if spec.field_name is not None:
-            violation = {"field": spec.field_name, "description": spec.detail or message}
+        if field_name is not None:
+            # proto3 JSON leaves an empty field out: a request-level violation names none.
+            violation = drop_none({"field": field_name or None,
+                                   "description": spec.detail or message})
             details.append({"@type": BAD_REQUEST_TYPE, "fieldViolations": [violation]})
         error: dict[str, Any] = {
             "code": spec.status,
@@ -172,6 +221,19 @@ class Fcm(HttpProvider):
             retry_after_s=spec.retry_after_s,
             content_type="application/json; charset=UTF-8",
         )
+
+
+def _check_known(body: dict[str, Any], known: frozenset[str], where: str | None) -> None:
+    """Google's JSON-to-proto parser refuses a field the message type does not have, so a
+    misspelt field is a 400 rather than silently ignored."""
+    for name in body:
+        if name not in known:
+            at = f" at '{where}'" if where else ""
+            raise _invalid(
+                where or "",
+                f"Invalid JSON payload received. Unknown name {json.dumps(name)}{at}: "
+                "Cannot find field.",
+            )
 
 
 def _invalid(field_name: str, description: str) -> Rejection:

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 from aiohttp import web
 
 from simulators.kinds import ErrorCase, Provider
+from simulators.limits import retry_after_header
 from simulators.pipeline import (
     IDEMPOTENCY_HEADER,
     ErrorSpec,
@@ -46,6 +47,15 @@ KNOWN_MODELS = (
     "o4-mini",
 )
 SIM_MODEL_PREFIX = "sim-"
+# Context windows in tokens; a prompt longer than its model's is refused.
+CONTEXT_TOKENS = {
+    "gpt-4.1": 1_047_576,
+    "gpt-4.1-mini": 1_047_576,
+    "gpt-4.1-nano": 1_047_576,
+    "gpt-3.5-turbo": 16_385,
+    "o4-mini": 200_000,
+}
+DEFAULT_CONTEXT_TOKENS = 128_000  # gpt-4o, gpt-4o-mini and sim-* models
 ROLES = ("system", "assistant", "user", "function", "tool", "developer")
 TASK_KEY = "notifkit_task_id"
 MODEL_CREATED_S = 1_700_000_000
@@ -165,12 +175,24 @@ class OpenAI(HttpProvider):
         if not isinstance(model, str) or not model:
             raise Rejection(ErrorCase.BAD_REQUEST, "you must provide a model parameter")
         messages = _messages(payload.get("messages"))
+        _check_options(payload)
         n = _positive_int(payload, "n", maximum=128) or 1
         limit = _positive_int(payload, "max_completion_tokens", maximum=1_000_000)
         limit = limit or _positive_int(payload, "max_tokens", maximum=1_000_000)
         if not known_model(model):
             raise Rejection(
                 ErrorCase.NOT_FOUND, _ERRORS[ErrorCase.NOT_FOUND][0].format(model=model)
+            )
+        prompt_size = prompt_tokens(messages)
+        window = CONTEXT_TOKENS.get(model, DEFAULT_CONTEXT_TOKENS)
+        if prompt_size > window:
+            raise Rejection(
+                ErrorCase.BAD_REQUEST,
+                f"This model's maximum context length is {window} tokens. However, your "
+                f"messages resulted in {prompt_size} tokens. Please reduce the length of the "
+                "messages.",
+                field_name="messages",
+                code="context_length_exceeded",
             )
         json_mode = isinstance(payload.get("response_format"), dict) and payload[
             "response_format"
@@ -204,7 +226,7 @@ class OpenAI(HttpProvider):
             meta={
                 "model": model,
                 "choices": choices,
-                "prompt_tokens": prompt_tokens(messages),
+                "prompt_tokens": prompt_size,
                 "stream": payload.get("stream") is True,
                 "include_usage": isinstance(stream_options, dict)
                 and stream_options.get("include_usage") is True,
@@ -254,10 +276,13 @@ class OpenAI(HttpProvider):
         message = spec.detail or message.replace("{model}", spec.recipient or "the model")
         headers: dict[str, str] = {}
         if spec.status == 429:
+            reset_s = (
+                retry_after_header(spec.retry_after_s) if spec.retry_after_s is not None else "1"
+            )
             headers = {
                 "x-ratelimit-limit-requests": "3",
                 "x-ratelimit-remaining-requests": "0",
-                "x-ratelimit-reset-requests": "1s",
+                "x-ratelimit-reset-requests": f"{reset_s}s",
             }
         body = {
             "error": {
@@ -304,7 +329,101 @@ def _messages(value: object) -> list[Any]:
                 field_name=f"messages[{index}].role",
                 code="invalid_value",
             )
+        assert isinstance(message, dict)
+        _check_content(message, index)
     return value
+
+
+def _check_content(message: dict[str, Any], index: int) -> None:
+    """Every message but an assistant's (which may carry only tool calls) needs content, a
+    string or an array of content parts."""
+    where = f"messages[{index}].content"
+    content = message.get("content")
+    if content is None:
+        if message.get("role") in ("assistant", "function"):
+            return
+        raise Rejection(
+            ErrorCase.BAD_REQUEST,
+            f"Missing required parameter: '{where}'.",
+            field_name=where,
+            code="missing_required_parameter",
+        )
+    if not isinstance(content, str | list):
+        raise Rejection(
+            ErrorCase.BAD_REQUEST,
+            f"Invalid type for '{where}': expected one of a string or array of objects, but "
+            f"got {_json_type(content)} instead.",
+            field_name=where,
+            code="invalid_type",
+        )
+
+
+# Sampling options OpenAI range-checks: name -> (minimum, maximum).
+_DECIMAL_RANGES: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+}
+
+
+def _check_options(payload: dict[str, Any]) -> None:
+    """The typed options OpenAI refuses with a 400 naming the parameter."""
+    for name in ("stream", "logprobs"):
+        value = payload.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise _invalid_type(name, "a boolean", value)
+    for name, (low, high) in _DECIMAL_RANGES.items():
+        value = payload.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _invalid_type(name, "a decimal", value)
+        if value > high:
+            raise Rejection(
+                ErrorCase.BAD_REQUEST,
+                f"Invalid '{name}': decimal above maximum value. Expected a value <= {high:g}, "
+                f"but got {value:g} instead.",
+                field_name=name,
+                code="decimal_above_max_value",
+            )
+        if value < low:
+            raise Rejection(
+                ErrorCase.BAD_REQUEST,
+                f"Invalid '{name}': decimal below minimum value. Expected a value >= {low:g}, "
+                f"but got {value:g} instead.",
+                field_name=name,
+                code="decimal_below_min_value",
+            )
+    for name in ("metadata", "response_format", "stream_options"):
+        value = payload.get(name)
+        if value is not None and not isinstance(value, dict):
+            raise _invalid_type(name, "an object", value)
+
+
+def _invalid_type(name: str, expected: str, value: object) -> Rejection:
+    return Rejection(
+        ErrorCase.BAD_REQUEST,
+        f"Invalid type for '{name}': expected {expected}, but got {_json_type(value)} instead.",
+        field_name=name,
+        code="invalid_type",
+    )
+
+
+def _json_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a decimal"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return "null"
 
 
 def _positive_int(payload: dict[str, Any], name: str, *, maximum: int) -> int | None:

@@ -39,7 +39,7 @@ from simulators.replies import Reply, json_reply
 from simulators.state import SimState
 
 TASK_TAG = "notifkit_task_id"
-MAX_RECIPIENTS = 50
+MAX_RECIPIENTS = 50  # in `to`
 _TAG_TEXT = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
 _ADDRESS_FORMAT = (
     "The email address needs to follow the `email@example.com` or "
@@ -115,12 +115,18 @@ class Resend(HttpProvider):
         to = _addresses(payload, "to")
         cc = _addresses(payload, "cc")
         bcc = _addresses(payload, "bcc")
-        if len(to) + len(cc) + len(bcc) > MAX_RECIPIENTS:
+        # Resend's limit is on `to` alone; cc and bcc do not count towards it.
+        if len(to) > MAX_RECIPIENTS:
             raise Rejection(
-                ErrorCase.BAD_REQUEST, f"Too many recipients. The maximum is {MAX_RECIPIENTS}."
+                ErrorCase.BAD_REQUEST,
+                f"Too many recipients in `to`. The maximum is {MAX_RECIPIENTS}.",
             )
         if not isinstance(payload["subject"], str):
             raise Rejection(ErrorCase.BAD_REQUEST, "Invalid `subject` field.")
+        for name in ("html", "text"):
+            if payload.get(name) is not None and not isinstance(payload[name], str):
+                raise Rejection(ErrorCase.BAD_REQUEST, f"Invalid `{name}` field.")
+        _addresses(payload, "reply_to")
         tags = _tags(payload.get("tags"))
         headers = payload.get("headers")
         if headers is not None and not (
@@ -169,10 +175,16 @@ class Resend(HttpProvider):
             message = spec.detail
         # Resend's headers are lower-case (HTTP/2); the SDK exposes them as a plain dict.
         headers: dict[str, str] = {}
+        retry_after = (
+            retry_after_header(spec.retry_after_s) if spec.retry_after_s is not None else None
+        )
         if spec.status == 429:
-            headers = {"ratelimit-limit": "2", "ratelimit-remaining": "0", "ratelimit-reset": "1"}
-        if spec.retry_after_s is not None:
-            headers["retry-after"] = retry_after_header(spec.retry_after_s)
+            # ratelimit-reset is the seconds until the window refills: never sooner than
+            # retry-after, or a client that trusts it comes back to another 429.
+            headers = {"ratelimit-limit": "2", "ratelimit-remaining": "0",
+                       "ratelimit-reset": retry_after or "1"}
+        if retry_after is not None:
+            headers["retry-after"] = retry_after
         body = {"statusCode": spec.status, "name": name, "message": message}
         return json_reply(spec.status, body, headers=headers)
 

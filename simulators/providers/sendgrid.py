@@ -9,7 +9,9 @@ first personalization), else that header in the payload's `headers`.
 
 from __future__ import annotations
 
+import math
 import string
+import time
 from typing import Any, ClassVar
 
 from aiohttp import web
@@ -26,8 +28,8 @@ from simulators.pipeline import (
     header_task_id,
 )
 from simulators.providers.common import (
+    bare_address,
     drop_none,
-    email_address,
     load_json,
     stored_text,
     task_id_text,
@@ -80,7 +82,7 @@ class SendGrid(HttpProvider):
         for index, personalization in enumerate(personalizations):
             recipients += _personalization_recipients(personalization, index)
         sender = payload.get("from")
-        if not isinstance(sender, dict) or email_address(sender.get("email")) is None:
+        if not isinstance(sender, dict) or bare_address(sender.get("email")) is None:
             raise _invalid(
                 "The from object must be provided for every email send. It is an object that "
                 "requires the email parameter, but may also contain a name parameter.  e.g. "
@@ -115,6 +117,7 @@ class SendGrid(HttpProvider):
                 not isinstance(block, dict)
                 or not isinstance(block.get("type"), str)
                 or not isinstance(block.get("value"), str)
+                or not block["value"]
             ):
                 raise _invalid(
                     "The content value must be a string at least one character in length.",
@@ -172,7 +175,10 @@ class SendGrid(HttpProvider):
             help_url = f"{_HELP}{spec.code}"
         headers: dict[str, str] = {}
         if spec.status == 429:
-            headers = {"X-RateLimit-Limit": "600", "X-RateLimit-Remaining": "0"}
+            # X-RateLimit-Reset is the Unix time the limit resets, as SendGrid sends it.
+            wait_s = math.ceil(spec.retry_after_s) if spec.retry_after_s is not None else 1
+            headers = {"X-RateLimit-Limit": "600", "X-RateLimit-Remaining": "0",
+                       "X-RateLimit-Reset": str(int(time.time()) + max(wait_s, 1))}
         body = {"errors": [{"message": message, "field": field_name, "help": help_url}]}
         return json_reply(spec.status, body, headers=headers, retry_after_s=spec.retry_after_s)
 
@@ -198,18 +204,28 @@ def _personalization_recipients(personalization: object, index: int) -> list[str
             "#message.personalizations.to",
         )
     found: list[str] = []
+    seen: set[str] = set()
     for kind in ("to", "cc", "bcc"):
         entries = personalization.get(kind) or []
         if not isinstance(entries, list):
             entries = [entries]
         for position, entry in enumerate(entries):
-            address = email_address(entry.get("email")) if isinstance(entry, dict) else None
+            address = bare_address(entry.get("email")) if isinstance(entry, dict) else None
             if address is None:
                 raise _invalid(
                     "Does not contain a valid address.",
                     f"personalizations.{index}.{kind}.{position}.email",
                     "#message.personalizations.to",
                 )
+            if address.lower() in seen:
+                raise _invalid(
+                    "Each email address in the personalization block should be unique between "
+                    "to, cc, and bcc. We found the first duplicate instance of "
+                    f"[{address}] in the personalizations.{index}.{kind} field.",
+                    f"personalizations.{index}.{kind}",
+                    "#message.recipient-errors",
+                )
+            seen.add(address.lower())
             found.append(address)
     return found
 

@@ -8,7 +8,10 @@ Errors are `{"code", "message", "more_info", "status"}` with Twilio's error code
 Twilio's test credentials answer fixed errors for "magic" To numbers; so does the simulator:
 +15005550001 (21211 invalid number), +15005550002 (21612 cannot route),
 +15005550003 (21408 no permission for region), +15005550004 (21610 unsubscribed recipient),
-+15005550009 (21614 not a mobile number). An `error` fault with status 400 answers 21610.
++15005550009 (21614 not a mobile number); and for From numbers: +15005550001 (21212 invalid
+sender), +15005550007 (21606 not a message-capable number), +15005550008 (21611 queue full).
+A From that is neither a phone number, a short code nor an alphanumeric sender ID is 21212.
+An `error` fault with status 400 answers 21610.
 Task id: `X-Notifkit-Task-Id` header, else a `notifkit_task_id` query parameter on the
 message's StatusCallback URL.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from typing import ClassVar
@@ -55,6 +59,19 @@ MAGIC_NUMBERS: dict[str, tuple[int, str]] = {
     "+15005550004": (21610, "Attempt to send to unsubscribed recipient"),
     "+15005550009": (21614, "'To' number is not a valid mobile number"),
 }
+# The test credentials' magic From numbers (+15005550006 is the one that works).
+MAGIC_SENDERS: dict[str, tuple[int, str]] = {
+    "+15005550001": (21212, "The 'From' number {sender} is not a valid phone number, shortcode, "
+                     "or alphanumeric sender ID."),
+    "+15005550007": (21606, "The 'From' phone number provided is not a valid, message-capable "
+                     "Twilio phone number for this destination."),
+    "+15005550008": (21611, "This 'From' number has exceeded the maximum number of queued "
+                     "messages"),
+}
+# A sender is a phone number (E.164, optionally channel-prefixed), a short code, or an
+# alphanumeric sender ID: up to 11 letters, digits and spaces, at least one letter.
+_SHORT_CODE = re.compile(r"^\d{3,8}$")
+_ALPHANUMERIC_ID = re.compile(r"^(?=.*[A-Za-z])[A-Za-z0-9 ]{1,11}$")
 # (code, message) per case.
 _ERRORS: dict[ErrorCase, tuple[int, str]] = {
     # An `error` fault with status 400 stands for the commonest per-recipient refusal.
@@ -78,8 +95,10 @@ class Twilio(HttpProvider):
     status_overrides: ClassVar[dict[ErrorCase, int]] = {}
 
     def credentials(self, request: web.Request) -> str | None:
+        """Twilio meters the account in the path, whether the request authenticates with the
+        account's own SID and token or with one of its API keys (SK...)."""
         user, token = basic_auth(request)
-        return user if user and token else None
+        return "account:" + request.match_info["sid"] if user and token else None
 
     async def parse(self, request: web.Request, body: bytes, state: SimState) -> Submission:
         account_sid = request.match_info["sid"]
@@ -103,10 +122,20 @@ class Twilio(HttpProvider):
             raise _error(21617, _ERRORS[ErrorCase.TOO_LARGE][1])
         if not is_phone_number(to):
             raise _error(21211, _ERRORS[ErrorCase.INVALID_RECIPIENT][1].format(to=to))
+        if sender and not _valid_sender(sender):
+            raise _error(21212, MAGIC_SENDERS["+15005550001"][1].format(sender=sender))
+        if sender in MAGIC_SENDERS:
+            code, message = MAGIC_SENDERS[sender]
+            raise _error(code, message.format(sender=sender))
         if to in MAGIC_NUMBERS:
             code, message = MAGIC_NUMBERS[to]
             raise _error(code, message.format(to=to))
+        bad_media = [url for url in media if not _absolute_http_url(url)]
+        if bad_media:
+            raise _error(21620, f"Invalid media URL(s): {', '.join(bad_media)[:200]}")
         callback = fields.get("StatusCallback") or None
+        if callback is not None and not _absolute_http_url(callback):
+            raise _error(21609, f"The StatusCallback URL {callback} is not a valid URL.")
         _, auth_token = basic_auth(request)
         return Submission(
             recipients=[to],
@@ -197,6 +226,20 @@ def _segments(text: str) -> int:
         return 1 if septets <= 160 else -(-septets // 153)
     units = len(text.encode("utf-16-le")) // 2
     return 1 if units <= 70 else -(-units // 67)
+
+
+def _absolute_http_url(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # an unbalanced IPv6 bracket, say
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.netloc)
+
+
+def _valid_sender(sender: str) -> bool:
+    return bool(
+        is_phone_number(sender) or _SHORT_CODE.match(sender) or _ALPHANUMERIC_ID.match(sender)
+    )
 
 
 def basic_auth(request: web.Request) -> tuple[str, str]:

@@ -177,6 +177,14 @@ async def test_unknown_paths_and_methods_are_json_404_405(
     assert status == 405
 
 
+async def test_405_names_the_allowed_methods(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    async with http.get(f"{sim.base_url}/v3/mail/send") as response:
+        assert response.status == 405
+        assert response.headers["Allow"] == "POST"
+
+
 async def test_page_lists_messages_and_escapes_them(
     http: aiohttp.ClientSession, sim: SimulatorServer
 ) -> None:

@@ -110,6 +110,87 @@ async def test_two_targets_are_invalid(http: aiohttp.ClientSession, sim: Simulat
 
 
 @pytest.mark.parametrize(
+    ("message", "body", "field"),
+    [
+        ({"token": "t", "notificaton": {"title": "x"}}, {}, "message"),
+        ({"token": "t"}, {"validateonly": True}, None),
+        ({"token": "t", "notification": {"title": 5}}, {}, "message.notification.title"),
+        ({"token": "t", "notification": {"subtitle": "x"}}, {}, "message.notification"),
+        ({"token": "t"}, {"validate_only": "yes"}, "validate_only"),
+        ({"token": "t", "android": "high"}, {}, "message.android"),
+        ({"token": "t", "apns": []}, {}, "message.apns"),
+    ],
+)
+async def test_unknown_or_mistyped_fields_are_invalid_argument(
+    http: aiohttp.ClientSession,
+    sim: SimulatorServer,
+    message: dict[str, Any],
+    body: dict[str, Any],
+    field: str | None,
+) -> None:
+    """FCM parses the request into its proto types: a misspelt field or a number where a
+    string belongs is 400 INVALID_ARGUMENT with a BadRequest field violation, not a send."""
+    status, answer = await push(http, sim, message, **body)
+
+    assert status == 400
+    assert answer["error"]["status"] == "INVALID_ARGUMENT"
+    [violation] = [
+        d["fieldViolations"][0]
+        for d in answer["error"]["details"]
+        if d["@type"] == "type.googleapis.com/google.rpc.BadRequest"
+    ]
+    assert violation.get("field") == field
+    assert await sim.messages("fcm") == []
+
+
+async def test_camel_case_spellings_are_accepted(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    message = {"token": "t", "fcmOptions": {"analyticsLabel": "x"}}
+    status, body = await push(http, sim, message, validateOnly=True)
+    assert status == 200, body
+    assert body["name"].endswith("/fake_message_id")
+
+
+async def test_installation_id_is_a_target(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    """Current firebase-admin releases send `fid` (a Firebase Installation ID) instead of the
+    deprecated `token`; FCM HTTP v1 accepts it as the message's one target."""
+    status, body = await push(http, sim, {"fid": "fid-1", "data": {"notifkit_task_id": "t-f"}})
+
+    assert status == 200, body
+    [record] = await sim.messages("fcm")
+    assert record["to"] == "fid-1"
+    assert record["taskId"] == "t-f"
+    assert record["content"]["fid"] == "fid-1"
+
+    status, body = await push(http, sim, {"fid": "fid-1", "token": "t"})
+    assert status == 400
+    assert body["error"]["status"] == "INVALID_ARGUMENT"
+
+
+async def test_invalid_registration_token_names_the_token_field(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    """FCM's 400 for a malformed registration token carries a BadRequest violation on
+    message.token beside the FcmError code, as clients that report the field expect."""
+    await sim.add_fault("invalid_token", "fcm", status=400)
+
+    status, body = await push(http, sim)
+
+    assert status == 400
+    assert error_code(body) == "INVALID_ARGUMENT"
+    [violation] = [
+        d["fieldViolations"][0]
+        for d in body["error"]["details"]
+        if d["@type"] == "type.googleapis.com/google.rpc.BadRequest"
+    ]
+    assert violation["field"] == "message.token"
+    assert "registration token" in violation["description"]
+
+
+@pytest.mark.parametrize(
     ("kind", "status", "expected_status", "google_status", "fcm_code"),
     [
         ("invalid_token", None, 404, "NOT_FOUND", "UNREGISTERED"),
@@ -171,3 +252,17 @@ async def test_the_size_limit_counts_utf8_bytes(
     status, body = await push(http, sim, too_big)
     assert status == 400
     assert body["error"]["message"] == "Message is too big"
+
+
+async def test_rate_limit_is_per_project_not_per_access_token(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    """FCM meters a project: a refreshed access token does not bring a fresh budget."""
+    await sim.set_limit("fcm", 0.01, burst=1)
+
+    first, _ = await push(http, sim, token="ya29.first")
+    second, body = await push(http, sim, token="ya29.refreshed")
+
+    assert first == 200
+    assert second == 429
+    assert error_code(body) == "QUOTA_EXCEEDED"

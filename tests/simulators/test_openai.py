@@ -123,6 +123,61 @@ async def test_missing_messages_is_400(sim: SimulatorServer, client: Factory) ->
     assert caught.value.param == "messages"
 
 
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"messages": [{"role": "user"}]}, "messages[0].content", "missing_required_parameter"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "invalid_type"),
+        ({"stream": "yes"}, "stream", "invalid_type"),
+        ({"temperature": 9}, "temperature", "decimal_above_max_value"),
+        ({"top_p": -0.5}, "top_p", "decimal_below_min_value"),
+        ({"presence_penalty": "high"}, "presence_penalty", "invalid_type"),
+        ({"metadata": ["x"]}, "metadata", "invalid_type"),
+    ],
+)
+async def test_invalid_parameters_are_400_naming_the_parameter(
+    sim: SimulatorServer, client: Factory, body: dict[str, object], param: str, code: str
+) -> None:
+    """OpenAI refuses a message without content or an out-of-range option with a 400 that
+    names the parameter; nothing is recorded as a completion."""
+    request = {"messages": PROMPT, **body}
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client(sim).chat.completions.create(model="gpt-4o", **request)  # type: ignore[call-overload]
+    assert caught.value.param == param
+    assert caught.value.code == code
+    assert param in caught.value.message
+    assert await sim.messages("openai") == []
+
+
+async def test_prompt_beyond_the_context_window_is_400(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    """gpt-3.5-turbo's window is 16,385 tokens; at about four characters a token, 80,000
+    characters do not fit, and OpenAI refuses with context_length_exceeded."""
+    long_prompt: list[ChatCompletionMessageParam] = [{"role": "user", "content": "x" * 80_000}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client(sim).chat.completions.create(model="gpt-3.5-turbo", messages=long_prompt)
+    assert caught.value.code == "context_length_exceeded"
+    assert caught.value.param == "messages"
+    assert "16385" in caught.value.message
+
+    completion = await client(sim).chat.completions.create(model="gpt-4o", messages=long_prompt)
+    assert completion.usage is not None
+    assert completion.usage.prompt_tokens > 16_385
+
+
+async def test_assistant_turn_with_only_tool_calls_is_accepted(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    messages: list[ChatCompletionMessageParam] = [
+        *PROMPT,
+        {"role": "assistant", "content": None},
+        {"role": "user", "content": "And now?"},
+    ]
+    completion = await client(sim).chat.completions.create(model="gpt-4o", messages=messages)
+    assert completion.choices[0].message.content
+
+
 async def test_missing_key_is_401(sim: SimulatorServer, client: Factory) -> None:
     ai = client(sim)
     with pytest.raises(openai.AuthenticationError):
@@ -137,6 +192,8 @@ async def test_rate_limit_fault_is_retryable_429(sim: SimulatorServer, client: F
         await client(sim).chat.completions.create(model="gpt-4o", messages=PROMPT)
     assert caught.value.code == "rate_limit_exceeded"
     assert caught.value.response.headers["retry-after"] == "2"
+    # The reset hint agrees with Retry-After, so a client trusting either waits long enough.
+    assert caught.value.response.headers["x-ratelimit-reset-requests"] == "2s"
 
 
 async def test_error_429_is_insufficient_quota(sim: SimulatorServer, client: Factory) -> None:

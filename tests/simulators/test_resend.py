@@ -131,6 +131,40 @@ async def test_invalid_address_is_422_validation_error(resend_sdk: Any) -> None:
     assert caught.value.code == 422
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("html", 5),
+        ("text", ["a"]),
+        ("reply_to", "not-an-address"),
+        ("reply_to", ["a@b.co", 7]),
+        ("to", "ada@example.com, bob@example.com"),
+    ],
+)
+async def test_mistyped_field_is_422_naming_it(
+    resend_sdk: Any, sim: SimulatorServer, field: str, value: object
+) -> None:
+    """Resend refuses a body that is not a string and a reply-to that is not an address; the
+    message is not sent."""
+    with pytest.raises(exceptions.ValidationError) as caught:
+        await send(email(**{field: value}))
+    assert caught.value.code == 422
+    assert f"`{field}`" in caught.value.message
+    assert await sim.messages("resend") == []
+
+
+async def test_recipient_limit_is_fifty_in_to(resend_sdk: Any, sim: SimulatorServer) -> None:
+    """Resend allows 50 `to` addresses; cc and bcc do not count towards that."""
+    many = [f"user{i}@example.com" for i in range(50)]
+    await send(email(to=many, bcc=[f"audit{i}@example.com" for i in range(10)]))
+    [record] = await sim.messages("resend")
+    assert len(record["content"]["bcc"]) == 10
+
+    with pytest.raises(exceptions.ValidationError) as caught:
+        await send(email(to=[*many, "one-more@example.com"]))
+    assert "`to`" in caught.value.message
+
+
 async def test_missing_api_key_is_401(resend_sdk: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(resend, "api_key", "")
     with pytest.raises(exceptions.MissingApiKeyError) as caught:
@@ -242,6 +276,19 @@ async def test_lost_response_is_accepted_and_idempotent_retry_is_not_resent(
     await send(email())
     newest = (await sim.messages("resend"))[0]
     assert newest["acceptCount"] == 2
+
+
+async def test_rate_limit_reset_header_agrees_with_retry_after(
+    resend_sdk: Any, sim: SimulatorServer
+) -> None:
+    await sim.add_fault("rate_limit", "resend", retry_after_s=7)
+
+    with pytest.raises(exceptions.RateLimitError) as caught:
+        await send(email())
+
+    headers = caught.value.headers or {}
+    assert headers["retry-after"] == "7"
+    assert headers["ratelimit-reset"] == "7"
 
 
 async def test_latency_fault_delays_then_answers(resend_sdk: Any, sim: SimulatorServer) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any, cast
 
 import pytest
@@ -85,6 +86,44 @@ async def test_invalid_address_is_400(sim: SimulatorServer) -> None:
     assert errors(caught)[0]["field"] == "personalizations.0.to.0.email"
 
 
+async def test_named_address_in_an_email_field_is_400(sim: SimulatorServer) -> None:
+    """SendGrid's `email` holds the address alone (the name has its own field), so
+    `Ada <ada@example.com>` there is not a valid address."""
+    body = message().get()
+    body["personalizations"][0]["to"][0]["email"] = "Ada <ada@example.com>"
+
+    with pytest.raises(exceptions.BadRequestsError) as caught:
+        await send(client(sim), body)
+
+    assert errors(caught)[0]["field"] == "personalizations.0.to.0.email"
+    assert await sim.messages("sendgrid") == []
+
+
+async def test_duplicate_recipient_in_a_personalization_is_400(sim: SimulatorServer) -> None:
+    """SendGrid refuses an address that appears twice among one personalization's to, cc and
+    bcc (case aside), naming the field of the second one."""
+    body = message().get()
+    body["personalizations"][0]["cc"] = [{"email": "ADA@example.com"}]
+
+    with pytest.raises(exceptions.BadRequestsError) as caught:
+        await send(client(sim), body)
+
+    [error] = errors(caught)
+    assert error["field"] == "personalizations.0.cc"
+    assert "unique" in error["message"]
+    assert await sim.messages("sendgrid") == []
+
+
+async def test_empty_content_value_is_400(sim: SimulatorServer) -> None:
+    body = message().get()
+    body["content"][0]["value"] = ""
+
+    with pytest.raises(exceptions.BadRequestsError) as caught:
+        await send(client(sim), body)
+
+    assert errors(caught)[0]["field"] == "content.0.value"
+
+
 async def test_missing_key_is_401(sim: SimulatorServer) -> None:
     sg = client(sim, api_key="")
     sg.client.request_headers["Authorization"] = "Bearer "
@@ -154,3 +193,6 @@ async def test_provider_rate_limit(sim: SimulatorServer) -> None:
     with pytest.raises(exceptions.TooManyRequestsError) as caught:
         await send(sg, message())
     assert int(caught.value.headers["Retry-After"]) >= 1
+    # X-RateLimit-Reset is a Unix time no sooner than Retry-After allows.
+    reset_at = int(caught.value.headers["X-RateLimit-Reset"])
+    assert reset_at >= int(time.time()) + int(caught.value.headers["Retry-After"]) - 1

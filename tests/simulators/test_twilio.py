@@ -27,9 +27,11 @@ def client(sim: SimulatorServer, *, timeout_s: float = 5.0, token: str = AUTH_TO
     return twilio
 
 
-async def send(twilio: Client, to: str = "+15558675310", **extra: Any) -> Any:
+async def send(
+    twilio: Client, to: str = "+15558675310", from_: str = "+15017122661", **extra: Any
+) -> Any:
     return await asyncio.to_thread(
-        twilio.messages.create, to=to, from_="+15017122661", body="Your code is 123456", **extra
+        twilio.messages.create, to=to, from_=from_, body="Your code is 123456", **extra
     )
 
 
@@ -54,6 +56,22 @@ async def test_task_id_from_status_callback_query(sim: SimulatorServer) -> None:
     assert record["taskId"] == "task-9"
 
 
+@pytest.mark.parametrize("callback", ["not a url", "/relative/path", "ftp://example.com/x", "http://["])
+async def test_invalid_status_callback_is_21609(sim: SimulatorServer, callback: str) -> None:
+    """Twilio refuses a StatusCallback it could never post to, before sending anything."""
+    with pytest.raises(TwilioRestException) as caught:
+        await send(client(sim), status_callback=callback)
+    assert (caught.value.status, caught.value.code) == (400, 21609)
+    assert await sim.messages("twilio") == []
+
+
+async def test_invalid_media_url_is_21620(sim: SimulatorServer) -> None:
+    with pytest.raises(TwilioRestException) as caught:
+        await send(client(sim), media_url=["https://example.com/a.png", "not-a-url"])
+    assert (caught.value.status, caught.value.code) == (400, 21620)
+    assert await sim.messages("twilio") == []
+
+
 async def test_invalid_number_is_21211(sim: SimulatorServer) -> None:
     with pytest.raises(TwilioRestException) as caught:
         await send(client(sim), to="12345")
@@ -69,6 +87,31 @@ async def test_magic_test_numbers(sim: SimulatorServer, number: str, code: int) 
         await send(client(sim), to=number)
     assert caught.value.code == code
     assert await sim.messages("twilio") == []
+
+
+@pytest.mark.parametrize(
+    ("sender", "code"),
+    [
+        ("12-34", 21212),
+        ("Notifkit-Alerts-Team", 21212),
+        ("+15005550001", 21212),
+        ("+15005550007", 21606),
+        ("+15005550008", 21611),
+    ],
+)
+async def test_unusable_from_is_refused(sim: SimulatorServer, sender: str, code: int) -> None:
+    """Twilio refuses a From that is no phone number, short code or alphanumeric sender ID
+    (21212), and its test credentials' magic From numbers answer their documented codes."""
+    with pytest.raises(TwilioRestException) as caught:
+        await send(client(sim), from_=sender)
+    assert (caught.value.status, caught.value.code) == (400, code)
+    assert await sim.messages("twilio") == []
+
+
+@pytest.mark.parametrize("sender", ["+15005550006", "Notifkit", "12345", "whatsapp:+15017122661"])
+async def test_usable_senders_are_accepted(sim: SimulatorServer, sender: str) -> None:
+    message = await send(client(sim), from_=sender)
+    assert message.status == "queued"
 
 
 async def test_bad_credentials_are_401_20003(sim: SimulatorServer) -> None:
@@ -124,6 +167,23 @@ async def test_provider_rate_limit_is_20429_with_retry_after(sim: SimulatorServe
     last = twilio.http_client._test_only_last_response  # the SDK's hook for exactly this
     assert last is not None
     assert int(last.headers["Retry-After"]) >= 1
+
+
+async def test_provider_rate_limit_meters_the_account_not_the_api_key(
+    sim: SimulatorServer,
+) -> None:
+    """Requests for one account share its budget whichever API key signs them."""
+    await sim.set_limit("twilio", 0.01, burst=1)
+    first = Client("SK" + "1" * 32, "secret-1", ACCOUNT_SID)
+    second = Client("SK" + "2" * 32, "secret-2", ACCOUNT_SID)
+    for twilio in (first, second):
+        twilio.api.base_url = sim.base_url
+
+    await send(first)
+    with pytest.raises(TwilioRestException) as caught:
+        await send(second)
+
+    assert caught.value.code == 20429
 
 
 async def test_error_fault_400_is_unsubscribed_recipient(sim: SimulatorServer) -> None:
