@@ -228,6 +228,8 @@ def _float(env: Mapping[str, str], name: str, minimum: float = 0.0) -> float | N
         value = float(raw)
     except ValueError:
         raise ConfigError(name, f"must be a number, got {raw!r}") from None
+    if not math.isfinite(value):  # inf would overflow every timer that takes milliseconds
+        raise ConfigError(name, f"must be a finite number, got {raw!r}")
     if not value >= minimum:  # also rejects NaN
         raise ConfigError(name, f"must be at least {minimum}, got {raw}")
     return value
@@ -433,6 +435,26 @@ def _check_url(variable: str, value: str | None, schemes: tuple[str, ...]) -> No
         raise ConfigError(
             variable, f"must be a {' or '.join(s + '://' for s in schemes)} URL, got {value!r}"
         )
+    try:
+        parts.port  # noqa: B018 - parsing the port is the check
+    except ValueError:
+        raise ConfigError(
+            variable, f"has no valid port (a number from 0 to 65535): {value!r}"
+        ) from None
+
+
+def _check_redis_url(value: str) -> None:
+    if value.startswith("unix://"):
+        parts = urlsplit(value)
+        if not parts.path:
+            raise ConfigError("REDIS_URL", f"must name a socket path, got {value!r}")
+        return
+    _check_url("REDIS_URL", value, ("redis", "rediss"))
+    database = urlsplit(value).path.strip("/")
+    if database and not database.isdigit():
+        raise ConfigError(
+            "REDIS_URL", f"the path must be a database number (e.g. /0), got {'/' + database!r}"
+        )
 
 
 PROVIDERS: Final = ("resend", "sendgrid", "smtp", "twilio", "fcm", "webhook", "openai")
@@ -459,7 +481,7 @@ def _provider_rates(raw: str) -> dict[str, float]:
 
 
 def _validate(s: Settings) -> None:
-    _check_url("REDIS_URL", s.redis_url, ("redis", "rediss", "unix"))
+    _check_redis_url(s.redis_url)
     _check_url("DATABASE_URL", s.database_url, ("postgresql", "postgres"))
     if not s.services:
         raise ConfigError("NOTIFKIT_SERVICES", "names no service")
@@ -487,6 +509,18 @@ def _validate(s: Settings) -> None:
     for variable, value in positive.items():
         if not value > 0:
             raise ConfigError(variable, f"must be greater than 0, got {value}")
+    durations = {
+        "RECLAIM_INTERVAL_SECONDS": s.reclaim_interval_s,
+        "RECLAIM_MIN_IDLE_SECONDS": s.reclaim_min_idle_s,
+        "PROVIDER_TIMEOUT_SECONDS": s.provider_timeout_s,
+        "HEARTBEAT_INTERVAL_SECONDS": s.heartbeat_interval_s,
+        "SHUTDOWN_GRACE_SECONDS": s.shutdown_grace_s,
+        "SCHEDULER_POLL_INTERVAL_SECONDS": s.scheduler_poll_interval_s,
+        "API_RATE_PER_SECOND": s.api_rate_per_second,
+    }
+    for variable, duration in durations.items():
+        if not math.isfinite(duration):
+            raise ConfigError(variable, f"must be a finite number, got {duration}")
     if not 0 <= s.port <= 65535:
         raise ConfigError("PORT", f"must be a TCP port (0-65535), got {s.port}")
     if s.reclaim_min_idle_s < 0:
@@ -515,8 +549,12 @@ def _validate(s: Settings) -> None:
         raise ConfigError("NOTIFKIT_ADMIN_KEY", "must be at least 16 characters")
     _check_url("NOTIFKIT_SIMULATOR_URL", s.simulator_url, ("http", "https"))
     _check_url("NOTIFKIT_PUBLIC_URL", s.public_url, ("http", "https"))
-    if s.simulator_smtp is not None and not re.match(r"^[^:\s]+:\d{1,5}$", s.simulator_smtp):
-        raise ConfigError("NOTIFKIT_SIMULATOR_SMTP", f"must be host:port, got {s.simulator_smtp!r}")
+    if s.simulator_smtp is not None and not (
+        re.match(r"^[^:\s]+:\d{1,5}$", s.simulator_smtp)
+        and int(s.simulator_smtp.rpartition(":")[2]) <= 65535
+    ):
+        raise ConfigError("NOTIFKIT_SIMULATOR_SMTP",
+                          f"must be host:port (port 0-65535), got {s.simulator_smtp!r}")
     _validate_email(s.email)
     _check_url("TWILIO_BASE_URL", s.sms.base_url, ("http", "https"))
     _check_url("FCM_BASE_URL", s.push.base_url, ("http", "https"))

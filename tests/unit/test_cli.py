@@ -12,7 +12,12 @@ import notifkit
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("NOTIFKIT_", "REDIS"))}
+    full_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("NOTIFKIT_", "REDIS", "DATABASE", "DB_", "PORT"))}
+    # Nothing here may reach a shared server: a case that wrongly passes validation fails to
+    # connect instead of migrating someone's database.
+    full_env.update(REDIS_URL="redis://127.0.0.1:1/0", PORT="0",
+                    DATABASE_URL="postgresql://postgres@127.0.0.1:1/notifkit_cli_tests")
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "notifkit", *args],
@@ -33,6 +38,17 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         ("AUTO_MIGRATE", "perhaps"),
         ("PROVIDER_TIMEOUT_SECONDS", "-1"),
         ("PORT", "70000"),
+        # Values that used to pass validation and fail later, without naming the setting
+        ("RECLAIM_MIN_IDLE_SECONDS", "inf"),
+        ("RECLAIM_INTERVAL_SECONDS", "inf"),
+        ("PROVIDER_TIMEOUT_SECONDS", "inf"),
+        ("HEARTBEAT_INTERVAL_SECONDS", "inf"),
+        ("REDIS_URL", "redis://127.0.0.1:notaport/0"),
+        ("REDIS_URL", "redis://127.0.0.1:6379/abc"),
+        ("DATABASE_URL", "postgresql://postgres@127.0.0.1:notaport/test"),
+        ("SMTP_URL", "smtp://mail.example:abc"),
+        ("NOTIFKIT_PUBLIC_URL", "http://notifkit.example:99999"),
+        ("NOTIFKIT_SIMULATOR_SMTP", "127.0.0.1:99999"),
     ],
 )
 def test_invalid_configuration_exits_2_naming_the_variable(variable: str, value: str) -> None:
@@ -42,6 +58,20 @@ def test_invalid_configuration_exits_2_naming_the_variable(variable: str, value:
     assert len(lines) == 1, result.stderr
     assert variable in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_a_unix_socket_redis_url_is_accepted() -> None:
+    from notifkit.config import Settings
+
+    assert Settings(redis_url="unix:///run/redis.sock").redis_url == "unix:///run/redis.sock"
+
+
+def test_a_bad_argument_is_one_line_naming_the_option() -> None:
+    result = run_cli("serve", "--port", "abc")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "--port" in lines[0]
 
 
 def test_unknown_service_flag_is_named() -> None:
