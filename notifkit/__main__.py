@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from notifkit import __version__
 from notifkit.config import ConfigError, Settings, parse_services
@@ -28,8 +28,15 @@ from notifkit.log import setup_logging
 log = logging.getLogger("notifkit")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line on stderr (exit 2) rather than usage + error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: invalid arguments: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m notifkit",
         description="Reliable multi-channel notifications on Redis Streams and PostgreSQL.",
     )
@@ -90,12 +97,25 @@ async def serve(settings: Settings) -> int:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signum, stop.set)
     server = NotifkitServer(settings=settings)
+    # A start can wait a long time (an unreachable PostgreSQL, a held migration lock); a SIGTERM
+    # meanwhile abandons it rather than being ignored until it finishes.
+    starting = asyncio.ensure_future(server.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        log.info("Stopping while starting: whatever had started stops cleanly.")
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await starting
+        await server.stop()
+        return 0
+    stopping.cancel()
     try:
-        await server.start()
+        starting.result()
     except Exception as exc:
         await server.stop()
-        log.error("notifkit could not start: %s", exc)
-        return 1
+        log.error("notifkit could not start: %s", describe_failure(exc))
+        return 2 if isinstance(exc, ConfigError) else 1
     tune_gc()
     await stop.wait()
     log.info("Stopping: finishing in-flight work (up to %.0f s).", settings.shutdown_grace_s)
@@ -109,6 +129,22 @@ async def migrate_only(settings: Settings) -> int:
     applied = await migrate(settings)
     print(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else ""))
     return 0
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line about why notifkit could not start, naming the setting behind it."""
+    from redis.exceptions import RedisError
+
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, ConfigError):
+        return text
+    if isinstance(exc, RedisError):
+        return f"REDIS_URL: cannot use Redis: {text}"
+    import asyncpg
+
+    if isinstance(exc, (asyncpg.PostgresError, asyncpg.InterfaceError)):
+        return f"DATABASE_URL: {text}"
+    return text
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -138,8 +174,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(serve(settings))
     except KeyboardInterrupt:
         return 130
-    except (OSError, ConnectionError) as exc:
-        print(f"notifkit: {exc}", file=sys.stderr)
+    except ConfigError as exc:
+        print(f"notifkit: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        import asyncpg
+        from redis.exceptions import RedisError
+
+        if not isinstance(exc, (OSError, RedisError, asyncpg.PostgresError,
+                                asyncpg.InterfaceError)):
+            raise
+        print(f"notifkit: {describe_failure(exc)}", file=sys.stderr)
         return 1
 
 
