@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 def load_settings(args: argparse.Namespace) -> Settings:
     overrides: dict[str, Any] = {}
     services = getattr(args, "services", None)
-    if services:
+    if services is not None:  # --services "" names no service: an error, not "all"
         overrides["services"] = parse_services(services, "--services")
     port = getattr(args, "port", None)
     if port is not None:

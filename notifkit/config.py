@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from email.utils import parseaddr
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -48,6 +49,8 @@ FAULT_INJECTIONS: dict[str, str] = {
     "unpublished_key_revocations": "a revoked key is dropped only by the API process that "
                                    "revoked it, not announced to the others",
 }
+# A worker's health key lives this many heartbeat intervals (at least the 30 s default).
+HEARTBEAT_TTL_BEATS: Final = 4
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:-]{0,64}$")
 
@@ -302,7 +305,13 @@ def _read_env(env: Mapping[str, str]) -> dict[str, Any]:
     put("scheduler_poll_interval_s", _float(env, "SCHEDULER_POLL_INTERVAL_SECONDS", 0.01))
     put("scheduler_lock_ttl_s", _int(env, "SCHEDULER_LOCK_TTL_SECONDS", 1))
     put("workflow_lock_ttl_s", _int(env, "WORKFLOW_LOCK_TTL_SECONDS", 1))
-    put("heartbeat_interval_s", _float(env, "HEARTBEAT_INTERVAL_SECONDS", 0.1))
+    heartbeat_interval_s = _float(env, "HEARTBEAT_INTERVAL_SECONDS", 0.1)
+    if heartbeat_interval_s is not None:
+        values["heartbeat_interval_s"] = heartbeat_interval_s
+        # The health key must outlive the gap between two beats, or a live worker vanishes
+        # from /health between them: a few beats, never less than the default.
+        values["heartbeat_ttl_s"] = max(Settings.heartbeat_ttl_s,
+                                        math.ceil(HEARTBEAT_TTL_BEATS * heartbeat_interval_s))
     put("shutdown_grace_s", _float(env, "SHUTDOWN_GRACE_SECONDS", 0.0))
     put("simulator_url", _get(env, "NOTIFKIT_SIMULATOR_URL"))
     put("simulator_smtp", _get(env, "NOTIFKIT_SIMULATOR_SMTP"))
@@ -521,6 +530,10 @@ def _validate(s: Settings) -> None:
     for variable, duration in durations.items():
         if not math.isfinite(duration):
             raise ConfigError(variable, f"must be a finite number, got {duration}")
+    if not s.heartbeat_ttl_s > s.heartbeat_interval_s:
+        raise ConfigError("HEARTBEAT_INTERVAL_SECONDS",
+                          f"must be shorter than the health key's TTL ({s.heartbeat_ttl_s} s), "
+                          f"got {s.heartbeat_interval_s}")
     if not 0 <= s.port <= 65535:
         raise ConfigError("PORT", f"must be a TCP port (0-65535), got {s.port}")
     if s.reclaim_min_idle_s < 0:
@@ -570,6 +583,11 @@ def _validate(s: Settings) -> None:
 def _validate_email(e: EmailSettings) -> None:
     if e.transport is None:
         return
+    _name, address = parseaddr(e.from_addr)
+    local, at, domain = address.rpartition("@")
+    if not (at and local and domain and " " not in address):
+        raise ConfigError("EMAIL_FROM", "must be an e-mail address, e.g. "
+                          f"'Acme <no-reply@acme.example>', got {e.from_addr!r}")
     if e.transport not in EMAIL_TRANSPORTS:
         raise ConfigError(
             "EMAIL_TRANSPORT", f"must be resend, sendgrid or smtp, got {e.transport!r}"

@@ -74,6 +74,14 @@ def test_a_bad_argument_is_one_line_naming_the_option() -> None:
     assert "--port" in lines[0]
 
 
+def test_an_empty_services_flag_is_an_error_not_all() -> None:
+    result = run_cli("serve", "--services", "")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "--services" in lines[0]
+
+
 def test_unknown_service_flag_is_named() -> None:
     result = run_cli("serve", "--services", "api,bogus")
     assert result.returncode == 2

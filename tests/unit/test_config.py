@@ -212,3 +212,21 @@ def test_fault_injection_is_off_by_default_and_names_are_checked() -> None:
     assert not settings.injects("drop_idempotency_key")
     with pytest.raises(ConfigError, match="NOTIFKIT_FAULT_INJECTION"):
         Settings.from_env({"NOTIFKIT_FAULT_INJECTION": "skip_reclaims"})
+
+
+def test_a_from_address_that_is_no_address_is_named() -> None:
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({"RESEND_API_KEY": "re_x", "EMAIL_FROM": "no-reply"})
+    assert raised.value.variable == "EMAIL_FROM"
+    named = Settings.from_env({"RESEND_API_KEY": "re_x", "EMAIL_FROM": "Acme <hi@acme.example>"})
+    assert named.email.from_addr == "Acme <hi@acme.example>"
+
+
+def test_a_slow_heartbeat_keeps_its_health_key_alive_between_beats() -> None:
+    # Given beats a minute apart, the health key must outlive the gap between two of them
+    slow = Settings.from_env({"HEARTBEAT_INTERVAL_SECONDS": "60"})
+    assert slow.heartbeat_ttl_s > 2 * slow.heartbeat_interval_s
+    assert Settings.from_env({"HEARTBEAT_INTERVAL_SECONDS": "1"}).heartbeat_ttl_s == 30
+    with pytest.raises(ConfigError) as raised:
+        Settings(heartbeat_interval_s=45.0)
+    assert raised.value.variable == "HEARTBEAT_INTERVAL_SECONDS"
