@@ -188,6 +188,7 @@ class Settings:
         source = os.environ if env is None else env
         values = _read_env(source)
         values.update(overrides)
+        values["email"] = _simulated_email(values, source)
         return _apply_simulator(cls(**values), source)
 
     def injects(self, fault: str) -> bool:
@@ -379,6 +380,25 @@ def _email_transport(env: Mapping[str, str]) -> str | None:
 
 
 SIMULATOR_PLACEHOLDER_KEY = "sim-placeholder-key"
+
+
+def _simulated_email(values: Mapping[str, Any], env: Mapping[str, str]) -> EmailSettings:
+    """An EMAIL_TRANSPORT chosen without its credential talks to the simulators when they are
+    configured (before validation, which would otherwise demand the credential)."""
+    email: EmailSettings = values.get("email") or EmailSettings()
+    base = values.get("simulator_url")
+    smtp = values.get("simulator_smtp")
+    if base and email.transport == "resend" and not email.resend_api_key:
+        return dataclasses.replace(
+            email, resend_api_key=SIMULATOR_PLACEHOLDER_KEY,
+            resend_base_url=_get(env, "RESEND_BASE_URL") or str(base).rstrip("/"))
+    if base and email.transport == "sendgrid" and not email.sendgrid_api_key:
+        return dataclasses.replace(
+            email, sendgrid_api_key=SIMULATOR_PLACEHOLDER_KEY,
+            sendgrid_base_url=_get(env, "SENDGRID_BASE_URL") or str(base).rstrip("/"))
+    if smtp and email.transport == "smtp" and not email.smtp_url:
+        return dataclasses.replace(email, smtp_url=f"smtp://{smtp}")
+    return email
 
 
 def _apply_simulator(settings: Settings, env: Mapping[str, str]) -> Settings:
