@@ -138,6 +138,10 @@ def describe_failure(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     if isinstance(exc, ConfigError):
         return text
+    from notifkit.db.migrate import MigrationError
+
+    if isinstance(exc, MigrationError):
+        return f"DB_SCHEMA: {text}"
     if isinstance(exc, RedisError):
         return f"REDIS_URL: cannot use Redis: {text}"
     import asyncpg
@@ -181,8 +185,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         import asyncpg
         from redis.exceptions import RedisError
 
+        from notifkit.db.migrate import MigrationError
+
         if not isinstance(exc, (OSError, RedisError, asyncpg.PostgresError,
-                                asyncpg.InterfaceError)):
+                                asyncpg.InterfaceError, MigrationError)):
             raise
         print(f"notifkit: {describe_failure(exc)}", file=sys.stderr)
         return 1

@@ -115,3 +115,26 @@ def test_a_started_service_freezes_what_is_alive_and_collects_less_often() -> No
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_a_failed_migration_is_one_line_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib
+
+    from notifkit import __main__ as cli
+
+    migrate_module = importlib.import_module("notifkit.db.migrate")
+
+    async def failing_migrate(*_args: object, **_kwargs: object) -> list[str]:
+        raise migrate_module.MigrationError(
+            "migration 0005_workflow_paths failed in schema 'x' and was rolled back: boom")
+
+    monkeypatch.setattr(migrate_module, "migrate", failing_migrate)
+    status = cli.main(["migrate"])
+    err = capsys.readouterr().err
+    assert status == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "DB_SCHEMA" in lines[0]
+    assert "0005_workflow_paths" in lines[0]
