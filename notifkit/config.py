@@ -49,6 +49,8 @@ FAULT_INJECTIONS: dict[str, str] = {
     "unpublished_key_revocations": "a revoked key is dropped only by the API process that "
                                    "revoked it, not announced to the others",
 }
+MAX_DURATION_S: Final = 10 * 365 * 24 * 3600
+MAX_REDIS_INT: Final = 2**63 - 1
 # A worker's health key lives this many heartbeat intervals (at least the 30 s default).
 HEARTBEAT_TTL_BEATS: Final = 4
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -538,18 +540,29 @@ def _validate(s: Settings) -> None:
     for variable, value in positive.items():
         if not value > 0:
             raise ConfigError(variable, f"must be greater than 0, got {value}")
+    if not math.isfinite(s.api_rate_per_second):
+        raise ConfigError("API_RATE_PER_SECOND",
+                          f"must be a finite number, got {s.api_rate_per_second}")
+    # Redis refuses TTLs and idle times past its 64-bit millisecond range, and asyncio timers
+    # overflow long before: a duration beyond ten years is a typo, not a setting.
     durations = {
+        "IDEMPOTENCY_TTL_SECONDS": s.idempotency_ttl_s,
         "RECLAIM_INTERVAL_SECONDS": s.reclaim_interval_s,
         "RECLAIM_MIN_IDLE_SECONDS": s.reclaim_min_idle_s,
         "PROVIDER_TIMEOUT_SECONDS": s.provider_timeout_s,
         "HEARTBEAT_INTERVAL_SECONDS": s.heartbeat_interval_s,
         "SHUTDOWN_GRACE_SECONDS": s.shutdown_grace_s,
         "SCHEDULER_POLL_INTERVAL_SECONDS": s.scheduler_poll_interval_s,
-        "API_RATE_PER_SECOND": s.api_rate_per_second,
+        "SCHEDULER_LOCK_TTL_SECONDS": s.scheduler_lock_ttl_s,
+        "WORKFLOW_LOCK_TTL_SECONDS": s.workflow_lock_ttl_s,
+        "THROTTLE_WINDOW_SECONDS": s.throttle_window_s,
     }
     for variable, duration in durations.items():
-        if not math.isfinite(duration):
-            raise ConfigError(variable, f"must be a finite number, got {duration}")
+        if not (math.isfinite(duration) and duration <= MAX_DURATION_S):
+            raise ConfigError(variable, f"must be a finite number of seconds up to "
+                              f"{MAX_DURATION_S} (ten years), got {duration}")
+    if s.queue_max_len > MAX_REDIS_INT:
+        raise ConfigError("QUEUE_MAX_LEN", f"must be at most {MAX_REDIS_INT}")
     if not s.heartbeat_ttl_s > s.heartbeat_interval_s:
         raise ConfigError("HEARTBEAT_INTERVAL_SECONDS",
                           f"must be shorter than the health key's TTL ({s.heartbeat_ttl_s} s), "
