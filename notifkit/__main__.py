@@ -70,6 +70,10 @@ def load_settings(args: argparse.Namespace) -> Settings:
         if not 0 <= port <= 65535:
             raise ConfigError("--port", f"must be a TCP port (0-65535), got {port}")
         overrides["port"] = port
+    for option, value in (("--sim-port", getattr(args, "sim_port", None)),
+                          ("--sim-smtp-port", getattr(args, "sim_smtp_port", None))):
+        if value is not None and not 0 <= value <= 65535:
+            raise ConfigError(option, f"must be a TCP port (0-65535), got {value}")
     return Settings.from_env(**overrides)
 
 

@@ -142,3 +142,12 @@ def test_a_failed_migration_is_one_line_without_a_traceback(
     assert len(lines) == 1, err
     assert "DB_SCHEMA" in lines[0]
     assert "0005_workflow_paths" in lines[0]
+
+
+@pytest.mark.parametrize("option", ["--sim-port", "--sim-smtp-port"])
+def test_a_dev_simulator_port_out_of_range_is_named(option: str) -> None:
+    result = run_cli("dev", option, "99999", "--data-dir", "/nonexistent/notifkit-cli-test")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert option in lines[0]
