@@ -1,7 +1,8 @@
 """``python -m notifkit``: serve (default), migrate, dev.
 
     python -m notifkit                              # every service
-    python -m notifkit serve --services api,engine  # a subset
+    python -m notifkit --services api,engine        # a subset (serve is the default command)
+    python -m notifkit serve --services api,engine  # the same
     python -m notifkit migrate                      # apply database migrations, then exit
 
 Configuration comes from the environment (see the README's table). Invalid configuration
@@ -33,6 +34,9 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: invalid arguments: {message} (see --help)\n")
+
+
+TOP_LEVEL_OPTIONS = ("-h", "--help", "--version")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,7 +161,10 @@ def describe_failure(exc: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words and words[0].startswith("-") and words[0] not in TOP_LEVEL_OPTIONS:
+        words.insert(0, "serve")  # ``python -m notifkit --services api``: serve is the default
+    args = parser.parse_args(words)
     command = args.command or "serve"
     try:
         settings = load_settings(args)

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import notifkit
+import notifkit.config
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -135,6 +136,7 @@ def test_a_failed_migration_is_one_line_without_a_traceback(
             "migration 0005_workflow_paths failed in schema 'x' and was rolled back: boom")
 
     monkeypatch.setattr(migrate_module, "migrate", failing_migrate)
+    monkeypatch.setattr(cli, "_install_event_loop", lambda: None)  # keep the test's loop policy
     status = cli.main(["migrate"])
     err = capsys.readouterr().err
     assert status == 1
@@ -151,3 +153,31 @@ def test_a_dev_simulator_port_out_of_range_is_named(option: str) -> None:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert option in lines[0]
+
+
+def test_serve_options_work_without_the_serve_command() -> None:
+    # CONTRACT §1: `python -m notifkit` runs the services named by --services
+    from notifkit.__main__ import build_parser
+
+    bare = run_cli("--services", "api,bogus")
+    assert bare.returncode == 2
+    assert "--services" in bare.stderr
+    assert "bogus" in bare.stderr
+    assert "invalid choice" not in bare.stderr
+    assert build_parser().parse_args(["serve", "--services", "api"]).services == "api"
+
+
+def test_a_bare_services_flag_reaches_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from notifkit import __main__ as cli
+
+    seen: list[tuple[str, ...]] = []
+
+    async def fake_serve(settings: notifkit.config.Settings) -> int:
+        seen.append(settings.services)
+        return 0
+
+    monkeypatch.setattr(cli, "serve", fake_serve)
+    monkeypatch.setattr(cli, "setup_logging", lambda *_args: None)
+    monkeypatch.setattr(cli, "_install_event_loop", lambda: None)
+    assert cli.main(["--services", "engine,api", "--port", "0"]) == 0
+    assert seen == [("api", "engine")]
