@@ -1,7 +1,8 @@
 """``python -m notifkit``: serve (default), migrate, dev.
 
     python -m notifkit                              # every service
-    python -m notifkit serve --services api,engine  # a subset
+    python -m notifkit --services api,engine        # a subset (serve is the default command)
+    python -m notifkit serve --services api,engine  # the same
     python -m notifkit migrate                      # apply database migrations, then exit
 
 Configuration comes from the environment (see the README's table). Invalid configuration
@@ -19,7 +20,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from notifkit import __version__
 from notifkit.config import ConfigError, Settings, parse_services
@@ -28,8 +29,18 @@ from notifkit.log import setup_logging
 log = logging.getLogger("notifkit")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line on stderr (exit 2) rather than usage + error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: invalid arguments: {message} (see --help)\n")
+
+
+TOP_LEVEL_OPTIONS = ("-h", "--help", "--version")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m notifkit",
         description="Reliable multi-channel notifications on Redis Streams and PostgreSQL.",
     )
@@ -56,13 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
 def load_settings(args: argparse.Namespace) -> Settings:
     overrides: dict[str, Any] = {}
     services = getattr(args, "services", None)
-    if services:
+    if services is not None:  # --services "" names no service: an error, not "all"
         overrides["services"] = parse_services(services, "--services")
     port = getattr(args, "port", None)
     if port is not None:
         if not 0 <= port <= 65535:
             raise ConfigError("--port", f"must be a TCP port (0-65535), got {port}")
         overrides["port"] = port
+    for option, value in (("--sim-port", getattr(args, "sim_port", None)),
+                          ("--sim-smtp-port", getattr(args, "sim_smtp_port", None))):
+        if value is not None and not 0 <= value <= 65535:
+            raise ConfigError(option, f"must be a TCP port (0-65535), got {value}")
     return Settings.from_env(**overrides)
 
 
@@ -90,12 +105,25 @@ async def serve(settings: Settings) -> int:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signum, stop.set)
     server = NotifkitServer(settings=settings)
+    # A start can wait a long time (an unreachable PostgreSQL, a held migration lock); a SIGTERM
+    # meanwhile abandons it rather than being ignored until it finishes.
+    starting = asyncio.ensure_future(server.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        log.info("Stopping while starting: whatever had started stops cleanly.")
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await starting
+        await server.stop()
+        return 0
+    stopping.cancel()
     try:
-        await server.start()
+        starting.result()
     except Exception as exc:
         await server.stop()
-        log.error("notifkit could not start: %s", exc)
-        return 1
+        log.error("notifkit could not start: %s", describe_failure(exc))
+        return 2 if isinstance(exc, ConfigError) else 1
     tune_gc()
     await stop.wait()
     log.info("Stopping: finishing in-flight work (up to %.0f s).", settings.shutdown_grace_s)
@@ -111,9 +139,32 @@ async def migrate_only(settings: Settings) -> int:
     return 0
 
 
+def describe_failure(exc: BaseException) -> str:
+    """One line about why notifkit could not start, naming the setting behind it."""
+    from redis.exceptions import RedisError
+
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, ConfigError):
+        return text
+    from notifkit.db.migrate import MigrationError
+
+    if isinstance(exc, MigrationError):
+        return f"DB_SCHEMA: {text}"
+    if isinstance(exc, RedisError):
+        return f"REDIS_URL: cannot use Redis: {text}"
+    import asyncpg
+
+    if isinstance(exc, (asyncpg.PostgresError, asyncpg.InterfaceError)):
+        return f"DATABASE_URL: {text}"
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words and words[0].startswith("-") and words[0] not in TOP_LEVEL_OPTIONS:
+        words.insert(0, "serve")  # ``python -m notifkit --services api``: serve is the default
+    args = parser.parse_args(words)
     command = args.command or "serve"
     try:
         settings = load_settings(args)
@@ -138,8 +189,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(serve(settings))
     except KeyboardInterrupt:
         return 130
-    except (OSError, ConnectionError) as exc:
-        print(f"notifkit: {exc}", file=sys.stderr)
+    except ConfigError as exc:
+        print(f"notifkit: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        import asyncpg
+        from redis.exceptions import RedisError
+
+        from notifkit.db.migrate import MigrationError
+
+        if not isinstance(exc, (OSError, RedisError, asyncpg.PostgresError,
+                                asyncpg.InterfaceError, MigrationError)):
+            raise
+        print(f"notifkit: {describe_failure(exc)}", file=sys.stderr)
         return 1
 
 

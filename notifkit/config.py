@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from email.utils import parseaddr
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -48,6 +49,10 @@ FAULT_INJECTIONS: dict[str, str] = {
     "unpublished_key_revocations": "a revoked key is dropped only by the API process that "
                                    "revoked it, not announced to the others",
 }
+MAX_DURATION_S: Final = 10 * 365 * 24 * 3600
+MAX_REDIS_INT: Final = 2**63 - 1
+# A worker's health key lives this many heartbeat intervals (at least the 30 s default).
+HEARTBEAT_TTL_BEATS: Final = 4
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:-]{0,64}$")
 
@@ -185,6 +190,7 @@ class Settings:
         source = os.environ if env is None else env
         values = _read_env(source)
         values.update(overrides)
+        values["email"] = _simulated_email(values, source)
         return _apply_simulator(cls(**values), source)
 
     def injects(self, fault: str) -> bool:
@@ -228,6 +234,8 @@ def _float(env: Mapping[str, str], name: str, minimum: float = 0.0) -> float | N
         value = float(raw)
     except ValueError:
         raise ConfigError(name, f"must be a number, got {raw!r}") from None
+    if not math.isfinite(value):  # inf would overflow every timer that takes milliseconds
+        raise ConfigError(name, f"must be a finite number, got {raw!r}")
     if not value >= minimum:  # also rejects NaN
         raise ConfigError(name, f"must be at least {minimum}, got {raw}")
     return value
@@ -300,7 +308,13 @@ def _read_env(env: Mapping[str, str]) -> dict[str, Any]:
     put("scheduler_poll_interval_s", _float(env, "SCHEDULER_POLL_INTERVAL_SECONDS", 0.01))
     put("scheduler_lock_ttl_s", _int(env, "SCHEDULER_LOCK_TTL_SECONDS", 1))
     put("workflow_lock_ttl_s", _int(env, "WORKFLOW_LOCK_TTL_SECONDS", 1))
-    put("heartbeat_interval_s", _float(env, "HEARTBEAT_INTERVAL_SECONDS", 0.1))
+    heartbeat_interval_s = _float(env, "HEARTBEAT_INTERVAL_SECONDS", 0.1)
+    if heartbeat_interval_s is not None:
+        values["heartbeat_interval_s"] = heartbeat_interval_s
+        # The health key must outlive the gap between two beats, or a live worker vanishes
+        # from /health between them: a few beats, never less than the default.
+        values["heartbeat_ttl_s"] = max(Settings.heartbeat_ttl_s,
+                                        math.ceil(HEARTBEAT_TTL_BEATS * heartbeat_interval_s))
     put("shutdown_grace_s", _float(env, "SHUTDOWN_GRACE_SECONDS", 0.0))
     put("simulator_url", _get(env, "NOTIFKIT_SIMULATOR_URL"))
     put("simulator_smtp", _get(env, "NOTIFKIT_SIMULATOR_SMTP"))
@@ -370,6 +384,25 @@ def _email_transport(env: Mapping[str, str]) -> str | None:
 SIMULATOR_PLACEHOLDER_KEY = "sim-placeholder-key"
 
 
+def _simulated_email(values: Mapping[str, Any], env: Mapping[str, str]) -> EmailSettings:
+    """An EMAIL_TRANSPORT chosen without its credential talks to the simulators when they are
+    configured (before validation, which would otherwise demand the credential)."""
+    email: EmailSettings = values.get("email") or EmailSettings()
+    base = values.get("simulator_url")
+    smtp = values.get("simulator_smtp")
+    if base and email.transport == "resend" and not email.resend_api_key:
+        return dataclasses.replace(
+            email, resend_api_key=SIMULATOR_PLACEHOLDER_KEY,
+            resend_base_url=_get(env, "RESEND_BASE_URL") or str(base).rstrip("/"))
+    if base and email.transport == "sendgrid" and not email.sendgrid_api_key:
+        return dataclasses.replace(
+            email, sendgrid_api_key=SIMULATOR_PLACEHOLDER_KEY,
+            sendgrid_base_url=_get(env, "SENDGRID_BASE_URL") or str(base).rstrip("/"))
+    if smtp and email.transport == "smtp" and not email.smtp_url:
+        return dataclasses.replace(email, smtp_url=f"smtp://{smtp}")
+    return email
+
+
 def _apply_simulator(settings: Settings, env: Mapping[str, str]) -> Settings:
     """Point every transport that is not otherwise configured at the simulators.
 
@@ -433,6 +466,26 @@ def _check_url(variable: str, value: str | None, schemes: tuple[str, ...]) -> No
         raise ConfigError(
             variable, f"must be a {' or '.join(s + '://' for s in schemes)} URL, got {value!r}"
         )
+    try:
+        parts.port  # noqa: B018 - parsing the port is the check
+    except ValueError:
+        raise ConfigError(
+            variable, f"has no valid port (a number from 0 to 65535): {value!r}"
+        ) from None
+
+
+def _check_redis_url(value: str) -> None:
+    if value.startswith("unix://"):
+        parts = urlsplit(value)
+        if not parts.path:
+            raise ConfigError("REDIS_URL", f"must name a socket path, got {value!r}")
+        return
+    _check_url("REDIS_URL", value, ("redis", "rediss"))
+    database = urlsplit(value).path.strip("/")
+    if database and not database.isdigit():
+        raise ConfigError(
+            "REDIS_URL", f"the path must be a database number (e.g. /0), got {'/' + database!r}"
+        )
 
 
 PROVIDERS: Final = ("resend", "sendgrid", "smtp", "twilio", "fcm", "webhook", "openai")
@@ -459,7 +512,7 @@ def _provider_rates(raw: str) -> dict[str, float]:
 
 
 def _validate(s: Settings) -> None:
-    _check_url("REDIS_URL", s.redis_url, ("redis", "rediss", "unix"))
+    _check_redis_url(s.redis_url)
     _check_url("DATABASE_URL", s.database_url, ("postgresql", "postgres"))
     if not s.services:
         raise ConfigError("NOTIFKIT_SERVICES", "names no service")
@@ -487,6 +540,33 @@ def _validate(s: Settings) -> None:
     for variable, value in positive.items():
         if not value > 0:
             raise ConfigError(variable, f"must be greater than 0, got {value}")
+    if not math.isfinite(s.api_rate_per_second):
+        raise ConfigError("API_RATE_PER_SECOND",
+                          f"must be a finite number, got {s.api_rate_per_second}")
+    # Redis refuses TTLs and idle times past its 64-bit millisecond range, and asyncio timers
+    # overflow long before: a duration beyond ten years is a typo, not a setting.
+    durations = {
+        "IDEMPOTENCY_TTL_SECONDS": s.idempotency_ttl_s,
+        "RECLAIM_INTERVAL_SECONDS": s.reclaim_interval_s,
+        "RECLAIM_MIN_IDLE_SECONDS": s.reclaim_min_idle_s,
+        "PROVIDER_TIMEOUT_SECONDS": s.provider_timeout_s,
+        "HEARTBEAT_INTERVAL_SECONDS": s.heartbeat_interval_s,
+        "SHUTDOWN_GRACE_SECONDS": s.shutdown_grace_s,
+        "SCHEDULER_POLL_INTERVAL_SECONDS": s.scheduler_poll_interval_s,
+        "SCHEDULER_LOCK_TTL_SECONDS": s.scheduler_lock_ttl_s,
+        "WORKFLOW_LOCK_TTL_SECONDS": s.workflow_lock_ttl_s,
+        "THROTTLE_WINDOW_SECONDS": s.throttle_window_s,
+    }
+    for variable, duration in durations.items():
+        if not (math.isfinite(duration) and duration <= MAX_DURATION_S):
+            raise ConfigError(variable, f"must be a finite number of seconds up to "
+                              f"{MAX_DURATION_S} (ten years), got {duration}")
+    if s.queue_max_len > MAX_REDIS_INT:
+        raise ConfigError("QUEUE_MAX_LEN", f"must be at most {MAX_REDIS_INT}")
+    if not s.heartbeat_ttl_s > s.heartbeat_interval_s:
+        raise ConfigError("HEARTBEAT_INTERVAL_SECONDS",
+                          f"must be shorter than the health key's TTL ({s.heartbeat_ttl_s} s), "
+                          f"got {s.heartbeat_interval_s}")
     if not 0 <= s.port <= 65535:
         raise ConfigError("PORT", f"must be a TCP port (0-65535), got {s.port}")
     if s.reclaim_min_idle_s < 0:
@@ -515,8 +595,12 @@ def _validate(s: Settings) -> None:
         raise ConfigError("NOTIFKIT_ADMIN_KEY", "must be at least 16 characters")
     _check_url("NOTIFKIT_SIMULATOR_URL", s.simulator_url, ("http", "https"))
     _check_url("NOTIFKIT_PUBLIC_URL", s.public_url, ("http", "https"))
-    if s.simulator_smtp is not None and not re.match(r"^[^:\s]+:\d{1,5}$", s.simulator_smtp):
-        raise ConfigError("NOTIFKIT_SIMULATOR_SMTP", f"must be host:port, got {s.simulator_smtp!r}")
+    if s.simulator_smtp is not None and not (
+        re.match(r"^[^:\s]+:\d{1,5}$", s.simulator_smtp)
+        and int(s.simulator_smtp.rpartition(":")[2]) <= 65535
+    ):
+        raise ConfigError("NOTIFKIT_SIMULATOR_SMTP",
+                          f"must be host:port (port 0-65535), got {s.simulator_smtp!r}")
     _validate_email(s.email)
     _check_url("TWILIO_BASE_URL", s.sms.base_url, ("http", "https"))
     _check_url("FCM_BASE_URL", s.push.base_url, ("http", "https"))
@@ -532,6 +616,11 @@ def _validate(s: Settings) -> None:
 def _validate_email(e: EmailSettings) -> None:
     if e.transport is None:
         return
+    _name, address = parseaddr(e.from_addr)
+    local, at, domain = address.rpartition("@")
+    if not (at and local and domain and " " not in address):
+        raise ConfigError("EMAIL_FROM", "must be an e-mail address, e.g. "
+                          f"'Acme <no-reply@acme.example>', got {e.from_addr!r}")
     if e.transport not in EMAIL_TRANSPORTS:
         raise ConfigError(
             "EMAIL_TRANSPORT", f"must be resend, sendgrid or smtp, got {e.transport!r}"

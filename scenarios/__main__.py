@@ -1,4 +1,7 @@
-"""``python -m scenarios list | run NAME... | run all [--json FILE] [--seed N] [--set k=v]``."""
+"""``python -m scenarios list | [run] NAME... | [run] all [--json FILE] [--seed N] [--set k=v]``.
+
+``run`` may be left out: ``python -m scenarios crash_reclaim`` runs that one scenario.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +16,13 @@ from scenarios import catalog
 from scenarios.harness import RunOptions
 from scenarios.report import Progress, ScenarioResult, table, violations_text, write_json
 
+COMMANDS = ("list", "run")
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] not in COMMANDS and not args[0].startswith("-"):
+        args.insert(0, "run")  # ``python -m scenarios NAME``: run is the default command
     parser = argparse.ArgumentParser(prog="python -m scenarios", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", help="list the scenarios and what each proves")
@@ -25,7 +33,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      help="where to write the JSON results")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a scenario parameter, e.g. --set messages=500")
-    return parser.parse_args(argv)
+    return parser.parse_args(args)
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:

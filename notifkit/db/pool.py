@@ -21,6 +21,7 @@ benchmark saturation PostgreSQL spent about 0.07 ms more CPU per notification (0
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import asyncpg
@@ -29,7 +30,24 @@ from notifkit.codec import dumps as json_dumps
 from notifkit.codec import loads as json_loads
 from notifkit.config import Settings
 
-__all__ = ["connect", "create_pool", "init_connection"]
+__all__ = ["DatabaseUnavailable", "connect", "create_pool", "init_connection"]
+
+
+class DatabaseUnavailable(ConnectionError):
+    """PostgreSQL at ``DATABASE_URL`` could not be connected to (unreachable, unknown database or
+    role, refused credentials, bad connection options). A :class:`ConnectionError`, so callers
+    that handle an unreachable server keep doing so; the message names the setting."""
+
+
+# What asyncpg raises when it cannot open a connection: OSError for the network, PostgresError
+# for the server's refusal (unknown database or role, password), InterfaceError (and its
+# ClientConfigurationError) and ValueError for options it cannot use.
+_CONNECT_ERRORS = (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError,
+                   ValueError)
+
+
+def _unavailable(exc: BaseException) -> DatabaseUnavailable:
+    return DatabaseUnavailable(f"DATABASE_URL: cannot connect to PostgreSQL: {exc}")
 
 _JSONB_VERSION = b"\x01"
 
@@ -70,14 +88,17 @@ async def create_pool(
 ) -> asyncpg.Pool:
     """A pool of at most ``max_size`` (default ``DB_MAX_CONNECTIONS``) prepared connections."""
     size = settings.db_max_connections if max_size is None else max_size
-    pool: asyncpg.Pool = await asyncpg.create_pool(
-        settings.database_url,
-        min_size=min(min_size, size),
-        max_size=size,
-        server_settings=_server_settings(settings, application_name),
-        init=init_connection,
-        reset=_keep_session,
-    )
+    try:
+        pool: asyncpg.Pool = await asyncpg.create_pool(
+            settings.database_url,
+            min_size=min(min_size, size),
+            max_size=size,
+            server_settings=_server_settings(settings, application_name),
+            init=init_connection,
+            reset=_keep_session,
+        )
+    except _CONNECT_ERRORS as exc:
+        raise _unavailable(exc) from exc
     return pool
 
 
@@ -90,9 +111,12 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 async def connect(settings: Settings, *, application_name: str = "notifkit") -> asyncpg.Connection:
     """One connection set up like a pool's (search_path and codecs); the caller closes it."""
-    conn: asyncpg.Connection = await asyncpg.connect(
-        settings.database_url, server_settings=_server_settings(settings, application_name)
-    )
+    try:
+        conn: asyncpg.Connection = await asyncpg.connect(
+            settings.database_url, server_settings=_server_settings(settings, application_name)
+        )
+    except _CONNECT_ERRORS as exc:
+        raise _unavailable(exc) from exc
     try:
         await init_connection(conn)
     except BaseException:

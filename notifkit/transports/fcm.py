@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from notifkit.config import ConfigError
 from notifkit.transports.base import (
     METADATA_FIELD,
     HttpReply,
@@ -119,7 +120,21 @@ class ServiceAccount:
 
     @classmethod
     def load(cls, path: str) -> ServiceAccount:
-        info = json.loads(Path(path).read_text(encoding="utf-8"))
+        """Read a service-account JSON file; a file that cannot serve is a ConfigError naming
+        ``FCM_CREDENTIALS_FILE``."""
+        try:
+            info = json.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError("FCM_CREDENTIALS_FILE",
+                              f"cannot read {path!r}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise ConfigError("FCM_CREDENTIALS_FILE",
+                              f"{path!r} is not a JSON service-account file: {exc}") from None
+        if not isinstance(info, dict) or not all(
+            isinstance(info.get(field), str) for field in ("client_email", "private_key")
+        ):
+            raise ConfigError("FCM_CREDENTIALS_FILE",
+                              f"{path!r} has no client_email and private_key")
         return cls(info["client_email"], info["private_key"],
                    info.get("token_uri") or "https://oauth2.googleapis.com/token")
 

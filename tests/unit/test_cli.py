@@ -9,10 +9,16 @@ import sys
 import pytest
 
 import notifkit
+import notifkit.config
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("NOTIFKIT_", "REDIS"))}
+    full_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("NOTIFKIT_", "REDIS", "DATABASE", "DB_", "PORT"))}
+    # Nothing here may reach a shared server: a case that wrongly passes validation fails to
+    # connect instead of migrating someone's database.
+    full_env.update(REDIS_URL="redis://127.0.0.1:1/0", PORT="0",
+                    DATABASE_URL="postgresql://postgres@127.0.0.1:1/notifkit_cli_tests")
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "notifkit", *args],
@@ -33,6 +39,21 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         ("AUTO_MIGRATE", "perhaps"),
         ("PROVIDER_TIMEOUT_SECONDS", "-1"),
         ("PORT", "70000"),
+        # Values that used to pass validation and fail later, without naming the setting
+        ("RECLAIM_MIN_IDLE_SECONDS", "inf"),
+        ("RECLAIM_INTERVAL_SECONDS", "inf"),
+        ("PROVIDER_TIMEOUT_SECONDS", "inf"),
+        ("HEARTBEAT_INTERVAL_SECONDS", "inf"),
+        ("IDEMPOTENCY_TTL_SECONDS", "99999999999999999999"),
+        ("RECLAIM_MIN_IDLE_SECONDS", "1e300"),
+        ("SCHEDULER_POLL_INTERVAL_SECONDS", "1e300"),
+        ("QUEUE_MAX_LEN", "99999999999999999999"),
+        ("REDIS_URL", "redis://127.0.0.1:notaport/0"),
+        ("REDIS_URL", "redis://127.0.0.1:6379/abc"),
+        ("DATABASE_URL", "postgresql://postgres@127.0.0.1:notaport/test"),
+        ("SMTP_URL", "smtp://mail.example:abc"),
+        ("NOTIFKIT_PUBLIC_URL", "http://notifkit.example:99999"),
+        ("NOTIFKIT_SIMULATOR_SMTP", "127.0.0.1:99999"),
     ],
 )
 def test_invalid_configuration_exits_2_naming_the_variable(variable: str, value: str) -> None:
@@ -42,6 +63,28 @@ def test_invalid_configuration_exits_2_naming_the_variable(variable: str, value:
     assert len(lines) == 1, result.stderr
     assert variable in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_a_unix_socket_redis_url_is_accepted() -> None:
+    from notifkit.config import Settings
+
+    assert Settings(redis_url="unix:///run/redis.sock").redis_url == "unix:///run/redis.sock"
+
+
+def test_a_bad_argument_is_one_line_naming_the_option() -> None:
+    result = run_cli("serve", "--port", "abc")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "--port" in lines[0]
+
+
+def test_an_empty_services_flag_is_an_error_not_all() -> None:
+    result = run_cli("serve", "--services", "")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "--services" in lines[0]
 
 
 def test_unknown_service_flag_is_named() -> None:
@@ -77,3 +120,64 @@ def test_a_started_service_freezes_what_is_alive_and_collects_less_often() -> No
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_a_failed_migration_is_one_line_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib
+
+    from notifkit import __main__ as cli
+
+    migrate_module = importlib.import_module("notifkit.db.migrate")
+
+    async def failing_migrate(*_args: object, **_kwargs: object) -> list[str]:
+        raise migrate_module.MigrationError(
+            "migration 0005_workflow_paths failed in schema 'x' and was rolled back: boom")
+
+    monkeypatch.setattr(migrate_module, "migrate", failing_migrate)
+    monkeypatch.setattr(cli, "_install_event_loop", lambda: None)  # keep the test's loop policy
+    status = cli.main(["migrate"])
+    err = capsys.readouterr().err
+    assert status == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "DB_SCHEMA" in lines[0]
+    assert "0005_workflow_paths" in lines[0]
+
+
+@pytest.mark.parametrize("option", ["--sim-port", "--sim-smtp-port"])
+def test_a_dev_simulator_port_out_of_range_is_named(option: str) -> None:
+    result = run_cli("dev", option, "99999", "--data-dir", "/nonexistent/notifkit-cli-test")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert option in lines[0]
+
+
+def test_serve_options_work_without_the_serve_command() -> None:
+    # CONTRACT §1: `python -m notifkit` runs the services named by --services
+    from notifkit.__main__ import build_parser
+
+    bare = run_cli("--services", "api,bogus")
+    assert bare.returncode == 2
+    assert "--services" in bare.stderr
+    assert "bogus" in bare.stderr
+    assert "invalid choice" not in bare.stderr
+    assert build_parser().parse_args(["serve", "--services", "api"]).services == "api"
+
+
+def test_a_bare_services_flag_reaches_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from notifkit import __main__ as cli
+
+    seen: list[tuple[str, ...]] = []
+
+    async def fake_serve(settings: notifkit.config.Settings) -> int:
+        seen.append(settings.services)
+        return 0
+
+    monkeypatch.setattr(cli, "serve", fake_serve)
+    monkeypatch.setattr(cli, "setup_logging", lambda *_args: None)
+    monkeypatch.setattr(cli, "_install_event_loop", lambda: None)
+    assert cli.main(["--services", "engine,api", "--port", "0"]) == 0
+    assert seen == [("api", "engine")]

@@ -212,3 +212,45 @@ def test_fault_injection_is_off_by_default_and_names_are_checked() -> None:
     assert not settings.injects("drop_idempotency_key")
     with pytest.raises(ConfigError, match="NOTIFKIT_FAULT_INJECTION"):
         Settings.from_env({"NOTIFKIT_FAULT_INJECTION": "skip_reclaims"})
+
+
+def test_a_from_address_that_is_no_address_is_named() -> None:
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({"RESEND_API_KEY": "re_x", "EMAIL_FROM": "no-reply"})
+    assert raised.value.variable == "EMAIL_FROM"
+    named = Settings.from_env({"RESEND_API_KEY": "re_x", "EMAIL_FROM": "Acme <hi@acme.example>"})
+    assert named.email.from_addr == "Acme <hi@acme.example>"
+
+
+def test_a_slow_heartbeat_keeps_its_health_key_alive_between_beats() -> None:
+    # Given beats a minute apart, the health key must outlive the gap between two of them
+    slow = Settings.from_env({"HEARTBEAT_INTERVAL_SECONDS": "60"})
+    assert slow.heartbeat_ttl_s > 2 * slow.heartbeat_interval_s
+    assert Settings.from_env({"HEARTBEAT_INTERVAL_SECONDS": "1"}).heartbeat_ttl_s == 30
+    with pytest.raises(ConfigError) as raised:
+        Settings(heartbeat_interval_s=45.0)
+    assert raised.value.variable == "HEARTBEAT_INTERVAL_SECONDS"
+
+
+@pytest.mark.parametrize("transport", ["resend", "sendgrid"])
+def test_an_email_transport_named_without_its_key_uses_the_simulator(transport: str) -> None:
+    # Given only the simulator and the choice of provider
+    s = Settings.from_env({"NOTIFKIT_SIMULATOR_URL": "http://127.0.0.1:8025/",
+                           "EMAIL_TRANSPORT": transport})
+    # Then that provider talks to the simulator with the placeholder key
+    assert s.email.transport == transport
+    key = s.email.resend_api_key if transport == "resend" else s.email.sendgrid_api_key
+    base = s.email.resend_base_url if transport == "resend" else s.email.sendgrid_base_url
+    assert key == SIMULATOR_PLACEHOLDER_KEY
+    assert base == "http://127.0.0.1:8025"
+
+
+def test_smtp_named_without_a_url_uses_the_smtp_simulator() -> None:
+    s = Settings.from_env({"NOTIFKIT_SIMULATOR_SMTP": "127.0.0.1:2525", "EMAIL_TRANSPORT": "smtp"})
+    assert (s.email.transport, s.email.smtp_url) == ("smtp", "smtp://127.0.0.1:2525")
+
+
+def test_without_a_simulator_a_named_transport_still_needs_its_key() -> None:
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({"EMAIL_TRANSPORT": "sendgrid"})
+    assert raised.value.variable == "SENDGRID_API_KEY"

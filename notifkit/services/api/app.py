@@ -8,7 +8,6 @@ Redis client or a pool (the ``ApiService``) passes them in, and they are left op
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 from collections.abc import AsyncIterator, Callable, Iterable
 
@@ -37,6 +36,7 @@ from notifkit.services.api.state import (
     SETTINGS,
     SSE_HEARTBEAT_S,
 )
+from notifkit.tasks import cancel_and_wait
 
 SSE_HEARTBEAT_DEFAULT_S = 15.0
 MAX_LINE_BYTES = 64 * 1024
@@ -139,9 +139,9 @@ def _resources(
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            # The hub reads under a timeout, which can swallow a single cancellation: a plain
+            # ``await task`` then hung the API's shutdown (and a failed start) for good.
+            await cancel_and_wait(task)
             if own_db:
                 await pool.close()
             if own_redis:

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from aiohttp import web
 
-from notifkit.config import Settings
+from notifkit.config import ConfigError, Settings
 from notifkit.services.api.app import create_app
 from notifkit.services.base import Service
 
@@ -46,6 +46,12 @@ class ApiService(Service):
         site = web.TCPSite(runner, self.settings.host, self.settings.port)
         try:
             await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise ConfigError(
+                "PORT", f"cannot listen on {self.settings.host}:{self.settings.port} "
+                f"(HOST:PORT): {exc.strerror or exc}"
+            ) from exc
         except BaseException:
             await runner.cleanup()
             raise

@@ -1,0 +1,115 @@
+"""Start-up failures that only show against real servers: one line naming the setting, a
+non-zero exit, no traceback, and a SIGTERM during a slow start is obeyed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+
+def _env(redis_url: str, database_url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("NOTIFKIT_", "REDIS", "DATABASE", "DB_", "FCM_", "PORT"))}
+    env.update(REDIS_URL=redis_url, DATABASE_URL=database_url, LOG_FORMAT="text",
+               NOTIFKIT_NAMESPACE="cli-start-failures", DB_SCHEMA="cli_start_failures",
+               AUTO_MIGRATE="false", PORT="0")
+    env.update(extra)
+    return env
+
+
+def run_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "notifkit", *args], capture_output=True,
+                          text=True, env=env, timeout=60, check=False)
+
+
+def _with_database(database_url: str, name: str) -> str:
+    parts = urlsplit(database_url)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+def _one_line_naming(result: subprocess.CompletedProcess[str], variable: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines()
+              if "ERROR" in line or line.startswith("notifkit:")]
+    assert len(errors) == 1, result.stderr
+    assert variable in errors[0], result.stderr
+
+
+@pytest.mark.parametrize("command", ["migrate", "serve"])
+def test_an_unknown_database_is_named(command: str, redis_url: str, database_url: str) -> None:
+    url = _with_database(database_url, "notifkit_no_such_database")
+    result = run_cli(_env(redis_url, url, AUTO_MIGRATE="true",
+                          NOTIFKIT_SERVICES="engine"), command)
+    _one_line_naming(result, "DATABASE_URL")
+
+
+def test_bad_connection_options_are_named(redis_url: str, database_url: str) -> None:
+    result = run_cli(_env(redis_url, database_url + "?sslmode=bogus"), "migrate")
+    _one_line_naming(result, "DATABASE_URL")
+
+
+def test_a_missing_fcm_credentials_file_is_named(
+    redis_url: str, database_url: str, tmp_path: Path
+) -> None:
+    env = _env(redis_url, database_url, NOTIFKIT_SERVICES="delivery", FCM_PROJECT_ID="p",
+               FCM_CREDENTIALS_FILE=str(tmp_path / "missing.json"))
+    _one_line_naming(run_cli(env, "serve"), "FCM_CREDENTIALS_FILE")
+    (tmp_path / "bad.json").write_text("{}")
+    env["FCM_CREDENTIALS_FILE"] = str(tmp_path / "bad.json")
+    _one_line_naming(run_cli(env, "serve"), "FCM_CREDENTIALS_FILE")
+
+
+def test_a_port_in_use_is_named(redis_url: str, database_url: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = _env(redis_url, database_url, NOTIFKIT_SERVICES="api", HOST="127.0.0.1",
+                   PORT=str(port))
+        _one_line_naming(run_cli(env, "serve"), "PORT")
+
+
+def test_a_redis_refusing_the_database_index_is_named(
+    redis_url: str, database_url: str
+) -> None:
+    parts = urlsplit(redis_url)
+    env = _env(urlunsplit(parts._replace(path="/99999")), database_url,
+               NOTIFKIT_SERVICES="engine")
+    _one_line_naming(run_cli(env, "serve"), "REDIS_URL")
+
+
+def test_sigterm_during_a_hanging_start_stops_the_process(
+    redis_url: str, database_url: str
+) -> None:
+    # Given a PostgreSQL that accepts the connection and then never answers
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        url = f"postgresql://postgres@127.0.0.1:{port}/test"
+        process = subprocess.Popen(
+            [sys.executable, "-m", "notifkit", "serve"],
+            env=_env(redis_url, url, AUTO_MIGRATE="true", NOTIFKIT_SERVICES="engine"),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            time.sleep(3)  # the process is now waiting on PostgreSQL
+            assert process.poll() is None
+            # When it is told to stop
+            process.send_signal(signal.SIGTERM)
+            # Then it stops promptly, without a traceback
+            _, stderr = process.communicate(timeout=15)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert "Traceback" not in stderr, stderr
