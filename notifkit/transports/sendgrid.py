@@ -40,10 +40,12 @@ class SendgridTransport(HttpTransport):
         if name:
             sender["name"] = name
         content = []
-        if email.text is not None:
-            content.append({"type": "text/plain", "value": email.text or " "})
-        if email.html is not None:
+        if email.text:
+            content.append({"type": "text/plain", "value": email.text})
+        if email.html:
             content.append({"type": "text/html", "value": email.html})
+        if not content:  # SendGrid refuses an empty block and a message without one
+            content.append({"type": "text/plain", "value": " "})
         body: dict[str, Any] = {
             "personalizations": [{"to": [{"email": email.to}]}],
             "from": sender,

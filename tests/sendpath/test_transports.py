@@ -152,3 +152,24 @@ def test_fcm_invalid_argument_disables_a_token_only_when_it_is_about_the_token(
                                    "errorCode": "INVALID_ARGUMENT"}]}}
     reply = HttpReply(400, {}, json.dumps(body).encode())
     assert fcm_classify(reply).outcome is expected
+
+
+@pytest.mark.parametrize("content", [
+    {"subject": "s", "text": "t", "html": ""}, {"subject": "s", "text": "", "html": "<p>h</p>"},
+])
+async def test_sendgrid_leaves_out_empty_content_blocks(
+    sim: SimulatorServer, content: dict[str, str],
+) -> None:
+    # SendGrid answers 400 to a content block whose value is empty.
+    transport = SendgridTransport(api_key="SG.test", from_addr="n@example.com",
+                                  base_url=sim.base_url)
+    await transport.open(None)  # type: ignore[arg-type]
+    try:
+        result = await transport.send(Message(
+            task_id="t-empty", event_id="e", project_id="p", user_id="u", channel="email",
+            to="ada@example.com", content=content))
+    finally:
+        await transport.close()
+    assert result.outcome is Outcome.SENT, result.detail
+    [record] = await sim.messages("sendgrid")
+    assert record["taskId"] == "t-empty"
