@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 from redis.asyncio import Redis
+from redis.exceptions import RedisError, ResponseError
 
 from notifkit.config import Settings
 from notifkit.db.migrate import migrate
@@ -47,6 +48,8 @@ DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE = "postgresql://postgres@127.0.0.1:5432/test"
 
 SIM_MAX_MESSAGES = 100_000
+# The most unread entries counted per group when Redis cannot tell a group's lag.
+UNREAD_SCAN = 10_000
 SKIP_STATUSES = ("skipped", "suppressed", "throttled")
 
 
@@ -337,7 +340,10 @@ class System:
         calm = 0
         waiting: dict[str, int] = {}
         while time.monotonic() < deadline:
-            waiting = await self.backlog()
+            try:
+                waiting = await self.backlog()
+            except (RedisError, OSError) as exc:  # Redis coming back: not calm yet
+                waiting = {f"unreadable ({exc.__class__.__name__})": 1}
             if waiting:
                 calm = 0
                 self.say("draining: " + ", ".join(
@@ -612,12 +618,21 @@ async def stream_backlog(redis: Redis, keys: Keys) -> dict[str, int]:
             continue
         try:
             groups = await redis.xinfo_groups(stream)
-        except Exception:  # no such stream yet
-            continue
+        except ResponseError as exc:
+            if "no such key" in str(exc).lower():
+                continue  # no such stream yet
+            raise
         for group in groups:
             pending = int(group.get("pending") or 0)
             lag = group.get("lag")
-            unread = int(lag) if lag is not None else 0
+            if lag is None:
+                # Redis cannot tell the lag (after replaying its AOF, for one): count what lies
+                # past the group's last delivered entry instead of taking it for nothing.
+                past = await redis.xrange(
+                    stream, f"({_text(group['last-delivered-id'])}", "+", count=UNREAD_SCAN)
+                unread = len(past or ())
+            else:
+                unread = int(lag)
             if pending or unread:
                 waiting[f"{stream}/{_text(group['name'])}"] = pending + unread
     return waiting
