@@ -318,7 +318,9 @@ def _read_env(env: Mapping[str, str]) -> dict[str, Any]:
     put("shutdown_grace_s", _float(env, "SHUTDOWN_GRACE_SECONDS", 0.0))
     put("simulator_url", _get(env, "NOTIFKIT_SIMULATOR_URL"))
     put("simulator_smtp", _get(env, "NOTIFKIT_SIMULATOR_SMTP"))
-    put("log_format", _get(env, "LOG_FORMAT"))
+    log_format = _get(env, "LOG_FORMAT")
+    if log_format is not None:
+        values["log_format"] = log_format.lower()  # as LOG_LEVEL, whatever the case
     put("log_level", _get(env, "LOG_LEVEL"))
     rates = _get(env, "PROVIDER_RATE_LIMITS")
     if rates is not None:

@@ -132,6 +132,9 @@ async def test_a_trigger_with_an_idempotency_key_starts_one_instance(
                            json={"userId": "u1"}, headers=headers)
     assert first.body == again.body
     assert again.headers["x-idempotent-replay"] == "true"
+    without_user = await api.call("POST", "/v1/workflows/onboarding/trigger", key=project.send,
+                                  json={"data": {}}, headers=headers)
+    assert (without_user.status, without_user.body) == (202, first.body)
     assert await redis.xlen(Keys(api.settings.namespace).workflow_inbound) == 1
 
 

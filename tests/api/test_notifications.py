@@ -188,6 +188,30 @@ async def test_a_reused_key_gets_the_first_response_whatever_the_body(
     assert too_long.fields == ["x-idempotency-key"]
 
 
+async def test_a_reused_key_replays_even_when_the_body_no_longer_validates(
+    api: Api, project: Project, template: str, redis: Redis
+) -> None:
+    """The replay is looked up before the body is read: a retry whose body lost a field, or
+    no longer parses, still gets the first response rather than a 400."""
+    headers = {"x-idempotency-key": "rebuilt"}
+    first = await api.call("POST", "/v1/notifications", key=project.send,
+                           json={"to": "u1", "template": template}, headers=headers)
+    assert first.status == 202
+    invalid = await api.call("POST", "/v1/notifications", key=project.send,
+                             json={"template": "missing"}, headers=headers)
+    assert (invalid.status, invalid.body) == (202, first.body)
+    assert invalid.headers.get("x-idempotent-replay") == "true"
+    garbled = await api.call("POST", "/v1/notifications", key=project.send,
+                             data=b"{not json", headers={**headers,
+                                                         "content-type": "application/json"})
+    assert (garbled.status, garbled.body) == (202, first.body)
+    assert await redis.xlen(Keys(api.settings.namespace).inbound("normal")) == 1
+    # Without a stored response the body is still checked as usual.
+    fresh = await api.call("POST", "/v1/notifications", key=project.send,
+                           json={"template": "missing"}, headers={"x-idempotency-key": "new"})
+    assert fresh.status == 400
+
+
 async def test_a_failed_send_releases_its_idempotency_key(
     api: Api, project: Project, template: str, redis: Redis
 ) -> None:

@@ -254,3 +254,9 @@ def test_without_a_simulator_a_named_transport_still_needs_its_key() -> None:
     with pytest.raises(ConfigError) as raised:
         Settings.from_env({"EMAIL_TRANSPORT": "sendgrid"})
     assert raised.value.variable == "SENDGRID_API_KEY"
+
+
+def test_log_format_and_level_take_any_case() -> None:
+    settings = Settings.from_env({"LOG_FORMAT": "TEXT", "LOG_LEVEL": "warning"})
+    assert settings.log_format == "text"
+    assert settings.log_level.upper() == "WARNING"

@@ -24,7 +24,8 @@ from aiohttp import web
 from redis.asyncio import Redis
 
 from notifkit import codec
-from notifkit.services.api.errors import ApiError, invalid_field
+from notifkit.services.api.errors import ApiError, invalid_field, json_response
+from notifkit.services.api.state import KEYS, REDIS
 
 log = logging.getLogger("notifkit.api")
 
@@ -56,6 +57,21 @@ def fingerprint(route: str, body: Any) -> str:
     canonical = json.dumps([route, body], sort_keys=True, separators=(",", ":"),
                            ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+async def replay_earlier(request: web.Request, project: str, key: str | None,
+                         route: str) -> web.Response | None:
+    """The first response to ``key`` on ``route`` if one is stored. Looked up before the body
+    is read or checked, so a retry whose body no longer parses or validates still gets it."""
+    if key is None:
+        return None
+    raw = await request.app[REDIS].get(request.app[KEYS].api_idempotency(project, key))
+    if raw is None:
+        return None
+    record = codec.loads(raw)
+    if record.get("state") != "done" or record.get("route") != route:
+        return None  # in progress or another route: claim() waits or answers the 409
+    return json_response(record["body"], int(record["status"]), {REPLAY_HEADER: "true"})
 
 
 class IdempotencyKey:

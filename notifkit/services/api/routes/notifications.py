@@ -25,6 +25,7 @@ from notifkit.services.api.idempotency import (
     REPLAY_HEADER,
     IdempotencyKey,
     header_key,
+    replay_earlier,
 )
 from notifkit.services.api.middleware import project_id
 from notifkit.services.api.routing import CURSOR, LIMIT, SEND, Operations, Param, Reply
@@ -59,6 +60,7 @@ IDEMPOTENCY_PARAM = Param(
     "Replays the first response (same id, header x-idempotent-replay: true) for 24 h; "
     "nothing is enqueued again.",
 )
+_SEND_ROUTE = "POST /v1/notifications"
 REPLAY_REPLY_HEADERS = {REPLAY_HEADER: {"type": "string", "enum": ["true"]}}
 
 
@@ -70,6 +72,8 @@ REPLAY_REPLY_HEADERS = {REPLAY_HEADER: {"type": "string", "enum": ["true"]}}
 async def send_notification(request: web.Request) -> web.Response:
     project = project_id(request)
     key = header_key(request)
+    if (earlier := await replay_earlier(request, project, key, _SEND_ROUTE)) is not None:
+        return earlier
     body = await read_json(request)
     message = await _validate(request, project, body)
     if key is None:
@@ -78,7 +82,7 @@ async def send_notification(request: web.Request) -> web.Response:
     app = request.app
     idem = IdempotencyKey(
         app[REDIS], app[KEYS].api_idempotency(project, key),
-        "POST /v1/notifications", body, app[SETTINGS].caller_idempotency_ttl_s,
+        _SEND_ROUTE, body, app[SETTINGS].caller_idempotency_ttl_s,
     )
     replay = await idem.claim()
     if replay is not None:

@@ -23,6 +23,7 @@ from notifkit.services.api.idempotency import (
     REPLAY_HEADER,
     IdempotencyKey,
     header_key,
+    replay_earlier,
 )
 from notifkit.services.api.middleware import project_id
 from notifkit.services.api.routes.notifications import IDEMPOTENCY_PARAM, REPLAY_REPLY_HEADERS
@@ -112,6 +113,10 @@ async def trigger_workflow(request: web.Request) -> web.Response:
     project = project_id(request)
     workflow_id = lookup_id(request, "workflowId", "workflow")
     key = header_key(request)
+    route = f"POST /v1/workflows/{workflow_id}/trigger"
+    if (earlier := await replay_earlier(request, project, key, route)) is not None:
+        return earlier
+    app = request.app
     body = await read_json(request)
     fields = Fields(body)
     fields.only(("userId", "data"))
@@ -119,7 +124,6 @@ async def trigger_workflow(request: web.Request) -> web.Response:
     data = fields.obj("data", nullable=True) or {}
     fields.raise_if_invalid()
     assert user_id is not None
-    app = request.app
     steps = await app[DB].fetchval(
         "SELECT steps FROM workflow_definitions WHERE project_id = $1 AND id = $2",
         project, workflow_id,
@@ -130,8 +134,7 @@ async def trigger_workflow(request: web.Request) -> web.Response:
         instance_id, _ = await _start(request, project, workflow_id, user_id, data, steps, None)
         return json_response({"instanceId": instance_id}, 202)
     idem = IdempotencyKey(
-        app[REDIS], app[KEYS].api_idempotency(project, key),
-        f"POST /v1/workflows/{workflow_id}/trigger", body,
+        app[REDIS], app[KEYS].api_idempotency(project, key), route, body,
         app[SETTINGS].caller_idempotency_ttl_s,
     )
     replay = await idem.claim()
