@@ -1,8 +1,9 @@
 """Load generators: closed-loop (saturation) and paced open-loop (fixed offered rate).
 
-Both share one ``aiohttp`` session with kept-alive connections and send pre-encoded bodies, so
-the generator spends as little as it can of the two cores it shares with the system under test.
-No idempotency key is sent: the API's idempotency path is a separate feature, not the send path.
+Both share one lean client (:mod:`benchmarks.rawhttp`) with kept-alive connections and send
+pre-encoded bodies, so the generator spends as little as it can of the two cores it shares with
+the system under test. No idempotency key is sent: the API's idempotency path is a separate
+feature, not the send path.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import aiohttp
+from yarl import URL
 
+from benchmarks.rawhttp import HttpError, RawHttpClient
 from benchmarks.system import TEMPLATE, user_id
 from notifkit import codec
 
@@ -41,23 +43,21 @@ class LoadResult:
 class LoadGenerator:
     def __init__(self, api_url: str, api_key: str, users: int, recipients: int = 1) -> None:
         """``recipients`` > 1: each request names that many users (``to`` as a list)."""
-        self.url = f"{api_url}/v1/notifications"
+        url = URL(api_url)
+        assert url.host is not None
+        assert url.port is not None
         self.recipients = recipients
-        self.headers = {"Authorization": f"Bearer {api_key}",
-                        "Content-Type": "application/json"}
         self.users = users
         self._seq = 0
-        self._session: aiohttp.ClientSession | None = None
+        self._client = RawHttpClient(
+            url.host, url.port, "/v1/notifications",
+            {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"})
 
     async def __aenter__(self) -> LoadGenerator:
-        connector = aiohttp.TCPConnector(limit=MAX_OUTSTANDING, keepalive_timeout=60)
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=60))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._session is not None:
-            await self._session.close()
+        self._client.close()
 
     def _next(self) -> tuple[str, bytes]:
         self._seq += 1
@@ -72,17 +72,16 @@ class LoadGenerator:
         return user, body
 
     async def _post(self, result: LoadResult) -> None:
-        assert self._session is not None
         user, body = self._next()
         try:
-            async with self._session.post(self.url, data=body, headers=self.headers) as resp:
-                raw = await resp.read()
-                if resp.status == 202:
-                    result.accepted.append((codec.loads(raw)["id"], user, time.time()))
-                else:
-                    result.rejected += 1
-        except (aiohttp.ClientError, TimeoutError, OSError):
+            status, raw = await self._client.post(body)
+        except (HttpError, OSError):
             result.errors += 1
+            return
+        if status == 202:
+            result.accepted.append((codec.loads(raw)["id"], user, time.time()))
+        else:
+            result.rejected += 1
 
     async def closed_loop(self, duration_s: float, concurrency: int,
                           tick: Callable[[LoadResult], None] | None = None,

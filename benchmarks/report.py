@@ -125,7 +125,7 @@ def markdown(results: dict[str, Any]) -> str:
                 ratio = f"{best / per_s:.2f}×" if best and per_s else "–"
                 batched = f"{best_batched / per_s:.2f}×" if best_batched and per_s else "–"
                 lines.append(f"| {label} | {_n(per_s)} | {ratio} | {batched} |")
-    lines += ["", "Notes: the load generator (one aiohttp session, kept-alive connections, "
+    lines += ["", "Notes: the load generator (a lean HTTP/1.1 client on kept-alive connections, "
               "pre-encoded bodies, no idempotency keys) runs on the same cores as everything it "
               "measures. Latency is from the API's accept (the time inside the notification's "
               "UUIDv7 id) to the simulator's receipt; percentiles are of the notifications "
