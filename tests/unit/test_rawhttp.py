@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 from aiohttp import web
@@ -14,6 +15,19 @@ except ImportError:  # uvloop is optional
     uvloop = None  # type: ignore[assignment]
 
 from benchmarks.rawhttp import HttpError, RawHttpClient
+
+
+@asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[int]:
+    """``app`` on a free local port, yielded."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
 
 
 @pytest.fixture
@@ -38,13 +52,8 @@ async def server() -> AsyncIterator[tuple[int, list[tuple[str, bytes, str]]]]:
 
     app = web.Application()
     app.router.add_post("/v1/notifications", echo)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield port, seen
-    await runner.cleanup()
+    async with serving(app) as port:
+        yield port, seen
 
 
 async def test_posts_are_framed_and_connections_reused(
@@ -95,16 +104,11 @@ def test_works_on_uvloop_as_the_benchmark_runs_it() -> None:
             return web.json_response({"ok": True}, status=202)
         app = web.Application()
         app.router.add_post("/p", ok)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        client = RawHttpClient("127.0.0.1", port, "/p", {})
-        try:
-            assert await client.post(b"{}") == (202, b'{"ok": true}')
-        finally:
-            client.close()
-            await runner.cleanup()
+        async with serving(app) as port:
+            client = RawHttpClient("127.0.0.1", port, "/p", {})
+            try:
+                assert await client.post(b"{}") == (202, b'{"ok": true}')
+            finally:
+                client.close()
 
     uvloop.run(scenario())
