@@ -609,6 +609,18 @@ async def remove_run_data(db: asyncpg.Pool | None, redis: Redis, schema: str,
     await redis.aclose()
 
 
+async def group_unread(redis: Redis, stream: str, group: dict[str, Any]) -> int:
+    """Entries of ``stream`` its consumer group (an XINFO GROUPS row) has not read yet."""
+    lag = group.get("lag")
+    if lag is not None:
+        return int(lag)
+    # Redis cannot tell the lag (after replaying its AOF, for one): count what lies past the
+    # group's last delivered entry instead of taking it for nothing.
+    past = await redis.xrange(
+        stream, f"({_text(group['last-delivered-id'])}", "+", count=UNREAD_SCAN)
+    return len(past or ())
+
+
 async def stream_backlog(redis: Redis, keys: Keys) -> dict[str, int]:
     """Entries each group of each stream (but the DLQ) has not acked yet, read or unread,
     keyed ``{stream}/{group}``; groups with nothing waiting are left out."""
@@ -624,15 +636,7 @@ async def stream_backlog(redis: Redis, keys: Keys) -> dict[str, int]:
             raise
         for group in groups:
             pending = int(group.get("pending") or 0)
-            lag = group.get("lag")
-            if lag is None:
-                # Redis cannot tell the lag (after replaying its AOF, for one): count what lies
-                # past the group's last delivered entry instead of taking it for nothing.
-                past = await redis.xrange(
-                    stream, f"({_text(group['last-delivered-id'])}", "+", count=UNREAD_SCAN)
-                unread = len(past or ())
-            else:
-                unread = int(lag)
+            unread = await group_unread(redis, stream, group)
             if pending or unread:
                 waiting[f"{stream}/{_text(group['name'])}"] = pending + unread
     return waiting
