@@ -53,8 +53,8 @@ async def test_a_cancelled_call_closes_its_connection_instead_of_reusing_it(
     await redis.xgroup_create(stream, "g", id="$", mkstream=True)
     blocked = asyncio.create_task(pipe(redis).command(
         "XREADGROUP", "GROUP", "g", "c", "BLOCK", 5000, "STREAMS", stream, ">").execute())
-    for _ in range(200):  # until Redis shows the read blocked
-        if any(c.get("cmd") == "xreadgroup" for c in await redis.client_list()):
+    for _ in range(200):  # until Redis shows this read blocked (other clients may block too)
+        if await _blocked_here(redis):
             break
         await asyncio.sleep(0.01)
     else:
@@ -67,6 +67,40 @@ async def test_a_cancelled_call_closes_its_connection_instead_of_reusing_it(
     await redis.xadd(stream, {b"data": b"{}"})
     assert await pipe(redis).command("PING").execute() in ([b"PONG"], ["PONG"])
     assert await redis.xlen(stream) == 1
+
+
+async def _blocked_here(redis: Redis) -> bool:
+    """Whether one of this client's own connections is blocked in an XREADGROUP."""
+    ports = set()
+    for conn in redis.connection_pool._in_use_connections:
+        writer = getattr(conn, "_writer", None)
+        if writer is not None:
+            ports.add(writer.get_extra_info("sockname")[1])
+    return any(c.get("cmd") == "xreadgroup" and int(c["addr"].rpartition(":")[2]) in ports
+               for c in await redis.client_list())
+
+
+async def test_a_call_cancelled_while_it_connects_is_cancelled(
+        redis: Redis, redis_url: str, keys: Keys) -> None:
+    """Cancelled at every point of opening its connection (one event-loop step further each
+    time), a blocking read ends at once: the cancel is never swallowed, as Python 3.11's
+    wait_for inside redis-py's connect would, leaving the read blocked for its BLOCK time."""
+    stream = keys.inbound("low")
+    await redis.xgroup_create(stream, "g", id="$", mkstream=True)
+    for steps in range(30):
+        client = Redis.from_url(redis_url)  # a new pool: the read opens its connection
+        try:
+            read = asyncio.create_task(pipe(client).command(
+                "XREADGROUP", "GROUP", "g", "c", "BLOCK", 3000, "STREAMS", stream, ">"
+            ).execute())
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            read.cancel()
+            done, _ = await asyncio.wait({read}, timeout=1.0)
+            assert read in done, f"cancelled {steps} steps in, the read went on"
+            assert read.cancelled()
+        finally:
+            await client.aclose()
 
 
 async def test_a_connection_killed_while_idle_is_replaced_once(redis: Redis,
