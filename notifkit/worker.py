@@ -592,7 +592,7 @@ class StreamWorker:
                 "service": self.service,
                 "payload": payload,
                 "error": _describe(entry.error),
-                "attempts": entry.attempt,
+                "attempts": attempts_made(entry),
                 "failedAt": now,
                 "projectId": payload.get("projectId"),
                 "replayOf": entry.owner,
@@ -606,7 +606,7 @@ class StreamWorker:
             self.stats.dead_lettered += 1
             metrics.DEAD_LETTERED.labels(self.service, entry.stream).inc()
             log.error("Moved to the dead-letter queue after %d attempts; replay it with "
-                      "POST /v1/dlq/{id}/replay once the cause is fixed.", entry.attempt,
+                      "POST /v1/dlq/{id}/replay once the cause is fixed.", attempts_made(entry),
                       extra=_ids(self.service, entry))
 
     async def _settle(self, outputs: Sequence[tuple[str, Mapping[str, Any]]],
@@ -669,9 +669,19 @@ def failed_event(entry: Entry, record: Mapping[str, Any]) -> dict[str, Any]:
         "stream": entry.stream,
         "entryId": entry.id,
         "error": record["error"],
-        "attempts": entry.attempt,
+        "attempts": record["attempts"],
         "at": record["failedAt"],
     }
+
+
+def attempts_made(entry: Entry) -> int:
+    """The attempts the work has had: this entry's, plus those of the earlier entries it was
+    parked from (``priorAttempts``, carried by delivery and AI tasks across a 429), so the DLQ
+    says 3 for a task refused three times, not 1 for its last entry."""
+    prior = entry.payload.get("priorAttempts")
+    if isinstance(prior, int) and not isinstance(prior, bool) and prior > 0:
+        return prior + entry.attempt
+    return entry.attempt
 
 
 def _describe(error: BaseException | None) -> str:

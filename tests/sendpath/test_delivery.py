@@ -445,6 +445,11 @@ async def test_a_task_still_rate_limited_at_the_attempt_limit_is_dead_lettered(
     assert (await sim.stats())["twilio"]["requests"] == 3
     [dead] = await entries(redis, keys.dlq)
     assert dead["error"].startswith("AttemptsExhausted: still rate limited after 3 attempts")
+    # The record counts the task's attempts, not those of its last (parked) entry alone
+    assert dead["attempts"] == 3
+    [failed] = [e for e in await entries(redis, keys.events_inbound)
+                if e["type"] == "notification:failed" and "stream" in e]
+    assert failed["attempts"] == 3
     assert kinds(await timeline(db, event_id), "sms") == [
         ("queued", "processing", 0), ("deferred", "scheduled", 1), ("deferred", "scheduled", 2),
         ("dead_lettered", "dead_lettered", 3)]

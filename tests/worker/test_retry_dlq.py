@@ -105,6 +105,23 @@ async def test_a_permanent_failure_is_dead_lettered_after_one_attempt(
     assert await redis.hexists(keys.attempts(worker.group, entry_id), stream) == 0
 
 
+async def test_the_dlq_counts_the_attempts_an_entry_carries_from_its_parked_predecessors(
+    make_worker: WorkerFactory, keys: Keys, add: Add, payloads: Payloads,
+) -> None:
+    # Given a task parked twice already (each park an attempt), failing for good on this entry
+    processor = AlwaysFails(PermanentFailure("still rate limited"))
+    worker = make_worker(processor, service="delivery")
+    await add(keys.enriched("normal"), {"eventId": "ev-3", "priorAttempts": 2})
+
+    await worker.run_until_idle()
+
+    # Then the record and the event say three attempts, as the task had
+    [dead] = await payloads(keys.dlq)
+    assert dead["attempts"] == 3
+    [failed] = await payloads(keys.events_inbound)
+    assert failed["attempts"] == 3
+
+
 async def test_one_failing_entry_does_not_fail_its_batch_neighbours(
     make_worker: WorkerFactory, keys: Keys, add: Add, pending: Pending, payloads: Payloads,
 ) -> None:
