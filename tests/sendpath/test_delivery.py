@@ -258,6 +258,49 @@ async def test_an_address_suppressed_while_its_task_waited_is_not_sent_to(
     assert await db.fetchval("SELECT bool_and(enabled) FROM user_contacts") is True
 
 
+async def test_a_scheduled_send_to_a_user_or_contact_erased_meanwhile_is_not_sent(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    # Given sends an hour away: to a user with an address and a phone, and to one whose push
+    # device goes away while the other stays
+    await add_user(db, project, "erased", contacts=[("email", "erased@example.com"),
+                                                    ("sms", "+15550000009")])
+    await add_user(db, project, "kept", contacts=[("push", "device-gone"),
+                                                  ("push", "device-kept")])
+    await add_template(db, project, "t", {"email": EMAIL, "sms": SMS, "push": PUSH,
+                                          "inapp": {"text": "Paid"}})
+    clock = Clock()
+    pipeline = (*await stages(services, sim_settings),
+                await services(SchedulerService, sim_settings, clock=clock))
+    send_at = datetime.fromtimestamp(time.time() + 3600, UTC)
+    event_id = await send(redis, keys, db, project, "t", ["erased", "kept"],
+                          data={"amount": "1"},
+                          send_at=send_at.isoformat().replace("+00:00", "Z"))
+    await drain(*pipeline)
+
+    # When the first user is erased (DELETE /v1/users/{id} cascades to the contacts) and the
+    # second one's device is removed before the send time
+    await db.execute("DELETE FROM users WHERE project_id = $1 AND id = 'erased'", project)
+    await db.execute("DELETE FROM user_contacts WHERE project_id = $1 AND target = 'device-gone'",
+                     project)
+    clock.now_ms = int(send_at.timestamp() * 1000) + 1
+    await drain(*pipeline)
+
+    # Then nothing reaches the erased user, and only the remaining device gets the push
+    assert await sim.messages("resend") == []
+    assert await sim.messages("twilio") == []
+    assert [m["to"] for m in await sim.messages("fcm")] == ["device-kept"]
+    assert await db.fetchval("SELECT count(*) FROM inapp_messages WHERE user_id = 'erased'") == 0
+    rows = await timeline(db, event_id)
+    erased = {r["channel"]: (r["kind"], r["status"]) for r in rows
+              if r["user_id"] == "erased" and r["kind"] != "scheduled"}
+    assert erased == {c: ("skipped", "skipped") for c in ("email", "sms", "push", "inapp")}
+    assert ("sent", "sent") in {(r["kind"], r["status"]) for r in rows
+                                if r["user_id"] == "kept" and r["channel"] == "push"}
+    assert await entries(redis, keys.dlq) == []
+
+
 async def test_an_invalid_address_without_fallback_fails_without_retry(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
     sim: SimulatorServer, sim_settings: Settings,

@@ -143,7 +143,7 @@ class DeliveryService(WorkerService):
                            else Verdict(Action.DEAD, verdict.reason))
             for a in answers:
                 outcome = a.result.outcome
-                if outcome is Outcome.INVALID_RECIPIENT and not a.suppressed \
+                if outcome is Outcome.INVALID_RECIPIENT and not (a.suppressed or a.removed) \
                         and not self.settings.injects("keep_invalid_contacts"):  # test fault
                     disabled.append((task["projectId"], task["channel"], a.destination,
                                      "invalid_recipient"))
@@ -203,6 +203,11 @@ class DeliveryService(WorkerService):
                     Outcome.INVALID_RECIPIENT,
                     detail="address suppressed after the task was queued; not sent"),
                     suppressed=True)
+            if before is not None and before.blocked == outbox.REMOVED:
+                return Attempted(destination, SendResult(
+                    Outcome.INVALID_RECIPIENT,
+                    detail="no contact: it was removed after the task was queued; not sent"),
+                    removed=True)
             if before is not None and before.blocked == outbox.DISABLED:
                 # A provider called it invalid (maybe this task's earlier attempt, for
                 # another of its devices): never retried on that address.
@@ -309,8 +314,13 @@ class DeliveryService(WorkerService):
             log.info("Not sent: the address was suppressed after the task was queued.",
                      extra=ids)
             return
-        invalid = any(a.result.outcome is Outcome.INVALID_RECIPIENT and not a.suppressed
-                      for a in answers)
+        if action is Action.SKIPPED:
+            logs.append(_row(task, attempt, Kind.SKIPPED, Status.SKIPPED, verdict.reason,
+                             provider))
+            log.info("Not sent: the contact was removed after the task was queued.", extra=ids)
+            return
+        invalid = any(a.result.outcome is Outcome.INVALID_RECIPIENT
+                      and not (a.suppressed or a.removed) for a in answers)
         if invalid:
             log.warning("The provider rejected the %s address; the contact is disabled and "
                         "never used again.", task["channel"], extra=ids)
