@@ -674,6 +674,17 @@ def failed_event(entry: Entry, record: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+# Set by a DLQ replay: the attempts the work had before it was replayed. The replay's own
+# attempts count afresh against the limit; this only numbers them after the earlier ones.
+REPLAYED_ATTEMPTS = "_replayedAttempts"
+
+
+def attempts_before(payload: Mapping[str, Any]) -> int:
+    """Attempts made before the last DLQ replay of this work (0 if never replayed)."""
+    value = payload.get(REPLAYED_ATTEMPTS)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def attempts_made(entry: Entry) -> int:
     """The attempts the work has had: this entry's, plus those of the earlier entries it was
     parked from (``priorAttempts``, carried by delivery and AI tasks across a 429), so the DLQ

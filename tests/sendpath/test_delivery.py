@@ -409,6 +409,46 @@ async def test_a_provider_that_keeps_failing_dead_letters_the_task_after_the_att
     assert "notification:failed" in [e["type"] for e in await entries(redis, keys.events_inbound)]
 
 
+async def test_a_replayed_task_that_fails_again_shows_its_new_attempts(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    # Given a task dead-lettered after three 503s
+    await add_user(db, project, "u1", contacts=[("sms", "+15550000001")])
+    await add_template(db, project, "t", {"sms": SMS})
+    await sim.add_fault("error", "twilio", status=503)
+    pipeline = await stages(services, sim_settings)
+    event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(*pipeline)
+    [(dlq_id, fields)] = await xrange(redis, keys.dlq)
+    record = json.loads(fields[b"data"])
+
+    # When it is replayed (as POST /v1/dlq/{id}/replay writes it) and fails three times more
+    replayed = {k: v for k, v in record["payload"].items()
+                if k not in ("priorAttempts", "parkCount")}
+    replayed.update(_replayOf=record["replayOf"], _replayedAttempts=record["attempts"])
+    await redis.xdel(keys.dlq, dlq_id)
+    await redis.xadd(record["stream"], {"data": json.dumps(replayed)})
+    await drain(*pipeline)
+
+    # Then the timeline shows the second round after the first, not nothing new
+    assert kinds(await timeline(db, event_id), "sms") == [
+        ("queued", "processing", 0),
+        ("failed", "processing", 1), ("failed", "processing", 2),
+        ("dead_lettered", "dead_lettered", 3),
+        ("failed", "processing", 4), ("failed", "processing", 5),
+        ("dead_lettered", "dead_lettered", 6)]
+    [again] = await entries(redis, keys.dlq)
+    assert again["attempts"] == 3  # the replay had the full limit again
+
+    # And a replay once the provider is fixed is sent, as attempt 7
+    await sim.clear_faults()
+    replayed["_replayedAttempts"] = 6
+    await redis.xadd(record["stream"], {"data": json.dumps(replayed)})
+    await drain(*pipeline)
+    assert kinds(await timeline(db, event_id), "sms")[-1] == ("sent", "sent", 7)
+
+
 async def test_a_rejected_request_is_dead_lettered_at_once(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
     sim: SimulatorServer, sim_settings: Settings,
