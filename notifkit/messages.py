@@ -323,9 +323,10 @@ def parse_outbound(payload: dict[str, Any]) -> OutboundTask:
 
 def outbound_from_ai(task: AiTask, content: dict[str, Any]) -> OutboundTask:
     """The outbound task of an AI task once its content is written."""
-    # The AI stage's own attempts (priorAttempts, parkCount) are not delivery's.
+    # The AI stage's own attempts (priorAttempts, parkCount, and those before a DLQ replay
+    # of the AI task) are not delivery's.
     out = {k: v for k, v in task.items()
-           if k not in ("ai", "context", "priorAttempts", "parkCount")}
+           if k not in ("ai", "context", "priorAttempts", "parkCount", "_replayedAttempts")}
     out["content"] = content
     return out  # type: ignore[return-value]
 

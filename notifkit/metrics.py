@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+# ``channel`` is the entry's channel (email, sms, ...) where it has one, else "".
 PROCESSED = Counter(
-    "notifkit_processed_total", "Stream entries processed and acked.", ["service", "stream"]
+    "notifkit_processed_total", "Stream entries processed and acked.",
+    ["service", "stream", "channel"],
 )
 FAILED = Counter(
     "notifkit_failed_total", "Failed processing attempts (left pending for reclaim).",
-    ["service", "stream"],
+    ["service", "stream", "channel"],
 )
 DEAD_LETTERED = Counter(
-    "notifkit_dead_lettered_total", "Entries moved to the DLQ.", ["service", "stream"]
+    "notifkit_dead_lettered_total", "Entries moved to the DLQ.",
+    ["service", "stream", "channel"],
 )
 MALFORMED = Counter(
     "notifkit_malformed_total", "Unparseable entries acked at once.", ["service", "stream"]

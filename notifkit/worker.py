@@ -36,6 +36,7 @@ from notifkit import codec, metrics
 from notifkit.config import Settings
 from notifkit.errors import MalformedPayload, PermanentFailure
 from notifkit.keys import Keys
+from notifkit.messages import CHANNELS
 from notifkit.redis_pipe import pipe
 from notifkit.streams import DATA_FIELD, as_str, decode, encode, ensure_group
 
@@ -552,17 +553,18 @@ class StreamWorker:
     async def _commit(self, done: list[Entry]) -> None:
         await self._settle([out for entry in done for out in entry.emits], done)
         self.stats.processed += len(done)
-        per_stream: dict[str, int] = {}
+        counts: dict[tuple[str, str], int] = {}
         for entry in done:
-            per_stream[entry.stream] = per_stream.get(entry.stream, 0) + 1
-        for stream, count in per_stream.items():
-            metrics.PROCESSED.labels(self.service, stream).inc(count)
+            labels = (entry.stream, _channel(entry))
+            counts[labels] = counts.get(labels, 0) + 1
+        for (stream, channel), count in counts.items():
+            metrics.PROCESSED.labels(self.service, stream, channel).inc(count)
 
     async def _handle_failures(self, failed: list[Entry]) -> None:
         last: list[Entry] = []
         for entry in failed:
             self.stats.failed += 1
-            metrics.FAILED.labels(self.service, entry.stream).inc()
+            metrics.FAILED.labels(self.service, entry.stream, _channel(entry)).inc()
             permanent = isinstance(entry.error, PermanentFailure)
             final = permanent or entry.attempt >= self.max_attempts
             log.warning(
@@ -592,7 +594,7 @@ class StreamWorker:
                 "service": self.service,
                 "payload": payload,
                 "error": _describe(entry.error),
-                "attempts": entry.attempt,
+                "attempts": attempts_made(entry),
                 "failedAt": now,
                 "projectId": payload.get("projectId"),
                 "replayOf": entry.owner,
@@ -604,9 +606,9 @@ class StreamWorker:
         await self._settle(outputs, entries)
         for entry in entries:
             self.stats.dead_lettered += 1
-            metrics.DEAD_LETTERED.labels(self.service, entry.stream).inc()
+            metrics.DEAD_LETTERED.labels(self.service, entry.stream, _channel(entry)).inc()
             log.error("Moved to the dead-letter queue after %d attempts; replay it with "
-                      "POST /v1/dlq/{id}/replay once the cause is fixed.", entry.attempt,
+                      "POST /v1/dlq/{id}/replay once the cause is fixed.", attempts_made(entry),
                       extra=_ids(self.service, entry))
 
     async def _settle(self, outputs: Sequence[tuple[str, Mapping[str, Any]]],
@@ -669,9 +671,36 @@ def failed_event(entry: Entry, record: Mapping[str, Any]) -> dict[str, Any]:
         "stream": entry.stream,
         "entryId": entry.id,
         "error": record["error"],
-        "attempts": entry.attempt,
+        "attempts": record["attempts"],
         "at": record["failedAt"],
     }
+
+
+# Set by a DLQ replay: the attempts the work had before it was replayed. The replay's own
+# attempts count afresh against the limit; this only numbers them after the earlier ones.
+REPLAYED_ATTEMPTS = "_replayedAttempts"
+
+
+def attempts_before(payload: Mapping[str, Any]) -> int:
+    """Attempts made before the last DLQ replay of this work (0 if never replayed)."""
+    value = payload.get(REPLAYED_ATTEMPTS)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def attempts_made(entry: Entry) -> int:
+    """The attempts the work has had: this entry's, plus those of the earlier entries it was
+    parked from (``priorAttempts``, carried by delivery and AI tasks across a 429), so the DLQ
+    says 3 for a task refused three times, not 1 for its last entry."""
+    prior = entry.payload.get("priorAttempts")
+    if isinstance(prior, int) and not isinstance(prior, bool) and prior > 0:
+        return prior + entry.attempt
+    return entry.attempt
+
+
+def _channel(entry: Entry) -> str:
+    """The entry's channel for the metrics' ``channel`` label ("" when it names none)."""
+    channel = entry.payload.get("channel")
+    return channel if channel in CHANNELS else ""
 
 
 def _describe(error: BaseException | None) -> str:

@@ -20,7 +20,7 @@ from notifkit.db.recipients import Executor
 
 SENDING, SENT, FAILED = "sending", "sent", "failed"
 # Why a destination is no longer sent to (Previous.blocked).
-SUPPRESSED, DISABLED = "suppressed", "disabled"
+SUPPRESSED, DISABLED, REMOVED = "suppressed", "disabled", "removed"
 
 _CLAIM = """
 WITH input AS (
@@ -28,17 +28,24 @@ WITH input AS (
         AS i(task_id, channel, destination, project_id, provider, user_id)
 ), checked AS (
     -- What happened to the address since the engine routed the task: a bounce or complaint
-    -- suppressed it, or a provider called it invalid and the contact was disabled.
+    -- suppressed it, a provider called it invalid and the contact was disabled, or the
+    -- contact (or the whole user) was erased while the task waited, e.g. for its sendAt.
     SELECT i.*,
            CASE WHEN EXISTS (SELECT 1 FROM suppressions s
                               WHERE s.project_id = i.project_id AND s.channel = i.channel
                                 AND s.target = i.destination) THEN 'suppressed'
-                WHEN EXISTS (SELECT 1 FROM user_contacts c
-                              WHERE c.project_id = i.project_id AND c.user_id = i.user_id
-                                AND c.channel = i.channel AND c.target = i.destination
-                                AND NOT c.enabled) THEN 'disabled'
+                WHEN i.channel = 'inapp' THEN
+                     CASE WHEN NOT EXISTS (SELECT 1 FROM users u
+                                            WHERE u.project_id = i.project_id
+                                              AND u.id = i.user_id) THEN 'removed' END
+                WHEN c.enabled IS NULL THEN 'removed'
+                WHEN NOT c.enabled THEN 'disabled'
            END AS blocked
       FROM input i
+      -- At most one row: user_contacts is unique on (project, user, channel, target).
+      LEFT JOIN user_contacts c
+             ON c.project_id = i.project_id AND c.user_id = i.user_id
+            AND c.channel = i.channel AND c.target = i.destination
 ), before AS (
     SELECT o.task_id, o.channel, o.destination, o.status, o.provider_message_id
       FROM delivery_outbox o
@@ -76,8 +83,8 @@ class Claim:
 @dataclass(frozen=True)
 class Previous:
     """What the outbox held before this attempt claimed the row (status None = no row), and
-    why the destination may no longer be sent to ('suppressed' or 'disabled'; such a row is
-    not claimed)."""
+    why the destination may no longer be sent to ('suppressed', 'disabled', or 'removed' when
+    the contact or user was erased; such a row is not claimed)."""
 
     status: str | None
     provider_message_id: str | None

@@ -105,6 +105,13 @@ class EventsService(WorkerService):
         suppressions: list[Suppression] = []
         for (entry, receipt), message in zip(receipts, found, strict=True):
             if message is None or message.event_id is None:
+                if entry.attempt >= self.worker.max_attempts:
+                    # Never matched (the send was not notifkit's, or its record is lost): the
+                    # receipt goes to the DLQ, but the address it names is still not to be
+                    # contacted again after a hard bounce or a complaint.
+                    orphan = unmatched_suppression(receipt)
+                    if orphan is not None:
+                        suppressions.append(orphan)
                 entry.fail(RetryLater(
                     f"no message with {receipt['provider']} id {receipt['providerMessageId']!r}"
                     " is recorded yet"))
@@ -211,14 +218,33 @@ def receipt_row(
     )
 
 
+def _suppression_reason(receipt: Mapping[str, Any]) -> str | None:
+    kind = receipt["kind"]
+    if kind == "complained":
+        return "complaint"
+    if kind == "bounced" and is_hard_bounce(receipt):
+        return "bounce"
+    return None
+
+
+def unmatched_suppression(receipt: Mapping[str, Any]) -> Suppression | None:
+    """The suppression a hard bounce or complaint that matches no recorded send still calls
+    for: the address and channel the receipt itself names."""
+    reason = _suppression_reason(receipt)
+    channel = _text(receipt.get("channel"))
+    target = _text(receipt.get("to")) or _raw_recipient(receipt.get("raw"))
+    if reason is None or channel not in SUPPRESSIBLE_CHANNELS or not target:
+        return None
+    log.warning("A %s matches no send notifkit recorded; its address is suppressed anyway.",
+                receipt["kind"], extra={"project_id": receipt["projectId"]})
+    return Suppression(receipt["projectId"], channel, target, reason, _receipt_detail(receipt))
+
+
 def suppression_for(receipt: Mapping[str, Any], message: SentMessage) -> Suppression | None:
     """A hard bounce or a complaint suppresses the address the message went to."""
     kind = receipt["kind"]
-    if kind == "complained":
-        reason = "complaint"
-    elif kind == "bounced" and is_hard_bounce(receipt):
-        reason = "bounce"
-    else:
+    reason = _suppression_reason(receipt)
+    if reason is None:
         return None
     if message.channel not in SUPPRESSIBLE_CHANNELS:
         return None

@@ -150,6 +150,21 @@ async def test_a_replayed_task_starts_its_attempts_afresh(api: Api, redis: Redis
     assert "priorAttempts" not in replayed
     assert "parkCount" not in replayed
     assert replayed["n"] == 0
+    # The attempts made before stay known, for the timeline to number the new ones after them
+    assert replayed["_replayedAttempts"] == 3
+
+
+async def test_replays_of_a_replay_add_up_the_attempts_made_before(
+    api: Api, redis: Redis
+) -> None:
+    keys = Keys(api.settings.namespace)
+    a = await api.project("a")
+    record = dlq_record(keys, a.id, "1-0", 0)
+    record["payload"] = {**record["payload"], "_replayedAttempts": 3, "_replayOf": "x/1-0"}
+    entry_id = await xadd(redis, keys.dlq, record, 1000)
+    assert (await api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full)).status == 202
+    [(_id, fields)] = await xrange(redis, keys.enriched("normal"))
+    assert decode(fields)["_replayedAttempts"] == 6
 
 
 async def test_dlq_is_scoped_replayable_and_deletable(api: Api, redis: Redis) -> None:
@@ -193,7 +208,8 @@ async def test_dlq_is_scoped_replayable_and_deletable(api: Api, redis: Redis) ->
     assert replayed.body == {"id": new_id.decode(), "stream": keys.enriched("normal"),
                              "replayOf": f"{keys.enriched('normal')}/1-0"}
     assert decode(fields) == {"projectId": a.id, "eventId": "e0", "n": 0,
-                              "_replayOf": f"{keys.enriched('normal')}/1-0"}
+                              "_replayOf": f"{keys.enriched('normal')}/1-0",
+                              "_replayedAttempts": 3}
     assert (await api.call("POST", f"/v1/dlq/{ids[0]}/replay", key=a.full)).status == 404
 
     assert (await api.call("DELETE", f"/v1/dlq/{ids[2]}", key=a.full)).status == 204

@@ -235,6 +235,27 @@ async def test_a_receipt_that_overtakes_the_send_record_is_retried(
     assert summary["pending"] == 0
 
 
+async def test_a_hard_bounce_matching_no_send_still_suppresses_its_address(
+    make_events: EventsFactory, settings: Settings, redis: Redis, keys: Keys,
+    db: asyncpg.Pool, project_id: str,
+) -> None:
+    # Given a hard and a soft bounce for messages notifkit has no record of
+    events = make_events(settings=settings.replace(reclaim_min_idle_s=0.0))
+    hard = {**receipt(project_id, "msg-x", "bounced", RESEND_HARD_BOUNCE),
+            "channel": "email", "to": "gone@example.com"}
+    soft = {**receipt(project_id, "msg-y", "bounced", RESEND_SOFT_BOUNCE),
+            "channel": "email", "to": "busy@example.com"}
+    await put(redis, keys, hard, soft)
+
+    # When they are retried to the attempt limit
+    await events.run_until_idle()
+
+    # Then both are dead-lettered, and the hard bounce's address is suppressed all the same
+    assert len(await xrange(redis, keys.dlq)) == 2
+    rows = await db.fetch("SELECT channel, target, reason FROM suppressions")
+    assert [tuple(r) for r in rows] == [("email", "gone@example.com", "bounce")]
+
+
 async def test_a_receipt_found_by_the_timeline_alone(
     make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
 ) -> None:

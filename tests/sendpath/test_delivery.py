@@ -258,6 +258,49 @@ async def test_an_address_suppressed_while_its_task_waited_is_not_sent_to(
     assert await db.fetchval("SELECT bool_and(enabled) FROM user_contacts") is True
 
 
+async def test_a_scheduled_send_to_a_user_or_contact_erased_meanwhile_is_not_sent(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    # Given sends an hour away: to a user with an address and a phone, and to one whose push
+    # device goes away while the other stays
+    await add_user(db, project, "erased", contacts=[("email", "erased@example.com"),
+                                                    ("sms", "+15550000009")])
+    await add_user(db, project, "kept", contacts=[("push", "device-gone"),
+                                                  ("push", "device-kept")])
+    await add_template(db, project, "t", {"email": EMAIL, "sms": SMS, "push": PUSH,
+                                          "inapp": {"text": "Paid"}})
+    clock = Clock()
+    pipeline = (*await stages(services, sim_settings),
+                await services(SchedulerService, sim_settings, clock=clock))
+    send_at = datetime.fromtimestamp(time.time() + 3600, UTC)
+    event_id = await send(redis, keys, db, project, "t", ["erased", "kept"],
+                          data={"amount": "1"},
+                          send_at=send_at.isoformat().replace("+00:00", "Z"))
+    await drain(*pipeline)
+
+    # When the first user is erased (DELETE /v1/users/{id} cascades to the contacts) and the
+    # second one's device is removed before the send time
+    await db.execute("DELETE FROM users WHERE project_id = $1 AND id = 'erased'", project)
+    await db.execute("DELETE FROM user_contacts WHERE project_id = $1 AND target = 'device-gone'",
+                     project)
+    clock.now_ms = int(send_at.timestamp() * 1000) + 1
+    await drain(*pipeline)
+
+    # Then nothing reaches the erased user, and only the remaining device gets the push
+    assert await sim.messages("resend") == []
+    assert await sim.messages("twilio") == []
+    assert [m["to"] for m in await sim.messages("fcm")] == ["device-kept"]
+    assert await db.fetchval("SELECT count(*) FROM inapp_messages WHERE user_id = 'erased'") == 0
+    rows = await timeline(db, event_id)
+    erased = {r["channel"]: (r["kind"], r["status"]) for r in rows
+              if r["user_id"] == "erased" and r["kind"] != "scheduled"}
+    assert erased == {c: ("skipped", "skipped") for c in ("email", "sms", "push", "inapp")}
+    assert ("sent", "sent") in {(r["kind"], r["status"]) for r in rows
+                                if r["user_id"] == "kept" and r["channel"] == "push"}
+    assert await entries(redis, keys.dlq) == []
+
+
 async def test_an_invalid_address_without_fallback_fails_without_retry(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
     sim: SimulatorServer, sim_settings: Settings,
@@ -366,6 +409,46 @@ async def test_a_provider_that_keeps_failing_dead_letters_the_task_after_the_att
     assert "notification:failed" in [e["type"] for e in await entries(redis, keys.events_inbound)]
 
 
+async def test_a_replayed_task_that_fails_again_shows_its_new_attempts(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    # Given a task dead-lettered after three 503s
+    await add_user(db, project, "u1", contacts=[("sms", "+15550000001")])
+    await add_template(db, project, "t", {"sms": SMS})
+    await sim.add_fault("error", "twilio", status=503)
+    pipeline = await stages(services, sim_settings)
+    event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(*pipeline)
+    [(dlq_id, fields)] = await xrange(redis, keys.dlq)
+    record = json.loads(fields[b"data"])
+
+    # When it is replayed (as POST /v1/dlq/{id}/replay writes it) and fails three times more
+    replayed = {k: v for k, v in record["payload"].items()
+                if k not in ("priorAttempts", "parkCount")}
+    replayed.update(_replayOf=record["replayOf"], _replayedAttempts=record["attempts"])
+    await redis.xdel(keys.dlq, dlq_id)
+    await redis.xadd(record["stream"], {"data": json.dumps(replayed)})
+    await drain(*pipeline)
+
+    # Then the timeline shows the second round after the first, not nothing new
+    assert kinds(await timeline(db, event_id), "sms") == [
+        ("queued", "processing", 0),
+        ("failed", "processing", 1), ("failed", "processing", 2),
+        ("dead_lettered", "dead_lettered", 3),
+        ("failed", "processing", 4), ("failed", "processing", 5),
+        ("dead_lettered", "dead_lettered", 6)]
+    [again] = await entries(redis, keys.dlq)
+    assert again["attempts"] == 3  # the replay had the full limit again
+
+    # And a replay once the provider is fixed is sent, as attempt 7
+    await sim.clear_faults()
+    replayed["_replayedAttempts"] = 6
+    await redis.xadd(record["stream"], {"data": json.dumps(replayed)})
+    await drain(*pipeline)
+    assert kinds(await timeline(db, event_id), "sms")[-1] == ("sent", "sent", 7)
+
+
 async def test_a_rejected_request_is_dead_lettered_at_once(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
     sim: SimulatorServer, sim_settings: Settings,
@@ -445,6 +528,11 @@ async def test_a_task_still_rate_limited_at_the_attempt_limit_is_dead_lettered(
     assert (await sim.stats())["twilio"]["requests"] == 3
     [dead] = await entries(redis, keys.dlq)
     assert dead["error"].startswith("AttemptsExhausted: still rate limited after 3 attempts")
+    # The record counts the task's attempts, not those of its last (parked) entry alone
+    assert dead["attempts"] == 3
+    [failed] = [e for e in await entries(redis, keys.events_inbound)
+                if e["type"] == "notification:failed" and "stream" in e]
+    assert failed["attempts"] == 3
     assert kinds(await timeline(db, event_id), "sms") == [
         ("queued", "processing", 0), ("deferred", "scheduled", 1), ("deferred", "scheduled", 2),
         ("dead_lettered", "dead_lettered", 3)]

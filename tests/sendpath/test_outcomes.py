@@ -76,3 +76,18 @@ def test_a_partial_retry_says_how_many_destinations_have_it() -> None:
                     has_next_channel=True, attempt=1, max_attempts=3)
     assert (verdict.action, verdict.retry_after_s) == (Action.PARK, 3.0)
     assert verdict.reason.startswith("accepted for 1 of 2 destinations; ")
+
+
+def test_destinations_whose_contact_was_erased_since_routing_are_left_out() -> None:
+    removed = Attempted("dest", SendResult(Outcome.INVALID_RECIPIENT, detail="removed"),
+                        removed=True)
+    suppressed = answer(Outcome.INVALID_RECIPIENT, suppressed=True)
+    assert judge([removed], has_next_channel=False, attempt=1,
+                 max_attempts=3).action is Action.SKIPPED
+    assert judge([removed], has_next_channel=True, attempt=1,
+                 max_attempts=3).action is Action.FALLBACK
+    # a suppression among them is the stronger reason
+    assert judge([removed, suppressed], has_next_channel=False, attempt=1,
+                 max_attempts=3).action is Action.SUPPRESSED
+    assert judge([removed, answer(Outcome.SENT)], has_next_channel=False, attempt=1,
+                 max_attempts=3).action is Action.SENT

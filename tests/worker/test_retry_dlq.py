@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 import pytest
+from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 
 from notifkit.errors import PermanentFailure
@@ -103,6 +104,47 @@ async def test_a_permanent_failure_is_dead_lettered_after_one_attempt(
     assert failed["eventId"] == "ev-2"
     assert await pending(stream, worker.group) == 0
     assert await redis.hexists(keys.attempts(worker.group, entry_id), stream) == 0
+
+
+async def test_the_dlq_counts_the_attempts_an_entry_carries_from_its_parked_predecessors(
+    make_worker: WorkerFactory, keys: Keys, add: Add, payloads: Payloads,
+) -> None:
+    # Given a task parked twice already (each park an attempt), failing for good on this entry
+    processor = AlwaysFails(PermanentFailure("still rate limited"))
+    worker = make_worker(processor, service="delivery")
+    await add(keys.enriched("normal"), {"eventId": "ev-3", "priorAttempts": 2})
+
+    await worker.run_until_idle()
+
+    # Then the record and the event say three attempts, as the task had
+    [dead] = await payloads(keys.dlq)
+    assert dead["attempts"] == 3
+    [failed] = await payloads(keys.events_inbound)
+    assert failed["attempts"] == 3
+
+
+async def test_failures_and_dead_letters_are_counted_by_service_and_channel(
+    make_worker: WorkerFactory, keys: Keys, add: Add,
+) -> None:
+    # Given a permanent failure on an SMS task and on an entry that names no channel
+    worker = make_worker(AlwaysFails(PermanentFailure("rejected")), service="delivery")
+    stream = keys.enriched("normal")
+    labels = {"service": "delivery", "stream": stream}
+
+    def sample(name: str, channel: str) -> float:
+        return REGISTRY.get_sample_value(name, {**labels, "channel": channel}) or 0.0
+
+    before = {(n, c): sample(n, c) for n in ("notifkit_failed_total",
+                                             "notifkit_dead_lettered_total")
+              for c in ("sms", "")}
+    await add(stream, {"eventId": "ev-4", "channel": "sms"})
+    await add(stream, {"eventId": "ev-5"})
+
+    await worker.run_until_idle()
+
+    # Then the metrics say which channel each was on (CONTRACT: by service and channel)
+    for (name, channel), value in before.items():
+        assert sample(name, channel) == value + 1
 
 
 async def test_one_failing_entry_does_not_fail_its_batch_neighbours(

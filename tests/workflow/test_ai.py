@@ -206,6 +206,17 @@ async def test_a_429_parks_the_task_with_the_scheduler_until_retry_after(
     assert "parkCount" not in out
 
 
+async def test_a_replayed_ai_tasks_earlier_attempts_are_not_deliverys(
+    ai: AiService, redis: Redis, keys: Keys, project_id: str, template: str,
+) -> None:
+    # Given an AI task replayed from the DLQ after three attempts
+    await xadd(redis, keys.ai_pending, {**ai_task(project_id), "_replayedAttempts": 3}, 10_000)
+    await ai.run_until_idle()
+    # Then its outbound task does not number delivery's attempts after the AI stage's
+    [out] = await stream(redis, keys.outbound("normal"))
+    assert "_replayedAttempts" not in out
+
+
 async def test_parkings_count_towards_the_attempt_limit(
     ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys, project_id: str,
     template: str,

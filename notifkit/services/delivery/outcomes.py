@@ -5,6 +5,8 @@ A task goes to one or more destinations (a user's push devices; one address else
 
     destinations suppressed since routing     -> left out; all of them: FALLBACK if there is a
                                                   next channel, else SUPPRESSED (not sent)
+    contacts erased since routing             -> left out the same way; all of them (and none
+                                                  suppressed): SKIPPED without a next channel
     any destination SENT                      -> SENT, unless others failed transiently (5xx,
                                                   timeout, 429) with attempts left: then RETRY
                                                   or PARK for those alone (the outbox keeps the
@@ -37,6 +39,7 @@ class Action(StrEnum):
     PARK = "park"
     INVALID = "invalid"
     SUPPRESSED = "suppressed"  # every destination was suppressed after the task was routed
+    SKIPPED = "skipped"  # every destination's contact (or its user) was erased meanwhile
     PERMANENT = "permanent"
     DEAD = "dead"  # a transient failure with no attempts left
 
@@ -55,6 +58,8 @@ class Attempted:
     already_sent: bool = False
     # The address was suppressed (bounce, complaint) after the task was routed: not sent.
     suppressed: bool = False
+    # The contact, or its user, was erased after the task was routed: not sent.
+    removed: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,11 +74,14 @@ def judge(
     attempted: Sequence[Attempted], *, has_next_channel: bool, attempt: int, max_attempts: int
 ) -> Verdict:
     """``attempt`` is this attempt's number counting earlier parked entries of the task."""
-    suppressed = [a for a in attempted if a.suppressed]
-    attempted = [a for a in attempted if not a.suppressed]
-    if suppressed and not attempted:
-        reason = suppressed[0].result.detail
-        return Verdict(Action.FALLBACK if has_next_channel else Action.SUPPRESSED, reason)
+    left_out = [a for a in attempted if a.suppressed or a.removed]
+    attempted = [a for a in attempted if not (a.suppressed or a.removed)]
+    if left_out and not attempted:
+        suppressed = [a for a in left_out if a.suppressed]
+        reason = (suppressed or left_out)[0].result.detail
+        if has_next_channel:
+            return Verdict(Action.FALLBACK, reason)
+        return Verdict(Action.SUPPRESSED if suppressed else Action.SKIPPED, reason)
     outcomes = [a.result.outcome for a in attempted]
     first = {o: a for a, o in reversed(list(zip(attempted, outcomes, strict=True)))}
     if Outcome.SENT in first:

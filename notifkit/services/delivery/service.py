@@ -39,7 +39,7 @@ from notifkit.services.delivery.outcomes import Action, Attempted, Verdict, judg
 from notifkit.services.payloads import parse_each
 from notifkit.transports.base import Message, Outcome, SendResult, Transport, TransportContext
 from notifkit.transports.registry import MISSING, build_transports
-from notifkit.worker import Entry, utc_now_iso
+from notifkit.worker import Entry, attempts_before, utc_now_iso
 
 log = logging.getLogger("notifkit.delivery")
 
@@ -143,7 +143,7 @@ class DeliveryService(WorkerService):
                            else Verdict(Action.DEAD, verdict.reason))
             for a in answers:
                 outcome = a.result.outcome
-                if outcome is Outcome.INVALID_RECIPIENT and not a.suppressed \
+                if outcome is Outcome.INVALID_RECIPIENT and not (a.suppressed or a.removed) \
                         and not self.settings.injects("keep_invalid_contacts"):  # test fault
                     disabled.append((task["projectId"], task["channel"], a.destination,
                                      "invalid_recipient"))
@@ -203,6 +203,11 @@ class DeliveryService(WorkerService):
                     Outcome.INVALID_RECIPIENT,
                     detail="address suppressed after the task was queued; not sent"),
                     suppressed=True)
+            if before is not None and before.blocked == outbox.REMOVED:
+                return Attempted(destination, SendResult(
+                    Outcome.INVALID_RECIPIENT,
+                    detail="no contact: it was removed after the task was queued; not sent"),
+                    removed=True)
             if before is not None and before.blocked == outbox.DISABLED:
                 # A provider called it invalid (maybe this task's earlier attempt, for
                 # another of its devices): never retried on that address.
@@ -309,8 +314,13 @@ class DeliveryService(WorkerService):
             log.info("Not sent: the address was suppressed after the task was queued.",
                      extra=ids)
             return
-        invalid = any(a.result.outcome is Outcome.INVALID_RECIPIENT and not a.suppressed
-                      for a in answers)
+        if action is Action.SKIPPED:
+            logs.append(_row(task, attempt, Kind.SKIPPED, Status.SKIPPED, verdict.reason,
+                             provider))
+            log.info("Not sent: the contact was removed after the task was queued.", extra=ids)
+            return
+        invalid = any(a.result.outcome is Outcome.INVALID_RECIPIENT
+                      and not (a.suppressed or a.removed) for a in answers)
         if invalid:
             log.warning("The provider rejected the %s address; the contact is disabled and "
                         "never used again.", task["channel"], extra=ids)
@@ -397,9 +407,12 @@ def _row(
     provider: str | None = None, provider_message_id: str | None = None,
     metadata: dict[str, Any] | None = None,
 ) -> LogRow:
+    # A replayed task's attempts are numbered after those made before its replay: rows of
+    # the same number would be dropped as repeats of the first round's.
     return LogRow(
         project_id=task["projectId"], event_id=task["eventId"], task_id=task["taskId"],
-        user_id=task["userId"], channel=task["channel"], attempt=attempt, kind=kind,
+        user_id=task["userId"], channel=task["channel"],
+        attempt=attempts_before(task) + attempt, kind=kind,
         status=status, detail=detail, provider=provider,
         provider_message_id=provider_message_id, campaign_id=task.get("campaignId"),
         metadata=metadata or {},
@@ -411,7 +424,8 @@ def _event(kind: str, task: OutboundTask, provider: str, message_id: str | None,
     event: dict[str, Any] = {
         "type": kind, "projectId": task["projectId"], "eventId": task["eventId"],
         "taskId": task["taskId"], "userId": task["userId"], "channel": task["channel"],
-        "provider": provider, "providerMessageId": message_id, "attempt": attempt,
+        "provider": provider, "providerMessageId": message_id,
+        "attempt": attempts_before(task) + attempt,
         "campaignId": task.get("campaignId"), "at": utc_now_iso(),
         # Delivery writes the outcome's timeline row itself, before the ack that emits this
         # event: the events service need not write it again.

@@ -6,7 +6,8 @@ the last ``error``, ``attempts``, ``failedAt``, ``projectId`` and ``replayOf`` (
 entry's dedup marks). Replaying XADDs the payload back to its origin stream with
 ``"_replayOf"`` set, so the dedup marks the original claimed are honoured as its own
 (``Entry.owner``), and XDELs the record, in one Lua call: two concurrent replays of one
-record enqueue it once. The new entry id has no attempt counter, so the count starts afresh.
+record enqueue it once. The new entry id has no attempt counter, so the count starts afresh;
+``"_replayedAttempts"`` carries the attempts made before, for the timeline's numbering only.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from notifkit.services.api.schemas import ref
 from notifkit.services.api.state import KEYS, REDIS, SETTINGS
 from notifkit.services.api.validation import decode_cursor, encode_cursor, limit_param
 from notifkit.streams import as_str, decode
+from notifkit.worker import REPLAYED_ATTEMPTS, attempts_before
 
 ops = Operations("dlq")
 
@@ -108,6 +110,9 @@ async def replay_dlq(request: web.Request) -> web.Response:
     # A fresh start: attempts a parked task carried in its payload do not count again.
     replayed = {k: v for k, v in payload.items() if k not in ("priorAttempts", "parkCount")}
     replayed["_replayOf"] = replay_of
+    # They still happened: the timeline numbers the new attempts after them, so the rows of
+    # a replay that fails again are not taken for repeats of the first round's.
+    replayed[REPLAYED_ATTEMPTS] = attempts_before(payload) + _count(record.get("attempts"))
     script = app[REDIS].register_script(_REPLAY)
     new_id = await script(keys=[keys.dlq, stream],
                           args=[entry_id, app[SETTINGS].queue_max_len, codec.dumps(replayed)])
@@ -152,6 +157,10 @@ async def read_entry(redis: Redis, dlq: str, entry_id: str) -> dict[str, Any] | 
             return None
         raise
     return _record(found[0][1]) if found else None
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _record(fields: Any) -> dict[str, Any] | None:
