@@ -203,6 +203,27 @@ async def test_a_malformed_http_request_is_a_warning_not_a_logged_traceback(
     assert "malformed HTTP request with 400" in records[0].getMessage()
 
 
+@pytest.mark.parametrize("route", [("POST", "/v1/notifications"), ("PUT", "/v1/users/u1"),
+                                   ("POST", "/v1/events")])
+async def test_a_body_that_does_not_decode_is_a_400_not_a_500(
+    api: Api, project: Project, caplog: pytest.LogCaptureFixture, route: tuple[str, str],
+) -> None:
+    """Given a body that claims a Content-Encoding it is not in, when it is sent, then the
+    answer is a 400 naming Content-Encoding, and nothing is logged as a server error."""
+    caplog.set_level(logging.WARNING)
+    method, path = route
+    reply = await api.call(method, path, key=project.full, data=b'{"not": "gzip"}',
+                           headers={"Content-Type": "application/json",
+                                    "Content-Encoding": "gzip"})
+    assert (reply.status, reply.fields) == (400, ["Content-Encoding"]), reply.body
+    assert_error_shape(reply.body)
+    assert reply.error["code"] == "unreadable_body"
+    await asyncio.sleep(0.05)  # aiohttp drains the rest of the body after the answer
+    errors = [(r.name, r.getMessage()) for r in caplog.records
+              if r.levelno >= logging.ERROR or r.exc_info]
+    assert not errors, errors
+
+
 async def test_a_project_over_its_api_rate_gets_429_with_retry_after(
     settings: Settings,
 ) -> None:
