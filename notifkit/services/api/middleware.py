@@ -44,14 +44,19 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 def _reject_unknown_query(request: web.Request, op: Operation) -> None:
     """A misspelt filter (``?userid=``) must not silently widen a list: unknown query
-    parameters are a 400 naming them."""
+    parameters are a 400 naming them, and so are parameters given more than once."""
     allowed = {p.name for p in op.query}
     if op.access in ("project", "ops"):
         allowed.add(PROJECT_QUERY)
-    unknown = [name for name in dict.fromkeys(request.query) if name not in allowed]
+    names = list(dict.fromkeys(request.query))
+    unknown = [name for name in names if name not in allowed]
     if unknown:
         raise invalid([detail(name[:100], "is not a query parameter of this route")
                        for name in unknown[:20]])
+    # Every parameter takes one value: ?userId=a&userId=b must not quietly mean only a.
+    repeated = [name for name in names if len(request.query.getall(name)) > 1]
+    if repeated:
+        raise invalid([detail(name, "must be given once") for name in repeated])
 
 
 async def authenticate(request: web.Request, op: Operation) -> Principal:
