@@ -7,6 +7,7 @@ import logging
 
 import asyncpg
 import pytest
+from multidict import CIMultiDict
 from redis.asyncio import Redis
 
 from notifkit.config import Settings
@@ -42,6 +43,38 @@ async def test_a_missing_or_unknown_key_is_401(api: Api, project: Project) -> No
         reply = await api.call("GET", "/v1/users/u1", headers={"Authorization": header})
         assert reply.status == 401, header
         assert_error_shape(reply.body)
+
+
+async def test_headers_that_decide_who_acts_are_refused_when_sent_twice(
+    api: Api, project: Project,
+) -> None:
+    """Given two keys (or two project ids, or two idempotency keys) in one request, the server
+    cannot know which one the caller meant, and a proxy in front may have read the other: the
+    request is a 400 naming the header, and nothing is sent for either project."""
+    other = await api.project()
+    await api.call("PUT", "/v1/users/u1", key=other.full, json={})
+    await api.call("PUT", "/v1/templates/t", key=other.full,
+                   json={"channels": {"inapp": {"text": "hi"}}})
+    body = {"to": "u1", "template": "t"}
+    cases: list[tuple[str, list[tuple[str, str]]]] = [
+        ("Authorization", [("Authorization", f"Bearer {project.full}"),
+                           ("Authorization", f"Bearer {other.full}")]),
+        ("x-project-id", [("Authorization", f"Bearer {ADMIN}"),
+                          ("x-project-id", project.id), ("x-project-id", other.id)]),
+        ("x-idempotency-key", [("Authorization", f"Bearer {other.full}"),
+                               ("x-idempotency-key", "a"), ("x-idempotency-key", "b")]),
+    ]
+    for name, headers in cases:
+        async with api.client.post("/v1/notifications", json=body,
+                                   headers=CIMultiDict(headers)) as reply:
+            answer = await reply.json()
+            assert reply.status == 400, (name, answer)
+            assert [d["field"] for d in answer["error"]["details"]] == [name]
+    messages = await api.call("GET", "/v1/messages", key=other.full)
+    assert messages.body["items"] == []
+    one = await api.call("POST", "/v1/notifications", key=other.full, json=body,
+                         headers={"x-idempotency-key": "a"})
+    assert one.status == 202, one.body
 
 
 async def test_a_send_key_may_only_send(api: Api, project: Project) -> None:
