@@ -78,6 +78,8 @@ MAX_POWER_EXPONENT: Final = 1000
 MAX_RESULT_BITS: Final = 100_000
 MAX_LOOP_ITERATIONS: Final = 100_000
 MAX_RENDER_SECONDS: Final = 0.5
+MAX_LIPSUM_WORDS: Final = 10_000
+MAX_JSON_INDENT: Final = 16
 _CACHE_SIZE: Final = 4096
 
 # Filters and str methods whose integer arguments set the size of what they build.
@@ -140,9 +142,6 @@ def _refuse_wide_format(fmt: Any, args: Iterable[Any] = ()) -> None:
         raise SecurityError("the result would be too large")
     if isinstance(fmt, str) and "*" in fmt:  # widths taken from the arguments
         _refuse_sizes(args)
-
-
-MAX_LIPSUM_WORDS: Final = 10_000
 
 
 def _bounded_lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> Any:
@@ -232,6 +231,11 @@ def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             values = [a for a in args if isinstance(a, str | int | float)]
             if values:
                 _refuse_wide_format(values[0], [*values[1:], *kwargs.values()])
+        elif name == "tojson":
+            # (eval_ctx, value, indent): the indent is repeated on every line of the output.
+            indent = kwargs.get("indent", args[2] if len(args) > 2 else None)
+            if isinstance(indent, int) and indent > MAX_JSON_INDENT:
+                raise SecurityError(f"tojson's indent may be at most {MAX_JSON_INDENT}")
         elif name == "replace":
             strings = [a for a in args if isinstance(a, str)]
             if len(strings) >= 3:

@@ -92,6 +92,9 @@ def test_the_sandbox_refuses_escapes_mutation_and_huge_output(source: str) -> No
     # Built in one call, where neither the clock nor the size check can stop it midway.
     ("{{ lipsum(100000) }}", "lipsum is limited"),
     ("{{ lipsum(1, max=100000000) }}", "lipsum is limited"),
+    # 300 lines, each indented by 10^8 spaces: 30 GB, built in one json.dumps call.
+    ("{{ data.xs[:300]|tojson(indent=100000000) }}", "indent may be at most"),
+    ("{{ data.xs[:300]|tojson(100000000) }}", "indent may be at most"),
 ])
 def test_rendering_is_bounded_in_time_and_memory(source: str, why: str) -> None:
     with pytest.raises(RenderError) as caught:
@@ -130,6 +133,8 @@ def test_the_bounds_leave_ordinary_templates_alone() -> None:
                            context)
     assert digest == "1000none"
     assert len(render_string("{{ lipsum(2, html=False) }}", context).split()) >= 40
+    assert render_string("{{ data.tree|tojson(indent=2) }} {{ 7|tojson }}", context) \
+        .startswith('[\n  {\n    "c": [')
     assert render_string("{% for n in data.tree recursive %}{{ n.v }}{% if n.c %}"
                          "({{ loop(n.c) }}){% endif %}{% endfor %}", context) == "1(2)"
 
