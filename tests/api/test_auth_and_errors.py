@@ -115,6 +115,14 @@ async def test_the_admin_key_must_name_an_existing_project(api: Api, project: Pr
     assert by_header.status == 200
     by_query = await api.admin("GET", "/v1/messages", params={"projectId": project.id})
     assert by_query.status == 200
+    both = await api.admin("GET", "/v1/messages", project=project.id,
+                           params={"projectId": project.id.upper()})
+    assert both.status == 200
+    # Two different projects: acting for either one would be a guess.
+    other = await api.project()
+    clash = await api.admin("GET", "/v1/messages", project=project.id,
+                            params={"projectId": other.id})
+    assert (clash.status, clash.fields) == (400, ["projectId"])
 
 
 async def test_unknown_projects_and_keys_are_404s_that_name_no_project(api: Api) -> None:
