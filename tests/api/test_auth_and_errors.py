@@ -7,10 +7,12 @@ import logging
 
 import asyncpg
 import pytest
+from aiohttp import web
 from multidict import CIMultiDict
 from redis.asyncio import Redis
 
 from notifkit.config import Settings
+from notifkit.services.api.app import create_app
 from notifkit.services.api.state import HUB
 from tests.api.conftest import ADMIN, Api, Project, start_api
 
@@ -263,6 +265,39 @@ async def test_a_body_that_does_not_decode_is_a_400_not_a_500(
     errors = [(r.name, r.getMessage()) for r in caplog.records
               if r.levelno >= logging.ERROR or r.exc_info]
     assert not errors, errors
+
+
+async def test_a_client_that_hangs_up_mid_body_is_not_logged_as_a_store_outage(
+    api: Api, project: Project, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Given a client that sends half its body and closes the connection, the log says the
+    client went away, not that Redis or PostgreSQL is unreachable (an operator would go
+    looking for an outage that is not there). Served as the service serves it: aiohttp's test
+    server cancels the handler instead, which production does not."""
+    caplog.set_level(logging.INFO)
+    runner = web.AppRunner(create_app(api.settings), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /v1/events HTTP/1.1\r\nHost: x\r\n"
+                     b"Authorization: Bearer " + project.full.encode() + b"\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"na")
+        await writer.drain()
+        await asyncio.sleep(0.3)  # the handler is reading the body by now
+        writer.close()
+        await writer.wait_closed()
+        for _ in range(100):
+            if any("closed the connection" in r.getMessage() for r in caplog.records):
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await runner.cleanup()
+    messages = [r.getMessage() for r in caplog.records if r.name == "notifkit.api"]
+    assert any("closed the connection" in m for m in messages), messages
+    assert not any("backing store" in m for m in messages), messages
 
 
 async def test_a_project_over_its_api_rate_gets_429_with_retry_after(

@@ -132,6 +132,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except asyncio.CancelledError:
         raise
     except Exception as exc:
+        if isinstance(exc, ConnectionResetError) and _client_gone(request):
+            # The client hung up before its body was read: nothing happened, and nobody is
+            # left to answer. Not a store outage, whatever OSError says.
+            log.info("The client closed the connection before its request was read; nothing "
+                     "was done.", extra={"path": request.path, "method": request.method})
+            return error_response(unreadable_body(web.RequestPayloadError("Connection lost")))
         if not store_unavailable(exc):
             log.exception("An unexpected error escaped a handler; answering 500. This is a bug: "
                           "the request should have been rejected by validation.",
@@ -167,6 +173,11 @@ def store_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, asyncpg.PostgresError):
         return str(getattr(exc, "sqlstate", "") or "")[:2] in _UNAVAILABLE_SQLSTATE_CLASSES
     return False
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def unreadable_body(exc: web.RequestPayloadError) -> ApiError:
