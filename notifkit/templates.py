@@ -49,6 +49,7 @@ from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.nodes import Template as TemplateNode
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import generate_lorem_ipsum
 
 __all__ = [
     "CHANNEL_FIELDS",
@@ -77,6 +78,8 @@ MAX_POWER_EXPONENT: Final = 1000
 MAX_RESULT_BITS: Final = 100_000
 MAX_LOOP_ITERATIONS: Final = 100_000
 MAX_RENDER_SECONDS: Final = 0.5
+MAX_LIPSUM_WORDS: Final = 10_000
+MAX_JSON_INDENT: Final = 16
 _CACHE_SIZE: Final = 4096
 
 # Filters and str methods whose integer arguments set the size of what they build.
@@ -141,6 +144,15 @@ def _refuse_wide_format(fmt: Any, args: Iterable[Any] = ()) -> None:
         _refuse_sizes(args)
 
 
+def _bounded_lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> Any:
+    """Jinja's ``lipsum`` global, refused past :data:`MAX_LIPSUM_WORDS`: it builds its text in
+    one call, so neither the clock nor the size check would stop ``lipsum(100000)`` before it
+    had held the event loop for seconds."""
+    if isinstance(n, int) and isinstance(max, int) and n * max > MAX_LIPSUM_WORDS:
+        raise SecurityError(f"lipsum is limited to {MAX_LIPSUM_WORDS} words")
+    return generate_lorem_ipsum(n, html, min, max)
+
+
 def _refuse_big_replace(text: Any, old: Any, new: Any) -> None:
     if isinstance(text, str) and isinstance(old, str) and isinstance(new, str) \
             and (text.count(old) + 1) * len(new) + len(text) > MAX_OUTPUT_CHARS:
@@ -163,6 +175,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         super().__init__(**options)
         self.filters = {name: _bounded_filter(name, f) for name, f in self.filters.items()}
         self.filters[_LOOP_FILTER] = _loop_budget
+        self.globals["lipsum"] = _bounded_lipsum
 
     # Jinja's own signature: the dunder names cannot clash with a template's keyword arguments.
     def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
@@ -218,6 +231,11 @@ def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             values = [a for a in args if isinstance(a, str | int | float)]
             if values:
                 _refuse_wide_format(values[0], [*values[1:], *kwargs.values()])
+        elif name == "tojson":
+            # (eval_ctx, value, indent): the indent is repeated on every line of the output.
+            indent = kwargs.get("indent", args[2] if len(args) > 2 else None)
+            if isinstance(indent, int) and indent > MAX_JSON_INDENT:
+                raise SecurityError(f"tojson's indent may be at most {MAX_JSON_INDENT}")
         elif name == "replace":
             strings = [a for a in args if isinstance(a, str)]
             if len(strings) >= 3:
@@ -341,7 +359,8 @@ def render_string(source: str, context: Mapping[str, Any], *, html: bool = False
     except TemplateError as exc:
         raise RenderError(field, str(exc.message or exc)) from None
     except (ArithmeticError, TypeError, ValueError, LookupError, AttributeError,
-            RecursionError, MemoryError) as exc:
+            RecursionError, MemoryError, AssertionError) as exc:
+        # AssertionError: some of Jinja's filters assert on their arguments (truncate(-1)).
         raise RenderError(field, f"{type(exc).__name__}: {exc}") from None
     if output is None:
         raise RenderError(field, f"renders to more than {MAX_OUTPUT_CHARS} characters")
@@ -408,7 +427,7 @@ def render_expression(expr: str, context: Mapping[str, Any]) -> Any:
     except TemplateError as exc:
         raise RenderError("if", str(exc.message or exc)) from None
     except (ArithmeticError, TypeError, ValueError, LookupError, AttributeError,
-            RecursionError, MemoryError) as exc:
+            RecursionError, MemoryError, AssertionError) as exc:
         raise RenderError("if", f"{type(exc).__name__}: {exc}") from None
     finally:
         _budget.reset(token)

@@ -29,6 +29,8 @@ BRANCHES: tuple[str, ...] = ("then", "else")
 MAX_STEPS = 100  # per list
 MAX_DEPTH = 8  # branches inside branches
 MAX_SECONDS = 366 * 24 * 3600  # waits, timeouts and digest windows
+# POST /v1/events takes names up to this long; a step waiting for a longer one could never wake.
+MAX_EVENT_NAME_CHARS = 200
 
 Path = tuple[int | str, ...]
 
@@ -103,6 +105,8 @@ def _validate_step(step: Any, field: str, depth: int, errors: list[FieldError]) 
     elif kind == "waitForEvent":
         if not _nonempty_str(step.get("event")):
             bad("event", "is required: the name of the event to wait for")
+        elif len(step["event"]) > MAX_EVENT_NAME_CHARS:
+            bad("event", f"may be at most {MAX_EVENT_NAME_CHARS} characters, as event names are")
         _check_seconds(step, "timeoutSeconds", bad)
         if step.get("onTimeout") is not None and step.get("onTimeout") not in ON_TIMEOUT:
             bad("onTimeout", "must be continue or stop")

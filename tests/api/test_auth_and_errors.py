@@ -7,9 +7,12 @@ import logging
 
 import asyncpg
 import pytest
+from aiohttp import web
+from multidict import CIMultiDict
 from redis.asyncio import Redis
 
 from notifkit.config import Settings
+from notifkit.services.api.app import create_app
 from notifkit.services.api.state import HUB
 from tests.api.conftest import ADMIN, Api, Project, start_api
 
@@ -42,6 +45,38 @@ async def test_a_missing_or_unknown_key_is_401(api: Api, project: Project) -> No
         reply = await api.call("GET", "/v1/users/u1", headers={"Authorization": header})
         assert reply.status == 401, header
         assert_error_shape(reply.body)
+
+
+async def test_headers_that_decide_who_acts_are_refused_when_sent_twice(
+    api: Api, project: Project,
+) -> None:
+    """Given two keys (or two project ids, or two idempotency keys) in one request, the server
+    cannot know which one the caller meant, and a proxy in front may have read the other: the
+    request is a 400 naming the header, and nothing is sent for either project."""
+    other = await api.project()
+    await api.call("PUT", "/v1/users/u1", key=other.full, json={})
+    await api.call("PUT", "/v1/templates/t", key=other.full,
+                   json={"channels": {"inapp": {"text": "hi"}}})
+    body = {"to": "u1", "template": "t"}
+    cases: list[tuple[str, list[tuple[str, str]]]] = [
+        ("Authorization", [("Authorization", f"Bearer {project.full}"),
+                           ("Authorization", f"Bearer {other.full}")]),
+        ("x-project-id", [("Authorization", f"Bearer {ADMIN}"),
+                          ("x-project-id", project.id), ("x-project-id", other.id)]),
+        ("x-idempotency-key", [("Authorization", f"Bearer {other.full}"),
+                               ("x-idempotency-key", "a"), ("x-idempotency-key", "b")]),
+    ]
+    for name, headers in cases:
+        async with api.client.post("/v1/notifications", json=body,
+                                   headers=CIMultiDict(headers)) as reply:
+            answer = await reply.json()
+            assert reply.status == 400, (name, answer)
+            assert [d["field"] for d in answer["error"]["details"]] == [name]
+    messages = await api.call("GET", "/v1/messages", key=other.full)
+    assert messages.body["items"] == []
+    one = await api.call("POST", "/v1/notifications", key=other.full, json=body,
+                         headers={"x-idempotency-key": "a"})
+    assert one.status == 202, one.body
 
 
 async def test_a_send_key_may_only_send(api: Api, project: Project) -> None:
@@ -82,6 +117,14 @@ async def test_the_admin_key_must_name_an_existing_project(api: Api, project: Pr
     assert by_header.status == 200
     by_query = await api.admin("GET", "/v1/messages", params={"projectId": project.id})
     assert by_query.status == 200
+    both = await api.admin("GET", "/v1/messages", project=project.id,
+                           params={"projectId": project.id.upper()})
+    assert both.status == 200
+    # Two different projects: acting for either one would be a guess.
+    other = await api.project()
+    clash = await api.admin("GET", "/v1/messages", project=project.id,
+                            params={"projectId": other.id})
+    assert (clash.status, clash.fields) == (400, ["projectId"])
 
 
 async def test_unknown_projects_and_keys_are_404s_that_name_no_project(api: Api) -> None:
@@ -201,6 +244,60 @@ async def test_a_malformed_http_request_is_a_warning_not_a_logged_traceback(
     assert all(r.levelno == logging.WARNING and not r.exc_info for r in records), [
         (r.levelname, r.getMessage()) for r in records]
     assert "malformed HTTP request with 400" in records[0].getMessage()
+
+
+@pytest.mark.parametrize("route", [("POST", "/v1/notifications"), ("PUT", "/v1/users/u1"),
+                                   ("POST", "/v1/events")])
+async def test_a_body_that_does_not_decode_is_a_400_not_a_500(
+    api: Api, project: Project, caplog: pytest.LogCaptureFixture, route: tuple[str, str],
+) -> None:
+    """Given a body that claims a Content-Encoding it is not in, when it is sent, then the
+    answer is a 400 naming Content-Encoding, and nothing is logged as a server error."""
+    caplog.set_level(logging.WARNING)
+    method, path = route
+    reply = await api.call(method, path, key=project.full, data=b'{"not": "gzip"}',
+                           headers={"Content-Type": "application/json",
+                                    "Content-Encoding": "gzip"})
+    assert (reply.status, reply.fields) == (400, ["Content-Encoding"]), reply.body
+    assert_error_shape(reply.body)
+    assert reply.error["code"] == "unreadable_body"
+    await asyncio.sleep(0.05)  # aiohttp drains the rest of the body after the answer
+    errors = [(r.name, r.getMessage()) for r in caplog.records
+              if r.levelno >= logging.ERROR or r.exc_info]
+    assert not errors, errors
+
+
+async def test_a_client_that_hangs_up_mid_body_is_not_logged_as_a_store_outage(
+    api: Api, project: Project, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Given a client that sends half its body and closes the connection, the log says the
+    client went away, not that Redis or PostgreSQL is unreachable (an operator would go
+    looking for an outage that is not there). Served as the service serves it: aiohttp's test
+    server cancels the handler instead, which production does not."""
+    caplog.set_level(logging.INFO)
+    runner = web.AppRunner(create_app(api.settings), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /v1/events HTTP/1.1\r\nHost: x\r\n"
+                     b"Authorization: Bearer " + project.full.encode() + b"\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"na")
+        await writer.drain()
+        await asyncio.sleep(0.3)  # the handler is reading the body by now
+        writer.close()
+        await writer.wait_closed()
+        for _ in range(100):
+            if any("closed the connection" in r.getMessage() for r in caplog.records):
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await runner.cleanup()
+    messages = [r.getMessage() for r in caplog.records if r.name == "notifkit.api"]
+    assert any("closed the connection" in m for m in messages), messages
+    assert not any("backing store" in m for m in messages), messages
 
 
 async def test_a_project_over_its_api_rate_gets_429_with_retry_after(

@@ -93,6 +93,22 @@ async def test_workflow_errors_name_the_step(api: Api, project: Project, templat
     assert empty.fields == ["steps"]
 
 
+async def test_a_step_cannot_wait_for_an_event_name_no_event_can_have(
+    api: Api, project: Project,
+) -> None:
+    """POST /v1/events takes names of up to 200 characters, so a waitForEvent step naming a
+    longer one would wait until its timeout whatever happened: it is refused up front."""
+    longest = {"type": "waitForEvent", "event": "e" * 200, "timeoutSeconds": 60}
+    ok = await api.call("PUT", "/v1/workflows/w", key=project.full, json={"steps": [longest]})
+    assert ok.status == 201, ok.body
+    event = await api.call("POST", "/v1/events", key=project.full,
+                           json={"name": "e" * 200, "userId": "u1"})
+    assert event.status == 202, event.body
+    too_long = await api.call("PUT", "/v1/workflows/w", key=project.full, json={"steps": [
+        {**longest, "event": "e" * 201}]})
+    assert (too_long.status, too_long.fields) == (400, ["steps[0].event"])
+
+
 async def test_a_trigger_creates_a_pending_instance_and_enqueues_it(
     api: Api, project: Project, template: str, redis: Redis, db: asyncpg.Pool
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import asyncpg
 from redis.asyncio import Redis
@@ -75,3 +76,32 @@ async def test_the_stream_forwards_published_messages_and_heartbeats(
         # The fixture's heartbeat is 0.2 s: a comment frame arrives on an idle stream.
         heartbeat = await asyncio.wait_for(response.content.readuntil(b"\n\n"), 10)
         assert heartbeat == b": heartbeat\n\n"
+
+
+async def test_revoking_a_key_ends_the_streams_it_opened(
+    api: Api, project: Project, redis: Redis
+) -> None:
+    """A stream opened before its key was revoked must not go on delivering the user's
+    messages: the revocation ends it (the client's reconnect then gets a 401), while a
+    stream opened with another key of the project carries on."""
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    made = await api.admin("POST", f"/v1/projects/{project.id}/keys", json={"role": "full"})
+    channel = Keys(api.settings.namespace).inbox_channel(project.id, "u1")
+
+    def stream(key: str) -> Any:
+        return api.client.get("/v1/users/u1/inbox/stream",
+                              headers={"Authorization": f"Bearer {key}"})
+
+    async with stream(made.body["key"]) as doomed, stream(project.full) as kept:
+        for response in (doomed, kept):
+            assert await response.content.readuntil(b"\n\n") == b"retry: 3000\n: connected\n\n"
+        revoked = await api.admin("DELETE", f"/v1/keys/{made.body['id']}")
+        assert revoked.status == 204
+        rest = await asyncio.wait_for(doomed.content.read(), 2)  # to the end of the stream
+        assert b"event: message" not in rest
+        await redis.publish(channel, json.dumps({"id": "m1"}))
+        frames: list[bytes] = []
+        while not any(b"event: message" in f for f in frames):
+            frames.append(await asyncio.wait_for(kept.content.readuntil(b"\n\n"), 10))
+    again = await api.call("GET", "/v1/users/u1/inbox/stream", key=made.body["key"])
+    assert again.status == 401

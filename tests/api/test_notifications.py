@@ -330,3 +330,20 @@ async def test_messages_filter_and_paginate_with_an_opaque_cursor(
         reply = await api.call("GET", "/v1/messages", key=project.full, params=params)
         assert reply.status == 400
         assert reply.fields == [field]
+
+
+async def test_a_filter_given_twice_is_a_400_not_half_a_filter(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
+    """Given messages for two users, when a client repeats a filter (?userId=u1&userId=u2,
+    perhaps meaning either), then it gets a 400 naming the parameter, not u1's messages
+    alone presented as the answer."""
+    event = str(uuid.uuid4())
+    await log(db, project.id, event, "t1", "u1", "email", "sent", "sent", "2030-01-01T00:00:01Z")
+    await log(db, project.id, event, "t2", "u2", "email", "sent", "sent", "2030-01-01T00:00:02Z")
+    for query, field in (("userId=u1&userId=u2", "userId"), ("limit=1&limit=2", "limit"),
+                         ("channel=email&channel=sms", "channel")):
+        reply = await api.call("GET", f"/v1/messages?{query}", key=project.full)
+        assert (reply.status, reply.fields) == (400, [field]), reply.body
+    once = await api.call("GET", "/v1/messages?userId=u2", key=project.full)
+    assert [item["taskId"] for item in once.body["items"]] == ["t2"]

@@ -216,6 +216,8 @@ def test_the_workflow_step_schema_requires_what_the_server_requires() -> None:
     assert validator.is_valid({"steps": runnable})
     for step in ({"type": "send"}, {"type": "wait"}, {"type": "digest", "template": "t"},
                  {"type": "waitForEvent", "event": "paid"}, {"type": "branch"},
-                 {"type": "wait", "seconds": 1, "template": "t"}, {"type": "pause"}):
+                 {"type": "wait", "seconds": 1, "template": "t"}, {"type": "pause"},
+                 {"type": "waitForEvent", "event": "e" * 201, "timeoutSeconds": 60},
+                 {"type": "branch", "if": "x" * 2001}):
         assert validate_steps([step]), step
         assert not validator.is_valid({"steps": [step]}), step

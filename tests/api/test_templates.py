@@ -89,6 +89,12 @@ def test_the_sandbox_refuses_escapes_mutation_and_huge_output(source: str) -> No
     ("{{ data.xs|slice(2000000000)|list|length }}", "too large"),
     ("{% macro d(s, n) %}{% if n %}{{ d(s ~ s, n - 1) }}{% else %}{{ s|length }}{% endif %}"
      "{% endmacro %}{{ d('x', 40) }}", "too large"),
+    # Built in one call, where neither the clock nor the size check can stop it midway.
+    ("{{ lipsum(100000) }}", "lipsum is limited"),
+    ("{{ lipsum(1, max=100000000) }}", "lipsum is limited"),
+    # 300 lines, each indented by 10^8 spaces: 30 GB, built in one json.dumps call.
+    ("{{ data.xs[:300]|tojson(indent=100000000) }}", "indent may be at most"),
+    ("{{ data.xs[:300]|tojson(100000000) }}", "indent may be at most"),
 ])
 def test_rendering_is_bounded_in_time_and_memory(source: str, why: str) -> None:
     with pytest.raises(RenderError) as caught:
@@ -105,6 +111,17 @@ def test_a_render_that_outlives_its_time_budget_is_stopped() -> None:
     assert "longer than" in caught.value.message
 
 
+@pytest.mark.parametrize("source", ["{{ 'abc'|truncate(-1) }}", "{{ 'abc'|truncate(1) }}"])
+def test_a_filter_that_asserts_on_its_arguments_is_a_render_error(source: str) -> None:
+    """Jinja's truncate asserts its length covers the ellipsis; a tenant's template must get a
+    RenderError (a 400 in a preview), not an AssertionError (a 500, or a send retried to the
+    DLQ). Branch conditions evaluate with the same filters."""
+    with pytest.raises(RenderError):
+        render_string(source, {"data": {}})
+    with pytest.raises(RenderError):
+        render_expression(source.strip("{} "), {"data": {}})
+
+
 def test_the_bounds_leave_ordinary_templates_alone() -> None:
     context = {"data": {"xs": list(range(1000)), "n": 3.14159, "amount": 5_000_000,
                         "tree": [{"v": 1, "c": [{"v": 2, "c": []}]}]}}
@@ -115,6 +132,9 @@ def test_the_bounds_leave_ordinary_templates_alone() -> None:
                            "{% endif %}{% endfor %}{% for i in [] %}x{% else %}none{% endfor %}",
                            context)
     assert digest == "1000none"
+    assert len(render_string("{{ lipsum(2, html=False) }}", context).split()) >= 40
+    assert render_string("{{ data.tree|tojson(indent=2) }} {{ 7|tojson }}", context) \
+        .startswith('[\n  {\n    "c": [')
     assert render_string("{% for n in data.tree recursive %}{{ n.v }}{% if n.c %}"
                          "({{ loop(n.c) }}){% endif %}{% endfor %}", context) == "1(2)"
 

@@ -56,6 +56,8 @@ async def test_every_invalid_user_field_is_named(api: Api, project: Project) -> 
 
 @pytest.mark.parametrize(("path", "status"), [
     ("/v1/users/%20padded", 400), ("/v1/users/" + "x" * 256, 400), ("/v1/users/tab%09", 400),
+    # percent-escapes that are not UTF-8: a lone byte, an encoded surrogate
+    ("/v1/users/%FF", 400), ("/v1/users/a%ED%A0%80", 400),
 ])
 async def test_bad_user_ids_are_rejected_on_put(
     api: Api, project: Project, path: str, status: int
@@ -63,6 +65,19 @@ async def test_bad_user_ids_are_rejected_on_put(
     reply = await api.call("PUT", path, key=project.full, json={})
     assert reply.status == status
     assert reply.fields == ["userId"]
+
+
+async def test_an_id_that_is_not_utf_8_does_not_alias_its_escaped_spelling(
+    api: Api, project: Project,
+) -> None:
+    """The user "%FF" is /v1/users/%25FF; /v1/users/%FF (the byte 0xFF, not UTF-8) is not
+    another way to name it."""
+    created = await api.call("PUT", "/v1/users/%25FF", key=project.full, json={})
+    assert (created.status, created.body["id"]) == (201, "%FF")
+    assert (await api.call("GET", "/v1/users/%25FF", key=project.full)).status == 200
+    for method in ("GET", "DELETE"):
+        assert (await api.call(method, "/v1/users/%FF", key=project.full)).status == 404
+    assert (await api.call("GET", "/v1/users/%25FF", key=project.full)).status == 200
 
 
 @pytest.mark.parametrize(("channel", "target"), [

@@ -123,7 +123,7 @@ def is_admin_key(key: str, admin_key: str | None) -> bool:
 def named_project(header: str | None, query: str | None) -> str | None:
     """The project a request names (``x-project-id`` first, then ``projectId``), normalised;
     None if it names none. Only the admin key acts on it, but a value that is not a project
-    id is a 400 whoever sends it."""
+    id, or a header and a query parameter naming two projects, is a 400 whoever sends it."""
     named: list[str] = []
     for field, raw in (("x-project-id", header), ("projectId", query)):
         if raw is None:
@@ -132,6 +132,8 @@ def named_project(header: str | None, query: str | None) -> str | None:
         if normalised is None:
             raise invalid_field(field, "must be a project id (UUID)")
         named.append(normalised)
+    if len(set(named)) > 1:  # which one the caller meant is anyone's guess
+        raise invalid_field("projectId", "names another project than the x-project-id header")
     return named[0] if named else None
 
 

@@ -21,7 +21,7 @@ from typing import Any, TypedDict
 
 import asyncpg
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 from redis.exceptions import RedisError
 
 from notifkit import codec
@@ -125,9 +125,19 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                    else [detail("Content-Type", "must be application/json")]
                    if exc.status == 415 else [])
         return error_response(ApiError(exc.status, code, message, details, headers=headers))
+    except web.RequestPayloadError as exc:
+        # The body could not be read: a Content-Encoding it is not in, or a chunked body cut
+        # short. The client's mistake, raised only once a handler reads the body.
+        return error_response(unreadable_body(exc))
     except asyncio.CancelledError:
         raise
     except Exception as exc:
+        if isinstance(exc, ConnectionResetError) and _client_gone(request):
+            # The client hung up before its body was read: nothing happened, and nobody is
+            # left to answer. Not a store outage, whatever OSError says.
+            log.info("The client closed the connection before its request was read; nothing "
+                     "was done.", extra={"path": request.path, "method": request.method})
+            return error_response(unreadable_body(web.RequestPayloadError("Connection lost")))
         if not store_unavailable(exc):
             log.exception("An unexpected error escaped a handler; answering 500. This is a bug: "
                           "the request should have been rejected by validation.",
@@ -165,6 +175,20 @@ def store_unavailable(exc: BaseException) -> bool:
     return False
 
 
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+def unreadable_body(exc: web.RequestPayloadError) -> ApiError:
+    if isinstance(exc.__cause__, ContentEncodingError):
+        return ApiError(400, "unreadable_body", "The request body is not in its Content-Encoding.",
+                        [detail("Content-Encoding", "does not match the body, which does not "
+                                                    "decode")])
+    return ApiError(400, "unreadable_body", "The request body is malformed or was cut short.",
+                    [detail("body", "could not be read")])
+
+
 def _snake(reason: str) -> str:
     return "_".join(reason.lower().replace("-", " ").split()) or "error"
 
@@ -176,6 +200,10 @@ class MalformedRequestFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, web.RequestPayloadError):
+            # Re-raised while aiohttp drains a body the handler already refused.
+            exc = exc.__cause__ if isinstance(exc.__cause__, HttpProcessingError) else \
+                HttpProcessingError(code=400, message="unreadable body")
         if isinstance(exc, HttpProcessingError):
             reason = (exc.message or "").strip().splitlines()
             record.msg = ("Refused a malformed HTTP request with %s (%s); nothing was done, "

@@ -22,11 +22,15 @@ from notifkit.services.api.auth import (
     unauthorized,
 )
 from notifkit.services.api.errors import ApiError, Handler, detail, invalid
+from notifkit.services.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from notifkit.services.api.routing import Operation
 from notifkit.services.api.state import ADMISSION, DB, KEY_CACHE, OPERATIONS, PRINCIPAL, SETTINGS
 
 PROJECT_HEADER = "x-project-id"
 PROJECT_QUERY = "projectId"
+# Headers that decide who acts, for which project, or whether a send is new. Sent twice they
+# are ambiguous (a proxy may read the last where this server reads the first): refused.
+SINGLE_HEADERS = ("Authorization", PROJECT_HEADER, IDEMPOTENCY_HEADER)
 
 
 @web.middleware
@@ -37,21 +41,33 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         # Unknown routes fall through to aiohttp's 404/405. Public routes are called by
         # browsers, mail clients and providers that may add parameters of their own.
         return await handler(request)
+    _reject_repeated_headers(request)
     request[PRINCIPAL] = await authenticate(request, op)
     _reject_unknown_query(request, op)
     return await handler(request)
 
 
+def _reject_repeated_headers(request: web.Request) -> None:
+    repeated = [name for name in SINGLE_HEADERS if len(request.headers.getall(name, ())) > 1]
+    if repeated:
+        raise invalid([detail(name, "must be sent once") for name in repeated])
+
+
 def _reject_unknown_query(request: web.Request, op: Operation) -> None:
     """A misspelt filter (``?userid=``) must not silently widen a list: unknown query
-    parameters are a 400 naming them."""
+    parameters are a 400 naming them, and so are parameters given more than once."""
     allowed = {p.name for p in op.query}
     if op.access in ("project", "ops"):
         allowed.add(PROJECT_QUERY)
-    unknown = [name for name in dict.fromkeys(request.query) if name not in allowed]
+    names = list(dict.fromkeys(request.query))
+    unknown = [name for name in names if name not in allowed]
     if unknown:
         raise invalid([detail(name[:100], "is not a query parameter of this route")
                        for name in unknown[:20]])
+    # Every parameter takes one value: ?userId=a&userId=b must not quietly mean only a.
+    repeated = [name for name in names if len(request.query.getall(name)) > 1]
+    if repeated:
+        raise invalid([detail(name, "must be given once") for name in repeated])
 
 
 async def authenticate(request: web.Request, op: Operation) -> Principal:

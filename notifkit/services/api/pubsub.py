@@ -39,6 +39,9 @@ class Hub:
         self.key_cache = key_cache
         self.live = asyncio.Event()
         self._listeners: dict[str, set[asyncio.Queue[bytes]]] = defaultdict(set)
+        # The open streams of each project key, so revoking the key ends them: a stream
+        # opened before the revocation must not go on delivering the user's messages.
+        self._by_key: dict[str, set[asyncio.Queue[bytes]]] = defaultdict(set)
         self._inbox_pattern = keys.inbox_channel("*", "*")
 
     # -- revocations ---------------------------------------------------------------------
@@ -49,27 +52,25 @@ class Hub:
         )
 
     # -- inbox streams -------------------------------------------------------------------
-    def listen(self, project_id: str, user_id: str) -> asyncio.Queue[bytes]:
+    def listen(self, project_id: str, user_id: str,
+               key_id: str | None = None) -> asyncio.Queue[bytes]:
         queue: asyncio.Queue[bytes] = asyncio.Queue(QUEUE_SIZE)
         self._listeners[self.keys.inbox_channel(project_id, user_id)].add(queue)
+        if key_id is not None:
+            self._by_key[key_id].add(queue)
         return queue
 
-    def unlisten(self, project_id: str, user_id: str, queue: asyncio.Queue[bytes]) -> None:
-        channel = self.keys.inbox_channel(project_id, user_id)
-        queues = self._listeners.get(channel)
-        if queues is not None:
-            queues.discard(queue)
-            if not queues:
-                del self._listeners[channel]
+    def unlisten(self, project_id: str, user_id: str, queue: asyncio.Queue[bytes],
+                 key_id: str | None = None) -> None:
+        _discard(self._listeners, self.keys.inbox_channel(project_id, user_id), queue)
+        if key_id is not None:
+            _discard(self._by_key, key_id, queue)
 
     def close_streams(self) -> None:
         """Tell every open inbox stream to end (an empty message): the server is stopping."""
         for queues in list(self._listeners.values()):
             for queue in list(queues):
-                with contextlib.suppress(asyncio.QueueEmpty):
-                    if queue.full():
-                        queue.get_nowait()
-                queue.put_nowait(b"")
+                _close(queue)
 
     # -- the loop --------------------------------------------------------------------------
     async def run(self) -> None:
@@ -140,6 +141,26 @@ class Hub:
             return
         if isinstance(key_hash, str):
             self.key_cache.drop(key_hash)
+        key_id = payload.get("keyId") if isinstance(payload, dict) else None
+        for queue in list(self._by_key.get(key_id, ())) if isinstance(key_id, str) else ():
+            _close(queue)
+
+
+def _close(queue: asyncio.Queue[bytes]) -> None:
+    """End a stream: an empty message, making room for it if the queue is full."""
+    with contextlib.suppress(asyncio.QueueEmpty):
+        if queue.full():
+            queue.get_nowait()
+    queue.put_nowait(b"")
+
+
+def _discard(index: dict[str, set[asyncio.Queue[bytes]]], name: str,
+             queue: asyncio.Queue[bytes]) -> None:
+    queues = index.get(name)
+    if queues is not None:
+        queues.discard(queue)
+        if not queues:
+            del index[name]
 
 
 def _text(value: Any) -> str:

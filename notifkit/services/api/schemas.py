@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from notifkit.messages import CHANNELS, PRIORITIES
+from notifkit.workflow_defs import MAX_EVENT_NAME_CHARS, MAX_EXPRESSION_CHARS
 
 Schema = dict[str, Any]
 
@@ -231,7 +232,7 @@ COMPONENTS: dict[str, Schema] = {
         "createdAt")),
     # -- events and workflows -------------------------------------------------------------------
     "EventCreate": obj({
-        "name": {"type": "string", "minLength": 1, "maxLength": 200},
+        "name": {"type": "string", "minLength": 1, "maxLength": MAX_EVENT_NAME_CHARS},
         "userId": ID,
         "data": nullable(ANY_OBJECT),
     }, ("name", "userId")),
@@ -242,13 +243,15 @@ COMPONENTS: dict[str, Schema] = {
             obj({"type": {"const": "send"}, **_SEND_STEP}, ("type", "template")),
             obj({"type": {"const": "wait"}, "seconds": STEP_SECONDS}, ("type", "seconds")),
             obj({"type": {"const": "waitForEvent"},
-                 "event": {"type": "string", "minLength": 1, "maxLength": 200,
+                 "event": {"type": "string", "minLength": 1,
+                           "maxLength": MAX_EVENT_NAME_CHARS,
                            "pattern": r"\S"},
                  "timeoutSeconds": STEP_SECONDS,
                  "onTimeout": nullable({"type": "string", "enum": ["continue", "stop"]})},
                 ("type", "event", "timeoutSeconds")),
             obj({"type": {"const": "branch"},
-                 "if": {"type": "string", "minLength": 1, "maxLength": 10_000,
+                 "if": {"type": "string", "minLength": 1,
+                        "maxLength": MAX_EXPRESSION_CHARS,
                         "pattern": r"\S",
                         "description": "A Jinja2 expression over data, user and steps."},
                  "then": nullable(_STEP_LIST), "else": nullable(_STEP_LIST)},

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 from aiohttp import web
 
@@ -336,16 +337,28 @@ def identifier_problem(value: str) -> str | None:
 def path_id(request: web.Request, name: str) -> str:
     """A caller-chosen id from the path, for creating: a bad one is a 400 naming it."""
     value = request.match_info[name]
-    problem = identifier_problem(value)
+    problem = identifier_problem(value) or _undecodable_path(request, value)
     if problem:
         raise invalid_field(name, problem)
     return value
 
 
+def _undecodable_path(request: web.Request, value: str) -> str | None:
+    """The URL decoder leaves percent-escapes that are not UTF-8 (``%FF``) as they are, so
+    ``/users/%FF`` would name the user ``"%FF"``, as ``/users/%25FF`` does: refused instead."""
+    if "%" not in value:
+        return None
+    try:
+        unquote_to_bytes(request.raw_path.partition("?")[0]).decode("utf-8")
+    except UnicodeDecodeError:
+        return "must be valid UTF-8 once percent-decoded"
+    return None
+
+
 def lookup_id(request: web.Request, name: str, what: str) -> str:
     """A caller-chosen id from the path, for reading: one that cannot exist is a 404."""
     value = request.match_info[name]
-    if identifier_problem(value):
+    if identifier_problem(value) or _undecodable_path(request, value):
         raise ApiError(404, f"{what.replace(' ', '_')}_not_found",
                        f"No {what} with that id exists in this project.")
     return value

@@ -18,6 +18,7 @@ from notifkit.services.api.state import KEYS, REDIS, SETTINGS
 from notifkit.services.api.validation import Fields, read_json
 from notifkit.streams import xadd
 from notifkit.worker import utc_now_iso
+from notifkit.workflow_defs import MAX_EVENT_NAME_CHARS
 
 log = logging.getLogger("notifkit.api")
 
@@ -32,7 +33,7 @@ async def post_event(request: web.Request) -> web.Response:
     project = project_id(request)
     fields = Fields(await read_json(request))
     fields.only(("name", "userId", "data"))
-    name = fields.string("name", required=True, max_len=200)
+    name = fields.string("name", required=True, max_len=MAX_EVENT_NAME_CHARS)
     user_id = fields.identifier("userId", required=True)
     data = fields.obj("data", nullable=True)
     fields.raise_if_invalid()

@@ -17,7 +17,7 @@ import asyncpg
 from aiohttp import web
 
 from notifkit.services.api.errors import invalid_field, json_response, not_found
-from notifkit.services.api.middleware import project_id
+from notifkit.services.api.middleware import principal, project_id
 from notifkit.services.api.routing import CURSOR, LIMIT, Operations, Param, Reply
 from notifkit.services.api.schemas import ref
 from notifkit.services.api.state import DB, HUB, SSE_HEARTBEAT_S
@@ -35,7 +35,7 @@ from notifkit.services.api.validation import (
 
 ops = Operations("inbox")
 
-CLOSE = b""  # what the hub puts on a stream's queue when the server shuts down
+CLOSE = b""  # what the hub puts on a stream's queue to end it: shutdown, or its key revoked
 
 
 @ops.route("GET", "/v1/users/{userId}/inbox", "A user's in-app messages, newest first",
@@ -104,7 +104,8 @@ async def inbox_stream(request: web.Request) -> web.StreamResponse:
     await _require_user(request.app[DB], project, user_id)
     hub = request.app[HUB]
     heartbeat_s = request.app[SSE_HEARTBEAT_S]
-    queue = hub.listen(project, user_id)
+    key_id = principal(request).key_id  # None for the admin key, which is never revoked
+    queue = hub.listen(project, user_id, key_id)
     response = web.StreamResponse(headers={
         "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
         "X-Accel-Buffering": "no",
@@ -124,7 +125,7 @@ async def inbox_stream(request: web.Request) -> web.StreamResponse:
     except (ConnectionResetError, ConnectionError):
         pass  # the client went away
     finally:
-        hub.unlisten(project, user_id, queue)
+        hub.unlisten(project, user_id, queue, key_id)
     with contextlib.suppress(ConnectionError):
         await response.write_eof()
     return response
