@@ -54,6 +54,11 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         ("SMTP_URL", "smtp://mail.example:abc"),
         ("NOTIFKIT_PUBLIC_URL", "http://notifkit.example:99999"),
         ("NOTIFKIT_SIMULATOR_SMTP", "127.0.0.1:99999"),
+        ("REDIS_URL", "redis://[::1"),
+        ("DATABASE_URL", "postgresql://[::1/test"),
+        ("DB_SCHEMA", "pg_catalog"),
+        ("WORKER_CONCURRENCY", "99999999999999999999999"),
+        ("DB_MAX_CONNECTIONS", "99999999999999999"),
     ],
 )
 def test_invalid_configuration_exits_2_naming_the_variable(variable: str, value: str) -> None:
