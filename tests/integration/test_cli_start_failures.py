@@ -113,3 +113,20 @@ def test_sigterm_during_a_hanging_start_stops_the_process(
                 process.kill()
                 process.wait()
     assert "Traceback" not in stderr, stderr
+
+
+@pytest.mark.parametrize("option", ["--port", "--sim-port", "--sim-smtp-port"])
+def test_a_dev_port_in_use_is_named_by_its_option(
+    option: str, redis_url: str, database_url: str, tmp_path: Path
+) -> None:
+    # dev takes its ports from options, not from PORT: the message names the option typed.
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        ports = {"--port": "0", "--sim-port": "0", "--sim-smtp-port": "0"}
+        ports[option] = str(taken.getsockname()[1])
+        args = [word for pair in ports.items() for word in pair]
+        result = run_cli(_env(redis_url, database_url), "dev", "--data-dir", str(tmp_path),
+                         *args)
+    assert result.returncode == 2, result.stderr
+    _one_line_naming(result, f"{option}: cannot listen on")
