@@ -186,3 +186,24 @@ def test_a_bare_services_flag_reaches_the_settings(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(cli, "_install_event_loop", lambda: None)
     assert cli.main(["--services", "engine,api", "--port", "0"]) == 0
     assert seen == [("api", "engine")]
+
+
+
+async def test_a_database_url_that_never_answers_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A port that accepts connections and never speaks (a server of another kind) makes asyncpg
+    # time out after 60 s with an exception whose text is empty; the line ended in ": ".
+
+    import asyncpg
+
+    from notifkit.db import pool
+
+    async def silent(*_args: object, **_kwargs: object) -> None:
+        raise TimeoutError
+
+    monkeypatch.setattr(asyncpg, "connect", silent)
+    with pytest.raises(pool.DatabaseUnavailable) as caught:
+        await pool.connect(notifkit.config.Settings())
+    assert str(caught.value) == ("DATABASE_URL: cannot connect to PostgreSQL: no answer in time "
+                                 "(is a PostgreSQL server listening there?)")
