@@ -45,7 +45,7 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise SystemExit(f"scenarios: --set expects KEY=VALUE, got {pair!r}")
+            raise ValueError(f"--set expects KEY=VALUE, got {pair!r}")
         try:
             overrides[key] = int(value)
         except ValueError:
@@ -122,7 +122,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scenarios: unknown scenario {unknown[0]!r}; see 'python -m scenarios list'",
               file=sys.stderr)
         return 2
-    overrides = parse_overrides(args.set)
+    try:
+        overrides = parse_overrides(args.set)
+    except ValueError as exc:
+        print(f"scenarios: {exc}", file=sys.stderr)
+        return 2
+    known = {key for name in names for key in catalog.load(name).PARAMS}
+    unused = sorted(set(overrides) - known)
+    if unused:  # a misspelt parameter would otherwise be ignored without a word
+        print(f"scenarios: --set {unused[0]}: no such parameter in {', '.join(names)}; "
+              f"known: {', '.join(sorted(known))}", file=sys.stderr)
+        return 2
     try:
         results = asyncio.run(stoppable(run_all(names, args.seed, overrides, args.json.parent)))
     except (KeyboardInterrupt, asyncio.CancelledError):
