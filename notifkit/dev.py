@@ -111,7 +111,11 @@ async def run_dev(settings: Settings, *, data_dir: str, port: int, sim_port: int
 
     environ = dict(os.environ if env is None else env)
     folder = Path(data_dir)
-    await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
+    try:
+        await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError("--data-dir", f"cannot use {data_dir!r} as a folder: "
+                          f"{exc.strerror or exc}") from exc
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -207,3 +208,15 @@ async def test_a_database_url_that_never_answers_says_so(
         await pool.connect(notifkit.config.Settings())
     assert str(caught.value) == ("DATABASE_URL: cannot connect to PostgreSQL: no answer in time "
                                  "(is a PostgreSQL server listening there?)")
+
+
+def test_a_dev_data_dir_that_cannot_be_a_folder_is_named(tmp_path: Path) -> None:
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    result = run_cli("dev", "--data-dir", str(not_a_folder), "--port", "0", "--sim-port", "0",
+                     "--sim-smtp-port", "0")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "--data-dir" in lines[0]
+    assert "Traceback" not in result.stderr
