@@ -154,6 +154,10 @@ def describe_failure(exc: BaseException) -> str:
         return f"REDIS_URL: cannot use Redis: {text}"
     import asyncpg
 
+    if isinstance(exc, asyncpg.UndefinedTableError):
+        # With AUTO_MIGRATE=false on a schema nobody migrated, the first query says only this.
+        return (f"DB_SCHEMA: {text}: the schema has no notifkit tables yet; run "
+                "'python -m notifkit migrate' or start with AUTO_MIGRATE=true")
     if isinstance(exc, (asyncpg.PostgresError, asyncpg.InterfaceError)):
         return f"DATABASE_URL: {text}"
     return text

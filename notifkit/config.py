@@ -51,6 +51,11 @@ FAULT_INJECTIONS: dict[str, str] = {
 }
 MAX_DURATION_S: Final = 10 * 365 * 24 * 3600
 MAX_REDIS_INT: Final = 2**63 - 1
+# Upper bounds for sizes that are allocated or sent to Redis as counts: beyond them a value is a
+# typo, and it would fail only later (XREADGROUP refuses a COUNT past 64 bits, so every worker
+# logs a failed read forever; asyncpg sets up every slot of a pool when it creates it).
+MAX_WORKER_CONCURRENCY: Final = 1_000_000
+MAX_DB_CONNECTIONS: Final = 10_000
 # A worker's health key lives this many heartbeat intervals (at least the 30 s default).
 HEARTBEAT_TTL_BEATS: Final = 4
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -463,7 +468,10 @@ def _apply_simulator(settings: Settings, env: Mapping[str, str]) -> Settings:
 def _check_url(variable: str, value: str | None, schemes: tuple[str, ...]) -> None:
     if value is None:
         return
-    parts = urlsplit(value)
+    try:
+        parts = urlsplit(value)
+    except ValueError as exc:  # e.g. an unclosed IPv6 bracket: "redis://[::1"
+        raise ConfigError(variable, f"is not a valid URL ({exc}): {value!r}") from None
     if parts.scheme not in schemes or not parts.netloc:
         raise ConfigError(
             variable, f"must be a {' or '.join(s + '://' for s in schemes)} URL, got {value!r}"
@@ -478,7 +486,10 @@ def _check_url(variable: str, value: str | None, schemes: tuple[str, ...]) -> No
 
 def _check_redis_url(value: str) -> None:
     if value.startswith("unix://"):
-        parts = urlsplit(value)
+        try:
+            parts = urlsplit(value)
+        except ValueError as exc:
+            raise ConfigError("REDIS_URL", f"is not a valid URL ({exc}): {value!r}") from None
         if not parts.path:
             raise ConfigError("REDIS_URL", f"must name a socket path, got {value!r}")
         return
@@ -529,6 +540,11 @@ def _validate(s: Settings) -> None:
         raise ConfigError(
             "DB_SCHEMA", f"must be a lower-case SQL identifier, got {s.db_schema!r}"
         )
+    if s.db_schema.startswith("pg_"):
+        # PostgreSQL reserves the prefix: CREATE SCHEMA refuses it, and pg_catalog, pg_temp and
+        # pg_toast are its own.
+        raise ConfigError("DB_SCHEMA", f"must not start with pg_ (PostgreSQL reserves it), "
+                          f"got {s.db_schema!r}")
     positive = {
         "WORKER_CONCURRENCY": s.worker_concurrency,
         "QUEUE_MAX_LEN": s.queue_max_len,
@@ -563,6 +579,13 @@ def _validate(s: Settings) -> None:
         if not (math.isfinite(duration) and duration <= MAX_DURATION_S):
             raise ConfigError(variable, f"must be a finite number of seconds up to "
                               f"{MAX_DURATION_S} (ten years), got {duration}")
+    bounded = {
+        "WORKER_CONCURRENCY": (s.worker_concurrency, MAX_WORKER_CONCURRENCY),
+        "DB_MAX_CONNECTIONS": (s.db_max_connections, MAX_DB_CONNECTIONS),
+    }
+    for variable, (value, most) in bounded.items():
+        if value > most:
+            raise ConfigError(variable, f"must be at most {most:,}, got {value}")
     if s.queue_max_len > MAX_REDIS_INT:
         raise ConfigError("QUEUE_MAX_LEN", f"must be at most {MAX_REDIS_INT}")
     if not s.heartbeat_ttl_s > s.heartbeat_interval_s:

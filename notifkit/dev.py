@@ -25,6 +25,7 @@ from typing import Any
 import aiohttp
 
 from notifkit.config import ConfigError, Settings
+from simulators.server import ListenError, SimulatorServer
 
 log = logging.getLogger("notifkit.dev")
 
@@ -107,11 +108,14 @@ async def run_dev(settings: Settings, *, data_dir: str, port: int, sim_port: int
     import os
 
     from notifkit.server import NotifkitServer
-    from simulators import SimulatorServer
 
     environ = dict(os.environ if env is None else env)
     folder = Path(data_dir)
-    await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
+    try:
+        await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError("--data-dir", f"cannot use {data_dir!r} as a folder: "
+                          f"{exc.strerror or exc}") from exc
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -120,8 +124,8 @@ async def run_dev(settings: Settings, *, data_dir: str, port: int, sim_port: int
 
     # pgserver narrates every command it runs; its warnings are all a developer needs.
     logging.getLogger("pgserver").setLevel(logging.WARNING)
-    async with embedded_services(folder, environ) as local, SimulatorServer(
-        host="127.0.0.1", port=sim_port, smtp_port=sim_smtp_port,
+    async with embedded_services(folder, environ) as local, _simulators(
+        sim_port, sim_smtp_port
     ) as sim:
         merged = {
             **environ,
@@ -137,13 +141,39 @@ async def run_dev(settings: Settings, *, data_dir: str, port: int, sim_port: int
             or f"http://127.0.0.1:{port}",
         }
         dev_settings = Settings.from_env(merged, services=settings.services)
-        async with NotifkitServer(settings=dev_settings):
+        async with _api_port_named("--port"), NotifkitServer(settings=dev_settings):
             api_url = f"http://127.0.0.1:{port}"
             demo = await ensure_demo(api_url, dev_settings.admin_key or "", folder)
             print_welcome(api_url, sim.base_url, demo)
             await stop.wait()
             log.info("Stopping; in-flight work finishes or stays pending for the next start.")
     return 0
+
+
+@contextlib.asynccontextmanager
+async def _simulators(port: int, smtp_port: int) -> AsyncIterator[SimulatorServer]:
+    """The simulators on the ports given; a port that cannot be bound is named by its option."""
+    try:
+        sim = SimulatorServer(host="127.0.0.1", port=port, smtp_port=smtp_port)
+        await sim.start()
+    except ListenError as exc:
+        option = "--sim-port" if exc.which == "port" else "--sim-smtp-port"
+        raise ConfigError(option, str(exc)) from exc
+    try:
+        yield sim
+    finally:
+        await sim.stop()
+
+
+@contextlib.asynccontextmanager
+async def _api_port_named(option: str) -> AsyncIterator[None]:
+    """The dev command takes the API's port from ``option``, not from PORT: name that."""
+    try:
+        yield
+    except ConfigError as exc:
+        if exc.variable != "PORT":
+            raise
+        raise ConfigError(option, exc.problem) from exc
 
 
 async def ensure_demo(api_url: str, admin_key: str, folder: Path) -> dict[str, Any]:

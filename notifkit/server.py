@@ -93,9 +93,12 @@ class NotifkitServer:
             for name in self.settings.services:
                 cls = service_class(name)
                 service = cls(self.settings, transports=self.transports)
+                # Stopped with the others if its own start fails part-way: a worker it already
+                # started (the workflow service starts its loop, then rebuilds its timers) kept
+                # the process alive after the failure was reported.
+                started.append(service)
                 await service.start()
                 self.services[name] = service
-                started.append(service)
         except BaseException:
             for service in reversed(started):
                 await _stop_quietly(service)

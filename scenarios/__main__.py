@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 import time
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from scenarios import catalog
 from scenarios.harness import RunOptions
 from scenarios.report import Progress, ScenarioResult, table, violations_text, write_json
+
+T = TypeVar("T")
 
 COMMANDS = ("list", "run")
 
@@ -41,7 +45,7 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise SystemExit(f"scenarios: --set expects KEY=VALUE, got {pair!r}")
+            raise ValueError(f"--set expects KEY=VALUE, got {pair!r}")
         try:
             overrides[key] = int(value)
         except ValueError:
@@ -75,6 +79,37 @@ async def run_all(names: list[str], seed: int, overrides: dict[str, Any],
     return results
 
 
+async def stoppable(work: Awaitable[T]) -> T:
+    """``work``, cancelled by SIGTERM or Ctrl-C. The processes it starts run in sessions of
+    their own, so a signal reaches only this one; cancelled, each System stops what it started
+    and removes its schema and keys. SIGTERM's default action left every process running."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    stopping = False
+
+    def stop() -> None:
+        nonlocal stopping
+        stopping = True
+        task.cancel()
+
+    def quiet_while_stopping(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        # A scenario's helper tasks (probes, senders) fail once their processes are stopped;
+        # after a stop that is expected, not an error worth a traceback.
+        if stopping and isinstance(context.get("exception"), Exception):
+            return
+        loop.default_exception_handler(context)
+
+    loop.set_exception_handler(quiet_while_stopping)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop)
+    try:
+        return await work
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command == "list":
@@ -87,8 +122,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scenarios: unknown scenario {unknown[0]!r}; see 'python -m scenarios list'",
               file=sys.stderr)
         return 2
-    overrides = parse_overrides(args.set)
-    results = asyncio.run(run_all(names, args.seed, overrides, args.json.parent))
+    try:
+        overrides = parse_overrides(args.set)
+    except ValueError as exc:
+        print(f"scenarios: {exc}", file=sys.stderr)
+        return 2
+    known = {key for name in names for key in catalog.load(name).PARAMS}
+    unused = sorted(set(overrides) - known)
+    if unused:  # a misspelt parameter would otherwise be ignored without a word
+        print(f"scenarios: --set {unused[0]}: no such parameter in {', '.join(names)}; "
+              f"known: {', '.join(sorted(known))}", file=sys.stderr)
+        return 2
+    try:
+        results = asyncio.run(stoppable(run_all(names, args.seed, overrides, args.json.parent)))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("scenarios: stopped; the processes started were stopped and the run's data "
+              "removed", file=sys.stderr)
+        return 130
     print(table(results))
     write_json(args.json, results)
     problems = violations_text(results)

@@ -121,6 +121,15 @@ class System:
 
     # -- lifecycle -------------------------------------------------------------------
     async def __aenter__(self) -> System:
+        try:
+            return await self._start()
+        except BaseException:
+            # A start that failed or was cancelled (SIGTERM, Ctrl-C) half-way stops what it had
+            # started and removes the run's data, as a finished run does.
+            await self.__aexit__(None, None, None)
+            raise
+
+    async def _start(self) -> System:
         self.folder.mkdir(parents=True, exist_ok=True)
         await migrate(self.settings)
         from notifkit.db.pool import create_pool
@@ -153,6 +162,11 @@ class System:
         if self.http is not None:
             await self.http.close()
         await self.sim.close()
+        if self.db is None:  # stopped during its migration: the schema may exist already
+            from notifkit.db.pool import create_pool
+
+            with contextlib.suppress(Exception):
+                self.db = await create_pool(self.settings, max_size=1)
         await remove_run_data(self.db, self.redis, self.schema, self.namespace)
 
     def env_for(self, services: Sequence[str], **extra: str) -> dict[str, str]:

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Coroutine
 from typing import Any, NoReturn
 
-from simulators.server import SimulatorServer
+from simulators.server import ListenError, SimulatorServer
 
 log = logging.getLogger("simulators")
 
@@ -130,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         _run(serve(args))
+    except ListenError as exc:
+        option = "--port" if exc.which == "port" else "--smtp-port"
+        print(f"python -m simulators: error: {option}: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         # Typically the port is taken or the host cannot be bound.
         print(f"python -m simulators: error: cannot listen: {exc}", file=sys.stderr)

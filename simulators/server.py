@@ -29,6 +29,18 @@ log = logging.getLogger("simulators")
 SHUTDOWN_TIMEOUT_S = 2.0
 
 
+class ListenError(OSError):
+    """One of the two ports could not be bound; ``which`` says which one (``"port"`` for HTTP,
+    ``"smtp_port"``), so a command line can name its own option for it."""
+
+    def __init__(self, which: str, host: str, port: int, cause: OSError) -> None:
+        super().__init__(cause.errno, f"cannot listen on {host}:{port}: {cause.strerror or cause}")
+        self.which = which
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
 class SimulatorServer(SimulatorControl):
     def __init__(
         self,
@@ -76,13 +88,21 @@ class SimulatorServer(SimulatorControl):
         self._runner = runner
         try:
             site = web.TCPSite(runner, self.host, self.settings.port)
-            await site.start()
+            try:
+                await site.start()
+            except OSError as exc:
+                raise ListenError("port", self.host, self.settings.port, exc) from exc
             self.port = int(runner.addresses[0][1])
             if self._smtp_enabled:
                 quiet_aiosmtpd_logs()
                 loop = asyncio.get_running_loop()
                 factory = smtp_factory(self.state, "notifkit-sim.localhost", self._smtp_connections)
-                self._smtp = await loop.create_server(factory, self.host, self.settings.smtp_port)
+                try:
+                    self._smtp = await loop.create_server(
+                        factory, self.host, self.settings.smtp_port)
+                except OSError as exc:
+                    raise ListenError("smtp_port", self.host, self.settings.smtp_port,
+                                      exc) from exc
                 self.smtp_port = int(self._smtp.sockets[0].getsockname()[1])
         except BaseException:
             await self.stop()

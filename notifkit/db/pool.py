@@ -47,7 +47,10 @@ _CONNECT_ERRORS = (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg
 
 
 def _unavailable(exc: BaseException) -> DatabaseUnavailable:
-    return DatabaseUnavailable(f"DATABASE_URL: cannot connect to PostgreSQL: {exc}")
+    # A timeout's own text is empty: without this the line ended in "PostgreSQL: ".
+    reason = str(exc) or ("no answer in time (is a PostgreSQL server listening there?)"
+                          if isinstance(exc, TimeoutError) else type(exc).__name__)
+    return DatabaseUnavailable(f"DATABASE_URL: cannot connect to PostgreSQL: {reason}")
 
 _JSONB_VERSION = b"\x01"
 

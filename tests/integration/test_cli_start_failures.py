@@ -9,10 +9,12 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+import redis
 
 
 def _env(redis_url: str, database_url: str, **extra: str) -> dict[str, str]:
@@ -113,3 +115,41 @@ def test_sigterm_during_a_hanging_start_stops_the_process(
                 process.kill()
                 process.wait()
     assert "Traceback" not in stderr, stderr
+
+
+@pytest.mark.parametrize("option", ["--port", "--sim-port", "--sim-smtp-port"])
+def test_a_dev_port_in_use_is_named_by_its_option(
+    option: str, redis_url: str, database_url: str, tmp_path: Path
+) -> None:
+    # dev takes its ports from options, not from PORT: the message names the option typed.
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        ports = {"--port": "0", "--sim-port": "0", "--sim-smtp-port": "0"}
+        ports[option] = str(taken.getsockname()[1])
+        args = [word for pair in ports.items() for word in pair]
+        result = run_cli(_env(redis_url, database_url), "dev", "--data-dir", str(tmp_path),
+                         *args)
+    assert result.returncode == 2, result.stderr
+    _one_line_naming(result, f"{option}: cannot listen on")
+
+
+def test_an_unmigrated_schema_without_auto_migrate_is_named(
+    redis_url: str, database_url: str
+) -> None:
+    # AUTO_MIGRATE=false on a schema nobody migrated: the first query failed and the line
+    # blamed DATABASE_URL with a bare 'relation ... does not exist'. In a namespace of its own
+    # the workflow worker had started before the failing query, was never stopped, and the
+    # process never exited.
+    namespace = f"cli-unmigrated-{uuid.uuid4().hex[:8]}"
+    env = _env(redis_url, database_url, NOTIFKIT_SERVICES="workflow",
+               DB_SCHEMA="cli_start_failures_unmigrated", NOTIFKIT_NAMESPACE=namespace)
+    try:
+        result = run_cli(env, "serve")
+    finally:
+        client = redis.Redis.from_url(redis_url)
+        for key in client.scan_iter(f"{namespace}:*"):
+            client.delete(key)
+        client.close()
+    _one_line_naming(result, "DB_SCHEMA")
+    assert "python -m notifkit migrate" in result.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -85,3 +86,18 @@ async def test_serves_and_stops_cleanly(stop_with: signal.Signals) -> None:
     assert process.returncode == 0
     assert "Traceback" not in rest.decode()
     assert "smtp accepted message" in rest.decode()
+
+
+@pytest.mark.parametrize("option", ["--port", "--smtp-port"])
+async def test_a_port_in_use_is_named_by_its_option(option: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        other = "--smtp-port" if option == "--port" else "--port"
+        proc = await run_cli(option, port, other, "0")
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1, lines
+    assert f"error: {option}: cannot listen on 127.0.0.1:{port}" in lines[0]

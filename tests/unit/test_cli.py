@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -54,6 +55,11 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         ("SMTP_URL", "smtp://mail.example:abc"),
         ("NOTIFKIT_PUBLIC_URL", "http://notifkit.example:99999"),
         ("NOTIFKIT_SIMULATOR_SMTP", "127.0.0.1:99999"),
+        ("REDIS_URL", "redis://[::1"),
+        ("DATABASE_URL", "postgresql://[::1/test"),
+        ("DB_SCHEMA", "pg_catalog"),
+        ("WORKER_CONCURRENCY", "99999999999999999999999"),
+        ("DB_MAX_CONNECTIONS", "99999999999999999"),
     ],
 )
 def test_invalid_configuration_exits_2_naming_the_variable(variable: str, value: str) -> None:
@@ -181,3 +187,36 @@ def test_a_bare_services_flag_reaches_the_settings(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(cli, "_install_event_loop", lambda: None)
     assert cli.main(["--services", "engine,api", "--port", "0"]) == 0
     assert seen == [("api", "engine")]
+
+
+
+async def test_a_database_url_that_never_answers_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A port that accepts connections and never speaks (a server of another kind) makes asyncpg
+    # time out after 60 s with an exception whose text is empty; the line ended in ": ".
+
+    import asyncpg
+
+    from notifkit.db import pool
+
+    async def silent(*_args: object, **_kwargs: object) -> None:
+        raise TimeoutError
+
+    monkeypatch.setattr(asyncpg, "connect", silent)
+    with pytest.raises(pool.DatabaseUnavailable) as caught:
+        await pool.connect(notifkit.config.Settings())
+    assert str(caught.value) == ("DATABASE_URL: cannot connect to PostgreSQL: no answer in time "
+                                 "(is a PostgreSQL server listening there?)")
+
+
+def test_a_dev_data_dir_that_cannot_be_a_folder_is_named(tmp_path: Path) -> None:
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    result = run_cli("dev", "--data-dir", str(not_a_folder), "--port", "0", "--sim-port", "0",
+                     "--sim-smtp-port", "0")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "--data-dir" in lines[0]
+    assert "Traceback" not in result.stderr

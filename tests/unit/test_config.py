@@ -108,6 +108,17 @@ def test_all_means_every_service(raw: str) -> None:
         ({"DB_SCHEMA": "Bad-Name"}, "DB_SCHEMA"),
         ({"DB_SCHEMA": "1abc"}, "DB_SCHEMA"),
         ({"DB_MAX_CONNECTIONS": "-1"}, "DB_MAX_CONNECTIONS"),
+        # asyncpg sets up every slot of a pool at once: this one never finished starting.
+        ({"DB_MAX_CONNECTIONS": "99999999999999999"}, "DB_MAX_CONNECTIONS"),
+        # Past 64 bits Redis refuses XREADGROUP's COUNT, and every worker logged it forever.
+        ({"WORKER_CONCURRENCY": "99999999999999999999999"}, "WORKER_CONCURRENCY"),
+        ({"DB_SCHEMA": "pg_catalog"}, "DB_SCHEMA"),
+        ({"DB_SCHEMA": "pg_notifkit"}, "DB_SCHEMA"),
+        # urlsplit raises on an unclosed IPv6 bracket; that was a traceback, not a message.
+        ({"REDIS_URL": "redis://[::1"}, "REDIS_URL"),
+        ({"REDIS_URL": "unix://[sock"}, "REDIS_URL"),
+        ({"DATABASE_URL": "postgresql://[::1/app"}, "DATABASE_URL"),
+        ({"NOTIFKIT_PUBLIC_URL": "http://[oops"}, "NOTIFKIT_PUBLIC_URL"),
         ({"NOTIFKIT_SERVICES": "api,nope"}, "NOTIFKIT_SERVICES"),
         ({"NOTIFKIT_SERVICES": ","}, "NOTIFKIT_SERVICES"),
         ({"NOTIFKIT_NAMESPACE": "has space"}, "NOTIFKIT_NAMESPACE"),
@@ -152,6 +163,11 @@ def test_invalid_values_given_in_code_name_the_variable_too() -> None:
         Settings(db_schema="Bad-Name")
     with pytest.raises(ConfigError, match=r"^WORKER_CONCURRENCY: "):
         Settings.from_env({}, worker_concurrency=0)
+
+
+def test_the_largest_sizes_still_accepted() -> None:
+    s = Settings.from_env({"WORKER_CONCURRENCY": "1000000", "DB_MAX_CONNECTIONS": "10000"})
+    assert (s.worker_concurrency, s.db_max_connections) == (1_000_000, 10_000)
 
 
 def test_empty_values_count_as_unset() -> None:

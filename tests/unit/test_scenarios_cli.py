@@ -37,3 +37,21 @@ def test_an_unknown_bare_name_is_refused_without_running_anything() -> None:
     assert result.returncode == 2
     assert "no_such_scenario" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "complaint"),
+    [
+        # A misspelt parameter was ignored and the scenario ran with its default.
+        (["crash_reclaim", "--set", "mesages=500"], "--set mesages: no such parameter"),
+        (["run", "all", "--set", "nope=1"], "--set nope: no such parameter"),
+        (["crash_reclaim", "--set", "messages"], "--set expects KEY=VALUE"),
+    ],
+)
+def test_a_bad_set_is_refused_without_running_anything(argv: list[str], complaint: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "scenarios", *argv],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert complaint in lines[0]
