@@ -3,6 +3,7 @@ non-zero exit, no traceback, and a SIGTERM during a slow start is obeyed."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -10,20 +11,52 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
 import pytest
 import redis
+
+# Every run gets names of its own, so runs sharing one Redis and PostgreSQL (several
+# checkouts, say) never meet; the fixture below removes whatever a start left behind.
+_made: list[tuple[str, str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _clean_up(redis_url: str, database_url: str) -> Iterator[None]:
+    yield
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for namespace, _schema in _made:
+            for key in client.scan_iter(f"{namespace}:*"):
+                client.delete(key)
+    finally:
+        client.close()
+    schemas = [schema for _namespace, schema in _made]
+    _made.clear()
+    asyncio.run(_drop_schemas(database_url, schemas))
+
+
+async def _drop_schemas(database_url: str, schemas: list[str]) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        for schema in schemas:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await conn.close()
 
 
 def _env(redis_url: str, database_url: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("NOTIFKIT_", "REDIS", "DATABASE", "DB_", "FCM_", "PORT"))}
+    suffix = uuid.uuid4().hex[:8]
     env.update(REDIS_URL=redis_url, DATABASE_URL=database_url, LOG_FORMAT="text",
-               NOTIFKIT_NAMESPACE="cli-start-failures", DB_SCHEMA="cli_start_failures",
-               AUTO_MIGRATE="false", PORT="0")
+               NOTIFKIT_NAMESPACE=f"cli-start-failures-{suffix}",
+               DB_SCHEMA=f"cli_start_failures_{suffix}", AUTO_MIGRATE="false", PORT="0")
     env.update(extra)
+    _made.append((env["NOTIFKIT_NAMESPACE"], env["DB_SCHEMA"]))
     return env
 
 
@@ -141,15 +174,7 @@ def test_an_unmigrated_schema_without_auto_migrate_is_named(
     # blamed DATABASE_URL with a bare 'relation ... does not exist'. In a namespace of its own
     # the workflow worker had started before the failing query, was never stopped, and the
     # process never exited.
-    namespace = f"cli-unmigrated-{uuid.uuid4().hex[:8]}"
-    env = _env(redis_url, database_url, NOTIFKIT_SERVICES="workflow",
-               DB_SCHEMA="cli_start_failures_unmigrated", NOTIFKIT_NAMESPACE=namespace)
-    try:
-        result = run_cli(env, "serve")
-    finally:
-        client = redis.Redis.from_url(redis_url)
-        for key in client.scan_iter(f"{namespace}:*"):
-            client.delete(key)
-        client.close()
+    env = _env(redis_url, database_url, NOTIFKIT_SERVICES="workflow")
+    result = run_cli(env, "serve")
     _one_line_naming(result, "DB_SCHEMA")
     assert "python -m notifkit migrate" in result.stderr
