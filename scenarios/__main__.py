@@ -56,6 +56,23 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     return overrides
 
 
+def mistyped(names: list[str], overrides: dict[str, Any]) -> str | None:
+    """Why an override cannot stand in for its default (a number given as text, say), or
+    None: caught here, it would only fail the scenario after its system had started."""
+    for name in names:
+        for key, default in catalog.load(name).PARAMS.items():
+            if key not in overrides:
+                continue
+            value = overrides[key]
+            if isinstance(default, bool | str):
+                continue
+            if isinstance(default, int) and not isinstance(value, int):
+                return f"--set {key}: {name} takes a whole number, got {value!r}"
+            if isinstance(default, float) and not isinstance(value, int | float):
+                return f"--set {key}: {name} takes a number, got {value!r}"
+    return None
+
+
 async def run_all(names: list[str], seed: int, overrides: dict[str, Any],
                   run_dir: Path) -> list[ScenarioResult]:
     results: list[ScenarioResult] = []
@@ -132,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     if unused:  # a misspelt parameter would otherwise be ignored without a word
         print(f"scenarios: --set {unused[0]}: no such parameter in {', '.join(names)}; "
               f"known: {', '.join(sorted(known))}", file=sys.stderr)
+        return 2
+    if (problem := mistyped(names, overrides)) is not None:
+        print(f"scenarios: {problem}", file=sys.stderr)
         return 2
     try:
         results = asyncio.run(stoppable(run_all(names, args.seed, overrides, args.json.parent)))

@@ -46,6 +46,9 @@ def test_an_unknown_bare_name_is_refused_without_running_anything() -> None:
         (["crash_reclaim", "--set", "mesages=500"], "--set mesages: no such parameter"),
         (["run", "all", "--set", "nope=1"], "--set nope: no such parameter"),
         (["crash_reclaim", "--set", "messages"], "--set expects KEY=VALUE"),
+        # A number given as text failed the scenario after its system had started.
+        (["crash_reclaim", "--set", "messages=abc"], "--set messages: crash_reclaim takes a "
+                                                     "whole number, got 'abc'"),
     ],
 )
 def test_a_bad_set_is_refused_without_running_anything(argv: list[str], complaint: str) -> None:
