@@ -113,6 +113,18 @@ def test_a_port_in_use_is_named(redis_url: str, database_url: str) -> None:
         _one_line_naming(run_cli(env, "serve"), "PORT")
 
 
+@pytest.mark.parametrize("host", ["192.0.2.1", "no-such-host.invalid"])
+def test_a_host_this_machine_cannot_listen_on_is_named(
+    host: str, redis_url: str, database_url: str
+) -> None:
+    # An address of the documentation range is no local interface, and .invalid never
+    # resolves: either was blamed on PORT.
+    env = _env(redis_url, database_url, NOTIFKIT_SERVICES="api", HOST=host)
+    result = run_cli(env, "serve")
+    _one_line_naming(result, "HOST")
+    assert "could not start: HOST: " in result.stderr, result.stderr
+
+
 def test_a_redis_refusing_the_database_index_is_named(
     redis_url: str, database_url: str
 ) -> None:

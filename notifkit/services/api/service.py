@@ -6,7 +6,9 @@ actually bound once :meth:`start` returns (tests and ``notifkit dev`` rely on it
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 from typing import Any, ClassVar
 
 from aiohttp import web
@@ -48,8 +50,12 @@ class ApiService(Service):
             await site.start()
         except OSError as exc:
             await runner.cleanup()
+            # A name that does not resolve, or an address this machine does not have, is the
+            # HOST setting's fault; a port in use or not allowed is PORT's.
+            setting = ("HOST" if isinstance(exc, socket.gaierror)
+                       or exc.errno == errno.EADDRNOTAVAIL else "PORT")
             raise ConfigError(
-                "PORT", f"cannot listen on {self.settings.host}:{self.settings.port} "
+                setting, f"cannot listen on {self.settings.host}:{self.settings.port} "
                 f"(HOST:PORT): {exc.strerror or exc}"
             ) from exc
         except BaseException:
