@@ -37,6 +37,8 @@ async def run_cli(*args: str) -> asyncio.subprocess.Process:
         (["--smtp-port", "70000"], "port must be 0-65535"),
         (["--seed", "-3"], "non-negative"),
         (["--max-messages", "0"], "positive"),
+        (["--max-messages", "-5"], "expected a positive integer, got -5"),
+        (["--max-messages", "many"], "expected a positive integer, got 'many'"),
         (["--colour"], "unrecognized arguments"),
     ],
 )
