@@ -21,19 +21,28 @@ from notifkit.db.recipients import Executor
 SENDING, SENT, FAILED = "sending", "sent", "failed"
 # Why a destination is no longer sent to (Previous.blocked).
 SUPPRESSED, DISABLED, REMOVED = "suppressed", "disabled", "removed"
+OPTED_OUT = "opted_out"  # the user turned the channel or the task's topic off meanwhile
 
 _CLAIM = """
 WITH input AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::text[])
-        AS i(task_id, channel, destination, project_id, provider, user_id)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::text[],
+                         $7::text[])
+        AS i(task_id, channel, destination, project_id, provider, user_id, topic)
 ), checked AS (
-    -- What happened to the address since the engine routed the task: a bounce or complaint
-    -- suppressed it, a provider called it invalid and the contact was disabled, or the
-    -- contact (or the whole user) was erased while the task waited, e.g. for its sendAt.
+    -- What happened since the engine routed the task: a bounce or complaint suppressed the
+    -- address, the user turned the channel or the topic off, a provider called the address
+    -- invalid and the contact was disabled, or the contact (or the whole user) was erased
+    -- while the task waited, e.g. for its sendAt.
     SELECT i.*,
            CASE WHEN EXISTS (SELECT 1 FROM suppressions s
                               WHERE s.project_id = i.project_id AND s.channel = i.channel
                                 AND s.target = i.destination) THEN 'suppressed'
+                WHEN EXISTS (SELECT 1 FROM user_channel_preferences p
+                              WHERE p.project_id = i.project_id AND p.user_id = i.user_id
+                                AND p.channel = i.channel AND NOT p.enabled)
+                  OR EXISTS (SELECT 1 FROM user_topic_preferences t
+                              WHERE t.project_id = i.project_id AND t.user_id = i.user_id
+                                AND t.topic = i.topic AND NOT t.enabled) THEN 'opted_out'
                 WHEN i.channel = 'inapp' THEN
                      CASE WHEN NOT EXISTS (SELECT 1 FROM users u
                                             WHERE u.project_id = i.project_id
@@ -78,13 +87,15 @@ class Claim:
     project_id: str
     provider: str
     user_id: str
+    topic: str | None = None  # the template's, whose preference may have been turned off
 
 
 @dataclass(frozen=True)
 class Previous:
     """What the outbox held before this attempt claimed the row (status None = no row), and
-    why the destination may no longer be sent to ('suppressed', 'disabled', or 'removed' when
-    the contact or user was erased; such a row is not claimed)."""
+    why the destination may no longer be sent to ('suppressed', 'opted_out' when the user
+    turned the channel or topic off, 'disabled', or 'removed' when the contact or user was
+    erased; such a row is not claimed)."""
 
     status: str | None
     provider_message_id: str | None
@@ -102,6 +113,7 @@ async def claim(db: Executor, claims: Sequence[Claim]) -> dict[tuple[str, str, s
         [c.task_id for c in claims], [c.channel for c in claims],
         [c.destination for c in claims], [c.project_id for c in claims],
         [c.provider for c in claims], [c.user_id for c in claims],
+        [c.topic for c in claims],
     )
     return {
         (r["task_id"], r["channel"], r["destination"]): Previous(

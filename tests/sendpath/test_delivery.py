@@ -301,6 +301,45 @@ async def test_a_scheduled_send_to_a_user_or_contact_erased_meanwhile_is_not_sen
     assert await entries(redis, keys.dlq) == []
 
 
+async def test_a_scheduled_send_turned_off_by_preference_meanwhile_is_not_sent(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    # Given billing sends an hour away to three users with a phone
+    for user, phone in (("chan", "+15550000011"), ("topic", "+15550000012"),
+                        ("other", "+15550000013")):
+        await add_user(db, project, user, contacts=[("sms", phone)])
+    await add_template(db, project, "t", {"sms": SMS}, topic="billing")
+    clock = Clock()
+    pipeline = (*await stages(services, sim_settings),
+                await services(SchedulerService, sim_settings, clock=clock))
+    send_at = datetime.fromtimestamp(time.time() + 3600, UTC)
+    event_id = await send(redis, keys, db, project, "t", ["chan", "topic", "other"],
+                          data={"amount": "1"},
+                          send_at=send_at.isoformat().replace("+00:00", "Z"))
+    await drain(*pipeline)
+
+    # When one turns SMS off, another the billing topic, and a third only another topic,
+    # before the send time
+    await db.execute("INSERT INTO user_channel_preferences VALUES ($1, 'chan', 'sms', false)",
+                     project)
+    await db.execute("INSERT INTO user_topic_preferences VALUES ($1, 'topic', 'billing', false)",
+                     project)
+    await db.execute("INSERT INTO user_topic_preferences VALUES ($1, 'other', 'news', false)",
+                     project)
+    clock.now_ms = int(send_at.timestamp() * 1000) + 1
+    await drain(*pipeline)
+
+    # Then only the third gets the SMS, and the others' timelines say why not
+    assert [m["to"] for m in await sim.messages("twilio")] == ["+15550000013"]
+    rows = [r for r in await timeline(db, event_id) if r["kind"] != "scheduled"]
+    outcome = {r["user_id"]: (r["kind"], r["status"]) for r in rows
+               if r["kind"] in ("skipped", "sent")}
+    assert outcome == {"chan": ("skipped", "skipped"), "topic": ("skipped", "skipped"),
+                       "other": ("sent", "sent")}
+    assert await entries(redis, keys.dlq) == []
+
+
 async def test_an_invalid_address_without_fallback_fails_without_retry(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
     sim: SimulatorServer, sim_settings: Settings,

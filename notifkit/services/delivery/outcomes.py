@@ -5,8 +5,8 @@ A task goes to one or more destinations (a user's push devices; one address else
 
     destinations suppressed since routing     -> left out; all of them: FALLBACK if there is a
                                                   next channel, else SUPPRESSED (not sent)
-    contacts erased since routing             -> left out the same way; all of them (and none
-                                                  suppressed): SKIPPED without a next channel
+    contacts erased, or the channel or topic  -> left out the same way; all of them (and none
+    turned off, since routing                    suppressed): SKIPPED without a next channel
     any destination SENT                      -> SENT, unless others failed transiently (5xx,
                                                   timeout, 429) with attempts left: then RETRY
                                                   or PARK for those alone (the outbox keeps the
@@ -39,7 +39,7 @@ class Action(StrEnum):
     PARK = "park"
     INVALID = "invalid"
     SUPPRESSED = "suppressed"  # every destination was suppressed after the task was routed
-    SKIPPED = "skipped"  # every destination's contact (or its user) was erased meanwhile
+    SKIPPED = "skipped"  # every destination was erased or turned off meanwhile
     PERMANENT = "permanent"
     DEAD = "dead"  # a transient failure with no attempts left
 
@@ -58,7 +58,8 @@ class Attempted:
     already_sent: bool = False
     # The address was suppressed (bounce, complaint) after the task was routed: not sent.
     suppressed: bool = False
-    # The contact, or its user, was erased after the task was routed: not sent.
+    # The contact, or its user, was erased after the task was routed, or the user turned the
+    # channel or topic off: not sent.
     removed: bool = False
 
 

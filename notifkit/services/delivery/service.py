@@ -115,7 +115,7 @@ class DeliveryService(WorkerService):
 
         previous = await outbox.claim(self.pool, [
             outbox.Claim(t["taskId"], t["channel"], dest, t["projectId"], tr.provider,
-                         t["userId"])
+                         t["userId"], t.get("topic"))
             for _e, t, tr in runnable for dest in t["to"]
         ])
         limits = await self._limits({t["projectId"] for _e, t, _tr in runnable})
@@ -203,6 +203,12 @@ class DeliveryService(WorkerService):
                     Outcome.INVALID_RECIPIENT,
                     detail="address suppressed after the task was queued; not sent"),
                     suppressed=True)
+            if before is not None and before.blocked == outbox.OPTED_OUT:
+                return Attempted(destination, SendResult(
+                    Outcome.INVALID_RECIPIENT,
+                    detail="the user turned this channel or topic off after the task was "
+                           "queued; not sent"),
+                    removed=True)
             if before is not None and before.blocked == outbox.REMOVED:
                 return Attempted(destination, SendResult(
                     Outcome.INVALID_RECIPIENT,
@@ -317,7 +323,7 @@ class DeliveryService(WorkerService):
         if action is Action.SKIPPED:
             logs.append(_row(task, attempt, Kind.SKIPPED, Status.SKIPPED, verdict.reason,
                              provider))
-            log.info("Not sent: the contact was removed after the task was queued.", extra=ids)
+            log.info("Not sent: %s.", verdict.reason, extra=ids)
             return
         invalid = any(a.result.outcome is Outcome.INVALID_RECIPIENT
                       and not (a.suppressed or a.removed) for a in answers)
