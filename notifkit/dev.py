@@ -134,6 +134,9 @@ async def run_dev(settings: Settings, *, data_dir: str, port: int, sim_port: int
             "NOTIFKIT_SIMULATOR_URL": environ.get("NOTIFKIT_SIMULATOR_URL") or sim.base_url,
             "NOTIFKIT_ADMIN_KEY": _admin_key(folder, environ),
             "PORT": str(port),
+            # A laptop's API with an admin key in a file: reachable from this machine only,
+            # unless HOST says otherwise (in a container, say).
+            "HOST": environ.get("HOST", "127.0.0.1"),
             # Retries a person can watch: reclaim after 5 s instead of a minute.
             "RECLAIM_INTERVAL_SECONDS": environ.get("RECLAIM_INTERVAL_SECONDS", "5"),
             "RECLAIM_MIN_IDLE_SECONDS": environ.get("RECLAIM_MIN_IDLE_SECONDS", "5"),

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -65,6 +66,23 @@ def stop(proc: subprocess.Popen[str]) -> int:
             kill(proc)
 
 
+def listen_addresses(port: int) -> set[str]:
+    """The addresses listening on TCP ``port``, read off the kernel's socket tables (IPv6
+    ones as their hex form)."""
+    found: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            next(lines)
+            for line in lines:
+                local, state = line.split()[1], line.split()[3]
+                address, _, hex_port = local.partition(":")
+                if state != "0A" or int(hex_port, 16) != port:  # 0A: LISTEN
+                    continue
+                found.add(socket.inet_ntoa(bytes.fromhex(address)[::-1])
+                          if len(address) == 8 else address)
+    return found
+
+
 def simulator_messages(sim_port: int) -> list[dict[str, object]]:
     with urllib.request.urlopen(f"http://127.0.0.1:{sim_port}/_sim/messages", timeout=10) as r:
         items: list[dict[str, object]] = json.load(r)["items"]
@@ -81,6 +99,7 @@ def test_dev_sends_the_printed_curl_and_keeps_its_data(tmp_path: Path) -> None:
     proc = start_dev(data_dir, port, sim_port)
     try:
         printed = read_until_ready(proc)
+        assert listen_addresses(port) == {"127.0.0.1"}  # not every interface, unless HOST
         key = re.search(r"API key:\s+(\S+)", printed)
         assert key is not None, printed
         curl = printed[printed.index("curl -s"):printed.index("Press Ctrl-C")].strip()
