@@ -347,3 +347,22 @@ async def test_a_filter_given_twice_is_a_400_not_half_a_filter(
         assert (reply.status, reply.fields) == (400, [field]), reply.body
     once = await api.call("GET", "/v1/messages?userId=u2", key=project.full)
     assert [item["taskId"] for item in once.body["items"]] == ["t2"]
+
+
+async def test_a_filter_whose_escapes_are_not_utf8_is_a_400(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
+    """?userId=%FF was read as the user '%FF' (what ?userId=%25FF names): a filter on an id
+    no client meant. It is a 400 naming the parameter; escapes of real UTF-8 still work."""
+    event = str(uuid.uuid4())
+    await log(db, project.id, event, "t1", "%FF", "email", "sent", "sent",
+              "2030-01-01T00:00:01Z")
+    await log(db, project.id, event, "t2", "é", "email", "sent", "sent", "2030-01-01T00:00:02Z")
+    for query in ("userId=%FF", "userId=%ED%A0%80"):
+        reply = await api.call("GET", f"/v1/messages?{query}", key=project.full)
+        assert (reply.status, reply.fields) == (400, ["userId"]), reply.body
+    literal = await api.call("GET", "/v1/messages?userId=%25FF", key=project.full)
+    assert literal.status == 200, literal.body
+    assert [item["taskId"] for item in literal.body["items"]] == ["t1"]
+    accented = await api.call("GET", "/v1/messages?userId=%C3%A9", key=project.full)
+    assert [item["taskId"] for item in accented.body["items"]] == ["t2"]

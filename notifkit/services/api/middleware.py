@@ -8,6 +8,7 @@ a project 400 (unknown project 404), over the project's API rate 429 with Retry-
 from __future__ import annotations
 
 import math
+from urllib.parse import unquote_to_bytes
 
 from aiohttp import web
 
@@ -68,6 +69,31 @@ def _reject_unknown_query(request: web.Request, op: Operation) -> None:
     repeated = [name for name in names if len(request.query.getall(name)) > 1]
     if repeated:
         raise invalid([detail(name, "must be given once") for name in repeated])
+    raw_query = request.rel_url.raw_query_string
+    if "%" in raw_query:
+        # The decoder leaves escapes that are not UTF-8 (?userId=%FF) as the literal text
+        # '%FF', which would filter on an id no client meant: refused, naming the parameter.
+        garbled = [name for name, value in _raw_pairs(raw_query)
+                   if not _decodes(name) or not _decodes(value)]
+        if garbled:
+            raise invalid([detail(name[:100], "must be valid UTF-8 once percent-decoded")
+                           for name in garbled[:20]])
+
+
+def _raw_pairs(query: str) -> list[tuple[str, str]]:
+    pairs = []
+    for part in query.split("&"):
+        name, _, value = part.partition("=")
+        pairs.append((name, value))
+    return pairs
+
+
+def _decodes(raw: str) -> bool:
+    try:
+        unquote_to_bytes(raw.replace("+", " ")).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 async def authenticate(request: web.Request, op: Operation) -> Principal:
