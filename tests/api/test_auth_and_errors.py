@@ -377,6 +377,31 @@ async def test_projects_validate_their_settings(api: Api) -> None:
         "settings.rateLimits.fax", "settings.rateLimits.sms", "settings.color"}
 
 
+async def test_names_of_spaces_alone_are_refused(api: Api) -> None:
+    """A project, key, event, topic or campaign named '   ' shows as nothing in every list:
+    a 400 naming the field, as an empty name is."""
+    blank = await api.admin("POST", "/v1/projects", json={"name": "   "})
+    assert (blank.status, blank.fields) == (400, ["name"])
+    assert blank.body["error"]["details"][0]["message"] == "must not be blank"
+    project = await api.project("blanks")
+    key = await api.admin("POST", f"/v1/projects/{project.id}/keys",
+                          json={"role": "send", "name": " \t"})
+    assert (key.status, key.fields) == (400, ["name"])
+    event = await api.call("POST", "/v1/events", key=project.full,
+                           json={"name": "  ", "userId": "u1"})
+    assert (event.status, event.fields) == (400, ["name"])
+    template = await api.call("PUT", "/v1/templates/t", key=project.full,
+                              json={"topic": " ", "channels": {"sms": {"text": "x"}}})
+    assert (template.status, template.fields) == (400, ["topic"])
+    await api.call("PUT", "/v1/templates/t", key=project.full,
+                   json={"channels": {"sms": {"text": "x"}}})
+    send = await api.call("POST", "/v1/notifications", key=project.send,
+                          json={"to": "u1", "template": "t", "campaignId": "  "})
+    assert (send.status, send.fields) == (400, ["campaignId"])
+    named = await api.admin("POST", "/v1/projects", json={"name": " Acme "})
+    assert named.status == 201  # spaces around a name are the caller's to keep
+
+
 async def test_admin_key_is_not_a_project_key(api: Api) -> None:
     assert (await api.call("GET", "/v1/users/u", key=ADMIN + "x")).status == 401
 

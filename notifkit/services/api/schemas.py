@@ -51,6 +51,8 @@ def page_of(item: str) -> Schema:
 
 
 STRING: Schema = {"type": "string"}
+# A name people read: some character other than white space (validation refuses the rest).
+NOT_BLANK = r"\S"
 ID: Schema = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": ID_PATTERN}
 UUID: Schema = {"type": "string", "format": "uuid"}
 DATETIME: Schema = {"type": "string", "format": "date-time"}
@@ -90,7 +92,7 @@ COMPONENTS: dict[str, Schema] = {
         "rateLimits": obj({channel: _rate for channel in CONTACT_CHANNELS}),
     }),
     "ProjectCreate": obj({
-        "name": {"type": "string", "minLength": 1, "maxLength": 200},
+        "name": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": NOT_BLANK},
         "settings": {"$ref": "#/components/schemas/ProjectSettings"},
     }, ("name",)),
     "Project": obj({
@@ -100,7 +102,8 @@ COMPONENTS: dict[str, Schema] = {
     }, ("id", "name", "settings", "createdAt")),
     "KeyCreate": obj({
         "role": {"type": "string", "enum": ["full", "send"]},
-        "name": nullable({"type": "string", "minLength": 1, "maxLength": 200}),
+        "name": nullable({"type": "string", "minLength": 1, "maxLength": 200,
+                          "pattern": NOT_BLANK}),
     }, ("role",)),
     "KeyCreated": obj({
         "id": UUID, "key": STRING, "role": {"type": "string", "enum": ["full", "send"]},
@@ -163,7 +166,8 @@ COMPONENTS: dict[str, Schema] = {
         "channels": CHANNEL_LIST,
     }, ("model", "prompt", "channels")),
     "TemplatePut": obj({
-        "topic": nullable({"type": "string", "minLength": 1, "maxLength": 100}),
+        "topic": nullable({"type": "string", "minLength": 1, "maxLength": 100,
+                           "pattern": NOT_BLANK}),
         "channels": {"$ref": "#/components/schemas/TemplateChannels"},
         "fallback": nullable(CHANNEL_LIST),
         "ai": nullable({"$ref": "#/components/schemas/TemplateAi"}),
@@ -195,7 +199,8 @@ COMPONENTS: dict[str, Schema] = {
         "channels": nullable(CHANNEL_LIST),
         "priority": nullable({"type": "string", "enum": list(PRIORITIES)}),
         "sendAt": nullable(DATETIME),
-        "campaignId": nullable({"type": "string", "minLength": 1, "maxLength": 255}),
+        "campaignId": nullable({"type": "string", "minLength": 1, "maxLength": 255,
+                                "pattern": NOT_BLANK}),
     }, ("to", "template")),
     "Accepted": obj({"id": UUID, "status": {"type": "string", "enum": ["accepted"]}},
                     ("id", "status")),
@@ -232,7 +237,8 @@ COMPONENTS: dict[str, Schema] = {
         "createdAt")),
     # -- events and workflows -------------------------------------------------------------------
     "EventCreate": obj({
-        "name": {"type": "string", "minLength": 1, "maxLength": MAX_EVENT_NAME_CHARS},
+        "name": {"type": "string", "minLength": 1, "maxLength": MAX_EVENT_NAME_CHARS,
+                 "pattern": NOT_BLANK},
         "userId": ID,
         "data": nullable(ANY_OBJECT),
     }, ("name", "userId")),

@@ -187,7 +187,9 @@ class Fields:
         min_len: int = 1,
         pattern: re.Pattern[str] | None = None,
         hint: str = "",
+        allow_blank: bool = True,
     ) -> str | None:
+        """``allow_blank=False``: spaces alone are refused too, for names people read."""
         present, value = self._get(name, required)
         if not present:
             return None
@@ -202,6 +204,9 @@ class Fields:
             return None
         if len(value) > max_len:
             self.fail(name, f"must be at most {max_len} characters")
+            return None
+        if not allow_blank and not value.strip():
+            self.fail(name, "must not be blank")
             return None
         if pattern is not None and not pattern.match(value):
             self.fail(name, hint or f"must match {pattern.pattern}")

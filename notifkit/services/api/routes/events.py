@@ -33,7 +33,7 @@ async def post_event(request: web.Request) -> web.Response:
     project = project_id(request)
     fields = Fields(await read_json(request))
     fields.only(("name", "userId", "data"))
-    name = fields.string("name", required=True, max_len=MAX_EVENT_NAME_CHARS)
+    name = fields.string("name", required=True, max_len=MAX_EVENT_NAME_CHARS, allow_blank=False)
     user_id = fields.identifier("userId", required=True)
     data = fields.obj("data", nullable=True)
     fields.raise_if_invalid()

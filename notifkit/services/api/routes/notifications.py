@@ -205,7 +205,7 @@ async def _validate(request: web.Request, project: str, body: dict[str, Any]) ->
     channels = fields.channel_list("channels", CHANNELS, nullable=True)
     priority = fields.choice("priority", PRIORITIES, nullable=True) or "normal"
     send_at = fields.timestamp("sendAt", nullable=True)
-    campaign = fields.string("campaignId", nullable=True)
+    campaign = fields.string("campaignId", nullable=True, allow_blank=False)
     fields.raise_if_invalid()
     assert template is not None
     assert to is not None

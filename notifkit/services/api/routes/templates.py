@@ -46,7 +46,7 @@ async def put_template(request: web.Request) -> web.Response:
     template_id = path_id(request, "templateId")
     fields = Fields(await read_json(request))
     fields.only(("topic", "channels", "fallback", "ai"))
-    topic = fields.string("topic", nullable=True, max_len=100)
+    topic = fields.string("topic", nullable=True, max_len=100, allow_blank=False)
     raw_ai = fields.body.get("ai")
     written_by_ai = raw_ai.get("channels") if isinstance(raw_ai, dict) else None
     channels = _channels(fields, written_by_ai if isinstance(written_by_ai, list) else [])
