@@ -419,6 +419,10 @@ async def test_the_key_cache_is_cleared_when_the_revocation_subscription_drops(
         api = Api(http, api_settings)
         project = await api.project()
         assert (await api.call("GET", "/v1/messages", key=project.full)).status == 200
+        await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+        stream = await http.get("/v1/users/u1/inbox/stream",
+                                headers={"Authorization": f"Bearer {project.full}"})
+        assert await stream.content.readuntil(b"\n\n") == b"retry: 3000\n: connected\n\n"
         # Revoked in PostgreSQL only: the cached key still works while the cache is trusted.
         await db.execute("UPDATE project_api_keys SET revoked_at = now() WHERE role = 'full'")
         assert (await api.call("GET", "/v1/messages", key=project.full)).status == 200
@@ -433,6 +437,10 @@ async def test_the_key_cache_is_cleared_when_the_revocation_subscription_drops(
                 break
             await asyncio.sleep(0.01)
         assert (await api.call("GET", "/v1/messages", key=project.full)).status == 401
+        # The stream opened with that key ends too: its revocation may have been missed.
+        rest = await asyncio.wait_for(stream.content.read(), 5)
+        assert b"event: message" not in rest
+        stream.release()
         await asyncio.wait_for(hub.live.wait(), 10)  # and resubscribes
         assert (await api.call("GET", "/v1/messages", key=project.full)).status == 401
     finally:

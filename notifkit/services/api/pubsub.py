@@ -7,7 +7,8 @@ One pattern subscription instead of one channel per open stream keeps it to a si
 connection whatever the number of streams.
 
 While the subscription is down the key cache is marked not live (every request checks
-PostgreSQL) and cleared, because a revocation published meanwhile would be missed.
+PostgreSQL) and cleared, and the open inbox streams are ended, because a revocation published
+meanwhile would be missed.
 """
 
 from __future__ import annotations
@@ -105,6 +106,10 @@ class Hub:
         self.live.clear()
         self.key_cache.live = False
         self.key_cache.clear()
+        # The open inbox streams would miss what is published meanwhile, a revocation of the
+        # key that opened them included: they end, and the clients' reconnects authenticate
+        # again (against PostgreSQL until the subscription is back).
+        self.close_streams()
 
     def _handle(self, message: dict[str, Any]) -> None:
         kind = _text(message.get("type"))
