@@ -203,16 +203,9 @@ class DeliveryService(WorkerService):
                     Outcome.INVALID_RECIPIENT,
                     detail="address suppressed after the task was queued; not sent"),
                     suppressed=True)
-            if before is not None and before.blocked == outbox.OPTED_OUT:
+            if before is not None and before.blocked in _LEFT_OUT:
                 return Attempted(destination, SendResult(
-                    Outcome.INVALID_RECIPIENT,
-                    detail="the user turned this channel or topic off after the task was "
-                           "queued; not sent"),
-                    removed=True)
-            if before is not None and before.blocked == outbox.REMOVED:
-                return Attempted(destination, SendResult(
-                    Outcome.INVALID_RECIPIENT,
-                    detail="no contact: it was removed after the task was queued; not sent"),
+                    Outcome.INVALID_RECIPIENT, detail=_LEFT_OUT[before.blocked]),
                     removed=True)
             if before is not None and before.blocked == outbox.DISABLED:
                 # A provider called it invalid (maybe this task's earlier attempt, for
@@ -396,6 +389,15 @@ class DeliveryService(WorkerService):
                          verdict.reason, provider))
         error = AttemptsExhausted if action is Action.DEAD else PermanentFailure
         entry.fail(error(verdict.reason))
+
+
+# Destinations the user took away while the task waited: left out (skipped, or the fallback
+# chain's next channel), never sent to. The timeline says why.
+_LEFT_OUT = {
+    outbox.OPTED_OUT: "the user turned this channel or topic off after the task was queued; "
+                      "not sent",
+    outbox.REMOVED: "no contact: it was removed after the task was queued; not sent",
+}
 
 
 def _message(task: OutboundTask, destination: str) -> Message:
