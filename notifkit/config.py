@@ -465,14 +465,17 @@ def _apply_simulator(settings: Settings, env: Mapping[str, str]) -> Settings:
 # Validation: every message names the environment variable.
 
 
-def _check_url(variable: str, value: str | None, schemes: tuple[str, ...]) -> None:
+def _check_url(variable: str, value: str | None, schemes: tuple[str, ...], *,
+               hostless: bool = False) -> None:
+    """``hostless``: the URL may name no host (libpq's ``postgresql:///db?host=/run/pg``
+    reaches the server over a Unix socket)."""
     if value is None:
         return
     try:
         parts = urlsplit(value)
     except ValueError as exc:  # e.g. an unclosed IPv6 bracket: "redis://[::1"
         raise ConfigError(variable, f"is not a valid URL ({exc}): {value!r}") from None
-    if parts.scheme not in schemes or not parts.netloc:
+    if parts.scheme not in schemes or not (parts.netloc or (hostless and "://" in value)):
         raise ConfigError(
             variable, f"must be a {' or '.join(s + '://' for s in schemes)} URL, got {value!r}"
         )
@@ -526,7 +529,7 @@ def _provider_rates(raw: str) -> dict[str, float]:
 
 def _validate(s: Settings) -> None:
     _check_redis_url(s.redis_url)
-    _check_url("DATABASE_URL", s.database_url, ("postgresql", "postgres"))
+    _check_url("DATABASE_URL", s.database_url, ("postgresql", "postgres"), hostless=True)
     if not s.services:
         raise ConfigError("NOTIFKIT_SERVICES", "names no service")
     unknown = [name for name in s.services if name not in SERVICES]

@@ -97,6 +97,16 @@ def test_all_means_every_service(raw: str) -> None:
     assert parse_services(raw) == SERVICES
 
 
+@pytest.mark.parametrize("url", [
+    # libpq's forms for a server on a Unix socket: no host, or the socket directory as host.
+    "postgresql:///notifkit?host=/var/run/postgresql&user=app",
+    "postgres:///notifkit",
+    "postgresql://app@/notifkit?host=/var/run/postgresql",
+])
+def test_a_database_url_may_name_no_host(url: str) -> None:
+    assert Settings.from_env({"DATABASE_URL": url}).database_url == url
+
+
 @pytest.mark.parametrize(
     ("env", "variable"),
     [
@@ -105,6 +115,7 @@ def test_all_means_every_service(raw: str) -> None:
         ({"QUEUE_MAX_LEN": "1e3"}, "QUEUE_MAX_LEN"),
         ({"REDIS_URL": "foo"}, "REDIS_URL"),
         ({"DATABASE_URL": "mysql://db/app"}, "DATABASE_URL"),
+        ({"DATABASE_URL": "postgresql:notifkit"}, "DATABASE_URL"),
         ({"DB_SCHEMA": "Bad-Name"}, "DB_SCHEMA"),
         ({"DB_SCHEMA": "1abc"}, "DB_SCHEMA"),
         ({"DB_MAX_CONNECTIONS": "-1"}, "DB_MAX_CONNECTIONS"),
