@@ -1,6 +1,6 @@
 """The aiohttp application: every HTTP provider on one port, plus the control API.
 
-POST /emails                                       Resend
+POST /emails, POST /emails/batch, GET /emails/{id}  Resend
 POST /v3/mail/send                                 SendGrid
 POST /2010-04-01/Accounts/{sid}/Messages.json      Twilio
 POST /v1/projects/{project}/messages:send          FCM HTTP v1
@@ -21,7 +21,7 @@ from simulators import control
 from simulators.pipeline import HttpProvider, handle_send
 from simulators.providers.fcm import Fcm, token_endpoint
 from simulators.providers.openai import OpenAI, get_model, list_models
-from simulators.providers.resend import Resend
+from simulators.providers.resend import Resend, ResendBatch, get_email
 from simulators.providers.sendgrid import SendGrid
 from simulators.providers.twilio import Twilio
 from simulators.state import STATE, SimState
@@ -82,6 +82,8 @@ def create_app(state: SimState) -> web.Application:
     app.router.add_routes(
         [
             web.post("/emails", _send(Resend())),
+            web.post("/emails/batch", _send(ResendBatch())),
+            web.get("/emails/{id}", get_email),
             web.post("/v3/mail/send", _send(SendGrid())),
             web.post("/2010-04-01/Accounts/{sid}/Messages.json", _send(Twilio())),
             web.post("/v1/projects/{project}/messages:send", _send(Fcm())),
