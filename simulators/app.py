@@ -1,8 +1,9 @@
 """The aiohttp application: every HTTP provider on one port, plus the control API.
 
-POST /emails, POST /emails/batch, GET /emails/{id}  Resend
+POST /emails, POST /emails/batch, GET /emails/{id} Resend
 POST /v3/mail/send                                 SendGrid
-POST /2010-04-01/Accounts/{sid}/Messages.json      Twilio
+POST, GET /2010-04-01/Accounts/{sid}/Messages.json Twilio send, list
+GET /2010-04-01/Accounts/{sid}/Messages/{sid}.json Twilio fetch
 POST /v1/projects/{project}/messages:send          FCM HTTP v1
 POST /token                                        OAuth2 token endpoint for FCM clients
 POST /v1/chat/completions, GET /v1/models[/{id}]   OpenAI
@@ -24,6 +25,7 @@ from simulators.providers.openai import OpenAI, get_model, list_models
 from simulators.providers.resend import Resend, ResendBatch, get_email
 from simulators.providers.sendgrid import SendGrid
 from simulators.providers.twilio import Twilio
+from simulators.providers.twilio_reads import fetch_message, list_messages
 from simulators.state import STATE, SimState
 from simulators.validation import ControlError
 
@@ -86,6 +88,8 @@ def create_app(state: SimState) -> web.Application:
             web.get("/emails/{id}", get_email),
             web.post("/v3/mail/send", _send(SendGrid())),
             web.post("/2010-04-01/Accounts/{sid}/Messages.json", _send(Twilio())),
+            web.get("/2010-04-01/Accounts/{sid}/Messages.json", list_messages),
+            web.get("/2010-04-01/Accounts/{sid}/Messages/{message_sid}.json", fetch_message),
             web.post("/v1/projects/{project}/messages:send", _send(Fcm())),
             web.post("/token", token_endpoint),
             web.post("/v1/chat/completions", _send(OpenAI())),
