@@ -41,6 +41,33 @@ def _send(provider: HttpProvider) -> Handler:
     return handler
 
 
+# A path under a provider's prefix that no route serves is answered in that provider's own
+# error format, as the real provider answers it; other paths get the simulator's own JSON.
+_PREFIXES: tuple[tuple[str, HttpProvider], ...] = (
+    ("/emails/", Resend()),
+    ("/v3/", SendGrid()),
+    ("/2010-04-01/", Twilio()),
+    ("/v1/projects/", Fcm()),
+    ("/v1/", OpenAI()),
+)
+
+
+def _provider_at(path: str) -> HttpProvider | None:
+    for prefix, provider in _PREFIXES:
+        if path.startswith(prefix) or path == prefix.rstrip("/"):
+            return provider
+    return None
+
+
+def _no_route(request: web.Request, status: int) -> web.Response:
+    # The raw (percent-encoded) path: it is always writable, whatever bytes it names.
+    path = request.rel_url.raw_path
+    provider = _provider_at(path)
+    if provider is None:
+        return _error_json(status, f"no route for {request.method} {request.path}")
+    return provider.no_route(request.method, path, status).response()
+
+
 def _error_json(status: int, message: str) -> web.Response:
     return web.Response(
         status=status,
@@ -59,12 +86,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        message = (
-            f"no route for {request.method} {request.path}"
-            if exc.status in (404, 405)
-            else exc.reason
-        )
-        response = _error_json(exc.status, message)
+        if exc.status in (404, 405):
+            response = _no_route(request, exc.status)
+        else:
+            response = _error_json(exc.status, exc.reason)
         if "Allow" in exc.headers:  # a 405 must say which methods the path does take
             response.headers["Allow"] = exc.headers["Allow"]
         return response

@@ -135,6 +135,12 @@ class HttpProvider(ABC):
     def error(self, spec: ErrorSpec) -> Reply:
         """The provider's error body for `spec`, with Retry-After where it sends one."""
 
+    def no_route(self, method: str, path: str, status: int) -> Reply:
+        """The provider's answer to a path under its prefix that it does not serve (404) or a
+        method it does not take there (405)."""
+        detail = "" if status == 404 else "Method not allowed"
+        return self.render(ErrorCase.NOT_FOUND, status=status, detail=detail)
+
     def status_for(self, case: ErrorCase) -> int:
         return self.status_overrides.get(case, DEFAULT_STATUS[case])
 

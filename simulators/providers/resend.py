@@ -116,6 +116,14 @@ class Resend(HttpProvider):
     def success(self, record: MessageRecord, submission: Submission, request: web.Request) -> Reply:
         return json_reply(200, {"id": record.id})
 
+    def no_route(self, method: str, path: str, status: int) -> Reply:
+        if status == 405:
+            return self.render(
+                ErrorCase.NOT_FOUND, status=405, code="method_not_allowed",
+                detail="Method is not allowed for the requested path.",
+            )
+        return self.render(ErrorCase.NOT_FOUND, status=status)
+
     def error(self, spec: ErrorSpec) -> Reply:
         name, message = _ERRORS[spec.case]
         if spec.code is not None:

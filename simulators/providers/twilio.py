@@ -168,6 +168,16 @@ class Twilio(HttpProvider):
     def success(self, record: MessageRecord, submission: Submission, request: web.Request) -> Reply:
         return json_reply(201, message_resource(record, created=True))
 
+    def no_route(self, method: str, path: str, status: int) -> Reply:
+        if status == 405:
+            return self.render(
+                ErrorCase.NOT_FOUND, status=405, code="20004", detail="Method not allowed"
+            )
+        return self.render(
+            ErrorCase.NOT_FOUND, status=status,
+            detail=f"The requested resource {path} was not found",
+        )
+
     def error(self, spec: ErrorSpec) -> Reply:
         code, message = _ERRORS[spec.case]
         if spec.code is not None:
