@@ -274,7 +274,7 @@ def _batch_email(item: object) -> Submission:
     if not isinstance(item, dict):
         raise Rejection(ErrorCase.BAD_REQUEST, "Each email in the batch must be a JSON object.")
     for name in ("attachments", "scheduled_at"):
-        if item.get(name) is not None:
+        if item.get(name) not in (None, "", []):
             raise Rejection(
                 ErrorCase.BAD_REQUEST, f"The `{name}` field is not supported in batch emails."
             )

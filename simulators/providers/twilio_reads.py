@@ -148,9 +148,9 @@ def _int(value: str | None, name: str, default: int, *, minimum: int) -> int:
 def _matcher(filters: dict[str, str]) -> Callable[[MessageRecord], bool]:
     to = filters.get("To")
     sender = filters.get("From")
-    on = _moment(filters, "DateSent")
-    before = _moment(filters, "DateSent<")
-    after = _moment(filters, "DateSent>")
+    on = _span(filters, "DateSent")
+    before = _span(filters, "DateSent<")
+    after = _span(filters, "DateSent>")
 
     def wanted(record: MessageRecord) -> bool:
         sent = record.received_at.astimezone(UTC)
@@ -158,30 +158,37 @@ def _matcher(filters: dict[str, str]) -> Callable[[MessageRecord], bool]:
             return False
         if sender is not None and record.content.get("from") != sender:
             return False
-        if on is not None and not on[0] <= sent < on[0] + on[1]:
+        if on is not None and not on[0] <= sent < on[1]:
             return False
-        if before is not None and not sent < before[0] + before[1]:
+        if before is not None and not sent < before[1]:
             return False
         return after is None or sent >= after[0]
 
     return wanted
 
 
-def _moment(filters: dict[str, str], name: str) -> tuple[datetime, timedelta] | None:
-    """A filter value as (start, span): a day spans a day; an instant spans one second."""
+def _span(filters: dict[str, str], name: str) -> tuple[datetime, datetime] | None:
+    """A filter value as the [start, end) it names: a day, or the second of an instant."""
     value = filters.get(name)
     if value is None:
         return None
     text = value.strip()
     try:
         if len(text) == 10:
-            day = date.fromisoformat(text)
-            return datetime.combine(day, time(), UTC), timedelta(days=1)
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
+            start = datetime.combine(date.fromisoformat(text), time(), UTC)
+            length = timedelta(days=1)
+        else:
+            start = datetime.fromisoformat(text.replace("Z", "+00:00"))
+            if start.tzinfo is None:
+                start = start.replace(tzinfo=UTC)
+            start = start.astimezone(UTC)
+            length = timedelta(seconds=1)
+    except (ValueError, OverflowError):
         raise _BadQuery(
             20001, f"Invalid {name}: {text[:40]!r} is not a YYYY-MM-DD date or an ISO 8601 time."
         ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC), timedelta(seconds=1)
+    try:
+        end = start + length
+    except OverflowError:  # the last day there is: it ends with time itself
+        end = datetime.max.replace(tzinfo=UTC)
+    return start, end

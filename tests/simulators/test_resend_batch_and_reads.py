@@ -117,6 +117,30 @@ async def test_batch_over_100_emails_is_422(resend_sdk: Any, sim: SimulatorServe
     assert await sim.messages("resend") == []
 
 
+async def test_batch_email_with_attachments_is_refused(
+    resend_sdk: Any, sim: SimulatorServer
+) -> None:
+    attached = email("ada@example.com", attachments=[{"filename": "a.txt", "content": "aGk="}])
+    with pytest.raises(exceptions.ValidationError) as caught:
+        await batch([attached])
+    assert "attachments" in caught.value.message
+    # An empty list asks for nothing the batch endpoint lacks.
+    await batch([email("ada@example.com", attachments=[])])
+    assert len(await sim.messages("resend")) == 1
+
+
+async def test_a_batch_takes_one_token_of_the_rate_limit(
+    resend_sdk: Any, sim: SimulatorServer
+) -> None:
+    await sim.set_limit("resend", 0.01, burst=1)
+
+    await batch([email(f"user{i}@example.com") for i in range(5)])
+    with pytest.raises(exceptions.RateLimitError):
+        await batch([email("late@example.com")])
+
+    assert len(await sim.messages("resend")) == 5
+
+
 async def test_batch_idempotency_key_replays_the_whole_batch(
     resend_sdk: Any, sim: SimulatorServer
 ) -> None:

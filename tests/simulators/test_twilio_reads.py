@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
@@ -151,3 +152,26 @@ async def test_reads_need_credentials(sim: SimulatorServer) -> None:
     async with aiohttp.ClientSession() as http, http.get(url) as response:
         assert response.status == 401
         assert (await response.json())["code"] == 20003
+
+
+async def test_list_filters_by_date_sent(sim: SimulatorServer) -> None:
+    twilio = client(sim)
+    sent = await send(twilio, "+15558675310")
+    hour_ago = datetime.now(UTC) - timedelta(hours=1)
+
+    after = await asyncio.to_thread(twilio.messages.list, date_sent_after=hour_ago)
+    before = await asyncio.to_thread(twilio.messages.list, date_sent_before=hour_ago)
+
+    assert [m.sid for m in after] == [sent.sid]
+    assert before == []
+
+
+@pytest.mark.parametrize("query", ["DateSent%3C=9999-12-31", "DateSent%3E=0001-01-01"])
+async def test_date_sent_at_the_ends_of_time_is_answered(sim: SimulatorServer, query: str) -> None:
+    await send(client(sim), "+15558675310")
+    url = f"{sim.base_url}/2010-04-01/Accounts/{ACCOUNT_SID}/Messages.json?{query}"
+    credentials = base64.b64encode(f"{ACCOUNT_SID}:{AUTH_TOKEN}".encode()).decode()
+    headers = {"Authorization": f"Basic {credentials}"}
+    async with aiohttp.ClientSession() as http, http.get(url, headers=headers) as response:
+        assert response.status == 200
+        assert len((await response.json())["messages"]) == 1
