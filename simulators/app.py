@@ -1,13 +1,13 @@
 """The aiohttp application: every HTTP provider on one port, plus the control API.
 
-POST /emails, POST /emails/batch, GET /emails/{id} Resend
-POST /v3/mail/send                                 SendGrid
-POST, GET /2010-04-01/Accounts/{sid}/Messages.json Twilio send, list
-GET /2010-04-01/Accounts/{sid}/Messages/{sid}.json Twilio fetch
-POST /v1/projects/{project}/messages:send          FCM HTTP v1
-POST /token                                        OAuth2 token endpoint for FCM clients
-POST /v1/chat/completions, GET /v1/models[/{id}]   OpenAI
-/_sim/...                                          control API and page (see control.py)
+POST /emails, POST /emails/batch, GET /emails[/{id}]  Resend
+POST /v3/mail/send                                   SendGrid
+POST, GET /2010-04-01/Accounts/{sid}/Messages.json   Twilio send, list
+GET /2010-04-01/Accounts/{sid}/Messages/{sid}.json   Twilio fetch
+POST /v1/projects/{project}/messages:send            FCM HTTP v1
+POST /token                                          OAuth2 token endpoint for FCM clients
+POST /v1/chat/completions, GET /v1/models[/{id}]     OpenAI
+/_sim/...                                            control API and page (see control.py)
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from simulators import control
 from simulators.pipeline import HttpProvider, handle_send
 from simulators.providers.fcm import Fcm, token_endpoint
 from simulators.providers.openai import OpenAI, get_model, list_models
-from simulators.providers.resend import Resend, ResendBatch, get_email
+from simulators.providers.resend import Resend, ResendBatch
+from simulators.providers.resend_reads import get_email, list_emails
 from simulators.providers.sendgrid import SendGrid
 from simulators.providers.twilio import Twilio
 from simulators.providers.twilio_reads import fetch_message, list_messages
@@ -109,6 +110,7 @@ def create_app(state: SimState) -> web.Application:
     app.router.add_routes(
         [
             web.post("/emails", _send(Resend())),
+            web.get("/emails", list_emails),
             web.post("/emails/batch", _send(ResendBatch())),
             web.get("/emails/{id}", get_email),
             web.post("/v3/mail/send", _send(SendGrid())),

@@ -1,5 +1,5 @@
 """Resend: `POST /emails`, Bearer API key, JSON body, `Idempotency-Key` honoured;
-`POST /emails/batch` (see `ResendBatch`) and `GET /emails/{id}` (see `get_email`).
+`POST /emails/batch` (see `ResendBatch`); reads are in resend_reads.py.
 
 Success is 200 `{"id": "<uuid>"}`. Errors are `{"statusCode", "name", "message"}`, with the
 names the official SDKs map to their exception classes (missing_required_field,
@@ -37,7 +37,7 @@ from simulators.providers.common import (
 )
 from simulators.records import MessageRecord
 from simulators.replies import Reply, json_reply
-from simulators.state import STATE, SimState
+from simulators.state import SimState
 
 TASK_TAG = "notifkit_task_id"
 MAX_RECIPIENTS = 50  # in `to`
@@ -332,41 +332,3 @@ def _header_value(headers: object) -> str | None:
             return task_id_text(value)
     return None
 
-
-async def get_email(request: web.Request) -> web.Response:
-    """`GET /emails/{id}`: an email the simulator accepted, as Resend's retrieve call shows it.
-
-    Any key reads any email: Resend scopes emails by team, which the simulator has no notion
-    of, and ids are random UUIDs. Reads are not metered, faulted or counted in the stats,
-    which describe sends.
-    """
-    provider = Resend()
-    if provider.credentials(request) is None:
-        return provider.render(ErrorCase.UNAUTHORIZED).response()
-    record = request.app[STATE].messages.find(Provider.RESEND, request.match_info["id"])
-    if record is None:
-        return provider.render(ErrorCase.NOT_FOUND, detail="Email not found").response()
-    content = record.content
-    email = {
-        "object": "email",
-        "id": record.id,
-        "to": content.get("to", []),
-        "from": content.get("from"),
-        "created_at": record.received_at.isoformat(timespec="microseconds"),
-        "subject": content.get("subject"),
-        "html": content.get("html"),
-        "text": content.get("text"),
-        "bcc": content.get("bcc"),
-        "cc": content.get("cc"),
-        "reply_to": _as_list(content.get("reply_to")),
-        "last_event": record.last_event,
-        "scheduled_at": content.get("scheduled_at"),
-        "tags": content.get("tags"),
-    }
-    return json_reply(200, email).response()
-
-
-def _as_list(value: object) -> list[Any] | None:
-    if value is None:
-        return None
-    return value if isinstance(value, list) else [value]

@@ -1,7 +1,8 @@
 """The official `resend` SDK's other common calls work against the simulator: `Batch.send`
 (`POST /emails/batch`) records each email as its own message, with faults, idempotency and
-validation applying to the batch as a whole; `Emails.get` (`GET /emails/{id}`) reads back what
-was sent, its `last_event` following the receipts the simulator posted for it."""
+validation applying to the batch as a whole; `Emails.get` (`GET /emails/{id}`) and
+`Emails.list` (`GET /emails`) read back what was sent, `last_event` following the receipts the
+simulator posted."""
 
 from __future__ import annotations
 
@@ -214,3 +215,48 @@ async def test_get_without_key_is_401(resend_sdk: Any, monkeypatch: pytest.Monke
     monkeypatch.setattr(resend, "api_key", "")
     with pytest.raises(exceptions.MissingApiKeyError):
         await get("4ef9a417-02e9-4d39-ad75-9611e0fcc33c")
+
+
+async def list_emails(params: dict[str, Any] | None = None) -> Any:
+    return await asyncio.to_thread(
+        resend.Emails.list, cast(resend.Emails.ListParams | None, params)
+    )
+
+
+async def test_list_is_newest_first_and_pages_by_cursor(
+    resend_sdk: Any, sim: SimulatorServer
+) -> None:
+    sent = await batch([email(f"user{i}@example.com") for i in range(5)])
+    ids = [item["id"] for item in sent["data"]][::-1]  # newest first
+
+    everything = await list_emails()
+    first = await list_emails({"limit": 2})
+    second = await list_emails({"limit": 2, "after": first["data"][-1]["id"]})
+    back = await list_emails({"limit": 2, "before": second["data"][0]["id"]})
+
+    assert everything["object"] == "list"
+    assert [e["id"] for e in everything["data"]] == ids
+    assert everything["has_more"] is False
+    assert everything["data"][0]["last_event"] == "delivered"
+    assert everything["data"][0]["to"] == ["user4@example.com"]
+    assert ([e["id"] for e in first["data"]], first["has_more"]) == (ids[:2], True)
+    assert ([e["id"] for e in second["data"]], second["has_more"]) == (ids[2:4], True)
+    assert ([e["id"] for e in back["data"]], back["has_more"]) == (ids[:2], False)
+
+
+@pytest.mark.parametrize(
+    ("params", "named"),
+    [
+        ({"limit": 0}, "limit"),
+        ({"limit": 101}, "limit"),
+        ({"after": "4ef9a417-02e9-4d39-ad75-9611e0fcc33c"}, "after"),
+        ({"after": "a", "before": "b"}, "before"),
+    ],
+)
+async def test_bad_list_parameters_are_422_naming_them(
+    resend_sdk: Any, params: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(exceptions.ValidationError) as caught:
+        await list_emails(params)
+    assert caught.value.code == 422
+    assert f"`{named}`" in caught.value.message
