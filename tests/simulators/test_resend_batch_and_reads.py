@@ -83,6 +83,17 @@ async def test_a_fault_fails_the_whole_batch(resend_sdk: Any, sim: SimulatorServ
     assert len(await sim.messages("resend")) == 2
 
 
+async def test_a_lost_response_records_every_email_of_the_batch(
+    resend_sdk: Any, sim: SimulatorServer
+) -> None:
+    await sim.add_fault("lost_response", "resend", delay_ms=100, times=1)
+
+    with pytest.raises(exceptions.ResendError):
+        await batch([email("ada@example.com", "task-a"), email("bob@example.com", "task-b")])
+
+    assert sorted(m["taskId"] or "" for m in await sim.messages("resend")) == ["task-a", "task-b"]
+
+
 async def test_strict_batch_with_one_invalid_email_sends_nothing(
     resend_sdk: Any, sim: SimulatorServer
 ) -> None:
