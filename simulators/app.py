@@ -1,12 +1,13 @@
 """The aiohttp application: every HTTP provider on one port, plus the control API.
 
-POST /emails                                       Resend
-POST /v3/mail/send                                 SendGrid
-POST /2010-04-01/Accounts/{sid}/Messages.json      Twilio
-POST /v1/projects/{project}/messages:send          FCM HTTP v1
-POST /token                                        OAuth2 token endpoint for FCM clients
-POST /v1/chat/completions, GET /v1/models[/{id}]   OpenAI
-/_sim/...                                          control API and page (see control.py)
+POST /emails, POST /emails/batch, GET /emails[/{id}]  Resend
+POST /v3/mail/send                                   SendGrid
+POST, GET /2010-04-01/Accounts/{sid}/Messages.json   Twilio send, list
+GET /2010-04-01/Accounts/{sid}/Messages/{sid}.json   Twilio fetch
+POST /v1/projects/{project}/messages:send            FCM HTTP v1
+POST /token                                          OAuth2 token endpoint for FCM clients
+POST /v1/chat/completions, GET /v1/models[/{id}]     OpenAI
+/_sim/...                                            control API and page (see control.py)
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from simulators import control
 from simulators.pipeline import HttpProvider, handle_send
 from simulators.providers.fcm import Fcm, token_endpoint
 from simulators.providers.openai import OpenAI, get_model, list_models
-from simulators.providers.resend import Resend
+from simulators.providers.resend import Resend, ResendBatch
+from simulators.providers.resend_reads import get_email, list_emails
 from simulators.providers.sendgrid import SendGrid
 from simulators.providers.twilio import Twilio
+from simulators.providers.twilio_reads import fetch_message, list_messages
 from simulators.state import STATE, SimState
 from simulators.validation import ControlError
 
@@ -37,6 +40,33 @@ def _send(provider: HttpProvider) -> Handler:
         return await handle_send(request, provider)
 
     return handler
+
+
+# A path under a provider's prefix that no route serves is answered in that provider's own
+# error format, as the real provider answers it; other paths get the simulator's own JSON.
+_PREFIXES: tuple[tuple[str, HttpProvider], ...] = (
+    ("/emails/", Resend()),
+    ("/v3/", SendGrid()),
+    ("/2010-04-01/", Twilio()),
+    ("/v1/projects/", Fcm()),
+    ("/v1/", OpenAI()),
+)
+
+
+def _provider_at(path: str) -> HttpProvider | None:
+    for prefix, provider in _PREFIXES:
+        if path.startswith(prefix) or path == prefix.rstrip("/"):
+            return provider
+    return None
+
+
+def _no_route(request: web.Request, status: int) -> web.Response:
+    # The raw (percent-encoded) path: it is always writable, whatever bytes it names.
+    path = request.rel_url.raw_path
+    provider = _provider_at(path)
+    if provider is None:
+        return _error_json(status, f"no route for {request.method} {request.path}")
+    return provider.no_route(request.method, path, status).response()
 
 
 def _error_json(status: int, message: str) -> web.Response:
@@ -57,12 +87,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        message = (
-            f"no route for {request.method} {request.path}"
-            if exc.status in (404, 405)
-            else exc.reason
-        )
-        response = _error_json(exc.status, message)
+        if exc.status in (404, 405):
+            response = _no_route(request, exc.status)
+        else:
+            response = _error_json(exc.status, exc.reason)
         if "Allow" in exc.headers:  # a 405 must say which methods the path does take
             response.headers["Allow"] = exc.headers["Allow"]
         return response
@@ -82,8 +110,13 @@ def create_app(state: SimState) -> web.Application:
     app.router.add_routes(
         [
             web.post("/emails", _send(Resend())),
+            web.get("/emails", list_emails),
+            web.post("/emails/batch", _send(ResendBatch())),
+            web.get("/emails/{id}", get_email),
             web.post("/v3/mail/send", _send(SendGrid())),
             web.post("/2010-04-01/Accounts/{sid}/Messages.json", _send(Twilio())),
+            web.get("/2010-04-01/Accounts/{sid}/Messages.json", list_messages),
+            web.get("/2010-04-01/Accounts/{sid}/Messages/{message_sid}.json", fetch_message),
             web.post("/v1/projects/{project}/messages:send", _send(Fcm())),
             web.post("/token", token_endpoint),
             web.post("/v1/chat/completions", _send(OpenAI())),

@@ -3,8 +3,8 @@
     count -> credentials (401) -> provider rate limit (429) -> read and validate (4xx)
     -> fault decision -> [timeout: hold, record nothing | error, rate_limit, invalid_token:
        answer the provider's error] -> idempotency (replay / 409) -> [latency: wait]
-    -> accept: record, schedule receipts -> [lost_response: hold, never answer |
-       malformed: unparseable 200 | otherwise the provider's success answer]
+    -> accept: record (each email of a batch), schedule receipts -> [lost_response: hold,
+       never answer | malformed: unparseable 200 | otherwise the provider's success answer]
 
 Providers only describe their wire format (`HttpProvider`); the order above, and therefore
 the meaning of every fault, is the same for all of them.
@@ -85,6 +85,9 @@ class Submission:
     meta: dict[str, Any] = field(default_factory=dict)
     # False for validate-only and sandbox requests: answered as success, recorded nowhere.
     deliver: bool = True
+    # A batch request (Resend `/emails/batch`): each part is recorded as its own message,
+    # while faults, rate limits and idempotency treat the request as one.
+    parts: list[Submission] | None = None
 
 
 @dataclass(frozen=True)
@@ -122,9 +125,21 @@ class HttpProvider(ABC):
     def success(self, record: MessageRecord, submission: Submission, request: web.Request) -> Reply:
         """The provider's answer to an accepted message."""
 
+    def reply(
+        self, records: list[MessageRecord], submission: Submission, request: web.Request
+    ) -> Reply:
+        """The answer to an accepted request; one record unless the request was a batch."""
+        return self.success(records[0], submission, request)
+
     @abstractmethod
     def error(self, spec: ErrorSpec) -> Reply:
         """The provider's error body for `spec`, with Retry-After where it sends one."""
+
+    def no_route(self, method: str, path: str, status: int) -> Reply:
+        """The provider's answer to a path under its prefix that it does not serve (404) or a
+        method it does not take there (405)."""
+        detail = "" if status == 404 else "Method not allowed"
+        return self.render(ErrorCase.NOT_FOUND, status=status, detail=detail)
 
     def status_for(self, case: ErrorCase) -> int:
         return self.status_overrides.get(case, DEFAULT_STATUS[case])
@@ -285,18 +300,23 @@ def _accept(
     stats: ProviderStats,
     submission: Submission,
 ) -> Reply:
-    record = MessageRecord(
-        id=provider.new_message_id(state, submission),
-        provider=provider.provider,
-        recipients=submission.recipients,
-        task_id=submission.task_id,
-        idempotency_key=submission.idempotency_key,
-        content=submission.content,
-        meta=submission.meta,
-    )
+    parts = submission.parts if submission.parts is not None else [submission]
+    records = [
+        MessageRecord(
+            id=provider.new_message_id(state, part),
+            provider=provider.provider,
+            recipients=part.recipients,
+            task_id=part.task_id,
+            idempotency_key=part.idempotency_key,
+            content=part.content,
+            meta=part.meta,
+        )
+        for part in parts
+    ]
     if submission.deliver:
-        accept(state, stats, record)
-    return provider.success(record, submission, request)
+        for record in records:
+            accept(state, stats, record)
+    return provider.reply(records, submission, request)
 
 
 def accept(state: SimState, stats: ProviderStats, record: MessageRecord) -> None:

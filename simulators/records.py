@@ -74,6 +74,14 @@ class MessageRecord:
     accept_count: int = 1
     # Provider-side facts that receipts need but the control API does not show.
     meta: dict[str, Any] = field(default_factory=dict)
+    # What the provider last knows of the message's fate, as its own read API reports it
+    # (Resend `last_event`, Twilio `status`): "sent" until a receipt event happens.
+    last_event: str = "sent"
+    last_event_at: datetime | None = None
+
+    def note_event(self, event: str) -> None:
+        self.last_event = event
+        self.last_event_at = datetime.now(UTC)
 
     @property
     def to(self) -> str:
@@ -147,6 +155,13 @@ class MessageStore:
                 continue
             found.append(record)
         return found
+
+    def find(self, provider: Provider, message_id: str) -> MessageRecord | None:
+        """The newest record of ``provider`` with the provider's message id ``message_id``."""
+        for record in reversed(self._messages):
+            if record.id == message_id and record.provider is provider:
+                return record
+        return None
 
     def clear(self) -> None:
         self._messages.clear()

@@ -189,6 +189,17 @@ class Fcm(HttpProvider):
         message_id = record.id if submission.deliver else "fake_message_id"
         return json_reply(200, {"name": f"projects/{project}/messages/{message_id}"})
 
+    def no_route(self, method: str, path: str, status: int) -> Reply:
+        # Google's plain error, without the FcmError detail: a wrong URL must not read as
+        # UNREGISTERED, which tells a client to forget the device token.
+        if status == 404:
+            status_name, message = "NOT_FOUND", f"The requested URL {path} was not found."
+        else:
+            status_name, message = "UNIMPLEMENTED", f"Method {method} is not allowed for {path}."
+        return json_reply(
+            status, {"error": {"code": status, "message": message, "status": status_name}}
+        )
+
     def error(self, spec: ErrorSpec) -> Reply:
         status_name, message, error_code = _ERRORS[spec.case]
         field_name = spec.field_name

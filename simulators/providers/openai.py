@@ -271,6 +271,15 @@ class OpenAI(HttpProvider):
         }
         return json_reply(200, completion, headers=headers)
 
+    def no_route(self, method: str, path: str, status: int) -> Reply:
+        error = {
+            "message": f"Invalid URL ({method} {path})",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": None,
+        }
+        return json_reply(status, {"error": error})
+
     def error(self, spec: ErrorSpec) -> Reply:
         message, kind, code = _ERRORS[spec.case]
         message = spec.detail or message.replace("{model}", spec.recipient or "the model")

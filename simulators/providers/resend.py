@@ -1,4 +1,5 @@
-"""Resend: `POST /emails`, Bearer API key, JSON body, `Idempotency-Key` honoured.
+"""Resend: `POST /emails`, Bearer API key, JSON body, `Idempotency-Key` honoured;
+`POST /emails/batch` (see `ResendBatch`); reads are in resend_reads.py.
 
 Success is 200 `{"id": "<uuid>"}`. Errors are `{"statusCode", "name", "message"}`, with the
 names the official SDKs map to their exception classes (missing_required_field,
@@ -40,6 +41,8 @@ from simulators.state import SimState
 
 TASK_TAG = "notifkit_task_id"
 MAX_RECIPIENTS = 50  # in `to`
+MAX_BATCH_EMAILS = 100
+BATCH_VALIDATION_HEADER = "x-batch-validation"
 _TAG_TEXT = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
 _ADDRESS_FORMAT = (
     "The email address needs to follow the `email@example.com` or "
@@ -98,73 +101,28 @@ class Resend(HttpProvider):
         return bearer_token(request)
 
     async def parse(self, request: web.Request, body: bytes, state: SimState) -> Submission:
-        key = request.headers.get(IDEMPOTENCY_HEADER)
-        if key is not None and not 1 <= len(key) <= 256:
-            raise Rejection(ErrorCase.BAD_REQUEST, status=400, code="invalid_idempotency_key")
+        key = _idempotency_key(request)
         payload = load_json(body, status=400)
         if not isinstance(payload, dict):
             raise Rejection(ErrorCase.BAD_REQUEST, "The request body must be a JSON object.")
-        for name in ("from", "to", "subject"):
-            if payload.get(name) in (None, "", []):
-                raise Rejection(
-                    ErrorCase.BAD_REQUEST, f"Missing `{name}` field.", code="missing_required_field"
-                )
-        sender = payload["from"]
-        if email_address(sender) is None:
-            raise Rejection(ErrorCase.BAD_REQUEST, f"Invalid `from` field. {_ADDRESS_FORMAT}")
-        to = _addresses(payload, "to")
-        cc = _addresses(payload, "cc")
-        bcc = _addresses(payload, "bcc")
-        # Resend's limit is on `to` alone; cc and bcc do not count towards it.
-        if len(to) > MAX_RECIPIENTS:
-            raise Rejection(
-                ErrorCase.BAD_REQUEST,
-                f"Too many recipients in `to`. The maximum is {MAX_RECIPIENTS}.",
-            )
-        if not isinstance(payload["subject"], str):
-            raise Rejection(ErrorCase.BAD_REQUEST, "Invalid `subject` field.")
-        for name in ("html", "text"):
-            if payload.get(name) is not None and not isinstance(payload[name], str):
-                raise Rejection(ErrorCase.BAD_REQUEST, f"Invalid `{name}` field.")
-        _addresses(payload, "reply_to")
-        tags = _tags(payload.get("tags"))
-        headers = payload.get("headers")
-        if headers is not None and not (
-            isinstance(headers, dict) and all(isinstance(v, str) for v in headers.values())
-        ):
-            raise Rejection(ErrorCase.BAD_REQUEST, "Invalid `headers` field.")
-        task_id = (
-            header_task_id(request) or task_id_text(tags.get(TASK_TAG)) or _header_value(headers)
-        )
-        content = drop_none(
-            {
-                "from": sender,
-                "to": to,
-                "cc": cc or None,
-                "bcc": bcc or None,
-                "reply_to": payload.get("reply_to"),
-                "subject": payload["subject"],
-                "html": stored_text(payload.get("html")),
-                "text": stored_text(payload.get("text")),
-                "headers": headers,
-                "tags": payload.get("tags"),
-                "scheduled_at": payload.get("scheduled_at"),
-            }
-        )
-        return Submission(
-            recipients=to + cc + bcc,
-            content=content,
-            task_id=task_id,
-            idempotency_key=key,
-            payload=payload,
-            meta={"tags": tags},
-        )
+        submission = parse_email(payload)
+        submission.task_id = header_task_id(request) or submission.task_id
+        submission.idempotency_key = key
+        return submission
 
     def new_message_id(self, state: SimState, submission: Submission) -> str:
         return state.ids.uuid4()
 
     def success(self, record: MessageRecord, submission: Submission, request: web.Request) -> Reply:
         return json_reply(200, {"id": record.id})
+
+    def no_route(self, method: str, path: str, status: int) -> Reply:
+        if status == 405:
+            return self.render(
+                ErrorCase.NOT_FOUND, status=405, code="method_not_allowed",
+                detail="Method is not allowed for the requested path.",
+            )
+        return self.render(ErrorCase.NOT_FOUND, status=status)
 
     def error(self, spec: ErrorSpec) -> Reply:
         name, message = _ERRORS[spec.case]
@@ -187,6 +145,147 @@ class Resend(HttpProvider):
             headers["retry-after"] = retry_after
         body = {"statusCode": spec.status, "name": name, "message": message}
         return json_reply(spec.status, body, headers=headers)
+
+
+class ResendBatch(Resend):
+    """`POST /emails/batch`: a JSON array of up to 100 emails, each as `POST /emails` takes
+    it (without `attachments` or `scheduled_at`); answered `{"data": [{"id"}...]}` in order.
+
+    `x-batch-validation: strict` (the default) refuses the whole batch, 422, for one invalid
+    email; `permissive` sends the valid ones and lists the others under `errors`. One request
+    is one request to the rate limit, to fault rules (a rule matching any recipient in the
+    batch decides the whole request, as the real provider fails a request as a whole) and to
+    its `Idempotency-Key`; each email is recorded as its own message.
+    """
+
+    async def parse(self, request: web.Request, body: bytes, state: SimState) -> Submission:
+        key = _idempotency_key(request)
+        payload = load_json(body, status=400)
+        if not isinstance(payload, list):
+            raise Rejection(ErrorCase.BAD_REQUEST, "The `request.body` field must be an `array`.")
+        if not payload:
+            raise Rejection(ErrorCase.BAD_REQUEST, "The batch must contain at least one email.")
+        if len(payload) > MAX_BATCH_EMAILS:
+            raise Rejection(
+                ErrorCase.BAD_REQUEST,
+                f"Too many emails in the batch. The maximum is {MAX_BATCH_EMAILS}.",
+            )
+        mode = request.headers.get(BATCH_VALIDATION_HEADER, "strict").strip().lower()
+        if mode not in ("strict", "permissive"):
+            raise Rejection(
+                ErrorCase.BAD_REQUEST,
+                f"Invalid `{BATCH_VALIDATION_HEADER}` header: use `strict` or `permissive`.",
+            )
+        request_task_id = header_task_id(request)
+        parts: list[Submission] = []
+        errors: list[dict[str, Any]] = []
+        for index, item in enumerate(payload):
+            try:
+                part = _batch_email(item)
+            except Rejection as rejection:
+                message = rejection.detail or _ERRORS[rejection.case][1]
+                if mode == "strict":
+                    raise Rejection(
+                        rejection.case, f"emails[{index}]: {message}", code=rejection.code
+                    ) from None
+                errors.append({"index": index, "message": message})
+                continue
+            # The request's header names one task; an email's own tag tells batched tasks apart.
+            part.task_id = part.task_id or request_task_id
+            part.idempotency_key = key
+            parts.append(part)
+        return Submission(
+            recipients=[r for part in parts for r in part.recipients],
+            content={},
+            idempotency_key=key,
+            # The mode is part of the request: the same emails under another mode are not a
+            # replay of it.
+            payload={"emails": payload, "validation": mode},
+            meta={"errors": errors if mode == "permissive" else None},
+            parts=parts,
+        )
+
+    def reply(
+        self, records: list[MessageRecord], submission: Submission, request: web.Request
+    ) -> Reply:
+        answer: dict[str, Any] = {"data": [{"id": record.id} for record in records]}
+        if submission.meta.get("errors") is not None:
+            answer["errors"] = submission.meta["errors"]
+        return json_reply(200, answer)
+
+
+def parse_email(payload: dict[str, Any]) -> Submission:
+    """One email as `POST /emails` takes it; the task id from its tag or its headers."""
+    for name in ("from", "to", "subject"):
+        if payload.get(name) in (None, "", []):
+            raise Rejection(
+                ErrorCase.BAD_REQUEST, f"Missing `{name}` field.", code="missing_required_field"
+            )
+    sender = payload["from"]
+    if email_address(sender) is None:
+        raise Rejection(ErrorCase.BAD_REQUEST, f"Invalid `from` field. {_ADDRESS_FORMAT}")
+    to = _addresses(payload, "to")
+    cc = _addresses(payload, "cc")
+    bcc = _addresses(payload, "bcc")
+    # Resend's limit is on `to` alone; cc and bcc do not count towards it.
+    if len(to) > MAX_RECIPIENTS:
+        raise Rejection(
+            ErrorCase.BAD_REQUEST,
+            f"Too many recipients in `to`. The maximum is {MAX_RECIPIENTS}.",
+        )
+    if not isinstance(payload["subject"], str):
+        raise Rejection(ErrorCase.BAD_REQUEST, "Invalid `subject` field.")
+    for name in ("html", "text"):
+        if payload.get(name) is not None and not isinstance(payload[name], str):
+            raise Rejection(ErrorCase.BAD_REQUEST, f"Invalid `{name}` field.")
+    _addresses(payload, "reply_to")
+    tags = _tags(payload.get("tags"))
+    headers = payload.get("headers")
+    if headers is not None and not (
+        isinstance(headers, dict) and all(isinstance(v, str) for v in headers.values())
+    ):
+        raise Rejection(ErrorCase.BAD_REQUEST, "Invalid `headers` field.")
+    task_id = task_id_text(tags.get(TASK_TAG)) or _header_value(headers)
+    content = drop_none(
+        {
+            "from": sender,
+            "to": to,
+            "cc": cc or None,
+            "bcc": bcc or None,
+            "reply_to": payload.get("reply_to"),
+            "subject": payload["subject"],
+            "html": stored_text(payload.get("html")),
+            "text": stored_text(payload.get("text")),
+            "headers": headers,
+            "tags": payload.get("tags"),
+            "scheduled_at": payload.get("scheduled_at"),
+        }
+    )
+    return Submission(
+        recipients=to + cc + bcc,
+        content=content,
+        task_id=task_id,
+        payload=payload,
+        meta={"tags": tags},
+    )
+
+
+def _batch_email(item: object) -> Submission:
+    if not isinstance(item, dict):
+        raise Rejection(ErrorCase.BAD_REQUEST, "Each email in the batch must be a JSON object.")
+    for name in ("attachments", "scheduled_at"):
+        if item.get(name) not in (None, "", []):
+            raise Rejection(
+                ErrorCase.BAD_REQUEST, f"The `{name}` field is not supported in batch emails."
+            )
+    return parse_email(item)
+
+
+def _idempotency_key(request: web.Request) -> str | None:
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is not None and not 1 <= len(key) <= 256:
+        raise Rejection(ErrorCase.BAD_REQUEST, status=400, code="invalid_idempotency_key")
+    return key
 
 
 def _addresses(payload: dict[str, Any], name: str) -> list[str]:
@@ -232,3 +331,4 @@ def _header_value(headers: object) -> str | None:
         if isinstance(name, str) and name.lower() == TASK_ID_HEADER.lower():
             return task_id_text(value)
     return None
+

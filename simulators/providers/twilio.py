@@ -23,7 +23,7 @@ import binascii
 import re
 from datetime import UTC, datetime
 from email.utils import format_datetime
-from typing import ClassVar
+from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
 
 from aiohttp import web
@@ -166,33 +166,17 @@ class Twilio(HttpProvider):
         return prefix + state.ids.hex(32)
 
     def success(self, record: MessageRecord, submission: Submission, request: web.Request) -> Reply:
-        account_sid = record.meta["account_sid"]
-        now = format_datetime(datetime.now(UTC))  # RFC 2822, as Twilio dates are
-        uri = f"/{API_VERSION}/Accounts/{account_sid}/Messages/{record.id}"
-        text = record.content.get("body") or ""
-        resource = {
-            "account_sid": account_sid,
-            "api_version": API_VERSION,
-            "body": text,
-            "date_created": now,
-            "date_sent": None,
-            "date_updated": now,
-            "direction": "outbound-api",
-            "error_code": None,
-            "error_message": None,
-            "from": record.content.get("from"),
-            "messaging_service_sid": record.meta.get("messaging_service_sid"),
-            "num_media": str(record.meta.get("num_media", 0)),
-            "num_segments": str(_segments(text)),
-            "price": None,
-            "price_unit": "USD",
-            "sid": record.id,
-            "status": "accepted" if record.meta.get("messaging_service_sid") else "queued",
-            "subresource_uris": {"media": f"{uri}/Media.json"},
-            "to": record.to,
-            "uri": f"{uri}.json",
-        }
-        return json_reply(201, resource)
+        return json_reply(201, message_resource(record, created=True))
+
+    def no_route(self, method: str, path: str, status: int) -> Reply:
+        if status == 405:
+            return self.render(
+                ErrorCase.NOT_FOUND, status=405, code="20004", detail="Method not allowed"
+            )
+        return self.render(
+            ErrorCase.NOT_FOUND, status=status,
+            detail=f"The requested resource {path} was not found",
+        )
 
     def error(self, spec: ErrorSpec) -> Reply:
         code, message = _ERRORS[spec.case]
@@ -208,6 +192,54 @@ class Twilio(HttpProvider):
             "status": spec.status,
         }
         return json_reply(spec.status, body, retry_after_s=spec.retry_after_s)
+
+
+def message_resource(record: MessageRecord, *, created: bool = False) -> dict[str, Any]:
+    """The Message resource: as the create call answers it (`created`), or as it reads later,
+    its status from the receipts the simulator has drawn for it."""
+    account_sid = record.meta["account_sid"]
+    uri = f"/{API_VERSION}/Accounts/{account_sid}/Messages/{record.id}"
+    text = record.content.get("body") or ""
+    received = _rfc2822(record.received_at)
+    if created:
+        status = "accepted" if record.meta.get("messaging_service_sid") else "queued"
+        date_sent, date_updated = None, received
+    else:
+        status = _STATUS.get(record.last_event, "delivered")
+        date_sent = received
+        date_updated = _rfc2822(record.last_event_at or record.received_at)
+    error_code, error_message = _DELIVERY_ERROR if status == "undelivered" else (None, None)
+    return {
+        "account_sid": account_sid,
+        "api_version": API_VERSION,
+        "body": text,
+        "date_created": received,
+        "date_sent": date_sent,
+        "date_updated": date_updated,
+        "direction": "outbound-api",
+        "error_code": error_code,
+        "error_message": error_message,
+        "from": record.content.get("from"),
+        "messaging_service_sid": record.meta.get("messaging_service_sid"),
+        "num_media": str(record.meta.get("num_media", 0)),
+        "num_segments": str(_segments(text)),
+        "price": None,
+        "price_unit": "USD",
+        "sid": record.id,
+        "status": status,
+        "subresource_uris": {"media": f"{uri}/Media.json"},
+        "to": record.to,
+        "uri": f"{uri}.json",
+    }
+
+
+def _rfc2822(moment: datetime) -> str:
+    return format_datetime(moment.astimezone(UTC), usegmt=False)
+
+
+# Receipt events as Twilio statuses; "sent" until a receipt event is due.
+_STATUS = {"sent": "sent", "delivered": "delivered", "bounced": "undelivered"}
+_DELIVERY_ERROR = (30003, "Unreachable destination handset")
 
 
 # The GSM 03.38 basic character set; the extension table's characters take two septets.
