@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
+import resend
 from aiohttp import web
 
 from simulators import SimulatorServer
@@ -65,3 +67,12 @@ async def receiver() -> AsyncIterator[Receiver]:
     state.url = f"http://127.0.0.1:{runner.addresses[0][1]}/hooks"
     yield state
     await runner.cleanup()
+
+
+@pytest.fixture
+def resend_sdk(sim: SimulatorServer, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The official resend package, pointed at ``sim``."""
+    monkeypatch.setattr(resend, "api_url", sim.base_url)
+    monkeypatch.setattr(resend, "api_key", "re_test_key")
+    monkeypatch.setattr(resend, "default_http_client", resend.RequestsClient(timeout=5))
+    return resend

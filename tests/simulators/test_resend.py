@@ -15,14 +15,6 @@ from simulators import SimulatorServer
 SHORT_TIMEOUT_S = 0.5
 
 
-@pytest.fixture
-def resend_sdk(sim: SimulatorServer, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setattr(resend, "api_url", sim.base_url)
-    monkeypatch.setattr(resend, "api_key", "re_test_key")
-    monkeypatch.setattr(resend, "default_http_client", resend.RequestsClient(timeout=5))
-    return resend
-
-
 def email(**overrides: Any) -> dict[str, Any]:
     params: dict[str, Any] = {
         "from": "Notifkit <noreply@example.com>",

@@ -19,14 +19,6 @@ from simulators import SimulatorServer
 SECRET = "whsec_" + base64.b64encode(b"notifkit-batch-secret").decode()
 
 
-@pytest.fixture
-def resend_sdk(sim: SimulatorServer, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setattr(resend, "api_url", sim.base_url)
-    monkeypatch.setattr(resend, "api_key", "re_test_key")
-    monkeypatch.setattr(resend, "default_http_client", resend.RequestsClient(timeout=5))
-    return resend
-
-
 def email(to: str, task_id: str | None = None, **overrides: Any) -> dict[str, Any]:
     params: dict[str, Any] = {
         "from": "Notifkit <noreply@example.com>",
