@@ -25,6 +25,8 @@ Other keys:
                                                    Redis lost them, rebuild from PostgreSQL
     notif:workflow:timers                    ZSET  "{instanceId}:{stepPath}" (or ":retry") -> wake
                                                    time (ms); moved to workflow:inbound by Lua
+    notif:workflow:timers:ready              STR   set once the timers are built; missing =
+                                                   Redis lost them, rebuild from PostgreSQL
     notif:lock:scheduler:poll                STR   token of the one polling scheduler, 30 s TTL
     lock:workflow:{instanceId}               STR   token of the instance's runner, 60 s TTL
     throttle:{projectId}:user:{userId}       ZSET  sliding window of send times per user
@@ -140,6 +142,10 @@ class Keys:
     @property
     def workflow_timers(self) -> str:
         return self._k("notif:workflow:timers")
+
+    @property
+    def workflow_timers_ready(self) -> str:
+        return self._k("notif:workflow:timers:ready")
 
     @property
     def scheduler_lock(self) -> str:

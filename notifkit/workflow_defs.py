@@ -120,7 +120,7 @@ def _validate_step(step: Any, field: str, depth: int, errors: list[FieldError]) 
             problem = expression_error(expression)
             if problem is not None:
                 bad("if", problem)
-        if depth + 1 >= MAX_DEPTH:
+        if depth >= MAX_DEPTH:  # depth counts the branches around this one
             bad("", f"branches may nest at most {MAX_DEPTH} deep")
             return
         for name in BRANCHES:

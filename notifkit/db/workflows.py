@@ -149,13 +149,26 @@ async def set_state(
     instance.wake_at = wake_at
 
 
-async def sleeping_instances(conn: Conn, limit: int = 10_000) -> list[tuple[str, str, datetime]]:
-    """(instance id, cursor, wake_at) of every waiting instance: rebuilds the timer set."""
-    rows = await conn.fetch(
-        """SELECT id::text, cursor, wake_at FROM workflow_instances
-            WHERE wake_at IS NOT NULL AND status = 'waiting' ORDER BY wake_at LIMIT $1""",
-        limit,
-    )
+async def sleeping_instances(
+    conn: Conn, limit: int, after: tuple[datetime, str] | None = None,
+) -> list[tuple[str, str, datetime]]:
+    """(instance id, cursor, wake_at) of up to ``limit`` waiting instances, ordered by
+    (wake_at, id) and starting after ``after``: pages through them to rebuild the timer set."""
+    if after is None:
+        rows = await conn.fetch(
+            """SELECT id::text, cursor, wake_at FROM workflow_instances
+                WHERE wake_at IS NOT NULL AND status = 'waiting'
+                ORDER BY wake_at, id LIMIT $1""",
+            limit,
+        )
+    else:
+        rows = await conn.fetch(
+            """SELECT id::text, cursor, wake_at FROM workflow_instances
+                WHERE wake_at IS NOT NULL AND status = 'waiting'
+                  AND (wake_at, id) > ($2, $3::uuid)
+                ORDER BY wake_at, id LIMIT $1""",
+            limit, after[0], after[1],
+        )
     return [(r[0], r[1] or "", r[2]) for r in rows]
 
 

@@ -125,6 +125,8 @@ def parse_reply(reply: HttpReply, model: str) -> Completion:
         text = choice["message"]["content"]
         if not isinstance(text, str):
             raise TypeError("content is not text")
+        if not text.strip():  # sent as is, it would be a blank notification
+            raise ValueError("content is empty")
         usage: dict[str, Any] = payload.get("usage") or {}
         return Completion(
             text=text.strip(),

@@ -95,6 +95,9 @@ async def test_content_keys_fallback_and_ai_are_checked(api: Api, project: Proje
     prompt = await api.call("PUT", "/v1/templates/t", key=project.full, json={
         "channels": {}, "ai": {"model": "m", "prompt": "{% if %}", "channels": ["email"]}})
     assert prompt.fields == ["ai.prompt"]
+    blank = await api.call("PUT", "/v1/templates/t", key=project.full, json={
+        "channels": {}, "ai": {"model": " ", "prompt": " \n\t", "channels": ["email"]}})
+    assert (blank.status, set(blank.fields)) == (400, {"ai.model", "ai.prompt"})
     ai_only = await api.call("PUT", "/v1/templates/t", key=project.full, json={
         "channels": {}, "ai": {"model": "m", "prompt": "Write to {{ user.id }}",
                                "channels": ["email"]}, "fallback": ["email"]})

@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 
 from notifkit.config import Settings
+from notifkit.ids import uuid7
 from tests.api.conftest import Api, Project, start_api
 
 if TYPE_CHECKING:
@@ -82,6 +83,34 @@ async def test_an_instance_shows_every_step_with_status_output_and_time(
     ]
     assert steps[2]["output"] == {"result": True, "branch": "then"}
     assert all(s["at"] for s in steps)
+
+
+async def test_a_retried_trigger_runs_the_instance_its_dead_first_attempt_left_pending(
+    api: Api, project: Project, db: asyncpg.Pool, make_service: ServiceFactory,
+) -> None:
+    put = await api.call("PUT", "/v1/workflows/onboarding", key=project.full,
+                         json={"steps": [{"type": "send", "template": "hello"}]})
+    assert put.status == 201, put.body
+    # What an API process killed between its INSERT and its XADD leaves behind: the
+    # instance row under the caller's key, no trigger on the stream, no answer in Redis.
+    orphan = uuid7()
+    await db.execute(
+        "INSERT INTO workflow_instances (id, project_id, workflow_id, user_id, status, steps, "
+        "trigger_data, idempotency_key) SELECT $1, project_id, id, 'u1', 'pending', steps, "
+        "'{}'::jsonb, 'signup-u1' FROM workflow_definitions WHERE project_id = $2",
+        orphan, project.id,
+    )
+    retry = await api.call("POST", "/v1/workflows/onboarding/trigger", key=project.send,
+                           json={"userId": "u1"}, headers={"x-idempotency-key": "signup-u1"})
+    assert retry.status == 202, retry.body
+    assert retry.body == {"instanceId": orphan}
+
+    await make_service().run_until_idle()
+    shown = await api.call("GET", f"/v1/workflow-instances/{orphan}", key=project.full)
+    assert shown.body["status"] == "completed", shown.body
+    again = await api.call("POST", "/v1/workflows/onboarding/trigger", key=project.send,
+                           json={"userId": "u1"}, headers={"x-idempotency-key": "signup-u1"})
+    assert again.body == {"instanceId": orphan}
 
 
 async def test_ai_usage_totals_per_project(

@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from notifkit.workflow_defs import (
+    MAX_DEPTH,
     enter_branch,
     format_path,
     next_path,
@@ -105,3 +106,16 @@ def test_pathological_expressions_are_errors_not_crashes() -> None:
     for expression in ("(" * 5000, "[" * 5000, "a" * 100_000):
         [error] = validate_steps([{"type": "branch", "if": expression}])
         assert error["field"] == "steps[0].if"
+
+
+def test_branches_nest_as_deep_as_the_limit_says_and_no_deeper() -> None:
+    def nested(branches: int) -> list[dict[str, object]]:
+        step: dict[str, object] = {"type": "send", "template": "t"}
+        for _ in range(branches):
+            step = {"type": "branch", "if": "true", "then": [step]}
+        return [step]
+
+    assert validate_steps(nested(MAX_DEPTH)) == []
+    [error] = validate_steps(nested(MAX_DEPTH + 1))
+    assert error["field"] == "steps[0]" + ".then[0]" * MAX_DEPTH
+    assert str(MAX_DEPTH) in error["message"]

@@ -98,6 +98,22 @@ async def test_lost_timers_are_rebuilt_from_postgresql(
     assert (await flow.instance(instance_id))["status"] == "completed"
 
 
+async def test_timers_lost_while_the_service_runs_are_all_rebuilt_at_its_next_poll(
+    flow: Flow, make_service: ServiceFactory, clock: FakeClock, redis: Redis, keys: Keys,
+) -> None:
+    await flow.define("slow", [{"type": "wait", "seconds": 60},
+                               {"type": "send", "template": "late"}])
+    instances = [await flow.trigger("slow", f"u{i}") for i in range(7)]
+    service = make_service(rebuild_page_size=3)  # seven sleepers span three pages
+    await service.run_until_idle()
+    assert await redis.zcard(keys.workflow_timers) == 7
+    await redis.delete(keys.workflow_timers, keys.workflow_timers_ready)  # Redis lost its data
+    clock.advance(60)
+    await service.run_until_idle()
+    assert sorted(m["to"]["userId"] for m in await flow.sent()) == [f"u{i}" for i in range(7)]
+    assert {(await flow.instance(i))["status"] for i in instances} == {"completed"}
+
+
 class _LosesAfter:
     """A lock that reports itself lost after ``checks`` looks (as if it expired mid-run)."""
 

@@ -56,3 +56,12 @@ def test_server_errors_are_retried(status: int) -> None:
 def test_an_unreadable_success_is_retried() -> None:
     with pytest.raises(RetryLater):
         parse_reply(reply(200, b"<html>oops"), "m")
+
+
+@pytest.mark.parametrize("content", ["", " \n "])
+def test_a_blank_completion_is_retried_not_sent(content: str) -> None:
+    body = {"id": "chatcmpl-1", "model": "m", "usage": {"prompt_tokens": 5},
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}
+    with pytest.raises(RetryLater) as failed:
+        parse_reply(reply(200, body), "m")
+    assert "empty" in str(failed.value)

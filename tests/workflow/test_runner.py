@@ -3,6 +3,7 @@ sends, waits, waiting for events with a timeout, branches and digests."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from notifkit.keys import Keys
@@ -10,6 +11,7 @@ from notifkit.keys import Keys
 from .conftest import templates_of
 
 if TYPE_CHECKING:
+    import asyncpg
     from redis.asyncio import Redis
 
     from .conftest import FakeClock, Flow, ServiceFactory
@@ -186,6 +188,27 @@ async def test_digest_turns_n_triggers_within_the_window_into_one_message_listin
     sent = await flow.sent()
     assert len(sent) == 3
     assert [i["data"] for i in sent[2]["digestItems"]] == [{"comment": "late"}]
+
+
+async def test_a_digest_lists_its_items_oldest_trigger_first_whatever_order_they_joined(
+    flow: Flow, make_service: ServiceFactory, clock: FakeClock, db: asyncpg.Pool,
+) -> None:
+    await flow.define("comments", [
+        {"type": "digest", "windowSeconds": 600, "template": "comment-digest"},
+    ])
+    service = make_service()
+    joined = [await flow.trigger("comments", "ada", {"comment": i}) for i in range(4)]
+    # The triggers happened in the opposite order to the one the workers ran them in.
+    for age, instance_id in enumerate(joined):
+        await db.execute("UPDATE workflow_instances SET created_at = now() - $2::interval "
+                         "WHERE id = $1", instance_id, timedelta(seconds=age))
+    await service.run_until_idle()
+    clock.advance(601)
+    await service.run_until_idle()
+    [digest] = await flow.sent()
+    items = digest["digestItems"]
+    assert [item["data"]["comment"] for item in items] == [3, 2, 1, 0]
+    assert [item["at"] for item in items] == sorted(item["at"] for item in items)
 
 
 async def test_a_trigger_without_an_instance_row_creates_it_from_the_definition(

@@ -161,8 +161,9 @@ COMPONENTS: dict[str, Schema] = {
         "webhook": obj({"body": {"anyOf": [TEMPLATE_TEXT, ANY_OBJECT]}}, ("body",)),
     }),
     "TemplateAi": obj({
-        "model": {"type": "string", "minLength": 1, "maxLength": 200},
-        "prompt": {"type": "string", "minLength": 1, "maxLength": 100_000},
+        "model": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": NOT_BLANK},
+        "prompt": {"type": "string", "minLength": 1, "maxLength": 100_000,
+                   "pattern": NOT_BLANK},
         "channels": CHANNEL_LIST,
     }, ("model", "prompt", "channels")),
     "TemplatePut": obj({

@@ -351,7 +351,10 @@ class Runner:
                     channels=step.get("channels"),
                     idempotency_key=send_key(instance.id, row.path), now=now,
                 )
-        shown = [{"data": item.get("data"), "at": item.get("at")} for item in items]
+        # Oldest trigger first: items join in the order their instances happened to run,
+        # which concurrent workers make arbitrary.
+        shown = [{"data": item.get("data"), "at": item.get("at")}
+                 for item in sorted(items, key=lambda item: str(item.get("at") or ""))]
         await self.publish(instance, step, row, event_id, shown)
         return Advance(output, next_path(instance.steps, path))
 

@@ -20,6 +20,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any, ClassVar
 
 import asyncpg
@@ -37,6 +38,7 @@ log = logging.getLogger("notifkit.workflow")
 
 LOCK_RETRY_S = 0.25  # a busy instance is looked at again this much later
 TIMER_BATCH = 500
+REBUILD_PAGE = 1000  # sleeping instances read per query when rebuilding the timers
 
 
 class WorkflowService(WorkerService):
@@ -54,6 +56,7 @@ class WorkflowService(WorkerService):
         )
         self.timers = Timers(self.redis, self.keys.workflow_timers, self.keys.workflow_inbound,
                              settings.queue_max_len)
+        self.rebuild_page_size: int = options.get("rebuild_page_size", REBUILD_PAGE)
         self._runner: Runner | None = None
 
     def streams(self) -> Sequence[str]:
@@ -90,6 +93,7 @@ class WorkflowService(WorkerService):
                 return total
 
     async def poll_timers(self) -> int:
+        await self.rebuild_timers_if_lost()
         moved = 0
         while True:
             batch = await self.timers.move_due(int(self.clock() * 1000), TIMER_BATCH)
@@ -98,15 +102,33 @@ class WorkflowService(WorkerService):
                 return moved
 
     async def rebuild_timers(self) -> int:
-        """Re-add the timer of every sleeping instance (ZADD NX): the set can be lost with
-        Redis, PostgreSQL still knows who sleeps until when."""
-        sleeping = await db.sleeping_instances(self.pool)
-        if sleeping:
-            await self.redis.zadd(
-                self.keys.workflow_timers,
-                {f"{iid}:{path}": ms(wake_at) for iid, path, wake_at in sleeping}, nx=True,
-            )
-        return len(sleeping)
+        """Re-add the timer of every sleeping instance (ZADD NX), then mark the set built: the
+        set can be lost with Redis, PostgreSQL still knows who sleeps until when. A timer
+        re-added for an instance that has moved on only wakes it for nothing."""
+        added = 0
+        after: tuple[datetime, str] | None = None
+        while True:
+            page = await db.sleeping_instances(self.pool, self.rebuild_page_size, after)
+            if page:
+                await self.redis.zadd(
+                    self.keys.workflow_timers,
+                    {f"{iid}:{path}": ms(wake_at) for iid, path, wake_at in page}, nx=True,
+                )
+                added += len(page)
+            if len(page) < self.rebuild_page_size:
+                break
+            after = (page[-1][2], page[-1][0])
+        await self.redis.set(self.keys.workflow_timers_ready, iso(as_datetime(self.clock())))
+        return added
+
+    async def rebuild_timers_if_lost(self) -> int:
+        """Rebuild the timers when their marker is gone (Redis lost its data while this
+        process ran): without it no sleeping instance would ever wake."""
+        if await self.redis.exists(self.keys.workflow_timers_ready):
+            return 0
+        log.warning("The workflow timers are not marked as built in Redis (Redis lost its "
+                    "data); rebuilding them from PostgreSQL.")
+        return await self.rebuild_timers()
 
     async def _timer_loop(self) -> None:
         while True:

@@ -210,8 +210,10 @@ def _ai(fields: Fields) -> dict[str, Any] | None:
         return None
     inner = fields.child("ai", raw)
     inner.only(("model", "prompt", "channels"))
-    model = inner.string("model", required=True, max_len=200)
-    prompt = inner.string("prompt", required=True, max_len=MAX_TEMPLATE_CHARS)
+    # White space alone names no model, and asks the model nothing.
+    model = inner.string("model", required=True, max_len=200, allow_blank=False)
+    prompt = inner.string("prompt", required=True, max_len=MAX_TEMPLATE_CHARS,
+                          allow_blank=False)
     channels = inner.channel_list("channels", CHANNELS, required=True)
     if model is None or prompt is None or channels is None:
         return None

@@ -18,8 +18,9 @@ import asyncpg
 from aiohttp import web
 
 from notifkit.ids import uuid7
-from notifkit.services.api.errors import detail, json_response, not_found
+from notifkit.services.api.errors import ApiError, detail, json_response, not_found
 from notifkit.services.api.idempotency import (
+    HEADER,
     REPLAY_HEADER,
     IdempotencyKey,
     header_key,
@@ -198,12 +199,28 @@ async def _start(
         instance_id, project, workflow_id, user_id, steps, data, key,
     )
     if inserted is None:
-        # The key outlived its 24 h in Redis but the instance it made is still on record.
-        existing = await pool.fetchval(
-            "SELECT id FROM workflow_instances WHERE project_id = $1 AND idempotency_key = $2",
+        # The key's record in Redis is gone (it outlived its 24 h, or the request that made
+        # the instance died before answering) but the instance it made is on record.
+        existing = await pool.fetchrow(
+            "SELECT id, workflow_id, user_id, trigger_data, status FROM workflow_instances "
+            "WHERE project_id = $1 AND idempotency_key = $2",
             project, key,
         )
-        return str(existing), False
+        if existing is None:  # the instance was deleted in between: its maker failed
+            raise ApiError(409, "idempotency_key_in_use",
+                           "A request with this idempotency key failed just now; retry.",
+                           [{"field": HEADER, "message": "is in use by a request in progress"}],
+                           headers={"Retry-After": "1"})
+        if existing["status"] == "pending":
+            # Nothing has run it yet: the request that created it may have died between the
+            # INSERT and the XADD. Enqueueing it again is harmless (the workflow service runs
+            # an instance from its own state, under its lock) and means it is never stranded.
+            await xadd(app[REDIS], app[KEYS].workflow_inbound, {
+                "type": "trigger", "projectId": project,
+                "workflowId": existing["workflow_id"], "instanceId": str(existing["id"]),
+                "userId": existing["user_id"], "data": existing["trigger_data"],
+            }, app[SETTINGS].queue_max_len)
+        return str(existing["id"]), False
     payload = {"type": "trigger", "projectId": project, "workflowId": workflow_id,
                "instanceId": instance_id, "userId": user_id, "data": data}
     try:
