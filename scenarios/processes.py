@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from notifkit.config import VARIABLES
+
 # Ports handed to child processes come from below the kernel's ephemeral range (32768+ on
 # Linux), so an outgoing connection cannot take one between our check and the child's bind.
 _PORT_RANGE = (20000, 32000)
@@ -111,7 +113,13 @@ def python_module(module: str, *args: str) -> list[str]:
 
 
 def child_env(base: Mapping[str, str] | None = None, /, **extra: str) -> dict[str, str]:
-    env = dict(os.environ if base is None else base)
+    """``base`` (this process's environment) without notifkit's own settings, plus ``extra``.
+
+    A shell set up to run notifkit (``NOTIFKIT_SIMULATOR_URL``, ``RESEND_BASE_URL``, ...) must
+    not point a scenario's processes at other providers or stores than the scenario's own.
+    """
+    env = {name: value for name, value in (os.environ if base is None else base).items()
+           if name not in VARIABLES}
     env.update(extra)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
