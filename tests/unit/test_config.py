@@ -287,3 +287,10 @@ def test_log_format_and_level_take_any_case() -> None:
     settings = Settings.from_env({"LOG_FORMAT": "TEXT", "LOG_LEVEL": "warning"})
     assert settings.log_format == "text"
     assert settings.log_level.upper() == "WARNING"
+
+
+def test_links_follow_the_port_unless_a_public_url_is_set() -> None:
+    assert Settings.from_env({}).public_url == "http://127.0.0.1:8080"
+    assert Settings.from_env({"PORT": "18780"}).public_url == "http://127.0.0.1:18780"
+    assert Settings.from_env({"PORT": "18780", "NOTIFKIT_PUBLIC_URL": "https://n.example.com"}
+                             ).public_url == "https://n.example.com"
