@@ -8,7 +8,11 @@ Consumes ``notifkit:stream:events:inbound`` (CONTRACT §6). Per read batch:
     receipt (provider webhook, via the api)         -> provider message id resolved to its task
                                                        (one query), then message_logs rows and,
                                                        for hard bounces and complaints,
-                                                       suppressions (one INSERT each)
+                                                       suppressions (one INSERT each); and
+                                                       workflow:inbound {"type": "event",
+                                                       "name": <the receipt's kind>} for the
+                                                       message's user, which wakes a
+                                                       waitForEvent on "clicked" (say)
     custom (POST /v1/events)                        -> workflow:inbound {"type": "event", ...},
                                                        written atomically with the ack
 
@@ -33,7 +37,7 @@ from notifkit import metrics
 from notifkit.db import events as events_db
 from notifkit.db.events import MessageLookup, SentMessage, Suppression, TimelineRow
 from notifkit.errors import MalformedPayload, RetryLater
-from notifkit.ids import is_uuid
+from notifkit.ids import derived_uuid7, is_uuid
 from notifkit.messages import CHANNELS, RECEIPT_KINDS, WorkflowEvent
 from notifkit.services.base import WorkerService
 from notifkit.worker import Entry, utc_now_iso
@@ -118,6 +122,9 @@ class EventsService(WorkerService):
                 continue
             suppression = suppression_for(receipt, message)
             rows.append(receipt_row(receipt, message, suppression))
+            engagement = receipt_event(receipt, message)
+            if engagement is not None:
+                entry.emit(self.keys.workflow_inbound, engagement)
             if suppression is not None:
                 suppressions.append(suppression)
                 log.info("Suppressed a %s address after a %s; it is never contacted again in "
@@ -206,8 +213,8 @@ def receipt_row(
     raw = receipt.get("raw")
     if raw is not None and len(repr(raw)) <= _MAX_RAW_CHARS:
         metadata["raw"] = raw
-    link = _find(raw, ("data", "click", "link"), ("click", "link"), ("url",))
-    if isinstance(link, str):
+    link = _click_link(raw)
+    if link is not None:
         metadata["link"] = link
     return TimelineRow(
         project_id=receipt["projectId"], event_id=str(message.event_id),
@@ -216,6 +223,37 @@ def receipt_row(
         provider=receipt["provider"], provider_message_id=receipt["providerMessageId"],
         campaign_id=message.campaign_id, metadata=metadata,
     )
+
+
+def receipt_event(receipt: Mapping[str, Any], message: SentMessage) -> WorkflowEvent | None:
+    """The receipt as a workflow event named by its kind (``delivered``, ``opened``,
+    ``clicked``, ...) for the user the message went to; None for a message with no user."""
+    if not message.user_id:
+        return None
+    kind = receipt["kind"]
+    data: dict[str, Any] = {
+        "notificationId": message.event_id, "taskId": message.task_id,
+        "channel": message.channel, "provider": receipt["provider"],
+        "providerMessageId": receipt["providerMessageId"],
+    }
+    link = _click_link(receipt.get("raw"))
+    if link is not None:
+        data["link"] = link
+    at = receipt.get("at")
+    return {
+        "type": "event", "projectId": receipt["projectId"], "name": kind,
+        "userId": message.user_id, "data": data,
+        "at": at if isinstance(at, str) and at else utc_now_iso(),
+        # The same receipt again (providers repeat webhooks) is the same event: it resolves
+        # the waiters it resolved the first time and no others.
+        "eventId": derived_uuid7(message.task_id, "receipt", kind,
+                                 receipt["providerMessageId"]),
+    }
+
+
+def _click_link(raw: Any) -> str | None:
+    link = _find(raw, ("data", "click", "link"), ("click", "link"), ("url",))
+    return link if isinstance(link, str) else None
 
 
 def _suppression_reason(receipt: Mapping[str, Any]) -> str | None:

@@ -167,6 +167,30 @@ async def test_receipts_land_on_the_sent_attempt_once(
     assert await db.fetchval("SELECT count(*) FROM suppressions") == 0
 
 
+async def test_receipts_wake_workflows_waiting_for_their_kind(
+    make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
+) -> None:
+    event_id = uuid7()
+    await record_send(db, project_id, "task-1", "ada@example.com", "msg-1")
+    await put(redis, keys, sent_event(project_id, event_id, "task-1", "msg-1"))
+    click = {"data": {"click": {"link": "https://example.com/offer"}}}
+    receipts = [receipt(project_id, "msg-1", "opened"), receipt(project_id, "msg-1", "clicked",
+                                                                 click)]
+    await put(redis, keys, *receipts, *receipts)  # the provider repeats its webhooks
+    await make_events().run_until_idle()
+    forwarded = [decode(fields) for _id, fields in await xrange(redis, keys.workflow_inbound)]
+    assert [(e["name"], e["userId"], e["projectId"]) for e in forwarded] == [
+        ("opened", "user-1", project_id), ("clicked", "user-1", project_id)] * 2
+    first, second = forwarded[:2], forwarded[2:]
+    # A repeated webhook is the same event (same id), so it wakes nobody new.
+    assert [e["eventId"] for e in first] == [e["eventId"] for e in second]
+    assert first[0]["eventId"] != first[1]["eventId"]
+    assert first[1]["data"] == {
+        "notificationId": event_id, "taskId": "task-1", "channel": "email",
+        "provider": "resend", "providerMessageId": "msg-1", "link": "https://example.com/offer"}
+    assert first[1]["at"] == AT
+
+
 RESEND_HARD_BOUNCE = {"type": "email.bounced", "data": {
     "email_id": "msg-2", "to": ["gone@example.com"],
     "bounce": {"message": "The recipient's email provider sent a hard bounce message.",

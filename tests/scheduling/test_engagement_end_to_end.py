@@ -1,0 +1,89 @@
+"""An engagement receipt wakes a workflow, all the way round: the workflow sends, Resend
+(simulated) reports the click on a signed webhook, the events service forwards it, and the
+instance waiting for "clicked" takes its branch at once instead of timing out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import asyncpg
+import pytest
+
+from notifkit.config import EmailSettings, Settings, WebhookSecrets
+from notifkit.services.api.service import ApiService
+from notifkit.services.delivery.service import DeliveryService
+from notifkit.services.engine import EngineService
+from notifkit.services.enricher import EnricherService
+from notifkit.services.events import EventsService
+from notifkit.services.workflow import WorkflowService
+from simulators import SimulatorServer
+
+from .pipeline import add_template, add_user, drain
+
+WEBHOOK_SECRET = "resend-webhook-secret-for-tests"
+CLICK_OR_NOT = {"steps": [
+    {"type": "send", "template": "welcome"},
+    {"type": "waitForEvent", "event": "clicked", "timeoutSeconds": 3600},
+    {"type": "branch", "if": "steps[1] is not none",
+     "then": [{"type": "send", "template": "thanks"}], "else": []},
+]}
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[SimulatorServer]:
+    async with SimulatorServer(seed=1) as server:
+        yield server
+
+
+async def test_a_click_reported_by_the_provider_wakes_the_workflow_waiting_for_it(
+    settings: Settings, db: asyncpg.Pool, project_id: str, sim: SimulatorServer,
+) -> None:
+    s = settings.replace(
+        host="127.0.0.1", port=0,
+        email=EmailSettings(transport="resend", from_addr="notifkit <no-reply@example.com>",
+                            resend_api_key="re_test", resend_base_url=sim.base_url),
+        webhooks=WebhookSecrets(resend=WEBHOOK_SECRET),
+    )
+    await add_user(db, project_id, "u1", contacts=[("email", "ada@example.com")])
+    for template in ("welcome", "thanks"):
+        await add_template(db, project_id, template,
+                           {"email": {"subject": template, "text": "Hello"}})
+    api = ApiService(s)
+    await api.start()
+    services = [EnricherService(s), EngineService(s), DeliveryService(s), EventsService(s),
+                WorkflowService(s)]
+    headers = {"Authorization": f"Bearer {s.admin_key}", "x-project-id": project_id}
+    try:
+        await sim.set_receipts(f"{api.base_url}/v1/webhooks/resend/{project_id}",
+                               WEBHOOK_SECRET, delivered=1.0, clicked=1.0)
+        async with aiohttp.ClientSession(api.base_url, headers=headers) as http:
+
+            async def call(method: str, path: str, body: Any = None) -> dict[str, Any]:
+                async with http.request(method, path, json=body) as reply:
+                    assert reply.status < 300, await reply.text()
+                    result: dict[str, Any] = await reply.json()
+                    return result
+
+            await call("PUT", "/v1/workflows/onboarding", CLICK_OR_NOT)
+            instance_id = (await call("POST", "/v1/workflows/onboarding/trigger",
+                                      {"userId": "u1"}))["instanceId"]
+            # Given the welcome sent (the instance then waits up to an hour for a click)
+            await drain(*services)
+            # When the provider reports that the user clicked it
+            await sim.drain_receipts()
+            await drain(*services)
+            # Then the instance took its "then" branch at once, the click as the step's output
+            instance = await call("GET", f"/v1/workflow-instances/{instance_id}")
+            assert instance["status"] == "completed"
+            waited = next(step for step in instance["steps"]
+                          if step["type"] == "waitForEvent")
+            assert waited["output"]["name"] == "clicked"
+            assert waited["output"]["data"]["provider"] == "resend"
+    finally:
+        for service in services:
+            await service.close()
+        await api.stop()
+    assert sorted(m["content"]["subject"] for m in await sim.messages("resend")) == [
+        "thanks", "welcome"]
