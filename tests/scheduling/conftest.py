@@ -15,6 +15,7 @@ from notifkit.keys import Keys
 from notifkit.services.events import EventsService
 from notifkit.services.scheduler import SchedulerService
 from notifkit.streams import decode, xadd
+from simulators import SimulatorServer
 from tests.support.streams import xrange
 
 from .helpers import FakeClock, Schedule, SchedulerFactory, Sent, scheduled_task
@@ -92,3 +93,9 @@ async def make_events(settings: Settings) -> AsyncIterator[Callable[..., EventsS
     yield factory
     for service in made:
         await service.stop()
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[SimulatorServer]:
+    async with SimulatorServer(seed=1) as server:
+        yield server

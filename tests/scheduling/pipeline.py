@@ -9,6 +9,7 @@ from typing import Any
 import asyncpg
 from redis.asyncio import Redis
 
+from notifkit.config import EmailSettings, Settings, WebhookSecrets
 from notifkit.ids import uuid7
 from notifkit.keys import Keys
 from notifkit.streams import xadd
@@ -21,7 +22,20 @@ SMS = {"text": "Code {{ data.code }}"}
 # Draining and reading back are the send path's helpers; these builders add what the
 # scheduling rules need (time zones, quiet hours, project throttles).
 __all__ = ["EMAIL", "SMS", "add_template", "add_user", "drain", "entries", "send",
-           "set_project_settings", "timeline"]
+           "set_project_settings", "simulated_resend", "timeline"]
+
+RESEND_WEBHOOK_SECRET = "resend-webhook-secret-for-tests"
+
+
+def simulated_resend(settings: Settings, base_url: str) -> Settings:
+    """An API on a free port that sends e-mail through Resend at ``base_url`` (a simulator)
+    and takes its signed webhooks."""
+    return settings.replace(
+        host="127.0.0.1", port=0,
+        email=EmailSettings(transport="resend", from_addr="notifkit <no-reply@example.com>",
+                            resend_api_key="re_test", resend_base_url=base_url),
+        webhooks=WebhookSecrets(resend=RESEND_WEBHOOK_SECRET),
+    )
 
 
 async def add_user(

@@ -4,14 +4,12 @@ the next send to it is skipped with the reason on its timeline."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import aiohttp
 import asyncpg
-import pytest
 
-from notifkit.config import EmailSettings, Settings, WebhookSecrets
+from notifkit.config import Settings
 from notifkit.services.api.service import ApiService
 from notifkit.services.delivery.service import DeliveryService
 from notifkit.services.engine import EngineService
@@ -19,27 +17,15 @@ from notifkit.services.enricher import EnricherService
 from notifkit.services.events import EventsService
 from simulators import SimulatorServer
 
-from .pipeline import EMAIL, add_template, add_user, drain
+from .pipeline import EMAIL, RESEND_WEBHOOK_SECRET, add_template, add_user, drain, simulated_resend
 
-WEBHOOK_SECRET = "resend-webhook-secret-for-tests"
 BOUNCING = "bounced@resend.dev"  # the simulator bounces mail to it, as Resend's test inbox does
-
-
-@pytest.fixture
-async def sim() -> AsyncIterator[SimulatorServer]:
-    async with SimulatorServer(seed=1) as server:
-        yield server
 
 
 async def test_a_simulated_hard_bounce_suppresses_the_address_for_the_next_send(
     settings: Settings, db: asyncpg.Pool, project_id: str, sim: SimulatorServer,
 ) -> None:
-    s = settings.replace(
-        host="127.0.0.1", port=0,
-        email=EmailSettings(transport="resend", from_addr="notifkit <no-reply@example.com>",
-                            resend_api_key="re_test", resend_base_url=sim.base_url),
-        webhooks=WebhookSecrets(resend=WEBHOOK_SECRET),
-    )
+    s = simulated_resend(settings, sim.base_url)
     await add_user(db, project_id, "u1", contacts=[("email", BOUNCING)])
     await add_template(db, project_id, "code", {"email": EMAIL})
     api = ApiService(s)
@@ -48,7 +34,7 @@ async def test_a_simulated_hard_bounce_suppresses_the_address_for_the_next_send(
     headers = {"Authorization": f"Bearer {s.admin_key}", "x-project-id": project_id}
     try:
         await sim.set_receipts(f"{api.base_url}/v1/webhooks/resend/{project_id}",
-                               WEBHOOK_SECRET)
+                               RESEND_WEBHOOK_SECRET)
         async with aiohttp.ClientSession(api.base_url, headers=headers) as http:
 
             async def notify() -> str:

@@ -4,14 +4,12 @@ instance waiting for "clicked" takes its branch at once instead of timing out.""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import asyncpg
-import pytest
 
-from notifkit.config import EmailSettings, Settings, WebhookSecrets
+from notifkit.config import Settings
 from notifkit.services.api.service import ApiService
 from notifkit.services.delivery.service import DeliveryService
 from notifkit.services.engine import EngineService
@@ -20,9 +18,8 @@ from notifkit.services.events import EventsService
 from notifkit.services.workflow import WorkflowService
 from simulators import SimulatorServer
 
-from .pipeline import add_template, add_user, drain
+from .pipeline import RESEND_WEBHOOK_SECRET, add_template, add_user, drain, simulated_resend
 
-WEBHOOK_SECRET = "resend-webhook-secret-for-tests"
 CLICK_OR_NOT = {"steps": [
     {"type": "send", "template": "welcome"},
     {"type": "waitForEvent", "event": "clicked", "timeoutSeconds": 3600},
@@ -31,21 +28,10 @@ CLICK_OR_NOT = {"steps": [
 ]}
 
 
-@pytest.fixture
-async def sim() -> AsyncIterator[SimulatorServer]:
-    async with SimulatorServer(seed=1) as server:
-        yield server
-
-
 async def test_a_click_reported_by_the_provider_wakes_the_workflow_waiting_for_it(
     settings: Settings, db: asyncpg.Pool, project_id: str, sim: SimulatorServer,
 ) -> None:
-    s = settings.replace(
-        host="127.0.0.1", port=0,
-        email=EmailSettings(transport="resend", from_addr="notifkit <no-reply@example.com>",
-                            resend_api_key="re_test", resend_base_url=sim.base_url),
-        webhooks=WebhookSecrets(resend=WEBHOOK_SECRET),
-    )
+    s = simulated_resend(settings, sim.base_url)
     await add_user(db, project_id, "u1", contacts=[("email", "ada@example.com")])
     for template in ("welcome", "thanks"):
         await add_template(db, project_id, template,
@@ -57,7 +43,7 @@ async def test_a_click_reported_by_the_provider_wakes_the_workflow_waiting_for_i
     headers = {"Authorization": f"Bearer {s.admin_key}", "x-project-id": project_id}
     try:
         await sim.set_receipts(f"{api.base_url}/v1/webhooks/resend/{project_id}",
-                               WEBHOOK_SECRET, delivered=1.0, clicked=1.0)
+                               RESEND_WEBHOOK_SECRET, delivered=1.0, clicked=1.0)
         async with aiohttp.ClientSession(api.base_url, headers=headers) as http:
 
             async def call(method: str, path: str, body: Any = None) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 import types
 from collections import Counter
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
@@ -28,12 +27,6 @@ from .pipeline import SMS, add_template, add_user, drain, entries, send, timelin
 
 RETRY_AFTER_S = 30
 USERS = 6
-
-
-@pytest.fixture
-async def sim() -> AsyncIterator[SimulatorServer]:
-    async with SimulatorServer(seed=1) as server:
-        yield server
 
 
 async def waiting(redis: Redis, keys: Keys) -> int:
