@@ -6,6 +6,9 @@
       -> success: XADD the entry's outputs, then XACK + DEL counter, in one script call
       -> failure: release its dedup marks, ack nothing; last attempt? dead-letter
     reclaim sweep: XAUTOCLAIM idle entries every ``reclaim_interval_s`` and run them again
+    keep-alive: entries this worker is still working on are touched (XCLAIM to itself, JUSTID)
+                every third of ``reclaim_min_idle_s``, so only a dead or stuck worker's idle
+                entries are taken over, never those of one that is merely slow
 
 Outputs are written by the same script call as the ack, so a crash can never leave a stage
 having acked its input without its outputs (nor the reverse). A script, unlike MULTI/EXEC,
@@ -49,6 +52,32 @@ PRIORITY_RESERVE_DIVISOR = 20
 RESERVED_POLL_MS = 50
 # How soon a reclaim sweep that ran out of free slots sweeps again.
 RECLAIM_AGAIN_S = 0.1
+# A worker keeps its entries from the reclaim sweep while it works on them, for at most this
+# many times RECLAIM_MIN_IDLE_SECONDS: then a batch stuck in a live process (an await that
+# never returns) is taken over like a dead process's.
+KEEP_ALIVE_LIMIT = 10
+# Below this RECLAIM_MIN_IDLE_SECONDS nothing is kept alive (0 means "reclaim at once").
+KEEP_ALIVE_MIN_IDLE_S = 0.03
+
+# Touch the entries this consumer still owns (KEYS: streams; ARGV: group, consumer, then per
+# stream its number of ids and the ids): XCLAIM to itself resets the idle time, JUSTID leaves
+# the delivery count alone. An entry another consumer has taken over is left to it.
+_KEEP_ALIVE = """
+local group, consumer = ARGV[1], ARGV[2]
+local a, kept = 3, 0
+for i, stream in ipairs(KEYS) do
+  local n = tonumber(ARGV[a])
+  for j = a + 1, a + n do
+    local id = ARGV[j]
+    if #redis.call('XPENDING', stream, group, id, id, 1, consumer) == 1 then
+      redis.call('XCLAIM', stream, group, consumer, 0, id, 'JUSTID')
+      kept = kept + 1
+    end
+  end
+  a = a + n + 1
+end
+return kept
+"""
 
 # Compare-and-delete: only the entry that claimed a dedup mark may release it.
 _RELEASE_MARKS = """
@@ -140,6 +169,7 @@ class Entry:
     payload: dict[str, Any]
     attempt: int
     reclaimed: bool = False
+    taken_at: float = field(default_factory=time.monotonic)  # when this worker took it
     error: BaseException | None = None
     emits: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     marks: list[str] = field(default_factory=list)
@@ -247,6 +277,9 @@ class StreamWorker:
             asyncio.create_task(self._reclaim_loop(), name=f"{self.consumer}:reclaim"),
             asyncio.create_task(self._heartbeat_loop(), name=f"{self.consumer}:heartbeat"),
         ]
+        if self.settings.reclaim_min_idle_s >= KEEP_ALIVE_MIN_IDLE_S:
+            self._loops.append(asyncio.create_task(self._keep_alive_loop(),
+                                                   name=f"{self.consumer}:keep-alive"))
         log.info("Worker started; reading %s.", ", ".join(self.streams),
                  extra={"service": self.service, "consumer": self.consumer})
 
@@ -461,6 +494,42 @@ class StreamWorker:
                 if cursor == "0-0":
                     break
         return total
+
+    # -- keeping entries in progress -------------------------------------------------
+    async def _keep_alive_loop(self) -> None:
+        interval = self.settings.reclaim_min_idle_s / 3
+        while not self._stopping.is_set():
+            await asyncio.sleep(interval)
+            try:
+                await self.keep_alive()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a chore: log and carry on
+                log.warning("Could not mark entries in progress as alive (%s); another "
+                            "process may reclaim and repeat them.", exc,
+                            extra={"service": self.service})
+
+    async def keep_alive(self) -> int:
+        """Reset the idle time of the entries this worker is working on (taken less than
+        ``KEEP_ALIVE_LIMIT`` x ``reclaim_min_idle_s`` ago); returns how many it touched.
+
+        Without it an entry whose processing outlasts ``reclaim_min_idle_s`` (a slow provider
+        within its timeout, a stalled event loop) is taken over by another process and done a
+        second time while the first still works on it.
+        """
+        oldest = time.monotonic() - KEEP_ALIVE_LIMIT * self.settings.reclaim_min_idle_s
+        by_stream: dict[str, list[str]] = {}
+        for entry in list(self._in_flight.values()):
+            if entry.taken_at > oldest:
+                by_stream.setdefault(entry.stream, []).append(entry.id)
+        if not by_stream:
+            return 0
+        args: list[Any] = [self.group, self.consumer]
+        for ids in by_stream.values():
+            args += [len(ids), *ids]
+        (kept,) = await pipe(self.redis).eval(_KEEP_ALIVE, len(by_stream), *by_stream,
+                                              *args).execute()
+        return int(kept)
 
     # -- dispatching ----------------------------------------------------------------
     async def _dispatch(

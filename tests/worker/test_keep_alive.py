@@ -1,0 +1,135 @@
+"""A worker keeps the entries it is still working on from other processes' reclaim sweeps.
+
+Found by the crash_reclaim scenario: with RECLAIM_MIN_IDLE_SECONDS=1, a restarted delivery
+process reclaimed six entries a live one was still sending (its batch had spent over a second
+between the read and the provider call) and Twilio got those SMS twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from redis.asyncio import Redis
+
+from notifkit import worker as worker_module
+from notifkit.config import Settings
+from notifkit.keys import Keys
+from notifkit.worker import Entry, StreamWorker
+
+if TYPE_CHECKING:
+    from .conftest import Add, Pending, WorkerFactory
+
+
+async def owner(redis: Redis, stream: str, group: str, entry_id: str) -> str | None:
+    rows: Any = await redis.xpending_range(stream, group, min=entry_id, max=entry_id, count=1)
+    return rows[0]["consumer"].decode() if rows else None
+
+
+async def until(condition: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_slow_batch_is_not_taken_over_while_its_worker_lives(
+    make_worker: WorkerFactory, worker_settings: Settings, redis: Redis, keys: Keys,
+    add: Add, pending: Pending,
+) -> None:
+    stream = keys.enriched("normal")
+    settings = worker_settings.replace(reclaim_min_idle_s=1.0, reclaim_interval_s=60.0)
+    release = asyncio.Event()
+    done: list[str] = []
+
+    async def slow(batch: list[Entry]) -> None:
+        await release.wait()
+        done.extend(e.id for e in batch)
+
+    taken_over: list[str] = []
+
+    async def record(batch: list[Entry]) -> None:
+        taken_over.extend(e.id for e in batch)
+
+    # Given a live worker whose batch takes far longer than RECLAIM_MIN_IDLE_SECONDS
+    busy = make_worker(slow, settings=settings, streams=[stream], consumer="engine-busy-1")
+    other = make_worker(record, settings=settings, streams=[stream], consumer="engine-other-2")
+    await busy.start()
+    entry_id = await add(stream, {"n": 1})
+    await until(lambda: busy.in_flight == 1)
+
+    # When another process sweeps for idle entries for 2.5 times that long
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:
+        await other.reclaim_once()
+        await asyncio.sleep(0.1)
+
+    # Then it took nothing: the entry is still the busy worker's, done once when it finishes
+    assert taken_over == []
+    assert await owner(redis, stream, busy.group, entry_id) == "engine-busy-1"
+    release.set()
+    await until(lambda: busy.in_flight == 0)
+    assert done == [entry_id]
+    assert await pending(stream, busy.group) == 0
+
+
+async def test_an_entry_another_process_took_over_is_left_to_it(
+    make_worker: WorkerFactory, worker_settings: Settings, redis: Redis, keys: Keys,
+    add: Add,
+) -> None:
+    stream = keys.enriched("normal")
+    settings = worker_settings.replace(reclaim_min_idle_s=1.0)
+    hold = asyncio.Event()
+
+    async def stuck(batch: list[Entry]) -> None:
+        await hold.wait()
+
+    first = make_worker(stuck, settings=settings, streams=[stream], consumer="engine-first-1")
+    await first.ensure_groups()
+    entry_id = await add(stream, {"n": 1})
+    await first._read_new(block_ms=None)
+    assert first.in_flight == 1
+    # Given the entry taken over by another process (this one stalled past the idle time)
+    await redis.xclaim(stream, first.group, "engine-second-2", 0, [entry_id], justid=True)
+
+    # When the first worker touches what it still believes is its own
+    touched = await first.keep_alive()
+
+    # Then it touched nothing and the entry stays with the process that took it
+    assert touched == 0
+    assert await owner(redis, stream, first.group, entry_id) == "engine-second-2"
+    hold.set()
+
+
+async def test_a_batch_stuck_past_the_limit_is_no_longer_kept(
+    make_worker: WorkerFactory, worker_settings: Settings, redis: Redis, keys: Keys,
+    add: Add,
+) -> None:
+    stream = keys.enriched("normal")
+    settings = worker_settings.replace(reclaim_min_idle_s=1.0)
+    hold = asyncio.Event()
+
+    async def stuck(batch: list[Entry]) -> None:
+        await hold.wait()
+
+    one: StreamWorker = make_worker(stuck, settings=settings, streams=[stream])
+    await one.ensure_groups()
+    for n in range(2):
+        await add(stream, {"n": n})
+    await one._read_new(block_ms=None)
+    kept, stale = sorted(one._in_flight.values(), key=lambda e: e.id)
+    # Given one entry taken longer ago than KEEP_ALIVE_LIMIT idle times
+    stale.taken_at -= worker_module.KEEP_ALIVE_LIMIT * settings.reclaim_min_idle_s + 1
+    await asyncio.sleep(0.2)
+
+    # When the worker keeps its entries alive
+    touched = await one.keep_alive()
+
+    # Then only the other one's idle time starts again
+    assert touched == 1
+    rows: Any = await redis.xpending_range(stream, one.group, min="-", max="+", count=10)
+    idle = {r["message_id"].decode(): r["time_since_delivered"] for r in rows}
+    assert idle[kept.id] < idle[stale.id]
+    assert idle[stale.id] >= 200
+    hold.set()
