@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import pytest
 from redis.asyncio import Redis
 
 from notifkit import worker as worker_module
@@ -74,22 +76,37 @@ async def test_a_slow_batch_is_not_taken_over_while_its_worker_lives(
     assert await pending(stream, busy.group) == 0
 
 
-async def test_an_entry_another_process_took_over_is_left_to_it(
-    make_worker: WorkerFactory, worker_settings: Settings, redis: Redis, keys: Keys,
-    add: Add,
-) -> None:
-    stream = keys.enriched("normal")
-    settings = worker_settings.replace(reclaim_min_idle_s=1.0)
+@pytest.fixture
+async def holding(make_worker: WorkerFactory, worker_settings: Settings, keys: Keys,
+                  add: Add) -> AsyncIterator[Callable[[int], Awaitable[StreamWorker]]]:
+    """A worker (idle time 1 s) that took ``n`` new entries of enriched:normal and holds
+    them in one batch until the test ends."""
     hold = asyncio.Event()
 
     async def stuck(batch: list[Entry]) -> None:
         await hold.wait()
 
-    first = make_worker(stuck, settings=settings, streams=[stream], consumer="engine-first-1")
-    await first.ensure_groups()
-    entry_id = await add(stream, {"n": 1})
-    await first._read_new(block_ms=None)
-    assert first.in_flight == 1
+    async def take(n: int) -> StreamWorker:
+        stream = keys.enriched("normal")
+        worker = make_worker(stuck, settings=worker_settings.replace(reclaim_min_idle_s=1.0),
+                             streams=[stream], consumer="engine-first-1")
+        await worker.ensure_groups()
+        for i in range(n):
+            await add(stream, {"n": i})
+        await worker._read_new(block_ms=None)
+        assert worker.in_flight == n
+        return worker
+
+    yield take
+    hold.set()
+
+
+async def test_an_entry_another_process_took_over_is_left_to_it(
+    holding: Callable[[int], Awaitable[StreamWorker]], redis: Redis, keys: Keys,
+) -> None:
+    stream = keys.enriched("normal")
+    first = await holding(1)
+    [entry_id] = [entry.id for entry in first._in_flight.values()]
     # Given the entry taken over by another process (this one stalled past the idle time)
     await redis.xclaim(stream, first.group, "engine-second-2", 0, [entry_id], justid=True)
 
@@ -99,28 +116,16 @@ async def test_an_entry_another_process_took_over_is_left_to_it(
     # Then it touched nothing and the entry stays with the process that took it
     assert touched == 0
     assert await owner(redis, stream, first.group, entry_id) == "engine-second-2"
-    hold.set()
 
 
 async def test_a_batch_stuck_past_the_limit_is_no_longer_kept(
-    make_worker: WorkerFactory, worker_settings: Settings, redis: Redis, keys: Keys,
-    add: Add,
+    holding: Callable[[int], Awaitable[StreamWorker]], redis: Redis, keys: Keys,
 ) -> None:
     stream = keys.enriched("normal")
-    settings = worker_settings.replace(reclaim_min_idle_s=1.0)
-    hold = asyncio.Event()
-
-    async def stuck(batch: list[Entry]) -> None:
-        await hold.wait()
-
-    one: StreamWorker = make_worker(stuck, settings=settings, streams=[stream])
-    await one.ensure_groups()
-    for n in range(2):
-        await add(stream, {"n": n})
-    await one._read_new(block_ms=None)
+    one = await holding(2)
     kept, stale = sorted(one._in_flight.values(), key=lambda e: e.id)
     # Given one entry taken longer ago than KEEP_ALIVE_LIMIT idle times
-    stale.taken_at -= worker_module.KEEP_ALIVE_LIMIT * settings.reclaim_min_idle_s + 1
+    stale.taken_at -= worker_module.KEEP_ALIVE_LIMIT * one.settings.reclaim_min_idle_s + 1
     await asyncio.sleep(0.2)
 
     # When the worker keeps its entries alive
@@ -132,4 +137,3 @@ async def test_a_batch_stuck_past_the_limit_is_no_longer_kept(
     idle = {r["message_id"].decode(): r["time_since_delivered"] for r in rows}
     assert idle[kept.id] < idle[stale.id]
     assert idle[stale.id] >= 200
-    hold.set()
