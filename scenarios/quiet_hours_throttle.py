@@ -130,6 +130,10 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
             arrived = times.get(s.event_id, [])
             result.check("deferred" in kinds.get(s.event_id, set()),
                          f"{s.event_id} ({s.user_id}, in quiet hours) was not deferred")
+            # Deferred, not dropped: the early/late checks below pass on no arrival at all.
+            result.check(len(arrived) == 1,
+                         f"{s.event_id} ({s.user_id}, in quiet hours) reached the provider "
+                         f"{len(arrived)} times, expected once after its quiet hours")
             early = [t for t in arrived if t < quiet_end]
             result.check(not early, f"{s.event_id} ({s.user_id}) reached the provider "
                                     f"{quiet_end - min(early, default=0):.1f} s before its "
