@@ -531,9 +531,12 @@ class System:
         return False
 
     # -- accounting ------------------------------------------------------------------------
-    async def account(self, sent: Sequence[Sent], result: ScenarioResult) -> None:
+    async def account(self, sent: Sequence[Sent], result: ScenarioResult, *,
+                      skips_expected: bool = False) -> None:
         """Fill ``result`` from PostgreSQL and the simulators' records: delivered, duplicates,
-        DLQ, skipped, lost, latency."""
+        DLQ, skipped, lost, latency. Unless ``skips_expected`` (the scenario sets up
+        preferences, suppressions, throttles or unusable contacts), a notification skipped
+        with a reason is a violation: a skip is not lost, so a wrong one would pass unseen."""
         assert self.db is not None
         result.accepted = len(sent)
         event_ids = [s.event_id for s in sent]
@@ -589,6 +592,9 @@ class System:
         for event_id, reason in skipped.items():
             if event_id not in delivered:
                 result.skipped[reason] += 1
+        result.check(skips_expected or not result.skipped,
+                     f"{sum(result.skipped.values())} notification(s) skipped although nothing "
+                     f"in this scenario should skip one: {summarize_counter(result.skipped)}")
         for event_id in event_ids:
             if event_id not in delivered and event_id not in dead and event_id not in skipped:
                 result.lost.append(event_id)
