@@ -68,12 +68,17 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
                     victim = f"{stage}-1"
                     await asyncio.sleep(rng.uniform(0.2, 0.6))
                     # Wait (briefly) for the victim to hold something: a kill mid-flight.
+                    # It is stopped while its pending list is read, so what it holds then is
+                    # what it holds when killed (a fast stage may ack between a look and a kill).
                     held: list[tuple[str, str]] = []
                     deadline = time.monotonic() + 4.0
-                    while time.monotonic() < deadline and not held:
+                    while True:
+                        system.pause(victim)
                         held = await system.pending_of(victim, stage)
-                        if not held:
-                            await asyncio.sleep(0.02)
+                        if held or time.monotonic() >= deadline:
+                            break
+                        system.resume(victim)
+                        await asyncio.sleep(0.02)
                     await system.kill(victim)
                     # What it held is now orphaned: the pending list says so exactly.
                     held = await system.pending_of(victim, stage)
@@ -111,6 +116,11 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         # Taken over by another consumer: per stage, the processes of that stage that report
         # reclaiming entries (the survivor, or the victim's restarted successor).
         reclaimed = reclaimed_entries(system)
+        # A stage whose victims never held anything when killed proves nothing about reclaim.
+        for stage in STAGES:
+            result.check(orphaned.get(stage, 0) > 0,
+                         f"no {stage} kill caught an entry in flight: the kills proved nothing "
+                         "for that stage (raise send_rate_per_s or kills)")
         for stage, count in orphaned.items():
             by_stage = {k: v for k, v in reclaimed.items() if k.startswith(f"{stage}-")}
             # Only XAUTOCLAIM moves an entry off a dead consumer, so every orphan was reclaimed.

@@ -24,6 +24,9 @@ DESCRIPTION = ("messages that always fail (provider 500 for one recipient; enric
                "delivers once")
 PARAMS: dict[str, Any] = {"users": 20, "messages": 40, "drain_timeout_s": 60.0}
 
+# CONTRACT §3: 3 attempts, 5 for the enricher.
+SPEC_LIMITS = (5, 3)
+
 LAYOUT = {"api": ["api"], "workers": ["enricher", "delivery", "scheduler", "events"],
           "engine": ["engine"]}
 
@@ -32,6 +35,12 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
     result = ScenarioResult(options.name, options.seed)
     async with System(options, LAYOUT) as system:
         limits = Settings.from_env(system.env_for(["delivery"]))
+        overridden = {"MAX_ATTEMPTS", "ENRICHER_MAX_ATTEMPTS"} & set(options.env)
+        result.check(bool(overridden) or (limits.enricher_max_attempts, limits.max_attempts)
+                     == SPEC_LIMITS,
+                     f"the processes run with attempt limits enricher "
+                     f"{limits.enricher_max_attempts}, elsewhere {limits.max_attempts}; the "
+                     f"contract's are {SPEC_LIMITS[0]} and {SPEC_LIMITS[1]}")
         users = await system.bootstrap(users=int(params["users"]), channels=("email",),
                                        templates={"mail": basic_template(["email"])})
         poison_user, others = users[0], users[1:]
@@ -105,6 +114,11 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
                              f"{record.get('attempts')} attempts, the limit is {limit}")
             result.check(event_id in failed_events,
                          f"no notification:failed event for the {service} poison {event_id}")
+            if service != "delivery":  # delivery's tries are counted by the provider below
+                tried = failed_attempts(system, service, event_id)
+                result.check(tried == limit,
+                             f"{service} poison {event_id}: {tried} failed attempts logged "
+                             f"before the DLQ, the limit is {limit}")
         poisons = {event_id for event_id, _service, _limit in expected}
         innocent = sorted({event_of(r) or "?" for r in dlq.values()} - poisons)
         result.check(not innocent, f"notifications dead-lettered along with a poison: "
@@ -151,3 +165,11 @@ async def failed_event_ids(system: System) -> set[str]:
 def event_of(record: dict[str, Any]) -> str | None:
     payload = record.get("payload") or {}
     return payload.get("eventId") if isinstance(payload, dict) else None
+
+
+def failed_attempts(system: System, service: str, event_id: str) -> int:
+    """How many attempts at ``event_id`` the ``service`` workers logged as failed, in every
+    process: the attempts really made, not the count the DLQ entry claims."""
+    return sum(1 for name in system.processes for record in system.log_records(name)
+               if record.get("service") == service and record.get("event_id") == event_id
+               and str(record.get("msg", "")).startswith("Attempt "))

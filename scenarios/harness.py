@@ -51,6 +51,8 @@ SIM_MAX_MESSAGES = 100_000
 # The most unread entries counted per group when Redis cannot tell a group's lag.
 UNREAD_SCAN = 10_000
 SKIP_STATUSES = ("skipped", "suppressed", "throttled")
+# The simulated providers that honour an idempotency key (SIMULATORS.md): never a duplicate.
+IDEMPOTENT_PROVIDERS = frozenset({"resend"})
 
 
 def service_urls() -> tuple[str, str]:
@@ -457,6 +459,19 @@ class System:
                 most[task_id] = (message["provider"], count - 1)
         return most
 
+    async def tasks_sent_after_lost_answers(self, task_ids: list[str]) -> set[str]:
+        """Tasks whose timeline admits a possible duplicate: a send flagged
+        ``possibleDuplicate``, or a failed attempt whose answer never came."""
+        assert self.db is not None
+        rows = await self.db.fetch(
+            "SELECT DISTINCT task_id FROM message_logs WHERE project_id = $1 "
+            "AND task_id = ANY($2::text[]) AND ("
+            "(kind = 'sent' AND (metadata->>'possibleDuplicate')::boolean) OR "
+            "(kind = 'failed' AND (detail LIKE 'no answer within%' "
+            "OR detail LIKE 'connection failed%')))",
+            self.project_id, task_ids)
+        return {r["task_id"] for r in rows}
+
     async def stream_entries(self, stream: str) -> list[tuple[str, dict[str, Any]]]:
         """``(entry id, decoded payload)`` of every entry of ``stream``; undecodable ones are
         left out."""
@@ -516,9 +531,12 @@ class System:
         return False
 
     # -- accounting ------------------------------------------------------------------------
-    async def account(self, sent: Sequence[Sent], result: ScenarioResult) -> None:
+    async def account(self, sent: Sequence[Sent], result: ScenarioResult, *,
+                      skips_expected: bool = False) -> None:
         """Fill ``result`` from PostgreSQL and the simulators' records: delivered, duplicates,
-        DLQ, skipped, lost, latency."""
+        DLQ, skipped, lost, latency. Unless ``skips_expected`` (the scenario sets up
+        preferences, suppressions, throttles or unusable contacts), a notification skipped
+        with a reason is a violation: a skip is not lost, so a wrong one would pass unseen."""
         assert self.db is not None
         result.accepted = len(sent)
         event_ids = [s.event_id for s in sent]
@@ -551,13 +569,32 @@ class System:
             if event_id not in delivered or received < delivered[event_id]:
                 delivered[event_id] = received
         # A task accepted n times shows n records with acceptCount 1..n: count n - 1 once.
-        for _task_id, (provider, extra) in (await self.duplicates()).items():
-            result.duplicates[f"{provider} accepted twice"] += extra
+        # Each duplicate needs a cause in the system's own timeline (CONTRACT §4 allows only a
+        # resend after a lost answer, to a provider without idempotency keys).
+        dupes = await self.duplicates()
+        explained = await self.tasks_sent_after_lost_answers(list(dupes))
+        for task_id, (provider, extra) in dupes.items():
+            event = task_event.get(task_id, "?")
+            if provider in IDEMPOTENT_PROVIDERS:
+                cause = "despite its idempotency key"
+                result.check(False, f"{provider} accepted task {task_id} (notification {event}) "
+                                    f"{extra + 1} times despite its idempotency key")
+            elif task_id in explained:
+                cause = "sent again after a lost answer"
+            else:
+                cause = "unexplained"
+                result.check(False, f"{provider} accepted task {task_id} (notification {event}) "
+                                    f"{extra + 1} times, and its timeline shows no lost answer "
+                                    "that would explain it")
+            result.duplicates[f"{provider}: {cause}"] += extra
         result.delivered = len(delivered)
         result.dead_lettered = len(dead & set(event_ids))
         for event_id, reason in skipped.items():
             if event_id not in delivered:
                 result.skipped[reason] += 1
+        result.check(skips_expected or not result.skipped,
+                     f"{sum(result.skipped.values())} notification(s) skipped although nothing "
+                     f"in this scenario should skip one: {summarize_counter(result.skipped)}")
         for event_id in event_ids:
             if event_id not in delivered and event_id not in dead and event_id not in skipped:
                 result.lost.append(event_id)

@@ -87,7 +87,10 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
             result.check(not late, f"{name} still accepted the revoked key {len(late)} time(s) "
                                    f"more than {bound_s} s after the revocation "
                                    f"(latest {max(late, default=0)} s)")
-            odd = {s for t, s in seen if t >= revoked_at + bound_s and s not in (200, 401)}
+            after_bound = [s for t, s in seen if t >= revoked_at + bound_s]
+            result.check(bool(after_bound), f"{name} answered no probe started more than "
+                                            f"{bound_s} s after the revocation: nothing shown")
+            odd = {s for s in after_bound if s not in (200, 401)}
             result.check(not odd, f"{name} answered {sorted(odd)} to the revoked key")
 
         status, reply = await system.request(

@@ -8,6 +8,7 @@ workers carry on: every process stays up and a normal notification sent afterwar
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Any
 
@@ -18,10 +19,13 @@ DESCRIPTION = ("raw garbage XADDed into each stream: acked at once, reported onc
                "retried; workers unaffected and a send afterwards is delivered")
 PARAMS: dict[str, Any] = {"users": 5, "messages": 10, "drain_timeout_s": 60.0}
 
+# The api shares the workers' process so its /metrics shows their counters.
 LAYOUT = {
-    "api": ["api"],
-    "workers": ["enricher", "engine", "delivery", "scheduler", "events", "workflow", "ai"],
+    "all": ["api", "enricher", "engine", "delivery", "scheduler", "events", "workflow", "ai"],
 }
+
+METRIC_LINE = re.compile(
+    r'^notifkit_malformed_total\{[^}]*stream="(?P<stream>[^"]*)"[^}]*\} (?P<value>\S+)$')
 
 # Not JSON; not an object; JSON of the wrong shape; no data field at all.
 GARBAGE: tuple[dict[str, str | bytes], ...] = (
@@ -86,10 +90,18 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
                                      f"first read: handled {count} times")
         for stream, entry_id in sorted(retried):
             result.check(False, f"garbage {entry_id} in {stream} was retried")
+        # Counted: notifkit_malformed_total, per stream, says how many each stream had.
+        counted = await malformed_counts(system)
+        for stream in streams:
+            expected = sum(1 for s, _i in added if s == stream)
+            result.check(counted.get(stream, 0) == expected,
+                         f"notifkit_malformed_total for {stream} is {counted.get(stream, 0):g}, "
+                         f"but {expected} garbage entries went into it")
         reclaimed = system.count_log_lines("Reclaimed ", "idle entries")
         result.check(not reclaimed, f"a reclaim sweep found work: {reclaimed}")
         result.facts.update(garbage=len(added), streams=len(streams),
-                            reported=sum(reports.values()), acked_within_s=round(acked_s, 3))
+                            reported=sum(reports.values()), counted=sum(counted.values()),
+                            acked_within_s=round(acked_s, 3))
 
         # Unaffected: the same processes deliver a normal notification.
         system.check_alive(result, LAYOUT)
@@ -130,3 +142,17 @@ def _after(entry_id: str, last: str) -> bool:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def malformed_counts(system: System) -> dict[str, float]:
+    """stream -> the notifkit_malformed_total counters for it (all services), from /metrics."""
+    assert system.http is not None
+    async with system.http.get(system.api_url + "/metrics") as response:
+        text = await response.text()
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        match = METRIC_LINE.match(line)
+        if match:
+            stream = match.group("stream")
+            counts[stream] = counts.get(stream, 0.0) + float(match.group("value"))
+    return counts

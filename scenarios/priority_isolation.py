@@ -94,6 +94,9 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         count, rate = int(params["critical"]), float(params["rate_per_s"])
 
         idle = await paced_critical(system, users, count, rate, "idle")
+        # The baseline is only comparable if it measured as many sends as the busy run.
+        result.check(len(idle) == count, f"only {len(idle)} of {count} critical sends were "
+                                         "accepted on the idle system")
         result.check(await wait_delivered(system, idle, float(params["wait_s"])),
                      "the idle critical sends were not all delivered")
         idle_result = ScenarioResult(name=options.name, seed=options.seed)

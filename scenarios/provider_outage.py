@@ -95,6 +95,13 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
                              f"notification {s.event_id} was delivered during the outage")
             else:
                 counts["never_failed"] += 1
+        # The row's two outcomes must both have happened, or the run proved only one of them.
+        result.check(counts["dead_lettered"] > 0,
+                     "no notification was dead-lettered: the outage was too short to use up "
+                     "the attempt limit (lengthen outage_s)")
+        result.check(counts["recovered_after_failing"] > 0,
+                     "no notification failed and was then delivered after the recovery: the "
+                     "retry cycle was not shown (lengthen traffic_s past outage_s)")
         result.facts.update(counts)
         result.facts["provider_failures"] = sum(len(v) for v in failures.values())
         system.check_alive(result, LAYOUT)

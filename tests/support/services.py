@@ -18,10 +18,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import importlib
 import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import ModuleType
 from urllib.parse import urlsplit, urlunsplit
+
+import pytest
 
 log = logging.getLogger("notifkit.tests.services")
 
@@ -266,3 +271,15 @@ def real_probes() -> Probes:
         answers=answers,
         start_embedded=start_embedded,
     )
+
+
+def require_module(name: str) -> ModuleType:
+    """The optional module ``name``. Without it the test is skipped, except in CI, where
+    ``nox -s tests`` installs every extra the tests use and a missing one is a failure."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        if is_ci(os.environ):
+            pytest.fail(f"{name} is not installed, and CI is set: install the extras "
+                        f"nox -s tests installs ({exc})")
+        pytest.skip(f"{name} is not installed")

@@ -9,12 +9,8 @@ from contextlib import asynccontextmanager
 import pytest
 from aiohttp import web
 
-try:
-    import uvloop
-except ImportError:  # uvloop is optional
-    uvloop = None  # type: ignore[assignment]
-
 from benchmarks.rawhttp import HttpError, RawHttpClient
+from tests.support.services import require_module
 
 
 @asynccontextmanager
@@ -97,8 +93,9 @@ async def test_a_lost_connection_or_an_unframed_reply_is_an_error(
         client.close()
 
 
-@pytest.mark.skipif(uvloop is None, reason="uvloop is not installed")
 def test_works_on_uvloop_as_the_benchmark_runs_it() -> None:
+    uvloop = require_module("uvloop")
+
     async def scenario() -> None:
         async def ok(request: web.Request) -> web.Response:
             return web.json_response({"ok": True}, status=202)

@@ -187,6 +187,9 @@ async def test_two_processes_never_run_the_same_instance_at_once(
             assert after["start"] >= before["end"], (instance_id, before, after)
     pids = {r["pid"] for made in runs.values() for r in made}
     assert pids == {first.pid, second.pid}  # both took part
+    # and the check above compared something: some instance was run by both processes
+    shared = [i for i, made in runs.items() if len({r["pid"] for r in made}) == 2]
+    assert shared, "no instance was run by both processes: nothing could have overlapped"
 
     # and every step sent exactly once
     sent = await flow.sent()
