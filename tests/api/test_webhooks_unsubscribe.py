@@ -157,6 +157,18 @@ async def test_twilio_status_callbacks_are_verified_against_the_public_url(
         "twilio", "bounced", "SM1")
 
 
+async def test_a_twilio_callback_that_is_not_a_form_is_a_bad_signature(
+    hooks: Api, redis: Redis
+) -> None:
+    project = await hooks.project()
+    reply = await hooks.call("POST", f"/v1/webhooks/twilio/{project.id}", data=b"\xff=\xfe",
+                             headers={"Content-Type": "application/x-www-form-urlencoded",
+                                      "X-Twilio-Signature": "bm9wZQ=="})
+    assert reply.status == 401
+    assert reply.error["code"] == "invalid_signature"
+    assert await receipts(redis, hooks) == []
+
+
 async def test_unknown_providers_and_projects_are_404(hooks: Api) -> None:
     project = await hooks.project()
     assert (await hooks.call("POST", f"/v1/webhooks/mailgun/{project.id}", json={})
