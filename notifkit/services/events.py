@@ -109,13 +109,15 @@ class EventsService(WorkerService):
         suppressions: list[Suppression] = []
         for (entry, receipt), message in zip(receipts, found, strict=True):
             if message is None or message.event_id is None:
-                if entry.attempt >= self.worker.max_attempts:
-                    # Never matched (the send was not notifkit's, or its record is lost): the
-                    # receipt goes to the DLQ, but the address it names is still not to be
-                    # contacted again after a hard bounce or a complaint.
-                    orphan = unmatched_suppression(receipt)
-                    if orphan is not None:
-                        suppressions.append(orphan)
+                # Not matched yet (delivery's record may still be on its way) or ever (the
+                # send was not notifkit's, or its record is lost). The signed receipt names
+                # the address, so a hard bounce or complaint suppresses it at once rather than
+                # after the retries (minutes with the default reclaim), during which new sends
+                # would still go to it; the insert is idempotent across attempts.
+                orphan = unmatched_suppression(
+                    receipt, final=entry.attempt >= self.worker.max_attempts)
+                if orphan is not None:
+                    suppressions.append(orphan)
                 entry.fail(RetryLater(
                     f"no message with {receipt['provider']} id {receipt['providerMessageId']!r}"
                     " is recorded yet"))
@@ -265,16 +267,17 @@ def _suppression_reason(receipt: Mapping[str, Any]) -> str | None:
     return None
 
 
-def unmatched_suppression(receipt: Mapping[str, Any]) -> Suppression | None:
-    """The suppression a hard bounce or complaint that matches no recorded send still calls
-    for: the address and channel the receipt itself names."""
+def unmatched_suppression(receipt: Mapping[str, Any], final: bool = True) -> Suppression | None:
+    """The suppression a hard bounce or complaint that matches no recorded send (yet, or on
+    its ``final`` attempt ever) calls for: the address and channel the receipt itself names."""
     reason = _suppression_reason(receipt)
     channel = _text(receipt.get("channel"))
     target = _text(receipt.get("to")) or _raw_recipient(receipt.get("raw"))
     if reason is None or channel not in SUPPRESSIBLE_CHANNELS or not target:
         return None
-    log.warning("A %s matches no send notifkit recorded; its address is suppressed anyway.",
-                receipt["kind"], extra={"project_id": receipt["projectId"]})
+    if final:
+        log.warning("A %s matches no send notifkit recorded; its address is suppressed "
+                    "anyway.", receipt["kind"], extra={"project_id": receipt["projectId"]})
     return Suppression(receipt["projectId"], channel, target, reason, _receipt_detail(receipt))
 
 

@@ -71,7 +71,8 @@ def build_transports(
             raise ConfigError("TWILIO_FROM", "is required when Twilio is configured")
         built["sms"] = TwilioTransport(
             account_sid=sms.account_sid, auth_token=sms.auth_token, from_number=sms.from_number,
-            base_url=sms.base_url, timeout_s=timeout_s, connections=connections,
+            base_url=sms.base_url, public_url=settings.public_url, timeout_s=timeout_s,
+            connections=connections,
         )
     push = settings.push
     if push.enabled and push.project_id:

@@ -2,13 +2,16 @@
 
 Twilio has no idempotency key: a retry after a lost response sends the SMS again (the
 documented duplicate). Twilio has no metadata field either; the task id travels in the
-``X-Notifkit-Task-Id`` header only.
+``X-Notifkit-Task-Id`` header only. Each message names ``NOTIFKIT_PUBLIC_URL`` +
+``/v1/webhooks/twilio/{projectId}`` as its ``StatusCallback``, the URL its receipts are
+verified against.
 """
 
 from __future__ import annotations
 
 import base64
 from typing import Any
+from urllib.parse import quote
 
 from notifkit.transports.base import (
     HttpReply,
@@ -32,17 +35,24 @@ class TwilioTransport(HttpTransport):
     idempotent: bool = False
 
     def __init__(self, *, account_sid: str, auth_token: str, from_number: str,
-                 base_url: str = "https://api.twilio.com", **options: Any) -> None:
+                 base_url: str = "https://api.twilio.com", public_url: str | None = None,
+                 **options: Any) -> None:
         super().__init__(base_url=base_url, **options)
         self.account_sid = account_sid
         credentials = base64.b64encode(f"{account_sid}:{auth_token}".encode()).decode()
         self.authorization = f"Basic {credentials}"
         self.from_number = from_number
+        self.public_url = public_url.rstrip("/") if public_url else None
 
     async def _send(self, message: Message) -> SendResult:
         text = message.content.get("text")
         form = {"To": message.to, "From": self.from_number,
                 "Body": text if isinstance(text, str) else str(text or "")}
+        if self.public_url:
+            # Twilio reports delivered/undelivered only to a message's own StatusCallback (or
+            # a Messaging Service's); without it no SMS receipt would ever reach the project.
+            form["StatusCallback"] = (f"{self.public_url}/v1/webhooks/twilio/"
+                                      f"{quote(message.project_id, safe='')}")
         reply = await self._request(
             "POST", f"{self.base_url}/2010-04-01/Accounts/{self.account_sid}/Messages.json",
             task_id=message.task_id, data=form, headers={"Authorization": self.authorization},

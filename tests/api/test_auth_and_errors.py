@@ -369,12 +369,20 @@ async def test_projects_validate_their_settings(api: Api) -> None:
     fetched = await api.admin("GET", f"/v1/projects/{good.body['id']}")
     assert fetched.body == good.body
     bad = await api.admin("POST", "/v1/projects", json={
-        "name": "", "settings": {"throttle": {"limit": 0}, "rateLimits": {"fax": 1, "sms": -1},
+        "name": "", "settings": {"throttle": {"limit": -1}, "rateLimits": {"fax": 1, "sms": -1},
                                  "color": "red"}})
     assert bad.status == 400
     assert set(bad.fields) == {
         "name", "settings.throttle.limit", "settings.throttle.windowSeconds",
         "settings.rateLimits.fax", "settings.rateLimits.sms", "settings.color"}
+
+
+async def test_a_project_may_turn_the_deployment_throttle_off(api: Api) -> None:
+    # THROTTLE_LIMIT applies to every project that sets no throttle; limit 0 opts one out.
+    off = await api.admin("POST", "/v1/projects", json={
+        "name": "p", "settings": {"throttle": {"limit": 0, "windowSeconds": 60}}})
+    assert off.status == 201, off.body
+    assert off.body["settings"]["throttle"] == {"limit": 0, "windowSeconds": 60}
 
 
 async def test_names_of_spaces_alone_are_refused(api: Api) -> None:

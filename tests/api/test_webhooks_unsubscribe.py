@@ -157,6 +157,18 @@ async def test_twilio_status_callbacks_are_verified_against_the_public_url(
         "twilio", "bounced", "SM1")
 
 
+async def test_a_twilio_callback_that_is_not_a_form_is_a_bad_signature(
+    hooks: Api, redis: Redis
+) -> None:
+    project = await hooks.project()
+    reply = await hooks.call("POST", f"/v1/webhooks/twilio/{project.id}", data=b"\xff=\xfe",
+                             headers={"Content-Type": "application/x-www-form-urlencoded",
+                                      "X-Twilio-Signature": "bm9wZQ=="})
+    assert reply.status == 401
+    assert reply.error["code"] == "invalid_signature"
+    assert await receipts(redis, hooks) == []
+
+
 async def test_unknown_providers_and_projects_are_404(hooks: Api) -> None:
     project = await hooks.project()
     assert (await hooks.call("POST", f"/v1/webhooks/mailgun/{project.id}", json={})
@@ -199,6 +211,33 @@ async def test_get_turns_the_topic_off(api: Api, project: Project, db: asyncpg.P
     assert await db.fetchval("SELECT count(*) FROM suppressions") == 0
     again = await api.call("GET", "/v1/unsubscribe", params={"token": token})
     assert again.status == 200
+
+
+async def test_a_topic_link_naming_the_address_leaves_other_topics_open(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
+    # Every e-mail's link names its address; a newsletter link must not silence billing mail.
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    token = make_token(api.settings.secret, project.id, "u1", "email", "news", "ada@example.com")
+    reply = await api.call("POST", "/v1/unsubscribe", params={"token": token},
+                           data="List-Unsubscribe=One-Click",
+                           headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert reply.status == 200
+    assert reply.body["suppressed"] is False
+    prefs = await preferences(api, project)
+    assert prefs["topics"] == {"news": False}
+    assert prefs["channels"] == {}
+    assert await db.fetchval("SELECT count(*) FROM suppressions") == 0
+
+
+async def test_a_topic_link_of_an_erased_user_still_suppresses_the_address(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
+    token = make_token(api.settings.secret, project.id, "gone", "email", "news", "ada@example.com")
+    reply = await api.call("GET", "/v1/unsubscribe", params={"token": token})
+    assert reply.status == 200
+    assert reply.body["suppressed"] is True
+    assert await db.fetchval("SELECT target FROM suppressions") == "ada@example.com"
 
 
 async def test_one_click_post_turns_the_channel_off_and_suppresses_the_address(

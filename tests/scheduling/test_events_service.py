@@ -243,6 +243,7 @@ async def test_a_receipt_that_overtakes_the_send_record_is_retried(
     # Given failed attempts reclaimable at once, and a bounce for a message not recorded yet
     events = make_events(settings=settings.replace(reclaim_min_idle_s=0.0))
     await put(redis, keys, receipt(project_id, "msg-9", "bounced", RESEND_HARD_BOUNCE))
+    await events.open()  # else the attempt fails before it looks for the send
     await events.worker.run_until_idle(reclaim=False)
     assert await db.fetchval("SELECT count(*) FROM suppressions") == 0
     summary = await redis.xpending(keys.events_inbound, keys.group("events"))
@@ -278,6 +279,27 @@ async def test_a_hard_bounce_matching_no_send_still_suppresses_its_address(
     assert len(await xrange(redis, keys.dlq)) == 2
     rows = await db.fetch("SELECT channel, target, reason FROM suppressions")
     assert [tuple(r) for r in rows] == [("email", "gone@example.com", "bounce")]
+
+
+async def test_an_unmatched_hard_bounce_suppresses_at_once_while_it_waits_for_its_send(
+    make_events: EventsFactory, settings: Settings, redis: Redis, keys: Keys,
+    db: asyncpg.Pool, project_id: str,
+) -> None:
+    # Given a hard bounce naming its address, for a message delivery has not recorded (yet)
+    events = make_events(settings=settings.replace(reclaim_min_idle_s=0.0))
+    hard = {**receipt(project_id, "msg-z", "bounced", RESEND_HARD_BOUNCE),
+            "channel": "email", "to": "gone@example.com"}
+    await put(redis, keys, hard)
+
+    # When the first attempt finds no send
+    await events.open()
+    await events.worker.run_until_idle(reclaim=False)
+
+    # Then the address is suppressed already, and the receipt still waits for its send
+    rows = await db.fetch("SELECT channel, target, reason FROM suppressions")
+    assert [tuple(r) for r in rows] == [("email", "gone@example.com", "bounce")]
+    summary = await redis.xpending(keys.events_inbound, keys.group("events"))
+    assert summary["pending"] == 1
 
 
 async def test_a_receipt_found_by_the_timeline_alone(

@@ -20,11 +20,13 @@ from notifkit.config import Settings
 from notifkit.transports.base import HttpReply, Message, Outcome, Transport, TransportContext
 from notifkit.transports.fcm import FcmTransport
 from notifkit.transports.fcm import classify as fcm_classify
+from notifkit.transports.registry import build_transports
 from notifkit.transports.resend import ResendTransport
 from notifkit.transports.sendgrid import SendgridTransport
 from notifkit.transports.smtp import SmtpTransport
 from notifkit.transports.twilio import TwilioTransport
 from simulators import SimulatorServer
+from tests.sendpath.conftest import simulated
 
 # Long enough for a first request on a busy machine (0.5 s was not, once in CI), short enough
 # that the held 'timeout' and 'lost_response' faults end quickly.
@@ -173,3 +175,23 @@ async def test_sendgrid_leaves_out_empty_content_blocks(
     assert result.outcome is Outcome.SENT, result.detail
     [record] = await sim.messages("sendgrid")
     assert record["taskId"] == "t-empty"
+
+
+async def test_sms_asks_twilio_for_receipts_at_the_projects_webhook(
+    sim: SimulatorServer, settings: Settings, redis: Redis
+) -> None:
+    # Twilio posts delivered/undelivered only to the message's StatusCallback; the webhook
+    # verifies the signature over NOTIFKIT_PUBLIC_URL + path, so that is the URL to give it.
+    configured = simulated(settings, sim).replace(public_url="https://notifkit.example/")
+    transport = build_transports(configured)["sms"]
+    await transport.open(TransportContext(configured, redis, None))
+    try:
+        result = await transport.send(Message(
+            task_id="t-sms", event_id="e", project_id="0193a0a0-0000-7000-8000-000000000001",
+            user_id="u", channel="sms", to="+15557654321", content={"text": "hi"}))
+    finally:
+        await transport.close()
+    assert result.outcome is Outcome.SENT, result.detail
+    [record] = await sim.messages("twilio")
+    assert record["content"]["status_callback"] == (
+        "https://notifkit.example/v1/webhooks/twilio/0193a0a0-0000-7000-8000-000000000001")

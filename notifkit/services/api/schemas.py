@@ -86,7 +86,7 @@ COMPONENTS: dict[str, Schema] = {
     # -- projects and keys ---------------------------------------------------------------
     "ProjectSettings": obj({
         "throttle": obj({
-            "limit": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+            "limit": {"type": "integer", "minimum": 0, "maximum": 1_000_000},
             "windowSeconds": SECONDS,
         }, ("limit", "windowSeconds")),
         "rateLimits": obj({channel: _rate for channel in CONTACT_CHANNELS}),

@@ -115,7 +115,8 @@ def project_settings(fields: Fields) -> dict[str, Any]:
     if throttle is not None:
         t = inner.child("throttle", throttle)
         t.only(("limit", "windowSeconds"))
-        limit = t.integer("limit", required=True, minimum=1, maximum=MAX_THROTTLE_LIMIT)
+        # 0 turns the throttle off for this project even where THROTTLE_LIMIT sets one.
+        limit = t.integer("limit", required=True, minimum=0, maximum=MAX_THROTTLE_LIMIT)
         window = t.integer("windowSeconds", required=True, minimum=1, maximum=MAX_WINDOW_S)
         if limit is not None and window is not None:
             out["throttle"] = {"limit": limit, "windowSeconds": window}

@@ -184,7 +184,9 @@ def _form(raw: bytes) -> list[tuple[str, str]]:
     try:
         return parse_qsl(raw.decode("utf-8"), keep_blank_values=True, max_num_fields=200)
     except (UnicodeDecodeError, ValueError):
-        raise ApiError(400, "invalid_form", "The callback body is not a form.") from None
+        # Twilio signs the decoded form, so a body that is none cannot carry a good signature.
+        raise unauthorized("invalid_signature", "The callback body is not a form, so its "
+                           "signature cannot match; nothing was recorded.") from None
 
 
 def _twilio_events(params: list[tuple[str, str]]) -> list[dict[str, Any] | None]:
