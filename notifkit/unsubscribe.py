@@ -6,9 +6,8 @@ A token is ``<payload>.<signature>``, both base64url without padding:
                                 "target"?: address})
     signature = base64url(HMAC-SHA256(NOTIFKIT_SECRET, payload))
 
-The token names what to turn off: the topic when there is one, else the channel. A channel
-token that names the address (``target``) also records a suppression for that address; a
-topic token leaves the address open to the user's other topics. Tokens do
+The token names what to turn off: the topic when there is one, else the channel. When it names
+the address (``target``), unsubscribing also records a suppression for that address. Tokens do
 not expire: an unsubscribe link must keep working for as long as the e-mail is kept.
 
 Delivery puts ``unsubscribe_url(...)`` in the List-Unsubscribe header of every e-mail (with

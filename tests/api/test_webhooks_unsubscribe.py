@@ -213,33 +213,6 @@ async def test_get_turns_the_topic_off(api: Api, project: Project, db: asyncpg.P
     assert again.status == 200
 
 
-async def test_a_topic_link_naming_the_address_leaves_other_topics_open(
-    api: Api, project: Project, db: asyncpg.Pool
-) -> None:
-    # Every e-mail's link names its address; a newsletter link must not silence billing mail.
-    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
-    token = make_token(api.settings.secret, project.id, "u1", "email", "news", "ada@example.com")
-    reply = await api.call("POST", "/v1/unsubscribe", params={"token": token},
-                           data="List-Unsubscribe=One-Click",
-                           headers={"Content-Type": "application/x-www-form-urlencoded"})
-    assert reply.status == 200
-    assert reply.body["suppressed"] is False
-    prefs = await preferences(api, project)
-    assert prefs["topics"] == {"news": False}
-    assert prefs["channels"] == {}
-    assert await db.fetchval("SELECT count(*) FROM suppressions") == 0
-
-
-async def test_a_topic_link_of_an_erased_user_still_suppresses_the_address(
-    api: Api, project: Project, db: asyncpg.Pool
-) -> None:
-    token = make_token(api.settings.secret, project.id, "gone", "email", "news", "ada@example.com")
-    reply = await api.call("GET", "/v1/unsubscribe", params={"token": token})
-    assert reply.status == 200
-    assert reply.body["suppressed"] is True
-    assert await db.fetchval("SELECT target FROM suppressions") == "ada@example.com"
-
-
 async def test_one_click_post_turns_the_channel_off_and_suppresses_the_address(
     api: Api, project: Project, db: asyncpg.Pool
 ) -> None:

@@ -1,10 +1,8 @@
 """``GET`` and ``POST /v1/unsubscribe?token=...`` (the POST is RFC 8058 one-click).
 
 The token (notifkit/unsubscribe.py) is the authentication. It turns the named topic off, or
-the channel when it names no topic; a channel link that names the address also records a
-suppression (reason ``unsubscribe``) so that address is never contacted again on that channel
-in the project. A topic link suppresses the address only when its user has been erased, since
-there is no preference left to turn off. Repeating it
+the channel when it names no topic; when it names the address it also records a suppression
+(reason ``unsubscribe``) so that address is never contacted again in the project. Repeating it
 changes nothing further and answers the same. A forged or altered token is a 400 that changes
 nothing.
 """
@@ -111,11 +109,6 @@ async def _unsubscribe(request: web.Request, project: str, claims: Unsubscribe) 
                 project, claims.user_id, claims.channel,
             )
         if claims.target is None or claims.channel not in CONTACT_CHANNELS:
-            return False
-        # A suppression stops every send to the address, whatever its topic: a topic link
-        # that recorded one would silence the user's billing mail along with the newsletter.
-        # The topic preference alone honours it, unless the user is gone and nothing else can.
-        if claims.topic is not None and user_exists:
             return False
         await conn.execute(
             "INSERT INTO suppressions (project_id, channel, target, reason, detail) "
