@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -54,23 +53,12 @@ FROM n
 ON CONFLICT (task_id, channel, attempt, kind) DO NOTHING
 """
 
+# Which of the wanted templates exist: all that accepting a send needs to know of them.
 _TEMPLATES = (
-    "SELECT w.n, t.content, t.ai "
+    "SELECT w.n "
     "FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS w (project_id, id, n) "
     "JOIN templates t ON t.project_id = w.project_id AND t.id = w.id"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class TemplateChannels:
-    """What accepting a send needs to know of its template."""
-
-    content: dict[str, Any]
-    ai: dict[str, Any] | None
-
-    @property
-    def channels(self) -> set[str]:
-        return set(self.content) | set((self.ai or {}).get("channels") or ())
 
 
 class Admission:
@@ -82,8 +70,7 @@ class Admission:
         self.pool = pool
         self.buckets = buckets
         self._rate: Coalescer[str, float] = Coalescer(self._take_rate)
-        self._templates: Coalescer[tuple[str, str], TemplateChannels | None] = Coalescer(
-            self._load_templates)
+        self._templates: Coalescer[tuple[str, str], bool] = Coalescer(self._load_templates)
         self._accept: Coalescer[InboundMessage, None] = Coalescer(self._accept_many)
 
     # -- what handlers call -------------------------------------------------------------
@@ -91,7 +78,7 @@ class Admission:
         """Take one token from the project's API bucket: 0.0, or the seconds to wait."""
         return await self._rate.submit(project_id)
 
-    async def template(self, project_id: str, template_id: str) -> TemplateChannels | None:
+    async def template_exists(self, project_id: str, template_id: str) -> bool:
         return await self._templates.submit((project_id, template_id))
 
     async def accept(self, message: InboundMessage) -> None:
@@ -104,14 +91,12 @@ class Admission:
         return await self.buckets.take_many(
             [[Bucket(self.keys.api_rate(p), rate, burst)] for p in projects])
 
-    async def _load_templates(
-        self, wanted: list[tuple[str, str]]
-    ) -> list[TemplateChannels | None]:
+    async def _load_templates(self, wanted: list[tuple[str, str]]) -> list[bool]:
         rows = await self.pool.fetch(_TEMPLATES, [p for p, _t in wanted],
                                      [t for _p, t in wanted])
-        found: list[TemplateChannels | None] = [None] * len(wanted)
+        found = [False] * len(wanted)
         for row in rows:
-            found[row["n"] - 1] = TemplateChannels(row["content"], row["ai"])
+            found[row["n"] - 1] = True
         return found
 
     async def _accept_many(self, messages: list[InboundMessage]) -> list[BaseException | None]:

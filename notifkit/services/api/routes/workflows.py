@@ -61,26 +61,20 @@ async def put_workflow(request: web.Request) -> web.Response:
                              for e in validate_steps(fields.body["steps"]))
     fields.raise_if_invalid()
     steps: list[Any] = fields.body["steps"]
-    templates: dict[str, list[tuple[str, list[Any]]]] = {}
+    templates: dict[str, list[str]] = {}
     _templates(steps, "steps", templates)
     pool = request.app[DB]
-    # A template's channels: its content, and those its AI writes.
-    known = {r["id"]: set(r["channels"]) for r in await pool.fetch(
-        "SELECT id, ARRAY(SELECT jsonb_object_keys(content)) "
-        "|| ARRAY(SELECT jsonb_array_elements_text(coalesce(ai->'channels', '[]'))) AS channels "
-        "FROM templates WHERE project_id = $1 AND id = ANY($2::text[])",
+    # As POST /v1/notifications: the template must exist; a channel it has no content for
+    # gets generic content when the step sends.
+    known = {r["id"] for r in await pool.fetch(
+        "SELECT id FROM templates WHERE project_id = $1 AND id = ANY($2::text[])",
         project, list(templates),
     )}
     for template, uses in templates.items():
-        for path, channels in uses:
+        for path in uses:
             if template not in known:
                 fields.errors.append(
                     detail(f"{path}.template", "no template with this id exists in this project"))
-                continue
-            for index, channel in enumerate(channels):  # as POST /v1/notifications checks
-                if channel not in known[template]:
-                    fields.errors.append(detail(f"{path}.channels[{index}]",
-                                                f"the template has no {channel} content"))
     fields.raise_if_invalid()
     row = await pool.fetchrow(
         "INSERT INTO workflow_definitions (project_id, id, steps) VALUES ($1, $2, $3) "
@@ -241,14 +235,13 @@ def workflow_json(row: asyncpg.Record) -> dict[str, Any]:
             "updatedAt": iso(row["updated_at"])}
 
 
-def _templates(steps: list[Any], path: str,
-               found: dict[str, list[tuple[str, list[Any]]]]) -> None:
-    """Template id -> (the step naming it, the channels it asks for), over every send and
-    digest step, branches included."""
+def _templates(steps: list[Any], path: str, found: dict[str, list[str]]) -> None:
+    """Template id -> the steps naming it, over every send and digest step, branches
+    included."""
     for index, step in enumerate(steps):
         where = f"{path}[{index}]"
         if step.get("type") in ("send", "digest") and isinstance(step.get("template"), str):
-            found.setdefault(step["template"], []).append((where, step.get("channels") or []))
+            found.setdefault(step["template"], []).append(where)
         for arm in BRANCHES:
             children = step.get(arm)
             if isinstance(children, list):
