@@ -38,6 +38,9 @@ Other keys:
                                                    a group reads one stream per priority, so the
                                                    same id on two streams gets two fields.
     notif:health:{consumer}                  STR   JSON heartbeat, a few beats' TTL
+    notif:metrics:counters                   HASH  Prometheus counters and histograms summed
+                                                   over every process: field = JSON [family,
+                                                   sample, labels], value = total
     notif:ratelimit:{provider}:{projectId}   HASH  token bucket shared by delivery processes
     notif:apirate:{projectId}                HASH  API request token bucket per project
     notif:idempotency:api:{projectId}:{key}  STR   first response to a caller's idempotency key
@@ -173,6 +176,10 @@ class Keys:
 
     def health_prefix(self) -> str:
         return self._k("notif:health:")
+
+    @property
+    def metrics_counters(self) -> str:
+        return self._k("notif:metrics:counters")
 
     # -- rate limits, API state, pub/sub -------------------------------------------
     def provider_bucket(self, provider: str, project_id: str) -> str:

@@ -13,11 +13,11 @@ import time
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from notifkit import codec, metrics
+from notifkit import codec, metrics, metrics_store
 from notifkit.keys import Keys
 from notifkit.services.api.errors import invalid_field, json_response
 from notifkit.services.api.routing import CURSOR, LIMIT, Operations, Reply
@@ -64,13 +64,21 @@ async def prometheus_metrics(request: web.Request) -> web.Response:
         streams = await asyncio.wait_for(stream_stats(app[REDIS], app[KEYS]), HEALTH_TIMEOUT_S)
     except (RedisError, OSError, TimeoutError):
         streams = []  # the counters are still worth scraping without Redis
+    totals: dict[metrics_store.SampleKey, float] | None
+    try:
+        # This process's own counts first, so what it just did shows at once.
+        await asyncio.wait_for(metrics_store.flush(app[REDIS], app[KEYS]), HEALTH_TIMEOUT_S)
+        totals = await asyncio.wait_for(metrics_store.read_totals(app[REDIS], app[KEYS]),
+                                        HEALTH_TIMEOUT_S)
+    except (RedisError, OSError, TimeoutError):
+        totals = None  # without Redis: this process's own counts
     for info in streams:
         metrics.STREAM_LENGTH.labels(info["stream"]).set(info["length"])
         for group in info["groups"]:
             metrics.STREAM_PENDING.labels(info["stream"], group["name"]).set(group["pending"])
             metrics.STREAM_OLDEST_PENDING_AGE.labels(info["stream"], group["name"]).set(
                 group["oldestPendingAgeSeconds"] or 0)
-    return web.Response(body=generate_latest(REGISTRY),
+    return web.Response(body=metrics_store.render(totals),
                         headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
