@@ -38,6 +38,9 @@ Other keys:
                                                    a group reads one stream per priority, so the
                                                    same id on two streams gets two fields.
     notif:health:{consumer}                  STR   JSON heartbeat, a few beats' TTL
+    notif:heartbeats                         ZSET  consumer -> time of its last beat (s): the
+                                                   consumers /health reads, found without a
+                                                   SCAN of the whole keyspace
     notif:metrics:counters                   HASH  Prometheus counters and histograms summed
                                                    over every process: field = JSON [family,
                                                    sample, labels], value = total
@@ -176,6 +179,10 @@ class Keys:
 
     def health_prefix(self) -> str:
         return self._k("notif:health:")
+
+    @property
+    def heartbeats(self) -> str:
+        return self._k("notif:heartbeats")
 
     @property
     def metrics_counters(self) -> str:

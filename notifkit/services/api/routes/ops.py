@@ -1,7 +1,9 @@
 """Operations: ``/health``, ``/metrics``, ``/v1/streams`` and the OpenAPI document.
 
 ``/health`` answers 503 when Redis or PostgreSQL does not answer within
-``HEALTH_TIMEOUT_S``, and lists every service's heartbeat (``notif:health:*``). A heartbeat
+``HEALTH_TIMEOUT_S``, and lists every service's heartbeat (``notif:health:*``, found through the
+``notif:heartbeats`` index rather than a SCAN, which a busy shared Redis could not finish
+within the timeout). A heartbeat
 older than three intervals (the service stalled but its key has not expired yet) makes the
 status ``degraded``.
 """
@@ -30,6 +32,7 @@ ops = Operations("operations")
 
 HEALTH_TIMEOUT_S = 1.0
 STALE_BEATS = 3
+HEARTBEAT_INDEX_KEEP_S = 3600
 
 
 @ops.route("GET", "/health", "Liveness of Redis, PostgreSQL and every service", access="public",
@@ -128,11 +131,17 @@ async def _heartbeats(
     redis: Redis, keys: Keys, interval_s: float
 ) -> dict[str, dict[str, Any]]:
     await redis.ping()
-    names = [key async for key in redis.scan_iter(match=keys.health_pattern(), count=500)]
-    if not names:
-        return {}
-    prefix = keys.health_prefix()
     now = time.time()
+    # Consumers gone for long (their key expired an hour ago) leave the index for good.
+    index = redis.pipeline(transaction=False)
+    index.zremrangebyscore(keys.heartbeats, "-inf", now - HEARTBEAT_INDEX_KEEP_S)
+    index.zrange(keys.heartbeats, 0, -1)
+    replies = await index.execute()
+    consumers = [as_str(member) for member in replies[1]]
+    if not consumers:
+        return {}
+    names = [keys.health(consumer) for consumer in consumers]
+    prefix = keys.health_prefix()
     services: dict[str, dict[str, Any]] = {}
     for name, raw in zip(names, await redis.mget(names), strict=True):
         if raw is None:
@@ -146,7 +155,7 @@ async def _heartbeats(
         ts = beat.get("ts")
         stale = isinstance(ts, int | float) and now - ts > STALE_BEATS * max(interval_s, 1.0)
         in_flight = beat.get("inFlight")
-        services[as_str(name)[len(prefix):]] = {
+        services[name[len(prefix):]] = {
             "service": str(beat.get("service", "")),
             "lastBeat": beat.get("lastBeat") if isinstance(beat.get("lastBeat"), str) else None,
             "inFlight": in_flight if isinstance(in_flight, int) else 0,
