@@ -38,6 +38,12 @@ Other keys:
                                                    a group reads one stream per priority, so the
                                                    same id on two streams gets two fields.
     notif:health:{consumer}                  STR   JSON heartbeat, a few beats' TTL
+    notif:heartbeats                         ZSET  consumer -> time of its last beat (s): the
+                                                   consumers /health reads, found without a
+                                                   SCAN of the whole keyspace
+    notif:metrics:counters                   HASH  Prometheus counters and histograms summed
+                                                   over every process: field = JSON [family,
+                                                   sample, labels], value = total
     notif:ratelimit:{provider}:{projectId}   HASH  token bucket shared by delivery processes
     notif:apirate:{projectId}                HASH  API request token bucket per project
     notif:idempotency:api:{projectId}:{key}  STR   first response to a caller's idempotency key
@@ -173,6 +179,14 @@ class Keys:
 
     def health_prefix(self) -> str:
         return self._k("notif:health:")
+
+    @property
+    def heartbeats(self) -> str:
+        return self._k("notif:heartbeats")
+
+    @property
+    def metrics_counters(self) -> str:
+        return self._k("notif:metrics:counters")
 
     # -- rate limits, API state, pub/sub -------------------------------------------
     def provider_bucket(self, provider: str, project_id: str) -> str:

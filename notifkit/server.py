@@ -16,8 +16,12 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
+from redis.asyncio import Redis
+
+from notifkit import metrics_store
 from notifkit.config import SERVICES, ConfigError, Settings, parse_services
-from notifkit.services.base import Service
+from notifkit.keys import Keys
+from notifkit.services.base import Service, open_redis
 
 log = logging.getLogger("notifkit.server")
 
@@ -80,6 +84,8 @@ class NotifkitServer:
         self.transports = list(transports or [])
         self.services: dict[str, Service] = {}
         self._started = False
+        self._metrics_redis: Redis | None = None
+        self._metrics_flusher: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         if self._started:
@@ -105,6 +111,10 @@ class NotifkitServer:
             self.services.clear()
             raise
         self._started = True
+        # Only api processes serve /metrics: every process adds its counts to Redis for them.
+        self._metrics_redis = open_redis(self.settings, max_connections=2)
+        self._metrics_flusher = asyncio.create_task(
+            metrics_store.run_flusher(self._metrics_redis, Keys(self.settings.namespace)))
         log.info("notifkit is running: %s.", ", ".join(self.settings.services))
 
     async def stop(self) -> None:
@@ -112,6 +122,12 @@ class NotifkitServer:
         for service in list(self.services.values()):
             await _stop_quietly(service)
         self.services.clear()
+        if self._metrics_redis is not None:
+            if self._metrics_flusher is not None:
+                await metrics_store.stop_flusher(self._metrics_flusher, self._metrics_redis,
+                                                 Keys(self.settings.namespace))
+            await self._metrics_redis.aclose()
+        self._metrics_redis = self._metrics_flusher = None
         self._started = False
 
     def service(self, name: str) -> Service:

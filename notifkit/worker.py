@@ -307,7 +307,10 @@ class StreamWorker:
                     task.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
         with contextlib.suppress(RedisError):
-            await self.redis.delete(self.keys.health(self.consumer))
+            gone = self.redis.pipeline(transaction=True)
+            gone.delete(self.keys.health(self.consumer))
+            gone.zrem(self.keys.heartbeats, self.consumer)
+            await gone.execute()
         log.info("Worker stopped.", extra={"service": self.service, "consumer": self.consumer})
 
     async def run_until_idle(self, *, reclaim: bool = True, max_rounds: int = 10_000) -> int:
@@ -722,9 +725,8 @@ class StreamWorker:
             "processed": self.stats.processed,
             "ts": time.time(),
         }
-        await self.redis.set(
-            self.keys.health(self.consumer), codec.dumps(beat), ex=self.settings.heartbeat_ttl_s
-        )
+        await write_heartbeat(self.redis, self.keys, self.consumer, beat,
+                              self.settings.heartbeat_ttl_s)
 
 
 def failed_event(entry: Entry, record: Mapping[str, Any]) -> dict[str, Any]:
@@ -787,3 +789,12 @@ def _ids(service: str, entry: Entry) -> dict[str, Any]:
             fields[name] = p[key]
     return fields
 
+
+async def write_heartbeat(redis: Redis, keys: Keys, consumer: str, beat: Mapping[str, Any],
+                          ttl_s: int) -> None:
+    """The consumer's ``notif:health:*`` key, and its entry in the index /health reads (a SCAN
+    for the keys would walk every key of a shared Redis: millions of dedup marks)."""
+    writes = redis.pipeline(transaction=True)
+    writes.set(keys.health(consumer), codec.dumps(beat), ex=ttl_s)
+    writes.zadd(keys.heartbeats, {consumer: time.time()})
+    await writes.execute()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -17,6 +17,7 @@ from notifkit.keys import Keys
 from notifkit.services.api.errors import store_unavailable
 from notifkit.services.api.validation import encode_cursor
 from notifkit.streams import decode, encode, ensure_group, xadd
+from notifkit.worker import write_heartbeat
 from tests.api.conftest import ADMIN, Api, Project, start_api
 from tests.support.streams import xrange
 
@@ -25,7 +26,7 @@ async def test_health_lists_heartbeats(api: Api, redis: Redis) -> None:
     keys = Keys(api.settings.namespace)
     beat = {"service": "delivery", "lastBeat": "2030-01-01T00:00:00.000Z", "inFlight": 3,
             "ts": time.time()}
-    await redis.set(keys.health("delivery-host-1"), json.dumps(beat), ex=30)
+    await write_heartbeat(redis, keys, "delivery-host-1", beat, 30)
     reply = await api.call("GET", "/health")
     assert reply.status == 200
     assert reply.body["status"] == "ok"
@@ -33,11 +34,34 @@ async def test_health_lists_heartbeats(api: Api, redis: Redis) -> None:
     assert reply.body["services"]["delivery-host-1"] == {
         "service": "delivery", "lastBeat": "2030-01-01T00:00:00.000Z", "inFlight": 3,
         "stale": False}
-    await redis.set(keys.health("engine-host-2"), json.dumps({**beat, "ts": time.time() - 600}),
-                    ex=30)
+    await write_heartbeat(redis, keys, "engine-host-2", {**beat, "ts": time.time() - 600}, 30)
     degraded = await api.call("GET", "/health")
     assert degraded.status == 200
     assert degraded.body["status"] == "degraded"
+
+
+async def test_health_does_not_walk_the_keyspace(
+    api: Api, redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shared Redis holds millions of keys (dedup marks alone: one per task and stage for
+    an hour); a SCAN for the heartbeats took longer than the health check's timeout, so a
+    busy system reported Redis unreachable."""
+    keys = Keys(api.settings.namespace)
+    beat = {"service": "engine", "lastBeat": "2030-01-01T00:00:00.000Z", "inFlight": 0,
+            "ts": time.time()}
+    await write_heartbeat(redis, keys, "engine-host-1", beat, 30)
+    await write_heartbeat(redis, keys, "gone-host-2", beat, 30)
+    await redis.delete(keys.health("gone-host-2"))  # expired: listed no more
+
+    async def a_huge_keyspace(*args: Any, **kwargs: Any) -> AsyncIterator[bytes]:
+        await asyncio.sleep(5)
+        yield b""
+
+    monkeypatch.setattr(Redis, "scan_iter", a_huge_keyspace)
+    reply = await api.call("GET", "/health")
+    assert reply.status == 200, reply.body
+    assert (reply.body["status"], reply.body["redis"]) == ("ok", "ok")
+    assert list(reply.body["services"]) == ["engine-host-1"]
 
 
 async def test_health_is_503_without_redis(settings: Settings) -> None:

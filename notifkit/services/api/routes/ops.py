@@ -1,7 +1,9 @@
 """Operations: ``/health``, ``/metrics``, ``/v1/streams`` and the OpenAPI document.
 
 ``/health`` answers 503 when Redis or PostgreSQL does not answer within
-``HEALTH_TIMEOUT_S``, and lists every service's heartbeat (``notif:health:*``). A heartbeat
+``HEALTH_TIMEOUT_S``, and lists every service's heartbeat (``notif:health:*``, found through the
+``notif:heartbeats`` index rather than a SCAN, which a busy shared Redis could not finish
+within the timeout). A heartbeat
 older than three intervals (the service stalled but its key has not expired yet) makes the
 status ``degraded``.
 """
@@ -13,11 +15,11 @@ import time
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from notifkit import codec, metrics
+from notifkit import codec, metrics, metrics_store
 from notifkit.keys import Keys
 from notifkit.services.api.errors import invalid_field, json_response
 from notifkit.services.api.routing import CURSOR, LIMIT, Operations, Reply
@@ -30,6 +32,7 @@ ops = Operations("operations")
 
 HEALTH_TIMEOUT_S = 1.0
 STALE_BEATS = 3
+HEARTBEAT_INDEX_KEEP_S = 3600
 
 
 @ops.route("GET", "/health", "Liveness of Redis, PostgreSQL and every service", access="public",
@@ -64,13 +67,21 @@ async def prometheus_metrics(request: web.Request) -> web.Response:
         streams = await asyncio.wait_for(stream_stats(app[REDIS], app[KEYS]), HEALTH_TIMEOUT_S)
     except (RedisError, OSError, TimeoutError):
         streams = []  # the counters are still worth scraping without Redis
+    totals: dict[metrics_store.SampleKey, float] | None
+    try:
+        # This process's own counts first, so what it just did shows at once.
+        await asyncio.wait_for(metrics_store.flush(app[REDIS], app[KEYS]), HEALTH_TIMEOUT_S)
+        totals = await asyncio.wait_for(metrics_store.read_totals(app[REDIS], app[KEYS]),
+                                        HEALTH_TIMEOUT_S)
+    except (RedisError, OSError, TimeoutError):
+        totals = None  # without Redis: this process's own counts
     for info in streams:
         metrics.STREAM_LENGTH.labels(info["stream"]).set(info["length"])
         for group in info["groups"]:
             metrics.STREAM_PENDING.labels(info["stream"], group["name"]).set(group["pending"])
             metrics.STREAM_OLDEST_PENDING_AGE.labels(info["stream"], group["name"]).set(
                 group["oldestPendingAgeSeconds"] or 0)
-    return web.Response(body=generate_latest(REGISTRY),
+    return web.Response(body=metrics_store.render(totals),
                         headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -120,11 +131,17 @@ async def _heartbeats(
     redis: Redis, keys: Keys, interval_s: float
 ) -> dict[str, dict[str, Any]]:
     await redis.ping()
-    names = [key async for key in redis.scan_iter(match=keys.health_pattern(), count=500)]
-    if not names:
-        return {}
-    prefix = keys.health_prefix()
     now = time.time()
+    # Consumers gone for long (their key expired an hour ago) leave the index for good.
+    index = redis.pipeline(transaction=False)
+    index.zremrangebyscore(keys.heartbeats, "-inf", now - HEARTBEAT_INDEX_KEEP_S)
+    index.zrange(keys.heartbeats, 0, -1)
+    replies = await index.execute()
+    consumers = [as_str(member) for member in replies[1]]
+    if not consumers:
+        return {}
+    names = [keys.health(consumer) for consumer in consumers]
+    prefix = keys.health_prefix()
     services: dict[str, dict[str, Any]] = {}
     for name, raw in zip(names, await redis.mget(names), strict=True):
         if raw is None:
@@ -138,7 +155,7 @@ async def _heartbeats(
         ts = beat.get("ts")
         stale = isinstance(ts, int | float) and now - ts > STALE_BEATS * max(interval_s, 1.0)
         in_flight = beat.get("inFlight")
-        services[as_str(name)[len(prefix):]] = {
+        services[name[len(prefix):]] = {
             "service": str(beat.get("service", "")),
             "lastBeat": beat.get("lastBeat") if isinstance(beat.get("lastBeat"), str) else None,
             "inFlight": in_flight if isinstance(in_flight, int) else 0,
