@@ -145,7 +145,7 @@ async def _heartbeats(
     services: dict[str, dict[str, Any]] = {}
     for name, raw in zip(names, await redis.mget(names), strict=True):
         if raw is None:
-            continue  # expired between SCAN and MGET
+            continue  # expired: the consumer went away without a clean stop
         try:
             beat = codec.loads(raw)
         except ValueError:
