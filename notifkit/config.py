@@ -68,6 +68,8 @@ VARIABLES: Final = frozenset({
     "THROTTLE_LIMIT", "THROTTLE_WINDOW_SECONDS", "TWILIO_ACCOUNT_SID", "TWILIO_AUTH_TOKEN",
     "TWILIO_BASE_URL", "TWILIO_FROM", "WORKER_CONCURRENCY", "WORKFLOW_LOCK_TTL_SECONDS",
 })
+# NOTIFKIT_SECRET unset: fine against the simulators, public everywhere else.
+DEVELOPMENT_SECRET: Final = "notifkit-development-secret"
 MAX_DURATION_S: Final = 10 * 365 * 24 * 3600
 MAX_REDIS_INT: Final = 2**63 - 1
 # Upper bounds for sizes that are allocated or sent to Redis as counts: beyond them a value is a
@@ -172,7 +174,7 @@ class Settings:
     host: str = "0.0.0.0"
     port: int = 8080
     admin_key: str | None = None
-    secret: str = "notifkit-development-secret"
+    secret: str = DEVELOPMENT_SECRET
     public_url: str = "http://127.0.0.1:8080"
     provider_timeout_s: float = 10.0
     max_body_bytes: int = 1024 * 1024
@@ -685,3 +687,9 @@ def _validate_email(e: EmailSettings) -> None:
         if not e.smtp_url:
             raise ConfigError("SMTP_URL", "is required when EMAIL_TRANSPORT=smtp")
         _check_url("SMTP_URL", e.smtp_url, ("smtp", "smtps"))
+
+
+def uses_development_secret(s: Settings) -> bool:
+    """True when links and webhooks are signed with the public development secret outside a
+    deployment that talks only to the simulators."""
+    return s.secret == DEVELOPMENT_SECRET and s.simulator_url is None

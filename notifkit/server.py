@@ -19,7 +19,13 @@ from typing import Any
 from redis.asyncio import Redis
 
 from notifkit import metrics_store
-from notifkit.config import SERVICES, ConfigError, Settings, parse_services
+from notifkit.config import (
+    SERVICES,
+    ConfigError,
+    Settings,
+    parse_services,
+    uses_development_secret,
+)
 from notifkit.keys import Keys
 from notifkit.services.base import Service, open_redis
 
@@ -115,6 +121,10 @@ class NotifkitServer:
         self._metrics_redis = open_redis(self.settings, max_connections=2)
         self._metrics_flusher = asyncio.create_task(
             metrics_store.run_flusher(self._metrics_redis, Keys(self.settings.namespace)))
+        if uses_development_secret(self.settings):
+            log.warning("NOTIFKIT_SECRET is not set: unsubscribe links and outgoing webhooks are "
+                        "signed with the public development secret, so anyone can forge them. "
+                        "Set NOTIFKIT_SECRET (16 characters or more) in production.")
         log.info("notifkit is running: %s.", ", ".join(self.settings.services))
 
     async def stop(self) -> None:

@@ -14,6 +14,7 @@ from notifkit.config import (
     ConfigError,
     Settings,
     parse_services,
+    uses_development_secret,
 )
 
 
@@ -294,3 +295,11 @@ def test_links_follow_the_port_unless_a_public_url_is_set() -> None:
     assert Settings.from_env({"PORT": "18780"}).public_url == "http://127.0.0.1:18780"
     assert Settings.from_env({"PORT": "18780", "NOTIFKIT_PUBLIC_URL": "https://n.example.com"}
                              ).public_url == "https://n.example.com"
+
+
+def test_the_development_secret_is_flagged_outside_a_simulator_deployment() -> None:
+    assert uses_development_secret(Settings.from_env({}))
+    assert not uses_development_secret(
+        Settings.from_env({"NOTIFKIT_SIMULATOR_URL": "http://127.0.0.1:8025"}))
+    assert not uses_development_secret(
+        Settings.from_env({"NOTIFKIT_SECRET": "a-real-secret-0123456789"}))
