@@ -14,12 +14,17 @@ from typing import Any, ClassVar
 
 import asyncpg
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from notifkit.config import Settings
 from notifkit.keys import Keys
 from notifkit.worker import Entry, StreamWorker, batch_stream
 
 log = logging.getLogger("notifkit.services")
+
+
+# How long a starting service waits for Redis's first answer.
+REDIS_START_TIMEOUT_S = 10.0
 
 
 def open_redis(settings: Settings, *, max_connections: int = 64) -> Redis:
@@ -46,6 +51,7 @@ class Service:
         self.db: asyncpg.Pool | None = None
 
     async def open(self) -> None:
+        await self._check_redis()
         if self.needs_db and self.db is None:
             from notifkit.db.pool import create_pool
 
@@ -56,6 +62,15 @@ class Service:
             await self.db.close()
             self.db = None
         await self.redis.aclose()
+
+    async def _check_redis(self) -> None:
+        """Fail the start, naming REDIS_URL, when Redis does not answer: a process that
+        started without it would only fail later, request by request (README: Configuration)."""
+        try:
+            await asyncio.wait_for(self.redis.ping(), REDIS_START_TIMEOUT_S)
+        except TimeoutError:
+            raise RedisConnectionError(
+                f"no answer within {REDIS_START_TIMEOUT_S:g} s") from None
 
     async def start(self) -> None:
         await self.open()

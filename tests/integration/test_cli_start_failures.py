@@ -134,6 +134,21 @@ def test_a_redis_refusing_the_database_index_is_named(
     _one_line_naming(run_cli(env, "serve"), "REDIS_URL")
 
 
+@pytest.mark.parametrize("services", ["api", "engine"])
+def test_an_unreachable_redis_is_named_by_every_service(
+    services: str, redis_url: str, database_url: str
+) -> None:
+    # The api used to start without Redis and fail request by request.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, never listening: connections are refused
+        env = _env(f"redis://127.0.0.1:{port}/0", database_url, NOTIFKIT_SERVICES=services,
+                   AUTO_MIGRATE="true")
+        result = run_cli(env, "serve")
+    _one_line_naming(result, "REDIS_URL")
+    assert result.returncode == 1
+
+
 def test_sigterm_during_a_hanging_start_stops_the_process(
     redis_url: str, database_url: str
 ) -> None:
