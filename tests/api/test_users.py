@@ -54,6 +54,15 @@ async def test_every_invalid_user_field_is_named(api: Api, project: Project) -> 
         "contacts[0].channel", "contacts[1].target", "colour"}
 
 
+@pytest.mark.parametrize("zone", ["localtime", "Factory", "posixrules"])
+async def test_files_of_the_tz_database_that_are_no_place_are_no_timezone(
+    api: Api, project: Project, zone: str
+) -> None:
+    # localtime is whatever the server's clock says; Factory is a placeholder for "unset".
+    reply = await api.call("PUT", "/v1/users/u1", key=project.full, json={"timezone": zone})
+    assert (reply.status, reply.fields) == (400, ["timezone"])
+
+
 @pytest.mark.parametrize(("path", "status"), [
     ("/v1/users/%20padded", 400), ("/v1/users/" + "x" * 256, 400), ("/v1/users/tab%09", 400),
     # percent-escapes that are not UTF-8: a lone byte, an encoded surrogate

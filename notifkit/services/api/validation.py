@@ -410,9 +410,14 @@ def iso(value: datetime | None) -> str | None:
     return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+# In the tz database's folder but no place's time: ``localtime`` is whatever this server's
+# clock is set to, ``Factory`` a placeholder that means "unset".
+_NOT_ZONES = frozenset({"localtime", "Factory", "posixrules"})
+
+
 @cache
 def _zones() -> frozenset[str]:
-    return frozenset(zoneinfo.available_timezones())
+    return frozenset(zoneinfo.available_timezones()) - _NOT_ZONES
 
 
 def is_timezone(value: str) -> bool:
