@@ -256,6 +256,9 @@ def start_embedded(service: Service) -> Started | None:
         return None
     folder = tempfile.mkdtemp(prefix="notifkit-test-pg-")
     pg = get_server(folder, cleanup_mode="stop")
+    # pgserver narrates its exit from an atexit hook, after pytest closed the stream its
+    # logging writes to: a "Logging error" traceback under every run's summary.
+    logging.getLogger("pgserver").setLevel(logging.WARNING)
 
     def stop() -> None:
         pg.cleanup()
