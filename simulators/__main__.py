@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _run(serve(args))
     except ListenError as exc:
-        option = "--port" if exc.which == "port" else "--smtp-port"
+        option = {"port": "--port", "host": "--host"}.get(exc.which, "--smtp-port")
         print(f"python -m simulators: error: {option}: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

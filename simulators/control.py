@@ -155,8 +155,15 @@ async def _body(request: web.Request) -> object:
         return None
     try:
         value = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+    except UnicodeDecodeError:
         raise ControlError("request body must be valid UTF-8 JSON") from None
+    except json.JSONDecodeError as exc:
+        raise ControlError(
+            f"request body must be valid UTF-8 JSON: {exc.msg} at line {exc.lineno} "
+            f"column {exc.colno}"
+        ) from None
+    except RecursionError:
+        raise ControlError("request body is valid JSON but nested too deeply") from None
     if has_lone_surrogate(value):
         raise ControlError("request body must be valid Unicode (a string holds a lone "
                            "surrogate escape)")

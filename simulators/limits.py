@@ -127,7 +127,10 @@ class RateLimits:
 
 
 def retry_after_header(seconds: float) -> str:
-    """Retry-After carries whole seconds; round up so a client that obeys it is not refused."""
+    """Retry-After carries whole seconds; round up so a client that obeys it is not refused.
+
+    Only an explicit `retryAfter: 0` gives 0: a bucket's wait is always above zero.
+    """
     if not math.isfinite(seconds) or seconds >= MAX_RETRY_AFTER_S:
         return str(MAX_RETRY_AFTER_S)
-    return str(max(1, math.ceil(seconds)))
+    return str(max(0, math.ceil(seconds)))

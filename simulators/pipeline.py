@@ -177,7 +177,11 @@ class HttpProvider(ABC):
             case = case_for_status(rule.status) if rule.status else ErrorCase.SERVER_ERROR
         retry_after_s = rule.retry_after_s
         status = rule.status if rule.status else self.status_for(case)
-        if retry_after_s is None and (status == 429 or case is ErrorCase.UNAVAILABLE):
+        # A rate_limit rule means "slow down" whatever status it answers with, so the
+        # client always gets the Retry-After it would back off by.
+        if retry_after_s is None and (
+            status == 429 or case in (ErrorCase.UNAVAILABLE, ErrorCase.RATE_LIMITED)
+        ):
             retry_after_s = DEFAULT_RETRY_AFTER_S
         return self.render(case, status=status, recipient=recipient, retry_after_s=retry_after_s)
 

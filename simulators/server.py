@@ -10,8 +10,10 @@ async with SimulatorServer(seed=1) as sim:          # free ports by default
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
+import socket
 from types import TracebackType
 from typing import Any
 
@@ -30,12 +32,14 @@ SHUTDOWN_TIMEOUT_S = 2.0
 
 
 class ListenError(OSError):
-    """One of the two ports could not be bound; ``which`` says which one (``"port"`` for HTTP,
-    ``"smtp_port"``), so a command line can name its own option for it."""
+    """One of the two ports could not be bound; ``which`` says what to change, so a command
+    line can name its own option for it: ``"port"`` (HTTP), ``"smtp_port"``, or ``"host"``
+    when the address itself is the problem (it does not resolve, or is not this machine's)."""
 
     def __init__(self, which: str, host: str, port: int, cause: OSError) -> None:
         super().__init__(cause.errno, f"cannot listen on {host}:{port}: {cause.strerror or cause}")
-        self.which = which
+        host_at_fault = isinstance(cause, socket.gaierror) or cause.errno == errno.EADDRNOTAVAIL
+        self.which = "host" if host_at_fault else which
 
     def __str__(self) -> str:
         return str(self.strerror)

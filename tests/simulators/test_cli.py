@@ -103,3 +103,14 @@ async def test_a_port_in_use_is_named_by_its_option(option: str) -> None:
     lines = err.decode().strip().splitlines()
     assert len(lines) == 1, lines
     assert f"error: {option}: cannot listen on 127.0.0.1:{port}" in lines[0]
+
+
+@pytest.mark.parametrize("host", ["nosuchhost.invalid", "192.0.2.1"])
+async def test_an_address_that_cannot_be_bound_is_named_as_the_host(host: str) -> None:
+    """A name that does not resolve, or an address of another machine, is the host's fault."""
+    proc = await run_cli("--host", host, "--port", "0", "--smtp-port", "0")
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1, lines
+    assert f"error: --host: cannot listen on {host}:0" in lines[0]

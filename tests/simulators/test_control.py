@@ -148,7 +148,8 @@ async def test_limits_and_reset(http: aiohttp.ClientSession, sim: SimulatorServe
 @pytest.mark.parametrize(
     ("path", "body", "named"),
     [
-        ("/_sim/faults", b"{not json", "valid UTF-8 JSON"),
+        ("/_sim/faults", b"{not json", "valid UTF-8 JSON: Expecting property name"),
+        ("/_sim/faults", b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
         ("/_sim/faults", b"", "JSON object"),
         ("/_sim/limits", {"provider": "resend"}, "'ratePerSecond' is required"),
         ("/_sim/limits", {"provider": "resend", "ratePerSecond": 0}, "'ratePerSecond'"),

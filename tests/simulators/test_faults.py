@@ -124,3 +124,49 @@ async def test_reset_restarts_the_random_sequence(sim: SimulatorServer) -> None:
     first = await draw()
     await sim.reset()
     assert await draw() == first
+
+
+
+RATE_LIMITED_SENDS = [
+    (
+        "resend",
+        "/emails",
+        {"from": "a@example.com", "to": "b@example.com", "subject": "s", "text": "t"},
+    ),
+    ("fcm", "/v1/projects/p/messages:send", {"message": {"token": "t"}}),
+    (
+        "openai",
+        "/v1/chat/completions",
+        {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]},
+    ),
+]
+
+
+@pytest.mark.parametrize(("provider", "path", "body"), RATE_LIMITED_SENDS)
+async def test_rate_limit_with_another_status_still_says_when_to_retry(
+    http: aiohttp.ClientSession,
+    sim: SimulatorServer,
+    provider: str,
+    path: str,
+    body: dict[str, object],
+) -> None:
+    """`rate_limit` answers with Retry-After even when its rule picks a status other than 429."""
+    await sim.add_fault("rate_limit", provider, status=503)
+    headers = {"Authorization": "Bearer k_1"}
+    async with http.post(sim.base_url + path, json=body, headers=headers) as response:
+        assert response.status == 503
+        assert response.headers["Retry-After"] == "1"
+
+
+async def test_rate_limit_answers_the_retry_after_its_rule_names(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    """`retryAfter` is sent as given, 0 included; only fractions are rounded up."""
+    body = {"from": "a@example.com", "to": "b@example.com", "subject": "s", "text": "t"}
+    headers = {"Authorization": "Bearer k_1"}
+    for retry_after, expected in ((0, "0"), (2.4, "3"), (7, "7")):
+        await sim.clear_faults()
+        await sim.add_fault("rate_limit", "resend", retry_after_s=retry_after)
+        async with http.post(f"{sim.base_url}/emails", json=body, headers=headers) as response:
+            assert response.status == 429
+            assert response.headers["Retry-After"] == expected

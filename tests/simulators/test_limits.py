@@ -77,6 +77,8 @@ def test_never_more_than_burst_plus_refill(rate: float, burst: int, gaps: list[f
         assert granted <= burst + (clock.now_s - started) * rate + 1e-6
 
 
-@pytest.mark.parametrize(("seconds", "header"), [(0.01, "1"), (1.2, "2"), (float("inf"), "86400")])
+@pytest.mark.parametrize(
+    ("seconds", "header"), [(0.01, "1"), (1.2, "2"), (float("inf"), "86400"), (0.0, "0")]
+)
 def test_retry_after_rounds_up(seconds: float, header: str) -> None:
     assert retry_after_header(seconds) == header
