@@ -72,6 +72,10 @@ class DeliveryService(WorkerService):
         self.dedup = Dedup(self.redis, self.keys, "delivery", settings.idempotency_ttl_s)
         self._opened: list[Transport] = []
         self._project_settings: dict[str, tuple[float, dict[str, Any]]] = {}
+        # Every accepted send is recorded 'sent' as soon as it is accepted (a crash right
+        # after finds it). One recorder serves every batch in flight: sends accepted while a
+        # write is out, whichever batch they belong to, go together in the next one.
+        self._recorder: Coalescer[SentRow, None] = Coalescer(self._record_sent)
 
     def streams(self) -> list[str]:
         return self.keys.outbound_all()
@@ -119,11 +123,8 @@ class DeliveryService(WorkerService):
             for _e, t, tr in runnable for dest in t["to"]
         ])
         limits = await self._limits({t["projectId"] for _e, t, _tr in runnable})
-        # Every accepted send is recorded 'sent' as soon as it is accepted (a crash right
-        # after finds it); sends accepted while a write is out go together in the next one.
-        recorder: Coalescer[SentRow, None] = Coalescer(self._record_sent)
         attempted = await asyncio.gather(*(
-            self._send_task(task, transport, previous, limits, recorder)
+            self._send_task(task, transport, previous, limits)
             for _e, task, transport in runnable
         ))
 
@@ -188,7 +189,6 @@ class DeliveryService(WorkerService):
         transport: Transport,
         previous: dict[tuple[str, str, str], outbox.Previous],
         limits: dict[str, dict[str, Any]],
-        recorder: Coalescer[SentRow, None],
     ) -> list[Attempted]:
         buckets = self._buckets(task, transport, limits)
 
@@ -228,7 +228,7 @@ class DeliveryService(WorkerService):
             metrics.DELIVERIES.labels(task["channel"], transport.provider,
                                       result.outcome.value).inc()
             if result.sent:
-                await recorder.submit((task["taskId"], task["channel"], destination,
+                await self._recorder.submit((task["taskId"], task["channel"], destination,
                                        outbox.SENT, result.provider_message_id))
             return Attempted(destination, result, possible_duplicate)
 
