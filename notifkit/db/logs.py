@@ -41,6 +41,10 @@ class Kind(StrEnum):
     FAILED = "failed"
     FALLBACK = "fallback"
     DEAD_LETTERED = "dead_lettered"
+    # The ai service's, about writing the content: apart from delivery's kinds, since both
+    # number their attempts from 1 and rows are unique per (task, channel, attempt, kind).
+    GENERATION_DEFERRED = "generation_deferred"
+    GENERATION_FAILED = "generation_failed"
 
 
 @dataclass(slots=True)

@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 
 from notifkit import metrics
 from notifkit.db import ai_usage
+from notifkit.db.logs import Kind, LogRow, Status, insert_logs
 from notifkit.dedup import Dedup, ai_key
 from notifkit.errors import (
     AttemptsExhausted,
@@ -44,6 +45,7 @@ from notifkit.errors import (
 )
 from notifkit.messages import AiTask, ScheduledTask, outbound_from_ai, parse_outbound
 from notifkit.services.base import WorkerService
+from notifkit.services.timeline import task_row
 from notifkit.templates import RenderError, render_channel, render_string
 from notifkit.transports.openai import OpenAiClient
 from notifkit.worker import Entry
@@ -108,16 +110,18 @@ class AiService(WorkerService):
             return
         cached = await ai_usage.written(self.pool, [t["taskId"] for _e, t in fresh])
         templates = await self._template_contents(fresh)
+        logs: list[LogRow] = []
         # Model calls are slow and independent: the whole batch waits for them together.
         written = await asyncio.gather(
-            *(self._write(entry, task, cached, templates) for entry, task in fresh)
+            *(self._write(entry, task, cached, templates, logs) for entry, task in fresh)
         )
         usages = [usage for usage in written if usage is not None]
         await ai_usage.record(self.pool, usages, datetime.now(UTC))
+        await insert_logs(self.pool, logs)
 
     async def _write(
         self, entry: Entry, task: AiTask, cached: dict[str, dict[str, Any]],
-        templates: dict[tuple[str, str], dict[str, Any]],
+        templates: dict[tuple[str, str], dict[str, Any]], logs: list[LogRow],
     ) -> ai_usage.Usage | None:
         ids = {"task_id": task["taskId"], "event_id": task["eventId"]}
         channel = task["channel"]
@@ -141,13 +145,18 @@ class AiService(WorkerService):
                 model=model, messages=messages, task_id=task["taskId"]
             )
         except RateLimited as exc:
-            await self._park(entry, task, exc)
+            await self._park(entry, task, exc, logs)
             return None
         except RetryLater as exc:
             # A parked task's earlier attempts count: the limit is per task, not per entry.
             attempt = int(task.get("priorAttempts") or 0) + entry.attempt
-            entry.fail(AttemptsExhausted(f"gave up after {attempt} attempts: {exc}")
-                       if attempt >= self.settings.max_attempts else exc)
+            if attempt >= self.settings.max_attempts:
+                # The dead-letter row says why, from notification:failed.
+                entry.fail(AttemptsExhausted(f"gave up after {attempt} attempts: {exc}"))
+            else:
+                entry.fail(exc)
+                logs.append(task_row(task, attempt, Kind.GENERATION_FAILED, Status.PROCESSING,
+                                     f"{exc}; will retry", self.client.provider))
             return None
         except PermanentFailure as exc:
             entry.fail(exc)
@@ -170,7 +179,8 @@ class AiService(WorkerService):
             completion_tokens=completion.completion_tokens, content=content,
         )
 
-    async def _park(self, entry: Entry, task: AiTask, exc: RateLimited) -> None:
+    async def _park(self, entry: Entry, task: AiTask, exc: RateLimited,
+                    logs: list[LogRow]) -> None:
         """Hand the task to the scheduler until the provider's window reopens."""
         parks = int(task.get("parkCount") or 0) + 1
         # Each 429 is an attempt, and so is each failure before it: the task's attempts,
@@ -187,6 +197,9 @@ class AiService(WorkerService):
             "payload": payload, "reason": "rateLimited",
         }
         entry.emit(self.keys.scheduled, parked)
+        logs.append(task_row(task, attempt, Kind.GENERATION_DEFERRED, Status.SCHEDULED,
+                             f"{exc}; parked for {after_s:g} s", self.client.provider,
+                             metadata={"retryAfterSeconds": after_s, "parkCount": parks}))
         # The task comes back as a new entry: it must find the dedup key free.
         for mark in list(entry.marks):
             await self._release_mark(keys=[mark], args=[entry.owner])

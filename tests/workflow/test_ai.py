@@ -74,6 +74,13 @@ async def stream(redis: Redis, name: str) -> list[dict[str, Any]]:
     return [decode(fields) for _id, fields in await xrange(redis, name)]
 
 
+async def timeline(db: asyncpg.Pool, task_id: str) -> list[tuple[int, str, str]]:
+    """(attempt, kind, status) of a task's timeline rows, in the order they were written."""
+    rows = await db.fetch("SELECT attempt, kind, status FROM message_logs WHERE task_id = $1 "
+                          "ORDER BY id", task_id)
+    return [(r["attempt"], r["kind"], r["status"]) for r in rows]
+
+
 async def requests_made(sim: SimulatorServer) -> int:
     stats = await sim.stats()
     openai_stats: Mapping[str, Any] = stats.get("openai", {})
@@ -169,20 +176,25 @@ async def test_a_503_is_retried_up_to_the_attempt_limit(
 
 
 async def test_a_503_that_clears_before_the_limit_delivers(
-    ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys, project_id: str,
-    template: str,
+    ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys, db: asyncpg.Pool,
+    project_id: str, template: str,
 ) -> None:
     await sim.add_fault("error", "openai", status=503, times=2)
-    await xadd(redis, keys.ai_pending, ai_task(project_id), 10_000)
+    task = ai_task(project_id)
+    await xadd(redis, keys.ai_pending, task, 10_000)
     await ai.run_until_idle()
     assert await requests_made(sim) == 3
     assert len(await stream(redis, keys.outbound("normal"))) == 1
     assert await stream(redis, keys.dlq) == []
+    # The timeline shows both failed attempts, then the content written
+    assert await timeline(db, task["taskId"]) == [
+        (1, "generation_failed", "processing"), (2, "generation_failed", "processing"),
+        (0, "generated", "processing")]
 
 
 async def test_a_429_parks_the_task_with_the_scheduler_until_retry_after(
-    ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys, project_id: str,
-    template: str,
+    ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys, db: asyncpg.Pool,
+    project_id: str, template: str,
 ) -> None:
     await sim.add_fault("rate_limit", "openai", retry_after_s=7, times=1)
     task = ai_task(project_id)
@@ -196,6 +208,14 @@ async def test_a_429_parks_the_task_with_the_scheduler_until_retry_after(
     assert parked["dueAt"] >= before_ms + 7000
     assert (parked["payload"]["parkCount"], parked["payload"]["priorAttempts"]) == (1, 1)
     assert await stream(redis, keys.dlq) == []
+    # The timeline says it waits, for how long and why
+    [row] = await db.fetch(
+        "SELECT attempt, kind, status, detail, provider, metadata FROM message_logs "
+        "WHERE task_id = $1", task["taskId"])
+    assert (row["attempt"], row["kind"], row["status"], row["provider"]) == (
+        1, "generation_deferred", "scheduled", "openai")
+    assert "parked for 7 s" in row["detail"]
+    assert row["metadata"] == {"retryAfterSeconds": 7, "parkCount": 1}
     # When the scheduler hands it back, the dedup key is free and the text is written
     await xadd(redis, keys.ai_pending, parked["payload"], 10_000)
     await ai.run_until_idle()
@@ -218,13 +238,14 @@ async def test_a_replayed_ai_tasks_earlier_attempts_are_not_deliverys(
 
 
 async def test_parkings_count_towards_the_attempt_limit(
-    ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys, project_id: str,
-    template: str,
+    ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys, db: asyncpg.Pool,
+    project_id: str, template: str,
 ) -> None:
     """Three attempts per task, 429s included: a task rate limited every time is parked
     twice, then dead-lettered on its third 429, not parked again."""
     await sim.add_fault("rate_limit", "openai", retry_after_s=1)
-    await xadd(redis, keys.ai_pending, ai_task(project_id), 10_000)
+    task = ai_task(project_id)
+    await xadd(redis, keys.ai_pending, task, 10_000)
     for parking in (1, 2):
         await ai.run_until_idle()
         parked = (await stream(redis, keys.scheduled))[-1]
@@ -235,6 +256,9 @@ async def test_parkings_count_towards_the_attempt_limit(
     assert "still rate limited after 3 attempts" in dead["error"]
     assert len(await stream(redis, keys.scheduled)) == 2
     assert await requests_made(sim) == 3
+    # Each parking is in the timeline; the last attempt's row is the dead letter's
+    assert await timeline(db, task["taskId"]) == [
+        (1, "generation_deferred", "scheduled"), (2, "generation_deferred", "scheduled")]
 
 
 def test_content_for_fills_the_channels_body_and_a_missing_subject() -> None:

@@ -37,6 +37,7 @@ from notifkit.ratelimit import ALL_PROJECTS, Bucket, TokenBuckets
 from notifkit.services.base import WorkerService
 from notifkit.services.delivery.outcomes import Action, Attempted, Verdict, judge
 from notifkit.services.payloads import parse_each
+from notifkit.services.timeline import task_row
 from notifkit.transports.base import Message, Outcome, SendResult, Transport, TransportContext
 from notifkit.transports.registry import MISSING, build_transports
 from notifkit.worker import Entry, attempts_before, utc_now_iso
@@ -111,8 +112,8 @@ class DeliveryService(WorkerService):
             if transport is None:
                 why = (f"no {task['channel']} transport is configured; set "
                        f"{MISSING.get(task['channel'], 'one in code')}")
-                logs.append(_row(task, self._attempt(entry, task), Kind.DEAD_LETTERED,
-                                 Status.DEAD_LETTERED, why))
+                logs.append(task_row(task, self._attempt(entry, task), Kind.DEAD_LETTERED,
+                                     Status.DEAD_LETTERED, why))
                 entry.fail(PermanentFailure(why))
             else:
                 runnable.append((entry, task, transport))
@@ -296,8 +297,8 @@ class DeliveryService(WorkerService):
                             "%s has no idempotency key, so the recipient may get it twice.",
                             provider, extra=ids)
             message_id = sent[0].result.provider_message_id
-            row = _row(task, attempt, Kind.SENT, Status.SENT, detail, provider, message_id,
-                       metadata)
+            row = task_row(task, attempt, Kind.SENT, Status.SENT, detail, provider, message_id,
+                           metadata)
             if all(a.already_sent for a in sent):
                 # An earlier attempt sent it and may have recorded its row before its
                 # process died unacked: one 'sent' row per task, not one per attempt.
@@ -308,14 +309,14 @@ class DeliveryService(WorkerService):
                        _event("notification:sent", task, provider, message_id, attempt))
             return
         if action is Action.SUPPRESSED:
-            logs.append(_row(task, attempt, Kind.SUPPRESSED, Status.SUPPRESSED,
-                             verdict.reason, provider))
+            logs.append(task_row(task, attempt, Kind.SUPPRESSED, Status.SUPPRESSED,
+                                 verdict.reason, provider))
             log.info("Not sent: the address was suppressed after the task was queued.",
                      extra=ids)
             return
         if action is Action.SKIPPED:
-            logs.append(_row(task, attempt, Kind.SKIPPED, Status.SKIPPED, verdict.reason,
-                             provider))
+            logs.append(task_row(task, attempt, Kind.SKIPPED, Status.SKIPPED, verdict.reason,
+                                 provider))
             log.info("Not sent: %s.", verdict.reason, extra=ids)
             return
         invalid = any(a.result.outcome is Outcome.INVALID_RECIPIENT
@@ -324,9 +325,9 @@ class DeliveryService(WorkerService):
             log.warning("The provider rejected the %s address; the contact is disabled and "
                         "never used again.", task["channel"], extra=ids)
         if action is Action.INVALID:
-            logs.append(_row(task, attempt, Kind.FAILED, Status.FAILED,
-                             f"invalid recipient, contact disabled: {verdict.reason}", provider,
-                             metadata={"reason": "invalid_recipient"}))
+            logs.append(task_row(task, attempt, Kind.FAILED, Status.FAILED,
+                                 f"invalid recipient, contact disabled: {verdict.reason}", provider,
+                                 metadata={"reason": "invalid_recipient"}))
             entry.emit(self.keys.events_inbound,
                        _event("notification:invalid_token", task, provider, None, attempt,
                               verdict.reason))
@@ -339,9 +340,9 @@ class DeliveryService(WorkerService):
             metadata = {"fallback": next_channel}
             if invalid:
                 metadata["reason"] = "invalid_recipient"
-            logs.append(_row(task, attempt, Kind.FAILED, Status.FAILED,
-                             f"{verdict.reason}; trying {next_channel} next", provider,
-                             metadata=metadata))
+            logs.append(task_row(task, attempt, Kind.FAILED, Status.FAILED,
+                                 f"{verdict.reason}; trying {next_channel} next", provider,
+                                 metadata=metadata))
             entry.emit(self.keys.enriched(task["priority"]), {
                 **fallback["recipient"],
                 "fallbackChain": fallback["chain"],
@@ -373,20 +374,20 @@ class DeliveryService(WorkerService):
             entry.emit(self.keys.scheduled, scheduled)
             # The task comes back as a new entry with the same task id: let it through.
             await self.dedup.release(entry)
-            logs.append(_row(task, attempt, Kind.DEFERRED, Status.SCHEDULED,
-                             f"{verdict.reason}; parked for {wait_s:g} s", provider,
-                             metadata={"retryAfterSeconds": wait_s,
+            logs.append(task_row(task, attempt, Kind.DEFERRED, Status.SCHEDULED,
+                                 f"{verdict.reason}; parked for {wait_s:g} s", provider,
+                                 metadata={"retryAfterSeconds": wait_s,
                                        "parkCount": parked.get("parkCount", 0)}))
             log.info("Rate limited by %s; parked for %.1f s.", provider, wait_s, extra=ids)
             return
         if action is Action.RETRY:
-            logs.append(_row(task, attempt, Kind.FAILED, Status.PROCESSING,
-                             f"{verdict.reason}; will retry", provider))
+            logs.append(task_row(task, attempt, Kind.FAILED, Status.PROCESSING,
+                                 f"{verdict.reason}; will retry", provider))
             entry.fail(RetryLater(verdict.reason))
             return
         # PERMANENT or DEAD: the worker dead-letters the entry and emits notification:failed.
-        logs.append(_row(task, attempt, Kind.DEAD_LETTERED, Status.DEAD_LETTERED,
-                         verdict.reason, provider))
+        logs.append(task_row(task, attempt, Kind.DEAD_LETTERED, Status.DEAD_LETTERED,
+                             verdict.reason, provider))
         error = AttemptsExhausted if action is Action.DEAD else PermanentFailure
         entry.fail(error(verdict.reason))
 
@@ -407,23 +408,6 @@ def _message(task: OutboundTask, destination: str) -> Message:
         content=task["content"], template=task["template"], topic=task.get("topic"),
         campaign_id=task.get("campaignId"), unsubscribe_url=task.get("unsubscribeUrl"),
         created_at=task.get("createdAt", ""),
-    )
-
-
-def _row(
-    task: OutboundTask, attempt: int, kind: Kind, status: Status, detail: str,
-    provider: str | None = None, provider_message_id: str | None = None,
-    metadata: dict[str, Any] | None = None,
-) -> LogRow:
-    # A replayed task's attempts are numbered after those made before its replay: rows of
-    # the same number would be dropped as repeats of the first round's.
-    return LogRow(
-        project_id=task["projectId"], event_id=task["eventId"], task_id=task["taskId"],
-        user_id=task["userId"], channel=task["channel"],
-        attempt=attempts_before(task) + attempt, kind=kind,
-        status=status, detail=detail, provider=provider,
-        provider_message_id=provider_message_id, campaign_id=task.get("campaignId"),
-        metadata=metadata or {},
     )
 
 
