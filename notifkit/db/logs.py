@@ -35,6 +35,10 @@ class Kind(StrEnum):
     SUPPRESSED = "suppressed"
     THROTTLED = "throttled"
     DEFERRED = "deferred"
+    # Parked by notifkit's own per-provider bucket: not an attempt, so the provider 429 the
+    # same attempt may meet next needs a row of another kind (rows are unique per
+    # task, channel, attempt and kind).
+    RATE_LIMITED = "rate_limited"
     SCHEDULED = "scheduled"
     QUEUED = "queued"
     SENT = "sent"

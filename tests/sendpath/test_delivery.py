@@ -728,3 +728,39 @@ async def test_a_projects_rate_limit_holds_sends_back_without_using_attempts(
     assert 5_000 <= parked["dueAt"] - created_ms <= 10_500
     bucket = keys.provider_bucket("twilio", project)
     assert await redis.exists(bucket)
+
+
+async def test_a_task_held_by_notifkits_own_bucket_then_refused_429_shows_both(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    # Given a project allowed one SMS every ten seconds, and two recipients
+    project = await add_project(db, {"rateLimits": {"sms": 0.1}})
+    for i in range(2):
+        await add_user(db, project, f"u{i}", contacts=[("sms", f"+1555000000{i}")])
+    await add_template(db, project, "t", {"sms": SMS})
+    clock = Clock()
+    pipeline = (*await stages(services, sim_settings),
+                await services(SchedulerService, sim_settings, clock=clock))
+    event_id = await send(redis, keys, db, project, "t", ["u0", "u1"], data={"amount": "1"})
+    await drain(*pipeline)
+    [held] = await entries(redis, keys.scheduled)
+
+    # When the held task comes back (its bucket refilled) and Twilio answers 429 once; the
+    # 429's second of Retry-After is past on the scheduler's clock at once, and the bucket,
+    # emptied by the refused request, holds the task again
+    await redis.delete(keys.provider_bucket("twilio", project))
+    await sim.add_fault("rate_limit", "twilio", times=1, retry_after_s=1)
+    clock.now_ms = held["dueAt"] + 1
+    await drain(*pipeline)
+    await redis.delete(keys.provider_bucket("twilio", project))
+    clock.now_ms += 11_000
+    await drain(*pipeline)
+
+    # Then its timeline shows every hold and the 429 (at the same attempt as the first hold,
+    # which used none) before the send
+    assert len(await sim.messages("twilio")) == 2
+    rows = [r for r in await timeline(db, event_id) if r["task_id"] == held["taskId"]]
+    assert kinds(rows, "sms") == [
+        ("queued", "processing", 0), ("rate_limited", "scheduled", 1),
+        ("deferred", "scheduled", 1), ("rate_limited", "scheduled", 2), ("sent", "sent", 2)]

@@ -374,7 +374,8 @@ class DeliveryService(WorkerService):
             entry.emit(self.keys.scheduled, scheduled)
             # The task comes back as a new entry with the same task id: let it through.
             await self.dedup.release(entry)
-            logs.append(task_row(task, attempt, Kind.DEFERRED, Status.SCHEDULED,
+            kind = Kind.DEFERRED if verdict.counts_as_attempt else Kind.RATE_LIMITED
+            logs.append(task_row(task, attempt, kind, Status.SCHEDULED,
                                  f"{verdict.reason}; parked for {wait_s:g} s", provider,
                                  metadata={"retryAfterSeconds": wait_s,
                                        "parkCount": parked.get("parkCount", 0)}))
