@@ -705,15 +705,22 @@ async def test_a_channel_without_a_transport_is_dead_lettered_naming_the_setting
     assert "TWILIO_ACCOUNT_SID" in dead["error"]
 
 
+async def one_sms_every_ten_seconds(db: asyncpg.Pool) -> str:
+    """A project whose rate limit allows one SMS every ten seconds, template 't' and two users
+    (u0, u1) with a number each."""
+    project = await add_project(db, {"rateLimits": {"sms": 0.1}})
+    for i in range(2):
+        await add_user(db, project, f"u{i}", contacts=[("sms", f"+1555000000{i}")])
+    await add_template(db, project, "t", {"sms": SMS})
+    return project
+
+
 async def test_a_projects_rate_limit_holds_sends_back_without_using_attempts(
     db: asyncpg.Pool, redis: Redis, keys: Keys, services: ServiceFactory,
     sim: SimulatorServer, sim_settings: Settings,
 ) -> None:
     # Given a project allowed one SMS every ten seconds, and two recipients
-    project = await add_project(db, {"rateLimits": {"sms": 0.1}})
-    for i in range(2):
-        await add_user(db, project, f"u{i}", contacts=[("sms", f"+1555000000{i}")])
-    await add_template(db, project, "t", {"sms": SMS})
+    project = await one_sms_every_ten_seconds(db)
 
     await send(redis, keys, db, project, "t", ["u0", "u1"], data={"amount": "1"})
     await drain(*await stages(services, sim_settings))
@@ -735,10 +742,7 @@ async def test_a_task_held_by_notifkits_own_bucket_then_refused_429_shows_both(
     sim: SimulatorServer, sim_settings: Settings,
 ) -> None:
     # Given a project allowed one SMS every ten seconds, and two recipients
-    project = await add_project(db, {"rateLimits": {"sms": 0.1}})
-    for i in range(2):
-        await add_user(db, project, f"u{i}", contacts=[("sms", f"+1555000000{i}")])
-    await add_template(db, project, "t", {"sms": SMS})
+    project = await one_sms_every_ten_seconds(db)
     clock = Clock()
     pipeline = (*await stages(services, sim_settings),
                 await services(SchedulerService, sim_settings, clock=clock))
