@@ -3,6 +3,7 @@ delivery -> provider, with the failure classes of CONTRACT §5."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -23,6 +24,7 @@ from notifkit.services.enricher import EnricherService
 from notifkit.services.events import EventsService
 from notifkit.services.scheduler import SchedulerService
 from notifkit.transports.webhook import SIGNATURE_HEADER, verify
+from notifkit.worker import batch_stream
 from simulators import SimulatorServer
 from tests.support.streams import xrange
 
@@ -768,3 +770,34 @@ async def test_a_task_held_by_notifkits_own_bucket_then_refused_429_shows_both(
     assert kinds(rows, "sms") == [
         ("queued", "processing", 0), ("rate_limited", "scheduled", 1),
         ("deferred", "scheduled", 1), ("rate_limited", "scheduled", 2), ("sent", "sent", 2)]
+
+
+async def test_a_critical_sends_outbox_write_never_waits_behind_a_lower_streams(
+    keys: Keys, services: ServiceFactory, sim_settings: Settings,
+) -> None:
+    delivery = await services(DeliveryService, sim_settings)
+    # Given a low send's 'sent' write that is slow to come back
+    writes: list[tuple[str | None, list[str]]] = []
+    release = asyncio.Event()
+
+    async def record(rows: list[Any]) -> list[None]:
+        writes.append((batch_stream.get(), [row[0] for row in rows]))
+        await release.wait()
+        return [None] * len(rows)
+
+    delivery._record_sent = record  # type: ignore[method-assign]
+
+    async def accepted(stream: str, task_id: str) -> None:
+        batch_stream.set(stream)  # as the worker sets it for the batch's task
+        await delivery._recorder().submit((task_id, "email", "a@example.com", "sent", None))
+
+    low = asyncio.create_task(accepted(keys.outbound("low"), "low-task"))
+    await asyncio.sleep(0.01)
+    # When a critical send is accepted meanwhile
+    critical = asyncio.create_task(accepted(keys.outbound("critical"), "critical-task"))
+    await asyncio.sleep(0.01)
+    # Then its write is out at once, in its own stream's context (its own connections)
+    assert writes == [(keys.outbound("low"), ["low-task"]),
+                      (keys.outbound("critical"), ["critical-task"])]
+    release.set()
+    await asyncio.gather(low, critical)

@@ -40,7 +40,7 @@ from notifkit.services.payloads import parse_each
 from notifkit.services.timeline import task_row
 from notifkit.transports.base import Message, Outcome, SendResult, Transport, TransportContext
 from notifkit.transports.registry import MISSING, build_transports
-from notifkit.worker import Entry, attempts_before, utc_now_iso
+from notifkit.worker import Entry, attempts_before, batch_stream, utc_now_iso
 
 log = logging.getLogger("notifkit.delivery")
 
@@ -74,9 +74,11 @@ class DeliveryService(WorkerService):
         self._opened: list[Transport] = []
         self._project_settings: dict[str, tuple[float, dict[str, Any]]] = {}
         # Every accepted send is recorded 'sent' as soon as it is accepted (a crash right
-        # after finds it). One recorder serves every batch in flight: sends accepted while a
-        # write is out, whichever batch they belong to, go together in the next one.
-        self._recorder: Coalescer[SentRow, None] = Coalescer(self._record_sent)
+        # after finds it). One recorder per stream serves every batch of that stream in
+        # flight: sends accepted while a write is out go together in the next one. Per
+        # stream, so a critical send's write never queues behind a low one, and runs (in the
+        # context of the batch that started it) on the critical stream's own connections.
+        self._recorders: dict[str | None, Coalescer[SentRow, None]] = {}
 
     def streams(self) -> list[str]:
         return self.keys.outbound_all()
@@ -161,6 +163,13 @@ class DeliveryService(WorkerService):
                              insert_logs(self.pool, logs),
                              insert_first_of_kind(self.pool, first_of_kind))
 
+    def _recorder(self) -> Coalescer[SentRow, None]:
+        stream = batch_stream.get()
+        recorder = self._recorders.get(stream)
+        if recorder is None:
+            recorder = self._recorders[stream] = Coalescer(self._record_sent)
+        return recorder
+
     async def _record_sent(self, rows: list[SentRow]) -> list[None]:
         await outbox.settle(self.pool, rows)
         return [None] * len(rows)
@@ -229,8 +238,8 @@ class DeliveryService(WorkerService):
             metrics.DELIVERIES.labels(task["channel"], transport.provider,
                                       result.outcome.value).inc()
             if result.sent:
-                await self._recorder.submit((task["taskId"], task["channel"], destination,
-                                       outbox.SENT, result.provider_message_id))
+                await self._recorder().submit((task["taskId"], task["channel"], destination,
+                                               outbox.SENT, result.provider_message_id))
             return Attempted(destination, result, possible_duplicate)
 
         return list(await asyncio.gather(*(one(d) for d in task["to"])))
