@@ -67,7 +67,8 @@ class OutcomeEvent(TypedDict, total=False):
     attempt: int
     campaignId: str | None
     error: str
-    # notification:failed from the worker's dead-lettering (worker.failed_event)
+    # notification:failed from the worker's dead-lettering (worker.failed_event), which
+    # also carries `attempt`: the last attempt's number after any earlier DLQ rounds
     stream: str
     entryId: str
     attempts: int

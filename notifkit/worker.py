@@ -743,6 +743,9 @@ def failed_event(entry: Entry, record: Mapping[str, Any]) -> dict[str, Any]:
         "entryId": entry.id,
         "error": record["error"],
         "attempts": record["attempts"],
+        # The timeline's number for the last attempt: after those of the rounds before a DLQ
+        # replay, as delivery numbers its own rows, so a replay that fails again shows.
+        "attempt": attempts_before(p) + record["attempts"],
         "at": record["failedAt"],
     }
 

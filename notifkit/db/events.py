@@ -28,23 +28,28 @@ class TimelineRow:
     provider_message_id: str | None = None
     campaign_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    # Not a column. A dead_lettered row's: the attempts made before the DLQ replay that
+    # started its round. Rows numbered above it belong to the same round.
+    earlier_attempts: int = 0
 
 
 # A dead-lettering reported by the worker and by delivery itself may count attempts
-# differently; one dead_lettered row per task and channel is enough.
+# differently; one dead_lettered row per task, channel and round (each DLQ replay starts a
+# new one, whose rows are numbered after the earlier rounds') is enough.
 _INSERT_TIMELINE = """
 INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, attempt, kind,
                           status, detail, provider, provider_message_id, campaign_id, metadata)
 SELECT u.project_id, u.event_id, u.task_id, u.user_id, u.channel, u.attempt, u.kind, u.status,
        u.detail, u.provider, u.provider_message_id, u.campaign_id, u.metadata
 FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[],
-            $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::jsonb[])
+            $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::jsonb[],
+            $14::int[])
      AS u(project_id, event_id, task_id, user_id, channel, attempt, kind, status, detail,
-          provider, provider_message_id, campaign_id, metadata)
+          provider, provider_message_id, campaign_id, metadata, earlier_attempts)
 WHERE u.kind <> 'dead_lettered' OR NOT EXISTS (
     SELECT 1 FROM message_logs m
     WHERE m.project_id = u.project_id AND m.task_id = u.task_id AND m.channel = u.channel
-      AND m.kind = 'dead_lettered')
+      AND m.kind = 'dead_lettered' AND m.attempt > u.earlier_attempts)
 ON CONFLICT (task_id, channel, attempt, kind) DO NOTHING
 """
 
@@ -61,6 +66,7 @@ async def insert_timeline(
         [r.kind for r in rows], [r.status for r in rows], [r.detail for r in rows],
         [r.provider for r in rows], [r.provider_message_id for r in rows],
         [r.campaign_id for r in rows], [r.metadata for r in rows],
+        [r.earlier_attempts for r in rows],
     )
 
 

@@ -161,6 +161,7 @@ def outcome_row(event: Mapping[str, Any]) -> TimelineRow | None:
     provider = _text(event.get("provider"))
     error = _text(event.get("error"))
     metadata: dict[str, Any] = {"at": event.get("at")}
+    earlier_attempts = 0
     if kind == "notification:sent":
         row_kind, status = "sent", "sent"
         attempt = _count(event.get("attempt"))
@@ -172,8 +173,10 @@ def outcome_row(event: Mapping[str, Any]) -> TimelineRow | None:
         metadata["reason"] = "invalid_recipient"
     elif "attempts" in event and "stream" in event:  # the worker's dead-lettering
         row_kind, status = "dead_lettered", "dead_lettered"
-        attempt = _count(event.get("attempts"))
-        detail = f"dead-lettered after {attempt} attempts: {error or 'unknown error'}"
+        attempts = _count(event.get("attempts"))
+        attempt = max(_count(event.get("attempt")), attempts)
+        earlier_attempts = attempt - attempts
+        detail = f"dead-lettered after {attempts} attempts: {error or 'unknown error'}"
         metadata.update(stream=event.get("stream"), entryId=event.get("entryId"))
     else:
         row_kind, status = "failed", "failed"
@@ -185,6 +188,7 @@ def outcome_row(event: Mapping[str, Any]) -> TimelineRow | None:
         status=status, detail=detail, provider=provider,
         provider_message_id=_text(event.get("providerMessageId")),
         campaign_id=_text(event.get("campaignId")), metadata=metadata,
+        earlier_attempts=earlier_attempts,
     )
 
 

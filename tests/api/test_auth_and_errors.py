@@ -127,6 +127,35 @@ async def test_the_admin_key_must_name_an_existing_project(api: Api, project: Pr
     assert (clash.status, clash.fields) == (400, ["projectId"])
 
 
+async def test_a_project_key_naming_another_project_is_refused(
+    api: Api, project: Project,
+) -> None:
+    # Given a key of one project, and a user of that project
+    other = await api.project()
+    assert (await api.call("PUT", "/v1/users/u-1", key=project.full, json={})).status == 201
+    # Its own project named by header or query is fine
+    own = await api.call("GET", "/v1/users/u-1", key=project.full, project=project.id.upper())
+    assert own.status == 200
+    own_query = await api.call("GET", "/v1/users/u-1", key=project.full,
+                               params={"projectId": project.id})
+    assert own_query.status == 200
+    # Another project (or one that does not exist) named with it is a 400 naming the field,
+    # not a call quietly made for the key's own project
+    for named in (other.id, "00000000-0000-4000-8000-000000000000"):
+        by_header = await api.call("PUT", "/v1/users/u-2", key=project.full, project=named,
+                                   json={})
+        assert (by_header.status, by_header.fields) == (400, ["x-project-id"])
+        by_query = await api.call("GET", "/v1/dlq", key=project.full,
+                                  params={"projectId": named})
+        assert (by_query.status, by_query.fields) == (400, ["projectId"])
+    sent = await api.call("POST", "/v1/notifications", key=project.send, project=other.id,
+                          json={"to": "u-1", "template": "none"})
+    assert (sent.status, sent.fields) == (400, ["x-project-id"])
+    # And nothing was written anywhere
+    assert (await api.call("GET", "/v1/users/u-2", key=project.full)).status == 404
+    assert (await api.call("GET", "/v1/users/u-2", key=other.full)).status == 404
+
+
 async def test_unknown_projects_and_keys_are_404s_that_name_no_project(api: Api) -> None:
     """Projects and keys belong to no project: their 404s, for a well-formed id or not, say
     what is missing without claiming to have looked "in this project"."""

@@ -142,6 +142,53 @@ async def test_a_dead_lettering_already_on_the_timeline_is_not_repeated(
     assert await timeline(db, "task-d") == [("dead_lettered", "dead_lettered", 4, "email")]
 
 
+async def test_a_replay_that_is_dead_lettered_again_shows_on_the_timeline(
+    make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
+) -> None:
+    """A DLQ replay starts a new round whose attempts are numbered after the earlier ones:
+    its dead-lettering is a row of its own, while a repeat of either round's adds nothing."""
+    event_id = uuid7()
+
+    def dead(attempts: int, attempt: int) -> dict[str, Any]:
+        return {"type": "notification:failed", "projectId": project_id, "eventId": event_id,
+                "taskId": None, "userId": None, "channel": None,
+                "stream": keys.enriched("normal"), "entryId": f"{attempt}-0",
+                "error": "AttributeError: boom", "attempts": attempts, "attempt": attempt,
+                "at": AT}
+
+    # Given an engine entry dead-lettered, replayed and dead-lettered again (each event twice)
+    await put(redis, keys, dead(3, 3), dead(3, 3))
+    await make_events().run_until_idle()
+    await put(redis, keys, dead(3, 6), dead(3, 6))
+    await make_events().run_until_idle()
+    # Then the timeline shows both dead-letterings, once each
+    assert await timeline(db, event_id) == [("dead_lettered", "dead_lettered", 3, ""),
+                                            ("dead_lettered", "dead_lettered", 6, "")]
+
+
+async def test_a_replayed_tasks_dead_lettering_delivery_recorded_is_not_repeated(
+    make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
+) -> None:
+    # Given a task dead-lettered once (attempt 1), replayed, and dead-lettered again by
+    # delivery itself, which counted its parked attempts too (attempt 5 where the worker says 4)
+    event_id = uuid7()
+    for attempt in (1, 5):
+        await db.execute(
+            "INSERT INTO message_logs (project_id, event_id, task_id, channel, attempt, kind, "
+            "status) VALUES ($1, $2, 'task-r', 'email', $3, 'dead_lettered', 'dead_lettered')",
+            project_id, event_id, attempt,
+        )
+    await put(redis, keys, {
+        "type": "notification:failed", "projectId": project_id, "eventId": event_id,
+        "taskId": "task-r", "channel": "email", "stream": keys.outbound("normal"),
+        "entryId": "1-0", "error": "AttemptsExhausted: 503", "attempts": 3, "attempt": 4,
+        "at": AT})
+    await make_events().run_until_idle()
+    # Then the worker's event adds no second row for that round
+    assert await timeline(db, "task-r") == [("dead_lettered", "dead_lettered", 1, "email"),
+                                            ("dead_lettered", "dead_lettered", 5, "email")]
+
+
 async def test_receipts_land_on_the_sent_attempt_once(
     make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
 ) -> None:

@@ -106,6 +106,23 @@ async def test_a_permanent_failure_is_dead_lettered_after_one_attempt(
     assert await redis.hexists(keys.attempts(worker.group, entry_id), stream) == 0
 
 
+async def test_the_failed_event_numbers_a_replays_last_attempt_after_the_earlier_ones(
+    make_worker: WorkerFactory, keys: Keys, add: Add, payloads: Payloads,
+) -> None:
+    # Given an entry replayed from the DLQ after 3 attempts, failing for good again
+    processor = AlwaysFails(PermanentFailure("still broken"))
+    worker = make_worker(processor)
+    await add(keys.enriched("normal"), {"eventId": "ev-r", "_replayedAttempts": 3})
+
+    await worker.run_until_idle()
+
+    # Then the record counts this round's attempt, and the event numbers it for the timeline
+    [dead] = await payloads(keys.dlq)
+    assert dead["attempts"] == 1
+    [failed] = await payloads(keys.events_inbound)
+    assert (failed["attempts"], failed["attempt"]) == (1, 4)
+
+
 async def test_the_dlq_counts_the_attempts_an_entry_carries_from_its_parked_predecessors(
     make_worker: WorkerFactory, keys: Keys, add: Add, payloads: Payloads,
 ) -> None:

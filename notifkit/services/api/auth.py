@@ -122,8 +122,9 @@ def is_admin_key(key: str, admin_key: str | None) -> bool:
 
 def named_project(header: str | None, query: str | None) -> str | None:
     """The project a request names (``x-project-id`` first, then ``projectId``), normalised;
-    None if it names none. Only the admin key acts on it, but a value that is not a project
-    id, or a header and a query parameter naming two projects, is a 400 whoever sends it."""
+    None if it names none. Only the admin key acts on it (a project key may name only its own
+    project), but a value that is not a project id, or a header and a query parameter naming
+    two projects, is a 400 whoever sends it."""
     named: list[str] = []
     for field, raw in (("x-project-id", header), ("projectId", query)):
         if raw is None:

@@ -115,6 +115,11 @@ async def authenticate(request: web.Request, op: Operation) -> Principal:
             f"A '{record.role}' key may not call this route; it needs a "
             f"{' or '.join(sorted(op.roles))} key."
         )
+    if named is not None and named != record.project_id:
+        # Acting for the key's own project instead would write or read where the caller
+        # did not mean to; whether the named project exists is not this key's to learn.
+        field = PROJECT_HEADER if request.headers.get(PROJECT_HEADER) else PROJECT_QUERY
+        raise invalid([detail(field, "names another project than the API key's")])
     wait_s = await app[ADMISSION].rate_wait_s(record.project_id)
     if wait_s > 0:
         retry_after_s = max(1, math.ceil(wait_s))
