@@ -139,18 +139,18 @@ async def test_a_project_key_naming_another_project_is_refused(
     own_query = await api.call("GET", "/v1/users/u-1", key=project.full,
                                params={"projectId": project.id})
     assert own_query.status == 200
-    # Another project (or one that does not exist) named with it is a 400 naming the field,
+    # Another project (or one that does not exist) named with it is a 403 naming the field,
     # not a call quietly made for the key's own project
     for named in (other.id, "00000000-0000-4000-8000-000000000000"):
         by_header = await api.call("PUT", "/v1/users/u-2", key=project.full, project=named,
                                    json={})
-        assert (by_header.status, by_header.fields) == (400, ["x-project-id"])
+        assert (by_header.status, by_header.fields) == (403, ["x-project-id"])
         by_query = await api.call("GET", "/v1/dlq", key=project.full,
                                   params={"projectId": named})
-        assert (by_query.status, by_query.fields) == (400, ["projectId"])
+        assert (by_query.status, by_query.fields) == (403, ["projectId"])
     sent = await api.call("POST", "/v1/notifications", key=project.send, project=other.id,
                           json={"to": "u-1", "template": "none"})
-    assert (sent.status, sent.fields) == (400, ["x-project-id"])
+    assert (sent.status, sent.fields) == (403, ["x-project-id"])
     # And nothing was written anywhere
     assert (await api.call("GET", "/v1/users/u-2", key=project.full)).status == 404
     assert (await api.call("GET", "/v1/users/u-2", key=other.full)).status == 404

@@ -118,8 +118,11 @@ async def authenticate(request: web.Request, op: Operation) -> Principal:
     if named is not None and named != record.project_id:
         # Acting for the key's own project instead would write or read where the caller
         # did not mean to; whether the named project exists is not this key's to learn.
+        # A key not allowed to act there: 403, as API.md has it for a call the key may not
+        # make, for any project but its own, existing or not.
         field = PROJECT_HEADER if request.headers.get(PROJECT_HEADER) else PROJECT_QUERY
-        raise invalid([detail(field, "names another project than the API key's")])
+        raise ApiError(403, "forbidden", "This API key belongs to another project.",
+                       [detail(field, "names another project than the API key's")])
     wait_s = await app[ADMISSION].rate_wait_s(record.project_id)
     if wait_s > 0:
         retry_after_s = max(1, math.ceil(wait_s))
