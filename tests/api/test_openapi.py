@@ -75,6 +75,19 @@ def test_every_route_is_documented_and_every_documented_route_exists() -> None:
     assert len(ids) == len(set(ids))
 
 
+def test_every_route_that_takes_a_project_header_documents_the_query_parameter_too() -> None:
+    """The server reads the project from ``x-project-id`` or ``projectId`` on every such
+    route (DLQ replay and the stream listing included), so the document says so."""
+    from notifkit.services.api.openapi import document
+
+    doc = document(operations())
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            names = {p["name"] for p in op.get("parameters", [])}
+            if "x-project-id" in names:
+                assert "projectId" in names, f"{method.upper()} {path}"
+
+
 class LiveApi:
     """The app on 127.0.0.1:<free port>, served from a thread with its own event loop."""
 

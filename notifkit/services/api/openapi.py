@@ -73,7 +73,7 @@ def _operation(op: Operation) -> dict[str, Any]:
     if op.access in ("project", "ops"):
         headers.append(Param("x-project-id", "header", UUID,
                              "Admin key only: the project to act for."))
-        if op.access == "project" and not any(p.name == "projectId" for p in query):
+        if not any(p.name == "projectId" for p in query):
             query.append(Param("projectId", "query", UUID,
                                "Admin key only: the project to act for (or x-project-id)."))
     for p in [*query, *headers]:
