@@ -50,10 +50,13 @@ log = logging.getLogger("notifkit.api")
 
 ops = Operations("notifications")
 
-TERMINAL = frozenset({"delivered", "sent", "failed", "dead_lettered", "skipped", "suppressed"})
-IN_PROGRESS = ("accepted", "processing", "scheduled", "throttled")
+# A throttled send is dropped, not retried later: like a skip, it is an outcome.
+TERMINAL = frozenset({"delivered", "sent", "failed", "dead_lettered", "skipped", "suppressed",
+                      "throttled"})
+IN_PROGRESS = ("accepted", "processing", "scheduled")
 # The notification's status when every recipient is done: the best outcome any reached.
-OUTCOME_ORDER = ("delivered", "sent", "failed", "dead_lettered", "suppressed", "skipped")
+OUTCOME_ORDER = ("delivered", "sent", "failed", "dead_lettered", "throttled", "suppressed",
+                 "skipped")
 
 IDEMPOTENCY_PARAM = Param(
     "x-idempotency-key", "header", {"type": "string", "minLength": 1, "maxLength": 255},
