@@ -206,7 +206,9 @@ class EngineService(WorkerService):
 
         fallback_from = m.get("fallbackFrom")
         if fallback_from:
-            detail += f" (fallback after {fallback_from['channel']} failed)"
+            went = {"skipped": "was skipped", "suppressed": "was suppressed"}.get(
+                str(fallback_from.get("outcome")), "failed")
+            detail += f" (fallback after {fallback_from['channel']} {went})"
         if s.due_ms is None:
             s.entry.emit(stream, payload)
             logs.append(_row(m, channel, s.task_id, Kind.QUEUED, Status.PROCESSING, detail))
