@@ -54,8 +54,10 @@ ops = Operations("notifications")
 TERMINAL = frozenset({"delivered", "sent", "failed", "dead_lettered", "skipped", "suppressed",
                       "throttled"})
 IN_PROGRESS = ("accepted", "processing", "scheduled")
-# The notification's status when every recipient is done: the best outcome any reached.
-OUTCOME_ORDER = ("delivered", "sent", "failed", "dead_lettered", "throttled", "suppressed",
+# The notification's status when every recipient is done: the best outcome any reached. A
+# dead-lettered task can still be replayed, so it ranks above a failure; this also keeps a
+# fallback chain that ended in the DLQ from reading 'failed' after its earlier channels.
+OUTCOME_ORDER = ("delivered", "sent", "dead_lettered", "failed", "throttled", "suppressed",
                  "skipped")
 
 IDEMPOTENCY_PARAM = Param(
