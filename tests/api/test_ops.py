@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from notifkit.config import Settings
+from notifkit.ids import untasked_row_id
 from notifkit.keys import Keys
 from notifkit.services.api.errors import store_unavailable
 from notifkit.services.api.validation import encode_cursor
@@ -244,6 +245,34 @@ async def test_a_replay_shows_on_the_timeline_and_reopens_the_task(
     await redis.xdel(keys.dlq, again)
     assert (await api.call("POST", f"/v1/dlq/{again}/replay", key=a.full)).status == 404
     assert await db.fetchval("SELECT count(*) FROM message_logs WHERE kind = 'replayed'") == 1
+
+
+async def test_a_replayed_engine_entry_reopens_its_recipient(
+    api: Api, redis: Redis, db: asyncpg.Pool
+) -> None:
+    keys = Keys(api.settings.namespace)
+    a = await api.project("a")
+    await api.call("PUT", "/v1/templates/t", key=a.full,
+                   json={"channels": {"email": {"subject": "s", "text": "t"}}})
+    event = (await api.call("POST", "/v1/notifications", key=a.send,
+                            json={"to": "u1", "template": "t"})).body["id"]
+    # Given the recipient's engine entry (no task yet) was dead-lettered
+    row_id = untasked_row_id(event, "u1")
+    await db.execute(
+        "INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, attempt, "
+        "kind, status) VALUES ($1, $2, $3, 'u1', '', 3, 'dead_lettered', 'dead_lettered')",
+        a.id, event, row_id)
+    record = dlq_record(keys, a.id, "1-0", 0)
+    record["payload"] = {"projectId": a.id, "eventId": event, "user": {"id": "u1"}}
+    entry_id = await xadd(redis, keys.dlq, record, 1000)
+    # When it is replayed, the replay lands on that recipient's timeline
+    assert (await api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full)).status == 202
+    body = (await api.call("GET", f"/v1/notifications/{event}", key=a.full)).body
+    [recipient] = body["recipients"]
+    assert (recipient["userId"], recipient["channel"], recipient["taskId"]) == ("u1", None,
+                                                                                 row_id)
+    assert [e["kind"] for e in recipient["timeline"]] == ["dead_lettered", "replayed"]
+    assert body["status"] == "processing"
 
 
 async def test_dlq_is_scoped_replayable_and_deletable(api: Api, redis: Redis) -> None:

@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from notifkit import codec
 from notifkit.db.logs import Kind, LogRow, Status, insert_one
 from notifkit.errors import MalformedPayload
+from notifkit.ids import untasked_row_id
 from notifkit.services.api.auth import Principal
 from notifkit.services.api.errors import ApiError, invalid_field, json_response
 from notifkit.services.api.middleware import principal
@@ -36,7 +37,7 @@ from notifkit.services.api.validation import (
     parse_uuid,
 )
 from notifkit.streams import as_str, decode
-from notifkit.worker import REPLAYED_ATTEMPTS, attempts_before
+from notifkit.worker import REPLAYED_ATTEMPTS, attempts_before, payload_user
 
 ops = Operations("dlq")
 
@@ -136,21 +137,20 @@ async def replay_dlq(request: web.Request) -> web.Response:
 
 
 def _replay_row(record: dict[str, Any], attempt: int, entry_id: str) -> LogRow | None:
-    """The notification's timeline row saying the work is back in progress: on the task's
-    own timeline when the work had a task, else about the whole notification (as its
-    dead_lettered row was); none for work of no notification."""
+    """The notification's timeline row saying the work is back in progress, where its
+    dead_lettered row is: on the task's timeline, else the recipient's, else the whole
+    notification's; none for work of no notification."""
     payload = record["payload"]
     event_id = _uuid_field(payload, "eventId")
     project = _uuid_field(record, "projectId")
     if event_id is None or project is None:
         return None
+    user, campaign = payload_user(payload), payload.get("campaignId")
     task, channel = payload.get("taskId"), payload.get("channel")
     if not (isinstance(task, str) and task and isinstance(channel, str)):
-        task, channel = event_id, ""
-    user, campaign = payload.get("userId"), payload.get("campaignId")
+        task, channel = untasked_row_id(event_id, user), ""
     return LogRow(
-        project_id=project, event_id=event_id, task_id=task,
-        user_id=user if isinstance(user, str) else None, channel=channel,
+        project_id=project, event_id=event_id, task_id=task, user_id=user, channel=channel,
         kind=Kind.REPLAYED, status=Status.PROCESSING, attempt=attempt,
         detail="replayed from the dead-letter queue",
         campaign_id=campaign if isinstance(campaign, str) else None,
