@@ -372,7 +372,6 @@ class DeliveryService(WorkerService):
         error = AttemptsExhausted if action is Action.DEAD else PermanentFailure
         entry.fail(error(verdict.reason))
 
-
     def _fall_back(self, entry: Entry, task: OutboundTask, provider: str, verdict: Verdict,
                    attempt: int, invalid: bool, logs: list[LogRow]) -> None:
         """Hand the recipient to the chain's next channel. A channel that was never tried

@@ -191,16 +191,15 @@ class EngineService(WorkerService):
             task["fallback"] = _fallback(m, s.decision.chain)
 
         ai = s.template.ai or {}
+        notes = ""  # what the row says besides where the task went, wherever it went
         if channel in (ai.get("channels") or []):
             ai_task: AiTask = {**task, "ai": {"model": ai.get("model", ""),  # type: ignore[typeddict-item]
                                               "prompt": ai.get("prompt", "")},
                                "context": context}
             stream, payload, detail = self.keys.ai_pending, dict(ai_task), "waiting for AI content"
-            notes = ""
         else:
             task["content"], template_error = render(s.template, channel, context)
             stream, payload, detail = self.keys.outbound(m["priority"]), task, "queued"
-            notes = ""
             if template_error is not None:
                 # Rendered now, also for a send that waits: its row must say so as well.
                 notes += f"; the template failed ({template_error}), generic content sent"
