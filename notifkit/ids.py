@@ -25,6 +25,12 @@ def derived_uuid7(anchor: str, *parts: str) -> str:
     return _layout(ms, int.from_bytes(digest[:10], "big"))
 
 
+def untasked_row_id(event_id: str, user_id: str | None) -> str:
+    """The timeline's task id for work that has no task: a recipient's before its channels
+    were chosen (the engine's entry), else the whole notification's (the event id)."""
+    return derived_uuid7(event_id, user_id, "") if user_id else event_id
+
+
 def _layout(ms: int, rand: int) -> str:
     """RFC 9562 UUIDv7 bits: 48-bit ms time, version 7, 74 bits from ``rand``, variant 10."""
     value = (ms & ((1 << 48) - 1)) << 80

@@ -183,11 +183,13 @@ class Preferences(TypedDict):
 
 
 class FallbackFrom(TypedDict):
-    """Why an enriched message is a fallback re-entry: the task whose channel failed."""
+    """Why an enriched message is a fallback re-entry: the task whose channel failed, or was
+    not sent at all (``outcome`` skipped or suppressed; absent = failed)."""
 
     taskId: str
     channel: str
     reason: str
+    outcome: NotRequired[str]
 
 
 class EnrichedMessage(TypedDict):

@@ -736,7 +736,7 @@ def failed_event(entry: Entry, record: Mapping[str, Any]) -> dict[str, Any]:
         "projectId": p.get("projectId"),
         "eventId": p.get("eventId"),
         "taskId": p.get("taskId"),
-        "userId": p.get("userId"),
+        "userId": payload_user(p),
         "channel": p.get("channel"),
         "campaignId": p.get("campaignId"),
         "stream": entry.stream,
@@ -748,6 +748,18 @@ def failed_event(entry: Entry, record: Mapping[str, Any]) -> dict[str, Any]:
         "attempt": attempts_before(p) + record["attempts"],
         "at": record["failedAt"],
     }
+
+
+def payload_user(payload: Mapping[str, Any]) -> str | None:
+    """The recipient a stage's payload is about: a task's ``userId``, or an enriched
+    message's ``user.id`` (work that has no task yet, but already one recipient)."""
+    user = payload.get("userId")
+    if isinstance(user, str):
+        return user
+    nested = payload.get("user")
+    if isinstance(nested, Mapping) and isinstance(nested.get("id"), str):
+        return str(nested["id"])
+    return None
 
 
 # Set by a DLQ replay: the attempts the work had before it was replayed. The replay's own

@@ -45,6 +45,9 @@ class Kind(StrEnum):
     FAILED = "failed"
     FALLBACK = "fallback"
     DEAD_LETTERED = "dead_lettered"
+    # An operator sent the dead-lettered work back (POST /v1/dlq/{id}/replay): it is in
+    # progress again, whatever terminal row came before.
+    REPLAYED = "replayed"
     # The ai service's, about writing the content: apart from delivery's kinds, since both
     # number their attempts from 1 and rows are unique per (task, channel, attempt, kind).
     GENERATION_DEFERRED = "generation_deferred"
@@ -102,6 +105,12 @@ async def insert_logs(db: asyncpg.Pool | asyncpg.Connection, rows: Sequence[LogR
     """Write a read batch's rows in one statement."""
     if rows:
         await db.execute(_INSERT, *_columns(rows))
+
+
+async def insert_one(db: asyncpg.Pool | asyncpg.Connection, row: LogRow) -> int | None:
+    """Write one row; its id, or None when the same row was there already."""
+    value = await db.fetchval(_INSERT + " RETURNING id", *_columns([row]))
+    return int(value) if value is not None else None
 
 
 async def insert_first_of_kind(db: asyncpg.Pool | asyncpg.Connection,

@@ -37,7 +37,7 @@ from notifkit import metrics
 from notifkit.db import events as events_db
 from notifkit.db.events import MessageLookup, SentMessage, Suppression, TimelineRow
 from notifkit.errors import MalformedPayload, RetryLater
-from notifkit.ids import derived_uuid7, is_uuid
+from notifkit.ids import derived_uuid7, is_uuid, untasked_row_id
 from notifkit.messages import CHANNELS, RECEIPT_KINDS, WorkflowEvent
 from notifkit.services.base import WorkerService
 from notifkit.worker import Entry, utc_now_iso
@@ -155,8 +155,8 @@ def outcome_row(event: Mapping[str, Any]) -> TimelineRow | None:
         return None
     task_id = _text(event.get("taskId"))
     channel = _channel(event.get("channel"))
-    if task_id is None:  # a failure before the recipient stage: a row about the whole event
-        task_id, channel = event_id, ""
+    if task_id is None:
+        task_id, channel = untasked_row_id(event_id, _text(event.get("userId"))), ""
     kind = event["type"]
     provider = _text(event.get("provider"))
     error = _text(event.get("error"))

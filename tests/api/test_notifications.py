@@ -279,6 +279,49 @@ async def test_the_notification_shows_each_recipients_timeline(
                 ).status == 404
 
 
+async def test_a_throttled_recipient_is_an_outcome_not_work_in_progress(
+    api: Api, project: Project, template: str, db: asyncpg.Pool
+) -> None:
+    async def status_of(rows: list[tuple[str, str, str, str]]) -> str:
+        sent = await api.call("POST", "/v1/notifications", key=project.send,
+                              json={"to": ["u1", "u2"], "template": template})
+        event = sent.body["id"]
+        for second, (task, user, kind, status) in enumerate(rows, start=1):
+            await log(db, project.id, event, task, user, "email", kind, status,
+                      f"2030-01-01T00:00:0{second}Z")
+        reply = await api.call("GET", f"/v1/notifications/{event}", key=project.full)
+        return str(reply.body["status"])
+
+    # A throttled send is dropped for good: the other recipient's delivery is the outcome.
+    assert await status_of([("a1", "u1", "sent", "sent"),
+                            ("a2", "u2", "throttled", "throttled")]) == "sent"
+    assert await status_of([("b1", "u1", "throttled", "throttled"),
+                            ("b2", "u2", "skipped", "skipped")]) == "throttled"
+    # While another recipient still waits, the notification is not finished.
+    assert await status_of([("c1", "u1", "throttled", "throttled"),
+                            ("c2", "u2", "deferred", "scheduled")]) == "scheduled"
+
+
+async def test_a_fallback_chain_that_ended_in_the_dlq_reads_dead_lettered(
+    api: Api, project: Project, template: str, db: asyncpg.Pool
+) -> None:
+    sent = await api.call("POST", "/v1/notifications", key=project.send,
+                          json={"to": "u1", "template": template})
+    event = sent.body["id"]
+    rows = [("p", "push", "queued", "processing"), ("p", "push", "failed", "failed"),
+            ("s", "sms", "queued", "processing"), ("s", "sms", "failed", "failed"),
+            ("e", "email", "queued", "processing"), ("e", "email", "failed", "processing"),
+            ("e", "email", "dead_lettered", "dead_lettered")]
+    for second, (task, channel, kind, status) in enumerate(rows, start=1):
+        await log(db, project.id, event, task, "u1", channel, kind, status,
+                  f"2030-01-01T00:00:0{second}Z", attempt=second)
+    reply = await api.call("GET", f"/v1/notifications/{event}", key=project.full)
+    # The push and sms rows handed the recipient on; the email task waits in the DLQ.
+    assert [r["status"] for r in reply.body["recipients"]] == ["failed", "failed",
+                                                                "dead_lettered"]
+    assert reply.body["status"] == "dead_lettered"
+
+
 async def test_before_any_recipient_row_the_events_own_latest_row_is_the_status(
     api: Api, project: Project, template: str, db: asyncpg.Pool
 ) -> None:

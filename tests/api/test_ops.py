@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from notifkit.config import Settings
+from notifkit.ids import untasked_row_id
 from notifkit.keys import Keys
 from notifkit.services.api.errors import store_unavailable
 from notifkit.services.api.validation import encode_cursor
@@ -192,6 +193,86 @@ async def test_replays_of_a_replay_add_up_the_attempts_made_before(
     assert (await api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full)).status == 202
     [(_id, fields)] = await xrange(redis, keys.enriched("normal"))
     assert decode(fields)["_replayedAttempts"] == 6
+
+
+async def test_a_replay_shows_on_the_timeline_and_reopens_the_task(
+    api: Api, redis: Redis, db: asyncpg.Pool
+) -> None:
+    keys = Keys(api.settings.namespace)
+    a = await api.project("a")
+    made = await api.call("PUT", "/v1/templates/t", key=a.full,
+                          json={"channels": {"email": {"subject": "s", "text": "t"}}})
+    assert made.status == 201
+    event = (await api.call("POST", "/v1/notifications", key=a.send,
+                            json={"to": "u1", "template": "t"})).body["id"]
+    task = "01a00000-0000-7000-8000-000000000001"
+    # Given its email task was dead-lettered after three attempts
+    await db.execute(
+        "INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, attempt, "
+        "kind, status) VALUES ($1, $2, $3, 'u1', 'email', 3, 'dead_lettered', 'dead_lettered')",
+        a.id, event, task)
+    record = dlq_record(keys, a.id, "1-0", 0)
+    record["stream"] = keys.outbound("normal")
+    record["payload"] = {"projectId": a.id, "eventId": event, "taskId": task, "userId": "u1",
+                         "channel": "email", "campaignId": "c1"}
+    entry_id = await xadd(redis, keys.dlq, record, 1000)
+
+    async def shown() -> dict[str, Any]:
+        reply = await api.call("GET", f"/v1/notifications/{event}", key=a.full)
+        assert reply.status == 200
+        body: dict[str, Any] = reply.body
+        return body
+
+    assert (await shown())["status"] == "dead_lettered"
+    # When it is replayed, the timeline says so and the task is in progress again
+    assert (await api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full)).status == 202
+    body = await shown()
+    [recipient] = body["recipients"]
+    assert [e["kind"] for e in recipient["timeline"]] == ["dead_lettered", "replayed"]
+    assert recipient["timeline"][1]["detail"] == "replayed from the dead-letter queue"
+    assert (recipient["status"], body["status"]) == ("processing", "processing")
+    # And a failed attempt of the replay keeps it in progress, numbered after the first round
+    await db.execute(
+        "INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, attempt, "
+        "kind, status) VALUES ($1, $2, $3, 'u1', 'email', 4, 'failed', 'processing')",
+        a.id, event, task)
+    assert (await shown())["status"] == "processing"
+    replay_row = await db.fetchrow("SELECT attempt, campaign_id FROM message_logs "
+                                   "WHERE task_id = $1 AND kind = 'replayed'", task)
+    assert tuple(replay_row) == (3, "c1")
+    # A replay of an entry already gone leaves no row behind
+    again = await xadd(redis, keys.dlq, record, 1000)
+    await redis.xdel(keys.dlq, again)
+    assert (await api.call("POST", f"/v1/dlq/{again}/replay", key=a.full)).status == 404
+    assert await db.fetchval("SELECT count(*) FROM message_logs WHERE kind = 'replayed'") == 1
+
+
+async def test_a_replayed_engine_entry_reopens_its_recipient(
+    api: Api, redis: Redis, db: asyncpg.Pool
+) -> None:
+    keys = Keys(api.settings.namespace)
+    a = await api.project("a")
+    await api.call("PUT", "/v1/templates/t", key=a.full,
+                   json={"channels": {"email": {"subject": "s", "text": "t"}}})
+    event = (await api.call("POST", "/v1/notifications", key=a.send,
+                            json={"to": "u1", "template": "t"})).body["id"]
+    # Given the recipient's engine entry (no task yet) was dead-lettered
+    row_id = untasked_row_id(event, "u1")
+    await db.execute(
+        "INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, attempt, "
+        "kind, status) VALUES ($1, $2, $3, 'u1', '', 3, 'dead_lettered', 'dead_lettered')",
+        a.id, event, row_id)
+    record = dlq_record(keys, a.id, "1-0", 0)
+    record["payload"] = {"projectId": a.id, "eventId": event, "user": {"id": "u1"}}
+    entry_id = await xadd(redis, keys.dlq, record, 1000)
+    # When it is replayed, the replay lands on that recipient's timeline
+    assert (await api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full)).status == 202
+    body = (await api.call("GET", f"/v1/notifications/{event}", key=a.full)).body
+    [recipient] = body["recipients"]
+    assert (recipient["userId"], recipient["channel"], recipient["taskId"]) == ("u1", None,
+                                                                                 row_id)
+    assert [e["kind"] for e in recipient["timeline"]] == ["dead_lettered", "replayed"]
+    assert body["status"] == "processing"
 
 
 async def test_dlq_is_scoped_replayable_and_deletable(api: Api, redis: Redis) -> None:

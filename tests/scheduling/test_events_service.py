@@ -12,10 +12,11 @@ import pytest
 from redis.asyncio import Redis
 
 from notifkit.config import Settings
-from notifkit.ids import uuid7
+from notifkit.ids import untasked_row_id, uuid7
 from notifkit.keys import Keys
 from notifkit.services.events import EventsService, is_hard_bounce
 from notifkit.streams import decode, xadd
+from notifkit.worker import Entry, failed_event
 from tests.support.streams import xrange
 
 EventsFactory = Callable[..., EventsService]
@@ -102,6 +103,30 @@ async def test_outcomes_are_recorded_once_with_their_status(
     row = await db.fetchrow("SELECT * FROM message_logs WHERE task_id = 'task-sent'")
     assert (row["provider"], row["provider_message_id"], row["campaign_id"], row["user_id"]) == (
         "resend", "msg-1", "spring", "user-1")
+
+
+async def test_a_dead_lettered_engine_entry_is_a_row_about_its_recipient(
+    make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
+) -> None:
+    # Given two recipients' engine entries of one notification dead-lettered (an engine
+    # entry is an enriched message: one recipient, no task yet)
+    events = make_events()
+    event_id = uuid7()
+    dead = []
+    for n, user in enumerate(("user-1", "user-2")):
+        entry = Entry(keys.enriched("normal"), f"1-{n}", {
+            "projectId": project_id, "eventId": event_id, "user": {"id": user}}, attempt=3)
+        dead.append(failed_event(entry, {"error": "RuntimeError: boom", "attempts": 3,
+                                         "failedAt": AT}))
+    await put(redis, keys, *dead)
+    await events.run_until_idle()
+    # Then each recipient has its own row, as the GET shows recipients, and neither is lost
+    for user in ("user-1", "user-2"):
+        task = untasked_row_id(event_id, user)
+        assert await timeline(db, task) == [("dead_lettered", "dead_lettered", 3, "")]
+        assert await db.fetchval("SELECT user_id FROM message_logs WHERE task_id = $1",
+                                 task) == user
+    assert await timeline(db, event_id) == []
 
 
 async def test_an_outcome_delivery_already_recorded_is_acked_without_a_second_write(

@@ -342,6 +342,45 @@ async def test_a_scheduled_send_turned_off_by_preference_meanwhile_is_not_sent(
     assert await entries(redis, keys.dlq) == []
 
 
+async def test_a_channel_left_out_since_routing_falls_back_as_skipped_not_failed(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    # Given an email -> sms chain for two users whose email tasks wait for delivery
+    await add_user(db, project, "supp", contacts=[("email", "supp@example.com"),
+                                                  ("sms", "+15550000021")])
+    await add_user(db, project, "off", contacts=[("email", "off@example.com"),
+                                                 ("sms", "+15550000022")])
+    await add_template(db, project, "t", {"email": EMAIL, "sms": SMS}, fallback=["email", "sms"])
+    enricher, engine, delivery = await stages(services, sim_settings)
+    event_id = await send(redis, keys, db, project, "t", ["supp", "off"], data={"amount": "1"})
+    await drain(enricher, engine)
+
+    # When one address is suppressed and the other user turns email off meanwhile
+    await db.execute("INSERT INTO suppressions (project_id, channel, target, reason) "
+                     "VALUES ($1, 'email', 'supp@example.com', 'bounce')", project)
+    await db.execute("INSERT INTO user_channel_preferences VALUES ($1, 'off', 'email', false)",
+                     project)
+    await drain(delivery, engine)
+
+    # Then both get the SMS, and the email rows say why it was not sent: nothing failed
+    assert sorted(m["to"] for m in await sim.messages("twilio")) == ["+15550000021",
+                                                                       "+15550000022"]
+    assert await sim.messages("resend") == []
+    rows = await timeline(db, event_id)
+    email = {r["user_id"]: r for r in rows if r["channel"] == "email" and r["kind"] != "queued"}
+    assert {u: (r["kind"], r["status"]) for u, r in email.items()} == {
+        "supp": ("suppressed", "suppressed"), "off": ("skipped", "skipped")}
+    assert all("trying sms next" in r["detail"] for r in email.values())
+    queued_sms = {r["user_id"]: r["detail"] for r in rows
+                  if r["channel"] == "sms" and r["kind"] == "queued"}
+    assert queued_sms == {"supp": "queued (fallback after email was suppressed)",
+                          "off": "queued (fallback after email was skipped)"}
+    failed = [e for e in await entries(redis, keys.events_inbound)
+              if e.get("type") != "notification:sent"]
+    assert failed == []
+
+
 async def test_an_invalid_address_without_fallback_fails_without_retry(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
     sim: SimulatorServer, sim_settings: Settings,

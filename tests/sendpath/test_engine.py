@@ -150,6 +150,28 @@ async def test_a_channel_without_template_content_gets_generic_content(
     assert task["content"] == {"text": "Order shipped: order: A-1, eta: Friday"}
 
 
+async def test_a_template_that_fails_to_render_says_so_also_on_a_send_that_waits(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    # Given a template using data the sends do not carry, one send now and one later
+    await add_user(db, project, "u1", contacts=[("sms", "+15550001")])
+    await add_template(db, project, "t", {"sms": SMS})
+    stages = await pipeline(services)
+    now = await send(redis, keys, db, project, "t", "u1", data={})
+    later = await send(redis, keys, db, project, "t", "u1", data={},
+                       send_at="2099-01-01T00:00:00Z")
+    await drain(*stages)
+
+    # Then both go out with generic content, and both rows say the template failed
+    [queued] = await timeline(db, now)
+    [scheduled] = await timeline(db, later)
+    assert (queued["kind"], scheduled["kind"]) == ("queued", "scheduled")
+    for row in (queued, scheduled):
+        assert "the template failed (channels.sms.text:" in row["detail"]
+        assert row["detail"].endswith("generic content sent")
+    assert scheduled["detail"].startswith("scheduled until 2099-01-01T00:00:00Z; ")
+
+
 async def test_a_future_send_and_quiet_hours_go_to_the_scheduler(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
 ) -> None:

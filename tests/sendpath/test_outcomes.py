@@ -84,8 +84,13 @@ def test_destinations_whose_contact_was_erased_since_routing_are_left_out() -> N
     suppressed = answer(Outcome.INVALID_RECIPIENT, suppressed=True)
     assert judge([removed], has_next_channel=False, attempt=1,
                  max_attempts=3).action is Action.SKIPPED
-    assert judge([removed], has_next_channel=True, attempt=1,
-                 max_attempts=3).action is Action.FALLBACK
+    onward = judge([removed], has_next_channel=True, attempt=1, max_attempts=3)
+    # nothing was tried: the channel is recorded as skipped on the way to the next one
+    assert (onward.action, onward.left_out) == (Action.FALLBACK, Action.SKIPPED)
+    assert judge([suppressed], has_next_channel=True, attempt=1,
+                 max_attempts=3).left_out is Action.SUPPRESSED
+    assert judge([answer(Outcome.RETRY)], has_next_channel=True, attempt=1,
+                 max_attempts=3).left_out is None
     # a suppression among them is the stronger reason
     assert judge([removed, suppressed], has_next_channel=False, attempt=1,
                  max_attempts=3).action is Action.SUPPRESSED

@@ -4,7 +4,8 @@
 A task goes to one or more destinations (a user's push devices; one address elsewhere):
 
     destinations suppressed since routing     -> left out; all of them: FALLBACK if there is a
-                                                  next channel, else SUPPRESSED (not sent)
+                                                  next channel (recorded as suppressed or
+                                                  skipped, not failed), else SUPPRESSED
     contacts erased, or the channel or topic  -> left out the same way; all of them (and none
     turned off, since routing                    suppressed): SKIPPED without a next channel
     any destination SENT                      -> SENT, unless others failed transiently (5xx,
@@ -69,6 +70,9 @@ class Verdict:
     reason: str
     retry_after_s: float | None = None
     counts_as_attempt: bool = True  # for PARK: a provider 429 counts, our own bucket does not
+    # For FALLBACK: SUPPRESSED or SKIPPED when nothing was attempted because every destination
+    # was left out; None when the channel really failed.
+    left_out: Action | None = None
 
 
 def judge(
@@ -80,9 +84,10 @@ def judge(
     if left_out and not attempted:
         suppressed = [a for a in left_out if a.suppressed]
         reason = (suppressed or left_out)[0].result.detail
+        why = Action.SUPPRESSED if suppressed else Action.SKIPPED
         if has_next_channel:
-            return Verdict(Action.FALLBACK, reason)
-        return Verdict(Action.SUPPRESSED if suppressed else Action.SKIPPED, reason)
+            return Verdict(Action.FALLBACK, reason, left_out=why)
+        return Verdict(why, reason)
     outcomes = [a.result.outcome for a in attempted]
     first = {o: a for a, o in reversed(list(zip(attempted, outcomes, strict=True)))}
     if Outcome.SENT in first:

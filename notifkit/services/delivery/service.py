@@ -342,27 +342,7 @@ class DeliveryService(WorkerService):
                               verdict.reason))
             return
         if action is Action.FALLBACK:
-            # Kind 'failed' (not a kind of its own) so the events service's row for the same
-            # outcome event lands on this one instead of repeating it.
-            fallback = task["fallback"]
-            next_channel = fallback["chain"][0]
-            metadata = {"fallback": next_channel}
-            if invalid:
-                metadata["reason"] = "invalid_recipient"
-            logs.append(task_row(task, attempt, Kind.FAILED, Status.FAILED,
-                                 f"{verdict.reason}; trying {next_channel} next", provider,
-                                 metadata=metadata))
-            entry.emit(self.keys.enriched(task["priority"]), {
-                **fallback["recipient"],
-                "fallbackChain": fallback["chain"],
-                "fallbackFrom": {"taskId": task["taskId"], "channel": task["channel"],
-                                 "reason": verdict.reason},
-            })
-            outcome = "notification:invalid_token" if invalid else "notification:failed"
-            entry.emit(self.keys.events_inbound,
-                       _event(outcome, task, provider, None, attempt, verdict.reason))
-            log.warning("Sending on %s failed (%s); falling back to %s.", task["channel"],
-                        verdict.reason, next_channel, extra=ids)
+            self._fall_back(entry, task, provider, verdict, attempt, invalid, logs)
             return
         if action is Action.PARK:
             wait_s = verdict.retry_after_s if verdict.retry_after_s else DEFAULT_PARK_S
@@ -400,6 +380,42 @@ class DeliveryService(WorkerService):
                              verdict.reason, provider))
         error = AttemptsExhausted if action is Action.DEAD else PermanentFailure
         entry.fail(error(verdict.reason))
+
+    def _fall_back(self, entry: Entry, task: OutboundTask, provider: str, verdict: Verdict,
+                   attempt: int, invalid: bool, logs: list[LogRow]) -> None:
+        """Hand the recipient to the chain's next channel. A channel that was never tried
+        (every address suppressed, erased or turned off since routing) is recorded as such,
+        with no outcome event: nothing failed."""
+        fallback = task["fallback"]
+        next_channel = fallback["chain"][0]
+        metadata = {"fallback": next_channel}
+        if invalid:
+            metadata["reason"] = "invalid_recipient"
+        detail = f"{verdict.reason}; trying {next_channel} next"
+        came_from: dict[str, Any] = {"taskId": task["taskId"], "channel": task["channel"],
+                                     "reason": verdict.reason}
+        if verdict.left_out is Action.SUPPRESSED:
+            logs.append(task_row(task, attempt, Kind.SUPPRESSED, Status.SUPPRESSED, detail,
+                                 provider, metadata=metadata))
+            came_from["outcome"] = "suppressed"
+        elif verdict.left_out is Action.SKIPPED:
+            logs.append(task_row(task, attempt, Kind.SKIPPED, Status.SKIPPED, detail, provider,
+                                 metadata=metadata))
+            came_from["outcome"] = "skipped"
+        else:
+            # Kind 'failed' (not a kind of its own) so the events service's row for the same
+            # outcome event lands on this one instead of repeating it.
+            logs.append(task_row(task, attempt, Kind.FAILED, Status.FAILED, detail, provider,
+                                 metadata=metadata))
+            outcome = "notification:invalid_token" if invalid else "notification:failed"
+            entry.emit(self.keys.events_inbound,
+                       _event(outcome, task, provider, None, attempt, verdict.reason))
+        entry.emit(self.keys.enriched(task["priority"]), {
+            **fallback["recipient"], "fallbackChain": fallback["chain"],
+            "fallbackFrom": came_from,
+        })
+        log.warning("Not sent on %s (%s); falling back to %s.", task["channel"],
+                    verdict.reason, next_channel, extra=_ids(task))
 
 
 # Destinations the user took away while the task waited: left out (skipped, or the fallback

@@ -191,6 +191,7 @@ class EngineService(WorkerService):
             task["fallback"] = _fallback(m, s.decision.chain)
 
         ai = s.template.ai or {}
+        notes = ""  # what the row says besides where the task went, wherever it went
         if channel in (ai.get("channels") or []):
             ai_task: AiTask = {**task, "ai": {"model": ai.get("model", ""),  # type: ignore[typeddict-item]
                                               "prompt": ai.get("prompt", "")},
@@ -200,16 +201,20 @@ class EngineService(WorkerService):
             task["content"], template_error = render(s.template, channel, context)
             stream, payload, detail = self.keys.outbound(m["priority"]), task, "queued"
             if template_error is not None:
-                detail += f"; the template failed ({template_error}), generic content sent"
+                # Rendered now, also for a send that waits: its row must say so as well.
+                notes += f"; the template failed ({template_error}), generic content sent"
                 log.warning("The %s template failed to render (%s); sending generic content.",
                             channel, template_error, extra=_ids(m, s.task_id))
 
         fallback_from = m.get("fallbackFrom")
         if fallback_from:
-            detail += f" (fallback after {fallback_from['channel']} failed)"
+            went = {"skipped": "was skipped", "suppressed": "was suppressed"}.get(
+                str(fallback_from.get("outcome")), "failed")
+            notes += f" (fallback after {fallback_from['channel']} {went})"
         if s.due_ms is None:
             s.entry.emit(stream, payload)
-            logs.append(_row(m, channel, s.task_id, Kind.QUEUED, Status.PROCESSING, detail))
+            logs.append(_row(m, channel, s.task_id, Kind.QUEUED, Status.PROCESSING,
+                             detail + notes))
             return
         reason = s.due_reason
         scheduled: ScheduledTask = {
@@ -220,8 +225,8 @@ class EngineService(WorkerService):
         at = datetime.fromtimestamp(s.due_ms / 1000, UTC).isoformat().replace("+00:00", "Z")
         kind = Kind.SCHEDULED if reason == "sendAt" else Kind.DEFERRED
         why = "scheduled" if reason == "sendAt" else "deferred for quiet hours"
-        logs.append(_row(m, channel, s.task_id, kind, Status.SCHEDULED, f"{why} until {at}",
-                         metadata={"dueAt": at, "reason": reason}))
+        logs.append(_row(m, channel, s.task_id, kind, Status.SCHEDULED,
+                         f"{why} until {at}{notes}", metadata={"dueAt": at, "reason": reason}))
 
 
 def _fallback(m: EnrichedMessage, chain: list[str]) -> FallbackContext:

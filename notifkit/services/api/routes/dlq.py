@@ -8,6 +8,8 @@ entry's dedup marks). Replaying XADDs the payload back to its origin stream with
 (``Entry.owner``), and XDELs the record, in one Lua call: two concurrent replays of one
 record enqueue it once. The new entry id has no attempt counter, so the count starts afresh;
 ``"_replayedAttempts"`` carries the attempts made before, for the timeline's numbering only.
+Work of a notification gets a ``replayed`` timeline row (status ``processing``), written before
+the XADD so that no row of the replayed work can precede it.
 """
 
 from __future__ import annotations
@@ -19,16 +21,23 @@ from aiohttp import web
 from redis.asyncio import Redis
 
 from notifkit import codec
+from notifkit.db.logs import Kind, LogRow, Status, insert_one
 from notifkit.errors import MalformedPayload
+from notifkit.ids import untasked_row_id
 from notifkit.services.api.auth import Principal
 from notifkit.services.api.errors import ApiError, invalid_field, json_response
 from notifkit.services.api.middleware import principal
 from notifkit.services.api.routing import CURSOR, LIMIT, Operations, Param, Reply
 from notifkit.services.api.schemas import ref
-from notifkit.services.api.state import KEYS, REDIS, SETTINGS
-from notifkit.services.api.validation import decode_cursor, encode_cursor, limit_param
+from notifkit.services.api.state import DB, KEYS, REDIS, SETTINGS
+from notifkit.services.api.validation import (
+    decode_cursor,
+    encode_cursor,
+    limit_param,
+    parse_uuid,
+)
 from notifkit.streams import as_str, decode
-from notifkit.worker import REPLAYED_ATTEMPTS, attempts_before
+from notifkit.worker import REPLAYED_ATTEMPTS, attempts_before, payload_user
 
 ops = Operations("dlq")
 
@@ -113,12 +122,45 @@ async def replay_dlq(request: web.Request) -> web.Response:
     # They still happened: the timeline numbers the new attempts after them, so the rows of
     # a replay that fails again are not taken for repeats of the first round's.
     replayed[REPLAYED_ATTEMPTS] = attempts_before(payload) + _count(record.get("attempts"))
+    # The timeline's row goes first: once the entry is back on its stream, its next row may
+    # be written at any moment, and the replay must not come after it.
+    row = _replay_row(record, replayed[REPLAYED_ATTEMPTS], entry_id)
+    row_id = await insert_one(app[DB], row) if row is not None else None
     script = app[REDIS].register_script(_REPLAY)
     new_id = await script(keys=[keys.dlq, stream],
                           args=[entry_id, app[SETTINGS].queue_max_len, codec.dumps(replayed)])
     if new_id is None:  # another request replayed or deleted it meanwhile
+        if row_id is not None:
+            await app[DB].execute("DELETE FROM message_logs WHERE id = $1", row_id)
         raise ApiError(404, *ENTRY_NOT_FOUND)
     return json_response({"id": as_str(new_id), "stream": stream, "replayOf": replay_of}, 202)
+
+
+def _replay_row(record: dict[str, Any], attempt: int, entry_id: str) -> LogRow | None:
+    """The notification's timeline row saying the work is back in progress, where its
+    dead_lettered row is: on the task's timeline, else the recipient's, else the whole
+    notification's; none for work of no notification."""
+    payload = record["payload"]
+    event_id = _uuid_field(payload, "eventId")
+    project = _uuid_field(record, "projectId")
+    if event_id is None or project is None:
+        return None
+    user, campaign = payload_user(payload), payload.get("campaignId")
+    task, channel = payload.get("taskId"), payload.get("channel")
+    if not (isinstance(task, str) and task and isinstance(channel, str)):
+        task, channel = untasked_row_id(event_id, user), ""
+    return LogRow(
+        project_id=project, event_id=event_id, task_id=task, user_id=user, channel=channel,
+        kind=Kind.REPLAYED, status=Status.PROCESSING, attempt=attempt,
+        detail="replayed from the dead-letter queue",
+        campaign_id=campaign if isinstance(campaign, str) else None,
+        metadata={"dlqEntry": entry_id},
+    )
+
+
+def _uuid_field(source: dict[str, Any], name: str) -> str | None:
+    value = source.get(name)
+    return parse_uuid(value) if isinstance(value, str) else None
 
 
 @ops.route("DELETE", "/v1/dlq/{entryId}", "Discard a dead-lettered entry", access="ops",

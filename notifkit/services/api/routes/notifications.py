@@ -6,7 +6,8 @@ one transaction, then XADDs the :class:`~notifkit.messages.InboundMessage` to
 nothing is left half-accepted.
 
 A recipient+channel status is the status of its latest timeline row, except that a terminal row
-outranks a later ``processing`` one (a retry that had already been decided). The notification's
+outranks a later ``processing`` one (a retry that had already been decided) unless that row is
+a DLQ replay's ``replayed`` row. The notification's
 own status summarises its recipients: still in progress while any is, else the best outcome.
 """
 
@@ -50,10 +51,15 @@ log = logging.getLogger("notifkit.api")
 
 ops = Operations("notifications")
 
-TERMINAL = frozenset({"delivered", "sent", "failed", "dead_lettered", "skipped", "suppressed"})
-IN_PROGRESS = ("accepted", "processing", "scheduled", "throttled")
-# The notification's status when every recipient is done: the best outcome any reached.
-OUTCOME_ORDER = ("delivered", "sent", "failed", "dead_lettered", "suppressed", "skipped")
+# A throttled send is dropped, not retried later: like a skip, it is an outcome.
+TERMINAL = frozenset({"delivered", "sent", "failed", "dead_lettered", "skipped", "suppressed",
+                      "throttled"})
+IN_PROGRESS = ("accepted", "processing", "scheduled")
+# The notification's status when every recipient is done: the best outcome any reached. A
+# dead-lettered task can still be replayed, so it ranks above a failure; this also keeps a
+# fallback chain that ended in the DLQ from reading 'failed' after its earlier channels.
+OUTCOME_ORDER = ("delivered", "sent", "dead_lettered", "failed", "throttled", "suppressed",
+                 "skipped")
 
 IDEMPOTENCY_PARAM = Param(
     "x-idempotency-key", "header", {"type": "string", "minLength": 1, "maxLength": 255},
@@ -293,13 +299,15 @@ def timelines(
             }
         if recipient["userId"] is None:
             recipient["userId"] = row["user_id"]
-        recipient["status"] = next_status(recipient["status"], row["status"])
+        recipient["status"] = next_status(recipient["status"], row["status"], row["kind"])
         recipient["timeline"].append(entry)
     return list(recipients.values()), event_rows
 
 
-def next_status(current: str, row_status: str) -> str:
-    if row_status == "processing" and current in TERMINAL:
+def next_status(current: str, row_status: str, kind: str = "") -> str:
+    # A late 'processing' row does not undo an outcome, unless an operator replayed the
+    # dead-lettered work: then it is in progress again.
+    if row_status == "processing" and current in TERMINAL and kind != "replayed":
         return current
     return row_status
 
