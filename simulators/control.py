@@ -164,6 +164,8 @@ async def _body(request: web.Request) -> object:
         ) from None
     except RecursionError:
         raise ControlError("request body is valid JSON but nested too deeply") from None
+    except ValueError:  # an integer past Python's digit limit for int()
+        raise ControlError("request body holds a number too long to read") from None
     if has_lone_surrogate(value):
         raise ControlError("request body must be valid Unicode (a string holds a lone "
                            "surrogate escape)")

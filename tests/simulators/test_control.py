@@ -151,6 +151,9 @@ async def test_limits_and_reset(http: aiohttp.ClientSession, sim: SimulatorServe
         ("/_sim/faults", b"{not json", "valid UTF-8 JSON: Expecting property name"),
         ("/_sim/faults", b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
         ("/_sim/faults", b"", "JSON object"),
+        # Past Python's 4300-digit limit for int(): valid JSON, but no number it can read.
+        ("/_sim/faults", b'{"kind": "error", "times": ' + b"9" * 5000 + b"}", "number too long"),
+        ("/_sim/reset", b'{"seed": ' + b"9" * 5000 + b"}", "number too long"),
         ("/_sim/limits", {"provider": "resend"}, "'ratePerSecond' is required"),
         ("/_sim/limits", {"provider": "resend", "ratePerSecond": 0}, "'ratePerSecond'"),
         ("/_sim/receipts", {"url": "ftp://x", "secret": "s"}, "'url'"),
