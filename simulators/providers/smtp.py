@@ -2,7 +2,8 @@
 
 Any client may connect; AUTH PLAIN/LOGIN is offered without TLS and accepts any credentials
 (the login names the rate-limit bucket; unauthenticated clients share "anonymous").
-A recipient is refused where a real server refuses it, at RCPT TO, one address at a time:
+A sender that is not an address is refused at MAIL FROM (553 5.1.7; the null sender `<>` is
+taken). A recipient is refused where a real server refuses it, at RCPT TO, one address at a time:
 a malformed address gets 553 5.1.3, an address an invalid_token rule matches 550 5.1.1 (or the
 rule's status); the others still get the message. The other faults are decided once per
 message, at the end of DATA, when recipients and headers are known:
@@ -68,6 +69,17 @@ class SmtpHandler:
 
     def __init__(self, state: SimState) -> None:
         self.state = state
+
+    async def handle_MAIL(self, server: SMTP, session: Session, envelope: Envelope,
+                          address: str, mail_options: list[str]) -> str:
+        address = scrub(address)
+        # The null sender `<>` (aiosmtpd hands it over with its brackets) is how bounces are
+        # sent; a real server takes it.
+        if address not in ("", "<>") and email_address(address) != address:
+            return f"553 5.1.7 <{address}>: Bad sender address syntax"
+        envelope.mail_from = address
+        envelope.mail_options.extend(mail_options)
+        return "250 OK"
 
     async def handle_RCPT(self, server: SMTP, session: Session, envelope: Envelope,
                           address: str, rcpt_options: list[str]) -> str:
