@@ -306,6 +306,9 @@ class ReceiptSender:
         for event in events:
             # The event has happened whether or not its webhook gets through.
             record.note_event(event)
+            if self.config is None:
+                # Receipts were turned off while this one waited: nobody is told any more.
+                continue
             await self._post(build_delivery(config, record, event), record, event)
 
     async def _post(self, delivery: Delivery, record: MessageRecord, event: str) -> None:

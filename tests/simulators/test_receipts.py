@@ -197,6 +197,23 @@ async def test_reset_drops_receipts_of_the_messages_it_forgets(
     assert verify_svix(received)["type"] == "email.delivered"
 
 
+async def test_no_receipt_is_posted_once_receipts_are_turned_off(
+    http: aiohttp.ClientSession, sim: SimulatorServer, receiver: Any
+) -> None:
+    await sim.set_receipts(receiver.url, SECRET, delay_ms=300)
+    email_id = await send_resend(http, sim)
+
+    await sim.disable_receipts()
+    await sim.drain_receipts()
+
+    assert receiver.requests == []
+    assert (await sim.receipts())["sent"] == 0
+    # The message still met its fate; only the webhook is not sent.
+    async with http.get(f"{sim.base_url}/emails/{email_id}",
+                        headers={"Authorization": "Bearer re_k"}) as response:
+        assert (await response.json())["last_event"] == "delivered"
+
+
 async def test_receipt_outcomes_replay_with_the_seed(receiver: Any) -> None:
     async def outcomes(seed: int) -> list[tuple[str, str]]:
         receiver.requests.clear()
