@@ -171,6 +171,27 @@ async def test_bad_control_input_is_400_naming_the_problem(
     assert named in answer["error"]
 
 
+async def test_a_query_where_none_is_read_is_400_and_changes_nothing(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    # Only /_sim/messages filters: a DELETE that ignored its query would clear every
+    # provider's rules while the caller meant one provider's.
+    await call(http, sim, "POST", "/_sim/faults", json={"provider": "fcm", "kind": "error"})
+    await call(http, sim, "POST", "/_sim/limits",
+               json={"provider": "fcm", "ratePerSecond": 5})
+
+    for method, path in [("DELETE", "/_sim/faults"), ("DELETE", "/_sim/limits"),
+                         ("POST", "/_sim/reset"), ("GET", "/_sim/faults")]:
+        status, body = await call(http, sim, method, path + "?provider=resend")
+        assert status == 400, (method, path)
+        assert "'provider'" in body["error"]
+
+    assert len((await call(http, sim, "GET", "/_sim/faults"))[1]["items"]) == 1
+    assert len((await call(http, sim, "GET", "/_sim/limits"))[1]["items"]) == 1
+    # A health probe's cache buster is harmless.
+    assert (await call(http, sim, "GET", "/_sim/health?ts=1"))[0] == 200
+
+
 async def test_unknown_paths_and_methods_are_json_404_405(
     http: aiohttp.ClientSession, sim: SimulatorServer
 ) -> None:
