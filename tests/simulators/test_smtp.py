@@ -128,6 +128,17 @@ async def test_a_sender_that_is_not_an_address_is_refused_at_mail_from(
     assert message["content"]["mail_from"] == "<>"
 
 
+async def test_a_transaction_refused_at_rcpt_counts_as_a_request(sim: SimulatorServer) -> None:
+    # Its fault is counted, so the request must be too: faults never outnumber requests.
+    await sim.add_fault("invalid_token", "smtp", to="gone@*")
+    with pytest.raises(aiosmtplib.SMTPRecipientsRefused):
+        await send(sim, mail(to="gone@example.com"))
+    await send(sim, mail())
+
+    smtp = (await sim.stats())["smtp"]
+    assert (smtp["requests"], smtp["accepted"], smtp["faults"]) == (2, 1, {"invalid_token": 1})
+
+
 async def test_rate_limit_fault_is_421_and_closes(sim: SimulatorServer) -> None:
     await sim.add_fault("rate_limit", "smtp", times=1)
     with pytest.raises(aiosmtplib.SMTPResponseException) as caught:
