@@ -164,6 +164,8 @@ async def _body(request: web.Request) -> object:
         ) from None
     except RecursionError:
         raise ControlError("request body is valid JSON but nested too deeply") from None
+    except ValueError:  # an integer past Python's digit limit for int()
+        raise ControlError("request body holds a number too long to read") from None
     if has_lone_surrogate(value):
         raise ControlError("request body must be valid Unicode (a string holds a lone "
                            "surrogate escape)")
@@ -173,8 +175,20 @@ async def _body(request: web.Request) -> object:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def _no_query(request: web.Request) -> None:
+    """Only `GET /_sim/messages` filters. Elsewhere a query would be ignored, and on a DELETE
+    that is destructive: `DELETE /_sim/faults?provider=resend` would clear every provider's
+    rules, not resend's."""
+    if request.query:
+        names = ", ".join(sorted({show(name) for name in request.query}))
+        raise ControlError(
+            f"{request.method} {request.path} takes no query parameters; got {names}"
+        )
+
+
 def _with_body(operation: Callable[[SimState, object], Any], status: int = 200) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
+        _no_query(request)
         payload = await _body(request)
         if payload is None and operation is not reset:
             raise ControlError("request body must be a JSON object")
@@ -183,8 +197,11 @@ def _with_body(operation: Callable[[SimState, object], Any], status: int = 200) 
     return handler
 
 
-def _no_body(operation: Callable[[SimState], Any]) -> Handler:
+def _no_body(operation: Callable[[SimState], Any], *, query: bool = False) -> Handler:
+    """`query=True` lets a query through unread (health probes may add cache busters)."""
     async def handler(request: web.Request) -> web.StreamResponse:
+        if not query:
+            _no_query(request)
         result = operation(request.app[STATE])
         return web.Response(status=204) if result is None else _json(result)
 
@@ -197,6 +214,7 @@ async def _messages(request: web.Request) -> web.StreamResponse:
 
 
 async def _delete_fault(request: web.Request) -> web.StreamResponse:
+    _no_query(request)
     delete_fault(request.app[STATE], request.match_info["id"])
     return web.Response(status=204)
 
@@ -221,7 +239,7 @@ def routes() -> list[web.RouteDef]:
     return [
         web.get("/_sim", _redirect_to_page),
         web.get("/_sim/", _page),
-        web.get("/_sim/health", _no_body(health)),
+        web.get("/_sim/health", _no_body(health, query=True)),
         web.post("/_sim/faults", _with_body(add_fault, status=201)),
         web.get("/_sim/faults", _no_body(list_faults)),
         web.delete("/_sim/faults", _no_body(clear_faults)),

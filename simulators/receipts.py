@@ -278,10 +278,18 @@ class ReceiptSender:
         if self._tasks:
             await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), timeout_s)
 
-    async def close(self) -> None:
-        for task in list(self._tasks):
+    def cancel_pending(self) -> None:
+        """Drop every receipt not yet posted: their messages are being forgotten, and a
+        receipt arriving after a reset would land in the next test's webhook endpoint."""
+        for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Not pending any more, even before the loop runs their cancellation.
+        self._tasks.clear()
+
+    async def close(self) -> None:
+        tasks = list(self._tasks)
+        self.cancel_pending()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -298,6 +306,9 @@ class ReceiptSender:
         for event in events:
             # The event has happened whether or not its webhook gets through.
             record.note_event(event)
+            if self.config is None:
+                # Receipts were turned off while this one waited: nobody is told any more.
+                continue
             await self._post(build_delivery(config, record, event), record, event)
 
     async def _post(self, delivery: Delivery, record: MessageRecord, event: str) -> None:

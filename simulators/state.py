@@ -92,6 +92,7 @@ class SimState:
         self.stats.clear()
         self.limits.clear()
         self.idempotency.clear()
+        self.receipts.cancel_pending()
         self.receipts.reseed(seed)
         self.receipts.reset_counters()
         self._generation += 1

@@ -2,6 +2,8 @@
 
 Success is 200 `{"name": "projects/{project}/messages/{id}"}`. The target is exactly one of
 `fid`, `token`, `topic` or `condition`; `validate_only` checks the message and sends nothing.
+`data` values are strings and its keys are not FCM's reserved ones (`from`, `message_type`,
+`google…`, `gcm…`): either is refused whole with INVALID_ARGUMENT, as FCM refuses it.
 Errors use Google's format:
 `{"error": {"code", "message", "status", "details": [{"@type": ".../FcmError",
 "errorCode": "UNREGISTERED"}]}}`.
@@ -38,6 +40,8 @@ TASK_KEY = "notifkit_task_id"
 # A message names exactly one target. `fid` (a Firebase Installation ID) is what current
 # firebase-admin releases send in place of the deprecated `token`.
 TARGETS = ("fid", "token", "topic", "condition")
+RESERVED_DATA_KEYS = frozenset({"from", "message_type"})
+RESERVED_DATA_PREFIXES = ("google", "gcm")
 # Fields of the send request and its Message, in both spellings proto JSON accepts.
 REQUEST_FIELDS = frozenset({"message", "validate_only", "validateOnly"})
 MESSAGE_FIELDS = frozenset({
@@ -134,7 +138,9 @@ class Fcm(HttpProvider):
         if data is not None:
             if not isinstance(data, dict):
                 raise _invalid("message.data", "Invalid value at 'message.data' (map)")
-            for index, value in enumerate(data.values()):
+            for index, (key, value) in enumerate(data.items()):
+                if _reserved_data_key(key):
+                    raise _invalid("message.data", f"Invalid data payload key: {key}")
                 if not isinstance(value, str):
                     where = f"message.data[{index}].value"
                     raise _invalid(
@@ -249,6 +255,13 @@ def _check_known(body: dict[str, Any], known: frozenset[str], where: str | None)
 
 def _invalid(field_name: str, description: str) -> Rejection:
     return Rejection(ErrorCase.BAD_REQUEST, description, field_name=field_name)
+
+
+def _reserved_data_key(key: str) -> bool:
+    """FCM's reserved data keys ("from", "message_type", anything starting with "google" or
+    "gcm"): a message using one is refused whole, so a template that sets one must fail here
+    as it would in production."""
+    return key in RESERVED_DATA_KEYS or key.startswith(RESERVED_DATA_PREFIXES)
 
 
 async def token_endpoint(request: web.Request) -> web.Response:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import secrets
 from typing import Any, ClassVar
 
 from aiohttp import web
@@ -278,17 +279,17 @@ class OpenAI(HttpProvider):
             "param": None,
             "code": None,
         }
-        return json_reply(status, {"error": error})
+        return json_reply(status, {"error": error}, headers=_request_id())
 
     def error(self, spec: ErrorSpec) -> Reply:
         message, kind, code = _ERRORS[spec.case]
         message = spec.detail or message.replace("{model}", spec.recipient or "the model")
-        headers: dict[str, str] = {}
+        headers = _request_id()
         if spec.status == 429:
             reset_s = (
                 retry_after_header(spec.retry_after_s) if spec.retry_after_s is not None else "1"
             )
-            headers = {
+            headers |= {
                 "x-ratelimit-limit-requests": "3",
                 "x-ratelimit-remaining-requests": "0",
                 "x-ratelimit-reset-requests": f"{reset_s}s",
@@ -302,6 +303,13 @@ class OpenAI(HttpProvider):
             }
         }
         return json_reply(spec.status, body, headers=headers, retry_after_s=spec.retry_after_s)
+
+
+def _request_id() -> dict[str, str]:
+    """OpenAI names every answer, errors included, with an `x-request-id`: the SDK shows it as
+    the exception's `request_id`, which teams log for support. No message carries an error's id
+    and no run replays it, so it needs no seed."""
+    return {"x-request-id": "req_" + secrets.token_hex(16)}
 
 
 def _messages(value: object) -> list[Any]:

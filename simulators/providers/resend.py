@@ -238,6 +238,11 @@ def parse_email(payload: dict[str, Any]) -> Submission:
     for name in ("html", "text"):
         if payload.get(name) is not None and not isinstance(payload[name], str):
             raise Rejection(ErrorCase.BAD_REQUEST, f"Invalid `{name}` field.")
+    # An email needs a body: html, text (an empty one counts) or a template that has one.
+    if all(payload.get(name) is None for name in ("html", "text", "template")):
+        raise Rejection(
+            ErrorCase.BAD_REQUEST, "Missing `html` or `text` field.", code="missing_required_field"
+        )
     _addresses(payload, "reply_to")
     tags = _tags(payload.get("tags"))
     headers = payload.get("headers")

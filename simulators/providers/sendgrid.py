@@ -40,6 +40,9 @@ from simulators.state import SimState
 
 TASK_ARG = "notifkit_task_id"
 MAX_BODY_BYTES = 30 * 1024 * 1024
+# SendGrid's limits per request: personalizations, and recipients (to + cc + bcc) across them.
+MAX_PERSONALIZATIONS = 1000
+MAX_RECIPIENTS = 1000
 _HELP = "http://sendgrid.com/docs/API_Reference/Web_API_v3/Mail/errors.html"
 _ID_ALPHABET = string.ascii_letters + string.digits + "-_"
 _PERSONALIZATIONS_REQUIRED = (
@@ -78,9 +81,25 @@ class SendGrid(HttpProvider):
             raise _invalid(
                 _PERSONALIZATIONS_REQUIRED, "personalizations", "#-Personalizations-Errors"
             )
+        if len(personalizations) > MAX_PERSONALIZATIONS:
+            raise _invalid(
+                f"The personalization block is limited to {MAX_PERSONALIZATIONS} "
+                f"personalizations per API request. You have provided {len(personalizations)} "
+                "personalizations. Please consider splitting this into multiple requests and "
+                "resending your request.",
+                "personalizations",
+                "#-Personalizations-Errors",
+            )
         recipients: list[str] = []
         for index, personalization in enumerate(personalizations):
             recipients += _personalization_recipients(personalization, index)
+        if len(recipients) > MAX_RECIPIENTS:
+            raise _invalid(
+                f"There is a limit of {MAX_RECIPIENTS} total recipients (to + cc + bcc) per "
+                "request.",
+                "personalizations",
+                "#-Personalizations-Errors",
+            )
         sender = payload.get("from")
         if not isinstance(sender, dict) or bare_address(sender.get("email")) is None:
             raise _invalid(

@@ -2,7 +2,8 @@
 
 Any client may connect; AUTH PLAIN/LOGIN is offered without TLS and accepts any credentials
 (the login names the rate-limit bucket; unauthenticated clients share "anonymous").
-A recipient is refused where a real server refuses it, at RCPT TO, one address at a time:
+A sender that is not an address is refused at MAIL FROM (553 5.1.7; the null sender `<>` is
+taken). A recipient is refused where a real server refuses it, at RCPT TO, one address at a time:
 a malformed address gets 553 5.1.3, an address an invalid_token rule matches 550 5.1.1 (or the
 rule's status); the others still get the message. The other faults are decided once per
 message, at the end of DATA, when recipients and headers are known:
@@ -54,6 +55,8 @@ _REPLIES = {
 RATE_LIMITED_BY_FAULT = "421 4.7.0 Too many messages, slow down; closing transmission channel"
 RATE_LIMITED_BY_LIMIT = "451 4.7.1 Rate limit exceeded, try again later"
 MALFORMED = "2x0 this is not an SMTP reply"
+# Set on an envelope once its transaction is counted in the stats.
+_COUNTED = "notifkit_sim_counted"
 
 
 def reply_text(status: int, recipient: str) -> str:
@@ -69,8 +72,20 @@ class SmtpHandler:
     def __init__(self, state: SimState) -> None:
         self.state = state
 
+    async def handle_MAIL(self, server: SMTP, session: Session, envelope: Envelope,
+                          address: str, mail_options: list[str]) -> str:
+        address = scrub(address)
+        # The null sender `<>` (aiosmtpd hands it over with its brackets) is how bounces are
+        # sent; a real server takes it.
+        if address not in ("", "<>") and email_address(address) != address:
+            return f"553 5.1.7 <{address}>: Bad sender address syntax"
+        envelope.mail_from = address
+        envelope.mail_options.extend(mail_options)
+        return "250 OK"
+
     async def handle_RCPT(self, server: SMTP, session: Session, envelope: Envelope,
                           address: str, rcpt_options: list[str]) -> str:
+        self._count_request(envelope)
         address = scrub(address)
         if email_address(address) != address:
             return reply_text(553, address)
@@ -88,7 +103,6 @@ class SmtpHandler:
     async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
         state = self.state
         stats = state.stats[Provider.SMTP]
-        stats.requests += 1
         recipients = [str(r) for r in envelope.rcpt_tos]
         first = recipients[0] if recipients else ""
 
@@ -125,6 +139,15 @@ class SmtpHandler:
         if decision is not None and decision.kind is FaultKind.MALFORMED:
             return MALFORMED
         return f"250 2.0.0 Ok: queued as {record.id}"
+
+    def _count_request(self, envelope: Envelope) -> None:
+        """One request per mail transaction, counted at its first RCPT TO: a transaction
+        whose every recipient is refused never reaches DATA, yet it was a send, and the
+        fault that refused it is counted against it (aiosmtpd starts a fresh envelope for
+        each transaction)."""
+        if not getattr(envelope, _COUNTED, False):
+            setattr(envelope, _COUNTED, True)
+            self.state.stats[Provider.SMTP].requests += 1
 
     async def _before_accept(
         self, server: SMTP, decision: FaultDecision, recipient: str

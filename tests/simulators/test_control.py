@@ -151,6 +151,9 @@ async def test_limits_and_reset(http: aiohttp.ClientSession, sim: SimulatorServe
         ("/_sim/faults", b"{not json", "valid UTF-8 JSON: Expecting property name"),
         ("/_sim/faults", b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
         ("/_sim/faults", b"", "JSON object"),
+        # Past Python's 4300-digit limit for int(): valid JSON, but no number it can read.
+        ("/_sim/faults", b'{"kind": "error", "times": ' + b"9" * 5000 + b"}", "number too long"),
+        ("/_sim/reset", b'{"seed": ' + b"9" * 5000 + b"}", "number too long"),
         ("/_sim/limits", {"provider": "resend"}, "'ratePerSecond' is required"),
         ("/_sim/limits", {"provider": "resend", "ratePerSecond": 0}, "'ratePerSecond'"),
         ("/_sim/receipts", {"url": "ftp://x", "secret": "s"}, "'url'"),
@@ -166,6 +169,27 @@ async def test_bad_control_input_is_400_naming_the_problem(
     status, answer = await call(http, sim, "POST", path, **options)
     assert status == 400
     assert named in answer["error"]
+
+
+async def test_a_query_where_none_is_read_is_400_and_changes_nothing(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    # Only /_sim/messages filters: a DELETE that ignored its query would clear every
+    # provider's rules while the caller meant one provider's.
+    await call(http, sim, "POST", "/_sim/faults", json={"provider": "fcm", "kind": "error"})
+    await call(http, sim, "POST", "/_sim/limits",
+               json={"provider": "fcm", "ratePerSecond": 5})
+
+    for method, path in [("DELETE", "/_sim/faults"), ("DELETE", "/_sim/limits"),
+                         ("POST", "/_sim/reset"), ("GET", "/_sim/faults")]:
+        status, body = await call(http, sim, method, path + "?provider=resend")
+        assert status == 400, (method, path)
+        assert "'provider'" in body["error"]
+
+    assert len((await call(http, sim, "GET", "/_sim/faults"))[1]["items"]) == 1
+    assert len((await call(http, sim, "GET", "/_sim/limits"))[1]["items"]) == 1
+    # A health probe's cache buster is harmless.
+    assert (await call(http, sim, "GET", "/_sim/health?ts=1"))[0] == 200
 
 
 async def test_unknown_paths_and_methods_are_json_404_405(

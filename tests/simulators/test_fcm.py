@@ -104,6 +104,18 @@ async def test_non_string_data_is_invalid_argument(
     assert error_code(body) == "INVALID_ARGUMENT"
 
 
+@pytest.mark.parametrize("key", ["from", "message_type", "google.sent_time", "gcm.n.e"])
+async def test_reserved_data_keys_are_invalid_argument(
+    http: aiohttp.ClientSession, sim: SimulatorServer, key: str
+) -> None:
+    # FCM refuses the whole message, so a template using one must fail before production.
+    status, body = await push(http, sim, {"token": "t", "data": {"order": "1", key: "x"}})
+    assert status == 400
+    assert body["error"]["message"] == f"Invalid data payload key: {key}"
+    assert error_code(body) == "INVALID_ARGUMENT"
+    assert await sim.messages("fcm") == []
+
+
 async def test_two_targets_are_invalid(http: aiohttp.ClientSession, sim: SimulatorServer) -> None:
     status, _ = await push(http, sim, {"token": "t", "topic": "news"})
     assert status == 400

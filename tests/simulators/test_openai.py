@@ -114,6 +114,8 @@ async def test_unknown_model_is_404_model_not_found(sim: SimulatorServer, client
         await client(sim).chat.completions.create(model="gpt-nonexistent", messages=PROMPT)
     assert caught.value.code == "model_not_found"
     assert "gpt-nonexistent" in caught.value.message
+    # Errors carry a request id as every OpenAI answer does; teams log it for support.
+    assert (caught.value.request_id or "").startswith("req_")
 
 
 async def test_missing_messages_is_400(sim: SimulatorServer, client: Factory) -> None:
@@ -191,6 +193,7 @@ async def test_rate_limit_fault_is_retryable_429(sim: SimulatorServer, client: F
     with pytest.raises(openai.RateLimitError) as caught:
         await client(sim).chat.completions.create(model="gpt-4o", messages=PROMPT)
     assert caught.value.code == "rate_limit_exceeded"
+    assert (caught.value.request_id or "").startswith("req_")
     assert caught.value.response.headers["retry-after"] == "2"
     # The reset hint agrees with Retry-After, so a client trusting either waits long enough.
     assert caught.value.response.headers["x-ratelimit-reset-requests"] == "2s"

@@ -3,6 +3,7 @@ verify with the providers' own SDK verifiers and with simulators.signing."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
@@ -174,6 +175,43 @@ async def test_no_receipts_when_delivery_probability_is_zero(
     await send_resend(http, sim)
     await sim.drain_receipts()
     assert receiver.requests == []
+
+
+async def test_reset_drops_receipts_of_the_messages_it_forgets(
+    http: aiohttp.ClientSession, sim: SimulatorServer, receiver: Any
+) -> None:
+    # A suite that resets between tests must not get the previous test's receipts.
+    await sim.set_receipts(receiver.url, SECRET, delay_ms=300)
+    await send_resend(http, sim)
+    assert (await sim.receipts())["pending"] == 1
+
+    await sim.reset()
+
+    assert (await sim.receipts())["pending"] == 0
+    await asyncio.sleep(0.6)
+    assert receiver.requests == []
+    assert (await sim.receipts())["sent"] == 0
+    # The configuration stays: a message sent after the reset gets its receipt.
+    await send_resend(http, sim)
+    [received] = await receiver.wait_for(1)
+    assert verify_svix(received)["type"] == "email.delivered"
+
+
+async def test_no_receipt_is_posted_once_receipts_are_turned_off(
+    http: aiohttp.ClientSession, sim: SimulatorServer, receiver: Any
+) -> None:
+    await sim.set_receipts(receiver.url, SECRET, delay_ms=300)
+    email_id = await send_resend(http, sim)
+
+    await sim.disable_receipts()
+    await sim.drain_receipts()
+
+    assert receiver.requests == []
+    assert (await sim.receipts())["sent"] == 0
+    # The message still met its fate; only the webhook is not sent.
+    async with http.get(f"{sim.base_url}/emails/{email_id}",
+                        headers={"Authorization": "Bearer re_k"}) as response:
+        assert (await response.json())["last_event"] == "delivered"
 
 
 async def test_receipt_outcomes_replay_with_the_seed(receiver: Any) -> None:

@@ -123,6 +123,21 @@ async def test_invalid_address_is_422_validation_error(resend_sdk: Any) -> None:
     assert caught.value.code == 422
 
 
+async def test_an_email_without_a_body_is_422_missing_field(
+    resend_sdk: Any, sim: SimulatorServer
+) -> None:
+    body = email()
+    del body["html"]
+    with pytest.raises(exceptions.ResendError) as caught:
+        await send(body)
+    assert caught.value.code == 422
+    assert caught.value.error_type == "missing_required_field"
+    assert "`html` or `text`" in caught.value.message
+    assert await sim.messages("resend") == []
+    # An empty text is a body: Resend takes it (and so sends no generated plain text).
+    await send({**body, "text": ""})
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [

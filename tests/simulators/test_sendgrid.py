@@ -114,6 +114,31 @@ async def test_duplicate_recipient_in_a_personalization_is_400(sim: SimulatorSer
     assert await sim.messages("sendgrid") == []
 
 
+@pytest.mark.parametrize(
+    ("personalizations", "named"),
+    [
+        # One personalization per recipient, as a bulk send builds them.
+        ([{"to": [{"email": f"u{i}@example.com"}]} for i in range(1001)], "1000 personalizations"),
+        # Fewer personalizations, but more than 1000 recipients across them.
+        ([{"to": [{"email": f"u{i}-{j}@example.com"} for j in range(2)]} for i in range(501)],
+         "1000 total recipients"),
+    ],
+)
+async def test_more_than_1000_personalizations_or_recipients_is_400(
+    sim: SimulatorServer, personalizations: list[dict[str, Any]], named: str
+) -> None:
+    body = message().get()
+    body["personalizations"] = personalizations
+
+    with pytest.raises(exceptions.BadRequestsError) as caught:
+        await send(client(sim), body)
+
+    [error] = errors(caught)
+    assert error["field"] == "personalizations"
+    assert named in error["message"]
+    assert await sim.messages("sendgrid") == []
+
+
 async def test_empty_content_value_is_400(sim: SimulatorServer) -> None:
     body = message().get()
     body["content"][0]["value"] = ""

@@ -110,6 +110,35 @@ async def test_recipients_are_refused_one_by_one_and_the_others_get_the_message(
     assert message["to"] == "good@x.example.com"
 
 
+async def test_a_sender_that_is_not_an_address_is_refused_at_mail_from(
+    sim: SimulatorServer,
+) -> None:
+    def senders() -> list[int]:
+        with smtplib.SMTP(sim.smtp_host, sim.smtp_port, timeout=5) as client:
+            client.ehlo()
+            codes = [client.mail(sender)[0] for sender in ("a b", "noreply")]
+            # The null sender is how bounces are sent: taken, and the message goes through.
+            codes.append(client.mail("")[0])
+            client.rcpt("ada@example.com")
+            codes.append(client.data(mail().as_bytes())[0])
+            return codes
+
+    assert await asyncio.to_thread(senders) == [553, 553, 250, 250]
+    [message] = await sim.messages("smtp")
+    assert message["content"]["mail_from"] == "<>"
+
+
+async def test_a_transaction_refused_at_rcpt_counts_as_a_request(sim: SimulatorServer) -> None:
+    # Its fault is counted, so the request must be too: faults never outnumber requests.
+    await sim.add_fault("invalid_token", "smtp", to="gone@*")
+    with pytest.raises(aiosmtplib.SMTPRecipientsRefused):
+        await send(sim, mail(to="gone@example.com"))
+    await send(sim, mail())
+
+    smtp = (await sim.stats())["smtp"]
+    assert (smtp["requests"], smtp["accepted"], smtp["faults"]) == (2, 1, {"invalid_token": 1})
+
+
 async def test_rate_limit_fault_is_421_and_closes(sim: SimulatorServer) -> None:
     await sim.add_fault("rate_limit", "smtp", times=1)
     with pytest.raises(aiosmtplib.SMTPResponseException) as caught:
