@@ -21,6 +21,7 @@ from aiohttp import web
 
 from simulators.app import create_app
 from simulators.client import Op, SimulatorControl
+from simulators.httplog import quiet_unparseable_requests
 from simulators.providers.smtp import TrackedSMTP, quiet_aiosmtpd_logs, smtp_factory
 from simulators.records import DEFAULT_MAX_MESSAGES
 from simulators.state import SimSettings, SimState
@@ -85,6 +86,7 @@ class SimulatorServer(SimulatorControl):
         return f"http://{host}:{self.port}"
 
     async def start(self) -> None:
+        quiet_unparseable_requests()
         runner = web.AppRunner(
             create_app(self.state), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
         )

@@ -99,3 +99,24 @@ async def test_a_receipt_secret_that_is_not_base64_is_refused(sim: SimulatorServ
                                     "secret": "whsec_!!!notbase64"})
     assert status == 400
     assert "secret" in text
+
+
+@pytest.mark.parametrize("request_head", [
+    b"GET /_sim/stats HTTP/1.1\r\nHost: sim\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
+    b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: sim\r\n\r\n",
+])
+async def test_a_request_too_big_to_parse_is_a_400_and_one_log_line(
+    sim: SimulatorServer, request_head: bytes, caplog: pytest.LogCaptureFixture,
+) -> None:
+    reader, writer = await asyncio.open_connection(sim.host, sim.port)
+    writer.write(request_head)
+    await writer.drain()
+    status_line = await reader.readline()
+    writer.close()
+    assert status_line.split()[1] == b"400"
+    await asyncio.sleep(0.05)  # the log record follows the answer
+    records = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert records, "aiohttp logged nothing about the refused request"
+    assert all(r.exc_info is None and r.levelname == "WARNING" for r in records)
+    assert "8190 bytes" in records[0].getMessage()
+    await listings_still_work(sim)

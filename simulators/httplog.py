@@ -1,0 +1,29 @@
+"""aiohttp's server logs a request it cannot parse (a header or URL over 8 KB, a NUL in a
+header) as an ERROR with a traceback, although it has already answered 400 and the simulator
+did nothing wrong. Here that becomes one WARNING line naming the problem, so a fuzzing CI job
+or a staging load does not fill the simulator's log with tracebacks."""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp.http_exceptions import HttpProcessingError
+
+
+class _UnparseableRequest(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError):
+            first_line = (error.message or "unparseable").strip().split("\n", 1)[0]
+            record.msg = "Answered %s to a request that could not be parsed: %s"
+            record.args = (error.code, first_line.rstrip(":"))
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def quiet_unparseable_requests() -> None:
+    """Install the filter on aiohttp's server logger, once."""
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, _UnparseableRequest) for f in server_log.filters):
+        server_log.addFilter(_UnparseableRequest())
