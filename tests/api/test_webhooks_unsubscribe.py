@@ -261,3 +261,17 @@ async def test_a_forged_or_altered_token_is_400_and_changes_nothing(
     assert (await api.call("GET", "/v1/unsubscribe")).status == 400
     assert (await preferences(api, project))["channels"] == {}
     assert await db.fetchval("SELECT count(*) FROM suppressions") == 0
+
+
+async def test_a_link_of_a_project_that_is_gone_is_a_documented_404(api: Api) -> None:
+    from notifkit.services.api.app import operations
+    from notifkit.services.api.openapi import document
+
+    token = make_token(api.settings.secret, "00000000-0000-7000-8000-000000000000", "u1",
+                       "email", None, "a@b.co")
+    paths = document(operations())["paths"]["/v1/unsubscribe"]
+    for method in ("GET", "POST"):
+        reply = await api.call(method, "/v1/unsubscribe", params={"token": token})
+        assert reply.status == 404
+        assert reply.error["code"] == "project_not_found"
+        assert "404" in paths[method.lower()]["responses"]
