@@ -93,8 +93,24 @@ def verify_token(secret: str, token: str) -> Unsubscribe:
         raise InvalidToken("bad topic")
     if target is not None and not isinstance(target, str):
         raise InvalidToken("bad target")
+    if not all(_storable(v) for v in (project, user, topic, target)):
+        raise InvalidToken("claims PostgreSQL cannot store")
     assert isinstance(channel, str)
     return Unsubscribe(project, user, channel, topic, target)
+
+
+def _storable(value: str | None) -> bool:
+    # A claim is compared with and written to text columns, which hold no NUL and no lone
+    # surrogate; such a claim was never minted by unsubscribe_url.
+    if value is None:
+        return True
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def unsubscribe_url(

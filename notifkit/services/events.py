@@ -268,7 +268,16 @@ def _suppression_reason(receipt: Mapping[str, Any]) -> str | None:
         return "complaint"
     if kind == "bounced" and is_hard_bounce(receipt):
         return "bounce"
+    if kind == "failed" and _twilio_code(receipt.get("raw")) in TWILIO_PERMANENT_ERRORS:
+        # Twilio reports a number that can never receive (invalid, not mobile, replied STOP)
+        # as status "failed" rather than "undelivered": as permanent as a hard bounce.
+        return "bounce"
     return None
+
+
+def _twilio_code(raw: Any) -> str | None:
+    code = _find(raw, ("ErrorCode",))
+    return str(code).strip() if isinstance(code, str | int) else None
 
 
 def unmatched_suppression(receipt: Mapping[str, Any], final: bool = True) -> Suppression | None:
@@ -310,9 +319,9 @@ def is_hard_bounce(receipt: Mapping[str, Any]) -> bool:
     if isinstance(hard, bool):
         return hard
     raw = receipt.get("raw")
-    code = _find(raw, ("ErrorCode",))
-    if isinstance(code, str | int) and str(code).strip():
-        return str(code).strip() in TWILIO_PERMANENT_ERRORS
+    code = _twilio_code(raw)
+    if code:
+        return code in TWILIO_PERMANENT_ERRORS
     for path in (("bounce", "type"), ("data", "bounce", "type"), ("bounceType",),
                  ("data", "bounceType"), ("bounce_classification",), ("type",)):
         value = _find(raw, path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -12,6 +13,8 @@ from notifkit.config import Settings
 from notifkit.unsubscribe import (
     InvalidToken,
     Unsubscribe,
+    _b64,
+    _sign,
     make_token,
     unsubscribe_url,
     verify_token,
@@ -35,6 +38,20 @@ def test_another_secret_or_an_altered_payload_is_rejected() -> None:
     forged = make_token("another-secret-0123456789", "p2", "user-1", "email", None)
     with pytest.raises(InvalidToken):
         verify_token(SECRET, forged.split(".")[0] + "." + signature)
+
+
+@pytest.mark.parametrize("claims", [
+    {"p": "p1", "u": "user\u0000", "c": "email", "t": None},
+    {"p": "p1", "u": "u", "c": "email", "t": "news\u0000"},
+    {"p": "p1", "u": "u", "c": "email", "t": None, "target": "a\u0000@b.co"},
+    {"p": "p1", "u": "\ud800", "c": "email", "t": None},
+])
+def test_claims_no_text_column_can_hold_are_rejected(claims: dict[str, str | None]) -> None:
+    """Correctly signed, but naming what PostgreSQL cannot store: an invalid token (400), not
+    a failed query (500)."""
+    payload = _b64(json.dumps(claims).encode())
+    with pytest.raises(InvalidToken):
+        verify_token(SECRET, f"{payload}.{_sign(SECRET, payload)}")
 
 
 @given(st.text(max_size=300))

@@ -169,6 +169,22 @@ async def test_a_twilio_callback_that_is_not_a_form_is_a_bad_signature(
     assert await receipts(redis, hooks) == []
 
 
+async def test_a_signed_twilio_form_is_checked_like_any_body(hooks: Api, redis: Redis) -> None:
+    """A NUL in a signed status callback cannot go into jsonb: a 400 naming the field, and
+    nothing is queued for the events service to fail on."""
+    project = await hooks.project()
+    path = f"/v1/webhooks/twilio/{project.id}"
+    params = {"MessageSid": "SM1", "MessageStatus": "delivered", "To": "+14155550100",
+              "ErrorMessage": "a\u0000b"}
+    signature = twilio_sign(TWILIO_TOKEN, hooks.settings.public_url + path, params)
+    reply = await hooks.call("POST", path, data=urlencode(params),
+                             headers={"Content-Type": "application/x-www-form-urlencoded",
+                                      "X-Twilio-Signature": signature})
+    assert reply.status == 400, reply.body
+    assert reply.fields == ["body.ErrorMessage"]
+    assert await receipts(redis, hooks) == []
+
+
 async def test_unknown_providers_and_projects_are_404(hooks: Api) -> None:
     project = await hooks.project()
     assert (await hooks.call("POST", f"/v1/webhooks/mailgun/{project.id}", json={})
@@ -245,3 +261,17 @@ async def test_a_forged_or_altered_token_is_400_and_changes_nothing(
     assert (await api.call("GET", "/v1/unsubscribe")).status == 400
     assert (await preferences(api, project))["channels"] == {}
     assert await db.fetchval("SELECT count(*) FROM suppressions") == 0
+
+
+async def test_a_link_of_a_project_that_is_gone_is_a_documented_404(api: Api) -> None:
+    from notifkit.services.api.app import operations
+    from notifkit.services.api.openapi import document
+
+    token = make_token(api.settings.secret, "00000000-0000-7000-8000-000000000000", "u1",
+                       "email", None, "a@b.co")
+    paths = document(operations())["paths"]["/v1/unsubscribe"]
+    for method in ("GET", "POST"):
+        reply = await api.call(method, "/v1/unsubscribe", params={"token": token})
+        assert reply.status == 404
+        assert reply.error["code"] == "project_not_found"
+        assert "404" in paths[method.lower()]["responses"]

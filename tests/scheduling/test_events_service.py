@@ -308,6 +308,35 @@ async def test_a_hard_bounce_or_a_complaint_suppresses_the_address(
     assert detail.endswith("address suppressed")
 
 
+async def test_a_twilio_failure_for_a_number_that_can_never_receive_suppresses_it(
+    make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
+) -> None:
+    # Given two SMS sent, then Twilio reporting both "failed": one number replied STOP
+    # (21610), the other failed for a passing reason (30008, unknown error)
+    events = make_events()
+    event_id = uuid7()
+    for task, number, message in (("task-s1", "+14155550101", "SM1"),
+                                  ("task-s2", "+14155550102", "SM2")):
+        await db.execute(
+            "INSERT INTO delivery_outbox (task_id, channel, destination, project_id, provider, "
+            "provider_message_id, status) VALUES ($1, 'sms', $2, $3, 'twilio', $4, 'sent')",
+            task, number, project_id, message)
+        await put(redis, keys, {**sent_event(project_id, event_id, task, message, "sms"),
+                                "provider": "twilio"})
+    await events.run_until_idle()
+    await put(redis, keys,
+              receipt(project_id, "SM1", "failed", {"MessageStatus": "failed",
+                                                     "ErrorCode": "21610"}, "twilio"),
+              receipt(project_id, "SM2", "failed", {"MessageStatus": "failed",
+                                                     "ErrorCode": "30008"}, "twilio"))
+    await events.run_until_idle()
+    # Then only the opted-out number is suppressed, and both stay "failed" on the timeline
+    rows = await db.fetch("SELECT channel, target, reason FROM suppressions")
+    assert [tuple(r) for r in rows] == [("sms", "+14155550101", "bounce")]
+    assert await timeline(db, "task-s1") == [("sent", "sent", 1, "sms"),
+                                             ("failed", "failed", 1, "sms")]
+
+
 async def test_a_receipt_that_overtakes_the_send_record_is_retried(
     make_events: EventsFactory, settings: Settings, redis: Redis, keys: Keys,
     db: asyncpg.Pool, project_id: str,

@@ -35,7 +35,8 @@ TOKEN = Param("token", "query", {"type": "string", "minLength": 3, "maxLength": 
                                  "pattern": TOKEN_PATTERN},
               "The signed token from the unsubscribe link.", required=True)
 _RESULT: dict[int, Reply | Schema | None] = {200: ref("Unsubscribed"),
-           400: Reply(ref("Error"), "The token is missing, forged or altered; nothing changed.")}
+           400: Reply(ref("Error"), "The token is missing, forged or altered; nothing changed."),
+           404: Reply(ref("Error"), "The token's project no longer exists; nothing changed.")}
 
 
 @ops.route("GET", "/v1/unsubscribe", "Unsubscribe through a signed link", access="public",

@@ -93,6 +93,7 @@ async def provider_webhook(request: web.Request) -> web.Response:
     if provider == "twilio":
         params = _form(raw)
         _check_twilio(settings, request, params)
+        _check_form_storable(params)
         events = _twilio_events(params)
     else:
         _check_svix(settings, provider, request, raw)
@@ -187,6 +188,17 @@ def _form(raw: bytes) -> list[tuple[str, str]]:
         # Twilio signs the decoded form, so a body that is none cannot carry a good signature.
         raise unauthorized("invalid_signature", "The callback body is not a form, so its "
                            "signature cannot match; nothing was recorded.") from None
+
+
+def _check_form_storable(params: list[tuple[str, str]]) -> None:
+    """The form goes onto a stream and into jsonb as the receipt's raw event, like a JSON
+    body: a NUL (``%00``) there would fail the events service's batch on every attempt."""
+    problems: list[Detail] = []
+    for name, value in params:
+        check_storable(name, "body", problems)
+        check_storable(value, f"body.{name}", problems)
+    if problems:
+        raise invalid(problems)
 
 
 def _twilio_events(params: list[tuple[str, str]]) -> list[dict[str, Any] | None]:
