@@ -229,6 +229,24 @@ async def test_get_turns_the_topic_off(api: Api, project: Project, db: asyncpg.P
     assert again.status == 200
 
 
+async def test_head_on_the_link_changes_nothing(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
+    # Given a link that would turn e-mail off and suppress the address
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    token = make_token(api.settings.secret, project.id, "u1", "email", None, "ada@example.com")
+    # When a link checker sends HEAD (aiohttp serves it with the GET route)
+    checked = await api.call("HEAD", "/v1/unsubscribe", params={"token": token})
+    forged = await api.call("HEAD", "/v1/unsubscribe", params={"token": "garbage"})
+    # Then it learns whether the link works, and nothing is turned off or suppressed
+    assert (checked.status, forged.status) == (200, 400)
+    assert (await preferences(api, project))["channels"] == {}
+    assert await db.fetchval("SELECT count(*) FROM suppressions") == 0
+    # While GET still unsubscribes
+    assert (await api.call("GET", "/v1/unsubscribe", params={"token": token})).status == 200
+    assert (await preferences(api, project))["channels"] == {"email": False}
+
+
 async def test_one_click_post_turns_the_channel_off_and_suppresses_the_address(
     api: Api, project: Project, db: asyncpg.Pool
 ) -> None:

@@ -42,6 +42,11 @@ _RESULT: dict[int, Reply | Schema | None] = {200: ref("Unsubscribed"),
 @ops.route("GET", "/v1/unsubscribe", "Unsubscribe through a signed link", access="public",
            query=(TOKEN,), responses=_RESULT)
 async def unsubscribe_get(request: web.Request) -> web.Response:
+    if request.method == "HEAD":
+        # HEAD comes with GET but must change nothing (RFC 9110): link checkers and mail
+        # scanners send it to see whether a link works, not to unsubscribe anyone.
+        _claims(request.app[SETTINGS].secret, request.query.get("token"))
+        return web.Response(status=200, content_type="application/json")
     return await _apply(request, request.query.get("token"))
 
 
@@ -63,12 +68,13 @@ async def unsubscribe_post(request: web.Request) -> web.Response:
     return await _apply(request, token)
 
 
-async def _apply(request: web.Request, token: str | None) -> web.Response:
+def _claims(secret: str, token: str | None) -> tuple[str, Unsubscribe]:
+    """The project and claims of a link's token, or the 400 that says why there are none."""
     if not token:
         raise ApiError(400, "invalid_token", "The unsubscribe link has no token.",
                        [{"field": "token", "message": "is required"}])
     try:
-        claims = verify_token(request.app[SETTINGS].secret, token)
+        claims = verify_token(secret, token)
     except InvalidToken:
         raise ApiError(400, "invalid_token",
                        "The unsubscribe link is not valid; it may have been altered.",
@@ -78,6 +84,11 @@ async def _apply(request: web.Request, token: str | None) -> web.Response:
     if project is None:
         raise ApiError(400, "invalid_token", "The unsubscribe link names no project.",
                        [{"field": "token", "message": "names no project"}])
+    return project, claims
+
+
+async def _apply(request: web.Request, token: str | None) -> web.Response:
+    project, claims = _claims(request.app[SETTINGS].secret, token)
     suppressed = await _unsubscribe(request, project, claims)
     log.info("Unsubscribed a user through a signed link.",
              extra={"project_id": project, "channel": claims.channel, "topic": claims.topic})
