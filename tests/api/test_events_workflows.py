@@ -66,6 +66,37 @@ async def test_a_workflow_is_stored_and_replaced(
     assert fetched.body["steps"] == STEPS[:1]
 
 
+async def test_workflows_are_listed_page_by_page_and_deleted(
+    api: Api, project: Project, template: str, db: asyncpg.Pool
+) -> None:
+    for name in ("c", "a", "b"):
+        await api.call("PUT", f"/v1/workflows/{name}", key=project.full, json={"steps": STEPS})
+    other = await api.project("other")
+    first = await api.call("GET", "/v1/workflows?limit=2", key=project.full)
+    assert first.status == 200, first.body
+    assert [w["id"] for w in first.body["items"]] == ["a", "b"]
+    rest = await api.call("GET", f"/v1/workflows?limit=2&cursor={first.body['nextCursor']}",
+                          key=project.full)
+    assert ([w["id"] for w in rest.body["items"]], rest.body["nextCursor"]) == (["c"], None)
+    assert (await api.call("GET", "/v1/workflows", key=other.full)).body["items"] == []
+    started = await api.call("POST", "/v1/workflows/a/trigger", key=project.send,
+                             json={"userId": "u1"})
+    assert (await api.call("DELETE", "/v1/workflows/a", key=other.full)).status == 404
+    assert (await api.call("DELETE", "/v1/workflows/a", key=project.send)).status == 403
+    assert (await api.call("DELETE", "/v1/workflows/a", key=project.full)).status == 204
+    assert (await api.call("DELETE", "/v1/workflows/a", key=project.full)).status == 404
+    assert (await api.call("GET", "/v1/workflows/a", key=project.full)).status == 404
+    again = await api.call("POST", "/v1/workflows/a/trigger", key=project.send,
+                           json={"userId": "u1"})
+    assert again.status == 404
+    # An instance already started keeps its own copy of the steps.
+    instance = await api.call("GET", f"/v1/workflow-instances/{started.body['instanceId']}",
+                              key=project.full)
+    assert instance.status == 200
+    bad = await api.call("GET", "/v1/workflows?cursor=nonsense", key=project.full)
+    assert (bad.status, bad.fields) == (400, ["cursor"])
+
+
 async def test_workflow_errors_name_the_step(api: Api, project: Project, template: str) -> None:
     reply = await api.call("PUT", "/v1/workflows/w", key=project.full, json={"steps": [
         {"type": "send"},
