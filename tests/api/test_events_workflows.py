@@ -187,6 +187,25 @@ async def test_a_trigger_with_an_idempotency_key_starts_one_instance(
     assert await redis.xlen(Keys(api.settings.namespace).workflow_inbound) == 1
 
 
+async def test_a_key_that_started_another_workflow_is_refused_after_redis_forgot_it(
+    api: Api, project: Project, template: str, redis: Redis
+) -> None:
+    for name in ("first", "second"):
+        await api.call("PUT", f"/v1/workflows/{name}", key=project.full, json={"steps": STEPS})
+    headers = {"x-idempotency-key": "signup-2"}
+    first = await api.call("POST", "/v1/workflows/first/trigger", key=project.send,
+                           json={"userId": "u1"}, headers=headers)
+    assert first.status == 202
+    # Redis lost the key's record (data loss, or its 24 h ran out); the instance row remains.
+    await redis.delete(Keys(api.settings.namespace).api_idempotency(project.id, "signup-2"))
+    other = await api.call("POST", "/v1/workflows/second/trigger", key=project.send,
+                           json={"userId": "u2"}, headers=headers)
+    assert (other.status, other.body["error"]["code"]) == (409, "idempotency_key_reused")
+    same = await api.call("POST", "/v1/workflows/first/trigger", key=project.send,
+                          json={"userId": "u1"}, headers=headers)
+    assert (same.status, same.body) == (202, first.body)
+
+
 async def test_instance_steps_come_from_workflow_steps(
     api: Api, project: Project, template: str, db: asyncpg.Pool
 ) -> None:

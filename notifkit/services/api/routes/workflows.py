@@ -24,6 +24,7 @@ from notifkit.services.api.idempotency import (
     REPLAY_HEADER,
     IdempotencyKey,
     header_key,
+    key_reused,
     replay_earlier,
 )
 from notifkit.services.api.middleware import project_id
@@ -242,6 +243,10 @@ async def _start(
                            "A request with this idempotency key failed just now; retry.",
                            [{"field": HEADER, "message": "is in use by a request in progress"}],
                            headers={"Retry-After": "1"})
+        if existing["workflow_id"] != workflow_id:
+            # The key's Redis record, which would have said so, is gone; the row still knows
+            # the key started another workflow, and that instance is not this trigger's answer.
+            raise key_reused()
         if existing["status"] == "pending":
             # Nothing has run it yet: the request that created it may have died between the
             # INSERT and the XADD. Enqueueing it again is harmless (the workflow service runs
