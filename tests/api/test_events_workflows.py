@@ -66,6 +66,37 @@ async def test_a_workflow_is_stored_and_replaced(
     assert fetched.body["steps"] == STEPS[:1]
 
 
+async def test_workflows_are_listed_page_by_page_and_deleted(
+    api: Api, project: Project, template: str, db: asyncpg.Pool
+) -> None:
+    for name in ("c", "a", "b"):
+        await api.call("PUT", f"/v1/workflows/{name}", key=project.full, json={"steps": STEPS})
+    other = await api.project("other")
+    first = await api.call("GET", "/v1/workflows?limit=2", key=project.full)
+    assert first.status == 200, first.body
+    assert [w["id"] for w in first.body["items"]] == ["a", "b"]
+    rest = await api.call("GET", f"/v1/workflows?limit=2&cursor={first.body['nextCursor']}",
+                          key=project.full)
+    assert ([w["id"] for w in rest.body["items"]], rest.body["nextCursor"]) == (["c"], None)
+    assert (await api.call("GET", "/v1/workflows", key=other.full)).body["items"] == []
+    started = await api.call("POST", "/v1/workflows/a/trigger", key=project.send,
+                             json={"userId": "u1"})
+    assert (await api.call("DELETE", "/v1/workflows/a", key=other.full)).status == 404
+    assert (await api.call("DELETE", "/v1/workflows/a", key=project.send)).status == 403
+    assert (await api.call("DELETE", "/v1/workflows/a", key=project.full)).status == 204
+    assert (await api.call("DELETE", "/v1/workflows/a", key=project.full)).status == 404
+    assert (await api.call("GET", "/v1/workflows/a", key=project.full)).status == 404
+    again = await api.call("POST", "/v1/workflows/a/trigger", key=project.send,
+                           json={"userId": "u1"})
+    assert again.status == 404
+    # An instance already started keeps its own copy of the steps.
+    instance = await api.call("GET", f"/v1/workflow-instances/{started.body['instanceId']}",
+                              key=project.full)
+    assert instance.status == 200
+    bad = await api.call("GET", "/v1/workflows?cursor=nonsense", key=project.full)
+    assert (bad.status, bad.fields) == (400, ["cursor"])
+
+
 async def test_workflow_errors_name_the_step(api: Api, project: Project, template: str) -> None:
     reply = await api.call("PUT", "/v1/workflows/w", key=project.full, json={"steps": [
         {"type": "send"},
@@ -154,6 +185,25 @@ async def test_a_trigger_with_an_idempotency_key_starts_one_instance(
                                   json={"data": {}}, headers=headers)
     assert (without_user.status, without_user.body) == (202, first.body)
     assert await redis.xlen(Keys(api.settings.namespace).workflow_inbound) == 1
+
+
+async def test_a_key_that_started_another_workflow_is_refused_after_redis_forgot_it(
+    api: Api, project: Project, template: str, redis: Redis
+) -> None:
+    for name in ("first", "second"):
+        await api.call("PUT", f"/v1/workflows/{name}", key=project.full, json={"steps": STEPS})
+    headers = {"x-idempotency-key": "signup-2"}
+    first = await api.call("POST", "/v1/workflows/first/trigger", key=project.send,
+                           json={"userId": "u1"}, headers=headers)
+    assert first.status == 202
+    # Redis lost the key's record (data loss, or its 24 h ran out); the instance row remains.
+    await redis.delete(Keys(api.settings.namespace).api_idempotency(project.id, "signup-2"))
+    other = await api.call("POST", "/v1/workflows/second/trigger", key=project.send,
+                           json={"userId": "u2"}, headers=headers)
+    assert (other.status, other.body["error"]["code"]) == (409, "idempotency_key_reused")
+    same = await api.call("POST", "/v1/workflows/first/trigger", key=project.send,
+                          json={"userId": "u1"}, headers=headers)
+    assert (same.status, same.body) == (202, first.body)
 
 
 async def test_instance_steps_come_from_workflow_steps(

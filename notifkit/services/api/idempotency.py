@@ -74,6 +74,15 @@ async def replay_earlier(request: web.Request, project: str, key: str | None,
     return json_response(record["body"], int(record["status"]), {REPLAY_HEADER: "true"})
 
 
+def key_reused() -> ApiError:
+    """The 409 for a key first used with another route."""
+    return ApiError(
+        409, "idempotency_key_reused",
+        "This idempotency key was used with another route; use a new key.",
+        [{"field": HEADER, "message": "was used with another route"}],
+    )
+
+
 class IdempotencyKey:
     def __init__(self, redis: Redis, key: str, route: str, body: Any, ttl_s: int) -> None:
         self.redis = redis
@@ -97,11 +106,7 @@ class IdempotencyKey:
                 continue  # released or expired between the two calls: try to claim again
             record = codec.loads(raw)
             if record.get("route") != self.route:
-                raise ApiError(
-                    409, "idempotency_key_reused",
-                    "This idempotency key was used with another route; use a new key.",
-                    [{"field": HEADER, "message": "was used with another route"}],
-                )
+                raise key_reused()
             if record.get("state") == "done":
                 if record.get("fingerprint") != self.fingerprint:
                     log.info("Replayed the first response to an idempotency key reused with "

@@ -333,4 +333,5 @@ COMPONENTS: dict[str, Schema] = {
 COMPONENTS["MessageList"] = page_of("MessageLog")
 COMPONENTS["InboxList"] = page_of("InboxMessage")
 COMPONENTS["DlqList"] = page_of("DlqEntry")
+COMPONENTS["WorkflowList"] = page_of("Workflow")
 COMPONENTS["StreamList"] = page_of("StreamInfo")

@@ -18,22 +18,26 @@ import asyncpg
 from aiohttp import web
 
 from notifkit.ids import uuid7
-from notifkit.services.api.errors import ApiError, detail, json_response, not_found
+from notifkit.services.api.errors import ApiError, detail, invalid_field, json_response, not_found
 from notifkit.services.api.idempotency import (
     HEADER,
     REPLAY_HEADER,
     IdempotencyKey,
     header_key,
+    key_reused,
     replay_earlier,
 )
 from notifkit.services.api.middleware import project_id
 from notifkit.services.api.routes.notifications import IDEMPOTENCY_PARAM, REPLAY_REPLY_HEADERS
-from notifkit.services.api.routing import SEND, Operations, Reply
+from notifkit.services.api.routing import CURSOR, LIMIT, SEND, Operations, Reply
 from notifkit.services.api.schemas import ref
 from notifkit.services.api.state import DB, KEYS, REDIS, SETTINGS
 from notifkit.services.api.validation import (
     Fields,
+    decode_cursor,
+    encode_cursor,
     iso,
+    limit_param,
     lookup_id,
     path_id,
     read_json,
@@ -97,6 +101,40 @@ async def get_workflow(request: web.Request) -> web.Response:
     if row is None:
         raise not_found("workflow", workflow_id)
     return json_response(workflow_json(row))
+
+
+@ops.route("GET", "/v1/workflows", "The project's workflows, by id",
+           query=(LIMIT, CURSOR), responses={200: ref("WorkflowList")})
+async def list_workflows(request: web.Request) -> web.Response:
+    limit = limit_param(request)
+    cursor = decode_cursor(request, 1)
+    if cursor is not None and not isinstance(cursor[0], str):
+        raise invalid_field("cursor", "is not a cursor this API returned")
+    after = cursor[0] if cursor is not None else None
+    # One row past the page says whether another page follows.
+    rows = await request.app[DB].fetch(
+        "SELECT id, steps, created_at, updated_at FROM workflow_definitions "
+        "WHERE project_id = $1 AND ($2::text IS NULL OR id > $2) ORDER BY id LIMIT $3",
+        project_id(request), after, limit + 1,
+    )
+    page = rows[:limit]
+    next_cursor = encode_cursor(page[-1]["id"]) if len(rows) > limit else None
+    return json_response({"items": [workflow_json(r) for r in page], "nextCursor": next_cursor})
+
+
+@ops.route("DELETE", "/v1/workflows/{workflowId}", "Delete a workflow",
+           responses={204: Reply(None, "The workflow can no longer be triggered; instances "
+                                       "already started run to their end.")})
+async def delete_workflow(request: web.Request) -> web.Response:
+    workflow_id = lookup_id(request, "workflowId", "workflow")
+    # Instances carry their own copy of the steps, so they need nothing from this row.
+    deleted = await request.app[DB].fetchval(
+        "DELETE FROM workflow_definitions WHERE project_id = $1 AND id = $2 RETURNING true",
+        project_id(request), workflow_id,
+    )
+    if not deleted:
+        raise not_found("workflow", workflow_id)
+    return web.Response(status=204)
 
 
 @ops.route("POST", "/v1/workflows/{workflowId}/trigger", "Start a workflow for a user",
@@ -205,6 +243,10 @@ async def _start(
                            "A request with this idempotency key failed just now; retry.",
                            [{"field": HEADER, "message": "is in use by a request in progress"}],
                            headers={"Retry-After": "1"})
+        if existing["workflow_id"] != workflow_id:
+            # The key's Redis record, which would have said so, is gone; the row still knows
+            # the key started another workflow, and that instance is not this trigger's answer.
+            raise key_reused()
         if existing["status"] == "pending":
             # Nothing has run it yet: the request that created it may have died between the
             # INSERT and the XADD. Enqueueing it again is harmless (the workflow service runs
