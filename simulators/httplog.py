@@ -1,7 +1,11 @@
 """aiohttp's server logs a request it cannot parse (a header or URL over 8 KB, a NUL in a
 header) as an ERROR with a traceback, although it has already answered 400 and the simulator
 did nothing wrong. Here that becomes one WARNING line naming the problem, so a fuzzing CI job
-or a staging load does not fill the simulator's log with tracebacks."""
+or a staging load does not fill the simulator's log with tracebacks.
+
+The simulators' HTTP server logs through a logger of its own (:data:`SERVER_LOG`), so the
+filter leaves alone any other aiohttp server in the same process (a test's, an application's).
+"""
 
 from __future__ import annotations
 
@@ -22,8 +26,11 @@ class _UnparseableRequest(logging.Filter):
         return True
 
 
-def quiet_unparseable_requests() -> None:
-    """Install the filter on aiohttp's server logger, once."""
-    server_log = logging.getLogger("aiohttp.server")
-    if not any(isinstance(f, _UnparseableRequest) for f in server_log.filters):
-        server_log.addFilter(_UnparseableRequest())
+SERVER_LOG = logging.getLogger("simulators.http")
+
+
+def quiet_unparseable_requests() -> logging.Logger:
+    """:data:`SERVER_LOG` with the filter installed (once), for the server to log through."""
+    if not any(isinstance(f, _UnparseableRequest) for f in SERVER_LOG.filters):
+        SERVER_LOG.addFilter(_UnparseableRequest())
+    return SERVER_LOG

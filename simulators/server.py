@@ -86,9 +86,9 @@ class SimulatorServer(SimulatorControl):
         return f"http://{host}:{self.port}"
 
     async def start(self) -> None:
-        quiet_unparseable_requests()
         runner = web.AppRunner(
-            create_app(self.state), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+            create_app(self.state), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+            logger=quiet_unparseable_requests(),
         )
         await runner.setup()
         self._runner = runner
