@@ -364,7 +364,25 @@ def render_string(source: str, context: Mapping[str, Any], *, html: bool = False
         raise RenderError(field, f"{type(exc).__name__}: {exc}") from None
     if output is None:
         raise RenderError(field, f"renders to more than {MAX_OUTPUT_CHARS} characters")
+    problem = _unstorable(output)
+    if problem:
+        raise RenderError(field, problem)
     return output
+
+
+def _unstorable(text: str) -> str | None:
+    """Why ``text`` cannot leave the process, or None. A template can build characters the API
+    refuses in data (``'\\x00'``, ``'%c' % 55296``): a lone surrogate breaks every JSON
+    encoder downstream (the preview's answer, the engine's stream entry) and a NUL is refused
+    by PostgreSQL (in-app rows, logs), so either would fail the send on every retry."""
+    if "\x00" in text:
+        return "renders a NUL character"
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return "renders text that is not valid Unicode (a lone surrogate)"
+    return None
 
 
 def _render_bounded(template: Any, context: Mapping[str, Any]) -> str | None:

@@ -122,6 +122,19 @@ def test_a_filter_that_asserts_on_its_arguments_is_a_render_error(source: str) -
         render_expression(source.strip("{} "), {"data": {}})
 
 
+@pytest.mark.parametrize("source", [
+    "{{ '\\ud800' }}", "{{ '%c' % 55296 }}", "a{{ '\\x00' }}b", "{{ '%c' % 0 }}",
+])
+def test_output_no_encoder_or_database_can_hold_is_a_render_error(source: str) -> None:
+    """A template can build a lone surrogate or a NUL the API refuses in data: such output
+    would break the preview's JSON answer (a 500) and the engine's stream entry or the in-app
+    row (a send retried to the DLQ), so it is a RenderError naming the field."""
+    with pytest.raises(RenderError) as caught:
+        render_string(source, {"data": {}}, field="channels.sms.text")
+    assert caught.value.field == "channels.sms.text"
+    assert render_string("{{ '\\u05d0\\u200f' }}", {}) == "\u05d0\u200f"
+
+
 def test_the_bounds_leave_ordinary_templates_alone() -> None:
     context = {"data": {"xs": list(range(1000)), "n": 3.14159, "amount": 5_000_000,
                         "tree": [{"v": 1, "c": [{"v": 2, "c": []}]}]}}
