@@ -102,11 +102,16 @@ _SIZE_FILTER: Final = "nk_bounded"
 class _Budget:
     """What one render may still spend (see the module docstring)."""
 
-    __slots__ = ("deadline", "iterations")
+    __slots__ = ("deadline", "iterations", "sizes")
 
     def __init__(self) -> None:
         self.deadline = time.monotonic() + MAX_RENDER_SECONDS
         self.iterations = 0
+        # Text sizes of the collections already measured, by id (the object is kept so the
+        # id stays its own): a loop passing the same long list to a filter on every
+        # iteration would otherwise walk it every time. The sandbox is immutable, so a
+        # collection's size cannot change during the render.
+        self.sizes: dict[int, tuple[Any, int]] = {}
 
     def tick(self) -> None:
         if time.monotonic() > self.deadline:
@@ -153,7 +158,17 @@ def _logical_size(value: Any, limit: int = MAX_OUTPUT_CHARS) -> int:
 
 def _bounded(value: Any) -> Any:
     """``value``, unless it is a string or collection past the size limit."""
-    if _logical_size(value) > MAX_OUTPUT_CHARS:
+    if isinstance(value, str):
+        size = len(value)
+    elif isinstance(value, list | tuple | dict | set | frozenset) \
+            and (budget := _budget.get()) is not None:
+        known = budget.sizes.get(id(value))
+        if known is None or known[0] is not value:
+            known = budget.sizes[id(value)] = (value, _logical_size(value))
+        size = known[1]
+    else:
+        size = _logical_size(value)
+    if size > MAX_OUTPUT_CHARS:
         raise SecurityError("the result would be too large")
     return value
 

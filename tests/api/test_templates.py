@@ -166,6 +166,15 @@ def test_output_is_refused_before_it_is_built(source: str) -> None:
     assert peak < 20_000_000
 
 
+def test_a_long_list_used_on_every_iteration_is_measured_once() -> None:
+    """Sizes are measured per render, not per call: a loop that passes the same list to a
+    filter on each iteration must not walk it each time (quadratic, past the time budget)."""
+    data = {"ids": list(range(5000))}
+    out = render_string("{% for i in data.ids %}{{ data.ids|length }},{% endfor %}",
+                        {"data": data})
+    assert out.count("5000,") == 5000
+
+
 def test_wordwrap_of_a_huge_text_is_refused_rather_than_holding_the_loop() -> None:
     with pytest.raises(RenderError) as caught:
         render_string("{{ ('a'*300000)|wordwrap(2) }}", {"data": {}})
