@@ -23,7 +23,8 @@ Choices, and why:
   counts ten times) and estimated before a call that could build a large result in one step
   (``join``, ``format``, ``%``, ``expandtabs``, ``translate``, ``wordwrap``'s wrapstring), since
   a check of the result would come after the memory was gone. ``wordwrap`` takes at most
-  :data:`MAX_WORDWRAP_CHARS`, as it cannot be interrupted.
+  :data:`MAX_WORDWRAP_CHARS`, as it cannot be interrupted. All the strings one render builds
+  may not pass :data:`MAX_PRODUCED_CHARS` together: each is bounded, but many at once are not.
 - ``StrictUndefined``: a variable the data does not carry is an error, not an empty string. A
   notification reading "Hi , your invoice of  is paid" is worse than one that visibly failed:
   the preview shows the mistake before any send, and the engine falls back to generic content
@@ -85,6 +86,7 @@ MAX_RENDER_SECONDS: Final = 0.5
 MAX_LIPSUM_WORDS: Final = 10_000
 MAX_JSON_INDENT: Final = 16
 MAX_WORDWRAP_CHARS: Final = 100_000
+MAX_PRODUCED_CHARS: Final = 20 * MAX_OUTPUT_CHARS
 _CACHE_SIZE: Final = 4096
 
 # Filters and str methods whose integer arguments set the size of what they build.
@@ -102,11 +104,12 @@ _SIZE_FILTER: Final = "nk_bounded"
 class _Budget:
     """What one render may still spend (see the module docstring)."""
 
-    __slots__ = ("deadline", "iterations", "sizes")
+    __slots__ = ("deadline", "iterations", "produced", "sizes")
 
     def __init__(self) -> None:
         self.deadline = time.monotonic() + MAX_RENDER_SECONDS
         self.iterations = 0
+        self.produced = 0
         # Text sizes of the collections already measured, by id (the object is kept so the
         # id stays its own): a loop passing the same long list to a filter on every
         # iteration would otherwise walk it every time. The sandbox is immutable, so a
@@ -117,6 +120,16 @@ class _Budget:
         if time.monotonic() > self.deadline:
             raise SecurityError(f"the template took longer than {MAX_RENDER_SECONDS:g} s "
                                 "to render")
+
+    def produce(self, value: Any) -> Any:
+        """Count a string an operation built: each is bounded, but a list literal of many
+        ``'x' * 999999`` would otherwise hold gigabytes at once."""
+        if isinstance(value, str):
+            self.produced += len(value)
+            if self.produced > MAX_PRODUCED_CHARS:
+                raise SecurityError(f"the template builds more than {MAX_PRODUCED_CHARS} "
+                                    "characters")
+        return value
 
     def iterate(self, iterable: Iterable[Any]) -> Iterator[Any]:
         for item in iterable:
@@ -154,6 +167,11 @@ def _logical_size(value: Any, limit: int = MAX_OUTPUT_CHARS) -> int:
             total += _logical_size(item, limit - total)
         return total
     return 0
+
+
+def _produced(value: Any) -> Any:
+    budget = _budget.get()
+    return value if budget is None else budget.produce(value)
 
 
 def _bounded(value: Any) -> Any:
@@ -264,7 +282,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             elif name == "replace" and len(args) >= 2:
                 _refuse_big_replace(owner, args[0], args[1])
             _refuse_amplifying(owner, name, args, kwargs)
-        return _bounded(super().call(__context, __obj, *args, **kwargs))
+        return _produced(_bounded(super().call(__context, __obj, *args, **kwargs)))
 
     def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
         # Jinja hands out its own wrapper for str.format and format_map, which call() cannot
@@ -277,7 +295,8 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         @functools.wraps(wrapped)
         def checked(*args: Any, **kwargs: Any) -> str:
             _refuse_amplifying(owner, name, args, kwargs)
-            return wrapped(*args, **kwargs)
+            result: str = _produced(wrapped(*args, **kwargs))
+            return result
 
         return checked
 
@@ -299,7 +318,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             if _format_size(left, (*values, *(right.values() if isinstance(right, Mapping)
                                               else ()))) > MAX_OUTPUT_CHARS:
                 raise SecurityError("the result would be too large")
-            return _bounded(operator.mod(left, right))
+            return _produced(_bounded(operator.mod(left, right)))
         if operator_ == "**":
             if isinstance(right, int | float) and abs(right) > MAX_POWER_EXPONENT:
                 raise SecurityError("exponent too large")
@@ -311,7 +330,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             size = _repeat_size(left, right)
             if size > MAX_OUTPUT_CHARS:
                 raise SecurityError("the result would be too large")
-            return operator.mul(left, right)
+            return _produced(operator.mul(left, right))
         return super().call_binop(context, operator_, left, right)
 
 
@@ -344,7 +363,7 @@ def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             strings = [a for a in args if isinstance(a, str)]
             if len(strings) >= 3:
                 _refuse_big_replace(*strings[:3])
-        return _bounded(func(*args, **kwargs))
+        return _produced(_bounded(func(*args, **kwargs)))
 
     return bounded
 
