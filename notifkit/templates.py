@@ -19,7 +19,12 @@ Choices, and why:
   ``"%9999999d"``, ``"a".ljust(...)``, ``replace``), any value past that size however it was
   built (a string doubled in a loop), more than :data:`MAX_LOOP_ITERATIONS` loop iterations,
   and a render past :data:`MAX_RENDER_SECONDS`; output past :data:`MAX_OUTPUT_CHARS` stops the
-  render.
+  render. Sizes are counted as text (a list holding one long string ten times
+  counts ten times) and estimated before a call that could build a large result in one step
+  (``join``, ``format``, ``%``, ``expandtabs``, ``translate``, ``wordwrap``'s wrapstring), since
+  a check of the result would come after the memory was gone. ``wordwrap`` takes at most
+  :data:`MAX_WORDWRAP_CHARS`, as it cannot be interrupted. All the strings one render builds
+  may not pass :data:`MAX_PRODUCED_CHARS` together: each is bounded, but many at once are not.
 - ``StrictUndefined``: a variable the data does not carry is an error, not an empty string. A
   notification reading "Hi , your invoice of  is paid" is worse than one that visibly failed:
   the preview shows the mistake before any send, and the engine falls back to generic content
@@ -80,6 +85,8 @@ MAX_LOOP_ITERATIONS: Final = 100_000
 MAX_RENDER_SECONDS: Final = 0.5
 MAX_LIPSUM_WORDS: Final = 10_000
 MAX_JSON_INDENT: Final = 16
+MAX_WORDWRAP_CHARS: Final = 100_000
+MAX_PRODUCED_CHARS: Final = 20 * MAX_OUTPUT_CHARS
 _CACHE_SIZE: Final = 4096
 
 # Filters and str methods whose integer arguments set the size of what they build.
@@ -87,23 +94,42 @@ _SIZING_FILTERS: Final = frozenset({"center", "indent", "wordwrap", "truncate", 
 _SIZING_METHODS: Final = frozenset({"ljust", "rjust", "center", "zfill", "expandtabs"})
 # A width or precision of seven digits or more in a %-format or str.format field.
 _WIDE_FIELD: Final = re.compile(r"\d{7,}")
+_DIGITS: Final = re.compile(r"\d{1,7}")
 # The filter every for-loop's iterable passes through (see _compile).
 _LOOP_FILTER: Final = "nk_loop_budget"
+# The filter every operand of ``~`` passes through (see _compile).
+_SIZE_FILTER: Final = "nk_bounded"
 
 
 class _Budget:
     """What one render may still spend (see the module docstring)."""
 
-    __slots__ = ("deadline", "iterations")
+    __slots__ = ("deadline", "iterations", "produced", "sizes")
 
     def __init__(self) -> None:
         self.deadline = time.monotonic() + MAX_RENDER_SECONDS
         self.iterations = 0
+        self.produced = 0
+        # Text sizes of the collections already measured, by id (the object is kept so the
+        # id stays its own): a loop passing the same long list to a filter on every
+        # iteration would otherwise walk it every time. The sandbox is immutable, so a
+        # collection's size cannot change during the render.
+        self.sizes: dict[int, tuple[Any, int]] = {}
 
     def tick(self) -> None:
         if time.monotonic() > self.deadline:
             raise SecurityError(f"the template took longer than {MAX_RENDER_SECONDS:g} s "
                                 "to render")
+
+    def produce(self, value: Any) -> Any:
+        """Count a string an operation built: each is bounded, but a list literal of many
+        ``'x' * 999999`` would otherwise hold gigabytes at once."""
+        if isinstance(value, str):
+            self.produced += len(value)
+            if self.produced > MAX_PRODUCED_CHARS:
+                raise SecurityError(f"the template builds more than {MAX_PRODUCED_CHARS} "
+                                    "characters")
+        return value
 
     def iterate(self, iterable: Iterable[Any]) -> Iterator[Any]:
         for item in iterable:
@@ -124,11 +150,76 @@ def _tick() -> None:
         budget.tick()
 
 
+def _logical_size(value: Any, limit: int = MAX_OUTPUT_CHARS) -> int:
+    """How many characters ``value`` spells out once turned into text, counted only until
+    ``limit`` is passed. A list holding one long string many times costs little memory but
+    ``str()``, ``join`` or ``format`` write every copy, so a check on ``len`` alone lets a
+    template build gigabytes in one C call before any size check sees the result."""
+    if isinstance(value, str | bytes):
+        return len(value)
+    if isinstance(value, dict):
+        return _logical_size([*value.keys(), *value.values()], limit)
+    if isinstance(value, list | tuple | set | frozenset):
+        total = len(value)
+        for item in value:
+            if total > limit:
+                break
+            total += _logical_size(item, limit - total)
+        return total
+    return 0
+
+
+def _produced(value: Any) -> Any:
+    budget = _budget.get()
+    return value if budget is None else budget.produce(value)
+
+
 def _bounded(value: Any) -> Any:
     """``value``, unless it is a string or collection past the size limit."""
-    if isinstance(value, str | list | tuple | dict) and len(value) > MAX_OUTPUT_CHARS:
+    if isinstance(value, str):
+        size = len(value)
+    elif isinstance(value, list | tuple | dict | set | frozenset) \
+            and (budget := _budget.get()) is not None:
+        known = budget.sizes.get(id(value))
+        if known is None or known[0] is not value:
+            known = budget.sizes[id(value)] = (value, _logical_size(value))
+        size = known[1]
+    else:
+        size = _logical_size(value)
+    if size > MAX_OUTPUT_CHARS:
         raise SecurityError("the result would be too large")
     return value
+
+
+def _refuse_amplifying(owner: str, name: str, args: tuple[Any, ...],
+                       kwargs: Mapping[str, Any]) -> None:
+    """Refuse a str method whose result would pass the size limit, before it is built."""
+    values = [*args, *kwargs.values()]
+    size = 0
+    if name == "expandtabs":
+        width = values[0] if values else 8
+        size = len(owner) + owner.count("\t") * width if isinstance(width, int) else 0
+    elif name == "translate" and values and isinstance(values[0], Mapping):
+        longest = max((_logical_size(v) for v in values[0].values()), default=1)
+        size = len(owner) * max(longest, 1)
+    elif name == "join" and values:
+        items = list(values[0]) if isinstance(values[0], Iterable) else []
+        size = _logical_size(items) + len(owner) * len(items)
+    elif name in ("format", "format_map"):
+        size = _format_size(owner, values)
+    if size > MAX_OUTPUT_CHARS:
+        raise SecurityError("the result would be too large")
+
+
+def _format_size(fmt: Any, args: Iterable[Any]) -> int:
+    """An upper bound of a format's result: each field may write the longest argument."""
+    if not isinstance(fmt, str):
+        return 0
+    fields = fmt.count("{") + fmt.count("%")
+    longest = max((_logical_size(a) for a in args), default=0)
+    # Each field may also pad to its width: many fields of 999999 are as bad as one huge one.
+    widths = sum(int(digits) for digits in _DIGITS.findall(fmt))
+    return len(fmt) + fields * longest + widths
 
 
 def _refuse_sizes(args: Iterable[Any]) -> None:
@@ -175,6 +266,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         super().__init__(**options)
         self.filters = {name: _bounded_filter(name, f) for name, f in self.filters.items()}
         self.filters[_LOOP_FILTER] = _loop_budget
+        self.filters[_SIZE_FILTER] = _bounded
         self.globals["lipsum"] = _bounded_lipsum
 
     # Jinja's own signature: the dunder names cannot clash with a template's keyword arguments.
@@ -189,7 +281,24 @@ class _Sandbox(ImmutableSandboxedEnvironment):
                 _refuse_sizes([*args, *kwargs.values()])
             elif name == "replace" and len(args) >= 2:
                 _refuse_big_replace(owner, args[0], args[1])
-        return _bounded(super().call(__context, __obj, *args, **kwargs))
+            _refuse_amplifying(owner, name, args, kwargs)
+        return _produced(_bounded(super().call(__context, __obj, *args, **kwargs)))
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        # Jinja hands out its own wrapper for str.format and format_map, which call() cannot
+        # recognise as a str method: the estimate is made here instead.
+        wrapped = super().wrap_str_format(value)
+        if wrapped is None:
+            return None
+        owner, name = value.__self__, value.__name__
+
+        @functools.wraps(wrapped)
+        def checked(*args: Any, **kwargs: Any) -> str:
+            _refuse_amplifying(owner, name, args, kwargs)
+            result: str = _produced(wrapped(*args, **kwargs))
+            return result
+
+        return checked
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         _tick()
@@ -204,8 +313,12 @@ class _Sandbox(ImmutableSandboxedEnvironment):
     def call_binop(self, context: Context, operator_: str, left: Any, right: Any) -> Any:
         _tick()
         if operator_ == "%":
-            _refuse_wide_format(left, right if isinstance(right, tuple | list) else (right,))
-            return _bounded(operator.mod(left, right))
+            values = right if isinstance(right, tuple | list) else (right,)
+            _refuse_wide_format(left, values)
+            if _format_size(left, (*values, *(right.values() if isinstance(right, Mapping)
+                                              else ()))) > MAX_OUTPUT_CHARS:
+                raise SecurityError("the result would be too large")
+            return _produced(_bounded(operator.mod(left, right)))
         if operator_ == "**":
             if isinstance(right, int | float) and abs(right) > MAX_POWER_EXPONENT:
                 raise SecurityError("exponent too large")
@@ -217,7 +330,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             size = _repeat_size(left, right)
             if size > MAX_OUTPUT_CHARS:
                 raise SecurityError("the result would be too large")
-            return operator.mul(left, right)
+            return _produced(operator.mul(left, right))
         return super().call_binop(context, operator_, left, right)
 
 
@@ -225,6 +338,10 @@ def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)  # keeps jinja's pass_context / pass_environment marks
     def bounded(*args: Any, **kwargs: Any) -> Any:
         _tick()
+        for arg in (*args, *kwargs.values()):  # join, string, format... write every copy
+            _bounded(arg)
+        if name == "wordwrap":
+            _refuse_big_wordwrap(args, kwargs)
         if name in _SIZING_FILTERS:
             _refuse_sizes([*args, *kwargs.values()])
         elif name == "format":
@@ -236,13 +353,31 @@ def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             indent = kwargs.get("indent", args[2] if len(args) > 2 else None)
             if isinstance(indent, int) and indent > MAX_JSON_INDENT:
                 raise SecurityError(f"tojson's indent may be at most {MAX_JSON_INDENT}")
+        elif name == "join" and len(args) >= 2 and isinstance(args[1], Iterable):
+            items = list(args[1])
+            sep = kwargs.get("d", args[2] if len(args) > 2 else "")
+            if _logical_size(items) + len(str(sep)) * len(items) > MAX_OUTPUT_CHARS:
+                raise SecurityError("the result would be too large")
+            args = (args[0], items, *args[2:])
         elif name == "replace":
             strings = [a for a in args if isinstance(a, str)]
             if len(strings) >= 3:
                 _refuse_big_replace(*strings[:3])
-        return _bounded(func(*args, **kwargs))
+        return _produced(_bounded(func(*args, **kwargs)))
 
     return bounded
+
+
+def _refuse_big_wordwrap(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+    """``wordwrap(environment, s, width, break_long_words, wrapstring, ...)``: textwrap holds
+    the loop for seconds on a megabyte (no tick runs meanwhile), and every line break writes
+    the wrapstring (at most one break per character)."""
+    text = str(args[1]) if len(args) > 1 else ""
+    if len(text) > MAX_WORDWRAP_CHARS:
+        raise SecurityError(f"wordwrap is limited to {MAX_WORDWRAP_CHARS} characters")
+    wrap = kwargs.get("wrapstring", args[4] if len(args) > 4 else None)
+    if isinstance(wrap, str) and len(text) * (1 + len(wrap)) > MAX_OUTPUT_CHARS:
+        raise SecurityError("the result would be too large")
 
 
 def _loop_budget(iterable: Any) -> Any:
@@ -253,14 +388,14 @@ def _loop_budget(iterable: Any) -> Any:
 def _repeat_size(left: Any, right: Any) -> int:
     for seq, count in ((left, right), (right, left)):
         if isinstance(seq, str | list | tuple) and isinstance(count, int):
-            return len(seq) * max(count, 0)
+            return _logical_size(seq) * max(count, 0)
     return 0
 
 
 def _environment(autoescape: bool, undefined: type[Any] = StrictUndefined) -> _Sandbox:
     return _Sandbox(
         undefined=undefined, autoescape=autoescape, keep_trailing_newline=True,
-        auto_reload=False,
+        auto_reload=False, finalize=_bounded,  # {{ value }} writes every copy a list holds
     )
 
 
@@ -278,6 +413,11 @@ def _compile(source: str, html: bool) -> Any:
     for loop in tree.find_all(nodes.For):
         loop.iter = nodes.Filter(loop.iter, _LOOP_FILTER, [], [], None, None,
                                  lineno=loop.iter.lineno)
+    # ``~`` turns each operand into text without any hook: a list holding a long string many
+    # times would be written out in full before the output limit could stop it.
+    for concat in tree.find_all(nodes.Concat):
+        concat.nodes = [nodes.Filter(operand, _SIZE_FILTER, [], [], None, None,
+                                     lineno=operand.lineno) for operand in concat.nodes]
     return env.from_string(tree)
 
 
@@ -364,7 +504,25 @@ def render_string(source: str, context: Mapping[str, Any], *, html: bool = False
         raise RenderError(field, f"{type(exc).__name__}: {exc}") from None
     if output is None:
         raise RenderError(field, f"renders to more than {MAX_OUTPUT_CHARS} characters")
+    problem = _unstorable(output)
+    if problem:
+        raise RenderError(field, problem)
     return output
+
+
+def _unstorable(text: str) -> str | None:
+    """Why ``text`` cannot leave the process, or None. A template can build characters the API
+    refuses in data (``'\\x00'``, ``'%c' % 55296``): a lone surrogate breaks every JSON
+    encoder downstream (the preview's answer, the engine's stream entry) and a NUL is refused
+    by PostgreSQL (in-app rows, logs), so either would fail the send on every retry."""
+    if "\x00" in text:
+        return "renders a NUL character"
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return "renders text that is not valid Unicode (a lone surrogate)"
+    return None
 
 
 def _render_bounded(template: Any, context: Mapping[str, Any]) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import tracemalloc
 
 import pytest
 from hypothesis import given
@@ -120,6 +121,66 @@ def test_a_filter_that_asserts_on_its_arguments_is_a_render_error(source: str) -
         render_string(source, {"data": {}})
     with pytest.raises(RenderError):
         render_expression(source.strip("{} "), {"data": {}})
+
+
+@pytest.mark.parametrize("source", [
+    "{{ '\\ud800' }}", "{{ '%c' % 55296 }}", "a{{ '\\x00' }}b", "{{ '%c' % 0 }}",
+])
+def test_output_no_encoder_or_database_can_hold_is_a_render_error(source: str) -> None:
+    """A template can build a lone surrogate or a NUL the API refuses in data: such output
+    would break the preview's JSON answer (a 500) and the engine's stream entry or the in-app
+    row (a send retried to the DLQ), so it is a RenderError naming the field."""
+    with pytest.raises(RenderError) as caught:
+        render_string(source, {"data": {}}, field="channels.sms.text")
+    assert caught.value.field == "channels.sms.text"
+    assert render_string("{{ '\\u05d0\\u200f' }}", {}) == "\u05d0\u200f"
+
+
+@pytest.mark.parametrize("source", [
+    "{{ ('\\t'*100).expandtabs(999999) }}",
+    "{{ ('x'*100).translate({120: 'y'*999999}) }}",
+    "{{ (['x'*999999]*100)|join }}",
+    "{{ ''.join(['x'*999999]*100) }}",
+    "{{ range(100)|join('x'*999999) }}",
+    "{{ ('{0}'*100).format('x'*999999) }}",
+    "{{ ('%(a)s'*100) % {'a': 'x'*999999} }}",
+    "{{ (['x'*999999]*100)|string }}",
+    "{% set s = 'x'*999999 %}{{ [s, s, s, s, s, s, s, s, s, s] }}",
+    "{{ [" + ", ".join(["'x'*999999"] * 30) + "] }}",
+    "{{ ('{:999999}'*100).format(*(['x']*100)) }}",
+    "{{ ('%-999999s'*100) % (('x',)*100) }}",
+    "{{ ('a '*100)|wordwrap(1, wrapstring='x'*999999) }}",
+    "{% set s = 'x'*999999 %}{% set l = [s, s, s, s, s, s, s, s, s, s] %}{{ l ~ '' }}",
+])
+def test_output_is_refused_before_it_is_built(source: str) -> None:
+    """One C call (expandtabs, translate, join, format, str of a list holding one long
+    string many times) could build gigabytes before any check saw the result: a single
+    preview killed the api process by exhausting memory. The size is estimated first."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(RenderError) as caught:
+            render_string(source, {"data": {}})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "too large" in caught.value.message or "builds more than" in caught.value.message
+    assert peak < 25_000_000
+
+
+def test_a_long_list_used_on_every_iteration_is_measured_once() -> None:
+    """Sizes are measured per render, not per call: a loop that passes the same list to a
+    filter on each iteration must not walk it each time (quadratic, past the time budget)."""
+    data = {"ids": list(range(5000))}
+    out = render_string("{% for i in data.ids %}{{ data.ids|length }},{% endfor %}",
+                        {"data": data})
+    assert out.count("5000,") == 5000
+
+
+def test_wordwrap_of_a_huge_text_is_refused_rather_than_holding_the_loop() -> None:
+    with pytest.raises(RenderError) as caught:
+        render_string("{{ ('a'*300000)|wordwrap(2) }}", {"data": {}})
+    assert "wordwrap" in caught.value.message
+    assert render_string("{{ 'abc def'|wordwrap(3) }}", {}) == "abc\ndef"
 
 
 def test_the_bounds_leave_ordinary_templates_alone() -> None:

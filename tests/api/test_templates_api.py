@@ -139,3 +139,14 @@ async def test_preview_errors_name_the_field(api: Api, project: Project) -> None
     unknown = await api.call("POST", "/v1/templates/nope/preview", key=project.full,
                              json={"data": {}})
     assert unknown.status == 404
+
+
+async def test_preview_of_output_json_cannot_carry_is_a_400(api: Api, project: Project) -> None:
+    for source in ("{{ '\\ud800' }}", "a{{ '%c' % 0 }}b"):
+        body = {"channels": {"sms": {"text": source}}}
+        put = await api.call("PUT", "/v1/templates/odd", key=project.full, json=body)
+        assert put.status in (200, 201)
+        reply = await api.call("POST", "/v1/templates/odd/preview", key=project.full,
+                               json={"data": {}})
+        assert reply.status == 400
+        assert reply.fields == ["channels.sms.text"]

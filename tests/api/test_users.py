@@ -208,3 +208,21 @@ async def test_deleting_a_user_erases_everything_about_them(
         assert count == 0, table
     assert (await api.call("GET", "/v1/users/u1", key=project.full)).status == 404
     assert (await api.call("DELETE", "/v1/users/u1", key=project.full)).status == 404
+
+
+async def test_blank_segment_and_topic_names_are_refused_and_nothing_is_stored(
+        api: Api, project: Project) -> None:
+    """A send refuses a blank segment and a template a blank topic, so a user can never be
+    reached through either: storing them would only hide a client's mistake."""
+    await api.call("PUT", "/v1/users/blank", key=project.full, json={"segments": ["beta"]})
+    segment = await api.call("PUT", "/v1/users/blank", key=project.full,
+                             json={"segments": [" "]})
+    assert segment.status == 400
+    assert segment.fields == ["segments[0]"]
+    topic = await api.call("PUT", "/v1/users/blank/preferences", key=project.full,
+                           json={"topics": {" \t": False}})
+    assert topic.status == 400
+    assert topic.fields == ["topics. \t"]
+    user = await api.call("GET", "/v1/users/blank", key=project.full)
+    assert user.body["segments"] == ["beta"]
+    assert user.body["preferences"]["topics"] == {}

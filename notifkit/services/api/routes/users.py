@@ -361,6 +361,8 @@ def _segments(fields: Fields) -> list[str] | None:
         name = f"segments[{index}]"
         if not isinstance(item, str) or not 1 <= len(item) <= 100:
             fields.fail(name, "must be a string of 1 to 100 characters")
+        elif not item.strip():  # a send refuses a blank segment name, so none could reach it
+            fields.fail(name, "must not be blank")
         elif item in out:
             fields.fail(name, f"repeats {item!r}")
         else:
@@ -416,6 +418,8 @@ def _bool_map(
             continue
         if not 1 <= len(key) <= 100:
             inner.fail(key[:100] or "''", "must be a name of 1 to 100 characters")
+        elif not key.strip():  # like a template's topic: no template could ever name it
+            inner.fail(key, "must not be blank")
         elif not isinstance(value, bool):
             inner.fail(key, "must be true or false")
         else:
