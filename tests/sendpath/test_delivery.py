@@ -817,10 +817,11 @@ async def test_a_critical_sends_outbox_write_never_waits_behind_a_lower_streams(
     delivery = await services(DeliveryService, sim_settings)
     # Given a low send's 'sent' write that is slow to come back
     writes: list[tuple[str | None, list[str]]] = []
-    release = asyncio.Event()
+    release, written = asyncio.Event(), asyncio.Event()
 
     async def record(rows: list[Any]) -> list[None]:
         writes.append((batch_stream.get(), [row[0] for row in rows]))
+        written.set()
         await release.wait()
         return [None] * len(rows)
 
@@ -830,12 +831,18 @@ async def test_a_critical_sends_outbox_write_never_waits_behind_a_lower_streams(
         batch_stream.set(stream)  # as the worker sets it for the batch's task
         await delivery._recorder().submit((task_id, "email", "a@example.com", "sent", None))
 
+    async def writes_out(count: int) -> None:
+        while len(writes) < count:
+            written.clear()
+            await written.wait()
+
     low = asyncio.create_task(accepted(keys.outbound("low"), "low-task"))
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(writes_out(1), 5)
     # When a critical send is accepted meanwhile
     critical = asyncio.create_task(accepted(keys.outbound("critical"), "critical-task"))
-    await asyncio.sleep(0.01)
-    # Then its write is out at once, in its own stream's context (its own connections)
+    # Then its write is out at once (not held until the low one returns), in its own
+    # stream's context (its own connections)
+    await asyncio.wait_for(writes_out(2), 5)
     assert writes == [(keys.outbound("low"), ["low-task"]),
                       (keys.outbound("critical"), ["critical-task"])]
     release.set()
