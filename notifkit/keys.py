@@ -2,11 +2,12 @@
 
 Streams (one consumer group per service reads each; ``{p}`` is critical | normal | low):
 
-    notifkit:stream:inbound:{p}        api, workflow         -> enricher
+    notifkit:stream:inbound:{p}        api, workflow,        -> enricher
+                                       enricher (segment pages)
     notifkit:stream:enriched:{p}       enricher, delivery    -> engine   (delivery: fallback)
     notifkit:stream:outbound:{p}       engine, scheduler, ai -> delivery
     notifkit:stream:ai:pending         engine                -> ai
-    notifkit:stream:scheduled          engine, delivery      -> scheduler (sendAt, quiet hours, 429)
+    notifkit:stream:scheduled          engine, delivery, ai  -> scheduler (sendAt, quiet hours, 429)
     notifkit:stream:workflow:inbound   api, events, timers   -> workflow
     notifkit:stream:events:inbound     api, delivery, worker -> events
     notifkit:stream:dlq                any worker            -> humans, via /v1/dlq

@@ -1,13 +1,15 @@
 """Per-user throttle: a sliding window of sends in Redis, checked and recorded in one Lua call.
 
-    throttle:{projectId}:user:{userId}   ZSET  member = the send's task id, score = when it
-                                               was allowed (ms); expires one window after the
-                                               last allowed send
+    throttle:{projectId}:user:{userId}   ZSET  member = what counts as one send (the engine
+                                               passes the event id: one notification is one
+                                               send on however many channels), score = when
+                                               it was allowed (ms); expires one window after
+                                               the last allowed send
 
 A send at ``now`` is allowed when fewer than ``limit`` sends were allowed in the window
 ``(now - window, now]``; an allowed send is recorded, a refused one is not (a throttled send
-is not a send). The task id as the member makes the check idempotent: a retried decision for a
-task that was already allowed is allowed again without counting twice.
+is not a send). The member makes the check idempotent: a retried decision for a send that was
+already allowed is allowed again without counting twice.
 
 ``limit == 0`` turns the throttle off. Limits come from the project's ``settings.throttle``
 (``{"limit", "windowSeconds"}``), else the deployment's ``THROTTLE_LIMIT`` /
@@ -82,7 +84,7 @@ class ThrottleCheck:
     project_id: str
     user_id: str
     rule: ThrottleRule
-    member: str = field(default_factory=lambda: uuid.uuid4().hex)  # the task id, normally
+    member: str = field(default_factory=lambda: uuid.uuid4().hex)  # the engine: event id
 
 
 @dataclass(frozen=True)
