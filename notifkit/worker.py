@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from notifkit import codec, metrics
 from notifkit.config import Settings
@@ -268,6 +268,17 @@ class StreamWorker:
                 await ensure_group(self.redis, stream, self.group)
             self._groups_ready = True
 
+    async def _rejoin(self, exc: ResponseError) -> None:
+        """Create the group again on every stream (MKSTREAM, from the start, as at start-up)
+        after Redis answered NOGROUP: it lost its data, or the stream was deleted, while this
+        worker ran. Without this every read would fail the same way until the process
+        restarted, while the api goes on adding entries nobody reads. Reading the new stream
+        from its start takes what was added since the loss."""
+        log.warning("The %s consumer group is gone (%s); joining the streams again.",
+                    self.group, exc, extra={"service": self.service})
+        self._groups_ready = False
+        await self.ensure_groups()
+
     async def start(self) -> None:
         await self.ensure_groups()
         self._stopping.clear()
@@ -428,7 +439,13 @@ class StreamWorker:
         if block_ms is not None:
             args += ["BLOCK", block_ms]
         args += ["STREAMS", *streams, *streams.values()]
-        (reply,) = await pipe(self.redis).command(*args).execute()
+        try:
+            (reply,) = await pipe(self.redis).command(*args).execute()
+        except ResponseError as exc:
+            if not is_nogroup(exc):
+                raise
+            await self._rejoin(exc)
+            (reply,) = await pipe(self.redis).command(*args).execute()
         out: list[tuple[str, str, Mapping[bytes, bytes] | None]] = []
         # A map under RESP3, pairs under RESP2.
         pairs = reply.items() if isinstance(reply, dict) else reply or []
@@ -478,9 +495,15 @@ class StreamWorker:
                     if free <= 0:
                         self.sweep_cut_short = True
                         return total
-                    reply: Any = await self.redis.xautoclaim(
-                        stream, self.group, self.consumer, min_idle_ms, cursor, count=free
-                    )
+                    try:
+                        reply: Any = await self.redis.xautoclaim(
+                            stream, self.group, self.consumer, min_idle_ms, cursor,
+                            count=free)
+                    except ResponseError as exc:
+                        if not is_nogroup(exc):
+                            raise
+                        await self._rejoin(exc)
+                        break  # a group made just now has nothing pending to take over
                     cursor = as_str(reply[0])
                     claimed = [
                         (stream, as_str(entry_id), fields)
@@ -727,6 +750,12 @@ class StreamWorker:
         }
         await write_heartbeat(self.redis, self.keys, self.consumer, beat,
                               self.settings.heartbeat_ttl_s)
+
+
+def is_nogroup(exc: ResponseError) -> bool:
+    """Redis's answer when the stream or its consumer group does not exist: NOGROUP, or
+    UNBLOCKED for a blocking read whose stream or group went away while it waited."""
+    return str(exc).startswith(("NOGROUP", "UNBLOCKED"))
 
 
 def failed_event(entry: Entry, record: Mapping[str, Any]) -> dict[str, Any]:
