@@ -110,7 +110,7 @@ SCHEDULE_REASONS: tuple[str, ...] = ("sendAt", "quietHours", "rateLimited")
 class ScheduledTask(TypedDict):
     """``notifkit:stream:scheduled`` — a task to re-emit on ``stream`` at ``dueAt``.
 
-    Written by the engine (sendAt, quiet hours) and delivery (429 parking). ``payload`` is
+    Written by the engine (sendAt, quiet hours), delivery and ai (429 parking). ``payload`` is
     the entry to XADD when due, exactly as given; ``stream`` is its full key (e.g.
     ``Keys.outbound("normal")``). A task id appears at most once in the scheduler: adding
     it again replaces its due time and payload.
