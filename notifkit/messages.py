@@ -209,6 +209,9 @@ class EnrichedMessage(TypedDict):
     user: UserProfile
     contacts: dict[str, list[str]]  # channel -> enabled targets, oldest first
     preferences: Preferences
+    # channel -> why its contacts were disabled (e.g. invalid_recipient); only channels with
+    # a disabled contact, and absent when there is none.
+    disabledContacts: NotRequired[dict[str, str]]
     # Set on a fallback re-entry: the rest of the chain, tried in order (first available wins).
     fallbackChain: NotRequired[list[str]]
     fallbackFrom: NotRequired[FallbackFrom]

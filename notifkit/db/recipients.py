@@ -1,7 +1,8 @@
 """What the enricher reads: segment pages and recipient profiles, one query per read batch.
 
 A recipient is a user with everything the engine needs: profile, enabled contacts (oldest
-first), explicit channel and topic preferences and quiet hours. :func:`load_recipients` loads
+first), why each channel's other contacts were disabled, explicit channel and topic
+preferences and quiet hours. :func:`load_recipients` loads
 them for every (project, user) pair of a read batch in one round trip.
 """
 
@@ -18,10 +19,15 @@ Executor: TypeAlias = asyncpg.Pool | asyncpg.Connection
 
 _RECIPIENTS_SQL = """
 SELECT u.project_id::text AS project_id, u.id, u.attributes, u.timezone, u.locale,
-       (SELECT coalesce(jsonb_agg(jsonb_build_array(c.channel, c.target)
+       -- Disabled contacts come along with their reason (third element; NULL when enabled),
+       -- so a channel left with none says why instead of "no contact".
+       (SELECT coalesce(jsonb_agg(jsonb_build_array(
+                            c.channel, c.target,
+                            CASE WHEN NOT c.enabled
+                                 THEN coalesce(c.disabled_reason, 'disabled') END)
                                   ORDER BY c.created_at, c.target), '[]'::jsonb)
           FROM user_contacts c
-         WHERE c.project_id = u.project_id AND c.user_id = u.id AND c.enabled) AS contacts,
+         WHERE c.project_id = u.project_id AND c.user_id = u.id) AS contacts,
        (SELECT coalesce(jsonb_object_agg(p.channel, p.enabled), '{}'::jsonb)
           FROM user_channel_preferences p
          WHERE p.project_id = u.project_id AND p.user_id = u.id) AS channel_prefs,
@@ -39,19 +45,23 @@ SELECT u.project_id::text AS project_id, u.id, u.attributes, u.timezone, u.local
 class Recipient:
     """One user's profile, contacts and preferences, as the engine receives them."""
 
-    __slots__ = ("contacts", "preferences", "user")
+    __slots__ = ("contacts", "disabled", "preferences", "user")
 
     def __init__(
-        self, user: UserProfile, contacts: dict[str, list[str]], preferences: Preferences
+        self, user: UserProfile, contacts: dict[str, list[str]], preferences: Preferences,
+        disabled: dict[str, str] | None = None,
     ) -> None:
         self.user = user
         self.contacts = contacts
         self.preferences = preferences
+        self.disabled = disabled or {}
 
     def fill(self, message: EnrichedMessage) -> None:
         message["user"] = self.user
         message["contacts"] = self.contacts
         message["preferences"] = self.preferences
+        if self.disabled:
+            message["disabledContacts"] = self.disabled
 
 
 async def load_recipients(
@@ -67,8 +77,12 @@ async def load_recipients(
     found: dict[tuple[str, str], Recipient] = {}
     for row in rows:
         contacts: dict[str, list[str]] = {}
-        for channel, target in row["contacts"]:
-            contacts.setdefault(channel, []).append(target)
+        disabled: dict[str, str] = {}
+        for channel, target, reason in row["contacts"]:
+            if reason is None:
+                contacts.setdefault(channel, []).append(target)
+            else:
+                disabled.setdefault(channel, reason)
         quiet = (
             {"start": row["quiet_start"], "end": row["quiet_end"]}
             if row["quiet_start"] is not None else None
@@ -86,6 +100,7 @@ async def load_recipients(
                 "topics": row["topic_prefs"],
                 "quietHours": quiet,
             },
+            disabled=disabled,
         )
     return found
 

@@ -33,21 +33,21 @@ async def project_settings(db: Executor, project_ids: Iterable[str]) -> dict[str
 @dataclass
 class Routing:
     templates: dict[tuple[str, str], Template]
-    suppressed: set[tuple[str, str, str]]
+    suppressed: dict[tuple[str, str, str], str]  # (project, channel, target) -> reason
     settings: dict[str, dict[str, Any]]
 
 
 # The three lookups as one statement: one round trip and one transaction a batch instead of
 # three, which at low load (a batch of one) is most of what routing costs PostgreSQL.
 # Rows are tagged by kind, in columns wide enough for each: t = template, s = suppression,
-# p = project settings.
+# p = project settings (a suppression's reason travels as a JSON string in j1).
 _ROUTING = """
 SELECT 't' AS kind, t.project_id::text AS project_id, t.id AS a, t.topic AS b,
        t.content AS j1, t.fallback AS j2, t.ai AS j3
   FROM unnest($1::uuid[], $2::text[]) AS w(project_id, id)
   JOIN templates t ON t.project_id = w.project_id AND t.id = w.id
 UNION ALL
-SELECT 's', s.project_id::text, s.channel, s.target, NULL, NULL, NULL
+SELECT 's', s.project_id::text, s.channel, s.target, to_jsonb(s.reason), NULL, NULL
   FROM unnest($3::uuid[], $4::text[], $5::text[]) AS c(project_id, channel, target)
   JOIN suppressions s ON s.project_id = c.project_id AND s.channel = c.channel
    AND s.target = c.target
@@ -62,12 +62,13 @@ async def load_routing(
     candidates: Iterable[tuple[str, str, str]], project_ids: Iterable[str],
 ) -> Routing:
     """The templates that exist among (project id, template id) pairs, the suppressed
-    (project id, channel, target) triples among ``candidates``, and each project's settings
+    (project id, channel, target) triples among ``candidates`` with the reason of each
+    (bounce, complaint, unsubscribe), and each project's settings
     (throttle and rate-limit overrides)."""
     pairs = list(dict.fromkeys(templates))
     triples = list(dict.fromkeys(candidates))
     ids = list(dict.fromkeys(project_ids))
-    routing = Routing({}, set(), {})
+    routing = Routing({}, {}, {})
     if not (pairs or triples or ids):
         return routing
     rows = await db.fetch(
@@ -84,7 +85,7 @@ async def load_routing(
                 fallback=[c for c in (row["j2"] or []) if isinstance(c, str)], ai=row["j3"],
             )
         elif kind == "s":
-            routing.suppressed.add((project_id, row["a"], row["b"]))
+            routing.suppressed[(project_id, row["a"], row["b"])] = row["j1"]
         else:
             routing.settings[project_id] = row["j1"]
     return routing

@@ -19,7 +19,7 @@ targets = st.lists(st.sampled_from(["a", "b", "c"]), max_size=3, unique=True)
 
 
 @st.composite
-def situations(draw: st.DrawFn) -> tuple[dict[str, Any], Template, set[tuple[str, str]]]:
+def situations(draw: st.DrawFn) -> tuple[dict[str, Any], Template, dict[tuple[str, str], str]]:
     template = Template(
         id="t", topic=draw(st.sampled_from([None, "billing"])),
         content={c: {"text": "x"} for c in draw(st.lists(channel, unique=True))},
@@ -37,13 +37,14 @@ def situations(draw: st.DrawFn) -> tuple[dict[str, Any], Template, set[tuple[str
             "quietHours": None,
         },
     }
-    suppressed = draw(st.sets(st.tuples(channel, st.sampled_from(["a", "b", "c"]))))
+    suppressed = draw(st.dictionaries(st.tuples(channel, st.sampled_from(["a", "b", "c"])),
+                                      st.sampled_from(["bounce", "complaint", "unsubscribe"])))
     return message, template, suppressed
 
 
 @given(situations())
 def test_decisions_respect_every_no(
-    situation: tuple[dict[str, Any], Template, set[tuple[str, str]]],
+    situation: tuple[dict[str, Any], Template, dict[tuple[str, str], str]],
 ) -> None:
     """A send the user refused, or to a suppressed address, is the failure that costs trust
     (and money): it must be impossible, whatever the combination."""

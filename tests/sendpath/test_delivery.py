@@ -120,8 +120,8 @@ async def test_nothing_is_sent_where_preferences_suppressions_or_contacts_say_no
     assert await sim.messages() == []
     reasons = {r["user_id"]: r["detail"] for r in await timeline(db, event_id)}
     assert reasons == {"pref": "channel disabled by preference",
-                       "topic": "topic opted out (billing)", "supp": "address suppressed",
-                       "none": "no contact"}
+                       "topic": "topic opted out (billing)",
+                       "supp": "address suppressed (complaint)", "none": "no contact"}
 
 
 async def test_a_push_outage_falls_back_to_exactly_one_sms_per_recipient(
@@ -190,8 +190,9 @@ async def test_an_invalid_push_token_disables_the_contact_and_the_fallback_is_us
     await drain(*pipeline)
     assert (await sim.stats())["fcm"]["requests"] == 1
     assert len(await sim.messages("twilio")) == 2
-    assert ("push", "skipped", "no contact") in [
-        (r["channel"], r["kind"], r["detail"]) for r in await timeline(db, second)]
+    # (and says why push was left out)
+    assert ("push", "skipped", "contact disabled (the provider called the address invalid)") \
+        in [(r["channel"], r["kind"], r["detail"]) for r in await timeline(db, second)]
 
 
 async def test_a_token_called_invalid_is_not_tried_again_when_its_task_is_retried(

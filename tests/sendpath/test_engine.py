@@ -82,11 +82,14 @@ async def test_preferences_topic_opt_out_suppression_and_missing_contacts_are_re
     await db.execute("INSERT INTO suppressions (project_id, channel, target, reason) "
                      "VALUES ($1, 'email', 's@example.com', 'bounce')", project)
     await add_user(db, project, "none")
+    await add_user(db, project, "off", contacts=[("email", "o@example.com")])
+    await db.execute("UPDATE user_contacts SET enabled = false, disabled_reason = 'bounced' "
+                     "WHERE project_id = $1 AND user_id = 'off'", project)
     await add_template(db, project, "invoice", {"email": EMAIL}, topic="billing")
     stages = await pipeline(services)
 
-    event_id = await send(redis, keys, db, project, "invoice", ["pref", "topic", "supp", "none"],
-                          data={"amount": "1"})
+    event_id = await send(redis, keys, db, project, "invoice",
+                          ["pref", "topic", "supp", "none", "off"], data={"amount": "1"})
     await drain(*stages)
 
     assert await entries(redis, keys.outbound("normal")) == []
@@ -94,8 +97,9 @@ async def test_preferences_topic_opt_out_suppression_and_missing_contacts_are_re
     assert {u: (r["kind"], r["status"], r["detail"]) for u, r in rows.items()} == {
         "pref": ("skipped", "skipped", "channel disabled by preference"),
         "topic": ("skipped", "skipped", "topic opted out (billing)"),
-        "supp": ("suppressed", "suppressed", "address suppressed"),
+        "supp": ("suppressed", "suppressed", "address suppressed (bounce)"),
         "none": ("skipped", "skipped", "no contact"),
+        "off": ("skipped", "skipped", "contact disabled (bounced)"),
     }
     assert all(r["channel"] == "email" and r["task_id"] for r in rows.values())
 

@@ -39,10 +39,10 @@ async def test_one_statement_answers_each_lookup_for_its_own_project(db: asyncpg
     tb = routing.templates[(b, "welcome")]
     assert (tb.content, tb.topic, tb.fallback, tb.ai) == ({"email": {"subject": "B"}}, None,
                                                           [], None)
-    assert routing.suppressed == {(a, "email", "x@example.com")}
+    assert routing.suppressed == {(a, "email", "x@example.com"): "unsubscribed"}
     assert routing.settings == {a: {"throttle": {"limit": 1, "windowSeconds": 60}}, b: {}}
 
 
 async def test_an_empty_batch_asks_nothing(db: asyncpg.Pool) -> None:
     routing = await load_routing(db, [], [], [])
-    assert (routing.templates, routing.suppressed, routing.settings) == ({}, set(), {})
+    assert (routing.templates, routing.suppressed, routing.settings) == ({}, {}, {})

@@ -14,7 +14,7 @@ decision too (skipped or suppressed, with the reason) and ends up on the timelin
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from notifkit.db.logs import Kind
@@ -24,6 +24,8 @@ from notifkit.messages import CHANNELS, EnrichedMessage
 # Channels whose messages go to every enabled address (a user's devices); the others go to
 # the oldest enabled address only.
 ALL_DESTINATIONS = frozenset({"push"})
+# user_contacts.disabled_reason as a timeline detail says it.
+_DISABLED = {"invalid_recipient": "the provider called the address invalid"}
 
 
 @dataclass(frozen=True)
@@ -43,9 +45,10 @@ def template_channels(template: Template) -> list[str]:
 
 
 def decide(
-    message: EnrichedMessage, template: Template, suppressed: Collection[tuple[str, str]]
+    message: EnrichedMessage, template: Template, suppressed: Mapping[tuple[str, str], str]
 ) -> list[Decision]:
-    """One decision per channel considered; ``suppressed`` holds (channel, target) pairs."""
+    """One decision per channel considered; ``suppressed`` maps the suppressed (channel,
+    target) pairs to why (bounce, complaint, unsubscribe)."""
     chain_override = message.get("fallbackChain")
     if chain_override is not None:
         chain, independent = _valid(chain_override), []
@@ -67,7 +70,7 @@ def decide(
 
 def _availability(
     message: EnrichedMessage, template: Template, channel: str,
-    suppressed: Collection[tuple[str, str]],
+    suppressed: Mapping[tuple[str, str], str],
 ) -> Decision:
     prefs = message["preferences"]
     if template.topic and prefs["topics"].get(template.topic) is False:
@@ -80,10 +83,15 @@ def _availability(
         return Decision(channel, True, [message["user"]["id"]])
     targets = message["contacts"].get(channel) or []
     if not targets:
-        return Decision(channel, False, kind=Kind.SKIPPED, reason="no contact")
+        why = (message.get("disabledContacts") or {}).get(channel)
+        return Decision(channel, False, kind=Kind.SKIPPED,
+                        reason=f"contact disabled ({_DISABLED.get(why, why)})" if why
+                        else "no contact")
     live = [t for t in targets if (channel, t) not in suppressed]
     if not live:
-        return Decision(channel, False, kind=Kind.SUPPRESSED, reason="address suppressed")
+        why = ", ".join(sorted({str(suppressed[(channel, t)]) for t in targets}))
+        return Decision(channel, False, kind=Kind.SUPPRESSED,
+                        reason=f"address suppressed ({why})")
     return Decision(channel, True, live if channel in ALL_DESTINATIONS else live[:1])
 
 

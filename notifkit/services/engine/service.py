@@ -90,7 +90,8 @@ class EngineService(WorkerService):
                 logs.append(_row(m, "", derived_uuid7(m["eventId"], m["user"]["id"], ""),
                                  Kind.FAILED, Status.FAILED, "template not found"))
                 continue
-            mine = {(c, t) for p, c, t in suppressed if p == m["projectId"]}
+            mine = {(c, t): why for (p, c, t), why in suppressed.items()
+                    if p == m["projectId"]}
             try:
                 due_ms, reason = self._due(m, now_ms)
                 decisions = decide(m, template, mine)
