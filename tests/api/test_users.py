@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import asyncpg
 import pytest
 
@@ -74,6 +77,22 @@ async def test_bad_user_ids_are_rejected_on_put(
     reply = await api.call("PUT", path, key=project.full, json={})
     assert reply.status == status
     assert reply.fields == ["userId"]
+
+
+@pytest.mark.parametrize("segment", ["%2E%2E", "%2E", ".%2e"])
+async def test_a_dot_segment_is_no_user_id(api: Api, project: Project, segment: str) -> None:
+    # Clients resolve /v1/users/.. away, so such a user could never be read back. Sent raw:
+    # aiohttp's client would resolve the escaped dots itself.
+    server = api.client.server
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    writer.write((f"PUT /v1/users/{segment} HTTP/1.1\r\nHost: x\r\n"
+                  f"Authorization: Bearer {project.full}\r\nContent-Type: application/json\r\n"
+                  "Content-Length: 2\r\nConnection: close\r\n\r\n{}").encode())
+    raw = await reader.read()
+    writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.split()[1] == b"400", raw
+    assert [d["field"] for d in json.loads(body)["error"]["details"]] == ["userId"]
 
 
 async def test_an_id_that_is_not_utf_8_does_not_alias_its_escaped_spelling(

@@ -20,8 +20,9 @@ RECIPIENT_STATUSES = (
     "suppressed", "throttled", "dead_lettered",
 )
 RECEIPT_KINDS = ("delivered", "bounced", "complained", "opened", "clicked", "failed")
-# Caller-chosen ids: 1-255 printable characters, no surrounding whitespace.
-ID_PATTERN = r"^[^\s\x00-\x1f\x7f-\x9f]([^\x00-\x1f\x7f-\x9f]{0,253}[^\s\x00-\x1f\x7f-\x9f])?$"
+# Caller-chosen ids: 1-255 printable characters, no surrounding whitespace, not "." or "..".
+ID_PATTERN = (r"^(?!\.\.?$)"
+              r"[^\s\x00-\x1f\x7f-\x9f]([^\x00-\x1f\x7f-\x9f]{0,253}[^\s\x00-\x1f\x7f-\x9f])?$")
 MAX_RECIPIENTS = 1000
 
 

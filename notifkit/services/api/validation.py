@@ -332,6 +332,9 @@ def identifier_problem(value: str) -> str | None:
         return "must not contain control or separator characters"
     if value != value.strip():
         return "must not start or end with whitespace"
+    if value in (".", ".."):
+        # Clients and proxies resolve /v1/users/.. to /v1/: such a user could never be read.
+        return "must not be '.' or '..'"
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
