@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
+from yarl import URL
 
 from simulators import ControlError, SimulatorClient, SimulatorServer
 
@@ -86,6 +88,23 @@ async def test_messages_filters_newest_first(
     assert len(by_task["items"]) == 1
     _, other = await call(http, sim, "GET", "/_sim/messages", params={"provider": "twilio"})
     assert other == {"items": []}
+
+
+async def test_a_phone_number_pasted_into_the_messages_url_keeps_its_plus(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    """`?to=+15551234567` as curl sends it: form decoding would read the `+` as a space."""
+    auth = {"Authorization": "Basic " + base64.b64encode(b"AC1:token").decode()}
+    form = {"To": "+15551234567", "From": "+15550000000", "Body": "hi"}
+    async with http.post(
+        sim.base_url + "/2010-04-01/Accounts/AC1/Messages.json", data=form, headers=auth
+    ) as response:
+        assert response.status == 201
+    for query in ("to=+15551234567&provider=twilio", "to=%2B15551234567"):
+        url = URL(f"{sim.base_url}/_sim/messages?{query}", encoded=True)
+        async with http.get(url) as response:
+            items = (await response.json())["items"]
+        assert [item["to"] for item in items] == ["+15551234567"], query
 
 
 @pytest.mark.parametrize(
