@@ -164,6 +164,18 @@ async def test_limits_and_reset(http: aiohttp.ClientSession, sim: SimulatorServe
     assert (await call(http, sim, "GET", "/_sim/stats"))[1]["resend"]["requests"] == 0
 
 
+async def test_whole_numbers_written_as_decimals_are_taken_by_every_control_call(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    limit = {"provider": "resend", "ratePerSecond": 2, "burst": 4.0}
+    status, limits = await call(http, sim, "POST", "/_sim/limits", json=limit)
+    assert (status, limits["items"][0]["burst"]) == (200, 4)
+    receipts = {"url": "http://127.0.0.1:9/hooks", "secret": "s", "delayMs": 100.0}
+    status, config = await call(http, sim, "POST", "/_sim/receipts", json=receipts)
+    assert (status, config["delayMs"]) == (200, 100)
+    assert await call(http, sim, "POST", "/_sim/reset", json={"seed": 7.0}) == (200, {"seed": 7})
+
+
 @pytest.mark.parametrize(
     ("path", "body", "named"),
     [
