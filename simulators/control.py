@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+from urllib.parse import parse_qsl
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
@@ -208,8 +209,22 @@ def _no_body(operation: Callable[[SimState], Any], *, query: bool = False) -> Ha
     return handler
 
 
+def _literal_plus_query(raw: str) -> dict[str, str]:
+    """The query with a literal `+` kept as `+`, each name's first value.
+
+    Form decoding reads `+` as a space, so `?to=+15551234567` (a phone number pasted into a
+    URL, as curl sends it) would look for " 15551234567" and find nothing. No recipient,
+    task id or provider name holds a space, while E.164 numbers all start with `+`; a space
+    still arrives as `%20`.
+    """
+    query: dict[str, str] = {}
+    for name, value in parse_qsl(raw.replace("+", "%2B"), keep_blank_values=True):
+        query.setdefault(name, value)
+    return query
+
+
 async def _messages(request: web.Request) -> web.StreamResponse:
-    query = {key: request.query.getone(key) for key in request.query}
+    query = _literal_plus_query(request.rel_url.raw_query_string)
     return _json(list_messages(request.app[STATE], query))
 
 

@@ -27,6 +27,7 @@ from simulators.validation import (
     require_choice,
     require_object,
     show,
+    whole_number,
 )
 
 # How long `timeout` and `lost_response` hold a request when the rule gives no `delayMs`:
@@ -197,11 +198,12 @@ def _parse_delay(value: object) -> int | tuple[int, int] | None:
 
 
 def _delay_number(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_DELAY_MS:
+    number = whole_number(value)
+    if number is None or not 0 <= number <= MAX_DELAY_MS:
         raise ControlError(
             f"'delayMs' must be an integer 0-{MAX_DELAY_MS} or a [min, max] pair, got {show(value)}"
         )
-    return value
+    return number
 
 
 @dataclass

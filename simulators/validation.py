@@ -93,11 +93,27 @@ def get_int(
         if required:
             raise ControlError(f"'{name}' is required")
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
+    value = whole_number(value)
+    if value is None:
         raise ControlError(f"'{name}' must be an integer")
     if not minimum <= value <= maximum:
-        raise ControlError(f"'{name}' must be between {minimum} and {maximum}, got {value}")
+        raise ControlError(f"'{name}' must be between {minimum} and {maximum}, got {show(value)}")
     return value
+
+
+def whole_number(value: object) -> int | None:
+    """``value`` as an int if it is a whole JSON number, else None.
+
+    JSON has one number type: `2.0` is the number 2, and Python's json (or a computed
+    `seconds * 1000`) writes it that way, so it is taken; `2.5`, `true` and `"2"` are not.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():  # False for inf and NaN
+        return int(value)
+    return None
 
 
 def get_choice(

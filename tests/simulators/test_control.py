@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
+from yarl import URL
 
 from simulators import ControlError, SimulatorClient, SimulatorServer
 
@@ -88,6 +90,23 @@ async def test_messages_filters_newest_first(
     assert other == {"items": []}
 
 
+async def test_a_phone_number_pasted_into_the_messages_url_keeps_its_plus(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    """`?to=+15551234567` as curl sends it: form decoding would read the `+` as a space."""
+    auth = {"Authorization": "Basic " + base64.b64encode(b"AC1:token").decode()}
+    form = {"To": "+15551234567", "From": "+15550000000", "Body": "hi"}
+    async with http.post(
+        sim.base_url + "/2010-04-01/Accounts/AC1/Messages.json", data=form, headers=auth
+    ) as response:
+        assert response.status == 201
+    for query in ("to=+15551234567&provider=twilio", "to=%2B15551234567"):
+        url = URL(f"{sim.base_url}/_sim/messages?{query}", encoded=True)
+        async with http.get(url) as response:
+            items = (await response.json())["items"]
+        assert [item["to"] for item in items] == ["+15551234567"], query
+
+
 @pytest.mark.parametrize(
     ("params", "named"),
     [
@@ -143,6 +162,18 @@ async def test_limits_and_reset(http: aiohttp.ClientSession, sim: SimulatorServe
     assert (await call(http, sim, "GET", "/_sim/faults"))[1] == {"items": []}
     assert (await call(http, sim, "GET", "/_sim/limits"))[1] == {"items": []}
     assert (await call(http, sim, "GET", "/_sim/stats"))[1]["resend"]["requests"] == 0
+
+
+async def test_whole_numbers_written_as_decimals_are_taken_by_every_control_call(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    limit = {"provider": "resend", "ratePerSecond": 2, "burst": 4.0}
+    status, limits = await call(http, sim, "POST", "/_sim/limits", json=limit)
+    assert (status, limits["items"][0]["burst"]) == (200, 4)
+    receipts = {"url": "http://127.0.0.1:9/hooks", "secret": "s", "delayMs": 100.0}
+    status, config = await call(http, sim, "POST", "/_sim/receipts", json=receipts)
+    assert (status, config["delayMs"]) == (200, 100)
+    assert await call(http, sim, "POST", "/_sim/reset", json={"seed": 7.0}) == (200, {"seed": 7})
 
 
 @pytest.mark.parametrize(

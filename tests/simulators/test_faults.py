@@ -76,6 +76,8 @@ def test_provider_must_match() -> None:
         ({"kind": "error", "delayMs": 5}, "'delayMs' does not apply"),
         ({"kind": "latency", "delayMs": [5, 1]}, "min <= max"),
         ({"kind": "latency", "delayMs": "slow"}, "'delayMs' must be an integer"),
+        ({"kind": "latency", "delayMs": 2.5}, "'delayMs' must be an integer"),
+        ({"kind": "error", "times": 1.5}, "'times' must be an integer"),
         ({"kind": "error", "probabilty": 0.5}, "unknown field(s) 'probabilty'"),
         ({"kind": "error", "provider": "smtp", "status": 250}, "SMTP reply code"),
         ([], "must be a JSON object"),
@@ -86,6 +88,19 @@ def test_bad_rules_name_the_problem(rule: object, named: str) -> None:
         FaultTable(0).add(rule)
     assert named in caught.value.message
     assert caught.value.status == 400
+
+
+def test_whole_numbers_written_as_json_decimals_are_taken() -> None:
+    """`2.0` is the JSON number 2 (Python's json writes a computed `seconds * 1000` so)."""
+    rule = FaultTable(0).add(
+        {"kind": "latency", "times": 2.0, "delayMs": [10.0, 20.0], "provider": "resend"}
+    ).to_item()
+    assert (rule["times"], rule["delayMs"]) == (2, [10, 20])
+    assert type(rule["times"]) is int
+    error = FaultTable(0).add({"kind": "error", "status": 503.0}).to_item()
+    assert error["status"] == 503
+    assert type(error["status"]) is int
+    assert FaultTable(0).add({"kind": "timeout", "delayMs": 250.0}).to_item()["delayMs"] == 250
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ and Google-format errors with the FcmError detail codes clients branch on."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -75,6 +76,18 @@ async def test_send_with_token_from_token_endpoint(
     assert record["taskId"] == "task-p"
     assert record["to"] == "device-token-1"
     assert record["content"]["notification"]["title"] == "Hi"
+
+
+async def test_message_names_replay_with_the_seed(http: aiohttp.ClientSession) -> None:
+    """Like every provider's ids, FCM's are drawn from the seed: not from the clock."""
+    names = []
+    for _ in range(2):
+        async with SimulatorServer(seed=5, smtp_port=None) as sim:
+            status, body = await push(http, sim)
+            assert status == 200
+            names.append(body["name"])
+    assert names[0] == names[1]
+    assert re.fullmatch(rf"projects/{PROJECT}/messages/0:\d{{16}}%[0-9a-f]{{16}}", names[0])
 
 
 async def test_validate_only_sends_nothing(
