@@ -503,8 +503,10 @@ def contact_problem(channel: str, target: str) -> str | None:
     if channel == "push":
         if not 1 <= len(target) <= 4096:
             return "must be a device token of 1 to 4096 characters"
-        if not target.isprintable() or target != target.strip():
-            return "must be a device token of printable characters without surrounding spaces"
+        # No push service issues a token with white space in it (FCM's are letters, digits,
+        # '-', '_' and ':'; APNs' are hex), so one with a space is a mistake, not a device.
+        if not target.isprintable() or any(c.isspace() for c in target):
+            return "must be a device token of printable characters without spaces"
         return None
     if channel == "webhook":
         return https_url_problem(target)
