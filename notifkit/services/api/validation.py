@@ -24,7 +24,14 @@ from urllib.parse import unquote_to_bytes
 from aiohttp import web
 
 from notifkit import codec
-from notifkit.services.api.errors import ApiError, Detail, detail, invalid, invalid_field
+from notifkit.services.api.errors import (
+    ApiError,
+    Detail,
+    detail,
+    invalid,
+    invalid_field,
+    undecodable_body,
+)
 from notifkit.services.api.state import SETTINGS
 
 MAX_JSON_DEPTH = 32
@@ -104,9 +111,7 @@ def _inflate(raw: bytes, coding: str, limit: int) -> bytes:
     if len(out) > limit:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(out))
     if not complete:
-        raise ApiError(400, "unreadable_body", "The request body is not in its Content-Encoding.",
-                       [detail("Content-Encoding", "does not match the body, which does not "
-                                                   "decode")])
+        raise undecodable_body()
     return out
 
 
