@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import logging
+import zlib
 
 import asyncpg
 import pytest
@@ -294,6 +296,77 @@ async def test_a_body_that_does_not_decode_is_a_400_not_a_500(
     errors = [(r.name, r.getMessage()) for r in caplog.records
               if r.levelno >= logging.ERROR or r.exc_info]
     assert not errors, errors
+
+
+@pytest.mark.parametrize("coding", ["br", "zstd", "compress", "snappy", "gzip, br"])
+@pytest.mark.parametrize("route", [("POST", "/v1/events"), ("PUT", "/v1/users/u1"),
+                                   ("POST", "/v1/webhooks/resend/{project}"),
+                                   ("POST", "/v1/unsubscribe")])
+async def test_a_content_encoding_the_api_does_not_decode_is_a_415_in_the_envelope(
+    api: Api, project: Project, route: tuple[str, str], coding: str,
+) -> None:
+    """Given a body in a Content-Encoding other than gzip, deflate or identity (one aiohttp
+    cannot decode, or one it does not know and used to read as identity), when it is sent,
+    then the answer is the error envelope's 415 naming Content-Encoding, never a plain-text
+    400 from the HTTP parser, and the body is not acted on."""
+    method, path = route
+    reply = await api.call(method, path.format(project=project.id), key=project.full,
+                           data=b'{"name": "e", "userId": "u1"}',
+                           headers={"Content-Type": "application/json",
+                                    "Content-Encoding": coding})
+    assert reply.status == 415, reply.body
+    assert_error_shape(reply.body)
+    assert reply.fields == ["Content-Encoding"]
+    messages = await api.call("GET", "/v1/users/u1", key=project.full)
+    assert messages.status == 404, "nothing was stored"
+
+
+@pytest.mark.parametrize("coding", ["gzip", "x-gzip", "deflate", "raw-deflate", "identity"])
+async def test_a_body_in_a_supported_content_encoding_is_read_decoded(
+    api: Api, project: Project, coding: str,
+) -> None:
+    """Given a JSON body compressed with gzip or deflate (zlib-wrapped or raw, as clients
+    send both), when it is sent, then the API reads the decoded JSON."""
+    body = b'{"attributes": {"plan": "pro"}}'
+    encoded = {"gzip": gzip.compress(body), "x-gzip": gzip.compress(body),
+               "deflate": zlib.compress(body), "identity": body,
+               "raw-deflate": zlib.compress(body)[2:-4]}[coding]
+    reply = await api.call("PUT", "/v1/users/u1", key=project.full, data=encoded,
+                           headers={"Content-Type": "application/json",
+                                    "Content-Encoding": coding.replace("raw-", "")})
+    assert reply.status == 201, reply.body
+    assert reply.body["attributes"] == {"plan": "pro"}
+
+
+async def test_a_broken_deflate_body_is_a_400_in_the_envelope(
+    api: Api, project: Project,
+) -> None:
+    """Given a body that claims deflate but is cut short, when it is sent, then the answer is
+    the envelope's 400 naming Content-Encoding (aiohttp's parser used to answer a plain-text
+    400 with the single word 'deflate')."""
+    for data in (zlib.compress(b'{"name": "e", "userId": "u1"}')[:-6], b"\x78\x9c junk"):
+        reply = await api.call("POST", "/v1/events", key=project.full, data=data,
+                               headers={"Content-Type": "application/json",
+                                        "Content-Encoding": "deflate"})
+        assert (reply.status, reply.fields) == (400, ["Content-Encoding"]), reply.body
+        assert reply.error["code"] == "unreadable_body"
+
+
+async def test_a_compressed_body_that_inflates_past_the_limit_is_a_413(
+    api: Api, project: Project,
+) -> None:
+    """Given a small gzip body that inflates beyond the body limit, when it is sent, then the
+    answer is the envelope's 413: the limit holds for the decoded body too."""
+    limit = api.settings.max_body_bytes
+    body = b'{"name": "e", "userId": "u1", "data": {"x": "' + b"a" * limit + b'"}}'
+    compressed = gzip.compress(body)
+    assert len(compressed) < limit
+    reply = await api.call("POST", "/v1/events", key=project.full, data=compressed,
+                           headers={"Content-Type": "application/json",
+                                    "Content-Encoding": "gzip"})
+    assert reply.status == 413, reply.body
+    assert_error_shape(reply.body)
+    assert reply.error["code"] == "payload_too_large"
 
 
 async def test_a_client_that_hangs_up_mid_body_is_not_logged_as_a_store_outage(

@@ -127,7 +127,8 @@ async def test_valid_contacts_are_added(
 @pytest.mark.parametrize(("channel", "target"), [
     ("email", "no-at-sign"), ("email", "a@b"), ("email", "a b@example.com"),
     ("sms", "004915112345678"), ("sms", "+0123456789"), ("sms", "+12"),
-    ("push", " token"), ("push", "tok\nen"), ("push", "x" * 4097),
+    ("push", " token"), ("push", "tok\nen"), ("push", "x" * 4097), ("push", "not a token"),
+    ("push", "tok\u00a0en"),
     ("webhook", "http://example.com/hook"), ("webhook", "https://"),
     ("webhook", "ftp://example.com"),
 ])

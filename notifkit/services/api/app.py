@@ -79,7 +79,10 @@ def create_app(
         client_max_size=settings.max_body_bytes,
         # Room for every documented parameter at its longest, percent-encoded (aiohttp's own
         # 8 KiB limit answers a plain-text 400 before the app sees the request).
-        handler_args={"max_line_size": MAX_LINE_BYTES, "max_field_size": MAX_LINE_BYTES},
+        # Bodies are decoded by validation.read_body, which answers an unsupported or broken
+        # Content-Encoding in the error envelope.
+        handler_args={"max_line_size": MAX_LINE_BYTES, "max_field_size": MAX_LINE_BYTES,
+                      "auto_decompress": False},
     )
     app[SETTINGS] = settings
     quiet_malformed_requests()

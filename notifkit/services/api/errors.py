@@ -180,11 +180,15 @@ def _client_gone(request: web.Request) -> bool:
     return transport is None or transport.is_closing()
 
 
+def undecodable_body() -> ApiError:
+    return ApiError(400, "unreadable_body", "The request body is not in its Content-Encoding.",
+                    [detail("Content-Encoding", "does not match the body, which does not "
+                                                "decode")])
+
+
 def unreadable_body(exc: web.RequestPayloadError) -> ApiError:
     if isinstance(exc.__cause__, ContentEncodingError):
-        return ApiError(400, "unreadable_body", "The request body is not in its Content-Encoding.",
-                        [detail("Content-Encoding", "does not match the body, which does not "
-                                                    "decode")])
+        return undecodable_body()
     return ApiError(400, "unreadable_body", "The request body is malformed or was cut short.",
                     [detail("body", "could not be read")])
 

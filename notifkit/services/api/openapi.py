@@ -32,7 +32,8 @@ _ERROR_TEXT = {
     404: "No such resource in this project (another project's id is also 404).",
     409: "Conflict (e.g. an idempotency key reused with a different request).",
     413: "The body is larger than the limit (1 MiB by default).",
-    415: "The body is not application/json.",
+    415: "The body is not application/json, or is in a Content-Encoding other than gzip or "
+         "deflate.",
     429: "The project is over its API rate; retry after Retry-After seconds.",
     503: "Redis or PostgreSQL is unreachable; retry shortly.",
 }
@@ -107,9 +108,8 @@ def _responses(op: Operation, has_path: bool, has_query: bool) -> dict[str, Any]
         if op.access in ("project", "ops"):
             statuses |= {400, 404, 429}
     if op.body is not None:
-        statuses |= {400, 413}
-        if "application/json" in op.body_types and len(op.body_types) == 1:
-            statuses.add(415)
+        # 415 also answers a Content-Encoding the API does not decode, whatever the media type.
+        statuses |= {400, 413, 415}
     if has_path:
         statuses |= {400, 404}
     if has_query:

@@ -18,7 +18,7 @@ from notifkit.services.api.errors import ApiError, json_response
 from notifkit.services.api.routing import Operations, Param, Reply, Schema
 from notifkit.services.api.schemas import CONTACT_CHANNELS, ref
 from notifkit.services.api.state import DB, SETTINGS
-from notifkit.services.api.validation import parse_uuid
+from notifkit.services.api.validation import parse_uuid, read_body
 from notifkit.unsubscribe import (
     MAX_TOKEN_CHARS,
     TOKEN_PATTERN,
@@ -60,7 +60,7 @@ async def unsubscribe_get(request: web.Request) -> web.Response:
 async def unsubscribe_post(request: web.Request) -> web.Response:
     token = request.query.get("token")
     if token is None:
-        raw = await request.read()
+        raw = await read_body(request)
         try:
             token = parse_qs(raw.decode("utf-8"), max_num_fields=20).get("token", [None])[0]
         except (UnicodeDecodeError, ValueError):

@@ -48,6 +48,7 @@ from notifkit.services.api.validation import (
     parse_json_object,
     parse_rfc3339,
     parse_uuid,
+    read_body,
 )
 from notifkit.streams import queue_xadd
 from notifkit.worker import utc_now_iso
@@ -89,7 +90,7 @@ async def provider_webhook(request: web.Request) -> web.Response:
         raise project_not_found()
     app = request.app
     settings = app[SETTINGS]
-    raw = await request.read()
+    raw = await read_body(request)
     if provider == "twilio":
         params = _form(raw)
         _check_twilio(settings, request, params)
