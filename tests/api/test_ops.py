@@ -72,7 +72,7 @@ async def test_health_is_503_without_redis(settings: Settings) -> None:
         reply = await client.get("/health")
         assert reply.status == 503
         body = await reply.json()
-        assert (body["status"], body["redis"], body["postgres"]) == ("unavailable",
+        assert (body["status"], body["redis"], body["postgres"]) == ("degraded",
                                                                      "unreachable", "ok")
     finally:
         await client.close()

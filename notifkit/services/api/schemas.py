@@ -297,7 +297,7 @@ COMPONENTS: dict[str, Schema] = {
     }, ("id", "taskId", "eventId", "content", "read", "readAt", "createdAt")),
     # -- operations --------------------------------------------------------------------------
     "Health": obj({
-        "status": {"type": "string", "enum": ["ok", "degraded", "unavailable"]},
+        "status": {"type": "string", "enum": ["ok", "degraded"]},
         "redis": {"type": "string", "enum": ["ok", "unreachable"]},
         "postgres": {"type": "string", "enum": ["ok", "unreachable"]},
         "services": {"type": "object", "additionalProperties": obj({
