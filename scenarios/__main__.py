@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import signal
 import sys
 import time
@@ -23,6 +24,18 @@ T = TypeVar("T")
 COMMANDS = ("list", "run")
 
 
+def seed(text: str) -> int:
+    """A seed the simulators take too (they refuse a negative one, which failed the run only
+    after its first processes had started)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] not in COMMANDS and not args[0].startswith("-"):
@@ -32,7 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     commands.add_parser("list", help="list the scenarios and what each proves")
     run = commands.add_parser("run", help="run scenarios by name, or 'all'")
     run.add_argument("names", nargs="+", metavar="NAME")
-    run.add_argument("--seed", type=int, default=1, help="seed for faults and traffic")
+    run.add_argument("--seed", type=seed, default=1, help="seed for faults and traffic")
     run.add_argument("--json", type=Path, default=Path("scenario-results/results.json"),
                      help="where to write the JSON results")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -70,6 +83,26 @@ def mistyped(names: list[str], overrides: dict[str, Any]) -> str | None:
                 return f"--set {key}: {name} takes a whole number, got {value!r}"
             if isinstance(default, float) and not isinstance(value, int | float):
                 return f"--set {key}: {name} takes a number, got {value!r}"
+            # Every parameter is a count, a duration, a rate or a ratio: a negative or
+            # infinite one (a drain timeout of -5, say) ran the system and then reported
+            # everything it sent as lost.
+            if isinstance(value, float) and not math.isfinite(value):
+                return f"--set {key}: {name} takes a finite number, got {value!r}"
+            if value < 0:
+                return f"--set {key}: {name} takes a number of at least 0, got {value!r}"
+    return None
+
+
+def unusable_json_path(path: Path) -> str | None:
+    """Why the results cannot be written to ``path`` (its folder also holds the processes'
+    logs), or None: found out after the run, it cost the whole run and ended in a traceback."""
+    if path.is_dir():
+        example = str(path / "results.json")
+        return f"--json {str(path)!r}: is a folder; name a file, e.g. {example!r}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"--json {str(path)!r}: cannot create its folder: {exc.strerror or exc}"
     return None
 
 
@@ -150,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scenarios: --set {unused[0]}: no such parameter in {', '.join(names)}; "
               f"known: {', '.join(sorted(known))}", file=sys.stderr)
         return 2
-    if (problem := mistyped(names, overrides)) is not None:
+    if (problem := mistyped(names, overrides) or unusable_json_path(args.json)) is not None:
         print(f"scenarios: {problem}", file=sys.stderr)
         return 2
     try:
