@@ -670,7 +670,11 @@ def _validate_email(e: EmailSettings) -> None:
         return
     _name, address = parseaddr(e.from_addr)
     local, at, domain = address.rpartition("@")
-    if not (at and local and domain and " " not in address):
+    # parseaddr stops at a line break, so 'a@b.example\r\nBcc: x@y' looked valid here and
+    # then failed every send: the SMTP transport refuses a header with a line break, and a
+    # provider API rejects it as a sender. A tab is folding white space, allowed in a header.
+    control = any((ord(char) < 32 and char != "\t") or ord(char) == 127 for char in e.from_addr)
+    if control or not (at and local and domain and " " not in address):
         raise ConfigError("EMAIL_FROM", "must be an e-mail address, e.g. "
                           f"'Acme <no-reply@acme.example>', got {e.from_addr!r}")
     if e.transport not in EMAIL_TRANSPORTS:

@@ -250,6 +250,22 @@ def test_a_from_address_that_is_no_address_is_named() -> None:
     assert named.email.from_addr == "Acme <hi@acme.example>"
 
 
+@pytest.mark.parametrize("from_addr", ["hi@acme.example\r\nBcc: all@victim.example",
+                                       "Acme <hi@acme.example>\nX-Extra: 1",
+                                       "Acme\x1b[2J <hi@acme.example>",
+                                       "Acme\x00 <hi@acme.example>"])
+@pytest.mark.parametrize("credential", [{"RESEND_API_KEY": "re_x"},
+                                        {"SMTP_URL": "smtp://mail.example:25"},
+                                        {"NOTIFKIT_SIMULATOR_URL": "http://127.0.0.1:8025"}])
+def test_a_from_address_with_a_control_character_is_named(
+    from_addr: str, credential: dict[str, str]
+) -> None:
+    # Its first line parses as an address, but every send with it would fail.
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({**credential, "EMAIL_FROM": from_addr})
+    assert raised.value.variable == "EMAIL_FROM"
+
+
 def test_a_slow_heartbeat_keeps_its_health_key_alive_between_beats() -> None:
     # Given beats a minute apart, the health key must outlive the gap between two of them
     slow = Settings.from_env({"HEARTBEAT_INTERVAL_SECONDS": "60"})
