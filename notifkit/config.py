@@ -72,6 +72,7 @@ VARIABLES: Final = frozenset({
 DEVELOPMENT_SECRET: Final = "notifkit-development-secret"
 MAX_DURATION_S: Final = 10 * 365 * 24 * 3600
 MAX_REDIS_INT: Final = 2**63 - 1
+MIN_PROVIDER_RATE: Final = 0.001
 # Upper bounds for sizes that are allocated or sent to Redis as counts: beyond them a value is a
 # typo, and it would fail only later (XREADGROUP refuses a COUNT past 64 bits, so every worker
 # logs a failed read forever; asyncpg sets up every slot of a pool when it creates it).
@@ -547,6 +548,15 @@ def _provider_rates(raw: str) -> dict[str, float]:
             raise ConfigError("PROVIDER_RATE_LIMITS",
                               f"takes provider=sends-per-second pairs separated by commas "
                               f"(e.g. resend=2,twilio=50), got {part.strip()!r}")
+        # A rate near 0 makes a send wait so long that its parked due time is past any date
+        # the scheduler can store (every such batch then fails); the floor is
+        # API_RATE_PER_SECOND's.
+        if 0 < rate < MIN_PROVIDER_RATE:
+            raise ConfigError("PROVIDER_RATE_LIMITS",
+                              f"{name}: a rate must be 0 (no limit) or at least "
+                              f"{MIN_PROVIDER_RATE:g} sends per second, got {value.strip()}")
+        if name in rates:  # the later pair used to win without a word
+            raise ConfigError("PROVIDER_RATE_LIMITS", f"names {name!r} twice")
         rates[name] = rate
     return rates
 

@@ -161,6 +161,10 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         ({"PROVIDER_RATE_LIMITS": "resend=-1"}, "PROVIDER_RATE_LIMITS"),
         ({"PROVIDER_RATE_LIMITS": "resend=inf"}, "PROVIDER_RATE_LIMITS"),
         ({"PROVIDER_RATE_LIMITS": "pigeon=3"}, "PROVIDER_RATE_LIMITS"),
+        # The second value used to win silently; a rate near 0 overflowed a parked due time.
+        ({"PROVIDER_RATE_LIMITS": "resend=1,twilio=5,resend=2"}, "PROVIDER_RATE_LIMITS"),
+        ({"PROVIDER_RATE_LIMITS": "resend=1e-300"}, "PROVIDER_RATE_LIMITS"),
+        ({"PROVIDER_RATE_LIMITS": "twilio=0.0001"}, "PROVIDER_RATE_LIMITS"),
     ],
 )
 def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) -> None:
@@ -168,6 +172,11 @@ def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) ->
         Settings.from_env(env)
     assert caught.value.variable == variable
     assert str(caught.value).startswith(f"{variable}: ")
+
+
+def test_provider_rates_keep_zero_and_small_sane_rates() -> None:
+    rates = Settings.from_env({"PROVIDER_RATE_LIMITS": "resend=0,twilio=0.001,fcm=1e6"})
+    assert dict(rates.provider_rates) == {"resend": 0.0, "twilio": 0.001, "fcm": 1e6}
 
 
 def test_invalid_values_given_in_code_name_the_variable_too() -> None:
