@@ -179,7 +179,7 @@ def test_a_bare_services_flag_reaches_the_settings(monkeypatch: pytest.MonkeyPat
 
     seen: list[tuple[str, ...]] = []
 
-    async def fake_serve(settings: notifkit.config.Settings) -> int:
+    async def fake_serve(settings: notifkit.config.Settings, _port_option: str = "PORT") -> int:
         seen.append(settings.services)
         return 0
 
@@ -256,3 +256,27 @@ def test_a_dev_data_dir_held_by_another_dev_is_named(tmp_path: Path) -> None:
     # And once the holder is gone the folder is free again
     with data_dir_lock(tmp_path):
         pass
+
+
+@pytest.mark.parametrize(("argv", "named"), [(["--services", "api", "--port", "5432"], "--port"),
+                                             (["--services", "api"], "PORT")])
+def test_a_port_that_cannot_be_bound_is_named_as_it_was_given(
+    argv: list[str], named: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from notifkit import __main__ as cli
+    from notifkit.server import NotifkitServer
+
+    async def port_taken(_self: NotifkitServer) -> None:
+        raise notifkit.config.ConfigError(
+            "PORT", "cannot listen on 0.0.0.0:5432 (HOST:PORT): address already in use")
+
+    monkeypatch.setattr(NotifkitServer, "start", port_taken)
+    monkeypatch.setattr(cli, "_install_event_loop", lambda: None)  # keep the test's loop policy
+    monkeypatch.setenv("LOG_FORMAT", "text")
+    # Given --port on the command line, the message used to name PORT, which was never set
+    status = cli.main(argv)
+    err = capsys.readouterr().err
+    assert status == 2
+    assert f"notifkit could not start: {named}: cannot listen on 0.0.0.0:5432" in err, err
+    assert "Traceback" not in err
