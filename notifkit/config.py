@@ -217,6 +217,10 @@ class Settings:
         source = os.environ if env is None else env
         values = _read_env(source)
         values.update(overrides)
+        if "public_url" not in values and values.get("port"):
+            # Unset, links point at this machine's API, on the port it was told to listen on:
+            # PORT, or the port given in code or as --port, which wins over PORT.
+            values["public_url"] = f"http://127.0.0.1:{values['port']}"
         values["email"] = _simulated_email(values, source)
         return _apply_simulator(cls(**values), source)
 
@@ -326,9 +330,6 @@ def _read_env(env: Mapping[str, str]) -> dict[str, Any]:
     put("admin_key", _get(env, "NOTIFKIT_ADMIN_KEY"))
     put("secret", _get(env, "NOTIFKIT_SECRET"))
     put("public_url", _get(env, "NOTIFKIT_PUBLIC_URL"))
-    if "public_url" not in values and values.get("port"):
-        # Unset, links point at this machine's API, on the port it was told to listen on.
-        values["public_url"] = f"http://127.0.0.1:{values['port']}"
     put("provider_timeout_s", _float(env, "PROVIDER_TIMEOUT_SECONDS", 0.001))
     put("max_body_bytes", _int(env, "MAX_BODY_BYTES", 1))
     put("api_rate_per_second", _float(env, "API_RATE_PER_SECOND", 0.001))

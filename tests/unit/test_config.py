@@ -320,6 +320,12 @@ def test_links_follow_the_port_unless_a_public_url_is_set() -> None:
     assert Settings.from_env({"PORT": "18780"}).public_url == "http://127.0.0.1:18780"
     assert Settings.from_env({"PORT": "18780", "NOTIFKIT_PUBLIC_URL": "https://n.example.com"}
                              ).public_url == "https://n.example.com"
+    # A port given in code or as --port wins over PORT, for the links too (they used to keep
+    # pointing at 8080, or at PORT, while the API listened elsewhere)
+    assert Settings.from_env({}, port=9080).public_url == "http://127.0.0.1:9080"
+    assert Settings.from_env({"PORT": "7000"}, port=9080).public_url == "http://127.0.0.1:9080"
+    assert Settings.from_env({"NOTIFKIT_PUBLIC_URL": "https://n.example.com"}, port=9080
+                             ).public_url == "https://n.example.com"
 
 
 def test_the_development_secret_is_flagged_outside_a_simulator_deployment() -> None:
