@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import signal
 import sys
 import time
@@ -15,8 +16,13 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import asyncpg
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from notifkit.config import ConfigError, Settings
 from scenarios import catalog
-from scenarios.harness import RunOptions
+from scenarios.harness import RunOptions, service_urls
 from scenarios.report import Progress, ScenarioResult, table, violations_text, write_json
 
 T = TypeVar("T")
@@ -106,6 +112,41 @@ def unusable_json_path(path: Path) -> str | None:
     return None
 
 
+def _source(test_variable: str, variable: str) -> str:
+    """The variable a service's URL came from, in service_urls' order (the first one when
+    neither is set: the default was used, and that is the one to set)."""
+    return variable if not os.environ.get(test_variable) and os.environ.get(variable) \
+        else test_variable
+
+
+async def unusable_services() -> tuple[int, str] | None:
+    """(exit status, why) when Redis or PostgreSQL cannot serve a run, else None. Found out
+    inside the run, it failed every chosen scenario in turn, each reported as a violated
+    invariant; a malformed URL is a 2, an unreachable server a 1, as for notifkit itself."""
+    redis_url, database_url = service_urls()
+    redis_variable = _source("NOTIFKIT_TEST_REDIS_URL", "REDIS_URL")
+    database_variable = _source("NOTIFKIT_TEST_DATABASE_URL", "DATABASE_URL")
+    try:
+        Settings.from_env({"REDIS_URL": redis_url, "DATABASE_URL": database_url})
+    except ConfigError as exc:
+        named = redis_variable if exc.variable == "REDIS_URL" else database_variable
+        return 2, f"{named}: {exc.problem}"
+    # The URLs may hold passwords: the messages name the variable, not the URL.
+    redis = Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=5)
+    try:
+        await redis.ping()
+    except (RedisError, OSError) as exc:
+        return 1, f"{redis_variable}: cannot reach Redis: {exc}"
+    finally:
+        await redis.aclose()
+    try:
+        connection = await asyncpg.connect(database_url, timeout=5)
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+        return 1, f"{database_variable}: cannot reach PostgreSQL: {exc}"
+    await connection.close()
+    return None
+
+
 async def run_all(names: list[str], seed: int, overrides: dict[str, Any],
                   run_dir: Path) -> list[ScenarioResult]:
     results: list[ScenarioResult] = []
@@ -186,6 +227,14 @@ def main(argv: list[str] | None = None) -> int:
     if (problem := mistyped(names, overrides) or unusable_json_path(args.json)) is not None:
         print(f"scenarios: {problem}", file=sys.stderr)
         return 2
+    try:
+        unusable = asyncio.run(stoppable(unusable_services()))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        return 130
+    if unusable is not None:
+        status, why = unusable
+        print(f"scenarios: {why}", file=sys.stderr)
+        return status
     try:
         results = asyncio.run(stoppable(run_all(names, args.seed, overrides, args.json.parent)))
     except (KeyboardInterrupt, asyncio.CancelledError):

@@ -3,6 +3,7 @@ SCENARIOS.md documents, and ``run`` stays accepted."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -110,3 +111,45 @@ def test_a_json_path_whose_folder_cannot_be_made_is_refused(tmp_path: Path) -> N
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith(f"scenarios: --json {str(blocker / 'r.json')!r}: cannot create")
+
+
+def run_scenarios(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("REDIS_URL", "DATABASE_URL", "NOTIFKIT_TEST_REDIS_URL",
+                          "NOTIFKIT_TEST_DATABASE_URL")}
+    return subprocess.run([sys.executable, "-m", "scenarios", *argv], env={**clean, **env},
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize(
+    ("env", "status", "line"),
+    [
+        ({"NOTIFKIT_TEST_REDIS_URL": "redis://127.0.0.1:1/0"}, 1,
+         "scenarios: NOTIFKIT_TEST_REDIS_URL: cannot reach Redis: "),
+        ({"REDIS_URL": "redis://127.0.0.1:1/0"}, 1, "scenarios: REDIS_URL: cannot reach Redis: "),
+        ({"NOTIFKIT_TEST_REDIS_URL": "nope"}, 2,
+         "scenarios: NOTIFKIT_TEST_REDIS_URL: must be a redis:// or rediss:// URL, got 'nope'"),
+        ({"NOTIFKIT_TEST_DATABASE_URL": "mysql://x"}, 2,
+         "scenarios: NOTIFKIT_TEST_DATABASE_URL: must be a postgresql:// or postgres:// URL"),
+    ],
+)
+def test_services_that_cannot_serve_a_run_are_one_line_before_any_scenario(
+    env: dict[str, str], status: int, line: str
+) -> None:
+    # Found inside the run, this failed every chosen scenario in turn as a violated invariant.
+    result = run_scenarios(env, "run", "all")
+    assert result.returncode == status, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(line), lines[0]
+    assert result.stdout == ""
+
+
+def test_an_unreachable_database_is_named_after_a_working_redis(redis_url: str) -> None:
+    result = run_scenarios({"NOTIFKIT_TEST_REDIS_URL": redis_url,
+                            "NOTIFKIT_TEST_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/t"},
+                           "malformed")
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("scenarios: NOTIFKIT_TEST_DATABASE_URL: cannot reach PostgreSQL: ")
