@@ -96,7 +96,9 @@ def tune_gc() -> None:
     gc.set_threshold(GC_GEN0_THRESHOLD, 20, 50)
 
 
-async def serve(settings: Settings) -> int:
+async def serve(settings: Settings, port_option: str = "PORT") -> int:
+    """Run until SIGTERM or SIGINT. ``port_option`` is what the user set the port with: a port
+    given as ``--port`` that cannot be bound is named so, not as the PORT they never set."""
     from notifkit.server import NotifkitServer
 
     stop = asyncio.Event()
@@ -122,6 +124,8 @@ async def serve(settings: Settings) -> int:
         starting.result()
     except Exception as exc:
         await server.stop()
+        if isinstance(exc, ConfigError) and exc.variable == "PORT":
+            exc = ConfigError(port_option, exc.problem)
         log.error("notifkit could not start: %s", describe_failure(exc))
         return 2 if isinstance(exc, ConfigError) else 1
     tune_gc()
@@ -190,7 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 settings, data_dir=args.data_dir, port=args.port,
                 sim_port=args.sim_port, sim_smtp_port=args.sim_smtp_port,
             ))
-        return asyncio.run(serve(settings))
+        port_option = "--port" if getattr(args, "port", None) is not None else "PORT"
+        return asyncio.run(serve(settings, port_option))
     except KeyboardInterrupt:
         return 130
     except ConfigError as exc:

@@ -72,6 +72,7 @@ VARIABLES: Final = frozenset({
 DEVELOPMENT_SECRET: Final = "notifkit-development-secret"
 MAX_DURATION_S: Final = 10 * 365 * 24 * 3600
 MAX_REDIS_INT: Final = 2**63 - 1
+MIN_PROVIDER_RATE: Final = 0.001
 # Upper bounds for sizes that are allocated or sent to Redis as counts: beyond them a value is a
 # typo, and it would fail only later (XREADGROUP refuses a COUNT past 64 bits, so every worker
 # logs a failed read forever; asyncpg sets up every slot of a pool when it creates it).
@@ -216,6 +217,10 @@ class Settings:
         source = os.environ if env is None else env
         values = _read_env(source)
         values.update(overrides)
+        if "public_url" not in values and values.get("port"):
+            # Unset, links point at this machine's API, on the port it was told to listen on:
+            # PORT, or the port given in code or as --port, which wins over PORT.
+            values["public_url"] = f"http://127.0.0.1:{values['port']}"
         values["email"] = _simulated_email(values, source)
         return _apply_simulator(cls(**values), source)
 
@@ -325,9 +330,6 @@ def _read_env(env: Mapping[str, str]) -> dict[str, Any]:
     put("admin_key", _get(env, "NOTIFKIT_ADMIN_KEY"))
     put("secret", _get(env, "NOTIFKIT_SECRET"))
     put("public_url", _get(env, "NOTIFKIT_PUBLIC_URL"))
-    if "public_url" not in values and values.get("port"):
-        # Unset, links point at this machine's API, on the port it was told to listen on.
-        values["public_url"] = f"http://127.0.0.1:{values['port']}"
     put("provider_timeout_s", _float(env, "PROVIDER_TIMEOUT_SECONDS", 0.001))
     put("max_body_bytes", _int(env, "MAX_BODY_BYTES", 1))
     put("api_rate_per_second", _float(env, "API_RATE_PER_SECOND", 0.001))
@@ -547,6 +549,15 @@ def _provider_rates(raw: str) -> dict[str, float]:
             raise ConfigError("PROVIDER_RATE_LIMITS",
                               f"takes provider=sends-per-second pairs separated by commas "
                               f"(e.g. resend=2,twilio=50), got {part.strip()!r}")
+        # A rate near 0 makes a send wait so long that its parked due time is past any date
+        # the scheduler can store (every such batch then fails); the floor is
+        # API_RATE_PER_SECOND's.
+        if 0 < rate < MIN_PROVIDER_RATE:
+            raise ConfigError("PROVIDER_RATE_LIMITS",
+                              f"{name}: a rate must be 0 (no limit) or at least "
+                              f"{MIN_PROVIDER_RATE:g} sends per second, got {value.strip()}")
+        if name in rates:  # the later pair used to win without a word
+            raise ConfigError("PROVIDER_RATE_LIMITS", f"names {name!r} twice")
         rates[name] = rate
     return rates
 
@@ -670,7 +681,11 @@ def _validate_email(e: EmailSettings) -> None:
         return
     _name, address = parseaddr(e.from_addr)
     local, at, domain = address.rpartition("@")
-    if not (at and local and domain and " " not in address):
+    # parseaddr stops at a line break, so 'a@b.example\r\nBcc: x@y' looked valid here and
+    # then failed every send: the SMTP transport refuses a header with a line break, and a
+    # provider API rejects it as a sender. A tab is folding white space, allowed in a header.
+    control = any((ord(char) < 32 and char != "\t") or ord(char) == 127 for char in e.from_addr)
+    if control or not (at and local and domain and " " not in address):
         raise ConfigError("EMAIL_FROM", "must be an e-mail address, e.g. "
                           f"'Acme <no-reply@acme.example>', got {e.from_addr!r}")
     if e.transport not in EMAIL_TRANSPORTS:

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
+import os
 import secrets
 import signal
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,6 +93,32 @@ def _start_postgres(folder: Path, stack: contextlib.ExitStack) -> str:
     return uri
 
 
+@contextlib.contextmanager
+def data_dir_lock(folder: Path, option: str = "--data-dir") -> Iterator[None]:
+    """Hold ``folder`` for this process: a second dev on the same folder would start a second
+    embedded Redis on the same files, whose exit removes the pid file the first one's stop
+    relies on (leaving that server running after Ctrl-C). The kernel drops the lock with the
+    process, so a killed dev never leaves it behind."""
+    path = folder / "lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise ConfigError(option, f"cannot use {str(folder)!r}: {exc.strerror or exc}") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise ConfigError(
+                option, f"{str(folder)!r} is in use by another notifkit dev (pid {holder}); "
+                f"stop that one, or give this one another {option}") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 def _admin_key(data_dir: Path, env: Mapping[str, str]) -> str:
     if env.get("NOTIFKIT_ADMIN_KEY"):
         return env["NOTIFKIT_ADMIN_KEY"]
@@ -105,10 +133,6 @@ def _admin_key(data_dir: Path, env: Mapping[str, str]) -> str:
 
 async def run_dev(settings: Settings, *, data_dir: str, port: int, sim_port: int = 8025,
                   sim_smtp_port: int = 2525, env: Mapping[str, str] | None = None) -> int:
-    import os
-
-    from notifkit.server import NotifkitServer
-
     environ = dict(os.environ if env is None else env)
     folder = Path(data_dir)
     try:
@@ -116,6 +140,14 @@ async def run_dev(settings: Settings, *, data_dir: str, port: int, sim_port: int
     except OSError as exc:
         raise ConfigError("--data-dir", f"cannot use {data_dir!r} as a folder: "
                           f"{exc.strerror or exc}") from exc
+    with data_dir_lock(folder):
+        return await _run_dev(settings, environ, folder, port, sim_port, sim_smtp_port)
+
+
+async def _run_dev(settings: Settings, environ: dict[str, str], folder: Path, port: int,
+                   sim_port: int, sim_smtp_port: int) -> int:
+    from notifkit.server import NotifkitServer
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

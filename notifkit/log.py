@@ -54,3 +54,7 @@ def setup_logging(fmt: str = "json", level: str = "INFO") -> None:
     root.setLevel(level.upper())
     # aiohttp's access log is one line per request: too loud for a pipeline's logs.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    # Python warnings (a library's DeprecationWarning, platformdirs' RuntimeDirWarning under
+    # the dev command) went to stderr as two raw lines, breaking one-JSON-object-a-line:
+    # route them through the 'py.warnings' logger, so they come out formatted like the rest.
+    logging.captureWarnings(True)

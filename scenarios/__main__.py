@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
+import os
 import signal
 import sys
 import time
@@ -14,13 +16,30 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import asyncpg
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from notifkit.config import ConfigError, Settings
 from scenarios import catalog
-from scenarios.harness import RunOptions
+from scenarios.harness import RunOptions, service_urls
 from scenarios.report import Progress, ScenarioResult, table, violations_text, write_json
 
 T = TypeVar("T")
 
 COMMANDS = ("list", "run")
+
+
+def seed(text: str) -> int:
+    """A seed the simulators take too (they refuse a negative one, which failed the run only
+    after its first processes had started)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -32,7 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     commands.add_parser("list", help="list the scenarios and what each proves")
     run = commands.add_parser("run", help="run scenarios by name, or 'all'")
     run.add_argument("names", nargs="+", metavar="NAME")
-    run.add_argument("--seed", type=int, default=1, help="seed for faults and traffic")
+    run.add_argument("--seed", type=seed, default=1, help="seed for faults and traffic")
     run.add_argument("--json", type=Path, default=Path("scenario-results/results.json"),
                      help="where to write the JSON results")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -70,6 +89,61 @@ def mistyped(names: list[str], overrides: dict[str, Any]) -> str | None:
                 return f"--set {key}: {name} takes a whole number, got {value!r}"
             if isinstance(default, float) and not isinstance(value, int | float):
                 return f"--set {key}: {name} takes a number, got {value!r}"
+            # Every parameter is a count, a duration, a rate or a ratio: a negative or
+            # infinite one (a drain timeout of -5, say) ran the system and then reported
+            # everything it sent as lost.
+            if isinstance(value, float) and not math.isfinite(value):
+                return f"--set {key}: {name} takes a finite number, got {value!r}"
+            if value < 0:
+                return f"--set {key}: {name} takes a number of at least 0, got {value!r}"
+    return None
+
+
+def unusable_json_path(path: Path) -> str | None:
+    """Why the results cannot be written to ``path`` (its folder also holds the processes'
+    logs), or None: found out after the run, it cost the whole run and ended in a traceback."""
+    if path.is_dir():
+        example = str(path / "results.json")
+        return f"--json {str(path)!r}: is a folder; name a file, e.g. {example!r}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"--json {str(path)!r}: cannot create its folder: {exc.strerror or exc}"
+    return None
+
+
+def _source(test_variable: str, variable: str) -> str:
+    """The variable a service's URL came from, in service_urls' order (the first one when
+    neither is set: the default was used, and that is the one to set)."""
+    return variable if not os.environ.get(test_variable) and os.environ.get(variable) \
+        else test_variable
+
+
+async def unusable_services() -> tuple[int, str] | None:
+    """(exit status, why) when Redis or PostgreSQL cannot serve a run, else None. Found out
+    inside the run, it failed every chosen scenario in turn, each reported as a violated
+    invariant; a malformed URL is a 2, an unreachable server a 1, as for notifkit itself."""
+    redis_url, database_url = service_urls()
+    redis_variable = _source("NOTIFKIT_TEST_REDIS_URL", "REDIS_URL")
+    database_variable = _source("NOTIFKIT_TEST_DATABASE_URL", "DATABASE_URL")
+    try:
+        Settings.from_env({"REDIS_URL": redis_url, "DATABASE_URL": database_url})
+    except ConfigError as exc:
+        named = redis_variable if exc.variable == "REDIS_URL" else database_variable
+        return 2, f"{named}: {exc.problem}"
+    # The URLs may hold passwords: the messages name the variable, not the URL.
+    redis = Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=5)
+    try:
+        await redis.ping()
+    except (RedisError, OSError) as exc:
+        return 1, f"{redis_variable}: cannot reach Redis: {exc}"
+    finally:
+        await redis.aclose()
+    try:
+        connection = await asyncpg.connect(database_url, timeout=5)
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+        return 1, f"{database_variable}: cannot reach PostgreSQL: {exc}"
+    await connection.close()
     return None
 
 
@@ -150,9 +224,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scenarios: --set {unused[0]}: no such parameter in {', '.join(names)}; "
               f"known: {', '.join(sorted(known))}", file=sys.stderr)
         return 2
-    if (problem := mistyped(names, overrides)) is not None:
+    if (problem := mistyped(names, overrides) or unusable_json_path(args.json)) is not None:
         print(f"scenarios: {problem}", file=sys.stderr)
         return 2
+    try:
+        unusable = asyncio.run(stoppable(unusable_services()))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        return 130
+    if unusable is not None:
+        status, why = unusable
+        print(f"scenarios: {why}", file=sys.stderr)
+        return status
     try:
         results = asyncio.run(stoppable(run_all(names, args.seed, overrides, args.json.parent)))
     except (KeyboardInterrupt, asyncio.CancelledError):

@@ -11,6 +11,7 @@ import pytest
 
 import notifkit
 import notifkit.config
+from notifkit.dev import data_dir_lock
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -178,7 +179,7 @@ def test_a_bare_services_flag_reaches_the_settings(monkeypatch: pytest.MonkeyPat
 
     seen: list[tuple[str, ...]] = []
 
-    async def fake_serve(settings: notifkit.config.Settings) -> int:
+    async def fake_serve(settings: notifkit.config.Settings, _port_option: str = "PORT") -> int:
         seen.append(settings.services)
         return 0
 
@@ -220,3 +221,62 @@ def test_a_dev_data_dir_that_cannot_be_a_folder_is_named(tmp_path: Path) -> None
     assert len(lines) == 1, result.stderr
     assert "--data-dir" in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_a_dev_data_dir_held_by_another_dev_is_named(tmp_path: Path) -> None:
+    # Given a folder another dev process holds (a second dev on it used to start a second
+    # embedded Redis on the same files, and its exit left the first one's server orphaned)
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys; from pathlib import Path; from notifkit.dev import data_dir_lock\n"
+         "with data_dir_lock(Path(sys.argv[1])):\n"
+         "    print('held', flush=True); sys.stdin.read()", str(tmp_path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+
+        # When dev starts on it
+        result = run_cli("dev", "--data-dir", str(tmp_path), "--port", "0", "--sim-port", "0",
+                         "--sim-smtp-port", "0")
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+
+    # Then it stops at once with one line naming the option and the holder
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"notifkit: invalid configuration: --data-dir: {str(tmp_path)!r} is in use by another "
+        f"notifkit dev (pid {holder.pid}); stop that one, or give this one another --data-dir"
+    ]
+    assert "Traceback" not in result.stdout + result.stderr
+
+    # And once the holder is gone the folder is free again
+    with data_dir_lock(tmp_path):
+        pass
+
+
+@pytest.mark.parametrize(("argv", "named"), [(["--services", "api", "--port", "5432"], "--port"),
+                                             (["--services", "api"], "PORT")])
+def test_a_port_that_cannot_be_bound_is_named_as_it_was_given(
+    argv: list[str], named: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from notifkit import __main__ as cli
+    from notifkit.server import NotifkitServer
+
+    async def port_taken(_self: NotifkitServer) -> None:
+        raise notifkit.config.ConfigError(
+            "PORT", "cannot listen on 0.0.0.0:5432 (HOST:PORT): address already in use")
+
+    monkeypatch.setattr(NotifkitServer, "start", port_taken)
+    monkeypatch.setattr(cli, "_install_event_loop", lambda: None)  # keep the test's loop policy
+    monkeypatch.setenv("LOG_FORMAT", "text")
+    # Given --port on the command line, the message used to name PORT, which was never set
+    status = cli.main(argv)
+    err = capsys.readouterr().err
+    assert status == 2
+    assert f"notifkit could not start: {named}: cannot listen on 0.0.0.0:5432" in err, err
+    assert "Traceback" not in err

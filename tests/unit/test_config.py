@@ -161,6 +161,10 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         ({"PROVIDER_RATE_LIMITS": "resend=-1"}, "PROVIDER_RATE_LIMITS"),
         ({"PROVIDER_RATE_LIMITS": "resend=inf"}, "PROVIDER_RATE_LIMITS"),
         ({"PROVIDER_RATE_LIMITS": "pigeon=3"}, "PROVIDER_RATE_LIMITS"),
+        # The second value used to win silently; a rate near 0 overflowed a parked due time.
+        ({"PROVIDER_RATE_LIMITS": "resend=1,twilio=5,resend=2"}, "PROVIDER_RATE_LIMITS"),
+        ({"PROVIDER_RATE_LIMITS": "resend=1e-300"}, "PROVIDER_RATE_LIMITS"),
+        ({"PROVIDER_RATE_LIMITS": "twilio=0.0001"}, "PROVIDER_RATE_LIMITS"),
     ],
 )
 def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) -> None:
@@ -168,6 +172,11 @@ def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) ->
         Settings.from_env(env)
     assert caught.value.variable == variable
     assert str(caught.value).startswith(f"{variable}: ")
+
+
+def test_provider_rates_keep_zero_and_small_sane_rates() -> None:
+    rates = Settings.from_env({"PROVIDER_RATE_LIMITS": "resend=0,twilio=0.001,fcm=1e6"})
+    assert dict(rates.provider_rates) == {"resend": 0.0, "twilio": 0.001, "fcm": 1e6}
 
 
 def test_invalid_values_given_in_code_name_the_variable_too() -> None:
@@ -250,6 +259,22 @@ def test_a_from_address_that_is_no_address_is_named() -> None:
     assert named.email.from_addr == "Acme <hi@acme.example>"
 
 
+@pytest.mark.parametrize("from_addr", ["hi@acme.example\r\nBcc: all@victim.example",
+                                       "Acme <hi@acme.example>\nX-Extra: 1",
+                                       "Acme\x1b[2J <hi@acme.example>",
+                                       "Acme\x00 <hi@acme.example>"])
+@pytest.mark.parametrize("credential", [{"RESEND_API_KEY": "re_x"},
+                                        {"SMTP_URL": "smtp://mail.example:25"},
+                                        {"NOTIFKIT_SIMULATOR_URL": "http://127.0.0.1:8025"}])
+def test_a_from_address_with_a_control_character_is_named(
+    from_addr: str, credential: dict[str, str]
+) -> None:
+    # Its first line parses as an address, but every send with it would fail.
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({**credential, "EMAIL_FROM": from_addr})
+    assert raised.value.variable == "EMAIL_FROM"
+
+
 def test_a_slow_heartbeat_keeps_its_health_key_alive_between_beats() -> None:
     # Given beats a minute apart, the health key must outlive the gap between two of them
     slow = Settings.from_env({"HEARTBEAT_INTERVAL_SECONDS": "60"})
@@ -294,6 +319,12 @@ def test_links_follow_the_port_unless_a_public_url_is_set() -> None:
     assert Settings.from_env({}).public_url == "http://127.0.0.1:8080"
     assert Settings.from_env({"PORT": "18780"}).public_url == "http://127.0.0.1:18780"
     assert Settings.from_env({"PORT": "18780", "NOTIFKIT_PUBLIC_URL": "https://n.example.com"}
+                             ).public_url == "https://n.example.com"
+    # A port given in code or as --port wins over PORT, for the links too (they used to keep
+    # pointing at 8080, or at PORT, while the API listened elsewhere)
+    assert Settings.from_env({}, port=9080).public_url == "http://127.0.0.1:9080"
+    assert Settings.from_env({"PORT": "7000"}, port=9080).public_url == "http://127.0.0.1:9080"
+    assert Settings.from_env({"NOTIFKIT_PUBLIC_URL": "https://n.example.com"}, port=9080
                              ).public_url == "https://n.example.com"
 
 

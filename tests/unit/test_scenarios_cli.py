@@ -3,8 +3,10 @@ SCENARIOS.md documents, and ``run`` stays accepted."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -58,3 +60,96 @@ def test_a_bad_set_is_refused_without_running_anything(argv: list[str], complain
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert complaint in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "complaint"),
+    [
+        # A negative seed passed here and failed the run once the simulators refused it.
+        (["malformed", "--seed", "-1"], "argument --seed: expected a non-negative integer, "
+                                        "got -1"),
+        # A negative or infinite duration ran the system, then called every send lost.
+        (["malformed", "--set", "drain_timeout_s=-5"], "--set drain_timeout_s: malformed takes "
+                                                       "a number of at least 0, got -5"),
+        (["malformed", "--set", "drain_timeout_s=nan"], "--set drain_timeout_s: malformed takes "
+                                                        "a finite number, got nan"),
+        (["malformed", "--set", "drain_timeout_s=1e400"], "--set drain_timeout_s: malformed "
+                                                          "takes a finite number, got inf"),
+        (["malformed", "--set", "messages=-3"], "--set messages: malformed takes a number of "
+                                                "at least 0, got -3"),
+    ],
+)
+def test_a_value_no_scenario_can_use_is_refused_before_anything_starts(
+    argv: list[str], complaint: str
+) -> None:
+    result = subprocess.run([sys.executable, "-m", "scenarios", *argv],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    assert complaint in result.stderr.strip().splitlines()[-1], result.stderr
+    assert "Traceback" not in result.stderr
+    assert "starting" not in result.stderr
+
+
+def test_a_json_path_that_is_a_folder_is_refused_before_the_run(tmp_path: Path) -> None:
+    # It used to run the whole scenario, then end in a traceback writing the results.
+    result = subprocess.run(
+        [sys.executable, "-m", "scenarios", "malformed", "--json", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"scenarios: --json {str(tmp_path)!r}: is a folder; name a file, e.g. "
+        f"{str(tmp_path / 'results.json')!r}"]
+
+
+def test_a_json_path_whose_folder_cannot_be_made_is_refused(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = subprocess.run(
+        [sys.executable, "-m", "scenarios", "malformed", "--json", str(blocker / "r.json")],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"scenarios: --json {str(blocker / 'r.json')!r}: cannot create")
+
+
+def run_scenarios(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("REDIS_URL", "DATABASE_URL", "NOTIFKIT_TEST_REDIS_URL",
+                          "NOTIFKIT_TEST_DATABASE_URL")}
+    return subprocess.run([sys.executable, "-m", "scenarios", *argv], env={**clean, **env},
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize(
+    ("env", "status", "line"),
+    [
+        ({"NOTIFKIT_TEST_REDIS_URL": "redis://127.0.0.1:1/0"}, 1,
+         "scenarios: NOTIFKIT_TEST_REDIS_URL: cannot reach Redis: "),
+        ({"REDIS_URL": "redis://127.0.0.1:1/0"}, 1, "scenarios: REDIS_URL: cannot reach Redis: "),
+        ({"NOTIFKIT_TEST_REDIS_URL": "nope"}, 2,
+         "scenarios: NOTIFKIT_TEST_REDIS_URL: must be a redis:// or rediss:// URL, got 'nope'"),
+        ({"NOTIFKIT_TEST_DATABASE_URL": "mysql://x"}, 2,
+         "scenarios: NOTIFKIT_TEST_DATABASE_URL: must be a postgresql:// or postgres:// URL"),
+    ],
+)
+def test_services_that_cannot_serve_a_run_are_one_line_before_any_scenario(
+    env: dict[str, str], status: int, line: str
+) -> None:
+    # Found inside the run, this failed every chosen scenario in turn as a violated invariant.
+    result = run_scenarios(env, "run", "all")
+    assert result.returncode == status, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(line), lines[0]
+    assert result.stdout == ""
+
+
+def test_an_unreachable_database_is_named_after_a_working_redis(redis_url: str) -> None:
+    result = run_scenarios({"NOTIFKIT_TEST_REDIS_URL": redis_url,
+                            "NOTIFKIT_TEST_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/t"},
+                           "malformed")
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("scenarios: NOTIFKIT_TEST_DATABASE_URL: cannot reach PostgreSQL: ")

@@ -1,0 +1,39 @@
+"""Log output: with LOG_FORMAT=json every line on stderr is one JSON object, whatever wrote it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+EMIT = """
+import logging, warnings
+from notifkit.log import setup_logging
+setup_logging({fmt!r}, "INFO")
+logging.getLogger("notifkit.test").info("before")
+warnings.warn("XDG_RUNTIME_DIR is not set, falling back to /tmp/runtime-0", RuntimeWarning)
+logging.getLogger("notifkit.test").info("after")
+"""
+
+
+def emitted(fmt: str) -> list[str]:
+    result = subprocess.run([sys.executable, "-c", EMIT.format(fmt=fmt)], capture_output=True,
+                            text=True, timeout=60, check=True)
+    return result.stderr.splitlines()
+
+
+def test_a_python_warning_is_one_json_object_like_every_other_line() -> None:
+    # Given a library that raises a Python warning while notifkit logs JSON
+    lines = emitted("json")
+
+    # Then every line is a JSON object, the warning one under the py.warnings logger
+    records = [json.loads(line) for line in lines]
+    assert [r["msg"] for r in records if r["logger"] == "notifkit.test"] == ["before", "after"]
+    [warning] = [r for r in records if r["logger"] == "py.warnings"]
+    assert warning["level"] == "warning"
+    assert "XDG_RUNTIME_DIR is not set" in warning["msg"]
+
+
+def test_a_python_warning_reads_like_a_log_line_in_text_mode() -> None:
+    lines = emitted("text")
+    assert any("WARNING py.warnings:" in line and "XDG_RUNTIME_DIR" in line for line in lines)
