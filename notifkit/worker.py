@@ -50,6 +50,10 @@ log = logging.getLogger("notifkit.worker")
 PRIORITY_RESERVE_DIVISOR = 20
 # How long a read waits on the first stream alone while only its reserved slots are free.
 RESERVED_POLL_MS = 50
+# While some priority stream has its `max_batches` in flight, the others are polled this often
+# (and at once when a batch ends): a blocking read on them could not be woken for the stream
+# whose batch ended.
+LANE_POLL_S = 0.005
 # How soon a reclaim sweep that ran out of free slots sweeps again.
 RECLAIM_AGAIN_S = 0.1
 # A worker keeps its entries from the reclaim sweep while it works on them, for at most this
@@ -219,10 +223,6 @@ class StreamWorker:
     ) -> None:
         if not streams:
             raise ValueError("a worker needs at least one stream")
-        if max_batches is not None and len(streams) > 1:
-            # While its batches run it reads nothing, critical entries included: a backlog of
-            # lower work would delay them (the priority_isolation scenario measured it).
-            raise ValueError("max_batches is for a worker of one stream, not of priority streams")
         self.redis = redis
         self.settings = settings
         self.keys = Keys(settings.namespace)
@@ -236,11 +236,12 @@ class StreamWorker:
         # A stage whose batches only talk to Redis and PostgreSQL does better with few,
         # large batches: while they run, new entries gather and the next read takes them all,
         # so the per-batch round trips are shared by more entries. None = only `concurrency`
-        # bounds it (stages that wait on providers, whose batches may be slow).
+        # bounds it (stages that wait on providers, whose batches may be slow). The limit is
+        # per stream: a critical entry never waits for a batch of low ones to end.
         self.max_batches = max_batches
         # The most entries one read takes (None = all the free slots).
         self.max_batch_size = max_batch_size
-        self._batches = 0
+        self._batches: dict[str, int] = {}  # stream -> batches in flight
         self.stats = WorkerStats()
         self._in_flight: dict[tuple[str, str], Entry] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -354,9 +355,18 @@ class StreamWorker:
                     self._capacity.clear()
                     await self._capacity.wait()
                     continue
-                if self._batches_full():
+                open_streams = self._open_streams()
+                if not open_streams:
                     self._capacity.clear()
                     await self._capacity.wait()
+                    continue
+                if len(open_streams) < len(self.streams):
+                    # Some stream has its batches in flight: take what the others hold, else
+                    # wait for a batch to end, or a moment for the others to get work.
+                    self._capacity.clear()
+                    if not await self._read_new(block_ms=None, only=open_streams):
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._capacity.wait(), LANE_POLL_S)
                     continue
                 await self._read_new(block_ms=self.settings.read_block_ms)
             except asyncio.CancelledError:
@@ -370,10 +380,11 @@ class StreamWorker:
                               extra={"service": self.service})
                 await asyncio.sleep(1.0)
 
-    async def _read_new(self, *, block_ms: int | None) -> int:
-        """Fill the free slots from the streams in priority order, then dispatch; returns how
-        many entries were taken off the streams (malformed and dead-lettered ones included,
-        so a read that yields only those still counts as progress)."""
+    async def _read_new(self, *, block_ms: int | None, only: list[str] | None = None) -> int:
+        """Fill the free slots from the streams in priority order (of ``only`` when given),
+        then dispatch; returns how many entries were taken off the streams (malformed and
+        dead-lettered ones included, so a read that yields only those still counts as
+        progress)."""
         async with self._taking:
             free = self.concurrency - self.in_flight
             if free <= 0:
@@ -384,11 +395,14 @@ class StreamWorker:
                 free = max(free, 100 * self.concurrency)
             raw: list[tuple[str, str, Mapping[bytes, bytes] | None]] = []
             streams, reserve = self._read_order()
+            first = streams[0]
+            if only is not None:
+                streams = [s for s in streams if s in only]
             if not (self._drained and block_ms is not None):
-                for index, stream in enumerate(streams):
+                for stream in streams:
                     # Lower streams leave `reserve` slots free, so work arriving on the first
                     # stream never waits for a batch of lower-priority work to finish.
-                    want = free - len(raw) - (reserve if index else 0)
+                    want = free - len(raw) - (reserve if stream != first else 0)
                     if want <= 0:
                         break
                     raw.extend(await self._xread({stream: ">"}, want, None))
@@ -421,8 +435,11 @@ class StreamWorker:
                 await self._dispatch(entries, reclaimed=False)
             return len(raw)
 
-    def _batches_full(self) -> bool:
-        return self.max_batches is not None and self._batches >= self.max_batches
+    def _open_streams(self) -> list[str]:
+        """The streams with fewer than ``max_batches`` batches in flight."""
+        if self.max_batches is None:
+            return self.streams
+        return [s for s in self.streams if self._batches.get(s, 0) < self.max_batches]
 
     def _read_order(self) -> tuple[list[str], int]:
         """The streams in the order to fill slots from, and how many slots only the first
@@ -610,7 +627,8 @@ class StreamWorker:
             for entry in batch:
                 self._in_flight[(entry.stream, entry.id)] = entry
             self.stats.max_in_flight = max(self.stats.max_in_flight, self.in_flight)
-            self._batches += 1
+            stream = batch[0].stream
+            self._batches[stream] = self._batches.get(stream, 0) + 1
             task = asyncio.create_task(self._run(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -642,7 +660,7 @@ class StreamWorker:
         finally:
             for entry in batch:
                 self._in_flight.pop((entry.stream, entry.id), None)
-            self._batches -= 1
+            self._batches[batch[0].stream] -= 1
             self._capacity.set()
 
     async def _commit(self, done: list[Entry]) -> None:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-import pytest
-
 from notifkit.keys import Keys
 from notifkit.worker import Entry
 
@@ -118,11 +116,41 @@ async def test_max_batch_size_splits_a_backlog_into_batches_that_run_together(
     assert await pending(stream, worker.group) == 0
 
 
-def test_a_worker_of_priority_streams_cannot_limit_its_batches(
-    make_worker: WorkerFactory, keys: Keys,
+async def test_the_limit_is_per_priority_stream_so_critical_entries_never_wait_for_low_ones(
+    make_worker: WorkerFactory, keys: Keys, add: Add, pending: Pending,
 ) -> None:
-    async def process(batch: list[Entry]) -> None:
-        return None
+    # Given a worker of the three priority streams keeping one batch in flight per stream,
+    # busy with a batch of low entries that does not end yet
+    low, critical = keys.enriched("low"), keys.enriched("critical")
+    seen: list[list[str]] = []
+    low_started, release_low = asyncio.Event(), asyncio.Event()
+    critical_done, second_low_done = asyncio.Event(), asyncio.Event()
 
-    with pytest.raises(ValueError, match="max_batches is for a worker of one stream"):
-        make_worker(process, streams=keys.enriched_all(), max_batches=1)
+    async def process(batch: list[Entry]) -> None:
+        names = [e.payload["n"] for e in batch]
+        seen.append(names)
+        if names == ["low-1"]:
+            low_started.set()
+            await release_low.wait()
+        elif names == ["crit"]:
+            critical_done.set()
+        elif names == ["low-2"]:
+            second_low_done.set()
+
+    worker = make_worker(process, streams=keys.enriched_all(), concurrency=50, max_batches=1)
+    await worker.start()
+    await add(low, {"n": "low-1"})
+    await asyncio.wait_for(low_started.wait(), 5)
+
+    # When a second low entry and then a critical one arrive
+    await add(low, {"n": "low-2"})
+    await add(critical, {"n": "crit"})
+
+    # Then the critical one is processed while the low batch runs, and the second low entry
+    # is not even read until that batch ends
+    await asyncio.wait_for(critical_done.wait(), 5)
+    assert seen == [["low-1"], ["crit"]]
+    assert await pending(low, worker.group) == 1
+    release_low.set()
+    await asyncio.wait_for(second_low_done.wait(), 5)
+    assert seen == [["low-1"], ["crit"], ["low-2"]]
