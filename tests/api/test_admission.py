@@ -4,6 +4,7 @@ each one is accepted, refused or rolled back on its own."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import asyncpg
@@ -15,7 +16,8 @@ from notifkit.ids import uuid7
 from notifkit.keys import Keys
 from notifkit.messages import InboundMessage
 from notifkit.ratelimit import TokenBuckets
-from notifkit.services.api.admission import Admission
+from notifkit.services.api.admission import KNOWN_TEMPLATE_TTL_S, Admission
+from notifkit.services.api.state import ADMISSION
 from tests.api.conftest import Api, Project
 from tests.support.streams import xrange
 
@@ -113,3 +115,38 @@ async def test_a_row_that_cannot_be_written_fails_alone_and_is_never_enqueued(
     assert len(entries) == 2
     stored = await db.fetch("SELECT id::text FROM notifications")
     assert {r["id"] for r in stored} == {messages[0]["eventId"], messages[2]["eventId"]}
+
+
+async def test_a_template_once_found_is_not_looked_up_again_and_an_unknown_one_always_is(
+    api: Api, project: Project, template: str, db: asyncpg.Pool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a send that found its template, and a send to a template not created yet
+    first = await api.call("POST", "/v1/notifications", key=project.send,
+                           json={"to": "u1", "template": template})
+    missing = await api.call("POST", "/v1/notifications", key=project.send,
+                             json={"to": "u1", "template": "later"})
+    assert (first.status, missing.status) == (202, 400)
+
+    # When the first template's row goes away by hand and the second one is created
+    await db.execute("DELETE FROM templates WHERE project_id = $1 AND id = $2",
+                     project.id, template)
+    created = await api.call("PUT", "/v1/templates/later", key=project.full, json={
+        "channels": {"email": {"subject": "s", "text": "t"}}})
+    assert created.status == 201
+
+    # Then the known one is still accepted without asking PostgreSQL, the new one is found
+    again = await api.call("POST", "/v1/notifications", key=project.send,
+                           json={"to": "u1", "template": template})
+    now_found = await api.call("POST", "/v1/notifications", key=project.send,
+                               json={"to": "u1", "template": "later"})
+    assert (again.status, now_found.status) == (202, 202)
+
+    # And once the memory expires, the removed one is refused again
+    app = api.client.app
+    assert app is not None
+    gate = app[ADMISSION]
+    monkeypatch.setattr(gate, "clock", lambda: time.monotonic() + KNOWN_TEMPLATE_TTL_S + 1)
+    expired = await api.call("POST", "/v1/notifications", key=project.send,
+                             json={"to": "u1", "template": template})
+    assert expired.status == 400

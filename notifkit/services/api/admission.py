@@ -7,6 +7,13 @@ its message. Done one request at a time that is four round trips per send; here 
 that arrived while the previous call was out. The answers are exactly the one-at-a-time ones:
 every request still gets its own script call, lookup, row pair and stream entry.
 
+A template once found is remembered for ``KNOWN_TEMPLATE_TTL_S``: the API cannot delete
+templates, so the answer stays true, and at moderate load (one request per coalesced call) the
+lookup was one of a send's four round trips. A template removed from the database by hand is
+refused again within that time; a send accepted meanwhile records "template not found" on its
+timeline, as one whose template vanished after acceptance always has. Unknown ids are never
+remembered, so a template created a moment ago is found at once.
+
 Accepting keeps its guarantee per send: a send whose rows are written but whose XADD fails has
 its rows deleted again and the caller gets an error (503 for an unreachable Redis), so nothing
 is left half-accepted; a send whose rows cannot be written is never enqueued.
@@ -15,7 +22,8 @@ is left half-accepted; a send whose rows cannot be written is never enqueued.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import asyncpg
@@ -31,6 +39,9 @@ from notifkit.redis_pipe import pipe
 from notifkit.streams import queue_xadd
 
 log = logging.getLogger("notifkit.api")
+
+KNOWN_TEMPLATE_TTL_S = 60.0
+MAX_KNOWN_TEMPLATES = 10_000
 
 # One statement for the whole batch, rows as parallel arrays (jsonb as JSON text): one plan
 # and one execution where an executemany would make one of each per request.
@@ -71,6 +82,8 @@ class Admission:
         self.buckets = buckets
         self._rate: Coalescer[str, float] = Coalescer(self._take_rate)
         self._templates: Coalescer[tuple[str, str], bool] = Coalescer(self._load_templates)
+        self._known_templates: dict[tuple[str, str], float] = {}  # -> when to ask again
+        self.clock: Callable[[], float] = time.monotonic
         self._accept: Coalescer[InboundMessage, None] = Coalescer(self._accept_many)
 
     # -- what handlers call -------------------------------------------------------------
@@ -79,7 +92,16 @@ class Admission:
         return await self._rate.submit(project_id)
 
     async def template_exists(self, project_id: str, template_id: str) -> bool:
-        return await self._templates.submit((project_id, template_id))
+        key = (project_id, template_id)
+        now = self.clock()
+        if self._known_templates.get(key, 0.0) > now:
+            return True
+        found = await self._templates.submit(key)
+        if found:
+            if len(self._known_templates) >= MAX_KNOWN_TEMPLATES:
+                self._known_templates.clear()  # rare: that many templates in use at once
+            self._known_templates[key] = now + KNOWN_TEMPLATE_TTL_S
+        return found
 
     async def accept(self, message: InboundMessage) -> None:
         """Write the send's rows, then enqueue it on ``inbound:{priority}``."""
