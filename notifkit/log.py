@@ -31,7 +31,10 @@ class JsonFormatter(logging.Formatter):
         entry.update(_extras(record))
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str, ensure_ascii=False)
+        # U+2028 and U+2029 are valid in JSON text, but line splitters (Python's splitlines,
+        # JavaScript) take them for line ends: escaped, one record stays one line for all.
+        return (json.dumps(entry, default=str, ensure_ascii=False)
+                .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
 class TextFormatter(logging.Formatter):

@@ -720,9 +720,10 @@ class StreamWorker:
         for entry in entries:
             self.stats.dead_lettered += 1
             metrics.DEAD_LETTERED.labels(self.service, entry.stream, _channel(entry)).inc()
-            log.error("Moved to the dead-letter queue after %d attempts; replay it with "
-                      "POST /v1/dlq/{id}/replay once the cause is fixed.", attempts_made(entry),
-                      extra=_ids(self.service, entry))
+            made = attempts_made(entry)
+            log.error("Moved to the dead-letter queue after %d attempt%s; replay it with "
+                      "POST /v1/dlq/{id}/replay once the cause is fixed.", made,
+                      "" if made == 1 else "s", extra=_ids(self.service, entry))
 
     async def _settle(self, outputs: Sequence[tuple[str, Mapping[str, Any]]],
                       entries: Sequence[Entry]) -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
+
+from notifkit.log import JsonFormatter
 
 EMIT = """
 import logging, warnings
@@ -37,3 +40,11 @@ def test_a_python_warning_is_one_json_object_like_every_other_line() -> None:
 def test_a_python_warning_reads_like_a_log_line_in_text_mode() -> None:
     lines = emitted("text")
     assert any("WARNING py.warnings:" in line and "XDG_RUNTIME_DIR" in line for line in lines)
+
+
+def test_a_message_with_unicode_line_separators_stays_one_json_line() -> None:
+    record = logging.makeLogRecord({"name": "notifkit.test", "levelname": "INFO",
+                                    "msg": "a\u2028b\u2029c\nd"})
+    line = JsonFormatter().format(record)
+    assert len(line.splitlines()) == 1
+    assert json.loads(line)["msg"] == "a\u2028b\u2029c\nd"
