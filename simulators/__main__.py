@@ -39,7 +39,8 @@ def _port(text: str) -> int:
     return value
 
 
-def _non_negative(text: str) -> int:
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0 (a seed, say)."""
     try:
         value = int(text)
     except ValueError:
@@ -68,7 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=8025, help="HTTP port (default 8025)")
     parser.add_argument("--smtp-port", type=_port, default=2525, help="SMTP port (default 2525)")
-    parser.add_argument("--seed", type=_non_negative, default=None, help="random seed for faults")
+    parser.add_argument("--seed", type=non_negative_int, default=None,
+                        help="random seed for faults")
     parser.add_argument(
         "--max-messages",
         type=_positive,

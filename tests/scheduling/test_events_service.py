@@ -52,12 +52,13 @@ def receipt(project_id: str, message_id: str, kind: str, raw: Any = None,
 
 
 async def record_send(db: asyncpg.Pool, project_id: str, task_id: str, destination: str,
-                      message_id: str, channel: str = "email") -> None:
+                      message_id: str, channel: str = "email",
+                      provider: str = "resend") -> None:
     """What delivery leaves in the outbox after the provider accepted a send."""
     await db.execute(
         "INSERT INTO delivery_outbox (task_id, channel, destination, project_id, provider, "
-        "provider_message_id, status) VALUES ($1, $2, $3, $4, 'resend', $5, 'sent')",
-        task_id, channel, destination, project_id, message_id,
+        "provider_message_id, status) VALUES ($1, $2, $3, $4, $5, $6, 'sent')",
+        task_id, channel, destination, project_id, provider, message_id,
     )
 
 
@@ -317,10 +318,7 @@ async def test_a_twilio_failure_for_a_number_that_can_never_receive_suppresses_i
     event_id = uuid7()
     for task, number, message in (("task-s1", "+14155550101", "SM1"),
                                   ("task-s2", "+14155550102", "SM2")):
-        await db.execute(
-            "INSERT INTO delivery_outbox (task_id, channel, destination, project_id, provider, "
-            "provider_message_id, status) VALUES ($1, 'sms', $2, $3, 'twilio', $4, 'sent')",
-            task, number, project_id, message)
+        await record_send(db, project_id, task, number, message, "sms", "twilio")
         await put(redis, keys, {**sent_event(project_id, event_id, task, message, "sms"),
                                 "provider": "twilio"})
     await events.run_until_idle()
