@@ -18,8 +18,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
-from jinja2 import TemplateSyntaxError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from notifkit.templates import expression_error as compile_error
+from notifkit.templates import render_expression
 
 STEP_TYPES: tuple[str, ...] = ("send", "wait", "waitForEvent", "branch", "digest")
 CHANNELS: tuple[str, ...] = ("email", "sms", "push", "inapp", "webhook")
@@ -151,9 +151,6 @@ def _nonempty_str(value: Any) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Branch conditions
 
-_ENV = ImmutableSandboxedEnvironment()
-
-
 MAX_EXPRESSION_CHARS = 2000
 
 
@@ -161,12 +158,6 @@ def expression_error(expression: str) -> str | None:
     """Why ``expression`` does not compile, or None."""
     if len(expression) > MAX_EXPRESSION_CHARS:
         return f"may be at most {MAX_EXPRESSION_CHARS} characters"
-    try:
-        from notifkit.templates import (  # type: ignore[import-not-found,unused-ignore]
-            expression_error as compile_error,
-        )
-    except ImportError:  # the shared template module is optional here
-        return _plain_compile_error(expression)
     # The bounded sandbox, as at run time: a plain one folds constants while compiling, so
     # ``[1] * 10**7`` or ``'a' * 10**9`` would be built (for seconds, in the API's event
     # loop) just to check the syntax.
@@ -174,24 +165,8 @@ def expression_error(expression: str) -> str | None:
     return None if problem is None else f"is not a valid expression: {problem}"
 
 
-def _plain_compile_error(expression: str) -> str | None:
-    try:
-        _ENV.compile_expression(expression)
-    except TemplateSyntaxError as exc:
-        return f"is not a valid expression: {exc.message} (line {exc.lineno})"
-    except (RecursionError, MemoryError):
-        return "is not a valid expression: nested too deeply"
-    return None
-
-
 def evaluate_condition(expression: str, context: Mapping[str, Any]) -> bool:
     """Evaluate a branch's ``if`` in the sandbox; undefined names are falsy."""
-    try:
-        from notifkit.templates import (  # type: ignore[import-not-found,unused-ignore]
-            render_expression,
-        )
-    except ImportError:  # the shared template module is optional here
-        return bool(_ENV.compile_expression(expression, undefined_to_none=True)(**context))
     return bool(render_expression(expression, dict(context)))
 
 

@@ -31,8 +31,6 @@ T = TypeVar("T")
 COMMANDS = ("list", "run")
 
 
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] not in COMMANDS and not args[0].startswith("-"):
