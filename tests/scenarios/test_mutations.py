@@ -60,7 +60,7 @@ PLATFORM_CASES: list[tuple[str, str, dict[str, Any], str]] = [
      r"\(event sent\) got \['reminder', 'welcome'\]"),
     ("key_revocation", "unpublished_key_revocations", {"users": 2, "watch_s": 2.0},
      r"api-2 still accepted the revoked key"),
-    ("redis_restart", "ack_before_process", {"messages": 600},
+    ("redis_restart", "ack_before_process", {"messages": 6000, "rate_per_s": 1000.0},
      r"notification\(s\) lost"),
     ("postgres_outage", "ack_before_process", {"messages": 300},
      r"notification\(s\) lost"),
