@@ -512,6 +512,10 @@ class StreamWorker:
                     if free <= 0:
                         self.sweep_cut_short = True
                         return total
+                    # Entries in flight when the claim is sent are this worker's own, even if
+                    # their batch settles before the reply is read: an entry acked meanwhile
+                    # must not be taken for a stray and processed again.
+                    ours = set(self._in_flight)
                     try:
                         reply: Any = await self.redis.xautoclaim(
                             stream, self.group, self.consumer, min_idle_ms, cursor,
@@ -525,7 +529,8 @@ class StreamWorker:
                     claimed = [
                         (stream, as_str(entry_id), fields)
                         for entry_id, fields in reply[1]
-                        if (stream, as_str(entry_id)) not in self._in_flight
+                        if (stream, as_str(entry_id)) not in ours
+                        and (stream, as_str(entry_id)) not in self._in_flight
                     ]
                     if claimed:
                         total += len(claimed)

@@ -1,4 +1,5 @@
-"""A reclaim sweep that runs out of free slots comes back soon, not a whole interval later.
+"""Reclaim sweeps under pressure. One that runs out of free slots comes back soon, not a whole
+interval later; one that claims an entry whose batch settles meanwhile leaves it alone.
 
 Found by the postgres_outage scenario: after a 3 s outage the entries that failed meanwhile
 were retried one worker-capacity per RECLAIM_INTERVAL_SECONDS, so recovery took ~20 s (with the
@@ -8,7 +9,7 @@ production interval of 60 s, 10,000 pending entries would take over three hours)
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
 
@@ -56,3 +57,41 @@ async def test_a_sweep_cut_short_by_capacity_is_followed_soon_by_the_next(
     assert await pending(keys.enriched("normal"), worker.group) == 0
     await worker.reclaim_once()
     assert worker.next_reclaim_delay_s() == settings.reclaim_interval_s
+
+
+async def test_an_entry_settled_while_a_sweep_claims_it_is_not_processed_again(
+    make_worker: WorkerFactory, keys: Keys, add: Add, pending: Pending,
+) -> None:
+    # Given an entry in flight, idle long enough for the sweep to claim it
+    stream = keys.enriched("normal")
+    processed: list[int] = []
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def process(batch: list[Entry]) -> None:
+        processed.extend(e.payload["n"] for e in batch)
+        started.set()
+        await release.wait()
+
+    worker = make_worker(process, streams=[stream])
+    await worker.ensure_groups()
+    await add(stream, {"n": 1})
+    await worker._read_new(block_ms=None)
+    await asyncio.wait_for(started.wait(), 5)
+
+    # When its batch settles after the sweep's XAUTOCLAIM ran but before its reply is read
+    real_xautoclaim = worker.redis.xautoclaim
+
+    async def claim_then_let_the_batch_settle(*args: Any, **kwargs: Any) -> Any:
+        reply = await real_xautoclaim(*args, **kwargs)
+        release.set()
+        await asyncio.gather(*list(worker._tasks))  # the batch settles
+        assert not worker.in_flight
+        return reply
+
+    worker.redis.xautoclaim = claim_then_let_the_batch_settle  # type: ignore[method-assign]
+    await asyncio.wait_for(worker.reclaim_once(), 5)
+    await worker.run_until_idle(reclaim=False)
+
+    # Then it was processed once, and nothing is left pending
+    assert processed == [1]
+    assert await pending(stream, worker.group) == 0
