@@ -398,27 +398,36 @@ class StreamWorker:
             first = streams[0]
             if only is not None:
                 streams = [s for s in streams if s in only]
-            if not (self._drained and block_ms is not None):
-                for stream in streams:
-                    # Lower streams leave `reserve` slots free, so work arriving on the first
-                    # stream never waits for a batch of lower-priority work to finish.
-                    want = free - len(raw) - (reserve if stream != first else 0)
-                    if want <= 0:
-                        break
-                    raw.extend(await self._xread({stream: ">"}, want, None))
+            per_stream = (free - reserve) // len(streams)
             blocking_count = None  # the per-stream count of a blocking read over every stream
-            if not raw and block_ms is not None:
-                # Nothing anywhere: block on every stream at once. ``count`` per stream keeps
-                # the total within the free capacity.
-                per_stream = (free - reserve) // len(streams)
-                if per_stream >= 1:
-                    raw = await self._xread({s: ">" for s in streams}, per_stream, block_ms)
-                    blocking_count = per_stream
-                else:
-                    # Only the slots kept for the first stream are free: wait on it alone,
-                    # briefly, so freed slots are soon offered to the others again.
-                    raw = await self._xread({streams[0]: ">"}, free,
-                                            min(block_ms, RESERVED_POLL_MS))
+            if self.max_batches is not None and len(streams) > 1 and per_stream >= 1:
+                # A stage of few batches per stream: one read over every stream, each taking an
+                # equal share, fills them all in one round trip (blocking, it returns at once
+                # if any stream holds work). Reading stream by stream cost a round trip per
+                # empty stream, several times per batch: at 500/s offered, six reads per
+                # notification where two do.
+                raw = await self._xread({s: ">" for s in streams}, per_stream, block_ms)
+            else:
+                if not (self._drained and block_ms is not None):
+                    for stream in streams:
+                        # Lower streams leave `reserve` slots free, so work arriving on the
+                        # first stream never waits for a batch of lower-priority work to end.
+                        want = free - len(raw) - (reserve if stream != first else 0)
+                        if want <= 0:
+                            break
+                        raw.extend(await self._xread({stream: ">"}, want, None))
+                if not raw and block_ms is not None:
+                    # Nothing anywhere: block on every stream at once. ``count`` per stream
+                    # keeps the total within the free capacity.
+                    if per_stream >= 1:
+                        raw = await self._xread({s: ">" for s in streams}, per_stream,
+                                                block_ms)
+                        blocking_count = per_stream
+                    else:
+                        # Only the slots kept for the first stream are free: wait on it
+                        # alone, briefly, so freed slots are soon offered to the others again.
+                        raw = await self._xread({streams[0]: ">"}, free,
+                                                min(block_ms, RESERVED_POLL_MS))
             by_stream: dict[str, list[tuple[str, str, Mapping[bytes, bytes] | None]]] = {}
             for item in raw:
                 by_stream.setdefault(item[0], []).append(item)

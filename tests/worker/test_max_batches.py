@@ -5,7 +5,7 @@ so entries that arrive meanwhile wait for the next read and go in one larger bat
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from notifkit.keys import Keys
 from notifkit.worker import Entry
@@ -154,3 +154,38 @@ async def test_the_limit_is_per_priority_stream_so_critical_entries_never_wait_f
     release_low.set()
     await asyncio.wait_for(second_low_done.wait(), 5)
     assert seen == [["low-1"], ["crit"], ["low-2"]]
+
+
+async def test_a_stage_of_one_batch_per_stream_reads_every_stream_in_one_command(
+    make_worker: WorkerFactory, keys: Keys, add: Add, pending: Pending,
+) -> None:
+    # Given a stage of one batch per stream, with work on the normal and low streams only
+    streams = keys.enriched_all()
+    seen: list[tuple[str, list[int]]] = []
+
+    async def process(batch: list[Entry]) -> None:
+        seen.append((batch[0].stream, [e.payload["n"] for e in batch]))
+
+    worker = make_worker(process, streams=streams, concurrency=50, max_batches=1)
+    reads: list[list[str]] = []
+    real_xread = worker._xread
+
+    async def counting_xread(wanted: dict[str, str], count: int,
+                             block_ms: int | None) -> list[tuple[str, str, Any]]:
+        reads.append(list(wanted))
+        return await real_xread(wanted, count, block_ms)
+
+    worker._xread = counting_xread  # type: ignore[method-assign,assignment]
+    await worker.ensure_groups()
+    await add(keys.enriched("normal"), {"n": 1})
+    await add(keys.enriched("low"), {"n": 2})
+
+    # When it reads
+    taken = await worker._read_new(block_ms=None)
+
+    # Then one command asked every stream, in priority order, and each stream got its batch
+    assert taken == 2
+    assert reads == [streams]
+    await worker.run_until_idle(reclaim=False)
+    assert sorted(seen) == sorted([(keys.enriched("normal"), [1]), (keys.enriched("low"), [2])])
+    assert [await pending(s, worker.group) for s in streams] == [0, 0, 0]
