@@ -55,7 +55,7 @@ class Lookup(StrEnum):
     IN_FLIGHT = "in_flight"
 
 
-@dataclass
+@dataclass(slots=True)  # one object per key for the collector, not two
 class _Entry:
     fingerprint: str
     stored_s: float
@@ -65,16 +65,18 @@ class _Entry:
 class IdempotencyCache:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._entries: OrderedDict[tuple[Provider, str, str], _Entry] = OrderedDict()
+        # Keyed by the provider's name, not the enum: a tuple of strings is one the collector
+        # stops tracking.
+        self._entries: OrderedDict[tuple[str, str, str], _Entry] = OrderedDict()
 
     def begin(
         self, provider: Provider, api_key: str, key: str, print_: str
     ) -> tuple[Lookup, Reply | None]:
         """Claim `key` for a request, or say why it cannot be processed as new."""
         self._expire()
-        entry = self._entries.get((provider, api_key, key))
+        entry = self._entries.get((provider.value, api_key, key))
         if entry is None:
-            self._entries[(provider, api_key, key)] = _Entry(print_, self._clock(), None)
+            self._entries[(provider.value, api_key, key)] = _Entry(print_, self._clock(), None)
             while len(self._entries) > MAX_KEYS:
                 self._entries.popitem(last=False)
             return Lookup.NEW, None
@@ -85,15 +87,15 @@ class IdempotencyCache:
         return Lookup.REPLAY, entry.reply
 
     def complete(self, provider: Provider, api_key: str, key: str, reply: Reply) -> None:
-        entry = self._entries.get((provider, api_key, key))
+        entry = self._entries.get((provider.value, api_key, key))
         if entry is not None:
             entry.reply = reply
 
     def abandon(self, provider: Provider, api_key: str, key: str) -> None:
         """Forget a claim whose request was not accepted, so a retry is processed afresh."""
-        entry = self._entries.get((provider, api_key, key))
+        entry = self._entries.get((provider.value, api_key, key))
         if entry is not None and entry.reply is None:
-            del self._entries[(provider, api_key, key)]
+            del self._entries[(provider.value, api_key, key)]
 
     def clear(self) -> None:
         self._entries.clear()

@@ -17,7 +17,7 @@ from simulators.limits import retry_after_header
 JSON = "application/json"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Reply:
     status: int
     body: bytes = b""
