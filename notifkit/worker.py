@@ -523,7 +523,8 @@ class StreamWorker:
                         return total
                     # Entries in flight when the claim is sent are this worker's own, even if
                     # their batch settles before the reply is read: an entry acked meanwhile
-                    # must not be taken for a stray and processed again.
+                    # must not be taken for a stray and processed again. (None is dispatched
+                    # meanwhile: dispatching takes `_taking`, which this sweep holds.)
                     ours = set(self._in_flight)
                     try:
                         reply: Any = await self.redis.xautoclaim(
@@ -539,7 +540,6 @@ class StreamWorker:
                         (stream, as_str(entry_id), fields)
                         for entry_id, fields in reply[1]
                         if (stream, as_str(entry_id)) not in ours
-                        and (stream, as_str(entry_id)) not in self._in_flight
                     ]
                     if claimed:
                         total += len(claimed)
