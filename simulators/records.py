@@ -150,12 +150,19 @@ class MessageRecord:
 
 
 def _compact_json(value: Any) -> str:
+    """``value`` as JSON text writable as UTF-8. Writing it is what finds a lone surrogate,
+    so :func:`scrub` walks the value only when one is there: almost never."""
     if _orjson is not None:
         try:
             return _orjson.dumps(value).decode()
-        except TypeError:  # what orjson cannot write (integers beyond 64 bits, say)
+        except TypeError:  # a lone surrogate, or what orjson cannot write (big integers)
             pass
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(scrub(value), ensure_ascii=False, separators=(",", ":"))
+    return text
 
 
 def iso(moment: datetime) -> str:
@@ -183,8 +190,7 @@ class MessageStore:
         record.recipients = scrub(record.recipients)
         record.task_id = scrub(record.task_id)
         record.idempotency_key = scrub(record.idempotency_key)
-        record.content = scrub(record.content)
-        record.pack()
+        record.pack()  # the content, scrubbed where it needs it
         if record.task_id is not None:
             key = (record.provider.value, record.task_id, record.to)
             record.accept_count = self._accepts.pop(key, 0) + 1

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import gc
 
+import pytest
+
+from simulators import records
 from simulators.idempotency import IdempotencyCache
 from simulators.kinds import Provider
 from simulators.records import MessageRecord, MessageStore
@@ -52,3 +55,18 @@ def test_a_stored_message_reads_back_its_content_unchanged() -> None:
     # Each read is a copy: changing it changes nothing stored.
     record.content["subject"] = "changed"
     assert record.content["subject"] == "Grüße"
+
+
+@pytest.mark.parametrize("with_orjson", [True, False])
+def test_a_lone_surrogate_in_stored_content_reads_back_replaced(
+    monkeypatch: pytest.MonkeyPatch, with_orjson: bool,
+) -> None:
+    if not with_orjson:
+        monkeypatch.setattr(records, "_orjson", None)
+    store = MessageStore(max_messages=10)
+    record = store.add(MessageRecord(
+        id="m1", provider=Provider.SMTP, recipients=["a@b.c"], task_id=None,
+        idempotency_key=None, content={"subject": "a\ud800b", "n": [2**70, "ok"]}))
+    # As scrub() writes it (U+FFFD for each byte of the surrogate), so listing never fails.
+    assert record.content == {"subject": "a\ufffd\ufffd\ufffdb", "n": [2**70, "ok"]}
+    assert record.to_item()["content"]["subject"].encode("utf-8")
