@@ -32,34 +32,46 @@ WITH input AS (
     -- What happened since the engine routed the task: a bounce or complaint suppressed the
     -- address, the user turned the channel or the topic off, a provider called the address
     -- invalid and the contact was disabled, or the contact (or the whole user) was erased
-    -- while the task waited, e.g. for its sendAt.
+    -- while the task waited, e.g. for its sendAt. And what the outbox held before this
+    -- claim: every part of one statement reads the table as it was when the statement began.
+    --
+    -- Every lookup is by a unique key, one row per destination: LATERAL ... LIMIT 1 keeps
+    -- it an index probe however large the batch, where a join let the planner hash the
+    -- whole outbox (a sequential scan of a table that only grows). OFFSET 0 keeps each
+    -- EXISTS a plain subplan: without it PostgreSQL also plans a hashed variant of each,
+    -- a third of this statement's planning time, which is most of its cost at low load.
     SELECT i.*,
            CASE WHEN EXISTS (SELECT 1 FROM suppressions s
                               WHERE s.project_id = i.project_id AND s.channel = i.channel
-                                AND s.target = i.destination) THEN 'suppressed'
+                                AND s.target = i.destination OFFSET 0) THEN 'suppressed'
                 WHEN EXISTS (SELECT 1 FROM user_channel_preferences p
                               WHERE p.project_id = i.project_id AND p.user_id = i.user_id
-                                AND p.channel = i.channel AND NOT p.enabled)
+                                AND p.channel = i.channel AND NOT p.enabled OFFSET 0)
                   OR EXISTS (SELECT 1 FROM user_topic_preferences t
                               WHERE t.project_id = i.project_id AND t.user_id = i.user_id
-                                AND t.topic = i.topic AND NOT t.enabled) THEN 'opted_out'
+                                AND t.topic = i.topic AND NOT t.enabled OFFSET 0)
+                     THEN 'opted_out'
                 WHEN i.channel = 'inapp' THEN
                      CASE WHEN NOT EXISTS (SELECT 1 FROM users u
                                             WHERE u.project_id = i.project_id
-                                              AND u.id = i.user_id) THEN 'removed' END
+                                              AND u.id = i.user_id OFFSET 0) THEN 'removed' END
                 WHEN c.enabled IS NULL THEN 'removed'
                 WHEN NOT c.enabled THEN 'disabled'
-           END AS blocked
+           END AS blocked,
+           o.status AS before_status, o.provider_message_id AS before_message_id
       FROM input i
-      -- At most one row: user_contacts is unique on (project, user, channel, target).
-      LEFT JOIN user_contacts c
-             ON c.project_id = i.project_id AND c.user_id = i.user_id
-            AND c.channel = i.channel AND c.target = i.destination
-), before AS (
-    SELECT o.task_id, o.channel, o.destination, o.status, o.provider_message_id
-      FROM delivery_outbox o
-      JOIN input i ON o.task_id = i.task_id AND o.channel = i.channel
-                  AND o.destination = i.destination AND o.project_id = i.project_id
+      -- user_contacts is unique on (project, user, channel, target).
+      LEFT JOIN LATERAL (
+          SELECT c.enabled FROM user_contacts c
+           WHERE c.project_id = i.project_id AND c.user_id = i.user_id
+             AND c.channel = i.channel AND c.target = i.destination
+           LIMIT 1) c ON true
+      -- delivery_outbox's key is (task, channel, destination).
+      LEFT JOIN LATERAL (
+          SELECT o.status, o.provider_message_id FROM delivery_outbox o
+           WHERE o.task_id = i.task_id AND o.channel = i.channel
+             AND o.destination = i.destination AND o.project_id = i.project_id
+           LIMIT 1) o ON true
 ), claimed AS (
     INSERT INTO delivery_outbox (task_id, channel, destination, project_id, provider)
     SELECT task_id, channel, destination, project_id, provider FROM checked
@@ -72,10 +84,9 @@ WITH input AS (
      WHERE delivery_outbox.project_id = EXCLUDED.project_id
     RETURNING 1
 )
-SELECT c.task_id, c.channel, c.destination, b.status, b.provider_message_id, c.blocked
-  FROM checked c
-  LEFT JOIN before b ON b.task_id = c.task_id AND b.channel = c.channel
-                    AND b.destination = c.destination
+SELECT task_id, channel, destination, before_status AS status,
+       before_message_id AS provider_message_id, blocked
+  FROM checked
 """
 
 

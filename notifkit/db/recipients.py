@@ -37,8 +37,14 @@ SELECT u.project_id::text AS project_id, u.id, u.attributes, u.timezone, u.local
        to_char(q.start_time, 'HH24:MI') AS quiet_start,
        to_char(q.end_time, 'HH24:MI') AS quiet_end
   FROM unnest($1::uuid[], $2::text[]) AS r(project_id, user_id)
-  JOIN users u ON u.project_id = r.project_id AND u.id = r.user_id
-  LEFT JOIN quiet_hours q ON q.project_id = u.project_id AND q.user_id = u.id
+  -- One primary-key probe per named user (LATERAL ... LIMIT 1), however large the batch: a
+  -- join let the planner hash the whole users table for a batch of a few dozen.
+  CROSS JOIN LATERAL (
+      SELECT u.project_id, u.id, u.attributes, u.timezone, u.locale FROM users u
+       WHERE u.project_id = r.project_id AND u.id = r.user_id LIMIT 1) u
+  LEFT JOIN LATERAL (
+      SELECT q.start_time, q.end_time FROM quiet_hours q
+       WHERE q.project_id = r.project_id AND q.user_id = r.user_id LIMIT 1) q ON true
 """
 
 

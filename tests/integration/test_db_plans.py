@@ -63,3 +63,62 @@ async def test_pooled_connections_never_settle_on_a_generic_plan(db: asyncpg.Poo
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
             "WHERE statement LIKE 'SELECT count(*) FROM notifications WHERE id = %'")
     assert (generic, custom) == (0, 12)
+
+
+# Rows in a grown table: enough that hashing all of it looks cheaper to the planner than a
+# probe per row of a 400-row batch, as it did before the queries forced the probes.
+GROWN = 30_000
+
+
+async def _project_with_users(conn: asyncpg.Connection, users: int) -> uuid.UUID:
+    """A new project with users u1..u{users}, analysed."""
+    project = uuid.uuid4()
+    await conn.execute("INSERT INTO projects (id, name) VALUES ($1, 'plans')", project)
+    await conn.execute("INSERT INTO users (project_id, id) "
+                       "SELECT $1, 'u' || g FROM generate_series(1, $2) g", project, users)
+    await conn.execute("ANALYZE users")
+    return project
+
+
+async def test_the_delivery_claim_probes_the_outbox_by_key_however_large_the_batch(
+    db: asyncpg.Pool,
+) -> None:
+    """A read batch of hundreds of destinations against an outbox of tens of thousands of
+    rows: each destination is one index probe, never a scan of the whole outbox (a table
+    that only grows) to hash-join it with the batch."""
+    from notifkit.db.outbox import _CLAIM
+
+    batch = 400
+    async with db.acquire() as conn:
+        project = await _project_with_users(conn, GROWN)
+        await conn.execute(
+            "INSERT INTO delivery_outbox (task_id, channel, destination, project_id, provider) "
+            "SELECT 'task-' || g, 'email', 'u' || g || '@example.com', $1, 'resend' "
+            "FROM generate_series(1, $2) g", project, GROWN)
+        await conn.execute(
+            "INSERT INTO user_contacts (project_id, user_id, channel, target) "
+            "SELECT $1, 'u' || g, 'email', 'u' || g || '@example.com' "
+            "FROM generate_series(1, $2) g", project, GROWN)
+        await conn.execute("ANALYZE delivery_outbox, user_contacts")
+        rows = await conn.fetch(
+            "EXPLAIN (COSTS OFF) " + _CLAIM,
+            [f"new-{n}" for n in range(batch)], ["email"] * batch,
+            [f"u{n}@example.com" for n in range(batch)], [project] * batch,
+            ["resend"] * batch, [f"u{n}" for n in range(batch)], [None] * batch)
+    plan = "\n".join(r[0] for r in rows)
+    assert "Seq Scan on delivery_outbox" not in plan, plan
+    assert "Seq Scan on user_contacts" not in plan, plan
+
+
+async def test_loading_a_batch_of_recipients_probes_users_by_key(db: asyncpg.Pool) -> None:
+    """The enricher's recipient query for a large read batch: one primary-key probe per
+    user, not a scan of every user of every project to hash-join them with the batch."""
+    from notifkit.db.recipients import _RECIPIENTS_SQL
+
+    batch = 400
+    async with db.acquire() as conn:
+        project = await _project_with_users(conn, GROWN)
+        rows = await conn.fetch("EXPLAIN (COSTS OFF) " + _RECIPIENTS_SQL,
+                                [project] * batch, [f"u{n}" for n in range(batch)])
+    plan = "\n".join(r[0] for r in rows)
+    assert "Seq Scan on users" not in plan, plan
