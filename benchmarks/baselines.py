@@ -119,8 +119,10 @@ async def http_ceiling(sim_url: str, duration_s: float, concurrency: int = 64) -
 async def celery_baseline(system: BenchSystem, *, warmup_s: float, duration_s: float,
                           concurrency: int, progress: Progress) -> dict[str, Any]:
     queue = f"{system.namespace}-celery"
+    key_prefix = f"{system.namespace}:celery:"
     env = child_env(
         BENCH_CELERY_BROKER=system.redis_url, BENCH_CELERY_QUEUE=queue,
+        BENCH_CELERY_KEY_PREFIX=key_prefix,
         BENCH_DATABASE_URL=system.database_url, BENCH_DB_SCHEMA=system.schema,
         BENCH_SIM_URL=system.sim_url,
     )
@@ -133,7 +135,7 @@ async def celery_baseline(system: BenchSystem, *, warmup_s: float, duration_s: f
     )
     from benchmarks import celery_app
 
-    celery_app.configure(system.redis_url, queue)
+    celery_app.configure(system.redis_url, queue, key_prefix)
 
     stop = threading.Event()
     enqueued = 0
@@ -147,7 +149,7 @@ async def celery_baseline(system: BenchSystem, *, warmup_s: float, duration_s: f
         task = celery_app.send_notification
         with celery_app.app.producer_or_acquire() as producer:
             while not stop.is_set():
-                if client.llen(queue) > 3000:
+                if client.llen(key_prefix + queue) > 3000:
                     time.sleep(0.01)
                     continue
                 for _ in range(500):
@@ -181,14 +183,11 @@ async def celery_baseline(system: BenchSystem, *, warmup_s: float, duration_s: f
         await asyncio.to_thread(thread.join, 30)
         await worker.terminate(timeout_s=20)
         worker.close_logs()
+        # The queue, kombu's bindings and its 'unacked' bookkeeping (tasks in flight when the
+        # worker stopped), all under the run's prefix.
         with contextlib.suppress(Exception):
-            await system.redis.delete(queue, f"_kombu.binding.{queue}",
-                                      f"_kombu.binding_permanent.{queue}")
-            # Tasks in flight when the worker stopped stay in kombu's shared 'unacked' hash.
-            async for tag, message in system.redis.hscan_iter("unacked"):
-                if queue.encode() in message:
-                    await system.redis.hdel("unacked", tag)
-                    await system.redis.zrem("unacked_index", tag)
+            async for key in system.redis.scan_iter(match=f"{key_prefix}*", count=1000):
+                await system.redis.unlink(key)
     messages = await system.sim.messages(limit=100_000)
     received = sum(1 for m in messages if window_start <= epoch(m["receivedAt"]) < window_end)
     return {"concurrency": concurrency, "pool": "prefork", "messages": received,

@@ -25,6 +25,9 @@ from notifkit.ids import derived_uuid7
 
 BROKER = os.environ.get("BENCH_CELERY_BROKER", "redis://127.0.0.1:6379/0")
 QUEUE = os.environ.get("BENCH_CELERY_QUEUE", "bench-celery")
+# Every key the broker transport writes starts with this (the run's namespace), so the run
+# removes them all afterwards, kombu's shared bookkeeping keys included.
+KEY_PREFIX = os.environ.get("BENCH_CELERY_KEY_PREFIX", "")
 
 app = Celery("notifkit_bench", broker=BROKER)
 app.conf.update(
@@ -34,14 +37,16 @@ app.conf.update(
     worker_prefetch_multiplier=16,
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
+    broker_transport_options={"global_keyprefix": KEY_PREFIX},
 )
 
 
 
-def configure(broker: str, queue: str) -> None:
-    """Point the producer side (the benchmark runner) at the run's broker and queue."""
+def configure(broker: str, queue: str, key_prefix: str) -> None:
+    """Point the producer side (the benchmark runner) at the run's broker, queue and keys."""
     app.conf.broker_url = broker
     app.conf.task_default_queue = queue
+    app.conf.broker_transport_options = {"global_keyprefix": key_prefix}
 
 
 _state: dict[str | tuple[str, ...], Any] = {}
