@@ -7,7 +7,6 @@ import contextlib
 import logging
 import random
 import string
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +36,11 @@ class SimSettings:
     max_body_bytes: int = 32 * 1024 * 1024
 
 
+# What uuid.UUID(version=4) does to the bits: RFC 4122 variant (10xx) and version 4 (0100).
+_UUID4_KEEP = ~((0xc000 << 48) | (0xf000 << 64))
+_UUID4_SET = (0x8000 << 48) | (4 << 76)
+
+
 class IdSource:
     """Provider message ids, drawn from a seeded source so a replayed run names things alike."""
 
@@ -53,7 +57,12 @@ class IdSource:
         return "".join(self._rng.choice(alphabet) for _ in range(length))
 
     def uuid4(self) -> str:
-        return str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
+        """``str(uuid.UUID(int=<128 random bits>, version=4))``, without building the UUID
+        object, in half the time: one id per accepted e-mail was 4 % of a busy simulator's
+        samples."""
+        n = self._rng.getrandbits(128) & _UUID4_KEEP | _UUID4_SET
+        h = f"{n:032x}"
+        return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 @dataclass
