@@ -337,7 +337,21 @@ class SchedulerService(WorkerService):
         return total
 
     async def forget_moved(self) -> int:
-        """Delete the PostgreSQL rows of moved tasks, then take them out of the moved sets."""
+        """Delete the PostgreSQL rows of moved tasks, then take them out of the moved sets:
+        ``batch_size`` per shard at a time, until the sets are empty (a poll moves everything
+        due, so it forgets everything moved, however many landed in one shard). Returns how
+        many were forgotten."""
+        forgotten = 0
+        while True:
+            removed, more = await self._forget_page()
+            forgotten += removed
+            # Nothing removed: whatever is left changed under us (a task moved again with a
+            # new due time); the next poll takes it.
+            if not more or not removed:
+                return forgotten
+
+    async def _forget_page(self) -> tuple[int, bool]:
+        """One page per shard: (members removed, whether some shard may hold more)."""
         pipe = self.redis.pipeline(transaction=False)
         for shard in SCHEDULER_SHARDS:
             pipe.zrange(self.keys.scheduled_moved(shard), 0, self.batch_size - 1, withscores=True)
@@ -348,7 +362,7 @@ class SchedulerService(WorkerService):
                 member = as_str(raw_member)
                 moved.append((shard, member, member.partition(" ")[2], int(score)))
         if not moved:
-            return 0
+            return 0, False
         await scheduled_db.delete_moved(
             self.pool, [(m[1].partition(" ")[0], m[2], m[3]) for m in moved]
         )
@@ -356,8 +370,8 @@ class SchedulerService(WorkerService):
         for shard, member, _task, due in moved:
             await self._forget(keys=[self.keys.scheduled_moved(shard)], args=[member, due],
                                client=pipe)
-        await pipe.execute()
-        return len(moved)
+        removed = sum(int(r) for r in await pipe.execute())
+        return removed, any(len(members) >= self.batch_size for members in replies)
 
     async def rebuild(self) -> int:
         """Re-add every waiting task from PostgreSQL that Redis does not hold; set the marker."""

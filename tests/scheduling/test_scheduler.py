@@ -152,6 +152,24 @@ async def test_a_task_parked_again_after_it_moved_keeps_its_new_row(
     assert await pending_rows(db) == {}
 
 
+async def test_one_poll_forgets_every_task_it_moved_however_many_share_a_shard(
+    make_scheduler: SchedulerFactory, schedule: Schedule, outbound: Sent, clock: FakeClock,
+    db: asyncpg.Pool,
+) -> None:
+    """A poll moves every due task, page after page; it must delete every moved row too, not
+    one page per shard (random task ids put more than a page in one shard now and then)."""
+    # Given three pages' worth of due tasks, all in shard "a"
+    scheduler = make_scheduler(batch_size=7)
+    tasks = [await schedule(T0_MS + i, task_id=f"task-{i:03d}a") for i in range(20)]
+    await scheduler.ingest_until_idle()
+    # When one poll runs after they are all due
+    clock.now_ms = T0_MS + 1_000
+    assert await scheduler.poll_once() == 20
+    # Then every one left once and no row of them is left behind
+    assert Counter(p["taskId"] for p in await outbound()) == {t["taskId"]: 1 for t in tasks}
+    assert await pending_rows(db) == {}
+
+
 async def test_only_the_lock_holder_polls(
     make_scheduler: SchedulerFactory, schedule: Schedule, outbound: Sent, clock: FakeClock,
     redis: Redis, keys: Keys,
