@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from typing import Any, cast
@@ -119,6 +118,8 @@ async def http_ceiling(sim_url: str, duration_s: float, concurrency: int = 64) -
 async def celery_baseline(system: BenchSystem, *, warmup_s: float, duration_s: float,
                           concurrency: int, progress: Progress) -> dict[str, Any]:
     queue = f"{system.namespace}-celery"
+    # Inside the run's namespace: the queue, kombu's bindings and its 'unacked' bookkeeping go
+    # with the run's other keys when the run ends.
     key_prefix = f"{system.namespace}:celery:"
     env = child_env(
         BENCH_CELERY_BROKER=system.redis_url, BENCH_CELERY_QUEUE=queue,
@@ -183,11 +184,6 @@ async def celery_baseline(system: BenchSystem, *, warmup_s: float, duration_s: f
         await asyncio.to_thread(thread.join, 30)
         await worker.terminate(timeout_s=20)
         worker.close_logs()
-        # The queue, kombu's bindings and its 'unacked' bookkeeping (tasks in flight when the
-        # worker stopped), all under the run's prefix.
-        with contextlib.suppress(Exception):
-            async for key in system.redis.scan_iter(match=f"{key_prefix}*", count=1000):
-                await system.redis.unlink(key)
     messages = await system.sim.messages(limit=100_000)
     received = sum(1 for m in messages if window_start <= epoch(m["receivedAt"]) < window_end)
     return {"concurrency": concurrency, "pool": "prefork", "messages": received,
