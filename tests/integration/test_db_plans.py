@@ -12,6 +12,8 @@ import uuid
 
 import asyncpg
 
+from notifkit.db.outbox import _CLAIM
+from notifkit.db.recipients import _RECIPIENTS_SQL
 from notifkit.ids import uuid7
 
 # A batch UPDATE by primary key, as the workers issue them.
@@ -86,8 +88,6 @@ async def test_the_delivery_claim_probes_the_outbox_by_key_however_large_the_bat
     """A read batch of hundreds of destinations against an outbox of tens of thousands of
     rows: each destination is one index probe, never a scan of the whole outbox (a table
     that only grows) to hash-join it with the batch."""
-    from notifkit.db.outbox import _CLAIM
-
     batch = 400
     async with db.acquire() as conn:
         project = await _project_with_users(conn, GROWN)
@@ -113,8 +113,6 @@ async def test_the_delivery_claim_probes_the_outbox_by_key_however_large_the_bat
 async def test_loading_a_batch_of_recipients_probes_users_by_key(db: asyncpg.Pool) -> None:
     """The enricher's recipient query for a large read batch: one primary-key probe per
     user, not a scan of every user of every project to hash-join them with the batch."""
-    from notifkit.db.recipients import _RECIPIENTS_SQL
-
     batch = 400
     async with db.acquire() as conn:
         project = await _project_with_users(conn, GROWN)
