@@ -22,11 +22,15 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# Built once: json.loads with any keyword builds a new decoder (and its scanner) per call.
+_STRICT_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+
+
 def strict_json(body: bytes) -> Any:
     """``body`` parsed as JSON as the providers' servers read it: NaN and Infinity, which
     Python's parser accepts and no JSON client writes, are errors (ValueError), and so is a
     lone surrogate escape (``"\\ud800"``): no UTF-8 text holds one."""
-    value = json.loads(body.decode("utf-8"), parse_constant=_no_constant)
+    value = _STRICT_DECODER.decode(body.decode("utf-8"))
     if b"\\u" in body and has_lone_surrogate(value):
         raise ValueError("a string holds a lone surrogate escape")
     return value
