@@ -15,6 +15,8 @@ from aiohttp import web
 from simulators.limits import retry_after_header
 
 JSON = "application/json"
+# Built once: json.dumps with any keyword builds a new encoder per call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +45,7 @@ def json_reply(
     all_headers = dict(headers or {})
     if retry_after_s is not None:
         all_headers["Retry-After"] = retry_after_header(retry_after_s)
-    body = json.dumps(payload, ensure_ascii=False).encode()
+    body = _ENCODER.encode(payload).encode()
     return Reply(status=status, body=body, content_type=content_type, headers=all_headers)
 
 
