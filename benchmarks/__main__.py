@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import baselines, phases
-from benchmarks.report import machine, markdown
+from benchmarks.report import hops, machine, markdown
 from benchmarks.stats import Progress
 from benchmarks.system import TOPOLOGIES, BenchSystem
 
@@ -151,6 +151,7 @@ async def run_topology(system: BenchSystem, topology: str, *, args: argparse.Nam
         progress.say(f"  p50 {figures['p50_ms']} ms, p95 {figures['p95_ms']} ms, "
                      f"p99 {figures['p99_ms']} ms ({figures['delivered']}/{figures['measured']}"
                      " delivered)")
+        progress.say(f"  by hop, p50 / p99 ms: {hops(figures.get('hops') or {})}")
     out["usage"] = await system.stop_topology()
     out["fan_out"] = []
     for size in fanouts if topology == args.fanout_topology else []:

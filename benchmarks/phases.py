@@ -15,7 +15,14 @@ import time
 from typing import Any
 
 from benchmarks.load import LoadGenerator, LoadResult
-from benchmarks.stats import MachineCpu, Progress, epoch, percentile, uuid7_seconds
+from benchmarks.stats import (
+    MachineCpu,
+    Progress,
+    epoch,
+    hop_breakdown,
+    percentile,
+    uuid7_seconds,
+)
 from benchmarks.system import LARGE_SEGMENT, SMALL_SEGMENT, TEMPLATE, BenchSystem
 from notifkit import codec
 from notifkit.ids import derived_uuid7
@@ -143,6 +150,7 @@ async def fixed_rate(system: BenchSystem, api_url: str, *, rate_per_s: float, wa
             t = epoch(m["receivedAt"])
             received[task_id] = min(t, received.get(task_id, t))
     latencies = sorted(max(0.0, t - uuid7_seconds(task)) * 1000 for task, t in received.items())
+    hops = await _hops(system, wanted, received, result.started_at)
     offered = int(rate_per_s * (warmup_s + duration_s))
     return {
         "offered_per_s": rate_per_s,
@@ -159,7 +167,23 @@ async def fixed_rate(system: BenchSystem, api_url: str, *, rate_per_s: float, wa
         "p95_ms": _round(percentile(latencies, 0.95)),
         "p99_ms": _round(percentile(latencies, 0.99)),
         "max_ms": _round(latencies[-1] if latencies else None),
+        "hops": hops,
     }
+
+
+async def _hops(system: BenchSystem, wanted: dict[str, str], received: dict[str, float],
+                since_s: float) -> dict[str, dict[str, float | None]]:
+    """Where the latency went: each measured notification's points on its way, read off the
+    ids of the stream entries each stage wrote (the load sends at normal priority)."""
+    keys = system.keys
+    queued = await system.stream_times(keys.inbound("normal"), "eventId", since_s - 1)
+    enriched = await system.stream_times(keys.enriched("normal"), "eventId", since_s - 1)
+    routed = await system.stream_times(keys.outbound("normal"), "taskId", since_s - 1)
+    return hop_breakdown({
+        task: (uuid7_seconds(task), queued.get(event), enriched.get(event), routed.get(task),
+               received.get(task))
+        for task, event in wanted.items()
+    })
 
 
 async def fan_out(system: BenchSystem, api_url: str, *, size: int, progress: Progress,

@@ -97,6 +97,8 @@ def markdown(results: dict[str, Any]) -> str:
                          f"{r['delivered']:,}/{r['measured']:,} delivered)")
             cells.append(cell)
         row(f"latency p50 / p95 / p99 ms at {rate:g}/s offered", cells)
+        row(f"by hop at {rate:g}/s, p50 / p99 ms",
+            [hops(topologies[n]["latency"][index].get("hops") or {}) for n in names])
     sizes = sorted({f["recipients"] for n in names for f in topologies[n]["fan_out"]})
     for size in sizes:
         runs = {n: next((f for f in topologies[n]["fan_out"] if f["recipients"] == size), None)
@@ -133,6 +135,14 @@ def markdown(results: dict[str, Any]) -> str:
               "server (other databases' work included). The Celery producer is a bare enqueue "
               "with no HTTP API in front, which favours Celery."]
     return "\n".join(lines)
+
+
+def hops(figures: dict[str, dict[str, float | None]]) -> str:
+    """``api 1 / 3, enricher 4 / 9, ...``: each hop's p50 / p99 in ms."""
+    if not figures:
+        return "–"
+    return ", ".join(f"{hop} {_n(f.get('p50_ms'))} / {_n(f.get('p99_ms'))}"
+                     for hop, f in figures.items())
 
 
 def _settings(results: dict[str, Any]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -26,6 +26,34 @@ def uuid7_seconds(value: str) -> float:
 def epoch(value: str) -> float:
     """An RFC 3339 time as the simulators write it, in epoch seconds."""
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+# The legs of a notification's way, each between two points on it: the API's accept, its
+# entry in the enricher's, engine's and delivery's streams (each written by the stage before),
+# and the provider's receipt.
+HOPS = ("api", "enricher", "engine", "delivery")
+
+
+def hop_breakdown(
+    points: Mapping[str, Sequence[float | None]],
+) -> dict[str, dict[str, float | None]]:
+    """p50 and p99 of each hop in ms. ``points`` holds, per notification, the five times (epoch
+    seconds) that bound the hops, in order; one with a point missing is left out."""
+    legs: list[list[float]] = [[] for _ in HOPS]
+    for times in points.values():
+        known = [t for t in times if t is not None]
+        if len(known) != len(HOPS) + 1:
+            continue
+        for index in range(len(HOPS)):
+            # Each point has ms resolution, so a hop can read a little below zero; the
+            # rounding drops float noise from subtracting epoch seconds.
+            legs[index].append(max(0.0, round((known[index + 1] - known[index]) * 1000, 1)))
+    out: dict[str, dict[str, float | None]] = {}
+    for hop, values in zip(HOPS, legs, strict=True):
+        values.sort()
+        out[hop] = {"p50_ms": percentile(values, 0.50), "p99_ms": percentile(values, 0.99),
+                    "count": float(len(values))}
+    return out
 
 
 class MachineCpu:

@@ -22,7 +22,9 @@ from redis.asyncio import Redis
 
 from notifkit.config import Settings
 from notifkit.db.migrate import migrate
+from notifkit.errors import MalformedPayload
 from notifkit.keys import Keys
+from notifkit.streams import as_str, decode
 from scenarios.harness import remove_run_data, stream_backlog
 from scenarios.processes import (
     ManagedProcess,
@@ -47,6 +49,7 @@ SMALL_SEGMENT_SIZE = 10_000
 # The simulators keep this many messages; a phase never needs more than the control API's
 # 100,000-message answer, so a little more is enough.
 SIM_MAX_MESSAGES = 150_000
+STREAM_PAGE = 5_000
 
 # The services each topology runs, per process.
 TOPOLOGIES: dict[str, dict[str, list[str]]] = {
@@ -278,6 +281,22 @@ class BenchSystem:
     async def backlog(self) -> int:
         """Entries some group has not yet acked, over every stream."""
         return sum((await stream_backlog(self.redis, self.keys)).values())
+
+    async def stream_times(self, stream: str, field: str, since_s: float) -> dict[str, float]:
+        """When each entry written to ``stream`` since ``since_s`` was added (the ms inside its
+        id, in epoch seconds), by its payload's ``field``; the first entry wins."""
+        times: dict[str, float] = {}
+        start = f"{int(since_s * 1000)}-0"
+        while True:
+            page: Any = await self.redis.xrange(stream, min=start, count=STREAM_PAGE)
+            for entry_id, fields in page:
+                with contextlib.suppress(MalformedPayload):
+                    key = decode(fields).get(field)
+                    if isinstance(key, str) and key not in times:
+                        times[key] = int(as_str(entry_id).split("-")[0]) / 1000
+            if len(page) < STREAM_PAGE:
+                return times
+            start = "(" + as_str(page[-1][0])
 
     async def accepted_at_sim(self) -> int:
         stats: Any = await self.sim.stats()
