@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import baselines, phases
-from benchmarks.report import hops, machine, markdown
+from benchmarks.report import commit_line, hops, machine, markdown
 from benchmarks.stats import Progress
 from benchmarks.system import TOPOLOGIES, BenchSystem
 
@@ -101,6 +101,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             results["baselines"]["http_post"] = await baselines.http_ceiling(
                 system.sim_url, min(duration, 5.0))
             progress.say(f"  {results['baselines']['http_post']['per_s']:,.0f} requests/s")
+            progress.say("Baseline: lone PostgreSQL commits, one every "
+                         f"{baselines.COMMIT_GAP_S * 1000:g} ms ...")
+            assert system.db is not None
+            commits = await baselines.commit_latency(system.db, min(duration, 15.0))
+            results["baselines"]["pg_commit"] = commits
+            progress.say(f"  {commit_line(commits)}")
             progress.say(f"Baseline: Celery ({args.celery_concurrency} prefork workers) ...")
             results["baselines"]["celery"] = await baselines.celery_baseline(
                 system, warmup_s=warmup, duration_s=duration,

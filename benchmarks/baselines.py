@@ -4,6 +4,10 @@
   stream, with payloads the size of an enriched message.
 * HTTP ceiling: a bare POST loop to the Resend simulator, one kept-alive session, 64 requests
   in flight.
+* Commit latency: a lone single-row INSERT committed every few ms on the idle system, the
+  floor under every latency figure: each notification waits for several commits on its way
+  (accept, routing, the outbox claim, the outcome), and a commit waits for the WAL to reach
+  the disk (``synchronous_commit``), so the storage's slowest flushes are the system's too.
 * Celery: :mod:`benchmarks.celery_app` workers on a Redis broker doing the same work per
   notification; a producer thread keeps the queue full (a bare enqueue, no HTTP API in front:
   that favours Celery), and the rate is counted at the simulator by ``receivedAt``.
@@ -17,9 +21,10 @@ import time
 from typing import Any, cast
 
 import aiohttp
+import asyncpg
 from redis.asyncio import Redis
 
-from benchmarks.stats import Progress, epoch
+from benchmarks.stats import Progress, commit_summary, epoch
 from benchmarks.system import TEMPLATE, BenchSystem, user_id
 from notifkit import codec
 from notifkit.ids import derived_uuid7, uuid7
@@ -33,6 +38,8 @@ PAYLOAD = codec.dumps({
     "preferences": {"channels": {}, "topics": {}, "quietHours": None},
 })
 BATCH = 100
+# One commit every COMMIT_GAP_S: a probe of the storage under PostgreSQL, not a load on it.
+COMMIT_GAP_S = 0.005
 
 
 async def redis_ceiling(redis_url: str, namespace: str, duration_s: float) -> dict[str, Any]:
@@ -113,6 +120,30 @@ async def http_ceiling(sim_url: str, duration_s: float, concurrency: int = 64) -
         await asyncio.gather(*(loop(i) for i in range(concurrency)))
     elapsed = time.monotonic() - started
     return {"requests": done, "errors": errors, "seconds": elapsed, "per_s": done / elapsed}
+
+
+async def commit_latency(db: asyncpg.Pool, duration_s: float,
+                         gap_s: float = COMMIT_GAP_S) -> dict[str, Any]:
+    """Time single-row INSERTs, each its own transaction, one every ``gap_s``: the latency of
+    one durable commit on this PostgreSQL (with its ``synchronous_commit``, reported)."""
+    latencies: list[float] = []
+    async with db.acquire() as conn:
+        setting = await conn.fetchval("SHOW synchronous_commit")
+        await conn.execute("CREATE TABLE bench_commit_probe (n bigint PRIMARY KEY)")
+        try:
+            started = time.monotonic()
+            deadline = started + duration_s
+            while time.monotonic() < deadline:
+                began = time.perf_counter()
+                await conn.execute("INSERT INTO bench_commit_probe (n) VALUES ($1)",
+                                   len(latencies))
+                latencies.append((time.perf_counter() - began) * 1000)
+                await asyncio.sleep(gap_s)
+            elapsed = time.monotonic() - started
+        finally:
+            await conn.execute("DROP TABLE bench_commit_probe")
+    return {**commit_summary(latencies, elapsed), "gap_ms": gap_s * 1000,
+            "synchronous_commit": setting}
 
 
 async def celery_baseline(system: BenchSystem, *, warmup_s: float, duration_s: float,

@@ -8,6 +8,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from benchmarks.stats import SLOW_COMMIT_MS
+
 
 def machine() -> dict[str, Any]:
     cpu = "unknown"
@@ -127,6 +129,10 @@ def markdown(results: dict[str, Any]) -> str:
                 ratio = f"{best / per_s:.2f}×" if best and per_s else "–"
                 batched = f"{best_batched / per_s:.2f}×" if best_batched and per_s else "–"
                 lines.append(f"| {label} | {_n(per_s)} | {ratio} | {batched} |")
+        if "pg_commit" in baselines:
+            lines += ["", "Floor under the latency figures: a lone single-row PostgreSQL commit "
+                      f"every {_n(baselines['pg_commit']['gap_ms'])} ms, nothing else running: "
+                      + commit_line(baselines["pg_commit"]) + "."]
     lines += ["", "Notes: the load generator (a lean HTTP/1.1 client on kept-alive connections, "
               "pre-encoded bodies, no idempotency keys) runs on the same cores as everything it "
               "measures. Latency is from the API's accept (the time inside the notification's "
@@ -143,6 +149,16 @@ def hops(figures: dict[str, dict[str, float | None]]) -> str:
         return "–"
     return ", ".join(f"{hop} {_n(f.get('p50_ms'))} / {_n(f.get('p99_ms'))}"
                      for hop, f in figures.items())
+
+
+def commit_line(figures: dict[str, Any]) -> str:
+    """``p50 / p99 / p99.9 / max 0.4 / 3.1 / 120 / 480 ms; 6 of 2,400 over 25 ms ...``"""
+    return (f"p50 / p99 / p99.9 / max {_n(figures['p50_ms'], 1)} / {_n(figures['p99_ms'], 1)} / "
+            f"{_n(figures['p999_ms'], 1)} / {_n(figures['max_ms'], 1)} ms; "
+            f"{_n(figures['slow'])} of {_n(figures['commits'])} commits took over "
+            f"{_n(SLOW_COMMIT_MS)} ms ({_n(figures['slow_ms'])} ms in all, in "
+            f"{_n(figures['seconds'], 1)} s; synchronous_commit = "
+            f"{figures.get('synchronous_commit', '?')})")
 
 
 def _settings(results: dict[str, Any]) -> str:
