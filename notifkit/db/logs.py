@@ -74,8 +74,9 @@ class LogRow:
 # One statement for the whole batch, the rows as parallel arrays: PostgreSQL plans and starts
 # it once, where an executemany of N rows is N executions (each planned afresh under
 # plan_cache_mode = force_custom_plan). metadata travels as JSON text: an array of jsonb would
-# take a JSON list for a nested array.
-_INSERT = """
+# take a JSON list for a nested array. Its parameters are the 13 arrays of log_columns ($1 to
+# $13); a statement that does more in the same commit puts a data-modifying WITH before it.
+INSERT_ROWS = """
 INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, attempt, kind,
                           status, detail, provider, provider_message_id, campaign_id, metadata)
 SELECT r.project_id, r.event_id, r.task_id, r.user_id, r.channel, r.attempt, r.kind, r.status,
@@ -104,12 +105,12 @@ ON CONFLICT (task_id, channel, attempt, kind) DO NOTHING
 async def insert_logs(db: asyncpg.Pool | asyncpg.Connection, rows: Sequence[LogRow]) -> None:
     """Write a read batch's rows in one statement."""
     if rows:
-        await db.execute(_INSERT, *_columns(rows))
+        await db.execute(INSERT_ROWS, *log_columns(rows))
 
 
 async def insert_one(db: asyncpg.Pool | asyncpg.Connection, row: LogRow) -> int | None:
     """Write one row; its id, or None when the same row was there already."""
-    value = await db.fetchval(_INSERT + " RETURNING id", *_columns([row]))
+    value = await db.fetchval(INSERT_ROWS + " RETURNING id", *log_columns([row]))
     return int(value) if value is not None else None
 
 
@@ -122,7 +123,7 @@ async def insert_first_of_kind(db: asyncpg.Pool | asyncpg.Connection,
         await db.executemany(_INSERT_FIRST_OF_KIND, [_args(r) for r in rows])
 
 
-def _columns(rows: Sequence[LogRow]) -> list[list[Any]]:
+def log_columns(rows: Sequence[LogRow]) -> list[list[Any]]:
     return [[r.project_id for r in rows], [r.event_id for r in rows],
             [r.task_id for r in rows], [r.user_id for r in rows], [r.channel for r in rows],
             [r.attempt for r in rows], [r.kind.value for r in rows],

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from notifkit.db.logs import INSERT_ROWS, LogRow, insert_logs, log_columns
 from notifkit.db.recipients import Executor
 
 SENDING, SENT, FAILED = "sending", "sent", "failed"
@@ -133,24 +135,44 @@ async def claim(db: Executor, claims: Sequence[Claim]) -> dict[tuple[str, str, s
     }
 
 
+def _settle_sql(first: int) -> str:
+    a, b, c, d, e = (f"${n}" for n in range(first, first + 5))
+    return ("UPDATE delivery_outbox o SET status = u.status, "
+            "provider_message_id = coalesce(u.provider_message_id, o.provider_message_id), "
+            "updated_at = now() "
+            f"FROM unnest({a}::text[], {b}::text[], {c}::text[], {d}::text[], {e}::text[]) "
+            "AS u(task_id, channel, destination, status, provider_message_id) "
+            "WHERE o.task_id = u.task_id AND o.channel = u.channel "
+            "AND o.destination = u.destination AND o.status <> 'sent'")
+
+
+def _settle_columns(rows: Sequence[tuple[str, str, str, str, str | None]]) -> list[list[Any]]:
+    return [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
+            [r[3] for r in rows], [r[4] for r in rows]]
+
+
 async def settle(
     db: Executor, rows: Sequence[tuple[str, str, str, str, str | None]]
 ) -> None:
     """Record outcomes: (task id, channel, destination, status, provider message id).
     A 'sent' row is never changed back."""
-    if not rows:
+    if rows:
+        await db.execute(_settle_sql(1), *_settle_columns(rows))
+
+
+async def settle_and_log(
+    db: Executor, rows: Sequence[tuple[str, str, str, str, str | None]],
+    logs: Sequence[LogRow],
+) -> None:
+    """:func:`settle` and :func:`~notifkit.db.logs.insert_logs` in one statement, so one
+    commit: a batch's outcomes and its timeline rows land together."""
+    if not rows or not logs:
+        await settle(db, rows)
+        await insert_logs(db, logs)
         return
-    await db.execute(
-        "UPDATE delivery_outbox o SET status = u.status, "
-        "provider_message_id = coalesce(u.provider_message_id, o.provider_message_id), "
-        "updated_at = now() "
-        "FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) "
-        "AS u(task_id, channel, destination, status, provider_message_id) "
-        "WHERE o.task_id = u.task_id AND o.channel = u.channel "
-        "AND o.destination = u.destination AND o.status <> 'sent'",
-        [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
-        [r[3] for r in rows], [r[4] for r in rows],
-    )
+    columns = log_columns(logs)
+    await db.execute(f"WITH settled AS ({_settle_sql(len(columns) + 1)}) "
+                     + INSERT_ROWS, *columns, *_settle_columns(rows))
 
 
 async def disable_contacts(

@@ -848,3 +848,37 @@ async def test_a_critical_sends_outbox_write_never_waits_behind_a_lower_streams(
                       (keys.outbound("critical"), ["critical-task"])]
     release.set()
     await asyncio.gather(low, critical)
+
+
+async def test_a_batchs_last_accepted_send_is_recorded_by_its_outcome_write(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    # Given a push to a user's two devices, and delivery's own 'sent' writes watched
+    await add_user(db, project, "u1", contacts=[("push", "phone"), ("push", "tablet")])
+    await add_template(db, project, "t", {"push": PUSH})
+    enricher, engine, delivery = await stages(services, sim_settings)
+    written_alone: list[list[str]] = []
+    record_sent = delivery._record_sent
+
+    async def record(rows: list[Any]) -> list[None]:
+        written_alone.append([row[2] for row in rows])
+        await record_sent(rows)
+        return [None] * len(rows)
+
+    delivery._record_sent = record  # type: ignore[method-assign]
+
+    # When the task is delivered
+    await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(enricher, engine, delivery)
+
+    # Then the device accepted first was recorded at once, and the last one with the
+    # batch's outcome: the outbox says sent for both, with the provider's ids
+    messages = {m["to"]: m for m in await sim.messages("fcm")}
+    assert sorted(messages) == ["phone", "tablet"]
+    assert [len(alone) for alone in written_alone] == [1]
+    rows = await db.fetch("SELECT destination, status, provider_message_id "
+                          "FROM delivery_outbox WHERE project_id = $1", project)
+    assert {r["destination"]: r["status"] for r in rows} == {"phone": "sent", "tablet": "sent"}
+    for r in rows:  # FCM names a message projects/{project}/messages/{id}
+        assert r["provider_message_id"].endswith("/" + messages[r["destination"]]["id"])

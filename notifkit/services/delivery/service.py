@@ -9,12 +9,12 @@ Per read batch:
 3. the sends run concurrently, each through the provider's shared token bucket (and the
    project's override) and bounded by ``PROVIDER_TIMEOUT_SECONDS``; every accepted send is
    recorded ``sent`` in the outbox as soon as it is accepted (writes that finish together
-   share one query);
+   share one query), except the batch's last send to finish, whose record goes with step 5;
 4. each task's answers become one action (:mod:`.outcomes`): sent, fallback (an enriched
    message restricted to the chain's next channel), retry, park on ``scheduled`` after a 429,
    invalid (contact disabled), or dead-lettered;
-5. the timeline rows, disabled contacts and outbox outcomes are written in one query each;
-   outcome events, fallbacks and parked tasks go out atomically with the ack.
+5. the outbox outcomes and the timeline rows are written in one statement, disabled contacts
+   in another; outcome events, fallbacks and parked tasks go out atomically with the ack.
 """
 
 from __future__ import annotations
@@ -22,13 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from notifkit import metrics
 from notifkit.coalesce import Coalescer
 from notifkit.config import Settings
 from notifkit.db import outbox
-from notifkit.db.logs import Kind, LogRow, Status, insert_first_of_kind, insert_logs
+from notifkit.db.logs import Kind, LogRow, Status, insert_first_of_kind
 from notifkit.db.routing import project_settings
 from notifkit.dedup import Dedup, delivery_key
 from notifkit.errors import AttemptsExhausted, PermanentFailure, RetryLater
@@ -126,12 +127,13 @@ class DeliveryService(WorkerService):
             for _e, t, tr in runnable for dest in t["to"]
         ])
         limits = await self._limits({t["projectId"] for _e, t, _tr in runnable})
+        sends = _Sends(sum(len(t["to"]) for _e, t, _tr in runnable))
         attempted = await asyncio.gather(*(
-            self._send_task(task, transport, previous, limits)
+            self._send_task(task, transport, previous, limits, sends)
             for _e, task, transport in runnable
         ))
 
-        settled: list[SentRow] = []
+        settled: list[SentRow] = list(sends.unrecorded)
         disabled: list[tuple[str, str, str, str]] = []
         first_of_kind: list[LogRow] = []
         for (entry, task, transport), answers in zip(runnable, attempted, strict=True):
@@ -158,9 +160,8 @@ class DeliveryService(WorkerService):
                               first_of_kind)
 
         # Independent writes, issued together (each on its own pooled connection).
-        await asyncio.gather(outbox.settle(self.pool, settled),
+        await asyncio.gather(outbox.settle_and_log(self.pool, settled, logs),
                              outbox.disable_contacts(self.pool, disabled),
-                             insert_logs(self.pool, logs),
                              insert_first_of_kind(self.pool, first_of_kind))
 
     def _recorder(self) -> Coalescer[SentRow, None]:
@@ -199,10 +200,27 @@ class DeliveryService(WorkerService):
         transport: Transport,
         previous: dict[tuple[str, str, str], outbox.Previous],
         limits: dict[str, dict[str, Any]],
+        sends: _Sends,
     ) -> list[Attempted]:
         buckets = self._buckets(task, transport, limits)
 
         async def one(destination: str) -> Attempted:
+            try:
+                attempted = await attempt(destination)
+            finally:
+                sends.outstanding -= 1
+            if attempted.result.sent and not attempted.already_sent:
+                row = (task["taskId"], task["channel"], destination, outbox.SENT,
+                       attempted.result.provider_message_id)
+                if sends.outstanding == 0:
+                    # The batch's last send: its outcome write is next and takes this row
+                    # along, one commit where there were two.
+                    sends.unrecorded.append(row)
+                else:
+                    await self._recorder().submit(row)
+            return attempted
+
+        async def attempt(destination: str) -> Attempted:
             before = previous.get((task["taskId"], task["channel"], destination))
             if before is not None and before.status == outbox.SENT:
                 return Attempted(destination, SendResult(
@@ -237,9 +255,6 @@ class DeliveryService(WorkerService):
                 time.perf_counter() - started)
             metrics.DELIVERIES.labels(task["channel"], transport.provider,
                                       result.outcome.value).inc()
-            if result.sent:
-                await self._recorder().submit((task["taskId"], task["channel"], destination,
-                                               outbox.SENT, result.provider_message_id))
             return Attempted(destination, result, possible_duplicate)
 
         return list(await asyncio.gather(*(one(d) for d in task["to"])))
@@ -416,6 +431,15 @@ class DeliveryService(WorkerService):
         })
         log.warning("Not sent on %s (%s); falling back to %s.", task["channel"],
                     verdict.reason, next_channel, extra=_ids(task))
+
+
+@dataclass
+class _Sends:
+    """A batch's destinations whose attempt has not ended yet, and the accepted sends left
+    for the batch's outcome write to record."""
+
+    outstanding: int
+    unrecorded: list[SentRow] = field(default_factory=list)
 
 
 # Destinations the user took away while the task waited: left out (skipped, or the fallback
