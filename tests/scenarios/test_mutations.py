@@ -20,6 +20,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 BROKEN_DRAIN_TIMEOUT_S = 8.0
 NEVER_DRAIN_WHEN_BROKEN = {"crash_reclaim", "malformed"}
+# Broken runs that lose work only if the outage strikes while entries are between their early
+# ack and their end: Redis killed in a quiet moment of a fast machine leaves nothing to lose
+# (1 of 7 runs on one machine). The break must show in one of these many runs.
+BROKEN_TRIES = {"redis_restart": 3}
 
 # (scenario, fault injected, small parameters, what the report must say when it is broken)
 PIPELINE_CASES: list[tuple[str, str, dict[str, Any], str]] = [
@@ -98,7 +102,10 @@ def test_scenario_passes_and_reports_its_guarantee_broken(
     # work pending forever, the system never drains: wait less for that).
     if name in NEVER_DRAIN_WHEN_BROKEN:
         params = {**params, "drain_timeout_s": BROKEN_DRAIN_TIMEOUT_S}
-    broken = run_scenario(name, params, tmp_path, {"NOTIFKIT_FAULT_INJECTION": fault})
+    for _ in range(BROKEN_TRIES.get(name, 1)):
+        broken = run_scenario(name, params, tmp_path, {"NOTIFKIT_FAULT_INJECTION": fault})
+        if not broken.ok:
+            break
     report = violations_text([broken])
     assert not broken.ok, f"{name} did not notice {fault}"
     assert re.search(expected, report), report
