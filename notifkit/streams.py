@@ -1,6 +1,8 @@
 """Stream plumbing: one JSON field per entry, trimmed XADDs, idempotent group creation.
 
-Every entry is ``{"data": <json object>}``. Anything else on a stream is malformed.
+Every entry is ``{"data": <json object>}``. Anything else on a stream is malformed. A
+dead-letter entry also carries its record's main parts as fields of their own, for people
+reading the DLQ with ``XRANGE``; ``data`` stays the whole record.
 """
 
 from __future__ import annotations
@@ -21,6 +23,21 @@ DATA_FIELD = b"data"
 
 def encode(payload: Mapping[str, Any]) -> dict[Any, Any]:
     return {DATA_FIELD: codec.dumps(payload)}
+
+
+# The parts of a dead-letter record an operator looks for first, as stream fields.
+DLQ_FIELDS = ("stream", "group", "entryId", "payload", "error", "attempts", "failedAt")
+
+
+def dlq_fields(record: Mapping[str, Any]) -> list[Any]:
+    """Field/value pairs of a dead-letter entry: ``data`` first, then :data:`DLQ_FIELDS`."""
+    fields: list[Any] = [DATA_FIELD, codec.dumps(record)]
+    for name in DLQ_FIELDS:
+        value = record.get(name)
+        if value is None:
+            continue
+        fields += [name, value if isinstance(value, str | int) else codec.dumps(value)]
+    return fields
 
 
 def decode(fields: Mapping[bytes, bytes] | None) -> dict[str, Any]:

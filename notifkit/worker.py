@@ -41,7 +41,7 @@ from notifkit.errors import MalformedPayload, PermanentFailure
 from notifkit.keys import Keys
 from notifkit.messages import CHANNELS
 from notifkit.redis_pipe import pipe
-from notifkit.streams import DATA_FIELD, as_str, decode, encode, ensure_group
+from notifkit.streams import DATA_FIELD, as_str, decode, dlq_fields, encode, ensure_group
 
 log = logging.getLogger("notifkit.worker")
 
@@ -110,11 +110,12 @@ return counts
 # stream). Outputs come first so that a refused XADD aborts the script before anything is acked.
 _SETTLE = """
 local outputs, acks = tonumber(ARGV[1]), tonumber(ARGV[2])
-local maxlen, group, field = ARGV[3], ARGV[4], ARGV[5]
-local a = 6
+local maxlen, group = ARGV[3], ARGV[4]
+local a = 5
 for i = 1, outputs do
-  redis.call('XADD', KEYS[i], 'MAXLEN', '~', maxlen, '*', field, ARGV[a])
-  a = a + 1
+  local n = tonumber(ARGV[a])
+  redis.call('XADD', KEYS[i], 'MAXLEN', '~', maxlen, '*', unpack(ARGV, a + 1, a + n))
+  a = a + n + 1
 end
 for j = 1, acks do
   local n = tonumber(ARGV[a])
@@ -750,8 +751,12 @@ class StreamWorker:
         keys += by_stream
         keys += [self.keys.attempts(self.group, e.id) for e in entries]
         args: list[Any] = [len(outputs), len(by_stream), self.settings.queue_max_len,
-                           self.group, DATA_FIELD]
-        args += [encode(payload)[DATA_FIELD] for _stream, payload in outputs]
+                           self.group]
+        for stream, payload in outputs:
+            fields = (dlq_fields(payload) if stream == self.keys.dlq
+                      else [DATA_FIELD, encode(payload)[DATA_FIELD]])
+            args.append(len(fields))
+            args += fields
         for ids in by_stream.values():
             args.append(len(ids))
             args += ids

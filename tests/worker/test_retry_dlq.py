@@ -13,6 +13,7 @@ from notifkit.errors import PermanentFailure
 from notifkit.keys import Keys
 from notifkit.streams import encode
 from notifkit.worker import Entry
+from tests.support.streams import xrange
 
 if TYPE_CHECKING:
     from .conftest import Add, Payloads, Pending, WorkerFactory
@@ -73,6 +74,14 @@ async def test_a_failing_entry_is_retried_by_the_sweep_then_dead_lettered(
         "channel": "email",
     }
     assert failed["entryId"] == entry_id
+
+    # And whoever reads the DLQ with XRANGE finds the record's main parts as fields too
+    [(_id, fields)] = await xrange(redis, keys.dlq)
+    assert {k.decode(): v.decode() for k, v in fields.items() if k != b"data"} == {
+        "stream": stream, "group": f"notifkit:group:{service}", "entryId": entry_id,
+        "payload": encode(payload)[b"data"].decode(), "error": "RuntimeError: provider exploded",
+        "attempts": str(limit), "failedAt": dead["failedAt"],
+    }
     assert failed["attempts"] == limit
 
     # And the original is acked and its attempt counter is gone
