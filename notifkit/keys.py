@@ -51,13 +51,14 @@ Other keys:
     notif:channel:keys                       PUB/SUB  API-key revocations
     notif:channel:inbox:{projectId}:{userId} PUB/SUB  new in-app messages (SSE)
 
-A namespace (``NOTIFKIT_NAMESPACE``) prefixes every name as ``{namespace}:{name}`` so several
-deployments or test runs can share one Redis.
+A namespace (``NOTIFKIT_NAMESPACE``) prefixes every name as ``{namespace}:{name}`` (a namespace
+that already ends in ``:`` gets no second one) so several deployments or test runs can share
+one Redis.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 PRIORITIES: Final = ("critical", "normal", "low")
@@ -67,9 +68,16 @@ SCHEDULER_SHARDS: Final = "0123456789abcdef"
 @dataclass(frozen=True)
 class Keys:
     namespace: str = ""
+    _prefix: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # "team-a" and "team-a:" both give "team-a:notifkit:...": a namespace written with its
+        # separator keeps the literal prefix an operator scans for.
+        ns = self.namespace
+        object.__setattr__(self, "_prefix", ns if not ns or ns.endswith(":") else f"{ns}:")
 
     def _k(self, name: str) -> str:
-        return f"{self.namespace}:{name}" if self.namespace else name
+        return f"{self._prefix}{name}"
 
     # -- streams --------------------------------------------------------------
     def inbound(self, priority: str) -> str:

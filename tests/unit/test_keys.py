@@ -48,6 +48,12 @@ def test_a_namespace_prefixes_every_name(spec: str, expected: str) -> None:
     assert build(Keys("staging-2"), spec) == f"staging-2:{expected}"
 
 
+@pytest.mark.parametrize(("spec", "expected"), CONTRACT_NAMES)
+def test_a_namespace_written_with_its_separator_gets_no_second_one(spec: str,
+                                                                   expected: str) -> None:
+    assert build(Keys("staging-2:"), spec) == f"staging-2:{expected}"
+
+
 def test_streams_of_each_kind_are_listed_in_priority_order() -> None:
     keys = Keys("ns")
     assert keys.inbound_all() == [
