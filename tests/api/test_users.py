@@ -127,7 +127,8 @@ async def test_valid_contacts_are_added(
 @pytest.mark.parametrize(("channel", "target"), [
     ("email", "no-at-sign"), ("email", "a@b"), ("email", "a b@example.com"),
     ("sms", "004915112345678"), ("sms", "+0123456789"), ("sms", "+12"),
-    ("push", " token"), ("push", "tok\nen"), ("push", "x" * 4097), ("push", "not a token"),
+    ("push", " token"), ("push", "tok\nen"), ("push", "x" * 1025), ("push", "not a token"),
+    ("push", "\u00e9" * 513), ("webhook", "https://example.com/" + "\u00e9" * 503),
     ("push", "tok\u00a0en"),
     ("webhook", "http://example.com/hook"), ("webhook", "https://"),
     ("webhook", "ftp://example.com"),
@@ -140,6 +141,27 @@ async def test_invalid_contact_targets_are_400_naming_target(
                            json={"channel": channel, "target": target})
     assert reply.status == 400
     assert reply.fields == ["target"]
+
+
+async def test_the_longest_addresses_fit_beside_the_longest_user_id(
+    api: Api, project: Project
+) -> None:
+    # 1,024 bytes of address beside 255 three-byte characters of user id: the unique keys of
+    # the user's contacts and of delivery's outbox hold them (a B-tree entry takes 2,704 bytes).
+    user = "\u7528" * 255
+    token = "t" * 1024
+    url = "https://example.com/" + "\u00e9" * 502
+    assert len(url.encode()) == 1024
+    assert (await api.call("PUT", f"/v1/users/{user}", key=project.full, json={
+        "contacts": [{"channel": "webhook", "target": url}]})).status == 201
+    reply = await api.call("POST", f"/v1/users/{user}/contacts", key=project.full,
+                           json={"channel": "push", "target": token})
+    assert reply.status == 201, reply.body
+    got = await api.call("GET", f"/v1/users/{user}", key=project.full)
+    assert sorted(c["target"] for c in got.body["contacts"]) == sorted([token, url])
+    too_long = await api.call("PUT", f"/v1/users/{user}", key=project.full, json={
+        "contacts": [{"channel": "push", "target": "t" * 1025}]})
+    assert (too_long.status, too_long.fields) == (400, ["contacts[0].target"])
 
 
 async def test_adding_an_existing_contact_is_idempotent(api: Api, project: Project) -> None:

@@ -113,7 +113,8 @@ COMPONENTS: dict[str, Schema] = {
     # -- users -----------------------------------------------------------------------------
     "ContactCreate": obj({
         "channel": {"type": "string", "enum": list(CONTACT_CHANNELS)},
-        "target": {"type": "string", "minLength": 1, "maxLength": 4096},
+        "target": {"type": "string", "minLength": 1, "maxLength": 1024,
+                   "description": "At most 1,024 bytes in UTF-8."},
     }, ("channel", "target")),
     "Contact": obj({
         "id": UUID, "channel": {"type": "string", "enum": list(CONTACT_CHANNELS)},

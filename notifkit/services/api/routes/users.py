@@ -22,6 +22,7 @@ from notifkit.services.api.routing import Operations, Reply
 from notifkit.services.api.schemas import CONTACT_CHANNELS, ref
 from notifkit.services.api.state import DB
 from notifkit.services.api.validation import (
+    MAX_TARGET_BYTES,
     Fields,
     contact_problem,
     is_hhmm,
@@ -372,7 +373,7 @@ def _segments(fields: Fields) -> list[str] | None:
 
 def _contact(fields: Fields) -> tuple[str | None, str | None]:
     channel = fields.choice("channel", CONTACT_CHANNELS, required=True)
-    target = fields.string("target", required=True, max_len=4096)
+    target = fields.string("target", required=True, max_len=MAX_TARGET_BYTES)
     if channel is None or target is None:
         return None, None
     problem = contact_problem(channel, target)
