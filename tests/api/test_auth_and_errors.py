@@ -49,6 +49,25 @@ async def test_a_missing_or_unknown_key_is_401(api: Api, project: Project) -> No
         assert_error_shape(reply.body)
 
 
+async def test_who_is_calling_is_checked_before_the_project_they_name(
+    api: Api, project: Project,
+) -> None:
+    # An unknown key is 401 and a key without the role is 403, whatever project id comes with
+    # them; only a caller allowed to ask learns that the id it sent is malformed.
+    header = {"x-project-id": "bad"}
+    query = {"projectId": "bad"}
+    for headers, params in ((header, None), (None, query)):
+        unknown = await api.call("GET", "/v1/users/u1", key="nk_unknown", headers=headers,
+                                 params=params)
+        assert unknown.status == 401, (headers, params)
+        send_only = await api.call("GET", "/v1/users/u1", key=project.send, headers=headers,
+                                   params=params)
+        assert send_only.status == 403, (headers, params)
+        full = await api.call("GET", "/v1/users/u1", key=project.full, headers=headers,
+                              params=params)
+        assert (full.status, full.body["error"]["code"]) == (400, "validation_error")
+
+
 async def test_headers_that_decide_who_acts_are_refused_when_sent_twice(
     api: Api, project: Project,
 ) -> None:

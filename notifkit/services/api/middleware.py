@@ -99,12 +99,8 @@ def _decodes(raw: str) -> bool:
 async def authenticate(request: web.Request, op: Operation) -> Principal:
     app = request.app
     key = bearer_key(request.headers.get("Authorization"))
-    named = None
-    if op.access in ("project", "ops"):
-        named = named_project(request.headers.get(PROJECT_HEADER),
-                              request.query.get(PROJECT_QUERY))
     if is_admin_key(key, app[SETTINGS].admin_key):
-        return await _admin(request, op, named)
+        return await _admin(request, op, _named_project(request, op))
     record = await app[KEY_CACHE].lookup(hash_key(key))
     if record is None:
         raise unauthorized("invalid_api_key", "The API key is unknown or has been revoked.")
@@ -115,6 +111,8 @@ async def authenticate(request: web.Request, op: Operation) -> Principal:
             f"A '{record.role}' key may not call this route; it needs a "
             f"{' or '.join(sorted(op.roles))} key."
         )
+    # Read only now: who is calling, and whether they may, comes before what they asked for.
+    named = _named_project(request, op)
     if named is not None and named != record.project_id:
         # Acting for the key's own project instead would write or read where the caller
         # did not mean to; whether the named project exists is not this key's to learn.
@@ -132,6 +130,12 @@ async def authenticate(request: web.Request, op: Operation) -> Principal:
             headers={"Retry-After": str(retry_after_s)},
         )
     return Principal(record.role, record.project_id, record.key_id)
+
+
+def _named_project(request: web.Request, op: Operation) -> str | None:
+    if op.access not in ("project", "ops"):
+        return None
+    return named_project(request.headers.get(PROJECT_HEADER), request.query.get(PROJECT_QUERY))
 
 
 async def _admin(request: web.Request, op: Operation, project_id: str | None) -> Principal:
