@@ -96,6 +96,7 @@ async def test_optional_fields_sent_as_null_are_left_out(
     ({"to": ["u"] * 1001, "template": "invoice"}, {"to"}),
     ({"to": ["ok", 5, ""], "template": "invoice"}, {"to[1]", "to[2]"}),
     ({"to": {"segment": ""}, "template": "invoice"}, {"to.segment"}),
+    ({"to": {"segment": " \t "}, "template": "invoice"}, {"to.segment"}),
     ({"to": {"segments": "x"}, "template": "invoice"}, {"to.segments", "to.segment"}),
     ({"to": 3, "template": "invoice"}, {"to"}),
     ({"to": "u1", "template": "nope"}, {"template"}),

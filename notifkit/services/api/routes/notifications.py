@@ -261,7 +261,7 @@ def _recipients(fields: Fields) -> Recipients | None:
     if isinstance(to, dict):
         inner = fields.child("to", to)
         inner.only(("segment",))
-        segment = inner.string("segment", required=True, max_len=100)
+        segment = inner.string("segment", required=True, max_len=100, allow_blank=False)
         return {"segment": segment} if segment is not None else None
     fields.fail("to", 'must be a user id, a list of user ids or {"segment": name}')
     return None
