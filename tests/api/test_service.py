@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import aiohttp
+from redis.asyncio import Redis
 
 from notifkit.config import Settings
+from notifkit.keys import Keys
 from notifkit.server import NotifkitServer
 from notifkit.services.api.service import ApiService
 from tests.api.conftest import ADMIN
@@ -26,27 +30,55 @@ async def test_the_service_serves_on_the_port_it_bound(settings: Settings) -> No
                 assert response.status == 201
 
 
+@contextlib.asynccontextmanager
+async def inbox_stream(service: ApiService,
+                       http: aiohttp.ClientSession) -> AsyncIterator[aiohttp.ClientResponse]:
+    """An open server-sent event stream of a new user's inbox, past its first heartbeat."""
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    async with http.post(f"{service.base_url}/v1/projects", json={"name": "p"},
+                         headers=admin) as r:
+        project = (await r.json())["id"]
+    headers = {**admin, "x-project-id": project}
+    async with http.put(f"{service.base_url}/v1/users/u1", json={}, headers=headers) as r:
+        assert r.status == 201
+    async with http.get(f"{service.base_url}/v1/users/u1/inbox/stream",
+                        headers=headers) as stream:
+        assert stream.status == 200
+        await stream.content.readuntil(b"\n\n")
+        yield stream
+
+
 async def test_stopping_ends_open_event_streams(settings: Settings) -> None:
     service = ApiService(settings.replace(port=0, host="127.0.0.1"))
     await service.start()
     try:
-        async with aiohttp.ClientSession() as http:
-            admin = {"Authorization": f"Bearer {ADMIN}"}
-            async with http.post(f"{service.base_url}/v1/projects", json={"name": "p"},
-                                 headers=admin) as r:
-                project = (await r.json())["id"]
-            headers = {**admin, "x-project-id": project}
-            async with http.put(f"{service.base_url}/v1/users/u1", json={},
-                                headers=headers) as r:
-                assert r.status == 201
-            async with http.get(f"{service.base_url}/v1/users/u1/inbox/stream",
-                                headers=headers) as stream:
-                assert stream.status == 200
-                await stream.content.readuntil(b"\n\n")
-                stopping = asyncio.create_task(service.stop())
-                # The stream ends (EOF) instead of holding the shutdown for its timeout.
-                rest = await asyncio.wait_for(stream.content.read(), 5)
-                assert b"event: message" not in rest
-                await asyncio.wait_for(stopping, 5)
+        async with aiohttp.ClientSession() as http, inbox_stream(service, http) as stream:
+            stopping = asyncio.create_task(service.stop())
+            # The stream ends (EOF) instead of holding the shutdown for its timeout.
+            rest = await asyncio.wait_for(stream.content.read(), 5)
+            assert b"event: message" not in rest
+            await asyncio.wait_for(stopping, 5)
     finally:
         await service.stop()
+
+
+async def test_a_running_api_beats_with_the_requests_it_is_answering(
+    settings: Settings, redis: Redis
+) -> None:
+    service = ApiService(settings.replace(port=0, host="127.0.0.1"))
+    await service.start()
+    try:
+        # An open event stream is a request being answered; /health is another.
+        async with aiohttp.ClientSession() as http, inbox_stream(service, http):
+            await service.beat()
+            async with http.get(f"{service.base_url}/health") as r:
+                services = (await r.json())["services"]
+        assert services[service.consumer]["service"] == "api"
+        assert services[service.consumer]["inFlight"] == 1
+        assert service.consumer.startswith("api-")
+    finally:
+        await service.stop()
+    # A clean stop takes the heartbeat with it, as a stream consumer's does.
+    keys = Keys(settings.namespace)
+    assert await redis.exists(keys.health(service.consumer)) == 0
+    assert await redis.zscore(keys.heartbeats, service.consumer) is None

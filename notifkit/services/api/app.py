@@ -20,7 +20,7 @@ from notifkit.keys import Keys
 from notifkit.ratelimit import TokenBuckets
 from notifkit.services.api.admission import Admission
 from notifkit.services.api.auth import KeyCache
-from notifkit.services.api.errors import error_middleware, quiet_malformed_requests
+from notifkit.services.api.errors import Handler, error_middleware, quiet_malformed_requests
 from notifkit.services.api.middleware import auth_middleware
 from notifkit.services.api.pubsub import Hub
 from notifkit.services.api.routing import Operation
@@ -28,6 +28,7 @@ from notifkit.services.api.state import (
     ADMISSION,
     DB,
     HUB,
+    IN_FLIGHT,
     KEY_CACHE,
     KEYS,
     OPERATIONS,
@@ -35,6 +36,7 @@ from notifkit.services.api.state import (
     REDIS,
     SETTINGS,
     SSE_HEARTBEAT_S,
+    InFlight,
 )
 from notifkit.tasks import cancel_and_wait
 
@@ -75,7 +77,7 @@ def create_app(
     sse_heartbeat_s: float = SSE_HEARTBEAT_DEFAULT_S,
 ) -> web.Application:
     app = web.Application(
-        middlewares=[error_middleware, auth_middleware],
+        middlewares=[count_in_flight, error_middleware, auth_middleware],
         client_max_size=settings.max_body_bytes,
         # Room for every documented parameter at its longest, percent-encoded (aiohttp's own
         # 8 KiB limit answers a plain-text 400 before the app sees the request).
@@ -85,6 +87,7 @@ def create_app(
                       "auto_decompress": False},
     )
     app[SETTINGS] = settings
+    app[IN_FLIGHT] = InFlight()
     quiet_malformed_requests()
     app[KEYS] = Keys(settings.namespace)
     app[SSE_HEARTBEAT_S] = sse_heartbeat_s
@@ -101,6 +104,16 @@ def create_app(
     app.cleanup_ctx.append(_resources(settings, redis, db))
     app.on_shutdown.append(_close_streams)
     return app
+
+
+@web.middleware
+async def count_in_flight(request: web.Request, handler: Handler) -> web.StreamResponse:
+    counter = request.app[IN_FLIGHT]
+    counter.count += 1
+    try:
+        return await handler(request)
+    finally:
+        counter.count -= 1
 
 
 def _streams(op: Operation) -> bool:

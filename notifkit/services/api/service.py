@@ -1,21 +1,31 @@
 """``ApiService``: the HTTP API as a notifkit service, served on ``settings.host``/``port``.
 
 With ``port=0`` the operating system picks a free port; :attr:`ApiService.port` holds the one
-actually bound once :meth:`start` returns (tests and ``notifkit dev`` rely on it).
+actually bound once :meth:`start` returns (tests and ``notifkit dev`` rely on it). Like every
+stream consumer, a running API beats under ``notif:health:api-{hostname}-{pid}``, with the
+requests it is answering as ``inFlight``, so ``/health`` shows each API process too.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import logging
+import os
 import socket
+import time
 from typing import Any, ClassVar
 
 from aiohttp import web
+from redis.exceptions import RedisError
 
 from notifkit.config import ConfigError, Settings
 from notifkit.services.api.app import create_app
+from notifkit.services.api.state import IN_FLIGHT
 from notifkit.services.base import Service
+from notifkit.tasks import cancel_and_wait
+from notifkit.worker import consumer_name, utc_now_iso, write_heartbeat
 
 log = logging.getLogger("notifkit.api")
 
@@ -30,6 +40,8 @@ class ApiService(Service):
         self.port: int | None = None
         self.app: web.Application | None = None
         self._runner: web.AppRunner | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self.consumer = consumer_name(self.name)
 
     @property
     def base_url(self) -> str:
@@ -64,8 +76,37 @@ class ApiService(Service):
         self._runner = runner
         self.port = _bound_port(runner, self.settings.port)
         log.info("The API is listening on %s:%d.", self.settings.host, self.port)
+        with contextlib.suppress(RedisError, OSError):
+            await self.beat()  # listed by /health as soon as start() returns
+        self._heartbeat = asyncio.create_task(self._heartbeat_loop(),
+                                              name=f"{self.consumer}:heartbeat")
+
+    async def beat(self) -> None:
+        in_flight = self.app[IN_FLIGHT].count if self.app is not None else 0
+        beat = {"service": self.name, "consumer": self.consumer, "host": socket.gethostname(),
+                "pid": os.getpid(), "lastBeat": utc_now_iso(), "inFlight": in_flight,
+                "ts": time.time()}
+        await write_heartbeat(self.redis, self.keys, self.consumer, beat,
+                              self.settings.heartbeat_ttl_s)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
+            try:
+                await self.beat()
+            except (RedisError, OSError) as exc:
+                log.warning("Heartbeat failed (%s); trying again.", exc,
+                            extra={"service": self.name})
 
     async def stop(self) -> None:
+        if self._heartbeat is not None:
+            await cancel_and_wait(self._heartbeat)
+            self._heartbeat = None
+            with contextlib.suppress(RedisError, OSError):
+                gone = self.redis.pipeline(transaction=True)
+                gone.delete(self.keys.health(self.consumer))
+                gone.zrem(self.keys.heartbeats, self.consumer)
+                await gone.execute()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

@@ -33,4 +33,17 @@ ADMISSION: web.AppKey[Admission] = web.AppKey("admission")
 OPERATIONS: web.AppKey[dict[str, Operation]] = web.AppKey("operations")
 SSE_HEARTBEAT_S = web.AppKey("sse_heartbeat_s", float)
 
+
+class InFlight:
+    """Requests being answered right now (server-sent event streams included), for the api's
+    heartbeat."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+IN_FLIGHT = web.AppKey("in_flight", InFlight)
+
 PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal")
