@@ -23,7 +23,12 @@ class ControlError(ValueError):
 
 def show(value: object, limit: int = 60) -> str:
     """A short repr for error messages; fuzzed input can be megabytes long."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's 4300-digit limit for writing it as text
+        text = "a number too long to show"
+    except RecursionError:  # nested deeper than repr can follow
+        text = "a value nested too deeply to show"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -73,7 +78,12 @@ def get_number(
             raise ControlError(f"'{name}' is required")
         return None
     # bool is an int subclass; `true` is not a probability.
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ControlError(f"'{name}' must be a number")
+    # Only a float can be NaN or infinite. An int is never passed to isfinite (or float)
+    # before the range check: JSON integers have no size limit, and one past a float's
+    # range would raise OverflowError there. Comparing it with the float bounds is exact.
+    if isinstance(value, float) and not math.isfinite(value):
         raise ControlError(f"'{name}' must be a number")
     if not minimum <= value <= maximum:
         raise ControlError(f"'{name}' must be in [{minimum:g}, {maximum:g}], got {show(value)}")
