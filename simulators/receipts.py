@@ -32,7 +32,7 @@ import random
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypedDict
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 import aiohttp
 
@@ -44,6 +44,7 @@ from simulators.validation import (
     get_int,
     get_number,
     get_str,
+    http_url_problem,
     reject_unknown,
     require_object,
 )
@@ -98,9 +99,9 @@ def parse_config(payload: object) -> ReceiptConfig:
     reject_unknown(body, ("url", "secret", "delayMs", *EVENTS), "receipts")
     url = get_str(body, "url", required=True)
     assert url is not None
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ControlError(f"'url' must be an absolute http(s) URL, got {url[:80]!r}")
+    problem = http_url_problem(url)
+    if problem is not None:
+        raise ControlError(f"'url' must be an absolute http(s) URL ({problem}), got {url[:80]!r}")
     secret = get_str(body, "secret", required=True, max_len=512)
     assert secret is not None
     try:

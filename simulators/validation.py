@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 
 class ControlError(ValueError):
@@ -144,3 +145,24 @@ def require_choice(payload: Mapping[str, Any], name: str, choices: Iterable[str]
     value = get_choice(payload, name, choices, required=True)
     assert value is not None  # required=True raised otherwise
     return value
+
+
+def http_url_problem(url: str) -> str | None:
+    """Why nothing could ever be posted to ``url``, or None if it is an absolute http(s) URL
+    with a host and a usable port. A webhook URL is checked when it is configured: refused
+    later, at each post, it would only show up as receipts that all failed."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # parsed lazily: a port out of range or not a number raises here
+    except ValueError as exc:  # also an unbalanced or invalid IPv6 bracket
+        return str(exc)
+    if parts.scheme not in ("http", "https"):
+        return "the scheme must be http or https"
+    host = parts.hostname
+    if not host:
+        return "it names no host"
+    if any(char.isspace() or not char.isprintable() for char in host):
+        return "its host holds a space or a control character"
+    if port == 0:
+        return "port 0 cannot be connected to"
+    return None

@@ -41,6 +41,7 @@ from simulators.providers.common import drop_none, is_phone_number, stored_text,
 from simulators.records import MessageRecord
 from simulators.replies import Reply, json_reply
 from simulators.state import SimState
+from simulators.validation import http_url_problem
 
 API_VERSION = "2010-04-01"
 TASK_PARAM = "notifkit_task_id"
@@ -261,11 +262,7 @@ def _segments(text: str) -> int:
 
 
 def _absolute_http_url(url: str) -> bool:
-    try:
-        parts = urlsplit(url)
-    except ValueError:  # an unbalanced IPv6 bracket, say
-        return False
-    return parts.scheme in ("http", "https") and bool(parts.netloc)
+    return http_url_problem(url) is None
 
 
 def _valid_sender(sender: str) -> bool:

@@ -15,7 +15,7 @@ import pytest
 import resend
 from twilio.request_validator import RequestValidator
 
-from simulators import SimulatorServer
+from simulators import ControlError, SimulatorServer
 from simulators.signing import svix_verify, twilio_verify
 
 SECRET = "whsec_" + base64.b64encode(b"notifkit-receipts-secret").decode()
@@ -232,3 +232,39 @@ async def test_receipt_outcomes_replay_with_the_seed(receiver: Any) -> None:
     first, second = await outcomes(5), await outcomes(5)
     assert first == second
     assert {kind for _, kind in first} == {"email.delivered", "email.bounced"}
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[::1/x",  # an unbalanced IPv6 bracket
+        "http://a:99999/x",  # no such port: every receipt would fail
+        "http://a:0/x",
+        "http://a:-1/x",
+        "http://a:http/x",
+        "http://:8080/x",  # a port but no host
+        "https:///x",
+        "ftp://a/x",
+        "a/x",
+    ],
+)
+async def test_a_webhook_url_receipts_could_not_be_posted_to_is_400_naming_url(
+    http: aiohttp.ClientSession, sim: SimulatorServer, url: str
+) -> None:
+    body = {"url": url, "secret": "s"}
+    async with http.post(f"{sim.base_url}/_sim/receipts", json=body) as response:
+        assert response.status == 400, await response.text()
+        assert "'url'" in (await response.json())["error"]
+    with pytest.raises(ControlError) as caught:
+        await sim.set_receipts(url, "s")
+    assert "'url'" in caught.value.message
+    assert not (await sim.receipts())["enabled"]
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:65535/h", "https://[::1]:8443/h?x=1", "http://hooks.example/"]
+)
+async def test_a_webhook_url_with_a_host_and_a_usable_port_is_taken(
+    sim: SimulatorServer, url: str
+) -> None:
+    assert (await sim.set_receipts(url, "s"))["url"] == url

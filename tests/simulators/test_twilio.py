@@ -56,7 +56,11 @@ async def test_task_id_from_status_callback_query(sim: SimulatorServer) -> None:
     assert record["taskId"] == "task-9"
 
 
-@pytest.mark.parametrize("callback", ["not a url", "/relative/path", "ftp://example.com/x", "http://["])
+@pytest.mark.parametrize(
+    "callback",
+    ["not a url", "/relative/path", "ftp://example.com/x", "http://[", "http://example.com:99999/x",
+     "http://:8080/x"],
+)
 async def test_invalid_status_callback_is_21609(sim: SimulatorServer, callback: str) -> None:
     """Twilio refuses a StatusCallback it could never post to, before sending anything."""
     with pytest.raises(TwilioRestException) as caught:
