@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import secrets
+from decimal import Decimal
 from typing import Any, ClassVar
 
 from aiohttp import web
@@ -400,7 +401,7 @@ def _check_options(payload: dict[str, Any]) -> None:
             raise Rejection(
                 ErrorCase.BAD_REQUEST,
                 f"Invalid '{name}': decimal above maximum value. Expected a value <= {high:g}, "
-                f"but got {value:g} instead.",
+                f"but got {_decimal_text(value)} instead.",
                 field_name=name,
                 code="decimal_above_max_value",
             )
@@ -408,7 +409,7 @@ def _check_options(payload: dict[str, Any]) -> None:
             raise Rejection(
                 ErrorCase.BAD_REQUEST,
                 f"Invalid '{name}': decimal below minimum value. Expected a value >= {low:g}, "
-                f"but got {value:g} instead.",
+                f"but got {_decimal_text(value)} instead.",
                 field_name=name,
                 code="decimal_below_min_value",
             )
@@ -416,6 +417,15 @@ def _check_options(payload: dict[str, Any]) -> None:
         value = payload.get(name)
         if value is not None and not isinstance(value, dict):
             raise _invalid_type(name, "an object", value)
+
+
+def _decimal_text(value: int | float) -> str:
+    """``value`` as OpenAI writes a decimal in its messages (`9`, `2.5`, `1e+20`)."""
+    try:
+        return f"{value:g}"
+    except OverflowError:
+        # JSON integers have no size limit, and `:g` converts an int to float first.
+        return format(Decimal(value), ".6g")
 
 
 def _invalid_type(name: str, expected: str, value: object) -> Rejection:

@@ -151,6 +151,38 @@ async def test_invalid_parameters_are_400_naming_the_parameter(
     assert await sim.messages("openai") == []
 
 
+HUGE = int("9" * 400)
+
+
+@pytest.mark.parametrize("param", ["temperature", "top_p", "presence_penalty",
+                                   "frequency_penalty"])
+@pytest.mark.parametrize(("value", "code"), [(HUGE, "decimal_above_max_value"),
+                                             (-HUGE, "decimal_below_min_value")],
+                         ids=["huge", "minus-huge"])
+async def test_an_option_of_any_size_is_openais_400(
+    sim: SimulatorServer, client: Factory, param: str, value: int, code: str
+) -> None:
+    """JSON integers have no size limit: a 400-digit temperature is out of range like 9 is."""
+    request = {"messages": PROMPT, param: value}
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client(sim).chat.completions.create(model="gpt-4o", **request)  # type: ignore[call-overload]
+    assert (caught.value.param, caught.value.code) == (param, code)
+    assert caught.value.type == "invalid_request_error"
+    assert param in caught.value.message
+    assert await sim.messages("openai") == []
+
+
+@pytest.mark.parametrize("param", ["n", "max_tokens", "max_completion_tokens"])
+@pytest.mark.parametrize("value", [HUGE, -HUGE], ids=["huge", "minus-huge"])
+async def test_a_count_of_any_size_is_openais_400(
+    sim: SimulatorServer, client: Factory, param: str, value: int
+) -> None:
+    request = {"messages": PROMPT, param: value}
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client(sim).chat.completions.create(model="gpt-4o", **request)  # type: ignore[call-overload]
+    assert (caught.value.param, caught.value.code) == (param, "invalid_value")
+
+
 async def test_prompt_beyond_the_context_window_is_400(
     sim: SimulatorServer, client: Factory
 ) -> None:
