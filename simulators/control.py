@@ -31,6 +31,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from simulators.faults import FaultItem
+from simulators.jsondepth import MAX_JSON_DEPTH, too_deep
 from simulators.kinds import Provider
 from simulators.limits import LimitItem
 from simulators.page import render_page
@@ -167,6 +168,10 @@ async def _body(request: web.Request) -> object:
         raise ControlError("request body is valid JSON but nested too deeply") from None
     except ValueError:  # an integer past Python's digit limit for int()
         raise ControlError("request body holds a number too long to read") from None
+    if too_deep(raw, value):
+        raise ControlError(
+            f"request body is nested too deeply (more than {MAX_JSON_DEPTH} levels)"
+        )
     if has_lone_surrogate(value):
         raise ControlError("request body must be valid Unicode (a string holds a lone "
                            "surrogate escape)")

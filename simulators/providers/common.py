@@ -7,6 +7,7 @@ import json
 import re
 from typing import Any
 
+from simulators.jsondepth import MAX_JSON_DEPTH, too_deep
 from simulators.kinds import ErrorCase
 from simulators.pipeline import Rejection
 from simulators.records import has_lone_surrogate
@@ -26,11 +27,18 @@ def _no_constant(name: str) -> Any:
 _STRICT_DECODER = json.JSONDecoder(parse_constant=_no_constant)
 
 
+class TooDeep(ValueError):
+    """Valid JSON, nested deeper than any request of the real API (see jsondepth)."""
+
+
 def strict_json(body: bytes) -> Any:
     """``body`` parsed as JSON as the providers' servers read it: NaN and Infinity, which
     Python's parser accepts and no JSON client writes, are errors (ValueError), and so is a
-    lone surrogate escape (``"\\ud800"``): no UTF-8 text holds one."""
+    lone surrogate escape (``"\\ud800"``): no UTF-8 text holds one. Nesting deeper than
+    MAX_JSON_DEPTH is refused (TooDeep) before anything walks the value."""
     value = _STRICT_DECODER.decode(body.decode("utf-8"))
+    if too_deep(body, value):
+        raise TooDeep(f"The request body is nested more than {MAX_JSON_DEPTH} levels deep.")
     if b"\\u" in body and has_lone_surrogate(value):
         raise ValueError("a string holds a lone surrogate escape")
     return value
@@ -40,6 +48,8 @@ def load_json(body: bytes, *, status: int | None = None) -> Any:
     """The parsed body, or a Rejection the provider renders as its own 'bad JSON' error."""
     try:
         return strict_json(body)
+    except TooDeep as exc:
+        raise Rejection(ErrorCase.BAD_REQUEST, str(exc), status=status) from None
     except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError included
         raise Rejection(
             ErrorCase.BAD_REQUEST, "The request body is not valid JSON.", status=status
