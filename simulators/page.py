@@ -72,7 +72,8 @@ def _preview(record: MessageRecord) -> str:
 def _stats_table(state: SimState) -> str:
     rows = []
     for name, item in state.stats.to_items().items():
-        faults = ", ".join(f"{kind}: {count}" for kind, count in item["faults"].items())
+        # Only the kinds that fired: seven zeros per row would hide the one that matters.
+        faults = ", ".join(f"{kind}: {n}" for kind, n in item["faults"].items() if n)
         cells = [name, item["requests"], item["accepted"], item["duplicates"], item["rateLimited"]]
         cells += [item["rejected"], item["replays"], faults]
         rows.append("<tr>" + "".join(_cell(c) for c in cells) + "</tr>")

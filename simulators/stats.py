@@ -34,7 +34,9 @@ class ProviderStats:
             "requests": self.requests,
             "accepted": self.accepted,
             "duplicates": self.duplicates,
-            "faults": {kind.value: self.faults[kind] for kind in FaultKind if self.faults[kind]},
+            # Every kind, 0 included: the spec's shape is fixed, and a reader needs no default
+            # for a kind that has not fired yet.
+            "faults": {kind.value: self.faults[kind] for kind in FaultKind},
             "rateLimited": self.rate_limited,
             "rejected": self.rejected,
             "replays": self.replays,

@@ -138,7 +138,23 @@ async def test_stats_shape(http: aiohttp.ClientSession, sim: SimulatorServer) ->
     assert set(stats) == {"resend", "sendgrid", "smtp", "twilio", "fcm", "openai"}
     resend = stats["resend"]
     assert (resend["requests"], resend["accepted"], resend["duplicates"]) == (2, 1, 0)
-    assert resend["faults"] == {"error": 1}
+    assert resend["faults"] == {**NO_FAULTS, "error": 1}
+
+
+NO_FAULTS = {"timeout": 0, "error": 0, "rate_limit": 0, "invalid_token": 0,
+             "lost_response": 0, "latency": 0, "malformed": 0}
+
+
+async def test_stats_list_every_provider_and_fault_kind_from_the_start(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    """The spec's shape, `{"<provider>": {"requests", "accepted", "duplicates", "faults":
+    {"<kind>": n}}}`, before any request: a dashboard can read any count without a default."""
+    _, stats = await call(http, sim, "GET", "/_sim/stats")
+    assert set(stats) == {"resend", "sendgrid", "smtp", "twilio", "fcm", "openai"}
+    for item in stats.values():
+        assert (item["requests"], item["accepted"], item["duplicates"]) == (0, 0, 0)
+        assert item["faults"] == NO_FAULTS
 
 
 async def test_limits_and_reset(http: aiohttp.ClientSession, sim: SimulatorServer) -> None:
@@ -284,7 +300,7 @@ async def test_simulator_client_over_http(
             assert status == expected
         [message] = await remote.wait_for_messages(1, "resend")
         assert message["to"] == "b@example.com"
-        assert (await remote.stats())["resend"]["faults"] == {"rate_limit": 1}
+        assert (await remote.stats())["resend"]["faults"] == {**NO_FAULTS, "rate_limit": 1}
 
         with pytest.raises(ControlError) as caught:
             await remote.add_fault("error", probability=3)

@@ -136,7 +136,8 @@ async def test_a_transaction_refused_at_rcpt_counts_as_a_request(sim: SimulatorS
     await send(sim, mail())
 
     smtp = (await sim.stats())["smtp"]
-    assert (smtp["requests"], smtp["accepted"], smtp["faults"]) == (2, 1, {"invalid_token": 1})
+    assert (smtp["requests"], smtp["accepted"]) == (2, 1)
+    assert {kind: n for kind, n in smtp["faults"].items() if n} == {"invalid_token": 1}
 
 
 async def test_rate_limit_fault_is_421_and_closes(sim: SimulatorServer) -> None:
