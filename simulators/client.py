@@ -76,7 +76,10 @@ class SimulatorControl(ABC):
         retry_after_s: float | None = None,
         delay_ms: int | tuple[int, int] | None = None,
     ) -> FaultItem:
-        """Add a rule after the existing ones; returns it with its `id`."""
+        """Add a rule after the existing ones; returns it with its `id`.
+
+        `provider` is required by the control API; this method sends "*" (every provider)
+        when it is left out."""
         delay = list(delay_ms) if isinstance(delay_ms, tuple) else delay_ms
         payload = _present(
             {

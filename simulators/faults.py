@@ -19,7 +19,6 @@ from typing import TypedDict
 from simulators.kinds import ANY_PROVIDER, FaultKind, Provider
 from simulators.validation import (
     ControlError,
-    get_choice,
     get_int,
     get_number,
     get_str,
@@ -139,7 +138,9 @@ def parse_rule(payload: object, rule_id: str) -> FaultRule:
     body = require_object(payload, "fault rule")
     reject_unknown(body, RULE_FIELDS, "fault rule")
     providers = [ANY_PROVIDER, *(p.value for p in Provider)]
-    provider = get_choice(body, "provider", providers) or ANY_PROVIDER
+    # Required, as the spec's shape has it: "*" hits every provider, and a rule that forgot
+    # its provider must not silently do that.
+    provider = require_choice(body, "provider", providers)
     kind = FaultKind(require_choice(body, "kind", [k.value for k in FaultKind]))
     to = get_str(body, "to", max_len=512)
     probability = get_number(body, "probability", minimum=0.0, maximum=1.0)

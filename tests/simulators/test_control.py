@@ -50,7 +50,7 @@ async def test_fault_lifecycle(http: aiohttp.ClientSession, sim: SimulatorServer
     assert status == 404
     assert created["id"] in missing["error"]
 
-    await call(http, sim, "POST", "/_sim/faults", json={"kind": "timeout"})
+    await call(http, sim, "POST", "/_sim/faults", json={"provider": "*", "kind": "timeout"})
     assert (await call(http, sim, "DELETE", "/_sim/faults"))[0] == 204
     assert (await call(http, sim, "GET", "/_sim/faults"))[1] == {"items": []}
 
@@ -168,7 +168,7 @@ async def test_limits_and_reset(http: aiohttp.ClientSession, sim: SimulatorServe
     assert status == 200
     assert limits == {"items": [{"provider": "resend", "ratePerSecond": 2.0, "burst": 4}]}
     await send_email(http, sim, "ada@example.com", "t1")
-    await call(http, sim, "POST", "/_sim/faults", json={"kind": "error"})
+    await call(http, sim, "POST", "/_sim/faults", json={"provider": "*", "kind": "error"})
 
     status, reset = await call(http, sim, "POST", "/_sim/reset")
 
@@ -198,6 +198,8 @@ async def test_whole_numbers_written_as_decimals_are_taken_by_every_control_call
         ("/_sim/faults", b"{not json", "valid UTF-8 JSON: Expecting property name"),
         ("/_sim/faults", b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
         ("/_sim/faults", b"", "JSON object"),
+        # `provider` is required ("*" for every provider): a rule must say what it hits.
+        ("/_sim/faults", {"kind": "error"}, "'provider' is required"),
         # Past Python's 4300-digit limit for int(): valid JSON, but no number it can read.
         ("/_sim/faults", b'{"kind": "error", "times": ' + b"9" * 5000 + b"}", "number too long"),
         ("/_sim/reset", b'{"seed": ' + b"9" * 5000 + b"}", "number too long"),

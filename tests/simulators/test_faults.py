@@ -37,7 +37,7 @@ def test_probability_is_roughly_honoured() -> None:
 def test_rules_match_in_order_and_times_runs_out() -> None:
     table = FaultTable(0)
     table.add({"provider": "twilio", "kind": "rate_limit", "times": 2})
-    table.add({"kind": "error"})
+    table.add({"provider": "*", "kind": "error"})
     kinds = [table.decide(Provider.TWILIO, ["+1555"]) for _ in range(3)]
     assert [d.kind if d else None for d in kinds] == [
         FaultKind.RATE_LIMIT,
@@ -50,7 +50,7 @@ def test_rules_match_in_order_and_times_runs_out() -> None:
 
 def test_recipient_glob_is_case_insensitive_and_matches_any_recipient() -> None:
     table = FaultTable(0)
-    table.add({"kind": "invalid_token", "to": "*@Bounce.example.com"})
+    table.add({"provider": "*", "kind": "invalid_token", "to": "*@Bounce.example.com"})
     assert table.decide(Provider.RESEND, ["ok@example.com", "X@bounce.EXAMPLE.com"]) is not None
     assert table.decide(Provider.RESEND, ["ok@example.com"]) is None
 
@@ -62,23 +62,27 @@ def test_provider_must_match() -> None:
     assert table.decide(Provider.FCM, ["x"]) is not None
 
 
+RESEND = {"provider": "resend"}
+
+
 @pytest.mark.parametrize(
     ("rule", "named"),
     [
-        ({}, "'kind' is required"),
-        ({"kind": "explode"}, "'kind' must be one of"),
+        ({"kind": "error"}, "'provider' is required"),
+        (RESEND, "'kind' is required"),
+        ({**RESEND, "kind": "explode"}, "'kind' must be one of"),
         ({"kind": "error", "provider": "pigeon"}, "'provider' must be one of"),
-        ({"kind": "error", "probability": 1.5}, "'probability'"),
-        ({"kind": "error", "probability": True}, "'probability' must be a number"),
-        ({"kind": "error", "times": 0}, "'times'"),
-        ({"kind": "error", "status": 200}, "'status'"),
-        ({"kind": "latency", "status": 500}, "'status' does not apply"),
-        ({"kind": "error", "delayMs": 5}, "'delayMs' does not apply"),
-        ({"kind": "latency", "delayMs": [5, 1]}, "min <= max"),
-        ({"kind": "latency", "delayMs": "slow"}, "'delayMs' must be an integer"),
-        ({"kind": "latency", "delayMs": 2.5}, "'delayMs' must be an integer"),
-        ({"kind": "error", "times": 1.5}, "'times' must be an integer"),
-        ({"kind": "error", "probabilty": 0.5}, "unknown field(s) 'probabilty'"),
+        ({**RESEND, "kind": "error", "probability": 1.5}, "'probability'"),
+        ({**RESEND, "kind": "error", "probability": True}, "'probability' must be a number"),
+        ({**RESEND, "kind": "error", "times": 0}, "'times'"),
+        ({**RESEND, "kind": "error", "status": 200}, "'status'"),
+        ({**RESEND, "kind": "latency", "status": 500}, "'status' does not apply"),
+        ({**RESEND, "kind": "error", "delayMs": 5}, "'delayMs' does not apply"),
+        ({**RESEND, "kind": "latency", "delayMs": [5, 1]}, "min <= max"),
+        ({**RESEND, "kind": "latency", "delayMs": "slow"}, "'delayMs' must be an integer"),
+        ({**RESEND, "kind": "latency", "delayMs": 2.5}, "'delayMs' must be an integer"),
+        ({**RESEND, "kind": "error", "times": 1.5}, "'times' must be an integer"),
+        ({**RESEND, "kind": "error", "probabilty": 0.5}, "unknown field(s) 'probabilty'"),
         ({"kind": "error", "provider": "smtp", "status": 250}, "SMTP reply code"),
         ([], "must be a JSON object"),
     ],
@@ -97,10 +101,11 @@ def test_whole_numbers_written_as_json_decimals_are_taken() -> None:
     ).to_item()
     assert (rule["times"], rule["delayMs"]) == (2, [10, 20])
     assert type(rule["times"]) is int
-    error = FaultTable(0).add({"kind": "error", "status": 503.0}).to_item()
+    error = FaultTable(0).add({"provider": "*", "kind": "error", "status": 503.0}).to_item()
     assert error["status"] == 503
     assert type(error["status"]) is int
-    assert FaultTable(0).add({"kind": "timeout", "delayMs": 250.0}).to_item()["delayMs"] == 250
+    timeout = {"provider": "*", "kind": "timeout", "delayMs": 250.0}
+    assert FaultTable(0).add(timeout).to_item()["delayMs"] == 250
 
 
 @pytest.fixture
