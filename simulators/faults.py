@@ -14,6 +14,7 @@ import fnmatch
 import random
 from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import TypedDict
 
 from simulators.kinds import ANY_PROVIDER, FaultKind, Provider
@@ -44,6 +45,13 @@ _STATUS_KINDS = {
     FaultKind.MALFORMED,
 }
 _RETRY_AFTER_KINDS = {FaultKind.ERROR, FaultKind.RATE_LIMIT}
+# SMTP's replies for a failed transaction. A `*` rule's `status` is an HTTP status: SMTP takes
+# it only when it is one of these, since 500-504 mean a malformed command in SMTP (a 503
+# "service unavailable" would become a permanent "bad sequence of commands").
+SMTP_FAILURE_CODES = frozenset({421, 450, 451, 452, 550, 551, 552, 553, 554})
+# Those with no meaning in HTTP (421 and 451 have one): a `*` rule giving one is written for
+# SMTP, and an HTTP provider answers as if the rule named no status.
+SMTP_ONLY_CODES = SMTP_FAILURE_CODES - {int(status) for status in HTTPStatus}
 _DELAY_KINDS = {FaultKind.LATENCY, FaultKind.TIMEOUT, FaultKind.LOST_RESPONSE}
 RULE_FIELDS = (
     "provider",
@@ -93,6 +101,16 @@ class FaultRule:
     @property
     def spent(self) -> bool:
         return self.times is not None and self.fired >= self.times
+
+    def status_for(self, provider: Provider) -> int | None:
+        """The status this rule answers with at ``provider``; None for the provider's own
+        default for the kind. A rule naming its provider is taken at its word; a `*` rule's
+        status reaches only the providers it means something to (see SMTP_FAILURE_CODES)."""
+        if self.status is None or self.provider != ANY_PROVIDER:
+            return self.status
+        if provider is Provider.SMTP:
+            return self.status if self.status in SMTP_FAILURE_CODES else None
+        return None if self.status in SMTP_ONLY_CODES else self.status
 
     def matches(self, provider: Provider, recipients: Iterable[str]) -> bool:
         if self.provider not in (ANY_PROVIDER, provider.value):

@@ -168,15 +168,16 @@ class HttpProvider(ABC):
 
     def fault_reply(self, decision: FaultDecision, submission: Submission) -> Reply:
         rule = decision.rule
+        rule_status = rule.status_for(self.provider)
         recipient = submission.recipients[0] if submission.recipients else None
         if rule.kind is FaultKind.RATE_LIMIT:
             case = ErrorCase.RATE_LIMITED
         elif rule.kind is FaultKind.INVALID_TOKEN:
             case = ErrorCase.INVALID_RECIPIENT
         else:
-            case = case_for_status(rule.status) if rule.status else ErrorCase.SERVER_ERROR
+            case = case_for_status(rule_status) if rule_status else ErrorCase.SERVER_ERROR
         retry_after_s = rule.retry_after_s
-        status = rule.status if rule.status else self.status_for(case)
+        status = rule_status if rule_status else self.status_for(case)
         # A rate_limit rule means "slow down" whatever status it answers with, so the
         # client always gets the Retry-After it would back off by.
         if retry_after_s is None and (
@@ -186,7 +187,7 @@ class HttpProvider(ABC):
         return self.render(case, status=status, recipient=recipient, retry_after_s=retry_after_s)
 
     def malformed(self, decision: FaultDecision) -> Reply:
-        return malformed_reply(decision.rule.status or 200)
+        return malformed_reply(decision.rule.status_for(self.provider) or 200)
 
 
 def header_task_id(request: web.Request) -> str | None:

@@ -15,6 +15,11 @@ message, at the end of DATA, when recipients and headers are known:
     latency        the reply comes late
     malformed      a reply line that is not SMTP
 
+"The rule's status" is the code an `smtp` rule gives, as given. A `*` rule's status is an
+HTTP status and is used only if it is also an SMTP failure reply (421, 450-452, 550-554);
+otherwise (a 503, say, which SMTP reads as a permanent "bad sequence of commands") the kind
+answers its SMTP default above (invalid_token: 550).
+
 Task id: the message's `X-Notifkit-Task-Id` header.
 """
 
@@ -94,7 +99,7 @@ class SmtpHandler:
         if decision is not None:
             self.state.stats[Provider.SMTP].faults[decision.kind] += 1
             log.info("smtp fault invalid_token (rule %s) for to=%s.", decision.rule.id, address)
-            status = decision.rule.status or 550
+            status = decision.rule.status_for(Provider.SMTP) or 550
             return self._closing_if_421(server, status, reply_text(status, address))
         envelope.rcpt_tos.append(address)
         envelope.rcpt_options.extend(rcpt_options)
@@ -152,7 +157,7 @@ class SmtpHandler:
     async def _before_accept(
         self, server: SMTP, decision: FaultDecision, recipient: str
     ) -> str | None:
-        rule = decision.rule
+        status = decision.rule.status_for(Provider.SMTP)
         kind = decision.kind
         if kind is FaultKind.TIMEOUT:
             await self._hold_then_drop(server, decision.delay_s)
@@ -160,12 +165,12 @@ class SmtpHandler:
             await self.state.pause(decision.delay_s)
             return None
         if kind is FaultKind.ERROR:
-            status = rule.status or 451
+            status = status or 451
             return self._closing_if_421(server, status, reply_text(status, recipient))
         if kind is FaultKind.RATE_LIMIT:
-            if rule.status is None:
+            if status is None:
                 return self._closing_if_421(server, 421, RATE_LIMITED_BY_FAULT)
-            return self._closing_if_421(server, rule.status, reply_text(rule.status, recipient))
+            return self._closing_if_421(server, status, reply_text(status, recipient))
         return None
 
     def _closing_if_421(self, server: SMTP, status: int, reply: str) -> str:

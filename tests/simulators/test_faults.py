@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -190,3 +191,44 @@ async def test_rate_limit_answers_the_retry_after_its_rule_names(
         async with http.post(f"{sim.base_url}/emails", json=body, headers=headers) as response:
             assert response.status == 429
             assert response.headers["Retry-After"] == expected
+
+
+SMTP_ONLY = [450, 452, 550, 551, 552, 553, 554]
+
+
+@pytest.mark.parametrize("status", SMTP_ONLY)
+@pytest.mark.parametrize(
+    ("kind", "expected"), [("error", 500), ("invalid_token", 422), ("rate_limit", 429)]
+)
+async def test_an_smtp_only_status_in_a_rule_for_every_provider_leaves_http_its_default(
+    http: aiohttp.ClientSession, sim: SimulatorServer, kind: str, status: int, expected: int
+) -> None:
+    """`{"provider": "*", "status": 550}` is written for SMTP: Resend answers the kind as it
+    would without a status, never an HTTP 550."""
+    await sim.add_fault(kind, "*", status=status)
+    body = {"from": "a@example.com", "to": "b@example.com", "subject": "s", "text": "t"}
+    headers = {"Authorization": "Bearer k_1"}
+    async with http.post(f"{sim.base_url}/emails", json=body, headers=headers) as response:
+        assert response.status == expected
+
+
+async def test_an_smtp_only_status_in_a_malformed_rule_leaves_http_its_200(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    await sim.add_fault("malformed", "*", status=554)
+    body = {"from": "a@example.com", "to": "b@example.com", "subject": "s", "text": "t"}
+    headers = {"Authorization": "Bearer k_1"}
+    async with http.post(f"{sim.base_url}/emails", json=body, headers=headers) as response:
+        assert response.status == 200
+
+
+@pytest.mark.parametrize("status", [503, 421, 451])
+async def test_an_http_status_in_a_rule_for_every_provider_reaches_http_unchanged(
+    http: aiohttp.ClientSession, sim: SimulatorServer, status: int
+) -> None:
+    await sim.add_fault("error", "*", status=status)
+    form = {"To": "+15558675310", "From": "+15005550006", "Body": "hi"}
+    auth = {"Authorization": "Basic " + base64.b64encode(b"AC1:token").decode()}
+    async with http.post(f"{sim.base_url}/2010-04-01/Accounts/AC1/Messages.json", data=form,
+                         headers=auth) as response:
+        assert response.status == status

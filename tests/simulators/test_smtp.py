@@ -191,3 +191,53 @@ async def test_rate_limit_per_login(sim: SimulatorServer) -> None:
     assert caught.value.code == 451
     await send(sim, mail(), username="b", password="p")
     assert (await sim.stats())["smtp"]["rateLimited"] == 1
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "code", "text"),
+    [
+        # An HTTP status has no SMTP meaning (503 would be SMTP's permanent "bad sequence of
+        # commands"): SMTP answers its own reply for the kind.
+        ("error", 503, 451, "4.3.0"),
+        ("error", 500, 451, "4.3.0"),
+        ("error", 429, 451, "4.3.0"),
+        ("rate_limit", 503, 421, "4.7.0"),
+        ("rate_limit", 429, 421, "4.7.0"),
+        # An SMTP reply code in a `*` rule is meant for SMTP and kept.
+        ("error", 421, 421, "4.3.2"),
+        ("error", 452, 452, "4.3.1"),
+        ("error", 554, 554, "5.0.0"),
+        ("rate_limit", 451, 451, "4.3.0"),
+    ],
+)
+async def test_a_rule_for_every_provider_answers_smtp_with_an_smtp_reply(
+    sim: SimulatorServer, kind: str, status: int, code: int, text: str
+) -> None:
+    await sim.add_fault(kind, "*", status=status)
+
+    with pytest.raises(aiosmtplib.SMTPResponseException) as caught:
+        await send(sim, mail())
+
+    assert (caught.value.code, text in caught.value.message) == (code, True)
+    assert await sim.messages("smtp") == []
+
+
+@pytest.mark.parametrize(("status", "code"), [(404, 550), (400, 550), (503, 550), (553, 553)])
+async def test_an_invalid_token_rule_for_every_provider_refuses_the_rcpt_in_smtp_terms(
+    sim: SimulatorServer, status: int, code: int
+) -> None:
+    await sim.add_fault("invalid_token", "*", to="gone@*", status=status)
+    with pytest.raises(aiosmtplib.SMTPRecipientsRefused) as caught:
+        await send(sim, mail(to="gone@example.com"))
+    [refused] = caught.value.recipients
+    assert refused.code == code
+
+
+@pytest.mark.parametrize(("status", "text"), [(552, "5.3.4"), (503, "5.0.0"), (450, "4.2.1")])
+async def test_a_rule_for_smtp_keeps_its_explicit_reply_code(
+    sim: SimulatorServer, status: int, text: str
+) -> None:
+    await sim.add_fault("error", "smtp", status=status)
+    with pytest.raises(aiosmtplib.SMTPResponseException) as caught:
+        await send(sim, mail())
+    assert (caught.value.code, text in caught.value.message) == (status, True)
