@@ -8,7 +8,8 @@ tokens approximately (about four characters per prompt token, one per completion
 Errors are `{"error": {"message", "type", "param", "code"}}`.
 
 Known models are a fixed list plus anything named `sim-*`; others get 404 model_not_found.
-The fault rules' recipient pattern (`to`) matches the model name. Task id:
+The fault rules' recipient pattern (`to`) matches the model name, and `invalid_token` answers
+that same 404 model_not_found for the model it matches. Task id:
 `X-Notifkit-Task-Id` header, else `metadata.notifkit_task_id`.
 """
 
@@ -98,11 +99,12 @@ _ERRORS: dict[ErrorCase, tuple[str, str, str | None]] = {
         None,
     ),
     ErrorCase.TOO_LARGE: ("Request too large.", "invalid_request_error", None),
+    # The `invalid_token` fault: an AI provider's recipient is the model (the rule's `to`
+    # matches its name), and OpenAI's answer for a model a key cannot use is this 404.
     ErrorCase.INVALID_RECIPIENT: (
-        "Incorrect API key provided. You can find your API key at "
-        "https://platform.openai.com/account/api-keys.",
+        "The model `{model}` does not exist or you do not have access to it.",
         "invalid_request_error",
-        "invalid_api_key",
+        "model_not_found",
     ),
     ErrorCase.RATE_LIMITED: (
         "Rate limit reached for {model} in organization org-notifkit-sim on requests per min "
@@ -156,7 +158,7 @@ def prompt_tokens(messages: list[Any]) -> int:
 
 class OpenAI(HttpProvider):
     provider = Provider.OPENAI
-    status_overrides: ClassVar[dict[ErrorCase, int]] = {ErrorCase.INVALID_RECIPIENT: 401}
+    status_overrides: ClassVar[dict[ErrorCase, int]] = {ErrorCase.INVALID_RECIPIENT: 404}
 
     def credentials(self, request: web.Request) -> str | None:
         return bearer_token(request)

@@ -247,13 +247,23 @@ async def test_error_fault_is_internal_server_error(sim: SimulatorServer, client
     await client(sim).chat.completions.create(model="gpt-4o-mini", messages=PROMPT)
 
 
-async def test_invalid_token_fault_is_invalid_api_key(
+async def test_invalid_token_fault_is_404_model_not_found(
     sim: SimulatorServer, client: Factory
 ) -> None:
-    await sim.add_fault("invalid_token", "openai")
-    with pytest.raises(openai.AuthenticationError) as caught:
+    """An AI provider's "invalid recipient" is the model the rule's `to` matches: OpenAI's
+    404 for a model that does not exist or that the key may not use."""
+    await sim.add_fault("invalid_token", "openai", to="gpt-4o")
+    with pytest.raises(openai.NotFoundError) as caught:
         await client(sim).chat.completions.create(model="gpt-4o", messages=PROMPT)
-    assert caught.value.code == "invalid_api_key"
+    assert caught.value.status_code == 404
+    assert caught.value.body == {
+        "message": "The model `gpt-4o` does not exist or you do not have access to it.",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "model_not_found",
+    }
+    # Other models are not matched by the rule.
+    await client(sim).chat.completions.create(model="gpt-4o-mini", messages=PROMPT)
 
 
 async def test_malformed_fault_is_unparseable(sim: SimulatorServer, client: Factory) -> None:

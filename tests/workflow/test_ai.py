@@ -137,14 +137,18 @@ async def test_a_duplicate_task_for_the_same_recipient_and_channel_costs_nothing
     assert set(out[0]["content"]) == {"text"}
 
 
-@pytest.mark.parametrize("fault", ["status-400", "unknown-model"])
+@pytest.mark.parametrize("fault", ["status-400", "unknown-model", "invalid-token"])
 async def test_a_rejection_is_dead_lettered_after_exactly_one_request(
     fault: str, ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys,
     project_id: str, template: str,
 ) -> None:
-    # Given a model that rejects the request (400, or 404 model_not_found)
+    # Given a model that rejects the request (400, or 404 model_not_found: an unknown model,
+    # or the simulator's invalid_token fault on the model)
     if fault == "status-400":
         await sim.add_fault("error", "openai", status=400)
+        task = ai_task(project_id)
+    elif fault == "invalid-token":
+        await sim.add_fault("invalid_token", "openai", to="gpt-4o-mini")
         task = ai_task(project_id)
     else:
         task = ai_task(project_id, model="no-such-model")
