@@ -109,6 +109,8 @@ class HttpProvider(ABC):
     status_overrides: ClassVar[dict[ErrorCase, int]] = {}
     # Whether the provider honours an Idempotency-Key header (Resend does).
     idempotent: ClassVar[bool] = False
+    # What an `error` fault without a status stands for: the provider's usual 5xx.
+    default_error_case: ClassVar[ErrorCase] = ErrorCase.SERVER_ERROR
 
     @abstractmethod
     def credentials(self, request: web.Request) -> str | None:
@@ -175,7 +177,7 @@ class HttpProvider(ABC):
         elif rule.kind is FaultKind.INVALID_TOKEN:
             case = ErrorCase.INVALID_RECIPIENT
         else:
-            case = case_for_status(rule_status) if rule_status else ErrorCase.SERVER_ERROR
+            case = case_for_status(rule_status) if rule_status else self.default_error_case
         retry_after_s = rule.retry_after_s
         status = rule_status if rule_status else self.status_for(case)
         # A rate_limit rule means "slow down" whatever status it answers with, so the

@@ -6,7 +6,7 @@ Success is 200 `{"name": "projects/{project}/messages/{id}"}`. The target is exa
 `google…`, `gcm…`): either is refused whole with INVALID_ARGUMENT, as FCM refuses it.
 Errors use Google's format:
 `{"error": {"code", "message", "status", "details": [{"@type": ".../FcmError",
-"errorCode": "UNREGISTERED"}]}}`.
+"errorCode": "UNREGISTERED"}]}}`. An `error` fault without a status is 503 UNAVAILABLE.
 `POST /token` is a stand-in OAuth2 token endpoint: point a service account's `token_uri` at
 it and google-auth style clients get a token the simulator accepts (any non-empty Bearer
 token is accepted).
@@ -103,6 +103,9 @@ class Fcm(HttpProvider):
         ErrorCase.INVALID_RECIPIENT: 404,
         ErrorCase.TOO_LARGE: 400,
     }
+    # FCM's documented server-side failure is 503 UNAVAILABLE (retry, honouring
+    # Retry-After); 500 INTERNAL stays available as an `error` rule's explicit status.
+    default_error_case: ClassVar[ErrorCase] = ErrorCase.UNAVAILABLE
 
     def credentials(self, request: web.Request) -> str | None:
         """FCM's quota is the project's, whichever of its access tokens a request carries:

@@ -221,8 +221,10 @@ async def test_invalid_registration_token_names_the_token_field(
         ("invalid_token", None, 404, "NOT_FOUND", "UNREGISTERED"),
         ("invalid_token", 400, 400, "INVALID_ARGUMENT", "INVALID_ARGUMENT"),
         ("rate_limit", None, 429, "RESOURCE_EXHAUSTED", "QUOTA_EXCEEDED"),
-        ("error", None, 500, "INTERNAL", "INTERNAL"),
+        # FCM's answer when it cannot serve: the spec's 503 UNAVAILABLE, with Retry-After.
+        ("error", None, 503, "UNAVAILABLE", "UNAVAILABLE"),
         ("error", 503, 503, "UNAVAILABLE", "UNAVAILABLE"),
+        ("error", 500, 500, "INTERNAL", "INTERNAL"),
     ],
 )
 async def test_faults_use_google_error_format(
