@@ -49,6 +49,7 @@ DEFAULT_STATUS: dict[ErrorCase, int] = {
     ErrorCase.UNAVAILABLE: 503,
 }
 DEFAULT_RETRY_AFTER_S = 1.0
+UNREADABLE_BODY = "The request body does not match its Content-Encoding."
 
 
 class Rejection(Exception):
@@ -136,6 +137,12 @@ class HttpProvider(ABC):
     @abstractmethod
     def error(self, spec: ErrorSpec) -> Reply:
         """The provider's error body for `spec`, with Retry-After where it sends one."""
+
+    def unreadable_body(self) -> Rejection:
+        """The provider's own 400 for a body it cannot read (one that does not decompress as
+        its Content-Encoding says): a bad request, whatever the provider answers to a body
+        it reads but refuses (Resend's 422)."""
+        return Rejection(ErrorCase.BAD_REQUEST, UNREADABLE_BODY, status=400)
 
     def no_route(self, method: str, path: str, status: int) -> Reply:
         """The provider's answer to a path under its prefix that it does not serve (404) or a
@@ -241,7 +248,7 @@ async def _handle(
         )
         return provider.render(ErrorCase.RATE_LIMITED, retry_after_s=wait_s).response()
 
-    body = await _read_body(request, state)
+    body = await _read_body(request, provider, state)
     submission = await provider.parse(request, body, state)
 
     decision = state.faults.decide(name, submission.recipients)
@@ -343,7 +350,7 @@ def accept(state: SimState, stats: ProviderStats, record: MessageRecord) -> None
     )
 
 
-async def _read_body(request: web.Request, state: SimState) -> bytes:
+async def _read_body(request: web.Request, provider: HttpProvider, state: SimState) -> bytes:
     if (
         request.content_length is not None
         and request.content_length > state.settings.max_body_bytes
@@ -354,8 +361,7 @@ async def _read_body(request: web.Request, state: SimState) -> bytes:
     except web.HTTPRequestEntityTooLarge:
         raise Rejection(ErrorCase.TOO_LARGE) from None
     except RequestPayloadError:  # gzip or deflate that does not decompress
-        raise Rejection(ErrorCase.BAD_REQUEST,
-                        "The request body does not match its Content-Encoding.") from None
+        raise provider.unreadable_body() from None
 
 
 def _drop(request: web.BaseRequest) -> web.StreamResponse:

@@ -31,6 +31,7 @@ from aiohttp import web
 from simulators.kinds import ErrorCase, Provider
 from simulators.pipeline import (
     IDEMPOTENCY_HEADER,
+    UNREADABLE_BODY,
     ErrorSpec,
     HttpProvider,
     Rejection,
@@ -161,6 +162,11 @@ class Twilio(HttpProvider):
                 "num_media": len(media),
             },
         )
+
+    def unreadable_body(self) -> Rejection:
+        # Twilio's generic 400, "Bad Request": its default for a 400 here is 21610, an
+        # unsubscribed recipient, which a client would take as the number being dead.
+        return _error(400, UNREADABLE_BODY)
 
     def new_message_id(self, state: SimState, submission: Submission) -> str:
         prefix = "MM" if submission.meta.get("num_media") else "SM"

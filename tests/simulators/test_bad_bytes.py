@@ -86,11 +86,55 @@ async def test_bytes_that_are_not_utf8_in_headers_and_smtp_are_stored_readably(
     await listings_still_work(sim)
 
 
-@pytest.mark.parametrize("path", ["/emails", "/_sim/faults"])
-async def test_a_body_that_does_not_decompress_is_a_4xx(sim: SimulatorServer, path: str) -> None:
-    status, _ = await call(sim, "POST", path, data=b"not gzip at all",
-                           headers={**RESEND, "Content-Encoding": "gzip"})
-    assert 400 <= status < 500
+class Collect(logging.Handler):
+    """Keeps the records of a logger, and says when one has arrived (it may follow the
+    answer: aiohttp reads the rest of a request body after the handler answered)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+        self.logged = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        self.logged.set()
+
+
+TWILIO = {"Authorization": "Basic QUMxOnRvaw==",
+          "Content-Type": "application/x-www-form-urlencoded"}
+NOT_GZIP = [
+    # (path, headers, what the provider's own 400 says)
+    ("/emails", RESEND, '"name": "validation_error"'),
+    ("/emails/batch", RESEND, '"name": "validation_error"'),
+    ("/v3/mail/send", RESEND, '"errors"'),
+    ("/2010-04-01/Accounts/AC1/Messages.json", TWILIO, '"code": 400'),
+    ("/v1/projects/p/messages:send", RESEND, '"INVALID_ARGUMENT"'),
+    ("/v1/chat/completions", RESEND, '"invalid_request_error"'),
+    ("/_sim/faults", {}, '"error"'),
+]
+
+
+@pytest.mark.parametrize(("path", "headers", "says"), NOT_GZIP)
+async def test_a_body_that_does_not_decompress_is_a_400_and_one_warning(
+    sim: SimulatorServer, path: str, headers: dict[str, str], says: str
+) -> None:
+    """Bad client input: the provider's own 400 for an unreadable body (never a recipient
+    error such as Twilio's 21610), and one warning line in the log, no traceback."""
+    collect = Collect()
+    simulators_log = logging.getLogger("simulators")
+    simulators_log.addHandler(collect)
+    try:
+        status, text = await call(sim, "POST", path, data=b"not gzip at all",
+                                  headers={**headers, "Content-Encoding": "gzip"})
+        await asyncio.wait_for(collect.logged.wait(), 5)
+        await asyncio.sleep(0.05)  # nothing more follows
+    finally:
+        simulators_log.removeHandler(collect)
+    assert status == 400, text
+    assert says in text
+    [warning] = collect.records
+    assert (warning.levelname, warning.exc_info) == ("WARNING", None)
+    assert "content-encoding" in warning.getMessage().lower()
     await listings_still_work(sim)
 
 
