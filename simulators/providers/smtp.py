@@ -26,11 +26,8 @@ Task id: the message's `X-Notifkit-Task-Id` header.
 from __future__ import annotations
 
 import asyncio
-import email
-import email.policy
 import logging
 from collections.abc import Callable
-from email.message import EmailMessage
 from typing import Any, NoReturn
 
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
@@ -38,7 +35,8 @@ from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 from simulators.faults import FaultDecision
 from simulators.kinds import FaultKind, Provider
 from simulators.pipeline import TASK_ID_HEADER, accept
-from simulators.providers.common import drop_none, email_address, stored_text, task_id_text
+from simulators.providers.common import email_address, task_id_text
+from simulators.providers.smtp_content import header_text, message_content, parse_message
 from simulators.records import MessageRecord, scrub
 from simulators.state import SimState
 
@@ -127,15 +125,20 @@ class SmtpHandler:
             if early is not None:
                 return early
 
-        content = envelope.original_content or b""
-        message = _parse(content)
+        message = parse_message(envelope.original_content or b"")
+        content: dict[str, Any] = {"mail_from": envelope.mail_from,
+                                   "rcpt_tos": list(envelope.rcpt_tos)}
+        task_id: str | None = None
+        if message is not None:
+            content |= message_content(message)
+            task_id = task_id_text(header_text(message, TASK_ID_HEADER))
         record = MessageRecord(
             id=state.ids.token(12, "0123456789ABCDEF"),
             provider=Provider.SMTP,
             recipients=recipients,
-            task_id=task_id_text(message.get(TASK_ID_HEADER)) if message is not None else None,
+            task_id=task_id,
             idempotency_key=None,
-            content=_content(envelope, message),
+            content=content,
         )
         accept(state, stats, record)
 
@@ -219,43 +222,6 @@ def _login(session: Session) -> str:
     if isinstance(data, LoginPassword):
         return data.login.decode("utf-8", errors="replace") or ANONYMOUS
     return ANONYMOUS
-
-
-def _parse(content: bytes) -> EmailMessage | None:
-    try:
-        message = email.message_from_bytes(content, policy=email.policy.default)
-    except Exception:  # arbitrary client bytes; the email package raises many kinds
-        return None
-    return message if isinstance(message, EmailMessage) else None
-
-
-def _content(envelope: Envelope, message: EmailMessage | None) -> dict[str, Any]:
-    content: dict[str, Any] = {"mail_from": envelope.mail_from, "rcpt_tos": list(envelope.rcpt_tos)}
-    if message is None:
-        return content
-    try:
-        text = message.get_body(preferencelist=("plain",))
-        html = message.get_body(preferencelist=("html",))
-        content.update(
-            drop_none(
-                {
-                    "from": _header(message, "From"),
-                    "to": _header(message, "To"),
-                    "subject": _header(message, "Subject"),
-                    "message_id": _header(message, "Message-ID"),
-                    "text": stored_text(text.get_content()) if text is not None else None,
-                    "html": stored_text(html.get_content()) if html is not None else None,
-                }
-            )
-        )
-    except Exception:  # a broken MIME body still leaves the envelope worth recording
-        log.debug("smtp could not parse a message body; recording the envelope only.")
-    return content
-
-
-def _header(message: EmailMessage, name: str) -> str | None:
-    value = message.get(name)
-    return str(value) if value is not None else None
 
 
 class TrackedSMTP(SMTP):

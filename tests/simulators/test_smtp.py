@@ -241,3 +241,47 @@ async def test_a_rule_for_smtp_keeps_its_explicit_reply_code(
     with pytest.raises(aiosmtplib.SMTPResponseException) as caught:
         await send(sim, mail())
     assert (caught.value.code, text in caught.value.message) == (status, True)
+
+
+async def send_raw(sim: SimulatorServer, raw: bytes) -> None:
+    def deliver() -> None:
+        with smtplib.SMTP(sim.smtp_host, sim.smtp_port, timeout=5) as client:
+            client.sendmail("a@example.com", ["b@example.com"], raw)
+
+    await asyncio.to_thread(deliver)
+
+
+async def test_a_header_and_a_body_that_do_not_decode_keep_the_rest_of_the_message(
+    sim: SimulatorServer,
+) -> None:
+    """One part that does not decode must not erase the others: each header and part is
+    decoded on its own, falling back to its raw text."""
+    await send_raw(sim, b"From: Ada <a@example.com>\r\nTo: b@example.com\r\n"
+                        b"Subject: =?utf-8?B?!!!?=\r\nX-Notifkit-Task-Id: task-raw\r\n"
+                        b"Content-Type: text/plain; charset=bogus-charset\r\n\r\n"
+                        b"hello body \xff\r\n")
+
+    [record] = await sim.messages("smtp")
+    content = record["content"]
+    assert record["taskId"] == "task-raw"
+    assert (content["from"], content["to"]) == ("Ada <a@example.com>", "b@example.com")
+    assert content["subject"] == "=?utf-8?B?!!!?="  # not decodable: kept as written
+    assert content["text"].strip() == "hello body \N{REPLACEMENT CHARACTER}"
+
+
+async def test_a_part_with_an_unknown_charset_keeps_its_text_and_the_other_parts(
+    sim: SimulatorServer,
+) -> None:
+    await send_raw(sim, b"From: a@example.com\r\nTo: b@example.com\r\nSubject: multi\r\n"
+                        b"MIME-Version: 1.0\r\nContent-Type: multipart/alternative; boundary=XX"
+                        b"\r\n\r\n--XX\r\nContent-Type: text/plain; charset=unknown-8bit-x\r\n"
+                        b"Content-Transfer-Encoding: base64\r\n\r\n"
+                        b"cGxhaW4gdGV4dCBoZXJlIP8=\r\n--XX\r\n"
+                        b"Content-Type: text/html; charset=utf-8\r\n\r\n<p>html</p>\r\n"
+                        b"--XX--\r\n")
+
+    [record] = await sim.messages("smtp")
+    content = record["content"]
+    assert content["subject"] == "multi"
+    assert content["text"] == "plain text here \N{REPLACEMENT CHARACTER}"
+    assert content["html"].strip() == "<p>html</p>"
