@@ -655,8 +655,16 @@ async def remove_run_data(db: asyncpg.Pool | None, redis: Redis, schema: str,
             await db.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         await db.close()
     with contextlib.suppress(Exception):
+        # One UNLINK per page of the scan: a benchmark's fan-out leaves a few hundred thousand
+        # dedup marks, and a round trip per key took minutes.
+        page: list[bytes | str] = []
         async for key in redis.scan_iter(match=f"{namespace}:*", count=1000):
-            await redis.unlink(key)
+            page.append(key)
+            if len(page) >= 1000:
+                await redis.unlink(*page)
+                page.clear()
+        if page:
+            await redis.unlink(*page)
     await redis.aclose()
 
 
