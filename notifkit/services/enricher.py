@@ -51,7 +51,7 @@ class EnricherService(WorkerService):
     name: ClassVar[str] = "enricher"
     # One batch in flight per priority stream: entries arriving meanwhile go in the next,
     # larger batch, which shares its round trips (about 40 % lower latency at 500/s offered,
-    # see the README's Performance section). Per stream, so critical entries never wait for
+    # see benchmarks/RESULTS.md). Per stream, so critical entries never wait for
     # a batch of low ones.
     max_batches: ClassVar[int | None] = 1
 
