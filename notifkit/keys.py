@@ -33,11 +33,13 @@ Other keys:
     throttle:{projectId}:user:{userId}       ZSET  sliding window of send times per user
     notif:processed:{stage}:{dedupKey}       STR   dedup mark = id of the stream entry that
                                                    claimed it; 1 h TTL (24 h for caller keys)
-    notif:attempts:{group}:{entryId}         HASH  attempt counter: field = stream name, value =
-                                                   attempts; 2 h TTL; the field is deleted on
-                                                   ack. Stream ids are unique only per stream and
-                                                   a group reads one stream per priority, so the
-                                                   same id on two streams gets two fields.
+    notif:attempts:{group}:{entryId}         STR   attempt counter (INCR before each attempt),
+                                                   2 h TTL, deleted on ack. Stream ids are unique
+                                                   only per stream and a group reads one stream
+                                                   per priority, so an entry of a critical or low
+                                                   stream appends its priority
+                                                   (``...:{entryId}:critical``): two entries with
+                                                   the same id never share a counter.
     notif:health:{consumer}                  STR   JSON heartbeat, a few beats' TTL
     notif:heartbeats                         ZSET  consumer -> time of its last beat (s): the
                                                    consumers /health reads, found without a
@@ -62,6 +64,9 @@ from dataclasses import dataclass, field
 from typing import Final
 
 PRIORITIES: Final = ("critical", "normal", "low")
+# Priority lanes whose entries' attempt counters carry the lane's name (normal keeps the plain
+# name, as does every stream that is the only one its group reads).
+_OWN_COUNTER_LANES: Final = frozenset(("critical", "low"))
 SCHEDULER_SHARDS: Final = "0123456789abcdef"
 
 
@@ -176,9 +181,11 @@ class Keys:
     def processed(self, stage: str, dedup_key: str) -> str:
         return self._k(f"notif:processed:{stage}:{dedup_key}")
 
-    def attempts(self, group: str, entry_id: str) -> str:
-        """A hash: one counter field per stream holding ``entry_id`` (see the schema above)."""
-        return self._k(f"notif:attempts:{group}:{entry_id}")
+    def attempts(self, group: str, entry_id: str, stream: str) -> str:
+        """The attempt counter of ``stream``'s entry ``entry_id`` (see the schema above)."""
+        name = f"notif:attempts:{group}:{entry_id}"
+        lane = stream.rpartition(":")[2]
+        return self._k(f"{name}:{lane}" if lane in _OWN_COUNTER_LANES else name)
 
     def health(self, consumer: str) -> str:
         return self._k(f"notif:health:{consumer}")

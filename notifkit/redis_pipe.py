@@ -186,8 +186,8 @@ class Pipe:
         self.commands.append(("EVAL", script, numkeys, *keys_and_args))
         return self
 
-    def hdel(self, name: str, *fields: str) -> Pipe:
-        self.commands.append(("HDEL", name, *fields))
+    def delete(self, *names: str) -> Pipe:
+        self.commands.append(("DEL", *names))
         return self
 
     def set(self, name: str, value: Any, *, ex: int | None = None, nx: bool = False,

@@ -97,7 +97,7 @@ return n
 _COUNT_ATTEMPTS = """
 local counts = {}
 for i, key in ipairs(KEYS) do
-  counts[i] = redis.call('HINCRBY', key, ARGV[i + 1], 1)
+  counts[i] = redis.call('INCR', key)
   redis.call('EXPIRE', key, ARGV[1])
 end
 return counts
@@ -105,9 +105,9 @@ return counts
 
 # Settle a batch: XADD its outputs, then XACK its entries and delete their attempt counters.
 # KEYS: output streams, then streams to ack on, then attempt counters. ARGV: how many outputs,
-# how many ack streams, MAXLEN, group, the payload field's name, then each output's payload,
-# then per ack stream its number of ids and the ids, then each counter's field (the entry's
-# stream). Outputs come first so that a refused XADD aborts the script before anything is acked.
+# how many ack streams, MAXLEN, group, then per output its number of field/value items and
+# those items, then per ack stream its number of ids and the ids. Outputs come first so that a
+# refused XADD aborts the script before anything is acked.
 _SETTLE = """
 local outputs, acks = tonumber(ARGV[1]), tonumber(ARGV[2])
 local maxlen, group = ARGV[3], ARGV[4]
@@ -128,9 +128,11 @@ for j = 1, acks do
   end
   a = a + n
 end
-for k = outputs + acks + 1, #KEYS do
-  redis.call('HDEL', KEYS[k], ARGV[a])
-  a = a + 1
+local first = outputs + acks + 1
+while first <= #KEYS do
+  local last = math.min(first + 999, #KEYS)
+  redis.call('DEL', unpack(KEYS, first, last))
+  first = last + 1
 end
 return outputs
 """
@@ -604,13 +606,14 @@ class StreamWorker:
         batch_pipe = pipe(self.redis)
         if parsed:
             batch_pipe.eval(_COUNT_ATTEMPTS, len(parsed),
-                      *[self.keys.attempts(self.group, entry_id) for _s, entry_id, _p in parsed],
-                      self.settings.attempts_ttl_s, *[stream for stream, _i, _p in parsed])
+                            *[self.keys.attempts(self.group, entry_id, stream)
+                              for stream, entry_id, _p in parsed],
+                            self.settings.attempts_ttl_s)
         for stream, entry_id, _reason in malformed:
             if self.settings.injects("retry_malformed"):  # test-only fault
                 continue
             batch_pipe.xack(stream, self.group, entry_id)
-            batch_pipe.hdel(self.keys.attempts(self.group, entry_id), stream)
+            batch_pipe.delete(self.keys.attempts(self.group, entry_id, stream))
         if self.settings.injects("ack_before_process"):  # test-only fault: breaks at-least-once
             for stream, entry_id, _payload in parsed:
                 batch_pipe.xack(stream, self.group, entry_id)
@@ -749,7 +752,7 @@ class StreamWorker:
             by_stream.setdefault(entry.stream, []).append(entry.id)
         keys = [stream for stream, _payload in outputs]
         keys += by_stream
-        keys += [self.keys.attempts(self.group, e.id) for e in entries]
+        keys += [self.keys.attempts(self.group, e.id, e.stream) for e in entries]
         args: list[Any] = [len(outputs), len(by_stream), self.settings.queue_max_len,
                            self.group]
         for stream, payload in outputs:
@@ -760,7 +763,6 @@ class StreamWorker:
         for ids in by_stream.values():
             args.append(len(ids))
             args += ids
-        args += [e.stream for e in entries]
         await pipe(self.redis).eval(_SETTLE, len(keys), *keys, *args).execute()
 
     # -- heartbeat -----------------------------------------------------------------

@@ -74,13 +74,27 @@ def test_consumer_groups_are_named_by_service_and_live_inside_their_streams() ->
 
 
 def test_attempt_counters_name_the_group_and_the_entry() -> None:
-    # Exactly CONTRACT §2; the stream is a field of the hash (see the worker tests).
-    assert Keys().attempts("notifkit:group:engine", "1-0") == (
-        "notif:attempts:notifkit:group:engine:1-0"
-    )
-    assert Keys("ns").attempts("notifkit:group:engine", "1-0") == (
+    # Exactly CONTRACT §2 for every stream a group reads alone, and for normal priority.
+    keys = Keys()
+    for stream in (keys.outbound("normal"), keys.ai_pending, keys.scheduled,
+                   keys.events_inbound, keys.workflow_inbound):
+        assert keys.attempts("notifkit:group:engine", "1-0", stream) == (
+            "notif:attempts:notifkit:group:engine:1-0"
+        )
+    assert Keys("ns").attempts("notifkit:group:engine", "1-0", keys.enriched("normal")) == (
         "ns:notif:attempts:notifkit:group:engine:1-0"
     )
+
+
+@pytest.mark.parametrize("priority", ["critical", "low"])
+def test_a_critical_or_low_entry_has_a_counter_of_its_own(priority: str) -> None:
+    # Ids are unique per stream only: 5-0 on the critical and the normal stream are two entries.
+    keys = Keys()
+    assert keys.attempts("notifkit:group:engine", "5-0", keys.enriched(priority)) == (
+        f"notif:attempts:notifkit:group:engine:5-0:{priority}"
+    )
+    assert len({keys.attempts("notifkit:group:engine", "5-0", keys.enriched(p))
+                for p in ("critical", "normal", "low")}) == 3
 
 
 def test_scheduler_shards_are_the_sixteen_hex_digits() -> None:

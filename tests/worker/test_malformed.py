@@ -49,7 +49,7 @@ async def test_garbage_is_acked_at_once_and_counted_and_never_processed(
     assert worker.stats.processed == 1
     assert await pending(stream, worker.group) == 0
     for garbage_id in garbage_ids:
-        key = keys.attempts(worker.group, cast(bytes, garbage_id).decode())
+        key = keys.attempts(worker.group, cast(bytes, garbage_id).decode(), stream)
         assert await redis.exists(key) == 0
     # Garbage is not a failure: nothing is dead-lettered for it
     assert await payloads(keys.dlq) == []

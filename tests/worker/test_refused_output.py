@@ -36,7 +36,7 @@ async def test_a_refused_output_leaves_the_entry_pending_and_its_counter_kept(
     await worker.run_until_idle(reclaim=False)
 
     assert await pending(source, worker.group) == 1
-    assert await redis.hget(keys.attempts(worker.group, entry_id), source) == b"1"
+    assert await redis.get(keys.attempts(worker.group, entry_id, source)) == b"1"
     # The output before the refused one was written; the retry will write it again.
     assert [p["n"] for p in await payloads(good)] == [1]
 
@@ -45,7 +45,7 @@ async def test_a_refused_output_leaves_the_entry_pending_and_its_counter_kept(
     await worker.run_until_idle()
     assert await pending(source, worker.group) == 0
     assert [p["n"] for p in await payloads(bad)] == [1]
-    assert await redis.hget(keys.attempts(worker.group, entry_id), source) is None
+    assert await redis.get(keys.attempts(worker.group, entry_id, source)) is None
 
 
 @pytest.mark.parametrize("size", [1, 1500])
@@ -66,6 +66,6 @@ async def test_a_batch_settles_every_entry_and_forgets_every_counter(
 
     assert await pending(source, worker.group) == 0
     assert sorted(p["n"] for p in await payloads(out)) == list(range(size))
-    counters = [keys.attempts(worker.group, entry_id) for entry_id in ids]
+    counters = [keys.attempts(worker.group, entry_id, source) for entry_id in ids]
     left = [await redis.exists(*counters[i:i + 500]) for i in range(0, size, 500)]
     assert sum(left) == 0

@@ -86,7 +86,7 @@ async def test_a_failing_entry_is_retried_by_the_sweep_then_dead_lettered(
 
     # And the original is acked and its attempt counter is gone
     assert await pending(stream, worker.group) == 0
-    assert await redis.hexists(keys.attempts(worker.group, entry_id), stream) == 0
+    assert await redis.exists(keys.attempts(worker.group, entry_id, stream)) == 0
 
     # And a further drain finds nothing to do
     assert await worker.run_until_idle() == 0
@@ -112,7 +112,7 @@ async def test_a_permanent_failure_is_dead_lettered_after_one_attempt(
     assert failed["type"] == "notification:failed"
     assert failed["eventId"] == "ev-2"
     assert await pending(stream, worker.group) == 0
-    assert await redis.hexists(keys.attempts(worker.group, entry_id), stream) == 0
+    assert await redis.exists(keys.attempts(worker.group, entry_id, stream)) == 0
 
 
 async def test_the_failed_event_numbers_a_replays_last_attempt_after_the_earlier_ones(
@@ -215,7 +215,7 @@ async def test_an_entry_whose_last_attempt_never_finished_is_dead_lettered_on_re
     await worker.ensure_groups()
     entry_id = await add(stream, {"eventId": "ev-3"})
     await redis.xreadgroup(worker.group, "engine-gone-1", {stream: ">"}, count=1)
-    await redis.hset(keys.attempts(worker.group, entry_id), stream, 3)
+    await redis.set(keys.attempts(worker.group, entry_id, stream), 3)
 
     # When the sweep takes it over
     await worker.run_until_idle()
@@ -225,7 +225,7 @@ async def test_an_entry_whose_last_attempt_never_finished_is_dead_lettered_on_re
     [dead] = await payloads(keys.dlq)
     assert (dead["entryId"], dead["attempts"]) == (entry_id, 3)
     assert await pending(stream, worker.group) == 0
-    assert await redis.hexists(keys.attempts(worker.group, entry_id), stream) == 0
+    assert await redis.exists(keys.attempts(worker.group, entry_id, stream)) == 0
 
 
 async def test_entries_with_the_same_id_on_two_priority_streams_count_attempts_apart(
@@ -262,8 +262,12 @@ async def test_a_failed_attempt_leaves_its_counter_with_the_contract_ttl(
     second = await add(low, {"n": 2})
     await worker.run_until_idle(reclaim=False)  # one attempt each, nothing reclaimed
 
-    # Then each counter says one attempt, under its own stream's field, and expires in 2 h
+    # Then each counter is a plain INCR counter saying one attempt, expiring in 2 h: the
+    # contract's name for the normal stream, the priority appended for the low one
+    assert keys.attempts(worker.group, first, normal) == keys.attempts(worker.group, first,
+                                                                      keys.dlq)
+    assert keys.attempts(worker.group, second, low).endswith(f"{second}:low")
     for stream, entry_id in ((normal, first), (low, second)):
-        key = keys.attempts(worker.group, entry_id)
-        assert await redis.hget(key, stream) == b"1"
+        key = keys.attempts(worker.group, entry_id, stream)
+        assert await redis.get(key) == b"1"
         assert 7000 < await redis.ttl(key) <= 7200

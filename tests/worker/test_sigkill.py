@@ -92,5 +92,5 @@ async def test_entries_held_by_a_killed_process_are_reclaimed_and_none_is_lost(
     assert survivor.stats.processed == n
     for stream in keys.enriched_all():
         assert await pending(stream, group) == 0
-    for _stream, entry_id in added:
-        assert await redis.exists(keys.attempts(group, entry_id)) == 0
+    for stream, entry_id in added:
+        assert await redis.exists(keys.attempts(group, entry_id, stream)) == 0
