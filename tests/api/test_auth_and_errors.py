@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
+import uuid
 import zlib
 
 import asyncpg
@@ -187,7 +188,8 @@ async def test_unknown_projects_and_keys_are_404s_that_name_no_project(api: Api)
         ("DELETE", "/v1/keys/nope", "key_not_found"),
         ("DELETE", "/v1/keys/00000000-0000-4000-8000-000000000000", "key_not_found"),
     ):
-        reply = await api.admin(method, path, json={"role": "full"})
+        reply = await api.admin(method, path,
+                                json={"role": "full"} if method == "POST" else None)
         assert reply.status == 404, (path, reply.body)
         assert reply.error["code"] == code
         assert "in this project" not in reply.error["message"], reply.error["message"]
@@ -575,3 +577,21 @@ async def test_the_key_cache_is_cleared_when_the_revocation_subscription_drops(
     finally:
         await http.close()
         await client.aclose()
+
+
+async def test_a_route_that_takes_no_body_refuses_one_with_fields(
+    api: Api, project: Project,
+) -> None:
+    # Whoever sent fields expected them to count: a 400 naming the body, and nothing done.
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    refused = await api.call("DELETE", "/v1/users/u1", key=project.full,
+                             json={"keepContacts": True})
+    assert (refused.status, refused.fields) == (400, ["body"])
+    assert (await api.call("GET", "/v1/users/u1", key=project.full)).status == 200
+    nothings: tuple[dict[str, object] | None, ...] = (None, {})  # no body at all, and {}
+    for nothing in nothings:
+        read = await api.call("POST", f"/v1/users/u1/inbox/{uuid.uuid4()}/read",
+                              key=project.full, json=nothing)
+        assert read.status == 404, nothing  # the route ran: no such message
+    assert (await api.call("DELETE", "/v1/users/u1", key=project.full,
+                           data=b" null ")).status == 204

@@ -12,6 +12,7 @@ from urllib.parse import unquote_to_bytes
 
 from aiohttp import web
 
+from notifkit import codec
 from notifkit.services.api.auth import (
     Principal,
     bearer_key,
@@ -45,7 +46,23 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     _reject_repeated_headers(request)
     request[PRINCIPAL] = await authenticate(request, op)
     _reject_unknown_query(request, op)
+    if op.body is None and op.method not in ("GET", "HEAD") and request.body_exists:
+        await _reject_body(request)
     return await handler(request)
+
+
+async def _reject_body(request: web.Request) -> None:
+    """A route that takes no body does not ignore one: whoever sent fields expected them to
+    count. Nothing, white space, ``{}`` and ``null`` say nothing and pass."""
+    raw = (await request.read()).strip()
+    if raw in (b"", b"{}", b"null"):
+        return
+    try:
+        if codec.loads(raw) in ({}, None):
+            return
+    except ValueError:
+        pass
+    raise invalid([detail("body", "must be empty: this route takes no request body")])
 
 
 def _reject_repeated_headers(request: web.Request) -> None:
