@@ -22,6 +22,9 @@ from notifkit.redis_pipe import pipe
 # KEYS: bucket hashes. ARGV: cost, then rate_per_s and burst for each key.
 # Returns 0 when the tokens were taken, else the wait in ms until they would be.
 _TAKE = """
+-- Ten years in ms: a slow rate and a large burst must not make a wait or a TTL that Redis
+-- cannot read as an integer (every call would fail).
+local MAX_MS = 315360000000
 local now_t = redis.call('TIME')
 local now = tonumber(now_t[1]) * 1000 + math.floor(tonumber(now_t[2]) / 1000)
 local cost = tonumber(ARGV[1])
@@ -39,12 +42,12 @@ for i, key in ipairs(KEYS) do
     wait = math.max(wait, (cost - have) * 1000 / rate)
   end
 end
-if wait > 0 then return math.max(1, math.ceil(wait)) end
+if wait > 0 then return math.min(math.max(1, math.ceil(wait)), MAX_MS) end
 for i, key in ipairs(KEYS) do
   local rate = tonumber(ARGV[2 * i])
   local burst = tonumber(ARGV[2 * i + 1])
   redis.call('HSET', key, 'tokens', tostring(tokens[i] - cost), 'ts', now)
-  redis.call('PEXPIRE', key, math.ceil(burst * 1000 / rate) + 1000)
+  redis.call('PEXPIRE', key, math.min(math.ceil(burst * 1000 / rate) + 1000, MAX_MS))
 end
 return 0
 """

@@ -492,12 +492,14 @@ async def test_projects_validate_their_settings(api: Api) -> None:
     fetched = await api.admin("GET", f"/v1/projects/{good.body['id']}")
     assert fetched.body == good.body
     bad = await api.admin("POST", "/v1/projects", json={
-        "name": "", "settings": {"throttle": {"limit": -1}, "rateLimits": {"fax": 1, "sms": -1},
+        "name": "", "settings": {"throttle": {"limit": -1},
+                                 "rateLimits": {"fax": 1, "sms": -1, "push": 1e-300},
                                  "color": "red"}})
     assert bad.status == 400
     assert set(bad.fields) == {
         "name", "settings.throttle.limit", "settings.throttle.windowSeconds",
-        "settings.rateLimits.fax", "settings.rateLimits.sms", "settings.color"}
+        "settings.rateLimits.fax", "settings.rateLimits.sms", "settings.rateLimits.push",
+        "settings.color"}
 
 
 async def test_a_project_may_turn_the_deployment_throttle_off(api: Api) -> None:

@@ -37,6 +37,21 @@ async def test_a_short_bucket_takes_nothing_from_the_others(redis: Redis, keys: 
     assert 0 < await redis.pttl(provider.key) <= 2000
 
 
+async def test_an_extreme_bucket_still_answers_within_ten_years(
+    redis: Redis, keys: Keys
+) -> None:
+    # A huge burst at the slowest rate: its TTL (burst / rate) and a starved bucket's wait
+    # would pass what Redis reads as an integer, and every take would fail.
+    ten_years_s = 10 * 365 * 24 * 3600
+    huge = Bucket(keys.api_rate("p-huge"), rate_per_s=0.001, burst=1e23)
+    buckets = TokenBuckets(redis)
+    assert await buckets.take([huge]) == 0.0
+    assert 0 < await redis.pttl(huge.key) <= ten_years_s * 1000
+    starved = Bucket(keys.api_rate("p-starved"), rate_per_s=1e-300, burst=1.0)
+    assert await buckets.take([starved]) == 0.0
+    assert 0 < await buckets.take([starved]) <= ten_years_s
+
+
 async def test_no_bucket_means_no_limit(redis: Redis) -> None:
     assert await TokenBuckets(redis).take([]) == 0.0
 

@@ -73,7 +73,7 @@ _SEND_STEP: dict[str, Schema] = {
     "channels": nullable(CHANNEL_LIST),
     "priority": nullable({"type": "string", "enum": list(PRIORITIES)}),
 }
-_rate: Schema = {"type": "number", "exclusiveMinimum": 0, "maximum": 100_000}
+_rate: Schema = {"type": "number", "minimum": 0.001, "maximum": 100_000}
 
 COMPONENTS: dict[str, Schema] = {
     "Error": obj({

@@ -13,6 +13,7 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
+from notifkit.config import MIN_PROVIDER_RATE
 from notifkit.services.api.auth import ROLES, hash_key, new_key, project_not_found
 from notifkit.services.api.errors import ApiError, json_response
 from notifkit.services.api.routing import Operations, Reply
@@ -129,9 +130,10 @@ def project_settings(fields: Fields) -> dict[str, Any]:
             if channel not in CONTACT_CHANNELS:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) \
-                    or not 0 < value <= MAX_RATE_PER_S:
-                r.fail(channel, f"must be a number of sends per second above 0 and at most "
-                                f"{MAX_RATE_PER_S}")
+                    or not MIN_PROVIDER_RATE <= value <= MAX_RATE_PER_S:
+                # Below the floor a send would wait past any date the scheduler can park it to.
+                r.fail(channel, f"must be a number of sends per second from "
+                                f"{MIN_PROVIDER_RATE:g} to {MAX_RATE_PER_S}")
             else:
                 chosen[channel] = value
         out["rateLimits"] = chosen
