@@ -289,9 +289,9 @@ def parse_services(raw: str, variable: str = "NOTIFKIT_SERVICES") -> tuple[str, 
     names = [part.strip().lower() for part in raw.split(",") if part.strip()]
     if not names:
         raise ConfigError(variable, "names no service; use 'all' or e.g. 'api,delivery'")
-    if "all" in names:
+    unknown = [name for name in names if name not in SERVICES and name != "all"]
+    if not unknown and "all" in names:
         return SERVICES
-    unknown = [name for name in names if name not in SERVICES]
     if unknown:
         raise ConfigError(
             variable,
@@ -521,6 +521,7 @@ def _check_redis_url(value: str) -> None:
             raise ConfigError("REDIS_URL", f"is not a valid URL ({exc}): {value!r}") from None
         if not parts.path:
             raise ConfigError("REDIS_URL", f"must name a socket path, got {value!r}")
+        _check_redis_options(value)
         return
     _check_url("REDIS_URL", value, ("redis", "rediss"))
     database = urlsplit(value).path.strip("/")
@@ -528,6 +529,21 @@ def _check_redis_url(value: str) -> None:
         raise ConfigError(
             "REDIS_URL", f"the path must be a database number (e.g. /0), got {'/' + database!r}"
         )
+    _check_redis_options(value)
+
+
+def _check_redis_options(value: str) -> None:
+    """The URL's query options (``?socket_timeout=2``), checked as the client reads them by
+    building one connection object, which opens nothing: a junk option would otherwise
+    surface at the first command, as an error that names no setting."""
+    from redis.asyncio.connection import ConnectionPool
+    from redis.exceptions import RedisError
+
+    try:
+        ConnectionPool.from_url(value).make_connection()  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError, RedisError) as exc:
+        raise ConfigError("REDIS_URL", f"has an option the client cannot use ({exc}): "
+                          f"{value!r}") from None
 
 
 PROVIDERS: Final = ("resend", "sendgrid", "smtp", "twilio", "fcm", "webhook", "openai")
