@@ -111,6 +111,8 @@ class NotifkitServer:
                 started.append(service)
                 await service.start()
                 self.services[name] = service
+            if not self.settings.auto_migrate and any(s.needs_db for s in started):
+                await _require_migrated(self.settings)
         except BaseException:
             for service in reversed(started):
                 await _stop_quietly(service)
@@ -166,6 +168,19 @@ class NotifkitServer:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
+
+
+async def _require_migrated(settings: Settings) -> None:
+    """Without AUTO_MIGRATE, refuse to start on a schema that lacks migrations: an api alone
+    queries nothing at start, so it would answer /health and fail every other request."""
+    from notifkit.db.migrate import MigrationError, unapplied
+
+    missing = await unapplied(settings)
+    if missing:
+        raise MigrationError(
+            f"schema {settings.db_schema!r} lacks {len(missing)} of notifkit's migrations "
+            f"({missing[0]} first); run 'python -m notifkit migrate' or start with "
+            "AUTO_MIGRATE=true")
 
 
 async def _stop_quietly(service: Service) -> None:

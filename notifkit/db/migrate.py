@@ -35,6 +35,7 @@ __all__ = [
     "migrate",
     "migrate_connection",
     "migration_lock_key",
+    "unapplied",
 ]
 
 log = logging.getLogger("notifkit.db.migrate")
@@ -93,6 +94,16 @@ async def applied_versions(conn: asyncpg.Connection) -> dict[int, str]:
         return {}
     rows = await conn.fetch("SELECT version, checksum FROM schema_migrations")
     return {row["version"]: row["checksum"] for row in rows}
+
+
+async def unapplied(settings: Settings) -> list[str]:
+    """The migrations ``settings.db_schema`` lacks, by name (every one, for a new schema)."""
+    conn = await connect(settings, application_name="notifkit-check")
+    try:  # the connection's search_path is the schema already
+        applied = await applied_versions(conn)
+    finally:
+        await conn.close()
+    return [m.name for m in load_migrations() if m.version not in applied]
 
 
 async def migrate(settings: Settings, *, progress: Progress | None = None) -> list[str]:

@@ -15,6 +15,7 @@ import json
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from notifkit.config import ConfigError
 from notifkit.transports.base import (
@@ -135,8 +136,19 @@ class ServiceAccount:
         ):
             raise ConfigError("FCM_CREDENTIALS_FILE",
                               f"{path!r} has no client_email and private_key")
-        return cls(info["client_email"], info["private_key"],
-                   info.get("token_uri") or "https://oauth2.googleapis.com/token")
+        token_uri = info.get("token_uri") or "https://oauth2.googleapis.com/token"
+        if not isinstance(token_uri, str) or urlsplit(token_uri).scheme not in ("http", "https"):
+            raise ConfigError("FCM_CREDENTIALS_FILE",
+                              f"{path!r} has a token_uri that is not an http(s) URL")
+        account = cls(info["client_email"], info["private_key"], token_uri)
+        try:
+            # Signed once now: a key that cannot sign would otherwise fail every push later,
+            # each retried until it is dead-lettered.
+            account.assertion()
+        except (ValueError, TypeError) as exc:
+            raise ConfigError("FCM_CREDENTIALS_FILE",
+                              f"{path!r} holds a private_key that cannot sign: {exc}") from None
+        return account
 
     def assertion(self, now_s: int | None = None) -> str:
         try:

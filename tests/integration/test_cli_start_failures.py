@@ -4,6 +4,7 @@ non-zero exit, no traceback, and a SIGTERM during a slow start is obeyed."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -100,6 +101,12 @@ def test_a_missing_fcm_credentials_file_is_named(
     _one_line_naming(run_cli(env, "serve"), "FCM_CREDENTIALS_FILE")
     (tmp_path / "bad.json").write_text("{}")
     env["FCM_CREDENTIALS_FILE"] = str(tmp_path / "bad.json")
+    _one_line_naming(run_cli(env, "serve"), "FCM_CREDENTIALS_FILE")
+    # Well-formed JSON whose key cannot sign: every push would have been retried, then
+    # dead-lettered.
+    (tmp_path / "no-key.json").write_text(json.dumps({"client_email": "a@b",
+                                                      "private_key": "not a pem"}))
+    env["FCM_CREDENTIALS_FILE"] = str(tmp_path / "no-key.json")
     _one_line_naming(run_cli(env, "serve"), "FCM_CREDENTIALS_FILE")
 
 
@@ -202,6 +209,17 @@ def test_an_unmigrated_schema_without_auto_migrate_is_named(
     # the workflow worker had started before the failing query, was never stopped, and the
     # process never exited.
     env = _env(redis_url, database_url, NOTIFKIT_SERVICES="workflow")
+    result = run_cli(env, "serve")
+    _one_line_naming(result, "DB_SCHEMA")
+    assert "python -m notifkit migrate" in result.stderr
+
+
+def test_an_api_alone_refuses_an_unmigrated_schema_at_start(
+    redis_url: str, database_url: str
+) -> None:
+    # The api queries nothing while it starts: it used to answer /health with "ok" and every
+    # other request with a 500.
+    env = _env(redis_url, database_url, NOTIFKIT_SERVICES="api", PORT="0")
     result = run_cli(env, "serve")
     _one_line_naming(result, "DB_SCHEMA")
     assert "python -m notifkit migrate" in result.stderr
