@@ -15,9 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import baselines, phases
+from benchmarks.options import (
+    check_env,
+    comma_list,
+    env_pair,
+    one_of,
+    positive_float,
+    positive_int,
+    unusable,
+)
 from benchmarks.report import commit_line, hops, machine, markdown
 from benchmarks.stats import Progress
 from benchmarks.system import TOPOLOGIES, BenchSystem
+from simulators.__main__ import OneLineParser
 
 # Larger read batches than the default 50 amortise each batch's round trips: at saturation on
 # the split topology, 200 / 400 / 800 slots gave 1,638-1,692 / 1,844-1,884 / 1,896-2,033
@@ -33,30 +43,35 @@ BATCH_RECIPIENTS = 10
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser = OneLineParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true",
                         help="shorter phases, 10,000-user fan-out only (about 2 minutes)")
     parser.add_argument("--json", type=Path, default=Path("bench-results/bench.json"),
                         help="where to write the figures (default bench-results/bench.json)")
-    parser.add_argument("--duration", type=float, default=None,
-                        help="seconds each measured window lasts (default 20, quick 8)")
-    parser.add_argument("--topologies", default=",".join(TOPOLOGIES),
+    parser.add_argument("--duration", type=positive_float, default=None,
+                        help="seconds each measured window lasts (default 20, quick 5)")
+    parser.add_argument("--topologies", type=comma_list(one_of(TOPOLOGIES)),
+                        default=list(TOPOLOGIES),
                         help=f"comma-separated, of {', '.join(TOPOLOGIES)}")
-    parser.add_argument("--rates", default="250,500,1000",
-                        help="offered loads for the latency phases, per second")
-    parser.add_argument("--concurrency", type=int, default=64,
+    parser.add_argument("--rates", type=comma_list(positive_float), default=[250.0, 500.0, 1000.0],
+                        help="offered loads for the latency phases, per second "
+                             "(default 250,500,1000)")
+    parser.add_argument("--concurrency", type=positive_int, default=64,
                         help="requests in flight during the saturation phase (default 64)")
-    parser.add_argument("--celery-concurrency", type=int, default=8,
+    parser.add_argument("--celery-concurrency", type=positive_int, default=8,
                         help="Celery prefork worker processes (default 8: the best of 4, 8 "
                              "and 16 on the 2-core benchmark machine)")
     parser.add_argument("--fanout-topology", default="split", choices=list(TOPOLOGIES),
                         help="topology the fan-out campaigns run on (default split)")
     parser.add_argument("--skip-baselines", action="store_true")
     parser.add_argument("--skip-fanout", action="store_true")
-    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+    parser.add_argument("--env", type=env_pair, action="append", default=[],
+                        metavar="NAME=VALUE",
                         help="extra environment for the notifkit processes (repeatable); "
                              f"defaults: {', '.join(f'{k}={v}' for k, v in BENCH_ENV.items())}")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    check_env(parser, args.env, BENCH_ENV)
+    return args
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -67,14 +82,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if main_task is not None:
             loop.add_signal_handler(signum, main_task.cancel)
     progress = Progress()
-    duration = args.duration or (5.0 if args.quick else 20.0)
+    duration: float = args.duration if args.duration is not None else (
+        5.0 if args.quick else 20.0)
     warmup = 2.0 if args.quick else 5.0
     rate_window = min(duration, 4.0 if args.quick else 10.0)
-    rates = [float(r) for r in args.rates.split(",") if r]
-    topologies = [t for t in args.topologies.split(",") if t]
+    rates: list[float] = args.rates
+    topologies: list[str] = args.topologies
     fanouts = [] if args.skip_fanout else ([10_000] if args.quick else [10_000, 100_000])
     users = max(fanouts or [10_000])
-    env = {**BENCH_ENV, **dict(item.split("=", 1) for item in args.env)}
+    env = {**BENCH_ENV, **dict(args.env)}
     results: dict[str, Any] = {
         "machine": machine(),
         "settings": {"quick": args.quick, "duration_s": duration, "warmup_s": warmup,
@@ -176,16 +192,24 @@ async def run_topology(system: BenchSystem, topology: str, *, args: argparse.Nam
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if status := unusable("benchmarks", args.json, "bench.json"):
+        return status
     runner: Any = asyncio.run
     with contextlib.suppress(ImportError):
         import uvloop
 
         runner = uvloop.run
     results = runner(run(args))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2))
+    # The table first: should the figures not be written after all, the run is still on screen.
     print()
     print(markdown(results))
+    try:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2))
+    except OSError as exc:
+        print(f"benchmarks: --json {str(args.json)!r}: cannot write: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 1
     print(f"\nFigures written to {args.json}.")
     return 0
 

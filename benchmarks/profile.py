@@ -18,24 +18,30 @@ from typing import Any
 
 from benchmarks import phases
 from benchmarks.load import LoadGenerator
+from benchmarks.options import check_env, env_pair, positive_float, positive_int, unusable
 from benchmarks.stats import Progress
 from benchmarks.system import TOPOLOGIES, BenchSystem
+from simulators.__main__ import OneLineParser
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.profile", description=__doc__)
+    parser = OneLineParser(prog="python -m benchmarks.profile", description=__doc__)
     parser.add_argument("--topology", default="split", choices=list(TOPOLOGIES))
-    parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--rate", type=float, default=None,
+    parser.add_argument("--seconds", type=positive_float, default=20.0)
+    parser.add_argument("--concurrency", type=positive_int, default=64)
+    parser.add_argument("--rate", type=positive_float, default=None,
                         help="paced open-loop load instead of saturation")
-    parser.add_argument("--fanout", type=int, default=None,
+    parser.add_argument("--fanout", type=positive_int, default=None,
                         help="profile a campaign to the first N users (10000 or 100000) "
                              "instead of the API load")
     parser.add_argument("--out", type=Path, default=Path("bench-results/profile"))
-    parser.add_argument("--top", type=int, default=25, help="functions listed per process")
-    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
-    return parser.parse_args(argv)
+    parser.add_argument("--top", type=positive_int, default=25,
+                        help="functions listed per process")
+    parser.add_argument("--env", type=env_pair, action="append", default=[],
+                        metavar="NAME=VALUE")
+    args = parser.parse_args(argv)
+    check_env(parser, args.env)
+    return args
 
 
 def hottest(raw: Path, top: int) -> list[tuple[str, float, float]]:
@@ -65,7 +71,7 @@ async def run(args: argparse.Namespace) -> None:
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     progress = Progress()
     args.out.mkdir(parents=True, exist_ok=True)
-    env = dict(item.split("=", 1) for item in args.env)
+    env = dict(args.env)
     system = BenchSystem(args.out / "logs", users=max(10_000, args.fanout or 0), env=env)
     try:
         await system.open()
@@ -114,6 +120,8 @@ async def run(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if status := unusable("benchmarks.profile"):
+        return status
     runner: Any = asyncio.run
     with contextlib.suppress(ImportError):
         import uvloop

@@ -91,12 +91,12 @@ def mistyped(names: list[str], overrides: dict[str, Any]) -> str | None:
     return None
 
 
-def unusable_json_path(path: Path) -> str | None:
+def unusable_json_path(path: Path, example: str = "results.json") -> str | None:
     """Why the results cannot be written to ``path`` (its folder also holds the processes'
-    logs), or None: found out after the run, it cost the whole run and ended in a traceback."""
+    logs), or None: found out after the run, it cost the whole run and ended in a traceback.
+    ``example`` is the file name suggested when ``path`` is a folder."""
     if path.is_dir():
-        example = str(path / "results.json")
-        return f"--json {str(path)!r}: is a folder; name a file, e.g. {example!r}"
+        return f"--json {str(path)!r}: is a folder; name a file, e.g. {str(path / example)!r}"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -24,7 +24,7 @@ from simulators.server import ListenError, SimulatorServer
 log = logging.getLogger("simulators")
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """One line that says what is wrong, exit status 2 (argparse's usage error)."""
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
@@ -62,7 +62,7 @@ def _positive(text: str) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = _Parser(
+    parser = OneLineParser(
         prog="python -m simulators",
         description="Wire-compatible provider simulators (Resend, SendGrid, SMTP, Twilio, FCM, "
         "OpenAI) with fault injection. Control API and page under /_sim/.",

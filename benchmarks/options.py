@@ -1,0 +1,101 @@
+"""What the benchmark command lines share: argparse types that refuse a value the run cannot
+use (status 2, naming the option, before anything starts) and the checks made before a run."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import sys
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+from typing import TypeVar
+
+from notifkit.config import ConfigError, Settings
+from scenarios.__main__ import unusable_json_path, unusable_services
+from scenarios.harness import DEFAULT_DATABASE, DEFAULT_REDIS
+
+T = TypeVar("T")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number above 0 (a concurrency, a count)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number above 0 (seconds, a rate)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def comma_list(item: Callable[[str], T]) -> Callable[[str], list[T]]:
+    """argparse type: a non-empty comma-separated list, each item converted by ``item``."""
+
+    def parse(text: str) -> list[T]:
+        values = [item(part.strip()) for part in text.split(",") if part.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+        return values
+
+    return parse
+
+
+def one_of(choices: Collection[str]) -> Callable[[str], str]:
+    """argparse type: one of ``choices``."""
+
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(
+                f"expected one of {', '.join(choices)}, got {text!r}")
+        return text
+
+    return parse
+
+
+def env_pair(text: str) -> tuple[str, str]:
+    """argparse type: ``NAME=VALUE``."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def check_env(parser: argparse.ArgumentParser, pairs: list[tuple[str, str]],
+              defaults: Mapping[str, str] | None = None) -> None:
+    """Refuse (status 2) an ``--env`` value notifkit's processes would refuse at start-up: the
+    settings they would read are validated here, by notifkit's own rules."""
+    given = dict(pairs)
+    env = {"REDIS_URL": DEFAULT_REDIS, "DATABASE_URL": DEFAULT_DATABASE, **(defaults or {}),
+           **given}
+    try:
+        Settings.from_env(env)
+    except ConfigError as exc:
+        if exc.variable in given:
+            parser.error(f"argument --env: {exc.variable}: {exc.problem}")
+
+
+def unusable(prog: str, json_path: Path | None = None, example: str = "results.json") -> int:
+    """0 when a run can start, else the exit status after one line on stderr: the results
+    path cannot be written (2), a service URL is malformed (2) or does not answer (1)."""
+    problem = None if json_path is None else unusable_json_path(json_path, example)
+    if problem is not None:
+        print(f"{prog}: {problem}", file=sys.stderr)
+        return 2
+    found = asyncio.run(unusable_services())
+    if found is None:
+        return 0
+    status, why = found
+    print(f"{prog}: {why}", file=sys.stderr)
+    return status

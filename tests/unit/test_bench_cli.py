@@ -1,0 +1,132 @@
+"""The benchmark and profiler command lines refuse bad input before anything starts: status 2
+and a line naming the option, where they used to run for minutes and then end in a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import benchmarks.__main__ as bench
+from benchmarks import options, profile
+
+Parse = Callable[[list[str]], argparse.Namespace]
+
+
+@pytest.mark.parametrize(
+    ("parse", "argv", "option"),
+    [
+        (bench.parse_args, ["--topologies", "nope"], "--topologies"),
+        (bench.parse_args, ["--topologies", "split,nope"], "--topologies"),
+        (bench.parse_args, ["--topologies", ","], "--topologies"),
+        (bench.parse_args, ["--duration", "-1"], "--duration"),
+        # 0 silently meant the default duration.
+        (bench.parse_args, ["--duration", "0"], "--duration"),
+        (bench.parse_args, ["--duration", "nan"], "--duration"),
+        (bench.parse_args, ["--rates=-5,0"], "--rates"),
+        (bench.parse_args, ["--rates", "abc"], "--rates"),
+        (bench.parse_args, ["--rates", "250,inf"], "--rates"),
+        (bench.parse_args, ["--concurrency", "0"], "--concurrency"),
+        (bench.parse_args, ["--celery-concurrency", "-3"], "--celery-concurrency"),
+        (bench.parse_args, ["--env", "junk"], "--env"),
+        (bench.parse_args, ["--env", "=1"], "--env"),
+        (bench.parse_args, ["--env", "WORKER_CONCURRENCY=abc"], "WORKER_CONCURRENCY"),
+        (profile.parse_args, ["--seconds", "-1"], "--seconds"),
+        (profile.parse_args, ["--seconds", "0"], "--seconds"),
+        (profile.parse_args, ["--rate", "-5"], "--rate"),
+        (profile.parse_args, ["--fanout", "-1"], "--fanout"),
+        (profile.parse_args, ["--top", "-1"], "--top"),
+        (profile.parse_args, ["--concurrency", "0"], "--concurrency"),
+        (profile.parse_args, ["--env", "junk"], "--env"),
+        (profile.parse_args, ["--env", "DB_MAX_CONNECTIONS=-2"], "DB_MAX_CONNECTIONS"),
+    ],
+)
+def test_a_bad_option_is_refused_with_status_2_naming_it(
+    parse: Parse, argv: list[str], option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse(argv)
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("python -m benchmarks"), lines
+    assert option in lines[0]
+
+
+def test_good_options_are_parsed_into_values() -> None:
+    args = bench.parse_args(["--rates", "250,500.5", "--topologies", "all",
+                             "--duration", "3", "--env", "WORKER_CONCURRENCY=100"])
+    assert (args.rates, args.topologies, args.duration, args.env) == (
+        [250.0, 500.5], ["all"], 3.0, [("WORKER_CONCURRENCY", "100")])
+    defaults = bench.parse_args([])
+    assert defaults.rates == [250.0, 500.0, 1000.0]
+    assert defaults.topologies == ["all", "split"]
+    args = profile.parse_args(["--seconds", "5", "--fanout", "10000", "--env", "A=b=c"])
+    assert (args.seconds, args.fanout, args.env) == (5.0, 10000, [("A", "b=c")])
+
+
+def run_bench(tmp_path: Path, env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "benchmarks", *argv],
+                          env={**os.environ, **env}, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+def test_a_json_path_that_is_a_folder_is_refused_before_the_run(tmp_path: Path) -> None:
+    # It used to run for 7-10 minutes, then lose the figures in a traceback.
+    result = run_bench(tmp_path, {}, "--json", str(tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"benchmarks: --json {str(tmp_path)!r}: is a folder; name a file, e.g. "
+        f"{str(tmp_path / 'bench.json')!r}"]
+
+
+def test_a_json_path_whose_folder_cannot_be_made_is_refused(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = run_bench(tmp_path, {}, "--json", str(blocker / "b.json"))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"benchmarks: --json {str(blocker / 'b.json')!r}: cannot create")
+
+
+def test_an_unreachable_database_is_one_line_naming_its_variable(
+    tmp_path: Path, redis_url: str
+) -> None:
+    result = run_bench(tmp_path, {"NOTIFKIT_TEST_REDIS_URL": redis_url,
+                                  "NOTIFKIT_TEST_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/t"},
+                       "--quick", "--json", str(tmp_path / "b.json"))
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("benchmarks: NOTIFKIT_TEST_DATABASE_URL: cannot reach PostgreSQL: ")
+    assert not (tmp_path / "b.json").exists()
+
+
+def test_the_table_is_printed_before_the_json_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def fake_run(args: argparse.Namespace) -> dict[str, Any]:
+        return {"figures": 1}
+
+    async def services_fine() -> None:
+        return None
+
+    def full_disk(self: Path, text: str) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(bench, "run", fake_run)
+    monkeypatch.setattr(bench, "markdown", lambda results: "THE TABLE")
+    monkeypatch.setattr(options, "unusable_services", services_fine)
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    assert bench.main(["--json", str(tmp_path / "b.json")]) == 1
+    out, err = capsys.readouterr()
+    assert "THE TABLE" in out
+    assert err.strip().splitlines()[-1].startswith(
+        f"benchmarks: --json {str(tmp_path / 'b.json')!r}: cannot write")
