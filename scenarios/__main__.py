@@ -71,23 +71,36 @@ def mistyped(names: list[str], overrides: dict[str, Any]) -> str | None:
     """Why an override cannot stand in for its default (a number given as text, say), or
     None: caught here, it would only fail the scenario after its system had started."""
     for name in names:
-        for key, default in catalog.load(name).PARAMS.items():
-            if key not in overrides:
-                continue
-            value = overrides[key]
-            if isinstance(default, bool | str):
-                continue
-            if isinstance(default, int) and not isinstance(value, int):
-                return f"--set {key}: {name} takes a whole number, got {value!r}"
-            if isinstance(default, float) and not isinstance(value, int | float):
-                return f"--set {key}: {name} takes a number, got {value!r}"
-            # Every parameter is a count, a duration, a rate or a ratio: a negative or
-            # infinite one (a drain timeout of -5, say) ran the system and then reported
-            # everything it sent as lost.
-            if isinstance(value, float) and not math.isfinite(value):
-                return f"--set {key}: {name} takes a finite number, got {value!r}"
-            if value < 0:
-                return f"--set {key}: {name} takes a number of at least 0, got {value!r}"
+        module = catalog.load(name)
+        for key, default in module.PARAMS.items():
+            if key in overrides and (why := refused(module, key, default, overrides[key])):
+                return f"--set {key}: {name} {why}"
+    return None
+
+
+def refused(module: Any, key: str, default: Any, value: Any) -> str | None:
+    """Why ``value`` cannot stand in for the parameter ``key`` whose default is ``default``."""
+    choices: tuple[str, ...] | None = catalog.choices(module).get(key)
+    if isinstance(default, str):
+        # Parsed as a number when it looks like one: compared as the text it was given.
+        if choices is not None and str(value) not in choices:
+            return f"takes one of {', '.join(choices)}, got {value!r}"
+        return None
+    if isinstance(default, bool):
+        return None
+    if isinstance(default, int) and not isinstance(value, int):
+        return f"takes a whole number, got {value!r}"
+    if isinstance(default, float) and not isinstance(value, int | float):
+        return f"takes a number, got {value!r}"
+    # Every parameter is a count, a duration, a rate or a ratio: a negative or infinite one
+    # (a drain timeout of -5, say) ran the system and then reported everything it sent as lost.
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"takes a finite number, got {value!r}"
+    if value < 0:
+        return f"takes a number of at least 0, got {value!r}"
+    bounds = catalog.ranges(module).get(key)
+    if bounds is not None and not bounds[0] <= value <= bounds[1]:
+        return f"takes a number from {bounds[0]:g} to {bounds[1]:g}, got {value!r}"
     return None
 
 
@@ -124,7 +137,10 @@ async def unusable_services() -> tuple[int, str] | None:
         named = redis_variable if exc.variable == "REDIS_URL" else database_variable
         return 2, f"{named}: {exc.problem}"
     # The URLs may hold passwords: the messages name the variable, not the URL.
-    redis = Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=5)
+    try:
+        redis = Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=5)
+    except ValueError as exc:  # a query option the client cannot read (socket_timeout=abc)
+        return 2, f"{redis_variable}: {exc}"
     try:
         await redis.ping()
     except (RedisError, OSError) as exc:

@@ -1,5 +1,7 @@
 """Every scenario by name. A scenario module exposes ``DESCRIPTION``, ``PARAMS`` (defaults)
-and ``async def run(options: RunOptions, params: dict) -> ScenarioResult``."""
+and ``async def run(options: RunOptions, params: dict) -> ScenarioResult``; optionally
+``CHOICES`` (a text parameter's allowed values) and ``RANGES`` (a number's inclusive bounds),
+which ``--set`` is checked against before anything starts."""
 
 from __future__ import annotations
 
@@ -30,6 +32,18 @@ NAMES: tuple[str, ...] = (
 def available() -> list[str]:
     """The scenarios of NAMES that have a module, in NAMES order."""
     return [name for name in NAMES if importlib.util.find_spec(f"scenarios.{name}") is not None]
+
+
+def choices(module: ModuleType) -> dict[str, tuple[str, ...]]:
+    """The values each text parameter of ``module`` can take (none declared: any)."""
+    declared: dict[str, tuple[str, ...]] = getattr(module, "CHOICES", {})
+    return declared
+
+
+def ranges(module: ModuleType) -> dict[str, tuple[float, float]]:
+    """The inclusive bounds of ``module``'s bounded number parameters (a probability, say)."""
+    declared: dict[str, tuple[float, float]] = getattr(module, "RANGES", {})
+    return declared
 
 
 def load(name: str) -> ModuleType:

@@ -22,6 +22,7 @@ PARAMS: dict[str, Any] = {
     "probability": 0.15,
     "drain_timeout_s": 60.0,  # waiting longer than this for quiescence is a violation
 }
+RANGES = {"probability": (0.0, 1.0)}
 
 LAYOUT = {"api": ["api"], "workers": ["enricher", "engine", "delivery", "scheduler", "events"]}
 PHASES = (("resend", "mail"), ("twilio", "text"))

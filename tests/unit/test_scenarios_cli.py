@@ -77,6 +77,16 @@ def test_a_bad_set_is_refused_without_running_anything(argv: list[str], complain
                                                           "takes a finite number, got inf"),
         (["malformed", "--set", "messages=-3"], "--set messages: malformed takes a number of "
                                                 "at least 0, got -3"),
+        # Any mode but "shutdown" silently ran in kill mode.
+        (["redis_restart", "--set", "mode=bogus"], "--set mode: redis_restart takes one of "
+                                                   "kill, shutdown, got 'bogus'"),
+        (["redis_restart", "--set", "mode=5"], "--set mode: redis_restart takes one of "
+                                               "kill, shutdown, got 5"),
+        # A probability above 1 was refused by the simulators once the system had started.
+        (["duplicate_send", "--set", "probability=5"], "--set probability: duplicate_send "
+                                                       "takes a number from 0 to 1, got 5"),
+        (["priority_isolation", "--set", "min_backlog_left=1.5"],
+         "--set min_backlog_left: priority_isolation takes a number from 0 to 1, got 1.5"),
     ],
 )
 def test_a_value_no_scenario_can_use_is_refused_before_anything_starts(
@@ -129,6 +139,9 @@ def run_scenarios(env: dict[str, str], *argv: str) -> subprocess.CompletedProces
         ({"REDIS_URL": "redis://127.0.0.1:1/0"}, 1, "scenarios: REDIS_URL: cannot reach Redis: "),
         ({"NOTIFKIT_TEST_REDIS_URL": "nope"}, 2,
          "scenarios: NOTIFKIT_TEST_REDIS_URL: must be a redis:// or rediss:// URL, got 'nope'"),
+        # Redis.from_url's own ValueError ended in a traceback.
+        ({"NOTIFKIT_TEST_REDIS_URL": "redis://127.0.0.1:6379/0?socket_timeout=abc"}, 2,
+         "scenarios: NOTIFKIT_TEST_REDIS_URL: Invalid value for 'socket_timeout'"),
         ({"NOTIFKIT_TEST_DATABASE_URL": "mysql://x"}, 2,
          "scenarios: NOTIFKIT_TEST_DATABASE_URL: must be a postgresql:// or postgres:// URL"),
     ],
