@@ -14,19 +14,12 @@ from typing import TypeVar
 from notifkit.config import ConfigError, Settings
 from scenarios.__main__ import unusable_json_path, unusable_services
 from scenarios.harness import DEFAULT_DATABASE, DEFAULT_REDIS
+from simulators.__main__ import positive_int
+
+__all__ = ["check_env", "comma_list", "env_pair", "one_of", "positive_float", "positive_int",
+           "unusable"]
 
 T = TypeVar("T")
-
-
-def positive_int(text: str) -> int:
-    """argparse type: a whole number above 0 (a concurrency, a count)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def positive_float(text: str) -> float:

@@ -51,7 +51,8 @@ def non_negative_int(text: str) -> int:
     return value
 
 
-def _positive(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type: an integer > 0 (a count, a concurrency)."""
     try:
         value = int(text)
     except ValueError:
@@ -74,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="random seed for faults")
     parser.add_argument(
         "--max-messages",
-        type=_positive,
+        type=positive_int,
         default=10_000,
         help="messages kept in memory, oldest dropped first (default 10000)",
     )
