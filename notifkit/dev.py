@@ -146,13 +146,36 @@ async def run_dev(settings: Settings, *, data_dir: str, port: int, sim_port: int
 
 async def _run_dev(settings: Settings, environ: dict[str, str], folder: Path, port: int,
                    sim_port: int, sim_smtp_port: int) -> int:
-    from notifkit.server import NotifkitServer
-
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signum, stop.set)
+
+    # A start can wait a long time (a database that never answers, a held migration lock,
+    # pgserver's first initdb); a signal meanwhile abandons it rather than being ignored until
+    # it finishes. Cancelling unwinds the context managers, so whatever had started stops.
+    started = asyncio.Event()
+    serving = asyncio.ensure_future(_serve_dev(settings, environ, folder, port, sim_port,
+                                               sim_smtp_port, started, stop))
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if not serving.done() and not started.is_set():
+        log.info("Stopping while starting: whatever had started stops cleanly.")
+        serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+        return 0
+    return await serving
+
+
+async def _serve_dev(settings: Settings, environ: dict[str, str], folder: Path, port: int,
+                     sim_port: int, sim_smtp_port: int, started: asyncio.Event,
+                     stop: asyncio.Event) -> int:
+    from notifkit.server import NotifkitServer
 
     # pgserver narrates every command it runs; its warnings are all a developer needs.
     logging.getLogger("pgserver").setLevel(logging.WARNING)
@@ -180,6 +203,7 @@ async def _run_dev(settings: Settings, environ: dict[str, str], folder: Path, po
             api_url = f"http://127.0.0.1:{port}"
             demo = await ensure_demo(api_url, dev_settings.admin_key or "", folder)
             print_welcome(api_url, sim.base_url, demo)
+            started.set()
             await stop.wait()
             log.info("Stopping; in-flight work finishes or stays pending for the next start.")
     return 0

@@ -132,3 +132,35 @@ def test_dev_sends_the_printed_curl_and_keeps_its_data(tmp_path: Path) -> None:
         assert f"API key:         {key.group(1)}" in again
     finally:
         assert stop(proc) == 0
+
+
+def test_sigterm_while_dev_is_starting_stops_it(tmp_path: Path) -> None:
+    # Given a DATABASE_URL that accepts connections and never answers (dev used to ignore
+    # SIGTERM until its start finished, which here is never)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("NOTIFKIT_", "REDIS", "DATABASE", "DB_", "PORT"))}
+        env.update(REDIS_URL="redis://127.0.0.1:1/0", LOG_FORMAT="text",
+                   DATABASE_URL=f"postgresql://postgres@127.0.0.1:{silent.getsockname()[1]}/x")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "notifkit", "dev", "--data-dir", str(tmp_path),
+             "--port", "0", "--sim-port", "0", "--sim-smtp-port", "0"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+            start_new_session=True,
+        )
+        try:
+            time.sleep(3)  # now waiting on the database
+            assert proc.poll() is None
+            # When it is told to stop
+            proc.send_signal(signal.SIGTERM)
+            # Then it stops promptly and cleanly
+            _, stderr = proc.communicate(timeout=15)
+        finally:
+            if proc.poll() is None:
+                kill(proc)
+    assert proc.returncode == 0, stderr
+    assert "Stopping while starting" in stderr
+    assert "Traceback" not in stderr, stderr
+
