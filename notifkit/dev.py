@@ -238,18 +238,16 @@ async def _api_port_named(option: str) -> AsyncIterator[None]:
 async def ensure_demo(api_url: str, admin_key: str, folder: Path) -> dict[str, Any]:
     """Create (once) a demo project, a full key, a user with three contacts and a template."""
     state_file = folder / "demo.json"
-    state: dict[str, Any] = {}
-    if state_file.exists():
-        with contextlib.suppress(ValueError):
-            state = json.loads(state_file.read_text())
+    state = _read_demo(state_file)
     admin = {"Authorization": f"Bearer {admin_key}"}
     async with aiohttp.ClientSession(api_url) as http:
-        project_id = state.get("projectId")
-        if project_id:
-            async with http.get(f"/v1/projects/{project_id}", headers=admin) as resp:
-                if resp.status != 200:
-                    project_id = None
-        if not project_id:
+        # A demo.json outlives the database it describes (a reset, another DB_SCHEMA, a revoked
+        # key): one the API no longer accepts is replaced, not reported as a failed request.
+        if state is not None and not await _demo_accepted(http, state, admin):
+            log.info("%s names a demo project or key the API no longer accepts; making the "
+                     "demo anew.", state_file)
+            state = None
+        if state is None:
             async with http.post("/v1/projects", json={"name": "demo"}, headers=admin) as resp:
                 resp.raise_for_status()
                 project_id = (await resp.json())["id"]
@@ -257,8 +255,7 @@ async def ensure_demo(api_url: str, admin_key: str, folder: Path) -> dict[str, A
                                  json={"role": "full", "name": "demo"}, headers=admin) as resp:
                 resp.raise_for_status()
                 state = {"projectId": project_id, "key": (await resp.json())["key"]}
-            state_file.write_text(json.dumps(state, indent=2) + "\n")
-            state_file.chmod(0o600)
+            _write_demo(state_file, state)
         auth = {"Authorization": f"Bearer {state['key']}"}
         user = {
             "attributes": {"name": "Ada"},
@@ -284,6 +281,51 @@ async def ensure_demo(api_url: str, admin_key: str, folder: Path) -> dict[str, A
                             headers=auth) as resp:
             resp.raise_for_status()
     return state
+
+
+def _read_demo(state_file: Path) -> dict[str, str] | None:
+    """The demo an earlier start wrote down, or None when there is none this start can use:
+    anything else left in the file is logged and replaced rather than failing the start."""
+    try:
+        state = json.loads(state_file.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8, not JSON
+        log.info("%s cannot be read (%s); making the demo anew.", state_file, exc)
+        return None
+    project_id = state.get("projectId") if isinstance(state, dict) else None
+    key = state.get("key") if isinstance(state, dict) else None
+    if not (_is_token(project_id) and _is_token(key)):
+        log.info("%s does not hold a demo project id and key; making the demo anew.",
+                 state_file)
+        return None
+    return {"projectId": str(project_id), "key": str(key)}
+
+
+def _is_token(value: object) -> bool:
+    """A value that can go into a URL path and an Authorization header as it is."""
+    return isinstance(value, str) and value.isascii() and value.isprintable() \
+        and value != "" and not any(c in value for c in " /?#%")
+
+
+async def _demo_accepted(http: aiohttp.ClientSession, state: Mapping[str, str],
+                         admin: Mapping[str, str]) -> bool:
+    async with http.get(f"/v1/projects/{state['projectId']}", headers=admin) as resp:
+        if resp.status != 200:
+            return False
+    # The user may not exist yet (404); only a refused key means the demo is stale.
+    async with http.get(f"/v1/users/{DEMO_USER}",
+                        headers={"Authorization": f"Bearer {state['key']}"}) as resp:
+        return resp.status not in (401, 403)
+
+
+def _write_demo(state_file: Path, state: Mapping[str, str]) -> None:
+    try:
+        state_file.write_text(json.dumps(state, indent=2) + "\n")
+        state_file.chmod(0o600)
+    except OSError as exc:
+        raise ConfigError("--data-dir", f"cannot write {state_file}: "
+                          f"{exc.strerror or exc}") from exc
 
 
 def print_welcome(api_url: str, sim_url: str, demo: Mapping[str, Any]) -> None:

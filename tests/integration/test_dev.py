@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import signal
@@ -13,10 +14,16 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
+from notifkit.config import Settings
+from notifkit.dev import ensure_demo
+from notifkit.server import NotifkitServer
+from notifkit.services.api.service import ApiService
 from scenarios.processes import free_port
 from tests.support.services import require_module
 
@@ -164,3 +171,61 @@ def test_sigterm_while_dev_is_starting_stops_it(tmp_path: Path) -> None:
     assert "Stopping while starting" in stderr
     assert "Traceback" not in stderr, stderr
 
+
+@pytest.fixture
+async def api_url(settings: Settings) -> AsyncIterator[str]:
+    async with NotifkitServer(services=["api"], settings=settings.replace(port=0),
+                              auto_migrate=False) as server:
+        service = server.service("api")
+        assert isinstance(service, ApiService)
+        yield service.base_url
+
+
+async def _demo_works(api_url: str, demo: dict[str, object]) -> None:
+    headers = {"Authorization": f"Bearer {demo['key']}"}
+    async with aiohttp.ClientSession(api_url) as http, \
+            http.get("/v1/users/demo-user", headers=headers) as resp:
+        assert resp.status == 200
+
+
+@pytest.mark.parametrize("leftover", [b"[1]", b"not json", b"\xff\xfe", b'{"projectId": 5}',
+                                      b'{"projectId": "p_1"}', b'{"key": "nk_x"}',
+                                      b'{"projectId": "p_nope", "key": "nk_nope"}'])
+async def test_a_leftover_demo_file_that_is_not_a_demo_is_replaced(
+    leftover: bytes, api_url: str, settings: Settings, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="notifkit.dev")
+    # Given a demo.json that does not hold a usable demo (it used to end in a traceback)
+    (tmp_path / "demo.json").write_bytes(leftover)
+    # When dev makes sure the demo exists
+    demo = await ensure_demo(api_url, settings.admin_key or "", tmp_path)
+    # Then a new one is made, written down and usable, and the log says why
+    assert json.loads((tmp_path / "demo.json").read_text()) == demo
+    await _demo_works(api_url, demo)
+    assert any("demo.json" in r.getMessage() and "anew" in r.getMessage()
+               for r in caplog.records), caplog.text
+
+
+async def test_a_demo_key_the_api_no_longer_accepts_is_replaced(
+    api_url: str, settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="notifkit.dev")
+    # Given a demo whose project still exists but whose key is revoked (a 401 used to end
+    # dev with a traceback)
+    first = await ensure_demo(api_url, settings.admin_key or "", tmp_path)
+    stale = {**first, "key": "nk_revoked_0123456789abcdef"}
+    (tmp_path / "demo.json").write_text(json.dumps(stale))
+    # When dev makes sure the demo exists
+    demo = await ensure_demo(api_url, settings.admin_key or "", tmp_path)
+    # Then a new key replaces it
+    assert demo["key"] != stale["key"]
+    assert json.loads((tmp_path / "demo.json").read_text()) == demo
+    await _demo_works(api_url, demo)
+    assert "anew" in caplog.text
+
+
+async def test_a_usable_demo_file_is_kept(api_url: str, settings: Settings,
+                                          tmp_path: Path) -> None:
+    first = await ensure_demo(api_url, settings.admin_key or "", tmp_path)
+    assert await ensure_demo(api_url, settings.admin_key or "", tmp_path) == first
