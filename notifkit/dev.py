@@ -134,6 +134,10 @@ def _admin_key(data_dir: Path, env: Mapping[str, str]) -> str:
 async def run_dev(settings: Settings, *, data_dir: str, port: int, sim_port: int = 8025,
                   sim_smtp_port: int = 2525, env: Mapping[str, str] | None = None) -> int:
     environ = dict(os.environ if env is None else env)
+    if not data_dir:
+        # Path("") is the current folder: the lock, admin key and demo would land wherever
+        # dev happened to be started, with nothing saying so.
+        raise ConfigError("--data-dir", "must name a folder, got ''")
     folder = Path(data_dir)
     try:
         await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)

@@ -14,7 +14,8 @@ import notifkit.config
 from notifkit.dev import data_dir_lock
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, env: dict[str, str] | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items()
                 if not k.startswith(("NOTIFKIT_", "REDIS", "DATABASE", "DB_", "PORT"))}
     # Nothing here may reach a shared server: a case that wrongly passes validation fails to
@@ -24,7 +25,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "notifkit", *args],
-        capture_output=True, text=True, env=full_env, timeout=60, check=False,
+        capture_output=True, text=True, env=full_env, timeout=60, check=False, cwd=cwd,
     )
 
 
@@ -280,3 +281,14 @@ def test_a_port_that_cannot_be_bound_is_named_as_it_was_given(
     assert status == 2
     assert f"notifkit could not start: {named}: cannot listen on 0.0.0.0:5432" in err, err
     assert "Traceback" not in err
+
+
+def test_an_empty_dev_data_dir_is_refused(tmp_path: Path) -> None:
+    # An empty --data-dir used to mean the current folder: lock, admin key and demo went there.
+    result = run_cli("dev", "--data-dir", "", "--port", "0", "--sim-port", "0",
+                     "--sim-smtp-port", "0", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "notifkit: invalid configuration: --data-dir: must name a folder, got ''"]
+    assert list(tmp_path.iterdir()) == []
+
