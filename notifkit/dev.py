@@ -119,15 +119,35 @@ def data_dir_lock(folder: Path, option: str = "--data-dir") -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
+ADMIN_KEY_MIN_LENGTH = 16  # what Settings demands of NOTIFKIT_ADMIN_KEY
+
+
 def _admin_key(data_dir: Path, env: Mapping[str, str]) -> str:
+    """NOTIFKIT_ADMIN_KEY, else the key kept in ``<data-dir>/admin-key`` (made on first use).
+    A kept key that cannot be used is blamed on that file, not on the variable nobody set."""
     if env.get("NOTIFKIT_ADMIN_KEY"):
         return env["NOTIFKIT_ADMIN_KEY"]
     path = data_dir / "admin-key"
-    if path.exists():
-        return path.read_text().strip()
-    key = "nk_admin_" + secrets.token_urlsafe(24)
-    path.write_text(key + "\n")
-    path.chmod(0o600)
+    fresh = "delete it to get a new one"
+    try:
+        key = path.read_text().strip()
+    except FileNotFoundError:
+        key = "nk_admin_" + secrets.token_urlsafe(24)
+        try:
+            path.write_text(key + "\n")
+            path.chmod(0o600)
+        except OSError as exc:
+            raise ConfigError("--data-dir", f"cannot write {path}: "
+                              f"{exc.strerror or exc}") from exc
+        return key
+    except OSError as exc:
+        raise ConfigError("--data-dir", f"{path} cannot be read: {exc.strerror or exc}; "
+                          f"{fresh}") from exc
+    except ValueError as exc:  # not UTF-8
+        raise ConfigError("--data-dir", f"{path} is not text; {fresh}") from exc
+    if len(key) < ADMIN_KEY_MIN_LENGTH:
+        raise ConfigError("--data-dir", f"{path} holds a key shorter than "
+                          f"{ADMIN_KEY_MIN_LENGTH} characters; {fresh}")
     return key
 
 
@@ -145,6 +165,9 @@ async def run_dev(settings: Settings, *, data_dir: str, port: int, sim_port: int
         raise ConfigError("--data-dir", f"cannot use {data_dir!r} as a folder: "
                           f"{exc.strerror or exc}") from exc
     with data_dir_lock(folder):
+        # Before anything starts: a key file it cannot use is reported at once, not after the
+        # embedded servers and simulators came up only to be stopped again.
+        environ["NOTIFKIT_ADMIN_KEY"] = _admin_key(folder, environ)
         return await _run_dev(settings, environ, folder, port, sim_port, sim_smtp_port)
 
 
@@ -191,7 +214,6 @@ async def _serve_dev(settings: Settings, environ: dict[str, str], folder: Path, 
             "REDIS_URL": local.redis_url,
             "DATABASE_URL": local.database_url,
             "NOTIFKIT_SIMULATOR_URL": environ.get("NOTIFKIT_SIMULATOR_URL") or sim.base_url,
-            "NOTIFKIT_ADMIN_KEY": _admin_key(folder, environ),
             "PORT": str(port),
             # A laptop's API with an admin key in a file: reachable from this machine only,
             # unless HOST says otherwise (in a container, say).

@@ -292,3 +292,24 @@ def test_an_empty_dev_data_dir_is_refused(tmp_path: Path) -> None:
         "notifkit: invalid configuration: --data-dir: must name a folder, got ''"]
     assert list(tmp_path.iterdir()) == []
 
+
+@pytest.mark.parametrize(("content", "problem"), [
+    ("short\n", "holds a key shorter than 16 characters; delete it to get a new one"),
+    ("\n", "holds a key shorter than 16 characters; delete it to get a new one"),
+    (None, "cannot be read: Is a directory; delete it to get a new one"),
+])
+def test_a_dev_admin_key_file_it_cannot_use_is_named(
+    content: str | None, problem: str, tmp_path: Path,
+) -> None:
+    # Given a left-over admin-key it cannot use (the message used to blame NOTIFKIT_ADMIN_KEY,
+    # which was never set, or be a bare "[Errno 21] Is a directory")
+    key_file = tmp_path / "admin-key"
+    if content is None:
+        key_file.mkdir()
+    else:
+        key_file.write_text(content)
+    result = run_cli("dev", "--data-dir", str(tmp_path), "--port", "0", "--sim-port", "0",
+                     "--sim-smtp-port", "0")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"notifkit: invalid configuration: --data-dir: {key_file} {problem}"]
