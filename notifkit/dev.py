@@ -19,6 +19,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,7 +204,14 @@ async def _serve_dev(settings: Settings, environ: dict[str, str], folder: Path, 
                      sim_port: int, sim_smtp_port: int, started: asyncio.Event,
                      stop: asyncio.Event) -> int:
     from notifkit.server import NotifkitServer
+    from notifkit.services.api.service import ApiService
 
+    host = environ.get("HOST", "127.0.0.1")
+    if port == 0:
+        # "Any free port": chosen now, because NOTIFKIT_PUBLIC_URL (unsubscribe links, provider
+        # callbacks) is fixed in the settings before the API binds. Should another process take
+        # it first, the bind fails naming --port.
+        port = await asyncio.to_thread(_free_port, host)
     # pgserver narrates every command it runs; its warnings are all a developer needs.
     logging.getLogger("pgserver").setLevel(logging.WARNING)
     async with embedded_services(folder, environ) as local, _simulators(
@@ -217,7 +225,7 @@ async def _serve_dev(settings: Settings, environ: dict[str, str], folder: Path, 
             "PORT": str(port),
             # A laptop's API with an admin key in a file: reachable from this machine only,
             # unless HOST says otherwise (in a container, say).
-            "HOST": environ.get("HOST", "127.0.0.1"),
+            "HOST": host,
             # Retries a person can watch: reclaim after 5 s instead of a minute.
             "RECLAIM_INTERVAL_SECONDS": environ.get("RECLAIM_INTERVAL_SECONDS", "5"),
             "RECLAIM_MIN_IDLE_SECONDS": environ.get("RECLAIM_MIN_IDLE_SECONDS", "5"),
@@ -225,14 +233,28 @@ async def _serve_dev(settings: Settings, environ: dict[str, str], folder: Path, 
             or f"http://127.0.0.1:{port}",
         }
         dev_settings = Settings.from_env(merged, services=settings.services)
-        async with _api_port_named("--port"), NotifkitServer(settings=dev_settings):
-            api_url = f"http://127.0.0.1:{port}"
+        async with _api_port_named("--port"), NotifkitServer(settings=dev_settings) as server:
+            # The port actually bound is the one to print and dial.
+            api = server.service("api")
+            bound = api.port if isinstance(api, ApiService) and api.port else port
+            api_url = f"http://127.0.0.1:{bound}"
             demo = await ensure_demo(api_url, dev_settings.admin_key or "", folder)
             print_welcome(api_url, sim.base_url, demo)
             started.set()
             await stop.wait()
             log.info("Stopping; in-flight work finishes or stays pending for the next start.")
     return 0
+
+
+def _free_port(host: str) -> int:
+    """A TCP port free on ``host`` now; 0 (the API binds one itself) if host cannot be bound,
+    so the API's own bind reports the problem, naming HOST."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.bind((host, 0))
+            return int(probe.getsockname()[1])
+    except OSError:
+        return 0
 
 
 @contextlib.asynccontextmanager

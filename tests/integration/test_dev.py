@@ -229,3 +229,33 @@ async def test_a_usable_demo_file_is_kept(api_url: str, settings: Settings,
                                           tmp_path: Path) -> None:
     first = await ensure_demo(api_url, settings.admin_key or "", tmp_path)
     assert await ensure_demo(api_url, settings.admin_key or "", tmp_path) == first
+
+
+def test_dev_on_port_0_prints_and_uses_the_port_it_bound(
+    redis_url: str, database_url: str, namespace: str, db_schema: str, tmp_path: Path,
+) -> None:
+    # Given --port 0 (and free simulator ports): it used to dial port 0 for the demo, status 1
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("NOTIFKIT_", "REDIS", "DATABASE", "DB_", "PORT"))}
+    env.update(REDIS_URL=redis_url, DATABASE_URL=database_url, NOTIFKIT_NAMESPACE=namespace,
+               DB_SCHEMA=db_schema, LOG_FORMAT="text")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "notifkit", "dev", "--data-dir", str(tmp_path), "--port", "0",
+         "--sim-port", "0", "--sim-smtp-port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        start_new_session=True,
+    )
+    try:
+        printed = read_until_ready(proc, timeout_s=60)
+        api = re.search(r"API:\s+http://127\.0\.0\.1:(\d+)", printed)
+        assert api is not None, printed
+        assert int(api.group(1)) != 0
+        # Then the printed curl works as printed
+        curl = printed[printed.index("curl -s"):printed.index("Press Ctrl-C")].strip()
+        assert f"http://127.0.0.1:{api.group(1)}/v1/notifications" in curl
+        result = subprocess.run(["bash", "-c", curl], capture_output=True, text=True,
+                                timeout=30, check=True)
+        assert json.loads(result.stdout)["id"]
+    finally:
+        code = stop(proc)
+    assert code == 0
