@@ -71,10 +71,15 @@ def test_good_options_are_parsed_into_values() -> None:
     assert (args.seconds, args.fanout, args.env) == (5.0, 10000, [("A", "b=c")])
 
 
+# benchmarks/ is not an installed package: the child finds it from the checkout.
+REPO = Path(__file__).resolve().parents[2]
+
+
 def run_bench(tmp_path: Path, env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     return subprocess.run([sys.executable, "-m", "benchmarks", *argv],
-                          env={**os.environ, **env}, cwd=tmp_path, capture_output=True,
-                          text=True, timeout=60, check=False)
+                          env={**os.environ, "PYTHONPATH": path, **env}, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_a_json_path_that_is_a_folder_is_refused_before_the_run(tmp_path: Path) -> None:

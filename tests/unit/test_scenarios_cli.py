@@ -141,7 +141,8 @@ def run_scenarios(env: dict[str, str], *argv: str) -> subprocess.CompletedProces
          "scenarios: NOTIFKIT_TEST_REDIS_URL: must be a redis:// or rediss:// URL, got 'nope'"),
         # Redis.from_url's own ValueError ended in a traceback.
         ({"NOTIFKIT_TEST_REDIS_URL": "redis://127.0.0.1:6379/0?socket_timeout=abc"}, 2,
-         "scenarios: NOTIFKIT_TEST_REDIS_URL: Invalid value for 'socket_timeout'"),
+         "scenarios: NOTIFKIT_TEST_REDIS_URL: has an option the client cannot use (Invalid "
+         "value for 'socket_timeout'"),
         ({"NOTIFKIT_TEST_DATABASE_URL": "mysql://x"}, 2,
          "scenarios: NOTIFKIT_TEST_DATABASE_URL: must be a postgresql:// or postgres:// URL"),
     ],
