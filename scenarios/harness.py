@@ -655,17 +655,21 @@ async def remove_run_data(db: asyncpg.Pool | None, redis: Redis, schema: str,
             await db.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         await db.close()
     with contextlib.suppress(Exception):
-        # One UNLINK per page of the scan: a benchmark's fan-out leaves a few hundred thousand
-        # dedup marks, and a round trip per key took minutes.
-        page: list[bytes | str] = []
-        async for key in redis.scan_iter(match=f"{namespace}:*", count=1000):
-            page.append(key)
-            if len(page) >= 1000:
-                await redis.unlink(*page)
-                page.clear()
-        if page:
-            await redis.unlink(*page)
+        await unlink_namespace(redis, namespace)
     await redis.aclose()
+
+
+async def unlink_namespace(redis: Redis, namespace: str) -> None:
+    """Remove every ``{namespace}:*`` key, one UNLINK per page of the scan: a benchmark's
+    fan-out leaves a few hundred thousand dedup marks, and a round trip per key took minutes."""
+    page: list[bytes | str] = []
+    async for key in redis.scan_iter(match=f"{namespace}:*", count=1000):
+        page.append(key)
+        if len(page) >= 1000:
+            await redis.unlink(*page)
+            page.clear()
+    if page:
+        await redis.unlink(*page)
 
 
 async def group_unread(redis: Redis, stream: str, group: dict[str, Any]) -> int:

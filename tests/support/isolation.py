@@ -14,6 +14,7 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from notifkit.db.migrate import migrate_connection
+from scenarios.harness import unlink_namespace
 
 
 @asynccontextmanager
@@ -25,14 +26,7 @@ async def isolated_namespace(redis_url: str) -> AsyncIterator[str]:
     finally:
         client = aioredis.Redis.from_url(redis_url)
         try:
-            batch: list[bytes] = []
-            async for key in client.scan_iter(match=f"{name}:*", count=1000):
-                batch.append(key)
-                if len(batch) >= 500:
-                    await client.unlink(*batch)
-                    batch.clear()
-            if batch:
-                await client.unlink(*batch)
+            await unlink_namespace(client, name)
         finally:
             await client.aclose()
 
