@@ -158,12 +158,15 @@ def test_sigterm_while_dev_is_starting_stops_it(tmp_path: Path) -> None:
             start_new_session=True,
         )
         try:
-            time.sleep(3)  # now waiting on the database
+            # Once it has connected, it is waiting on the database's answer, which never comes
+            silent.settimeout(30)
+            waiting, _ = silent.accept()
             assert proc.poll() is None
             # When it is told to stop
             proc.send_signal(signal.SIGTERM)
             # Then it stops promptly and cleanly
             _, stderr = proc.communicate(timeout=15)
+            waiting.close()
         finally:
             if proc.poll() is None:
                 kill(proc)
