@@ -24,6 +24,7 @@ plans, measured only). A plan a hundred times slower costs more than that.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -31,6 +32,7 @@ import asyncpg
 from notifkit.codec import dumps as json_dumps
 from notifkit.codec import loads as json_loads
 from notifkit.config import Settings
+from notifkit.db.priority_pool import PriorityPool
 
 __all__ = ["DatabaseUnavailable", "connect", "create_pool", "init_connection"]
 
@@ -90,18 +92,28 @@ async def create_pool(
     min_size: int = 1,
     max_size: int | None = None,
     application_name: str = "notifkit",
-) -> asyncpg.Pool:
-    """A pool of at most ``max_size`` (default ``DB_MAX_CONNECTIONS``) prepared connections."""
+    urgent: Callable[[], bool] | None = None,
+) -> PriorityPool:
+    """A pool of at most ``max_size`` (default ``DB_MAX_CONNECTIONS``) prepared connections;
+    when every connection is busy, tasks for which ``urgent()`` is true get the next one."""
     size = settings.db_max_connections if max_size is None else max_size
+    # asyncpg.create_pool's own defaults, on the subclass it cannot be told to build.
+    pool = PriorityPool(
+        settings.database_url,
+        min_size=min(min_size, size),
+        max_size=size,
+        max_queries=50_000,
+        max_inactive_connection_lifetime=300.0,
+        loop=None,
+        connection_class=asyncpg.Connection,
+        record_class=asyncpg.Record,
+        server_settings=_server_settings(settings, application_name),
+        init=init_connection,
+        reset=_keep_session,
+        urgent=urgent,
+    )
     try:
-        pool: asyncpg.Pool = await asyncpg.create_pool(
-            settings.database_url,
-            min_size=min(min_size, size),
-            max_size=size,
-            server_settings=_server_settings(settings, application_name),
-            init=init_connection,
-            reset=_keep_session,
-        )
+        await pool
     except _CONNECT_ERRORS as exc:
         raise _unavailable(exc) from exc
     return pool

@@ -12,11 +12,11 @@ import logging
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-import asyncpg
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from notifkit.config import Settings
+from notifkit.db.priority_pool import PriorityPool
 from notifkit.keys import Keys
 from notifkit.worker import Entry, StreamWorker, batch_stream
 
@@ -48,14 +48,18 @@ class Service:
         self.keys = Keys(settings.namespace)
         self.options = options
         self.redis: Redis = open_redis(settings)
-        self.db: asyncpg.Pool | None = None
+        self.db: PriorityPool | None = None
 
     async def open(self) -> None:
         await self._check_redis()
         if self.needs_db and self.db is None:
             from notifkit.db.pool import create_pool
 
-            self.db = await create_pool(self.settings)
+            self.db = await create_pool(self.settings, urgent=self._urgent_batch)
+
+    def _urgent_batch(self) -> bool:
+        """Whether the current task's queries go ahead of others waiting for a connection."""
+        return False
 
     async def close(self) -> None:
         if self.db is not None:
@@ -83,14 +87,10 @@ class Service:
         return 0
 
     @property
-    def pool(self) -> asyncpg.Pool:
+    def pool(self) -> PriorityPool:
         if self.db is None:
             raise RuntimeError(f"the {self.name} service has not been started")
         return self.db
-
-
-# Connections a worker of priority streams keeps for batches from its first stream.
-URGENT_CONNECTIONS = 2
 
 
 class WorkerService(Service):
@@ -121,31 +121,14 @@ class WorkerService(Service):
                             if self.batch_share else None),
         )
         self._background: list[asyncio.Task[None]] = []
-        # Batches from the first (critical) stream of a worker of several priority streams
-        # query through connections of their own: with a low backlog every pooled connection
-        # is busy with low batches, and a critical batch would queue behind them (measured:
-        # 100-140 ms per stage with DB_MAX_CONNECTIONS=2, against 10-20 ms with its own).
+        # Batches from the first (critical) stream of a worker of several priority streams go
+        # ahead of the others waiting for a pooled connection: with a low backlog every
+        # connection is busy with low batches, and a critical batch would queue behind all of
+        # them (measured: 100-140 ms a stage with DB_MAX_CONNECTIONS=2).
         self._urgent_stream = self.worker.streams[0] if len(self.worker.streams) > 1 else None
-        self._urgent_db: asyncpg.Pool | None = None
 
-    async def open(self) -> None:
-        await super().open()
-        if self.needs_db and self._urgent_stream is not None and self._urgent_db is None:
-            from notifkit.db.pool import create_pool
-
-            self._urgent_db = await create_pool(self.settings, max_size=URGENT_CONNECTIONS)
-
-    async def close(self) -> None:
-        if self._urgent_db is not None:
-            await self._urgent_db.close()
-            self._urgent_db = None
-        await super().close()
-
-    @property
-    def pool(self) -> asyncpg.Pool:
-        if self._urgent_db is not None and batch_stream.get() == self._urgent_stream:
-            return self._urgent_db
-        return super().pool
+    def _urgent_batch(self) -> bool:
+        return self._urgent_stream is not None and batch_stream.get() == self._urgent_stream
 
     async def start(self) -> None:
         await self.open()

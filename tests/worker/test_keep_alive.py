@@ -19,6 +19,7 @@ from notifkit import worker as worker_module
 from notifkit.config import Settings
 from notifkit.keys import Keys
 from notifkit.worker import Entry, StreamWorker
+from tests.support.waiting import until
 
 if TYPE_CHECKING:
     from .conftest import Add, Pending, WorkerFactory
@@ -27,13 +28,6 @@ if TYPE_CHECKING:
 async def owner(redis: Redis, stream: str, group: str, entry_id: str) -> str | None:
     rows: Any = await redis.xpending_range(stream, group, min=entry_id, max=entry_id, count=1)
     return rows[0]["consumer"].decode() if rows else None
-
-
-async def until(condition: Any, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.01)
 
 
 async def test_a_slow_batch_is_not_taken_over_while_its_worker_lives(
