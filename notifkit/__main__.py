@@ -206,9 +206,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from redis.exceptions import RedisError
 
         from notifkit.db.migrate import MigrationError
+        from notifkit.dev import DemoError
 
         if not isinstance(exc, (OSError, RedisError, asyncpg.PostgresError,
-                                asyncpg.InterfaceError, MigrationError)):
+                                asyncpg.InterfaceError, MigrationError, DemoError)):
             raise
         print(f"notifkit: {describe_failure(exc)}", file=sys.stderr)
         return 1

@@ -283,6 +283,19 @@ async def _api_port_named(option: str) -> AsyncIterator[None]:
         raise ConfigError(option, exc.problem) from exc
 
 
+class DemoError(RuntimeError):
+    """The API refused to make the demo project, key, user or template (a database that failed
+    mid-request, say): dev stops with this one line instead of a traceback."""
+
+
+async def _expect_success(resp: aiohttp.ClientResponse) -> None:
+    if resp.status < 300:
+        return
+    detail = (await resp.text(errors="replace")).strip().replace("\n", " ")[:300]
+    raise DemoError(f"could not make the demo: {resp.method} {resp.url.path} answered "
+                    f"{resp.status}" + (f": {detail}" if detail else ""))
+
+
 async def ensure_demo(api_url: str, admin_key: str, folder: Path) -> dict[str, Any]:
     """Create (once) a demo project, a full key, a user with three contacts and a template."""
     state_file = folder / "demo.json"
@@ -297,11 +310,11 @@ async def ensure_demo(api_url: str, admin_key: str, folder: Path) -> dict[str, A
             state = None
         if state is None:
             async with http.post("/v1/projects", json={"name": "demo"}, headers=admin) as resp:
-                resp.raise_for_status()
+                await _expect_success(resp)
                 project_id = (await resp.json())["id"]
             async with http.post(f"/v1/projects/{project_id}/keys",
                                  json={"role": "full", "name": "demo"}, headers=admin) as resp:
-                resp.raise_for_status()
+                await _expect_success(resp)
                 state = {"projectId": project_id, "key": (await resp.json())["key"]}
             _write_demo(state_file, state)
         auth = {"Authorization": f"Bearer {state['key']}"}
@@ -315,7 +328,7 @@ async def ensure_demo(api_url: str, admin_key: str, folder: Path) -> dict[str, A
             ],
         }
         async with http.put(f"/v1/users/{DEMO_USER}", json=user, headers=auth) as resp:
-            resp.raise_for_status()
+            await _expect_success(resp)
         template = {
             "channels": {
                 "email": {"subject": "Welcome, {{ user.attributes.name }}!",
@@ -327,7 +340,7 @@ async def ensure_demo(api_url: str, admin_key: str, folder: Path) -> dict[str, A
         }
         async with http.put(f"/v1/templates/{DEMO_TEMPLATE}", json=template,
                             headers=auth) as resp:
-            resp.raise_for_status()
+            await _expect_success(resp)
     return state
 
 
