@@ -118,8 +118,21 @@ async def run(args: argparse.Namespace) -> None:
             print(f"{self_pct:6.1f} {incl_pct:6.1f}  {frame}")
 
 
+def unusable_out(out: Path) -> str | None:
+    """Why the profiles cannot be written under ``out``, or None; found out after the services
+    started, it ended the run in a traceback."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"--out {str(out)!r}: cannot use it as a folder: {exc.strerror or exc}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if problem := unusable_out(args.out):
+        print(f"benchmarks.profile: {problem}", file=sys.stderr)
+        return 2
     if status := unusable("benchmarks.profile"):
         return status
     runner: Any = asyncio.run

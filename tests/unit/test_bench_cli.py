@@ -101,6 +101,23 @@ def test_a_json_path_whose_folder_cannot_be_made_is_refused(tmp_path: Path) -> N
     assert lines[0].startswith(f"benchmarks: --json {str(blocker / 'b.json')!r}: cannot create")
 
 
+@pytest.mark.parametrize("inside", ["", "sub"])
+def test_a_profile_folder_that_cannot_be_made_is_refused_before_the_run(
+    tmp_path: Path, inside: str,
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = blocker / inside if inside else blocker
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "-m", "benchmarks.profile", "--out", str(out)],
+                            env={**os.environ, "PYTHONPATH": path}, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"benchmarks.profile: --out {str(out)!r}: cannot use it as a folder: "
+        + ("File exists" if not inside else "Not a directory")], result.stderr
+
+
 def test_an_unreachable_database_is_one_line_naming_its_variable(
     tmp_path: Path, redis_url: str
 ) -> None:
