@@ -9,7 +9,10 @@ that made it (``Entry.owner``, stable across reclaims and DLQ replays). So:
 - when an attempt fails the worker releases the entry's marks (compare-and-delete), so the
   retry is never swallowed.
 
-Claiming is one ``SET key owner NX GET EX ttl`` per key, pipelined for a whole batch.
+Claiming is one ``SET key owner NX GET EX ttl`` per key, pipelined for a whole batch. A stage
+whose key comes from the entry's payload alone (enricher, delivery) lets the worker claim it in
+the round trip that counts the attempt (``StreamWorker(claim_key=...)``); ``claim_many`` then
+reuses that answer instead of asking again.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from redis.asyncio import Redis
 
 from notifkit.keys import Keys
 from notifkit.redis_pipe import pipe
+from notifkit.streams import as_str
 from notifkit.worker import Entry
 
 STAGES = ("enricher", "engine", "ai", "delivery")
@@ -87,20 +91,32 @@ class Dedup:
         """
         if not claims:
             return []
+        allowed: list[bool | None] = []
+        asked: list[tuple[Entry, str]] = []
         marks = pipe(self.redis)
         for entry, key, ttl_s in claims:
-            marks.set(
-                self.keys.processed(self.stage, key), entry.owner,
-                ex=max(1, int(ttl_s or self.ttl_s)), nx=True, get=True,
-            )
-        previous = await marks.execute()
-        allowed: list[bool] = []
-        for (entry, key, _ttl), before in zip(claims, previous, strict=True):
-            mine = before is None or _text(before) == entry.owner
+            name = self.keys.processed(self.stage, key)
+            if entry.claimed is not None and entry.claimed[0] == name:
+                allowed.append(entry.claimed[1])  # the worker claimed it with the count
+                continue
+            allowed.append(None)
+            asked.append((entry, name))
+            marks.set(name, entry.owner, ex=max(1, int(ttl_s or self.ttl_s)), nx=True,
+                      get=True)
+        answers = zip(asked, await marks.execute() if asked else [], strict=True)
+        for index, ok in enumerate(allowed):
+            if ok is not None:
+                continue
+            (entry, name), before = next(answers)
+            mine = before is None or as_str(before) == entry.owner
             if mine:
-                entry.marks.append(self.keys.processed(self.stage, key))
-            allowed.append(mine)
-        return allowed
+                entry.marks.append(name)
+            allowed[index] = mine
+        return [bool(ok) for ok in allowed]
+
+    def mark_of(self, key: str, ttl_s: int | None = None) -> tuple[str, int]:
+        """The mark :meth:`claim_many` would claim for ``key``, for a worker's ClaimKey."""
+        return self.keys.processed(self.stage, key), max(1, int(ttl_s or self.ttl_s))
 
     async def release(self, entry: Entry) -> None:
         """Drop the entry's marks now (only those it still owns). For an entry that succeeds
@@ -119,5 +135,3 @@ class Dedup:
             await self.redis.expire(name, ttl_s)
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -180,6 +180,9 @@ class Entry:
     error: BaseException | None = None
     emits: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     marks: list[str] = field(default_factory=list)
+    # The dedup mark the worker claimed while counting the attempt (see ClaimKey): its name,
+    # and whether this entry may proceed. None = the stage claims its marks itself.
+    claimed: tuple[str, bool] | None = None
 
     @property
     def owner(self) -> str:
@@ -195,6 +198,10 @@ class Entry:
 
 
 BatchProcessor = Callable[[list[Entry]], Awaitable[None]]
+# The dedup mark a stage will claim for an entry, from its stream and payload: the mark's full
+# key and its TTL in seconds, or None (a payload the stage will refuse, or one it claims for
+# itself). The worker claims it in the round trip that counts the attempt.
+ClaimKey = Callable[[str, dict[str, Any]], tuple[str, int] | None]
 
 
 @dataclass
@@ -223,6 +230,7 @@ class StreamWorker:
         concurrency: int | None = None,
         max_batches: int | None = None,
         max_batch_size: int | None = None,
+        claim_key: ClaimKey | None = None,
     ) -> None:
         if not streams:
             raise ValueError("a worker needs at least one stream")
@@ -244,6 +252,7 @@ class StreamWorker:
         self.max_batches = max_batches
         # The most entries one read takes (None = all the free slots).
         self.max_batch_size = max_batch_size
+        self.claim_key = claim_key
         self._batches: dict[str, int] = {}  # stream -> batches in flight
         self.stats = WorkerStats()
         self._in_flight: dict[tuple[str, str], Entry] = {}
@@ -603,6 +612,8 @@ class StreamWorker:
             except MalformedPayload as exc:
                 malformed.append((stream, entry_id, str(exc)))
 
+        entries = [Entry(stream, entry_id, payload, 0, reclaimed)
+                   for stream, entry_id, payload in parsed]
         batch_pipe = pipe(self.redis)
         if parsed:
             batch_pipe.eval(_COUNT_ATTEMPTS, len(parsed),
@@ -617,7 +628,17 @@ class StreamWorker:
         if self.settings.injects("ack_before_process"):  # test-only fault: breaks at-least-once
             for stream, entry_id, _payload in parsed:
                 batch_pipe.xack(stream, self.group, entry_id)
+        # The stage's dedup claims ride in the same round trip (one fewer per batch).
+        claims = self._claims(entries)
+        for entry, mark, ttl_s in claims:
+            batch_pipe.set(mark, entry.owner, ex=ttl_s, nx=True, get=True)
         results = await batch_pipe.execute()
+        for (entry, mark, _ttl), before in zip(claims, results[len(results) - len(claims):],
+                                               strict=True):
+            mine = before is None or as_str(before) == entry.owner
+            entry.claimed = (mark, mine)
+            if mine:
+                entry.marks.append(mark)
 
         for stream, entry_id, reason in malformed:
             self.stats.malformed += 1
@@ -628,9 +649,9 @@ class StreamWorker:
         counts = results[0] if parsed else []
         batch: list[Entry] = []
         over_limit: list[Entry] = []
-        for index, (stream, entry_id, payload) in enumerate(parsed):
+        for index, entry in enumerate(entries):
             attempt = int(counts[index])
-            entry = Entry(stream, entry_id, payload, attempt, reclaimed)
+            entry.attempt = attempt
             if attempt > self.max_attempts:
                 entry.attempt = attempt - 1  # the attempts actually made
                 entry.error = RuntimeError(
@@ -639,6 +660,10 @@ class StreamWorker:
                 over_limit.append(entry)
             else:
                 batch.append(entry)
+        for entry in over_limit:
+            if entry.marks:  # claimed with the count, but never processed: let it go
+                await self._release(keys=entry.marks, args=[entry.owner])
+                entry.marks.clear()
         if over_limit:
             await self._dead_letter(over_limit)
         if batch:
@@ -651,6 +676,19 @@ class StreamWorker:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         return batch
+
+    def _claims(self, entries: list[Entry]) -> list[tuple[Entry, str, int]]:
+        if self.claim_key is None:
+            return []
+        claims = []
+        for entry in entries:
+            try:
+                found = self.claim_key(entry.stream, entry.payload)
+            except Exception:  # the stage refuses the payload and says why
+                continue
+            if found is not None:
+                claims.append((entry, found[0], max(1, found[1])))
+        return claims
 
     async def _run(self, batch: list[Entry]) -> None:
         # Every batch holds entries of one stream; whatever the batch awaits can tell which.

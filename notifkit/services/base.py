@@ -100,12 +100,19 @@ class WorkerService(Service):
     max_batches: ClassVar[int | None] = None
     # A batch takes at most 1/batch_share of the slots (None = every free slot).
     batch_share: ClassVar[int | None] = None
+    # The worker claims the dedup mark that claim_key names while it counts the attempt.
+    claims_on_read: ClassVar[bool] = False
 
     def streams(self) -> Sequence[str]:
         raise NotImplementedError
 
     async def process(self, batch: list[Entry]) -> None:
         raise NotImplementedError
+
+    def claim_key(self, stream: str, payload: dict[str, Any]) -> tuple[str, int] | None:
+        """The dedup mark (key, TTL in s) process() will claim for this payload, when
+        ``claims_on_read``; None for a payload it will refuse."""
+        return None
 
     def __init__(self, settings: Settings, **options: Any) -> None:
         super().__init__(settings, **options)
@@ -119,6 +126,7 @@ class WorkerService(Service):
             max_batches=self.max_batches,
             max_batch_size=(max(1, settings.worker_concurrency // self.batch_share)
                             if self.batch_share else None),
+            claim_key=self.claim_key if self.claims_on_read else None,
         )
         self._background: list[asyncio.Task[None]] = []
         # Batches from the first (critical) stream of a worker of several priority streams go

@@ -24,7 +24,7 @@ from notifkit.dedup import Dedup, enricher_key, enricher_page_key
 from notifkit.ids import derived_uuid7
 from notifkit.messages import InboundMessage, parse_inbound
 from notifkit.services.base import WorkerService
-from notifkit.services.payloads import parse_each
+from notifkit.services.payloads import parse_each, parse_one
 from notifkit.worker import Entry
 
 log = logging.getLogger("notifkit.enricher")
@@ -59,6 +59,8 @@ class EnricherService(WorkerService):
         super().__init__(settings, **options)
         self.recipients_per_batch = int(options.get("recipients_per_batch",
                                                     RECIPIENTS_PER_BATCH))
+
+    claims_on_read = True
 
     def streams(self) -> list[str]:
         return self.keys.inbound_all()
@@ -106,22 +108,29 @@ class EnricherService(WorkerService):
                      "; the rest of the segment follows" if w.continuation else "",
                      extra=_ids(w.message))
 
+    def _mark(self, m: InboundMessage) -> tuple[str, int | None]:
+        """The notification's dedup key and its TTL (None: the default)."""
+        caller_key = m.get("idempotencyKey")
+        key = enricher_key(m["projectId"], idempotency_key=caller_key, event_id=m["eventId"])
+        if "segmentAfter" in m:
+            key = enricher_page_key(key, m["segmentAfter"])
+        return key, self.settings.caller_idempotency_ttl_s if caller_key else None
+
+    def claim_key(self, stream: str, payload: dict[str, Any]) -> tuple[str, int] | None:
+        m = parse_one(payload, parse_inbound)
+        return None if m is None else self.dedup.mark_of(*self._mark(m))
+
     async def _claim(
         self, parsed: list[tuple[Entry, InboundMessage]]
     ) -> list[tuple[Entry, InboundMessage]]:
         claims: list[tuple[Entry, str, int | None]] = []
         claimed: list[tuple[Entry, InboundMessage]] = []
         for entry, m in parsed:
-            caller_key = m.get("idempotencyKey")
             try:
-                key = enricher_key(m["projectId"], idempotency_key=caller_key,
-                                   event_id=m["eventId"])
-                if "segmentAfter" in m:
-                    key = enricher_page_key(key, m["segmentAfter"])
+                key, ttl = self._mark(m)
             except Exception as exc:  # a key of the wrong type: this entry alone fails
                 entry.fail(exc)
                 continue
-            ttl = self.settings.caller_idempotency_ttl_s if caller_key else None
             claims.append((entry, key, ttl))
             claimed.append((entry, m))
         allowed = await self.dedup.claim_many(claims)

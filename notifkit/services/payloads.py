@@ -17,6 +17,19 @@ log = logging.getLogger("notifkit.services")
 T = TypeVar("T")
 
 
+def parse_one(payload: dict[str, Any], parser: Callable[[dict[str, Any]], T]) -> T | None:
+    """The payload parsed as :func:`parse_each` parses it, or None where it would refuse it
+    (quietly: parse_each reports it when the batch runs)."""
+    try:
+        for name in ("projectId", "eventId"):
+            value = payload.get(name)
+            if not isinstance(value, str) or not is_uuid(value):
+                return None
+        return parser(payload)
+    except MalformedPayload:
+        return None
+
+
 def parse_each(
     service: str, batch: list[Entry], parser: Callable[[dict[str, Any]], T]
 ) -> list[tuple[Entry, T]]:
