@@ -86,7 +86,10 @@ class SentMessage:
 # The outbox knows every destination's message id; the timeline's 'sent' row knows the event,
 # user, campaign and attempt. A message id only in the timeline (a transport without an
 # outbox row) is found there, whatever the provider is called; failing both, the task id a
-# provider echoes back (our metadata) finds the task's 'sent' row.
+# provider echoes back (our metadata) finds the task's 'sent' row. When the receipt echoes a
+# task id, a record of another task with the same message id is not its message: provider ids
+# can repeat (a simulator restarted with its seed, a provider reusing ids), and matching one
+# would put the receipt on another user's timeline and suppress their address.
 _RESOLVE = """
 SELECT r.idx,
        COALESCE(o.task_id, l.task_id, t.task_id) AS task_id,
@@ -101,6 +104,8 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[]) WITH ORD
 LEFT JOIN LATERAL (
     SELECT task_id, channel, destination FROM delivery_outbox
     WHERE project_id = r.project_id AND provider = r.provider AND provider_message_id = r.pmid
+      AND (r.task_id IS NULL OR task_id = r.task_id)
+    ORDER BY created_at DESC
     LIMIT 1
 ) o ON true
 LEFT JOIN LATERAL (
@@ -114,6 +119,7 @@ LEFT JOIN LATERAL (
     SELECT task_id, channel, event_id, user_id, campaign_id, attempt FROM message_logs
     WHERE (o.task_id IS NULL OR s.event_id IS NULL)
       AND project_id = r.project_id AND provider_message_id = r.pmid
+      AND (r.task_id IS NULL OR task_id = r.task_id)
     ORDER BY id DESC
     LIMIT 1
 ) l ON true

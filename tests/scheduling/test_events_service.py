@@ -472,6 +472,30 @@ async def test_a_receipt_found_by_the_task_id_the_provider_echoes(
     assert (row["target"], row["reason"]) == ("spam-hater@example.com", "complaint")
 
 
+async def test_a_receipt_echoing_its_task_ignores_another_task_with_the_same_message_id(
+    make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
+) -> None:
+    """Provider message ids can repeat (a simulator restarted with the same seed hands out the
+    same ids again): the task id the receipt echoes decides which send it is about."""
+    events = make_events()
+    await record_send(db, project_id, "task-old", "ada@example.com", "msg-dup")
+    await put(redis, keys, sent_event(project_id, uuid7(), "task-old", "msg-dup"))
+    await events.run_until_idle()
+    await record_send(db, project_id, "task-new", "bob@example.com", "msg-dup")
+    await put(redis, keys, sent_event(project_id, uuid7(), "task-new", "msg-dup"))
+    await events.run_until_idle()
+    # A hard bounce for the newer send, found through the old record first in the outbox
+    bounce = receipt(project_id, "msg-dup", "bounced", RESEND_HARD_BOUNCE)
+    bounce.update(taskId="task-new", channel="email", to="bob@example.com")
+    await put(redis, keys, bounce)
+    await events.run_until_idle()
+    assert await timeline(db, "task-new") == [("sent", "sent", 1, "email"),
+                                              ("bounced", "failed", 1, "email")]
+    assert await timeline(db, "task-old") == [("sent", "sent", 1, "email")]
+    rows = await db.fetch("SELECT target FROM suppressions WHERE project_id = $1", project_id)
+    assert [r["target"] for r in rows] == ["bob@example.com"]
+
+
 @pytest.mark.parametrize(("raw", "extra", "hard"), [
     (RESEND_HARD_BOUNCE, {}, True),
     (RESEND_SOFT_BOUNCE, {}, False),
