@@ -260,8 +260,13 @@ def _free_port(host: str) -> int:
 @contextlib.asynccontextmanager
 async def _simulators(port: int, smtp_port: int) -> AsyncIterator[SimulatorServer]:
     """The simulators on the ports given; a port that cannot be bound is named by its option."""
+    # A fresh seed each start, as ``python -m simulators`` picks one: message ids come from
+    # the seed, and the database outlives the process, so a fixed seed would hand out the
+    # ids of the previous run's messages again and receipts would find those old sends.
+    seed = secrets.randbelow(2**32)
+    log.info("Simulators seeded with %d.", seed)
     try:
-        sim = SimulatorServer(host="127.0.0.1", port=port, smtp_port=smtp_port)
+        sim = SimulatorServer(host="127.0.0.1", port=port, smtp_port=smtp_port, seed=seed)
         await sim.start()
     except ListenError as exc:
         option = "--sim-port" if exc.which == "port" else "--sim-smtp-port"

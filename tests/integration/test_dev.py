@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 
 from notifkit.config import Settings
-from notifkit.dev import ensure_demo
+from notifkit.dev import _simulators, ensure_demo
 from notifkit.server import NotifkitServer
 from notifkit.services.api.service import ApiService
 from scenarios.processes import free_port
@@ -262,3 +262,13 @@ def test_dev_on_port_0_prints_and_uses_the_port_it_bound(
     finally:
         code = stop(proc)
     assert code == 0
+
+
+async def test_each_dev_start_seeds_the_simulators_afresh() -> None:
+    """The data outlives the process; the same seed would hand out the previous run's provider
+    message ids again, and their receipts would be matched to those old sends."""
+    seeds = []
+    for _ in range(2):
+        async with _simulators(0, 0) as sim:
+            seeds.append(sim.state.settings.seed)
+    assert seeds[0] != seeds[1]
