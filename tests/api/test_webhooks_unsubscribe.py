@@ -115,6 +115,21 @@ async def test_sendgrid_event_lists(hooks: Api, redis: Redis) -> None:
         ("delivered", "abc"), ("clicked", "abc")]
 
 
+async def test_a_large_sendgrid_batch_is_queued_whole(hooks: Api, redis: Redis) -> None:
+    """SendGrid batches events up to about 768 KB, well over a thousand; the 200 tells it the
+    whole batch arrived, so none may be left out."""
+    project = await hooks.project()
+    body = json.dumps([{"event": "bounce", "sg_message_id": f"m{i}.filter0001",
+                        "email": f"user{i}@example.com", "timestamp": 1900000000}
+                       for i in range(1500)])
+    reply = await hooks.call("POST", f"/v1/webhooks/sendgrid/{project.id}", data=body,
+                             headers={"Content-Type": "application/json",
+                                      **svix_headers(SHARED_SECRET, body)})
+    assert reply.body == {"received": 1500, "ignored": 0}
+    queued = await receipts(redis, hooks)
+    assert [r["providerMessageId"] for r in queued] == [f"m{i}" for i in range(1500)]
+
+
 async def test_signed_event_lists_are_checked_like_any_body(hooks: Api, redis: Redis) -> None:
     """A list of events must hold only what a stream and jsonb can: a signed but malformed
     list is a 400 naming the field, and nothing is queued."""
