@@ -115,6 +115,22 @@ async def test_sendgrid_event_lists(hooks: Api, redis: Redis) -> None:
         ("delivered", "abc"), ("clicked", "abc")]
 
 
+async def test_sendgrid_events_carry_the_task_id_echoed_from_custom_args(
+    hooks: Api, redis: Redis,
+) -> None:
+    """The SendGrid transport sends custom_args.notifkit_task_id; SendGrid puts custom args at
+    the top level of each event, and the receipt passes the task id on to the events
+    service."""
+    project = await hooks.project()
+    body = json.dumps([{"event": "bounce", "sg_message_id": "abc.filter0001",
+                        "email": "a@b.co", "notifkit_task_id": "task-7"}])
+    reply = await hooks.call("POST", f"/v1/webhooks/sendgrid/{project.id}", data=body,
+                             headers={"Content-Type": "application/json",
+                                      **svix_headers(SHARED_SECRET, body)})
+    assert reply.body == {"received": 1, "ignored": 0}
+    assert [r.get("taskId") for r in await receipts(redis, hooks)] == ["task-7"]
+
+
 async def test_a_large_sendgrid_batch_is_queued_whole(hooks: Api, redis: Redis) -> None:
     """SendGrid batches events up to about 768 KB, well over a thousand; the 200 tells it the
     whole batch arrived, so none may be left out."""

@@ -279,6 +279,11 @@ def _sendgrid_event(provider: str, item: Any) -> dict[str, Any] | None:
     }
     if isinstance(item.get("email"), str):
         receipt["to"] = item["email"]
+    # SendGrid echoes a send's custom_args as top-level fields of each of its events.
+    task_id = next((item[name] for name in _TASK_TAGS if isinstance(item.get(name), str)
+                    and item[name]), None)
+    if task_id is not None:
+        receipt["taskId"] = task_id
     return receipt
 
 
