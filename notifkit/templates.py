@@ -51,7 +51,6 @@ from typing import Any, Final
 
 from jinja2 import ChainableUndefined, StrictUndefined, TemplateSyntaxError, nodes
 from jinja2.exceptions import SecurityError, TemplateError
-from jinja2.nodes import Template as TemplateNode
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import generate_lorem_ipsum
@@ -418,12 +417,25 @@ def _compile(source: str, html: bool) -> Any:
     for concat in tree.find_all(nodes.Concat):
         concat.nodes = [nodes.Filter(operand, _SIZE_FILTER, [], [], None, None,
                                      lineno=operand.lineno) for operand in concat.nodes]
-    return env.from_string(tree)
+    try:
+        return env.from_string(tree)
+    except SyntaxError:
+        raise _too_deep() from None
 
 
 @lru_cache(maxsize=_CACHE_SIZE)
 def _compile_expression(expr: str) -> Callable[..., Any]:
-    return _EXPRESSIONS.compile_expression(expr, undefined_to_none=True)
+    try:
+        return _EXPRESSIONS.compile_expression(expr, undefined_to_none=True)
+    except SyntaxError:
+        raise _too_deep() from None
+
+
+def _too_deep() -> TemplateSyntaxError:
+    # Jinja parses what Python then refuses to compile from its generated code: more than 20
+    # nested loops, 100 indentation levels or 200 nested calls (``{{ x|e|e|...|e }}``). That
+    # is Python's SyntaxError, which no caller expects from a template.
+    return TemplateSyntaxError("the template is nested too deeply", 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -460,16 +472,15 @@ def _check(value: Any, field: str, errors: list[dict[str, str]]) -> None:
 def syntax_error(source: str) -> str | None:
     """Why ``source`` is not a valid template ("... line N"), or None."""
     try:
-        _parse(source)
+        # Compiled, not only parsed: an unknown filter or test (``{{ x | nosuch }}``) parses
+        # but fails code generation, so a template saved with one would fail every send.
+        # Uncached: saving templates must not fill this process's render cache.
+        _compile.__wrapped__(source, False)
     except TemplateSyntaxError as exc:
         return f"{(exc.message or 'invalid template syntax').rstrip('.')} (line {exc.lineno})"
     except (RecursionError, MemoryError):
         return "the template is nested too deeply (line 1)"
     return None
-
-
-def _parse(source: str) -> TemplateNode:
-    return _TEXT.parse(source)
 
 
 def expression_error(expr: str) -> str | None:

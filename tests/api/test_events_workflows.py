@@ -126,6 +126,17 @@ async def test_workflow_errors_name_the_step(api: Api, project: Project, templat
     assert empty.fields == ["steps"]
 
 
+async def test_a_branch_condition_python_cannot_compile_is_a_400(
+    api: Api, project: Project
+) -> None:
+    """Jinja parses an attribute chain 199 deep; the Python it generates does not compile."""
+    reply = await api.call("PUT", "/v1/workflows/w", key=project.full, json={"steps": [
+        {"type": "branch", "if": "data" + ".a" * 199, "then": [], "else": []}]})
+    assert reply.status == 400, reply.body
+    assert reply.fields == ["steps[0].if"]
+    assert "nested too deeply" in reply.error["details"][0]["message"]
+
+
 async def test_a_step_cannot_wait_for_an_event_name_no_event_can_have(
     api: Api, project: Project,
 ) -> None:

@@ -30,6 +30,24 @@ def test_syntax_errors_name_channel_field_and_line() -> None:
     assert "line 1" in errors[1]["message"]
 
 
+def test_nesting_python_cannot_compile_is_a_render_error_not_a_crash() -> None:
+    """A template stored before the save-time check, or an expression, whose generated Python
+    is refused (more than 20 nested loops, 100 indentation levels, 200 nested calls) fails as
+    a render error naming the field, which the preview answers as a 400 and the engine falls
+    back from, instead of Python's SyntaxError."""
+    loops = "{% for a in data.x %}" * 25 + "x" + "{% endfor %}" * 25
+    ifs = "{% if data.x %}" * 101 + "x" + "{% endif %}" * 101
+    for source in (loops, ifs):
+        with pytest.raises(RenderError) as caught:
+            render_string(source, {"data": {"x": []}}, field="channels.sms.text")
+        assert caught.value.field == "channels.sms.text"
+        assert "nested too deeply" in caught.value.message
+    condition = "1 if data.a else " * 199 + "1"
+    assert expression_error(condition) == "the template is nested too deeply (line 1)"
+    with pytest.raises(RenderError):
+        render_expression(condition, {"data": {}})
+
+
 def test_valid_templates_have_no_errors() -> None:
     assert template_errors({"sms": {"text": "{{ data.code }} {% if x %}y{% endif %}"}}) == []
 

@@ -62,6 +62,29 @@ async def test_a_syntax_error_names_channel_field_and_line(api: Api, project: Pr
     assert "line 1" in details["channels.sms.text"]
 
 
+async def test_what_jinja_parses_but_cannot_compile_is_a_400_at_save(
+    api: Api, project: Project
+) -> None:
+    """An unknown filter or test, or nesting Python refuses to compile, fails every render:
+    refused when the template is saved, naming the field, not at each send."""
+    reply = await api.call("PUT", "/v1/templates/t", key=project.full, json={"channels": {
+        "sms": {"text": "{{ data.x | no_such_filter }}"},
+        "inapp": {"text": "{{ data.x is no_such_test }}"},
+        "push": {"title": "ok",
+                 "body": "{% for a in b %}" * 25 + "x" + "{% endfor %}" * 25}}})
+    assert reply.status == 400, reply.body
+    details = {d["field"]: d["message"] for d in reply.error["details"]}
+    assert set(details) == {"channels.sms.text", "channels.inapp.text", "channels.push.body"}
+    assert "no_such_filter" in details["channels.sms.text"]
+    assert "no_such_test" in details["channels.inapp.text"]
+    assert "nested too deeply" in details["channels.push.body"]
+    # A filter behind a condition may be one that is never reached: Jinja defers it, and so
+    # does the save.
+    guarded = await api.call("PUT", "/v1/templates/t", key=project.full, json={"channels": {
+        "sms": {"text": "{% if false %}{{ data.x | no_such_filter }}{% endif %}ok"}}})
+    assert guarded.status == 201, guarded.body
+
+
 async def test_content_keys_fallback_and_ai_are_checked(api: Api, project: Project) -> None:
     reply = await api.call("PUT", "/v1/templates/t", key=project.full, json={
         "channels": {"email": {"html": "x", "body": "y"}, "fax": {}, "push": "x",
