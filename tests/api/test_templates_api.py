@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import pytest
+
+from notifkit.services.api.routes import templates as template_routes
+from notifkit.templates import template_errors
 from notifkit.unsubscribe import verify_token
 from tests.api.conftest import Api, Project
 
@@ -83,6 +90,28 @@ async def test_what_jinja_parses_but_cannot_compile_is_a_400_at_save(
     guarded = await api.call("PUT", "/v1/templates/t", key=project.full, json={"channels": {
         "sms": {"text": "{% if false %}{{ data.x | no_such_filter }}{% endif %}ok"}}})
     assert guarded.status == 201, guarded.body
+
+
+async def test_a_template_compiles_while_the_api_answers_other_requests(
+    api: Api, project: Project, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Compiling the largest fields takes seconds; on the event loop it held every request.
+    compiling, finish = threading.Event(), threading.Event()
+
+    def slow_check(channels: Any) -> list[dict[str, str]]:
+        compiling.set()
+        finish.wait(10)  # blocks whatever thread runs the check
+        return template_errors(channels)
+
+    monkeypatch.setattr(template_routes, "template_errors", slow_check)
+    put = asyncio.create_task(api.call("PUT", "/v1/templates/t", key=project.full,
+                                       json={"channels": {"sms": {"text": "hi"}}}))
+    await asyncio.to_thread(compiling.wait, 10)
+    other = await api.call("GET", "/v1/templates/t", key=project.full)
+    assert other.status == 404
+    assert not put.done()  # answered while the check was still running
+    finish.set()
+    assert (await put).status == 201
 
 
 async def test_content_keys_fallback_and_ai_are_checked(api: Api, project: Project) -> None:

@@ -6,6 +6,7 @@ Each ``fallback`` channel must be one of them, so a fallback can always be rende
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import asyncpg
@@ -60,9 +61,14 @@ async def put_template(request: web.Request) -> web.Response:
     for index, channel in enumerate(fallback or ()):
         if channel not in available:
             fields.fail(f"fallback[{index}]", f"the template has no {channel} content")
-    fields.errors.extend(detail(e["field"], e["message"]) for e in template_errors(channels))
-    if ai is not None and (problem := syntax_error(ai["prompt"])):
-        fields.fail("ai.prompt", problem)
+    # Compiling takes up to a few seconds for the largest fields: in a thread, the event loop
+    # goes on answering other requests meanwhile.
+    errors, prompt_problem = await asyncio.to_thread(
+        lambda: (template_errors(channels),
+                 syntax_error(ai["prompt"]) if ai is not None else None))
+    fields.errors.extend(detail(e["field"], e["message"]) for e in errors)
+    if prompt_problem:
+        fields.fail("ai.prompt", prompt_problem)
     if fields.errors:
         raise invalid(fields.errors)
     row = await request.app[DB].fetchrow(
