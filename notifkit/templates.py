@@ -40,6 +40,7 @@ Choices, and why:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import re
@@ -408,6 +409,12 @@ _EXPRESSIONS = _environment(autoescape=False, undefined=ChainableUndefined)
 
 @lru_cache(maxsize=_CACHE_SIZE)
 def _compile(source: str, html: bool) -> Any:
+    template = _build(source, html)
+    _note_compiled((source, html))
+    return template
+
+
+def _build(source: str, html: bool) -> Any:
     env = _HTML if html else _TEXT
     tree = env.parse(source)
     # Every loop's iterable goes through the budget's counter: a loop whose body calls
@@ -478,7 +485,7 @@ def syntax_error(source: str) -> str | None:
         # Compiled, not only parsed: an unknown filter or test (``{{ x | nosuch }}``) parses
         # but fails code generation, so a template saved with one would fail every send.
         # Uncached: saving templates must not fill this process's render cache.
-        _compile.__wrapped__(source, False)
+        _build(source, False)
     except TemplateSyntaxError as exc:
         return f"{(exc.message or 'invalid template syntax').rstrip('.')} (line {exc.lineno})"
     except (RecursionError, MemoryError):
@@ -555,6 +562,47 @@ def _render_bounded(template: Any, context: Mapping[str, Any]) -> str | None:
         return "".join(chunks)
     finally:
         _budget.reset(token)
+
+
+# The (source, html) pairs this process has compiled (or found it cannot): see uncompiled().
+_compiled: set[tuple[str, bool]] = set()
+
+
+def _note_compiled(key: tuple[str, bool]) -> None:
+    if len(_compiled) >= 4 * _CACHE_SIZE:
+        _compiled.clear()  # bounded; what it forgets is only compiled once more, in warm()
+    _compiled.add(key)
+
+
+def uncompiled(content: Mapping[str, Any], channel: str) -> list[tuple[str, bool]]:
+    """The fields of one channel's content this process has not compiled yet, as
+    (source, html) pairs for :func:`warm`."""
+    found: list[tuple[str, bool]] = []
+
+    def walk(value: Any, html: bool) -> None:
+        if isinstance(value, str):
+            if (value, html) not in _compiled:
+                found.append((value, html))
+        elif isinstance(value, Mapping):
+            for item in value.values():
+                walk(item, html)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item, html)
+
+    for key, value in content.items():
+        walk(value, (channel, key) in HTML_FIELDS)
+    return found
+
+
+def warm(fields: Iterable[tuple[str, bool]]) -> None:
+    """Compile ``fields`` into the render cache. Compiling the largest fields takes seconds,
+    so a service calls this in a thread before rendering on its event loop; a field that
+    does not compile is left for the render to report."""
+    for source, html in fields:
+        with contextlib.suppress(TemplateError, RecursionError, MemoryError):
+            _compile(source, html)
+        _note_compiled((source, html))
 
 
 def render_channel(content: Mapping[str, Any], channel: str,

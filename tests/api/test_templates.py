@@ -265,3 +265,21 @@ def test_any_text_either_renders_or_fails_with_render_error(source: str) -> None
         render_string(source, {"data": {"x": 1}, "user": {"id": "u"}})
     errors = template_errors({"sms": {"text": source}})
     assert all(e["field"] == "channels.sms.text" for e in errors)
+
+
+def test_warm_compiles_what_uncompiled_lists_nested_fields_and_html_included() -> None:
+    from notifkit.ids import uuid7
+    from notifkit.templates import uncompiled, warm
+
+    tag = uuid7()  # sources no earlier test compiled
+    email = {"subject": f"s {tag}", "html": f"<p>{tag}</p>", "text": f"t {tag}"}
+    push = {"title": f"t {tag}", "body": "{{ data.x", "data": {"deep": [f"d {tag}"]}}
+    assert set(uncompiled(email, "email")) == {
+        (f"s {tag}", False), (f"<p>{tag}</p>", True), (f"t {tag}", False)}
+    listed = uncompiled(push, "push")
+    assert set(listed) == {(f"t {tag}", False), ("{{ data.x", False), (f"d {tag}", False)}
+    warm(listed)  # a field that does not compile is left for the render to report
+    assert uncompiled(push, "push") == []
+    with pytest.raises(RenderError):
+        render_channel(push, "push", {"data": {}})
+    assert uncompiled(email, "email") != []

@@ -3,6 +3,7 @@ timeline. Driven through the enricher from inbound messages, as in production.""
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote
@@ -302,3 +303,36 @@ async def test_a_poison_entry_fails_alone_and_its_batch_neighbours_are_routed(
     assert routed == {"u1", "u2"}
     dead = [m["payload"]["eventId"] for m in await entries(redis, keys.dlq)]
     assert dead == [poison["eventId"]]
+
+
+async def test_a_template_new_to_the_process_compiles_beside_the_event_loop(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    monkeypatch: Any,
+) -> None:
+    # Compiling the largest fields takes seconds; on the event loop every batch waited.
+    from notifkit import templates
+
+    compiled_in: list[tuple[str, bool]] = []
+    warm = templates.warm
+
+    def watched(fields: Any) -> None:
+        fields = list(fields)
+        compiled_in.extend((source, threading.current_thread() is threading.main_thread())
+                           for source, _html in fields)
+        warm(fields)
+
+    monkeypatch.setattr(templates, "warm", watched)
+    unique = f"Paid {{{{ data.amount }}}} ({uuid7()})"  # new to this process's cache
+    await add_user(db, project, "u1", contacts=[("sms", "+15550001")])
+    await add_template(db, project, "fresh", {"sms": {"text": unique}})
+    stages = await pipeline(services)
+
+    await send(redis, keys, db, project, "fresh", "u1", data={"amount": "3"})
+    await drain(*stages)
+    await send(redis, keys, db, project, "fresh", "u1", data={"amount": "4"})
+    await drain(*stages)
+
+    assert compiled_in == [(unique, False)]  # once, in a thread, before the first render
+    texts = [t["content"]["text"] for t in await entries(redis, keys.outbound("normal"))]
+    assert sorted(texts) == sorted(unique.replace("{{ data.amount }}", n) for n in "34")
+    assert templates.uncompiled({"text": unique}, "sms") == []

@@ -15,6 +15,7 @@ derived from (event, recipient, channel), so a rerun of the same entry produces 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from notifkit import quiet_hours, throttle
+from notifkit import templates as jinja
 from notifkit.config import Settings
 from notifkit.db.logs import Kind, LogRow, Status, insert_logs
 from notifkit.db.routing import Template, load_routing
@@ -87,6 +89,13 @@ class EngineService(WorkerService):
         )
         templates, suppressed, settings_of = (routing.templates, routing.suppressed,
                                               routing.settings)
+        # A template this process has not compiled yet is compiled beside the event loop:
+        # the largest take seconds, which every other batch would wait for.
+        fresh = [field for template in templates.values()
+                 for channel, content in template.content.items() if isinstance(content, dict)
+                 for field in jinja.uncompiled(content, channel)]
+        if fresh:
+            await asyncio.to_thread(jinja.warm, fresh)
         logs: list[LogRow] = []
         sends: list[_Send] = []
         for entry, m in parsed:
