@@ -40,6 +40,7 @@ Choices, and why:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import operator
@@ -603,6 +604,12 @@ def warm(fields: Iterable[tuple[str, bool]]) -> None:
         with contextlib.suppress(TemplateError, RecursionError, MemoryError):
             _compile(source, html)
         _note_compiled((source, html))
+
+
+async def warm_beside_loop(fields: list[tuple[str, bool]]) -> None:
+    """:func:`warm` in a thread (nothing to do: no thread): the event loop goes on meanwhile."""
+    if fields:
+        await asyncio.to_thread(warm, fields)
 
 
 def render_channel(content: Mapping[str, Any], channel: str,

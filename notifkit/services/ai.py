@@ -46,7 +46,13 @@ from notifkit.errors import (
 from notifkit.messages import AiTask, ScheduledTask, outbound_from_ai, parse_outbound
 from notifkit.services.base import WorkerService
 from notifkit.services.timeline import task_row
-from notifkit.templates import RenderError, render_channel, render_string
+from notifkit.templates import (
+    RenderError,
+    render_channel,
+    render_string,
+    uncompiled,
+    warm_beside_loop,
+)
 from notifkit.transports.openai import OpenAiClient
 from notifkit.worker import Entry
 
@@ -110,6 +116,13 @@ class AiService(WorkerService):
             return
         cached = await ai_usage.written(self.pool, [t["taskId"] for _e, t in fresh])
         templates = await self._template_contents(fresh)
+        # Prompts and contents new to this process compile beside the event loop (the
+        # largest take seconds).
+        await warm_beside_loop(
+            [field for _e, t in fresh if isinstance(t["ai"].get("prompt"), str)
+             for field in uncompiled({"prompt": t["ai"]["prompt"]}, "")]
+            + [field for content in templates.values() for channel, fields in content.items()
+               if isinstance(fields, dict) for field in uncompiled(fields, channel)])
         logs: list[LogRow] = []
         # Model calls are slow and independent: the whole batch waits for them together.
         written = await asyncio.gather(

@@ -13,6 +13,7 @@ from notifkit.services.api.routes import templates as template_routes
 from notifkit.templates import template_errors
 from notifkit.unsubscribe import verify_token
 from tests.api.conftest import Api, Project
+from tests.support.compiling import watch_compiles
 
 INVOICE = {
     "topic": "billing",
@@ -112,6 +113,25 @@ async def test_a_template_compiles_while_the_api_answers_other_requests(
     assert not put.done()  # answered while the check was still running
     finish.set()
     assert (await put).status == 201
+
+
+async def test_a_preview_compiles_a_template_new_to_the_process_beside_the_event_loop(
+    api: Api, project: Project, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from notifkit.ids import uuid7
+
+    compiled = watch_compiles(monkeypatch)
+    text = f"Paid {{{{ data.amount }}}} ({uuid7()})"  # saving checks it, uncached
+    prompt = f"Say {{{{ data.amount }}}} ({uuid7()})"
+    put = await api.call("PUT", "/v1/templates/t", key=project.full, json={
+        "channels": {"sms": {"text": text}},
+        "ai": {"model": "m", "prompt": prompt, "channels": ["sms"]}})
+    assert put.status == 201, put.body
+    preview = await api.call("POST", "/v1/templates/t/preview", key=project.full,
+                             json={"data": {"amount": "5"}})
+    assert preview.status == 200, preview.body
+    assert preview.body["channels"]["sms"]["text"] == text.replace("{{ data.amount }}", "5")
+    assert sorted(compiled) == sorted([(text, False), (prompt, False)])
 
 
 async def test_content_keys_fallback_and_ai_are_checked(api: Api, project: Project) -> None:

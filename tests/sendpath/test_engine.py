@@ -3,12 +3,12 @@ timeline. Driven through the enricher from inbound messages, as in production.""
 
 from __future__ import annotations
 
-import threading
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote
 
 import asyncpg
+import pytest
 from redis.asyncio import Redis
 
 from notifkit.ids import uuid7
@@ -17,6 +17,7 @@ from notifkit.services.engine import EngineService
 from notifkit.services.enricher import EnricherService
 from notifkit.streams import decode, encode
 from notifkit.unsubscribe import verify_token
+from tests.support.compiling import watch_compiles
 from tests.support.streams import xrange
 
 from .conftest import ServiceFactory
@@ -307,21 +308,12 @@ async def test_a_poison_entry_fails_alone_and_its_batch_neighbours_are_routed(
 
 async def test_a_template_new_to_the_process_compiles_beside_the_event_loop(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
-    monkeypatch: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Compiling the largest fields takes seconds; on the event loop every batch waited.
     from notifkit import templates
 
-    compiled_in: list[tuple[str, bool]] = []
-    warm = templates.warm
-
-    def watched(fields: Any) -> None:
-        fields = list(fields)
-        compiled_in.extend((source, threading.current_thread() is threading.main_thread())
-                           for source, _html in fields)
-        warm(fields)
-
-    monkeypatch.setattr(templates, "warm", watched)
+    compiled_in = watch_compiles(monkeypatch)
     unique = f"Paid {{{{ data.amount }}}} ({uuid7()})"  # new to this process's cache
     await add_user(db, project, "u1", contacts=[("sms", "+15550001")])
     await add_template(db, project, "fresh", {"sms": {"text": unique}})

@@ -19,6 +19,7 @@ from notifkit.keys import Keys
 from notifkit.services.ai import AiService, content_for, headline
 from notifkit.streams import decode, xadd
 from simulators import SimulatorServer
+from tests.support.compiling import watch_compiles
 from tests.support.streams import xrange
 
 PROMPT = "Write a friendly note telling {{ user.attributes.name }} that {{ data.amount }} is paid."
@@ -302,3 +303,18 @@ async def test_a_malformed_task_is_acked_and_counted(
     assert await stream(redis, keys.dlq) == []
     assert await redis.xpending(keys.ai_pending, keys.group("ai")) == {
         "pending": 0, "min": None, "max": None, "consumers": []}
+
+
+async def test_a_prompt_new_to_the_process_compiles_beside_the_event_loop(
+    ai: AiService, redis: Redis, keys: Keys, project_id: str, template: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    compiled = watch_compiles(monkeypatch)
+    task = ai_task(project_id)
+    prompt = f"{PROMPT} ({uuid7()})"  # new to this process's cache
+    task["ai"]["prompt"] = prompt
+    await xadd(redis, keys.ai_pending, task, 10_000)
+    await ai.run_until_idle()
+
+    assert (prompt, False) in compiled  # in a thread, before the render
+    assert len(await stream(redis, keys.outbound("normal"))) == 1

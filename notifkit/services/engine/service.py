@@ -15,7 +15,6 @@ derived from (event, recipient, channel), so a rerun of the same entry produces 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -94,8 +93,7 @@ class EngineService(WorkerService):
         fresh = [field for template in templates.values()
                  for channel, content in template.content.items() if isinstance(content, dict)
                  for field in jinja.uncompiled(content, channel)]
-        if fresh:
-            await asyncio.to_thread(jinja.warm, fresh)
+        await jinja.warm_beside_loop(fresh)
         logs: list[LogRow] = []
         sends: list[_Send] = []
         for entry, m in parsed:

@@ -27,6 +27,8 @@ from notifkit.templates import (
     render_string,
     syntax_error,
     template_errors,
+    uncompiled,
+    warm_beside_loop,
 )
 from notifkit.transports.inapp import unsafe_url
 from notifkit.unsubscribe import unsubscribe_url
@@ -120,6 +122,11 @@ async def preview_template(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     rendered: dict[str, Any] = {}
     problems = []
+    prompt_source = row["ai"]["prompt"] if row["ai"] else None
+    await warm_beside_loop(
+        [field for channel, content in row["content"].items() if isinstance(content, dict)
+         for field in uncompiled(content, channel)]
+        + (uncompiled({"prompt": prompt_source}, "") if isinstance(prompt_source, str) else []))
     for channel, content in row["content"].items():
         context = build_context(
             data=data, user=user, notification=notification, channel=channel,
