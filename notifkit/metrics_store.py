@@ -15,7 +15,6 @@ in one process (tests) never add the same increments twice.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import threading
@@ -29,6 +28,7 @@ from redis.exceptions import RedisError
 
 from notifkit import metrics
 from notifkit.keys import Keys
+from notifkit.tasks import cancel_and_wait
 
 log = logging.getLogger("notifkit.metrics")
 
@@ -125,9 +125,7 @@ async def run_flusher(redis: Redis, keys: Keys, interval_s: float = FLUSH_INTERV
 
 async def stop_flusher(task: asyncio.Task[None], redis: Redis, keys: Keys) -> None:
     """Cancel the flusher, then flush what was counted since (work finished on shutdown)."""
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await cancel_and_wait(task)
     try:
         await asyncio.wait_for(flush(redis, keys), FLUSH_INTERVAL_S * 5)
     except (RedisError, OSError, TimeoutError) as exc:

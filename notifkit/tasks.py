@@ -32,3 +32,8 @@ async def cancel_and_wait(task: asyncio.Task[None], *, timeout_s: float = 5.0) -
     if not task.cancelled():
         task.exception()  # retrieved, so asyncio does not log it as never retrieved
     return True
+
+
+async def cancel_all(tasks: list[asyncio.Task[None]], *, timeout_s: float = 5.0) -> None:
+    """:func:`cancel_and_wait` for each of ``tasks``, together."""
+    await asyncio.gather(*(cancel_and_wait(task, timeout_s=timeout_s) for task in tasks))

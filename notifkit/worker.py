@@ -42,6 +42,7 @@ from notifkit.keys import Keys
 from notifkit.messages import CHANNELS
 from notifkit.redis_pipe import pipe
 from notifkit.streams import DATA_FIELD, as_str, decode, dlq_fields, encode, ensure_group
+from notifkit.tasks import cancel_all
 
 log = logging.getLogger("notifkit.worker")
 
@@ -314,9 +315,7 @@ class StreamWorker:
         """
         grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
         self._stopping.set()
-        for task in self._loops:
-            task.cancel()
-        await asyncio.gather(*self._loops, return_exceptions=True)
+        await cancel_all(self._loops)
         self._loops = []
         if self._tasks:
             _done, pending = await asyncio.wait(self._tasks, timeout=grace)

@@ -18,6 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from notifkit.config import Settings
 from notifkit.db.priority_pool import PriorityPool
 from notifkit.keys import Keys
+from notifkit.tasks import cancel_all
 from notifkit.worker import Entry, StreamWorker, batch_stream
 
 log = logging.getLogger("notifkit.services")
@@ -143,9 +144,7 @@ class WorkerService(Service):
         await self.worker.start()
 
     async def stop(self) -> None:
-        for task in self._background:
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await cancel_all(self._background)
         self._background = []
         await self.worker.stop()
         await self.close()

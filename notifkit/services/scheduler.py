@@ -56,6 +56,7 @@ from notifkit.keys import PRIORITIES, SCHEDULER_SHARDS, shard_of
 from notifkit.messages import ScheduledTask, parse_scheduled_task
 from notifkit.services.base import WorkerService
 from notifkit.streams import as_str
+from notifkit.tasks import cancel_all
 from notifkit.worker import Entry
 
 log = logging.getLogger("notifkit.scheduler")
@@ -189,9 +190,9 @@ class SchedulerService(WorkerService):
         )
 
     async def stop(self) -> None:
-        for task in self._background:
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        # The poll loop's redis-py calls can swallow a cancel (Python 3.11's wait_for): a
+        # lone cancel() and gather once held a server's stop forever.
+        await cancel_all(self._background)
         self._background = []
         await self.release_lock()
         await super().stop()

@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 from notifkit.config import Settings
 from notifkit.keys import Keys
 from notifkit.server import NotifkitServer
+from notifkit.services.base import WorkerService
 from notifkit.streams import decode, xadd
 from tests.support.streams import xrange
 
@@ -48,3 +49,31 @@ async def test_scheduler_and_events_run_in_a_server_and_stop_cleanly(
     finally:
         await server.stop()
     assert await redis.get(keys.scheduler_lock) is None  # released on a graceful stop
+
+
+async def test_a_server_stops_a_loop_that_swallows_its_first_cancel(
+    settings: Settings, redis: Redis, keys: Keys, db: asyncpg.Pool,
+) -> None:
+    # Python 3.11's wait_for, under redis-py's calls, can return its result and drop a cancel
+    # that lands as the call completes; the scheduler's poll loop then ran on, and a lone
+    # cancel() followed by gather() held the server's stop forever.
+    server = NotifkitServer(["scheduler", "events"], settings=settings, auto_migrate=False)
+    await server.start()
+    swallowed: list[str] = []
+
+    async def stubborn(name: str) -> None:
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                swallowed.append(name)
+                if swallowed.count(name) > 1:
+                    raise
+
+    scheduler, events = server.service("scheduler"), server.service("events")
+    assert isinstance(scheduler, WorkerService)
+    assert isinstance(events, WorkerService)
+    scheduler._background.append(asyncio.create_task(stubborn("poll")))
+    events.worker._loops.append(asyncio.create_task(stubborn("read")))
+    await asyncio.wait_for(server.stop(), 30)
+    assert sorted(swallowed) == ["poll", "poll", "read", "read"]
