@@ -502,6 +502,14 @@ async def test_projects_validate_their_settings(api: Api) -> None:
         "settings.color"}
 
 
+async def test_null_settings_are_no_settings(api: Api) -> None:
+    # Every other optional field takes null for "not given"; settings does too.
+    created = await api.admin("POST", "/v1/projects", json={"name": "p", "settings": None})
+    assert (created.status, created.body["settings"]) == (201, {}), created.body
+    wrong = await api.admin("POST", "/v1/projects", json={"name": "p", "settings": []})
+    assert (wrong.status, wrong.fields) == (400, ["settings"])
+
+
 async def test_a_project_may_turn_the_deployment_throttle_off(api: Api) -> None:
     # THROTTLE_LIMIT applies to every project that sets no throttle; limit 0 opts one out.
     off = await api.admin("POST", "/v1/projects", json={

@@ -135,4 +135,10 @@ async def test_ai_usage_totals_per_project(
     bad = await api.call("GET", "/v1/usage/ai", key=project.full, params={"since": "yesterday"})
     assert bad.status == 400
     assert bad.fields == ["since"]
+    swapped = await api.call("GET", "/v1/usage/ai", key=project.full, params={
+        "since": "2026-12-02T00:00:00Z", "until": "2026-12-01T00:00:00Z"})
+    assert (swapped.status, swapped.fields) == (400, ["until"])
+    empty = await api.call("GET", "/v1/usage/ai", key=project.full, params={
+        "since": "2026-12-01T00:00:00Z", "until": "2026-12-01T00:00:00Z"})
+    assert (empty.status, empty.body["totalTokens"]) == (200, 0)
     assert (await api.call("GET", "/v1/usage/ai", key=project.send)).status == 403

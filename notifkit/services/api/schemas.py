@@ -94,7 +94,7 @@ COMPONENTS: dict[str, Schema] = {
     }),
     "ProjectCreate": obj({
         "name": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": NOT_BLANK},
-        "settings": {"$ref": "#/components/schemas/ProjectSettings"},
+        "settings": nullable({"$ref": "#/components/schemas/ProjectSettings"}),
     }, ("name",)),
     "Project": obj({
         "id": UUID, "name": STRING,

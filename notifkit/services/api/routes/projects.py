@@ -105,8 +105,8 @@ async def revoke_key(request: web.Request) -> web.Response:
 
 
 def project_settings(fields: Fields) -> dict[str, Any]:
-    """The validated ``settings`` object of a project (``{}`` when absent)."""
-    raw = fields.obj("settings")
+    """The validated ``settings`` object of a project (``{}`` when absent or null)."""
+    raw = fields.obj("settings", nullable=True)
     if raw is None:
         return {}
     inner = fields.child("settings", raw)

@@ -42,6 +42,9 @@ async def get_ai_usage(request: web.Request) -> web.Response:
             raise invalid_field(name, "must be an RFC 3339 time, e.g. 2026-12-01T00:00:00Z")
         bounds.append(when)
     since, until = bounds
+    if since is not None and until is not None and until < since:
+        # An empty answer would read as "no usage" when the caller swapped the bounds.
+        raise invalid_field("until", "must not be earlier than since")
     totals = await ai_usage.totals(request.app[DB], project, since, until)
     return json_response({"projectId": project, "since": iso(since), "until": iso(until),
                           **totals})
