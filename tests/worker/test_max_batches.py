@@ -8,7 +8,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from notifkit.keys import Keys
-from notifkit.worker import Entry
+from notifkit.worker import PRIORITY_RESERVE_DIVISOR, Entry
 
 if TYPE_CHECKING:
     from .conftest import Add, Pending, WorkerFactory
@@ -167,15 +167,14 @@ async def test_a_stage_of_one_batch_per_stream_reads_every_stream_in_one_command
         seen.append((batch[0].stream, [e.payload["n"] for e in batch]))
 
     worker = make_worker(process, streams=streams, concurrency=50, max_batches=1)
-    reads: list[list[str]] = []
-    real_xread = worker._xread
+    reads: list[list[Any]] = []
+    real_call = worker._call_rejoining
 
-    async def counting_xread(wanted: dict[str, str], count: int,
-                             block_ms: int | None) -> list[tuple[str, str, Any]]:
-        reads.append(list(wanted))
-        return await real_xread(wanted, count, block_ms)
+    async def counting_call(args: list[Any]) -> Any:
+        reads.append(args)
+        return await real_call(args)
 
-    worker._xread = counting_xread  # type: ignore[method-assign,assignment]
+    worker._call_rejoining = counting_call  # type: ignore[method-assign]
     await worker.ensure_groups()
     await add(keys.enriched("normal"), {"n": 1})
     await add(keys.enriched("low"), {"n": 2})
@@ -185,7 +184,38 @@ async def test_a_stage_of_one_batch_per_stream_reads_every_stream_in_one_command
 
     # Then one command asked every stream, in priority order, and each stream got its batch
     assert taken == 2
-    assert reads == [streams]
+    assert len(reads) == 1
+    assert [str(arg) for arg in reads[0][3:6]] == streams
     await worker.run_until_idle(reclaim=False)
     assert sorted(seen) == sorted([(keys.enriched("normal"), [1]), (keys.enriched("low"), [2])])
     assert [await pending(s, worker.group) for s in streams] == [0, 0, 0]
+
+
+async def test_one_read_fills_the_slots_from_critical_first_then_normal_then_low(
+    make_worker: WorkerFactory, keys: Keys, add: Add,
+) -> None:
+    # Given backlogs on all three streams, more than the free slots together (CONTRACT §3.2)
+    critical, normal, low = keys.enriched_all()
+    for n in range(40):
+        await add(low, {"n": n})
+    for n in range(40):
+        await add(critical, {"n": n})
+    for n in range(10):
+        await add(normal, {"n": n})
+    taken_by: dict[str, int] = {}
+
+    async def process(batch: list[Entry]) -> None:
+        taken_by[batch[0].stream] = taken_by.get(batch[0].stream, 0) + len(batch)
+
+    worker = make_worker(process, streams=keys.enriched_all(), concurrency=50, max_batches=1)
+    await worker.ensure_groups()
+
+    # When it reads once
+    taken = await worker._read_new(block_ms=None)
+    await asyncio.gather(*list(worker._tasks))
+
+    # Then every critical entry was taken, normal ones filled what was left but the slots
+    # kept for critical work, and no low entry took a slot
+    reserve = 50 // PRIORITY_RESERVE_DIVISOR
+    assert taken == 40 + (50 - 40 - reserve)
+    assert taken_by == {critical: 40, normal: 50 - 40 - reserve}
