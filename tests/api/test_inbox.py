@@ -55,6 +55,16 @@ async def test_listing_unread_and_marking_read(
     assert bad.fields == ["unread"]
 
 
+async def test_every_bad_inbox_query_parameter_is_named_in_one_400(
+    api: Api, project: Project
+) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    reply = await api.call("GET", "/v1/users/u1/inbox", key=project.full,
+                           params={"unread": "maybe", "limit": "0", "cursor": "garbage"})
+    assert reply.status == 400
+    assert sorted(reply.fields) == ["cursor", "limit", "unread"]
+
+
 async def test_the_stream_forwards_published_messages_and_heartbeats(
     api: Api, project: Project, redis: Redis
 ) -> None:

@@ -387,6 +387,18 @@ async def test_messages_filter_and_paginate_with_an_opaque_cursor(
         assert reply.fields == [field]
 
 
+async def test_every_bad_query_parameter_is_named_in_one_400(
+    api: Api, project: Project
+) -> None:
+    """Given several bad query parameters at once, the 400 names each of them (the error
+    contract's details name every field), not only the first one checked."""
+    params = {"limit": "0", "userId": "", "campaignId": "", "eventId": "x", "status": "gone",
+              "channel": "fax", "cursor": "garbage"}
+    reply = await api.call("GET", "/v1/messages", key=project.full, params=params)
+    assert reply.status == 400
+    assert sorted(reply.fields) == sorted(params)
+
+
 async def test_a_filter_given_twice_is_a_400_not_half_a_filter(
     api: Api, project: Project, db: asyncpg.Pool
 ) -> None:

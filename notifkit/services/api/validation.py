@@ -15,7 +15,7 @@ import re
 import uuid
 import zlib
 import zoneinfo
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
@@ -594,6 +594,31 @@ def cursor_time(value: Any) -> datetime:
     if parsed is None:
         raise invalid_field("cursor", "is not a cursor this API returned")
     return parsed
+
+
+class QueryChecks:
+    """Runs a route's query-parameter checks and answers one 400 naming every bad parameter.
+
+    Each check is one of the helpers below (which raise a ``validation_error`` on their own);
+    ``check(fn, ...)`` returns its value, or None after noting its details, and ``done()``
+    raises them all at once, so ``?limit=0&status=gone`` names both parameters.
+    """
+
+    def __init__(self) -> None:
+        self.errors: list[Detail] = []
+
+    def __call__(self, check: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return check(*args)
+        except ApiError as exc:
+            if exc.status != 400 or exc.code != "validation_error":
+                raise
+            self.errors.extend(exc.details)
+            return None
+
+    def done(self) -> None:
+        if self.errors:
+            raise invalid(list({(d["field"], d["message"]): d for d in self.errors}.values()))
 
 
 def query_string(request: web.Request, name: str, *, max_len: int = 255) -> str | None:

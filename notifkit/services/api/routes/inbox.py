@@ -22,6 +22,7 @@ from notifkit.services.api.routing import CURSOR, LIMIT, Operations, Param, Repl
 from notifkit.services.api.schemas import ref
 from notifkit.services.api.state import DB, HUB, SSE_HEARTBEAT_S
 from notifkit.services.api.validation import (
+    QueryChecks,
     cursor_time,
     decode_cursor,
     encode_cursor,
@@ -48,9 +49,11 @@ CLOSE = b""  # what the hub puts on a stream's queue to end it: shutdown, or its
 async def list_inbox(request: web.Request) -> web.Response:
     project = project_id(request)
     user_id = lookup_id(request, "userId", "user")
-    unread = query_bool(request, "unread")
-    limit = limit_param(request)
-    cursor = decode_cursor(request, 2)
+    checks = QueryChecks()  # one 400 names every bad parameter, not only the first
+    unread = checks(query_bool, request, "unread")
+    limit = checks(limit_param, request)
+    cursor = checks(_inbox_cursor, request)
+    checks.done()
     pool = request.app[DB]
     await _require_user(pool, project, user_id)
     where = ["project_id = $1", "user_id = $2"]
@@ -58,10 +61,7 @@ async def list_inbox(request: web.Request) -> web.Response:
     if unread:
         where.append("read_at IS NULL")
     if cursor is not None:
-        last_id = parse_uuid(cursor[1]) if isinstance(cursor[1], str) else None
-        if last_id is None:
-            raise invalid_field("cursor", "is not a cursor this API returned")
-        args.extend([cursor_time(cursor[0]), last_id])
+        args.extend(cursor)
         where.append(f"(created_at, id) < (${len(args) - 1}, ${len(args)}::uuid)")
     args.append(limit + 1)
     rows = await pool.fetch(
@@ -135,6 +135,17 @@ def sse_event(event: str, data: bytes) -> bytes:
     lines = data.replace(b"\r\n", b"\n").split(b"\n")
     return f"event: {event}\n".encode() + b"".join(b"data: " + ln + b"\n" for ln in lines) \
         + b"\n"
+
+
+def _inbox_cursor(request: web.Request) -> tuple[Any, str] | None:
+    """The (created_at, id) an inbox cursor names, None without one."""
+    cursor = decode_cursor(request, 2)
+    if cursor is None:
+        return None
+    last_id = parse_uuid(cursor[1]) if isinstance(cursor[1], str) else None
+    if last_id is None:
+        raise invalid_field("cursor", "is not a cursor this API returned")
+    return cursor_time(cursor[0]), last_id
 
 
 async def _require_user(pool: asyncpg.Pool, project: str, user_id: str) -> None:

@@ -34,6 +34,7 @@ from notifkit.services.api.schemas import MAX_RECIPIENTS, RECIPIENT_STATUSES, re
 from notifkit.services.api.state import ADMISSION, DB, KEYS, REDIS, SETTINGS
 from notifkit.services.api.validation import (
     Fields,
+    QueryChecks,
     cursor_time,
     decode_cursor,
     encode_cursor,
@@ -151,7 +152,15 @@ async def get_notification(request: web.Request) -> web.Response:
            responses={200: ref("MessageList")})
 async def list_messages(request: web.Request) -> web.Response:
     project = project_id(request)
-    limit = limit_param(request)
+    checks = QueryChecks()  # one 400 names every bad parameter, not only the first
+    limit = checks(limit_param, request)
+    user_id = checks(query_string, request, "userId")
+    campaign = checks(query_string, request, "campaignId")
+    event = checks(_uuid_query, request, "eventId")
+    status = checks(_enum_query, request, "status", RECIPIENT_STATUSES)
+    channel = checks(_enum_query, request, "channel", CHANNELS)
+    cursor = checks(_message_cursor, request)
+    checks.done()
     where = ["project_id = $1"]
     args: list[Any] = [project]
 
@@ -159,28 +168,18 @@ async def list_messages(request: web.Request) -> web.Response:
         args.append(value)
         where.append(condition.format(f"${len(args)}"))
 
-    if (user_id := query_string(request, "userId")) is not None:
+    if user_id is not None:
         add("user_id = {}", user_id)
-    if (campaign := query_string(request, "campaignId")) is not None:
+    if campaign is not None:
         add("campaign_id = {}", campaign)
-    if (event := request.query.get("eventId")) is not None:
-        parsed = parse_uuid(event)
-        if parsed is None:
-            raise invalid_field("eventId", "must be a notification id (UUID)")
-        add("event_id = {}", parsed)
-    if (status := request.query.get("status")) is not None:
-        _enum_query("status", status, RECIPIENT_STATUSES)
+    if event is not None:
+        add("event_id = {}", event)
+    if status is not None:
         add("status = {}", status)
-    if (channel := request.query.get("channel")) is not None:
-        _enum_query("channel", channel, CHANNELS)
+    if channel is not None:
         add("channel = {}", channel)
-    cursor = decode_cursor(request, 2)
     if cursor is not None:
-        # message_logs.id is a bigint; a bool is an int to Python but not an id.
-        if (not isinstance(cursor[1], int) or isinstance(cursor[1], bool)
-                or not 0 < cursor[1] < 2**63):
-            raise invalid_field("cursor", "is not a cursor this API returned")
-        args.extend([cursor_time(cursor[0]), cursor[1]])
+        args.extend(cursor)
         where.append(f"(created_at, id) < (${len(args) - 1}, ${len(args)})")
     args.append(limit + 1)
     rows = await request.app[DB].fetch(
@@ -339,7 +338,30 @@ def message_json(row: asyncpg.Record) -> dict[str, Any]:
     }
 
 
-def _enum_query(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
+def _enum_query(request: web.Request, name: str, allowed: tuple[str, ...]) -> str | None:
+    value = request.query.get(name)
+    if value is not None and value not in allowed:
         raise invalid_field(name, f"must be one of {', '.join(allowed)}")
+    return value
 
+
+def _uuid_query(request: web.Request, name: str) -> str | None:
+    value = request.query.get(name)
+    if value is None:
+        return None
+    parsed = parse_uuid(value)
+    if parsed is None:
+        raise invalid_field(name, "must be a notification id (UUID)")
+    return parsed
+
+
+def _message_cursor(request: web.Request) -> tuple[Any, int] | None:
+    """The (created_at, id) a /v1/messages cursor names, None without one."""
+    cursor = decode_cursor(request, 2)
+    if cursor is None:
+        return None
+    # message_logs.id is a bigint; a bool is an int to Python but not an id.
+    if (not isinstance(cursor[1], int) or isinstance(cursor[1], bool)
+            or not 0 < cursor[1] < 2**63):
+        raise invalid_field("cursor", "is not a cursor this API returned")
+    return cursor_time(cursor[0]), cursor[1]
