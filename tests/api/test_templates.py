@@ -87,6 +87,15 @@ def test_nested_push_data_is_rendered_and_non_strings_kept() -> None:
     assert out["data"] == {"id": "x1", "n": 3}
 
 
+def test_a_null_value_writes_nothing_in_text_and_html() -> None:
+    context = {"data": {"name": None, "n": 0, "flag": False}}
+    assert render_string("Hi {{ data.name }}!", context) == "Hi !"
+    assert render_string("<b>{{ data.name }}</b>", context, html=True) == "<b></b>"
+    # Only None: zero and false still read as themselves, and None stays testable.
+    assert render_string("{{ data.n }} {{ data.flag }}", context) == "0 False"
+    assert render_string("{{ 'none' if data.name is none }}", context) == "none"
+
+
 def test_missing_variables_fail_loudly_naming_the_field() -> None:
     with pytest.raises(RenderError) as caught:
         render_channel({"text": "{{ data.amount }}"}, "sms", {"data": {}})
