@@ -364,3 +364,14 @@ async def test_a_redis_refusal_on_accept_answers_503_and_keeps_nothing(
 def test_only_a_store_that_cannot_serve_answers_503(error: Exception,
                                                     unavailable: bool) -> None:
     assert store_unavailable(error) is unavailable
+
+
+@pytest.mark.parametrize("path", ["/v1/dlq", "/v1/streams", "/v1/workflows"])
+async def test_a_bad_limit_and_a_bad_cursor_are_named_in_one_answer(
+        api: Api, project: Project, path: str) -> None:
+    both = await api.call("GET", path, key=project.full, params={"limit": "0", "cursor": "zz"})
+    assert (both.status, sorted(both.fields)) == (400, ["cursor", "limit"])
+    # A cursor that decodes but names nothing this list made is still refused.
+    forged = await api.call("GET", path, key=project.full,
+                            params={"cursor": encode_cursor(-1 if path != "/v1/streams" else "x")})
+    assert (forged.status, forged.fields) == (400, ["cursor"])

@@ -621,6 +621,26 @@ class QueryChecks:
             raise invalid(list({(d["field"], d["message"]): d for d in self.errors}.values()))
 
 
+def page_query(request: web.Request, arity: int,
+               valid: Callable[[list[Any]], bool] = lambda parts: True,
+               ) -> tuple[int, list[Any] | None]:
+    """A list route's ``limit`` and decoded ``cursor`` (``arity`` parts that ``valid``
+    accepts), or one 400 naming both when both are bad."""
+    checks = QueryChecks()
+    limit = checks(limit_param, request)
+    cursor = checks(_cursor_of, request, arity, valid)
+    checks.done()
+    return limit, cursor
+
+
+def _cursor_of(request: web.Request, arity: int,
+               valid: Callable[[list[Any]], bool]) -> list[Any] | None:
+    parts = decode_cursor(request, arity)
+    if parts is not None and not valid(parts):
+        raise invalid_field("cursor", "is not a cursor this API returned")
+    return parts
+
+
 def query_string(request: web.Request, name: str, *, max_len: int = 255) -> str | None:
     value = request.query.get(name)
     if value is None:

@@ -25,15 +25,14 @@ from notifkit.db.logs import Kind, LogRow, Status, insert_one
 from notifkit.errors import MalformedPayload
 from notifkit.ids import untasked_row_id
 from notifkit.services.api.auth import Principal
-from notifkit.services.api.errors import ApiError, invalid_field, json_response
+from notifkit.services.api.errors import ApiError, json_response
 from notifkit.services.api.middleware import principal
 from notifkit.services.api.routing import CURSOR, LIMIT, Operations, Param, Reply
 from notifkit.services.api.schemas import ref
 from notifkit.services.api.state import DB, KEYS, REDIS, SETTINGS
 from notifkit.services.api.validation import (
-    decode_cursor,
     encode_cursor,
-    limit_param,
+    page_query,
     parse_uuid,
 )
 from notifkit.streams import as_str, decode
@@ -67,13 +66,9 @@ ENTRY_NOT_FOUND = ("dlq_entry_not_found", "No dead-lettered entry with that id e
            responses={200: ref("DlqList")})
 async def list_dlq(request: web.Request) -> web.Response:
     who = principal(request)
-    limit = limit_param(request)
-    cursor = decode_cursor(request, 1)
-    start = "-"
-    if cursor is not None:
-        if not isinstance(cursor[0], str) or not is_entry_id(cursor[0]):
-            raise invalid_field("cursor", "is not a cursor this API returned")
-        start = "(" + cursor[0]
+    limit, cursor = page_query(request, 1, lambda parts: isinstance(parts[0], str)
+                               and is_entry_id(parts[0]))
+    start = "-" if cursor is None else "(" + cursor[0]
     redis = request.app[REDIS]
     dlq = request.app[KEYS].dlq
     items: list[dict[str, Any]] = []

@@ -21,11 +21,11 @@ from redis.exceptions import RedisError, ResponseError
 
 from notifkit import codec, metrics, metrics_store
 from notifkit.keys import Keys
-from notifkit.services.api.errors import invalid_field, json_response
+from notifkit.services.api.errors import json_response
 from notifkit.services.api.routing import CURSOR, LIMIT, Operations, Reply
 from notifkit.services.api.schemas import ref
 from notifkit.services.api.state import DB, KEYS, OPERATIONS, REDIS, SETTINGS
-from notifkit.services.api.validation import decode_cursor, encode_cursor, limit_param
+from notifkit.services.api.validation import encode_cursor, page_query
 from notifkit.streams import as_str
 
 ops = Operations("operations")
@@ -92,13 +92,9 @@ async def prometheus_metrics(request: web.Request) -> web.Response:
                        "the default page.")
 async def list_streams(request: web.Request) -> web.Response:
     app = request.app
-    limit = limit_param(request)
-    cursor = decode_cursor(request, 1)
-    start = 0
-    if cursor is not None:
-        if isinstance(cursor[0], bool) or not isinstance(cursor[0], int) or cursor[0] < 0:
-            raise invalid_field("cursor", "is not a cursor this API returned")
-        start = cursor[0]
+    limit, cursor = page_query(request, 1, lambda parts: not isinstance(parts[0], bool)
+                               and isinstance(parts[0], int) and parts[0] >= 0)
+    start = 0 if cursor is None else cursor[0]
     streams = await stream_stats(app[REDIS], app[KEYS])
     end = start + limit
     return json_response({"items": streams[start:end],

@@ -18,7 +18,7 @@ import asyncpg
 from aiohttp import web
 
 from notifkit.ids import uuid7
-from notifkit.services.api.errors import ApiError, detail, invalid_field, json_response, not_found
+from notifkit.services.api.errors import ApiError, detail, json_response, not_found
 from notifkit.services.api.idempotency import (
     HEADER,
     REPLAY_HEADER,
@@ -34,11 +34,10 @@ from notifkit.services.api.schemas import ref
 from notifkit.services.api.state import DB, KEYS, REDIS, SETTINGS
 from notifkit.services.api.validation import (
     Fields,
-    decode_cursor,
     encode_cursor,
     iso,
-    limit_param,
     lookup_id,
+    page_query,
     path_id,
     read_json,
     uuid_id,
@@ -106,10 +105,7 @@ async def get_workflow(request: web.Request) -> web.Response:
 @ops.route("GET", "/v1/workflows", "The project's workflows, by id",
            query=(LIMIT, CURSOR), responses={200: ref("WorkflowList")})
 async def list_workflows(request: web.Request) -> web.Response:
-    limit = limit_param(request)
-    cursor = decode_cursor(request, 1)
-    if cursor is not None and not isinstance(cursor[0], str):
-        raise invalid_field("cursor", "is not a cursor this API returned")
+    limit, cursor = page_query(request, 1, lambda parts: isinstance(parts[0], str))
     after = cursor[0] if cursor is not None else None
     # One row past the page says whether another page follows.
     rows = await request.app[DB].fetch(
