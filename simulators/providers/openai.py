@@ -108,7 +108,7 @@ _ERRORS: dict[ErrorCase, tuple[str, str, str | None]] = {
     ),
     ErrorCase.RATE_LIMITED: (
         "Rate limit reached for {model} in organization org-notifkit-sim on requests per min "
-        "(RPM): Limit 3, Used 3, Requested 1. Please try again in 1s. Visit "
+        "(RPM): Limit 3, Used 3, Requested 1. Please try again in {wait}s. Visit "
         "https://platform.openai.com/account/rate-limits to learn more.",
         "requests",
         "rate_limit_exceeded",
@@ -286,12 +286,15 @@ class OpenAI(HttpProvider):
 
     def error(self, spec: ErrorSpec) -> Reply:
         message, kind, code = _ERRORS[spec.case]
-        message = spec.detail or message.replace("{model}", spec.recipient or "the model")
+        reset_s = (
+            retry_after_header(spec.retry_after_s) if spec.retry_after_s is not None else "1"
+        )
+        # The wait the message names is the one Retry-After gives.
+        message = spec.detail or message.replace("{wait}", reset_s).replace(
+            "{model}", spec.recipient or "the model"
+        )
         headers = _request_id()
         if spec.status == 429:
-            reset_s = (
-                retry_after_header(spec.retry_after_s) if spec.retry_after_s is not None else "1"
-            )
             headers |= {
                 "x-ratelimit-limit-requests": "3",
                 "x-ratelimit-remaining-requests": "0",

@@ -229,6 +229,7 @@ async def test_rate_limit_fault_is_retryable_429(sim: SimulatorServer, client: F
     assert caught.value.response.headers["retry-after"] == "2"
     # The reset hint agrees with Retry-After, so a client trusting either waits long enough.
     assert caught.value.response.headers["x-ratelimit-reset-requests"] == "2s"
+    assert "Please try again in 2s." in caught.value.message
 
 
 async def test_error_429_is_insufficient_quota(sim: SimulatorServer, client: Factory) -> None:
