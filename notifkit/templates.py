@@ -424,6 +424,11 @@ def _compile(source: str, html: bool) -> Any:
 def _build(source: str, html: bool) -> Any:
     env = _HTML if html else _TEXT
     tree = env.parse(source)
+    # Templates are stored one by one, with no loader to find another by name: such a tag
+    # would fail every render, so it is refused when the template is saved.
+    for tag in tree.find_all((nodes.Extends, nodes.Include, nodes.Import, nodes.FromImport)):
+        raise TemplateSyntaxError(
+            "a template cannot extend, include or import another template", tag.lineno)
     # Every loop's iterable goes through the budget's counter: a loop whose body calls
     # nothing (nested loops over a range or a long list) would otherwise pass no hook at all.
     for loop in tree.find_all(nodes.For):

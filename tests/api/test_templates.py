@@ -87,6 +87,15 @@ def test_nested_push_data_is_rendered_and_non_strings_kept() -> None:
     assert out["data"] == {"id": "x1", "n": 3}
 
 
+@pytest.mark.parametrize("tag", ['{% include "footer" %}', '{% extends "base" %}',
+                                 '{% import "macros" as m %}', '{% from "m" import x %}'])
+def test_a_template_that_needs_another_template_is_refused_at_save(tag: str) -> None:
+    errors = template_errors({"email": {"subject": "Hi", "text": "Hello\n" + tag}})
+    assert [e["field"] for e in errors] == ["channels.email.text"]
+    assert errors[0]["message"] == (
+        "a template cannot extend, include or import another template (line 2)")
+
+
 def test_a_null_value_writes_nothing_in_text_and_html() -> None:
     context = {"data": {"name": None, "n": 0, "flag": False}}
     assert render_string("Hi {{ data.name }}!", context) == "Hi !"
