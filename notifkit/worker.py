@@ -294,6 +294,7 @@ class StreamWorker:
         self._groups_ready = False
         # The last blocking read left every stream empty (see _read_new).
         self._drained = False
+        self._emptied_at = -LANE_POLL_S  # time.monotonic() of the last read that left them so
         self.sweep_cut_short = False  # the last reclaim sweep stopped for want of free slots
         self._release = redis.register_script(_RELEASE_MARKS)
 
@@ -401,6 +402,14 @@ class StreamWorker:
                     # Some stream has its batches in flight: take what the others hold, else
                     # wait for a batch to end, or a moment for the others to get work.
                     self._capacity.clear()
+                    since = time.monotonic() - self._emptied_at
+                    if since < LANE_POLL_S:
+                        # A read a moment ago left the streams empty (at low load, the read
+                        # that started this batch): asking them again at once was one more
+                        # round trip per batch that found nothing.
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._capacity.wait(), LANE_POLL_S - since)
+                        continue
                     if not await self._read_new(block_ms=None, only=open_streams):
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(self._capacity.wait(), LANE_POLL_S)
@@ -483,6 +492,8 @@ class StreamWorker:
             # returns whatever any stream holds, so nothing waits.
             self._drained = blocking_count is not None and all(
                 len(entries) < blocking_count for entries in by_stream.values())
+            if self._drained:
+                self._emptied_at = time.monotonic()
             # One batch per stream: a critical entry read together with lower-priority ones
             # must not wait for their batch to finish (measured: a critical entry in a batch
             # of 45 low ones spent 740 ms in the enricher under a low backlog).

@@ -7,11 +7,27 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
+from notifkit import worker as worker_module
 from notifkit.keys import Keys
-from notifkit.worker import PRIORITY_RESERVE_DIVISOR, Entry
+from notifkit.worker import PRIORITY_RESERVE_DIVISOR, Entry, StreamWorker
 
 if TYPE_CHECKING:
     from .conftest import Add, Pending, WorkerFactory
+
+
+def record_reads(worker: StreamWorker) -> list[list[Any]]:
+    """The arguments of every read command the worker sends from now on, in order."""
+    reads: list[list[Any]] = []
+    real_call = worker._call_rejoining
+
+    async def recording_call(args: list[Any]) -> Any:
+        reads.append(args)
+        return await real_call(args)
+
+    worker._call_rejoining = recording_call  # type: ignore[method-assign]
+    return reads
 
 
 async def test_entries_arriving_while_the_only_batch_runs_form_one_next_batch(
@@ -167,14 +183,7 @@ async def test_a_stage_of_one_batch_per_stream_reads_every_stream_in_one_command
         seen.append((batch[0].stream, [e.payload["n"] for e in batch]))
 
     worker = make_worker(process, streams=streams, concurrency=50, max_batches=1)
-    reads: list[list[Any]] = []
-    real_call = worker._call_rejoining
-
-    async def counting_call(args: list[Any]) -> Any:
-        reads.append(args)
-        return await real_call(args)
-
-    worker._call_rejoining = counting_call  # type: ignore[method-assign]
+    reads = record_reads(worker)
     await worker.ensure_groups()
     await add(keys.enriched("normal"), {"n": 1})
     await add(keys.enriched("low"), {"n": 2})
@@ -219,3 +228,36 @@ async def test_one_read_fills_the_slots_from_critical_first_then_normal_then_low
     reserve = 50 // PRIORITY_RESERVE_DIVISOR
     assert taken == 40 + (50 - 40 - reserve)
     assert taken_by == {critical: 40, normal: 50 - 40 - reserve}
+
+
+async def test_the_streams_a_read_just_left_empty_are_not_polled_again_at_once(
+    make_worker: WorkerFactory, keys: Keys, add: Add, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a stage of one batch per stream, its other streams polled every LANE_POLL_S while a
+    # batch runs (made long here, so that only a poll made at once could be seen)
+    monkeypatch.setattr(worker_module, "LANE_POLL_S", 30.0)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def process(batch: list[Entry]) -> None:
+        started.set()
+        await release.wait()
+
+    worker = make_worker(process, streams=keys.enriched_all(), concurrency=50, max_batches=1)
+    calls = record_reads(worker)
+    await worker.start()
+    for _ in range(500):  # until the worker waits in a blocking read on every stream
+        if calls and "BLOCK" in calls[-1]:
+            break
+        await asyncio.sleep(0.01)
+    reads_before = len(calls)
+
+    # When one entry arrives and that read takes it, leaving every stream empty
+    await add(keys.enriched("normal"), {"n": 1})
+    await asyncio.wait_for(started.wait(), 5)
+    for _ in range(20):  # let the read loop run its course while the batch is in flight
+        await asyncio.sleep(0.005)
+
+    # Then the streams it just read are not asked again while the batch runs
+    assert len(calls) == reads_before
+    release.set()
+    await worker.stop(grace_s=5)
