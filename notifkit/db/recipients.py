@@ -34,8 +34,11 @@ SELECT u.project_id::text AS project_id, u.id, u.attributes, u.timezone, u.local
        (SELECT coalesce(jsonb_object_agg(t.topic, t.enabled), '{}'::jsonb)
           FROM user_topic_preferences t
          WHERE t.project_id = u.project_id AND t.user_id = u.id) AS topic_prefs,
-       to_char(q.start_time, 'HH24:MI') AS quiet_start,
-       to_char(q.end_time, 'HH24:MI') AS quiet_end
+       -- HH:MM as the API took it; seconds only where they were given.
+       to_char(q.start_time, CASE WHEN extract(second FROM q.start_time) = 0
+                                  THEN 'HH24:MI' ELSE 'HH24:MI:SS' END) AS quiet_start,
+       to_char(q.end_time, CASE WHEN extract(second FROM q.end_time) = 0
+                                THEN 'HH24:MI' ELSE 'HH24:MI:SS' END) AS quiet_end
   FROM unnest($1::uuid[], $2::text[]) AS r(project_id, user_id)
   -- One primary-key probe per named user (LATERAL ... LIMIT 1), however large the batch: a
   -- join let the planner hash the whole users table for a batch of a few dozen.

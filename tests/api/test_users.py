@@ -214,6 +214,19 @@ async def test_preferences_replace_what_is_sent(api: Api, project: Project) -> N
     assert user.body["preferences"] == second.body
 
 
+async def test_quiet_hours_may_be_given_to_the_second(api: Api, project: Project) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    exact = await api.call("PUT", "/v1/users/u1/preferences", key=project.full, json={
+        "quietHours": {"start": "22:00:15", "end": "07:00"}})
+    assert (exact.status, exact.body["quietHours"]) == (
+        200, {"start": "22:00:15", "end": "07:00"})
+    user = await api.call("GET", "/v1/users/u1", key=project.full)
+    assert user.body["preferences"]["quietHours"] == {"start": "22:00:15", "end": "07:00"}
+    bad = await api.call("PUT", "/v1/users/u1/preferences", key=project.full, json={
+        "quietHours": {"start": "22:00:60", "end": "07:00:5"}})
+    assert (bad.status, sorted(bad.fields)) == (400, ["quietHours.end", "quietHours.start"])
+
+
 async def test_invalid_preferences_name_the_field(api: Api, project: Project) -> None:
     await api.call("PUT", "/v1/users/u1", key=project.full, json={})
     reply = await api.call("PUT", "/v1/users/u1/preferences", key=project.full, json={

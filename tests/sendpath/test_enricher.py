@@ -23,7 +23,7 @@ async def test_a_list_of_users_becomes_one_enriched_message_per_known_user(
                    channels={"sms": False}, topics={"marketing": False},
                    attributes={"name": "Ada"}, timezone="Europe/Berlin", locale="de")
     await add_user(db, project, "u2", contacts=[("push", "tok-2")])
-    await db.execute("INSERT INTO quiet_hours VALUES ($1, 'u2', '22:00', '07:00')", project)
+    await db.execute("INSERT INTO quiet_hours VALUES ($1, 'u2', '22:00', '07:00:30')", project)
     enricher = await services(EnricherService)
 
     # When a notification to all three is enriched
@@ -42,7 +42,8 @@ async def test_a_list_of_users_becomes_one_enriched_message_per_known_user(
     assert u1["contacts"] == {"email": ["u1@example.com"], "sms": ["+15550001"]}
     assert u1["preferences"] == {"channels": {"sms": False}, "topics": {"marketing": False},
                                  "quietHours": None}
-    assert out["u2"]["preferences"]["quietHours"] == {"start": "22:00", "end": "07:00"}
+    # (seconds only where quiet hours were given with seconds)
+    assert out["u2"]["preferences"]["quietHours"] == {"start": "22:00", "end": "07:00:30"}
 
     # And the unknown user is on the timeline as skipped; the enricher leaves the
     # notification's row alone (its progress is read from the timeline)

@@ -62,7 +62,7 @@ CHANNEL: Schema = {"type": "string", "enum": list(CHANNELS)}
 CHANNEL_LIST: Schema = {"type": "array", "items": CHANNEL, "minItems": 1, "maxItems": 5,
                         "uniqueItems": True}
 TEMPLATE_TEXT: Schema = {"type": "string", "maxLength": 100_000}
-HHMM: Schema = {"type": "string", "pattern": r"^([01][0-9]|2[0-3]):[0-5][0-9]$"}
+HHMM: Schema = {"type": "string", "pattern": r"^([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9])?$"}
 SECONDS: Schema = {"type": "integer", "minimum": 1, "maximum": 31_536_000}
 STEP_SECONDS: Schema = {"type": "number", "exclusiveMinimum": 0, "maximum": 366 * 24 * 3600}
 

@@ -298,8 +298,7 @@ async def load_preferences(
         "channels": {r["channel"]: r["enabled"] for r in channels},
         "topics": {r["topic"]: r["enabled"] for r in topics},
         "quietHours": None if quiet is None else {
-            "start": quiet["start_time"].strftime("%H:%M"),
-            "end": quiet["end_time"].strftime("%H:%M"),
+            "start": wall_time(quiet["start_time"]), "end": wall_time(quiet["end_time"]),
         },
     }
 
@@ -428,22 +427,28 @@ def _bool_map(
     return out
 
 
+def wall_time(value: datetime.time) -> str:
+    """HH:MM as it was given, HH:MM:SS only for a time with seconds."""
+    return value.strftime("%H:%M:%S" if value.second else "%H:%M")
+
+
 def _quiet_hours(fields: Fields) -> tuple[datetime.time, datetime.time] | None:
     raw = fields.obj("quietHours", nullable=True)
     if raw is None:
         return None
     inner = fields.child("quietHours", raw)
     inner.only(("start", "end"))
-    start = inner.string("start", required=True, max_len=5)
-    end = inner.string("end", required=True, max_len=5)
+    start = inner.string("start", required=True, max_len=8)
+    end = inner.string("end", required=True, max_len=8)
     times: list[datetime.time] = []
     for key, value in (("start", start), ("end", end)):
         if value is None:
             continue
         if not is_hhmm(value):
-            inner.fail(key, "must be a time of day as HH:MM, such as 22:00")
+            inner.fail(key, "must be a time of day as HH:MM (or HH:MM:SS), such as 22:00")
         else:
-            times.append(datetime.time(int(value[:2]), int(value[3:])))
+            hour, minute, second = (int(part) for part in f"{value}:00".split(":")[:3])
+            times.append(datetime.time(hour, minute, second))
     if len(times) != 2:
         return None
     if times[0] == times[1]:
