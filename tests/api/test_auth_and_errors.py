@@ -359,6 +359,24 @@ async def test_a_body_in_a_supported_content_encoding_is_read_decoded(
     assert reply.body["attributes"] == {"plan": "pro"}
 
 
+async def test_a_gzip_body_of_several_members_is_read_whole(
+    api: Api, project: Project,
+) -> None:
+    body = b'{"attributes": {"plan": "pro", "seats": 3}}'
+    members = gzip.compress(body[:20]) + gzip.compress(body[20:])
+    reply = await api.call("PUT", "/v1/users/u1", key=project.full, data=members,
+                           headers={"Content-Type": "application/json",
+                                    "Content-Encoding": "gzip"})
+    assert reply.status == 201, reply.body
+    assert reply.body["attributes"] == {"plan": "pro", "seats": 3}
+    # Trailing bytes that are not another member are still refused.
+    broken = await api.call("PUT", "/v1/users/u2", key=project.full,
+                            data=gzip.compress(body) + b"junk",
+                            headers={"Content-Type": "application/json",
+                                     "Content-Encoding": "gzip"})
+    assert (broken.status, broken.fields) == (400, ["Content-Encoding"]), broken.body
+
+
 async def test_a_broken_deflate_body_is_a_400_in_the_envelope(
     api: Api, project: Project,
 ) -> None:

@@ -101,18 +101,25 @@ def _inflate(raw: bytes, coding: str, limit: int) -> bytes:
         # Many clients send raw deflate without the zlib header RFC 9110 asks for; aiohttp
         # accepts it too.
         wbits = -zlib.MAX_WBITS
-    inflater = zlib.decompressobj(wbits)
-    try:
-        out = inflater.decompress(raw, limit + 1)
-    except zlib.error:
-        out, complete = b"", False
-    else:
-        complete = inflater.eof and not inflater.unused_data
-    if len(out) > limit:
-        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(out))
-    if not complete:
-        raise undecodable_body()
-    return out
+    out = b""
+    while True:
+        inflater = zlib.decompressobj(wbits)
+        try:
+            # At most one byte past the limit: enough to tell it was passed.
+            out += inflater.decompress(raw, limit + 1 - len(out))
+        except zlib.error:
+            raise undecodable_body() from None
+        if len(out) > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(out))
+        if not inflater.eof:
+            raise undecodable_body()  # cut short
+        raw = inflater.unused_data
+        if not raw:
+            return out
+        if wbits != _ZLIB_WBITS["gzip"]:
+            raise undecodable_body()  # bytes after the end of a deflate stream
+        # RFC 1952: a gzip body may be several members back to back (pigz, concatenated
+        # files); it decodes to their contents in order.
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:
