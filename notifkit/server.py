@@ -99,6 +99,9 @@ class NotifkitServer:
         if self.settings.auto_migrate:
             from notifkit.db.migrate import migrate
 
+            # Every service needs Redis: refuse an unreachable one before creating tables, so
+            # a wrong REDIS_URL leaves no schema behind where nothing will run.
+            await _require_redis(self.settings)
             await migrate(self.settings)
         started: list[Service] = []
         try:
@@ -168,6 +171,14 @@ class NotifkitServer:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
+
+
+async def _require_redis(settings: Settings) -> None:
+    client = open_redis(settings, max_connections=1)
+    try:
+        await client.ping()
+    finally:
+        await client.aclose()
 
 
 async def _require_migrated(settings: Settings) -> None:

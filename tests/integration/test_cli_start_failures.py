@@ -154,6 +154,17 @@ def test_an_unreachable_redis_is_named_by_every_service(
         result = run_cli(env, "serve")
     _one_line_naming(result, "REDIS_URL")
     assert result.returncode == 1
+    # Refused before migrating: no schema was created for a process that never ran.
+    assert not asyncio.run(_schema_exists(database_url, env["DB_SCHEMA"]))
+
+
+async def _schema_exists(database_url: str, schema: str) -> bool:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return bool(await conn.fetchval(
+            "SELECT 1 FROM pg_namespace WHERE nspname = $1", schema))
+    finally:
+        await conn.close()
 
 
 def test_sigterm_during_a_hanging_start_stops_the_process(

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -141,15 +142,17 @@ def test_dev_sends_the_printed_curl_and_keeps_its_data(tmp_path: Path) -> None:
         assert stop(proc) == 0
 
 
-def test_sigterm_while_dev_is_starting_stops_it(tmp_path: Path) -> None:
+def test_sigterm_while_dev_is_starting_stops_it(tmp_path: Path, redis_url: str) -> None:
     # Given a DATABASE_URL that accepts connections and never answers (dev used to ignore
-    # SIGTERM until its start finished, which here is never)
+    # SIGTERM until its start finished, which here is never), and a Redis that answers (an
+    # unreachable one is refused before PostgreSQL is asked anything)
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("NOTIFKIT_", "REDIS", "DATABASE", "DB_", "PORT"))}
-        env.update(REDIS_URL="redis://127.0.0.1:1/0", LOG_FORMAT="text",
+        env.update(REDIS_URL=redis_url, LOG_FORMAT="text",
+                   NOTIFKIT_NAMESPACE=f"dev-sigterm-{uuid.uuid4().hex[:8]}",
                    DATABASE_URL=f"postgresql://postgres@127.0.0.1:{silent.getsockname()[1]}/x")
         proc = subprocess.Popen(
             [sys.executable, "-m", "notifkit", "dev", "--data-dir", str(tmp_path),
