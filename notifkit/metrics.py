@@ -34,6 +34,12 @@ PROVIDER_LATENCY = Histogram(
 
 # Computed when /metrics is scraped (the api reads XLEN / XINFO GROUPS / XPENDING then).
 STREAM_LENGTH = Gauge("notifkit_stream_length", "Entries in a stream.", ["stream"])
+STREAM_DEPTH = Gauge(
+    "notifkit_stream_depth",
+    "Entries of a stream not yet finished: unread by its group plus pending (acked entries stay "
+    "in the stream until trimmed, so its length is not its backlog; the DLQ's depth is its "
+    "length).", ["stream"],
+)
 STREAM_PENDING = Gauge(
     "notifkit_stream_pending", "Entries delivered to a group but not yet acked.",
     ["stream", "group"],

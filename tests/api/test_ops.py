@@ -155,6 +155,28 @@ async def test_streams_report_length_pending_and_age(
     assert "notifkit_processed_total" in metrics.body
 
 
+async def test_metrics_report_each_streams_depth_not_its_length(
+    api: Api, project: Project, redis: Redis
+) -> None:
+    """Acked entries stay in a stream until it is trimmed, so its length says nothing of the
+    backlog: the depth counts what the group has not read plus what it has not acked."""
+    keys = Keys(api.settings.namespace)
+    stream = keys.outbound("low")
+    group = keys.group("delivery")
+    await ensure_group(redis, stream, group)
+    for i in range(4):
+        await xadd(redis, stream, {"n": i}, maxlen=1000)
+    read = await redis.xreadgroup(group, "delivery-h-1", {stream: ">"}, count=3)
+    await redis.xack(stream, group, read[0][1][0][0])  # 1 acked, 2 pending, 1 unread
+    dlq = keys.dlq
+    await xadd(redis, dlq, {"n": 0}, maxlen=1000)
+    metrics = await api.call("GET", "/metrics")
+    assert metrics.status == 200
+    assert f'notifkit_stream_length{{stream="{stream}"}} 4.0' in metrics.body
+    assert f'notifkit_stream_depth{{stream="{stream}"}} 3.0' in metrics.body
+    assert f'notifkit_stream_depth{{stream="{dlq}"}} 1.0' in metrics.body
+
+
 def dlq_record(keys: Keys, project: str, entry: str, n: int) -> dict[str, Any]:
     stream = keys.enriched("normal")
     return {"stream": stream, "group": "notifkit:group:engine", "entryId": entry,

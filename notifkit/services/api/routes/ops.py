@@ -76,6 +76,7 @@ async def prometheus_metrics(request: web.Request) -> web.Response:
         totals = None  # without Redis: this process's own counts
     for info in streams:
         metrics.STREAM_LENGTH.labels(info["stream"]).set(info["length"])
+        metrics.STREAM_DEPTH.labels(info["stream"]).set(stream_depth(info))
         for group in info["groups"]:
             metrics.STREAM_PENDING.labels(info["stream"], group["name"]).set(group["pending"])
             metrics.STREAM_OLDEST_PENDING_AGE.labels(info["stream"], group["name"]).set(
@@ -167,6 +168,18 @@ async def _postgres_health(app: web.Application) -> bool:
     except Exception:
         return False
     return True
+
+
+def stream_depth(info: dict[str, Any]) -> int:
+    """A stream's backlog: what its busiest group has yet to read plus what it has read but
+    not acked. Redis cannot always count the unread entries (``lag`` is null after a deletion
+    inside the unread range); the stream's length bounds them then. A stream without a group
+    (the DLQ) is all backlog."""
+    groups = info["groups"]
+    if not groups:
+        return int(info["length"])
+    return max(g["pending"] + g["lag"] if g["lag"] is not None else int(info["length"])
+               for g in groups)
 
 
 async def stream_stats(redis: Redis, keys: Keys) -> list[dict[str, Any]]:
