@@ -445,10 +445,25 @@ def _build(source: str, html: bool) -> Any:
         raise _too_deep() from None
 
 
+def _bare_expression(expr: str) -> str:
+    """A branch condition written as a template tag, ``{{ data.plan == 'pro' }}``, is the
+    expression inside it (and ``{{`` cannot start a valid expression anyway)."""
+    stripped = expr.strip()
+    if stripped.startswith("{{") and stripped.endswith("}}"):
+        inner = stripped[2:-2]
+        if inner.startswith("-"):
+            inner = inner[1:]
+        if inner.endswith("-"):
+            inner = inner[:-1]
+        if "{{" not in inner and "}}" not in inner and inner.strip():
+            return inner
+    return expr
+
+
 @lru_cache(maxsize=_CACHE_SIZE)
 def _compile_expression(expr: str) -> Callable[..., Any]:
     try:
-        return _EXPRESSIONS.compile_expression(expr, undefined_to_none=True)
+        return _EXPRESSIONS.compile_expression(_bare_expression(expr), undefined_to_none=True)
     except SyntaxError:
         raise _too_deep() from None
 

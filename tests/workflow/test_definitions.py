@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from notifkit.workflow_defs import (
     MAX_DEPTH,
     enter_branch,
+    evaluate_condition,
     format_path,
     next_path,
     parse_path,
@@ -56,6 +57,16 @@ def test_errors_name_the_step_and_field() -> None:
     messages = {e["field"]: e["message"] for e in validate_steps(steps)}
     assert "not a valid expression" in messages["steps[3].if"]
 
+
+def test_a_condition_may_be_written_as_a_template_tag() -> None:
+    """``{{ data.plan == 'pro' }}`` is how a Jinja expression is usually written; it means the
+    expression inside, as validation and evaluation both read it."""
+    tagged = [{"type": "branch", "if": "{{ data.plan == 'pro' }}", "then": [], "else": []}]
+    assert validate_steps(tagged) == []
+    assert evaluate_condition("{{ data.plan == 'pro' }}", {"data": {"plan": "pro"}}) is True
+    assert evaluate_condition("{{- data.plan == 'pro' -}}", {"data": {"plan": "free"}}) is False
+    assert fields([{"type": "branch", "if": "{{ }}", "then": []}]) == ["steps[0].if"]
+    assert fields([{"type": "branch", "if": "{{ a }} {{ b }}", "then": []}]) == ["steps[0].if"]
 
 def test_the_steps_must_be_a_non_empty_list() -> None:
     assert fields(None) == ["steps"]
