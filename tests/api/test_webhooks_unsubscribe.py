@@ -188,6 +188,27 @@ async def test_twilio_status_callbacks_are_verified_against_the_public_url(
         "twilio", "bounced", "SM1")
 
 
+async def test_twilio_callbacks_may_be_signed_over_the_url_they_were_posted_to(
+    hooks: Api, redis: Redis
+) -> None:
+    """A status callback URL set by hand in Twilio's console is the address Twilio posts to,
+    which need not spell NOTIFKIT_PUBLIC_URL (localhost for 127.0.0.1, another port)."""
+    project = await hooks.project()
+    path = f"/v1/webhooks/twilio/{project.id}"
+    params = {"MessageSid": "SM2", "MessageStatus": "delivered", "To": "+14155550100"}
+    posted_to = str(hooks.client.make_url(path))
+    assert not posted_to.startswith(hooks.settings.public_url)
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    reply = await hooks.call("POST", path, data=urlencode(params), headers={
+        **form, "X-Twilio-Signature": twilio_sign(TWILIO_TOKEN, posted_to, params)})
+    assert reply.status == 200, reply.body
+    elsewhere = twilio_sign(TWILIO_TOKEN, "https://elsewhere.example" + path, params)
+    forged = await hooks.call("POST", path, data=urlencode(params),
+                              headers={**form, "X-Twilio-Signature": elsewhere})
+    assert forged.status == 401
+    [receipt] = await receipts(redis, hooks)
+    assert (receipt["kind"], receipt["providerMessageId"]) == ("delivered", "SM2")
+
 async def test_a_twilio_callback_that_is_not_a_form_is_a_bad_signature(
     hooks: Api, redis: Redis
 ) -> None:

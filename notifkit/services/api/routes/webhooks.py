@@ -10,7 +10,8 @@ authentication, and a bad one is a 401 that changes nothing.
   a captured callback cannot be replayed later.
 - twilio: ``X-Twilio-Signature`` = base64 HMAC-SHA1(auth token, URL + the form parameters
   sorted by name, each as name + value), over ``NOTIFKIT_PUBLIC_URL`` + the request path, since
-  that is the URL Twilio was given.
+  that is the URL each SMS gives Twilio, or over the URL the callback was posted to (scheme,
+  ``Host`` and path), as for a status callback URL set in Twilio's console.
 
 Each event becomes one receipt on ``events:inbound``::
 
@@ -166,11 +167,18 @@ def _check_twilio(settings: Settings, request: web.Request,
         raise unauthorized("webhook_not_configured",
                            "No Twilio auth token is configured; the callback cannot be "
                            "verified.")
-    signature = request.headers.get("X-Twilio-Signature", "")
-    url = settings.public_url.rstrip("/") + request.raw_path
-    signed = url + "".join(name + value for name, value in sorted(params))
-    expected = base64.b64encode(hmac.new(token.encode(), signed.encode(), hashlib.sha1).digest())
-    if not signature or not hmac.compare_digest(expected, signature.encode("utf-8", "replace")):
+    signature = request.headers.get("X-Twilio-Signature", "").encode("utf-8", "replace")
+    # The URL Twilio was given: NOTIFKIT_PUBLIC_URL's, which each SMS names as its
+    # StatusCallback; or, for a callback URL configured by hand, the address it was posted to.
+    urls = {settings.public_url.rstrip("/") + request.raw_path,
+            f"{request.scheme}://{request.host}{request.raw_path}"}
+    form = "".join(name + value for name, value in sorted(params))
+    matched = False
+    for url in sorted(urls):
+        expected = base64.b64encode(
+            hmac.new(token.encode(), (url + form).encode(), hashlib.sha1).digest())
+        matched |= hmac.compare_digest(expected, signature)
+    if not signature or not matched:
         raise _bad_signature()
 
 
