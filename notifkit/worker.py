@@ -84,6 +84,17 @@ end
 return kept
 """
 
+# A consumer that stops with nothing pending leaves its group, so the group's consumers are
+# the processes that read it, not every process that ever did. One with entries pending stays
+# (XGROUP DELCONSUMER would drop them): another process reclaims them from it.
+_FORGET_CONSUMER = """
+local ok, held = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2])
+if ok and #held == 0 then
+  return redis.pcall('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+end
+return -1
+"""
+
 # Compare-and-delete: only the entry that claimed a dedup mark may release it.
 _RELEASE_MARKS = """
 local n = 0
@@ -297,6 +308,7 @@ class StreamWorker:
         self._emptied_at = -LANE_POLL_S  # time.monotonic() of the last read that left them so
         self.sweep_cut_short = False  # the last reclaim sweep stopped for want of free slots
         self._release = redis.register_script(_RELEASE_MARKS)
+        self._forget = redis.register_script(_FORGET_CONSUMER)
 
     # -- lifecycle ----------------------------------------------------------------
     @property
@@ -361,6 +373,9 @@ class StreamWorker:
             gone.delete(self.keys.health(self.consumer))
             gone.zrem(self.keys.heartbeats, self.consumer)
             await gone.execute()
+        for stream in self.streams:  # one call per stream: each may live in its own slot
+            with contextlib.suppress(RedisError, OSError):
+                await self._forget(keys=[stream], args=[self.group, self.consumer])
         log.info("Worker stopped.", extra={"service": self.service, "consumer": self.consumer})
 
     async def run_until_idle(self, *, reclaim: bool = True, max_rounds: int = 10_000) -> int:

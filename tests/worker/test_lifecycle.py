@@ -128,3 +128,36 @@ async def test_stop_without_grace_acks_nothing_and_another_worker_takes_over(
     await second.run_until_idle()
     assert sorted(done) == sorted((entry_id, 2) for entry_id in ids)
     assert await pending(stream, first.group) == 0
+
+
+async def test_a_stopped_consumer_leaves_its_group_unless_it_holds_entries(
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, add: Add,
+) -> None:
+    """A group's consumers are the processes reading it (GET /v1/streams counts them), not
+    every process that ever did; one stopped with entries pending stays, so they can be
+    reclaimed from it."""
+    stream = keys.enriched("normal")
+
+    async def done(batch: list[Entry]) -> None:
+        pass
+
+    finished = make_worker(done, consumer="engine-host-a-1")
+    await add(stream, {"n": 1})
+    await finished.start()
+    for _ in range(1000):
+        if finished.stats.processed == 1:
+            break
+        await asyncio.sleep(0.01)
+    names = {c["name"] for c in await redis.xinfo_consumers(stream, finished.group)}
+    assert b"engine-host-a-1" in names
+    await finished.stop()
+    assert await redis.xinfo_consumers(stream, finished.group) == []
+
+    gate = Gate()
+    holding = make_worker(gate, consumer="engine-host-b-1")
+    await add(stream, {"n": 2})
+    await holding.start()
+    await asyncio.wait_for(gate.entered.wait(), WAIT_S)
+    await holding.stop(grace_s=0)
+    [left] = await redis.xinfo_consumers(stream, holding.group)
+    assert (left["name"], left["pending"]) == (b"engine-host-b-1", 1)
