@@ -334,6 +334,12 @@ class StreamWorker:
 
     async def start(self) -> None:
         await self.ensure_groups()
+        # Join each group as a consumer now, not at the first entry read, so a running but idle
+        # worker is one of its group's consumers (GET /v1/streams).
+        for stream in self.streams:
+            with contextlib.suppress(ResponseError):
+                await self.redis.execute_command("XGROUP", "CREATECONSUMER", stream, self.group,
+                                                 self.consumer)
         self._stopping.clear()
         await self.beat()  # so /health sees this consumer as soon as start() returns
         self._loops = [

@@ -161,3 +161,19 @@ async def test_a_stopped_consumer_leaves_its_group_unless_it_holds_entries(
     await holding.stop(grace_s=0)
     [left] = await redis.xinfo_consumers(stream, holding.group)
     assert (left["name"], left["pending"]) == (b"engine-host-b-1", 1)
+
+
+async def test_a_started_worker_is_a_consumer_of_its_groups_before_any_entry(
+    make_worker: WorkerFactory, redis: Redis, keys: Keys,
+) -> None:
+    async def nothing(batch: list[Entry]) -> None:
+        pass
+
+    worker = make_worker(nothing, consumer="engine-host-c-1")
+    await worker.start()
+    for stream in keys.enriched_all():
+        [consumer] = await redis.xinfo_consumers(stream, worker.group)
+        assert consumer["name"] == b"engine-host-c-1"
+    await worker.stop()
+    for stream in keys.enriched_all():
+        assert await redis.xinfo_consumers(stream, worker.group) == []
