@@ -338,8 +338,7 @@ class StreamWorker:
         # worker is one of its group's consumers (GET /v1/streams).
         for stream in self.streams:
             with contextlib.suppress(ResponseError):
-                await self.redis.execute_command("XGROUP", "CREATECONSUMER", stream, self.group,
-                                                 self.consumer)
+                await self.redis.xgroup_createconsumer(stream, self.group, self.consumer)
         self._stopping.clear()
         await self.beat()  # so /health sees this consumer as soon as start() returns
         self._loops = [

@@ -164,10 +164,9 @@ async def test_metrics_report_each_streams_depth_not_its_length(
     stream = keys.outbound("low")
     group = keys.group("delivery")
     await ensure_group(redis, stream, group)
-    for i in range(4):
-        await xadd(redis, stream, {"n": i}, maxlen=1000)
-    read = await redis.xreadgroup(group, "delivery-h-1", {stream: ">"}, count=3)
-    await redis.xack(stream, group, read[0][1][0][0])  # 1 acked, 2 pending, 1 unread
+    ids = [await xadd(redis, stream, {"n": i}, maxlen=1000) for i in range(4)]
+    await redis.xreadgroup(group, "delivery-h-1", {stream: ">"}, count=3)
+    await redis.xack(stream, group, ids[0])  # 1 acked, 2 pending, 1 unread
     dlq = keys.dlq
     await xadd(redis, dlq, {"n": 0}, maxlen=1000)
     metrics = await api.call("GET", "/metrics")
