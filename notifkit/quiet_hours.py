@@ -43,7 +43,7 @@ class QuietHours:
         start, end = value.get("start"), value.get("end")
         if start is None or end is None:
             return None
-        return cls(_time(start), _time(end))
+        return cls(parse_time(start), parse_time(end))
 
     def contains(self, wall: time) -> bool:
         """Whether the wall-clock time ``wall`` lies inside the quiet period."""
@@ -54,7 +54,13 @@ class QuietHours:
         return wall >= self.start or wall < self.end
 
 
-def _time(value: object) -> time:
+def wall_time(value: time) -> str:
+    """A quiet-hours time as the API takes it: HH:MM, or HH:MM:SS when it has seconds."""
+    return value.strftime("%H:%M:%S" if value.second else "%H:%M")
+
+
+def parse_time(value: object) -> time:
+    """A quiet-hours time from HH:MM, HH:MM:SS or a ``time``."""
     if isinstance(value, time):
         return value.replace(tzinfo=None, microsecond=0)
     if isinstance(value, str):

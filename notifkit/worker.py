@@ -567,7 +567,6 @@ class StreamWorker:
             (reply,) = await pipe(self.redis).command(*args).execute()
         return reply
 
-
     # -- reclaiming ---------------------------------------------------------------
     async def _reclaim_loop(self) -> None:
         while not self._stopping.is_set():

@@ -14,6 +14,7 @@ from typing import TypeAlias
 import asyncpg
 
 from notifkit.messages import EnrichedMessage, Preferences, UserProfile
+from notifkit.quiet_hours import wall_time
 
 Executor: TypeAlias = asyncpg.Pool | asyncpg.Connection
 
@@ -34,11 +35,7 @@ SELECT u.project_id::text AS project_id, u.id, u.attributes, u.timezone, u.local
        (SELECT coalesce(jsonb_object_agg(t.topic, t.enabled), '{}'::jsonb)
           FROM user_topic_preferences t
          WHERE t.project_id = u.project_id AND t.user_id = u.id) AS topic_prefs,
-       -- HH:MM as the API took it; seconds only where they were given.
-       to_char(q.start_time, CASE WHEN extract(second FROM q.start_time) = 0
-                                  THEN 'HH24:MI' ELSE 'HH24:MI:SS' END) AS quiet_start,
-       to_char(q.end_time, CASE WHEN extract(second FROM q.end_time) = 0
-                                THEN 'HH24:MI' ELSE 'HH24:MI:SS' END) AS quiet_end
+       q.start_time AS quiet_start, q.end_time AS quiet_end
   FROM unnest($1::uuid[], $2::text[]) AS r(project_id, user_id)
   -- One primary-key probe per named user (LATERAL ... LIMIT 1), however large the batch: a
   -- join let the planner hash the whole users table for a batch of a few dozen.
@@ -93,7 +90,7 @@ async def load_recipients(
             else:
                 disabled.setdefault(channel, reason)
         quiet = (
-            {"start": row["quiet_start"], "end": row["quiet_end"]}
+            {"start": wall_time(row["quiet_start"]), "end": wall_time(row["quiet_end"])}
             if row["quiet_start"] is not None else None
         )
         found[(row["project_id"], row["id"])] = Recipient(

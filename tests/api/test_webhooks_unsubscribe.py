@@ -209,6 +209,7 @@ async def test_twilio_callbacks_may_be_signed_over_the_url_they_were_posted_to(
     [receipt] = await receipts(redis, hooks)
     assert (receipt["kind"], receipt["providerMessageId"]) == ("delivered", "SM2")
 
+
 async def test_a_twilio_callback_that_is_not_a_form_is_a_bad_signature(
     hooks: Api, redis: Redis
 ) -> None:

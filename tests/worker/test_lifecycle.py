@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 
 from notifkit.keys import Keys
 from notifkit.worker import Entry, consumer_name
+from tests.support.waiting import until
 
 if TYPE_CHECKING:
     from .conftest import Add, Pending, WorkerFactory
@@ -144,10 +145,7 @@ async def test_a_stopped_consumer_leaves_its_group_unless_it_holds_entries(
     finished = make_worker(done, consumer="engine-host-a-1")
     await add(stream, {"n": 1})
     await finished.start()
-    for _ in range(1000):
-        if finished.stats.processed == 1:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: finished.stats.processed == 1)
     names = {c["name"] for c in await redis.xinfo_consumers(stream, finished.group)}
     assert b"engine-host-a-1" in names
     await finished.stop()

@@ -68,6 +68,7 @@ def test_a_condition_may_be_written_as_a_template_tag() -> None:
     assert fields([{"type": "branch", "if": "{{ }}", "then": []}]) == ["steps[0].if"]
     assert fields([{"type": "branch", "if": "{{ a }} {{ b }}", "then": []}]) == ["steps[0].if"]
 
+
 def test_the_steps_must_be_a_non_empty_list() -> None:
     assert fields(None) == ["steps"]
     assert fields([]) == ["steps"]

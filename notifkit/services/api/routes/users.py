@@ -15,6 +15,7 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
+from notifkit import quiet_hours
 from notifkit.messages import CHANNELS
 from notifkit.services.api.errors import json_response, not_found
 from notifkit.services.api.middleware import project_id
@@ -298,7 +299,8 @@ async def load_preferences(
         "channels": {r["channel"]: r["enabled"] for r in channels},
         "topics": {r["topic"]: r["enabled"] for r in topics},
         "quietHours": None if quiet is None else {
-            "start": wall_time(quiet["start_time"]), "end": wall_time(quiet["end_time"]),
+            "start": quiet_hours.wall_time(quiet["start_time"]),
+            "end": quiet_hours.wall_time(quiet["end_time"]),
         },
     }
 
@@ -427,11 +429,6 @@ def _bool_map(
     return out
 
 
-def wall_time(value: datetime.time) -> str:
-    """HH:MM as it was given, HH:MM:SS only for a time with seconds."""
-    return value.strftime("%H:%M:%S" if value.second else "%H:%M")
-
-
 def _quiet_hours(fields: Fields) -> tuple[datetime.time, datetime.time] | None:
     raw = fields.obj("quietHours", nullable=True)
     if raw is None:
@@ -447,8 +444,7 @@ def _quiet_hours(fields: Fields) -> tuple[datetime.time, datetime.time] | None:
         if not is_hhmm(value):
             inner.fail(key, "must be a time of day as HH:MM (or HH:MM:SS), such as 22:00")
         else:
-            hour, minute, second = (int(part) for part in f"{value}:00".split(":")[:3])
-            times.append(datetime.time(hour, minute, second))
+            times.append(quiet_hours.parse_time(value))
     if len(times) != 2:
         return None
     if times[0] == times[1]:
