@@ -147,9 +147,9 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
 
 async def queue_backlog(system: System, users: list[str], count: int) -> int:
     """``count`` low-priority notifications, each to one user, as the API would accept them."""
+    from notifkit.clock import utc_now_iso
     from notifkit.ids import uuid7
     from notifkit.streams import encode
-    from notifkit.worker import utc_now_iso
 
     now = utc_now_iso()
     messages: list[dict[str, Any]] = [

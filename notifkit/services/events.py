@@ -34,13 +34,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from notifkit import metrics
+from notifkit.clock import utc_now_iso
 from notifkit.db import events as events_db
 from notifkit.db.events import MessageLookup, SentMessage, Suppression, TimelineRow
 from notifkit.errors import MalformedPayload, RetryLater
 from notifkit.ids import derived_uuid7, is_uuid, untasked_row_id
 from notifkit.messages import CHANNELS, RECEIPT_KINDS, WorkflowEvent
 from notifkit.services.base import WorkerService
-from notifkit.worker import Entry, utc_now_iso
+from notifkit.worker import Entry
 
 log = logging.getLogger("notifkit.events")
 

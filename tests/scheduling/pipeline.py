@@ -9,11 +9,11 @@ from typing import Any
 import asyncpg
 from redis.asyncio import Redis
 
+from notifkit.clock import utc_now_iso
 from notifkit.config import EmailSettings, Settings, WebhookSecrets
 from notifkit.ids import uuid7
 from notifkit.keys import Keys
 from notifkit.streams import xadd
-from notifkit.worker import utc_now_iso
 from tests.sendpath.helpers import drain, entries, timeline
 
 EMAIL = {"subject": "Hello {{ user.id }}", "text": "Your code is {{ data.code }}."}

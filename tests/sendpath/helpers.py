@@ -9,11 +9,11 @@ from typing import Any
 import asyncpg
 from redis.asyncio import Redis
 
+from notifkit.clock import utc_now_iso
 from notifkit.ids import uuid7
 from notifkit.keys import Keys
 from notifkit.services.base import Service
 from notifkit.streams import decode, xadd
-from notifkit.worker import utc_now_iso
 from tests.support.streams import xrange
 
 

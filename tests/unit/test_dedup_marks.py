@@ -14,7 +14,8 @@ import pytest
 
 from notifkit.dedup import Dedup
 from notifkit.keys import Keys
-from notifkit.worker import _RELEASE_MARKS, Entry
+from notifkit.worker import Entry
+from notifkit.worker.scripts import RELEASE_MARKS
 
 STREAM = "ns:notifkit:stream:enriched:normal"
 
@@ -120,7 +121,7 @@ async def test_release_deletes_only_marks_the_entry_still_owns(
 ) -> None:
     # Given an entry that claimed two marks, one of which has since expired and been claimed
     # by another entry
-    release = fake.register_script(_RELEASE_MARKS)
+    release = fake.register_script(RELEASE_MARKS)
     failing = entry("1-0")
     await dedup.claim_many([(failing, "k1", None), (failing, "k2", None)])
     await fake.delete("ns:notif:processed:engine:k2")

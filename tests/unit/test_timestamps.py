@@ -6,7 +6,7 @@ import re
 import time
 from datetime import UTC, datetime
 
-from notifkit.worker import utc_now_iso
+from notifkit.clock import utc_now_iso
 
 ISO_MS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 

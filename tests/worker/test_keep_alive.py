@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from redis.asyncio import Redis
 
-from notifkit import worker as worker_module
 from notifkit.config import Settings
 from notifkit.keys import Keys
 from notifkit.worker import Entry, StreamWorker
+from notifkit.worker import stream_worker as worker_module
 from tests.support.waiting import until
 
 if TYPE_CHECKING:

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from notifkit import worker as worker_module
 from notifkit.keys import Keys
 from notifkit.worker import PRIORITY_RESERVE_DIVISOR, Entry, StreamWorker
+from notifkit.worker import stream_worker as worker_module
 
 if TYPE_CHECKING:
     from .conftest import Add, Pending, WorkerFactory

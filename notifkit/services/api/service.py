@@ -20,12 +20,13 @@ from typing import Any, ClassVar
 from aiohttp import web
 from redis.exceptions import RedisError
 
+from notifkit.clock import utc_now_iso
 from notifkit.config import ConfigError, Settings
 from notifkit.services.api.app import create_app
 from notifkit.services.api.state import IN_FLIGHT
 from notifkit.services.base import Service
 from notifkit.tasks import cancel_and_wait
-from notifkit.worker import consumer_name, utc_now_iso, write_heartbeat
+from notifkit.worker import consumer_name, write_heartbeat
 
 log = logging.getLogger("notifkit.api")
 

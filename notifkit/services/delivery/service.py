@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from notifkit import metrics
+from notifkit.clock import utc_now_iso
 from notifkit.coalesce import Coalescer
 from notifkit.config import Settings
 from notifkit.db import outbox
@@ -41,7 +42,7 @@ from notifkit.services.payloads import parse_each, parse_one
 from notifkit.services.timeline import task_row
 from notifkit.transports.base import Message, Outcome, SendResult, Transport, TransportContext
 from notifkit.transports.registry import MISSING, build_transports
-from notifkit.worker import Entry, attempts_before, batch_stream, utc_now_iso
+from notifkit.worker import Entry, attempts_before, batch_stream
 
 log = logging.getLogger("notifkit.delivery")
 

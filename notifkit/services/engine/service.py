@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 from notifkit import quiet_hours, throttle
 from notifkit import templates as jinja
+from notifkit.clock import utc_now_iso
 from notifkit.config import Settings
 from notifkit.db.logs import Kind, LogRow, Status, insert_logs
 from notifkit.db.routing import Template, load_routing
@@ -40,7 +41,7 @@ from notifkit.services.engine.channels import Decision, decide
 from notifkit.services.engine.render import context_for, render
 from notifkit.services.payloads import parse_each
 from notifkit.unsubscribe import unsubscribe_url
-from notifkit.worker import Entry, utc_now_iso
+from notifkit.worker import Entry
 
 log = logging.getLogger("notifkit.engine")
 

@@ -9,6 +9,7 @@ import logging
 
 from aiohttp import web
 
+from notifkit.clock import utc_now_iso
 from notifkit.ids import uuid7
 from notifkit.services.api.errors import json_response
 from notifkit.services.api.middleware import project_id
@@ -17,7 +18,6 @@ from notifkit.services.api.schemas import ref
 from notifkit.services.api.state import KEYS, REDIS, SETTINGS
 from notifkit.services.api.validation import Fields, read_json
 from notifkit.streams import xadd
-from notifkit.worker import utc_now_iso
 from notifkit.workflow_defs import MAX_EVENT_NAME_CHARS
 
 log = logging.getLogger("notifkit.api")

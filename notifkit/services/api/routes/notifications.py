@@ -19,6 +19,7 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
+from notifkit.clock import utc_now_iso
 from notifkit.ids import uuid7
 from notifkit.messages import CHANNELS, PRIORITIES, InboundMessage, Recipients
 from notifkit.services.api.errors import invalid_field, json_response, not_found
@@ -46,7 +47,6 @@ from notifkit.services.api.validation import (
     read_json,
     uuid_id,
 )
-from notifkit.worker import utc_now_iso
 
 log = logging.getLogger("notifkit.api")
 

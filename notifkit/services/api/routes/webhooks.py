@@ -36,6 +36,7 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 
 from notifkit import codec
+from notifkit.clock import utc_now_iso
 from notifkit.config import Settings
 from notifkit.services.api.auth import project_not_found, unauthorized
 from notifkit.services.api.errors import ApiError, Detail, invalid, json_response
@@ -52,7 +53,6 @@ from notifkit.services.api.validation import (
     read_body,
 )
 from notifkit.streams import queue_xadd
-from notifkit.worker import utc_now_iso
 
 ops = Operations("webhooks")
 

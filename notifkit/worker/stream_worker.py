@@ -1,48 +1,43 @@
-"""The stream worker: CONTRACT §3 as one small loop around a service's batch processor.
-
-    read (priority fill, bounded by free capacity)
-      -> INCR attempt counters (one script call) -> over the limit? dead-letter
-      -> process(batch)                         -> per-entry success or failure
-      -> success: XADD the entry's outputs, then XACK + DEL counter, in one script call
-      -> failure: release its dedup marks, ack nothing; last attempt? dead-letter
-    reclaim sweep: XAUTOCLAIM idle entries every ``reclaim_interval_s`` and run them again
-    keep-alive: entries this worker is still working on are touched (XCLAIM to itself, JUSTID)
-                every third of ``reclaim_min_idle_s``, so only a dead or stuck worker's idle
-                entries are taken over, never those of one that is merely slow
-
-Outputs are written by the same script call as the ack, so a crash can never leave a stage
-having acked its input without its outputs (nor the reverse). A script, unlike MULTI/EXEC,
-stops at the first command Redis refuses: were an output stream's key of the wrong type, a
-MULTI would still run the XACK after the failed XADD and lose the entry, where the script
-leaves it pending, to be retried and, past its attempts, dead-lettered. Outputs written before
-the refusal are written again by the retry; every stage's dedup absorbs such copies. Side
-effects outside Redis (provider calls, PostgreSQL rows) are the processor's to make idempotent.
-"""
+"""The loop itself: read, count attempts, process, settle or dead-letter; reclaim, keep alive,
+beat (see the package docstring)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from notifkit import codec, metrics
+from notifkit import metrics
+from notifkit.clock import utc_now_iso
 from notifkit.config import Settings
 from notifkit.errors import MalformedPayload, PermanentFailure
 from notifkit.keys import Keys
-from notifkit.messages import CHANNELS
 from notifkit.redis_pipe import pipe
 from notifkit.streams import DATA_FIELD, as_str, decode, dlq_fields, encode, ensure_group
 from notifkit.tasks import cancel_all
+from notifkit.worker import scripts
+from notifkit.worker.entry import (
+    BatchProcessor,
+    ClaimKey,
+    Entry,
+    attempts_made,
+    batch_stream,
+    channel_label,
+    dlq_record,
+    failed_event,
+    log_fields,
+)
+from notifkit.worker.health import consumer_name, write_heartbeat
+from notifkit.worker.reading import entries_of, is_nogroup
 
 log = logging.getLogger("notifkit.worker")
 
@@ -63,184 +58,6 @@ RECLAIM_AGAIN_S = 0.1
 KEEP_ALIVE_LIMIT = 10
 # Below this RECLAIM_MIN_IDLE_SECONDS nothing is kept alive (0 means "reclaim at once").
 KEEP_ALIVE_MIN_IDLE_S = 0.03
-
-# Touch the entries this consumer still owns (KEYS: streams; ARGV: group, consumer, then per
-# stream its number of ids and the ids): XCLAIM to itself resets the idle time, JUSTID leaves
-# the delivery count alone. An entry another consumer has taken over is left to it.
-_KEEP_ALIVE = """
-local group, consumer = ARGV[1], ARGV[2]
-local a, kept = 3, 0
-for i, stream in ipairs(KEYS) do
-  local n = tonumber(ARGV[a])
-  for j = a + 1, a + n do
-    local id = ARGV[j]
-    if #redis.call('XPENDING', stream, group, id, id, 1, consumer) == 1 then
-      redis.call('XCLAIM', stream, group, consumer, 0, id, 'JUSTID')
-      kept = kept + 1
-    end
-  end
-  a = a + n + 1
-end
-return kept
-"""
-
-# A consumer that stops with nothing pending leaves its group, so the group's consumers are
-# the processes that read it, not every process that ever did. One with entries pending stays
-# (XGROUP DELCONSUMER would drop them): another process reclaims them from it.
-_FORGET_CONSUMER = """
-local ok, held = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2])
-if ok and #held == 0 then
-  return redis.pcall('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
-end
-return -1
-"""
-
-# Compare-and-delete: only the entry that claimed a dedup mark may release it.
-_RELEASE_MARKS = """
-local n = 0
-for i, key in ipairs(KEYS) do
-  if redis.call('GET', key) == ARGV[1] then n = n + redis.call('DEL', key) end
-end
-return n
-"""
-
-# One call for a batch's attempt counters (KEYS: counters; ARGV: TTL, then each entry's stream,
-# the counter's field): the new count of each.
-_COUNT_ATTEMPTS = """
-local counts = {}
-for i, key in ipairs(KEYS) do
-  counts[i] = redis.call('INCR', key)
-  redis.call('EXPIRE', key, ARGV[1])
-end
-return counts
-"""
-
-# Fill the free slots from the streams in priority order, in one round trip: XREADGROUP on
-# each stream in turn (never blocking inside a script), each taking what the earlier ones
-# left. KEYS: the streams, highest priority first. ARGV: group, consumer, free slots, then per
-# stream the slots it must leave free (the reserve kept for the first stream). Returns whether
-# every stream was read and left empty, then the replies as [stream, entries] pairs.
-_READ_IN_ORDER = """
-local group, consumer, free = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local taken, out, emptied = 0, {}, 1
-for i, stream in ipairs(KEYS) do
-  local want = free - taken - tonumber(ARGV[3 + i])
-  if want <= 0 then
-    emptied = 0
-    break
-  end
-  local reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', want,
-                           'STREAMS', stream, '>')
-  if reply then
-    local entries = reply[1][2]
-    out[#out + 1] = reply[1]
-    taken = taken + #entries
-    if #entries >= want then emptied = 0 end
-  end
-end
-return {emptied, out}
-"""
-
-# Settle a batch: XADD its outputs, then XACK its entries and delete their attempt counters.
-# KEYS: output streams, then streams to ack on, then attempt counters. ARGV: how many outputs,
-# how many ack streams, MAXLEN, group, then per output its number of field/value items and
-# those items, then per ack stream its number of ids and the ids. Outputs come first so that a
-# refused XADD aborts the script before anything is acked.
-_SETTLE = """
-local outputs, acks = tonumber(ARGV[1]), tonumber(ARGV[2])
-local maxlen, group = ARGV[3], ARGV[4]
-local a = 5
-for i = 1, outputs do
-  local n = tonumber(ARGV[a])
-  redis.call('XADD', KEYS[i], 'MAXLEN', '~', maxlen, '*', unpack(ARGV, a + 1, a + n))
-  a = a + n + 1
-end
-for j = 1, acks do
-  local n = tonumber(ARGV[a])
-  a = a + 1
-  local first = a
-  while first < a + n do
-    local last = math.min(first + 999, a + n - 1)
-    redis.call('XACK', KEYS[outputs + j], group, unpack(ARGV, first, last))
-    first = last + 1
-  end
-  a = a + n
-end
-local first = outputs + acks + 1
-while first <= #KEYS do
-  local last = math.min(first + 999, #KEYS)
-  redis.call('DEL', unpack(KEYS, first, last))
-  first = last + 1
-end
-return outputs
-"""
-
-
-# The stream of the batch being processed in the current task (None outside batches).
-batch_stream: contextvars.ContextVar[str | None] = contextvars.ContextVar("batch_stream",
-                                                                         default=None)
-
-
-def consumer_name(service: str) -> str:
-    """``{service}-{hostname}-{pid}``: two containers both running as pid 1 must differ."""
-    return f"{service}-{socket.gethostname()}-{os.getpid()}"
-
-
-# (millisecond, its text): stages stamp several entries in the same millisecond.
-_last_stamp: tuple[int, str] = (-1, "")
-
-
-def utc_now_iso() -> str:
-    """Now in UTC as ``2026-01-02T03:04:05.678Z``."""
-    global _last_stamp
-    ms = time.time_ns() // 1_000_000
-    if ms != _last_stamp[0]:
-        seconds, millis = divmod(ms, 1000)
-        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
-        _last_stamp = (ms, text)
-    return _last_stamp[1]
-
-
-@dataclass(slots=True, eq=False)
-class Entry:
-    """One stream entry handed to a processor.
-
-    A processor marks a failure with :meth:`fail` (or by raising, which fails the whole
-    batch) and queues outputs with :meth:`emit`; outputs of failed entries are discarded.
-    """
-
-    stream: str
-    id: str
-    payload: dict[str, Any]
-    attempt: int
-    reclaimed: bool = False
-    taken_at: float = field(default_factory=time.monotonic)  # when this worker took it
-    error: BaseException | None = None
-    emits: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    marks: list[str] = field(default_factory=list)
-    # The dedup mark the worker claimed while counting the attempt (see ClaimKey): its name,
-    # and whether this entry may proceed. None = the stage claims its marks itself.
-    claimed: tuple[str, bool] | None = None
-
-    @property
-    def owner(self) -> str:
-        """Who holds this entry's dedup marks. Stable across reclaims and DLQ replays."""
-        replay_of = self.payload.get("_replayOf")
-        return replay_of if isinstance(replay_of, str) else f"{self.stream}/{self.id}"
-
-    def emit(self, stream: str, payload: Mapping[str, Any]) -> None:
-        self.emits.append((stream, dict(payload)))
-
-    def fail(self, error: BaseException) -> None:
-        self.error = error
-
-
-BatchProcessor = Callable[[list[Entry]], Awaitable[None]]
-# The dedup mark a stage will claim for an entry, from its stream and payload: the mark's full
-# key and its TTL in seconds, or None (a payload the stage will refuse, or one it claims for
-# itself). The worker claims it in the round trip that counts the attempt.
-ClaimKey = Callable[[str, dict[str, Any]], tuple[str, int] | None]
-
 
 @dataclass
 class WorkerStats:
@@ -307,8 +124,8 @@ class StreamWorker:
         self._drained = False
         self._emptied_at = -LANE_POLL_S  # time.monotonic() of the last read that left them so
         self.sweep_cut_short = False  # the last reclaim sweep stopped for want of free slots
-        self._release = redis.register_script(_RELEASE_MARKS)
-        self._forget = redis.register_script(_FORGET_CONSUMER)
+        self._release = redis.register_script(scripts.RELEASE_MARKS)
+        self._forget = redis.register_script(scripts.FORGET_CONSUMER)
 
     # -- lifecycle ----------------------------------------------------------------
     @property
@@ -542,18 +359,18 @@ class StreamWorker:
         if block_ms is not None:
             args += ["BLOCK", block_ms]
         args += ["STREAMS", *streams, *streams.values()]
-        return _entries(await self._call_rejoining(args))
+        return entries_of(await self._call_rejoining(args))
 
     async def _read_in_order(
         self, streams: list[str], first: str, free: int, reserve: int
     ) -> tuple[list[tuple[str, str, Mapping[bytes, bytes] | None]], bool]:
         """Up to ``free`` new entries, filled from ``streams`` in order (those after ``first``
         leaving ``reserve`` slots), and whether every stream was read and left empty."""
-        args: list[Any] = ["EVAL", _READ_IN_ORDER, len(streams), *streams,
+        args: list[Any] = ["EVAL", scripts.READ_IN_ORDER, len(streams), *streams,
                            self.group, self.consumer, free,
                            *[0 if stream == first else reserve for stream in streams]]
         emptied, reply = await self._call_rejoining(args)
-        return _entries(reply), int(emptied) == 1
+        return entries_of(reply), int(emptied) == 1
 
     async def _call_rejoining(self, args: list[Any]) -> Any:
         """One read command; after a NOGROUP, the group is created again and the read
@@ -666,7 +483,7 @@ class StreamWorker:
         args: list[Any] = [self.group, self.consumer]
         for ids in by_stream.values():
             args += [len(ids), *ids]
-        (kept,) = await pipe(self.redis).eval(_KEEP_ALIVE, len(by_stream), *by_stream,
+        (kept,) = await pipe(self.redis).eval(scripts.KEEP_ALIVE, len(by_stream), *by_stream,
                                               *args).execute()
         return int(kept)
 
@@ -686,7 +503,7 @@ class StreamWorker:
                    for stream, entry_id, payload in parsed]
         batch_pipe = pipe(self.redis)
         if parsed:
-            batch_pipe.eval(_COUNT_ATTEMPTS, len(parsed),
+            batch_pipe.eval(scripts.COUNT_ATTEMPTS, len(parsed),
                             *[self.keys.attempts(self.group, entry_id, stream)
                               for stream, entry_id, _p in parsed],
                             self.settings.attempts_ttl_s)
@@ -794,7 +611,7 @@ class StreamWorker:
         self.stats.processed += len(done)
         counts: dict[tuple[str, str], int] = {}
         for entry in done:
-            labels = (entry.stream, _channel(entry))
+            labels = (entry.stream, channel_label(entry))
             counts[labels] = counts.get(labels, 0) + 1
         for (stream, channel), count in counts.items():
             metrics.PROCESSED.labels(self.service, stream, channel).inc(count)
@@ -803,14 +620,14 @@ class StreamWorker:
         last: list[Entry] = []
         for entry in failed:
             self.stats.failed += 1
-            metrics.FAILED.labels(self.service, entry.stream, _channel(entry)).inc()
+            metrics.FAILED.labels(self.service, entry.stream, channel_label(entry)).inc()
             permanent = isinstance(entry.error, PermanentFailure)
             final = permanent or entry.attempt >= self.max_attempts
             log.warning(
                 "Attempt %d of %d failed: %s. %s", entry.attempt, self.max_attempts,
                 entry.error,
                 "Dead-lettering it." if final else "It stays pending for the reclaim sweep.",
-                extra=_ids(self.service, entry),
+                extra=log_fields(self.service, entry),
             )
             if entry.marks:
                 await self._release(keys=entry.marks, args=[entry.owner])
@@ -825,19 +642,7 @@ class StreamWorker:
         now = utc_now_iso()
         outputs: list[tuple[str, dict[str, Any]]] = []
         for entry in entries:
-            payload = entry.payload
-            record = {
-                "stream": entry.stream,
-                "group": self.group,
-                "entryId": entry.id,
-                "service": self.service,
-                "payload": payload,
-                "error": _describe(entry.error),
-                "attempts": attempts_made(entry),
-                "failedAt": now,
-                "projectId": payload.get("projectId"),
-                "replayOf": entry.owner,
-            }
+            record = dlq_record(entry, self.service, self.group, now)
             outputs.append((self.keys.dlq, record))
             if (entry.stream != self.keys.events_inbound
                     and not self.settings.injects("skip_failed_event")):  # test-only fault
@@ -845,11 +650,11 @@ class StreamWorker:
         await self._settle(outputs, entries)
         for entry in entries:
             self.stats.dead_lettered += 1
-            metrics.DEAD_LETTERED.labels(self.service, entry.stream, _channel(entry)).inc()
+            metrics.DEAD_LETTERED.labels(self.service, entry.stream, channel_label(entry)).inc()
             made = attempts_made(entry)
             log.error("Moved to the dead-letter queue after %d attempt%s; replay it with "
                       "POST /v1/dlq/{id}/replay once the cause is fixed.", made,
-                      "" if made == 1 else "s", extra=_ids(self.service, entry))
+                      "" if made == 1 else "s", extra=log_fields(self.service, entry))
 
     async def _settle(self, outputs: Sequence[tuple[str, Mapping[str, Any]]],
                       entries: Sequence[Entry]) -> None:
@@ -871,7 +676,7 @@ class StreamWorker:
         for ids in by_stream.values():
             args.append(len(ids))
             args += ids
-        await pipe(self.redis).eval(_SETTLE, len(keys), *keys, *args).execute()
+        await pipe(self.redis).eval(scripts.SETTLE, len(keys), *keys, *args).execute()
 
     # -- heartbeat -----------------------------------------------------------------
     async def _heartbeat_loop(self) -> None:
@@ -898,111 +703,3 @@ class StreamWorker:
         }
         await write_heartbeat(self.redis, self.keys, self.consumer, beat,
                               self.settings.heartbeat_ttl_s)
-
-
-def _entries(reply: Any) -> list[tuple[str, str, Mapping[bytes, bytes] | None]]:
-    """The (stream, entry id, fields) of an XREADGROUP reply, in order."""
-    out: list[tuple[str, str, Mapping[bytes, bytes] | None]] = []
-    # A map under RESP3, pairs under RESP2 (and from a script).
-    pairs = reply.items() if isinstance(reply, dict) else reply or []
-    for stream, entries in pairs:
-        name = as_str(stream)
-        for entry_id, fields in entries:
-            # Raw reply: fields come as [name, value, ...]; an entry deleted while pending
-            # comes back with none (false from a script).
-            out.append((name, as_str(entry_id),
-                        dict(zip(fields[::2], fields[1::2], strict=True))
-                        if fields else None))
-    return out
-
-
-def is_nogroup(exc: ResponseError) -> bool:
-    """Redis's answer when the stream or its consumer group does not exist: NOGROUP, or
-    UNBLOCKED for a blocking read whose stream or group went away while it waited."""
-    return str(exc).startswith(("NOGROUP", "UNBLOCKED"))
-
-
-def failed_event(entry: Entry, record: Mapping[str, Any]) -> dict[str, Any]:
-    p = entry.payload
-    return {
-        "type": "notification:failed",
-        "projectId": p.get("projectId"),
-        "eventId": p.get("eventId"),
-        "taskId": p.get("taskId"),
-        "userId": payload_user(p),
-        "channel": p.get("channel"),
-        "campaignId": p.get("campaignId"),
-        "stream": entry.stream,
-        "entryId": entry.id,
-        "error": record["error"],
-        "attempts": record["attempts"],
-        # The timeline's number for the last attempt: after those of the rounds before a DLQ
-        # replay, as delivery numbers its own rows, so a replay that fails again shows.
-        "attempt": attempts_before(p) + record["attempts"],
-        "at": record["failedAt"],
-    }
-
-
-def payload_user(payload: Mapping[str, Any]) -> str | None:
-    """The recipient a stage's payload is about: a task's ``userId``, or an enriched
-    message's ``user.id`` (work that has no task yet, but already one recipient)."""
-    user = payload.get("userId")
-    if isinstance(user, str):
-        return user
-    nested = payload.get("user")
-    if isinstance(nested, Mapping) and isinstance(nested.get("id"), str):
-        return str(nested["id"])
-    return None
-
-
-# Set by a DLQ replay: the attempts the work had before it was replayed. The replay's own
-# attempts count afresh against the limit; this only numbers them after the earlier ones.
-REPLAYED_ATTEMPTS = "_replayedAttempts"
-
-
-def attempts_before(payload: Mapping[str, Any]) -> int:
-    """Attempts made before the last DLQ replay of this work (0 if never replayed)."""
-    value = payload.get(REPLAYED_ATTEMPTS)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def attempts_made(entry: Entry) -> int:
-    """The attempts the work has had: this entry's, plus those of the earlier entries it was
-    parked from (``priorAttempts``, carried by delivery and AI tasks across a 429), so the DLQ
-    says 3 for a task refused three times, not 1 for its last entry."""
-    prior = entry.payload.get("priorAttempts")
-    if isinstance(prior, int) and not isinstance(prior, bool) and prior > 0:
-        return prior + entry.attempt
-    return entry.attempt
-
-
-def _channel(entry: Entry) -> str:
-    """The entry's channel for the metrics' ``channel`` label ("" when it names none)."""
-    channel = entry.payload.get("channel")
-    return channel if channel in CHANNELS else ""
-
-
-def _describe(error: BaseException | None) -> str:
-    if error is None:
-        return "unknown error"
-    text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
-
-
-def _ids(service: str, entry: Entry) -> dict[str, Any]:
-    p = entry.payload
-    fields: dict[str, Any] = {"service": service, "stream": entry.stream, "entry_id": entry.id}
-    for key, name in (("eventId", "event_id"), ("taskId", "task_id"), ("projectId", "project_id")):
-        if p.get(key):
-            fields[name] = p[key]
-    return fields
-
-
-async def write_heartbeat(redis: Redis, keys: Keys, consumer: str, beat: Mapping[str, Any],
-                          ttl_s: int) -> None:
-    """The consumer's ``notif:health:*`` key, and its entry in the index /health reads (a SCAN
-    for the keys would walk every key of a shared Redis: millions of dedup marks)."""
-    writes = redis.pipeline(transaction=True)
-    writes.set(keys.health(consumer), codec.dumps(beat), ex=ttl_s)
-    writes.zadd(keys.heartbeats, {consumer: time.time()})
-    await writes.execute()
