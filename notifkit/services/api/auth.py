@@ -5,6 +5,11 @@ Project keys are stored only as the hex SHA-256 of the key. A looked-up key is c
 :class:`~notifkit.services.api.pubsub.Hub` drops it from its cache at once. The cache is only
 trusted while that subscription is live: a process that lost its subscription could miss a
 revocation, so until it has resubscribed every request goes to PostgreSQL.
+
+A key PostgreSQL does not know is remembered as unknown for ``UNKNOWN_KEY_TTL_S``, so a client
+retrying a revoked or mistyped key in a loop costs one query per interval, not one per request.
+That needs no subscription: keys are random and a revoked one is never restored, so a key
+unknown now can become known only by being created, and a created key is a new one.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import hashlib
 import hmac
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,6 +28,9 @@ from notifkit.services.api.errors import ApiError, invalid_field
 from notifkit.services.api.validation import parse_uuid
 
 KEY_CACHE_TTL_S = 60.0
+UNKNOWN_KEY_TTL_S = 5.0
+# Random keys are each new: past this many the remembered unknown keys start again from none.
+MAX_UNKNOWN_KEYS = 10_000
 KEY_PREFIX = "nk_"
 MAX_KEY_LEN = 512
 
@@ -65,15 +74,22 @@ def hash_key(key: str) -> str:
 class KeyCache:
     """Key hash -> key record for ``ttl_s``; revocations drop entries immediately."""
 
-    def __init__(self, pool: asyncpg.Pool, ttl_s: float = KEY_CACHE_TTL_S) -> None:
+    def __init__(self, pool: asyncpg.Pool, ttl_s: float = KEY_CACHE_TTL_S, *,
+                 unknown_ttl_s: float = UNKNOWN_KEY_TTL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.pool = pool
         self.ttl_s = ttl_s
+        self.unknown_ttl_s = unknown_ttl_s
+        self.clock = clock
         self.live = False  # set by the Hub while its revocation subscription is up
         self._entries: dict[str, tuple[float, KeyRecord]] = {}
+        self._unknown: dict[str, float] = {}  # key hash -> until when it is refused from memory
         self._revocations = 0  # bumped by every drop, so a racing lookup never re-caches
 
     async def lookup(self, key_hash: str) -> KeyRecord | None:
-        now = time.monotonic()
+        now = self.clock()
+        if self._unknown.get(key_hash, 0.0) > now:
+            return None
         if self.live:
             cached = self._entries.get(key_hash)
             if cached is not None and cached[0] > now:
@@ -85,6 +101,9 @@ class KeyCache:
             key_hash,
         )
         if row is None:
+            if len(self._unknown) >= MAX_UNKNOWN_KEYS:
+                self._unknown.clear()
+            self._unknown[key_hash] = now + self.unknown_ttl_s
             return None
         record = KeyRecord(str(row["id"]), str(row["project_id"]), row["role"])
         if self.live and seen == self._revocations:
