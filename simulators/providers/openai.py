@@ -4,7 +4,12 @@ Completions are deterministic: the text is derived from a hash of the model and 
 so the same prompt always gets the same answer and tests can assert on it. `usage` counts
 tokens approximately (about four characters per prompt token, one per completion word).
 `stream: true` answers as server-sent events, `max_tokens` truncates with
-`finish_reason: "length"`, and `response_format` json modes return a JSON object.
+`finish_reason: "length"`. `response_format` `json_object` answers `{"text": <the text>}`;
+`json_schema` answers a JSON instance of its `schema` built from the text (see
+simulators/schema_instance.py), which the SDK's `parse()` helpers validate. A JSON answer
+counts one token per word of its JSON text; one longer than `max_tokens` is cut to the plain
+text's first `max_tokens` words with `finish_reason: "length"`, not JSON, as OpenAI's cut-off
+answer is not.
 Errors are `{"error": {"message", "type", "param", "code"}}`.
 
 Known models are a fixed list plus anything named `sim-*`; others get 404 model_not_found.
@@ -18,7 +23,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import secrets
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, ClassVar
 
@@ -38,6 +45,7 @@ from simulators.pipeline import (
 from simulators.providers.common import stored_text, strict_json, task_id_text
 from simulators.records import MessageRecord
 from simulators.replies import Reply, json_reply
+from simulators.schema_instance import instance
 from simulators.state import SimState
 
 KNOWN_MODELS = (
@@ -60,6 +68,9 @@ CONTEXT_TOKENS = {
 }
 DEFAULT_CONTEXT_TOKENS = 128_000  # gpt-4o, gpt-4o-mini and sim-* models
 ROLES = ("system", "assistant", "user", "function", "tool", "developer")
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+_SCHEMA_NAME = re.compile(r"^[a-zA-Z0-9_-]+$")
+MAX_SCHEMA_NAME_CHARS = 64
 TASK_KEY = "notifkit_task_id"
 MODEL_CREATED_S = 1_700_000_000
 FINGERPRINT = "fp_notifkit_sim"
@@ -198,20 +209,11 @@ class OpenAI(HttpProvider):
                 field_name="messages",
                 code="context_length_exceeded",
             )
-        json_mode = isinstance(payload.get("response_format"), dict) and payload[
-            "response_format"
-        ].get("type") in ("json_object", "json_schema")
-        choices = []
-        for index in range(n):
-            text = completion_text(model, messages, index)
-            words = text.split()
-            finish = "stop"
-            if limit is not None and len(words) > limit:
-                words, finish = words[:limit], "length"
-            content = " ".join(words)
-            if json_mode and finish == "stop":
-                content = json.dumps({"text": content})
-            choices.append({"content": content, "finish_reason": finish, "tokens": len(words)})
+        answer_format = _answer_format(payload.get("response_format"))
+        choices = [
+            _choice(completion_text(model, messages, index), answer_format, limit)
+            for index in range(n)
+        ]
         metadata = payload.get("metadata")
         task_id = header_task_id(request)
         if task_id is None and isinstance(metadata, dict):
@@ -422,6 +424,107 @@ def _check_options(payload: dict[str, Any]) -> None:
         value = payload.get(name)
         if value is not None and not isinstance(value, dict):
             raise _invalid_type(name, "an object", value)
+
+
+@dataclass(frozen=True)
+class AnswerFormat:
+    """What `response_format` asks for: `kind` is one of RESPONSE_FORMATS, `schema` the JSON
+    Schema of a `json_schema` answer (None when it gives none)."""
+
+    kind: str = "text"
+    schema: dict[str, Any] | None = None
+
+
+def _answer_format(value: object) -> AnswerFormat:
+    """`response_format` checked as OpenAI checks it (the type of the whole was checked with
+    the other options)."""
+    if not isinstance(value, dict):
+        return AnswerFormat()
+    kind = value.get("type")
+    if kind is None:
+        raise _missing("response_format.type")
+    if not isinstance(kind, str) or kind not in RESPONSE_FORMATS:
+        raise Rejection(
+            ErrorCase.BAD_REQUEST,
+            f"Invalid value: {json.dumps(kind)[:40]}. Supported values are: 'json_object', "
+            "'json_schema', and 'text'.",
+            field_name="response_format.type",
+            code="invalid_value",
+        )
+    if kind != "json_schema":
+        return AnswerFormat(kind)
+    return AnswerFormat(kind, _json_schema(value.get("json_schema")))
+
+
+def _json_schema(spec: object) -> dict[str, Any] | None:
+    """The schema of `response_format.json_schema`, once its `name`, `schema` and `strict`
+    are the types OpenAI takes."""
+    where = "response_format.json_schema"
+    if spec is None:
+        raise _missing(where)
+    if not isinstance(spec, dict):
+        raise _invalid_type(where, "an object", spec)
+    name = spec.get("name")
+    if name is None:
+        raise _missing(f"{where}.name")
+    if not isinstance(name, str):
+        raise _invalid_type(f"{where}.name", "a string", name)
+    _check_schema_name(name)
+    schema = spec.get("schema")
+    if schema is not None and not isinstance(schema, dict):
+        raise _invalid_type(f"{where}.schema", "an object", schema)
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise _invalid_type(f"{where}.strict", "a boolean", strict)
+    return schema
+
+
+def _check_schema_name(name: str) -> None:
+    where = "response_format.json_schema.name"
+    if len(name) > MAX_SCHEMA_NAME_CHARS:
+        raise Rejection(
+            ErrorCase.BAD_REQUEST,
+            f"Invalid '{where}': string too long. Expected a string with maximum length "
+            f"{MAX_SCHEMA_NAME_CHARS}, but got a string with length {len(name)} instead.",
+            field_name=where,
+            code="string_above_max_length",
+        )
+    if not _SCHEMA_NAME.match(name):
+        raise Rejection(
+            ErrorCase.BAD_REQUEST,
+            f"Invalid '{where}': string does not match pattern. Expected a string that "
+            "matches the pattern '^[a-zA-Z0-9_-]+$'.",
+            field_name=where,
+            code="invalid_value",
+        )
+
+
+def _choice(text: str, answer_format: AnswerFormat, limit: int | None) -> dict[str, Any]:
+    """One choice: its content, finish reason and completion tokens (one per word)."""
+    answer = _answer(text, answer_format)
+    if limit is not None and len(answer.split()) > limit:
+        # A cut-off answer is the plain text's first words in every mode: cut JSON does not
+        # parse, and OpenAI's cut-off structured answer does not either.
+        words = text.split()[:limit]
+        return {"content": " ".join(words), "finish_reason": "length", "tokens": len(words)}
+    return {"content": answer, "finish_reason": "stop", "tokens": len(answer.split())}
+
+
+def _answer(text: str, answer_format: AnswerFormat) -> str:
+    if answer_format.schema is not None:
+        return json.dumps(instance(answer_format.schema, text), ensure_ascii=False)
+    if answer_format.kind != "text":
+        return json.dumps({"text": text})
+    return text
+
+
+def _missing(name: str) -> Rejection:
+    return Rejection(
+        ErrorCase.BAD_REQUEST,
+        f"Missing required parameter: '{name}'.",
+        field_name=name,
+        code="missing_required_parameter",
+    )
 
 
 def _decimal_text(value: int | float) -> str:

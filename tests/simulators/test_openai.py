@@ -3,13 +3,18 @@ completions with usage, and OpenAI's errors as the SDK's own exception classes."
 
 from __future__ import annotations
 
+import datetime
+import enum
 import json
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import openai
 import pytest
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
+from openai.types.shared_params import ResponseFormatJSONSchema
+from pydantic import BaseModel, Field
 
 from simulators import SimulatorServer
 
@@ -279,4 +284,141 @@ async def test_timeout_fault_is_api_timeout(sim: SimulatorServer, client: Factor
         await client(sim, timeout_s=SHORT_TIMEOUT_S).chat.completions.create(
             model="gpt-4o", messages=PROMPT
         )
+    assert await sim.messages("openai") == []
+
+
+class Urgency(enum.StrEnum):
+    LOW = "low"
+    HIGH = "high"
+
+
+class Action(BaseModel):
+    label: str = Field(min_length=3, max_length=12)
+    url: str
+
+
+class Digest(BaseModel):
+    title: str
+    urgency: Urgency
+    unread: int = Field(ge=1, le=50)
+    actions: list[Action]
+    sent_at: datetime.datetime
+    snoozed_until: str | None
+
+
+async def test_structured_output_parses_into_the_sdk_model(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    """The SDK's parse helper sends the model as a strict json_schema and validates the answer
+    with pydantic: the simulator's answer must be an instance of that schema, the same one
+    each time the same prompt is sent."""
+    ai = client(sim)
+
+    first = await ai.chat.completions.parse(
+        model="gpt-4o-mini", messages=PROMPT, response_format=Digest
+    )
+    again = await ai.chat.completions.parse(
+        model="gpt-4o-mini", messages=PROMPT, response_format=Digest
+    )
+
+    digest = first.choices[0].message.parsed
+    assert isinstance(digest, Digest)
+    assert first.choices[0].finish_reason == "stop"
+    assert again.choices[0].message.parsed == digest
+    assert digest.actions
+    assert all(3 <= len(action.label) <= 12 for action in digest.actions)
+    assert 1 <= digest.unread <= 50
+    assert first.usage is not None
+    assert first.usage.completion_tokens == len((first.choices[0].message.content or "").split())
+
+
+async def test_structured_output_cut_by_max_tokens_is_a_length_finish(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    """Cut off at max_tokens the answer is not the schema's JSON, as OpenAI's is not: the SDK
+    refuses to parse it."""
+    with pytest.raises(openai.LengthFinishReasonError):
+        await client(sim).chat.completions.parse(
+            model="gpt-4o-mini", messages=PROMPT, response_format=Digest, max_tokens=3
+        )
+
+
+SCHEMA_FORMAT: ResponseFormatJSONSchema = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "triage",
+        "strict": True,
+        "schema": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["label", "score"],
+            "properties": {
+                "label": {"type": "string", "enum": ["spam", "ham"]},
+                "score": {"type": "number", "minimum": 0, "maximum": 1},
+            },
+        },
+    },
+}
+
+
+async def test_a_json_schema_answer_streams_as_the_same_json(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    ai = client(sim)
+    plain = await ai.chat.completions.create(
+        model="gpt-4o", messages=PROMPT, response_format=SCHEMA_FORMAT
+    )
+    stream = await ai.chat.completions.create(
+        model="gpt-4o", messages=PROMPT, response_format=SCHEMA_FORMAT, stream=True
+    )
+    pieces = [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
+
+    answer = json.loads(plain.choices[0].message.content or "")
+    assert answer["label"] in ("spam", "ham")
+    assert 0 <= answer["score"] <= 1
+    assert list(answer) == ["label", "score"]
+    assert "".join(pieces) == plain.choices[0].message.content
+
+
+async def test_json_object_mode_is_cut_to_plain_words_at_max_tokens(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    completion = await client(sim).chat.completions.create(
+        model="gpt-4o", messages=PROMPT, response_format={"type": "json_object"}, max_tokens=3
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "length"
+    assert (choice.message.content or "").split() == (
+        (await client(sim).chat.completions.create(model="gpt-4o", messages=PROMPT))
+        .choices[0].message.content or "").split()[:3]
+
+
+@pytest.mark.parametrize(
+    ("response_format", "param", "code"),
+    [
+        ({}, "response_format.type", "missing_required_parameter"),
+        ({"type": "xml"}, "response_format.type", "invalid_value"),
+        ({"type": "json_schema"}, "response_format.json_schema", "missing_required_parameter"),
+        ({"type": "json_schema", "json_schema": "x"}, "response_format.json_schema",
+         "invalid_type"),
+        ({"type": "json_schema", "json_schema": {"schema": {}}},
+         "response_format.json_schema.name", "missing_required_parameter"),
+        ({"type": "json_schema", "json_schema": {"name": "a b"}},
+         "response_format.json_schema.name", "invalid_value"),
+        ({"type": "json_schema", "json_schema": {"name": "n" * 65}},
+         "response_format.json_schema.name", "string_above_max_length"),
+        ({"type": "json_schema", "json_schema": {"name": "n", "schema": []}},
+         "response_format.json_schema.schema", "invalid_type"),
+        ({"type": "json_schema", "json_schema": {"name": "n", "strict": "yes"}},
+         "response_format.json_schema.strict", "invalid_type"),
+    ],
+)
+async def test_a_malformed_response_format_is_400_naming_the_parameter(
+    sim: SimulatorServer, client: Factory, response_format: dict[str, Any], param: str,
+    code: str,
+) -> None:
+    request = {"messages": PROMPT, "response_format": response_format}
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client(sim).chat.completions.create(model="gpt-4o", **request)  # type: ignore[call-overload]
+    assert (caught.value.param, caught.value.code) == (param, code)
     assert await sim.messages("openai") == []
