@@ -3,7 +3,9 @@
 Success is 200 `{"name": "projects/{project}/messages/{id}"}`. The target is exactly one of
 `fid`, `token`, `topic` or `condition`; `validate_only` checks the message and sends nothing.
 `data` values are strings and its keys are not FCM's reserved ones (`from`, `message_type`,
-`google…`, `gcm…`): either is refused whole with INVALID_ARGUMENT, as FCM refuses it.
+`google…`, `gcm…`): either is refused whole with INVALID_ARGUMENT, as FCM refuses it. So is a
+field FCM's proto types do not have, or a value of the wrong type, in the message and in its
+`notification`, `android`, `apns`, `webpush` and `fcm_options` blocks (see fcm_fields.py).
 Errors use Google's format:
 `{"error": {"code", "message", "status", "details": [{"@type": ".../FcmError",
 "errorCode": "UNREGISTERED"}]}}`. An `error` fault without a status is 503 UNAVAILABLE.
@@ -31,6 +33,7 @@ from simulators.pipeline import (
     header_task_id,
 )
 from simulators.providers.common import drop_none, load_json, task_id_text
+from simulators.providers.fcm_fields import OBJECT_FIELDS, check_known, invalid, string_map
 from simulators.records import MessageRecord
 from simulators.replies import Reply, json_reply
 from simulators.state import STATE, SimState
@@ -47,16 +50,6 @@ MESSAGE_FIELDS = frozenset({
     "name", "data", "notification", "android", "webpush", "apns", "fcm_options", "fcmOptions",
     *TARGETS,
 })
-NOTIFICATION_FIELDS = frozenset({"title", "body", "image"})
-# Message fields that are objects, with their proto message types.
-OBJECT_FIELDS = {
-    "notification": "Notification",
-    "android": "AndroidConfig",
-    "apns": "ApnsConfig",
-    "webpush": "WebpushConfig",
-    "fcm_options": "FcmOptions",
-    "fcmOptions": "FcmOptions",
-}
 MAX_PAYLOAD_BYTES = 4096  # FCM's limit on a message's notification + data
 TOKEN_LIFETIME_S = 3599
 FCM_ERROR_TYPE = "type.googleapis.com/google.firebase.fcm.v1.FcmError"
@@ -117,51 +110,20 @@ class Fcm(HttpProvider):
     async def parse(self, request: web.Request, body: bytes, state: SimState) -> Submission:
         payload = load_json(body)
         if not isinstance(payload, dict) or not isinstance(payload.get("message"), dict):
-            raise _invalid("message", "Required field 'message' is missing.")
-        _check_known(payload, REQUEST_FIELDS, None)
+            raise invalid("message", "Required field 'message' is missing.")
+        check_known(payload, REQUEST_FIELDS, None)
         message: dict[str, Any] = payload["message"]
-        _check_known(message, MESSAGE_FIELDS, "message")
+        check_known(message, MESSAGE_FIELDS, "message")
         validate_only = payload.get("validate_only", payload.get("validateOnly"))
         if validate_only is not None and not isinstance(validate_only, bool):
-            raise _invalid(
+            raise invalid(
                 "validate_only",
                 f"Invalid value at 'validate_only' (TYPE_BOOL), {json.dumps(validate_only)}",
             )
-        targets = [name for name in TARGETS if message.get(name)]
-        if len(targets) != 1:
-            raise _invalid("message", "Exactly one of fid, token, topic or condition must be set.")
-        target = targets[0]
-        if not isinstance(message[target], str):
-            raise _invalid(
-                f"message.{target}", f"Invalid value at 'message.{target}' (TYPE_STRING)"
-            )
-        recipient = message[target] if target != "topic" else f"/topics/{message['topic']}"
+        recipient = _recipient(message)
+        _check_fields(message)
         data = message.get("data")
-        if data is not None:
-            if not isinstance(data, dict):
-                raise _invalid("message.data", "Invalid value at 'message.data' (map)")
-            for index, (key, value) in enumerate(data.items()):
-                if _reserved_data_key(key):
-                    raise _invalid("message.data", f"Invalid data payload key: {key}")
-                if not isinstance(value, str):
-                    where = f"message.data[{index}].value"
-                    raise _invalid(
-                        where, f"Invalid value at '{where}' (TYPE_STRING), {json.dumps(value)}"
-                    )
-        for name, proto in OBJECT_FIELDS.items():
-            if message.get(name) is not None and not isinstance(message[name], dict):
-                where = f"message.{name}"
-                raise _invalid(where, f"Invalid value at '{where}' (type.googleapis.com/"
-                               f"google.firebase.fcm.v1.{proto}), {json.dumps(message[name])}")
         notification = message.get("notification")
-        if notification is not None:
-            _check_known(notification, NOTIFICATION_FIELDS, "message.notification")
-            for name, value in notification.items():
-                if not isinstance(value, str):
-                    where = f"message.notification.{name}"
-                    raise _invalid(
-                        where, f"Invalid value at '{where}' (TYPE_STRING), {json.dumps(value)}"
-                    )
         # Counted in UTF-8 bytes, as FCM does: escaped ASCII counts "日" six times over.
         size = len(json.dumps({"data": data, "notification": notification},
                               ensure_ascii=False).encode())
@@ -244,21 +206,30 @@ class Fcm(HttpProvider):
         )
 
 
-def _check_known(body: dict[str, Any], known: frozenset[str], where: str | None) -> None:
-    """Google's JSON-to-proto parser refuses a field the message type does not have, so a
-    misspelt field is a 400 rather than silently ignored."""
-    for name in body:
-        if name not in known:
-            at = f" at '{where}'" if where else ""
-            raise _invalid(
-                where or "",
-                f"Invalid JSON payload received. Unknown name {json.dumps(name)}{at}: "
-                "Cannot find field.",
-            )
+def _recipient(message: dict[str, Any]) -> str:
+    targets = [name for name in TARGETS if message.get(name)]
+    if len(targets) != 1:
+        raise invalid("message", "Exactly one of fid, token, topic or condition must be set.")
+    target = targets[0]
+    if not isinstance(message[target], str):
+        raise invalid(f"message.{target}", f"Invalid value at 'message.{target}' (TYPE_STRING)")
+    return str(message[target]) if target != "topic" else f"/topics/{message['topic']}"
 
 
-def _invalid(field_name: str, description: str) -> Rejection:
-    return Rejection(ErrorCase.BAD_REQUEST, description, field_name=field_name)
+def _check_fields(message: dict[str, Any]) -> None:
+    if message.get("data") is not None:
+        _check_data(message["data"])
+    for name, check in OBJECT_FIELDS.items():
+        if message.get(name) is not None:
+            check(message[name], f"message.{name}")
+
+
+def _check_data(data: object) -> None:
+    string_map(data, "message.data")
+    assert isinstance(data, dict)  # string_map refused anything else
+    for key in data:
+        if _reserved_data_key(key):
+            raise invalid("message.data", f"Invalid data payload key: {key}")
 
 
 def _reserved_data_key(key: str) -> bool:

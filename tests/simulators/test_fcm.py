@@ -3,12 +3,17 @@ and Google-format errors with the FcmError detail codes clients branch on."""
 
 from __future__ import annotations
 
+import asyncio
+import datetime
+import json
 import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from simulators import SimulatorServer
 
@@ -293,3 +298,247 @@ async def test_rate_limit_is_per_project_not_per_access_token(
     assert first == 200
     assert second == 429
     assert error_code(body) == "QUOTA_EXCEEDED"
+
+
+def violation_of(body: dict[str, Any]) -> dict[str, Any]:
+    [violation] = [
+        d["fieldViolations"][0]
+        for d in body["error"]["details"]
+        if d["@type"] == "type.googleapis.com/google.rpc.BadRequest"
+    ]
+    return dict(violation)
+
+
+# What firebase-admin (7.x) encodes for a Message using every Android, APNs and Webpush option
+# it has, as its MessageEncoder writes it.
+FIREBASE_ADMIN_MESSAGE: dict[str, Any] = {
+    "fid": "fid-1",
+    "data": {"a": "b"},
+    "notification": {"title": "t", "body": "b", "image": "https://x/i.png"},
+    "fcm_options": {"analytics_label": "l"},
+    "android": {
+        "collapse_key": "c", "priority": "high", "ttl": "3.500000000s",
+        "restricted_package_name": "com.x", "data": {"k": "v"},
+        "direct_boot_ok": True, "bandwidth_constrained_ok": True,
+        "restricted_satellite_ok": True, "fcm_options": {"analytics_label": "al"},
+        "notification": {
+            "title": "t", "body": "b", "icon": "ic", "color": "#ff0000", "sound": "default",
+            "tag": "tg", "click_action": "OPEN", "body_loc_key": "bk", "body_loc_args": ["a"],
+            "title_loc_key": "tk", "title_loc_args": ["b"], "channel_id": "ch",
+            "image": "https://x/i.png", "ticker": "tick", "sticky": True,
+            "event_time": "2024-01-02T03:04:05.000000Z", "local_only": True,
+            "notification_priority": "PRIORITY_HIGH", "vibrate_timings": [
+                "0.100000000s", "0.200500000s"],
+            "default_vibrate_timings": False, "default_sound": True,
+            "default_light_settings": False, "visibility": "PUBLIC", "notification_count": 3,
+            "proxy": "ALLOW",
+            "light_settings": {
+                "color": {"red": 0.06666666666666667, "green": 0.13333333333333333,
+                          "blue": 0.2, "alpha": 1.0},
+                "light_on_duration": "0.100000000s", "light_off_duration": "0.200000000s",
+            },
+        },
+    },
+    "apns": {
+        "headers": {"apns-priority": "10"},
+        "live_activity_token": "lat",
+        "fcm_options": {"analytics_label": "al", "image": "https://x/i.png"},
+        "payload": {
+            "aps": {
+                "alert": {"title": "t", "subtitle": "s", "body": "b", "loc-key": "lk",
+                          "loc-args": ["x"], "title-loc-key": "tl", "title-loc-args": ["y"],
+                          "action-loc-key": "al", "launch-image": "li", "z": 1},
+                "badge": 3, "sound": {"critical": 1, "name": "default", "volume": 0.5},
+                "content-available": 1, "mutable-content": 1, "category": "cat",
+                "thread-id": "th", "q": "r",
+            },
+            "extra": "x",
+        },
+    },
+    "webpush": {
+        "headers": {"TTL": "300", "Urgency": "high"},
+        "data": {"k": "v"},
+        "fcm_options": {"link": "https://x"},
+        "notification": {
+            "title": "t", "body": "b", "icon": "i", "badge": "bd", "dir": "auto",
+            "image": "im", "lang": "en", "renotify": True, "requireInteraction": True,
+            "silent": False, "tag": "tg", "timestamp": 1000, "vibrate": [100, 200],
+            "actions": [{"action": "a", "title": "t", "icon": "i"}], "data": {"x": 1},
+            "cd": 1,
+        },
+    },
+}
+
+
+async def test_what_firebase_admin_encodes_is_accepted_and_recorded(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    status, body = await push(http, sim, FIREBASE_ADMIN_MESSAGE)
+
+    assert status == 200, body
+    [record] = await sim.messages("fcm")
+    assert record["content"]["android"] == FIREBASE_ADMIN_MESSAGE["android"]
+    assert record["content"]["apns"]["payload"]["aps"]["badge"] == 3
+    assert record["content"]["webpush"]["headers"]["TTL"] == "300"
+
+
+@pytest.mark.parametrize("message", [
+    # The lowerCamelCase JSON names, as the REST reference spells them.
+    {"android": {"collapseKey": "c", "restrictedPackageName": "com.x", "directBootOk": True,
+                 "fcmOptions": {"analyticsLabel": "a"},
+                 "notification": {"channelId": "ch", "clickAction": "OPEN",
+                                  "notificationPriority": "PRIORITY_MAX",
+                                  "bodyLocArgs": ["x"], "eventTime": "2024-01-02T03:04:05Z",
+                                  "lightSettings": {"color": {"red": 1},
+                                                    "lightOnDuration": "1s"}}},
+     "apns": {"fcmOptions": {"analyticsLabel": "a"}, "liveActivityToken": "t"},
+     "webpush": {"fcmOptions": {"link": "https://x", "analyticsLabel": "a"}}},
+    # Enum names in any case, and enum numbers; Durations with 0 to 9 decimals.
+    {"android": {"priority": "HIGH", "ttl": "0s"}},
+    {"android": {"priority": "normal", "ttl": "2419200s"}},
+    {"android": {"priority": 1, "ttl": "0.000000001s",
+                 "notification": {"visibility": "private", "proxy": 3,
+                                  "notificationCount": "7"}}},
+    # null is an unset field.
+    {"android": {"priority": None, "notification": None}, "apns": {"payload": None}},
+], ids=["camel-case", "upper-enum", "lower-enum", "enum-numbers", "nulls"])
+async def test_valid_platform_options_are_accepted(
+    http: aiohttp.ClientSession, sim: SimulatorServer, message: dict[str, Any]
+) -> None:
+    status, body = await push(http, sim, {"token": "t", **message})
+    assert status == 200, body
+
+
+BOGUS_PRIORITY = ("Invalid value at 'message.android.priority' "
+                  "(type.googleapis.com/google.firebase.fcm.v1.AndroidMessagePriority), \"bogus\"")
+
+
+INVALID_OPTIONS: list[tuple[dict[str, Any], str, str | None]] = [
+    ({"android": {"priority": "bogus"}}, "message.android.priority", BOGUS_PRIORITY),
+    ({"android": {"priority": 2}}, "message.android.priority", None),
+    ({"android": {"ttl": "3 days"}}, "message.android.ttl",
+     "Invalid value at 'message.android.ttl' (type.googleapis.com/google.protobuf.Duration), "
+     "\"3 days\""),
+    ({"android": {"ttl": 3600}}, "message.android.ttl", None),
+    ({"android": {"ttl": "3600"}}, "message.android.ttl", None),
+    ({"android": {"ttl": "1.0000000001s"}}, "message.android.ttl", None),
+    ({"android": {"data": {"a": "1", "count": 2}}}, "message.android.data[1].value",
+     "Invalid value at 'message.android.data[1].value' (TYPE_STRING), 2"),
+    ({"android": {"data": ["a"]}}, "message.android.data", None),
+    ({"android": {"x": 1}}, "message.android",
+     "Invalid JSON payload received. Unknown name \"x\" at 'message.android': Cannot find "
+     "field."),
+    ({"android": {"direct_boot_ok": "yes"}}, "message.android.direct_boot_ok",
+     "Invalid value at 'message.android.direct_boot_ok' (TYPE_BOOL), \"yes\""),
+    ({"android": {"collapse_key": 7}}, "message.android.collapse_key", None),
+    ({"android": {"fcm_options": {"label": "x"}}}, "message.android.fcm_options", None),
+    ({"android": {"notification": {"subtitle": "x"}}}, "message.android.notification", None),
+    ({"android": {"notification": {"title": 5}}}, "message.android.notification.title", None),
+    ({"android": {"notification": {"notification_priority": "PRIORITY_URGENT"}}},
+     "message.android.notification.notification_priority", None),
+    ({"android": {"notification": {"visibility": "everyone"}}},
+     "message.android.notification.visibility", None),
+    ({"android": {"notification": {"event_time": "yesterday"}}},
+     "message.android.notification.event_time", None),
+    ({"android": {"notification": {"event_time": "2024-13-45T00:00:00Z"}}},
+     "message.android.notification.event_time", None),
+    ({"android": {"notification": {"vibrate_timings": ["0.1s", 100]}}},
+     "message.android.notification.vibrate_timings[1]", None),
+    ({"android": {"notification": {"body_loc_args": ["a", 1]}}},
+     "message.android.notification.body_loc_args[1]", None),
+    ({"android": {"notification": {"notification_count": "many"}}},
+     "message.android.notification.notification_count", None),
+    ({"android": {"notification": {"light_settings": {"color": "#ffffff"}}}},
+     "message.android.notification.light_settings.color", None),
+    ({"android": {"notification": {"light_settings": {"light_on_duration": 100}}}},
+     "message.android.notification.light_settings.light_on_duration", None),
+    ({"apns": {"headers": {"apns-priority": 10}}}, "message.apns.headers[0].value",
+     "Invalid value at 'message.apns.headers[0].value' (TYPE_STRING), 10"),
+    ({"apns": {"payload": "aps"}}, "message.apns.payload", None),
+    ({"apns": {"x": 1}}, "message.apns", None),
+    ({"apns": {"fcm_options": {"image": 1}}}, "message.apns.fcm_options.image", None),
+    ({"webpush": {"headers": {"TTL": 300}}}, "message.webpush.headers[0].value", None),
+    ({"webpush": {"data": {"k": True}}}, "message.webpush.data[0].value", None),
+    ({"webpush": {"notification": ["t"]}}, "message.webpush.notification", None),
+    ({"webpush": {"fcm_options": {"link": 5}}}, "message.webpush.fcm_options.link", None),
+    ({"webpush": {"x": 1}}, "message.webpush", None),
+    ({"fcm_options": {"analytics_label": 5}}, "message.fcm_options.analytics_label", None),
+]
+
+
+@pytest.mark.parametrize(("message", "field", "description"), INVALID_OPTIONS,
+                         ids=[json.dumps(case[0]) for case in INVALID_OPTIONS])
+async def test_invalid_platform_options_are_invalid_argument(
+    http: aiohttp.ClientSession, sim: SimulatorServer, message: dict[str, Any], field: str,
+    description: str | None,
+) -> None:
+    """FCM parses android, apns and webpush into their proto types too: an unknown field, an
+    enum name it lacks, a ttl that is not a Duration or a map value that is not a string is
+    400 INVALID_ARGUMENT naming the field, and nothing is sent."""
+    status, body = await push(http, sim, {"token": "t", **message})
+
+    assert status == 400, body
+    assert body["error"]["status"] == "INVALID_ARGUMENT"
+    assert error_code(body) == "INVALID_ARGUMENT"
+    violation = violation_of(body)
+    assert violation["field"] == field
+    assert field in body["error"]["message"]
+    if description is not None:
+        assert body["error"]["message"] == description
+        assert violation["description"] == description
+    assert await sim.messages("fcm") == []
+
+
+@pytest.mark.filterwarnings("ignore:Message.token is deprecated")
+async def test_firebase_admin_sends_platform_options_through_the_simulator(
+    sim: SimulatorServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """firebase-admin itself, its service account's token_uri and its FCM URL pointed at the
+    simulator, sends a message with the common Android, APNs and Webpush options."""
+    firebase_admin = pytest.importorskip("firebase_admin")
+    messaging = pytest.importorskip("firebase_admin.messaging")
+    credentials = pytest.importorskip("firebase_admin.credentials")
+    # firebase-admin has no setting for its FCM endpoint; its class attribute is the one seam.
+    monkeypatch.setattr(messaging._MessagingService, "FCM_URL",
+                        f"{sim.base_url}/v1/projects/{{0}}/messages:send")
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    account = credentials.Certificate({
+        "type": "service_account",
+        "project_id": PROJECT,
+        "client_email": "notifkit@notifkit-test.iam.gserviceaccount.com",
+        "private_key": key.private_bytes(serialization.Encoding.PEM,
+                                         serialization.PrivateFormat.PKCS8,
+                                         serialization.NoEncryption()).decode(),
+        "token_uri": f"{sim.base_url}/token",
+    })
+    app = firebase_admin.initialize_app(account, {"projectId": PROJECT}, name="fcm-sim-test")
+    message = messaging.Message(
+        token="device-token-1",
+        data={"notifkit_task_id": "task-fa"},
+        android=messaging.AndroidConfig(
+            priority="high", ttl=datetime.timedelta(hours=1, milliseconds=500),
+            notification=messaging.AndroidNotification(
+                title="Hi", body="You have mail", icon="ic_mail", color="#336699",
+                sound="default", click_action="OPEN_INBOX", channel_id="mail")),
+        apns=messaging.APNSConfig(
+            headers={"apns-priority": "10"},
+            payload=messaging.APNSPayload(aps=messaging.Aps(
+                alert=messaging.ApsAlert(title="Hi", body="You have mail"), badge=1,
+                sound="default"))),
+        webpush=messaging.WebpushConfig(
+            headers={"TTL": "300", "Urgency": "high"},
+            notification=messaging.WebpushNotification(title="Hi", body="You have mail",
+                                                       icon="https://example.com/i.png")),
+    )
+    try:
+        name = await asyncio.to_thread(messaging.send, message, app=app)
+    finally:
+        # Off the loop: deleting an app closes its async client with asyncio.run().
+        await asyncio.to_thread(firebase_admin.delete_app, app)
+
+    [record] = await sim.messages("fcm", task_id="task-fa")
+    assert name == f"projects/{PROJECT}/messages/{record['id']}"
+    android = record["content"]["android"]
+    assert (android["priority"], android["ttl"]) == ("high", "3600.500000000s")
+    assert android["notification"]["channel_id"] == "mail"
+    assert record["content"]["apns"]["payload"]["aps"]["badge"] == 1

@@ -59,7 +59,9 @@ PROVIDERS: dict[str, tuple[str, Body]] = {
     ),
     "fcm": (
         "/v1/projects/p/messages:send",
-        lambda d: '{"message":{"token":"t","android":' + objects(max(d - 2, 0)) + "}}",
+        # body (1) > message (2) > apns (3) > payload, free JSON (a google.protobuf.Struct)
+        lambda d: '{"message":{"token":"t","apns":{"payload":' + objects(max(d - 3, 0))
+        + "}}}",
     ),
 }
 CONTROL: dict[str, tuple[str, Body]] = {
