@@ -105,6 +105,9 @@ def create_app(state: SimState) -> web.Application:
     app = web.Application(
         middlewares=[errors_middleware],
         client_max_size=state.settings.max_body_bytes,
+        # Routes decode bodies themselves (simulators/bodies.py), so that a coding aiohttp
+        # cannot decode is answered in the provider's format, not in aiohttp's plain text.
+        handler_args={"auto_decompress": False},
     )
     app[STATE] = state
     app.router.add_routes(

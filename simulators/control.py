@@ -30,6 +30,13 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
+from simulators.bodies import (
+    InflatedTooLarge,
+    UndecodableBody,
+    UnsupportedEncoding,
+    read_body,
+    unsupported_message,
+)
 from simulators.faults import FaultItem
 from simulators.jsondepth import MAX_JSON_DEPTH, too_deep
 from simulators.kinds import Provider
@@ -149,11 +156,21 @@ def _json(payload: Any, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type="application/json")
 
 
-async def _body(request: web.Request) -> object:
+async def _raw_body(request: web.Request) -> bytes:
+    limit = request.app[STATE].settings.max_body_bytes
     try:
-        raw = await request.read()
-    except RequestPayloadError:
+        return await read_body(request, limit)
+    except UnsupportedEncoding as exc:
+        raise ControlError(unsupported_message(exc.coding), status=415) from None
+    except (UndecodableBody, RequestPayloadError):
         raise ControlError("request body does not match its Content-Encoding") from None
+    except InflatedTooLarge:
+        raise ControlError(f"request body is larger than {limit} bytes once decoded",
+                           status=413) from None
+
+
+async def _body(request: web.Request) -> object:
+    raw = await _raw_body(request)
     if not raw.strip():
         return None
     try:

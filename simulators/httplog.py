@@ -1,9 +1,10 @@
 """aiohttp's server logs a request it cannot parse (a header or URL over 8 KB, a NUL in a
 header) as an ERROR with a traceback, although it has already answered 400 and the simulator
-did nothing wrong. So it logs a body that does not decompress as its Content-Encoding says:
-the handler has answered 400, then aiohttp reads the rest of the body to keep the connection
-and meets the same error again. Here each becomes one WARNING line naming the problem, so a
-fuzzing CI job or a staging load does not fill the simulator's log with tracebacks.
+did nothing wrong. So it logs a body it cannot read (chunked framing that breaks off): the
+handler has answered 400, then aiohttp reads the rest of the body to keep the connection and
+meets the same error again. Here each becomes one WARNING line naming the problem, so a
+fuzzing CI job or a staging load does not fill the simulator's log with tracebacks. (Content
+codings are the simulator's own to decode, see bodies.py, and it logs their failures itself.)
 
 The simulators' HTTP server logs through a logger of its own (:data:`SERVER_LOG`), so the
 filter leaves alone any other aiohttp server in the same process (a test's, an application's).

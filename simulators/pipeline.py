@@ -20,6 +20,13 @@ from typing import Any, ClassVar
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
+from simulators.bodies import (
+    InflatedTooLarge,
+    UndecodableBody,
+    UnsupportedEncoding,
+    read_body,
+    unsupported_message,
+)
 from simulators.faults import FaultDecision
 from simulators.idempotency import Lookup, fingerprint
 from simulators.kinds import ErrorCase, FaultKind, Provider, case_for_status
@@ -143,6 +150,11 @@ class HttpProvider(ABC):
         its Content-Encoding says): a bad request, whatever the provider answers to a body
         it reads but refuses (Resend's 422)."""
         return Rejection(ErrorCase.BAD_REQUEST, UNREADABLE_BODY, status=400)
+
+    def unsupported_encoding(self, coding: str) -> Rejection:
+        """The provider's own 415 for a body in a Content-Encoding the simulator does not
+        decode (br, zstd, ...), as the notifkit API answers one."""
+        return Rejection(ErrorCase.BAD_REQUEST, unsupported_message(coding), status=415)
 
     def no_route(self, method: str, path: str, status: int) -> Reply:
         """The provider's answer to a path under its prefix that it does not serve (404) or a
@@ -351,16 +363,16 @@ def accept(state: SimState, stats: ProviderStats, record: MessageRecord) -> None
 
 
 async def _read_body(request: web.Request, provider: HttpProvider, state: SimState) -> bytes:
-    if (
-        request.content_length is not None
-        and request.content_length > state.settings.max_body_bytes
-    ):
+    limit = state.settings.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
         raise Rejection(ErrorCase.TOO_LARGE)
     try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge:
+        return await read_body(request, limit)
+    except (web.HTTPRequestEntityTooLarge, InflatedTooLarge):
         raise Rejection(ErrorCase.TOO_LARGE) from None
-    except RequestPayloadError:  # gzip or deflate that does not decompress
+    except UnsupportedEncoding as exc:
+        raise provider.unsupported_encoding(exc.coding) from None
+    except (UndecodableBody, RequestPayloadError):  # RequestPayloadError: broken chunking
         raise provider.unreadable_body() from None
 
 

@@ -21,10 +21,19 @@ import json
 from typing import Any, ClassVar
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
+from simulators.bodies import (
+    InflatedTooLarge,
+    UndecodableBody,
+    UnsupportedEncoding,
+    read_body,
+    unsupported_message,
+)
 from simulators.kinds import ErrorCase, Provider
 from simulators.pipeline import (
     IDEMPOTENCY_HEADER,
+    UNREADABLE_BODY,
     ErrorSpec,
     HttpProvider,
     Rejection,
@@ -240,9 +249,22 @@ def _reserved_data_key(key: str) -> bool:
 
 
 async def token_endpoint(request: web.Request) -> web.Response:
-    """OAuth2 token endpoint: any grant (a service account's signed JWT included) gets a token."""
+    """OAuth2 token endpoint: any grant (a service account's signed JWT included) gets a token,
+    once its body is readable; an unreadable one is an OAuth2 error (RFC 6749 section 5.2)."""
     state = request.app[STATE]
-    await request.read()
+    try:
+        await read_body(request, state.settings.max_body_bytes)
+    except UnsupportedEncoding as exc:
+        return _oauth_error(415, unsupported_message(exc.coding))
+    except (UndecodableBody, RequestPayloadError):
+        return _oauth_error(400, UNREADABLE_BODY)
+    except InflatedTooLarge:
+        return _oauth_error(413, "The request body is too large.")
     token = "ya29.sim-" + state.ids.token(48)
     body = {"access_token": token, "expires_in": TOKEN_LIFETIME_S, "token_type": "Bearer"}
     return json_reply(200, body).response()
+
+
+def _oauth_error(status: int, description: str) -> web.Response:
+    body = {"error": "invalid_request", "error_description": description}
+    return json_reply(status, body).response()

@@ -28,6 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from aiohttp import web
 
+from simulators.bodies import unsupported_message
 from simulators.kinds import ErrorCase, Provider
 from simulators.pipeline import (
     IDEMPOTENCY_HEADER,
@@ -167,6 +168,11 @@ class Twilio(HttpProvider):
         # Twilio's generic 400, "Bad Request": its default for a 400 here is 21610, an
         # unsubscribed recipient, which a client would take as the number being dead.
         return _error(400, UNREADABLE_BODY)
+
+    def unsupported_encoding(self, coding: str) -> Rejection:
+        # The generic code again, not 21610: the recipient is not at fault.
+        return Rejection(ErrorCase.BAD_REQUEST, unsupported_message(coding), status=415,
+                         code="415")
 
     def new_message_id(self, state: SimState, submission: Submission) -> str:
         prefix = "MM" if submission.meta.get("num_media") else "SM"

@@ -17,7 +17,7 @@ RESEND = {"Authorization": "Bearer re_1", "Content-Type": "application/json"}
 
 
 async def call(sim: SimulatorServer, method: str, path: str, **options: Any) -> tuple[int, str]:
-    # A fresh connection each time: the server closes one whose body failed to decompress.
+    # A fresh connection each time: the server closes one whose body it could not read.
     connector = aiohttp.TCPConnector(force_close=True)
     async with aiohttp.ClientSession(connector=connector) as http, \
             http.request(method, sim.base_url + path, **options) as response:
