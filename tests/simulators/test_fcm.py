@@ -11,9 +11,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import firebase_admin
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from firebase_admin import credentials, messaging
 
 from simulators import SimulatorServer
 
@@ -495,9 +497,6 @@ async def test_firebase_admin_sends_platform_options_through_the_simulator(
 ) -> None:
     """firebase-admin itself, its service account's token_uri and its FCM URL pointed at the
     simulator, sends a message with the common Android, APNs and Webpush options."""
-    firebase_admin = pytest.importorskip("firebase_admin")
-    messaging = pytest.importorskip("firebase_admin.messaging")
-    credentials = pytest.importorskip("firebase_admin.credentials")
     # firebase-admin has no setting for its FCM endpoint; its class attribute is the one seam.
     monkeypatch.setattr(messaging._MessagingService, "FCM_URL",
                         f"{sim.base_url}/v1/projects/{{0}}/messages:send")

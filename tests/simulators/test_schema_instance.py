@@ -7,11 +7,10 @@ import json
 import time
 from typing import Any
 
+import jsonschema_rs
 import pytest
 
 from simulators.schema_instance import MAX_ITEMS, instance
-
-jsonschema_rs = pytest.importorskip("jsonschema_rs")
 
 TEXT = "Quickly digest summaries group related updates into one friendly note."
 
