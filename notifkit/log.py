@@ -1,7 +1,9 @@
 """Structured logging: one JSON object a line in production, readable lines in development.
 
 Pass ids as ``extra={"event_id": ..., "task_id": ..., "stage": ...}``; every extra field ends up
-in the JSON object (or after the message in text mode).
+in the JSON object (or after the message in text mode). A JSON record from a service's own
+logger (``notifkit.delivery``, ``notifkit.api.pubsub``, ...) that names no ``service`` gets its
+name, so every record of a service can be selected by that one field.
 """
 
 from __future__ import annotations
@@ -12,11 +14,20 @@ import sys
 import time
 from typing import Any
 
+from notifkit.config import SERVICES
+
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
     return {k: v for k, v in vars(record).items() if k not in _STANDARD}
+
+
+def _service_of(logger: str) -> str | None:
+    parts = logger.split(".")
+    if len(parts) > 1 and parts[0] == "notifkit" and parts[1] in SERVICES:
+        return parts[1]
+    return None
 
 
 class JsonFormatter(logging.Formatter):
@@ -28,6 +39,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        service = _service_of(record.name)
+        if service is not None:
+            entry["service"] = service
         entry.update(_extras(record))
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)

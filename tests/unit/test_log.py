@@ -48,3 +48,23 @@ def test_a_message_with_unicode_line_separators_stays_one_json_line() -> None:
     line = JsonFormatter().format(record)
     assert len(line.splitlines()) == 1
     assert json.loads(line)["msg"] == "a\u2028b\u2029c\nd"
+
+
+def json_of(name: str, **fields: object) -> dict[str, object]:
+    record = logging.makeLogRecord({"name": name, "levelname": "INFO", "levelno": logging.INFO,
+                                    "msg": "m", **fields})
+    parsed: dict[str, object] = json.loads(JsonFormatter().format(record))
+    return parsed
+
+
+def test_a_record_from_a_services_logger_names_the_service() -> None:
+    # An operator selects a service's records by one field, whichever logger wrote them
+    assert json_of("notifkit.ai")["service"] == "ai"
+    assert json_of("notifkit.api.pubsub")["service"] == "api"
+    assert json_of("notifkit.workflow")["service"] == "workflow"
+    # A logger several services share says nothing; the record's own field wins
+    assert "service" not in json_of("notifkit.worker")
+    assert json_of("notifkit.worker", service="delivery")["service"] == "delivery"
+    assert json_of("notifkit.api", service="enricher")["service"] == "enricher"
+    assert "service" not in json_of("notifkit.apiary")
+    assert "service" not in json_of("aiohttp.server")
