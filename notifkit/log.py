@@ -4,6 +4,10 @@ Pass ids as ``extra={"event_id": ..., "task_id": ..., "stage": ...}``; every ext
 in the JSON object (or after the message in text mode). A JSON record from a service's own
 logger (``notifkit.delivery``, ``notifkit.api.pubsub``, ...) that names no ``service`` gets its
 name, so every record of a service can be selected by that one field.
+
+A warning or error identical to one written less than ``REPEAT_WINDOW_S`` ago (same logger,
+level, text and fields) is left out; the next copy written after the window carries
+``repeated``: how many were left out since the last one.
 """
 
 from __future__ import annotations
@@ -11,12 +15,21 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from notifkit.config import SERVICES
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+
+# A loop that retries an unreachable Redis or PostgreSQL every half second wrote the same
+# warning each time: a 10 s Redis outage gave 160 such lines from one process. Once per
+# window still says the condition goes on, and "repeated" says how often it was met.
+REPEAT_WINDOW_S = 30.0
+# Distinct warnings remembered at once; past it, those older than the window are forgotten.
+_MAX_REMEMBERED = 1024
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
@@ -63,9 +76,53 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+class RepeatFilter(logging.Filter):
+    """Leaves out a warning or error identical to one written within ``window_s``."""
+
+    def __init__(self, window_s: float = REPEAT_WINDOW_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.window_s = window_s
+        self.clock = clock
+        # identity -> [when it was last written, copies left out since]
+        self._seen: dict[tuple[Any, ...], list[Any]] = {}
+        # Records also arrive from worker threads (asyncio.to_thread).
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        key = _identity(record)
+        now = self.clock()
+        with self._lock:
+            seen = self._seen.get(key)
+            if seen is not None and now - seen[0] < self.window_s:
+                seen[1] += 1
+                return False
+            if seen is not None and seen[1]:
+                record.repeated = seen[1]
+            self._seen[key] = [now, 0]
+            if len(self._seen) > _MAX_REMEMBERED:
+                self._forget(now)
+        return True
+
+    def _forget(self, now: float) -> None:
+        self._seen = {k: v for k, v in self._seen.items() if now - v[0] < self.window_s}
+        if len(self._seen) > _MAX_REMEMBERED:  # that many distinct ones within one window
+            self._seen.clear()
+
+
+def _identity(record: logging.LogRecord) -> tuple[Any, ...]:
+    fields = tuple(sorted((k, repr(v)) for k, v in _extras(record).items()))
+    exc = record.exc_info[1] if record.exc_info else None
+    return (record.name, record.levelno, record.getMessage(), fields,
+            None if exc is None else (type(exc), str(exc)))
+
+
 def setup_logging(fmt: str = "json", level: str = "INFO") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(RepeatFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -68,3 +68,68 @@ def test_a_record_from_a_services_logger_names_the_service() -> None:
     assert json_of("notifkit.api", service="enricher")["service"] == "enricher"
     assert "service" not in json_of("notifkit.apiary")
     assert "service" not in json_of("aiohttp.server")
+
+
+def warning(msg: str = "Reading enricher failed (%s); retrying in 1 s.",
+            args: tuple[object, ...] = ("Connection refused",), level: int = logging.WARNING,
+            **fields: object) -> logging.LogRecord:
+    return logging.makeLogRecord({"name": "notifkit.worker", "levelno": level,
+                                  "levelname": logging.getLevelName(level), "msg": msg,
+                                  "args": args, **fields})
+
+
+def test_a_warning_repeated_within_the_window_is_written_once_then_counted() -> None:
+    from notifkit.log import RepeatFilter
+
+    now = [0.0]
+    repeats = RepeatFilter(window_s=30.0, clock=lambda: now[0])
+    # Given a loop that retries an unreachable Redis every half second for 40 s
+    written = []
+    for step in range(80):
+        now[0] = step * 0.5
+        record = warning(service="enricher")
+        if repeats.filter(record):
+            written.append((now[0], getattr(record, "repeated", None)))
+
+    # Then the warning is written when it starts and once more after the window, saying how
+    # many copies were left out in between
+    assert written == [(0.0, None), (30.0, 59)]
+
+
+def test_distinct_warnings_and_info_records_are_all_written() -> None:
+    from notifkit.log import RepeatFilter
+
+    repeats = RepeatFilter(window_s=30.0, clock=lambda: 0.0)
+    records = [
+        # one per task: each is about another notification
+        warning("Sent a task again after an earlier attempt's answer was lost.", (),
+                task_id="a"),
+        warning("Sent a task again after an earlier attempt's answer was lost.", (),
+                task_id="b"),
+        warning(service="enricher"),
+        warning(service="engine"),
+        warning(args=("Connection reset by peer",), service="enricher"),
+        warning(level=logging.ERROR, service="enricher"),
+    ]
+    assert all(repeats.filter(r) for r in records)
+    assert all(repeats.filter(warning("Reclaimed 1 idle entries.", (), level=logging.INFO))
+               for _ in range(3))
+
+
+OUTAGE = """
+import logging
+from notifkit.log import setup_logging
+setup_logging("json", "INFO")
+for _ in range(50):
+    logging.getLogger("notifkit.scheduler").warning(
+        "A scheduler poll failed (%s); polling again in 0.50 s.", "Connection refused",
+        extra={"service": "scheduler"})
+"""
+
+
+def test_a_retry_loops_warning_is_one_line_not_one_per_retry() -> None:
+    result = subprocess.run([sys.executable, "-c", OUTAGE], capture_output=True, text=True,
+                            timeout=60, check=True)
+    records = [json.loads(line) for line in result.stderr.splitlines()]
+    assert [r["msg"] for r in records] == [
+        "A scheduler poll failed (Connection refused); polling again in 0.50 s."]
