@@ -19,11 +19,11 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from notifkit import __version__
-from notifkit.config import ConfigError, Settings, parse_services
+from notifkit.config import LOG_FORMATS, ConfigError, Settings, parse_services
 from notifkit.log import setup_logging
 
 log = logging.getLogger("notifkit")
@@ -139,7 +139,9 @@ async def migrate_only(settings: Settings) -> int:
     from notifkit.db.migrate import migrate
 
     applied = await migrate(settings)
-    print(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else ""))
+    # Logged, not printed: with LOG_FORMAT=json every line the command writes is a record.
+    log.info("Done: applied %d migration(s)%s.", len(applied),
+             f" ({', '.join(applied)})" if applied else "")
     return 0
 
 
@@ -177,11 +179,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(args)
     except ConfigError as exc:
-        print(f"notifkit: invalid configuration: {exc}", file=sys.stderr)
+        log_format = intended_log_format(command, os.environ)
+        if log_format is not None:
+            setup_logging(log_format, "INFO")
+        refuse(f"invalid configuration: {exc}", log_format, setting=exc.variable)
         return 2
-    # The dev command speaks to a person at a terminal: readable logs unless asked otherwise.
-    log_format = "text" if command == "dev" and "LOG_FORMAT" not in os.environ \
-        else settings.log_format
+    log_format = intended_log_format(command, os.environ) or settings.log_format
     setup_logging(log_format, settings.log_level)
     try:
         _install_event_loop()
@@ -199,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except ConfigError as exc:
-        print(f"notifkit: invalid configuration: {exc}", file=sys.stderr)
+        refuse(f"invalid configuration: {exc}", log_format, setting=exc.variable)
         return 2
     except Exception as exc:
         import asyncpg
@@ -211,8 +214,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not isinstance(exc, (OSError, RedisError, asyncpg.PostgresError,
                                 asyncpg.InterfaceError, MigrationError, DemoError)):
             raise
-        print(f"notifkit: {describe_failure(exc)}", file=sys.stderr)
+        refuse(describe_failure(exc), log_format)
         return 1
+
+
+def intended_log_format(command: str, env: Mapping[str, str]) -> str | None:
+    """The format the command logs in, known before the settings are: None when LOG_FORMAT
+    is itself the invalid setting."""
+    if command == "dev" and "LOG_FORMAT" not in env:
+        # The dev command speaks to a person at a terminal: readable unless asked otherwise.
+        return "text"
+    raw = (env.get("LOG_FORMAT") or "").strip().lower() or Settings.log_format
+    return raw if raw in LOG_FORMATS else None
+
+
+def refuse(message: str, log_format: str | None, **fields: str) -> None:
+    """The one line a command that cannot go on leaves: a JSON record when its logs are JSON,
+    since whatever collects them parses every line, else plain text for a person."""
+    if log_format == "json":
+        log.error("%s", message, extra=fields)
+    else:
+        print(f"notifkit: {message}", file=sys.stderr)
 
 
 def _install_event_loop() -> None:

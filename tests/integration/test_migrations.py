@@ -8,6 +8,7 @@ what the services' idempotent writes (ON CONFLICT ...) rely on, so they are asse
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import uuid
@@ -157,9 +158,9 @@ async def test_two_processes_migrating_at_once_both_succeed(
 
     for p, (_out, err) in zip(processes, outputs, strict=True):
         assert p.returncode == 0, err.decode()
-    # `migrate` prints the names it applied: exactly one process names the first migration.
-    reports = [out.decode() for out, _ in outputs]
-    assert sum("0001_initial" in report for report in reports) == 1, reports
+    # `migrate` logs the names it applied: exactly one process names the first migration.
+    reports = [err.decode() for _, err in outputs]
+    assert sum("Applied migration 0001_initial" in report for report in reports) == 1, reports
     conn = await asyncpg.connect(database_url)
     try:
         counts = await conn.fetch(
@@ -169,6 +170,23 @@ async def test_two_processes_migrating_at_once_both_succeed(
     finally:
         await conn.close()
     assert {r["version"]: r["n"] for r in counts} == {m.version: 1 for m in load_migrations()}
+
+
+async def test_with_json_logs_migrate_writes_one_json_record_a_line(
+    database_url: str, fresh_schema: str
+) -> None:
+    """Given LOG_FORMAT=json, `migrate` writes nothing but records: its summary too, which it
+    used to print as a plain line on stdout."""
+    env = {**os.environ, "DATABASE_URL": database_url, "DB_SCHEMA": fresh_schema,
+           "LOG_FORMAT": "json", "PYTHONPATH": str(REPO_ROOT)}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "notifkit", "migrate", cwd=REPO_ROOT, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, err.decode()
+    assert out == b""
+    records = [json.loads(line) for line in err.decode().splitlines()]
+    assert records[-1]["msg"].startswith("Done: applied ")
 
 
 async def test_a_failing_migration_rolls_back_and_names_itself(

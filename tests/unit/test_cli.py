@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -313,3 +314,39 @@ def test_a_dev_admin_key_file_it_cannot_use_is_named(
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines() == [
         f"notifkit: invalid configuration: --data-dir: {key_file} {problem}"]
+
+
+def test_with_json_logs_invalid_configuration_is_one_json_record_naming_the_variable() -> None:
+    # A log collector that parses every line of a JSON-logging process must not meet a plain
+    # line at the moment the process is misconfigured.
+    result = run_cli("serve", env={"WORKER_CONCURRENCY": "abc", "LOG_FORMAT": "json"})
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    record = json.loads(line)
+    assert record["level"] == "error"
+    assert record["setting"] == "WORKER_CONCURRENCY"
+    assert "WORKER_CONCURRENCY: must be a whole number" in record["msg"]
+    assert result.stdout == ""
+
+
+def test_with_text_logs_or_an_invalid_log_format_the_line_is_plain_text() -> None:
+    text = run_cli("serve", env={"WORKER_CONCURRENCY": "abc", "LOG_FORMAT": "text"})
+    assert text.returncode == 2
+    assert text.stderr.strip().splitlines() == [
+        "notifkit: invalid configuration: WORKER_CONCURRENCY: must be a whole number, "
+        "got 'abc'"]
+    unknown = run_cli("serve", env={"LOG_FORMAT": "xml"})
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip().splitlines() == [
+        "notifkit: invalid configuration: LOG_FORMAT: must be json or text, got 'xml'"]
+
+
+def test_with_json_logs_migrate_writes_only_json_records() -> None:
+    # PostgreSQL unreachable (run_cli's DATABASE_URL): the failure is a record naming it
+    result = run_cli("migrate", env={"LOG_FORMAT": "json"})
+    assert result.returncode == 1
+    assert result.stdout == ""
+    [line] = result.stderr.strip().splitlines()
+    record = json.loads(line)
+    assert record["level"] == "error"
+    assert record["msg"].startswith("DATABASE_URL: cannot connect to PostgreSQL")
