@@ -165,7 +165,11 @@ async def migrate_connection(
             return []
         done: list[str] = []
         newest_applied = max(applied, default=0)
-        for migration in todo:
+        for number, migration in enumerate(todo, 1):
+            # Said before it runs too: a migration that rewrites a large table can take
+            # minutes, and nothing else would show that the process is at work.
+            say(f"Applying migration {migration.name} ({number} of {len(todo)}) to schema "
+                f"{schema!r}.")
             if migration.version < newest_applied:
                 log.warning(
                     "Applying migration %s to schema %r after version %04d: it was added out "

@@ -97,6 +97,10 @@ async def test_migrating_twice_applies_once_then_does_nothing(
     assert first[0] == "0001_initial"
     assert second == []
     assert any("Applied migration 0001_initial" in m for m in messages)
+    # Each says it starts, before it runs: a long one is not mistaken for a hung process
+    assert messages.index(f"Applying migration 0001_initial (1 of {len(first)}) to schema "
+                          f"{fresh_schema!r}.") < next(
+        i for i, m in enumerate(messages) if m.startswith("Applied migration 0001_initial"))
     assert "up to date" in messages[-1]
     conn = await connect(settings)
     try:
@@ -186,6 +190,8 @@ async def test_with_json_logs_migrate_writes_one_json_record_a_line(
     assert process.returncode == 0, err.decode()
     assert out == b""
     records = [json.loads(line) for line in err.decode().splitlines()]
+    first = load_migrations()[0].name
+    assert any(r["msg"].startswith(f"Applying migration {first} (1 of ") for r in records)
     assert records[-1]["msg"].startswith("Done: applied ")
 
 
