@@ -87,14 +87,17 @@ class EnricherService(WorkerService):
         recipients = await load_recipients(
             self.pool, [(w.message["projectId"], uid) for w in work for uid in w.user_ids])
         logs: list[LogRow] = []
+        unknown: list[int] = []  # per work item, like its log line below
         for w in work:
             m = w.message
             if not w.user_ids and "segment" in m["to"] and "segmentAfter" not in m:
                 logs.append(_empty_segment(m))
+            unknown.append(0)
             for user_id in w.user_ids:
                 recipient = recipients.get((m["projectId"], user_id))
                 if recipient is None:
                     logs.append(_unknown_user(m, user_id))
+                    unknown[-1] += 1
                     continue
                 enriched: dict[str, Any] = {k: m[k] for k in _COPIED if k in m}  # type: ignore[literal-required]
                 recipient.fill(enriched)  # type: ignore[arg-type]
@@ -103,8 +106,10 @@ class EnricherService(WorkerService):
                 rest = {**m, "segmentAfter": w.continuation}
                 w.entry.emit(self.keys.inbound(m["priority"]), rest)
         await insert_logs(self.pool, logs)
-        for w in work:
-            log.info("Enriched %d recipients of the notification%s.", len(w.user_ids),
+        for w, skipped in zip(work, unknown, strict=True):
+            log.info("Enriched %d recipients of the notification%s%s.",
+                     len(w.user_ids) - skipped,
+                     f"; skipped {skipped} unknown user(s)" if skipped else "",
                      "; the rest of the segment follows" if w.continuation else "",
                      extra=_ids(w.message))
 

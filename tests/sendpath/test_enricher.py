@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
 import asyncpg
+import pytest
 from redis.asyncio import Redis
 
 from notifkit.ids import uuid7
@@ -16,8 +19,10 @@ from .helpers import add_user, entries, send, timeline
 
 
 async def test_a_list_of_users_becomes_one_enriched_message_per_known_user(
-    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="notifkit.enricher")
     # Given two users with contacts and preferences, and a third id nobody registered
     await add_user(db, project, "u1", contacts=[("email", "u1@example.com"), ("sms", "+15550001")],
                    channels={"sms": False}, topics={"marketing": False},
@@ -52,6 +57,10 @@ async def test_a_list_of_users_becomes_one_enriched_message_per_known_user(
         "ghost", "skipped", "skipped", "unknown user")
     status = await db.fetchval("SELECT status FROM notifications WHERE id = $1", event_id)
     assert status == "accepted"
+    # And the log counts the recipients enriched, not the ids asked for
+    [said] = [r.getMessage() for r in caplog.records
+              if r.name == "notifkit.enricher" and getattr(r, "event_id", None) == event_id]
+    assert said == "Enriched 2 recipients of the notification; skipped 1 unknown user(s)."
 
 
 async def test_a_disabled_contact_is_not_loaded(
