@@ -101,7 +101,7 @@ class AiService(WorkerService):
             except MalformedPayload as exc:
                 metrics.MALFORMED.labels(self.name, entry.stream).inc()
                 log.error("Acked an AI task that can never be processed: %s.", exc,
-                          extra={"entry_id": entry.id})
+                          extra={"stream": entry.stream, "entry_id": entry.id})
         allowed = await self.dedup.claim_many(
             [(e, ai_key(t["eventId"], t["userId"], t["channel"]), None) for e, t in tasks]
         )

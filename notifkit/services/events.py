@@ -93,7 +93,8 @@ class EventsService(WorkerService):
             except MalformedPayload as exc:
                 metrics.MALFORMED.labels(self.name, entry.stream).inc()
                 log.error("Acked an event that can never be recorded: %s.", exc,
-                          extra={"service": self.name, "entry_id": entry.id,
+                          extra={"service": self.name, "stream": entry.stream,
+                                 "entry_id": entry.id,
                                  "event_id": entry.payload.get("eventId")})
         # Outcomes first: a receipt in the same batch may name a message sent just before.
         await events_db.insert_timeline(self.pool, rows)

@@ -216,7 +216,8 @@ class SchedulerService(WorkerService):
             except MalformedPayload as exc:
                 metrics.MALFORMED.labels(self.name, entry.stream).inc()
                 log.error("Acked a scheduled task that can never be scheduled: %s.", exc,
-                          extra={"service": self.name, "entry_id": entry.id,
+                          extra={"service": self.name, "stream": entry.stream,
+                                 "entry_id": entry.id,
                                  "task_id": entry.payload.get("taskId")})
                 continue
             latest[task["taskId"]] = task

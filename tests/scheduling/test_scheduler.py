@@ -87,7 +87,7 @@ async def test_a_task_is_durable_before_it_is_visible(
 
 async def test_malformed_tasks_and_deleted_projects_are_acked_and_dropped(
     make_scheduler: SchedulerFactory, schedule: Schedule, redis: Redis, keys: Keys,
-    outbound: Sent, clock: FakeClock, project_id: str,
+    outbound: Sent, clock: FakeClock, project_id: str, caplog: pytest.LogCaptureFixture,
 ) -> None:
     scheduler = make_scheduler()
     await xadd(redis, keys.scheduled, {"taskId": "t-1", "dueAt": "soon"}, maxlen=1000)
@@ -101,6 +101,11 @@ async def test_malformed_tasks_and_deleted_projects_are_acked_and_dropped(
     assert await outbound() == []
     summary = await redis.xpending(keys.scheduled, keys.group("scheduler"))
     assert summary["pending"] == 0
+    # Each one acked unread is reported with its stream and entry
+    reports = [r for r in caplog.records if r.getMessage().startswith("Acked a scheduled")]
+    assert reports
+    assert all(getattr(r, "stream", None) == keys.scheduled and getattr(r, "entry_id", None)
+               for r in reports)
 
 
 async def test_scheduling_a_task_again_replaces_it(

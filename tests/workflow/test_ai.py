@@ -293,6 +293,7 @@ async def test_a_model_that_times_out_is_retried(
 
 async def test_a_malformed_task_is_acked_and_counted(
     ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     counter = metrics.MALFORMED.labels("ai", keys.ai_pending)
     before = counter._value.get()
@@ -303,6 +304,10 @@ async def test_a_malformed_task_is_acked_and_counted(
     assert await stream(redis, keys.dlq) == []
     assert await redis.xpending(keys.ai_pending, keys.group("ai")) == {
         "pending": 0, "min": None, "max": None, "consumers": []}
+    # Reported with where it was, as the workers report theirs
+    [report] = [r for r in caplog.records if r.getMessage().startswith("Acked an AI task")]
+    assert getattr(report, "stream", None) == keys.ai_pending
+    assert getattr(report, "entry_id", None)
 
 
 async def test_a_prompt_new_to_the_process_compiles_beside_the_event_loop(

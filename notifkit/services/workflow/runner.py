@@ -268,7 +268,8 @@ class Runner:
         await streams.xadd(self.redis, self.keys.inbound(priority), message,
                            self.settings.queue_max_len)
         log.info("Workflow step %s sent notification %s.", row.path, event_id,
-                 extra={"instance_id": instance.id, "event_id": event_id})
+                 extra={"instance_id": instance.id, "event_id": event_id,
+                        "project_id": instance.project_id})
 
     def _wait(self, run: _Run, step: dict[str, Any], path: Path, row: db.StepRow) -> Outcome:
         until = row.started_at + timedelta(seconds=float(step["seconds"]))

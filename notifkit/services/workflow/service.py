@@ -157,7 +157,7 @@ class WorkflowService(WorkerService):
             else:
                 metrics.MALFORMED.labels(self.name, entry.stream).inc()
                 log.error("Acked a workflow entry it cannot use (type %r, no instance).", kind,
-                          extra={"entry_id": entry.id})
+                          extra={"stream": entry.stream, "entry_id": entry.id})
         # Entries of one instance run together (one run serves them all); instances in
         # parallel, each under its own lock.
         await asyncio.gather(
@@ -226,7 +226,7 @@ class WorkflowService(WorkerService):
         if not (isinstance(name, str) and isinstance(user_id, str)
                 and isinstance(project_id, str)):
             log.error("Acked a workflow event without name, userId and projectId.",
-                      extra={"entry_id": entry.id})
+                      extra={"stream": entry.stream, "entry_id": entry.id})
             return
         now = as_datetime(self.clock())
         event_id = p.get("eventId")
@@ -246,7 +246,7 @@ class WorkflowService(WorkerService):
             )
         except asyncpg.DataError as exc:
             log.error("Acked a workflow event with an invalid project id (%s).", exc,
-                      extra={"entry_id": entry.id})
+                      extra={"stream": entry.stream, "entry_id": entry.id})
             return
         except Exception as exc:
             entry.fail(exc)
@@ -258,7 +258,8 @@ class WorkflowService(WorkerService):
             })
         if woken:
             log.info("Event %r resolved %d waiting workflow instance(s); waking them.", name,
-                     len(woken), extra={"project_id": project_id})
+                     len(woken), extra={"event_id": event_id, "project_id": project_id,
+                                        "user_id": user_id})
 
 
 def _instance_id(payload: dict[str, Any]) -> str | None:
