@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -296,7 +297,10 @@ async def test_a_replayed_engine_entry_reopens_its_recipient(
     assert body["status"] == "processing"
 
 
-async def test_dlq_is_scoped_replayable_and_deletable(api: Api, redis: Redis) -> None:
+async def test_dlq_is_scoped_replayable_and_deletable(
+    api: Api, redis: Redis, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="notifkit.api")
     keys = Keys(api.settings.namespace)
     a, b = await api.project("a"), await api.project("b")
     ids = []
@@ -344,6 +348,13 @@ async def test_dlq_is_scoped_replayable_and_deletable(api: Api, redis: Redis) ->
     assert (await api.call("DELETE", f"/v1/dlq/{ids[2]}", key=a.full)).status == 204
     assert (await api.call("GET", "/v1/dlq", key=a.full)).body["items"] == []
     assert await redis.xlen(keys.dlq) == 1  # b's entry is untouched
+    # An operator's replay and discard are both on the record, with the notification's ids
+    said = [(r.getMessage(), getattr(r, "event_id", None), getattr(r, "project_id", None))
+            for r in caplog.records if "dead-lettered entry" in r.getMessage()]
+    assert said == [
+        (f"Replayed dead-lettered entry {ids[0]} to {keys.enriched('normal')} as "
+         f"{new_id.decode()}.", "e0", a.id),
+        (f"Discarded dead-lettered entry {ids[2]}; its work is never retried.", "e2", a.id)]
 
 
 async def test_concurrent_replays_enqueue_once(api: Api, project: Project, redis: Redis) -> None:

@@ -14,6 +14,7 @@ the XADD so that no row of the replayed work can precede it.
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -37,6 +38,8 @@ from notifkit.services.api.validation import (
 )
 from notifkit.streams import as_str, decode
 from notifkit.worker import REPLAYED_ATTEMPTS, attempts_before, payload_user
+
+log = logging.getLogger("notifkit.api")
 
 ops = Operations("dlq")
 
@@ -128,6 +131,8 @@ async def replay_dlq(request: web.Request) -> web.Response:
         if row_id is not None:
             await app[DB].execute("DELETE FROM message_logs WHERE id = $1", row_id)
         raise ApiError(404, *ENTRY_NOT_FOUND)
+    log.info("Replayed dead-lettered entry %s to %s as %s.", entry_id, stream, as_str(new_id),
+             extra=_log_ids(record))
     return json_response({"id": as_str(new_id), "stream": stream, "replayOf": replay_of}, 202)
 
 
@@ -161,10 +166,22 @@ def _uuid_field(source: dict[str, Any], name: str) -> str | None:
 @ops.route("DELETE", "/v1/dlq/{entryId}", "Discard a dead-lettered entry", access="ops",
            responses={204: Reply(None, "Discarded.")})
 async def delete_dlq(request: web.Request) -> web.Response:
-    entry_id, _ = await _find(request)
+    entry_id, record = await _find(request)
     if not await request.app[REDIS].xdel(request.app[KEYS].dlq, entry_id):
         raise ApiError(404, *ENTRY_NOT_FOUND)
+    # Nothing else keeps a trace of work given up on by hand: the timeline still ends in
+    # dead_lettered.
+    log.info("Discarded dead-lettered entry %s; its work is never retried.", entry_id,
+             extra=_log_ids(record))
     return web.Response(status=204)
+
+
+def _log_ids(record: dict[str, Any]) -> dict[str, Any]:
+    payload = record.get("payload")
+    payload = payload if isinstance(payload, dict) else {}
+    ids = {"event_id": payload.get("eventId"), "task_id": payload.get("taskId"),
+           "project_id": record.get("projectId"), "stream": record.get("stream")}
+    return {k: v for k, v in ids.items() if isinstance(v, str)}
 
 
 # ---------------------------------------------------------------------------------------------
