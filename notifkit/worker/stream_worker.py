@@ -32,6 +32,7 @@ from notifkit.worker.entry import (
     attempts_made,
     batch_stream,
     channel_label,
+    describe_error,
     dlq_record,
     failed_event,
     log_fields,
@@ -623,12 +624,12 @@ class StreamWorker:
             metrics.FAILED.labels(self.service, entry.stream, channel_label(entry)).inc()
             permanent = isinstance(entry.error, PermanentFailure)
             final = permanent or entry.attempt >= self.max_attempts
-            log.warning(
-                "Attempt %d of %d failed: %s. %s", entry.attempt, self.max_attempts,
-                entry.error,
-                "Dead-lettering it." if final else "It stays pending for the reclaim sweep.",
-                extra=log_fields(self.service, entry),
-            )
+            if not final:  # a final failure is told once, by the dead-lettering's record
+                log.warning(
+                    "Attempt %d of %d failed: %s. It stays pending for the reclaim sweep.",
+                    entry.attempt, self.max_attempts, entry.error,
+                    extra=log_fields(self.service, entry),
+                )
             if entry.marks:
                 await self._release(keys=entry.marks, args=[entry.owner])
                 entry.marks.clear()
@@ -652,9 +653,10 @@ class StreamWorker:
             self.stats.dead_lettered += 1
             metrics.DEAD_LETTERED.labels(self.service, entry.stream, channel_label(entry)).inc()
             made = attempts_made(entry)
-            log.error("Moved to the dead-letter queue after %d attempt%s; replay it with "
+            log.error("Moved to the dead-letter queue after %d attempt%s (%s); replay it with "
                       "POST /v1/dlq/{id}/replay once the cause is fixed.", made,
-                      "" if made == 1 else "s", extra=log_fields(self.service, entry))
+                      "" if made == 1 else "s", describe_error(entry.error),
+                      extra=log_fields(self.service, entry))
 
     async def _settle(self, outputs: Sequence[tuple[str, Mapping[str, Any]]],
                       entries: Sequence[Entry]) -> None:

@@ -271,3 +271,24 @@ async def test_a_failed_attempt_leaves_its_counter_with_the_contract_ttl(
         key = keys.attempts(worker.group, entry_id, stream)
         assert await redis.get(key) == b"1"
         assert 7000 < await redis.ttl(key) <= 7200
+
+
+async def test_each_failed_attempt_is_logged_once_and_the_last_by_the_dead_lettering(
+    make_worker: WorkerFactory, keys: Keys, add: Add, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given an entry that fails every attempt
+    processor = AlwaysFails(RuntimeError("provider exploded"))
+    worker = make_worker(processor, service="engine")
+    await add(keys.enriched("normal"), {"projectId": "p1", "eventId": "ev-1", "n": 1})
+
+    # When it is retried until it is dead-lettered
+    with caplog.at_level("WARNING", logger="notifkit.worker"):
+        await worker.run_until_idle()
+
+    # Then each attempt but the last is one warning, and the last one error record that
+    # names the cause: an operator reads one line per attempt, not two for the last
+    records = [(r.levelname, r.getMessage()) for r in caplog.records
+               if r.name == "notifkit.worker"]
+    assert [level for level, _ in records] == ["WARNING", "WARNING", "ERROR"]
+    assert records[0][1].startswith("Attempt 1 of 3 failed: provider exploded.")
+    assert "after 3 attempts (RuntimeError: provider exploded)" in records[2][1]
