@@ -19,6 +19,7 @@ import sys
 from collections.abc import Coroutine
 from typing import Any, NoReturn
 
+from simulators.logs import LOG_FORMATS, setup_logging
 from simulators.server import ListenError, SimulatorServer
 
 log = logging.getLogger("simulators")
@@ -85,6 +86,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="default INFO: one line per received message",
     )
+    parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=LOG_FORMATS,
+        help="text (default) or json: one JSON object a line, as notifkit logs in production",
+    )
     return parser.parse_args(argv)
 
 
@@ -146,11 +153,7 @@ def _run(main: Coroutine[Any, Any, None]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    setup_logging(args.log_format, args.log_level)
     try:
         _run(serve(args))
     except ListenError as exc:

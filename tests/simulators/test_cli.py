@@ -4,6 +4,7 @@ serves HTTP and SMTP and stops cleanly on SIGTERM and SIGINT."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import signal
 import socket
@@ -114,3 +115,30 @@ async def test_an_address_that_cannot_be_bound_is_named_as_the_host(host: str) -
     lines = err.decode().strip().splitlines()
     assert len(lines) == 1, lines
     assert f"error: --host: cannot listen on {host}:0" in lines[0]
+
+
+@pytest.mark.slow
+async def test_json_log_format_writes_one_object_a_line() -> None:
+    # Given simulators started with JSON logs, as compose.yaml runs them
+    process = await run_cli("--port", "0", "--smtp-port", "0", "--log-format", "json")
+    assert process.stderr is not None
+    try:
+        # Then every line, the start-up line and a received message's included, is one JSON
+        # object with the time, level, logger and message
+        started = json.loads(await asyncio.wait_for(process.stderr.readline(), 20))
+        assert {"ts", "level", "logger", "msg"} <= started.keys()
+        base_url = LISTENING.search(started["msg"])
+        assert base_url, started
+        async with aiohttp.ClientSession() as http, http.post(
+            base_url.group(1) + "/emails", headers={"Authorization": "Bearer re_1"},
+            json={"from": "a@example.com", "to": "b@example.com", "subject": "s",
+                  "text": "t"},
+        ) as response:
+            assert response.status == 200
+        received = json.loads(await asyncio.wait_for(process.stderr.readline(), 10))
+        assert "resend accepted message" in received["msg"]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, rest = await asyncio.wait_for(process.communicate(), 20)
+    assert process.returncode == 0
+    assert all(json.loads(line)["msg"] for line in rest.decode().splitlines())
