@@ -224,6 +224,7 @@ class StreamWorker:
 
     # -- reading ------------------------------------------------------------------
     async def _read_loop(self) -> None:
+        failing_since: float | None = None  # when reads began to fail, while they do
         while not self._stopping.is_set():
             try:
                 free = self.concurrency - self.in_flight
@@ -248,21 +249,32 @@ class StreamWorker:
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(self._capacity.wait(), LANE_POLL_S - since)
                         continue
-                    if not await self._read_new(block_ms=None, only=open_streams):
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(self._capacity.wait(), LANE_POLL_S)
-                    continue
-                await self._read_new(block_ms=self.settings.read_block_ms)
+                    taken = await self._read_new(block_ms=None, only=open_streams)
+                else:
+                    taken = await self._read_new(block_ms=self.settings.read_block_ms)
+                if failing_since is not None:
+                    self._read_again(failing_since)
+                    failing_since = None
+                if not taken and len(open_streams) < len(self.streams):
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._capacity.wait(), LANE_POLL_S)
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError) as exc:
                 log.warning("Reading %s failed (%s); retrying in 1 s.", self.service, exc,
                             extra={"service": self.service})
+                failing_since = failing_since or time.monotonic()
                 await asyncio.sleep(1.0)
             except Exception:
                 log.exception("Unexpected error in the read loop; retrying in 1 s.",
                               extra={"service": self.service})
                 await asyncio.sleep(1.0)
+
+    def _read_again(self, failing_since: float) -> None:
+        """After failed reads, say that reading works again: the warnings just stop, and an
+        operator watching an outage wants to know it is over."""
+        log.info("Reading %s works again after %.1f s of failed reads.", self.service,
+                     time.monotonic() - failing_since, extra={"service": self.service})
 
     async def _read_new(self, *, block_ms: int | None, only: list[str] | None = None) -> int:
         """Fill the free slots from the streams in priority order (of ``only`` when given),

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from notifkit.keys import Keys
 from notifkit.worker import Entry, consumer_name
@@ -175,3 +178,37 @@ async def test_a_started_worker_is_a_consumer_of_its_groups_before_any_entry(
     await worker.stop()
     for stream in keys.enriched_all():
         assert await redis.xinfo_consumers(stream, worker.group) == []
+
+
+async def test_reading_that_works_again_after_failures_says_so(
+    make_worker: WorkerFactory, keys: Keys, add: Add, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a worker whose first two reads fail as during a Redis outage
+    gate = Gate()
+    gate.opened.set()
+    worker = make_worker(gate)
+    real_read = worker._read_new
+    failures = 2
+
+    async def flaky_read(**kwargs: Any) -> int:
+        nonlocal failures
+        if failures:
+            failures -= 1
+            raise RedisConnectionError("Connection refused")
+        return await real_read(**kwargs)
+
+    monkeypatch.setattr(worker, "_read_new", flaky_read)
+    await add(keys.enriched("normal"), {"n": 1})
+
+    # When it retries until a read works
+    with caplog.at_level("INFO", logger="notifkit.worker"):
+        await worker.start()
+        await asyncio.wait_for(gate.entered.wait(), WAIT_S)
+        await worker.stop()
+
+    # Then two warnings said reading failed, and one line says it works again
+    messages = [r.getMessage() for r in caplog.records if r.name == "notifkit.worker"]
+    assert sum("failed (Connection refused); retrying" in m for m in messages) == 2
+    [again] = [m for m in messages if "works again" in m]
+    assert re.fullmatch(r"Reading engine works again after 2\.\d s of failed reads\.", again)
