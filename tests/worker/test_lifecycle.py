@@ -211,4 +211,4 @@ async def test_reading_that_works_again_after_failures_says_so(
     messages = [r.getMessage() for r in caplog.records if r.name == "notifkit.worker"]
     assert sum("failed (Connection refused); retrying" in m for m in messages) == 2
     [again] = [m for m in messages if "works again" in m]
-    assert re.fullmatch(r"Reading engine works again after 2\.\d s of failed reads\.", again)
+    assert re.fullmatch(r"Reading engine works again after \d+\.\d s of failed reads\.", again)
