@@ -1,10 +1,10 @@
 """The dead-letter queue, scoped to the caller's project (the admin key sees every project's,
 or the one it names).
 
-A DLQ record (notifkit/worker/stream_worker.py) holds the origin ``stream`` and ``group``, the
-``payload``, the last ``error``, ``attempts``, ``failedAt``, ``projectId`` and ``replayOf`` (who
-owns the entry's dedup marks). Replaying XADDs the payload back to its origin stream with
-``"_replayOf"`` set, so the dedup marks the original claimed are honoured as its own
+A DLQ record (``dlq_record`` in notifkit/worker/entry.py) holds the origin ``stream`` and
+``group``, the ``payload``, the last ``error``, ``attempts``, ``failedAt``, ``projectId`` and
+``replayOf`` (who owns the entry's dedup marks). Replaying XADDs the payload back to its origin
+stream with ``"_replayOf"`` set, so the dedup marks the original claimed are honoured as its own
 (``Entry.owner``), and XDELs the record, in one Lua call: two concurrent replays of one
 record enqueue it once. The new entry id has no attempt counter, so the count starts afresh;
 ``"_replayedAttempts"`` carries the attempts made before, for the timeline's numbering only.
