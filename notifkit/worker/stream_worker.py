@@ -636,12 +636,12 @@ class StreamWorker:
             metrics.FAILED.labels(self.service, entry.stream, channel_label(entry)).inc()
             permanent = isinstance(entry.error, PermanentFailure)
             final = permanent or entry.attempt >= self.max_attempts
-            if not final:  # a final failure is told once, by the dead-lettering's record
-                log.warning(
-                    "Attempt %d of %d failed: %s. It stays pending for the reclaim sweep.",
-                    entry.attempt, self.max_attempts, entry.error,
-                    extra=log_fields(self.service, entry),
-                )
+            log.warning(
+                "Attempt %d of %d failed: %s. %s", entry.attempt, self.max_attempts,
+                entry.error,
+                "Dead-lettering it." if final else "It stays pending for the reclaim sweep.",
+                extra=log_fields(self.service, entry),
+            )
             if entry.marks:
                 await self._release(keys=entry.marks, args=[entry.owner])
                 entry.marks.clear()

@@ -273,7 +273,7 @@ async def test_a_failed_attempt_leaves_its_counter_with_the_contract_ttl(
         assert 7000 < await redis.ttl(key) <= 7200
 
 
-async def test_each_failed_attempt_is_logged_once_and_the_last_by_the_dead_lettering(
+async def test_each_failed_attempt_is_logged_and_the_dead_lettering_names_its_cause(
     make_worker: WorkerFactory, keys: Keys, add: Add, caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Given an entry that fails every attempt
@@ -285,10 +285,11 @@ async def test_each_failed_attempt_is_logged_once_and_the_last_by_the_dead_lette
     with caplog.at_level("WARNING", logger="notifkit.worker"):
         await worker.run_until_idle()
 
-    # Then each attempt but the last is one warning, and the last one error record that
-    # names the cause: an operator reads one line per attempt, not two for the last
+    # Then every attempt is one warning (the attempts really made, which the dlq_poison
+    # scenario counts), and the dead-lettering's error record names the cause
     records = [(r.levelname, r.getMessage()) for r in caplog.records
                if r.name == "notifkit.worker"]
-    assert [level for level, _ in records] == ["WARNING", "WARNING", "ERROR"]
+    assert [level for level, _ in records] == ["WARNING", "WARNING", "WARNING", "ERROR"]
     assert records[0][1].startswith("Attempt 1 of 3 failed: provider exploded.")
-    assert "after 3 attempts (RuntimeError: provider exploded)" in records[2][1]
+    assert records[2][1].endswith("Dead-lettering it.")
+    assert "after 3 attempts (RuntimeError: provider exploded)" in records[3][1]
