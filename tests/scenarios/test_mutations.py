@@ -21,9 +21,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 BROKEN_DRAIN_TIMEOUT_S = 8.0
 NEVER_DRAIN_WHEN_BROKEN = {"crash_reclaim", "malformed"}
 # Broken runs that lose work only if the outage strikes while entries are between their early
-# ack and their end: Redis killed in a quiet moment of a fast machine leaves nothing to lose
-# (1 of 7 runs on one machine). The break must show in one of these many runs.
-BROKEN_TRIES = {"redis_restart": 3}
+# ack and their end: Redis killed in a quiet moment leaves nothing to lose (1 of 7 runs on one
+# fast machine; three in a row once on a loaded 2-core machine during CI, while the same test
+# alone there caught the break at once). The break must show in one of these many runs; the
+# tries stop at the first that shows it.
+BROKEN_TRIES = {"redis_restart": 6}
 
 # (scenario, fault injected, small parameters, what the report must say when it is broken)
 PIPELINE_CASES: list[tuple[str, str, dict[str, Any], str]] = [
