@@ -20,6 +20,7 @@ import os
 import secrets
 import signal
 import socket
+import warnings
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,7 +81,12 @@ def _start_valkey(folder: Path, stack: contextlib.ExitStack) -> str:
 
 def _start_postgres(folder: Path, stack: contextlib.ExitStack) -> str:
     try:
-        import pgserver
+        # pgserver finds its lock folder through platformdirs at import, which warns, as a
+        # Python warning with its source line, when XDG_RUNTIME_DIR is unset (as under root
+        # in a container) and falls back to /tmp/runtime-<uid>: a fine place for it.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import pgserver
     except ImportError:
         raise ConfigError(
             "DATABASE_URL", "is not set and the embedded server is not installed: "
