@@ -52,6 +52,25 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+# The ring buffer's size is a C ssize_t; far past any memory, but a larger value must be a
+# usage error, not an OverflowError.
+MAX_MESSAGES = sys.maxsize
+
+
+def _max_messages(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_MESSAGES:
+        raise argparse.ArgumentTypeError(f"at most {MAX_MESSAGES}, got {value}")
+    return value
+
+
+def _host(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "must not be empty (0.0.0.0 listens on every interface)")
+    return text
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer > 0 (a count, a concurrency)."""
     try:
@@ -69,14 +88,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Wire-compatible provider simulators (Resend, SendGrid, SMTP, Twilio, FCM, "
         "OpenAI) with fault injection. Control API and page under /_sim/.",
     )
-    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    parser.add_argument("--host", type=_host, default="127.0.0.1",
+                        help="interface to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=8025, help="HTTP port (default 8025)")
     parser.add_argument("--smtp-port", type=_port, default=2525, help="SMTP port (default 2525)")
     parser.add_argument("--seed", type=non_negative_int, default=None,
                         help="random seed for faults")
     parser.add_argument(
         "--max-messages",
-        type=positive_int,
+        type=_max_messages,
         default=10_000,
         help="messages kept in memory, oldest dropped first (default 10000)",
     )

@@ -35,11 +35,15 @@ SHUTDOWN_TIMEOUT_S = 2.0
 class ListenError(OSError):
     """One of the two ports could not be bound; ``which`` says what to change, so a command
     line can name its own option for it: ``"port"`` (HTTP), ``"smtp_port"``, or ``"host"``
-    when the address itself is the problem (it does not resolve, or is not this machine's)."""
+    when the address itself is the problem (it does not resolve, is not this machine's, or
+    cannot be bound at all)."""
 
     def __init__(self, which: str, host: str, port: int, cause: OSError) -> None:
         super().__init__(cause.errno, f"cannot listen on {host}:{port}: {cause.strerror or cause}")
-        host_at_fault = isinstance(cause, socket.gaierror) or cause.errno == errno.EADDRNOTAVAIL
+        # EINVAL: an address no socket binds (IPv4-mapped IPv6); EAFNOSUPPORT: its family is
+        # not enabled on this machine. Neither is the port's doing.
+        host_at_fault = isinstance(cause, socket.gaierror) or cause.errno in (
+            errno.EADDRNOTAVAIL, errno.EINVAL, errno.EAFNOSUPPORT)
         self.which = "host" if host_at_fault else which
 
     def __str__(self) -> str:

@@ -40,6 +40,9 @@ async def run_cli(*args: str) -> asyncio.subprocess.Process:
         (["--max-messages", "0"], "positive"),
         (["--max-messages", "-5"], "expected a positive integer, got -5"),
         (["--max-messages", "many"], "expected a positive integer, got 'many'"),
+        # Past what a ring buffer can be sized to: refused, not an OverflowError traceback.
+        (["--max-messages", "9223372036854775808"], "argument --max-messages: at most"),
+        (["--host", "", "--port", "0", "--smtp-port", "0"], "argument --host: must not be empty"),
         (["--colour"], "unrecognized arguments"),
     ],
 )
@@ -106,9 +109,10 @@ async def test_a_port_in_use_is_named_by_its_option(option: str) -> None:
     assert f"error: {option}: cannot listen on 127.0.0.1:{port}" in lines[0]
 
 
-@pytest.mark.parametrize("host", ["nosuchhost.invalid", "192.0.2.1"])
+@pytest.mark.parametrize("host", ["nosuchhost.invalid", "192.0.2.1", "::ffff:127.0.0.1"])
 async def test_an_address_that_cannot_be_bound_is_named_as_the_host(host: str) -> None:
-    """A name that does not resolve, or an address of another machine, is the host's fault."""
+    """A name that does not resolve, an address of another machine, or one no socket can
+    bind (an IPv4-mapped IPv6 address) is the host's fault."""
     proc = await run_cli("--host", host, "--port", "0", "--smtp-port", "0")
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
