@@ -117,9 +117,13 @@ class FaultRule:
             return False
         if self.to is None:
             return True
+        return self.matched(recipients) is not None
+
+    def matched(self, recipients: Iterable[str]) -> str | None:
+        """The first of ``recipients`` this rule's glob matches (without one, the first)."""
         # Addresses are case-insensitive; phone numbers and tokens have no case to fold.
-        pattern = self.to.lower()
-        return any(fnmatch.fnmatchcase(r.lower(), pattern) for r in recipients)
+        pattern = self.to.lower() if self.to is not None else "*"
+        return next((r for r in recipients if fnmatch.fnmatchcase(r.lower(), pattern)), None)
 
     def to_item(self) -> FaultItem:
         delay: int | list[int] | None

@@ -86,6 +86,10 @@ class Submission:
     recipients: list[str]
     content: dict[str, Any]
     task_id: str | None = None
+    # Where each recipient sits in the request, in the provider's own terms and in the order
+    # of `recipients` (SendGrid "personalizations.1.cc.0.email"), so that an invalid-recipient
+    # error names the one a fault rule matched. Empty where the provider names no field.
+    recipient_fields: list[str] = field(default_factory=list)
     idempotency_key: str | None = None
     # Raw request payload, for idempotency fingerprints.
     payload: Any = None
@@ -96,6 +100,13 @@ class Submission:
     # A batch request (Resend `/emails/batch`): each part is recorded as its own message,
     # while faults, rate limits and idempotency treat the request as one.
     parts: list[Submission] | None = None
+
+    def field_of(self, recipient: str | None) -> str | None:
+        """Where ``recipient`` sits in the request (see `recipient_fields`), if known."""
+        if recipient is None or recipient not in self.recipients:
+            return None
+        index = self.recipients.index(recipient)
+        return self.recipient_fields[index] if index < len(self.recipient_fields) else None
 
 
 @dataclass(frozen=True)
@@ -190,11 +201,14 @@ class HttpProvider(ABC):
     def fault_reply(self, decision: FaultDecision, submission: Submission) -> Reply:
         rule = decision.rule
         rule_status = rule.status_for(self.provider)
-        recipient = submission.recipients[0] if submission.recipients else None
+        # The recipient the rule matched, which need not be the request's first.
+        recipient = rule.matched(submission.recipients)
+        field_name: str | None = None
         if rule.kind is FaultKind.RATE_LIMIT:
             case = ErrorCase.RATE_LIMITED
         elif rule.kind is FaultKind.INVALID_TOKEN:
             case = ErrorCase.INVALID_RECIPIENT
+            field_name = submission.field_of(recipient)
         else:
             case = case_for_status(rule_status) if rule_status else self.default_error_case
         retry_after_s = rule.retry_after_s
@@ -205,7 +219,8 @@ class HttpProvider(ABC):
             status == 429 or case in (ErrorCase.UNAVAILABLE, ErrorCase.RATE_LIMITED)
         ):
             retry_after_s = DEFAULT_RETRY_AFTER_S
-        return self.render(case, status=status, recipient=recipient, retry_after_s=retry_after_s)
+        return self.render(case, status=status, recipient=recipient, field_name=field_name,
+                           retry_after_s=retry_after_s)
 
     def malformed(self, decision: FaultDecision) -> Reply:
         return malformed_reply(decision.rule.status_for(self.provider) or 200)

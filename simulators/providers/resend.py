@@ -129,6 +129,13 @@ class Resend(HttpProvider):
         if spec.code is not None:
             name = spec.code
             message = _CODE_MESSAGES.get(spec.code, message)
+        if spec.case is ErrorCase.INVALID_RECIPIENT and spec.field_name and not spec.detail:
+            # The field of the recipient a fault rule matched: "bcc", or "emails[1].to" in a
+            # batch, written as a strict batch writes an invalid email's error.
+            where, _, field_name = spec.field_name.rpartition(".")
+            message = f"Invalid `{field_name}` field. {_ADDRESS_FORMAT}"
+            if where:
+                message = f"{where}: {message}"
         if spec.detail:
             message = spec.detail
         # Resend's headers are lower-case (HTTP/2); the SDK exposes them as a plain dict.
@@ -193,9 +200,11 @@ class ResendBatch(Resend):
             # The request's header names one task; an email's own tag tells batched tasks apart.
             part.task_id = part.task_id or request_task_id
             part.idempotency_key = key
+            part.recipient_fields = [f"emails[{index}].{f}" for f in part.recipient_fields]
             parts.append(part)
         return Submission(
             recipients=[r for part in parts for r in part.recipients],
+            recipient_fields=[f for part in parts for f in part.recipient_fields],
             content={},
             idempotency_key=key,
             # The mode is part of the request: the same emails under another mode are not a
@@ -268,6 +277,7 @@ def parse_email(payload: dict[str, Any]) -> Submission:
     )
     return Submission(
         recipients=to + cc + bcc,
+        recipient_fields=["to"] * len(to) + ["cc"] * len(cc) + ["bcc"] * len(bcc),
         content=content,
         task_id=task_id,
         payload=payload,

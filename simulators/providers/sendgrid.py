@@ -91,8 +91,11 @@ class SendGrid(HttpProvider):
                 "#-Personalizations-Errors",
             )
         recipients: list[str] = []
+        recipient_fields: list[str] = []
         for index, personalization in enumerate(personalizations):
-            recipients += _personalization_recipients(personalization, index)
+            for address, where in _personalization_recipients(personalization, index):
+                recipients.append(address)
+                recipient_fields.append(where)
         if len(recipients) > MAX_RECIPIENTS:
             raise _invalid(
                 f"There is a limit of {MAX_RECIPIENTS} total recipients (to + cc + bcc) per "
@@ -156,6 +159,7 @@ class SendGrid(HttpProvider):
         sandbox = isinstance(settings, dict) and _enabled(settings.get("sandbox_mode"))
         return Submission(
             recipients=recipients,
+            recipient_fields=recipient_fields,
             content=drop_none(
                 {
                     "from": sender.get("email"),
@@ -188,7 +192,7 @@ class SendGrid(HttpProvider):
         field_name = spec.field_name
         help_url: str | None = None
         if spec.case is ErrorCase.INVALID_RECIPIENT and not spec.detail:
-            field_name = "personalizations.0.to.0.email"
+            field_name = field_name or "personalizations.0.to.0.email"
             help_url = f"{_HELP}#message.personalizations.to"
         elif spec.code is not None:
             help_url = f"{_HELP}{spec.code}"
@@ -207,7 +211,8 @@ def _invalid(message: str, field_name: str, anchor: str) -> Rejection:
     return Rejection(ErrorCase.BAD_REQUEST, message, field_name=field_name, code=anchor)
 
 
-def _personalization_recipients(personalization: object, index: int) -> list[str]:
+def _personalization_recipients(personalization: object, index: int) -> list[tuple[str, str]]:
+    """Each recipient of a personalization, with its field ("personalizations.0.cc.1.email")."""
     if not isinstance(personalization, dict):
         raise _invalid(
             _PERSONALIZATIONS_REQUIRED,
@@ -222,7 +227,7 @@ def _personalization_recipients(personalization: object, index: int) -> list[str
             f"personalizations.{index}.to",
             "#message.personalizations.to",
         )
-    found: list[str] = []
+    found: list[tuple[str, str]] = []
     seen: set[str] = set()
     for kind in ("to", "cc", "bcc"):
         entries = personalization.get(kind) or []
@@ -230,10 +235,11 @@ def _personalization_recipients(personalization: object, index: int) -> list[str
             entries = [entries]
         for position, entry in enumerate(entries):
             address = bare_address(entry.get("email")) if isinstance(entry, dict) else None
+            where = f"personalizations.{index}.{kind}.{position}.email"
             if address is None:
                 raise _invalid(
                     "Does not contain a valid address.",
-                    f"personalizations.{index}.{kind}.{position}.email",
+                    where,
                     "#message.personalizations.to",
                 )
             if address.lower() in seen:
@@ -245,7 +251,7 @@ def _personalization_recipients(personalization: object, index: int) -> list[str
                     "#message.recipient-errors",
                 )
             seen.add(address.lower())
-            found.append(address)
+            found.append((address, where))
     return found
 
 

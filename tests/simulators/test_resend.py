@@ -226,6 +226,17 @@ async def test_invalid_token_fault_is_422_for_that_recipient_only(
     assert [m["to"] for m in await sim.messages("resend")] == ["ada@example.com"]
 
 
+async def test_invalid_token_fault_names_the_field_of_the_recipient_it_matched(
+    resend_sdk: Any, sim: SimulatorServer
+) -> None:
+    await sim.add_fault("invalid_token", "resend", to="gone@*")
+
+    with pytest.raises(exceptions.ValidationError) as caught:
+        await send(email(to=["ada@example.com"], bcc=["gone@example.com"]))
+
+    assert str(caught.value.message).startswith("Invalid `bcc` field.")
+
+
 async def test_malformed_fault_is_recorded_but_unparseable(
     resend_sdk: Any, sim: SimulatorServer
 ) -> None:

@@ -75,6 +75,18 @@ async def test_a_fault_fails_the_whole_batch(resend_sdk: Any, sim: SimulatorServ
     assert len(await sim.messages("resend")) == 2
 
 
+async def test_an_invalid_token_fault_names_the_email_and_field_it_matched(
+    resend_sdk: Any, sim: SimulatorServer
+) -> None:
+    await sim.add_fault("invalid_token", "resend", to="bob@*")
+
+    with pytest.raises(exceptions.ValidationError) as caught:
+        await batch([email("ada@example.com"), email("bob@example.com")])
+
+    assert str(caught.value.message).startswith("emails[1]: Invalid `to` field.")
+    assert await sim.messages("resend") == []
+
+
 async def test_a_lost_response_records_every_email_of_the_batch(
     resend_sdk: Any, sim: SimulatorServer
 ) -> None:

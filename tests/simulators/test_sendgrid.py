@@ -192,6 +192,30 @@ async def test_invalid_token_fault_is_400_invalid_address(sim: SimulatorServer) 
     assert errors(caught)[0]["message"] == "Does not contain a valid address."
 
 
+async def test_invalid_token_fault_names_the_field_of_the_recipient_it_matched(
+    sim: SimulatorServer,
+) -> None:
+    # Given a rule for one address, and a request where that address is not the first
+    await sim.add_fault("invalid_token", "sendgrid", to="gone@*")
+    body = {
+        "personalizations": [
+            {"to": [{"email": "ada@example.com"}]},
+            {"to": [{"email": "bob@example.com"}], "cc": [{"email": "gone@example.com"}]},
+        ],
+        "from": {"email": "noreply@example.com"},
+        "subject": "Welcome",
+        "content": [{"type": "text/plain", "value": "Hello"}],
+    }
+
+    with pytest.raises(exceptions.BadRequestsError) as caught:
+        await send(client(sim), body)
+
+    # Then the error points at that address, not at the request's first recipient
+    [error] = errors(caught)
+    assert error["field"] == "personalizations.1.cc.0.email"
+    assert error["message"] == "Does not contain a valid address."
+
+
 async def test_malformed_fault_is_200_without_message_id(sim: SimulatorServer) -> None:
     await sim.add_fault("malformed", "sendgrid")
     response = await send(client(sim), message())
