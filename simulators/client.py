@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, cast
+from urllib.parse import quote
 
 import aiohttp
 
@@ -247,7 +248,9 @@ class SimulatorClient(SimulatorControl):
         path = op.path
         options: dict[str, Any] = {}
         if "{arg}" in path:
-            path = path.replace("{arg}", str(payload))
+            # One path segment, whatever it holds: a "#", "?" or "/" in a rule id must not
+            # end it early (and so remove another rule, or be refused as a query).
+            path = path.replace("{arg}", quote(str(payload), safe=""))
         elif op.method == "GET":
             options["params"] = payload or {}
         elif payload is not None:

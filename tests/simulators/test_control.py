@@ -324,6 +324,18 @@ async def test_in_process_and_http_answers_are_identical(sim: SimulatorServer) -
         assert "'provider'" in caught.value.message
 
 
+@pytest.mark.parametrize("rule_id", ["f_1#x", "f_1?kind=error", "f_1/x", "f 1%"])
+async def test_removing_a_rule_by_any_id_over_http_touches_only_that_id(
+    sim: SimulatorServer, rule_id: str
+) -> None:
+    """The id is one path segment: a `#`, `?` or `/` in it must not cut it short, remove
+    another rule or be refused, where the in-process call removes nothing and says nothing."""
+    async with SimulatorClient(sim.base_url) as remote:
+        kept = await sim.add_fault("error", "resend")
+        await remote.remove_fault(rule_id)
+        assert await remote.faults() == [kept]
+
+
 async def test_wait_for_messages_times_out_with_a_clear_message(sim: SimulatorServer) -> None:
     with pytest.raises(TimeoutError, match="expected 1 message"):
         await sim.wait_for_messages(1, "twilio", timeout_s=0.05)
