@@ -146,6 +146,14 @@ class SendGrid(HttpProvider):
                     f"content.{index}.value",
                     "#message.content.value",
                 )
+        _check_content_order(blocks)
+        send_at = payload.get("send_at")
+        if send_at is not None and (type(send_at) is not int or send_at < 0):
+            raise _invalid(
+                "send_at must be a Unix timestamp: a whole number of seconds.",
+                "send_at",
+                "#message.send_at",
+            )
         first = personalizations[0] if isinstance(personalizations[0], dict) else {}
         headers = payload.get("headers") if isinstance(payload.get("headers"), dict) else None
         task_id = (
@@ -204,6 +212,20 @@ class SendGrid(HttpProvider):
                        "X-RateLimit-Reset": str(int(time.time()) + max(wait_s, 1))}
         body = {"errors": [{"message": message, "field": field_name, "help": help_url}]}
         return json_reply(spec.status, body, headers=headers, retry_after_s=spec.retry_after_s)
+
+
+def _check_content_order(blocks: list[Any]) -> None:
+    """SendGrid takes text/plain first, then text/html, then any other type (the sendgrid
+    libraries sort their content blocks so; a hand-built request in another order is a 400)."""
+    rank = {"text/plain": 0, "text/html": 1}
+    ranks = [rank.get(str(block.get("type")).lower(), 2) for block in blocks]
+    if ranks != sorted(ranks):
+        raise _invalid(
+            "The content blocks are out of order: text/plain, when present, comes first, then "
+            "text/html, then any other type.",
+            "content",
+            "#message.content",
+        )
 
 
 def _invalid(message: str, field_name: str, anchor: str) -> Rejection:

@@ -149,6 +149,43 @@ async def test_empty_content_value_is_400(sim: SimulatorServer) -> None:
     assert errors(caught)[0]["field"] == "content.0.value"
 
 
+async def test_html_before_plain_text_is_400_naming_content(sim: SimulatorServer) -> None:
+    body = message().get()
+    body["content"] = [{"type": "text/html", "value": "<p>Hello</p>"},
+                       {"type": "text/plain", "value": "Hello"}]
+
+    with pytest.raises(exceptions.BadRequestsError) as caught:
+        await send(client(sim), body)
+
+    assert errors(caught)[0]["field"] == "content"
+    assert await sim.messages("sendgrid") == []
+
+
+async def test_other_content_types_come_after_plain_text_and_html(sim: SimulatorServer) -> None:
+    body = message().get()
+    body["content"].append({"type": "text/calendar", "value": "BEGIN:VCALENDAR"})
+    response = await send(client(sim), body)
+    assert response.status_code == 202
+
+    body["content"].insert(0, body["content"].pop())
+    with pytest.raises(exceptions.BadRequestsError) as caught:
+        await send(client(sim), body)
+    assert errors(caught)[0]["field"] == "content"
+
+
+@pytest.mark.parametrize("send_at", ["1700000000", 1.5, -1, True])
+async def test_send_at_that_is_not_a_unix_timestamp_is_400(
+    sim: SimulatorServer, send_at: object
+) -> None:
+    body = message().get()
+    body["send_at"] = send_at
+
+    with pytest.raises(exceptions.BadRequestsError) as caught:
+        await send(client(sim), body)
+
+    assert errors(caught)[0]["field"] == "send_at"
+
+
 async def test_missing_key_is_401(sim: SimulatorServer) -> None:
     sg = client(sim, api_key="")
     sg.client.request_headers["Authorization"] = "Bearer "
