@@ -84,6 +84,45 @@ _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:-]{0,64}$")
 
 
+# Every setting with an environment variable that code may give too (``Settings(...)``,
+# ``NotifkitServer(...)``): its variable, and for numbers the type and least value the
+# environment allows, so a value given in code is refused by the same rules, naming the same
+# variable (a string where a number belongs raised a bare TypeError; "false" for a flag was
+# taken as true).
+_NUMBERS: Final[dict[str, tuple[str, type, float]]] = {
+    "worker_concurrency": ("WORKER_CONCURRENCY", int, 1),
+    "queue_max_len": ("QUEUE_MAX_LEN", int, 1),
+    "idempotency_ttl_s": ("IDEMPOTENCY_TTL_SECONDS", int, 1),
+    "reclaim_interval_s": ("RECLAIM_INTERVAL_SECONDS", float, 0.01),
+    "reclaim_min_idle_s": ("RECLAIM_MIN_IDLE_SECONDS", float, 0.0),
+    "max_attempts": ("MAX_ATTEMPTS", int, 1),
+    "enricher_max_attempts": ("ENRICHER_MAX_ATTEMPTS", int, 1),
+    "db_max_connections": ("DB_MAX_CONNECTIONS", int, 1),
+    "port": ("PORT", int, 0),
+    "provider_timeout_s": ("PROVIDER_TIMEOUT_SECONDS", float, 0.001),
+    "max_body_bytes": ("MAX_BODY_BYTES", int, 1),
+    "api_rate_per_second": ("API_RATE_PER_SECOND", float, 0.001),
+    "api_rate_burst": ("API_RATE_BURST", int, 1),
+    "throttle_limit": ("THROTTLE_LIMIT", int, 0),
+    "throttle_window_s": ("THROTTLE_WINDOW_SECONDS", int, 1),
+    "scheduler_poll_interval_s": ("SCHEDULER_POLL_INTERVAL_SECONDS", float, 0.01),
+    "scheduler_lock_ttl_s": ("SCHEDULER_LOCK_TTL_SECONDS", int, 1),
+    "workflow_lock_ttl_s": ("WORKFLOW_LOCK_TTL_SECONDS", int, 1),
+    "heartbeat_interval_s": ("HEARTBEAT_INTERVAL_SECONDS", float, 0.1),
+    "shutdown_grace_s": ("SHUTDOWN_GRACE_SECONDS", float, 0.0),
+}
+_TEXTS: Final = {
+    "redis_url": "REDIS_URL", "database_url": "DATABASE_URL",
+    "namespace": "NOTIFKIT_NAMESPACE", "db_schema": "DB_SCHEMA", "host": "HOST",
+    "secret": "NOTIFKIT_SECRET", "public_url": "NOTIFKIT_PUBLIC_URL",
+    "log_format": "LOG_FORMAT", "log_level": "LOG_LEVEL",
+}
+_OPTIONAL_TEXTS: Final = {
+    "admin_key": "NOTIFKIT_ADMIN_KEY", "simulator_url": "NOTIFKIT_SIMULATOR_URL",
+    "simulator_smtp": "NOTIFKIT_SIMULATOR_SMTP",
+}
+
+
 class ConfigError(ValueError):
     """A setting is missing or invalid; ``variable`` names it as the environment spells it."""
 
@@ -578,7 +617,29 @@ def _provider_rates(raw: str) -> dict[str, float]:
     return rates
 
 
+def _check_types(s: Settings) -> None:
+    """Types and least values of what code may give, checked as the environment checks them."""
+    for name, variable in _TEXTS.items():
+        if not isinstance(getattr(s, name), str):
+            raise ConfigError(variable, f"must be a string, got {getattr(s, name)!r}")
+    for name, variable in _OPTIONAL_TEXTS.items():
+        if not isinstance(getattr(s, name), str | None):
+            raise ConfigError(variable, f"must be a string, got {getattr(s, name)!r}")
+    if not isinstance(s.auto_migrate, bool):
+        raise ConfigError("AUTO_MIGRATE", f"must be True or False, got {s.auto_migrate!r}")
+    for name, (variable, kind, least) in _NUMBERS.items():
+        value = getattr(s, name)
+        allowed = (int, float) if kind is float else (int,)
+        # bool is an int to Python, never a count or a duration to an operator.
+        if isinstance(value, bool) or not isinstance(value, allowed):
+            what = "a number" if kind is float else "a whole number"
+            raise ConfigError(variable, f"must be {what}, got {value!r}")
+        if not value >= least:  # also refuses NaN
+            raise ConfigError(variable, f"must be at least {least}, got {value}")
+
+
 def _validate(s: Settings) -> None:
+    _check_types(s)
     _check_redis_url(s.redis_url)
     _check_url("DATABASE_URL", s.database_url, ("postgresql", "postgres"), hostless=True)
     if not s.services:
@@ -599,19 +660,6 @@ def _validate(s: Settings) -> None:
         # pg_toast are its own.
         raise ConfigError("DB_SCHEMA", f"must not start with pg_ (PostgreSQL reserves it), "
                           f"got {s.db_schema!r}")
-    positive = {
-        "WORKER_CONCURRENCY": s.worker_concurrency,
-        "QUEUE_MAX_LEN": s.queue_max_len,
-        "IDEMPOTENCY_TTL_SECONDS": s.idempotency_ttl_s,
-        "DB_MAX_CONNECTIONS": s.db_max_connections,
-        "MAX_ATTEMPTS": s.max_attempts,
-        "ENRICHER_MAX_ATTEMPTS": s.enricher_max_attempts,
-        "PROVIDER_TIMEOUT_SECONDS": s.provider_timeout_s,
-        "RECLAIM_INTERVAL_SECONDS": s.reclaim_interval_s,
-    }
-    for variable, value in positive.items():
-        if not value > 0:
-            raise ConfigError(variable, f"must be greater than 0, got {value}")
     if not math.isfinite(s.api_rate_per_second):
         raise ConfigError("API_RATE_PER_SECOND",
                           f"must be a finite number, got {s.api_rate_per_second}")
@@ -648,8 +696,6 @@ def _validate(s: Settings) -> None:
                           f"got {s.heartbeat_interval_s}")
     if not 0 <= s.port <= 65535:
         raise ConfigError("PORT", f"must be a TCP port (0-65535), got {s.port}")
-    if s.reclaim_min_idle_s < 0:
-        raise ConfigError("RECLAIM_MIN_IDLE_SECONDS", "must not be negative")
     if s.log_format not in LOG_FORMATS:
         raise ConfigError("LOG_FORMAT", f"must be json or text, got {s.log_format!r}")
     if s.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

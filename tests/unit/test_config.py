@@ -6,6 +6,8 @@ value must raise ConfigError naming the environment variable as the operator spe
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from notifkit.config import (
@@ -189,6 +191,49 @@ def test_invalid_values_given_in_code_name_the_variable_too() -> None:
         Settings(db_schema="Bad-Name")
     with pytest.raises(ConfigError, match=r"^WORKER_CONCURRENCY: "):
         Settings.from_env({}, worker_concurrency=0)
+
+
+@pytest.mark.parametrize(
+    ("override", "variable"),
+    [
+        # Wrong types: a string compared with a number raised TypeError, and a truthy string
+        # for a flag was taken as true (AUTO_MIGRATE="false" migrated).
+        ({"worker_concurrency": "5"}, "WORKER_CONCURRENCY"),
+        ({"worker_concurrency": True}, "WORKER_CONCURRENCY"),
+        ({"db_max_connections": 0.5}, "DB_MAX_CONNECTIONS"),
+        ({"queue_max_len": 1e6}, "QUEUE_MAX_LEN"),
+        ({"reclaim_min_idle_s": "60"}, "RECLAIM_MIN_IDLE_SECONDS"),
+        ({"provider_timeout_s": None}, "PROVIDER_TIMEOUT_SECONDS"),
+        ({"auto_migrate": "false"}, "AUTO_MIGRATE"),
+        ({"auto_migrate": 0}, "AUTO_MIGRATE"),
+        ({"redis_url": None}, "REDIS_URL"),
+        ({"db_schema": 5}, "DB_SCHEMA"),
+        ({"admin_key": 12345678901234567}, "NOTIFKIT_ADMIN_KEY"),
+        # Values the environment refuses, given in code.
+        ({"throttle_limit": -1}, "THROTTLE_LIMIT"),
+        ({"api_rate_burst": 0}, "API_RATE_BURST"),
+        ({"max_body_bytes": 0}, "MAX_BODY_BYTES"),
+        ({"heartbeat_interval_s": 0.0}, "HEARTBEAT_INTERVAL_SECONDS"),
+        ({"shutdown_grace_s": -1.0}, "SHUTDOWN_GRACE_SECONDS"),
+        ({"scheduler_poll_interval_s": 0.0}, "SCHEDULER_POLL_INTERVAL_SECONDS"),
+        ({"scheduler_lock_ttl_s": 0}, "SCHEDULER_LOCK_TTL_SECONDS"),
+        ({"reclaim_interval_s": float("nan")}, "RECLAIM_INTERVAL_SECONDS"),
+    ],
+)
+def test_values_given_in_code_are_checked_as_the_environment_checks_them(
+    override: dict[str, Any], variable: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        Settings(**override)
+    assert caught.value.variable == variable
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({}, **override)
+    assert caught.value.variable == variable
+
+
+def test_numbers_given_in_code_may_be_ints_where_fractions_are_allowed() -> None:
+    s = Settings(reclaim_min_idle_s=0, provider_timeout_s=2, heartbeat_interval_s=1)
+    assert (s.reclaim_min_idle_s, s.provider_timeout_s, s.heartbeat_interval_s) == (0, 2, 1)
 
 
 def test_the_largest_sizes_still_accepted() -> None:
