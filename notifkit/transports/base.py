@@ -25,12 +25,13 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
 import aiohttp
 import asyncpg
@@ -40,6 +41,8 @@ from notifkit import codec
 from notifkit.config import Settings
 from notifkit.keys import Keys
 
+# The longest a provider's Retry-After parks a task: a day (no provider asks for more).
+MAX_RETRY_AFTER_S: Final = 24 * 3600.0
 TASK_ID_HEADER = "X-Notifkit-Task-Id"
 METADATA_FIELD = "notifkit_task_id"  # the provider metadata field that carries the task id
 
@@ -138,21 +141,25 @@ class HttpReply:
 
 
 def parse_retry_after(value: str | None) -> float | None:
-    """Retry-After as seconds: delta-seconds or an HTTP date."""
+    """Retry-After as seconds: delta-seconds or an HTTP date, at most ``MAX_RETRY_AFTER_S``
+    (a longer wait, ``inf`` included, is parked for that long: a due time must stay one that
+    delivery and the scheduler can compute and store). None when absent or unreadable."""
     if value is None:
         return None
     value = value.strip()
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - datetime.now(UTC)).total_seconds()
+    if math.isnan(seconds):
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+    return min(max(0.0, seconds), MAX_RETRY_AFTER_S)
 
 
 def classify_status(reply: HttpReply, detail: str, message_id: str | None = None) -> SendResult:

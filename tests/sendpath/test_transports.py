@@ -17,7 +17,15 @@ import pytest
 from redis.asyncio import Redis
 
 from notifkit.config import Settings
-from notifkit.transports.base import HttpReply, Message, Outcome, Transport, TransportContext
+from notifkit.transports.base import (
+    MAX_RETRY_AFTER_S,
+    HttpReply,
+    Message,
+    Outcome,
+    Transport,
+    TransportContext,
+    parse_retry_after,
+)
 from notifkit.transports.fcm import FcmTransport
 from notifkit.transports.fcm import classify as fcm_classify
 from notifkit.transports.registry import build_transports
@@ -195,3 +203,23 @@ async def test_sms_asks_twilio_for_receipts_at_the_projects_webhook(
     [record] = await sim.messages("twilio")
     assert record["content"]["status_callback"] == (
         "https://notifkit.example/v1/webhooks/twilio/0193a0a0-0000-7000-8000-000000000001")
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("7", 7.0),
+        ("0", 0.0),
+        ("-3", 0.0),
+        # A wait past what any provider asks for is parked for the longest wait, not converted
+        # into a due time no clock holds: "inf" raised OverflowError in delivery, failing the
+        # whole batch, and a year past 9999 broke the scheduler's row.
+        ("inf", MAX_RETRY_AFTER_S),
+        ("1e400", MAX_RETRY_AFTER_S),
+        ("1000000000000", MAX_RETRY_AFTER_S),
+        ("nan", None),
+        ("soon", None),
+    ],
+)
+def test_retry_after_is_a_finite_bounded_wait(header: str, expected: float | None) -> None:
+    assert parse_retry_after(header) == expected
