@@ -54,6 +54,7 @@ from notifkit.templates import (
     warm_beside_loop,
 )
 from notifkit.transports.openai import OpenAiClient
+from notifkit.wording import counted
 from notifkit.worker import Entry
 
 log = logging.getLogger("notifkit.ai")
@@ -165,7 +166,7 @@ class AiService(WorkerService):
             attempt = int(task.get("priorAttempts") or 0) + entry.attempt
             if attempt >= self.settings.max_attempts:
                 # The dead-letter row says why, from notification:failed.
-                entry.fail(AttemptsExhausted(f"gave up after {attempt} attempts: {exc}"))
+                entry.fail(AttemptsExhausted(f"gave up after {counted(attempt, 'attempt')}: {exc}"))
             else:
                 entry.fail(exc)
                 logs.append(task_row(task, attempt, Kind.GENERATION_FAILED, Status.PROCESSING,
@@ -200,7 +201,8 @@ class AiService(WorkerService):
         # counted across its parkings, stop at the limit like any other entry's.
         attempt = int(task.get("priorAttempts") or 0) + entry.attempt
         if attempt >= self.settings.max_attempts:
-            entry.fail(AttemptsExhausted(f"still rate limited after {attempt} attempts: {exc}"))
+            entry.fail(AttemptsExhausted(
+                f"still rate limited after {counted(attempt, 'attempt')}: {exc}"))
             return
         after_s = exc.after_s if exc.after_s is not None else 1.0
         payload: dict[str, Any] = {**task, "parkCount": parks, "priorAttempts": attempt}

@@ -41,6 +41,7 @@ from notifkit.errors import MalformedPayload, RetryLater
 from notifkit.ids import derived_uuid7, is_uuid, untasked_row_id
 from notifkit.messages import CHANNELS, RECEIPT_KINDS, WorkflowEvent
 from notifkit.services.base import WorkerService
+from notifkit.wording import counted
 from notifkit.worker import Entry
 
 log = logging.getLogger("notifkit.events")
@@ -178,7 +179,7 @@ def outcome_row(event: Mapping[str, Any]) -> TimelineRow | None:
         attempts = _count(event.get("attempts"))
         attempt = max(_count(event.get("attempt")), attempts)
         earlier_attempts = attempt - attempts
-        detail = f"dead-lettered after {attempts} attempts: {error or 'unknown error'}"
+        detail = f"dead-lettered after {counted(attempts, 'attempt')}: {error or 'unknown error'}"
         metadata.update(stream=event.get("stream"), entryId=event.get("entryId"))
     else:
         row_kind, status = "failed", "failed"

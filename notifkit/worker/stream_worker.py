@@ -24,6 +24,7 @@ from notifkit.keys import Keys
 from notifkit.redis_pipe import pipe
 from notifkit.streams import DATA_FIELD, as_str, decode, dlq_fields, encode, ensure_group
 from notifkit.tasks import cancel_all
+from notifkit.wording import counted
 from notifkit.worker import scripts
 from notifkit.worker.entry import (
     BatchProcessor,
@@ -555,7 +556,7 @@ class StreamWorker:
             if attempt > self.max_attempts:
                 entry.attempt = attempt - 1  # the attempts actually made
                 entry.error = RuntimeError(
-                    f"gave up after {entry.attempt} attempts (last one never finished)"
+                    f"gave up after {counted(entry.attempt, 'attempt')} (last one never finished)"
                 )
                 over_limit.append(entry)
             else:

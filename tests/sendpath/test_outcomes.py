@@ -56,6 +56,10 @@ def test_a_task_out_of_attempts_says_so_and_why() -> None:
     verdict = judge([answer(Outcome.RETRY)], has_next_channel=False, attempt=3, max_attempts=3)
     assert verdict.action is Action.DEAD
     assert verdict.reason == "gave up after 3 attempts: retry"
+    # with one attempt allowed (MAX_ATTEMPTS=1)
+    verdict = judge([answer(Outcome.RATE_LIMITED, 2.0)], has_next_channel=False, attempt=1,
+                    max_attempts=1)
+    assert verdict.reason == "still rate limited after 1 attempt: rate_limited"
 
 
 def test_destinations_suppressed_since_routing_are_left_out() -> None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from notifkit.transports.base import Outcome, SendResult
+from notifkit.wording import counted
 
 
 class Action(StrEnum):
@@ -110,7 +111,7 @@ def judge(
         if has_next_channel:
             return Verdict(Action.FALLBACK, reason)
         if exhausted:
-            return Verdict(Action.DEAD, f"gave up after {attempt} attempts: {reason}")
+            return Verdict(Action.DEAD, f"gave up after {counted(attempt, 'attempt')}: {reason}")
         return Verdict(Action.RETRY, reason)
     if Outcome.RATE_LIMITED in first:
         limited = [a for a in attempted if a.result.outcome is Outcome.RATE_LIMITED]
@@ -119,8 +120,8 @@ def judge(
         reason = (by_provider or limited)[0].result.detail
         if by_provider:
             if exhausted:
-                return Verdict(Action.DEAD, f"still rate limited after {attempt} attempts: "
-                               f"{reason}")
+                return Verdict(Action.DEAD, "still rate limited after "
+                               f"{counted(attempt, 'attempt')}: {reason}")
             return Verdict(Action.PARK, reason, wait_s)
         return Verdict(Action.PARK, reason, wait_s, counts_as_attempt=False)
     reason = first[Outcome.INVALID_RECIPIENT].result.detail if attempted else "no destination"
