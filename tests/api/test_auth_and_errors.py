@@ -520,6 +520,19 @@ async def test_projects_validate_their_settings(api: Api) -> None:
         "settings.color"}
 
 
+async def test_a_whole_number_written_with_a_fraction_part_is_a_whole_number(api: Api) -> None:
+    # JSON has one number type: 60.0 is the integer 60, as the OpenAPI document's "integer"
+    # (JSON Schema) has it. A fraction is still refused.
+    made = await api.admin("POST", "/v1/projects", json={
+        "name": "p", "settings": {"throttle": {"limit": 5.0, "windowSeconds": 60.0}}})
+    assert made.status == 201, made.body
+    assert made.body["settings"]["throttle"] == {"limit": 5, "windowSeconds": 60}
+    assert isinstance(made.body["settings"]["throttle"]["windowSeconds"], int)
+    half = await api.admin("POST", "/v1/projects", json={
+        "name": "p", "settings": {"throttle": {"limit": 5, "windowSeconds": 60.5}}})
+    assert (half.status, half.fields) == (400, ["settings.throttle.windowSeconds"])
+
+
 async def test_null_settings_are_no_settings(api: Api) -> None:
     # Every other optional field takes null for "not given"; settings does too.
     created = await api.admin("POST", "/v1/projects", json={"name": "p", "settings": None})

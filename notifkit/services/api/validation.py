@@ -307,6 +307,8 @@ class Fields:
         present, value = self._get(name, required)
         if not present:
             return None
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # JSON has one number type: 60.0 is the whole number 60
         if isinstance(value, bool) or not isinstance(value, int):
             self.fail(name, "must be a whole number")
             return None
