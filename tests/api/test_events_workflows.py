@@ -41,6 +41,36 @@ async def test_an_event_goes_to_the_events_stream(
     assert set(bad.fields) == {"name", "userId", "data"}
 
 
+async def test_an_event_with_an_idempotency_key_is_recorded_once(
+    api: Api, project: Project, redis: Redis
+) -> None:
+    # A retried event would wake a waiting workflow twice; the same key replays the first
+    # answer and enqueues nothing, as on a send.
+    headers = {"x-idempotency-key": "order-7-paid"}
+    body = {"name": "order.paid", "userId": "u1"}
+    first = await api.call("POST", "/v1/events", key=project.send, json=body, headers=headers)
+    assert first.status == 202, first.body
+    assert "x-idempotent-replay" not in first.headers
+    again = await api.call("POST", "/v1/events", key=project.send, json=body, headers=headers)
+    assert (again.status, again.body) == (202, first.body)
+    assert again.headers["x-idempotent-replay"] == "true"
+    assert await redis.xlen(Keys(api.settings.namespace).events_inbound) == 1
+    # Another key is another event, and a key from a send is not an event's.
+    other = await api.call("POST", "/v1/events", key=project.send, json=body,
+                           headers={"x-idempotency-key": "order-8-paid"})
+    assert other.status == 202
+    assert other.body["id"] != first.body["id"]
+    await api.call("PUT", "/v1/templates/t", key=project.full,
+                   json={"channels": {"sms": {"text": "x"}}})
+    sent = await api.call("POST", "/v1/notifications", key=project.send,
+                          json={"to": "u1", "template": "t"}, headers={"x-idempotency-key": "s"})
+    assert sent.status == 202
+    reused = await api.call("POST", "/v1/events", key=project.send, json=body,
+                            headers={"x-idempotency-key": "s"})
+    assert (reused.status, reused.fields) == (409, ["x-idempotency-key"])
+    assert await redis.xlen(Keys(api.settings.namespace).events_inbound) == 2
+
+
 STEPS = [
     {"type": "send", "template": "welcome", "channels": ["email"]},
     {"type": "wait", "seconds": 3600},

@@ -17,6 +17,7 @@ import asyncio
 import hashlib
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from redis.asyncio import Redis
 
 from notifkit import codec
 from notifkit.services.api.errors import ApiError, invalid_field, json_response
-from notifkit.services.api.state import KEYS, REDIS
+from notifkit.services.api.state import KEYS, REDIS, SETTINGS
 
 log = logging.getLogger("notifkit.api")
 
@@ -129,3 +130,26 @@ class IdempotencyKey:
 
     async def release(self) -> None:
         await self.redis.delete(self.key)
+
+
+async def answer_once(
+    request: web.Request, project: str, key: str | None, route: str, body: Any, status: int,
+    act: Callable[[], Awaitable[Any]],
+) -> web.Response:
+    """Run ``act`` and answer its result with ``status``; under an idempotency key, only the
+    first request with that key runs it and the others replay its answer."""
+    if key is None:
+        return json_response(await act(), status)
+    app = request.app
+    idem = IdempotencyKey(app[REDIS], app[KEYS].api_idempotency(project, key), route, body,
+                          app[SETTINGS].caller_idempotency_ttl_s)
+    replay = await idem.claim()
+    if replay is not None:
+        return json_response(replay.body, replay.status, {REPLAY_HEADER: "true"})
+    try:
+        response = await act()
+    except BaseException:
+        await idem.release()
+        raise
+    await idem.finish(status, response)
+    return json_response(response, status)

@@ -1,6 +1,7 @@
 """``POST /v1/events``: a custom event for a user, handed to the events service.
 
 The events service records it and wakes workflow instances waiting for it (``waitForEvent``).
+Like a send, it takes an ``x-idempotency-key``: a retried event must not wake a workflow twice.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from aiohttp import web
 
 from notifkit.clock import utc_now_iso
 from notifkit.ids import uuid7
-from notifkit.services.api.errors import json_response
+from notifkit.services.api.idempotency import answer_once, header_key, replay_earlier
 from notifkit.services.api.middleware import project_id
+from notifkit.services.api.routes.notifications import IDEMPOTENCY_PARAM, REPLAY_REPLY_HEADERS
 from notifkit.services.api.routing import SEND, Operations, Reply
 from notifkit.services.api.schemas import ref
 from notifkit.services.api.state import KEYS, REDIS, SETTINGS
@@ -23,15 +25,21 @@ from notifkit.workflow_defs import MAX_EVENT_NAME_CHARS
 log = logging.getLogger("notifkit.api")
 
 ops = Operations("events")
+_ROUTE = "POST /v1/events"
 
 
 @ops.route("POST", "/v1/events", "Record a custom event (wakes waiting workflows)",
-           roles=SEND, body=ref("EventCreate"),
+           roles=SEND, body=ref("EventCreate"), headers=(IDEMPOTENCY_PARAM,),
            responses={202: Reply(ref("Accepted"), "Accepted and queued for the events "
-                                                  "service.")})
+                                                  "service.", headers=REPLAY_REPLY_HEADERS)},
+           errors=(409,))
 async def post_event(request: web.Request) -> web.Response:
     project = project_id(request)
-    fields = Fields(await read_json(request))
+    key = header_key(request)
+    if (earlier := await replay_earlier(request, project, key, _ROUTE)) is not None:
+        return earlier
+    body = await read_json(request)
+    fields = Fields(body)
     fields.only(("name", "userId", "data"))
     name = fields.string("name", required=True, max_len=MAX_EVENT_NAME_CHARS, allow_blank=False)
     user_id = fields.identifier("userId", required=True)
@@ -42,8 +50,12 @@ async def post_event(request: web.Request) -> web.Response:
         "type": "custom", "projectId": project, "name": name, "userId": user_id,
         "data": data or {}, "eventId": event_id, "at": utc_now_iso(),
     }
-    app = request.app
-    await xadd(app[REDIS], app[KEYS].events_inbound, payload, app[SETTINGS].queue_max_len)
-    log.info("Accepted custom event %r and queued it for the events service.", name,
-             extra={"event_id": event_id, "project_id": project})
-    return json_response({"id": event_id, "status": "accepted"}, 202)
+
+    async def enqueue() -> dict[str, str]:
+        app = request.app
+        await xadd(app[REDIS], app[KEYS].events_inbound, payload, app[SETTINGS].queue_max_len)
+        log.info("Accepted custom event %r and queued it for the events service.", name,
+                 extra={"event_id": event_id, "project_id": project})
+        return {"id": event_id, "status": "accepted"}
+
+    return await answer_once(request, project, key, _ROUTE, body, 202, enqueue)

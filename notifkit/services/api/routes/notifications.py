@@ -25,14 +25,14 @@ from notifkit.messages import CHANNELS, PRIORITIES, InboundMessage, Recipients
 from notifkit.services.api.errors import invalid_field, json_response, not_found
 from notifkit.services.api.idempotency import (
     REPLAY_HEADER,
-    IdempotencyKey,
+    answer_once,
     header_key,
     replay_earlier,
 )
 from notifkit.services.api.middleware import project_id
 from notifkit.services.api.routing import CURSOR, LIMIT, SEND, Operations, Param, Reply
 from notifkit.services.api.schemas import MAX_RECIPIENTS, RECIPIENT_STATUSES, ref
-from notifkit.services.api.state import ADMISSION, DB, KEYS, REDIS, SETTINGS
+from notifkit.services.api.state import ADMISSION, DB
 from notifkit.services.api.validation import (
     Fields,
     QueryChecks,
@@ -83,25 +83,9 @@ async def send_notification(request: web.Request) -> web.Response:
         return earlier
     body = await read_json(request)
     message = await _validate(request, project, body)
-    if key is None:
-        response = await _accept(request, message)
-        return json_response(response, 202)
-    app = request.app
-    idem = IdempotencyKey(
-        app[REDIS], app[KEYS].api_idempotency(project, key),
-        _SEND_ROUTE, body, app[SETTINGS].caller_idempotency_ttl_s,
-    )
-    replay = await idem.claim()
-    if replay is not None:
-        return json_response(replay.body, replay.status, {REPLAY_HEADER: "true"})
     message["idempotencyKey"] = key
-    try:
-        response = await _accept(request, message)
-    except BaseException:
-        await idem.release()
-        raise
-    await idem.finish(202, response)
-    return json_response(response, 202)
+    return await answer_once(request, project, key, _SEND_ROUTE, body, 202,
+                             lambda: _accept(request, message))
 
 
 @ops.route("GET", "/v1/notifications/{eventId}", "A notification's status and timelines",
