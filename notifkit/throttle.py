@@ -29,6 +29,7 @@ from redis.asyncio import Redis
 from notifkit.config import Settings
 from notifkit.keys import Keys
 from notifkit.redis_pipe import pipe
+from notifkit.wording import counted
 
 # KEYS[1] the user's window. ARGV: now_ms, window_ms, limit, member.
 # Returns {allowed (0|1), sends in the window after this call, oldest score in the window}.
@@ -61,7 +62,7 @@ class ThrottleRule:
         return self.limit > 0 and self.window_s > 0
 
     def describe(self) -> str:
-        return f"more than {self.limit} sends in {self.window_s} s"
+        return f"more than {counted(self.limit, 'send')} in {self.window_s} s"
 
 
 def rule_for(project_settings: Mapping[str, Any] | None, settings: Settings) -> ThrottleRule:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from notifkit.ids import uuid7
 from notifkit.services.events import outcome_row
+from notifkit.throttle import ThrottleRule
 from notifkit.wording import counted
 
 
@@ -23,3 +24,8 @@ def test_a_dead_lettering_on_the_first_attempt_says_one_attempt() -> None:
     assert row is not None
     assert row.detail == "dead-lettered after 1 attempt: PermanentError: 422 from resend"
 
+
+
+def test_a_throttle_of_one_send_reads_in_the_singular() -> None:
+    assert ThrottleRule(limit=1, window_s=60).describe() == "more than 1 send in 60 s"
+    assert ThrottleRule(limit=5, window_s=60).describe() == "more than 5 sends in 60 s"

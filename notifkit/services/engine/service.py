@@ -41,6 +41,7 @@ from notifkit.services.engine.channels import Decision, decide
 from notifkit.services.engine.render import context_for, render
 from notifkit.services.payloads import parse_each
 from notifkit.unsubscribe import unsubscribe_url
+from notifkit.wording import counted
 from notifkit.worker import Entry
 
 log = logging.getLogger("notifkit.engine")
@@ -179,7 +180,8 @@ class EngineService(WorkerService):
         for s, d in zip(checked, decisions, strict=True):
             if not d.allowed:
                 logs.append(_row(s.message, s.decision.channel, s.task_id, Kind.THROTTLED,
-                                 Status.THROTTLED, f"throttled: {d.count} sends in the window"))
+                                 Status.THROTTLED,
+                                 f"throttled: {counted(d.count, 'send')} in the window"))
         return [s for s in sends if id(s) not in refused]
 
     def _route(self, s: _Send, logs: list[LogRow]) -> None:
