@@ -82,6 +82,7 @@ async def test_the_stream_forwards_published_messages_and_heartbeats(
         while not any(b"event: message" in f for f in frames):
             frames.append(await asyncio.wait_for(response.content.readuntil(b"\n\n"), 10))
         message = next(f for f in frames if b"event: message" in f)
+        # its id is not a message id an SSE client could resume from: no id line
         assert message == b'event: message\ndata: {"id": "m1", "text": "hello"}\n\n'
         # The fixture's heartbeat is 0.2 s: a comment frame arrives on an idle stream.
         heartbeat = await asyncio.wait_for(response.content.readuntil(b"\n\n"), 10)
@@ -115,3 +116,57 @@ async def test_revoking_a_key_ends_the_streams_it_opened(
             frames.append(await asyncio.wait_for(kept.content.readuntil(b"\n\n"), 10))
     again = await api.call("GET", "/v1/users/u1/inbox/stream", key=made.body["key"])
     assert again.status == 401
+
+
+async def read_message(response: Any) -> dict[str, Any]:
+    """The next ``message`` event: its id line and data, heartbeats skipped."""
+    async with asyncio.timeout(10):
+        frame = b""
+        while b"event: message" not in frame:
+            frame = await response.content.readuntil(b"\n\n")
+    fields = dict(line.split(": ", 1) for line in frame.decode().strip().split("\n"))
+    return {"id": fields.get("id"), "data": json.loads(fields["data"])}
+
+
+async def test_a_reconnecting_stream_first_sends_what_it_missed_then_live_messages(
+    api: Api, project: Project, redis: Redis, db: asyncpg.Pool
+) -> None:
+    """An inbox client that lost its connection for a few seconds must not lose the messages
+    stored meanwhile: EventSource reconnects with the last id it saw."""
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    await api.call("PUT", "/v1/users/u2", key=project.full, json={})
+    # Given a client that saw message t0, then three more stored while it was away (and one
+    # for another user)
+    seen = await add_message(db, project.id, "u1", "t0", "2030-01-01T00:00:00Z")
+    missed = [await add_message(db, project.id, "u1", f"t{i}", f"2030-01-01T00:00:0{i}Z")
+              for i in (1, 2, 3)]
+    await add_message(db, project.id, "u2", "other", "2030-01-01T00:00:02Z")
+    channel = Keys(api.settings.namespace).inbox_channel(project.id, "u1")
+    headers = {"Authorization": f"Bearer {project.full}", "Last-Event-ID": seen}
+    # When it reconnects with the last event id it saw
+    async with api.client.get("/v1/users/u1/inbox/stream", headers=headers) as response:
+        assert response.status == 200
+        assert await response.content.readuntil(b"\n\n") == b"retry: 3000\n: connected\n\n"
+        # Then it gets the three it missed, oldest first, each with its id as the event id
+        replayed = [await read_message(response) for _ in missed]
+        assert [m["id"] for m in replayed] == missed
+        assert [m["data"]["taskId"] for m in replayed] == ["t1", "t2", "t3"]
+        assert replayed[0]["data"]["userId"] == "u1"
+        assert replayed[0]["data"]["content"] == {"text": "message t1"}
+        # and a message announced again after the backlog was read comes once, not twice,
+        # while a new one comes live with its id
+        fresh = await add_message(db, project.id, "u1", "t4", "2030-01-01T00:00:04Z")
+        await redis.publish(channel, json.dumps({"id": missed[2], "taskId": "t3"}))
+        await redis.publish(channel, json.dumps({"id": fresh, "taskId": "t4"}))
+        live = await read_message(response)
+        assert (live["id"], live["data"]["taskId"]) == (fresh, "t4")
+
+
+async def test_a_last_event_id_that_is_no_message_id_is_a_400_naming_it(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    reply = await api.call("GET", "/v1/users/u1/inbox/stream", key=project.full,
+                           headers={"Last-Event-ID": "garbage"})
+    assert reply.status == 400
+    assert reply.fields == ["Last-Event-ID"]

@@ -2,9 +2,13 @@
 
 Delivery stores in-app messages in ``inapp_messages`` and publishes each on
 ``Keys.inbox_channel(projectId, userId)``; the stream forwards whatever it publishes as the
-``data`` of a ``message`` event. A comment line every ``SSE_HEARTBEAT_S`` keeps proxies from
-closing an idle stream. Messages published while a client is disconnected are not replayed by
-the stream: a client that reconnects re-reads ``GET .../inbox``.
+``data`` of a ``message`` event whose ``id`` is the message's id. A comment line every
+``SSE_HEARTBEAT_S`` keeps proxies from closing an idle stream.
+
+A client that reconnects with ``Last-Event-ID`` (browsers' EventSource does so by itself) first
+gets the messages stored after that one, oldest first, up to ``RESUME_LIMIT``, then the live
+ones: the stream subscribes before it reads the backlog, so a message stored meanwhile arrives
+once, not never. A client away for longer re-reads ``GET .../inbox``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
+from notifkit import codec
 from notifkit.services.api.errors import invalid_field, json_response, not_found
 from notifkit.services.api.middleware import principal, project_id
 from notifkit.services.api.routing import CURSOR, LIMIT, Operations, Param, Reply
@@ -37,6 +42,8 @@ from notifkit.services.api.validation import (
 ops = Operations("inbox")
 
 CLOSE = b""  # what the hub puts on a stream's queue to end it: shutdown, or its key revoked
+RESUME_LIMIT = 1_000  # messages a reconnecting stream replays before going live
+LAST_EVENT_ID = "Last-Event-ID"
 
 
 @ops.route("GET", "/v1/users/{userId}/inbox", "A user's in-app messages, newest first",
@@ -94,14 +101,20 @@ async def mark_read(request: web.Request) -> web.Response:
 
 
 @ops.route("GET", "/v1/users/{userId}/inbox/stream", "Server-sent events of new in-app messages",
+           headers=(Param(LAST_EVENT_ID, "header", {"type": "string", "format": "uuid"},
+                          "Resume: first the messages stored after this one (the `id` of the "
+                          "last event seen), oldest first, up to 1,000."),),
            responses={200: Reply({"type": "string"},
                                  "An endless text/event-stream: `event: message` with the "
-                                 "message as JSON data, and a comment heartbeat.",
+                                 "message as JSON data and its id as the event id, and a "
+                                 "comment heartbeat.",
                                  content_type="text/event-stream")})
 async def inbox_stream(request: web.Request) -> web.StreamResponse:
     project = project_id(request)
     user_id = lookup_id(request, "userId", "user")
-    await _require_user(request.app[DB], project, user_id)
+    resume_after = _last_event_id(request)
+    pool = request.app[DB]
+    await _require_user(pool, project, user_id)
     hub = request.app[HUB]
     heartbeat_s = request.app[SSE_HEARTBEAT_S]
     key_id = principal(request).key_id  # None for the admin key, which is never revoked
@@ -111,8 +124,15 @@ async def inbox_stream(request: web.Request) -> web.StreamResponse:
         "X-Accel-Buffering": "no",
     })
     try:
+        missed = [] if resume_after is None else await _stored_after(
+            pool, project, user_id, resume_after)
         await response.prepare(request)
         await response.write(b"retry: 3000\n: connected\n\n")
+        replayed: set[str] = set()
+        for row in missed:
+            item = {**inbox_json(row), "userId": user_id}
+            replayed.add(item["id"])
+            await response.write(sse_event("message", codec.dumps(item), item["id"]))
         while True:
             try:
                 raw = await asyncio.wait_for(queue.get(), heartbeat_s)
@@ -121,7 +141,10 @@ async def inbox_stream(request: web.Request) -> web.StreamResponse:
                 continue
             if raw == CLOSE:
                 break
-            await response.write(sse_event("message", raw))
+            message_id = _message_id(raw)
+            if message_id is not None and message_id in replayed:
+                continue  # stored before the backlog was read: sent with it
+            await response.write(sse_event("message", raw, message_id))
     except (ConnectionResetError, ConnectionError):
         pass  # the client went away
     finally:
@@ -131,10 +154,48 @@ async def inbox_stream(request: web.Request) -> web.StreamResponse:
     return response
 
 
-def sse_event(event: str, data: bytes) -> bytes:
+def sse_event(event: str, data: bytes, event_id: str | None = None) -> bytes:
     lines = data.replace(b"\r\n", b"\n").split(b"\n")
-    return f"event: {event}\n".encode() + b"".join(b"data: " + ln + b"\n" for ln in lines) \
-        + b"\n"
+    head = f"id: {event_id}\nevent: {event}\n" if event_id else f"event: {event}\n"
+    return head.encode() + b"".join(b"data: " + ln + b"\n" for ln in lines) + b"\n"
+
+
+def _message_id(raw: bytes) -> str | None:
+    """The published message's id, if it is one an SSE ``id:`` line can carry."""
+    try:
+        message = codec.loads(raw)
+    except ValueError:
+        return None
+    value = message.get("id") if isinstance(message, dict) else None
+    return value if isinstance(value, str) and parse_uuid(value) is not None else None
+
+
+def _last_event_id(request: web.Request) -> str | None:
+    """The message a reconnecting client saw last; None on a first connection."""
+    values = request.headers.getall(LAST_EVENT_ID, [])
+    if not values or values == [""]:
+        return None  # EventSource sends an empty one to say "none": a fresh start
+    last = parse_uuid(values[0].strip()) if len(values) == 1 else None
+    if last is None:
+        raise invalid_field(LAST_EVENT_ID, "must be the id of a message this stream sent")
+    return last
+
+
+async def _stored_after(pool: asyncpg.Pool, project: str, user_id: str,
+                        last_id: str) -> list[asyncpg.Record]:
+    """The user's messages stored after ``last_id``, oldest first; none when that message is
+    not the user's (or no longer exists)."""
+    rows: list[asyncpg.Record] = await pool.fetch(
+        """SELECT m.id, m.task_id, m.event_id, m.content, m.read_at, m.created_at
+             FROM inapp_messages m,
+                  LATERAL (SELECT created_at, id FROM inapp_messages
+                            WHERE id = $3 AND project_id = $1 AND user_id = $2) AS seen
+            WHERE m.project_id = $1 AND m.user_id = $2
+              AND (m.created_at, m.id) > (seen.created_at, seen.id)
+            ORDER BY m.created_at, m.id LIMIT $4""",
+        project, user_id, last_id, RESUME_LIMIT,
+    )
+    return rows
 
 
 def _inbox_cursor(request: web.Request) -> tuple[Any, str] | None:
