@@ -6,7 +6,8 @@ sends keep arriving faster than that. The work that cannot be taken yet must wai
 not in the process: delivery reads no more than its free capacity.
 
 Invariants, sampled while the load runs: the delivery process's RSS (from /proc) grows by at
-most ``rss_growth_mb`` from the first sample taken under backlog to the peak, while the backlog
+most ``rss_growth_mb`` from the first sample taken under backlog to the peak (and so does every
+other notifkit process's: the api's and the upstream pipeline's), while the backlog
 waiting for delivery grows by at least ``min_backlog`` entries; delivery never holds more than
 its concurrency of entries pending; once the provider is fast again everything is delivered,
 nothing dropped.
@@ -68,6 +69,27 @@ async def delivery_queue(system: System) -> tuple[int, int]:
     return unread, pending
 
 
+def memory_followed_backlog(rss_of: dict[str, list[tuple[float, int]]], bound_mb: float,
+                            peak_backlog: int, facts: dict[str, Any]) -> list[str]:
+    """What is wrong with each process's memory under backlog: ``rss_of`` holds, per process,
+    (RSS in MB, entries waiting for delivery) at each sample; from the first sample taken under
+    backlog to the peak, no process may grow by more than ``bound_mb``."""
+    problems: list[str] = []
+    for name, series in rss_of.items():
+        loaded = [rss for rss, unread in series if unread > 0]
+        if not loaded:
+            problems.append(f"no memory sample of the {name} process under backlog")
+            continue
+        grown = max(loaded) - loaded[0]
+        facts[f"{name} RSS at first backlog (MB)"] = round(loaded[0], 1)
+        facts[f"{name} RSS peak (MB)"] = round(max(loaded), 1)
+        if grown > bound_mb:
+            problems.append(f"{name} RSS grew {grown:.1f} MB (to {max(loaded):.1f} MB) while "
+                            f"the backlog waiting for delivery grew to {peak_backlog}: memory "
+                            "follows the backlog")
+    return problems
+
+
 async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
     result = ScenarioResult(name=options.name, seed=options.seed)
     concurrency = int(params["concurrency"])
@@ -79,16 +101,25 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         await system.sim.add_fault("latency", "resend", delay_ms=int(params["delay_ms"]))
         system.say(f"provider slowed to {params['delay_ms']} ms per send", force=True)
         pid = system.processes["delivery"].pid
+        # "Never a process's memory" (CONTRACT §3.8): the other notifkit processes are watched
+        # too, by the same rule (the simulators keep every message they accept, by design).
+        pids = {name: system.processes[name].pid for name in LAYOUT if name != "delivery"}
 
         samples: list[tuple[float, float, int, int]] = []  # (t, rss MB, unread, pending)
+        # Per process: (rss MB, unread) at each sample.
+        rss_of: dict[str, list[tuple[float, int]]] = {name: [] for name in pids}
         stop = asyncio.Event()
 
         async def sample() -> None:
             while not stop.is_set():
                 rss = rss_mb(pid)
+                every = {name: rss_mb(p) for name, p in pids.items()}
                 unread, pending = await delivery_queue(system)
                 if rss is not None:
                     samples.append((time.monotonic(), rss, unread, pending))
+                for name, value in every.items():
+                    if value is not None:
+                        rss_of[name].append((value, unread))
                 await asyncio.sleep(0.25)
 
         sampler = asyncio.create_task(sample())
@@ -116,6 +147,9 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
             result.check(growth <= float(params["rss_growth_mb"]),
                          f"delivery RSS grew {growth:.1f} MB (to {peak_rss:.1f} MB) while the "
                          f"backlog grew to {peak_backlog}: memory follows the backlog")
+            for violation in memory_followed_backlog(rss_of, float(params["rss_growth_mb"]),
+                                                     peak_backlog, result.facts):
+                result.violations.append(violation)
 
         max_pending = max((s[3] for s in samples), default=0)
         result.facts["delivery pending, peak"] = max_pending
