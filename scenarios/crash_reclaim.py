@@ -138,7 +138,7 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         # was lost (a timeout on a loaded machine; the timeline says so).
         dupes = await system.duplicates()
         result.duplicates.clear()
-        lost_answers = await tasks_with_lost_answers(system, list(dupes))
+        lost_answers = set(await system.unanswered_attempts(list(dupes)))
         for task_id, (provider, extra) in dupes.items():
             if provider == "resend":
                 result.check(False, f"Resend accepted task {task_id} {extra + 1} times despite "
@@ -181,14 +181,3 @@ async def wait_for_takeover(system: System, victim: str, stage: str,
         left = await system.pending_of(victim, stage)
     return left
 
-
-async def tasks_with_lost_answers(system: System, task_ids: list[str]) -> set[str]:
-    """Tasks whose timeline has a failed attempt that may have reached the provider (its
-    answer never came)."""
-    assert system.db is not None
-    rows = await system.db.fetch(
-        "SELECT DISTINCT task_id FROM message_logs WHERE project_id = $1 "
-        "AND task_id = ANY($2::text[]) AND kind = 'failed' "
-        "AND (detail LIKE 'no answer within%' OR detail LIKE 'connection failed%')",
-        system.project_id, task_ids)
-    return {r["task_id"] for r in rows}

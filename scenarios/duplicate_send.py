@@ -2,7 +2,8 @@
 
 Proves: against a provider that honours idempotency keys (Resend) a retry after a lost answer
 sends nothing twice; against one without them (Twilio SMS) every lost answer costs exactly one
-duplicate, and each duplicated task is flagged ``possibleDuplicate`` in its timeline.
+duplicate of the very task whose answer was lost, and each duplicate is visible in the log: the
+task is flagged ``possibleDuplicate`` and its timeline has one unanswered attempt per extra copy.
 """
 
 from __future__ import annotations
@@ -72,6 +73,14 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
                     result.check(False, f"twilio: task {task_id} (notification "
                                         f"{await system.event_of_task(task_id)}) was sent "
                                         "twice but its timeline does not say so")
+                # Exactly, task by task: equal totals could hide a task sent once too often
+                # beside one whose lost answer was never resent. And each duplicate is visible
+                # in the log: one failed attempt whose answer never came per extra copy.
+                lost_by_task = Counter(hit.task_id for hit in system.simulator_faults(
+                    "lost_response") if hit.provider == provider)
+                unanswered = await system.unanswered_attempts(sorted(set(dupes)))
+                for problem in per_task_mismatches(dupes, lost_by_task, unanswered):
+                    result.check(False, f"twilio: {problem}")
         # account() attributes duplicates too (and checks each has a cause in the timeline);
         # keep the per-phase attribution above rather than counting them twice.
         attributed = Counter(result.duplicates)
@@ -90,3 +99,20 @@ async def flagged_tasks(system: System, event_ids: list[str]) -> set[str]:
         "AND (metadata->>'possibleDuplicate')::boolean",
         system.project_id, event_ids)
     return {r["task_id"] for r in rows}
+
+
+def per_task_mismatches(dupes: dict[str, int], lost_by_task: Counter[str],
+                        unanswered: Counter[str]) -> list[str]:
+    """Where a provider without idempotency keys did not get exactly one extra copy of a task
+    per answer it lost for that task, or where the task's timeline shows fewer unanswered
+    attempts than extra copies."""
+    problems: list[str] = []
+    for task_id in sorted(set(dupes) | set(lost_by_task)):
+        extra, lost = dupes.get(task_id, 0), lost_by_task.get(task_id, 0)
+        if extra != lost:
+            problems.append(f"task {task_id}: {lost} lost response(s) but {extra} "
+                            "duplicate(s)")
+        if unanswered.get(task_id, 0) < extra:
+            problems.append(f"task {task_id}: {extra} duplicate(s) but its timeline shows "
+                            f"{unanswered.get(task_id, 0)} attempt(s) whose answer was lost")
+    return problems

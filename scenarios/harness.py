@@ -472,6 +472,17 @@ class System:
             self.project_id, task_ids)
         return {r["task_id"] for r in rows}
 
+    async def unanswered_attempts(self, task_ids: list[str]) -> Counter[str]:
+        """Per task: the failed attempts its timeline records as never answered (the send may
+        have reached the provider)."""
+        assert self.db is not None
+        rows = await self.db.fetch(
+            "SELECT task_id FROM message_logs WHERE project_id = $1 "
+            "AND task_id = ANY($2::text[]) AND kind = 'failed' "
+            "AND (detail LIKE 'no answer within%' OR detail LIKE 'connection failed%')",
+            self.project_id, task_ids)
+        return Counter(r["task_id"] for r in rows)
+
     async def stream_entries(self, stream: str) -> list[tuple[str, dict[str, Any]]]:
         """``(entry id, decoded payload)`` of every entry of ``stream``; undecodable ones are
         left out."""

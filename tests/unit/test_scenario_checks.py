@@ -3,9 +3,11 @@ check that cannot see the break it exists for passes whatever the system does.""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from scenarios.backpressure import memory_followed_backlog
+from scenarios.duplicate_send import per_task_mismatches
 
 
 def test_backpressure_watches_every_process_not_only_delivery() -> None:
@@ -27,3 +29,27 @@ def test_backpressure_needs_a_sample_of_each_process_under_backlog() -> None:
     problems = memory_followed_backlog({"api": [(58.0, 0)]}, 40.0, 0, {})
 
     assert problems == ["no memory sample of the api process under backlog"]
+
+
+def test_duplicate_send_matches_duplicates_to_lost_answers_task_by_task() -> None:
+    # Two answers lost, two duplicates: the totals agree, yet task b's lost answer was never
+    # resent and task a went out three times for one lost answer.
+    dupes = {"a": 2}
+    lost = Counter({"a": 1, "b": 1})
+    unanswered = Counter({"a": 2, "b": 1})
+
+    assert per_task_mismatches(dupes, lost, unanswered) == [
+        "task a: 1 lost response(s) but 2 duplicate(s)",
+        "task b: 1 lost response(s) but 0 duplicate(s)",
+    ]
+
+
+def test_duplicate_send_wants_each_duplicate_visible_in_the_timeline() -> None:
+    # Two lost answers, two extra copies, but the timeline records one unanswered attempt.
+    assert per_task_mismatches({"a": 2}, Counter({"a": 2}), Counter({"a": 1})) == [
+        "task a: 2 duplicate(s) but its timeline shows 1 attempt(s) whose answer was lost"]
+
+
+def test_duplicate_send_accepts_one_copy_per_lost_answer_each_logged() -> None:
+    assert per_task_mismatches({"a": 1, "c": 2}, Counter({"a": 1, "c": 2}),
+                               Counter({"a": 1, "c": 2})) == []
