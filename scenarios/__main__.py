@@ -24,7 +24,7 @@ from notifkit.config import ConfigError, Settings
 from scenarios import catalog
 from scenarios.harness import RunOptions, service_urls
 from scenarios.report import Progress, ScenarioResult, table, violations_text, write_json
-from simulators.__main__ import non_negative_int
+from simulators.__main__ import OneLineParser, non_negative_int
 
 T = TypeVar("T")
 
@@ -35,7 +35,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] not in COMMANDS and not args[0].startswith("-"):
         args.insert(0, "run")  # ``python -m scenarios NAME``: run is the default command
-    parser = argparse.ArgumentParser(prog="python -m scenarios", description=__doc__)
+    # One line naming what is wrong, as for notifkit and the simulators, not a usage block.
+    parser = OneLineParser(prog="python -m scenarios", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", help="list the scenarios and what each proves")
     run = commands.add_parser("run", help="run scenarios by name, or 'all'")
@@ -98,8 +99,13 @@ def refused(module: Any, key: str, default: Any, value: Any) -> str | None:
         return f"takes a finite number, got {value!r}"
     if value < 0:
         return f"takes a number of at least 0, got {value!r}"
+    # Zero users or a rate of 0 divided by zero once the system had started.
+    if key in catalog.positive(module) and value <= 0:
+        return f"takes a number more than 0, got {value!r}"
     bounds = catalog.ranges(module).get(key)
     if bounds is not None and not bounds[0] <= value <= bounds[1]:
+        if math.isinf(bounds[1]):
+            return f"takes a number of at least {bounds[0]:g}, got {value!r}"
         return f"takes a number from {bounds[0]:g} to {bounds[1]:g}, got {value!r}"
     return None
 
@@ -215,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
         for name in catalog.available():
             print(f"{name:<26} {catalog.load(name).DESCRIPTION}")
         return 0
+    if "all" in args.names and args.names != ["all"]:
+        print("scenarios: 'all' runs every scenario; name scenarios or 'all', not both",
+              file=sys.stderr)
+        return 2
     names = catalog.available() if args.names == ["all"] else args.names
     unknown = [n for n in names if n not in catalog.available()]
     if unknown:

@@ -1,7 +1,9 @@
 """Every scenario by name. A scenario module exposes ``DESCRIPTION``, ``PARAMS`` (defaults)
 and ``async def run(options: RunOptions, params: dict) -> ScenarioResult``; optionally
-``CHOICES`` (a text parameter's allowed values) and ``RANGES`` (a number's inclusive bounds),
-which ``--set`` is checked against before anything starts."""
+``CHOICES`` (a text parameter's allowed values), ``RANGES`` (a number's inclusive bounds; an
+upper bound of ``math.inf`` for a least value alone) and ``POSITIVE`` (numbers that must be more
+than 0: a user count the sends cycle through, a rate they are paced at), which ``--set`` is
+checked against before anything starts."""
 
 from __future__ import annotations
 
@@ -43,6 +45,12 @@ def choices(module: ModuleType) -> dict[str, tuple[str, ...]]:
 def ranges(module: ModuleType) -> dict[str, tuple[float, float]]:
     """The inclusive bounds of ``module``'s bounded number parameters (a probability, say)."""
     declared: dict[str, tuple[float, float]] = getattr(module, "RANGES", {})
+    return declared
+
+
+def positive(module: ModuleType) -> frozenset[str]:
+    """The number parameters of ``module`` that must be more than 0."""
+    declared: frozenset[str] = frozenset(getattr(module, "POSITIVE", ()))
     return declared
 
 

@@ -27,6 +27,7 @@ PARAMS: dict[str, Any] = {
     "provider_delay_ms": 80,  # keeps sends in flight long enough to be caught by a kill,
     "drain_timeout_s": 60.0,  # waiting longer than this for quiescence is a violation
 }
+POSITIVE = frozenset({"users", "send_rate_per_s"})
 
 STAGES = ("enricher", "engine", "delivery")
 RECLAIMED = re.compile(r"^Reclaimed (\d+) idle entries")

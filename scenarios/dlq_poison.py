@@ -10,6 +10,7 @@ it, the traffic around it is delivered, and after the fix a replay delivers it e
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 from typing import Any
 
@@ -23,6 +24,8 @@ DESCRIPTION = ("messages that always fail (provider 500 for one recipient; enric
                "their batch neighbours, notification:failed is emitted, a replay after the fix "
                "delivers once")
 PARAMS: dict[str, Any] = {"users": 20, "messages": 40, "drain_timeout_s": 60.0}
+# The first user is the poison's; the traffic around it needs another.
+RANGES = {"users": (2, math.inf)}
 
 # CONTRACT §3: 3 attempts, 5 for the enricher.
 SPEC_LIMITS = (5, 3)

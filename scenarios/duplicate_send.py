@@ -23,6 +23,7 @@ PARAMS: dict[str, Any] = {
     "probability": 0.15,
     "drain_timeout_s": 60.0,  # waiting longer than this for quiescence is a violation
 }
+POSITIVE = frozenset({"users"})
 RANGES = {"probability": (0.0, 1.0)}
 
 LAYOUT = {"api": ["api"], "workers": ["enricher", "engine", "delivery", "scheduler", "events"]}

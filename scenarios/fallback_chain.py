@@ -15,6 +15,7 @@ from scenarios.report import ScenarioResult
 DESCRIPTION = ("push provider down (503), SMS down for some: the chain push -> sms -> email "
                "delivers each notification exactly once, in chain order")
 PARAMS: dict[str, Any] = {"users": 30, "messages": 60, "drain_timeout_s": 60.0}
+POSITIVE = frozenset({"users"})
 
 LAYOUT = {"api": ["api"], "workers": ["enricher", "engine", "delivery", "scheduler", "events"]}
 TEMPLATE = {

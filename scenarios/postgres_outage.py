@@ -15,6 +15,7 @@ none dead-lettered, 0 lost, and every process survives.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -30,6 +31,8 @@ PARAMS: dict[str, Any] = {
     "messages": 600, "rate_per_s": 100.0, "cut_after_s": 2.0, "down_s": 3.0,
     "reclaim_s": 2.0, "quiesce_s": 60.0,
 }
+POSITIVE = frozenset({"rate_per_s"})
+RANGES = {"reclaim_s": (0.01, math.inf)}  # RECLAIM_INTERVAL_SECONDS is at least 0.01
 
 LAYOUT = {"pipeline": ["enricher", "engine", "delivery", "scheduler", "events"]}
 

@@ -29,6 +29,7 @@ PARAMS: dict[str, Any] = {
     "backlog": 50_000, "users": 100, "critical": 100, "rate_per_s": 25.0,
     "ratio": 3.0, "slack_ms": 250.0, "min_backlog_left": 0.1, "wait_s": 30.0,
 }
+POSITIVE = frozenset({"users", "rate_per_s"})
 RANGES = {"min_backlog_left": (0.0, 1.0)}  # a share of the backlog
 
 # One process per stage, as a deployment that cares about latency runs them: stages sharing

@@ -26,6 +26,7 @@ PARAMS: dict[str, Any] = {
     "send_rate_per_s": 20,
     "drain_timeout_s": 60.0,  # waiting longer than this for quiescence is a violation
 }
+POSITIVE = frozenset({"users", "send_rate_per_s"})
 
 LAYOUT = {"api": ["api"], "workers": ["enricher", "engine", "delivery", "scheduler", "events"]}
 # Two processes' clocks on one machine agree to well within this.

@@ -24,6 +24,7 @@ PARAMS: dict[str, Any] = {
     "send_rate_per_s": 40,
     "drain_timeout_s": 60.0,  # waiting longer than this for quiescence is a violation
 }
+POSITIVE = frozenset({"users", "send_rate_per_s"})
 
 LAYOUT = {"api": ["api"], "workers": ["enricher", "engine", "delivery", "scheduler", "events"]}
 # The simulator writes whole milliseconds; a send in the same millisecond is not early.

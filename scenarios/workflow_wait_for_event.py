@@ -29,6 +29,8 @@ DESCRIPTION = "waitForEvent with a timeout; SIGKILL a workflow process mid-step:
 PARAMS: dict[str, Any] = {
     "users": 30, "timeout_s": 8, "kill_within_s": 5.0, "lock_ttl_s": 2, "quiesce_s": 45.0,
 }
+# A waitForEvent timeout is more than 0 s; WORKFLOW_LOCK_TTL_SECONDS at least 1.
+POSITIVE = frozenset({"timeout_s", "lock_ttl_s"})
 
 LAYOUT = {
     "api": ["api"],
