@@ -7,6 +7,7 @@ from collections import Counter
 from typing import Any
 
 from scenarios.backpressure import memory_followed_backlog
+from scenarios.crash_reclaim import not_reclaimed_by_survivor
 from scenarios.duplicate_send import per_task_mismatches
 
 
@@ -53,3 +54,14 @@ def test_duplicate_send_wants_each_duplicate_visible_in_the_timeline() -> None:
 def test_duplicate_send_accepts_one_copy_per_lost_answer_each_logged() -> None:
     assert per_task_mismatches({"a": 1, "c": 2}, Counter({"a": 1, "c": 2}),
                                Counter({"a": 1, "c": 2})) == []
+
+
+def test_crash_reclaim_credits_only_the_survivor_with_the_takeover() -> None:
+    # The engine's orphans were taken by its restarted victim, not by the survivor: the
+    # stage's total would have hidden that.
+    orphaned = {"engine": 3, "delivery": 2}
+    reclaimed = {"engine-1": 3, "engine-2": 1, "delivery-2": 2}
+
+    assert not_reclaimed_by_survivor(orphaned, reclaimed) == [
+        "killed engine processes left 3 entries pending, but the surviving engine-2 reports "
+        "reclaiming only 1 (the restarted victims 3)"]
