@@ -552,11 +552,13 @@ class System:
         result.accepted = len(sent)
         event_ids = [s.event_id for s in sent]
         accepted_at = {s.event_id: s.accepted_at for s in sent}
+        # Rows of a channel, and skips of none: the enricher skips a notification to an
+        # unknown user, or to a segment without members, before any channel is chosen.
         rows = await self.db.fetch(
             "SELECT event_id::text AS event_id, task_id, status, kind, detail "
             "FROM message_logs WHERE project_id = $1 AND event_id = ANY($2::uuid[]) "
-            "AND channel <> ''",
-            self.project_id, event_ids,
+            "AND (channel <> '' OR status = ANY($3::text[]))",
+            self.project_id, event_ids, list(SKIP_STATUSES),
         )
         task_event = {r["task_id"]: r["event_id"] for r in rows}
         skipped: dict[str, str] = {}
