@@ -51,8 +51,8 @@ from contextvars import ContextVar
 from functools import lru_cache
 from typing import Any, Final
 
-from jinja2 import ChainableUndefined, StrictUndefined, TemplateSyntaxError, nodes
-from jinja2.exceptions import SecurityError, TemplateError
+from jinja2 import ChainableUndefined, StrictUndefined, TemplateSyntaxError, Undefined, nodes
+from jinja2.exceptions import SecurityError, TemplateError, UndefinedError
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import generate_lorem_ipsum
@@ -409,9 +409,36 @@ def _environment(autoescape: bool, undefined: type[Any] = StrictUndefined) -> _S
     )
 
 
+class _Missing(ChainableUndefined):
+    """A field a branch condition reads but the data, user or steps lack. It is false, as
+    README's workflow section says: an ordering comparison with it is false (``data.count >
+    3`` and ``data.count <= 3`` alike, as ``==`` already is), ``|int`` and ``|float`` read it
+    as 0, and ``is none`` holds for it as for a null (a step that never ran, say the other
+    branch's, reads like a timed-out waitForEvent)."""
+
+    __slots__ = ()
+
+    # Undefined types these as raising (Never); here they answer.
+    def __lt__(self, other: Any) -> bool:  # type: ignore[override]
+        return False
+
+    __le__ = __gt__ = __ge__ = __lt__  # type: ignore[assignment]
+
+    def __int__(self) -> int:  # type: ignore[override]
+        return 0
+
+    def __float__(self) -> float:  # type: ignore[override]
+        return 0.0
+
+
+def _is_none(value: Any) -> bool:
+    return value is None or isinstance(value, Undefined)
+
+
 _TEXT = _environment(autoescape=False)
 _HTML = _environment(autoescape=True)
-_EXPRESSIONS = _environment(autoescape=False, undefined=ChainableUndefined)
+_EXPRESSIONS = _environment(autoescape=False, undefined=_Missing)
+_EXPRESSIONS.tests["none"] = _is_none
 
 
 @lru_cache(maxsize=_CACHE_SIZE)
@@ -675,6 +702,8 @@ def render_expression(expr: str, context: Mapping[str, Any]) -> Any:
     token = _budget.set(_Budget())
     try:
         return compiled(**context)
+    except UndefinedError:
+        return None  # arithmetic on a missing field (data.count + 1 > 3): the condition is false
     except SecurityError as exc:
         raise RenderError("if", f"not allowed in an expression: {exc}") from None
     except TemplateError as exc:

@@ -142,3 +142,22 @@ def test_checking_an_expression_does_not_evaluate_its_constants() -> None:
     for expression in ("[1] * 10**6", "'a' * 10**8", "'a' | center(10**8)"):
         assert validate_steps([{"type": "branch", "if": expression}]) == []
     assert time.monotonic() - started < 1.0
+
+
+def test_a_missing_field_is_false_in_comparisons_and_null_checks() -> None:
+    """A branch over a field the data or user lacks takes ``else``: an ordering comparison
+    or a number filter on it is false, not an error that fails the instance, and a step
+    that never ran (the other branch's) reads as null, like a timed-out waitForEvent."""
+    context = {"data": {"zero": 0}, "user": {"id": "u1", "attributes": {}},
+               "steps": {0: None, "0": None}}
+    for condition in ("data.count > 3", "data.count >= 3", "data.count < 3",
+                      "data.count <= 3", "user.attributes.age >= 18",
+                      "data.count|int > 3", "data.count|float > 0.5",
+                      "data.missing + 1 > 0", "{{ data.count > 3 }}",
+                      "steps['2.then.0'] is not none", "steps[5] is not none",
+                      "steps[0] is not none", "data.zero"):
+        assert evaluate_condition(condition, context) is False, condition
+    for condition in ("not data.count > 3", "steps['2.then.0'] is none",
+                      "data.count is not defined", "data.plan != 'pro'",
+                      "data.count|int == 0", "data.zero < 1"):
+        assert evaluate_condition(condition, context) is True, condition
