@@ -570,19 +570,32 @@ def render_string(source: str, context: Mapping[str, Any], *, html: bool = False
     except TemplateSyntaxError as exc:
         raise RenderError(field, f"{exc.message} (line {exc.lineno})") from None
     except SecurityError as exc:
-        raise RenderError(field, f"not allowed in a template: {exc}") from None
+        raise RenderError(field, f"not allowed in a template: {exc}{_where(exc)}") from None
     except TemplateError as exc:
-        raise RenderError(field, str(exc.message or exc)) from None
+        raise RenderError(field, f"{exc.message or exc}{_where(exc)}") from None
     except (ArithmeticError, TypeError, ValueError, LookupError, AttributeError,
             RecursionError, MemoryError, AssertionError) as exc:
         # AssertionError: some of Jinja's filters assert on their arguments (truncate(-1)).
-        raise RenderError(field, f"{type(exc).__name__}: {exc}") from None
+        raise RenderError(field, f"{type(exc).__name__}: {exc}{_where(exc)}") from None
     if output is None:
         raise RenderError(field, f"renders to more than {MAX_OUTPUT_CHARS} characters")
     problem = _unstorable(output)
     if problem:
         raise RenderError(field, problem)
     return output
+
+
+def _where(exc: BaseException) -> str:
+    """`` (line N)``: the template line a render failed on, as a syntax error names it. Jinja
+    puts the template's own frames (file ``<template>``) in a render error's traceback; the
+    innermost one is where it failed. Empty when none is there."""
+    line = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return f" (line {line})" if line else ""
 
 
 def _unstorable(text: str) -> str | None:

@@ -213,6 +213,26 @@ async def test_preview_errors_name_the_field(api: Api, project: Project) -> None
     assert unknown.status == 404
 
 
+async def test_preview_errors_name_the_line_the_template_failed_on(
+    api: Api, project: Project
+) -> None:
+    """A render error says where, as a syntax error does: the line of the field that failed."""
+    body = {"channels": {"email": {"subject": "Invoice", "text": (
+        "Hello {{ user.id }},\n\nyour total is {{ data.total }}\n"
+        "{% for line in data.lines %}\n{{ line.amount / line.count }}\n{% endfor %}")}}}
+    put = await api.call("PUT", "/v1/templates/lines", key=project.full, json=body)
+    assert put.status in (200, 201), put.body
+    missing = await api.call("POST", "/v1/templates/lines/preview", key=project.full,
+                             json={"data": {"lines": []}})
+    assert missing.status == 400
+    assert missing.error["details"][0]["field"] == "channels.email.text"
+    assert missing.error["details"][0]["message"].endswith("(line 3)")
+    zero = await api.call("POST", "/v1/templates/lines/preview", key=project.full,
+                          json={"data": {"total": 1, "lines": [{"amount": 1, "count": 0}]}})
+    assert zero.status == 400
+    assert zero.error["details"][0]["message"] == "ZeroDivisionError: division by zero (line 5)"
+
+
 async def test_preview_of_output_json_cannot_carry_is_a_400(api: Api, project: Project) -> None:
     for source in ("{{ '\\ud800' }}", "a{{ '%c' % 0 }}b"):
         body = {"channels": {"sms": {"text": source}}}
