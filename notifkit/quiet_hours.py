@@ -99,15 +99,28 @@ def deferral(
     quiet = QuietHours.parse(prefs)
     if quiet is None:
         return None
-    where = zone(tz)
+    try:
+        return _deferral(quiet, zone(tz), now)
+    except OverflowError:
+        # A sendAt on the calendar's last day (the API takes up to 9999-12-31T23:59:59Z): the
+        # local date or the period's end lies past what datetime can show. Wait until the
+        # last second it can: never early, and never an error the engine retries forever.
+        return _LAST_INSTANT
+
+
+# The last whole second: datetime.max's timestamp() rounds up into year 10000.
+_LAST_INSTANT = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+
+
+def _deferral(quiet: QuietHours, where: ZoneInfo, now: datetime) -> datetime | None:
     local = now.astimezone(where)
     if not quiet.contains(local.time().replace(tzinfo=None)):
         return None
     now_utc = now.astimezone(UTC)
     # The period ends today (now is before `end`) or tomorrow (it wrapped midnight). Taking the
     # first occurrence after now covers both, and a fall-back hour that repeats `end`.
-    for day in (local.date(), local.date() + timedelta(days=1)):
-        for instant in wall_instants(day, quiet.end, where):
+    for days in (0, 1):  # tomorrow only when today has no end left (9999-12-31 has no next)
+        for instant in wall_instants(local.date() + timedelta(days=days), quiet.end, where):
             if instant > now_utc:
                 return instant
     raise AssertionError("a quiet period always ends within two local days")  # pragma: no cover

@@ -100,6 +100,18 @@ def test_rows_from_the_database_and_unknown_zones() -> None:
         QuietHours.parse({"start": "25:00", "end": "07:00"})
 
 
+def test_a_send_due_on_the_calendars_last_day_is_deferred_not_crashed_on() -> None:
+    """The API takes any sendAt up to 9999-12-31T23:59:59Z. A period that ends, or a local
+    date that lies, past the last day datetime can show waits until the calendar's last
+    second: never early, and the engine never fails the send on every retry."""
+    last = utc(9999, 12, 31, 23, 59, 59)
+    assert deferral(NIGHT, "UTC", utc(9999, 12, 31, 23, 30)) == last
+    assert deferral(NIGHT, "Asia/Tokyo", utc(9999, 12, 31, 14, 0)) == last  # 23:00 JST
+    assert deferral(NIGHT, "Asia/Tokyo", utc(9999, 12, 31, 16, 0)) == last  # 01:00, year 10000
+    assert deferral(NIGHT, "America/New_York", utc(9999, 12, 31, 23, 30)) is None  # 18:30
+    assert deferral(NIGHT, "UTC", utc(9999, 12, 31, 6, 0)) == utc(9999, 12, 31, 7, 0)
+
+
 ZONES = ["Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata", "UTC"]
 # DST days of those zones in 2026, so the examples cluster where the rules bite.
 DST_DAYS = [utc(2026, 3, 29), utc(2026, 10, 25), utc(2026, 3, 8), utc(2026, 11, 1),

@@ -216,6 +216,31 @@ async def test_a_future_send_and_quiet_hours_go_to_the_scheduler(
     assert ttl > 10 * 3600
 
 
+async def test_a_send_due_on_the_calendars_last_day_in_quiet_hours_is_deferred(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    """The API takes a sendAt up to 9999-12-31T23:59:59Z; in quiet hours that end in year
+    10000 the engine defers it to the calendar's last second instead of failing the entry on
+    every attempt until it is dead-lettered."""
+    await add_user(db, project, "tokyo", contacts=[("sms", "+15550001")],
+                   timezone="Asia/Tokyo")
+    await db.execute("INSERT INTO quiet_hours VALUES ($1, 'tokyo', '22:00', '07:00')", project)
+    await add_template(db, project, "t", {"sms": SMS})
+    stages = await pipeline(services)
+
+    event = await send(redis, keys, db, project, "t", "tokyo", data={"amount": "1"},
+                       send_at="9999-12-31T23:30:00Z")
+    await drain(*stages)
+
+    [scheduled] = await entries(redis, keys.scheduled)
+    assert scheduled["payload"]["eventId"] == event
+    assert scheduled["reason"] == "quietHours"
+    assert scheduled["dueAt"] == int(datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
+                                     * 1000)
+    [deferred] = await timeline(db, event)
+    assert (deferred["kind"], deferred["status"]) == ("deferred", "scheduled")
+
+
 async def test_an_ai_channel_goes_to_the_ai_service(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
 ) -> None:
