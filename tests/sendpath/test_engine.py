@@ -175,7 +175,7 @@ async def test_a_template_that_fails_to_render_says_so_also_on_a_send_that_waits
     for row in (queued, scheduled):
         assert "the template failed (channels.sms.text:" in row["detail"]
         assert row["detail"].endswith("generic content sent")
-    assert scheduled["detail"].startswith("scheduled until 2099-01-01T00:00:00Z; ")
+    assert scheduled["detail"].startswith("scheduled until 2099-01-01T00:00:00.000Z; ")
 
 
 async def test_a_future_send_and_quiet_hours_go_to_the_scheduler(

@@ -238,7 +238,9 @@ class EngineService(WorkerService):
             "stream": stream, "payload": payload, "reason": reason,
         }
         s.entry.emit(self.keys.scheduled, scheduled)
-        at = datetime.fromtimestamp(s.due_ms / 1000, UTC).isoformat().replace("+00:00", "Z")
+        # As every API time is written: UTC, milliseconds, Z.
+        at = datetime.fromtimestamp(s.due_ms / 1000, UTC).isoformat(
+            timespec="milliseconds").replace("+00:00", "Z")
         kind = Kind.SCHEDULED if reason == "sendAt" else Kind.DEFERRED
         why = "scheduled" if reason == "sendAt" else "deferred for quiet hours"
         logs.append(_row(m, channel, s.task_id, kind, Status.SCHEDULED,
