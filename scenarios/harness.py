@@ -53,6 +53,10 @@ UNREAD_SCAN = 10_000
 SKIP_STATUSES = ("skipped", "suppressed", "throttled")
 # The simulated providers that honour an idempotency key (SIMULATORS.md): never a duplicate.
 IDEMPOTENT_PROVIDERS = frozenset({"resend"})
+# A timeline row of a failed attempt whose answer never came: the send may have reached the
+# provider, so a second copy of it is explained.
+_UNANSWERED_ATTEMPT = ("(kind = 'failed' AND (detail LIKE 'no answer within%' "
+                       "OR detail LIKE 'connection failed%'))")
 
 
 def service_urls() -> tuple[str, str]:
@@ -467,8 +471,7 @@ class System:
             "SELECT DISTINCT task_id FROM message_logs WHERE project_id = $1 "
             "AND task_id = ANY($2::text[]) AND ("
             "(kind = 'sent' AND (metadata->>'possibleDuplicate')::boolean) OR "
-            "(kind = 'failed' AND (detail LIKE 'no answer within%' "
-            "OR detail LIKE 'connection failed%')))",
+            f"{_UNANSWERED_ATTEMPT})",
             self.project_id, task_ids)
         return {r["task_id"] for r in rows}
 
@@ -478,8 +481,7 @@ class System:
         assert self.db is not None
         rows = await self.db.fetch(
             "SELECT task_id FROM message_logs WHERE project_id = $1 "
-            "AND task_id = ANY($2::text[]) AND kind = 'failed' "
-            "AND (detail LIKE 'no answer within%' OR detail LIKE 'connection failed%')",
+            f"AND task_id = ANY($2::text[]) AND {_UNANSWERED_ATTEMPT}",
             self.project_id, task_ids)
         return Counter(r["task_id"] for r in rows)
 
