@@ -56,11 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
     dev = commands.add_parser(
         "dev", help="run everything locally with the simulators as providers"
     )
-    dev.add_argument("--data-dir", default=".notifkit", help="where local data is kept")
-    dev.add_argument("--port", type=int, default=8080, help="HTTP port of the api service")
-    dev.add_argument("--sim-port", type=int, default=8025, help="HTTP port of the simulators")
+    dev.add_argument("--data-dir", default=".notifkit",
+                     help="where local data is kept (default: %(default)s)")
+    dev.add_argument("--port", type=int, default=8080,
+                     help="HTTP port of the api service, on 127.0.0.1 unless HOST is set; "
+                          "0 picks a free one (default: %(default)s)")
+    dev.add_argument("--sim-port", type=int, default=8025,
+                     help="HTTP port of the simulators (default: %(default)s)")
     dev.add_argument("--sim-smtp-port", type=int, default=2525,
-                     help="SMTP port of the simulators")
+                     help="SMTP port of the simulators (default: %(default)s)")
     return parser
 
 

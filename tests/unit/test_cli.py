@@ -116,6 +116,17 @@ def test_help_lists_commands() -> None:
         assert command in result.stdout
 
 
+def test_dev_help_shows_each_option_default() -> None:
+    # The README lists the dev command's defaults; --help must say the same.
+    result = run_cli("dev", "--help")
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    for option, default in (("--data-dir", ".notifkit"), ("--port", "8080"),
+                            ("--sim-port", "8025"), ("--sim-smtp-port", "2525")):
+        assert option in text
+        assert f"(default: {default})" in text, option
+
+
 def test_a_started_service_freezes_what_is_alive_and_collects_less_often() -> None:
     import gc
 
