@@ -82,7 +82,12 @@ def load_settings(args: argparse.Namespace) -> Settings:
                           ("--sim-smtp-port", getattr(args, "sim_smtp_port", None))):
         if value is not None and not 0 <= value <= 65535:
             raise ConfigError(option, f"must be a TCP port (0-65535), got {value}")
-    return Settings.from_env(**overrides)
+    env: Mapping[str, str] = os.environ
+    if getattr(args, "command", None) == "dev":
+        # dev listens on --port; PORT does not apply to it, so a PORT left in the shell (one
+        # meant for another program, say) is not read, let alone refused.
+        env = {name: value for name, value in os.environ.items() if name != "PORT"}
+    return Settings.from_env(env, **overrides)
 
 
 # The cyclic collector's youngest-generation threshold (CPython's default is 700). A busy

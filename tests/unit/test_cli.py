@@ -327,6 +327,16 @@ def test_a_dev_admin_key_file_it_cannot_use_is_named(
         f"notifkit: invalid configuration: --data-dir: {key_file} {problem}"]
 
 
+def test_dev_does_not_read_port_which_does_not_apply_to_it(tmp_path: Path) -> None:
+    # dev listens on --port; a PORT in the environment, even one no server could use, is not
+    # its setting: the start goes on, here to the unreachable Redis run_cli points it at.
+    result = run_cli("dev", "--data-dir", str(tmp_path), "--port", "0", "--sim-port", "0",
+                     "--sim-smtp-port", "0", env={"PORT": "not-a-port"})
+    assert "PORT" not in result.stderr.replace("--port", ""), result.stderr
+    assert result.returncode == 1, result.stderr
+    assert "REDIS_URL" in result.stderr
+
+
 def test_with_json_logs_invalid_configuration_is_one_json_record_naming_the_variable() -> None:
     # A log collector that parses every line of a JSON-logging process must not meet a plain
     # line at the moment the process is misconfigured.
