@@ -501,6 +501,49 @@ async def test_a_revoked_key_is_rejected_at_once(api: Api, project: Project) -> 
             ).status == 404
 
 
+async def test_keys_of_a_deleted_project_are_401_not_500_in_every_process(
+    api: Api, api_settings: Settings, db: asyncpg.Pool
+) -> None:
+    """Deleting a project deletes its keys, but a key another process cached still
+    authenticates for up to a minute: its writes, which PostgreSQL refuses for naming no
+    project, are a 401 saying so, and every process forgets the key at once."""
+    _server, other_http = await start_api(api_settings)
+    other = Api(other_http, api_settings)
+    try:
+        project = await api.project()
+        await api.call("PUT", "/v1/templates/t1", key=project.full,
+                       json={"channels": {"sms": {"text": "hi"}}})
+        for client in (api, other):
+            for key in (project.full, project.send):  # cached in both processes
+                assert (await client.call("POST", "/v1/events", key=key, json={
+                    "name": "e", "userId": "u1"})).status == 202
+        # A send, so this process knows the template too.
+        assert (await api.call("POST", "/v1/notifications", key=project.send, json={
+            "to": "u1", "template": "t1"})).status == 202
+        await db.execute("DELETE FROM projects WHERE id = $1", project.id)
+
+        for method, path, key, body in (
+            ("PUT", "/v1/users/u1", project.full, {}),
+            ("POST", "/v1/notifications", project.send, {"to": "u1", "template": "t1"}),
+        ):
+            reply = await api.call(method, path, key=key, json=body)
+            assert reply.status == 401, (path, reply.body)
+            assert reply.error["code"] == "invalid_api_key"
+            assert "project no longer exists" in reply.error["message"]
+            assert reply.headers["WWW-Authenticate"] == "Bearer"
+        assert (await api.call("GET", "/v1/users/u1", key=project.full)).status == 401
+        # The other process got the word as after a revocation (bounded: 500 x 10 ms).
+        for _ in range(500):
+            if (await other.call("GET", "/v1/messages", key=project.full)).status == 401:
+                break
+            await asyncio.sleep(0.01)
+        assert (await other.call("GET", "/v1/messages", key=project.full)).status == 401
+        reply = await api.admin("PUT", "/v1/users/u1", project=project.id, json={})
+        assert (reply.status, reply.error["code"]) == (404, "project_not_found")
+    finally:
+        await other_http.close()
+
+
 async def test_projects_validate_their_settings(api: Api) -> None:
     good = await api.admin("POST", "/v1/projects", json={
         "name": "p", "settings": {"throttle": {"limit": 5, "windowSeconds": 60},

@@ -7,10 +7,13 @@ a project 400 (unknown project 404), over the project's API rate 429 with Retry-
 
 from __future__ import annotations
 
+import contextlib
 import math
 from urllib.parse import unquote_to_bytes
 
+import asyncpg
 from aiohttp import web
+from redis.exceptions import RedisError
 
 from notifkit import codec
 from notifkit.services.api.auth import (
@@ -26,7 +29,15 @@ from notifkit.services.api.auth import (
 from notifkit.services.api.errors import ApiError, Handler, detail, invalid
 from notifkit.services.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from notifkit.services.api.routing import Operation
-from notifkit.services.api.state import ADMISSION, DB, KEY_CACHE, OPERATIONS, PRINCIPAL, SETTINGS
+from notifkit.services.api.state import (
+    ADMISSION,
+    DB,
+    HUB,
+    KEY_CACHE,
+    OPERATIONS,
+    PRINCIPAL,
+    SETTINGS,
+)
 
 PROJECT_HEADER = "x-project-id"
 PROJECT_QUERY = "projectId"
@@ -48,7 +59,33 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     _reject_unknown_query(request, op)
     if op.body is None and op.method not in ("GET", "HEAD") and request.body_exists:
         await _reject_body(request)
-    return await handler(request)
+    try:
+        return await handler(request)
+    except asyncpg.ForeignKeyViolationError:
+        gone = await _project_gone(request)
+        if gone is None:
+            raise
+        raise gone from None
+
+
+async def _project_gone(request: web.Request) -> ApiError | None:
+    """A write refused for naming no project: the caller's project was deleted after the
+    request was authenticated, or while its key sat in the key cache (deleting a project
+    deletes its keys, and nothing publishes that). The admin key gets the 404 it gets for any
+    unknown project; a project key is no key any more: 401, and every API process forgets it
+    at once, as after a revocation. Any other foreign-key failure is a bug and stays one."""
+    who = principal(request)
+    project = who.project_id
+    if project is None or await request.app[DB].fetchval(
+            "SELECT 1 FROM projects WHERE id = $1", project):
+        return None
+    if who.is_admin:
+        return project_not_found()
+    key = bearer_key(request.headers.get("Authorization"))
+    request.app[KEY_CACHE].drop(hash_key(key))
+    with contextlib.suppress(RedisError, OSError):  # the others' caches drop it within 60 s
+        await request.app[HUB].publish_revocation(hash_key(key), who.key_id or "")
+    return unauthorized("invalid_api_key", "The API key's project no longer exists.")
 
 
 async def _reject_body(request: web.Request) -> None:
