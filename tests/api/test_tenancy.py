@@ -225,7 +225,8 @@ async def test_ids_of_one_project_are_404_for_another(
         assert decode(fields)["projectId"] == b.id
 
     # Lists show nothing of A's (call() checks every answer for A's markers and ids).
-    for query in ({}, {"userId": user}, {"campaignId": "A"}, {"status": "accepted"}):
+    for query in ({}, {"userId": user}, {"campaignId": "A"}, {"status": "accepted"},
+                  {"eventId": made["event"]}):
         await check("GET", "/v1/messages", 200, query=query)
     await check("GET", "/v1/dlq", 200)
     await check("GET", "/v1/workflows", 200)
