@@ -75,3 +75,43 @@ async def test_a_notification_sent_through_the_api_reaches_the_provider_and_its_
         assert recipient["status"] == "sent"
         assert [step["kind"] for step in recipient["timeline"]] == ["queued", "sent"]
     assert shown.body["status"] == "sent"
+
+
+async def test_two_projects_sharing_every_caller_chosen_name_each_deliver_their_own(
+    api: Api, services: ServiceFactory, sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    """Two tenants that chose the same user id, template name, campaign and idempotency key,
+    each with a throttle of one send per user: the dedup marks, throttle windows and
+    idempotency records are per project, so each gets its own message, once, with its own
+    content at its own address."""
+    projects = {}
+    for name in ("a", "b"):
+        project = await api.project(name, throttle={"limit": 1, "windowSeconds": 3600})
+        await api.call("PUT", "/v1/users/ada", key=project.full, json={
+            "contacts": [{"channel": "email", "target": f"ada@{name}.example.com"}]})
+        await api.call("PUT", "/v1/templates/welcome", key=project.full, json={
+            "channels": {"email": {"subject": f"From {name}", "text": "{{ data.plan }}"}}})
+        projects[name] = project
+    events = {}
+    for name, project in projects.items():
+        accepted = await api.call(
+            "POST", "/v1/notifications", key=project.send,
+            headers={"x-idempotency-key": "order-42"},
+            json={"to": "ada", "template": "welcome", "data": {"plan": name},
+                  "campaignId": "launch"})
+        assert accepted.status == 202, accepted.body
+        assert "x-idempotent-replay" not in accepted.headers
+        events[name] = accepted.body["id"]
+    assert events["a"] != events["b"]
+
+    await drain(*[await services(cls, sim_settings) for cls in
+                  (EnricherService, EngineService, DeliveryService, EventsService)])
+
+    sent = sorted((m["to"], m["content"]["subject"], m["content"]["text"])
+                  for m in await sim.messages("resend"))
+    assert sent == [("ada@a.example.com", "From a", "a"), ("ada@b.example.com", "From b", "b")]
+    for name, project in projects.items():
+        shown = await api.call("GET", f"/v1/notifications/{events[name]}", key=project.full)
+        assert shown.body["status"] == "sent", shown.body
+        [recipient] = shown.body["recipients"]
+        assert (recipient["userId"], recipient["status"]) == ("ada", "sent")
