@@ -297,3 +297,48 @@ async def test_a_repeated_event_resolves_nothing_new_and_a_fresh_one_only_open_w
     await flow.event("ping", "u1", {"n": 2})
     await service.run_until_idle()
     assert [m["template"] for m in await flow.sent()] == ["first", "second"]
+
+
+async def test_events_and_digests_never_cross_projects_sharing_workflow_and_user_ids(
+    flow: Flow, make_service: ServiceFactory, clock: FakeClock, db: asyncpg.Pool,
+    redis: Redis, keys: Keys,
+) -> None:
+    """Two tenants with the same workflow id and user id: an event of one wakes only its own
+    waiter, and a digest window of one never takes the other's triggers."""
+    from .conftest import Flow
+
+    other = Flow(db, redis, keys, await db.fetchval(
+        "INSERT INTO projects (name) VALUES ('other tenant') RETURNING id::text"))
+    steps: list[dict[str, Any]] = [
+        {"type": "waitForEvent", "event": "clicked", "timeoutSeconds": 3600},
+        {"type": "digest", "windowSeconds": 600, "template": "digest"},
+    ]
+    service = make_service()
+    mine = {}
+    for tenant in (flow, other):
+        await tenant.define("onboarding", steps)
+        mine[tenant.project_id] = [await tenant.trigger("onboarding", "ada", {"n": i})
+                                   for i in range(2)]
+    await service.run_until_idle()
+
+    # When only the other tenant's user clicks
+    await other.event("clicked", "ada")
+    await service.run_until_idle()
+    # Then only its instances move on (into its digest window); this tenant's still wait
+    for instance in mine[flow.project_id]:
+        assert (await flow.instance(instance))["status"] == "waiting"
+        assert [s["type"] for s in await flow.steps(instance)] == ["waitForEvent"]
+    clock.advance(601)
+    await service.run_until_idle()
+    [digest] = await flow.sent()
+    assert digest["projectId"] == other.project_id
+    assert sorted(item["data"]["n"] for item in digest["digestItems"]) == [0, 1]
+
+    # And this tenant's click, later, digests its own two triggers, not the other's
+    await flow.event("clicked", "ada")
+    await service.run_until_idle()
+    clock.advance(601)
+    await service.run_until_idle()
+    sent = await flow.sent()
+    assert [m["projectId"] for m in sent] == [other.project_id, flow.project_id]
+    assert sorted(item["data"]["n"] for item in sent[1]["digestItems"]) == [0, 1]
