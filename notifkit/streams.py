@@ -62,6 +62,29 @@ def queue_xadd(pipe: Pipeline | Pipe, stream: str, payload: Mapping[str, Any], m
     pipe.xadd(stream, encode(payload), maxlen=maxlen, approximate=True)
 
 
+# XADD an entry and SET a key in one step: the API stores a caller's idempotency record with
+# the entry it answers for, so a process that dies in between cannot leave one without the
+# other.
+XADD_AND_SET = """
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', ARGV[2], ARGV[3])
+redis.call('SET', KEYS[2], ARGV[4], 'EX', ARGV[5])
+return id
+"""
+
+
+def xadd_and_set_args(stream: str, payload: Mapping[str, Any], maxlen: int, key: str,
+                      value: bytes, ttl_s: int) -> list[Any]:
+    """The EVAL arguments of :data:`XADD_AND_SET` (after the script)."""
+    return [2, stream, key, maxlen, DATA_FIELD, codec.dumps(payload), value, max(1, ttl_s)]
+
+
+async def xadd_and_set(redis: Redis, stream: str, payload: Mapping[str, Any], maxlen: int,
+                       key: str, value: bytes, ttl_s: int) -> str:
+    entry_id = await redis.eval(  # type: ignore[misc]
+        XADD_AND_SET, *xadd_and_set_args(stream, payload, maxlen, key, value, ttl_s))
+    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+
+
 async def ensure_group(redis: Redis, stream: str, group: str) -> None:
     """Create ``group`` on ``stream`` (and the stream) reading from the start; idempotent.
 

@@ -200,6 +200,39 @@ async def test_a_reused_key_gets_the_first_response_whatever_the_body(
     assert too_long.fields == ["x-idempotency-key"]
 
 
+@pytest.mark.parametrize("route", ["/v1/notifications", "/v1/events"])
+async def test_a_key_is_answered_once_even_if_the_api_dies_right_after_enqueueing(
+    api: Api, project: Project, template: str, redis: Redis, db: asyncpg.Pool,
+    monkeypatch: pytest.MonkeyPatch, route: str,
+) -> None:
+    """Given an API process SIGKILLed after it enqueued a keyed send but before it stored the
+    response (here: that step never runs), when the client retries with the same key, then
+    it gets the first response and nothing is enqueued again. The response used to be stored
+    by a separate call after the enqueue: the retry found only the first request's 'pending'
+    claim (a 409 for 60 s) and, once that expired, was accepted as a new notification, which
+    the enricher then dropped as a duplicate, leaving it 'accepted' for ever."""
+    from notifkit.services.api import idempotency
+
+    async def died_before_storing(self: Any, status: int, body: Any) -> None:
+        return None
+
+    monkeypatch.setattr(idempotency.IdempotencyKey, "finish", died_before_storing)
+    monkeypatch.setattr(idempotency, "WAIT_TOTAL_S", 0.2)  # a pending claim: 409 at once
+    keys = Keys(api.settings.namespace)
+    stream = keys.inbound("normal") if route == "/v1/notifications" else keys.events_inbound
+    body = ({"to": "u1", "template": template} if route == "/v1/notifications"
+            else {"name": "paid", "userId": "u1"})
+    headers = {"x-idempotency-key": "crash-1"}
+    first = await api.call("POST", route, key=project.send, json=body, headers=headers)
+    assert first.status == 202
+    again = await api.call("POST", route, key=project.send, json=body, headers=headers)
+    assert (again.status, again.body) == (202, first.body)
+    assert again.headers.get("x-idempotent-replay") == "true"
+    assert await redis.xlen(stream) == 1
+    if route == "/v1/notifications":
+        assert await db.fetchval("SELECT count(*) FROM notifications") == 1
+
+
 async def test_a_reused_key_replays_even_when_the_body_no_longer_validates(
     api: Api, project: Project, template: str, redis: Redis
 ) -> None:

@@ -36,7 +36,8 @@ from notifkit.keys import Keys
 from notifkit.messages import InboundMessage
 from notifkit.ratelimit import Bucket, TokenBuckets
 from notifkit.redis_pipe import pipe
-from notifkit.streams import queue_xadd
+from notifkit.services.api.idempotency import Remember
+from notifkit.streams import XADD_AND_SET, queue_xadd, xadd_and_set_args
 
 log = logging.getLogger("notifkit.api")
 
@@ -84,7 +85,8 @@ class Admission:
         self._templates: Coalescer[tuple[str, str], bool] = Coalescer(self._load_templates)
         self._known_templates: dict[tuple[str, str], float] = {}  # -> when to ask again
         self.clock: Callable[[], float] = time.monotonic
-        self._accept: Coalescer[InboundMessage, None] = Coalescer(self._accept_many)
+        self._accept: Coalescer[tuple[InboundMessage, Remember | None], None] = Coalescer(
+            self._accept_many)
 
     # -- what handlers call -------------------------------------------------------------
     async def rate_wait_s(self, project_id: str) -> float:
@@ -103,9 +105,10 @@ class Admission:
             self._known_templates[key] = now + KNOWN_TEMPLATE_TTL_S
         return found
 
-    async def accept(self, message: InboundMessage) -> None:
-        """Write the send's rows, then enqueue it on ``inbound:{priority}``."""
-        await self._accept.submit(message)
+    async def accept(self, message: InboundMessage, remember: Remember | None = None) -> None:
+        """Write the send's rows, then enqueue it on ``inbound:{priority}`` (with its
+        caller's idempotency record, written by the same script call, when it has one)."""
+        await self._accept.submit((message, remember))
 
     # -- the batches --------------------------------------------------------------------
     async def _take_rate(self, projects: list[str]) -> list[float]:
@@ -121,7 +124,10 @@ class Admission:
             found[row["n"] - 1] = True
         return found
 
-    async def _accept_many(self, messages: list[InboundMessage]) -> list[BaseException | None]:
+    async def _accept_many(
+        self, items: list[tuple[InboundMessage, Remember | None]]
+    ) -> list[BaseException | None]:
+        messages = [m for m, _r in items]
         results: list[BaseException | None] = [None] * len(messages)
         await self._insert(messages, results)
         written = [i for i, r in enumerate(results) if r is None]
@@ -129,9 +135,14 @@ class Admission:
             return results
         enqueue = pipe(self.redis)
         for index in written:
-            message = messages[index]
-            queue_xadd(enqueue, self.keys.inbound(message["priority"]), message,
-                       self.settings.queue_max_len)
+            message, remember = items[index]
+            stream = self.keys.inbound(message["priority"])
+            if remember is None:
+                queue_xadd(enqueue, stream, message, self.settings.queue_max_len)
+            else:
+                enqueue.eval(XADD_AND_SET, *xadd_and_set_args(
+                    stream, message, self.settings.queue_max_len, remember.key,
+                    remember.record, remember.ttl_s))
         try:
             replies: Sequence[Any] = await enqueue.execute(raise_on_error=False)
         except Exception as exc:  # the whole pipeline failed: none of them is enqueued

@@ -1,8 +1,13 @@
 """Caller idempotency keys (``x-idempotency-key``): the first response, replayed for 24 h.
 
     claim   SET key {"state": "pending", "fingerprint"} NX EX 60   -> this request does the work
-    finish  SET key {"state": "done", "fingerprint", "status", "body"} EX 24 h
+    finish  SET key {"state": "done", "fingerprint", "status", "body"} EX 24 h, in the same
+            script call as the enqueue (:class:`Remember`)
     release DEL key                                                -> the work failed; a retry may
+
+Storing the response with the enqueue, not after it, matters when the process dies between
+the two: a retry would find only the 'pending' claim (a 409 until it expires, 60 s later) and
+then be accepted as a second notification.
 
 A second request with the same key waits while the first is pending, then replays its
 response, so two concurrent identical requests enqueue once. As API.md says, the same key
@@ -36,6 +41,16 @@ MAX_KEY_CHARS = 255
 PENDING_TTL_S = 60
 WAIT_STEP_S = 0.05
 WAIT_TOTAL_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Remember:
+    """A key's finished record (the first response), for the enqueue to write in the same
+    atomic call as its XADD (``notifkit.streams.XADD_AND_SET``)."""
+
+    key: str
+    record: bytes
+    ttl_s: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,10 +138,14 @@ class IdempotencyKey:
                 )
             await asyncio.sleep(WAIT_STEP_S)
 
-    async def finish(self, status: int, body: Any) -> None:
+    def remember(self, status: int, body: Any) -> Remember:
         record = {"state": "done", "route": self.route, "fingerprint": self.fingerprint,
                   "status": status, "body": body}
-        await self.redis.set(self.key, codec.dumps(record), ex=self.ttl_s)
+        return Remember(self.key, codec.dumps(record), self.ttl_s)
+
+    async def finish(self, status: int, body: Any) -> None:
+        done = self.remember(status, body)
+        await self.redis.set(done.key, done.record, ex=done.ttl_s)
 
     async def release(self) -> None:
         await self.redis.delete(self.key)
@@ -134,12 +153,15 @@ class IdempotencyKey:
 
 async def answer_once(
     request: web.Request, project: str, key: str | None, route: str, body: Any, status: int,
-    act: Callable[[], Awaitable[Any]],
+    response: Any, enqueue: Callable[[Remember | None], Awaitable[None]],
 ) -> web.Response:
-    """Run ``act`` and answer its result with ``status``; under an idempotency key, only the
-    first request with that key runs it and the others replay its answer."""
+    """Run ``enqueue`` and answer ``response`` with ``status``; under an idempotency key, only
+    the first request with that key runs it and the others replay its answer. ``enqueue``
+    gets the key's finished record (None without a key) and writes it atomically with its
+    XADD, so no instant exists at which the work is queued but the key is not answered."""
     if key is None:
-        return json_response(await act(), status)
+        await enqueue(None)
+        return json_response(response, status)
     app = request.app
     idem = IdempotencyKey(app[REDIS], app[KEYS].api_idempotency(project, key), route, body,
                           app[SETTINGS].caller_idempotency_ttl_s)
@@ -147,9 +169,8 @@ async def answer_once(
     if replay is not None:
         return json_response(replay.body, replay.status, {REPLAY_HEADER: "true"})
     try:
-        response = await act()
+        await enqueue(idem.remember(status, response))
     except BaseException:
         await idem.release()
         raise
-    await idem.finish(status, response)
     return json_response(response, status)

@@ -12,14 +12,19 @@ from aiohttp import web
 
 from notifkit.clock import utc_now_iso
 from notifkit.ids import uuid7
-from notifkit.services.api.idempotency import answer_once, header_key, replay_earlier
+from notifkit.services.api.idempotency import (
+    Remember,
+    answer_once,
+    header_key,
+    replay_earlier,
+)
 from notifkit.services.api.middleware import project_id
 from notifkit.services.api.routes.notifications import IDEMPOTENCY_PARAM, REPLAY_REPLY_HEADERS
 from notifkit.services.api.routing import SEND, Operations, Reply
 from notifkit.services.api.schemas import ref
 from notifkit.services.api.state import KEYS, REDIS, SETTINGS
 from notifkit.services.api.validation import Fields, read_json
-from notifkit.streams import xadd
+from notifkit.streams import xadd, xadd_and_set
 from notifkit.workflow_defs import MAX_EVENT_NAME_CHARS
 
 log = logging.getLogger("notifkit.api")
@@ -51,11 +56,16 @@ async def post_event(request: web.Request) -> web.Response:
         "data": data or {}, "eventId": event_id, "at": utc_now_iso(),
     }
 
-    async def enqueue() -> dict[str, str]:
+    async def enqueue(remember: Remember | None) -> None:
         app = request.app
-        await xadd(app[REDIS], app[KEYS].events_inbound, payload, app[SETTINGS].queue_max_len)
+        stream, maxlen = app[KEYS].events_inbound, app[SETTINGS].queue_max_len
+        if remember is None:
+            await xadd(app[REDIS], stream, payload, maxlen)
+        else:
+            await xadd_and_set(app[REDIS], stream, payload, maxlen, remember.key,
+                               remember.record, remember.ttl_s)
         log.info("Accepted custom event %r and queued it for the events service.", name,
                  extra={"event_id": event_id, "project_id": project})
-        return {"id": event_id, "status": "accepted"}
 
-    return await answer_once(request, project, key, _ROUTE, body, 202, enqueue)
+    return await answer_once(request, project, key, _ROUTE, body, 202,
+                             {"id": event_id, "status": "accepted"}, enqueue)

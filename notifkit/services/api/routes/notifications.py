@@ -25,6 +25,7 @@ from notifkit.messages import CHANNELS, PRIORITIES, InboundMessage, Recipients
 from notifkit.services.api.errors import invalid_field, json_response, not_found
 from notifkit.services.api.idempotency import (
     REPLAY_HEADER,
+    Remember,
     answer_once,
     header_key,
     replay_earlier,
@@ -85,7 +86,8 @@ async def send_notification(request: web.Request) -> web.Response:
     message = await _validate(request, project, body)
     message["idempotencyKey"] = key
     return await answer_once(request, project, key, _SEND_ROUTE, body, 202,
-                             lambda: _accept(request, message))
+                             {"id": message["eventId"], "status": "accepted"},
+                             lambda remember: _accept(request, message, remember))
 
 
 @ops.route("GET", "/v1/notifications/{eventId}", "A notification's status and timelines",
@@ -250,11 +252,11 @@ def _recipients(fields: Fields) -> Recipients | None:
     return None
 
 
-async def _accept(request: web.Request, message: InboundMessage) -> dict[str, str]:
-    await request.app[ADMISSION].accept(message)
+async def _accept(request: web.Request, message: InboundMessage,
+                  remember: Remember | None) -> None:
+    await request.app[ADMISSION].accept(message, remember)
     log.info("Accepted a notification and queued it for the enricher.",
              extra={"event_id": message["eventId"], "project_id": message["projectId"]})
-    return {"id": message["eventId"], "status": "accepted"}
 
 
 # ---------------------------------------------------------------------------------------------
