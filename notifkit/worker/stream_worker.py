@@ -553,10 +553,14 @@ class StreamWorker:
         for index, entry in enumerate(entries):
             attempt = int(counts[index])
             entry.attempt = attempt
-            if attempt > self.max_attempts:
+            # Counting the attempts of the entries a parked task came from (priorAttempts):
+            # a task whose last attempt was in flight on a process that died is given up
+            # on, not sent once more.
+            if attempts_made(entry) > self.max_attempts:
                 entry.attempt = attempt - 1  # the attempts actually made
                 entry.error = RuntimeError(
-                    f"gave up after {counted(entry.attempt, 'attempt')} (last one never finished)"
+                    f"gave up after {counted(attempts_made(entry), 'attempt')} "
+                    "(last one never finished)"
                 )
                 over_limit.append(entry)
             else:
@@ -636,9 +640,9 @@ class StreamWorker:
             self.stats.failed += 1
             metrics.FAILED.labels(self.service, entry.stream, channel_label(entry)).inc()
             permanent = isinstance(entry.error, PermanentFailure)
-            final = permanent or entry.attempt >= self.max_attempts
+            final = permanent or attempts_made(entry) >= self.max_attempts
             log.warning(
-                "Attempt %d of %d failed: %s. %s", entry.attempt, self.max_attempts,
+                "Attempt %d of %d failed: %s. %s", attempts_made(entry), self.max_attempts,
                 entry.error,
                 "Dead-lettering it." if final else "It stays pending for the reclaim sweep.",
                 extra=log_fields(self.service, entry),

@@ -149,6 +149,35 @@ async def test_the_dlq_counts_the_attempts_an_entry_carries_from_its_parked_pred
     assert failed["attempts"] == 3
 
 
+async def test_a_parked_task_whose_last_attempt_never_finished_is_not_tried_a_fourth_time(
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, add: Add, pending: Pending,
+    payloads: Payloads,
+) -> None:
+    # Given a task parked twice already (priorAttempts 2), so its entry's first attempt is
+    # the task's third and last, and a process that died during that attempt: the entry is
+    # pending for it with its attempt counted
+    stream = keys.enriched("normal")
+    processor = AlwaysFails(RuntimeError("must not be called"))
+    worker = make_worker(processor, service="delivery")
+    await worker.ensure_groups()
+    entry_id = await add(stream, {"eventId": "ev-6", "taskId": "t-6", "priorAttempts": 2})
+    await redis.xreadgroup(worker.group, "delivery-host-gone", {stream: ">"})
+    await redis.incr(keys.attempts(worker.group, entry_id, stream))
+
+    # When a surviving worker reclaims it
+    await worker.run_until_idle()
+
+    # Then it is dead-lettered without a fourth attempt (the provider saw three at most), and
+    # the record says three attempts, the last unfinished
+    assert processor.calls == {}
+    [dead] = await payloads(keys.dlq)
+    assert dead["attempts"] == 3
+    assert "gave up after 3 attempts (last one never finished)" in dead["error"]
+    [failed] = await payloads(keys.events_inbound)
+    assert failed["attempts"] == 3
+    assert await pending(stream, worker.group) == 0
+
+
 async def test_failures_and_dead_letters_are_counted_by_service_and_channel(
     make_worker: WorkerFactory, keys: Keys, add: Add,
 ) -> None:
