@@ -21,10 +21,12 @@ from notifkit.config import Settings
 from notifkit.db.logs import Kind, LogRow, Status, insert_logs
 from notifkit.db.recipients import load_recipients, segment_page
 from notifkit.dedup import Dedup, enricher_key, enricher_page_key
+from notifkit.errors import MalformedPayload
 from notifkit.ids import derived_uuid7
 from notifkit.messages import InboundMessage, parse_inbound
 from notifkit.services.base import WorkerService
 from notifkit.services.payloads import parse_each, parse_one
+from notifkit.streams import as_str, decode
 from notifkit.worker import Entry
 
 log = logging.getLogger("notifkit.enricher")
@@ -71,7 +73,7 @@ class EnricherService(WorkerService):
 
     async def process(self, batch: list[Entry]) -> None:
         parsed = parse_each(self.name, batch, parse_inbound)
-        fresh = await self._claim(parsed)
+        fresh, duplicates = await self._claim(parsed)
         segments = sum(1 for _e, m in fresh if "segment" in m["to"])
         page = max(MIN_SEGMENT_PAGE, self.recipients_per_batch // max(segments, 1))
         work: list[_Work] = []
@@ -86,7 +88,7 @@ class EnricherService(WorkerService):
         # here cost a statement and a WAL flush on every notification's way to the provider.
         recipients = await load_recipients(
             self.pool, [(w.message["projectId"], uid) for w in work for uid in w.user_ids])
-        logs: list[LogRow] = []
+        logs: list[LogRow] = await self._duplicate_rows(duplicates)
         unknown: list[int] = []  # per work item, like its log line below
         for w in work:
             m = w.message
@@ -127,7 +129,8 @@ class EnricherService(WorkerService):
 
     async def _claim(
         self, parsed: list[tuple[Entry, InboundMessage]]
-    ) -> list[tuple[Entry, InboundMessage]]:
+    ) -> tuple[list[tuple[Entry, InboundMessage]], list[InboundMessage]]:
+        """The entries to enrich, and the duplicates dropped."""
         claims: list[tuple[Entry, str, int | None]] = []
         claimed: list[tuple[Entry, InboundMessage]] = []
         for entry, m in parsed:
@@ -140,13 +143,53 @@ class EnricherService(WorkerService):
             claimed.append((entry, m))
         allowed = await self.dedup.claim_many(claims)
         fresh = []
+        duplicates = []
         for (entry, m), ok in zip(claimed, allowed, strict=True):
             if ok:
                 fresh.append((entry, m))
             else:
+                duplicates.append(m)
                 log.info("Skipped a duplicate of a notification already enriched.",
                          extra=_ids(m))
-        return fresh
+        return fresh, duplicates
+
+    async def _duplicate_rows(self, duplicates: list[InboundMessage]) -> list[LogRow]:
+        """A skipped row for each duplicate that is another notification than the one that
+        took its caller's idempotency key. The API answers a repeated key with the first
+        notification, so this takes a lost answer (its record of the key gone while the
+        enricher's mark stayed); without the row the second would read 'accepted' for ever.
+        The same notification written twice is dropped silently: it goes on under its
+        first entry."""
+        rows = []
+        for m in duplicates:
+            if not m.get("idempotencyKey") or "segmentAfter" in m:
+                continue
+            first = await self._owner_event(self._mark(m)[0])
+            if first == m["eventId"]:
+                continue
+            which = f"notification {first}" if first else "an earlier notification"
+            rows.append(LogRow(
+                project_id=m["projectId"], event_id=m["eventId"], task_id=m["eventId"],
+                user_id=None, channel="", kind=Kind.SKIPPED, status=Status.SKIPPED,
+                detail=f"duplicate of {which} (the same idempotency key); not sent again",
+                campaign_id=m.get("campaignId"),
+            ))
+        return rows
+
+    async def _owner_event(self, key: str) -> str | None:
+        """The event id of the entry holding the dedup mark ``key`` (None if gone)."""
+        owner = await self.redis.get(self.dedup.mark_of(key)[0])
+        if owner is None:
+            return None
+        stream, _, entry_id = as_str(owner).rpartition("/")
+        found = await self.redis.xrange(stream, entry_id, entry_id) if stream else []
+        if not found:
+            return None
+        try:
+            event_id = decode(found[0][1]).get("eventId")  # type: ignore[arg-type]
+        except MalformedPayload:
+            return None
+        return event_id if isinstance(event_id, str) else None
 
     async def _resolve(self, entry: Entry, m: InboundMessage, page: int) -> _Work:
         to = m["to"]

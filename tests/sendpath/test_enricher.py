@@ -83,15 +83,41 @@ async def test_the_same_event_twice_is_enriched_once(
     # Given the same inbound message written twice (an upstream retry)
     await add_user(db, project, "u1")
     enricher = await services(EnricherService)
-    await send(redis, keys, db, project, "t", "u1", idempotency_key="order-1")
+    event_id = await send(redis, keys, db, project, "t", "u1", idempotency_key="order-1")
     [raw] = await xrange(redis, keys.inbound("normal"))
     await redis.xadd(keys.inbound("normal"), raw[1])  # type: ignore[arg-type]
 
     await enricher.run_until_idle()
 
     assert len(await entries(redis, keys.enriched("normal"))) == 1
+    assert await timeline(db, event_id) == []  # the copy is no other notification to skip
     ttl = await redis.ttl(keys.processed("enricher", f"{project}:order-1"))
     assert 3600 < ttl <= 24 * 3600
+
+
+async def test_a_second_notification_under_a_used_idempotency_key_is_skipped_not_left(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    # Given two notifications with one caller idempotency key (the API lost its record of the
+    # first, say its answer to the XADD never came back, and accepted the caller's retry)
+    await add_user(db, project, "u1")
+    enricher = await services(EnricherService)
+    first = await send(redis, keys, db, project, "t", "u1", idempotency_key="order-9")
+    second = await send(redis, keys, db, project, "t", "u1", idempotency_key="order-9")
+
+    # When both are enriched
+    await enricher.run_until_idle()
+
+    # Then the first goes on alone, and the second ends skipped, naming the first, rather
+    # than reading 'accepted' for ever
+    [out] = await entries(redis, keys.enriched("normal"))
+    assert out["eventId"] == first
+    assert await timeline(db, first) == []
+    [row] = await timeline(db, second)
+    assert (row["task_id"], row["user_id"], row["channel"], row["status"]) == (
+        second, None, "", "skipped")
+    assert row["detail"] == (f"duplicate of notification {first} (the same idempotency key); "
+                             "not sent again")
 
 
 async def test_a_segment_is_fanned_out_in_pages_through_continuations(
