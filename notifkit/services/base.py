@@ -103,6 +103,8 @@ class WorkerService(Service):
     batch_share: ClassVar[int | None] = None
     # The worker claims the dedup mark that claim_key names while it counts the attempt.
     claims_on_read: ClassVar[bool] = False
+    # The processor settles entries whose last attempt never finished (Entry.exhausted).
+    settles_exhausted: ClassVar[bool] = False
 
     def streams(self) -> Sequence[str]:
         raise NotImplementedError
@@ -128,6 +130,7 @@ class WorkerService(Service):
             max_batch_size=(max(1, settings.worker_concurrency // self.batch_share)
                             if self.batch_share else None),
             claim_key=self.claim_key if self.claims_on_read else None,
+            settles_exhausted=self.settles_exhausted,
         )
         self._background: list[asyncio.Task[None]] = []
         # Batches from the first (critical) stream of a worker of several priority streams go

@@ -35,6 +35,10 @@ class Entry:
     # The dedup mark the worker claimed while counting the attempt (see ClaimKey): its name,
     # and whether this entry may proceed. None = the stage claims its marks itself.
     claimed: tuple[str, bool] | None = None
+    # Its last allowed attempt was taken by a process that died before finishing it: the
+    # stage (one that settles such entries, see StreamWorker) may only finish it from what
+    # that attempt recorded, never try again; ``attempt`` counts the attempts made.
+    exhausted: bool = False
 
     @property
     def owner(self) -> str:

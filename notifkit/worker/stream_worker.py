@@ -88,6 +88,7 @@ class StreamWorker:
         max_batches: int | None = None,
         max_batch_size: int | None = None,
         claim_key: ClaimKey | None = None,
+        settles_exhausted: bool = False,
     ) -> None:
         if not streams:
             raise ValueError("a worker needs at least one stream")
@@ -110,6 +111,10 @@ class StreamWorker:
         # The most entries one read takes (None = all the free slots).
         self.max_batch_size = max_batch_size
         self.claim_key = claim_key
+        # An entry over the attempt limit because its last attempt never finished goes to
+        # the processor marked ``exhausted`` (it may have recorded an outcome before the
+        # crash, e.g. delivery's outbox) instead of straight to the DLQ.
+        self.settles_exhausted = settles_exhausted
         self._batches: dict[str, int] = {}  # stream -> batches in flight
         self.stats = WorkerStats()
         self._in_flight: dict[tuple[str, str], Entry] = {}
@@ -558,6 +563,10 @@ class StreamWorker:
             # on, not sent once more.
             if attempts_made(entry) > self.max_attempts:
                 entry.attempt = attempt - 1  # the attempts actually made
+                if self.settles_exhausted:
+                    entry.exhausted = True
+                    batch.append(entry)
+                    continue
                 entry.error = RuntimeError(
                     f"gave up after {counted(attempts_made(entry), 'attempt')} "
                     "(last one never finished)"

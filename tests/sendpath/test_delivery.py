@@ -23,6 +23,7 @@ from notifkit.services.engine import EngineService
 from notifkit.services.enricher import EnricherService
 from notifkit.services.events import EventsService
 from notifkit.services.scheduler import SchedulerService
+from notifkit.streams import ensure_group
 from notifkit.transports.webhook import SIGNATURE_HEADER, verify
 from notifkit.worker import batch_stream
 from simulators import SimulatorServer
@@ -661,6 +662,50 @@ async def test_a_task_the_outbox_records_as_sent_is_not_sent_again(
     assert await sim.messages("twilio") == []
     [sent] = [r for r in await timeline(db, task["eventId"]) if r["kind"] == "sent"]
     assert sent["provider_message_id"] == "SM-earlier"
+
+
+@pytest.mark.parametrize("recorded", ["sent", "sending"])
+async def test_a_task_whose_last_attempt_never_finished_is_settled_from_the_outbox(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings, recorded: str,
+) -> None:
+    # Given a task on its last attempt, taken by a process that died during it: the
+    # provider accepted and the outbox says 'sent' (the process died before its ack), or
+    # the outbox says 'sending' (it died before the answer came)
+    await add_user(db, project, "u1", contacts=[("sms", "+15550000001")])
+    await add_template(db, project, "t", {"sms": SMS})
+    enricher, engine, delivery = await stages(services, sim_settings)
+    await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(enricher, engine)
+    stream, group = keys.outbound("normal"), keys.group("delivery")
+    [(entry_id, fields)] = await xrange(redis, stream)
+    task = json.loads(fields[b"data"])
+    await db.execute(
+        "INSERT INTO delivery_outbox (task_id, channel, destination, project_id, provider, "
+        "provider_message_id, status) VALUES ($1, 'sms', '+15550000001', $2, 'twilio', $3, $4)",
+        task["taskId"], project, "SM-last" if recorded == "sent" else None, recorded)
+    await ensure_group(redis, stream, group)
+    await redis.xreadgroup(group, "delivery-host-gone", {stream: ">"})
+    await redis.set(keys.attempts(group, entry_id.decode(), stream), 3)
+
+    # When a surviving process reclaims it
+    await drain(delivery)
+
+    # Then the provider is not asked a fourth time, and the task ends as the outbox says:
+    # sent (not dead-lettered after it reached the recipient), or dead-lettered
+    assert await sim.messages("twilio") == []
+    rows = await timeline(db, task["eventId"])
+    if recorded == "sent":
+        assert await entries(redis, keys.dlq) == []
+        [sent] = [r for r in rows if r["kind"] == "sent"]
+        assert (sent["provider_message_id"], sent["attempt"]) == ("SM-last", 3)
+    else:
+        [dead] = await entries(redis, keys.dlq)
+        assert dead["attempts"] == 3
+        assert "never finished" in dead["error"]
+        assert [r["kind"] for r in rows if r["kind"] == "sent"] == []
+    assert await redis.xpending(stream, group) == {
+        "pending": 0, "min": None, "max": None, "consumers": []}
 
 
 @pytest.mark.parametrize("email", ["sendgrid", "smtp"])

@@ -178,6 +178,34 @@ async def test_a_parked_task_whose_last_attempt_never_finished_is_not_tried_a_fo
     assert await pending(stream, worker.group) == 0
 
 
+async def test_a_stage_that_settles_exhausted_entries_gets_them_marked_not_retried(
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, add: Add, pending: Pending,
+    payloads: Payloads,
+) -> None:
+    # Given a stage that can finish an entry from what its last attempt recorded, and an
+    # entry whose last attempt died with its process
+    stream = keys.enriched("normal")
+    seen: list[tuple[int, bool]] = []
+
+    async def settle(batch: list[Entry]) -> None:
+        seen.extend((e.attempt, e.exhausted) for e in batch)
+
+    worker = make_worker(settle, service="delivery", settles_exhausted=True)
+    await worker.ensure_groups()
+    entry_id = await add(stream, {"eventId": "ev-7", "taskId": "t-7"})
+    await redis.xreadgroup(worker.group, "delivery-host-gone", {stream: ">"})
+    await redis.set(keys.attempts(worker.group, entry_id, stream), 3)
+
+    # When a surviving worker reclaims it
+    await worker.run_until_idle()
+
+    # Then the stage gets it once, marked exhausted with the three attempts made, settles
+    # it, and nothing is dead-lettered
+    assert seen == [(3, True)]
+    assert await payloads(keys.dlq) == []
+    assert await pending(stream, worker.group) == 0
+
+
 async def test_failures_and_dead_letters_are_counted_by_service_and_channel(
     make_worker: WorkerFactory, keys: Keys, add: Add,
 ) -> None:

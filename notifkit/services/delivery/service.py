@@ -63,6 +63,9 @@ class DeliveryService(WorkerService):
     # while other batches claim or write: about 10-30 % more throughput on the benchmark.
     batch_share = 4
     claims_on_read = True
+    # A task whose last attempt died with its process is finished from the outbox: 'sent' if
+    # that attempt's send was recorded, else dead-lettered, never sent a fourth time.
+    settles_exhausted = True
 
     def __init__(self, settings: Settings, **options: Any) -> None:
         super().__init__(settings, **options)
@@ -135,8 +138,8 @@ class DeliveryService(WorkerService):
         limits = await self._limits({t["projectId"] for _e, t, _tr in runnable})
         sends = _Sends(sum(len(t["to"]) for _e, t, _tr in runnable))
         attempted = await asyncio.gather(*(
-            self._send_task(task, transport, previous, limits, sends)
-            for _e, task, transport in runnable
+            self._send_task(task, transport, previous, limits, sends, exhausted=e.exhausted)
+            for e, task, transport in runnable
         ))
 
         settled: list[SentRow] = list(sends.unrecorded)
@@ -207,6 +210,8 @@ class DeliveryService(WorkerService):
         previous: dict[tuple[str, str, str], outbox.Previous],
         limits: dict[str, dict[str, Any]],
         sends: _Sends,
+        *,
+        exhausted: bool = False,
     ) -> list[Attempted]:
         buckets = self._buckets(task, transport, limits)
 
@@ -247,6 +252,12 @@ class DeliveryService(WorkerService):
                 return Attempted(destination, SendResult(
                     Outcome.INVALID_RECIPIENT,
                     detail="contact disabled after the task was queued; not sent"))
+            if exhausted:
+                # Its last attempt died with its process, unrecorded: no attempt is left.
+                return Attempted(destination, SendResult(
+                    Outcome.RETRY, detail="the last attempt never finished (its process "
+                    "stopped before recording an answer)",
+                    maybe_accepted=before is not None and before.status == outbox.SENDING))
             possible_duplicate = (before is not None and before.status == outbox.SENDING
                                   and not transport.idempotent)
             wait_s = await self._take(buckets)
