@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -407,3 +408,83 @@ async def test_a_bad_limit_and_a_bad_cursor_are_named_in_one_answer(
     forged = await api.call("GET", path, key=project.full,
                             params={"cursor": encode_cursor(-1 if path != "/v1/streams" else "x")})
     assert (forged.status, forged.fields) == (400, ["cursor"])
+
+
+class _StallingProxy:
+    """A TCP proxy to PostgreSQL that, once ``stall()`` is called, forwards nothing more in
+    either direction and keeps every connection open: a network partition, or a server frozen
+    mid-failover, rather than one that refuses connections."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.stalled = asyncio.Event()
+        self.writers: list[asyncio.StreamWriter] = []
+        self.handlers: list[asyncio.Future[Any]] = []
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._client, "127.0.0.1", 0)
+        port: int = self.server.sockets[0].getsockname()[1]
+        return port
+
+    def stall(self) -> None:
+        self.stalled.set()
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        self.writers += [writer, up_writer]
+        pipes = asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer),
+                               return_exceptions=True)
+        self.handlers.append(pipes)
+        with contextlib.suppress(asyncio.CancelledError):  # close() ends the pipes
+            await pipes
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while chunk := await reader.read(65536):
+            if self.stalled.is_set():
+                await asyncio.Event().wait()  # holds the connection, forwards nothing
+            writer.write(chunk)
+            await writer.drain()
+
+    async def close(self) -> None:
+        for writer in self.writers:
+            writer.transport.abort()
+        for pipes in self.handlers:
+            pipes.cancel()
+        await asyncio.gather(*self.handlers, return_exceptions=True)
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+async def test_health_answers_while_postgres_stalls(settings: Settings) -> None:
+    """A PostgreSQL that accepts connections but stops answering (a partition, a frozen
+    failover) held /health for as long as the stall lasted: timing out its probe cancelled the
+    query, and the cancelled query then waited for its connection to be given back to the
+    pool, which waited for the server. A health check must answer within its own timeout."""
+    from urllib.parse import urlsplit
+
+    from notifkit.db.pool import create_pool
+
+    target = urlsplit(settings.database_url)
+    proxy = _StallingProxy(target.hostname or "127.0.0.1", target.port or 5432)
+    port = await proxy.start()
+    proxied = settings.replace(database_url=target._replace(
+        netloc=f"{target.username or 'postgres'}@127.0.0.1:{port}").geturl())
+    pool = await create_pool(proxied)
+    _server, client = await start_api(settings, db=pool)
+    try:
+        assert (await client.get("/health")).status == 200
+        proxy.stall()
+        # Bounded only so a regression fails instead of hanging; the check answers in ~1 s.
+        reply = await asyncio.wait_for(client.get("/health"), 30)
+        assert reply.status == 503
+        body = await reply.json()
+        assert (body["status"], body["redis"], body["postgres"]) == ("degraded", "ok",
+                                                                     "unreachable")
+        again = await asyncio.wait_for(client.get("/health"), 30)  # the pool's other connection
+        assert (await again.json())["postgres"] == "unreachable"
+    finally:
+        await client.close()
+        pool.terminate()
+        await proxy.close()

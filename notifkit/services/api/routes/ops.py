@@ -160,14 +160,31 @@ async def _heartbeats(
     return dict(sorted(services.items()))
 
 
+# Probes that outlived HEALTH_TIMEOUT_S, kept referenced until they end (see below).
+_ABANDONED_PROBES: set[asyncio.Task[Any]] = set()
+
+
 async def _postgres_health(app: web.Application) -> bool:
+    """Whether PostgreSQL answers ``SELECT 1`` within ``HEALTH_TIMEOUT_S``. The probe runs as
+    a task of its own that is left behind, cancelled, when time is up: a query cancelled on a
+    server that stopped answering (a partition, a frozen failover) waits for its connection to
+    be given back to the pool, which waits for the server, so ``wait_for`` held /health for as
+    long as the stall lasted."""
+    probe = asyncio.ensure_future(app[DB].fetchval("SELECT 1"))
     try:
-        await asyncio.wait_for(app[DB].fetchval("SELECT 1"), HEALTH_TIMEOUT_S)
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        return False
-    return True
+        await asyncio.wait({probe}, timeout=HEALTH_TIMEOUT_S)
+    finally:
+        if not probe.done():
+            probe.cancel()
+            _ABANDONED_PROBES.add(probe)
+            probe.add_done_callback(_forget_probe)
+    return probe.done() and not probe.cancelled() and probe.exception() is None
+
+
+def _forget_probe(probe: asyncio.Task[Any]) -> None:
+    _ABANDONED_PROBES.discard(probe)
+    if not probe.cancelled():
+        probe.exception()  # retrieved: an abandoned probe's failure is no news
 
 
 def stream_depth(info: dict[str, Any]) -> int:
