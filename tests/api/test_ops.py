@@ -53,8 +53,8 @@ async def test_health_does_not_walk_the_keyspace(
     beat = {"service": "engine", "lastBeat": "2030-01-01T00:00:00.000Z", "inFlight": 0,
             "ts": time.time()}
     await write_heartbeat(redis, keys, "engine-host-1", beat, 30)
-    await write_heartbeat(redis, keys, "gone-host-2", beat, 30)
-    await redis.delete(keys.health("gone-host-2"))  # expired: listed no more
+    await write_heartbeat(redis, keys, "engine-host-2", beat, 30)
+    await redis.delete(keys.health("engine-host-2"))  # expired, another engine runs: not listed
 
     async def a_huge_keyspace(*args: Any, **kwargs: Any) -> AsyncIterator[bytes]:
         await asyncio.sleep(5)
@@ -65,6 +65,36 @@ async def test_health_does_not_walk_the_keyspace(
     assert reply.status == 200, reply.body
     assert (reply.body["status"], reply.body["redis"]) == ("ok", "ok")
     assert list(reply.body["services"]) == ["engine-host-1"]
+
+
+async def test_health_keeps_a_service_whose_every_process_died(api: Api, redis: Redis) -> None:
+    """A process killed without a clean stop leaves its index entry but its heartbeat key
+    expires: /health used to drop it then and say "ok" with no delivery process left at all.
+    The last process of a service that died stays listed, stale, and the status degraded,
+    until another process of that service beats; a dead one with a live sibling goes."""
+    keys = Keys(api.settings.namespace)
+    beat = {"service": "engine", "lastBeat": "2030-01-01T00:00:00.000Z", "inFlight": 0,
+            "ts": time.time()}
+    await write_heartbeat(redis, keys, "engine-host-1", beat, 30)
+    await write_heartbeat(redis, keys, "delivery-host-1", {**beat, "service": "delivery"}, 30)
+    died_at = time.time() - 120
+    await redis.zadd(keys.heartbeats, {"delivery-host-1": died_at})
+    await redis.delete(keys.health("delivery-host-1"))  # SIGKILL, then its key expired
+    reply = await api.call("GET", "/health")
+    assert reply.status == 200
+    assert reply.body["status"] == "degraded"
+    gone = reply.body["services"]["delivery-host-1"]
+    assert gone["service"] == "delivery"
+    assert gone["stale"] is True
+    assert gone["inFlight"] == 0
+    # When it last beat, in the API's time format.
+    assert gone["lastBeat"].startswith(time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(died_at)))
+    assert gone["lastBeat"].endswith("Z")
+    # Another delivery process takes over: the dead one is no longer news.
+    await write_heartbeat(redis, keys, "delivery-host-2", {**beat, "service": "delivery"}, 30)
+    healed = await api.call("GET", "/health")
+    assert healed.body["status"] == "ok"
+    assert sorted(healed.body["services"]) == ["delivery-host-2", "engine-host-1"]
 
 
 async def test_health_is_503_without_redis(settings: Settings) -> None:

@@ -20,6 +20,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from notifkit import codec, metrics, metrics_store
+from notifkit.config import SERVICES
 from notifkit.keys import Keys
 from notifkit.services.api.errors import json_response
 from notifkit.services.api.routing import CURSOR, LIMIT, Operations, Reply
@@ -131,17 +132,22 @@ async def _heartbeats(
     # Consumers gone for long (their key expired an hour ago) leave the index for good.
     index = redis.pipeline(transaction=False)
     index.zremrangebyscore(keys.heartbeats, "-inf", now - HEARTBEAT_INDEX_KEEP_S)
-    index.zrange(keys.heartbeats, 0, -1)
+    index.zrange(keys.heartbeats, 0, -1, withscores=True)
     replies = await index.execute()
-    consumers = [as_str(member) for member in replies[1]]
-    if not consumers:
+    last_beats = {as_str(member): float(score) for member, score in replies[1]}
+    if not last_beats:
         return {}
+    consumers = list(last_beats)
     names = [keys.health(consumer) for consumer in consumers]
     prefix = keys.health_prefix()
     services: dict[str, dict[str, Any]] = {}
-    for name, raw in zip(names, await redis.mget(names), strict=True):
+    died: list[str] = []
+    for consumer, name, raw in zip(consumers, names, await redis.mget(names), strict=True):
         if raw is None:
-            continue  # expired: the consumer went away without a clean stop
+            # Its key expired while it is still indexed: it stopped without a clean stop
+            # (which leaves the index), killed or frozen.
+            died.append(consumer)
+            continue
         try:
             beat = codec.loads(raw)
         except ValueError:
@@ -157,7 +163,22 @@ async def _heartbeats(
             "inFlight": in_flight if isinstance(in_flight, int) else 0,
             "stale": bool(stale),
         }
+    # A dead consumer whose service still runs elsewhere is no news: the others reclaim what
+    # it held. The last one of its service stays listed, stale, so the status says that
+    # nothing runs that service any more (until one beats again, or an hour passes).
+    alive = {s["service"] for s in services.values() if not s["stale"]}
+    for consumer in died:
+        service = consumer.partition("-")[0]
+        if service in SERVICES and service not in alive:
+            services[consumer] = {"service": service,
+                                  "lastBeat": _iso(last_beats[consumer]),
+                                  "inFlight": 0, "stale": True}
     return dict(sorted(services.items()))
+
+
+def _iso(epoch_s: float) -> str:
+    ms = int(epoch_s * 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
 
 
 # Probes that outlived HEALTH_TIMEOUT_S, kept referenced until they end (see below).
