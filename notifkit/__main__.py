@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 
 from notifkit import __version__
 from notifkit.config import LOG_FORMATS, ConfigError, Settings, parse_services
-from notifkit.log import setup_logging
+from notifkit.log import process_service_name, set_process_service, setup_logging
 
 log = logging.getLogger("notifkit")
 
@@ -191,10 +191,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_format = intended_log_format(command, os.environ)
         if log_format is not None:
             setup_logging(log_format, "INFO")
+            set_process_service(intended_process_service(command, args, os.environ))
         refuse(f"invalid configuration: {exc}", log_format, setting=exc.variable)
         return 2
     log_format = intended_log_format(command, os.environ) or settings.log_format
     setup_logging(log_format, settings.log_level)
+    # Records of the process itself (starting, stopping, migrating, a library's) name it too.
+    set_process_service(command if command != "serve"
+                        else process_service_name(settings.services))
     try:
         _install_event_loop()
         if command == "migrate":
@@ -235,6 +239,21 @@ def intended_log_format(command: str, env: Mapping[str, str]) -> str | None:
         return "text"
     raw = (env.get("LOG_FORMAT") or "").strip().lower() or Settings.log_format
     return raw if raw in LOG_FORMATS else None
+
+
+def intended_process_service(command: str, args: argparse.Namespace,
+                             env: Mapping[str, str]) -> str | None:
+    """What the records of a process whose settings are invalid name as their service: the
+    command, or the services it was asked to run, when those at least can be read."""
+    if command != "serve":
+        return command
+    raw = getattr(args, "services", None)
+    if raw is None:
+        raw = (env.get("NOTIFKIT_SERVICES") or "").strip() or "all"
+    try:
+        return process_service_name(parse_services(raw))
+    except ConfigError:
+        return None
 
 
 def refuse(message: str, log_format: str | None, **fields: str) -> None:

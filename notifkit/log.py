@@ -1,9 +1,12 @@
 """Structured logging: one JSON object a line in production, readable lines in development.
 
 Pass ids as ``extra={"event_id": ..., "task_id": ..., "stage": ...}``; every extra field ends up
-in the JSON object (or after the message in text mode). A JSON record from a service's own
-logger (``notifkit.delivery``, ``notifkit.api.pubsub``, ...) that names no ``service`` gets its
-name, so every record of a service can be selected by that one field.
+in the JSON object (or after the message in text mode). A JSON record that names no
+``service`` gets one, so every record can be selected by that field: a service's own logger's
+(``notifkit.delivery``, ``notifkit.api.pubsub``, ...), else that of the service whose task wrote
+it (``service_context``: a shared logger such as ``notifkit.worker`` or a library's, like
+``asyncpg.pool``), else the process's (``set_process_service``: the services it runs, or the
+command, for the records of starting, stopping and migrating).
 
 A warning or error identical to one written less than ``REPEAT_WINDOW_S`` ago (same logger,
 level, text and fields) is left out; the next copy written after the window carries
@@ -12,12 +15,14 @@ level, text and fields) is left out; the next copy written after the window carr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 from notifkit.config import SERVICES
@@ -36,6 +41,33 @@ def _extras(record: logging.LogRecord) -> dict[str, Any]:
     return {k: v for k, v in vars(record).items() if k not in _STANDARD}
 
 
+# The service whose task is running: tasks inherit it from the one that created them.
+_CURRENT_SERVICE: ContextVar[str | None] = ContextVar("notifkit_service", default=None)
+# What a record written outside any service names: set once the process knows what it runs.
+_process_service: str | None = None
+
+
+@contextlib.contextmanager
+def service_context(name: str) -> Iterator[None]:
+    """Records written meanwhile, and by every task created meanwhile, name ``name``."""
+    token = _CURRENT_SERVICE.set(name)
+    try:
+        yield
+    finally:
+        _CURRENT_SERVICE.reset(token)
+
+
+def set_process_service(name: str | None) -> None:
+    """What records written outside any service's tasks name as their ``service``."""
+    global _process_service
+    _process_service = name
+
+
+def process_service_name(services: tuple[str, ...]) -> str:
+    """``all``, or the services a process runs, comma-separated: ``api,delivery``."""
+    return "all" if set(services) == set(SERVICES) else ",".join(services)
+
+
 def _service_of(logger: str) -> str | None:
     parts = logger.split(".")
     if len(parts) > 1 and parts[0] == "notifkit" and parts[1] in SERVICES:
@@ -52,7 +84,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        service = _service_of(record.name)
+        service = _service_of(record.name) or _CURRENT_SERVICE.get() or _process_service
         if service is not None:
             entry["service"] = service
         entry.update(_extras(record))

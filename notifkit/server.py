@@ -27,6 +27,7 @@ from notifkit.config import (
     uses_development_secret,
 )
 from notifkit.keys import Keys
+from notifkit.log import service_context
 from notifkit.services.base import Service, open_redis
 
 log = logging.getLogger("notifkit.server")
@@ -112,7 +113,9 @@ class NotifkitServer:
                 # started (the workflow service starts its loop, then rebuilds its timers) kept
                 # the process alive after the failure was reported.
                 started.append(service)
-                await service.start()
+                # Its tasks, started here, write records naming it (library loggers included).
+                with service_context(name):
+                    await service.start()
                 self.services[name] = service
             if not self.settings.auto_migrate and any(s.needs_db for s in started):
                 await _require_migrated(self.settings)

@@ -347,7 +347,11 @@ def test_with_json_logs_invalid_configuration_is_one_json_record_naming_the_vari
     assert record["level"] == "error"
     assert record["setting"] == "WORKER_CONCURRENCY"
     assert "WORKER_CONCURRENCY: must be a whole number" in record["msg"]
+    assert record["service"] == "all"  # what the process was to run
     assert result.stdout == ""
+    narrow = run_cli("serve", "--services", "delivery,api",
+                     env={"WORKER_CONCURRENCY": "abc", "LOG_FORMAT": "json"})
+    assert json.loads(narrow.stderr)["service"] == "api,delivery"
 
 
 def test_with_text_logs_or_an_invalid_log_format_the_line_is_plain_text() -> None:
@@ -371,3 +375,4 @@ def test_with_json_logs_migrate_writes_only_json_records() -> None:
     record = json.loads(line)
     assert record["level"] == "error"
     assert record["msg"].startswith("DATABASE_URL: cannot connect to PostgreSQL")
+    assert record["service"] == "migrate"  # every record names one, the command's here

@@ -70,6 +70,39 @@ def test_a_record_from_a_services_logger_names_the_service() -> None:
     assert "service" not in json_of("aiohttp.server")
 
 
+async def test_every_record_names_a_service_whoever_wrote_it() -> None:
+    """Records of a shared logger (notifkit.worker), of a library (asyncpg.pool) and of the
+    process itself (starting, stopping) named no service: selecting one service's records by
+    its field missed them, its connection-pool warnings during an outage included."""
+    import asyncio
+
+    from notifkit.log import service_context, set_process_service
+
+    def library_record() -> dict[str, object]:
+        return json_of("asyncpg.pool")
+
+    async def a_task_of_the_service() -> dict[str, object]:
+        await asyncio.sleep(0)
+        return library_record()
+
+    set_process_service("api,delivery")
+    try:
+        with service_context("delivery"):
+            assert library_record()["service"] == "delivery"
+            assert json_of("notifkit.worker")["service"] == "delivery"
+            # A task started by the service names it, after the service's start returned too
+            task = asyncio.create_task(a_task_of_the_service())
+        assert (await task)["service"] == "delivery"
+        # Outside every service: the process's own records name what it runs
+        assert library_record()["service"] == "api,delivery"
+        assert json_of("notifkit.server")["service"] == "api,delivery"
+        # A service's own logger and a record's own field still win
+        assert json_of("notifkit.api")["service"] == "api"
+        assert json_of("notifkit.worker", service="engine")["service"] == "engine"
+    finally:
+        set_process_service(None)
+
+
 def warning(msg: str = "Reading enricher failed (%s); retrying in 1 s.",
             args: tuple[object, ...] = ("Connection refused",), level: int = logging.WARNING,
             **fields: object) -> logging.LogRecord:
