@@ -164,3 +164,25 @@ def setup_logging(fmt: str = "json", level: str = "INFO") -> None:
     # the dev command) went to stderr as two raw lines, breaking one-JSON-object-a-line:
     # route them through the 'py.warnings' logger, so they come out formatted like the rest.
     logging.captureWarnings(True)
+    if fmt == "json":
+        # An exception nothing caught, in the main thread or another, printed a raw traceback
+        # of many lines: it becomes one record too, its traceback in the record's "exc".
+        sys.excepthook = _log_uncaught
+        threading.excepthook = _log_uncaught_in_thread
+
+
+def _log_uncaught(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+    if issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, exc, tb)
+        return
+    logging.getLogger("notifkit").critical("notifkit stopped on an unexpected error: %s: %s",
+                                           kind.__name__, exc, exc_info=(kind, exc, tb))
+
+
+def _log_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+    if args.exc_value is None or issubclass(args.exc_type, SystemExit):
+        return
+    logging.getLogger("notifkit").error(
+        "A thread (%s) stopped on an unexpected error: %s: %s",
+        args.thread.name if args.thread else "?", args.exc_type.__name__, args.exc_value,
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback))

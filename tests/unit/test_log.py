@@ -37,6 +37,34 @@ def test_a_python_warning_is_one_json_object_like_every_other_line() -> None:
     assert "XDG_RUNTIME_DIR is not set" in warning["msg"]
 
 
+UNCAUGHT = """
+import threading
+from notifkit.log import setup_logging
+setup_logging("json", "INFO")
+def fails():
+    raise ValueError("in a thread")
+worker = threading.Thread(target=fails, name="helper")
+worker.start()
+worker.join()
+raise RuntimeError("nobody caught this")
+"""
+
+
+def test_an_uncaught_exception_is_one_json_record_not_a_raw_traceback() -> None:
+    result = subprocess.run([sys.executable, "-c", UNCAUGHT], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 1
+    records = [json.loads(line) for line in result.stderr.splitlines()]
+    thread, main = records
+    assert thread["level"] == "error"
+    assert "A thread (helper) stopped" in thread["msg"]
+    assert "ValueError: in a thread" in thread["exc"]
+    assert main["level"] == "critical"
+    assert main["msg"] == ("notifkit stopped on an unexpected error: RuntimeError: "
+                           "nobody caught this")
+    assert "Traceback" in main["exc"]
+
+
 def test_a_python_warning_reads_like_a_log_line_in_text_mode() -> None:
     lines = emitted("text")
     assert any("WARNING py.warnings:" in line and "XDG_RUNTIME_DIR" in line for line in lines)
