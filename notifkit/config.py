@@ -733,6 +733,10 @@ def _validate(s: Settings) -> None:
     if s.push.project_id and not (s.push.access_token or s.push.credentials_file):
         raise ConfigError("FCM_ACCESS_TOKEN", "is required with FCM_PROJECT_ID "
                           "(or set FCM_CREDENTIALS_FILE)")
+    if not s.push.project_id and (s.push.access_token or s.push.credentials_file):
+        given = "FCM_ACCESS_TOKEN" if s.push.access_token else "FCM_CREDENTIALS_FILE"
+        raise ConfigError("FCM_PROJECT_ID", f"is required with {given} (the Firebase "
+                          "project the messages are sent through)")
     if bool(s.sms.account_sid) != bool(s.sms.auth_token):
         missing = "TWILIO_AUTH_TOKEN" if s.sms.account_sid else "TWILIO_ACCOUNT_SID"
         raise ConfigError(missing, "is required when the other Twilio credential is set")

@@ -160,6 +160,12 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         ({"TWILIO_ACCOUNT_SID": "AC1"}, "TWILIO_AUTH_TOKEN"),
         ({"TWILIO_BASE_URL": "ftp://twilio"}, "TWILIO_BASE_URL"),
         ({"FCM_PROJECT_ID": "p"}, "FCM_ACCESS_TOKEN"),
+        # Push credentials without the project they belong to were ignored without a word
+        # (with the simulators configured, push quietly went there instead).
+        ({"FCM_CREDENTIALS_FILE": "/run/secrets/fcm.json"}, "FCM_PROJECT_ID"),
+        ({"FCM_ACCESS_TOKEN": "ya29.token"}, "FCM_PROJECT_ID"),
+        ({"FCM_CREDENTIALS_FILE": "/run/secrets/fcm.json",
+          "NOTIFKIT_SIMULATOR_URL": "http://sim:8025"}, "FCM_PROJECT_ID"),
         ({"OPENAI_BASE_URL": "openai"}, "OPENAI_BASE_URL"),
         ({"NOTIFKIT_SIMULATOR_URL": "ftp://sim"}, "NOTIFKIT_SIMULATOR_URL"),
         ({"NOTIFKIT_SIMULATOR_SMTP": "nohost"}, "NOTIFKIT_SIMULATOR_SMTP"),
