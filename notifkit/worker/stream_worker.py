@@ -130,6 +130,9 @@ class StreamWorker:
         # The last blocking read left every stream empty (see _read_new).
         self._drained = False
         self._emptied_at = -LANE_POLL_S  # time.monotonic() of the last read that left them so
+        # Why reads fail, while they do: the heartbeat carries it, so /health says a worker
+        # that beats but cannot read is not well.
+        self._read_error: str | None = None
         self.sweep_cut_short = False  # the last reclaim sweep stopped for want of free slots
         self._release = redis.register_script(scripts.RELEASE_MARKS)
         self._forget = redis.register_script(scripts.FORGET_CONSUMER)
@@ -258,6 +261,7 @@ class StreamWorker:
                     taken = await self._read_new(block_ms=None, only=open_streams)
                 else:
                     taken = await self._read_new(block_ms=self.settings.read_block_ms)
+                self._read_error = None
                 if failing_since is not None:
                     self._read_again(failing_since)
                     failing_since = None
@@ -270,10 +274,12 @@ class StreamWorker:
                 log.warning("Reading %s failed (%s); retrying in 1 s.", self.service, exc,
                             extra={"service": self.service})
                 failing_since = failing_since or time.monotonic()
+                self._read_error = str(exc) or type(exc).__name__
                 await asyncio.sleep(1.0)
-            except Exception:
+            except Exception as exc:
                 log.exception("Unexpected error in the read loop; retrying in 1 s.",
                               extra={"service": self.service})
+                self._read_error = f"{type(exc).__name__}: {exc}"
                 await asyncio.sleep(1.0)
 
     def _read_again(self, failing_since: float) -> None:
@@ -729,5 +735,7 @@ class StreamWorker:
             "processed": self.stats.processed,
             "ts": time.time(),
         }
+        if self._read_error is not None:
+            beat["readError"] = self._read_error[:500]
         await write_heartbeat(self.redis, self.keys, self.consumer, beat,
                               self.settings.heartbeat_ttl_s)

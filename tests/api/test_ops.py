@@ -97,6 +97,23 @@ async def test_health_keeps_a_service_whose_every_process_died(api: Api, redis: 
     assert sorted(healed.body["services"]) == ["delivery-host-2", "engine-host-1"]
 
 
+async def test_health_is_degraded_by_a_worker_that_beats_but_cannot_read(
+    api: Api, redis: Redis
+) -> None:
+    keys = Keys(api.settings.namespace)
+    beat = {"service": "delivery", "lastBeat": "2030-01-01T00:00:00.000Z", "inFlight": 0,
+            "ts": time.time()}
+    await write_heartbeat(redis, keys, "delivery-host-1", beat, 30)
+    assert (await api.call("GET", "/health")).body["status"] == "ok"
+    failing = {**beat, "readError": "WRONGTYPE Operation against a key holding the wrong kind"}
+    await write_heartbeat(redis, keys, "delivery-host-1", failing, 30)
+    reply = await api.call("GET", "/health")
+    assert reply.status == 200  # Redis and PostgreSQL answer; one worker is not well
+    assert reply.body["status"] == "degraded"
+    assert reply.body["services"]["delivery-host-1"]["readError"].startswith("WRONGTYPE")
+    assert reply.body["services"]["delivery-host-1"]["stale"] is False
+
+
 async def test_health_is_503_without_redis(settings: Settings) -> None:
     broken = settings.replace(redis_url="redis://127.0.0.1:1/0")
     _server, client = await _start_without_hub(broken)

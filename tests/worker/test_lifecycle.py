@@ -212,3 +212,39 @@ async def test_reading_that_works_again_after_failures_says_so(
     assert sum("failed (Connection refused); retrying" in m for m in messages) == 2
     [again] = [m for m in messages if "works again" in m]
     assert re.fullmatch(r"Reading engine works again after \d+\.\d s of failed reads\.", again)
+
+
+async def test_a_worker_whose_reads_fail_says_so_in_its_heartbeat(
+    make_worker: WorkerFactory, redis: Redis, keys: Keys,
+) -> None:
+    """A worker that still beats but cannot read (here a stream key an operator overwrote
+    with a string; a bug in the read loop would do the same) looked healthy on /health while
+    it did nothing. Its heartbeat now says why its reads fail, until they work again."""
+    gate = Gate()
+    worker = make_worker(gate, service="delivery", streams=keys.outbound_all())
+    await worker.start()
+    health = keys.health(worker.consumer)
+
+    async def beat() -> dict[str, Any]:
+        raw = await redis.get(health)
+        return json.loads(raw) if raw else {}
+
+    beats: list[dict[str, Any]] = []
+
+    async def read_error_is(expected: bool) -> None:
+        for _ in range(2000):  # bounded wait for the condition: the next beats
+            beats.append(await beat())
+            if ("readError" in beats[-1]) == expected:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(beats[-1])
+
+    await read_error_is(False)
+    stream = keys.outbound("low")
+    await redis.delete(stream)
+    await redis.set(stream, "not a stream")
+    await read_error_is(True)
+    assert "WRONGTYPE" in beats[-1]["readError"]
+    await redis.delete(stream)  # fixed: the worker joins the stream again and reads on
+    await read_error_is(False)
+    gate.opened.set()

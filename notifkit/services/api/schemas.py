@@ -303,7 +303,8 @@ COMPONENTS: dict[str, Schema] = {
         "postgres": {"type": "string", "enum": ["ok", "unreachable"]},
         "services": {"type": "object", "additionalProperties": obj({
             "lastBeat": nullable(DATETIME), "inFlight": {"type": "integer"},
-            "service": STRING, "stale": {"type": "boolean"}}, ("lastBeat", "inFlight"))},
+            "service": STRING, "stale": {"type": "boolean"},
+            "readError": STRING}, ("lastBeat", "inFlight"))},
     }, ("status", "redis", "postgres", "services")),
     "StreamGroup": obj({
         "name": STRING, "pending": {"type": "integer"}, "consumers": {"type": "integer"},

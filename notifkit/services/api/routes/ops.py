@@ -4,8 +4,8 @@
 ``HEALTH_TIMEOUT_S``, and lists every service's heartbeat (``notif:health:*``, found through the
 ``notif:heartbeats`` index rather than a SCAN, which a busy shared Redis could not finish
 within the timeout). A heartbeat
-older than three intervals (the service stalled but its key has not expired yet) makes the
-status ``degraded``.
+older than three intervals (the service stalled but its key has not expired yet), or one that
+says its worker's reads fail (``readError``), makes the status ``degraded``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ async def health(request: web.Request) -> web.Response:
                                              app[SETTINGS].heartbeat_interval_s)
     postgres_ok = await _postgres_health(app)
     # API.md knows two statuses; a 503 is the degraded one, and `redis` / `postgres` say why.
-    if not (redis_ok and postgres_ok) or any(s["stale"] for s in services.values()):
+    if not (redis_ok and postgres_ok) or any(s["stale"] or "readError" in s
+                                             for s in services.values()):
         status = "degraded"
     else:
         status = "ok"
@@ -157,12 +158,15 @@ async def _heartbeats(
         ts = beat.get("ts")
         stale = isinstance(ts, int | float) and now - ts > STALE_BEATS * max(interval_s, 1.0)
         in_flight = beat.get("inFlight")
-        services[name[len(prefix):]] = {
+        entry: dict[str, Any] = {
             "service": str(beat.get("service", "")),
             "lastBeat": beat.get("lastBeat") if isinstance(beat.get("lastBeat"), str) else None,
             "inFlight": in_flight if isinstance(in_flight, int) else 0,
             "stale": bool(stale),
         }
+        if isinstance(beat.get("readError"), str):
+            entry["readError"] = beat["readError"]  # it beats, but every read fails
+        services[name[len(prefix):]] = entry
     # A dead consumer whose service still runs elsewhere is no news: the others reclaim what
     # it held. The last one of its service stays listed, stale, so the status says that
     # nothing runs that service any more (until one beats again, or an hour passes).
