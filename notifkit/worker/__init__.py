@@ -37,13 +37,14 @@ from notifkit.worker.entry import (
     failed_event,
     payload_user,
 )
-from notifkit.worker.health import consumer_name, write_heartbeat
+from notifkit.worker.health import consumer_name, heartbeat_failure, write_heartbeat
 from notifkit.worker.reading import is_nogroup
 from notifkit.worker.stream_worker import PRIORITY_RESERVE_DIVISOR, StreamWorker, WorkerStats
 
 __all__ = [
     "PRIORITY_RESERVE_DIVISOR", "REPLAYED_ATTEMPTS",
     "BatchProcessor", "ClaimKey", "Entry", "StreamWorker", "WorkerStats", "attempts_before",
-    "attempts_made", "batch_stream", "consumer_name", "failed_event", "is_nogroup",
+    "attempts_made", "batch_stream", "consumer_name", "failed_event", "heartbeat_failure",
+    "is_nogroup",
     "payload_user", "write_heartbeat",
 ]

@@ -19,6 +19,23 @@ def consumer_name(service: str) -> str:
     return f"{service}-{socket.gethostname()}-{os.getpid()}"
 
 
+_PIPELINE_ERROR = " of pipeline caused error: "
+
+
+def heartbeat_failure(exc: BaseException) -> str:
+    """Why a heartbeat failed, without redis-py's "Command # 2 (ZADD <key> <score> <member>) of
+    pipeline caused error: " prefix: its score is the time of the beat, so every failed beat
+    wrote a different warning, one a second per worker, that no repeat filter could fold."""
+    text = str(exc) or type(exc).__name__
+    if _PIPELINE_ERROR not in text:
+        return text
+    reason = text.rpartition(_PIPELINE_ERROR)[2]
+    # What follows is the repr of the server's error's arguments: ('WRONGTYPE ...',)
+    if reason.startswith(("('", '("')) and reason.endswith(("',)", '",)')):
+        reason = reason[2:-3]
+    return reason
+
+
 async def write_heartbeat(redis: Redis, keys: Keys, consumer: str, beat: Mapping[str, Any],
                           ttl_s: int) -> None:
     """The consumer's ``notif:health:*`` key, and its entry in the index /health reads (a SCAN

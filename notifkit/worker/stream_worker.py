@@ -38,7 +38,7 @@ from notifkit.worker.entry import (
     failed_event,
     log_fields,
 )
-from notifkit.worker.health import consumer_name, write_heartbeat
+from notifkit.worker.health import consumer_name, heartbeat_failure, write_heartbeat
 from notifkit.worker.reading import entries_of, is_nogroup
 
 log = logging.getLogger("notifkit.worker")
@@ -720,7 +720,7 @@ class StreamWorker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("Heartbeat failed (%s); trying again.", exc,
+                log.warning("Heartbeat failed (%s); trying again.", heartbeat_failure(exc),
                             extra={"service": self.service})
             await asyncio.sleep(self.settings.heartbeat_interval_s)
 

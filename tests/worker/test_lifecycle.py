@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import socket
@@ -248,3 +249,25 @@ async def test_a_worker_whose_reads_fail_says_so_in_its_heartbeat(
     await redis.delete(stream)  # fixed: the worker joins the stream again and reads on
     await read_error_is(False)
     gate.opened.set()
+
+
+async def test_a_failing_heartbeat_writes_the_same_warning_each_time(
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """redis-py names the failed command of a pipeline, arguments included, and the
+    heartbeat's ZADD score is the time of the beat: every failed beat wrote a different
+    warning, which the repeat filter could not fold (one line a second per worker)."""
+    worker = make_worker(Gate(), service="delivery", streams=keys.outbound_all())
+    caplog.set_level(logging.WARNING, logger="notifkit.worker")
+    await worker.start()
+    await redis.set(keys.heartbeats, "not a sorted set")  # every beat now fails
+
+    def failures() -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if r.getMessage().startswith("Heartbeat failed")]
+
+    await until(lambda: len(failures()) >= 3)
+    assert len(set(failures())) == 1, failures()
+    assert failures()[0] == ("Heartbeat failed (WRONGTYPE Operation against a key holding the "
+                             "wrong kind of value); trying again.")
+    await redis.delete(keys.heartbeats)

@@ -26,7 +26,7 @@ from notifkit.services.api.app import create_app
 from notifkit.services.api.state import IN_FLIGHT
 from notifkit.services.base import Service
 from notifkit.tasks import cancel_and_wait
-from notifkit.worker import consumer_name, write_heartbeat
+from notifkit.worker import consumer_name, heartbeat_failure, write_heartbeat
 
 log = logging.getLogger("notifkit.api")
 
@@ -96,7 +96,7 @@ class ApiService(Service):
             try:
                 await self.beat()
             except (RedisError, OSError) as exc:
-                log.warning("Heartbeat failed (%s); trying again.", exc,
+                log.warning("Heartbeat failed (%s); trying again.", heartbeat_failure(exc),
                             extra={"service": self.name})
 
     async def stop(self) -> None:
