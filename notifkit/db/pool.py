@@ -122,9 +122,12 @@ async def create_pool(
     max_size: int | None = None,
     application_name: str = "notifkit",
     urgent: Callable[[], bool] | None = None,
+    command_timeout: float | None = None,
 ) -> PriorityPool:
     """A pool of at most ``max_size`` (default ``DB_MAX_CONNECTIONS``) prepared connections;
-    when every connection is busy, tasks for which ``urgent()`` is true get the next one."""
+    when every connection is busy, tasks for which ``urgent()`` is true get the next one.
+    ``command_timeout``: seconds a query may take before it fails with ``TimeoutError``
+    (None: no limit)."""
     size = settings.db_max_connections if max_size is None else max_size
     quiet_pool_floor_warnings()
     # asyncpg.create_pool's own defaults, on the subclass it cannot be told to build.
@@ -141,6 +144,7 @@ async def create_pool(
         init=init_connection,
         reset=_keep_session,
         urgent=urgent,
+        command_timeout=command_timeout,
     )
     try:
         await pool

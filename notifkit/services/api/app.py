@@ -41,6 +41,10 @@ from notifkit.services.api.state import (
 from notifkit.tasks import cancel_and_wait
 
 SSE_HEARTBEAT_DEFAULT_S = 15.0
+# The longest an API query may take: PostgreSQL that stops answering without closing its
+# connections (a partition, a frozen failover) then gets a 503, not a request held open for
+# as long as the stall lasts. Every API query is a short one; this only ends a stall.
+QUERY_TIMEOUT_S = 30.0
 MAX_LINE_BYTES = 64 * 1024
 _PLACEHOLDER = re.compile(r"{([A-Za-z]+)}")
 
@@ -143,7 +147,8 @@ def _resources(
         own_redis = redis is None
         own_db = db is None
         client = open_redis(settings) if redis is None else redis
-        pool = await create_pool(settings) if db is None else db
+        pool = (await create_pool(settings, command_timeout=QUERY_TIMEOUT_S) if db is None
+                else db)
         app[REDIS] = client
         app[DB] = pool
         app[KEY_CACHE] = KeyCache(pool)
