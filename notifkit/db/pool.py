@@ -126,8 +126,8 @@ async def create_pool(
 ) -> PriorityPool:
     """A pool of at most ``max_size`` (default ``DB_MAX_CONNECTIONS``) prepared connections;
     when every connection is busy, tasks for which ``urgent()`` is true get the next one.
-    ``command_timeout``: seconds a query may take before it fails with ``TimeoutError``
-    (None: no limit)."""
+    ``command_timeout``: seconds a query, or opening a connection, may take before it fails
+    with ``TimeoutError`` (None: queries have no limit, a connection asyncpg's 60 s)."""
     size = settings.db_max_connections if max_size is None else max_size
     quiet_pool_floor_warnings()
     # asyncpg.create_pool's own defaults, on the subclass it cannot be told to build.
@@ -145,6 +145,7 @@ async def create_pool(
         reset=_keep_session,
         urgent=urgent,
         command_timeout=command_timeout,
+        **({} if command_timeout is None else {"timeout": command_timeout}),
     )
     try:
         await pool

@@ -43,6 +43,9 @@ class Service:
 
     name: ClassVar[str] = ""
     needs_db: ClassVar[bool] = True
+    # Seconds a query of this service, or opening a connection for one, may take (None: no
+    # limit on queries; asyncpg's 60 s to connect).
+    query_timeout_s: ClassVar[float | None] = None
 
     def __init__(self, settings: Settings, **options: Any) -> None:
         self.settings = settings
@@ -56,7 +59,8 @@ class Service:
         if self.needs_db and self.db is None:
             from notifkit.db.pool import create_pool
 
-            self.db = await create_pool(self.settings, urgent=self._urgent_batch)
+            self.db = await create_pool(self.settings, urgent=self._urgent_batch,
+                                        command_timeout=self.query_timeout_s)
 
     def _urgent_batch(self) -> bool:
         """Whether the current task's queries go ahead of others waiting for a connection."""

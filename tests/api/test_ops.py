@@ -537,34 +537,50 @@ async def test_health_answers_while_postgres_stalls(settings: Settings) -> None:
         await proxy.close()
 
 
-async def test_every_route_answers_503_while_postgres_stalls(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_every_route_answers_503_while_postgres_stalls(settings: Settings) -> None:
     """Every API query waited for a PostgreSQL that had stopped answering for as long as it
-    did: requests hung (over 40 s seen) where a 503 that asks to retry was due. The API's
-    queries now time out (QUERY_TIMEOUT_S; 1 s here) and the request answers 503."""
+    did: requests hung (over 40 s seen) where a 503 that asks to retry was due. The api
+    service's pool now limits each query, and the opening of a connection for one
+    (QUERY_TIMEOUT_S; 1 s here), and the request answers 503."""
     from urllib.parse import urlsplit
 
-    from notifkit.services.api import app as api_app
+    from notifkit.db.pool import create_pool
 
-    monkeypatch.setattr(api_app, "QUERY_TIMEOUT_S", 1.0, raising=False)
     target = urlsplit(settings.database_url)
     proxy = _StallingProxy(target.hostname or "127.0.0.1", target.port or 5432)
     port = await proxy.start()
     proxied = settings.replace(database_url=target._replace(
         netloc=f"{target.username or 'postgres'}@127.0.0.1:{port}").geturl())
-    _server, client = await start_api(proxied)  # its own pool, through the proxy
+    pool = await create_pool(proxied, command_timeout=1.0)  # as the api service makes it
+    _server, client = await start_api(settings, db=pool)
+    admin = {"Authorization": f"Bearer {ADMIN}"}
     try:
-        admin = {"Authorization": f"Bearer {ADMIN}"}
         created = await client.post("/v1/projects", json={"name": "p"}, headers=admin)
         assert created.status == 201
         project = (await created.json())["id"]
         proxy.stall()
-        # Bounded only so a regression fails instead of hanging.
-        reply = await asyncio.wait_for(client.get(f"/v1/projects/{project}", headers=admin), 30)
-        assert reply.status == 503
-        assert reply.headers["Retry-After"] == "1"
-        assert (await reply.json())["error"]["code"] == "service_unavailable"
+        for _ in range(2):  # the second needs a new connection, whose opening stalls too
+            # Bounded only so a regression fails instead of hanging.
+            reply = await asyncio.wait_for(
+                client.get(f"/v1/projects/{project}", headers=admin), 30)
+            assert reply.status == 503
+            assert reply.headers["Retry-After"] == "1"
+            assert (await reply.json())["error"]["code"] == "service_unavailable"
     finally:
         await client.close()
+        pool.terminate()
         await proxy.close()
+
+
+async def test_the_api_service_limits_its_queries(settings: Settings) -> None:
+    from notifkit.services.api.app import QUERY_TIMEOUT_S
+    from notifkit.services.api.service import ApiService
+
+    service = ApiService(settings)
+    await service.open()
+    try:
+        assert service.db is not None
+        assert service.db._connect_kwargs["command_timeout"] == QUERY_TIMEOUT_S
+        assert service.db._connect_kwargs["timeout"] == QUERY_TIMEOUT_S
+    finally:
+        await service.close()

@@ -41,10 +41,12 @@ from notifkit.services.api.state import (
 from notifkit.tasks import cancel_and_wait
 
 SSE_HEARTBEAT_DEFAULT_S = 15.0
-# The longest an API query may take: PostgreSQL that stops answering without closing its
-# connections (a partition, a frozen failover) then gets a 503, not a request held open for
-# as long as the stall lasts. Every API query is a short one; this only ends a stall.
-QUERY_TIMEOUT_S = 30.0
+# The longest an API query, or opening a connection for one, may take: PostgreSQL that stops
+# answering without closing its connections (a partition, a frozen failover) then gets a 503,
+# not a request held open for as long as the stall lasts. Every API query is a short one; this
+# only ends a stall. asyncpg then spends as long again trying to cancel the query before it
+# drops the connection, so a request caught in a stall answers after about twice this.
+QUERY_TIMEOUT_S = 10.0
 MAX_LINE_BYTES = 64 * 1024
 _PLACEHOLDER = re.compile(r"{([A-Za-z]+)}")
 

@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 
 from notifkit.clock import utc_now_iso
 from notifkit.config import ConfigError, Settings
-from notifkit.services.api.app import create_app
+from notifkit.services.api.app import QUERY_TIMEOUT_S, create_app
 from notifkit.services.api.state import IN_FLIGHT
 from notifkit.services.base import Service
 from notifkit.tasks import cancel_and_wait
@@ -35,6 +35,7 @@ SHUTDOWN_TIMEOUT_S = 5.0
 
 class ApiService(Service):
     name: ClassVar[str] = "api"
+    query_timeout_s: ClassVar[float | None] = QUERY_TIMEOUT_S
 
     def __init__(self, settings: Settings, **options: Any) -> None:
         super().__init__(settings, **options)
