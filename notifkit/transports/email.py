@@ -3,6 +3,10 @@
 Every email carries ``List-Unsubscribe: <url>`` and ``List-Unsubscribe-Post:
 List-Unsubscribe=One-Click`` (RFC 8058) when the task has an unsubscribe link (the engine
 signs one for every email), and the task id in ``X-Notifkit-Task-Id``.
+
+A subject is one header line: line breaks a template or its data put in it (``\\r\\n``,
+``\\u2028``, ...) become spaces, so a subject can neither inject headers nor make an SMTP
+message impossible to build on every attempt.
 """
 
 from __future__ import annotations
@@ -35,11 +39,16 @@ def build_email(message: Message, from_addr: str) -> Email:
     return Email(
         from_addr=from_addr,
         to=message.to,
-        subject=_str(content.get("subject")) or "",
+        subject=one_line(_str(content.get("subject")) or ""),
         text=text,
         html=html,
         headers=headers,
     )
+
+
+def one_line(text: str) -> str:
+    """``text`` with each line break (any that ``str.splitlines`` knows) made one space."""
+    return " ".join(text.splitlines())
 
 
 def _str(value: object) -> str | None:

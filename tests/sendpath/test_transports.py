@@ -223,3 +223,26 @@ async def test_sms_asks_twilio_for_receipts_at_the_projects_webhook(
 )
 def test_retry_after_is_a_finite_bounded_wait(header: str, expected: float | None) -> None:
     assert parse_retry_after(header) == expected
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.channel == "email"], indirect=True,
+                         ids=[c.provider for c in CASES if c.channel == "email"])
+@pytest.mark.parametrize("subject", ["Hi\r\nBcc: eve@example.com", "Hi\nBcc: eve@example.com",
+                                     "Hi\u2028Bcc: eve@example.com"])
+async def test_a_subject_with_line_breaks_is_sent_as_one_line(
+    case: tuple[Case, Transport], sim: SimulatorServer, subject: str
+) -> None:
+    """Data a template puts in a subject may hold line breaks: they become spaces, so the
+    subject injects no header and an SMTP message can still be built (it raised on every
+    attempt, dead-lettering the send)."""
+    spec, transport = case
+    content = {**spec.content, "subject": subject}
+    result = await transport.send(Message(
+        task_id="t-subject", event_id="e", project_id="p", user_id="u", channel="email",
+        to=spec.to, content=content))
+
+    assert result.outcome is Outcome.SENT, result.detail
+    [record] = await sim.messages(spec.provider)
+    assert record["content"]["subject"] == "Hi Bcc: eve@example.com"
+    assert "eve@example.com" not in json.dumps(
+        {k: v for k, v in record["content"].items() if k != "subject"})
