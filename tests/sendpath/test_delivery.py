@@ -24,6 +24,7 @@ from notifkit.services.enricher import EnricherService
 from notifkit.services.events import EventsService
 from notifkit.services.scheduler import SchedulerService
 from notifkit.streams import ensure_group
+from notifkit.transports.base import Message, Outcome, SendResult
 from notifkit.transports.webhook import SIGNATURE_HEADER, verify
 from notifkit.worker import batch_stream
 from simulators import SimulatorServer
@@ -927,3 +928,60 @@ async def test_a_batchs_last_accepted_send_is_recorded_by_its_outcome_write(
     assert {r["destination"]: r["status"] for r in rows} == {"phone": "sent", "tablet": "sent"}
     for r in rows:  # FCM names a message projects/{project}/messages/{id}
         assert r["provider_message_id"].endswith("/" + messages[r["destination"]]["id"])
+
+
+class ContentBreakingSms:
+    """An SMS transport that cannot build the message for one number (as a transport whose
+    encoder refuses a message's content raises) and accepts every other."""
+
+    channel = "sms"
+    provider = "breaking-sms"
+    idempotent = True
+    rate_per_s = None
+
+    def __init__(self, breaks_on: str) -> None:
+        self.breaks_on = breaks_on
+        self.calls: list[str] = []
+
+    async def open(self, ctx: Any) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def send(self, message: Message) -> SendResult:
+        self.calls.append(message.to)
+        if message.to == self.breaks_on:
+            raise ValueError("cannot encode this body")
+        return SendResult(Outcome.SENT, f"id-{message.to}", "accepted", 200)
+
+
+async def test_a_send_its_transport_raises_on_fails_alone_and_at_once(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sp_settings: Settings,
+) -> None:
+    # Given two recipients sent to together, and a transport that raises on one's message
+    await add_user(db, project, "ok", contacts=[("sms", "+15550000001")])
+    await add_user(db, project, "bad", contacts=[("sms", "+15550000002")])
+    await add_template(db, project, "t", {"sms": SMS})
+    transport = ContentBreakingSms("+15550000002")
+    pipeline = (await services(EnricherService, sp_settings),
+                await services(EngineService, sp_settings),
+                await services(DeliveryService, sp_settings, transports=[transport]))
+
+    event_id = await send(redis, keys, db, project, "t", ["ok", "bad"], data={"amount": "1"})
+    await drain(*pipeline)
+
+    # Then the other recipient's send stands, sent once, and the raising one is a permanent
+    # failure: tried once, dead-lettered at once with the reason on its timeline
+    assert sorted(transport.calls) == ["+15550000001", "+15550000002"]
+    rows = await timeline(db, event_id)
+    by_user = {u: [(r["kind"], r["status"], r["attempt"]) for r in rows
+                   if r["user_id"] == u and r["channel"] == "sms"] for u in ("ok", "bad")}
+    assert by_user["ok"] == [("queued", "processing", 0), ("sent", "sent", 1)]
+    assert by_user["bad"] == [("queued", "processing", 0),
+                              ("dead_lettered", "dead_lettered", 1)]
+    dead_row = next(r for r in rows if r["user_id"] == "bad" and r["kind"] == "dead_lettered")
+    assert "ValueError: cannot encode this body" in dead_row["detail"]
+    [dead] = await entries(redis, keys.dlq)
+    assert dead["attempts"] == 1

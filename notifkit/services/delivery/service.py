@@ -267,7 +267,10 @@ class DeliveryService(WorkerService):
                     detail=f"notifkit's {transport.provider} rate limit is used up",
                     retry_after_s=wait_s), local_limit=True)
             started = time.perf_counter()
-            result = await transport.send(_message(task, destination))
+            try:
+                result = await transport.send(_message(task, destination))
+            except Exception as exc:  # one message's failure stays its own
+                result = _raised(task, transport, exc)
             metrics.PROVIDER_LATENCY.labels(task["channel"], transport.provider).observe(
                 time.perf_counter() - started)
             metrics.DELIVERIES.labels(task["channel"], transport.provider,
@@ -493,6 +496,20 @@ def _event(kind: str, task: OutboundTask, provider: str, message_id: str | None,
     if error is not None:
         event["error"] = error
     return event
+
+
+def _raised(task: OutboundTask, transport: Transport, exc: Exception) -> SendResult:
+    """An exception a transport raised instead of answering is this task's alone: never the
+    failure of the batch it came in (whose other sends stand). A network error or timeout is
+    retried, as the transports' own are (the request may have gone out); anything else failed
+    on the message's own content (a body that cannot be built or encoded), which is the same
+    on every attempt: a permanent failure, not retried."""
+    detail = (f"the {transport.provider} transport could not send this message: "
+              f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, OSError | TimeoutError):
+        return SendResult(Outcome.RETRY, detail=detail, maybe_accepted=True)
+    log.warning("Not sent: %s", detail, extra=_ids(task))
+    return SendResult(Outcome.PERMANENT, detail=detail)
 
 
 def _ids(task: OutboundTask) -> dict[str, Any]:
