@@ -6,8 +6,8 @@
     X-Notifkit-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw body>")>
 
     {"id": taskId, "type": "notification", "eventId", "projectId", "userId", "template",
-     "topic", "campaignId", "createdAt", "body": <the rendered body: parsed JSON if it is
-     JSON, else the text>}
+     "topic", "campaignId", "createdAt", "body": <the rendered body: parsed if it is
+     strict JSON (no NaN or Infinity) Python can parse and write again, else the text>}
 
 A receiver verifies by recomputing the HMAC over the timestamp and the raw body, comparing in
 constant time and rejecting old timestamps. 2xx is sent; 410 Gone disables the URL; 429 parks;
@@ -32,6 +32,27 @@ from notifkit.transports.base import (
 )
 
 SIGNATURE_HEADER = "X-Notifkit-Signature"
+
+
+def _parsed(rendered: Any) -> Any:
+    """The rendered body as JSON when it is strict JSON, else the text itself. ``NaN`` and
+    ``Infinity`` are not JSON (a receiver's parser refuses them), and JSON nested deeper than
+    Python can parse or write again is sent as the text it is."""
+    if not isinstance(rendered, str):
+        return rendered
+    try:
+        return json.loads(rendered, parse_constant=_not_json)
+    except (ValueError, RecursionError):
+        return rendered
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _encode(document: dict[str, Any]) -> bytes:
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":"),
+                      allow_nan=False).encode()
 
 
 def sign(secret: str, body: bytes, timestamp_s: int) -> str:
@@ -64,20 +85,18 @@ class WebhookTransport(HttpTransport):
 
     async def _send(self, message: Message) -> SendResult:
         rendered = message.content.get("body")
-        body_value: Any = rendered
-        if isinstance(rendered, str):
-            try:
-                body_value = json.loads(rendered)
-            except ValueError:
-                body_value = rendered
         document = {
             "id": message.task_id, "type": "notification", "eventId": message.event_id,
             "projectId": message.project_id, "userId": message.user_id,
             "template": message.template, "topic": message.topic,
             "campaignId": message.campaign_id, "createdAt": message.created_at,
-            "body": body_value,
+            "body": _parsed(rendered),
         }
-        raw = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+        try:
+            raw = _encode(document)
+        except (ValueError, RecursionError):
+            document["body"] = rendered if isinstance(rendered, str) else str(rendered)
+            raw = _encode(document)
         reply = await self._request(
             "POST", message.to, task_id=message.task_id, body=raw,
             headers={"Content-Type": "application/json",

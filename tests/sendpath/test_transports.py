@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from aiohttp import web
 from redis.asyncio import Redis
 
 from notifkit.config import Settings
@@ -33,6 +34,7 @@ from notifkit.transports.resend import ResendTransport
 from notifkit.transports.sendgrid import SendgridTransport
 from notifkit.transports.smtp import SmtpTransport
 from notifkit.transports.twilio import TwilioTransport
+from notifkit.transports.webhook import WebhookTransport
 from simulators import SimulatorServer
 from tests.sendpath.conftest import simulated
 
@@ -246,3 +248,42 @@ async def test_a_subject_with_line_breaks_is_sent_as_one_line(
     assert record["content"]["subject"] == "Hi Bcc: eve@example.com"
     assert "eve@example.com" not in json.dumps(
         {k: v for k, v in record["content"].items() if k != "subject"})
+
+
+@pytest.mark.parametrize(("rendered", "body"), [
+    ('{"amount": 7}', {"amount": 7}),
+    ("NaN", "NaN"),
+    ('{"x": Infinity}', '{"x": Infinity}'),
+    ("[" * 5000 + "]" * 5000, "[" * 5000 + "]" * 5000),
+    ('{"a":' * 3000 + "1" + "}" * 3000, '{"a":' * 3000 + "1" + "}" * 3000),
+])
+async def test_a_webhook_body_goes_as_strict_json_or_as_its_text(
+    rendered: str, body: Any
+) -> None:
+    """A rendered body is sent parsed when it is strict JSON, else as text: NaN or Infinity
+    made the document invalid JSON for the receiver, and JSON nested deeper than Python
+    parses raised RecursionError on every attempt."""
+    received: list[bytes] = []
+
+    async def hook(request: web.Request) -> web.Response:
+        received.append(await request.read())
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    transport = WebhookTransport(secret="webhook-secret-0123456789", timeout_s=TIMEOUT_S)
+    await transport.open(None)  # type: ignore[arg-type]
+    try:
+        result = await transport.send(Message(
+            task_id="t-hook", event_id="e", project_id="p", user_id="u", channel="webhook",
+            to=f"http://127.0.0.1:{runner.addresses[0][1]}/hook", content={"body": rendered}))
+    finally:
+        await transport.close()
+        await runner.cleanup()
+
+    assert result.outcome is Outcome.SENT, result.detail
+    [raw] = received
+    assert json.loads(raw, parse_constant=lambda name: pytest.fail(name))["body"] == body
