@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import json
 import logging
 import uuid
 import zlib
@@ -15,6 +16,7 @@ from multidict import CIMultiDict
 from redis.asyncio import Redis
 
 from notifkit.config import Settings
+from notifkit.services.api import validation
 from notifkit.services.api.app import create_app
 from notifkit.services.api.state import HUB
 from tests.api.conftest import ADMIN, Api, Project, start_api
@@ -679,3 +681,45 @@ async def test_a_route_that_takes_no_body_refuses_one_with_fields(
         assert read.status == 404, nothing  # the route ran: no such message
     assert (await api.call("DELETE", "/v1/users/u1", key=project.full,
                            data=b" null ")).status == 204
+
+
+async def test_a_body_that_stops_arriving_is_a_408_and_a_slow_one_is_read(
+    api: Api, project: Project, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Given a chunked body whose sender stops before its end, the API answers 408 naming the
+    body once nothing has come for the idle limit (the handler waited for ever, holding its
+    connection); a body that keeps arriving, however slowly, is read to its end."""
+    monkeypatch.setattr(validation, "BODY_IDLE_TIMEOUT_S", 0.3)
+    runner = web.AppRunner(create_app(api.settings), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    head = (b"POST /v1/events HTTP/1.1\r\nHost: x\r\n"
+            b"Authorization: Bearer " + project.full.encode() + b"\r\n"
+            b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+    body = b'{"name": "e", "userId": "u1"}'
+    try:
+        port = runner.addresses[0][1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(head + b"4\r\n" + body[:4] + b"\r\n")
+        await writer.drain()
+        stalled = await asyncio.wait_for(reader.readuntil(b"}]}}"), 10)
+        writer.close()
+
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(head)
+        for i in range(0, len(body), 2):  # two bytes every 0.1 s: 1.5 s in all
+            writer.write(b"2\r\n" + body[i:i + 2].ljust(2) + b"\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.1)
+        writer.write(b"0\r\n\r\n")
+        slow = await asyncio.wait_for(reader.readuntil(b'"accepted"}'), 10)
+        writer.close()
+    finally:
+        await runner.cleanup()
+    status_line, _, rest = stalled.partition(b"\r\n")
+    assert status_line == b"HTTP/1.1 408 Request Timeout", stalled
+    error = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
+    assert (error["code"], [d["field"] for d in error["details"]]) == (
+        "request_timeout", ["body"])
+    assert slow.startswith(b"HTTP/1.1 202"), slow

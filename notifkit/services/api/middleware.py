@@ -38,6 +38,7 @@ from notifkit.services.api.state import (
     PRINCIPAL,
     SETTINGS,
 )
+from notifkit.services.api.validation import read_raw
 
 PROJECT_HEADER = "x-project-id"
 PROJECT_QUERY = "projectId"
@@ -91,7 +92,7 @@ async def _project_gone(request: web.Request) -> ApiError | None:
 async def _reject_body(request: web.Request) -> None:
     """A route that takes no body does not ignore one: whoever sent fields expected them to
     count. Nothing, white space, ``{}`` and ``null`` say nothing and pass."""
-    raw = (await request.read()).strip()
+    raw = (await read_raw(request)).strip()
     if raw in (b"", b"{}", b"null"):
         return
     try:

@@ -3,7 +3,7 @@
 
 Each operation's error responses follow from what the middleware and handlers can answer: 401
 and 403 for keyed routes, 429 for project keys, 400 for the admin key without a project, 400/
-413/415 for bodies, 404 for path ids, 503 when Redis or PostgreSQL is unreachable.
+408/413/415 for bodies, 404 for path ids, 503 when Redis or PostgreSQL is unreachable.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ _ERROR_TEXT = {
     401: "Missing, unknown or revoked API key.",
     403: "The key's role does not allow this call.",
     404: "No such resource in this project (another project's id is also 404).",
+    408: "The request body stopped arriving (nothing for 30 s) before its end.",
     409: "Conflict (e.g. an idempotency key reused with a different request).",
     413: "The body is larger than the limit (1 MiB by default).",
     415: "The body is not application/json, or is in a Content-Encoding other than gzip or "
@@ -109,7 +110,9 @@ def _responses(op: Operation, has_path: bool, has_query: bool) -> dict[str, Any]
             statuses |= {400, 404, 429}
     if op.body is not None:
         # 415 also answers a Content-Encoding the API does not decode, whatever the media type.
-        statuses |= {400, 413, 415}
+        statuses |= {400, 408, 413, 415}
+    elif op.method not in ("GET", "HEAD"):
+        statuses.add(408)  # a body it does not take is still read, to refuse one with fields
     if has_path:
         statuses |= {400, 404}
     if has_query:

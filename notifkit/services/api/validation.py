@@ -7,6 +7,7 @@ and collects every problem before raising, so a client fixes a request in one ro
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -16,6 +17,7 @@ import uuid
 import zlib
 import zoneinfo
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
@@ -72,12 +74,43 @@ _ZLIB_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS,
                "deflate": zlib.MAX_WBITS}
 
 
+# How long a request body may go without a byte arriving before the API answers 408: a body
+# that stalls (a chunked body never finished, a Content-Length never reached) would otherwise
+# hold its connection and handler for ever.
+BODY_IDLE_TIMEOUT_S = 30.0
+
+
+async def read_raw(request: web.Request) -> bytes:
+    """``request.read()`` (aiohttp raises 413 past client_max_size), answering 408 once the
+    body has made no progress for :data:`BODY_IDLE_TIMEOUT_S`."""
+    reading = asyncio.ensure_future(request.read())
+    received = -1
+    try:
+        while True:
+            done, _ = await asyncio.wait({reading}, timeout=BODY_IDLE_TIMEOUT_S)
+            if done:
+                return reading.result()
+            if request.content.total_bytes == received:
+                raise ApiError(
+                    408, "request_timeout",
+                    f"The request body stopped arriving: nothing came for "
+                    f"{BODY_IDLE_TIMEOUT_S:g} s.",
+                    [detail("body", "stopped arriving before its end")],
+                    headers={"Connection": "close"})
+            received = request.content.total_bytes
+    finally:
+        if not reading.done():
+            reading.cancel()
+            with suppress(asyncio.CancelledError):
+                await reading
+
+
 async def read_body(request: web.Request) -> bytes:
     """The request body with its Content-Encoding undone: 415 for a coding other than gzip,
     deflate or identity, 400 for a body that does not decode, 413 past the size limit (on the
     bytes as sent and again once decoded, so a small compressed body cannot inflate without
     bound)."""
-    raw = await request.read()  # aiohttp raises 413 past client_max_size
+    raw = await read_raw(request)
     header = request.headers.get("Content-Encoding", "")
     codings = [c.strip().lower() for c in header.split(",") if c.strip()]
     # Codings are listed in the order they were applied: undo them from the last.
