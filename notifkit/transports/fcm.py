@@ -31,6 +31,15 @@ from notifkit.transports.base import (
 
 FCM_SCOPE = "https://www.googleapis.com/auth/firebase.messaging"
 
+# FCM refuses a whole message whose data uses one of these keys (400 INVALID_ARGUMENT).
+RESERVED_DATA_KEYS = frozenset({"from", "message_type"})
+RESERVED_DATA_PREFIXES = ("google", "gcm")
+
+
+def reserved_data_key(key: str) -> bool:
+    """Whether FCM reserves ``key`` in a message's ``data``."""
+    return key in RESERVED_DATA_KEYS or key.startswith(RESERVED_DATA_PREFIXES)
+
 
 class FcmTransport(HttpTransport):
     channel: str = "push"

@@ -242,3 +242,17 @@ async def test_preview_of_output_json_cannot_carry_is_a_400(api: Api, project: P
                                json={"data": {}})
         assert reply.status == 400
         assert reply.fields == ["channels.sms.text"]
+
+
+async def test_push_data_using_a_key_fcm_reserves_is_a_400(api: Api, project: Project) -> None:
+    """FCM refuses every message whose data uses a reserved key: such a template was stored
+    and each of its pushes dead-lettered. It is refused at save, naming the key; keys that
+    merely contain the words pass."""
+    for key in ("from", "message_type", "google.c.a.e", "gcm.notification.x"):
+        body = {"channels": {"push": {"title": "t", "body": "b", "data": {key: "v", "k": "v"}}}}
+        reply = await api.call("PUT", "/v1/templates/reserved", key=project.full, json=body)
+        assert (reply.status, reply.fields) == (400, [f"channels.push.data.{key}"]), reply.body
+    fine = {"channels": {"push": {"title": "t", "body": "b",
+                                  "data": {"sender_from": "v", "my_google": "v", "From": "v"}}}}
+    assert (await api.call("PUT", "/v1/templates/reserved", key=project.full,
+                           json=fine)).status == 201

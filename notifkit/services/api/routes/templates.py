@@ -30,6 +30,7 @@ from notifkit.templates import (
     uncompiled,
     warm_beside_loop,
 )
+from notifkit.transports.fcm import reserved_data_key
 from notifkit.transports.inapp import unsafe_url
 from notifkit.unsubscribe import unsubscribe_url
 
@@ -195,7 +196,12 @@ def _channels(fields: Fields, written_by_ai: list[Any]) -> dict[str, Any] | None
         inner.only((*required, *optional))
         for key in (*required, *optional):
             if channel == "push" and key == "data":
-                inner.obj("data")
+                data = inner.obj("data") or {}
+                for name in data:
+                    if reserved_data_key(name):
+                        inner.child("data", data).fail(
+                            name, "is a key FCM reserves (from, message_type, google..., "
+                                  "gcm...): it refuses every message that uses it")
             elif channel == "webhook" and key == "body":
                 body = content.get("body")
                 if "body" not in content:
