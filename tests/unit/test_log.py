@@ -43,7 +43,7 @@ from notifkit.log import setup_logging
 setup_logging("json", "INFO")
 def fails():
     raise ValueError("in a thread")
-worker = threading.Thread(target=fails, name="helper")
+worker = threading.Thread(target=fails, name="poller")
 worker.start()
 worker.join()
 raise RuntimeError("nobody caught this")
@@ -57,7 +57,7 @@ def test_an_uncaught_exception_is_one_json_record_not_a_raw_traceback() -> None:
     records = [json.loads(line) for line in result.stderr.splitlines()]
     thread, main = records
     assert thread["level"] == "error"
-    assert "A thread (helper) stopped" in thread["msg"]
+    assert "A thread (poller) stopped" in thread["msg"]
     assert "ValueError: in a thread" in thread["exc"]
     assert main["level"] == "critical"
     assert main["msg"] == ("notifkit stopped on an unexpected error: RuntimeError: "
