@@ -170,6 +170,14 @@ async def test_content_keys_fallback_and_ai_are_checked(api: Api, project: Proje
     blank = await api.call("PUT", "/v1/templates/t", key=project.full, json={
         "channels": {}, "ai": {"model": " ", "prompt": " \n\t", "channels": ["email"]}})
     assert (blank.status, set(blank.fields)) == (400, {"ai.model", "ai.prompt"})
+    # A model name goes out verbatim in the provider call: a control character in it would
+    # fail every send of the template, so it is refused here.
+    for model in ("gpt-4o\n", "gpt\x00mini", "gpt-4o\x7f", "m\x85"):
+        control = await api.call("PUT", "/v1/templates/t", key=project.full, json={
+            "channels": {}, "ai": {"model": model, "prompt": "p", "channels": ["email"]}})
+        assert (control.status, control.error["code"], control.fields) == (
+            400, "validation_error", ["ai.model"]), model
+        assert control.error["details"][0]["message"].startswith("must not contain")
     ai_only = await api.call("PUT", "/v1/templates/t", key=project.full, json={
         "channels": {}, "ai": {"model": "m", "prompt": "Write to {{ user.id }}",
                                "channels": ["email"]}, "fallback": ["email"]})

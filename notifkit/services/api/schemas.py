@@ -163,7 +163,8 @@ COMPONENTS: dict[str, Schema] = {
         "webhook": obj({"body": {"anyOf": [TEMPLATE_TEXT, ANY_OBJECT]}}, ("body",)),
     }),
     "TemplateAi": obj({
-        "model": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": NOT_BLANK},
+        "model": {"type": "string", "minLength": 1, "maxLength": 200,
+                  "pattern": r"^(?=[\s\S]*\S)[^\x00-\x1f\x7f-\x9f]*$"},
         "prompt": {"type": "string", "minLength": 1, "maxLength": 100_000,
                    "pattern": NOT_BLANK},
         "channels": CHANNEL_LIST,

@@ -54,6 +54,8 @@ _EMAIL = re.compile(
 )
 _LOCALE = re.compile(r"^[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{1,8}){0,3}$")
 _HHMM = re.compile(r"^([01]\d|2[0-3]):[0-5]\d(:[0-5]\d)?$")  # seconds optional
+# C0 and C1 control characters nowhere: for names sent verbatim to a provider (a model).
+NO_CONTROL_CHARS = re.compile(r"[^\x00-\x1f\x7f-\x9f]*\Z")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,7 +18,14 @@ from notifkit.services.api.middleware import project_id
 from notifkit.services.api.routing import Operations
 from notifkit.services.api.schemas import ref
 from notifkit.services.api.state import DB, SETTINGS
-from notifkit.services.api.validation import Fields, iso, lookup_id, path_id, read_json
+from notifkit.services.api.validation import (
+    NO_CONTROL_CHARS,
+    Fields,
+    iso,
+    lookup_id,
+    path_id,
+    read_json,
+)
 from notifkit.templates import (
     CHANNEL_FIELDS,
     RenderError,
@@ -229,8 +236,10 @@ def _ai(fields: Fields) -> dict[str, Any] | None:
         return None
     inner = fields.child("ai", raw)
     inner.only(("model", "prompt", "channels"))
-    # White space alone names no model, and asks the model nothing.
-    model = inner.string("model", required=True, max_len=200, allow_blank=False)
+    # White space alone names no model, and asks the model nothing. The model name goes out
+    # as it is in every provider call: one with a control character would fail each send.
+    model = inner.string("model", required=True, max_len=200, allow_blank=False,
+                         pattern=NO_CONTROL_CHARS, hint="must not contain control characters")
     prompt = inner.string("prompt", required=True, max_len=MAX_TEMPLATE_CHARS,
                           allow_blank=False)
     channels = inner.channel_list("channels", CHANNELS, required=True)
