@@ -2,6 +2,8 @@
 
 Success is 200 `{"name": "projects/{project}/messages/{id}"}`. The target is exactly one of
 `fid`, `token`, `topic` or `condition`; `validate_only` checks the message and sends nothing.
+A topic is a bare name (`news`): `/topics/news` is refused with INVALID_ARGUMENT, as FCM
+refuses it.
 `data` values are strings and its keys are not FCM's reserved ones (`from`, `message_type`,
 `google…`, `gcm…`): either is refused whole with INVALID_ARGUMENT, as FCM refuses it. So is a
 field FCM's proto types do not have, or a value of the wrong type, in the message and in its
@@ -18,6 +20,7 @@ Task id: `X-Notifkit-Task-Id` header, else `message.data.notifkit_task_id`.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, ClassVar
 
 from aiohttp import web
@@ -51,6 +54,7 @@ TASK_KEY = "notifkit_task_id"
 # A message names exactly one target. `fid` (a Firebase Installation ID) is what current
 # firebase-admin releases send in place of the deprecated `token`.
 TARGETS = ("fid", "token", "topic", "condition")
+TOPIC_NAME = re.compile(r"[a-zA-Z0-9\-_.~%]+")
 RESERVED_DATA_KEYS = frozenset({"from", "message_type"})
 RESERVED_DATA_PREFIXES = ("google", "gcm")
 # Fields of the send request and its Message, in both spellings proto JSON accepts.
@@ -222,7 +226,14 @@ def _recipient(message: dict[str, Any]) -> str:
     target = targets[0]
     if not isinstance(message[target], str):
         raise invalid(f"message.{target}", f"Invalid value at 'message.{target}' (TYPE_STRING)")
-    return str(message[target]) if target != "topic" else f"/topics/{message['topic']}"
+    if target != "topic":
+        return str(message[target])
+    topic = message["topic"]
+    if not TOPIC_NAME.fullmatch(topic):
+        # FCM takes the bare name; the /topics/ prefix is legacy HTTP's (firebase-admin strips it).
+        raise invalid("message.topic", f"Invalid topic name: {topic}. A topic name matches "
+                                       "[a-zA-Z0-9-_.~%]+, without the /topics/ prefix.")
+    return f"/topics/{topic}"
 
 
 def _check_fields(message: dict[str, Any]) -> None:

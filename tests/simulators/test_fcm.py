@@ -254,6 +254,34 @@ async def test_faults_use_google_error_format(
     assert await sim.messages("fcm") == []
 
 
+@pytest.mark.parametrize("topic", ["/topics/news", "news sport", "news/sport", "nèws"])
+async def test_a_topic_name_fcm_refuses_is_invalid_argument(
+    http: aiohttp.ClientSession, sim: SimulatorServer, topic: str
+) -> None:
+    # FCM HTTP v1 takes the bare name; the /topics/ prefix was the legacy API's.
+    status, body = await push(http, sim, {"topic": topic})
+    assert (status, body["error"]["status"], error_code(body)) == (
+        400, "INVALID_ARGUMENT", "INVALID_ARGUMENT")
+    [violation] = [d for d in body["error"]["details"] if "fieldViolations" in d]
+    assert violation["fieldViolations"][0]["field"] == "message.topic"
+    assert await sim.messages("fcm") == []
+    status, _ = await push(http, sim, {"topic": "news-1_a.b~c%20"})
+    assert status == 200
+    [record] = await sim.messages("fcm")
+    assert record["to"] == "/topics/news-1_a.b~c%20"
+
+
+async def test_firebase_admin_sends_to_a_topic_named_with_its_prefix(
+    sim: SimulatorServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """firebase-admin accepts "/topics/news" and sends the bare name, which FCM takes."""
+    message = messaging.Message(topic="/topics/news", data={"notifkit_task_id": "task-ft"})
+    name = await firebase_admin_send(sim, monkeypatch, message)
+    [record] = await sim.messages("fcm", task_id="task-ft")
+    assert name == f"projects/{PROJECT}/messages/{record['id']}"
+    assert (record["to"], record["content"]["topic"]) == ("/topics/news", "news")
+
+
 async def test_topic_recipient_pattern(http: aiohttp.ClientSession, sim: SimulatorServer) -> None:
     await sim.add_fault("invalid_token", "fcm", to="/topics/*")
     status, _ = await push(http, sim, {"topic": "news"})
@@ -491,12 +519,10 @@ async def test_invalid_platform_options_are_invalid_argument(
     assert await sim.messages("fcm") == []
 
 
-@pytest.mark.filterwarnings("ignore:Message.token is deprecated")
-async def test_firebase_admin_sends_platform_options_through_the_simulator(
-    sim: SimulatorServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """firebase-admin itself, its service account's token_uri and its FCM URL pointed at the
-    simulator, sends a message with the common Android, APNs and Webpush options."""
+async def firebase_admin_send(sim: SimulatorServer, monkeypatch: pytest.MonkeyPatch,
+                              message: messaging.Message) -> str:
+    """Send ``message`` with firebase-admin itself, its service account's token_uri and its
+    FCM URL pointed at the simulator; the message's name."""
     # firebase-admin has no setting for its FCM endpoint; its class attribute is the one seam.
     monkeypatch.setattr(messaging._MessagingService, "FCM_URL",
                         f"{sim.base_url}/v1/projects/{{0}}/messages:send")
@@ -511,6 +537,18 @@ async def test_firebase_admin_sends_platform_options_through_the_simulator(
         "token_uri": f"{sim.base_url}/token",
     })
     app = firebase_admin.initialize_app(account, {"projectId": PROJECT}, name="fcm-sim-test")
+    try:
+        return str(await asyncio.to_thread(messaging.send, message, app=app))
+    finally:
+        # Off the loop: deleting an app closes its async client with asyncio.run().
+        await asyncio.to_thread(firebase_admin.delete_app, app)
+
+
+@pytest.mark.filterwarnings("ignore:Message.token is deprecated")
+async def test_firebase_admin_sends_platform_options_through_the_simulator(
+    sim: SimulatorServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """firebase-admin sends a message with the common Android, APNs and Webpush options."""
     message = messaging.Message(
         token="device-token-1",
         data={"notifkit_task_id": "task-fa"},
@@ -529,11 +567,7 @@ async def test_firebase_admin_sends_platform_options_through_the_simulator(
             notification=messaging.WebpushNotification(title="Hi", body="You have mail",
                                                        icon="https://example.com/i.png")),
     )
-    try:
-        name = await asyncio.to_thread(messaging.send, message, app=app)
-    finally:
-        # Off the loop: deleting an app closes its async client with asyncio.run().
-        await asyncio.to_thread(firebase_admin.delete_app, app)
+    name = await firebase_admin_send(sim, monkeypatch, message)
 
     [record] = await sim.messages("fcm", task_id="task-fa")
     assert name == f"projects/{PROJECT}/messages/{record['id']}"
