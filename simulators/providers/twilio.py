@@ -1,6 +1,7 @@
 """Twilio Messages: `POST /2010-04-01/Accounts/{AccountSid}/Messages.json`.
 
-HTTP Basic auth (Account SID or API key SID : Auth Token or secret), form-encoded body with
+HTTP Basic auth (Account SID or API key SID : Auth Token or secret; an Account SID other
+than the path's is 401 20003, as Twilio answers it), form-encoded body with
 `To`, `From` (or `MessagingServiceSid`) and `Body` (or `MediaUrl` / `ContentSid`).
 Success is 201 with the Message resource (`sid` "SM" + 32 hex, `status` "queued").
 Errors are `{"code", "message", "more_info", "status"}` with Twilio's error codes.
@@ -99,9 +100,13 @@ class Twilio(HttpProvider):
 
     def credentials(self, request: web.Request) -> str | None:
         """Twilio meters the account in the path, whether the request authenticates with the
-        account's own SID and token or with one of its API keys (SK...)."""
+        account's own SID and token or with one of its API keys (SK...). An account SID as the
+        user authenticates that account only: another account's path is a 401 (20003)."""
         user, token = basic_auth(request)
-        return "account:" + request.match_info["sid"] if user and token else None
+        account_sid = request.match_info["sid"]
+        if not user or not token or (user.startswith("AC") and user != account_sid):
+            return None
+        return "account:" + account_sid
 
     async def parse(self, request: web.Request, body: bytes, state: SimState) -> Submission:
         account_sid = request.match_info["sid"]

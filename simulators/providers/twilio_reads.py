@@ -23,7 +23,7 @@ from urllib.parse import urlencode
 from aiohttp import web
 
 from simulators.kinds import ErrorCase, Provider
-from simulators.providers.twilio import API_VERSION, Twilio, basic_auth, message_resource
+from simulators.providers.twilio import API_VERSION, Twilio, message_resource
 from simulators.records import MessageRecord
 from simulators.replies import Reply, json_reply
 from simulators.state import STATE
@@ -73,8 +73,7 @@ def not_found(provider: Twilio, path: str) -> Reply:
 
 
 def _unauthenticated(provider: Twilio, request: web.Request) -> Reply | None:
-    user, token = basic_auth(request)
-    return None if user and token else provider.render(ErrorCase.UNAUTHORIZED)
+    return None if provider.credentials(request) else provider.render(ErrorCase.UNAUTHORIZED)
 
 
 def _page(request: web.Request, account_sid: str) -> dict[str, Any]:

@@ -124,6 +124,33 @@ async def test_bad_credentials_are_401_20003(sim: SimulatorServer) -> None:
     assert (caught.value.status, caught.value.code) == (401, 20003)
 
 
+async def test_another_accounts_sid_as_user_is_401_20003(sim: SimulatorServer) -> None:
+    """An account SID authenticates its own account only: Twilio answers 401 (20003) when the
+    Basic-auth user is an account SID other than the one in the URL."""
+    sent = await send(client(sim))
+    other = Client("AC" + "1" * 32, AUTH_TOKEN, account_sid=ACCOUNT_SID,
+                   http_client=TwilioHttpClient(timeout=5.0))
+    other.api.base_url = sim.base_url
+    with pytest.raises(TwilioRestException) as caught:
+        await send(other)
+    assert (caught.value.status, caught.value.code) == (401, 20003)
+    with pytest.raises(TwilioRestException) as caught:
+        await asyncio.to_thread(other.messages(sent.sid).fetch)
+    assert (caught.value.status, caught.value.code) == (401, 20003)
+    assert [m["id"] for m in await sim.messages("twilio")] == [sent.sid]
+
+
+async def test_an_api_key_sends_for_the_account_in_the_url(sim: SimulatorServer) -> None:
+    """With an API key (SK...) as the user, the account is the URL's."""
+    keyed = Client("SK" + "2" * 32, "api-key-secret", account_sid=ACCOUNT_SID,
+                   http_client=TwilioHttpClient(timeout=5.0))
+    keyed.api.base_url = sim.base_url
+    message = await send(keyed)
+    assert (message.status, message.account_sid) == ("queued", ACCOUNT_SID)
+    [listed] = await asyncio.to_thread(keyed.messages.list)
+    assert listed.sid == message.sid
+
+
 async def test_invalid_token_fault_is_21211(sim: SimulatorServer) -> None:
     await sim.add_fault("invalid_token", "twilio", to="+1555*")
     with pytest.raises(TwilioRestException) as caught:
