@@ -91,6 +91,23 @@ class FaultHit:
     task_id: str
 
 
+def fault_hits(log_text: str, kind: str) -> list[FaultHit]:
+    """The ``kind`` faults in the simulators' text log, each provider's (SMTP's too) alike:
+    ``simulators.pipeline.log_fault`` writes these lines."""
+    import re
+    from datetime import datetime
+
+    line_re = re.compile(r"^(\S+ \S+) \w+ \S+ (\w+) fault " + re.escape(kind)
+                         + r" \(rule [^)]*\) for to=(\S*) task_id=(\S+?)\.?$")
+    hits: list[FaultHit] = []
+    for line in log_text.splitlines():
+        match = line_re.match(line.strip())
+        if match:
+            at = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            hits.append(FaultHit(at, match.group(2), match.group(3), match.group(4)))
+    return hits
+
+
 class System:
     """Owns every process, connection and namespace of one scenario run."""
 
@@ -519,19 +536,8 @@ class System:
     def simulator_faults(self, kind: str) -> list[FaultHit]:
         """Every request the simulators answered with a ``kind`` fault, from their log (the
         simulators' own clock and the recipient and task each fault hit)."""
-        import re
-        from datetime import datetime
-
-        line_re = re.compile(r"^(\S+ \S+) \w+ \S+ (\w+) fault " + re.escape(kind)
-                             + r" \(rule [^)]*\) for to=(\S*) task_id=(\S+?)\.?$")
-        hits: list[FaultHit] = []
-        text = self.processes["simulators"].log_path.read_text(errors="replace")
-        for line in text.splitlines():
-            match = line_re.match(line.strip())
-            if match:
-                at = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-                hits.append(FaultHit(at, match.group(2), match.group(3), match.group(4)))
-        return hits
+        return fault_hits(self.processes["simulators"].log_path.read_text(errors="replace"),
+                          kind)
 
     async def wait_until(self, done: Callable[[dict[str, int]], bool],
                          timeout_s: float) -> bool:

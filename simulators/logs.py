@@ -11,6 +11,8 @@ import time
 from typing import Any
 
 LOG_FORMATS = ("text", "json")
+# The text lines; the scenario harness reads the fault lines back from them.
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
 
 
@@ -31,8 +33,7 @@ class JsonFormatter(logging.Formatter):
 
 def setup_logging(fmt: str, level: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(
-        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

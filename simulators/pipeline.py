@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -282,14 +283,7 @@ async def _handle(
     kind = decision.kind if decision else None
     if decision is not None:
         stats.faults[decision.kind] += 1
-        log.info(
-            "%s fault %s (rule %s) for to=%s task_id=%s.",
-            name,
-            decision.kind.value,
-            decision.rule.id,
-            ",".join(submission.recipients),
-            submission.task_id,
-        )
+        log_fault(name, decision, submission.recipients, submission.task_id)
     if decision is not None and kind is FaultKind.TIMEOUT:
         await state.hold(request, decision.delay_s)
         return _drop(request)
@@ -358,6 +352,15 @@ def _accept(
         for record in records:
             accept(state, stats, record)
     return provider.reply(records, submission, request)
+
+
+def log_fault(provider: Provider, decision: FaultDecision, recipients: Sequence[str],
+              task_id: str | None) -> None:
+    """One line per fault a request got, in one shape for every provider, SMTP included: the
+    scenario harness counts faults by task from these lines (``task_id=None`` when the request
+    carried none)."""
+    log.info("%s fault %s (rule %s) for to=%s task_id=%s.", provider.value, decision.kind.value,
+             decision.rule.id, ",".join(recipients), task_id)
 
 
 def accept(state: SimState, stats: ProviderStats, record: MessageRecord) -> None:

@@ -20,7 +20,9 @@ HTTP status and is used only if it is also an SMTP failure reply (421, 450-452, 
 otherwise (a 503, say, which SMTP reads as a permanent "bad sequence of commands") the kind
 answers its SMTP default above (invalid_token: 550).
 
-Task id: the message's `X-Notifkit-Task-Id` header.
+Task id: the message's `X-Notifkit-Task-Id` header, in the message's record and in the log
+line of a fault decided at DATA; a recipient refused at RCPT TO comes before any header, so
+its fault's line says `task_id=None`.
 """
 
 from __future__ import annotations
@@ -34,13 +36,11 @@ from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 
 from simulators.faults import FaultDecision
 from simulators.kinds import FaultKind, Provider
-from simulators.pipeline import TASK_ID_HEADER, accept
+from simulators.pipeline import TASK_ID_HEADER, accept, log_fault
 from simulators.providers.common import email_address, task_id_text
 from simulators.providers.smtp_content import header_text, message_content, parse_message
 from simulators.records import MessageRecord, scrub
 from simulators.state import SimState
-
-log = logging.getLogger("simulators")
 
 ANONYMOUS = "anonymous"
 # Give up waiting for the connection to be torn down after we closed it ourselves.
@@ -96,7 +96,8 @@ class SmtpHandler:
                                             kinds=(FaultKind.INVALID_TOKEN,))
         if decision is not None:
             self.state.stats[Provider.SMTP].faults[decision.kind] += 1
-            log.info("smtp fault invalid_token (rule %s) for to=%s.", decision.rule.id, address)
+            # The task id is a header of the message, which a refused recipient never sends.
+            log_fault(Provider.SMTP, decision, [address], None)
             status = decision.rule.status_for(Provider.SMTP) or 550
             return self._closing_if_421(server, status, reply_text(status, address))
         envelope.rcpt_tos.append(address)
@@ -114,24 +115,21 @@ class SmtpHandler:
             stats.rate_limited += 1
             return RATE_LIMITED_BY_LIMIT
 
+        message = parse_message(envelope.original_content or b"")
+        task_id = None if message is None else task_id_text(header_text(message, TASK_ID_HEADER))
         decision = state.faults.decide(Provider.SMTP, recipients,
                                        skip=(FaultKind.INVALID_TOKEN,))  # taken at RCPT
         if decision is not None:
             stats.faults[decision.kind] += 1
-            log.info(
-                "smtp fault %s (rule %s) for to=%s.", decision.kind.value, decision.rule.id, first
-            )
+            log_fault(Provider.SMTP, decision, recipients, task_id)
             early = await self._before_accept(server, decision, first)
             if early is not None:
                 return early
 
-        message = parse_message(envelope.original_content or b"")
         content: dict[str, Any] = {"mail_from": envelope.mail_from,
                                    "rcpt_tos": list(envelope.rcpt_tos)}
-        task_id: str | None = None
         if message is not None:
             content |= message_content(message)
-            task_id = task_id_text(header_text(message, TASK_ID_HEADER))
         record = MessageRecord(
             id=state.ids.token(12, "0123456789ABCDEF"),
             provider=Provider.SMTP,

@@ -4,14 +4,20 @@ simulator: delivery, 4xx/5xx faults, stalls, lost replies and rate limits."""
 from __future__ import annotations
 
 import asyncio
+import io
+import logging
 import smtplib
+from collections.abc import Iterator
 from email.message import EmailMessage
 from typing import Any
 
+import aiohttp
 import aiosmtplib
 import pytest
 
+from scenarios.harness import fault_hits
 from simulators import SimulatorServer
+from simulators.logs import TEXT_FORMAT
 
 SHORT_TIMEOUT_S = 0.5
 
@@ -266,3 +272,46 @@ async def test_a_header_or_part_that_does_not_decode_keeps_the_rest_of_the_messa
     [record] = await sim.messages("smtp")
     assert record["taskId"] == "task-raw"
     assert {name: record["content"][name].strip() for name in expected} == expected
+
+
+@pytest.fixture
+def sim_log() -> Iterator[io.StringIO]:
+    """The simulators' log lines, written as the scenario harness reads them."""
+    text = io.StringIO()
+    handler = logging.StreamHandler(text)
+    handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+    logger = logging.getLogger("simulators")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield text
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+async def test_the_harness_counts_smtp_faults_with_their_task(
+    sim: SimulatorServer, sim_log: io.StringIO
+) -> None:
+    """The scenarios count faults per task from the simulators' log: an SMTP fault's line
+    names its task (the X-Notifkit-Task-Id header) as an HTTP provider's does."""
+    await sim.add_fault("error", "smtp", times=1)
+    with pytest.raises(aiosmtplib.SMTPResponseException):
+        await send(sim, mail(task_id="task-e"))
+    await sim.add_fault("error", "resend", times=1)
+    email = {"from": "a@example.com", "to": "b@example.com", "subject": "s", "text": "t"}
+    headers = {"Authorization": "Bearer re_test", "X-Notifkit-Task-Id": "task-r"}
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{sim.base_url}/emails", json=email, headers=headers) as response:
+        assert response.status >= 500
+    # A recipient refused at RCPT TO never sends the header: counted, with no task.
+    await sim.add_fault("invalid_token", "smtp", to="gone@*")
+    with pytest.raises(aiosmtplib.SMTPRecipientsRefused):
+        await send(sim, mail(to="gone@example.com", task_id="task-i"))
+
+    errors = fault_hits(sim_log.getvalue(), "error")
+    assert [(h.provider, h.to, h.task_id) for h in errors] == [
+        ("smtp", "ada@example.com", "task-e"), ("resend", "b@example.com", "task-r")]
+    assert [(h.provider, h.to, h.task_id) for h in fault_hits(
+        sim_log.getvalue(), "invalid_token")] == [("smtp", "gone@example.com", "None")]
