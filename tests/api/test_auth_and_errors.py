@@ -6,6 +6,7 @@ import asyncio
 import gzip
 import json
 import logging
+import time
 import uuid
 import zlib
 
@@ -16,9 +17,11 @@ from multidict import CIMultiDict
 from redis.asyncio import Redis
 
 from notifkit.config import Settings
+from notifkit.keys import Keys
 from notifkit.services.api import validation
 from notifkit.services.api.app import create_app
-from notifkit.services.api.state import HUB
+from notifkit.services.api.auth import PROJECT_CHECK_INTERVAL_S
+from notifkit.services.api.state import HUB, KEY_CACHE
 from tests.api.conftest import ADMIN, Api, Project, start_api
 
 
@@ -542,6 +545,62 @@ async def test_keys_of_a_deleted_project_are_401_not_500_in_every_process(
         assert (await other.call("GET", "/v1/messages", key=project.full)).status == 401
         reply = await api.admin("PUT", "/v1/users/u1", project=project.id, json={})
         assert (reply.status, reply.error["code"]) == (404, "project_not_found")
+    finally:
+        await other_http.close()
+
+
+class KeyCacheClock:
+    """A key cache's monotonic clock, moved only by the test."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_an_event_with_a_key_of_a_deleted_project_is_401_in_every_process(
+    api: Api, api_settings: Settings, db: asyncpg.Pool, redis: Redis
+) -> None:
+    """POST /v1/events writes nothing to PostgreSQL, so no foreign key tells it that the
+    key's project was deleted while the key sat in the cache: it asks whether the project
+    exists, at most once a second (this process's clock is the test's here), and then refuses
+    the key as a write does, in every process."""
+    _server, other_http = await start_api(api_settings)
+    other = Api(other_http, api_settings)
+    # Both processes' clocks stand still unless moved: the other one can learn of the deletion
+    # only from this one.
+    clock, other_clock = KeyCacheClock(), KeyCacheClock()
+    api.client.app[KEY_CACHE].clock = clock
+    other_http.app[KEY_CACHE].clock = other_clock
+    stream = Keys(api_settings.namespace).events_inbound
+    event = {"name": "e", "userId": "u1"}
+    try:
+        project = await api.project()
+        for client in (api, other):  # the key cached in both processes
+            reply = await client.call("POST", "/v1/events", key=project.send, json=event)
+            assert reply.status == 202, reply.body
+        await db.execute("DELETE FROM projects WHERE id = $1", project.id)
+        # PostgreSQL had the project less than a second ago (the key's lookup): on trust.
+        assert (await api.call("POST", "/v1/events", key=project.send, json=event)).status \
+            == 202
+        queued = await redis.xlen(stream)
+
+        clock.now += PROJECT_CHECK_INTERVAL_S
+        reply = await api.call("POST", "/v1/events", key=project.send, json=event)
+        assert reply.status == 401, reply.body
+        assert reply.error["code"] == "invalid_api_key"
+        assert "project no longer exists" in reply.error["message"]
+        assert reply.headers["WWW-Authenticate"] == "Bearer"
+        assert await redis.xlen(stream) == queued  # nothing enqueued for it
+        # The other process got the word as after a revocation (bounded: 500 x 10 ms).
+        for _ in range(500):
+            if (await other.call("POST", "/v1/events", key=project.send,
+                                 json=event)).status == 401:
+                break
+            await asyncio.sleep(0.01)
+        reply = await other.call("POST", "/v1/events", key=project.send, json=event)
+        assert (reply.status, reply.error["code"]) == (401, "invalid_api_key")
     finally:
         await other_http.close()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from notifkit.services.api.auth import MAX_UNKNOWN_KEYS, KeyCache
+from notifkit.services.api.auth import MAX_UNKNOWN_KEYS, PROJECT_CHECK_INTERVAL_S, KeyCache
 
 
 class CountingPool:
@@ -19,6 +19,11 @@ class CountingPool:
     async def fetchrow(self, _sql: str, key_hash: str) -> dict[str, Any] | None:
         self.queries += 1
         return self.known.get(key_hash)
+
+    async def fetchval(self, _sql: str, project_id: str) -> int | None:
+        """The project query: a project exists while one of its keys does."""
+        self.queries += 1
+        return 1 if any(k["project_id"] == project_id for k in self.known.values()) else None
 
 
 class Clock:
@@ -58,3 +63,25 @@ async def test_known_keys_are_unaffected_and_the_memory_of_unknown_ones_is_bound
         await cache.lookup(f"random-{n}")
     assert len(cache._unknown) <= MAX_UNKNOWN_KEYS
     assert await cache.lookup("good") is not None
+
+
+async def test_a_project_is_checked_once_a_second_not_at_every_request() -> None:
+    """POST /v1/events asks whether the key's project still exists (it writes nothing to
+    PostgreSQL that would fail if not): once per interval, and not at all right after the
+    key itself was read, since deleting a project deletes its keys."""
+    pool, clock = CountingPool({"good": {"id": 1, "project_id": "p", "role": "full"}}), Clock()
+    cache = KeyCache(pool, clock=clock)  # type: ignore[arg-type]
+    await cache.lookup("good")
+    assert pool.queries == 1
+
+    assert [await cache.project_exists("p") for _ in range(50)] == [True] * 50
+    assert pool.queries == 1
+    clock.now += PROJECT_CHECK_INTERVAL_S
+    assert await cache.project_exists("p")
+    assert pool.queries == 2
+
+    pool.known.clear()  # the project deleted, and its keys with it
+    assert [await cache.project_exists("p") for _ in range(3)] == [True] * 3
+    clock.now += PROJECT_CHECK_INTERVAL_S
+    assert [await cache.project_exists("p") for _ in range(3)] == [False] * 3
+    assert pool.queries == 5  # a project found gone is asked about again, never remembered

@@ -6,6 +6,11 @@ Project keys are stored only as the hex SHA-256 of the key. A looked-up key is c
 trusted while that subscription is live: a process that lost its subscription could miss a
 revocation, so until it has resubscribed every request goes to PostgreSQL.
 
+Deleting a project (in SQL) deletes its keys but publishes nothing. A route that writes to
+PostgreSQL learns of it from the foreign key its write fails; one that writes nothing there
+(``POST /v1/events``) asks whether the project still exists, at most once per
+``PROJECT_CHECK_INTERVAL_S`` per project: :meth:`KeyCache.project_exists`.
+
 A key PostgreSQL does not know is remembered as unknown for ``UNKNOWN_KEY_TTL_S``, so a client
 retrying a revoked or mistyped key in a loop costs one query per interval, not one per request.
 That needs no subscription: keys are random and a revoked one is never restored, so a key
@@ -29,6 +34,9 @@ from notifkit.services.api.validation import parse_uuid
 
 KEY_CACHE_TTL_S = 60.0
 UNKNOWN_KEY_TTL_S = 5.0
+# How long a project PostgreSQL just had is taken to exist, by routes that write nothing there.
+PROJECT_CHECK_INTERVAL_S = 1.0
+MAX_CHECKED_PROJECTS = 10_000
 # Random keys are each new: past this many the remembered unknown keys start again from none.
 MAX_UNKNOWN_KEYS = 10_000
 KEY_PREFIX = "nk_"
@@ -84,6 +92,7 @@ class KeyCache:
         self.live = False  # set by the Hub while its revocation subscription is up
         self._entries: dict[str, tuple[float, KeyRecord]] = {}
         self._unknown: dict[str, float] = {}  # key hash -> until when it is refused from memory
+        self._projects: dict[str, float] = {}  # project id -> until when it is taken to exist
         self._revocations = 0  # bumped by every drop, so a racing lookup never re-caches
 
     async def lookup(self, key_hash: str) -> KeyRecord | None:
@@ -106,9 +115,26 @@ class KeyCache:
             self._unknown[key_hash] = now + self.unknown_ttl_s
             return None
         record = KeyRecord(str(row["id"]), str(row["project_id"]), row["role"])
+        self._project_seen(record.project_id, now)  # its keys go with it
         if self.live and seen == self._revocations:
             self._entries[key_hash] = (now + self.ttl_s, record)
         return record
+
+    async def project_exists(self, project_id: str) -> bool:
+        """Whether the project still exists: PostgreSQL is asked at most once per
+        ``PROJECT_CHECK_INTERVAL_S`` (a key just read from it counts), not at every request."""
+        now = self.clock()
+        if self._projects.get(project_id, 0.0) > now:
+            return True
+        if not await self.pool.fetchval("SELECT 1 FROM projects WHERE id = $1", project_id):
+            return False
+        self._project_seen(project_id, now)
+        return True
+
+    def _project_seen(self, project_id: str, now: float) -> None:
+        if len(self._projects) >= MAX_CHECKED_PROJECTS and project_id not in self._projects:
+            self._projects.clear()
+        self._projects[project_id] = now + PROJECT_CHECK_INTERVAL_S
 
     def drop(self, key_hash: str) -> None:
         self._revocations += 1

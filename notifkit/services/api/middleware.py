@@ -73,8 +73,8 @@ async def _project_gone(request: web.Request) -> ApiError | None:
     """A write refused for naming no project: the caller's project was deleted after the
     request was authenticated, or while its key sat in the key cache (deleting a project
     deletes its keys, and nothing publishes that). The admin key gets the 404 it gets for any
-    unknown project; a project key is no key any more: 401, and every API process forgets it
-    at once, as after a revocation. Any other foreign-key failure is a bug and stays one."""
+    unknown project; a project key is refused (``_forget_key``). Any other foreign-key failure
+    is a bug and stays one."""
     who = principal(request)
     project = who.project_id
     if project is None or await request.app[DB].fetchval(
@@ -82,6 +82,25 @@ async def _project_gone(request: web.Request) -> ApiError | None:
         return None
     if who.is_admin:
         return project_not_found()
+    return await _forget_key(request, who)
+
+
+async def require_project(request: web.Request) -> None:
+    """For a route that writes nothing to PostgreSQL, so no foreign key tells it that the
+    key's project was deleted while the key sat in the key cache: the project is checked at
+    most once a second per process (``KeyCache.project_exists``), and a key whose project is
+    gone is refused and forgotten as on a write. The admin key's project is read at every
+    request already."""
+    who = principal(request)
+    if who.is_admin or who.project_id is None:
+        return
+    if not await request.app[KEY_CACHE].project_exists(who.project_id):
+        raise await _forget_key(request, who)
+
+
+async def _forget_key(request: web.Request, who: Principal) -> ApiError:
+    """A project key whose project is gone is no key any more: 401, and every API process
+    forgets it at once, as after a revocation."""
     key = bearer_key(request.headers.get("Authorization"))
     request.app[KEY_CACHE].drop(hash_key(key))
     with contextlib.suppress(RedisError, OSError):  # the others' caches drop it within 60 s
