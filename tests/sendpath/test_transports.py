@@ -207,6 +207,26 @@ async def test_sms_asks_twilio_for_receipts_at_the_projects_webhook(
         "https://notifkit.example/v1/webhooks/twilio/0193a0a0-0000-7000-8000-000000000001")
 
 
+async def test_push_addresses_a_device_token_never_an_fcm_topic(
+    sim: SimulatorServer, settings: Settings, redis: Redis
+) -> None:
+    # A push contact is a device token: even one spelled like a topic goes out as the message's
+    # token (FCM then calls it an invalid token), never as a topic ("/topics/..." is refused).
+    spec = next(c for c in CASES if c.provider == "fcm")
+    transport = spec.make(sim)
+    await transport.open(TransportContext(settings, redis, None))
+    try:
+        result = await transport.send(Message(
+            task_id="t-push", event_id="e", project_id="p", user_id="u", channel="push",
+            to="/topics/news", content={"title": "Hi", "body": "Hello"}))
+    finally:
+        await transport.close()
+    assert result.outcome is Outcome.SENT, result.detail
+    [record] = await sim.messages("fcm")
+    assert record["content"]["token"] == "/topics/news"
+    assert "topic" not in record["content"]
+
+
 @pytest.mark.parametrize(
     ("header", "expected"),
     [
