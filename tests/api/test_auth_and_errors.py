@@ -549,6 +549,30 @@ async def test_keys_of_a_deleted_project_are_401_not_500_in_every_process(
         await other_http.close()
 
 
+async def test_a_key_of_a_deleted_project_finds_nothing_because_it_is_no_key(
+    api: Api, db: asyncpg.Pool
+) -> None:
+    """What a cached key of a deleted project names went with the project: a 404 would say
+    the thing is missing, when what is wrong is the key."""
+    project = await api.project()
+    for key in (project.full, project.send):  # cached
+        assert (await api.call("POST", "/v1/events", key=key, json={
+            "name": "e", "userId": "u1"})).status == 202
+    await db.execute("DELETE FROM projects WHERE id = $1", project.id)
+
+    for method, path, key, body in (
+        ("GET", "/v1/templates/t1", project.full, None),
+        ("POST", "/v1/workflows/w1/trigger", project.send, {"userId": "u1"}),
+    ):
+        reply = await api.call(method, path, key=key, json=body)
+        assert (reply.status, reply.error["code"]) == (401, "invalid_api_key"), path
+        assert "project no longer exists" in reply.error["message"]
+    # A project that exists still gets its 404s.
+    live = await api.project()
+    reply = await api.call("GET", "/v1/templates/t1", key=live.full)
+    assert (reply.status, reply.error["code"]) == (404, "template_not_found")
+
+
 class KeyCacheClock:
     """A key cache's monotonic clock, moved only by the test."""
 
