@@ -16,7 +16,9 @@ raised after every reply was read. There is no MULTI/EXEC mode: what must be ato
 one script call (see the worker's settle script), which, unlike MULTI, stops at a refusal.
 A connection that fails or is interrupted mid-call (a cancelled task) is closed, never
 reused with a reply still unread. A call that fails on a connection that sat idle (Redis
-restarted meanwhile) is sent once more on a new one, as redis-py's retry does.
+restarted meanwhile) is sent once more on a new one, as redis-py's retry does. A connection
+error or timeout after the commands were written is :class:`ReplyLost`: Redis may have run
+them, and a caller for whom that matters must find out before it undoes anything.
 """
 
 from __future__ import annotations
@@ -33,11 +35,20 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["Pipe", "pipe"]
+__all__ = ["Pipe", "ReplyLost", "ReplyTimedOut", "pipe"]
 
 Command = tuple[Any, ...]
 
 _RETRYABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+class ReplyLost(RedisConnectionError):
+    """The commands went out but their replies did not all come back (the connection broke or
+    timed out while they were read): some or all of them may have run."""
+
+
+class ReplyTimedOut(ReplyLost, RedisTimeoutError):
+    """:class:`ReplyLost` to a timeout, still a timeout to callers that tell them apart."""
 
 
 class _Lane:
@@ -207,21 +218,29 @@ class Pipe:
         if not self.commands:
             return []
         lane = _lane(self._redis)
+        written = [False]  # set once some attempt began writing the commands
         try:
-            return await self._once(lane, raise_on_error)
-        except _StaleConnection:
-            # The connection had died while idle (a Redis restart, say). redis-py retries
-            # such failures; so do we, once, on a new connection.
-            pass
-        try:
-            return await self._once(lane, raise_on_error)
-        except _StaleConnection as again:
-            raise again.cause from None
+            try:
+                return await self._once(lane, raise_on_error, written)
+            except _StaleConnection:
+                # The connection had died while idle (a Redis restart, say). redis-py retries
+                # such failures; so do we, once, on a new connection.
+                pass
+            try:
+                return await self._once(lane, raise_on_error, written)
+            except _StaleConnection as again:
+                raise again.cause from None
+        except _RETRYABLE as exc:
+            if written[0] and not isinstance(exc, ReplyLost):
+                lost = ReplyTimedOut if isinstance(exc, RedisTimeoutError) else ReplyLost
+                raise lost(str(exc)) from exc
+            raise
 
-    async def _once(self, lane: _Lane, raise_on_error: bool) -> list[Any]:
+    async def _once(self, lane: _Lane, raise_on_error: bool, written: list[bool]) -> list[Any]:
         conn, reused = await lane.take()
         healthy = False
         try:
+            written[0] = True
             replies = await self._call(conn)
             healthy = True
         except _RETRYABLE as exc:

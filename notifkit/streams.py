@@ -8,7 +8,8 @@ reading the DLQ with ``XRANGE``; ``data`` stays the whole record.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -96,6 +97,75 @@ async def ensure_group(redis: Redis, stream: str, group: str) -> None:
     except ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
+
+
+# Entries read per XRANGE call while searching a stream.
+SEARCH_PAGE = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSearch:
+    """What :func:`find_notifications` saw: the event ids it found, and whether the stream
+    still holds every entry added since the time it searched from (nothing trimmed or deleted
+    there), without which an id it did not find may have been there once."""
+
+    found: frozenset[str]
+    complete: bool
+
+
+async def find_notifications(redis: Redis, stream: str, since_ms: int,
+                             wanted: Mapping[str, str]) -> StreamSearch:
+    """Search ``stream``'s entries added at or after ``since_ms`` (Redis's clock: stream ids
+    are times) for the notifications ``wanted`` (event id -> project id): an entry counts
+    only if it names both. Reads pages until every one is found or the stream ends, so it is
+    for rare checks, not the hot path. A stream that does not exist holds nothing, and lost
+    nothing that can come back."""
+    start = f"{since_ms}-0"
+    try:
+        info = await redis.xinfo_stream(stream)
+    except ResponseError as exc:
+        if "no such key" not in str(exc).lower():
+            raise
+        return StreamSearch(frozenset(), True)
+    complete = _kept_since(info, start)
+    found: set[str] = set()
+    while len(found) < len(wanted):
+        page = cast(list[tuple[bytes, dict[bytes, bytes]]],
+                    await redis.xrange(stream, min=start, max="+", count=SEARCH_PAGE))
+        for _entry_id, fields in page:
+            try:
+                payload = decode(fields)
+            except MalformedPayload:
+                continue
+            event_id = payload.get("eventId")
+            if isinstance(event_id, str) and wanted.get(event_id) == payload.get("projectId"):
+                found.add(event_id)
+        if len(page) < SEARCH_PAGE:
+            break
+        start = "(" + as_str(page[-1][0])
+    return StreamSearch(frozenset(found), complete)
+
+
+def _kept_since(info: Mapping[Any, Any], start: str) -> bool:
+    """Whether the stream still holds every entry added at or after ``start``: nothing later
+    was deleted (``max-deleted-entry-id``, Redis 7, which counts XDEL but not trimming), and
+    nothing was ever removed (``entries-added``, Redis 7) or its oldest entry is no later
+    (trimming removes from the oldest)."""
+    deleted = info.get("max-deleted-entry-id")
+    if deleted is not None and _id_key(as_str(deleted)) >= _id_key(start):
+        return False
+    added = info.get("entries-added")
+    if added is not None and int(added) == int(info.get("length") or 0):
+        return True
+    first = info.get("first-entry")
+    if first is None:  # emptied: complete only if nothing was added since start
+        return _id_key(as_str(info.get("last-generated-id") or b"0-0")) < _id_key(start)
+    return _id_key(as_str(first[0])) <= _id_key(start)
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def as_str(value: bytes | str) -> str:

@@ -16,18 +16,26 @@ remembered, so a template created a moment ago is found at once.
 
 Accepting keeps its guarantee per send: a send whose rows are written but whose XADD fails has
 its rows deleted again and the caller gets an error (503 for an unreachable Redis), so nothing
-is left half-accepted; a send whose rows cannot be written is never enqueued.
+is left half-accepted; a send whose rows cannot be written is never enqueued. When the XADDs
+went out but their replies never came (the connection broke or timed out), Redis may have run
+them: before anything is undone, a new connection searches each stream from just before the
+call for the sends' entries. A send found there is accepted (202); one provably absent is
+rolled back as above; one Redis cannot tell about (still unreachable, or the stream trimmed
+past the call) keeps its rows and gets the 503, and the scheduler's reconciliation
+(:mod:`notifkit.reconcile`) settles it later from what the stream holds.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import asyncpg
-from redis.asyncio import Redis
+from redis.asyncio import ConnectionPool, Redis
+from redis.exceptions import RedisError
 
 from notifkit.coalesce import Coalescer
 from notifkit.codec import json_text
@@ -35,14 +43,19 @@ from notifkit.config import Settings
 from notifkit.keys import Keys
 from notifkit.messages import InboundMessage
 from notifkit.ratelimit import Bucket, TokenBuckets
-from notifkit.redis_pipe import pipe
+from notifkit.redis_pipe import ReplyLost, pipe
 from notifkit.services.api.idempotency import Remember
-from notifkit.streams import XADD_AND_SET, queue_xadd, xadd_and_set_args
+from notifkit.streams import XADD_AND_SET, find_notifications, queue_xadd, xadd_and_set_args
 
 log = logging.getLogger("notifkit.api")
 
 KNOWN_TEMPLATE_TTL_S = 60.0
 MAX_KNOWN_TEMPLATES = 10_000
+# After a lost reply the streams are searched from this long before the call, by Redis's own
+# clock (its TIME less the time the call took here), so clock steps that small still find it.
+LOST_REPLY_SLACK_MS = 1000
+# How long the search after a lost reply may take before Redis counts as unable to tell.
+LOST_REPLY_CHECK_S = 5.0
 
 # One statement for the whole batch, rows as parallel arrays (jsonb as JSON text): one plan
 # and one execution where an executemany would make one of each per request.
@@ -143,15 +156,28 @@ class Admission:
                 enqueue.eval(XADD_AND_SET, *xadd_and_set_args(
                     stream, message, self.settings.queue_max_len, remember.key,
                     remember.record, remember.ttl_s))
+        started_s = time.monotonic()
         try:
             replies: Sequence[Any] = await enqueue.execute(raise_on_error=False)
+        except ReplyLost as exc:  # they may have run: look before undoing anything
+            replies = await self._after_lost_reply([messages[i] for i in written], started_s,
+                                                   exc)
         except Exception as exc:  # the whole pipeline failed: none of them is enqueued
             replies = [exc] * len(written)
         failed: list[InboundMessage] = []
+        unsure: list[InboundMessage] = []
         for index, reply in zip(written, replies, strict=True):
-            if isinstance(reply, BaseException):
+            if isinstance(reply, _Unsure):
+                results[index] = reply.error
+                unsure.append(messages[index])
+            elif isinstance(reply, BaseException):
                 results[index] = reply
                 failed.append(messages[index])
+        if unsure:
+            log.warning("Redis cannot tell whether %d accepted notifications were enqueued (the "
+                        "reply was lost and it is still unreachable); their callers get a 503 "
+                        "and their rows stay for the scheduler's reconciliation to settle.",
+                        len(unsure), extra={"event_id": unsure[0]["eventId"]})
         if failed:
             log.warning("Enqueueing %d accepted notifications failed (%s); deleting their rows "
                         "so nothing is left half-accepted.", len(failed),
@@ -159,6 +185,51 @@ class Admission:
                         extra={"event_id": failed[0]["eventId"]})
             await self._forget(failed)
         return results
+
+    async def _after_lost_reply(self, messages: list[InboundMessage], started_s: float,
+                                error: ReplyLost) -> list[Any]:
+        """Per message, as a pipeline reply would be: its event id if its entry is on its
+        stream, ``error`` if provably not, an :class:`_Unsure` if Redis cannot tell."""
+        try:
+            async with asyncio.timeout(LOST_REPLY_CHECK_S):
+                found, searched = await self._search_streams(messages, started_s)
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("Could not look for notifications whose enqueue reply was lost (%s).",
+                        exc, extra={"event_id": messages[0]["eventId"]})
+            return [_Unsure(error)] * len(messages)
+        log.warning("Lost the reply to enqueueing %d notifications (%s); %d of them are on "
+                    "their streams and stay accepted.", len(messages), error, len(found),
+                    extra={"event_id": messages[0]["eventId"]})
+        return [m["eventId"] if m["eventId"] in found
+                else error if searched[self.keys.inbound(m["priority"])] else _Unsure(error)
+                for m in messages]
+
+    async def _search_streams(self, messages: list[InboundMessage],
+                              started_s: float) -> tuple[set[str], dict[str, bool]]:
+        """The event ids found on their streams, and per stream whether the search saw every
+        entry added since the call (so what it did not find was never there)."""
+        by_stream: dict[str, dict[str, str]] = {}
+        for m in messages:
+            by_stream.setdefault(self.keys.inbound(m["priority"]), {})[m["eventId"]] = (
+                m["projectId"])
+        # A connection of its own: the pool's may be the broken one's siblings.
+        source = self.redis.connection_pool
+        client = Redis.from_pool(ConnectionPool(
+            connection_class=source.connection_class, max_connections=1,
+            **source.connection_kwargs))
+        try:
+            seconds, micros = await client.time()
+            elapsed_ms = int((time.monotonic() - started_s) * 1000)
+            since_ms = seconds * 1000 + micros // 1000 - elapsed_ms - LOST_REPLY_SLACK_MS
+            found: set[str] = set()
+            complete: dict[str, bool] = {}
+            for stream, wanted in by_stream.items():
+                search = await find_notifications(client, stream, since_ms, wanted)
+                found |= search.found
+                complete[stream] = search.complete
+        finally:
+            await client.aclose()
+        return found, complete
 
     async def _insert(self, messages: list[InboundMessage],
                       results: list[BaseException | None]) -> None:
@@ -196,6 +267,15 @@ class Admission:
             log.exception("Could not delete the rows of notifications that were never "
                           "enqueued; they will show as accepted.",
                           extra={"event_id": messages[0]["eventId"]})
+
+
+class _Unsure:
+    """A send Redis could not say it enqueued or not: answered with ``error``, rows kept."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
 
 
 def _accepted_row(m: InboundMessage) -> tuple[Any, ...]:

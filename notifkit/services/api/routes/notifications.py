@@ -3,7 +3,8 @@
 Accepting a send writes the ``notifications`` row and the event's ``accepted`` timeline row in
 one transaction, then XADDs the :class:`~notifkit.messages.InboundMessage` to
 ``inbound:{priority}``. If the XADD fails the rows are deleted again and the caller gets a 503:
-nothing is left half-accepted.
+nothing is left half-accepted (after a lost reply, only once the stream shows the XADD never
+ran; see :mod:`notifkit.services.api.admission`).
 
 A recipient+channel status is the status of its latest timeline row, except that a terminal row
 outranks a later ``processing`` one (a retry that had already been decided) unless that row is
