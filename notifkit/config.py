@@ -61,7 +61,8 @@ VARIABLES: Final = frozenset({
     "NOTIFKIT_PUBLIC_URL", "NOTIFKIT_SECRET", "NOTIFKIT_SERVICES", "NOTIFKIT_SIMULATOR_SMTP",
     "NOTIFKIT_SIMULATOR_URL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_MODEL", "PORT",
     "PROVIDER_RATE_LIMITS", "PROVIDER_TIMEOUT_SECONDS", "QUEUE_MAX_LEN",
-    "RECLAIM_INTERVAL_SECONDS", "RECLAIM_MIN_IDLE_SECONDS", "REDIS_URL", "RESEND_API_KEY",
+    "RECLAIM_INTERVAL_SECONDS", "RECLAIM_MIN_IDLE_SECONDS", "RECONCILE_GRACE_SECONDS",
+    "REDIS_URL", "RESEND_API_KEY",
     "RESEND_BASE_URL", "RESEND_WEBHOOK_SECRET", "SCHEDULER_LOCK_TTL_SECONDS",
     "SCHEDULER_POLL_INTERVAL_SECONDS", "SENDGRID_API_KEY", "SENDGRID_BASE_URL",
     "SENDGRID_WEBHOOK_SECRET", "SHUTDOWN_GRACE_SECONDS", "SMTP_URL", "SMTP_WEBHOOK_SECRET",
@@ -107,6 +108,7 @@ _NUMBERS: Final[dict[str, tuple[str, type, float]]] = {
     "throttle_window_s": ("THROTTLE_WINDOW_SECONDS", int, 1),
     "scheduler_poll_interval_s": ("SCHEDULER_POLL_INTERVAL_SECONDS", float, 0.01),
     "scheduler_lock_ttl_s": ("SCHEDULER_LOCK_TTL_SECONDS", int, 1),
+    "reconcile_grace_s": ("RECONCILE_GRACE_SECONDS", float, 1.0),
     "workflow_lock_ttl_s": ("WORKFLOW_LOCK_TTL_SECONDS", int, 1),
     "heartbeat_interval_s": ("HEARTBEAT_INTERVAL_SECONDS", float, 0.1),
     "shutdown_grace_s": ("SHUTDOWN_GRACE_SECONDS", float, 0.0),
@@ -224,6 +226,9 @@ class Settings:
     throttle_window_s: int = 3600
     scheduler_poll_interval_s: float = 0.5
     scheduler_lock_ttl_s: int = 30
+    # How long a notification may stay accepted with nothing more on its timeline before the
+    # poll lock holder checks its stream for it (notifkit/reconcile.py).
+    reconcile_grace_s: float = 300.0
     workflow_lock_ttl_s: int = 60
     # provider -> sends per second across every delivery process (PROVIDER_RATE_LIMITS); 0 = no
     # bucket. Unset providers use their documented rate (transports/registry.py).
@@ -377,6 +382,7 @@ def _read_env(env: Mapping[str, str]) -> dict[str, Any]:
     put("throttle_window_s", _int(env, "THROTTLE_WINDOW_SECONDS", 1))
     put("scheduler_poll_interval_s", _float(env, "SCHEDULER_POLL_INTERVAL_SECONDS", 0.01))
     put("scheduler_lock_ttl_s", _int(env, "SCHEDULER_LOCK_TTL_SECONDS", 1))
+    put("reconcile_grace_s", _float(env, "RECONCILE_GRACE_SECONDS", 1.0))
     put("workflow_lock_ttl_s", _int(env, "WORKFLOW_LOCK_TTL_SECONDS", 1))
     heartbeat_interval_s = _float(env, "HEARTBEAT_INTERVAL_SECONDS", 0.1)
     if heartbeat_interval_s is not None:
@@ -674,6 +680,7 @@ def _validate(s: Settings) -> None:
         "SHUTDOWN_GRACE_SECONDS": s.shutdown_grace_s,
         "SCHEDULER_POLL_INTERVAL_SECONDS": s.scheduler_poll_interval_s,
         "SCHEDULER_LOCK_TTL_SECONDS": s.scheduler_lock_ttl_s,
+        "RECONCILE_GRACE_SECONDS": s.reconcile_grace_s,
         "WORKFLOW_LOCK_TTL_SECONDS": s.workflow_lock_ttl_s,
         "THROTTLE_WINDOW_SECONDS": s.throttle_window_s,
     }

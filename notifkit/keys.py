@@ -29,6 +29,9 @@ Other keys:
     notif:workflow:timers:ready              STR   set once the timers are built; missing =
                                                    Redis lost them, rebuild from PostgreSQL
     notif:lock:scheduler:poll                STR   token of the one polling scheduler, 30 s TTL
+    notif:reconcile:cursor                   STR   time (ms, UUIDv7 order) up to which the poll
+                                                   lock holder has checked accepted notifications
+                                                   for ones never enqueued (notifkit.reconcile)
     lock:workflow:{instanceId}               STR   token of the instance's runner, 60 s TTL
     throttle:{projectId}:user:{userId}       ZSET  sliding window of send times per user
     notif:processed:{stage}:{dedupKey}       STR   dedup mark = id of the stream entry that
@@ -170,6 +173,10 @@ class Keys:
     @property
     def scheduler_lock(self) -> str:
         return self._k("notif:lock:scheduler:poll")
+
+    @property
+    def reconcile_cursor(self) -> str:
+        return self._k("notif:reconcile:cursor")
 
     def workflow_lock(self, instance_id: str) -> str:
         return self._k(f"lock:workflow:{instance_id}")

@@ -31,6 +31,10 @@ missing (at start, or noticed by any later poll), the poll-lock holder re-adds e
 then sets the marker. A task moved but not yet deleted from PostgreSQL when Redis lost its
 data is the one that can leave twice; delivery's taskId dedup absorbs that.
 
+Reconciliation: the poll lock holder also runs :class:`notifkit.reconcile.Reconciler` every
+``reconcile_interval_s``, so exactly one process of the fleet settles accepted notifications
+that were never enqueued; a pass stops between slices once the lock is lost.
+
 Tests drive it without sleeping: :meth:`SchedulerService.run_until_idle` ingests everything
 and polls once at ``clock()``; the clock (``clock=`` option, ms) is injectable.
 """
@@ -54,6 +58,7 @@ from notifkit.errors import MalformedPayload
 from notifkit.ids import is_uuid
 from notifkit.keys import PRIORITIES, SCHEDULER_SHARDS, shard_of
 from notifkit.messages import ScheduledTask, parse_scheduled_task
+from notifkit.reconcile import Reconciler
 from notifkit.services.base import WorkerService
 from notifkit.streams import as_str
 from notifkit.tasks import cancel_all
@@ -62,6 +67,11 @@ from notifkit.worker import Entry
 log = logging.getLogger("notifkit.scheduler")
 
 Clock = Callable[[], int]
+
+# How often the lock holder reconciles: a fraction of the grace period, so a never-enqueued
+# notification is settled soon after it, within a minute at most.
+RECONCILE_SHARE = 4
+MAX_RECONCILE_INTERVAL_S = 60.0
 
 # KEYS: zset, payload hash, moved set, lock. ARGV: now_ms, limit, maxlen, token ('' = no check).
 # Returns -1 when the lock is not ours, else {moved: {id, due, project, ...}, orphans: {id...},
@@ -170,6 +180,10 @@ class SchedulerService(WorkerService):
         self._forget = self.redis.register_script(_FORGET_MOVED)
         self._renew = self.redis.register_script(_RENEW_LOCK)
         self._release = self.redis.register_script(_RELEASE_LOCK)
+        self.reconciler = Reconciler(settings, self.keys, self.redis, lambda: self.pool,
+                                     clock=self.clock)
+        self.reconcile_interval_s = min(MAX_RECONCILE_INTERVAL_S,
+                                        settings.reconcile_grace_s / RECONCILE_SHARE)
         self._targets = frozenset(
             [*self.keys.outbound_all(), *self.keys.enriched_all(), *self.keys.inbound_all(),
              self.keys.ai_pending]
@@ -188,6 +202,8 @@ class SchedulerService(WorkerService):
         self._background.append(
             asyncio.create_task(self._poll_loop(), name=f"{self.worker.consumer}:poll")
         )
+        self._background.append(asyncio.create_task(
+            self._reconcile_loop(), name=f"{self.worker.consumer}:reconcile"))
 
     async def stop(self) -> None:
         # The poll loop's redis-py calls can swallow a cancel (Python 3.11's wait_for): a
@@ -269,6 +285,19 @@ class SchedulerService(WorkerService):
                 log.warning("A scheduler poll failed (%s); polling again in %.2f s.", exc,
                             interval_s, extra={"service": self.name})
             await asyncio.sleep(interval_s)
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.reconcile_interval_s)
+            if not self.holds_lock:
+                continue
+            try:
+                await self.reconciler.run_once(still_leader=lambda: self.holds_lock)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a chore: log and carry on
+                log.warning("A reconciliation pass failed (%s); trying again in %.0f s.", exc,
+                            self.reconcile_interval_s, extra={"service": self.name})
 
     async def poll_once(self, now_ms: int | None = None) -> int:
         """One poll: hold the lock, rebuild if Redis lost the shards, move what is due at

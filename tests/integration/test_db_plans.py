@@ -15,6 +15,7 @@ import asyncpg
 from notifkit.db.outbox import _CLAIM
 from notifkit.db.recipients import _RECIPIENTS_SQL
 from notifkit.ids import uuid7
+from notifkit.reconcile import _CANDIDATES, id_floor
 
 # A batch UPDATE by primary key, as the workers issue them.
 _UPDATE = ("UPDATE notifications n SET status = 'processing', updated_at = now() "
@@ -120,3 +121,30 @@ async def test_loading_a_batch_of_recipients_probes_users_by_key(db: asyncpg.Poo
                                 [project] * batch, [f"u{n}" for n in range(batch)])
     plan = "\n".join(r[0] for r in rows)
     assert "Seq Scan on users" not in plan, plan
+
+
+async def test_a_reconciliation_slice_reads_its_minute_of_notifications_by_primary_key(
+    db: asyncpg.Pool,
+) -> None:
+    """The reconciliation looks at one minute of notifications at a time, on a table that
+    only grows: a range of the primary key (ids are UUIDv7) and a timeline probe per row,
+    never a scan of every notification or every timeline row."""
+    base_ms = 1_780_000_000_000
+    ids = [uuid7(base_ms + n * 1000) for n in range(GROWN)]  # one a second, over 8 hours
+    async with db.acquire() as conn:
+        project = uuid.uuid4()
+        await conn.execute("INSERT INTO projects (id, name) VALUES ($1, 'plans')", project)
+        await conn.execute(
+            "INSERT INTO notifications (id, project_id, template_id, recipients_spec) "
+            "SELECT id, $1, 'basic', '\"u\"' FROM unnest($2::uuid[]) id", project, ids)
+        await conn.execute(
+            "INSERT INTO message_logs (project_id, event_id, task_id, channel, kind, status) "
+            "SELECT $1, id, id::text, '', k, k FROM unnest($2::uuid[]) id, "
+            "unnest(ARRAY['accepted', 'processing']) k", project, ids)
+        await conn.execute("ANALYZE notifications, message_logs")
+        minute = base_ms + 3600_000
+        rows = await conn.fetch("EXPLAIN (COSTS OFF) " + _CANDIDATES,
+                                id_floor(minute), id_floor(minute + 60_000), 300.0)
+    plan = "\n".join(r[0] for r in rows)
+    assert "Seq Scan on notifications" not in plan, plan
+    assert "Seq Scan on message_logs" not in plan, plan

@@ -44,6 +44,7 @@ def test_defaults_match_the_contract() -> None:
     assert s.port == 8080
     assert s.provider_timeout_s == 10
     assert s.scheduler_lock_ttl_s == 30
+    assert s.reconcile_grace_s == 300
     assert s.workflow_lock_ttl_s == 60
     assert s.max_body_bytes == 1024 * 1024
     # No transport is enabled unless configured.
@@ -71,6 +72,7 @@ def test_values_are_read_from_the_environment() -> None:
         "NOTIFKIT_ADMIN_KEY": "admin-key-0123456789",
         "NOTIFKIT_SECRET": "secret-0123456789abcdef",
         "PROVIDER_TIMEOUT_SECONDS": "2.5",
+        "RECONCILE_GRACE_SECONDS": "90",
     })
     assert s.redis_url == "redis://cache:6380/2"
     assert s.database_url == "postgresql://app:pw@db:5432/notifkit"
@@ -87,6 +89,7 @@ def test_values_are_read_from_the_environment() -> None:
     assert s.admin_key == "admin-key-0123456789"
     assert s.secret == "secret-0123456789abcdef"
     assert s.provider_timeout_s == 2.5
+    assert s.reconcile_grace_s == 90
 
 
 def test_code_overrides_win_over_the_environment() -> None:
@@ -148,6 +151,8 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         ({"RECLAIM_MIN_IDLE_SECONDS": "-1"}, "RECLAIM_MIN_IDLE_SECONDS"),
         ({"IDEMPOTENCY_TTL_SECONDS": "0"}, "IDEMPOTENCY_TTL_SECONDS"),
         ({"PROVIDER_TIMEOUT_SECONDS": "0"}, "PROVIDER_TIMEOUT_SECONDS"),
+        ({"RECONCILE_GRACE_SECONDS": "0.5"}, "RECONCILE_GRACE_SECONDS"),
+        ({"RECONCILE_GRACE_SECONDS": "soon"}, "RECONCILE_GRACE_SECONDS"),
         ({"NOTIFKIT_SECRET": "short"}, "NOTIFKIT_SECRET"),
         ({"NOTIFKIT_ADMIN_KEY": "short"}, "NOTIFKIT_ADMIN_KEY"),
         ({"LOG_FORMAT": "xml"}, "LOG_FORMAT"),
@@ -223,6 +228,7 @@ def test_invalid_values_given_in_code_name_the_variable_too() -> None:
         ({"shutdown_grace_s": -1.0}, "SHUTDOWN_GRACE_SECONDS"),
         ({"scheduler_poll_interval_s": 0.0}, "SCHEDULER_POLL_INTERVAL_SECONDS"),
         ({"scheduler_lock_ttl_s": 0}, "SCHEDULER_LOCK_TTL_SECONDS"),
+        ({"reconcile_grace_s": float("inf")}, "RECONCILE_GRACE_SECONDS"),
         ({"reclaim_interval_s": float("nan")}, "RECLAIM_INTERVAL_SECONDS"),
     ],
 )
