@@ -23,10 +23,11 @@ from notifkit.ids import uuid7
 from notifkit.keys import Keys
 from notifkit.messages import InboundMessage
 from notifkit.ratelimit import TokenBuckets
+from notifkit.services.api import admission as admission_module
 from notifkit.services.api.admission import Admission
 from notifkit.services.api.idempotency import Remember
 from notifkit.streams import decode
-from tests.api.conftest import Project
+from tests.api.conftest import Api, Project, start_api
 from tests.support.redis_proxy import BreakingProxy, Mode
 from tests.support.streams import xrange
 
@@ -148,3 +149,44 @@ async def test_a_send_redis_cannot_tell_about_keeps_its_rows_and_its_caller_gets
     # The rows stay for the reconciliation: the entry is on the stream after all
     assert await _rows_of(db, message["eventId"]) == (1, 1)
     assert await _entries_of(redis, settings, message["eventId"]) == 1
+
+
+async def test_a_keyed_send_redis_cannot_tell_about_keeps_its_key_so_the_retry_gets_its_answer(
+    api_settings: Settings, target: tuple[str, int], redis: Redis, db: asyncpg.Pool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with BreakingProxy(*target, "reply", every=True) as proxy:
+        _server, client = await start_api(api_settings.replace(redis_url=proxy.url))
+        try:
+            api = Api(client, api_settings)
+            project = await api.project()
+            await api.call("PUT", "/v1/templates/t", key=project.full, json={
+                "channels": {"email": {"subject": "s", "text": "t"}}})
+            # Given a send whose XADD ran, whose reply was lost, and whose stream Redis
+            # cannot search just then
+            async def unreachable(*_args: object) -> None:
+                raise RedisConnectionError("still unreachable")
+
+            monkeypatch.setattr(admission_module, "find_notifications", unreachable)
+            send = {"to": "u1", "template": "t"}
+            headers = {"x-idempotency-key": "order-7"}
+            first = await api.call("POST", "/v1/notifications", key=project.send, json=send,
+                                   headers=headers)
+            assert first.status == 503
+            monkeypatch.undo()
+            proxy.heal()
+
+            # When the caller retries with the same key
+            retry = await api.call("POST", "/v1/notifications", key=project.send, json=send,
+                                   headers=headers)
+        finally:
+            await client.close()
+
+    # Then it gets the first answer: the notification that is on the stream, with its rows
+    # (twice on the stream if the lost reply's connection had served earlier calls: such a
+    # call is sent once more on a new connection, and the enricher drops the copy)
+    assert retry.status == 202
+    assert retry.headers.get("x-idempotent-replay") == "true"
+    event_id = retry.body["id"]
+    assert await _entries_of(redis, api_settings, event_id) >= 1
+    assert await _rows_of(db, event_id) == (1, 1)

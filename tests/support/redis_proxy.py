@@ -5,8 +5,10 @@
     "request"  the command never reaches Redis; the connection is reset
 
 Only the first connection that carries an XADD (a plain one or inside a script) is broken, so
-the handshake and every other command pass. ``refuse_after`` makes the proxy refuse every new
-connection once it has broken one: Redis then looks unreachable, as after a crash.
+the handshake and every other command pass; with ``every=True``, each one is until
+:meth:`heal` (a client that sends the command again on a new connection meets the same fault).
+``refuse_after`` makes the proxy refuse every new connection once it has broken one: Redis
+then looks unreachable, as after a crash.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ Mode = Literal["reply", "request"]
 
 class BreakingProxy:
     def __init__(self, target_host: str, target_port: int, mode: Mode, *,
-                 refuse_after: bool = False) -> None:
+                 refuse_after: bool = False, every: bool = False) -> None:
         self.target = (target_host, target_port)
         self.mode = mode
         self.refuse_after = refuse_after
+        self.every = every
+        self.healed = False
         self.broken = asyncio.Event()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -35,6 +39,10 @@ class BreakingProxy:
         assert self._server is not None
         port = self._server.sockets[0].getsockname()[1]
         return f"redis://127.0.0.1:{port}/0"
+
+    def heal(self) -> None:
+        """Break nothing more."""
+        self.healed = True
 
     async def __aenter__(self) -> BreakingProxy:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -59,7 +67,7 @@ class BreakingProxy:
 
         async def upstream() -> None:
             while data := await client_r.read(CHUNK_BYTES):
-                if b"XADD" in data.upper() and not self.broken.is_set():
+                if b"XADD" in data.upper() and self._breaks():
                     self.broken.set()
                     if self.mode == "request":
                         break
@@ -82,3 +90,8 @@ class BreakingProxy:
         for writer in (client_w, server_w):
             writer.transport.abort()
             self._writers.discard(writer)
+
+    def _breaks(self) -> bool:
+        if self.healed:
+            return False
+        return self.every or not self.broken.is_set()

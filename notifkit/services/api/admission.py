@@ -44,7 +44,7 @@ from notifkit.keys import Keys
 from notifkit.messages import InboundMessage
 from notifkit.ratelimit import Bucket, TokenBuckets
 from notifkit.redis_pipe import ReplyLost, pipe
-from notifkit.services.api.idempotency import Remember
+from notifkit.services.api.idempotency import MaybeDone, Remember
 from notifkit.streams import XADD_AND_SET, find_notifications, queue_xadd, xadd_and_set_args
 
 log = logging.getLogger("notifkit.api")
@@ -270,12 +270,14 @@ class Admission:
 
 
 class _Unsure:
-    """A send Redis could not say it enqueued or not: answered with ``error``, rows kept."""
+    """A send Redis could not say it enqueued or not: answered with :class:`MaybeDone`
+    (a 503 that keeps its idempotency key), its rows kept."""
 
     __slots__ = ("error",)
 
     def __init__(self, error: BaseException) -> None:
-        self.error = error
+        self.error = MaybeDone(str(error))
+        self.error.__cause__ = error
 
 
 def _accepted_row(m: InboundMessage) -> tuple[Any, ...]:

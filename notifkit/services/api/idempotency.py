@@ -28,6 +28,7 @@ from typing import Any
 
 from aiohttp import web
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from notifkit import codec
 from notifkit.services.api.errors import ApiError, invalid_field, json_response
@@ -51,6 +52,12 @@ class Remember:
     key: str
     record: bytes
     ttl_s: int
+
+
+class MaybeDone(RedisConnectionError):
+    """The work's outcome is unknown: its enqueue (and with it the key's record) may have run.
+    The key is kept, so a retry replays the record if it was written, and otherwise waits for
+    the pending claim to expire rather than making a second notification at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +177,8 @@ async def answer_once(
         return json_response(replay.body, replay.status, {REPLAY_HEADER: "true"})
     try:
         await enqueue(idem.remember(status, response))
+    except MaybeDone:
+        raise
     except BaseException:
         await idem.release()
         raise
