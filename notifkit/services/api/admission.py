@@ -175,8 +175,9 @@ class Admission:
                 failed.append(messages[index])
         if unsure:
             log.warning("Redis cannot tell whether %d accepted notifications were enqueued (the "
-                        "reply was lost and it is still unreachable); their callers get a 503 "
-                        "and their rows stay for the scheduler's reconciliation to settle.",
+                        "reply was lost, and Redis is unreachable or the stream was trimmed "
+                        "past the call); their callers get a 503 and their rows stay for the "
+                        "scheduler's reconciliation to settle.",
                         len(unsure), extra={"event_id": unsure[0]["eventId"]})
         if failed:
             log.warning("Enqueueing %d accepted notifications failed (%s); deleting their rows "
