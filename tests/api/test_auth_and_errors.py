@@ -573,6 +573,24 @@ async def test_a_key_of_a_deleted_project_finds_nothing_because_it_is_no_key(
     assert (reply.status, reply.error["code"]) == (404, "template_not_found")
 
 
+async def test_a_key_of_a_deleted_project_lists_nothing_once_a_second_has_passed(
+    api: Api, db: asyncpg.Pool
+) -> None:
+    """A list finds nothing to fail on; the project is checked at most once a second."""
+    clock = KeyCacheClock()
+    api.client.app[KEY_CACHE].clock = clock
+    project = await api.project()
+    assert (await api.call("GET", "/v1/messages", key=project.full)).status == 200  # cached
+    await db.execute("DELETE FROM projects WHERE id = $1", project.id)
+    # PostgreSQL had the project less than a second ago (the key's lookup): on trust.
+    assert (await api.call("GET", "/v1/messages", key=project.full)).status == 200
+
+    clock.now += PROJECT_CHECK_INTERVAL_S
+    reply = await api.call("GET", "/v1/messages", key=project.full)
+    assert (reply.status, reply.error["code"]) == (401, "invalid_api_key")
+    assert "project no longer exists" in reply.error["message"]
+
+
 class KeyCacheClock:
     """A key cache's monotonic clock, moved only by the test."""
 

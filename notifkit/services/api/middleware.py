@@ -57,6 +57,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         return await handler(request)
     _reject_repeated_headers(request)
     request[PRINCIPAL] = await authenticate(request, op)
+    await require_project(request)
     _reject_unknown_query(request, op)
     if op.body is None and op.method not in ("GET", "HEAD") and request.body_exists:
         await _reject_body(request)
@@ -96,11 +97,11 @@ async def _project_gone(request: web.Request) -> ApiError | None:
 
 
 async def require_project(request: web.Request) -> None:
-    """For a route that writes nothing to PostgreSQL, so no foreign key tells it that the
-    key's project was deleted while the key sat in the key cache: the project is checked at
-    most once a second per process (``KeyCache.project_exists``), and a key whose project is
-    gone is refused and forgotten as on a write. The admin key's project is read at every
-    request already."""
+    """A project key whose project was deleted while the key sat in the key cache is refused
+    and forgotten as on a write, whatever the route: a read would otherwise list an empty
+    project, and ``POST /v1/events`` writes nothing to PostgreSQL that would fail. The
+    project is checked at most once a second per process (``KeyCache.project_exists``). The
+    admin key's project is read at every request already."""
     who = principal(request)
     if who.is_admin or who.project_id is None:
         return
