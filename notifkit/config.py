@@ -747,6 +747,8 @@ def _validate(s: Settings) -> None:
     if bool(s.sms.account_sid) != bool(s.sms.auth_token):
         missing = "TWILIO_AUTH_TOKEN" if s.sms.account_sid else "TWILIO_ACCOUNT_SID"
         raise ConfigError(missing, "is required when the other Twilio credential is set")
+    if s.sms.enabled and not s.sms.from_number:
+        raise ConfigError("TWILIO_FROM", "is required when Twilio is configured")
 
 
 def _validate_email(e: EmailSettings) -> None:

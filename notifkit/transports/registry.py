@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from notifkit.config import ConfigError, Settings
+from notifkit.config import Settings
 from notifkit.transports.base import Transport
 from notifkit.transports.fcm import FcmTransport
 from notifkit.transports.inapp import InAppTransport
@@ -66,9 +66,7 @@ def build_transports(
         built["email"] = SmtpTransport(url=email.smtp_url, from_addr=email.from_addr,
                                        timeout_s=timeout_s)
     sms = settings.sms
-    if sms.enabled and sms.account_sid and sms.auth_token:
-        if not sms.from_number:
-            raise ConfigError("TWILIO_FROM", "is required when Twilio is configured")
+    if sms.account_sid and sms.auth_token and sms.from_number:  # Settings requires the number
         built["sms"] = TwilioTransport(
             account_sid=sms.account_sid, auth_token=sms.auth_token, from_number=sms.from_number,
             base_url=sms.base_url, public_url=settings.public_url, timeout_s=timeout_s,

@@ -163,6 +163,11 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         ({"SMTP_URL": "http://mail:25"}, "SMTP_URL"),
         ({"RESEND_API_KEY": "k", "RESEND_BASE_URL": "resend.local"}, "RESEND_BASE_URL"),
         ({"TWILIO_ACCOUNT_SID": "AC1"}, "TWILIO_AUTH_TOKEN"),
+        # Refused only when delivery built its transports: migrations had run and the API was
+        # listening by then, and the record carried no `setting`.
+        ({"TWILIO_ACCOUNT_SID": "AC1", "TWILIO_AUTH_TOKEN": "t"}, "TWILIO_FROM"),
+        ({"TWILIO_ACCOUNT_SID": "AC1", "TWILIO_AUTH_TOKEN": "t",
+          "NOTIFKIT_SIMULATOR_URL": "http://sim:8025"}, "TWILIO_FROM"),
         ({"TWILIO_BASE_URL": "ftp://twilio"}, "TWILIO_BASE_URL"),
         ({"FCM_PROJECT_ID": "p"}, "FCM_ACCESS_TOKEN"),
         # Push credentials without the project they belong to were ignored without a word
@@ -277,6 +282,7 @@ def test_simulator_url_leaves_configured_transports_alone() -> None:
         "SENDGRID_API_KEY": "real-key",
         "TWILIO_ACCOUNT_SID": "ACreal",
         "TWILIO_AUTH_TOKEN": "real-token",
+        "TWILIO_FROM": "+15550001234",
     })
     assert (s.email.transport, s.email.sendgrid_api_key) == ("sendgrid", "real-key")
     assert s.email.sendgrid_base_url == "https://api.sendgrid.com"
