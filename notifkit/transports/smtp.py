@@ -75,6 +75,11 @@ class SmtpTransport:
                                       code)
                 return _by_code(code, text)
             except aiosmtplib.SMTPResponseException as exc:
+                if not 200 <= exc.code < 600:
+                    # aiosmtplib's -1: a reply that is no SMTP reply. It may have been the
+                    # server's 250 to the message, so it counts as an answer that was lost.
+                    return SendResult(Outcome.RETRY, detail=f"unreadable SMTP reply: "
+                                      f"{exc.message.strip()}", maybe_accepted=True)
                 return _by_code(exc.code, exc.message)
             except TimeoutError:
                 return SendResult(Outcome.RETRY, detail=f"no answer within {self.timeout_s:g} s",

@@ -133,6 +133,22 @@ async def test_faults_map_onto_the_failure_classes(
     assert len(recorded) == (1 if fault == "lost_response" else 0)
 
 
+async def test_an_unreadable_answer_to_a_recorded_send_is_never_a_permanent_failure(
+    case: tuple[Case, Transport], sim: SimulatorServer
+) -> None:
+    # The provider took the message and answered something the client cannot parse: like a
+    # lost answer, it may have been accepted. Dead-lettering it called a delivered message
+    # failed, and replaying it from the DLQ sent it again.
+    spec, transport = case
+    await sim.add_fault("malformed", spec.provider, times=1)
+
+    result = await transport.send(message(spec))
+
+    assert len(await sim.messages(spec.provider)) == 1
+    assert result.outcome is Outcome.SENT or (
+        result.outcome is Outcome.RETRY and result.maybe_accepted), result
+
+
 async def test_email_carries_the_one_click_unsubscribe_headers(sim: SimulatorServer) -> None:
     transport = ResendTransport(api_key="re_test", from_addr="n@example.com",
                                 base_url=sim.base_url)
