@@ -256,8 +256,12 @@ class HttpTransport:
             # notifkit's codec (orjson when installed) rather than aiohttp's json.dumps.
             body = codec.dumps(json_body)
             all_headers.setdefault("Content-Type", "application/json")
+        # Never follow a redirect: a 301/302/303 would turn the POST into a bodiless GET
+        # whose 200 reads as accepted, and a 307/308 would re-send the request (a webhook's
+        # signed payload) to any host the Location names. A 3xx is answered as it is.
         async with self._session.request(
             method, url, headers=all_headers, data=body if body is not None else data,
+            allow_redirects=False,
         ) as response:
             raw = await response.read()
             return HttpReply(response.status, dict(response.headers), raw)

@@ -11,7 +11,7 @@
 
 A receiver verifies by recomputing the HMAC over the timestamp and the raw body, comparing in
 constant time and rejecting old timestamps. 2xx is sent; 410 Gone disables the URL; 429 parks;
-408 and 5xx retry; any other 4xx is a permanent failure.
+408 and 5xx retry; any other 4xx, and a redirect (never followed), is a permanent failure.
 """
 
 from __future__ import annotations

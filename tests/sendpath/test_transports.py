@@ -23,6 +23,7 @@ from notifkit.transports.base import (
     HttpReply,
     Message,
     Outcome,
+    SendResult,
     Transport,
     TransportContext,
     parse_retry_after,
@@ -286,6 +287,25 @@ async def test_a_subject_with_line_breaks_is_sent_as_one_line(
         {k: v for k, v in record["content"].items() if k != "subject"})
 
 
+async def send_to_hook(routes: web.RouteTableDef, body: str) -> SendResult:
+    """Send ``body`` with the webhook transport to ``/hook`` of a local app serving
+    ``routes``."""
+    app = web.Application()
+    app.add_routes(routes)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    transport = WebhookTransport(secret="webhook-secret-0123456789", timeout_s=TIMEOUT_S)
+    await transport.open(None)  # type: ignore[arg-type]
+    try:
+        return await transport.send(Message(
+            task_id="t-hook", event_id="e", project_id="p", user_id="u", channel="webhook",
+            to=f"http://127.0.0.1:{runner.addresses[0][1]}/hook", content={"body": body}))
+    finally:
+        await transport.close()
+        await runner.cleanup()
+
+
 @pytest.mark.parametrize(("rendered", "body"), [
     ('{"amount": 7}', {"amount": 7}),
     ("NaN", "NaN"),
@@ -300,26 +320,45 @@ async def test_a_webhook_body_goes_as_strict_json_or_as_its_text(
     made the document invalid JSON for the receiver, and JSON nested deeper than Python
     parses raised RecursionError on every attempt."""
     received: list[bytes] = []
+    routes = web.RouteTableDef()
 
+    @routes.post("/hook")
     async def hook(request: web.Request) -> web.Response:
         received.append(await request.read())
         return web.Response(status=204)
 
-    app = web.Application()
-    app.router.add_post("/hook", hook)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    transport = WebhookTransport(secret="webhook-secret-0123456789", timeout_s=TIMEOUT_S)
-    await transport.open(None)  # type: ignore[arg-type]
-    try:
-        result = await transport.send(Message(
-            task_id="t-hook", event_id="e", project_id="p", user_id="u", channel="webhook",
-            to=f"http://127.0.0.1:{runner.addresses[0][1]}/hook", content={"body": rendered}))
-    finally:
-        await transport.close()
-        await runner.cleanup()
+    result = await send_to_hook(routes, rendered)
 
     assert result.outcome is Outcome.SENT, result.detail
     [raw] = received
     assert json.loads(raw, parse_constant=lambda name: pytest.fail(name))["body"] == body
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+async def test_a_webhook_answered_with_a_redirect_is_not_followed_nor_counted_as_sent(
+    status: int,
+) -> None:
+    """A receiver that redirects has not taken the notification: following a 301/302/303
+    turned the POST into a bodiless GET whose 200 was recorded as sent (the payload lost),
+    and a 307/308 re-sent the signed payload to whatever host the Location named, an http
+    one included."""
+    posts: list[bytes] = []
+    landed: list[str] = []
+    routes = web.RouteTableDef()
+
+    @routes.post("/hook")
+    async def hook(request: web.Request) -> web.Response:
+        posts.append(await request.read())
+        return web.Response(status=status, headers={"Location": "/elsewhere"})
+
+    @routes.route("*", "/elsewhere")
+    async def elsewhere(request: web.Request) -> web.Response:
+        landed.append(request.method)
+        return web.Response(text="a landing page")
+
+    result = await send_to_hook(routes, "{}")
+
+    assert len(posts) == 1
+    assert landed == []
+    assert result.outcome is Outcome.PERMANENT, result
+    assert f"HTTP {status}" in (result.detail or "")
