@@ -44,6 +44,11 @@ from notifkit.keys import Keys
 # The longest a provider's Retry-After parks a task: a day (no provider asks for more).
 MAX_RETRY_AFTER_S: Final = 24 * 3600.0
 TASK_ID_HEADER = "X-Notifkit-Task-Id"
+# The most of a reply body a transport reads. Providers answer in a few hundred bytes; a
+# webhook receiver may answer with anything, and reading all of a huge (or endless) body
+# held it in memory and made an accepted send time out, so the receiver got it again on
+# every retry.
+MAX_REPLY_BYTES: Final = 1 << 20
 METADATA_FIELD = "notifkit_task_id"  # the provider metadata field that carries the task id
 
 
@@ -263,8 +268,21 @@ class HttpTransport:
             method, url, headers=all_headers, data=body if body is not None else data,
             allow_redirects=False,
         ) as response:
-            raw = await response.read()
+            raw = await read_head(response.content, MAX_REPLY_BYTES)
             return HttpReply(response.status, dict(response.headers), raw)
+
+
+async def read_head(stream: aiohttp.StreamReader, limit: int) -> bytes:
+    """The body up to ``limit`` bytes; the rest is left unread (the connection is closed
+    rather than reused when the body goes on)."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in stream.iter_any():
+        parts.append(chunk)
+        size += len(chunk)
+        if size >= limit:
+            break
+    return b"".join(parts)[:limit]
 
 
 def error_detail(reply: HttpReply, limit: int = 300) -> str:

@@ -8,6 +8,7 @@ INVALID_RECIPIENT, timeout and lost_response -> RETRY that may have been accepte
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -362,3 +363,27 @@ async def test_a_webhook_answered_with_a_redirect_is_not_followed_nor_counted_as
     assert landed == []
     assert result.outcome is Outcome.PERMANENT, result
     assert f"HTTP {status}" in (result.detail or "")
+
+
+async def test_a_webhook_answered_with_an_endless_body_is_sent_once_not_timed_out() -> None:
+    """Only the head of a reply is read: a receiver that took the payload and then answered
+    200 with a body larger than a transport can read within its timeout (here one that
+    never ends) had every attempt time out, so it got the notification again on each retry,
+    and delivery held whatever it had read of the body in memory."""
+    posts: list[bytes] = []
+    routes = web.RouteTableDef()
+
+    @routes.post("/hook")
+    async def hook(request: web.Request) -> web.StreamResponse:
+        posts.append(await request.read())
+        response = web.StreamResponse(status=200)
+        await response.prepare(request)
+        with contextlib.suppress(ConnectionError):
+            while True:
+                await response.write(b"x" * 65536)
+        return response
+
+    result = await send_to_hook(routes, "{}")
+
+    assert result.outcome is Outcome.SENT, result.detail
+    assert len(posts) == 1
