@@ -252,11 +252,12 @@ async def get_waiter(conn: Conn, instance: Instance, row: StepRow) -> Waiter | N
 
 async def resolve_waiters(
     conn: Conn, *, project_id: str, user_id: str, event_name: str, event: dict[str, Any],
-    resolved_by: str, now: datetime,
+    resolved_by: str, now: datetime, occurred_at: datetime | None = None,
 ) -> list[str]:
-    """Resolve the user's open, unexpired waiters for ``event_name``; returns their instance
-    ids. An event seen before (``resolved_by`` already on some waiter: a retried entry or a
-    repeated forward) resolves nothing new and returns the instances it resolved then."""
+    """Resolve the user's open waiters for ``event_name`` that had not expired when the event
+    happened (``occurred_at``, else ``now``); returns their instance ids. An event seen before
+    (``resolved_by`` already on some waiter: a retried entry or a repeated forward) resolves
+    nothing new and returns the instances it resolved then."""
     rows = await conn.fetch(
         """WITH earlier AS (
                SELECT instance_id FROM workflow_waiters
@@ -264,12 +265,12 @@ async def resolve_waiters(
            fresh AS (
                UPDATE workflow_waiters SET resolved_at = $4, resolved_by = $5, event = $6
                 WHERE project_id = $1 AND user_id = $2 AND event_name = $3
-                  AND resolved_at IS NULL AND expires_at > $4
+                  AND resolved_at IS NULL AND expires_at > $7
                   AND NOT EXISTS (SELECT 1 FROM earlier)
             RETURNING instance_id)
            SELECT instance_id::text FROM earlier
            UNION SELECT instance_id::text FROM fresh""",
-        project_id, user_id, event_name, now, resolved_by, event,
+        project_id, user_id, event_name, now, resolved_by, event, occurred_at or now,
     )
     return sorted({r[0] for r in rows})
 

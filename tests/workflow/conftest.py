@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -87,6 +88,7 @@ class Flow:
     redis: Redis
     keys: Keys
     project_id: str
+    clock: FakeClock
 
     async def define(self, workflow_id: str, steps: list[dict[str, Any]]) -> None:
         await self.db.execute(
@@ -119,11 +121,13 @@ class Flow:
         self, name: str, user_id: str, data: dict[str, Any] | None = None,
         event_id: str | None = None,
     ) -> str:
-        """As the events service forwarding POST /v1/events; returns the event's id."""
+        """As the events service forwarding POST /v1/events, stamped with the clock's time as
+        the API stamps it; returns the event's id."""
         event_id = event_id or uuid7()
+        at = datetime.fromtimestamp(self.clock(), UTC).isoformat(timespec="milliseconds")
         await xadd(self.redis, self.keys.workflow_inbound, {
             "type": "event", "projectId": self.project_id, "name": name, "userId": user_id,
-            "data": data or {}, "at": "2027-01-15T08:00:00.000Z", "eventId": event_id,
+            "data": data or {}, "at": at.replace("+00:00", "Z"), "eventId": event_id,
         }, 10_000)
         return event_id
 
@@ -154,8 +158,8 @@ class Flow:
 
 
 @pytest.fixture
-def flow(db: asyncpg.Pool, redis: Redis, keys: Keys, project_id: str) -> Flow:
-    return Flow(db, redis, keys, project_id)
+def flow(db: asyncpg.Pool, redis: Redis, keys: Keys, project_id: str, clock: FakeClock) -> Flow:
+    return Flow(db, redis, keys, project_id, clock)
 
 
 def templates_of(messages: list[dict[str, Any]], user_id: str) -> list[str]:

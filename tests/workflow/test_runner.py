@@ -105,6 +105,25 @@ async def test_on_timeout_stop_ends_the_instance(
     assert (stopped["status"], stopped["cursor"]) == ("stopped", "0")
 
 
+async def test_an_event_sent_before_the_timeout_wins_even_when_read_after_it(
+    flow: Flow, make_service: ServiceFactory, clock: FakeClock,
+) -> None:
+    """What counts is when the event happened, not when the workflow service got to it: an
+    event posted within the wait, read only after the deadline (a backlog, a paused or
+    restarted workflow process), lost to the timeout read with it."""
+    await flow.define("onboarding", CLICK_OR_REMIND)
+    service = make_service()
+    instance_id = await flow.trigger("onboarding", "u1")
+    await service.run_until_idle()
+    clock.advance(3000)
+    await flow.event("clicked", "u1", {"link": "a"})  # 10 minutes before the deadline
+    clock.advance(1200)  # the service reads it only now, with the timeout's wake-up
+    await service.run_until_idle()
+    assert templates_of(await flow.sent(), "u1") == ["welcome", "thanks"]
+    steps = await flow.steps(instance_id)
+    assert steps[1]["output"]["data"] == {"link": "a"}
+
+
 async def test_wait_sleeps_until_its_time_and_sends_carry_deterministic_keys(
     flow: Flow, make_service: ServiceFactory, clock: FakeClock, redis: Redis, keys: Keys,
 ) -> None:
@@ -308,7 +327,7 @@ async def test_events_and_digests_never_cross_projects_sharing_workflow_and_user
     from .conftest import Flow
 
     other = Flow(db, redis, keys, await db.fetchval(
-        "INSERT INTO projects (name) VALUES ('other tenant') RETURNING id::text"))
+        "INSERT INTO projects (name) VALUES ('other tenant') RETURNING id::text"), clock)
     steps: list[dict[str, Any]] = [
         {"type": "waitForEvent", "event": "clicked", "timeoutSeconds": 3600},
         {"type": "digest", "windowSeconds": 600, "template": "digest"},

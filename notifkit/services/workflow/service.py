@@ -243,6 +243,7 @@ class WorkflowService(WorkerService):
             woken = await db.resolve_waiters(
                 self.pool, project_id=project_id, user_id=user_id, event_name=name,
                 event=event, resolved_by=resolved_by, now=now,
+                occurred_at=occurred_at(event["at"], now),
             )
         except asyncpg.DataError as exc:
             log.error("Acked a workflow event with an invalid project id (%s).", exc,
@@ -260,6 +261,19 @@ class WorkflowService(WorkerService):
             log.info("Event %r resolved %d waiting workflow instance(s); waking them.", name,
                      len(woken), extra={"event_id": event_id, "project_id": project_id,
                                         "user_id": user_id})
+
+
+def occurred_at(at: Any, now: datetime) -> datetime:
+    """When the event happened (``at``, stamped by the API or the provider's receipt), so an
+    event read late (a backlog, a paused process) still beats a deadline it met; never later
+    than ``now``, and ``now`` when ``at`` is not a time."""
+    try:
+        moment = datetime.fromisoformat(str(at).replace("Z", "+00:00"))
+    except ValueError:
+        return now
+    if moment.tzinfo is None:
+        return now
+    return min(moment, now)
 
 
 def _instance_id(payload: dict[str, Any]) -> str | None:
