@@ -88,6 +88,25 @@ def test_every_route_that_takes_a_project_header_documents_the_query_parameter_t
                 assert "projectId" in names, f"{method.upper()} {path}"
 
 
+def test_every_answer_that_sends_retry_after_documents_it() -> None:
+    """The server sends Retry-After with every 503 (a store that cannot serve) and with the 409
+    of an idempotency key still in progress, as with a 429, so a client generated from the
+    document knows to read it; /health's 503 is a health report and sends none."""
+    from notifkit.services.api.openapi import document
+
+    doc = document(operations())
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            label = f"{method.upper()} {path}"
+            responses = op["responses"]
+            if path != "/health":
+                assert "Retry-After" in responses["503"].get("headers", {}), label
+            names = {p["name"] for p in op.get("parameters", [])}
+            if "x-idempotency-key" in names:
+                assert "Retry-After" in responses["409"].get("headers", {}), label
+                assert "another route" in responses["409"]["description"], label
+
+
 class LiveApi:
     """The app on 127.0.0.1:<free port>, served from a thread with its own event loop."""
 

@@ -31,13 +31,19 @@ _ERROR_TEXT = {
     403: "The key's role does not allow this call.",
     404: "No such resource in this project (another project's id is also 404).",
     408: "The request body stopped arriving (nothing for 30 s) before its end.",
-    409: "Conflict (e.g. an idempotency key reused with a different request).",
+    409: "The idempotency key was first used on another route, or a request with it is still "
+         "in progress (retry after Retry-After).",
     413: "The body is larger than the limit (1 MiB by default).",
     415: "The body is not application/json, or is in a Content-Encoding other than gzip or "
          "deflate.",
     429: "The project is over its API rate; retry after Retry-After seconds.",
-    503: "Redis or PostgreSQL is unreachable; retry shortly.",
+    503: "Redis or PostgreSQL is unreachable; retry after Retry-After seconds.",
 }
+
+# The errors that tell the client when to try again. A 409 does so only for an idempotency key
+# whose first request is still in progress; a key first used on another route stays a 409.
+_RETRY_AFTER = {"Retry-After": {"type": "string"}}
+_RETRY_STATUSES = frozenset({409, 429, 503})
 
 DESCRIPTION = """\
 notifkit's HTTP API. Authenticate with `Authorization: Bearer <key>`: a project key (role
@@ -124,7 +130,7 @@ def _responses(op: Operation, has_path: bool, has_query: bool) -> dict[str, Any]
         if str(status) in out:
             continue
         out[str(status)] = _reply(Reply(ref("Error"), _ERROR_TEXT[status], headers=(
-            {"Retry-After": {"type": "string"}} if status == 429 else {})))
+            _RETRY_AFTER if status in _RETRY_STATUSES else {})))
     return out
 
 
