@@ -32,6 +32,7 @@ from schemathesis.core.result import Ok
 
 from notifkit.config import Settings
 from notifkit.services.api.app import create_app, operations
+from notifkit.services.api.errors import ApiRunner
 from notifkit.services.api.state import HUB
 from tests.api.conftest import ADMIN
 
@@ -141,7 +142,7 @@ class LiveApi:
         self._stop = asyncio.Event()
         try:
             app = create_app(self.settings)
-            runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)
+            runner = ApiRunner(app, access_log=None, shutdown_timeout=1)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -82,3 +83,45 @@ async def test_a_running_api_beats_with_the_requests_it_is_answering(
     keys = Keys(settings.namespace)
     assert await redis.exists(keys.health(service.consumer)) == 0
     assert await redis.zscore(keys.heartbeats, service.consumer) is None
+
+
+# Requests aiohttp's parser refuses before any handler runs, and the part each names. curl
+# sends a URL's non-ASCII characters as raw bytes, so the first is a mistake anyone can make.
+UNPARSEABLE = [
+    (b"GET /v1/users/\xc3\xa9 HTTP/1.1\r\nHost: x\r\n", "path"),
+    (b"GET /v1/messages?userId=\xff HTTP/1.1\r\nHost: x\r\n", "query"),
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nBad Header\r\n", "headers"),
+    (b"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n", "Content-Length"),
+    (b"G@T /health HTTP/1.1\r\nHost: x\r\n", "method"),
+]
+
+
+async def test_a_request_aiohttp_cannot_parse_is_answered_in_the_error_shape(
+    settings: Settings,
+) -> None:
+    """Given the API on a real port, when a request arrives that the HTTP parser refuses (a
+    raw non-ASCII byte in the URL, a malformed header, a Content-Length that is no number),
+    then the answer is still a JSON 400 in the contract's error shape naming the part that is
+    wrong, not aiohttp's text/plain page echoing the request's bytes, and the server carries
+    on answering."""
+    service = ApiService(settings.replace(port=0, host="127.0.0.1"))
+    await service.start()
+    try:
+        for head, field in UNPARSEABLE:
+            reader, writer = await asyncio.open_connection("127.0.0.1", service.port)
+            writer.write(head + b"Connection: close\r\n\r\n")
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(), 5)
+            writer.close()
+            status_line, _, rest = answer.partition(b"\r\n")
+            headers, _, body = rest.partition(b"\r\n\r\n")
+            assert status_line.split()[1] == b"400", answer
+            assert b"content-type: application/json" in headers.lower(), answer
+            error = json.loads(body)["error"]
+            assert set(error) == {"code", "message", "details"}, error
+            assert error["code"] == "malformed_request", error
+            assert [d["field"] for d in error["details"]] == [field], error
+        async with aiohttp.ClientSession() as http, http.get(f"{service.base_url}/health") as r:
+            assert r.status == 200
+    finally:
+        await service.stop()

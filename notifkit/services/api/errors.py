@@ -9,7 +9,8 @@ aiohttp's own HTTP exceptions (unknown route, wrong method, body over the limit)
 shape, maps a Redis or PostgreSQL that cannot serve (unreachable, out of memory, read-only,
 out of connections) to 503, and, as a last resort only, logs any
 other exception and answers 500. Validation is what keeps 500s away; the last resort is there so
-that a bug still answers in the documented shape.
+that a bug still answers in the documented shape. A request aiohttp's parser refuses never
+reaches the middleware: :class:`ApiRunner` serves connections that answer it in the same shape.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any, TypedDict
 import asyncpg
 from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 from redis.exceptions import RedisError
 
 from notifkit import codec
@@ -223,3 +226,56 @@ def quiet_malformed_requests() -> None:
     server_log = logging.getLogger("aiohttp.server")
     if not any(isinstance(f, MalformedRequestFilter) for f in server_log.filters):
         server_log.addFilter(MalformedRequestFilter())
+
+
+# Words of aiohttp's parser messages, and the part of the request each names (first match).
+_PROTOCOL_FIELDS = (
+    ("url path", "path"), ("url query", "query"), ("url", "url"), ("method", "method"),
+    ("version", "version"), ("content-length", "Content-Length"),
+    ("transfer-encoding", "Transfer-Encoding"), ("chunk", "body"), ("header", "headers"),
+    ("line", "request line"),
+)
+
+
+def protocol_error(status: int, reason: str | None) -> ApiError:
+    """The error for a request aiohttp refused before any handler saw it (a byte outside
+    ASCII in the URL, a malformed header, a Content-Length that is not a number)."""
+    if status >= 500:
+        return ApiError(status, "internal_error", "The server failed to handle the request.")
+    # aiohttp's reason repeats the offending bytes on further lines; the first one says what.
+    lines = (reason or "").strip().splitlines()
+    said = lines[0].strip().rstrip(":") if lines else "unparseable"
+    field = next((name for word, name in _PROTOCOL_FIELDS if word in said.lower()), "request")
+    return ApiError(status, "malformed_request",
+                    f"The HTTP request is malformed ({said}); nothing was done.",
+                    [detail(field, said)])
+
+
+class _ProtocolHandler(RequestHandler):
+    """aiohttp's connection handler, answering what it cannot parse in the API's error shape
+    instead of its own text/plain page."""
+
+    def handle_error(self, request: BaseRequest, status: int = 500,
+                     exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        # aiohttp's own answer logs the refusal (see MalformedRequestFilter) and raises when a
+        # response has already begun; only its body is replaced.
+        plain = super().handle_error(request, status, exc, message)
+        answer = error_response(protocol_error(plain.status, message))
+        answer.force_close()
+        return answer
+
+
+class _ProtocolServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _ProtocolHandler(self, loop=self._loop, **self._kwargs)
+
+
+class ApiRunner(web.AppRunner):
+    """An AppRunner whose connections answer unparseable requests in the error shape too."""
+
+    async def _make_server(self) -> web.Server:
+        made = await super()._make_server()
+        return _ProtocolServer(made.request_handler, request_factory=made.request_factory,
+                               handler_cancellation=made.handler_cancellation,
+                               **made._kwargs)

@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 from notifkit.clock import utc_now_iso
 from notifkit.config import ConfigError, Settings
 from notifkit.services.api.app import QUERY_TIMEOUT_S, create_app
+from notifkit.services.api.errors import ApiRunner
 from notifkit.services.api.state import IN_FLIGHT
 from notifkit.services.base import Service
 from notifkit.tasks import cancel_and_wait
@@ -57,7 +58,7 @@ class ApiService(Service):
     async def start(self) -> None:
         await self.open()
         self.app = create_app(self.settings, redis=self.redis, db=self.pool)
-        runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+        runner = ApiRunner(self.app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await runner.setup()
         site = web.TCPSite(runner, self.settings.host, self.settings.port)
         try:
