@@ -824,3 +824,32 @@ async def test_a_body_that_stops_arriving_is_a_408_and_a_slow_one_is_read(
     assert (error["code"], [d["field"] for d in error["details"]]) == (
         "request_timeout", ["body"])
     assert slow.startswith(b"HTTP/1.1 202"), slow
+
+
+async def test_the_408_comes_once_the_idle_limit_has_passed_not_a_second_one_later(
+    api: Api, project: Project, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Given a body that stops right after its headers and a clock on which each check of the
+    body finds another half of the idle limit gone, when the limit is reached, then the
+    answer is the 408 (it came only after twice the limit, 60 s for a promised 30 s: the
+    first window never counted, however little had arrived)."""
+    ticks = iter(range(0, 1000))
+    monkeypatch.setattr(validation, "_clock",
+                        lambda: next(ticks) * validation.BODY_IDLE_TIMEOUT_S / 2)
+    monkeypatch.setattr(validation, "BODY_POLL_S", 0.05)
+    runner = web.AppRunner(create_app(api.settings), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", runner.addresses[0][1])
+        writer.write(b"POST /v1/events HTTP/1.1\r\nHost: x\r\n"
+                     b"Authorization: Bearer " + project.full.encode() + b"\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 40\r\n\r\n{\"na")
+        await writer.drain()
+        stalled = await asyncio.wait_for(reader.readuntil(b"}]}}"), 10)
+        writer.close()
+    finally:
+        await runner.cleanup()
+    assert stalled.startswith(b"HTTP/1.1 408 Request Timeout"), stalled
+    assert b"nothing came for 30 s" in stalled, stalled
