@@ -33,7 +33,7 @@ from notifkit.services.api.idempotency import (
 )
 from notifkit.services.api.middleware import project_id
 from notifkit.services.api.routing import CURSOR, LIMIT, SEND, Operations, Param, Reply
-from notifkit.services.api.schemas import MAX_RECIPIENTS, RECIPIENT_STATUSES, ref
+from notifkit.services.api.schemas import ID, MAX_RECIPIENTS, NOT_BLANK, RECIPIENT_STATUSES, ref
 from notifkit.services.api.state import ADMISSION, DB
 from notifkit.services.api.validation import (
     Fields,
@@ -127,9 +127,9 @@ async def get_notification(request: web.Request) -> web.Response:
 
 @ops.route("GET", "/v1/messages", "Message-log entries, newest first",
            query=(
-               Param("userId", "query", {"type": "string", "minLength": 1, "maxLength": 255}),
+               Param("userId", "query", ID),
                Param("campaignId", "query",
-                     {"type": "string", "minLength": 1, "maxLength": 255}),
+                     {"type": "string", "minLength": 1, "maxLength": 255, "pattern": NOT_BLANK}),
                Param("eventId", "query", {"type": "string", "format": "uuid"}),
                Param("status", "query", {"type": "string", "enum": list(RECIPIENT_STATUSES)}),
                Param("channel", "query", {"type": "string", "enum": list(CHANNELS)}),
@@ -141,8 +141,8 @@ async def list_messages(request: web.Request) -> web.Response:
     project = project_id(request)
     checks = QueryChecks()  # one 400 names every bad parameter, not only the first
     limit = checks(limit_param, request)
-    user_id = checks(query_string, request, "userId")
-    campaign = checks(query_string, request, "campaignId")
+    user_id = checks(_user_query, request, "userId")
+    campaign = checks(_campaign_query, request, "campaignId")
     event = checks(_uuid_query, request, "eventId")
     status = checks(_enum_query, request, "status", RECIPIENT_STATUSES)
     channel = checks(_enum_query, request, "channel", CHANNELS)
@@ -329,6 +329,21 @@ def _enum_query(request: web.Request, name: str, allowed: tuple[str, ...]) -> st
     value = request.query.get(name)
     if value is not None and value not in allowed:
         raise invalid_field(name, f"must be one of {', '.join(allowed)}")
+    return value
+
+
+def _user_query(request: web.Request, name: str) -> str | None:
+    """A user id, refused as a send refuses it: a filter no user could match is a mistake."""
+    value = request.query.get(name)
+    if value is not None and (problem := identifier_problem(value)):
+        raise invalid_field(name, problem)
+    return value
+
+
+def _campaign_query(request: web.Request, name: str) -> str | None:
+    value = query_string(request, name)
+    if value is not None and not value.strip():
+        raise invalid_field(name, "must not be blank")
     return value
 
 
