@@ -97,13 +97,18 @@ class NotifkitServer:
     async def start(self) -> None:
         if self._started:
             return
+        # Every service needs Redis: refuse an unreachable one before creating tables, so a
+        # wrong REDIS_URL leaves no schema behind where nothing will run.
+        await _require_redis(self.settings)
         if self.settings.auto_migrate:
             from notifkit.db.migrate import migrate
 
-            # Every service needs Redis: refuse an unreachable one before creating tables, so
-            # a wrong REDIS_URL leaves no schema behind where nothing will run.
-            await _require_redis(self.settings)
             await migrate(self.settings)
+        elif any(service_class(name).needs_db for name in self.settings.services):
+            # Before any service starts: a worker creates its consumer groups and reads entries
+            # as it starts, and would take them into its pending list (or ack them) in a
+            # process about to refuse to run; an api would already be listening.
+            await _require_migrated(self.settings)
         started: list[Service] = []
         try:
             for name in self.settings.services:
@@ -117,8 +122,6 @@ class NotifkitServer:
                 with service_context(name):
                     await service.start()
                 self.services[name] = service
-            if not self.settings.auto_migrate and any(s.needs_db for s in started):
-                await _require_migrated(self.settings)
         except BaseException:
             for service in reversed(started):
                 await _stop_quietly(service)

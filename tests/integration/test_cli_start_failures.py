@@ -20,6 +20,8 @@ import asyncpg
 import pytest
 import redis
 
+from notifkit.keys import Keys
+
 # Every run gets names of its own, so runs sharing one Redis and PostgreSQL (several
 # checkouts, say) never meet; the fixture below removes whatever a start left behind.
 _made: list[tuple[str, str]] = []
@@ -97,7 +99,7 @@ def test_a_missing_fcm_credentials_file_is_named(
     redis_url: str, database_url: str, tmp_path: Path
 ) -> None:
     env = _env(redis_url, database_url, NOTIFKIT_SERVICES="delivery", FCM_PROJECT_ID="p",
-               FCM_CREDENTIALS_FILE=str(tmp_path / "missing.json"))
+               FCM_CREDENTIALS_FILE=str(tmp_path / "missing.json"), AUTO_MIGRATE="true")
     _one_line_naming(run_cli(env, "serve"), "FCM_CREDENTIALS_FILE")
     (tmp_path / "bad.json").write_text("{}")
     env["FCM_CREDENTIALS_FILE"] = str(tmp_path / "bad.json")
@@ -116,7 +118,7 @@ def test_a_port_in_use_is_named(redis_url: str, database_url: str) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         env = _env(redis_url, database_url, NOTIFKIT_SERVICES="api", HOST="127.0.0.1",
-                   PORT=str(port))
+                   PORT=str(port), AUTO_MIGRATE="true")
         _one_line_naming(run_cli(env, "serve"), "PORT")
 
 
@@ -126,7 +128,7 @@ def test_a_host_this_machine_cannot_listen_on_is_named(
 ) -> None:
     # An address of the documentation range is no local interface, and .invalid never
     # resolves: either was blamed on PORT.
-    env = _env(redis_url, database_url, NOTIFKIT_SERVICES="api", HOST=host)
+    env = _env(redis_url, database_url, NOTIFKIT_SERVICES="api", HOST=host, AUTO_MIGRATE="true")
     result = run_cli(env, "serve")
     _one_line_naming(result, "HOST")
     assert "could not start: HOST: " in result.stderr, result.stderr
@@ -206,8 +208,8 @@ def test_a_dev_port_in_use_is_named_by_its_option(
         ports = {"--port": "0", "--sim-port": "0", "--sim-smtp-port": "0"}
         ports[option] = str(taken.getsockname()[1])
         args = [word for pair in ports.items() for word in pair]
-        result = run_cli(_env(redis_url, database_url), "dev", "--data-dir", str(tmp_path),
-                         *args)
+        result = run_cli(_env(redis_url, database_url, AUTO_MIGRATE="true"), "dev",
+                         "--data-dir", str(tmp_path), *args)
     assert result.returncode == 2, result.stderr
     _one_line_naming(result, f"{option}: cannot listen on")
 
@@ -234,3 +236,27 @@ def test_an_api_alone_refuses_an_unmigrated_schema_at_start(
     result = run_cli(env, "serve")
     _one_line_naming(result, "DB_SCHEMA")
     assert "python -m notifkit migrate" in result.stderr
+
+
+@pytest.mark.parametrize("services", ["engine", "api,engine"])
+def test_an_unmigrated_schema_is_refused_before_any_stream_is_read(
+    services: str, redis_url: str, database_url: str
+) -> None:
+    # Given an entry waiting on a stream the engine reads, and a schema nobody migrated
+    env = _env(redis_url, database_url, NOTIFKIT_SERVICES=services, HOST="127.0.0.1")
+    stream = Keys(env["NOTIFKIT_NAMESPACE"]).enriched("normal")
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.xadd(stream, {"payload": "{}"})
+        # When the process starts with AUTO_MIGRATE=false
+        result = run_cli(env, "serve")
+        # Then it refuses before any service starts: the check ran only after every service
+        # had started, by which time the engine had created its consumer group (and could have
+        # read the entry into its pending list) and the api was listening.
+        _one_line_naming(result, "DB_SCHEMA")
+        assert "python -m notifkit migrate" in result.stderr
+        assert "listening" not in result.stderr, result.stderr
+        assert client.xinfo_groups(stream) == []
+        assert set(client.scan_iter(f"{env['NOTIFKIT_NAMESPACE']}:*")) == {stream.encode()}
+    finally:
+        client.close()
