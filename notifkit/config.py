@@ -744,6 +744,12 @@ def _validate(s: Settings) -> None:
         given = "FCM_ACCESS_TOKEN" if s.push.access_token else "FCM_CREDENTIALS_FILE"
         raise ConfigError("FCM_PROJECT_ID", f"is required with {given} (the Firebase "
                           "project the messages are sent through)")
+    if s.push.credentials_file:
+        # Read (and its key made to sign) now, as a setting: found only when delivery built its
+        # transports, the file failed the start after migrations had run and the api listened.
+        from notifkit.transports.fcm import ServiceAccount
+
+        ServiceAccount.load(s.push.credentials_file)
     if bool(s.sms.account_sid) != bool(s.sms.auth_token):
         missing = "TWILIO_AUTH_TOKEN" if s.sms.account_sid else "TWILIO_ACCOUNT_SID"
         raise ConfigError(missing, "is required when the other Twilio credential is set")

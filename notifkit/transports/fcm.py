@@ -157,6 +157,8 @@ class ServiceAccount:
         except (ValueError, TypeError) as exc:
             raise ConfigError("FCM_CREDENTIALS_FILE",
                               f"{path!r} holds a private_key that cannot sign: {exc}") from None
+        except RuntimeError as exc:
+            raise ConfigError("FCM_CREDENTIALS_FILE", str(exc)) from None
         return account
 
     def assertion(self, now_s: int | None = None) -> str:
@@ -164,8 +166,8 @@ class ServiceAccount:
             from cryptography.hazmat.primitives import hashes, serialization
             from cryptography.hazmat.primitives.asymmetric import padding, rsa
         except ImportError as exc:  # pragma: no cover - depends on the installation
-            raise RuntimeError("FCM_CREDENTIALS_FILE needs the 'cryptography' package; "
-                               "install it or set FCM_ACCESS_TOKEN") from exc
+            raise RuntimeError("needs the 'cryptography' package (the fcm extra); install "
+                               "it or set FCM_ACCESS_TOKEN instead") from exc
         now = int(time.time()) if now_s is None else now_s
         header = {"alg": "RS256", "typ": "JWT"}
         claims = {"iss": self.client_email, "scope": FCM_SCOPE, "aud": self.token_uri,

@@ -95,21 +95,37 @@ def test_bad_connection_options_are_named(redis_url: str, database_url: str) -> 
     _one_line_naming(result, "DATABASE_URL")
 
 
-def test_a_missing_fcm_credentials_file_is_named(
-    redis_url: str, database_url: str, tmp_path: Path
-) -> None:
-    env = _env(redis_url, database_url, NOTIFKIT_SERVICES="delivery", FCM_PROJECT_ID="p",
-               FCM_CREDENTIALS_FILE=str(tmp_path / "missing.json"), AUTO_MIGRATE="true")
-    _one_line_naming(run_cli(env, "serve"), "FCM_CREDENTIALS_FILE")
-    (tmp_path / "bad.json").write_text("{}")
-    env["FCM_CREDENTIALS_FILE"] = str(tmp_path / "bad.json")
-    _one_line_naming(run_cli(env, "serve"), "FCM_CREDENTIALS_FILE")
+# Each an FCM_CREDENTIALS_FILE that cannot serve: (what is at the path, or None for nothing).
+_BAD_FCM_FILES: dict[str, str | None] = {
+    "missing": None,
+    "not JSON": "client_email = a@b",
+    "not a service-account file": json.dumps(["client_email", "private_key"]),
+    "no private key": json.dumps({"client_email": "a@b", "token_uri": "https://t.example"}),
     # Well-formed JSON whose key cannot sign: every push would have been retried, then
     # dead-lettered.
-    (tmp_path / "no-key.json").write_text(json.dumps({"client_email": "a@b",
-                                                      "private_key": "not a pem"}))
-    env["FCM_CREDENTIALS_FILE"] = str(tmp_path / "no-key.json")
-    _one_line_naming(run_cli(env, "serve"), "FCM_CREDENTIALS_FILE")
+    "a key that cannot sign": json.dumps({"client_email": "a@b", "private_key": "not a pem"}),
+}
+
+
+@pytest.mark.parametrize("case", [*_BAD_FCM_FILES, "a directory"])
+def test_an_unusable_fcm_credentials_file_is_refused_before_anything_starts(
+    case: str, redis_url: str, database_url: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "fcm.json"
+    if case == "a directory":  # exists, cannot be read as a file
+        path.mkdir()
+    elif _BAD_FCM_FILES[case] is not None:
+        path.write_text(str(_BAD_FCM_FILES[case]))
+    env = _env(redis_url, database_url, NOTIFKIT_SERVICES="api,delivery", HOST="127.0.0.1",
+               FCM_PROJECT_ID="p", FCM_CREDENTIALS_FILE=str(path), AUTO_MIGRATE="true")
+    result = run_cli(env, "serve")
+    # Refused as an invalid setting, like any other: it used to be found only when delivery
+    # built its transports, after the migrations had run and the api was listening.
+    _one_line_naming(result, "FCM_CREDENTIALS_FILE")
+    assert result.returncode == 2
+    assert "invalid configuration: FCM_CREDENTIALS_FILE: " in result.stderr, result.stderr
+    assert "listening" not in result.stderr, result.stderr
+    assert not asyncio.run(_schema_exists(database_url, env["DB_SCHEMA"]))
 
 
 def test_a_port_in_use_is_named(redis_url: str, database_url: str) -> None:

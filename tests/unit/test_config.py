@@ -6,9 +6,14 @@ value must raise ConfigError naming the environment variable as the operator spe
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from notifkit.config import (
     SERVICES,
@@ -402,3 +407,20 @@ def test_the_development_secret_is_flagged_outside_a_simulator_deployment() -> N
         Settings.from_env({"NOTIFKIT_SIMULATOR_URL": "http://127.0.0.1:8025"}))
     assert not uses_development_secret(
         Settings.from_env({"NOTIFKIT_SECRET": "a-real-secret-0123456789"}))
+
+
+def test_a_usable_fcm_credentials_file_is_accepted_and_an_unusable_one_refused(
+    tmp_path: Path,
+) -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"client_email": "n@p.iam.gserviceaccount.com",
+                                "private_key": pem}))
+    s = Settings.from_env({"FCM_PROJECT_ID": "p", "FCM_CREDENTIALS_FILE": str(good)})
+    assert s.push.credentials_file == str(good)
+    # Given in code too, not only through the environment.
+    with pytest.raises(ConfigError) as refused:
+        s.replace(push=dataclasses.replace(s.push, credentials_file=str(tmp_path / "none")))
+    assert refused.value.variable == "FCM_CREDENTIALS_FILE"
