@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from email.utils import parseaddr
 from typing import Any, Final
-from urllib.parse import urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 SERVICES: tuple[str, ...] = (
     "api",
@@ -558,6 +558,90 @@ def _check_url(variable: str, value: str | None, schemes: tuple[str, ...], *,
         ) from None
 
 
+# DATABASE_URL's libpq parameters that asyncpg does not read itself: it sends every query
+# parameter it does not know to the server as a setting, which the server refuses
+# ("unrecognized configuration parameter"). asyncpg reads host, port, user, password, passfile,
+# database/dbname, service, sslmode, sslcert, sslkey, sslrootcert, sslcrl, sslpassword,
+# sslnegotiation, ssl_min/max_protocol_version, target_session_attrs, krbsrvname and gsslib;
+# application_name, options, client_encoding and any server setting reach the server as meant.
+#
+# Dropped from the URL because asyncpg does what they ask, with these values (None: any):
+# notifkit names every connection itself, which makes libpq ignore fallback_application_name
+# too; asyncpg never encrypts with GSSAPI nor binds SCRAM to the channel, which "disable" asks
+# and "prefer" allows.
+_LIBPQ_HONOURED: Final[dict[str, frozenset[str] | None]] = {
+    "fallback_application_name": None,
+    "gssencmode": frozenset({"disable", "prefer"}),
+    "channel_binding": frozenset({"disable", "prefer"}),
+}
+# Refused: asyncpg has no equivalent, and the server would refuse each as a setting. Some say
+# what to use instead.
+_LIBPQ_UNSUPPORTED: Final[dict[str, str]] = {
+    "hostaddr": "put the address in the URL's host",
+    "requiressl": "use sslmode=require",
+    "sslcrldir": "use sslcrl with a file",
+    "keepalives": "", "keepalives_idle": "", "keepalives_interval": "", "keepalives_count": "",
+    "sslcompression": "", "sslcertmode": "", "sslsni": "", "require_auth": "",
+    "requirepeer": "", "load_balance_hosts": "", "replication": "", "gssdelegation": "",
+}
+CONNECT_TIMEOUT: Final = "connect_timeout"
+
+
+@dataclass(frozen=True)
+class DatabaseDsn:
+    """DATABASE_URL as asyncpg takes it (:func:`database_dsn`)."""
+
+    url: str  # without the libpq parameters below, which asyncpg would send to the server
+    # libpq's connect_timeout in seconds: None when not given (asyncpg's 60 s), 0 for no limit
+    # (libpq's meaning of zero or less).
+    connect_timeout_s: float | None = None
+
+
+def database_dsn(url: str) -> DatabaseDsn:
+    """``url`` with its libpq parameters turned into what asyncpg understands; a parameter
+    asyncpg cannot honour is a ConfigError naming DATABASE_URL and the parameter."""
+    base, sep, rest = url.partition("?")
+    query, hash_, fragment = rest.partition("#")
+    kept: list[str] = []
+    timeout_s: float | None = None
+    dropped = False
+    for pair in query.split("&") if sep else []:
+        raw_name, _, raw_value = pair.partition("=")
+        name, value = unquote_plus(raw_name), unquote_plus(raw_value)
+        if name == CONNECT_TIMEOUT:
+            timeout_s = _connect_timeout_s(value)
+        elif name in _LIBPQ_HONOURED:
+            allowed = _LIBPQ_HONOURED[name]
+            if allowed is not None and value not in allowed:
+                raise ConfigError("DATABASE_URL", f"{name}={value} cannot be honoured: asyncpg "
+                                  f"(notifkit's PostgreSQL client) supports only "
+                                  f"{' or '.join(sorted(allowed))}")
+        elif name in _LIBPQ_UNSUPPORTED:
+            hint = _LIBPQ_UNSUPPORTED[name]
+            raise ConfigError("DATABASE_URL", f"{name} is a libpq parameter that asyncpg "
+                              "(notifkit's PostgreSQL client) cannot apply; remove it"
+                              + (f" or {hint}" if hint else ""))
+        else:
+            kept.append(pair)
+            continue
+        dropped = True
+    if not dropped:  # the URL as given, byte for byte
+        return DatabaseDsn(url)
+    return DatabaseDsn(base + ("?" + "&".join(kept) if kept else "") + hash_ + fragment,
+                       timeout_s)
+
+
+def _connect_timeout_s(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds):
+        raise ConfigError("DATABASE_URL", f"{CONNECT_TIMEOUT} must be a number of seconds "
+                          f"(0 for no limit), got {value!r}")
+    return max(seconds, 0.0)
+
+
 def _check_redis_url(value: str) -> None:
     if value.startswith("unix://"):
         try:
@@ -648,6 +732,7 @@ def _validate(s: Settings) -> None:
     _check_types(s)
     _check_redis_url(s.redis_url)
     _check_url("DATABASE_URL", s.database_url, ("postgresql", "postgres"), hostless=True)
+    database_dsn(s.database_url)
     if not s.services:
         raise ConfigError("NOTIFKIT_SERVICES", "names no service")
     unknown = [name for name in s.services if name not in SERVICES]

@@ -32,7 +32,7 @@ import asyncpg
 
 from notifkit.codec import dumps as json_dumps
 from notifkit.codec import loads as json_loads
-from notifkit.config import Settings
+from notifkit.config import DatabaseDsn, Settings, database_dsn
 from notifkit.db.priority_pool import PriorityPool
 
 __all__ = ["DatabaseUnavailable", "connect", "create_pool", "init_connection"]
@@ -109,6 +109,17 @@ async def init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
+def _connect_timeout(dsn: DatabaseDsn, limit_s: float | None) -> dict[str, Any]:
+    """asyncpg's ``timeout`` for opening a connection: the URL's connect_timeout (0: no limit,
+    as libpq), or ``limit_s`` when that is shorter; neither given, asyncpg's own 60 s."""
+    given = dsn.connect_timeout_s
+    if given is None:
+        return {} if limit_s is None else {"timeout": limit_s}
+    if given == 0:
+        return {"timeout": limit_s}
+    return {"timeout": given if limit_s is None else min(given, limit_s)}
+
+
 def _server_settings(settings: Settings, application_name: str) -> dict[str, str]:
     # DB_SCHEMA is validated as a lower-case identifier; quoting keeps words like "user" literal.
     return {"search_path": f'"{settings.db_schema}"', "application_name": application_name,
@@ -127,12 +138,14 @@ async def create_pool(
     """A pool of at most ``max_size`` (default ``DB_MAX_CONNECTIONS``) prepared connections;
     when every connection is busy, tasks for which ``urgent()`` is true get the next one.
     ``command_timeout``: seconds a query, or opening a connection, may take before it fails
-    with ``TimeoutError`` (None: queries have no limit, a connection asyncpg's 60 s)."""
+    with ``TimeoutError`` (None: queries have no limit, a connection asyncpg's 60 s); a shorter
+    ``connect_timeout`` in DATABASE_URL bounds opening a connection."""
     size = settings.db_max_connections if max_size is None else max_size
     quiet_pool_floor_warnings()
+    dsn = database_dsn(settings.database_url)
     # asyncpg.create_pool's own defaults, on the subclass it cannot be told to build.
     pool = PriorityPool(
-        settings.database_url,
+        dsn.url,
         min_size=min(min_size, size),
         max_size=size,
         max_queries=50_000,
@@ -145,7 +158,7 @@ async def create_pool(
         reset=_keep_session,
         urgent=urgent,
         command_timeout=command_timeout,
-        **({} if command_timeout is None else {"timeout": command_timeout}),
+        **_connect_timeout(dsn, command_timeout),
     )
     try:
         await pool
@@ -163,9 +176,11 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 async def connect(settings: Settings, *, application_name: str = "notifkit") -> asyncpg.Connection:
     """One connection set up like a pool's (search_path and codecs); the caller closes it."""
+    dsn = database_dsn(settings.database_url)
     try:
         conn: asyncpg.Connection = await asyncpg.connect(
-            settings.database_url, server_settings=_server_settings(settings, application_name)
+            dsn.url, server_settings=_server_settings(settings, application_name),
+            **_connect_timeout(dsn, None),
         )
     except _CONNECT_ERRORS as exc:
         raise _unavailable(exc) from exc

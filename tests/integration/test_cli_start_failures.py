@@ -4,6 +4,7 @@ non-zero exit, no traceback, and a SIGTERM during a slow start is obeyed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -185,14 +186,20 @@ async def _schema_exists(database_url: str, schema: str) -> bool:
         await conn.close()
 
 
+@contextlib.contextmanager
+def _silent_postgres() -> Iterator[int]:
+    """The port of a 'PostgreSQL' that accepts connections and then never answers."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        yield silent.getsockname()[1]
+
+
 def test_sigterm_during_a_hanging_start_stops_the_process(
     redis_url: str, database_url: str
 ) -> None:
     # Given a PostgreSQL that accepts the connection and then never answers
-    with socket.socket() as silent:
-        silent.bind(("127.0.0.1", 0))
-        silent.listen()
-        port = silent.getsockname()[1]
+    with _silent_postgres() as port:
         url = f"postgresql://postgres@127.0.0.1:{port}/test"
         process = subprocess.Popen(
             [sys.executable, "-m", "notifkit", "serve"],
@@ -276,3 +283,77 @@ def test_an_unmigrated_schema_is_refused_before_any_stream_is_read(
         assert set(client.scan_iter(f"{env['NOTIFKIT_NAMESPACE']}:*")) == {stream.encode()}
     finally:
         client.close()
+
+
+def _with_query(database_url: str, query: str) -> str:
+    return urlunsplit(urlsplit(database_url)._replace(query=query))
+
+
+# libpq parameters that asyncpg sent to the server as settings, which the server refused
+# ("unrecognized configuration parameter"), though asyncpg does what each asks.
+@pytest.mark.parametrize("query", [
+    "connect_timeout=5",
+    "sslmode=disable&connect_timeout=10",
+    "fallback_application_name=psql",
+    "gssencmode=disable",
+    "channel_binding=prefer",
+])
+def test_a_database_url_with_libpq_parameters_asyncpg_can_honour_is_used(
+    query: str, redis_url: str, database_url: str
+) -> None:
+    env = _env(redis_url, _with_query(database_url, query))
+    migrated = run_cli(env, "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    assert asyncio.run(_schema_exists(database_url, env["DB_SCHEMA"]))
+    # The services' pools connect with the same URL.
+    env.update(NOTIFKIT_SERVICES="engine,api", HOST="127.0.0.1")
+    process = subprocess.Popen([sys.executable, "-m", "notifkit", "serve"], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stderr is not None
+        lines = []
+        for line in process.stderr:
+            lines.append(line)
+            if "notifkit is running" in line or "could not start" in line:
+                break
+        assert "notifkit is running: api, engine." in lines[-1], "".join(lines)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_connect_timeout_in_the_database_url_bounds_the_wait_for_postgresql(
+    redis_url: str, database_url: str
+) -> None:
+    # Given a PostgreSQL that accepts the connection and then never answers
+    with _silent_postgres() as port:
+        env = _env(redis_url, f"postgresql://postgres@127.0.0.1:{port}/test?connect_timeout=1")
+        # Then the process gives up by itself, naming the setting, long before asyncpg's own
+        # 60 s (connect_timeout was sent to the server as a setting, so it never applied).
+        result = subprocess.run([sys.executable, "-m", "notifkit", "migrate"],
+                                capture_output=True, text=True, env=env, timeout=40,
+                                check=False)
+    _one_line_naming(result, "DATABASE_URL")
+    assert result.returncode == 1
+    assert "no answer in time" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("query", "parameter"), [
+    ("keepalives=1", "keepalives"),
+    ("sslmode=require&keepalives_idle=30", "keepalives_idle"),
+    ("hostaddr=127.0.0.1", "hostaddr"),
+    ("channel_binding=require", "channel_binding"),
+    ("connect_timeout=soon", "connect_timeout"),
+])
+def test_a_libpq_parameter_asyncpg_cannot_honour_is_an_invalid_setting(
+    query: str, parameter: str, redis_url: str, database_url: str
+) -> None:
+    env = _env(redis_url, _with_query(database_url, query), AUTO_MIGRATE="true",
+               NOTIFKIT_SERVICES="engine")
+    result = run_cli(env, "serve")
+    _one_line_naming(result, "DATABASE_URL")
+    assert result.returncode == 2
+    assert f"invalid configuration: DATABASE_URL: {parameter}" in result.stderr, result.stderr

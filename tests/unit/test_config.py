@@ -19,7 +19,9 @@ from notifkit.config import (
     SERVICES,
     SIMULATOR_PLACEHOLDER_KEY,
     ConfigError,
+    DatabaseDsn,
     Settings,
+    database_dsn,
     parse_services,
     uses_development_secret,
 )
@@ -424,3 +426,33 @@ def test_a_usable_fcm_credentials_file_is_accepted_and_an_unusable_one_refused(
     with pytest.raises(ConfigError) as refused:
         s.replace(push=dataclasses.replace(s.push, credentials_file=str(tmp_path / "none")))
     assert refused.value.variable == "FCM_CREDENTIALS_FILE"
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    # What asyncpg reads itself, or sends to the server as a setting it knows, stays as given.
+    ("postgresql://u:p%3Fw@db/app?sslmode=require&application_name=x&options=-c%20a%3Db",
+     DatabaseDsn("postgresql://u:p%3Fw@db/app?sslmode=require&application_name=x"
+                 "&options=-c%20a%3Db")),
+    ("postgresql://db/app?connect_timeout=5", DatabaseDsn("postgresql://db/app", 5.0)),
+    ("postgresql:///app?host=/run/pg&connect_timeout=0&sslmode=disable",
+     DatabaseDsn("postgresql:///app?host=/run/pg&sslmode=disable", 0.0)),
+    # libpq: zero or less waits for ever; the last of a repeated parameter counts.
+    ("postgresql://db/app?connect_timeout=3&connect_timeout=-1", DatabaseDsn(
+        "postgresql://db/app", 0.0)),
+    ("postgresql://db/app?gssencmode=prefer&fallback_application_name=psql&channel_binding"
+     "=disable", DatabaseDsn("postgresql://db/app")),
+])
+def test_libpq_parameters_become_what_asyncpg_understands(url: str,
+                                                          expected: DatabaseDsn) -> None:
+    assert database_dsn(url) == expected
+
+
+@pytest.mark.parametrize("query", [
+    "connect_timeout=", "connect_timeout=nan", "keepalives=0", "sslmode=require&hostaddr=::1",
+    "gssencmode=require", "replication=true", "sslcrldir=/etc/crl",
+])
+def test_libpq_parameters_asyncpg_cannot_honour_are_refused(query: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"DATABASE_URL": f"postgresql://db/app?{query}"})
+    assert refused.value.variable == "DATABASE_URL"
+    assert query.rpartition("&")[2].partition("=")[0] in refused.value.problem
