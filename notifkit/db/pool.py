@@ -35,7 +35,16 @@ from notifkit.codec import loads as json_loads
 from notifkit.config import DatabaseDsn, Settings, database_dsn
 from notifkit.db.priority_pool import PriorityPool
 
-__all__ = ["DatabaseUnavailable", "connect", "create_pool", "init_connection"]
+__all__ = ["QUERY_TIMEOUT_S", "DatabaseUnavailable", "connect", "create_pool",
+           "init_connection"]
+
+# The longest a query, or opening a connection for one, may take in the services whose every
+# query is a short one (the api's, delivery's): a PostgreSQL that stops answering without
+# closing its connections (a partition, a frozen failover) then makes the query fail instead
+# of holding its request or batch for as long as the stall lasts. asyncpg then spends as long
+# again trying to cancel the query before it drops the connection, so a caller caught in a
+# stall hears of it after about twice this.
+QUERY_TIMEOUT_S = 10.0
 
 
 class DatabaseUnavailable(ConnectionError):

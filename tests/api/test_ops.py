@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -22,6 +21,7 @@ from notifkit.services.api.validation import encode_cursor
 from notifkit.streams import decode, encode, ensure_group, xadd
 from notifkit.worker import write_heartbeat
 from tests.api.conftest import ADMIN, Api, Project, start_api
+from tests.support.pg_proxy import PostgresProxy
 from tests.support.streams import xrange
 
 
@@ -457,68 +457,16 @@ async def test_a_bad_limit_and_a_bad_cursor_are_named_in_one_answer(
     assert (forged.status, forged.fields) == (400, ["cursor"])
 
 
-class _StallingProxy:
-    """A TCP proxy to PostgreSQL that, once ``stall()`` is called, forwards nothing more in
-    either direction and keeps every connection open: a network partition, or a server frozen
-    mid-failover, rather than one that refuses connections."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.stalled = asyncio.Event()
-        self.writers: list[asyncio.StreamWriter] = []
-        self.handlers: list[asyncio.Future[Any]] = []
-        self.server: asyncio.Server | None = None
-
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._client, "127.0.0.1", 0)
-        port: int = self.server.sockets[0].getsockname()[1]
-        return port
-
-    def stall(self) -> None:
-        self.stalled.set()
-
-    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*self.target)
-        self.writers += [writer, up_writer]
-        pipes = asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer),
-                               return_exceptions=True)
-        self.handlers.append(pipes)
-        with contextlib.suppress(asyncio.CancelledError):  # close() ends the pipes
-            await pipes
-
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while chunk := await reader.read(65536):
-            if self.stalled.is_set():
-                await asyncio.Event().wait()  # holds the connection, forwards nothing
-            writer.write(chunk)
-            await writer.drain()
-
-    async def close(self) -> None:
-        for writer in self.writers:
-            writer.transport.abort()
-        for pipes in self.handlers:
-            pipes.cancel()
-        await asyncio.gather(*self.handlers, return_exceptions=True)
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
-
-
 async def test_health_answers_while_postgres_stalls(settings: Settings) -> None:
     """A PostgreSQL that accepts connections but stops answering (a partition, a frozen
     failover) held /health for as long as the stall lasted: timing out its probe cancelled the
     query, and the cancelled query then waited for its connection to be given back to the
     pool, which waited for the server. A health check must answer within its own timeout."""
-    from urllib.parse import urlsplit
-
     from notifkit.db.pool import create_pool
 
-    target = urlsplit(settings.database_url)
-    proxy = _StallingProxy(target.hostname or "127.0.0.1", target.port or 5432)
-    port = await proxy.start()
-    proxied = settings.replace(database_url=target._replace(
-        netloc=f"{target.username or 'postgres'}@127.0.0.1:{port}").geturl())
-    pool = await create_pool(proxied)
+    proxy = PostgresProxy(settings)
+    await proxy.start()
+    pool = await create_pool(proxy.settings)
     _server, client = await start_api(settings, db=pool)
     try:
         assert (await client.get("/health")).status == 200
@@ -534,7 +482,7 @@ async def test_health_answers_while_postgres_stalls(settings: Settings) -> None:
     finally:
         await client.close()
         pool.terminate()
-        await proxy.close()
+        await proxy.stop()
 
 
 async def test_every_route_answers_503_while_postgres_stalls(settings: Settings) -> None:
@@ -542,16 +490,12 @@ async def test_every_route_answers_503_while_postgres_stalls(settings: Settings)
     did: requests hung (over 40 s seen) where a 503 that asks to retry was due. The api
     service's pool now limits each query, and the opening of a connection for one
     (QUERY_TIMEOUT_S; 1 s here), and the request answers 503."""
-    from urllib.parse import urlsplit
-
     from notifkit.db.pool import create_pool
 
-    target = urlsplit(settings.database_url)
-    proxy = _StallingProxy(target.hostname or "127.0.0.1", target.port or 5432)
-    port = await proxy.start()
-    proxied = settings.replace(database_url=target._replace(
-        netloc=f"{target.username or 'postgres'}@127.0.0.1:{port}").geturl())
-    pool = await create_pool(proxied, command_timeout=1.0)  # as the api service makes it
+    proxy = PostgresProxy(settings)
+    await proxy.start()
+    # as the api service makes it
+    pool = await create_pool(proxy.settings, command_timeout=1.0)
     _server, client = await start_api(settings, db=pool)
     admin = {"Authorization": f"Bearer {ADMIN}"}
     try:
@@ -569,11 +513,11 @@ async def test_every_route_answers_503_while_postgres_stalls(settings: Settings)
     finally:
         await client.close()
         pool.terminate()
-        await proxy.close()
+        await proxy.stop()
 
 
 async def test_the_api_service_limits_its_queries(settings: Settings) -> None:
-    from notifkit.services.api.app import QUERY_TIMEOUT_S
+    from notifkit.db.pool import QUERY_TIMEOUT_S
     from notifkit.services.api.service import ApiService
 
     service = ApiService(settings)

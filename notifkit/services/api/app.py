@@ -16,6 +16,7 @@ from aiohttp import web
 from redis.asyncio import Redis
 
 from notifkit.config import Settings
+from notifkit.db.pool import QUERY_TIMEOUT_S
 from notifkit.keys import Keys
 from notifkit.ratelimit import TokenBuckets
 from notifkit.services.api.admission import Admission
@@ -41,12 +42,8 @@ from notifkit.services.api.state import (
 from notifkit.tasks import cancel_and_wait
 
 SSE_HEARTBEAT_DEFAULT_S = 15.0
-# The longest an API query, or opening a connection for one, may take: PostgreSQL that stops
-# answering without closing its connections (a partition, a frozen failover) then gets a 503,
-# not a request held open for as long as the stall lasts. Every API query is a short one; this
-# only ends a stall. asyncpg then spends as long again trying to cancel the query before it
-# drops the connection, so a request caught in a stall answers after about twice this.
-QUERY_TIMEOUT_S = 10.0
+# An API query caught in a PostgreSQL stall ends in a 503, not a request held open for as long
+# as the stall lasts (QUERY_TIMEOUT_S: a request answers after about twice it).
 MAX_LINE_BYTES = 64 * 1024
 _PLACEHOLDER = re.compile(r"{([A-Za-z]+)}")
 

@@ -22,7 +22,8 @@ from redis.exceptions import RedisError
 
 from notifkit.clock import utc_now_iso
 from notifkit.config import ConfigError, Settings
-from notifkit.services.api.app import QUERY_TIMEOUT_S, create_app
+from notifkit.db.pool import QUERY_TIMEOUT_S
+from notifkit.services.api.app import create_app
 from notifkit.services.api.errors import ApiRunner
 from notifkit.services.api.state import IN_FLIGHT
 from notifkit.services.base import Service
