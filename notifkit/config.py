@@ -48,6 +48,8 @@ FAULT_INJECTIONS: dict[str, str] = {
     "ignore_workflow_events": "custom events resolve no waiting workflow step",
     "unpublished_key_revocations": "a revoked key is dropped only by the API process that "
                                    "revoked it, not announced to the others",
+    "ignore_outages": "a try that met a PostgreSQL outage counts against the entry's attempts "
+                      "and the worker goes on reading and reclaiming, as after any failure",
 }
 # Every environment variable Settings.from_env reads: processes that start notifkit for a
 # purpose of their own (scenarios, benchmarks) set these themselves and inherit none.

@@ -154,6 +154,7 @@ class AiService(WorkerService):
             {"role": "system", "content": SYSTEM_PROMPTS.get(channel, SYSTEM_PROMPTS["webhook"])},
             {"role": "user", "content": prompt},
         ]
+        entry.irreversible = True  # a model's answer is paid for, whatever fails after it
         try:
             completion = await self.client.complete(
                 model=model, messages=messages, task_id=task["taskId"]

@@ -16,10 +16,11 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from notifkit.config import Settings
+from notifkit.db.availability import answers, unavailable
 from notifkit.db.priority_pool import PriorityPool
 from notifkit.keys import Keys
 from notifkit.tasks import cancel_all
-from notifkit.worker import Entry, StreamWorker, batch_stream
+from notifkit.worker import Dependency, Entry, StreamWorker, batch_stream
 
 log = logging.getLogger("notifkit.services")
 
@@ -135,6 +136,8 @@ class WorkerService(Service):
                             if self.batch_share else None),
             claim_key=self.claim_key if self.claims_on_read else None,
             settles_exhausted=self.settles_exhausted,
+            dependency=(Dependency("PostgreSQL", "DATABASE_URL", unavailable,
+                                   self._postgres_answers) if self.needs_db else None),
         )
         self._background: list[asyncio.Task[None]] = []
         # Batches from the first (critical) stream of a worker of several priority streams go
@@ -145,6 +148,9 @@ class WorkerService(Service):
 
     def _urgent_batch(self) -> bool:
         return self._urgent_stream is not None and batch_stream.get() == self._urgent_stream
+
+    async def _postgres_answers(self, timeout_s: float) -> bool:
+        return self.db is not None and await answers(self.db, timeout_s)
 
     async def start(self) -> None:
         await self.open()

@@ -5,6 +5,8 @@
       -> process(batch)                         -> per-entry success or failure
       -> success: XADD the entry's outputs, then XACK + DEL counter, in one script call
       -> failure: release its dedup marks, ack nothing; last attempt? dead-letter
+         (a failure that met a PostgreSQL outage: the attempt is given back, and reads and
+         reclaim sweeps pause until a probe gets an answer)
     reclaim sweep: XAUTOCLAIM idle entries every ``reclaim_interval_s`` and run them again
     keep-alive: entries this worker is still working on are touched (XCLAIM to itself, JUSTID)
                 every third of ``reclaim_min_idle_s``, so only a dead or stuck worker's idle
@@ -21,7 +23,8 @@ effects outside Redis (provider calls, PostgreSQL rows) are the processor's to m
 The package's modules: ``stream_worker`` (the loop: read, dispatch, settle, reclaim,
 keep-alive, heartbeat), ``entry`` (what a processor is handed, and what the DLQ and
 ``notification:failed`` say about it), ``scripts`` (the Lua scripts), ``reading`` (XREADGROUP
-replies) and ``health`` (consumer names and heartbeats).
+replies), ``health`` (consumer names and heartbeats) and ``outage`` (holding work while
+PostgreSQL is away instead of spending attempts on it).
 """
 
 from __future__ import annotations
@@ -38,12 +41,14 @@ from notifkit.worker.entry import (
     payload_user,
 )
 from notifkit.worker.health import consumer_name, heartbeat_failure, write_heartbeat
+from notifkit.worker.outage import Dependency, Outage
 from notifkit.worker.reading import is_nogroup
 from notifkit.worker.stream_worker import PRIORITY_RESERVE_DIVISOR, StreamWorker, WorkerStats
 
 __all__ = [
     "PRIORITY_RESERVE_DIVISOR", "REPLAYED_ATTEMPTS",
-    "BatchProcessor", "ClaimKey", "Entry", "StreamWorker", "WorkerStats", "attempts_before",
+    "BatchProcessor", "ClaimKey", "Dependency", "Entry", "Outage", "StreamWorker",
+    "WorkerStats", "attempts_before",
     "attempts_made", "batch_stream", "consumer_name", "failed_event", "heartbeat_failure",
     "is_nogroup",
     "payload_user", "write_heartbeat",

@@ -39,6 +39,10 @@ class Entry:
     # stage (one that settles such entries, see StreamWorker) may only finish it from what
     # that attempt recorded, never try again; ``attempt`` counts the attempts made.
     exhausted: bool = False
+    # The stage did something in this attempt that cannot be taken back (called a provider,
+    # paid for a model's answer): set before it does, so an attempt that then fails counts
+    # even when PostgreSQL was away (see notifkit/worker/outage.py).
+    irreversible: bool = False
 
     @property
     def owner(self) -> str:

@@ -52,6 +52,20 @@ end
 return counts
 """
 
+# Give back the attempt counted for each entry whose try met an outage (KEYS: counters): DECR
+# only a counter still there, since one an ack deleted, or that expired, must not come back
+# negative and without a TTL.
+GIVE_BACK_ATTEMPTS = """
+local n = 0
+for i, key in ipairs(KEYS) do
+  if redis.call('EXISTS', key) == 1 then
+    redis.call('DECR', key)
+    n = n + 1
+  end
+end
+return n
+"""
+
 # Fill the free slots from the streams in priority order, in one round trip: XREADGROUP on
 # each stream in turn (never blocking inside a script), each taking what the earlier ones
 # left. KEYS: the streams, highest priority first. ARGV: group, consumer, free slots, then per

@@ -39,6 +39,7 @@ from notifkit.worker.entry import (
     log_fields,
 )
 from notifkit.worker.health import consumer_name, heartbeat_failure, write_heartbeat
+from notifkit.worker.outage import PROBE_FIRST_S, Dependency, Outage
 from notifkit.worker.reading import entries_of, is_nogroup
 
 log = logging.getLogger("notifkit.worker")
@@ -68,6 +69,7 @@ class WorkerStats:
     dead_lettered: int = 0
     malformed: int = 0
     reclaimed: int = 0
+    held: int = 0  # failed tries given back: they met an outage of the stage's dependency
     max_in_flight: int = 0
 
 
@@ -89,6 +91,7 @@ class StreamWorker:
         max_batch_size: int | None = None,
         claim_key: ClaimKey | None = None,
         settles_exhausted: bool = False,
+        dependency: Dependency | None = None,
     ) -> None:
         if not streams:
             raise ValueError("a worker needs at least one stream")
@@ -115,6 +118,11 @@ class StreamWorker:
         # the processor marked ``exhausted`` (it may have recorded an outcome before the
         # crash, e.g. delivery's outbox) instead of straight to the DLQ.
         self.settles_exhausted = settles_exhausted
+        # What the stage cannot work without: while it is away the worker holds its work
+        # instead of spending attempts on it (notifkit/worker/outage.py).
+        self.outage = (None if dependency is None else Outage(
+            dependency, service=service,
+            first_probe_s=min(PROBE_FIRST_S, settings.reclaim_interval_s)))
         self._batches: dict[str, int] = {}  # stream -> batches in flight
         self.stats = WorkerStats()
         self._in_flight: dict[tuple[str, str], Entry] = {}
@@ -135,6 +143,7 @@ class StreamWorker:
         self._read_error: str | None = None
         self.sweep_cut_short = False  # the last reclaim sweep stopped for want of free slots
         self._release = redis.register_script(scripts.RELEASE_MARKS)
+        self._give_back = redis.register_script(scripts.GIVE_BACK_ATTEMPTS)
         self._forget = redis.register_script(scripts.FORGET_CONSUMER)
 
     # -- lifecycle ----------------------------------------------------------------
@@ -188,6 +197,8 @@ class StreamWorker:
         self._stopping.set()
         await cancel_all(self._loops)
         self._loops = []
+        if self.outage is not None:
+            await self.outage.close()
         if self._tasks:
             _done, pending = await asyncio.wait(self._tasks, timeout=grace)
             if pending:
@@ -236,6 +247,9 @@ class StreamWorker:
         failing_since: float | None = None  # when reads began to fail, while they do
         while not self._stopping.is_set():
             try:
+                if self.outage is not None and self.outage.holding:
+                    await self.outage.ok.wait()
+                    continue
                 free = self.concurrency - self.in_flight
                 if free <= 0:
                     self._capacity.clear()
@@ -293,6 +307,8 @@ class StreamWorker:
         then dispatch; returns how many entries were taken off the streams (malformed and
         dead-lettered ones included, so a read that yields only those still counts as
         progress)."""
+        if self._held():
+            return 0
         async with self._taking:
             free = self.concurrency - self.in_flight
             if free <= 0:
@@ -356,6 +372,10 @@ class StreamWorker:
                 len(entries) < blocking_count for entries in by_stream.values())
             if self._drained:
                 self._emptied_at = time.monotonic()
+            if self._held():
+                # A read already waiting when an outage began: its entries stay pending,
+                # untried and uncounted, for the sweep that follows the outage.
+                return len(raw)
             # One batch per stream: a critical entry read together with lower-priority ones
             # must not wait for their batch to finish (measured: a critical entry in a batch
             # of 45 low ones spent 740 ms in the enricher under a low backlog).
@@ -409,10 +429,14 @@ class StreamWorker:
             (reply,) = await pipe(self.redis).command(*args).execute()
         return reply
 
+    def _held(self) -> bool:
+        """Whether an outage holds this worker: nothing is read or reclaimed."""
+        return self.outage is not None and self.outage.holding
+
     # -- reclaiming ---------------------------------------------------------------
     async def _reclaim_loop(self) -> None:
         while not self._stopping.is_set():
-            await asyncio.sleep(self.next_reclaim_delay_s())
+            await self._pause_between_sweeps()
             try:
                 await self.reclaim_once()
             except asyncio.CancelledError:
@@ -420,6 +444,18 @@ class StreamWorker:
             except Exception as exc:  # a chore: log and carry on
                 log.warning("Reclaim sweep failed (%s); next sweep in %.1f s.", exc,
                             self.settings.reclaim_interval_s, extra={"service": self.service})
+
+    async def _pause_between_sweeps(self) -> None:
+        """Wait for the next sweep: an interval, and no sweep during an outage. The end of
+        one sweeps at once: what the outage held has been idle since it began."""
+        outage = self.outage
+        if outage is None:
+            await asyncio.sleep(self.next_reclaim_delay_s())
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(outage.recovered.wait(), self.next_reclaim_delay_s())
+        await outage.ok.wait()
+        outage.recovered.clear()
 
     def next_reclaim_delay_s(self) -> float:
         """A sweep that ran out of free slots left idle entries behind (after an outage there
@@ -434,6 +470,8 @@ class StreamWorker:
         dispatch them; returns how many were taken over."""
         self.sweep_cut_short = False
         if self.settings.injects("skip_reclaim"):  # test-only fault (config.FAULT_INJECTIONS)
+            return 0
+        if self._held():
             return 0
         min_idle_ms = int(self.settings.reclaim_min_idle_s * 1000)
         total = 0
@@ -650,8 +688,14 @@ class StreamWorker:
             metrics.PROCESSED.labels(self.service, stream, channel).inc(count)
 
     async def _handle_failures(self, failed: list[Entry]) -> None:
+        held = await self._hold_for_outage(failed)
         last: list[Entry] = []
         for entry in failed:
+            if id(entry) in held:
+                if entry.marks:
+                    await self._release(keys=entry.marks, args=[entry.owner])
+                    entry.marks.clear()
+                continue
             self.stats.failed += 1
             metrics.FAILED.labels(self.service, entry.stream, channel_label(entry)).inc()
             permanent = isinstance(entry.error, PermanentFailure)
@@ -669,6 +713,31 @@ class StreamWorker:
                 last.append(entry)
         if last:
             await self._dead_letter(last)
+
+    async def _hold_for_outage(self, failed: list[Entry]) -> set[int]:
+        """The failed entries (their ``id()``s) that met an outage of the stage's dependency
+        and did nothing irreversible: they stay pending, and the attempt just counted for
+        them is given back, so an outage never uses up their attempts."""
+        outage = self.outage
+        if outage is None or self.settings.injects("ignore_outages"):  # test-only fault
+            return set()
+        met = [e for e in failed if e.error is not None
+               and not isinstance(e.error, PermanentFailure)
+               and outage.dependency.unavailable(e.error)]
+        if not met or not await outage.confirms(met[0].error or RuntimeError()):
+            return set()
+        # A try that called a provider happened, outage or not: it counts.
+        spared = [e for e in met if not e.irreversible]
+        if not spared:
+            return set()
+        await self._give_back(keys=[self.keys.attempts(self.group, e.id, e.stream)
+                                    for e in spared])
+        self.stats.held += len(spared)
+        log.info("%d of a batch's entries met the %s outage; they stay pending, and this "
+                 "attempt does not count against them.", len(spared), outage.dependency.name,
+                 extra={"service": self.service, "stream": spared[0].stream,
+                        "entry_ids": [e.id for e in spared[:20]]})
+        return {id(e) for e in spared}
 
     async def _dead_letter(self, entries: list[Entry]) -> None:
         """DLQ entry + ``notification:failed`` + XACK + DEL counter, atomically per batch."""
@@ -735,7 +804,10 @@ class StreamWorker:
             "processed": self.stats.processed,
             "ts": time.time(),
         }
-        if self._read_error is not None:
-            beat["readError"] = self._read_error[:500]
+        # Reads that fail, or an outage that stopped them: either way the worker beats but
+        # does no work, and /health says why.
+        problem = self._read_error or (self.outage.waiting_for() if self.outage else None)
+        if problem is not None:
+            beat["readError"] = problem[:500]
         await write_heartbeat(self.redis, self.keys, self.consumer, beat,
                               self.settings.heartbeat_ttl_s)

@@ -28,6 +28,7 @@ from aiohttp.web_request import BaseRequest
 from redis.exceptions import RedisError
 
 from notifkit import codec
+from notifkit.db.availability import UNAVAILABLE_SQLSTATE_CLASSES
 from notifkit.services.api.state import SETTINGS
 
 log = logging.getLogger("notifkit.api")
@@ -157,12 +158,6 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         ))
 
 
-# PostgreSQL error classes that describe the server's state, not the statement: connection
-# exceptions (08), insufficient resources (53: too many connections, disk full), operator
-# intervention (57: shutdown, cannot connect now).
-_UNAVAILABLE_SQLSTATE_CLASSES = ("08", "53", "57")
-
-
 def store_unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` means Redis or PostgreSQL cannot serve right now (answer 503, retry),
     as opposed to a bug in the request's handling (500).
@@ -174,7 +169,7 @@ def store_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, RedisError | OSError | TimeoutError | asyncpg.InterfaceError):
         return True
     if isinstance(exc, asyncpg.PostgresError):
-        return str(getattr(exc, "sqlstate", "") or "")[:2] in _UNAVAILABLE_SQLSTATE_CLASSES
+        return str(getattr(exc, "sqlstate", "") or "")[:2] in UNAVAILABLE_SQLSTATE_CLASSES
     return False
 
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar, cast
 
 from notifkit import metrics
 from notifkit.clock import utc_now_iso
@@ -46,6 +47,8 @@ from notifkit.transports.registry import MISSING, build_transports
 from notifkit.worker import Entry, attempts_before, batch_stream
 
 log = logging.getLogger("notifkit.delivery")
+
+_T = TypeVar("_T")
 
 # (task id, channel, destination, outbox status, provider message id)
 SentRow = tuple[str, str, str, str, str | None]
@@ -141,8 +144,8 @@ class DeliveryService(WorkerService):
         ])
         limits = await self._limits({t["projectId"] for _e, t, _tr in runnable})
         sends = _Sends(sum(len(t["to"]) for _e, t, _tr in runnable))
-        attempted = await asyncio.gather(*(
-            self._send_task(task, transport, previous, limits, sends, exhausted=e.exhausted)
+        attempted = await _every(*(
+            self._send_task(e, task, transport, previous, limits, sends)
             for e, task, transport in runnable
         ))
 
@@ -209,13 +212,12 @@ class DeliveryService(WorkerService):
     # -- sending --------------------------------------------------------------------------
     async def _send_task(
         self,
+        entry: Entry,
         task: OutboundTask,
         transport: Transport,
         previous: dict[tuple[str, str, str], outbox.Previous],
         limits: dict[str, dict[str, Any]],
         sends: _Sends,
-        *,
-        exhausted: bool = False,
     ) -> list[Attempted]:
         buckets = self._buckets(task, transport, limits)
 
@@ -256,7 +258,7 @@ class DeliveryService(WorkerService):
                 return Attempted(destination, SendResult(
                     Outcome.INVALID_RECIPIENT,
                     detail="contact disabled after the task was queued; not sent"))
-            if exhausted:
+            if entry.exhausted:
                 # Its last attempt died with its process, unrecorded: no attempt is left.
                 return Attempted(destination, SendResult(
                     Outcome.RETRY, detail="the last attempt never finished (its process "
@@ -271,6 +273,8 @@ class DeliveryService(WorkerService):
                     detail=f"notifkit's {transport.provider} rate limit is used up",
                     retry_after_s=wait_s), local_limit=True)
             started = time.perf_counter()
+            # From here the attempt happened, whatever fails after it (PostgreSQL included).
+            entry.irreversible = True
             try:
                 result = await transport.send(_message(task, destination))
             except Exception as exc:  # one message's failure stays its own
@@ -281,7 +285,7 @@ class DeliveryService(WorkerService):
                                       result.outcome.value).inc()
             return Attempted(destination, result, possible_duplicate)
 
-        return list(await asyncio.gather(*(one(d) for d in task["to"])))
+        return await _every(*(one(d) for d in task["to"]))
 
     def _buckets(self, task: OutboundTask, transport: Transport,
                  limits: dict[str, dict[str, Any]]) -> list[Bucket]:
@@ -473,6 +477,18 @@ _LEFT_OUT = {
                       "not sent",
     outbox.REMOVED: "no contact: it was removed after the task was queued; not sent",
 }
+
+
+async def _every(*sends: Awaitable[_T]) -> list[_T]:
+    """``asyncio.gather`` that lets every send end before it raises the first failure (an
+    outcome that could not be recorded, say): gather raises at once and leaves the others
+    running, so a send could still reach its provider after the batch was judged, and a try
+    that called the provider would not count as the attempt it was (see Entry.irreversible)."""
+    results = await asyncio.gather(*sends, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return cast(list[_T], results)
 
 
 def _message(task: OutboundTask, destination: str) -> Message:

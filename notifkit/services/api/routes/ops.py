@@ -21,6 +21,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from notifkit import codec, metrics, metrics_store
 from notifkit.config import SERVICES
+from notifkit.db.availability import answers
 from notifkit.keys import Keys
 from notifkit.services.api.errors import json_response
 from notifkit.services.api.routing import CURSOR, LIMIT, Operations, Reply
@@ -185,31 +186,9 @@ def _iso(epoch_s: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
 
 
-# Probes that outlived HEALTH_TIMEOUT_S, kept referenced until they end (see below).
-_ABANDONED_PROBES: set[asyncio.Task[Any]] = set()
-
-
 async def _postgres_health(app: web.Application) -> bool:
-    """Whether PostgreSQL answers ``SELECT 1`` within ``HEALTH_TIMEOUT_S``. The probe runs as
-    a task of its own that is left behind, cancelled, when time is up: a query cancelled on a
-    server that stopped answering (a partition, a frozen failover) waits for its connection to
-    be given back to the pool, which waits for the server, so ``wait_for`` held /health for as
-    long as the stall lasted."""
-    probe = asyncio.ensure_future(app[DB].fetchval("SELECT 1"))
-    try:
-        await asyncio.wait({probe}, timeout=HEALTH_TIMEOUT_S)
-    finally:
-        if not probe.done():
-            probe.cancel()
-            _ABANDONED_PROBES.add(probe)
-            probe.add_done_callback(_forget_probe)
-    return probe.done() and not probe.cancelled() and probe.exception() is None
-
-
-def _forget_probe(probe: asyncio.Task[Any]) -> None:
-    _ABANDONED_PROBES.discard(probe)
-    if not probe.cancelled():
-        probe.exception()  # retrieved: an abandoned probe's failure is no news
+    """Whether PostgreSQL answers within ``HEALTH_TIMEOUT_S``; a stalled server included."""
+    return await answers(app[DB], HEALTH_TIMEOUT_S)
 
 
 def stream_depth(info: dict[str, Any]) -> int:

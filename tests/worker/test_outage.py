@@ -1,0 +1,130 @@
+"""A worker whose dependency (PostgreSQL, here a stand-in the test switches off and on) is
+away holds its work: it stops reading and reclaiming, gives back the attempts the outage cost,
+and carries on when a probe gets an answer. A failure that only looks like an outage (the
+probe gets its answer) counts as any other (notifkit/worker/outage.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import pytest
+from redis.asyncio import Redis
+
+from notifkit.db.availability import unavailable
+from notifkit.keys import Keys
+from notifkit.worker import Dependency, Entry
+
+if TYPE_CHECKING:
+    from .conftest import Add, Payloads, WorkerFactory
+
+HANG_S = 30.0  # only turns a regression into a failure
+
+
+class Store:
+    """A dependency the test takes away and brings back; batches fail while it is away."""
+
+    def __init__(self) -> None:
+        self.up = True
+        self.probes = 0
+        self.tries = 0
+        self.done: list[str] = []
+
+    async def answers(self, _timeout_s: float) -> bool:
+        self.probes += 1
+        return self.up
+
+    def dependency(self) -> Dependency:
+        return Dependency("PostgreSQL", "DATABASE_URL", unavailable, self.answers)
+
+    async def process(self, batch: list[Entry]) -> None:
+        self.tries += 1
+        if not self.up:
+            raise ConnectionRefusedError(111, "Connection refused")
+        self.done += [e.id for e in batch]
+
+
+async def until(check: Callable[[], bool | Awaitable[bool]], what: str) -> None:
+    deadline = time.monotonic() + HANG_S
+    while True:
+        result = check()
+        if result if isinstance(result, bool) else await result:
+            return
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def store() -> Store:
+    return Store()
+
+
+@pytest.fixture
+def stream(keys: Keys) -> str:
+    return keys.enriched("normal")
+
+
+async def test_an_outage_holds_the_work_and_costs_no_attempt(
+    make_worker: WorkerFactory, store: Store, stream: str, redis: Redis, keys: Keys, add: Add,
+    payloads: Payloads,
+) -> None:
+    # Given a worker whose store is away, with entries reclaimable as soon as they fail
+    worker = make_worker(store.process, streams=[stream], dependency=store.dependency())
+    store.up = False
+    first = await add(stream, {"n": 1})
+
+    # When its batch fails on the outage, and more work arrives meanwhile
+    await worker.start()
+    await until(lambda: worker.outage is not None and worker.outage.holding, "the hold")
+    later = await add(stream, {"n": 2})
+    probes = store.probes
+    await until(lambda: store.probes >= probes + 5, "five more probes")
+
+    # Then nothing more is tried or reclaimed, the attempt is given back, and the heartbeat
+    # says why the worker does nothing
+    assert store.tries == 1
+    assert worker.stats.failed == worker.stats.reclaimed == 0
+    assert await redis.get(keys.attempts(keys.group("engine"), first, stream)) == b"0"
+    assert await redis.get(keys.attempts(keys.group("engine"), later, stream)) is None
+    await worker.beat()
+    beat = await redis.get(keys.health(worker.consumer))
+    assert beat is not None
+    assert b"waiting for PostgreSQL (DATABASE_URL) to answer again" in beat
+
+    # And once the store answers again both entries are done, once each, none dead-lettered
+    store.up = True
+    await until(lambda: sorted(store.done) == sorted([first, later]), "both entries done")
+    await until(lambda: not worker.outage or not worker.outage.holding, "the hold ended")
+    assert await payloads(keys.dlq) == []
+    assert len(store.done) == 2
+
+
+@pytest.mark.parametrize(("error", "probes"), [
+    # a timeout of the work's own, while the store answers every probe
+    (TimeoutError(), 3),
+    # an error of the work itself: not even a probe
+    (ValueError("invalid input for query argument $1"), 0),
+])
+async def test_a_failure_that_is_no_outage_counts(
+    make_worker: WorkerFactory, store: Store, stream: str, keys: Keys, add: Add,
+    payloads: Payloads, error: Exception, probes: int,
+) -> None:
+    # Given a batch that fails on its own while the store answers
+    async def failing(batch: list[Entry]) -> None:
+        raise error
+
+    worker = make_worker(failing, streams=[stream], dependency=store.dependency())
+    await add(stream, {"n": 1})
+
+    # When the worker drains the stream
+    await worker.run_until_idle()
+
+    # Then each try counted: the entry is dead-lettered after exactly its attempts
+    assert store.probes == probes
+    assert worker.stats.failed == 3
+    [dead] = await payloads(keys.dlq)
+    assert dead["attempts"] == 3
+    assert worker.outage is not None
+    assert not worker.outage.holding
