@@ -6,6 +6,7 @@ probe gets its answer) counts as any other (notifkit/worker/outage.py)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -68,8 +69,9 @@ def stream(keys: Keys) -> str:
 
 async def test_an_outage_holds_the_work_and_costs_no_attempt(
     make_worker: WorkerFactory, store: Store, stream: str, redis: Redis, keys: Keys, add: Add,
-    payloads: Payloads,
+    payloads: Payloads, caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="notifkit.worker")
     # Given a worker whose store is away, with entries reclaimable as soon as they fail
     worker = make_worker(store.process, streams=[stream], dependency=store.dependency())
     store.up = False
@@ -99,6 +101,9 @@ async def test_an_outage_holds_the_work_and_costs_no_attempt(
     await until(lambda: not worker.outage or not worker.outage.holding, "the hold ended")
     assert await payloads(keys.dlq) == []
     assert len(store.done) == 2
+    # One line when the outage began and one when it ended, however many probes came between
+    phases = [getattr(r, "outage", None) for r in caplog.records]
+    assert [p for p in phases if p] == ["start", "end"]
 
 
 @pytest.mark.parametrize(("error", "probes"), [
