@@ -143,8 +143,12 @@ class Outage:
         self.recovered.set()
 
     async def close(self) -> None:
+        """Stop probing. A worker started again reads at once: a failure starts a new outage
+        if the dependency is still away, and no prober would be left to end this one."""
         if self._prober is not None:
             await cancel_and_wait(self._prober)
             self._prober = None
         if self._confirming is not None:
             self._confirming.cancel()
+        self.cause = None
+        self.ok.set()

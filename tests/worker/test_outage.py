@@ -133,3 +133,22 @@ async def test_a_failure_that_is_no_outage_counts(
     assert dead["attempts"] == 3
     assert worker.outage is not None
     assert not worker.outage.holding
+
+
+async def test_a_worker_stopped_during_an_outage_reads_again_when_started(
+    make_worker: WorkerFactory, store: Store, stream: str, add: Add,
+) -> None:
+    # Given a worker stopped while an outage held it
+    worker = make_worker(store.process, streams=[stream], dependency=store.dependency())
+    store.up = False
+    first = await add(stream, {"n": 1})
+    await worker.start()
+    await until(lambda: worker.outage is not None and worker.outage.holding, "the hold")
+    await worker.stop(grace_s=0)
+
+    # When it is started again once the store is back, it works again (no probe of the
+    # stopped run is left to end that outage)
+    store.up = True
+    await worker.start()
+    later = await add(stream, {"n": 2})
+    await until(lambda: sorted(store.done) == sorted([first, later]), "both entries done")
