@@ -17,7 +17,6 @@ import contextlib
 import gc
 import logging
 import os
-import signal
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
@@ -108,13 +107,10 @@ def tune_gc() -> None:
 async def serve(settings: Settings, port_option: str = "PORT") -> int:
     """Run until SIGTERM or SIGINT. ``port_option`` is what the user set the port with: a port
     given as ``--port`` that cannot be bound is named so, not as the PORT they never set."""
-    from notifkit.server import NotifkitServer
+    from notifkit.server import NotifkitServer, stop_on_signals
 
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(signum, stop.set)
+    stop_on_signals(stop)
     server = NotifkitServer(settings=settings)
     # A start can wait a long time (an unreachable PostgreSQL, a held migration lock); a SIGTERM
     # meanwhile abandons it rather than being ignored until it finishes.

@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import secrets
-import signal
 import socket
 import warnings
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -180,11 +179,10 @@ async def run_dev(settings: Settings, *, data_dir: str, port: int, sim_port: int
 
 async def _run_dev(settings: Settings, environ: dict[str, str], folder: Path, port: int,
                    sim_port: int, sim_smtp_port: int) -> int:
+    from notifkit.server import stop_on_signals
+
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(signum, stop.set)
+    stop_on_signals(stop)
 
     # A start can wait a long time (a database that never answers, a held migration lock,
     # pgserver's first initdb); a signal meanwhile abandons it rather than being ignored until

@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -27,6 +27,7 @@ from notifkit.server import NotifkitServer
 from notifkit.services.api.service import ApiService
 from scenarios.processes import free_port
 from tests.support.services import require_module
+from tests.support.signals import stop_insistently
 
 pytestmark = pytest.mark.slow
 
@@ -145,17 +146,19 @@ def test_dev_sends_the_printed_curl_and_keeps_its_data(tmp_path: Path) -> None:
         assert stop(proc) == 0
 
 
-def test_sigterm_while_dev_is_starting_stops_it(tmp_path: Path, redis_url: str) -> None:
-    # Given a DATABASE_URL that accepts connections and never answers (dev used to ignore
-    # SIGTERM until its start finished, which here is never), and a Redis that answers (an
-    # unreachable one is refused before PostgreSQL is asked anything)
+@contextlib.contextmanager
+def dev_waiting_on_a_silent_database(tmp_path: Path,
+                                     redis_url: str) -> Iterator[subprocess.Popen[str]]:
+    """A dev whose DATABASE_URL accepts connections and never answers, and whose Redis answers
+    (an unreachable one is refused before PostgreSQL is asked anything), once it has connected:
+    its start waits on the database's answer, which never comes."""
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("NOTIFKIT_", "REDIS", "DATABASE", "DB_", "PORT"))}
         env.update(REDIS_URL=redis_url, LOG_FORMAT="text",
-                   NOTIFKIT_NAMESPACE=f"dev-sigterm-{uuid.uuid4().hex[:8]}",
+                   NOTIFKIT_NAMESPACE=f"dev-silent-db-{uuid.uuid4().hex[:8]}",
                    DATABASE_URL=f"postgresql://postgres@127.0.0.1:{silent.getsockname()[1]}/x")
         proc = subprocess.Popen(
             [sys.executable, "-m", "notifkit", "dev", "--data-dir", str(tmp_path),
@@ -164,20 +167,38 @@ def test_sigterm_while_dev_is_starting_stops_it(tmp_path: Path, redis_url: str) 
             start_new_session=True,
         )
         try:
-            # Once it has connected, it is waiting on the database's answer, which never comes
             silent.settimeout(30)
             waiting, _ = silent.accept()
-            assert proc.poll() is None
-            # When it is told to stop
-            proc.send_signal(signal.SIGTERM)
-            # Then it stops promptly and cleanly
-            _, stderr = proc.communicate(timeout=15)
-            waiting.close()
+            with waiting:
+                assert proc.poll() is None
+                yield proc
         finally:
             if proc.poll() is None:
                 kill(proc)
+
+
+def test_sigterm_while_dev_is_starting_stops_it(tmp_path: Path, redis_url: str) -> None:
+    # Given a dev whose start never finishes (dev used to ignore SIGTERM until it did)
+    with dev_waiting_on_a_silent_database(tmp_path, redis_url) as proc:
+        # When it is told to stop
+        proc.send_signal(signal.SIGTERM)
+        # Then it stops promptly and cleanly
+        _, stderr = proc.communicate(timeout=15)
     assert proc.returncode == 0, stderr
     assert "Stopping while starting" in stderr
+    assert "Traceback" not in stderr, stderr
+
+
+@pytest.mark.parametrize("again", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_signal_repeated_while_dev_stops_still_ends_cleanly(
+    again: signal.Signals, tmp_path: Path, redis_url: str
+) -> None:
+    # Given a dev waiting on a PostgreSQL that never answers
+    with dev_waiting_on_a_silent_database(tmp_path, redis_url) as proc:
+        # When Ctrl-C is pressed, and pressed again (or a supervisor insists) while it stops
+        stderr = stop_insistently(proc, signal.SIGINT, again)
+    # Then the stop under way ends as a stop: status 0, not killed by the repeated signal
+    assert proc.returncode == 0, stderr
     assert "Traceback" not in stderr, stderr
 
 
