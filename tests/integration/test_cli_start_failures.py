@@ -22,7 +22,7 @@ import pytest
 import redis
 
 from notifkit.keys import Keys
-from tests.support.signals import stop_insistently
+from tests.support.signals import start_then_stop_insistently
 
 # Every run gets names of its own, so runs sharing one Redis and PostgreSQL (several
 # checkouts, say) never meet; the fixture below removes whatever a start left behind.
@@ -364,23 +364,13 @@ def test_a_libpq_parameter_asyncpg_cannot_honour_is_an_invalid_setting(
 def test_a_signal_repeated_while_stopping_still_ends_cleanly(
     again: signal.Signals, redis_url: str, database_url: str
 ) -> None:
-    # Given a running process
+    # Given a running process, when Ctrl-C is pressed, and pressed again (or a supervisor
+    # insists) while it stops
     env = _env(redis_url, database_url, NOTIFKIT_SERVICES="api", AUTO_MIGRATE="true",
                HOST="127.0.0.1")
-    process = subprocess.Popen([sys.executable, "-m", "notifkit", "serve"], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        assert process.stderr is not None
-        for line in process.stderr:
-            if "notifkit is running" in line:
-                break
-        # When Ctrl-C is pressed, and pressed again (or a supervisor insists) while it stops
-        stderr = stop_insistently(process, signal.SIGINT, again)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    # Then the stop already under way finishes as a stop: status 0, not killed by the signal
-    # once the event loop had closed and put back the default handlers
-    assert process.returncode == 0, stderr
+    status, stderr = start_then_stop_insistently(
+        [sys.executable, "-m", "notifkit", "serve"], "notifkit is running", again, env=env)
+    # Then the stop under way ends as a stop: status 0, not killed by the signal once the event
+    # loop had closed and put back the default handlers
+    assert status == 0, stderr
     assert "Traceback" not in stderr, stderr

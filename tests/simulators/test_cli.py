@@ -15,6 +15,8 @@ import aiohttp
 import aiosmtplib
 import pytest
 
+from tests.support.signals import start_then_stop_insistently
+
 ROOT = Path(__file__).resolve().parents[2]
 LISTENING = re.compile(r"listening on (http://[\d.]+:\d+) \(SMTP ([\d.]+):(\d+)\)")
 
@@ -92,6 +94,18 @@ async def test_serves_and_stops_cleanly(stop_with: signal.Signals) -> None:
     assert process.returncode == 0
     assert "Traceback" not in rest.decode()
     assert "smtp accepted message" in rest.decode()
+
+
+@pytest.mark.parametrize("again", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_signal_repeated_while_stopping_still_ends_cleanly(again: signal.Signals) -> None:
+    # Given running simulators, when Ctrl-C is pressed, and pressed again (or a supervisor
+    # insists) while they stop
+    status, stderr = start_then_stop_insistently(
+        [sys.executable, "-m", "simulators", "--port", "0", "--smtp-port", "0"],
+        "Simulators listening on", again, cwd=ROOT)
+    # Then the stop under way ends as a stop: status 0, not killed by the repeated signal
+    assert status == 0, stderr
+    assert "Traceback" not in stderr, stderr
 
 
 @pytest.mark.parametrize("option", ["--port", "--smtp-port"])
