@@ -552,6 +552,13 @@ def _check_url(variable: str, value: str | None, schemes: tuple[str, ...], *,
         raise ConfigError(
             variable, f"must be a {' or '.join(s + '://' for s in schemes)} URL, got {value!r}"
         )
+    # urlsplit takes both, and the process started: 'http://:8025' or 'https://user@' then
+    # failed every call made with it, and white space every link or request line built on it.
+    if not hostless and not parts.hostname:
+        raise ConfigError(variable, f"names no host: {value!r}")
+    if any(char.isspace() or not char.isprintable() for char in value):
+        raise ConfigError(variable, f"must not hold white space or control characters: "
+                          f"{value!r}")
     try:
         parts.port  # noqa: B018 - parsing the port is the check
     except ValueError:

@@ -63,6 +63,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None,
         ("DB_SCHEMA", "pg_catalog"),
         ("WORKER_CONCURRENCY", "99999999999999999999999"),
         ("DB_MAX_CONNECTIONS", "99999999999999999"),
+        ("NOTIFKIT_PUBLIC_URL", "http://:8080"),
+        ("NOTIFKIT_SIMULATOR_URL", "http://sim ulators:8025"),
     ],
 )
 def test_invalid_configuration_exits_2_naming_the_variable(variable: str, value: str) -> None:

@@ -195,6 +195,17 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         ({"PROVIDER_RATE_LIMITS": "resend=1,twilio=5,resend=2"}, "PROVIDER_RATE_LIMITS"),
         ({"PROVIDER_RATE_LIMITS": "resend=1e-300"}, "PROVIDER_RATE_LIMITS"),
         ({"PROVIDER_RATE_LIMITS": "twilio=0.0001"}, "PROVIDER_RATE_LIMITS"),
+        # A URL naming no host, or with white space in it, started the process, and every
+        # send (or every link followed) failed on it.
+        ({"RESEND_API_KEY": "k", "RESEND_BASE_URL": "http://:8025"}, "RESEND_BASE_URL"),
+        ({"SENDGRID_API_KEY": "k", "SENDGRID_BASE_URL": "https://user@"}, "SENDGRID_BASE_URL"),
+        ({"TWILIO_BASE_URL": "http://twi lio.example"}, "TWILIO_BASE_URL"),
+        ({"FCM_BASE_URL": "https://:443/"}, "FCM_BASE_URL"),
+        ({"OPENAI_BASE_URL": "https://api.open ai.com/v1"}, "OPENAI_BASE_URL"),
+        ({"NOTIFKIT_SIMULATOR_URL": "http://:8025"}, "NOTIFKIT_SIMULATOR_URL"),
+        ({"NOTIFKIT_PUBLIC_URL": "https://notifkit.example/a\tb"}, "NOTIFKIT_PUBLIC_URL"),
+        ({"SMTP_URL": "smtp://user:pass@"}, "SMTP_URL"),
+        ({"REDIS_URL": "redis://:secret@/0"}, "REDIS_URL"),
     ],
 )
 def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) -> None:
