@@ -831,6 +831,10 @@ def _validate(s: Settings) -> None:
     _check_url("TWILIO_BASE_URL", s.sms.base_url, ("http", "https"))
     _check_url("FCM_BASE_URL", s.push.base_url, ("http", "https"))
     _check_url("OPENAI_BASE_URL", s.ai.base_url, ("http", "https"))
+    # The model goes out as it is in every completion request, as a template's does, which the
+    # API refuses with a control character in it: each AI send would fail on it.
+    if not s.ai.model.isprintable():
+        raise ConfigError("OPENAI_MODEL", f"must not hold control characters: {s.ai.model!r}")
     if s.push.project_id and not (s.push.access_token or s.push.credentials_file):
         raise ConfigError("FCM_ACCESS_TOKEN", "is required with FCM_PROJECT_ID "
                           "(or set FCM_CREDENTIALS_FILE)")

@@ -206,6 +206,8 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         ({"NOTIFKIT_PUBLIC_URL": "https://notifkit.example/a\tb"}, "NOTIFKIT_PUBLIC_URL"),
         ({"SMTP_URL": "smtp://user:pass@"}, "SMTP_URL"),
         ({"REDIS_URL": "redis://:secret@/0"}, "REDIS_URL"),
+        # Sent as it is in every completion request, as a template's model is (a 400 there).
+        ({"OPENAI_API_KEY": "k", "OPENAI_MODEL": "gpt-4o\nmini"}, "OPENAI_MODEL"),
     ],
 )
 def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) -> None:
