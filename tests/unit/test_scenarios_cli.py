@@ -102,6 +102,16 @@ def test_a_bad_option_is_one_line_without_running_anything(argv: list[str],
          "--set send_rate_per_s: crash_reclaim takes a number more than 0, got 0"),
         (["redis_restart", "--set", "rate_per_s=0"], "--set rate_per_s: redis_restart takes a "
                                                      "number more than 0, got 0"),
+        # No user (or no message) left nothing to send after the garbage, and no invalid token
+        # nothing for FCM to refuse: the scenario passed without checking what it proves.
+        (["malformed", "--set", "users=0"], "--set users: malformed takes a number more than "
+                                            "0, got 0"),
+        (["malformed", "--set", "messages=0"], "--set messages: malformed takes a number more "
+                                               "than 0, got 0"),
+        (["invalid_token", "--set", "invalid_users=0"],
+         "--set invalid_users: invalid_token takes a number more than 0, got 0"),
+        (["invalid_token", "--set", "users=0"], "--set users: invalid_token takes a number "
+                                                "more than 0, got 0"),
         # The poison takes the first user; the traffic around it had none left.
         (["dlq_poison", "--set", "users=1"], "--set users: dlq_poison takes a number of at "
                                              "least 2, got 1"),
