@@ -195,6 +195,10 @@ async def stoppable(work: Awaitable[T]) -> T:
 
     def stop() -> None:
         nonlocal stopping
+        if stopping:
+            # A repeat (a second Ctrl-C) would cancel the clean-up the first one started,
+            # leaving processes running and the run's schema and keys behind.
+            return
         stopping = True
         task.cancel()
 
@@ -213,6 +217,10 @@ async def stoppable(work: Awaitable[T]) -> T:
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
+            if stopping:
+                # The run ends with 130 now; a repeat would otherwise meet the default
+                # handler and kill the process by the signal.
+                signal.signal(signum, signal.SIG_IGN)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,8 @@ SCENARIOS.md documents, and ``run`` stays accepted."""
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from scenarios.__main__ import parse_args
+from tests.support.signals import stop_insistently
 
 
 @pytest.mark.parametrize(
@@ -211,3 +214,74 @@ def test_all_beside_scenario_names_is_refused_for_what_it_is() -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "scenarios: 'all' runs every scenario; name scenarios or 'all', not both"]
+
+
+def test_a_signal_repeated_while_a_run_stops_still_ends_with_130(tmp_path: Path) -> None:
+    # Given a run waiting on a Redis that accepts the connection and never answers
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        env = dict(os.environ,
+                   NOTIFKIT_TEST_REDIS_URL=f"redis://127.0.0.1:{silent.getsockname()[1]}/0")
+        runner = subprocess.Popen(
+            [sys.executable, "-m", "scenarios", "malformed", "--json",
+             str(tmp_path / "results.json")],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            silent.settimeout(30)
+            waiting, _ = silent.accept()
+            with waiting:
+                # When it is stopped, and told again and again while it stops
+                stderr = stop_insistently(runner, signal.SIGTERM, signal.SIGTERM)
+        finally:
+            if runner.poll() is None:
+                runner.kill()
+                runner.wait()
+    # Then it ends as a stopped run does, not killed by a repeat after its loop had closed
+    assert runner.returncode == 130, stderr
+    assert "Traceback" not in stderr, stderr
+
+
+# A run's clean-up, as System's: many awaits (processes stopped one by one, then its schema
+# and keys removed) after the first signal cancelled the run.
+CLEANING_RUN = """
+import asyncio, sys
+from scenarios.__main__ import stoppable
+
+async def run():
+    try:
+        print("running", flush=True)
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        for _process in range(20):
+            await asyncio.sleep(0.01)
+        print("cleaned up", flush=True)
+        raise
+
+try:
+    asyncio.run(stoppable(run()))
+except asyncio.CancelledError:
+    sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("again", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_signal_repeated_while_a_run_cleans_up_does_not_cut_the_clean_up_short(
+    again: signal.Signals,
+) -> None:
+    # Given a run that has started
+    runner = subprocess.Popen([sys.executable, "-c", CLEANING_RUN], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert runner.stdout is not None
+        assert runner.stdout.readline() == "running\n"
+        # When Ctrl-C is pressed, and pressed again (or a supervisor insists) while it cleans up
+        stderr = stop_insistently(runner, signal.SIGINT, again)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+    # Then the clean-up the first signal started runs to its end: a repeat cancelled it
+    # half-way, leaving processes running and the run's schema and keys behind
+    assert runner.stdout.read() == "cleaned up\n", stderr
+    assert runner.returncode == 130, stderr
