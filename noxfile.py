@@ -49,11 +49,25 @@ def typecheck(session: nox.Session) -> None:
     session.run("mypy", *session.posargs)
 
 
+# Options of ``python -m scenarios run`` that take the next word as their value.
+SCENARIO_VALUE_OPTIONS = ("--seed", "--json", "--set")
+
+
+def scenario_arguments(posargs: list[str]) -> list[str]:
+    """``run all`` and the arguments after ``--``, unless they name scenarios (or ``list``):
+    then those run instead of the suite, which the runner refuses to take beside names."""
+    if posargs[:1] == ["list"]:
+        return list(posargs)
+    names = [word for before, word in zip(["", *posargs], posargs, strict=False)
+             if not word.startswith("-") and before not in SCENARIO_VALUE_OPTIONS]
+    return ["run", *posargs] if names else ["run", "all", *posargs]
+
+
 @nox.session(python=PYTHON, default=False)
 def scenarios(session: nox.Session) -> None:
     """Fault scenarios against the real system as OS processes (see scenarios/)."""
     install(session, "test")
-    session.run("python", "-m", "scenarios", "run", "all", *session.posargs)
+    session.run("python", "-m", "scenarios", *scenario_arguments(session.posargs))
 
 
 @nox.session(python=PYTHON, default=False)
