@@ -58,6 +58,8 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"--set expects KEY=VALUE, got {pair!r}")
+        if key in overrides:  # the later value used to win without a word
+            raise ValueError(f"--set {key}: given twice")
         try:
             overrides[key] = int(value)
         except ValueError:

@@ -51,6 +51,8 @@ def test_an_unknown_bare_name_is_refused_without_running_anything() -> None:
         (["crash_reclaim", "--set", "mesages=500"], "--set mesages: no such parameter"),
         (["run", "all", "--set", "nope=1"], "--set nope: no such parameter"),
         (["crash_reclaim", "--set", "messages"], "--set expects KEY=VALUE"),
+        # The later value won without a word, as PROVIDER_RATE_LIMITS' later pair once did.
+        (["malformed", "--set", "users=3", "--set", "users=4"], "--set users: given twice"),
         # A number given as text failed the scenario after its system had started.
         (["crash_reclaim", "--set", "messages=abc"], "--set messages: crash_reclaim takes a "
                                                      "whole number, got 'abc'"),
