@@ -196,11 +196,10 @@ async def stoppable(work: Awaitable[T]) -> T:
     stopping = False
 
     def stop() -> None:
+        # Every signal cancels again: a library can swallow one cancellation (redis-py does
+        # while it connects), and a second Ctrl-C must still stop the run. A System's
+        # clean-up runs to its end however often it is cancelled.
         nonlocal stopping
-        if stopping:
-            # A repeat (a second Ctrl-C) would cancel the clean-up the first one started,
-            # leaving processes running and the run's schema and keys behind.
-            return
         stopping = True
         task.cancel()
 

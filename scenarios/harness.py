@@ -19,7 +19,7 @@ import os
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,6 +178,9 @@ class System:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await to_the_end(self._stop_and_remove())
+
+    async def _stop_and_remove(self) -> None:
         for proc in self.processes.values():
             with contextlib.suppress(Exception):
                 await proc.terminate(timeout_s=10)
@@ -666,6 +669,25 @@ def _epoch(value: Any) -> float:
     if not value:
         return time.time()
     return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+
+
+async def to_the_end(work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` to its end however often the caller is cancelled meanwhile, then pass the
+    cancellation on. A run stopped with Ctrl-C is cancelled again by each repeat (see
+    scenarios/__main__.py): its clean-up, cut short, left processes running and the run's
+    schema and keys behind."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+    task.result()
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 async def remove_run_data(db: asyncpg.Pool | None, redis: Redis, schema: str,
