@@ -214,7 +214,7 @@ async def stoppable(work: Awaitable[T]) -> T:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop)
     try:
-        return await work
+        result = await work
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
@@ -222,6 +222,11 @@ async def stoppable(work: Awaitable[T]) -> T:
                 # The run ends with 130 now; a repeat would otherwise meet the default
                 # handler and kill the process by the signal.
                 signal.signal(signum, signal.SIG_IGN)
+    if stopping:
+        # Told to stop, yet the work finished: its cancellation was swallowed (redis-py's,
+        # while connecting, turns into a timeout later). A stop all the same.
+        raise asyncio.CancelledError
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:

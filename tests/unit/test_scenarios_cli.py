@@ -3,11 +3,13 @@ SCENARIOS.md documents, and ``run`` stays accepted."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -218,8 +220,10 @@ def test_all_beside_scenario_names_is_refused_for_what_it_is() -> None:
         "scenarios: 'all' runs every scenario; name scenarios or 'all', not both"]
 
 
-def test_a_signal_repeated_while_a_run_stops_still_ends_with_130(tmp_path: Path) -> None:
-    # Given a run waiting on a Redis that accepts the connection and never answers
+@contextlib.contextmanager
+def run_connecting_to_a_silent_redis(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    """A run whose Redis accepts the connection and never answers, once it has connected: it
+    waits in its check of the services, before anything starts."""
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
@@ -233,12 +237,29 @@ def test_a_signal_repeated_while_a_run_stops_still_ends_with_130(tmp_path: Path)
             silent.settimeout(30)
             waiting, _ = silent.accept()
             with waiting:
-                # When it is stopped, and told again and again while it stops
-                stderr = stop_insistently(runner, signal.SIGTERM, signal.SIGTERM)
+                yield runner
         finally:
             if runner.poll() is None:
                 runner.kill()
                 runner.wait()
+
+
+def test_a_signal_repeated_while_a_run_stops_still_ends_with_130(tmp_path: Path) -> None:
+    # Given a run waiting on a Redis that never answers
+    with run_connecting_to_a_silent_redis(tmp_path) as runner:
+        # When it is stopped, and told again and again while it stops
+        stderr = stop_insistently(runner, signal.SIGTERM, signal.SIGTERM)
     # Then it ends as a stopped run does, not killed by a repeat after its loop had closed
     assert runner.returncode == 130, stderr
     assert "Traceback" not in stderr, stderr
+
+
+def test_a_stop_while_the_run_connects_to_redis_is_a_stop(tmp_path: Path) -> None:
+    # Given a run still connecting to a Redis that never answers
+    with run_connecting_to_a_silent_redis(tmp_path) as runner:
+        # When it is stopped once (redis-py swallows a cancellation while it connects, and
+        # its timeout followed 5 s later)
+        runner.send_signal(signal.SIGTERM)
+        _, stderr = runner.communicate(timeout=30)
+    # Then the run ends as stopped, not as one whose Redis cannot be reached
+    assert runner.returncode == 130, stderr
