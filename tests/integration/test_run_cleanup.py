@@ -72,7 +72,9 @@ async def test_a_clean_up_cancelled_again_and_again_still_stops_and_removes_ever
         finally:
             await conn.close()
     finally:
+        # Whatever a failing clean-up left behind goes, so a failure leaves nothing either.
         for process in system.processes.values():
             await process.kill()
-        await remove_run_data(None, aioredis.Redis.from_url(redis_url), system.schema,
+        await remove_run_data(await asyncpg.create_pool(database_url, min_size=1, max_size=1),
+                              aioredis.Redis.from_url(redis_url), system.schema,
                               system.namespace)
