@@ -896,14 +896,9 @@ async def test_a_critical_sends_outbox_write_never_waits_behind_a_lower_streams(
     await asyncio.gather(low, critical)
 
 
-async def test_a_batchs_last_accepted_send_is_recorded_by_its_outcome_write(
-    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
-    sim: SimulatorServer, sim_settings: Settings,
-) -> None:
-    # Given a push to a user's two devices, and delivery's own 'sent' writes watched
-    await add_user(db, project, "u1", contacts=[("push", "phone"), ("push", "tablet")])
-    await add_template(db, project, "t", {"push": PUSH})
-    enricher, engine, delivery = await stages(services, sim_settings)
+def watch_sent_writes(delivery: DeliveryService) -> list[list[str]]:
+    """The destinations of each 'sent' write delivery makes on its own (not with a batch's
+    outcome write), as they happen."""
     written_alone: list[list[str]] = []
     record_sent = delivery._record_sent
 
@@ -913,6 +908,18 @@ async def test_a_batchs_last_accepted_send_is_recorded_by_its_outcome_write(
         return [None] * len(rows)
 
     delivery._record_sent = record  # type: ignore[method-assign]
+    return written_alone
+
+
+async def test_a_batchs_last_accepted_send_is_recorded_by_its_outcome_write(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    # Given a push to a user's two devices, and delivery's own 'sent' writes watched
+    await add_user(db, project, "u1", contacts=[("push", "phone"), ("push", "tablet")])
+    await add_template(db, project, "t", {"push": PUSH})
+    enricher, engine, delivery = await stages(services, sim_settings)
+    written_alone = watch_sent_writes(delivery)
 
     # When the task is delivered
     await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
@@ -928,6 +935,34 @@ async def test_a_batchs_last_accepted_send_is_recorded_by_its_outcome_write(
     assert {r["destination"]: r["status"] for r in rows} == {"phone": "sent", "tablet": "sent"}
     for r in rows:  # FCM names a message projects/{project}/messages/{id}
         assert r["provider_message_id"].endswith("/" + messages[r["destination"]]["id"])
+
+
+async def test_sends_through_an_idempotent_provider_are_recorded_by_the_outcome_write(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    # Given two e-mails sent together through Resend, which takes the task id as its
+    # idempotency key, and delivery's own 'sent' writes watched
+    await add_user(db, project, "u1", contacts=[("email", "one@example.com")])
+    await add_user(db, project, "u2", contacts=[("email", "two@example.com")])
+    await add_template(db, project, "t", {"email": {"subject": "Paid", "text": "Paid"}})
+    enricher, engine, delivery = await stages(services, sim_settings)
+    written_alone = watch_sent_writes(delivery)
+
+    # When both are delivered in one batch
+    await send(redis, keys, db, project, "t", ["u1", "u2"], data={"amount": "1"})
+    await drain(enricher, engine, delivery)
+
+    # Then neither needed a write of its own (a retry after a crash would be answered with
+    # the first send's message, not delivered twice): the batch's outcome write recorded
+    # both as sent, with the provider's ids
+    messages = {m["to"]: m for m in await sim.messages("resend")}
+    assert sorted(messages) == ["one@example.com", "two@example.com"]
+    assert written_alone == []
+    rows = await db.fetch("SELECT destination, status, provider_message_id "
+                          "FROM delivery_outbox WHERE project_id = $1", project)
+    assert {r["destination"]: (r["status"], r["provider_message_id"]) for r in rows} == {
+        to: ("sent", m["id"]) for to, m in messages.items()}
 
 
 class ContentBreakingSms:

@@ -9,7 +9,8 @@ Per read batch:
 3. the sends run concurrently, each through the provider's shared token bucket (and the
    project's override) and bounded by ``PROVIDER_TIMEOUT_SECONDS``; every accepted send is
    recorded ``sent`` in the outbox as soon as it is accepted (writes that finish together
-   share one query), except the batch's last send to finish, whose record goes with step 5;
+   share one query), except the batch's last send to finish and sends to a provider that
+   takes the task id as its idempotency key, whose records go with step 5;
 4. each task's answers become one action (:mod:`.outcomes`): sent, fallback (an enriched
    message restricted to the chain's next channel), retry, park on ``scheduled`` after a 429,
    invalid (contact disabled), or dead-lettered;
@@ -229,9 +230,12 @@ class DeliveryService(WorkerService):
             if attempted.result.sent and not attempted.already_sent:
                 row = (task["taskId"], task["channel"], destination, outbox.SENT,
                        attempted.result.provider_message_id)
-                if sends.outstanding == 0:
+                if sends.outstanding == 0 or transport.idempotent:
                     # The batch's last send: its outcome write is next and takes this row
-                    # along, one commit where there were two.
+                    # along, one commit where there were two. A provider that honours the
+                    # task id as an idempotency key needs no write of its own either: if
+                    # this process dies before the outcome write, the retry's send is
+                    # answered with this one's message, never delivered twice.
                     sends.unrecorded.append(row)
                 else:
                     await self._recorder().submit(row)
