@@ -6,10 +6,7 @@ writes the figures as JSON."""
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import json
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +19,7 @@ from benchmarks.options import (
     one_of,
     positive_float,
     positive_int,
+    run_until_stopped,
     unusable,
 )
 from benchmarks.report import commit_line, hops, machine, markdown
@@ -75,12 +73,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    # SIGTERM/SIGINT cancel the run, so the finally below still stops every process it started.
-    main_task = asyncio.current_task()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        if main_task is not None:
-            loop.add_signal_handler(signum, main_task.cancel)
     progress = Progress()
     duration: float = args.duration if args.duration is not None else (
         5.0 if args.quick else 20.0)
@@ -194,12 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if status := unusable("benchmarks", args.json, "bench.json"):
         return status
-    runner: Any = asyncio.run
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        runner = uvloop.run
-    results = runner(run(args))
+    # A stop (SIGTERM, Ctrl-C) cancels the run, whose clean-up still stops every process it
+    # started.
+    results = run_until_stopped("benchmarks", run(args))
+    if results is None:
+        return 130
     # The table first: should the figures not be written after all, the run is still on screen.
     print()
     print(markdown(results))

@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import sys
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from notifkit.config import ConfigError, Settings
-from scenarios.__main__ import unusable_json_path, unusable_services
+from scenarios.__main__ import stoppable, unusable_json_path, unusable_services
 from scenarios.harness import DEFAULT_DATABASE, DEFAULT_REDIS
 from simulators.__main__ import positive_int
 
 __all__ = ["check_env", "comma_list", "env_pair", "one_of", "positive_float", "positive_int",
-           "unusable"]
+           "run_until_stopped", "unusable"]
 
 T = TypeVar("T")
 
@@ -92,3 +93,21 @@ def unusable(prog: str, json_path: Path | None = None, example: str = "results.j
     status, why = found
     print(f"{prog}: {why}", file=sys.stderr)
     return status
+
+
+def run_until_stopped(command: str, work: Coroutine[Any, Any, T]) -> T | None:
+    """``work`` run to its end (on uvloop where installed), or None once SIGTERM or Ctrl-C
+    stopped it: the run's own clean-up has then stopped every process it started and removed
+    its schema and keys, and one line says so. A stop used to end in a traceback."""
+    runner: Any = asyncio.run
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        runner = uvloop.run
+    try:
+        result: T = runner(stoppable(work))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print(f"{command}: stopped; the processes it started were stopped and the run's data "
+              "removed", file=sys.stderr)
+        return None
+    return result

@@ -18,7 +18,14 @@ from typing import Any
 
 from benchmarks import phases
 from benchmarks.load import LoadGenerator
-from benchmarks.options import check_env, env_pair, positive_float, positive_int, unusable
+from benchmarks.options import (
+    check_env,
+    env_pair,
+    positive_float,
+    positive_int,
+    run_until_stopped,
+    unusable,
+)
 from benchmarks.stats import Progress
 from benchmarks.system import TOPOLOGIES, BenchSystem
 from simulators.__main__ import OneLineParser
@@ -135,13 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if status := unusable("benchmarks.profile"):
         return status
-    runner: Any = asyncio.run
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        runner = uvloop.run
-    runner(run(args))
-    return 0
+    return 0 if run_until_stopped("benchmarks.profile", run(args)) is not None else 130
 
 
 if __name__ == "__main__":

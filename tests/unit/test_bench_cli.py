@@ -4,14 +4,19 @@ and a line naming the option, where they used to run for minutes and then end in
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import re
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
+from redis.asyncio import Redis
 
 import benchmarks.__main__ as bench
 from benchmarks import options, profile
@@ -152,3 +157,54 @@ def test_the_table_is_printed_before_the_json_is_written(
     assert "THE TABLE" in out
     assert err.strip().splitlines()[-1].startswith(
         f"benchmarks: --json {str(tmp_path / 'b.json')!r}: cannot write")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stopped_run_says_so_in_one_line_and_leaves_nothing_behind(
+    tmp_path: Path, redis_url: str, database_url: str, signum: signal.Signals,
+) -> None:
+    # Given a benchmark run under way (its system started, its load running)
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    run = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks", "--quick", "--skip-baselines", "--skip-fanout",
+         "--topologies", "split", "--rates", "250", "--json", str(tmp_path / "b.json")],
+        env={**os.environ, "PYTHONPATH": path, "NOTIFKIT_TEST_REDIS_URL": redis_url,
+             "NOTIFKIT_TEST_DATABASE_URL": database_url},
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert run.stdout is not None
+        schema = None
+        for line in run.stdout:
+            if found := re.search(r"Migrating schema (\w+)", line):
+                schema = found.group(1)
+            if "saturation:" in line:
+                break
+        assert schema is not None
+
+        # When it is told to stop
+        run.send_signal(signum)
+        _out, err = run.communicate(timeout=60)
+    finally:
+        run.kill()
+
+    # Then it ends with status 130 and one line, no traceback, and its schema and keys are gone
+    assert run.returncode == 130, err
+    assert err.strip().splitlines() == [
+        "benchmarks: stopped; the processes it started were stopped and the run's data "
+        "removed"], err
+    assert not (tmp_path / "b.json").exists()
+    namespace = schema.replace("bench_", "bench-", 1)
+
+    async def leftovers() -> tuple[bool, list[bytes]]:
+        connection = await asyncpg.connect(database_url)
+        redis = Redis.from_url(redis_url)
+        try:
+            has_schema = await connection.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", schema)
+            keys = [key async for key in redis.scan_iter(match=f"{namespace}*")]
+        finally:
+            await connection.close()
+            await redis.aclose()
+        return bool(has_schema), keys
+
+    assert asyncio.run(leftovers()) == (False, [])
