@@ -78,6 +78,17 @@ def mistyped(names: list[str], overrides: dict[str, Any]) -> str | None:
         for key, default in module.PARAMS.items():
             if key in overrides and (why := refused(module, key, default, overrides[key])):
                 return f"--set {key}: {name} {why}"
+        params = {**module.PARAMS, **overrides}
+        for larger, smaller in catalog.more_than(module).items():
+            if params[larger] > params[smaller]:
+                continue
+            # Named by the setting given, which may be either one.
+            if larger in overrides:
+                return (f"--set {larger}: {name} takes a number more than {smaller} "
+                        f"({params[smaller]:g}), got {params[larger]!r}")
+            if smaller in overrides:
+                return (f"--set {smaller}: {name} takes a number less than {larger} "
+                        f"({params[larger]:g}), got {params[smaller]!r}")
     return None
 
 

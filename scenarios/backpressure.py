@@ -29,7 +29,10 @@ PARAMS: dict[str, Any] = {
     "messages": 3000, "rate_per_s": 400.0, "delay_ms": 400, "concurrency": 50,
     "rss_growth_mb": 40.0, "min_backlog": 500, "quiesce_s": 60.0,
 }
-POSITIVE = frozenset({"rate_per_s", "concurrency"})  # WORKER_CONCURRENCY is at least 1
+# WORKER_CONCURRENCY is at least 1. No message, no delay or a backlog growth of 0 required
+# shows no backlog that memory could follow.
+POSITIVE = frozenset({"messages", "rate_per_s", "delay_ms", "concurrency", "min_backlog",
+                      "quiesce_s"})
 
 LAYOUT = {
     "api": ["api"],

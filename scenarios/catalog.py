@@ -1,9 +1,10 @@
 """Every scenario by name. A scenario module exposes ``DESCRIPTION``, ``PARAMS`` (defaults)
 and ``async def run(options: RunOptions, params: dict) -> ScenarioResult``; optionally
 ``CHOICES`` (a text parameter's allowed values), ``RANGES`` (a number's inclusive bounds; an
-upper bound of ``math.inf`` for a least value alone) and ``POSITIVE`` (numbers that must be more
-than 0: a user count the sends cycle through, a rate they are paced at), which ``--set`` is
-checked against before anything starts."""
+upper bound of ``math.inf`` for a least value alone), ``POSITIVE`` (numbers that must be more
+than 0: a user count the sends cycle through, a rate they are paced at) and ``MORE_THAN`` (a
+number that must be more than another parameter: the users beside the invalid ones among
+them), which ``--set`` is checked against before anything starts."""
 
 from __future__ import annotations
 
@@ -51,6 +52,12 @@ def ranges(module: ModuleType) -> dict[str, tuple[float, float]]:
 def positive(module: ModuleType) -> frozenset[str]:
     """The number parameters of ``module`` that must be more than 0."""
     declared: frozenset[str] = frozenset(getattr(module, "POSITIVE", ()))
+    return declared
+
+
+def more_than(module: ModuleType) -> dict[str, str]:
+    """Each number parameter of ``module`` that must be more than another, and that other."""
+    declared: dict[str, str] = getattr(module, "MORE_THAN", {})
     return declared
 
 

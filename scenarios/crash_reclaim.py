@@ -28,7 +28,9 @@ PARAMS: dict[str, Any] = {
     "provider_delay_ms": 80,  # keeps sends in flight long enough to be caught by a kill,
     "drain_timeout_s": 60.0,  # waiting longer than this for quiescence is a violation
 }
-POSITIVE = frozenset({"users", "send_rate_per_s"})
+# No kill, nothing to reclaim; no message, no traffic asked for; a drain timeout of 0 calls
+# every send still on its way lost.
+POSITIVE = frozenset({"users", "messages", "kills", "send_rate_per_s", "drain_timeout_s"})
 
 STAGES = ("enricher", "engine", "delivery")
 RECLAIMED = re.compile(r"^Reclaimed (\d+) idle entries")

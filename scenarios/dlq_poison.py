@@ -24,8 +24,10 @@ DESCRIPTION = ("messages that always fail (provider 500 for one recipient; enric
                "their batch neighbours, notification:failed is emitted, a replay after the fix "
                "delivers once")
 PARAMS: dict[str, Any] = {"users": 20, "messages": 40, "drain_timeout_s": 60.0}
-# The first user is the poison's; the traffic around it needs another.
-RANGES = {"users": (2, math.inf)}
+# The first user is the poison's; the traffic around it needs another. Half the messages
+# share the enricher poison's batch, so one message would leave it alone.
+RANGES = {"users": (2, math.inf), "messages": (2, math.inf)}
+POSITIVE = frozenset({"drain_timeout_s"})
 
 # CONTRACT §3: 3 attempts, 5 for the enricher.
 SPEC_LIMITS = (5, 3)

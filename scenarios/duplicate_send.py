@@ -23,7 +23,9 @@ PARAMS: dict[str, Any] = {
     "probability": 0.15,
     "drain_timeout_s": 60.0,  # waiting longer than this for quiescence is a violation
 }
-POSITIVE = frozenset({"users"})
+# No message, no lost response allowed (the simulators take at least 1) or a probability of 0:
+# no answer is lost, and there is nothing to show about a resend.
+POSITIVE = frozenset({"users", "messages", "lost_responses", "probability", "drain_timeout_s"})
 RANGES = {"probability": (0.0, 1.0)}
 
 LAYOUT = {"api": ["api"], "workers": ["enricher", "engine", "delivery", "scheduler", "events"]}

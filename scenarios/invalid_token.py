@@ -17,7 +17,9 @@ DESCRIPTION = ("FCM says some tokens are invalid: each tried once then disabled,
                "again; the fallback chain delivers by email; push-only sends skipped, not lost")
 PARAMS: dict[str, Any] = {"users": 30, "invalid_users": 10, "drain_timeout_s": 60.0}
 # Without an invalid token FCM refuses nothing, and every check about one holds of nothing.
-POSITIVE = frozenset({"users", "invalid_users"})
+POSITIVE = frozenset({"users", "invalid_users", "drain_timeout_s"})
+# Users beside the invalid ones show that other tokens keep working.
+MORE_THAN = {"users": "invalid_users"}
 
 LAYOUT = {"api": ["api"], "workers": ["enricher", "engine", "delivery", "scheduler", "events"]}
 TEMPLATES = {

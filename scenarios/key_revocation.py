@@ -18,6 +18,10 @@ from scenarios.report import ScenarioResult
 
 DESCRIPTION = "revoke a key while two API processes serve it: rejected by both within 1 s"
 PARAMS: dict[str, Any] = {"users": 5, "bound_s": 1.0, "watch_s": 3.0, "probe_interval_s": 0.02}
+# The sends before the revocation go to the users; probes watched no longer than the bound
+# show no request rejected after it.
+POSITIVE = frozenset({"users", "watch_s"})
+MORE_THAN = {"watch_s": "bound_s"}
 
 LAYOUT = {
     "api-1": ["api"],

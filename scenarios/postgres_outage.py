@@ -38,7 +38,8 @@ PARAMS: dict[str, Any] = {
 # every RECLAIM_INTERVAL_SECONDS (both reclaim_s here).
 MOST_ATTEMPTS = 5
 CYCLES_PER_TRY = 2
-POSITIVE = frozenset({"rate_per_s"})
+# No message or no outage: no work held while PostgreSQL is away.
+POSITIVE = frozenset({"messages", "rate_per_s", "down_s", "quiesce_s"})
 RANGES = {"reclaim_s": (0.01, math.inf)}  # RECLAIM_INTERVAL_SECONDS is at least 0.01
 
 LAYOUT = {"pipeline": ["enricher", "engine", "delivery", "scheduler", "events"]}

@@ -26,7 +26,8 @@ PARAMS: dict[str, Any] = {
     "send_rate_per_s": 20,
     "drain_timeout_s": 60.0,  # waiting longer than this for quiescence is a violation
 }
-POSITIVE = frozenset({"users", "send_rate_per_s"})
+# No outage or no traffic: nothing failed, was retried or was dead-lettered.
+POSITIVE = frozenset({"users", "outage_s", "traffic_s", "send_rate_per_s", "drain_timeout_s"})
 
 LAYOUT = {"api": ["api"], "workers": ["enricher", "engine", "delivery", "scheduler", "events"]}
 # Two processes' clocks on one machine agree to well within this.

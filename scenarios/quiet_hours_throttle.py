@@ -35,6 +35,12 @@ PARAMS: dict[str, Any] = {
     "critical": 2, "late_bound_s": 5.0, "quiesce_s": 40.0,
 }
 
+# Each count is a kind of send whose handling the scenario checks: with 0 of it, or no send
+# over the throttle, that check holds of nothing. Quiet hours ending as the sends begin defer
+# nothing, and a bound of 0 s is missed by any delivery.
+POSITIVE = frozenset({"quiet_s", "per_quiet_user", "critical", "late_bound_s", "quiesce_s"})
+MORE_THAN = {"over_throttle": "throttle_limit"}
+
 ZONES = {"user-00000": "Asia/Kathmandu", "user-00001": "America/New_York"}
 THROTTLED = "user-00002"
 

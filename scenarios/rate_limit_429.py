@@ -24,7 +24,9 @@ PARAMS: dict[str, Any] = {
     "send_rate_per_s": 40,
     "drain_timeout_s": 60.0,  # waiting longer than this for quiescence is a violation
 }
-POSITIVE = frozenset({"users", "send_rate_per_s"})
+# No message or no 429 window: no send meets a 429; a Retry-After of 0 asks for no wait.
+POSITIVE = frozenset({"users", "messages", "window_s", "retry_after_s", "send_rate_per_s",
+                      "drain_timeout_s"})
 
 LAYOUT = {"api": ["api"], "workers": ["enricher", "engine", "delivery", "scheduler", "events"]}
 # The simulator writes whole milliseconds; a send in the same millisecond is not early.

@@ -31,7 +31,7 @@ PARAMS: dict[str, Any] = {
     "messages": 1200, "rate_per_s": 120.0, "restart_after_s": 3.0, "down_s": 1.5,
     "mode": "kill", "quiesce_s": 60.0,
 }
-POSITIVE = frozenset({"rate_per_s"})
+POSITIVE = frozenset({"messages", "rate_per_s", "quiesce_s"})  # no message: none to lose
 CHOICES = {"mode": ("kill", "shutdown")}  # SIGKILL, or a clean SHUTDOWN
 
 LAYOUT = {

@@ -24,7 +24,10 @@ PARAMS: dict[str, Any] = {
     "messages": 300, "lead_s": 3.0, "spread_s": 6.0, "kill_after_s": 2.0,
     "lock_ttl_s": 2, "quiesce_s": 40.0, "early_tolerance_s": 0.0,
 }
-POSITIVE = frozenset({"lock_ttl_s"})  # SCHEDULER_LOCK_TTL_SECONDS is at least 1
+POSITIVE = frozenset({"messages", "lock_ttl_s", "quiesce_s"})  # the lock TTL is at least 1
+# The kill comes kill_after_s into the spread of sendAt: past its end, nothing is left for
+# the survivor to move.
+MORE_THAN = {"spread_s": "kill_after_s"}
 
 LAYOUT = {
     "api": ["api"],

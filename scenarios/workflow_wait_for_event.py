@@ -16,6 +16,7 @@ step started before the previous one finished: the instance lock held); nothing 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from datetime import datetime
@@ -30,7 +31,9 @@ PARAMS: dict[str, Any] = {
     "users": 30, "timeout_s": 8, "kill_within_s": 5.0, "lock_ttl_s": 2, "quiesce_s": 45.0,
 }
 # A waitForEvent timeout is more than 0 s; WORKFLOW_LOCK_TTL_SECONDS at least 1.
-POSITIVE = frozenset({"timeout_s", "lock_ttl_s"})
+POSITIVE = frozenset({"timeout_s", "kill_within_s", "lock_ttl_s", "quiesce_s"})
+# Half the users post the event: each branch needs one user of its own.
+RANGES = {"users": (2, math.inf)}
 
 LAYOUT = {
     "api": ["api"],

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from scenarios.__main__ import parse_args
+from scenarios import catalog
+from scenarios.__main__ import mistyped, parse_args
 from tests.support.signals import stop_insistently
 
 
@@ -140,6 +141,98 @@ def test_a_value_no_scenario_can_use_is_refused_before_anything_starts(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert complaint in lines[0], result.stderr
+
+
+def test_a_count_of_0_that_proves_nothing_is_refused_by_the_runner() -> None:
+    # crash_reclaim ran and passed with messages=0, having shown nothing.
+    result = subprocess.run([sys.executable, "-m", "scenarios", "crash_reclaim", "--set",
+                             "messages=0"], capture_output=True, text=True, timeout=60,
+                            check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "scenarios: --set messages: crash_reclaim takes a number more than 0, got 0"]
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "value", "why"),
+    [
+        ("crash_reclaim", "kills", 0, "takes a number more than 0, got 0"),
+        ("crash_reclaim", "drain_timeout_s", 0, "takes a number more than 0, got 0"),
+        # The enricher poison shares its batch with half the messages: one left it alone.
+        ("dlq_poison", "messages", 1, "takes a number of at least 2, got 1"),
+        ("duplicate_send", "messages", 0, "takes a number more than 0, got 0"),
+        ("duplicate_send", "lost_responses", 0, "takes a number more than 0, got 0"),
+        ("duplicate_send", "probability", 0, "takes a number more than 0, got 0"),
+        # Users 0-9 have SMS down: the chain's SMS step needs an 11th.
+        ("fallback_chain", "messages", 0, "takes a number of at least 11, got 0"),
+        ("fallback_chain", "users", 10, "takes a number of at least 11, got 10"),
+        ("invalid_token", "drain_timeout_s", 0, "takes a number more than 0, got 0"),
+        ("key_revocation", "users", 0, "takes a number more than 0, got 0"),
+        ("key_revocation", "watch_s", 0, "takes a number more than 0, got 0"),
+        ("malformed", "drain_timeout_s", 0, "takes a number more than 0, got 0"),
+        ("postgres_outage", "messages", 0, "takes a number more than 0, got 0"),
+        ("postgres_outage", "down_s", 0, "takes a number more than 0, got 0"),
+        ("postgres_outage", "quiesce_s", 0, "takes a number more than 0, got 0"),
+        ("priority_isolation", "backlog", 0, "takes a number more than 0, got 0"),
+        ("priority_isolation", "critical", 0, "takes a number more than 0, got 0"),
+        ("priority_isolation", "min_backlog_left", 0, "takes a number more than 0, got 0"),
+        ("priority_isolation", "wait_s", 0, "takes a number more than 0, got 0"),
+        ("provider_outage", "outage_s", 0, "takes a number more than 0, got 0"),
+        ("provider_outage", "traffic_s", 0, "takes a number more than 0, got 0"),
+        ("quiet_hours_throttle", "quiet_s", 0, "takes a number more than 0, got 0"),
+        ("quiet_hours_throttle", "per_quiet_user", 0, "takes a number more than 0, got 0"),
+        ("quiet_hours_throttle", "critical", 0, "takes a number more than 0, got 0"),
+        ("quiet_hours_throttle", "late_bound_s", 0, "takes a number more than 0, got 0"),
+        ("rate_limit_429", "messages", 0, "takes a number more than 0, got 0"),
+        ("rate_limit_429", "window_s", 0, "takes a number more than 0, got 0"),
+        ("rate_limit_429", "retry_after_s", 0, "takes a number more than 0, got 0"),
+        ("redis_restart", "messages", 0, "takes a number more than 0, got 0"),
+        ("redis_restart", "quiesce_s", 0, "takes a number more than 0, got 0"),
+        ("scheduler_failover", "messages", 0, "takes a number more than 0, got 0"),
+        ("workflow_wait_for_event", "kill_within_s", 0, "takes a number more than 0, got 0"),
+        # Half the users post the event: one user left no one to post it.
+        ("workflow_wait_for_event", "users", 1, "takes a number of at least 2, got 1"),
+        ("backpressure", "messages", 0, "takes a number more than 0, got 0"),
+        ("backpressure", "delay_ms", 0, "takes a number more than 0, got 0"),
+        ("backpressure", "min_backlog", 0, "takes a number more than 0, got 0"),
+    ],
+)
+def test_a_value_that_makes_a_scenario_prove_nothing_is_refused(
+    name: str, key: str, value: float, why: str
+) -> None:
+    assert mistyped([name], {key: value}) == f"--set {key}: {name} {why}"
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "why"),
+    [
+        # Every user's token invalid left none to show other tokens keep working.
+        ("invalid_token", {"invalid_users": 30},
+         "--set invalid_users: invalid_token takes a number less than users (30), got 30"),
+        ("invalid_token", {"users": 10},
+         "--set users: invalid_token takes a number more than invalid_users (10), got 10"),
+        # No send over the throttle: nothing shown throttled.
+        ("quiet_hours_throttle", {"over_throttle": 3},
+         "--set over_throttle: quiet_hours_throttle takes a number more than throttle_limit "
+         "(3), got 3"),
+        # Probes only up to the bound: none shows the key rejected after it.
+        ("key_revocation", {"watch_s": 1.0},
+         "--set watch_s: key_revocation takes a number more than bound_s (1), got 1.0"),
+        # Every task due before the kill: nothing left for the survivor to move.
+        ("scheduler_failover", {"kill_after_s": 6.0},
+         "--set kill_after_s: scheduler_failover takes a number less than spread_s (6), "
+         "got 6.0"),
+    ],
+)
+def test_values_that_together_prove_nothing_are_refused(
+    name: str, overrides: dict[str, float], why: str
+) -> None:
+    assert mistyped([name], overrides) == why
+
+
+@pytest.mark.parametrize("name", catalog.available())
+def test_every_scenario_takes_its_own_defaults(name: str) -> None:
+    assert mistyped([name], dict(catalog.load(name).PARAMS)) is None
 
 
 def test_a_json_path_that_is_a_folder_is_refused_before_the_run(tmp_path: Path) -> None:
