@@ -72,9 +72,22 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
             result.check(None not in times and times == sorted(t for t in times if t),
                          f"notification {s.event_id}: the chain was not followed in order "
                          f"({dict(zip([*earlier, 'delivered'], times, strict=True))})")
+        for problem in chain_ends_not_shown(
+                {"email" if s.user_id in sms_down else "sms" for s in sent}):
+            result.check(False, problem)
         result.facts.update(delivered_via=via, sms_down_users=len(sms_down))
         system.check_alive(result, LAYOUT)
     return result
+
+
+def chain_ends_not_shown(expected: set[str]) -> list[str]:
+    """What the run did not show, given the channels its notifications were expected on: a
+    delivery by SMS once push failed, or by email once SMS failed too."""
+    return [f"no notification was expected on {channel}: the chain's step to {channel} was "
+            f"not shown ({why})"
+            for channel, why in (("sms", "every recipient had SMS down"),
+                                 ("email", "no recipient had SMS down"))
+            if channel not in expected]
 
 
 def fnmatch_number(index: int) -> bool:

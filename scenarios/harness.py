@@ -57,6 +57,8 @@ IDEMPOTENT_PROVIDERS = frozenset({"resend"})
 # provider, so a second copy of it is explained.
 _UNANSWERED_ATTEMPT = ("(kind = 'failed' AND (detail LIKE 'no answer within%' "
                        "OR detail LIKE 'connection failed%'))")
+NOTHING_ACCEPTED = ("no notification was accepted: the run showed nothing about what happens to "
+                    "one")
 
 
 def service_urls() -> tuple[str, str]:
@@ -559,8 +561,12 @@ class System:
         DLQ, skipped, lost, latency. Unless ``skips_expected`` (the scenario sets up
         preferences, suppressions, throttles or unusable contacts), a notification skipped
         with a reason is a violation: a skip is not lost, so a wrong one would pass unseen."""
-        assert self.db is not None
         result.accepted = len(sent)
+        # Nothing lost of nothing accepted would pass while showing nothing.
+        result.check(bool(sent), NOTHING_ACCEPTED)
+        if not sent:
+            return
+        assert self.db is not None
         event_ids = [s.event_id for s in sent]
         accepted_at = {s.event_id: s.accepted_at for s in sent}
         # Rows of a channel, and skips of none: the enricher skips a notification to an

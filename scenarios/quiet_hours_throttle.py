@@ -153,6 +153,9 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
             arrived = times.get(s.event_id, [])
             result.check(bool(arrived) and min(arrived) < quiet_end,
                          f"critical {s.event_id} ({s.user_id}) waited for quiet hours")
+        result.check(len(over_normal) > limit,
+                     f"{len(over_normal)} normal sends to {THROTTLED} were accepted, none over "
+                     f"its throttle of {limit}: no throttling was shown")
         through = [s for s in over_normal if times.get(s.event_id)]
         throttled = [s for s in over_normal if "throttled" in kinds.get(s.event_id, set())]
         result.facts["throttled user: normal sends delivered"] = len(through)

@@ -75,6 +75,9 @@ async def _run(options: RunOptions, params: dict[str, Any], result: ScenarioResu
             sends, rate_per_s=float(params["rate_per_s"]), label="under load"))
 
         await asyncio.sleep(float(params["restart_after_s"]))
+        result.check(not load.done(), "every send was made before Redis went down: the restart "
+                                      "was not under load (lower restart_after_s or raise "
+                                      "messages)")
         if params["mode"] == "shutdown":
             admin = Redis.from_url(url)
             with contextlib.suppress(Exception):  # the connection closes as Redis exits

@@ -3,12 +3,17 @@ check that cannot see the break it exists for passes whatever the system does.""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from scenarios.backpressure import memory_followed_backlog
 from scenarios.crash_reclaim import not_reclaimed_by_survivor
 from scenarios.duplicate_send import per_task_mismatches
+from scenarios.fallback_chain import chain_ends_not_shown
+from scenarios.harness import NOTHING_ACCEPTED, RunOptions, System
+from scenarios.report import ScenarioResult
 
 
 def test_backpressure_watches_every_process_not_only_delivery() -> None:
@@ -65,3 +70,28 @@ def test_crash_reclaim_credits_only_the_survivor_with_the_takeover() -> None:
     assert not_reclaimed_by_survivor(orphaned, reclaimed) == [
         "killed engine processes left 3 entries pending, but the surviving engine-2 reports "
         "reclaiming only 1 (the restarted victims 3)"]
+
+
+def test_fallback_chain_must_show_both_ends_of_its_chain() -> None:
+    # Every recipient with SMS down showed the step to email, never the one to SMS.
+    assert chain_ends_not_shown({"email"}) == [
+        "no notification was expected on sms: the chain's step to sms was not shown (every "
+        "recipient had SMS down)"]
+    assert chain_ends_not_shown({"sms", "email"}) == []
+
+
+def test_accounting_for_nothing_accepted_is_a_violation(tmp_path: Path) -> None:
+    # Every send refused left nothing to lose, and the scenario passed having shown nothing.
+    result = ScenarioResult("accounting", 1)
+
+    async def account_nothing() -> None:
+        system = System(RunOptions(name="accounting", run_dir=tmp_path), {})
+        try:
+            await system.account([], result)
+        finally:
+            await system.redis.aclose()
+
+    asyncio.run(account_nothing())
+
+    assert result.violations == [NOTHING_ACCEPTED]
+    assert not result.ok
