@@ -25,18 +25,35 @@ _PORT_RANGE = (20000, 32000)
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    """A TCP port on 127.0.0.1 that nothing listens on now, kept from other programs until
+    the child process it is meant for binds it (see :func:`reserve_port`)."""
     for _ in range(200):
-        port = random.randint(*_PORT_RANGE)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        try:
+            return reserve_port(random.randint(*_PORT_RANGE))
+        except OSError:
+            continue
+    return reserve_port(0)
+
+
+def reserve_port(port: int) -> int:
+    """Check ``port`` (0: any) is free and leave it in TIME_WAIT for a minute: a plain bind of
+    it fails meanwhile (another run's check, this one's next choice, any program not asking
+    for SO_REUSEADDR), while a server that sets SO_REUSEADDR, as asyncio's and redis-server
+    do, binds it. A port only checked and let go was free for anyone until the child, seconds
+    later, bound it, and a child that lost the race failed its run."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        # Plain: refused while any socket holds the port, one in TIME_WAIT included.
+        listener.bind(("127.0.0.1", port))
+        # Inherited by the accepted socket below, whose TIME_WAIT then gives way to a server
+        # with SO_REUSEADDR.
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.listen(1)
+        listener.settimeout(5)
+        port = int(listener.getsockname()[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            accepted, _ = listener.accept()
+            accepted.close()  # closed first, so the TIME_WAIT is on this port's side
+    return port
 
 
 @dataclass
