@@ -253,11 +253,21 @@ def receipt_event(receipt: Mapping[str, Any], message: SentMessage) -> WorkflowE
         "type": "event", "projectId": receipt["projectId"], "name": kind,
         "userId": message.user_id, "data": data,
         "at": at if isinstance(at, str) and at else utc_now_iso(),
-        # The same receipt again (providers repeat webhooks) is the same event: it resolves
-        # the waiters it resolved the first time and no others.
-        "eventId": derived_uuid7(message.task_id, "receipt", kind,
-                                 receipt["providerMessageId"]),
+        "eventId": receipt_event_id(receipt, message),
     }
+
+
+def receipt_event_id(receipt: Mapping[str, Any], message: SentMessage) -> str:
+    """The workflow event's id: one per webhook delivery. The provider retrying a delivery
+    (same ``webhookId``) is the same event, which resolves the waiters it resolved the first
+    time and no others; the user opening or clicking again is a delivery of its own, a new
+    event for whatever began waiting since. A receipt naming no delivery is one event per
+    message and kind, every copy taken for a retry."""
+    parts = [message.task_id, "receipt", receipt["kind"], receipt["providerMessageId"]]
+    webhook_id = _text(receipt.get("webhookId"))
+    if webhook_id is not None:
+        parts.append(webhook_id)
+    return derived_uuid7(*parts)
 
 
 def _click_link(raw: Any) -> str | None:

@@ -168,6 +168,35 @@ async def test_signed_event_lists_are_checked_like_any_body(hooks: Api, redis: R
     assert await receipts(redis, hooks) == []
 
 
+async def test_each_receipt_is_named_as_its_provider_tells_deliveries_apart(
+    hooks: Api, redis: Redis
+) -> None:
+    """Svix retries a delivery under its svix-id, SendGrid repeats an event under its
+    sg_event_id in whatever batch, and Twilio reports each status of a message once."""
+    project = await hooks.project()
+    json_type = {"Content-Type": "application/json"}
+    click = json.dumps({"type": "email.clicked", "data": {"email_id": "re_1"}})
+    for svix_id in ("msg_a", "msg_b", "msg_a"):
+        await hooks.call("POST", f"/v1/webhooks/resend/{project.id}", data=click, headers={
+            **json_type, **svix_headers(RESEND_SECRET, click, msg_id=svix_id)})
+    for batch in (["ev1"], ["ev2", "ev1"]):
+        body = json.dumps([{"event": "open", "sg_message_id": "abc.filter0001",
+                            "sg_event_id": event_id} for event_id in batch])
+        await hooks.call("POST", f"/v1/webhooks/sendgrid/{project.id}", data=body,
+                         headers={**json_type, **svix_headers(SHARED_SECRET, body)})
+    path = f"/v1/webhooks/twilio/{project.id}"
+    for status in ("delivered", "delivered", "failed"):
+        params = {"MessageSid": "SM1", "MessageStatus": status}
+        await hooks.call("POST", path, data=urlencode(params), headers={
+            "Content-Type": "application/x-www-form-urlencoded",
+            "X-Twilio-Signature": twilio_sign(TWILIO_TOKEN, hooks.settings.public_url + path,
+                                              params)})
+    assert [r["webhookId"] for r in await receipts(redis, hooks)] == [
+        "resend:msg_a:0", "resend:msg_b:0", "resend:msg_a:0",
+        "sendgrid:sg_event_id:ev1", "sendgrid:sg_event_id:ev2", "sendgrid:sg_event_id:ev1",
+        "twilio:SM1:delivered", "twilio:SM1:delivered", "twilio:SM1:failed"]
+
+
 async def test_twilio_status_callbacks_are_verified_against_the_public_url(
     hooks: Api, redis: Redis
 ) -> None:

@@ -264,6 +264,23 @@ async def test_receipts_wake_workflows_waiting_for_their_kind(
     assert first[1]["at"] == AT
 
 
+async def test_each_webhook_delivery_is_its_own_workflow_event(
+    make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
+) -> None:
+    await record_send(db, project_id, "task-1", "ada@example.com", "msg-1")
+    await put(redis, keys, sent_event(project_id, uuid7(), "task-1", "msg-1"))
+    clicks = [{**receipt(project_id, "msg-1", "clicked"), "webhookId": f"resend:{svix_id}:0"}
+              for svix_id in ("msg_a", "msg_b", "msg_a")]  # a second click, then a retry
+    await put(redis, keys, *clicks)
+    await make_events().run_until_idle()
+    forwarded = [decode(fields) for _id, fields in await xrange(redis, keys.workflow_inbound)]
+    first, second, retried = (e["eventId"] for e in forwarded)
+    assert first != second
+    assert retried == first
+    assert await timeline(db, "task-1") == [("sent", "sent", 1, "email"),
+                                            ("clicked", "delivered", 1, "email")]
+
+
 RESEND_HARD_BOUNCE = {"type": "email.bounced", "data": {
     "email_id": "msg-2", "to": ["gone@example.com"],
     "bounce": {"message": "The recipient's email provider sent a hard bounce message.",

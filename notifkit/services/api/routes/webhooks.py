@@ -19,6 +19,16 @@ Each event becomes one receipt on ``events:inbound``::
      "kind": "delivered" | "bounced" | "complained" | "opened" | "clicked" | "failed",
      "at", "webhookId", "taskId"?, "to"?, "raw": {...the provider's event...}}
 
+``webhookId`` names the event as the provider tells its deliveries apart, so the provider
+retrying a delivery gives the same id and a second open or click of one message another:
+
+- Svix-signed bodies: ``{provider}:{svix-id}:{index in the body}``; Svix retries a delivery
+  with the same ``svix-id`` and gives each new one its own.
+- SendGrid's event lists: ``{provider}:sg_event_id:{sg_event_id}``, which SendGrid keeps for
+  an event however it batches the events when it posts them again.
+- twilio: ``twilio:{MessageSid}:{MessageStatus}``. Twilio reports each status of a message
+  once, so a callback repeating one is a retry, whatever else its request carries.
+
 Events that are not receipts (sent, queued, delivery delayed, ...) are acknowledged and
 ignored, so the provider does not retry them.
 """
@@ -101,7 +111,7 @@ async def provider_webhook(request: web.Request) -> web.Response:
         events = _json_events(provider, raw)
     if not await app[DB].fetchval("SELECT 1 FROM projects WHERE id = $1", project):
         raise project_not_found()
-    webhook_id = request.headers.get("svix-id") or ""
+    svix_id = request.headers.get("svix-id") or ""
     pipe = app[REDIS].pipeline(transaction=True)
     receipts = 0
     # Every event of the body, however many: the provider takes the 200 as "all delivered"
@@ -110,7 +120,7 @@ async def provider_webhook(request: web.Request) -> web.Response:
         if event is None:
             continue
         receipt = {"type": "receipt", "projectId": project, **event}
-        receipt["webhookId"] = f"{provider}:{webhook_id or event['providerMessageId']}:{index}"
+        receipt.setdefault("webhookId", f"{provider}:{svix_id}:{index}")
         queue_xadd(pipe, app[KEYS].events_inbound, receipt, settings.queue_max_len)
         receipts += 1
     if receipts:
@@ -218,7 +228,8 @@ def _twilio_events(params: list[tuple[str, str]]) -> list[dict[str, Any] | None]
     if kind is None or not sid:
         return [None]
     receipt = {"provider": "twilio", "channel": "sms", "providerMessageId": sid, "kind": kind,
-               "at": utc_now_iso(), "raw": form}
+               "at": utc_now_iso(), "raw": form,
+               "webhookId": f"twilio:{sid}:{form['MessageStatus']}"}
     if form.get("To"):
         receipt["to"] = form["To"]
     return [receipt]
@@ -287,6 +298,9 @@ def _sendgrid_event(provider: str, item: Any) -> dict[str, Any] | None:
     }
     if isinstance(item.get("email"), str):
         receipt["to"] = item["email"]
+    event_id = item.get("sg_event_id")
+    if isinstance(event_id, str) and event_id:
+        receipt["webhookId"] = f"{provider}:sg_event_id:{event_id}"
     # SendGrid echoes a send's custom_args as top-level fields of each of its events.
     task_id = next((item[name] for name in _TASK_TAGS if isinstance(item.get(name), str)
                     and item[name]), None)
