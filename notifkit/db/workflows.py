@@ -135,6 +135,46 @@ async def create_instance(
     return await get_instance(conn, instance_id, project_id)
 
 
+async def insert_triggered(
+    pool: asyncpg.Pool, *, instance_id: str, project_id: str, workflow_id: str, user_id: str,
+    steps: list[Any], data: dict[str, Any], idempotency_key: str | None, key_window_s: int,
+) -> bool:
+    """Insert the pending instance a trigger (the API's) starts; False when
+    ``idempotency_key`` already names an instance started within the last ``key_window_s``.
+
+    An instance older than that gives the key up (its ``idempotency_key`` set NULL) in the
+    transaction that inserts the new one. The unique (project_id, idempotency_key) then does
+    the rest: concurrent triggers with the key queue on the old row's lock or on the new
+    row's insertion, and whichever comes second inserts nothing. Times are PostgreSQL's, the
+    clock that stamped ``created_at``."""
+    async with pool.acquire() as conn, conn.transaction():
+        if idempotency_key is not None:
+            await conn.execute(
+                """UPDATE workflow_instances SET idempotency_key = NULL
+                    WHERE project_id = $1 AND idempotency_key = $2
+                      AND created_at <= now() - make_interval(secs => $3)""",
+                project_id, idempotency_key, key_window_s,
+            )
+        inserted = await conn.fetchval(
+            """INSERT INTO workflow_instances
+                   (id, project_id, workflow_id, user_id, status, steps, trigger_data,
+                    idempotency_key)
+               VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7)
+               ON CONFLICT (project_id, idempotency_key) DO NOTHING RETURNING true""",
+            instance_id, project_id, workflow_id, user_id, steps, data, idempotency_key,
+        )
+    return bool(inserted)
+
+
+async def keyed_instance(conn: Conn, project_id: str, idempotency_key: str) -> Instance | None:
+    """The instance that holds ``idempotency_key`` (None when none does)."""
+    row = await conn.fetchrow(
+        f"SELECT {_INSTANCE_COLUMNS} FROM workflow_instances "
+        "WHERE project_id = $1 AND idempotency_key = $2", project_id, idempotency_key,
+    )
+    return _instance(row)
+
+
 async def set_state(
     conn: Conn, instance: Instance, *, status: str, cursor: str | None, current_step: int,
     wake_at: datetime | None, now: datetime,

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
 import pytest
 from redis.asyncio import Redis
 
+from notifkit.db import workflows as workflows_db
+from notifkit.ids import uuid7
 from notifkit.keys import Keys
 from notifkit.streams import decode
 from tests.api.conftest import Api, Project
@@ -228,8 +232,18 @@ async def test_a_trigger_with_an_idempotency_key_starts_one_instance(
     assert await redis.xlen(Keys(api.settings.namespace).workflow_inbound) == 1
 
 
-async def test_a_key_that_started_another_workflow_is_refused_after_redis_forgot_it(
-    api: Api, project: Project, template: str, redis: Redis
+async def expire_trigger_key(api: Api, project: Project, redis: Redis, db: asyncpg.Pool,
+                             key: str, hours: int) -> None:
+    """Age the key's instances by ``hours`` and drop its record from Redis, as its 24 h
+    expiry does (or, within them, a Redis that lost its data)."""
+    await db.execute("UPDATE workflow_instances SET created_at = created_at - $3::interval "
+                     "WHERE project_id = $1 AND idempotency_key = $2",
+                     project.id, key, timedelta(hours=hours))
+    await redis.delete(Keys(api.settings.namespace).api_idempotency(project.id, key))
+
+
+async def test_a_key_that_started_another_workflow_is_refused_until_its_24_hours_are_over(
+    api: Api, project: Project, template: str, redis: Redis, db: asyncpg.Pool
 ) -> None:
     for name in ("first", "second"):
         await api.call("PUT", f"/v1/workflows/{name}", key=project.full, json={"steps": STEPS})
@@ -237,14 +251,93 @@ async def test_a_key_that_started_another_workflow_is_refused_after_redis_forgot
     first = await api.call("POST", "/v1/workflows/first/trigger", key=project.send,
                            json={"userId": "u1"}, headers=headers)
     assert first.status == 202
-    # Redis lost the key's record (data loss, or its 24 h ran out); the instance row remains.
-    await redis.delete(Keys(api.settings.namespace).api_idempotency(project.id, "signup-2"))
+    # Redis lost the key's record within its 24 h; the instance row still holds the key.
+    await expire_trigger_key(api, project, redis, db, "signup-2", 23)
     other = await api.call("POST", "/v1/workflows/second/trigger", key=project.send,
                            json={"userId": "u2"}, headers=headers)
     assert (other.status, other.body["error"]["code"]) == (409, "idempotency_key_reused")
     same = await api.call("POST", "/v1/workflows/first/trigger", key=project.send,
                           json={"userId": "u1"}, headers=headers)
     assert (same.status, same.body) == (202, first.body)
+    # Once they are over, the key is free for any workflow.
+    await expire_trigger_key(api, project, redis, db, "signup-2", 2)
+    other = await api.call("POST", "/v1/workflows/second/trigger", key=project.send,
+                           json={"userId": "u2"}, headers=headers)
+    assert other.status == 202, other.body
+    assert other.body != first.body
+
+
+async def test_a_trigger_key_replays_for_24_hours_and_then_starts_a_new_instance(
+    api: Api, project: Project, template: str, redis: Redis, db: asyncpg.Pool
+) -> None:
+    await api.call("PUT", "/v1/workflows/onboarding", key=project.full, json={"steps": STEPS})
+    headers = {"x-idempotency-key": "signup-3"}
+
+    async def trigger() -> tuple[int, str, str | None]:
+        reply = await api.call("POST", "/v1/workflows/onboarding/trigger", key=project.send,
+                               json={"userId": "u1"}, headers=headers)
+        return reply.status, reply.body["instanceId"], reply.headers.get("x-idempotent-replay")
+
+    status, first, _ = await trigger()
+    assert status == 202
+    # 23 h on, with Redis's record lost, the instance row still answers for the key.
+    await expire_trigger_key(api, project, redis, db, "signup-3", 23)
+    assert await trigger() == (202, first, "true")
+    # 25 h on the key's window is over, as a send's is: the same key starts a new instance,
+    await expire_trigger_key(api, project, redis, db, "signup-3", 2)
+    status, second, replayed = await trigger()
+    assert (status, replayed) == (202, None)
+    assert second != first
+    # which the key answers from then on.
+    assert await trigger() == (202, second, "true")
+    # (The replay at 23 h queued the first again: no workflow service ran it, so it was
+    # still pending.)
+    inbound = await stream(redis, Keys(api.settings.namespace).workflow_inbound)
+    assert [e["instanceId"] for e in inbound] == [first, first, second]
+    keys = await db.fetch("SELECT id::text, idempotency_key FROM workflow_instances "
+                          "ORDER BY created_at")
+    assert [(r["id"], r["idempotency_key"]) for r in keys] == [(first, None),
+                                                                (second, "signup-3")]
+
+
+async def test_concurrent_triggers_with_a_key_past_its_24_hours_start_one_instance(
+    api: Api, project: Project, template: str, redis: Redis, db: asyncpg.Pool
+) -> None:
+    await api.call("PUT", "/v1/workflows/onboarding", key=project.full, json={"steps": STEPS})
+    headers = {"x-idempotency-key": "signup-5"}
+    first = await api.call("POST", "/v1/workflows/onboarding/trigger", key=project.send,
+                           json={"userId": "u1"}, headers=headers)
+    await expire_trigger_key(api, project, redis, db, "signup-5", 25)
+    replies = await asyncio.gather(*(
+        api.call("POST", "/v1/workflows/onboarding/trigger", key=project.send,
+                 json={"userId": "u1"}, headers=headers) for _ in range(8)))
+    assert {r.status for r in replies} == {202}
+    [started] = {r.body["instanceId"] for r in replies}
+    assert started != first.body["instanceId"]
+    assert await db.fetchval("SELECT count(*) FROM workflow_instances") == 2
+    assert await redis.xlen(Keys(api.settings.namespace).workflow_inbound) == 2
+
+
+async def test_concurrent_inserts_under_a_key_past_its_window_make_one_instance(
+    api: Api, project: Project, template: str, db: asyncpg.Pool
+) -> None:
+    """What the unique key and the expiry guarantee without Redis: API processes whose claims
+    all went through (a claim outlived, or a Redis that lost them) insert one instance."""
+    await api.call("PUT", "/v1/workflows/onboarding", key=project.full, json={"steps": STEPS})
+
+    async def insert() -> bool:
+        return await workflows_db.insert_triggered(
+            db, instance_id=uuid7(), project_id=project.id, workflow_id="onboarding",
+            user_id="u1", steps=STEPS, data={}, idempotency_key="signup-6",
+            key_window_s=24 * 3600)
+
+    assert await insert()
+    await db.execute("UPDATE workflow_instances SET created_at = now() - interval '25 hours'")
+    inserted = await asyncio.gather(*(insert() for _ in range(8)))
+    assert sorted(inserted) == [False] * 7 + [True]
+    assert await db.fetchval("SELECT count(*) FROM workflow_instances") == 2
+    assert await db.fetchval("SELECT count(*) FROM workflow_instances "
+                             "WHERE idempotency_key = 'signup-6'") == 1
 
 
 async def test_instance_steps_come_from_workflow_steps(

@@ -7,6 +7,9 @@ workflow service runs by, plus a check that every template they name exists.
 A trigger creates the ``workflow_instances`` row (status ``pending``, the definition's steps
 copied so later edits never change a running instance) and XADDs
 ``{"type": "trigger", "projectId", "workflowId", "instanceId", "userId", "data"}``.
+Under an ``x-idempotency-key`` the same key within 24 h answers with the instance it started
+(from the key's record in Redis, else from the row that holds the key), as a send's key does;
+after that it starts a new instance, which takes the key over.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
+from notifkit.db import workflows as workflows_db
 from notifkit.ids import uuid7
 from notifkit.services.api.errors import ApiError, detail, json_response, not_found
 from notifkit.services.api.idempotency import (
@@ -216,43 +220,43 @@ async def _start(
     request: web.Request, project: str, workflow_id: str, user_id: str, data: dict[str, Any],
     steps: list[Any], key: str | None,
 ) -> tuple[str, bool]:
-    """Create the instance and enqueue it; (instance id, False) if the key already made one."""
+    """Create the instance and enqueue it; (instance id, False) if the key already made one
+    within its 24 h."""
     app = request.app
     instance_id = uuid7()
     pool = app[DB]
-    inserted = await pool.fetchval(
-        "INSERT INTO workflow_instances (id, project_id, workflow_id, user_id, status, steps, "
-        "trigger_data, idempotency_key) VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7) "
-        "ON CONFLICT (project_id, idempotency_key) DO NOTHING RETURNING id",
-        instance_id, project, workflow_id, user_id, steps, data, key,
+    inserted = await workflows_db.insert_triggered(
+        pool, instance_id=instance_id, project_id=project, workflow_id=workflow_id,
+        user_id=user_id, steps=steps, data=data, idempotency_key=key,
+        key_window_s=app[SETTINGS].caller_idempotency_ttl_s,
     )
-    if inserted is None:
-        # The key's record in Redis is gone (it outlived its 24 h, or the request that made
-        # the instance died before answering) but the instance it made is on record.
-        existing = await pool.fetchrow(
-            "SELECT id, workflow_id, user_id, trigger_data, status FROM workflow_instances "
-            "WHERE project_id = $1 AND idempotency_key = $2",
-            project, key,
-        )
-        if existing is None:  # the instance was deleted in between: its maker failed
+    if not inserted:
+        assert key is not None
+        # The key's record in Redis is gone (Redis lost it, or the request that made the
+        # instance died before answering) but the instance it made within the key's 24 h is
+        # on record.
+        existing = await workflows_db.keyed_instance(pool, project, key)
+        # None: the instance was deleted in between (its maker failed), or its 24 h ended
+        # just now and another trigger took the key over.
+        if existing is None:
             raise ApiError(409, "idempotency_key_in_use",
                            "A request with this idempotency key failed just now; retry.",
                            [{"field": HEADER, "message": "is in use by a request in progress"}],
                            headers={"Retry-After": "1"})
-        if existing["workflow_id"] != workflow_id:
+        if existing.workflow_id != workflow_id:
             # The key's Redis record, which would have said so, is gone; the row still knows
             # the key started another workflow, and that instance is not this trigger's answer.
             raise key_reused()
-        if existing["status"] == "pending":
+        if existing.status == "pending":
             # Nothing has run it yet: the request that created it may have died between the
             # INSERT and the XADD. Enqueueing it again is harmless (the workflow service runs
             # an instance from its own state, under its lock) and means it is never stranded.
             await xadd(app[REDIS], app[KEYS].workflow_inbound, {
-                "type": "trigger", "projectId": project,
-                "workflowId": existing["workflow_id"], "instanceId": str(existing["id"]),
-                "userId": existing["user_id"], "data": existing["trigger_data"],
+                "type": "trigger", "projectId": project, "workflowId": existing.workflow_id,
+                "instanceId": existing.id, "userId": existing.user_id,
+                "data": existing.trigger_data,
             }, app[SETTINGS].queue_max_len)
-        return str(existing["id"]), False
+        return existing.id, False
     payload = {"type": "trigger", "projectId": project, "workflowId": workflow_id,
                "instanceId": instance_id, "userId": user_id, "data": data}
     try:
