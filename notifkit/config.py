@@ -69,7 +69,8 @@ VARIABLES: Final = frozenset({
     "SCHEDULER_POLL_INTERVAL_SECONDS", "SENDGRID_API_KEY", "SENDGRID_BASE_URL",
     "SENDGRID_WEBHOOK_SECRET", "SHUTDOWN_GRACE_SECONDS", "SMTP_URL", "SMTP_WEBHOOK_SECRET",
     "THROTTLE_LIMIT", "THROTTLE_WINDOW_SECONDS", "TWILIO_ACCOUNT_SID", "TWILIO_AUTH_TOKEN",
-    "TWILIO_BASE_URL", "TWILIO_FROM", "WORKER_CONCURRENCY", "WORKFLOW_LOCK_TTL_SECONDS",
+    "TWILIO_BASE_URL", "TWILIO_FROM", "WEBHOOK_ALLOW_PRIVATE_NETWORKS", "WORKER_CONCURRENCY",
+    "WORKFLOW_LOCK_TTL_SECONDS",
 })
 # NOTIFKIT_SECRET unset: fine against the simulators, public everywhere else.
 DEVELOPMENT_SECRET: Final = "notifkit-development-secret"
@@ -120,6 +121,10 @@ _TEXTS: Final = {
     "namespace": "NOTIFKIT_NAMESPACE", "db_schema": "DB_SCHEMA", "host": "HOST",
     "secret": "NOTIFKIT_SECRET", "public_url": "NOTIFKIT_PUBLIC_URL",
     "log_format": "LOG_FORMAT", "log_level": "LOG_LEVEL",
+}
+_FLAGS: Final = {
+    "auto_migrate": "AUTO_MIGRATE",
+    "webhook_allow_private_networks": "WEBHOOK_ALLOW_PRIVATE_NETWORKS",
 }
 _OPTIONAL_TEXTS: Final = {
     "admin_key": "NOTIFKIT_ADMIN_KEY", "simulator_url": "NOTIFKIT_SIMULATOR_URL",
@@ -244,6 +249,9 @@ class Settings:
     push: PushSettings = field(default_factory=PushSettings)
     ai: AiSettings = field(default_factory=AiSettings)
     webhooks: WebhookSecrets = field(default_factory=WebhookSecrets)
+    # Off, webhook contacts may reach only public addresses (notifkit/destinations.py): a
+    # tenant's URL must not make notifkit call the deployment's own network.
+    webhook_allow_private_networks: bool = False
     # Test-only (see FAULT_INJECTIONS): names of guarantees to break on purpose. Empty = none.
     fault_injection: frozenset[str] = frozenset()
 
@@ -371,6 +379,7 @@ def _read_env(env: Mapping[str, str]) -> dict[str, Any]:
     put("db_max_connections", _int(env, "DB_MAX_CONNECTIONS", 1))
     put("db_schema", _get(env, "DB_SCHEMA"))
     put("auto_migrate", _bool(env, "AUTO_MIGRATE"))
+    put("webhook_allow_private_networks", _bool(env, "WEBHOOK_ALLOW_PRIVATE_NETWORKS"))
     put("host", _get(env, "HOST"))
     put("port", _int(env, "PORT", 0))
     put("admin_key", _get(env, "NOTIFKIT_ADMIN_KEY"))
@@ -724,8 +733,9 @@ def _check_types(s: Settings) -> None:
     for name, variable in _OPTIONAL_TEXTS.items():
         if not isinstance(getattr(s, name), str | None):
             raise ConfigError(variable, f"must be a string, got {getattr(s, name)!r}")
-    if not isinstance(s.auto_migrate, bool):
-        raise ConfigError("AUTO_MIGRATE", f"must be True or False, got {s.auto_migrate!r}")
+    for name, variable in _FLAGS.items():
+        if not isinstance(getattr(s, name), bool):
+            raise ConfigError(variable, f"must be True or False, got {getattr(s, name)!r}")
     for name, (variable, kind, least) in _NUMBERS.items():
         value = getattr(s, name)
         allowed = (int, float) if kind is float else (int,)

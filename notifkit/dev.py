@@ -235,6 +235,9 @@ async def _serve_dev(settings: Settings, environ: dict[str, str], folder: Path, 
             "RECLAIM_MIN_IDLE_SECONDS": environ.get("RECLAIM_MIN_IDLE_SECONDS", "5"),
             "NOTIFKIT_PUBLIC_URL": environ.get("NOTIFKIT_PUBLIC_URL")
             or f"http://127.0.0.1:{port}",
+            # A laptop's webhooks go to a receiver on the laptop.
+            "WEBHOOK_ALLOW_PRIVATE_NETWORKS": environ.get("WEBHOOK_ALLOW_PRIVATE_NETWORKS",
+                                                          "true"),
         }
         dev_settings = Settings.from_env(merged, services=settings.services)
         async with _api_port_named("--port"), NotifkitServer(settings=dev_settings) as server:

@@ -79,8 +79,10 @@ def build_transports(
             credentials_file=push.credentials_file, base_url=push.base_url,
             timeout_s=timeout_s, connections=connections,
         )
-    built["webhook"] = WebhookTransport(secret=settings.secret, timeout_s=timeout_s,
-                                        connections=connections)
+    built["webhook"] = WebhookTransport(
+        secret=settings.secret, allow_private_networks=settings.webhook_allow_private_networks,
+        timeout_s=timeout_s, connections=connections,
+    )
     built["inapp"] = InAppTransport()
     for transport in extra:
         if not isinstance(transport, Transport):

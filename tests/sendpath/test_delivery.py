@@ -729,6 +729,7 @@ async def test_webhooks_are_signed_and_in_app_messages_are_stored_and_announced(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
     sim_settings: Settings,
 ) -> None:
+    sim_settings = sim_settings.replace(webhook_allow_private_networks=True)  # a local receiver
     received: list[tuple[bytes, dict[str, str]]] = []
 
     async def hook(request: web.Request) -> web.Response:
@@ -776,6 +777,45 @@ async def test_webhooks_are_signed_and_in_app_messages_are_stored_and_announced(
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", item["createdAt"])
     finally:
         await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await runner.cleanup()
+
+
+async def test_a_webhook_to_a_private_address_fails_once_with_the_reason_and_nothing_sent(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim_settings: Settings,
+) -> None:
+    """A contact stored with an internal URL (before the API refused them, or with private
+    networks allowed then) is a permanent failure at send: dead-lettered at the first
+    attempt with the reason, not retried, nothing sent."""
+    received: list[bytes] = []
+
+    async def hook(request: web.Request) -> web.Response:
+        received.append(await request.read())
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/hook"
+        await add_user(db, project, "u1", contacts=[("webhook", url)])
+        await add_template(db, project, "t", {"webhook": {"body": "{}"}})
+
+        event_id = await send(redis, keys, db, project, "t", "u1")
+        await drain(*await stages(services, sim_settings))
+
+        assert received == []
+        rows = await timeline(db, event_id)
+        assert kinds(rows, "webhook") == [("queued", "processing", 0),
+                                          ("dead_lettered", "dead_lettered", 1)]
+        detail = rows[-1]["detail"]
+        assert "destination refused: 127.0.0.1 is a loopback address" in detail
+        assert "WEBHOOK_ALLOW_PRIVATE_NETWORKS" in detail
+        # The contact stays: the deployment may allow private networks later.
+        assert await db.fetchval("SELECT enabled FROM user_contacts") is True
+    finally:
         await runner.cleanup()
 
 

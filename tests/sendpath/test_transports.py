@@ -290,13 +290,14 @@ async def test_a_subject_with_line_breaks_is_sent_as_one_line(
 
 async def send_to_hook(routes: web.RouteTableDef, body: str) -> SendResult:
     """Send ``body`` with the webhook transport to ``/hook`` of a local app serving
-    ``routes``."""
+    ``routes`` (on loopback, so private networks are allowed)."""
     app = web.Application()
     app.add_routes(routes)
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
-    transport = WebhookTransport(secret="webhook-secret-0123456789", timeout_s=TIMEOUT_S)
+    transport = WebhookTransport(secret="webhook-secret-0123456789", timeout_s=TIMEOUT_S,
+                                 allow_private_networks=True)
     await transport.open(None)  # type: ignore[arg-type]
     try:
         return await transport.send(Message(

@@ -41,6 +41,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None,
         ("NOTIFKIT_SERVICES", "api,nope"),
         ("EMAIL_TRANSPORT", "pigeon"),
         ("AUTO_MIGRATE", "perhaps"),
+        ("WEBHOOK_ALLOW_PRIVATE_NETWORKS", "sometimes"),
         ("PROVIDER_TIMEOUT_SECONDS", "-1"),
         ("PORT", "70000"),
         # Values that used to pass validation and fail later, without naming the setting

@@ -54,6 +54,7 @@ def test_defaults_match_the_contract() -> None:
     assert s.reconcile_grace_s == 300
     assert s.workflow_lock_ttl_s == 60
     assert s.max_body_bytes == 1024 * 1024
+    assert s.webhook_allow_private_networks is False
     # No transport is enabled unless configured.
     assert s.email.transport is None
     assert not s.sms.enabled
@@ -80,6 +81,7 @@ def test_values_are_read_from_the_environment() -> None:
         "NOTIFKIT_SECRET": "secret-0123456789abcdef",
         "PROVIDER_TIMEOUT_SECONDS": "2.5",
         "RECONCILE_GRACE_SECONDS": "90",
+        "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "true",
     })
     assert s.redis_url == "redis://cache:6380/2"
     assert s.database_url == "postgresql://app:pw@db:5432/notifkit"
@@ -97,6 +99,7 @@ def test_values_are_read_from_the_environment() -> None:
     assert s.secret == "secret-0123456789abcdef"
     assert s.provider_timeout_s == 2.5
     assert s.reconcile_grace_s == 90
+    assert s.webhook_allow_private_networks is True
 
 
 def test_code_overrides_win_over_the_environment() -> None:
@@ -152,6 +155,7 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         ({"REDIS_URL": "unix:///tmp/redis.sock?protocol=9"}, "REDIS_URL"),
         ({"NOTIFKIT_NAMESPACE": "has space"}, "NOTIFKIT_NAMESPACE"),
         ({"AUTO_MIGRATE": "maybe"}, "AUTO_MIGRATE"),
+        ({"WEBHOOK_ALLOW_PRIVATE_NETWORKS": "maybe"}, "WEBHOOK_ALLOW_PRIVATE_NETWORKS"),
         ({"PORT": "70000"}, "PORT"),
         ({"PORT": "http"}, "PORT"),
         ({"RECLAIM_INTERVAL_SECONDS": "nan"}, "RECLAIM_INTERVAL_SECONDS"),
@@ -242,6 +246,7 @@ def test_invalid_values_given_in_code_name_the_variable_too() -> None:
         ({"provider_timeout_s": None}, "PROVIDER_TIMEOUT_SECONDS"),
         ({"auto_migrate": "false"}, "AUTO_MIGRATE"),
         ({"auto_migrate": 0}, "AUTO_MIGRATE"),
+        ({"webhook_allow_private_networks": "true"}, "WEBHOOK_ALLOW_PRIVATE_NETWORKS"),
         ({"redis_url": None}, "REDIS_URL"),
         ({"db_schema": 5}, "DB_SCHEMA"),
         ({"admin_key": 12345678901234567}, "NOTIFKIT_ADMIN_KEY"),

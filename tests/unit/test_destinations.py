@@ -1,0 +1,54 @@
+"""Which addresses a webhook may reach: public unicast only, whatever form an address takes."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from notifkit.destinations import refused_host, refused_kind
+
+
+@pytest.mark.parametrize(("address", "kind"), [
+    ("127.0.0.1", "loopback"), ("127.255.0.9", "loopback"), ("::1", "loopback"),
+    ("10.0.0.5", "private"), ("172.16.3.4", "private"), ("172.31.255.255", "private"),
+    ("192.168.1.1", "private"), ("fc00::1", "private"), ("fd12:3456::1", "private"),
+    ("169.254.169.254", "link-local"), ("fe80::1", "link-local"),
+    ("100.64.0.1", "carrier-grade NAT"), ("100.127.255.254", "carrier-grade NAT"),
+    ("224.0.0.1", "multicast"), ("239.255.255.250", "multicast"), ("ff02::1", "multicast"),
+    ("0.0.0.0", "unspecified"), ("::", "unspecified"),
+    ("255.255.255.255", "reserved"), ("240.0.0.1", "reserved"), ("192.0.2.7", "reserved"),
+    ("198.18.0.1", "reserved"), ("2001:db8::1", "reserved"), ("100::1", "reserved"),
+    # IPv6 spellings of IPv4 addresses reach the IPv4 address
+    ("::ffff:127.0.0.1", "loopback"), ("::ffff:10.0.0.5", "private"),
+    ("64:ff9b::a9fe:a9fe", "link-local"), ("2002:a00:5::1", "private"),
+])
+def test_non_public_addresses_are_refused_by_kind(address: str, kind: str) -> None:
+    assert refused_kind(ipaddress.ip_address(address)) == kind
+
+
+@pytest.mark.parametrize("address", [
+    "93.184.216.34", "8.8.8.8", "1.1.1.1", "100.63.255.255", "100.128.0.1", "172.32.0.1",
+    "2606:4700:4700::1111", "::ffff:8.8.8.8", "64:ff9b::808:808",
+])
+def test_public_addresses_are_allowed(address: str) -> None:
+    assert refused_kind(ipaddress.ip_address(address)) is None
+
+
+@pytest.mark.parametrize(("host", "kind"), [
+    ("localhost", "loopback"), ("LOCALHOST.", "loopback"), ("api.localhost", "loopback"),
+    ("127.0.0.1", "loopback"), ("::1", "loopback"), ("fe80::1%eth0", "link-local"),
+    # Forms the C resolver reads as 127.0.0.1 and 10.0.0.5
+    ("127.1", "loopback"), ("2130706433", "loopback"), ("0x7f.0.0.1", "loopback"),
+    ("012.0.0.5", "private"), ("10.0.0.5.", "private"),
+])
+def test_hosts_naming_a_refused_address_literally_are_refused(host: str, kind: str) -> None:
+    reason = refused_host(host)
+    assert reason is not None
+    assert kind in reason
+
+
+@pytest.mark.parametrize("host", ["example.com", "hooks.cafe.de", "8.8.8.8", "deadbeef",
+                                  "10.example.com"])
+def test_names_and_public_addresses_are_not_refused_by_host(host: str) -> None:
+    assert refused_host(host) is None
