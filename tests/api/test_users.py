@@ -8,7 +8,8 @@ import json
 import asyncpg
 import pytest
 
-from tests.api.conftest import Api, Project
+from notifkit.config import Settings
+from tests.api.conftest import Api, Project, start_api
 
 
 async def test_put_creates_then_updates_only_what_is_sent(api: Api, project: Project) -> None:
@@ -141,6 +142,47 @@ async def test_invalid_contact_targets_are_400_naming_target(
                            json={"channel": channel, "target": target})
     assert reply.status == 400
     assert reply.fields == ["target"]
+
+
+INTERNAL_URLS = [
+    "https://10.0.0.5/hook", "https://169.254.169.254/latest/meta-data/",
+    "https://localhost:5432/", "https://127.0.0.1/", "https://[::1]/", "https://[fe80::1]/",
+    "https://[fd00::5]/hook", "https://[::ffff:192.168.1.1]/", "https://100.64.0.1/",
+    "https://0.0.0.0/", "https://224.0.0.1/", "https://127.1/", "https://2130706433/",
+    "https://api.localhost/",
+]
+
+
+@pytest.mark.parametrize("url", INTERNAL_URLS)
+async def test_a_webhook_naming_an_internal_address_is_400_naming_target(
+    api: Api, project: Project, url: str
+) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    reply = await api.call("POST", "/v1/users/u1/contacts", key=project.full,
+                           json={"channel": "webhook", "target": url})
+    assert (reply.status, reply.fields) == (400, ["target"]), reply.body
+    assert "public addresses" in reply.error["details"][0]["message"]
+    replaced = await api.call("PUT", "/v1/users/u1", key=project.full, json={
+        "contacts": [{"channel": "webhook", "target": url}]})
+    assert (replaced.status, replaced.fields) == (400, ["contacts[0].target"])
+    got = await api.call("GET", "/v1/users/u1", key=project.full)
+    assert got.body["contacts"] == []
+
+
+async def test_a_webhook_naming_an_internal_address_is_added_when_private_networks_are_allowed(
+    api_settings: Settings,
+) -> None:
+    _server, client = await start_api(api_settings.replace(webhook_allow_private_networks=True))
+    try:
+        api = Api(client, api_settings)
+        project = await api.project()
+        await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+        for url in INTERNAL_URLS:
+            reply = await api.call("POST", "/v1/users/u1/contacts", key=project.full,
+                                   json={"channel": "webhook", "target": url})
+            assert reply.status == 201, (url, reply.body)
+    finally:
+        await client.close()
 
 
 async def test_the_longest_addresses_fit_beside_the_longest_user_id(

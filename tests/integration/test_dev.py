@@ -132,6 +132,15 @@ def test_dev_sends_the_printed_curl_and_keeps_its_data(tmp_path: Path) -> None:
         assert received[0]["to"] == "ada@example.com"
         assert "1234" in json.dumps(received[0]["content"])
         assert event_id
+
+        # And a webhook may point at a receiver on this machine: dev allows private networks
+        hook = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/users/demo-user/contacts", method="POST",
+            data=json.dumps({"channel": "webhook", "target": "https://127.0.0.1:8443/hook"})
+            .encode(), headers={"Authorization": f"Bearer {key.group(1)}",
+                                "Content-Type": "application/json"})
+        with urllib.request.urlopen(hook, timeout=10) as reply:
+            assert reply.status == 201
     finally:
         code = stop(proc)
     # And Ctrl-C exits cleanly

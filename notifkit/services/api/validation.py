@@ -22,11 +22,12 @@ from contextlib import suppress
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
-from urllib.parse import unquote_to_bytes
+from urllib.parse import unquote_to_bytes, urlsplit
 
 from aiohttp import web
 
 from notifkit import codec
+from notifkit.destinations import refused_host
 from notifkit.services.api.errors import (
     ApiError,
     Detail,
@@ -563,8 +564,11 @@ def email_problem(value: str) -> str | None:
 MAX_TARGET_BYTES = 1024
 
 
-def contact_problem(channel: str, target: str) -> str | None:
-    """Why ``target`` is not a valid address for ``channel``, or None."""
+def contact_problem(channel: str, target: str, *,
+                    allow_private_networks: bool = False) -> str | None:
+    """Why ``target`` is not a valid address for ``channel``, or None. A webhook URL naming a
+    non-public address (or localhost) is refused unless ``allow_private_networks``: a name is
+    checked by the transport each time it connects, since what it resolves to can change."""
     if len(target.encode("utf-8", "surrogatepass")) > MAX_TARGET_BYTES:
         return f"must be at most {MAX_TARGET_BYTES} bytes long (UTF-8)"
     if channel == "email":
@@ -581,13 +585,17 @@ def contact_problem(channel: str, target: str) -> str | None:
             return "must be a device token of printable characters without spaces"
         return None
     if channel == "webhook":
-        return https_url_problem(target)
+        problem = https_url_problem(target)
+        if problem is None and not allow_private_networks:
+            refused = refused_host(urlsplit(target).hostname or "")
+            if refused is not None:
+                problem = (f"must not name a private or internal address ({refused}); "
+                           "webhooks reach only public addresses")
+        return problem
     return "is not a channel that has contacts"
 
 
 def https_url_problem(value: str) -> str | None:
-    from urllib.parse import urlsplit
-
     if len(value) > 2048:
         return "must be at most 2048 characters"
     try:

@@ -21,7 +21,7 @@ from notifkit.services.api.errors import json_response, not_found
 from notifkit.services.api.middleware import project_id
 from notifkit.services.api.routing import Operations, Reply
 from notifkit.services.api.schemas import CONTACT_CHANNELS, ref
-from notifkit.services.api.state import DB
+from notifkit.services.api.state import DB, SETTINGS
 from notifkit.services.api.validation import (
     MAX_TARGET_BYTES,
     Fields,
@@ -60,7 +60,7 @@ async def put_user(request: web.Request) -> web.Response:
     if locale is not None and not is_locale(locale):
         fields.fail("locale", "must be a language tag such as de or pt-BR")
     segments = _segments(fields)
-    contacts = _contacts(fields)
+    contacts = _contacts(fields, _allow_private(request))
     fields.raise_if_invalid()
 
     changes: dict[str, Any] = {}
@@ -137,7 +137,7 @@ async def add_contact(request: web.Request) -> web.Response:
     user_id = lookup_id(request, "userId", "user")
     fields = Fields(await read_json(request))
     fields.only(("channel", "target"))
-    channel, target = _contact(fields)
+    channel, target = _contact(fields, _allow_private(request))
     fields.raise_if_invalid()
     assert channel is not None
     assert target is not None
@@ -372,19 +372,23 @@ def _segments(fields: Fields) -> list[str] | None:
     return out
 
 
-def _contact(fields: Fields) -> tuple[str | None, str | None]:
+def _allow_private(request: web.Request) -> bool:
+    return request.app[SETTINGS].webhook_allow_private_networks
+
+
+def _contact(fields: Fields, allow_private: bool) -> tuple[str | None, str | None]:
     channel = fields.choice("channel", CONTACT_CHANNELS, required=True)
     target = fields.string("target", required=True, max_len=MAX_TARGET_BYTES)
     if channel is None or target is None:
         return None, None
-    problem = contact_problem(channel, target)
+    problem = contact_problem(channel, target, allow_private_networks=allow_private)
     if problem:
         fields.fail("target", problem)
         return None, None
     return channel, normalise_contact(channel, target)
 
 
-def _contacts(fields: Fields) -> list[tuple[str, str]] | None:
+def _contacts(fields: Fields, allow_private: bool) -> list[tuple[str, str]] | None:
     items = fields.array("contacts", max_items=MAX_CONTACTS)
     if items is None:
         return None
@@ -396,7 +400,7 @@ def _contacts(fields: Fields) -> list[tuple[str, str]] | None:
             continue
         inner = fields.child(name, item)
         inner.only(("channel", "target"))
-        channel, target = _contact(inner)
+        channel, target = _contact(inner, allow_private)
         if channel is not None and target is not None and (channel, target) not in out:
             out.append((channel, target))
     return out
