@@ -49,6 +49,12 @@ FIRST_LOOKBACK_MS = 3600_000
 # Ids carry the API host's clock, stream ids Redis's: a stream is searched from this long
 # before a notification's id, so clocks that far apart still find its entry.
 CLOCK_SKEW_MS = 60_000
+# The slice query's time limit, in place of the pool's (QUERY_TIMEOUT_S): a slice is a
+# minute of traffic, so its cost grows with the send rate, not with a batch, and the cursor
+# moves on only past a slice read whole; cut at 10 s, one heavy minute would stop
+# reconciliation for good. The pass runs beside the scheduler's batches, on one connection,
+# so waiting this long in a stall holds nothing but the pass.
+SLICE_QUERY_TIMEOUT_S = 300.0
 NEVER_ENQUEUED = ("never enqueued: the API stopped before its XADD to {stream} (or Redis lost "
                   "the entry), so it was never answered 202 and will not be sent")
 
@@ -119,7 +125,8 @@ class Reconciler:
                 break
             end = min(cursor + SLICE_MS, horizon)
             rows = await self.pool.fetch(_CANDIDATES, id_floor(cursor), id_floor(end),
-                                         self.settings.reconcile_grace_s)
+                                         self.settings.reconcile_grace_s,
+                                         timeout=SLICE_QUERY_TIMEOUT_S)
             if rows:
                 await self._settle(rows, outcome)
             cursor = end

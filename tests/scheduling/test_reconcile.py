@@ -15,6 +15,7 @@ import asyncpg
 from redis.asyncio import Redis
 
 from notifkit.config import Settings
+from notifkit.db.pool import create_pool
 from notifkit.db.workflows import record_notification
 from notifkit.ids import uuid7
 from notifkit.keys import Keys
@@ -121,6 +122,27 @@ async def test_a_notification_never_enqueued_fails_with_its_reason_and_an_enqueu
     # And a second pass looks at neither again
     again = await _reconciler(settings, redis, db).run_once()
     assert (again.failed, again.in_stream, again.undecided) == ([], [], [])
+
+
+async def test_a_slice_slower_than_the_pools_query_limit_still_settles(
+    settings: Settings, redis: Redis, db: asyncpg.Pool,
+) -> None:
+    """A slice is a minute of traffic, its cost grows with the send rate, and the cursor only
+    moves on past a slice read whole: cut at the scheduler pool's query limit, one slow slice
+    would stop reconciliation for good. The slice query has a limit of its own (a lock makes
+    it wait here; the pool's limit is 0.2 s)."""
+    project = await _project(db, "a")
+    orphan = await Api(settings, redis, db).crash_before_xadd(_message(project))
+    pool = await create_pool(settings, command_timeout=0.2)
+    try:
+        async with db.acquire() as conn, conn.transaction():
+            await conn.execute("LOCK TABLE notifications IN ACCESS EXCLUSIVE MODE")
+            reconciling = asyncio.create_task(_reconciler(settings, redis, pool).run_once())
+            await asyncio.sleep(1.0)
+        done = await asyncio.wait_for(reconciling, 30)
+    finally:
+        await pool.close()
+    assert done.failed == [orphan]
 
 
 async def test_a_notification_the_pipeline_took_is_left_alone_even_once_its_entry_is_trimmed(
