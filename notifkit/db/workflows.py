@@ -327,6 +327,13 @@ async def resolve_timeout(conn: Conn, waiter: Waiter, now: datetime) -> bool:
 
 # -- digest windows ---------------------------------------------------------------------------
 
+# The time limit of the queries that read or write a window's items, in place of the pool's
+# (QUERY_TIMEOUT_S): a window holds every trigger of its user in it, each join rewrites and
+# returns the whole array, and joiners queue on the window's row, so a busy user's join can
+# rightly take longer than a stall is allowed to, and cut at 10 s it failed until
+# dead-lettered.
+DIGEST_QUERY_TIMEOUT_S = 120.0
+
 
 async def join_digest(
     conn: Conn, instance: Instance, path: str, step_index: int, item: dict[str, Any],
@@ -345,7 +352,7 @@ async def join_digest(
                                       ELSE workflow_digests.items || EXCLUDED.items END
         RETURNING id::text, owner_instance_id::text, window_ends_at, items, closed_at""",
         instance.project_id, instance.workflow_id, instance.user_id, step_index, path,
-        instance.id, [item], window_ends_at, now,
+        instance.id, [item], window_ends_at, now, timeout=DIGEST_QUERY_TIMEOUT_S,
     )
     assert row is not None
     return DigestWindow(*row.values())
@@ -357,7 +364,7 @@ async def owned_window(conn: Conn, instance: Instance, path: str) -> DigestWindo
              FROM workflow_digests
             WHERE project_id = $1 AND owner_instance_id = $2 AND step_path = $3
             ORDER BY created_at DESC LIMIT 1""",
-        instance.project_id, instance.id, path,
+        instance.project_id, instance.id, path, timeout=DIGEST_QUERY_TIMEOUT_S,
     )
     return DigestWindow(*row.values()) if row is not None else None
 
@@ -366,7 +373,7 @@ async def close_window(conn: Conn, instance: Instance, window_id: str, now: date
     await conn.execute(
         """UPDATE workflow_digests SET closed_at = $3
             WHERE id = $1 AND project_id = $2 AND closed_at IS NULL""",
-        window_id, instance.project_id, now,
+        window_id, instance.project_id, now, timeout=DIGEST_QUERY_TIMEOUT_S,
     )
 
 

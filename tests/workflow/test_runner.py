@@ -3,10 +3,14 @@ sends, waits, waiting for events with a timeout, branches and digests."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from notifkit.keys import Keys
+from notifkit.services.workflow import WorkflowService
 
 from .conftest import templates_of
 
@@ -207,6 +211,36 @@ async def test_digest_turns_n_triggers_within_the_window_into_one_message_listin
     sent = await flow.sent()
     assert len(sent) == 3
     assert [i["data"] for i in sent[2]["digestItems"]] == [{"comment": "late"}]
+
+
+async def test_a_digest_join_slower_than_the_pools_query_limit_still_joins(
+    flow: Flow, make_service: ServiceFactory, clock: FakeClock, db: asyncpg.Pool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A window's items grow with every trigger, and its joiners queue on its row: a join
+    can rightly outlast the pool's query limit, and cut at it, a busy user's triggers failed
+    until dead-lettered. Digest queries have a limit of their own (a lock makes the join wait
+    here; the pool's limit is 0.3 s)."""
+    monkeypatch.setattr(WorkflowService, "query_timeout_s", 0.3)
+    await flow.define("comments", [
+        {"type": "digest", "windowSeconds": 600, "template": "comment-digest"},
+    ])
+    service = make_service()
+    first = await flow.trigger("comments", "ada", {"comment": 0})
+    await service.run_until_idle()
+    second = await flow.trigger("comments", "ada", {"comment": 1})
+    async with db.acquire() as conn:
+        async with conn.transaction():
+            await conn.execute("SELECT 1 FROM workflow_digests FOR UPDATE")
+            joining = asyncio.create_task(service.run_until_idle())
+            await asyncio.sleep(1.0)
+        await asyncio.wait_for(joining, 30)
+    assert [(await flow.instance(i))["status"] for i in (first, second)] == [
+        "waiting", "digested"]
+    clock.advance(601)
+    await service.run_until_idle()
+    [digest] = await flow.sent()
+    assert [item["data"] for item in digest["digestItems"]] == [{"comment": 0}, {"comment": 1}]
 
 
 async def test_a_digest_lists_its_items_oldest_trigger_first_whatever_order_they_joined(

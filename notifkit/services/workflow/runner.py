@@ -338,7 +338,7 @@ class Runner:
             items: list[dict[str, Any]] = await conn.fetchval(
                 """UPDATE workflow_digests SET closed_at = COALESCE(closed_at, $3)
                     WHERE id = $1 AND project_id = $2 RETURNING items""",
-                window.id, instance.project_id, now,
+                window.id, instance.project_id, now, timeout=db.DIGEST_QUERY_TIMEOUT_S,
             )
             if not event_id:
                 event_id = uuid7(int(self.clock() * 1000))
