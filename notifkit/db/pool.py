@@ -38,12 +38,14 @@ from notifkit.db.priority_pool import PriorityPool
 __all__ = ["QUERY_TIMEOUT_S", "DatabaseUnavailable", "connect", "create_pool",
            "init_connection"]
 
-# The longest a query, or opening a connection for one, may take in the services whose every
-# query is a short one (the api's, delivery's): a PostgreSQL that stops answering without
-# closing its connections (a partition, a frozen failover) then makes the query fail instead
-# of holding its request or batch for as long as the stall lasts. asyncpg then spends as long
-# again trying to cancel the query before it drops the connection, so a caller caught in a
-# stall hears of it after about twice this.
+# The longest a query, or opening a connection for one, may take in every service's pool: a
+# PostgreSQL that stops answering without closing its connections (a partition, a frozen
+# failover, a lock held) then makes the query fail instead of holding its request or batch for
+# as long as the stall lasts. asyncpg then spends as long again trying to cancel the query
+# before it drops the connection, so a caller caught in a stall hears of it after about twice
+# this. Every query a service makes in a request or a batch is bounded by the request's or
+# batch's size (segments and rebuilds are read a page at a time), so 10 s is a stall, not
+# work; the few whose cost grows with the data pass a longer ``timeout`` of their own.
 QUERY_TIMEOUT_S = 10.0
 
 
@@ -184,7 +186,9 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 
 async def connect(settings: Settings, *, application_name: str = "notifkit") -> asyncpg.Connection:
-    """One connection set up like a pool's (search_path and codecs); the caller closes it."""
+    """One connection set up like a pool's (search_path and codecs); the caller closes it.
+    Its queries have no time limit: migrations run on it, and one that rewrites a large table,
+    or waits for another process's migration lock, can rightly take minutes."""
     dsn = database_dsn(settings.database_url)
     try:
         conn: asyncpg.Connection = await asyncpg.connect(

@@ -104,7 +104,8 @@ LIMIT $2
 
 async def pages(db: asyncpg.Pool, page_size: int) -> AsyncIterator[list[ScheduledRow]]:
     """Every row, ``page_size`` at a time, in task-id order (keyset paging: memory stays
-    bounded however many tasks wait)."""
+    bounded however many tasks wait, and so does each query, which is why a rebuild keeps the
+    pool's query limit)."""
     after = ""
     while True:
         records = await db.fetch(_PAGE, after, page_size)

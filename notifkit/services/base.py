@@ -17,6 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from notifkit.config import Settings
 from notifkit.db.availability import answers, unavailable
+from notifkit.db.pool import QUERY_TIMEOUT_S
 from notifkit.db.priority_pool import PriorityPool
 from notifkit.keys import Keys
 from notifkit.tasks import cancel_all
@@ -44,9 +45,13 @@ class Service:
 
     name: ClassVar[str] = ""
     needs_db: ClassVar[bool] = True
-    # Seconds a query of this service, or opening a connection for one, may take (None: no
-    # limit on queries; asyncpg's 60 s to connect).
-    query_timeout_s: ClassVar[float | None] = None
+    # Seconds a query of this service, or opening a connection for one, may take. Without a
+    # limit, a PostgreSQL that stalls (a partition, a frozen failover, a lock never released)
+    # held a batch, and the stream slots it filled, for as long as the stall lasted; with it
+    # the query fails with TimeoutError, which the worker handles as an outage. Queries whose
+    # cost grows with the data (the reconciler's slices, digest windows) pass a longer limit
+    # of their own; migrations use a connection of their own, without one.
+    query_timeout_s: ClassVar[float | None] = QUERY_TIMEOUT_S
 
     def __init__(self, settings: Settings, **options: Any) -> None:
         self.settings = settings

@@ -514,17 +514,3 @@ async def test_every_route_answers_503_while_postgres_stalls(settings: Settings)
         await client.close()
         pool.terminate()
         await proxy.stop()
-
-
-async def test_the_api_service_limits_its_queries(settings: Settings) -> None:
-    from notifkit.db.pool import QUERY_TIMEOUT_S
-    from notifkit.services.api.service import ApiService
-
-    service = ApiService(settings)
-    await service.open()
-    try:
-        assert service.db is not None
-        assert service.db._connect_kwargs["command_timeout"] == QUERY_TIMEOUT_S
-        assert service.db._connect_kwargs["timeout"] == QUERY_TIMEOUT_S
-    finally:
-        await service.close()

@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 from notifkit.config import Settings
 from notifkit.db.pool import QUERY_TIMEOUT_S
 from notifkit.keys import Keys
+from notifkit.server import REGISTRY, service_class
 from notifkit.services.base import WorkerService
 from notifkit.services.delivery import DeliveryService
 from notifkit.services.engine import EngineService
@@ -141,13 +142,8 @@ async def test_workers_hold_their_work_through_a_postgres_outage_longer_than_eve
             working = [enricher, engine, delivery]
             await until(lambda: _all_holding(working), "every stage with work held it")
 
-            async def beats_say_why() -> bool:
-                beats = [json.loads(await redis.get(keys.health(s.worker.consumer)) or "{}")
-                         for s in working]
-                return all("waiting for PostgreSQL (DATABASE_URL)" in b.get("readError", "")
-                           for b in beats)
-
-            await until(beats_say_why, "every heartbeat says what its worker waits for")
+            await until(lambda: _beats_say_why(redis, keys, working),
+                        "every heartbeat says what its worker waits for")
             await asyncio.sleep(3 * (settings.enricher_max_attempts + 1)
                                 * (settings.reclaim_interval_s + settings.reclaim_min_idle_s))
             assert await redis.xlen(keys.dlq) == 0
@@ -180,6 +176,82 @@ async def test_workers_hold_their_work_through_a_postgres_outage_longer_than_eve
     ends = [r for r in caplog.records if getattr(r, "outage", None) == "end"]
     assert sorted(r.service for r in starts) == sorted(r.service for r in ends)  # type: ignore[attr-defined]
     assert {r.service for r in starts} >= {"enricher", "engine", "delivery"}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+async def test_every_service_limits_its_queries(settings: Settings, name: str) -> None:
+    """Only the api and delivery limited their queries: a stalled PostgreSQL held the other
+    services' batches, and the stream slots they filled, for as long as the stall lasted."""
+    cls = service_class(name)
+    assert cls.query_timeout_s == QUERY_TIMEOUT_S
+    service = cls(settings)
+    await service.open()
+    try:
+        assert service.db is not None
+        assert service.db._connect_kwargs["command_timeout"] == QUERY_TIMEOUT_S
+        assert service.db._connect_kwargs["timeout"] == QUERY_TIMEOUT_S
+    finally:
+        await service.close()
+
+
+async def test_enricher_and_engine_batches_caught_in_a_postgres_stall_end_as_an_outage(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, sim_settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The enricher's and engine's queries had no time limit, so a PostgreSQL that stopped
+    answering without closing its connections held their batches for as long as the stall
+    lasted, and the outage handling never began. Their queries now end at the pool's limit
+    (1 s here), as an outage: the work is held, costs no attempt, and goes on after."""
+    for cls in (EnricherService, EngineService):
+        assert cls.query_timeout_s == QUERY_TIMEOUT_S
+        monkeypatch.setattr(cls, "query_timeout_s", 1.0)
+    settings = outage_settings(sim_settings)
+    await add_user(db, project, "u1", contacts=[("email", "u1@example.com")])
+    await add_user(db, project, "u2", contacts=[("email", "u2@example.com")])
+    await add_template(db, project, "t", {"email": {"subject": "s", "text": "t"}})
+    async with PostgresProxy(settings) as proxy:
+        enricher, engine = EnricherService(proxy.settings), EngineService(proxy.settings)
+        stages = [enricher, engine]
+        try:
+            # Given an enriched message waiting for the engine and a send for the enricher
+            for stage in stages:
+                await stage.open()
+            await send(redis, keys, db, project, "t", "u1")
+            await drain(enricher)
+            await send(redis, keys, db, project, "t", "u2")
+            [(enriched_id, _f)] = await xrange(redis, keys.enriched("normal"))
+            inbound_id = (await xrange(redis, keys.inbound("normal")))[-1][0]
+
+            # When PostgreSQL stops answering, keeping its connections open, as they read
+            proxy.stall()
+            for stage in stages:
+                await stage.worker.start()
+
+            # Then each batch ends while the stall lasts, as an outage that holds the work,
+            # says so in the heartbeat and gives the attempt back
+            await until(lambda: _all_holding(stages), "both stages held their work")
+
+            await until(lambda: _beats_say_why(redis, keys, stages),
+                        "every heartbeat says what its worker waits for")
+            for service, stream, entry_id in (("enricher", keys.inbound("normal"), inbound_id),
+                                              ("engine", keys.enriched("normal"), enriched_id)):
+                counter = keys.attempts(keys.group(service), entry_id.decode(), stream)
+                assert await redis.get(counter) in (None, b"0")
+            assert await pending_total(redis, keys) == 2
+
+            # And when it answers again, both messages go on to delivery, nothing dead-lettered
+            proxy.restore()
+
+            async def delivered() -> bool:
+                return (await redis.xlen(keys.outbound("normal")) == 2
+                        and await pending_total(redis, keys) == 0)
+
+            await until(delivered, "both messages reached delivery's stream")
+        finally:
+            proxy.restore()  # a stage cannot stop while its connections stall
+            for stage in stages:
+                await stage.stop()
+    assert await redis.xlen(keys.dlq) == 0
 
 
 class GatedEmail:
@@ -251,6 +323,12 @@ async def test_a_delivery_try_that_reached_the_provider_counts_though_postgres_f
     # The acceptance was never recorded, so the retry sent again, as the task's second attempt.
     assert transport.calls == 2
     assert [r["attempt"] for r in await timeline(db, event_id) if r["kind"] == "sent"] == [2]
+
+
+async def _beats_say_why(redis: Redis, keys: Keys, stages: Sequence[WorkerService]) -> bool:
+    """Whether every stage's heartbeat says it waits for PostgreSQL."""
+    beats = [json.loads(await redis.get(keys.health(s.worker.consumer)) or "{}") for s in stages]
+    return all("waiting for PostgreSQL (DATABASE_URL)" in b.get("readError", "") for b in beats)
 
 
 async def _all_holding(stages: Sequence[WorkerService]) -> bool:

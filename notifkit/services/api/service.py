@@ -22,7 +22,6 @@ from redis.exceptions import RedisError
 
 from notifkit.clock import utc_now_iso
 from notifkit.config import ConfigError, Settings
-from notifkit.db.pool import QUERY_TIMEOUT_S
 from notifkit.services.api.app import create_app
 from notifkit.services.api.errors import ApiRunner
 from notifkit.services.api.state import IN_FLIGHT
@@ -37,7 +36,6 @@ SHUTDOWN_TIMEOUT_S = 5.0
 
 class ApiService(Service):
     name: ClassVar[str] = "api"
-    query_timeout_s: ClassVar[float | None] = QUERY_TIMEOUT_S
 
     def __init__(self, settings: Settings, **options: Any) -> None:
         super().__init__(settings, **options)

@@ -33,7 +33,6 @@ from notifkit.coalesce import Coalescer
 from notifkit.config import Settings
 from notifkit.db import outbox
 from notifkit.db.logs import Kind, LogRow, Status, insert_first_of_kind
-from notifkit.db.pool import QUERY_TIMEOUT_S
 from notifkit.db.routing import project_settings
 from notifkit.dedup import Dedup, delivery_key
 from notifkit.errors import AttemptsExhausted, PermanentFailure, RetryLater
@@ -71,9 +70,6 @@ class DeliveryService(WorkerService):
     # A task whose last attempt died with its process is finished from the outbox: 'sent' if
     # that attempt's send was recorded, else dead-lettered, never sent a fourth time.
     settles_exhausted = True
-    # Every delivery query is a short one; without a limit a stalled PostgreSQL held a batch,
-    # and the slots it fills, for as long as the stall lasted.
-    query_timeout_s: ClassVar[float | None] = QUERY_TIMEOUT_S
 
     def __init__(self, settings: Settings, **options: Any) -> None:
         super().__init__(settings, **options)
