@@ -702,7 +702,8 @@ class StreamWorker:
             final = permanent or attempts_made(entry) >= self.max_attempts
             log.warning(
                 "Attempt %d of %d failed: %s. %s", attempts_made(entry), self.max_attempts,
-                entry.error,
+                # A query timeout's TimeoutError has no text: name its type instead.
+                str(entry.error) or describe_error(entry.error),
                 "Dead-lettering it." if final else "It stays pending for the reclaim sweep.",
                 extra=log_fields(self.service, entry),
             )

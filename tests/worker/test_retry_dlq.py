@@ -330,6 +330,23 @@ async def test_a_failed_attempt_leaves_its_counter_with_the_contract_ttl(
         assert 7000 < await redis.ttl(key) <= 7200
 
 
+async def test_a_failure_without_a_message_is_logged_by_its_type(
+    make_worker: WorkerFactory, keys: Keys, add: Add, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given an entry whose processing raises an exception with no text (a query timeout's)
+    worker = make_worker(AlwaysFails(TimeoutError()), service="engine")
+    await add(keys.enriched("normal"), {"projectId": "p1", "eventId": "ev-1", "n": 1})
+
+    # When its attempts fail
+    with caplog.at_level("WARNING", logger="notifkit.worker"):
+        await worker.run_until_idle()
+
+    # Then each warning names what failed, not an empty reason ("failed: .")
+    warnings = [r.getMessage() for r in caplog.records
+                if r.name == "notifkit.worker" and r.levelname == "WARNING"]
+    assert warnings[0].startswith("Attempt 1 of 3 failed: TimeoutError."), warnings
+
+
 async def test_each_failed_attempt_is_logged_and_the_dead_lettering_names_its_cause(
     make_worker: WorkerFactory, keys: Keys, add: Add, caplog: pytest.LogCaptureFixture,
 ) -> None:
