@@ -369,14 +369,6 @@ async def owned_window(conn: Conn, instance: Instance, path: str) -> DigestWindo
     return DigestWindow(*row.values()) if row is not None else None
 
 
-async def close_window(conn: Conn, instance: Instance, window_id: str, now: datetime) -> None:
-    await conn.execute(
-        """UPDATE workflow_digests SET closed_at = $3
-            WHERE id = $1 AND project_id = $2 AND closed_at IS NULL""",
-        window_id, instance.project_id, now, timeout=DIGEST_QUERY_TIMEOUT_S,
-    )
-
-
 # -- users and the send's notification row ------------------------------------------------------
 
 

@@ -221,6 +221,44 @@ async def test_preview_errors_name_the_field(api: Api, project: Project) -> None
     assert unknown.status == 404
 
 
+async def test_preview_of_a_digest_template_renders_the_items_given(
+    api: Api, project: Project
+) -> None:
+    """A digest template loops over ``items`` (each ``{"data", "at"}``), which no send through
+    the API carries; the preview takes them in its body so such a template can be tried."""
+    await api.call("PUT", "/v1/templates/weekly", key=project.full, json={"channels": {
+        "sms": {"text": "{{ items | length }}: {% for i in items %}{{ i.data.n }}@{{ i.at }} "
+                        "{% endfor %}"}}})
+    items = [{"data": {"n": 1}, "at": "2026-12-01T09:00:00Z"}, {"data": {"n": 2}}]
+    reply = await api.call("POST", "/v1/templates/weekly/preview", key=project.full,
+                           json={"items": items})
+    assert reply.status == 200, reply.body
+    assert reply.body["channels"]["sms"]["text"] == "2: 1@2026-12-01T09:00:00Z 2@ "
+    # Without items it renders as a send outside a digest would: ``items`` is undefined.
+    plain = await api.call("POST", "/v1/templates/weekly/preview", key=project.full, json={})
+    assert plain.status == 400, plain.body
+    assert plain.fields == ["channels.sms.text"]
+
+
+@pytest.mark.parametrize(("items", "fields"), [
+    ("x", ["items"]),
+    ([{"data": {}}] * 1001, ["items"]),
+    ([{"data": {}}, 3], ["items[1]"]),
+    ([{"data": []}], ["items[0].data"]),
+    ([{"at": "yesterday"}], ["items[0].at"]),
+    ([{"data": {}, "when": 1}], ["items[0].when"]),
+])
+async def test_preview_items_that_are_not_digest_items_are_a_400_naming_them(
+    api: Api, project: Project, items: Any, fields: list[str]
+) -> None:
+    await api.call("PUT", "/v1/templates/weekly", key=project.full,
+                   json={"channels": {"sms": {"text": "{{ items | length }}"}}})
+    reply = await api.call("POST", "/v1/templates/weekly/preview", key=project.full,
+                           json={"items": items})
+    assert reply.status == 400, reply.body
+    assert reply.fields == fields
+
+
 async def test_preview_errors_name_the_line_the_template_failed_on(
     api: Api, project: Project
 ) -> None:

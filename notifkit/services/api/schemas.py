@@ -183,7 +183,9 @@ COMPONENTS: dict[str, Schema] = {
         "ai": nullable({"type": "object"}),
         "createdAt": DATETIME, "updatedAt": DATETIME,
     }, ("id", "topic", "channels", "fallback", "ai", "createdAt", "updatedAt")),
-    "PreviewRequest": obj({"userId": ID, "data": nullable(ANY_OBJECT)}),
+    "PreviewRequest": obj({"userId": ID, "data": nullable(ANY_OBJECT), "items": nullable({
+        "type": "array", "maxItems": 1000,
+        "items": obj({"data": nullable(ANY_OBJECT), "at": nullable(DATETIME)})})}),
     "Preview": obj({
         "template": STRING,
         "channels": {"type": "object", "additionalProperties": {"type": "object"}},

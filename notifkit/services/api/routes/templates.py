@@ -100,18 +100,40 @@ async def get_template(request: web.Request) -> web.Response:
     return json_response(template_json(row))
 
 
+def digest_items(fields: Fields) -> list[dict[str, Any]] | None:
+    """The preview's ``items``: what a digest step hands its template, each ``{"data", "at"}``
+    (the trigger's data and time), so a digest template can be tried before a window closes."""
+    given = fields.array("items", nullable=True)
+    if given is None:
+        return None
+    items: list[dict[str, Any]] = []
+    for index, value in enumerate(given):
+        if not isinstance(value, dict):
+            fields.fail(f"items[{index}]", "must be an object with data and at")
+            continue
+        item = fields.child(f"items[{index}]", value)
+        item.only(("data", "at"))
+        data = item.obj("data", nullable=True)
+        at = item.timestamp("at", nullable=True)
+        items.append({"data": data if data is not None else {},
+                      "at": value["at"] if at is not None else None})
+    return items
+
+
 @ops.route("POST", "/v1/templates/{templateId}/preview", "Render a template without sending",
            body=ref("PreviewRequest"), responses={200: ref("Preview")},
            description="Renders every channel with data, user (the named user, or a "
                        "placeholder), notification (placeholders), channel and, for e-mail, "
-                       "unsubscribeUrl. A render error is a 400 naming the field.")
+                       "unsubscribeUrl; items (each {data, at}) for a digest template. A "
+                       "render error is a 400 naming the field.")
 async def preview_template(request: web.Request) -> web.Response:
     project = project_id(request)
     template_id = lookup_id(request, "templateId", "template")
     fields = Fields(await read_json(request))
-    fields.only(("userId", "data"))
+    fields.only(("userId", "data", "items"))
     user_id = fields.identifier("userId")
     data = fields.obj("data", nullable=True) or {}
+    items = digest_items(fields)
     fields.raise_if_invalid()
     row = await load_template(request, template_id)
     user: dict[str, Any] = {"id": PREVIEW_USER_ID, "attributes": {}, "timezone": None,
@@ -140,6 +162,7 @@ async def preview_template(request: web.Request) -> web.Response:
             data=data, user=user, notification=notification, channel=channel,
             unsubscribe_url=unsubscribe_url(settings, project, user["id"], channel,
                                             row["topic"]),
+            items=items,
         )
         try:
             rendered[channel] = render_channel(content, channel, context)
