@@ -15,6 +15,9 @@ channels a template's ``ai`` block names). Per task:
 5. emit the outbound task (atomically with the ack) and record tokens in ``ai_usage`` and a
    ``generated`` row of the timeline whose metadata holds them.
 
+A prompt that does not render for the task's context sends, without asking the model, what a
+send without AI would: the template's content for the channel, or the generic content.
+
 Failures: a 4xx or an unknown model is permanent (dead-lettered at once: one request, never
 repeated); 5xx and timeouts fail the attempt (the reclaim cycle retries, up to the limit); a
 429 parks the task on the scheduler until Retry-After, up to the attempt limit. Content already
@@ -24,6 +27,7 @@ written for a task (a crash after the model answered) is re-used, never paid for
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html
 import logging
 import re
@@ -45,6 +49,7 @@ from notifkit.errors import (
 )
 from notifkit.messages import AiTask, ScheduledTask, outbound_from_ai, parse_outbound
 from notifkit.services.base import WorkerService
+from notifkit.services.engine.render import generic
 from notifkit.services.timeline import task_row
 from notifkit.templates import (
     RenderError,
@@ -147,7 +152,7 @@ class AiService(WorkerService):
         try:
             prompt = render_string(task["ai"]["prompt"], task["context"], field="ai.prompt")
         except RenderError as exc:
-            entry.fail(PermanentFailure(f"the AI prompt does not render: {exc}"))
+            self._send_without_model(entry, task, str(exc), templates, logs)
             return None
         model = task["ai"].get("model") or self.settings.ai.model
         messages = [
@@ -193,6 +198,30 @@ class AiService(WorkerService):
             prompt_tokens=completion.prompt_tokens,
             completion_tokens=completion.completion_tokens, content=content,
         )
+
+    def _send_without_model(
+        self, entry: Entry, task: AiTask, error: str,
+        templates: dict[tuple[str, str], dict[str, Any]], logs: list[LogRow],
+    ) -> None:
+        """A prompt that fails for this recipient's data (a variable it lacks, say) does not
+        stop the send, as a template that fails in the engine does not: the task goes out with
+        what a send without AI would carry, the template's content for the channel or else the
+        generic content, and the timeline says why."""
+        channel = task["channel"]
+        fields = templates.get((task["projectId"], task["template"]), {}).get(channel)
+        content: dict[str, Any] | None = None
+        if isinstance(fields, dict):
+            with contextlib.suppress(RenderError):
+                content = render_channel(fields, channel, task["context"])
+        sent = "the template's content" if content is not None else "generic content"
+        if content is None:
+            content = generic(task["template"], channel, task["context"])
+        entry.emit(self.keys.outbound(task["priority"]), outbound_from_ai(task, content))
+        attempt = int(task.get("priorAttempts") or 0) + entry.attempt
+        logs.append(task_row(task, attempt, Kind.GENERATION_FAILED, Status.PROCESSING,
+                             f"the AI prompt does not render ({error}); {sent} sent instead"))
+        log.warning("The AI prompt does not render (%s); sending %s without the model.",
+                    error, sent, extra={"task_id": task["taskId"], "event_id": task["eventId"]})
 
     async def _park(self, entry: Entry, task: AiTask, exc: RateLimited,
                     logs: list[LogRow]) -> None:

@@ -166,6 +166,37 @@ async def test_a_rejection_is_dead_lettered_after_exactly_one_request(
     assert ai.worker.stats.dead_lettered == 1
 
 
+@pytest.mark.parametrize(("channel", "expected"), [
+    # the template's own e-mail content renders: it goes out as written
+    ("email", {"subject": "Paid: 12.00", "text": "fallback"}),
+    # no SMS content in the template: the engine's generic content for the channel
+    ("sms", {"text": "Paid: amount: 12.00"}),
+])
+async def test_a_prompt_that_does_not_render_sends_the_templates_content_without_the_model(
+    channel: str, expected: dict[str, str], ai: AiService, sim: SimulatorServer, redis: Redis,
+    keys: Keys, db: asyncpg.Pool, project_id: str, template: str,
+) -> None:
+    """Like a template that fails to render in the engine, a prompt that fails for this
+    recipient's data does not stop the send: the message goes out with the content a send
+    without AI would carry, the timeline says why, and the model is not asked."""
+    task = ai_task(project_id, channel=channel)
+    task["ai"]["prompt"] = "Tell {{ user.attributes.name }} about {{ data.missing.field }}."
+    await xadd(redis, keys.ai_pending, task, 10_000)
+    await ai.run_until_idle()
+    [out] = await stream(redis, keys.outbound("normal"))
+    assert out["taskId"] == task["taskId"]
+    assert {k: out["content"][k] for k in expected} == expected
+    assert "ai" not in out
+    assert "context" not in out
+    assert await stream(redis, keys.dlq) == []
+    assert await requests_made(sim) == 0
+    detail = await db.fetchval(
+        "SELECT detail FROM message_logs WHERE task_id = $1 AND kind = 'generation_failed'",
+        task["taskId"])
+    assert detail.startswith("the AI prompt does not render")
+    assert ("template's content" if channel == "email" else "generic content") in detail
+
+
 async def test_a_503_is_retried_up_to_the_attempt_limit(
     ai: AiService, ai_settings: Settings, sim: SimulatorServer, redis: Redis, keys: Keys,
     project_id: str, template: str,
