@@ -3,13 +3,19 @@
     throttle:{projectId}:user:{userId}   ZSET  member = what counts as one send (the engine
                                                passes the event id: one notification is one
                                                send on however many channels), score = when
-                                               it was allowed (ms); expires one window after
-                                               the last allowed send
+                                               it goes out (ms: its due time, which is later
+                                               than now for a scheduled or deferred send);
+                                               expires one window after the latest of them
 
-A send at ``now`` is allowed when fewer than ``limit`` sends were allowed in the window
-``(now - window, now]``; an allowed send is recorded, a refused one is not (a throttled send
-is not a send). The member makes the check idempotent: a retried decision for a send that was
-already allowed is allowed again without counting twice.
+The rule: no window of ``window`` length may hold more than ``limit`` allowed sends. A send
+due at ``at`` joins every window that contains ``at``, so it is allowed when fewer than
+``limit`` sends lie in ``(at - window, at + window)``; for sends due now, with none scheduled
+ahead, that is the familiar "fewer than ``limit`` in ``(now - window, now]``". A scheduled send
+counts where it goes out, not when it was accepted: reminders for three different days do not
+crowd today's window, and sends held by quiet hours, which all go out when the hours end, are
+throttled as the burst they will be. An allowed send is recorded, a refused one is not (a
+throttled send is not a send). The member makes the check idempotent: a retried decision for a
+send that was already allowed is allowed again without counting twice.
 
 ``limit == 0`` turns the throttle off. Limits come from the project's ``settings.throttle``
 (``{"limit", "windowSeconds"}``), else the deployment's ``THROTTLE_LIMIT`` /
@@ -31,24 +37,29 @@ from notifkit.keys import Keys
 from notifkit.redis_pipe import pipe
 from notifkit.wording import counted
 
-# KEYS[1] the user's window. ARGV: now_ms, window_ms, limit, member.
-# Returns {allowed (0|1), sends in the window after this call, oldest score in the window}.
+# KEYS[1] the user's window. ARGV: now_ms, at_ms (the send's due time, >= now), window_ms,
+# limit, member. Returns {allowed (0|1), sends in the windows around at_ms after this call,
+# oldest score among them}. Nothing due at or after now can share a window with a send at or
+# before now - window, so those leave.
 _SLIDING_WINDOW = """
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
-local window = tonumber(ARGV[2])
-local limit = tonumber(ARGV[3])
+local at = tonumber(ARGV[2])
+local window = tonumber(ARGV[3])
+local limit = tonumber(ARGV[4])
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+local low, high = '(' .. (at - window), '(' .. (at + window)
 local allowed = 0
-if redis.call('ZSCORE', key, ARGV[4]) then
+if redis.call('ZSCORE', key, ARGV[5]) then
   allowed = 1
-elseif redis.call('ZCARD', key) < limit then
-  redis.call('ZADD', key, now, ARGV[4])
-  redis.call('PEXPIRE', key, window)
+elseif redis.call('ZCOUNT', key, low, high) < limit then
+  redis.call('ZADD', key, at, ARGV[5])
+  local latest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+  redis.call('PEXPIRE', key, math.max(latest - now, 0) + window)
   allowed = 1
 end
-local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-return {allowed, redis.call('ZCARD', key), oldest[2] or false}
+local oldest = redis.call('ZRANGE', key, low, high, 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+return {allowed, redis.call('ZCOUNT', key, low, high), oldest[2] or false}
 """
 
 
@@ -86,13 +97,14 @@ class ThrottleCheck:
     user_id: str
     rule: ThrottleRule
     member: str = field(default_factory=lambda: uuid.uuid4().hex)  # the engine: event id
+    at_ms: int | None = None  # when the send goes out, if later than now
 
 
 @dataclass(frozen=True)
 class ThrottleDecision:
     allowed: bool
     count: int  # sends in the window, this one included when allowed
-    retry_at_ms: int | None  # when the oldest send leaves the window (refused sends only)
+    retry_at_ms: int | None  # when the oldest send around it leaves (refused sends only)
 
     def __bool__(self) -> bool:
         return self.allowed
@@ -115,8 +127,9 @@ async def check_many(
         window_ms = c.rule.window_s * 1000
         # EVAL, not a registered script: redis-py would precede every pipeline of
         # registered scripts with a SCRIPT EXISTS round trip; Redis caches the body anyway.
+        at_ms = max(now_ms, c.at_ms) if c.at_ms is not None else now_ms
         windows.eval(_SLIDING_WINDOW, 1, keys.throttle(c.project_id, c.user_id),
-                  now_ms, window_ms, c.rule.limit, c.member)
+                     now_ms, at_ms, window_ms, c.rule.limit, c.member)
     replies = await windows.execute()
     for i, reply in zip(live, replies, strict=True):
         allowed, count, oldest = int(reply[0]), int(reply[1]), reply[2]
@@ -135,8 +148,9 @@ async def check(
     rule: ThrottleRule,
     now_ms: int,
     member: str | None = None,
+    at_ms: int | None = None,
 ) -> ThrottleDecision:
-    request = ThrottleCheck(project_id, user_id, rule, member or uuid.uuid4().hex)
+    request = ThrottleCheck(project_id, user_id, rule, member or uuid.uuid4().hex, at_ms)
     return (await check_many(redis, keys, [request], now_ms))[0]
 
 
@@ -156,23 +170,33 @@ async def allow(
 
 
 class WindowModel:
-    """The throttle's meaning in a few lines, for tests: every allowed send is remembered
-    and a send is allowed while fewer than ``limit`` allowed sends lie in ``(now - window,
-    now]``. Assumes ``now`` never goes backwards, as one clock's readings do."""
+    """The throttle's meaning in a few lines, for tests: every allowed send is remembered at
+    the time it goes out, and a send due at ``at`` (now unless later) is allowed while fewer
+    than ``limit`` allowed sends lie in ``(at - window, at + window)``, so that no window
+    holds more than ``limit``. Assumes ``now`` never goes backwards, as one clock's readings
+    do."""
 
     def __init__(self) -> None:
         self.allowed: dict[tuple[str, str], dict[str, int]] = {}
 
     def allow(self, project_id: str, user_id: str, rule: ThrottleRule, now_ms: int,
-              member: str) -> bool:
+              member: str, at_ms: int | None = None) -> bool:
         if not rule.enabled:
             return True
         window_ms = rule.window_s * 1000
+        at = max(now_ms, at_ms) if at_ms is not None else now_ms
         sends = self.allowed.setdefault((project_id, user_id), {})
-        recent = {m: t for m, t in sends.items() if t > now_ms - window_ms}
-        if member in recent:
+        live = {m: t for m, t in sends.items() if t > now_ms - window_ms}
+        if member in live:
             return True
-        if len(recent) < rule.limit:
-            sends[member] = now_ms
+        if sum(1 for t in live.values() if at - window_ms < t < at + window_ms) < rule.limit:
+            sends[member] = at
             return True
         return False
+
+    def busiest_window(self, project_id: str, user_id: str, rule: ThrottleRule) -> int:
+        """The most allowed sends any one window holds: never more than the limit."""
+        times = sorted(self.allowed.get((project_id, user_id), {}).values())
+        window_ms = rule.window_s * 1000
+        return max((sum(1 for t in times if end - window_ms < t <= end) for end in times),
+                   default=0)

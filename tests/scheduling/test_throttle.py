@@ -20,14 +20,17 @@ from notifkit.throttle import (
     rule_for,
 )
 
-# One step: (user, ms since the previous step, reuse an earlier task id?, how many sends at once)
+# Half-second steps land exactly on window edges (windows are whole seconds) often.
+_ms = st.one_of(st.integers(0, 24).map(lambda n: n * 500), st.integers(0, 12_000))
+# One step: (user, ms since the previous step, reuse an earlier task id?, how many sends at
+# once, how far ahead of now they are due: mostly now, sometimes scheduled)
 steps = st.lists(
     st.tuples(
         st.integers(0, 2),
-        # Half-second steps land exactly on window edges (windows are whole seconds) often.
-        st.one_of(st.integers(0, 24).map(lambda n: n * 500), st.integers(0, 12_000)),
+        _ms,
         st.booleans(),
         st.integers(1, 3),
+        st.one_of(st.just(0), _ms),
     ),
     min_size=1,
     max_size=60,
@@ -37,29 +40,56 @@ steps = st.lists(
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
 @given(limit=st.integers(1, 5), window_s=st.integers(1, 10), plan=steps)
 async def test_redis_sliding_window_agrees_with_the_model(
-    redis: Redis, namespace: str, limit: int, window_s: int, plan: list[tuple[int, int, bool, int]]
+    redis: Redis, namespace: str, limit: int, window_s: int,
+    plan: list[tuple[int, int, bool, int, int]],
 ) -> None:
-    """The Lua window must say exactly what the definition says ("fewer than `limit` sends
-    allowed in the last `window`"), including at the window's edge, for several users whose
-    windows must not leak into each other, for batches checked in one pipeline, and for a
-    retried decision that must not count its task twice."""
+    """The Lua window must say exactly what the definition says (no window holds more than
+    `limit` allowed sends, each counted at the time it goes out), including at the window's
+    edge, for sends scheduled ahead, for several users whose windows must not leak into each
+    other, for batches checked in one pipeline, and for a retried decision that must not
+    count its task twice."""
     keys = Keys(namespace)
     project = uuid.uuid4().hex  # a fresh window per example
     rule = ThrottleRule(limit, window_s)
     model = WindowModel()
     now_ms = 1_780_000_000_000
     issued: list[str] = []
-    for user_index, delta_ms, reuse, batch_size in plan:
+    for user_index, delta_ms, reuse, batch_size, ahead_ms in plan:
         now_ms += delta_ms
         user = f"user-{user_index}"
         batch: list[ThrottleCheck] = []
         for n in range(batch_size):
             member = issued[(delta_ms + n) % len(issued)] if reuse and issued else uuid.uuid4().hex
             issued.append(member)
-            batch.append(ThrottleCheck(project, user, rule, member))
+            batch.append(ThrottleCheck(project, user, rule, member, now_ms + ahead_ms))
         decisions = await check_many(redis, keys, batch, now_ms)
-        expected = [model.allow(project, user, rule, now_ms, c.member) for c in batch]
+        expected = [model.allow(project, user, rule, now_ms, c.member, c.at_ms) for c in batch]
         assert [d.allowed for d in decisions] == expected
+    for user_index in range(3):
+        assert model.busiest_window(project, f"user-{user_index}", rule) <= limit
+
+
+async def test_scheduled_sends_count_when_they_go_out_not_when_accepted(
+    redis: Redis, namespace: str
+) -> None:
+    """Reminders due on three different days do not crowd today's window; sends that all
+    go out at one time (quiet hours ending) are throttled as the burst they will be."""
+    keys = Keys(namespace)
+    now = 1_780_000_000_000
+    day, hour = 86_400_000, 3_600_000
+    rule = ThrottleRule(limit=1, window_s=3600)
+    for n in (1, 2, 3):
+        assert await check(redis, keys, "p", "u", rule, now, f"day-{n}", at_ms=now + n * day)
+    assert await check(redis, keys, "p", "u", rule, now, "now")  # today's window is empty
+    # Two sends held until the same morning: the second would share its window
+    morning = now + 10 * hour
+    assert await check(redis, keys, "p", "u", rule, now, "held-1", at_ms=morning)
+    late = await check(redis, keys, "p", "u", rule, now + 1_000, "held-2", at_ms=morning)
+    assert not late.allowed
+    assert late.retry_at_ms == morning + hour
+    # The key lives until the last scheduled send has left its window.
+    ttl_ms = await redis.pttl(keys.throttle("p", "u"))
+    assert 3 * day < ttl_ms <= 3 * day + hour
 
 
 async def test_a_full_window_refuses_until_the_oldest_send_leaves_it(

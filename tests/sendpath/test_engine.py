@@ -300,6 +300,30 @@ async def test_the_per_user_throttle_logs_what_it_holds_back(
         ("sms", "throttled", "throttled"), ("email", "throttled", "throttled")}
 
 
+async def test_a_scheduled_send_counts_against_the_throttle_when_it_goes_out(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, services: ServiceFactory
+) -> None:
+    """One send a day allowed: a reminder scheduled for next year does not hold back today's
+    send, but a second send due at the same time as the reminder is throttled."""
+    from .helpers import add_project
+    project = await add_project(db, {"throttle": {"limit": 1, "windowSeconds": 86_400}})
+    await add_user(db, project, "u1", contacts=[("sms", "+15550001")])
+    await add_template(db, project, "t", {"sms": SMS})
+    stages = await pipeline(services)
+
+    reminder = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"},
+                          send_at="2099-01-01T00:00:00Z")
+    today = await send(redis, keys, db, project, "t", "u1", data={"amount": "2"})
+    twin = await send(redis, keys, db, project, "t", "u1", data={"amount": "3"},
+                      send_at="2099-01-01T00:00:00Z")
+    await drain(*stages)
+
+    assert {t["eventId"] for t in await entries(redis, keys.outbound("normal"))} == {today}
+    assert {s["payload"]["eventId"] for s in await entries(redis, keys.scheduled)} == {reminder}
+    assert {(r["kind"], r["status"]) for r in await timeline(db, twin)} == {
+        ("throttled", "throttled")}
+
+
 async def test_a_poison_entry_fails_alone_and_its_batch_neighbours_are_routed(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
 ) -> None:

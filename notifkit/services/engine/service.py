@@ -167,12 +167,13 @@ class EngineService(WorkerService):
         if not checked:
             return sends
         # One notification is one send however many channels it goes out on: the window's
-        # member is the event id, so its second channel finds the first one's mark.
+        # member is the event id, so its second channel finds the first one's mark. A send
+        # that waits (sendAt, quiet hours) counts when it goes out.
         decisions = await throttle.check_many(self.redis, self.keys, [
             throttle.ThrottleCheck(
                 s.message["projectId"], s.message["user"]["id"],
                 throttle.rule_for(settings_of.get(s.message["projectId"]), self.settings),
-                member=s.message["eventId"],
+                member=s.message["eventId"], at_ms=s.due_ms,
             )
             for s in checked
         ], now_ms)
