@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
+from notifkit.refusals import Refusal
 from simulators import control
 from simulators.pipeline import HttpProvider, handle_send
 from simulators.providers.fcm import Fcm, token_endpoint
@@ -67,6 +68,18 @@ def _no_route(request: web.Request, status: int) -> web.Response:
     if provider is None:
         return _error_json(status, f"no route for {request.method} {request.path}")
     return provider.no_route(request.method, path, status).response()
+
+
+def answer_refusal(refused: Refusal) -> web.StreamResponse:
+    """The answer to a request aiohttp's parser refused before any route saw it: a JSON 400
+    saying what is wrong, in the format of the provider its path addresses when the request
+    line could be read, else the simulator's own."""
+    message = (f"The HTTP request is malformed ({refused.said}, in its {refused.part}); "
+               "nothing was recorded.")
+    provider = _provider_at(refused.target) if refused.target is not None else None
+    if provider is None:
+        return _error_json(refused.status, message)
+    return provider.malformed_request(refused.status, message).response()
 
 
 def _error_json(status: int, message: str) -> web.Response:

@@ -174,6 +174,11 @@ class HttpProvider(ABC):
         detail = "" if status == 404 else "Method not allowed"
         return self.render(ErrorCase.NOT_FOUND, status=status, detail=detail)
 
+    def malformed_request(self, status: int, detail: str) -> Reply:
+        """The provider's answer to a request the HTTP parser refused (a bad header, a
+        broken chunked body): a bad request of the provider's own, saying what is wrong."""
+        return self.render(case_for_status(status), status=status, detail=detail)
+
     def status_for(self, case: ErrorCase) -> int:
         return self.status_overrides.get(case, DEFAULT_STATUS[case])
 

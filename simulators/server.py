@@ -19,7 +19,8 @@ from typing import Any
 
 from aiohttp import web
 
-from simulators.app import create_app
+from notifkit.refusals import RefusingRunner
+from simulators.app import answer_refusal, create_app
 from simulators.client import Op, SimulatorControl
 from simulators.httplog import quiet_unparseable_requests
 from simulators.providers.smtp import TrackedSMTP, quiet_aiosmtpd_logs, smtp_factory
@@ -90,9 +91,9 @@ class SimulatorServer(SimulatorControl):
         return f"http://{host}:{self.port}"
 
     async def start(self) -> None:
-        runner = web.AppRunner(
-            create_app(self.state), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
-            logger=quiet_unparseable_requests(),
+        runner = RefusingRunner(
+            create_app(self.state), answer=answer_refusal, access_log=None,
+            shutdown_timeout=SHUTDOWN_TIMEOUT_S, logger=quiet_unparseable_requests(),
         )
         await runner.setup()
         self._runner = runner

@@ -174,6 +174,10 @@ class Twilio(HttpProvider):
         # unsubscribed recipient, which a client would take as the number being dead.
         return _error(400, UNREADABLE_BODY)
 
+    def malformed_request(self, status: int, detail: str) -> Reply:
+        # The generic code again (400), not the 21610 an unsubscribed recipient gets.
+        return self.render(ErrorCase.BAD_REQUEST, status=status, detail=detail, code=str(status))
+
     def unsupported_encoding(self, coding: str) -> Rejection:
         # The generic code again, not 21610: the recipient is not at fault.
         return Rejection(ErrorCase.BAD_REQUEST, unsupported_message(coding), status=415,

@@ -22,13 +22,12 @@ from typing import Any, TypedDict
 
 import asyncpg
 from aiohttp import web
-from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
-from aiohttp.web_protocol import RequestHandler
-from aiohttp.web_request import BaseRequest
+from aiohttp.http_exceptions import ContentEncodingError
 from redis.exceptions import RedisError
 
 from notifkit import codec
 from notifkit.db.availability import UNAVAILABLE_SQLSTATE_CLASSES
+from notifkit.refusals import Refusal, RefusingRunner, quiet_refusals
 from notifkit.services.api.state import SETTINGS
 
 log = logging.getLogger("notifkit.api")
@@ -195,82 +194,25 @@ def _snake(reason: str) -> str:
     return "_".join(reason.lower().replace("-", " ").split()) or "error"
 
 
-class MalformedRequestFilter(logging.Filter):
-    """aiohttp logs a request it cannot even parse (a NUL in a header, a request line over the
-    limit) as an ERROR with a traceback, although it answers 400 and nothing failed on our
-    side. This filter turns that record into one WARNING line without the traceback."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, web.RequestPayloadError):
-            # Re-raised while aiohttp drains a body the handler already refused.
-            exc = exc.__cause__ if isinstance(exc.__cause__, HttpProcessingError) else \
-                HttpProcessingError(code=400, message="unreadable body")
-        if isinstance(exc, HttpProcessingError):
-            reason = (exc.message or "").strip().splitlines()
-            record.msg = ("Refused a malformed HTTP request with %s (%s); nothing was done, "
-                          "the client has to fix the request.")
-            record.args = (exc.code, reason[0].rstrip(":") if reason else "unparseable")
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
-            record.exc_info, record.exc_text = None, None
-        return True
-
-
 def quiet_malformed_requests() -> None:
-    """Install :class:`MalformedRequestFilter` on aiohttp's server logger (once)."""
-    server_log = logging.getLogger("aiohttp.server")
-    if not any(isinstance(f, MalformedRequestFilter) for f in server_log.filters):
-        server_log.addFilter(MalformedRequestFilter())
+    """One WARNING line, no traceback, for each request aiohttp's parser refuses."""
+    quiet_refusals(logging.getLogger("aiohttp.server"))
 
 
-# Words of aiohttp's parser messages, and the part of the request each names (first match).
-_PROTOCOL_FIELDS = (
-    ("url path", "path"), ("url query", "query"), ("url", "url"), ("method", "method"),
-    ("version", "version"), ("content-length", "Content-Length"),
-    ("transfer-encoding", "Transfer-Encoding"), ("chunk", "body"), ("header", "headers"),
-    ("line", "request line"),
-)
-
-
-def protocol_error(status: int, reason: str | None) -> ApiError:
+def protocol_error(refused: Refusal) -> ApiError:
     """The error for a request aiohttp refused before any handler saw it (a byte outside
     ASCII in the URL, a malformed header, a Content-Length that is not a number)."""
-    if status >= 500:
-        return ApiError(status, "internal_error", "The server failed to handle the request.")
-    # aiohttp's reason repeats the offending bytes on further lines; the first one says what.
-    lines = (reason or "").strip().splitlines()
-    said = lines[0].strip().rstrip(":") if lines else "unparseable"
-    field = next((name for word, name in _PROTOCOL_FIELDS if word in said.lower()), "request")
-    return ApiError(status, "malformed_request",
-                    f"The HTTP request is malformed ({said}); nothing was done.",
-                    [detail(field, said)])
+    if refused.status >= 500:
+        return ApiError(refused.status, "internal_error",
+                        "The server failed to handle the request.")
+    return ApiError(refused.status, "malformed_request",
+                    f"The HTTP request is malformed ({refused.said}); nothing was done.",
+                    [detail(refused.part, refused.said)])
 
 
-class _ProtocolHandler(RequestHandler):
-    """aiohttp's connection handler, answering what it cannot parse in the API's error shape
-    instead of its own text/plain page."""
-
-    def handle_error(self, request: BaseRequest, status: int = 500,
-                     exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
-        # aiohttp's own answer logs the refusal (see MalformedRequestFilter) and raises when a
-        # response has already begun; only its body is replaced.
-        plain = super().handle_error(request, status, exc, message)
-        answer = error_response(protocol_error(plain.status, message))
-        answer.force_close()
-        return answer
-
-
-class _ProtocolServer(web.Server):
-    def __call__(self) -> RequestHandler:
-        return _ProtocolHandler(self, loop=self._loop, **self._kwargs)
-
-
-class ApiRunner(web.AppRunner):
+class ApiRunner(RefusingRunner):
     """An AppRunner whose connections answer unparseable requests in the error shape too."""
 
-    async def _make_server(self) -> web.Server:
-        made = await super()._make_server()
-        return _ProtocolServer(made.request_handler, request_factory=made.request_factory,
-                               handler_cancellation=made.handler_cancellation,
-                               **made._kwargs)
+    def __init__(self, app: web.Application, **kwargs: Any) -> None:
+        super().__init__(app, answer=lambda refused: error_response(protocol_error(refused)),
+                         **kwargs)
