@@ -10,7 +10,9 @@ simulators/schema_instance.py), which the SDK's `parse()` helpers validate. A JS
 counts one token per word of its JSON text; one longer than `max_tokens` is cut to the plain
 text's first `max_tokens` words with `finish_reason: "length"`, not JSON, as OpenAI's cut-off
 answer is not.
-Errors are `{"error": {"message", "type", "param", "code"}}`.
+Errors are `{"error": {"message", "type", "param", "code"}}`. As at OpenAI, an argument the
+API reference does not list is a 400 "Unrecognized request argument supplied: <name>", and a
+listed one of the wrong JSON type a 400 `invalid_type` naming it.
 
 Known models are a fixed list plus anything named `sim-*`; others get 404 model_not_found.
 The fault rules' recipient pattern (`to`) matches the model name, and `invalid_token` answers
@@ -186,11 +188,12 @@ class OpenAI(HttpProvider):
             ) from None
         if not isinstance(payload, dict):
             raise Rejection(ErrorCase.BAD_REQUEST, "Invalid type for body: expected an object.")
+        _check_arguments(payload)
         model = payload.get("model")
         if not isinstance(model, str) or not model:
             raise Rejection(ErrorCase.BAD_REQUEST, "you must provide a model parameter")
         messages = _messages(payload.get("messages"))
-        _check_options(payload)
+        _check_ranges(payload)
         n = _positive_int(payload, "n", maximum=128) or 1
         limit = _positive_int(payload, "max_completion_tokens", maximum=1_000_000)
         limit = limit or _positive_int(payload, "max_tokens", maximum=1_000_000)
@@ -392,18 +395,88 @@ _DECIMAL_RANGES: dict[str, tuple[float, float]] = {
 }
 
 
-def _check_options(payload: dict[str, Any]) -> None:
-    """The typed options OpenAI refuses with a 400 naming the parameter."""
-    for name in ("stream", "logprobs"):
-        value = payload.get(name)
-        if value is not None and not isinstance(value, bool):
-            raise _invalid_type(name, "a boolean", value)
+# Every request parameter of chat completions in OpenAI's API reference (and so in the official
+# SDK's `create()`), with the JSON type OpenAI refuses any other value of; null is taken for
+# each, as leaving the parameter out. `messages` has checks of its own (_messages).
+_STRING_OR_OBJECT = "one of a string or object"
+PARAMETERS: dict[str, str | None] = {
+    "model": "a string",
+    "messages": None,
+    "audio": "an object",
+    "frequency_penalty": "a decimal",
+    "function_call": _STRING_OR_OBJECT,
+    "functions": "an array",
+    "logit_bias": "an object",
+    "logprobs": "a boolean",
+    "max_completion_tokens": "an integer",
+    "max_tokens": "an integer",
+    "metadata": "an object",
+    "modalities": "an array",
+    "moderation": "an object",
+    "n": "an integer",
+    "parallel_tool_calls": "a boolean",
+    "prediction": "an object",
+    "presence_penalty": "a decimal",
+    "prompt_cache_key": "a string",
+    "prompt_cache_options": "an object",
+    "prompt_cache_retention": "a string",
+    "reasoning_effort": "a string",
+    "response_format": "an object",
+    "safety_identifier": "a string",
+    "seed": "an integer",
+    "service_tier": "a string",
+    "stop": "one of a string or array of strings",
+    "store": "a boolean",
+    "stream": "a boolean",
+    "stream_options": "an object",
+    "temperature": "a decimal",
+    "tool_choice": _STRING_OR_OBJECT,
+    "tools": "an array",
+    "top_logprobs": "an integer",
+    "top_p": "a decimal",
+    "user": "a string",
+    "verbosity": "a string",
+    "web_search_options": "an object",
+}
+# The Python types of each JSON type a parameter may take (a boolean is no number here).
+_ACCEPTS: dict[str, tuple[type, ...]] = {
+    "a boolean": (bool,),
+    "an integer": (int,),
+    "a decimal": (int, float),
+    "a string": (str,),
+    "an object": (dict,),
+    "an array": (list,),
+    _STRING_OR_OBJECT: (str, dict),
+    "one of a string or array of strings": (str, list),
+}
+
+
+def _check_arguments(payload: dict[str, Any]) -> None:
+    """OpenAI refuses a request with an argument it does not know (400, no param or code),
+    and one whose argument is not of its type (400 invalid_type naming it), first in the
+    order the body gives them."""
+    for name, value in payload.items():
+        if name not in PARAMETERS:
+            raise Rejection(ErrorCase.BAD_REQUEST,
+                            f"Unrecognized request argument supplied: {name[:256]}")
+        expected = PARAMETERS[name]
+        if expected is not None and value is not None and not _is_a(value, expected):
+            raise _invalid_type(name, expected, value)
+
+
+def _is_a(value: object, expected: str) -> bool:
+    # JSON's true and false are no numbers, though Python's bool is an int.
+    return isinstance(value, _ACCEPTS[expected]) and (
+        isinstance(value, bool) == (expected == "a boolean"))
+
+
+def _check_ranges(payload: dict[str, Any]) -> None:
+    """The numeric options OpenAI refuses out of range with a 400 naming the parameter (their
+    types were checked with every argument's)."""
     for name, (low, high) in _DECIMAL_RANGES.items():
         value = payload.get(name)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _invalid_type(name, "a decimal", value)
         if value > high:
             raise Rejection(
                 ErrorCase.BAD_REQUEST,
@@ -420,10 +493,6 @@ def _check_options(payload: dict[str, Any]) -> None:
                 field_name=name,
                 code="decimal_below_min_value",
             )
-    for name in ("metadata", "response_format", "stream_options"):
-        value = payload.get(name)
-        if value is not None and not isinstance(value, dict):
-            raise _invalid_type(name, "an object", value)
 
 
 @dataclass(frozen=True)
@@ -565,7 +634,8 @@ def _positive_int(payload: dict[str, Any], name: str, *, maximum: int) -> int | 
     value = payload.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+    assert isinstance(value, int)  # _check_arguments refused any other type
+    if not 1 <= value <= maximum:
         raise Rejection(
             ErrorCase.BAD_REQUEST,
             f"Invalid '{name}': integer between 1 and {maximum} expected.",

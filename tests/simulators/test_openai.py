@@ -422,3 +422,117 @@ async def test_a_malformed_response_format_is_400_naming_the_parameter(
         await client(sim).chat.completions.create(model="gpt-4o", **request)  # type: ignore[call-overload]
     assert (caught.value.param, caught.value.code) == (param, code)
     assert await sim.messages("openai") == []
+
+
+async def test_an_unknown_argument_is_400_unrecognized(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    """OpenAI refuses an argument its API does not have, rather than ignore it: a typo'd
+    option would otherwise pass against the simulator and fail in production."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client(sim).chat.completions.create(
+            model="gpt-4o", messages=PROMPT, extra_body={"temprature": 0.2})
+    assert caught.value.status_code == 400
+    assert caught.value.body == {
+        "message": "Unrecognized request argument supplied: temprature",
+        "type": "invalid_request_error", "param": None, "code": None,
+    }
+    assert await sim.messages("openai") == []
+
+
+@pytest.mark.parametrize(("param", "value", "expected", "got"), [
+    ("model", 4, "a string", "an integer"),
+    ("n", "2", "an integer", "a string"),
+    ("max_tokens", 10.5, "an integer", "a decimal"),
+    ("max_completion_tokens", True, "an integer", "a boolean"),
+    ("seed", "42", "an integer", "a string"),
+    ("temperature", True, "a decimal", "a boolean"),
+    ("user", 7, "a string", "an integer"),
+    ("store", "yes", "a boolean", "a string"),
+    ("logprobs", 1, "a boolean", "an integer"),
+    ("tools", {"type": "function"}, "an array", "an object"),
+    ("logit_bias", [1], "an object", "an array"),
+    ("response_format", "json_object", "an object", "a string"),
+    ("stop", 5, "one of a string or array of strings", "an integer"),
+    ("tool_choice", 1, "one of a string or object", "an integer"),
+])
+async def test_a_known_argument_of_the_wrong_type_is_400_invalid_type(
+    sim: SimulatorServer, client: Factory, param: str, value: object, expected: str, got: str,
+) -> None:
+    request: dict[str, Any] = {"model": "gpt-4o", "messages": PROMPT, param: value}
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client(sim).chat.completions.create(**request)
+    assert caught.value.body == {
+        "message": f"Invalid type for '{param}': expected {expected}, but got {got} instead.",
+        "type": "invalid_request_error", "param": param, "code": "invalid_type",
+    }
+    assert await sim.messages("openai") == []
+
+
+# A valid value for every parameter of the SDK's `chat.completions.create()`.
+EVERY_PARAMETER: dict[str, Any] = {
+    "audio": {"voice": "alloy", "format": "wav"},
+    "frequency_penalty": 0.5,
+    "function_call": "auto",
+    "functions": [{"name": "lookup", "parameters": {"type": "object", "properties": {}}}],
+    "logit_bias": {"50256": -100},
+    "logprobs": True,
+    "max_completion_tokens": 200,
+    "max_tokens": 200,
+    "metadata": {"notifkit_task_id": "task-every"},
+    "modalities": ["text"],
+    "moderation": {"policy": {"input": {"mode": "score"}}},
+    "n": 2,
+    "parallel_tool_calls": False,
+    "prediction": {"type": "content", "content": "A summary."},
+    "presence_penalty": -0.5,
+    "prompt_cache_key": "summaries",
+    "prompt_cache_options": {},
+    "prompt_cache_retention": "24h",
+    "reasoning_effort": "low",
+    "response_format": {"type": "text"},
+    "safety_identifier": "user-hash",
+    "seed": 7,
+    "service_tier": "auto",
+    "stop": ["\n\n"],
+    "store": False,
+    "stream": False,
+    "stream_options": None,
+    "temperature": 0.2,
+    "tool_choice": "auto",
+    "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {}}}}],
+    "top_logprobs": 2,
+    "top_p": 0.9,
+    "user": "user-1",
+    "verbosity": "low",
+    "web_search_options": {},
+}
+
+
+def test_the_simulator_knows_every_parameter_the_sdk_sends() -> None:
+    """The SDK's parameters are OpenAI's documented ones: a newer SDK adding one fails here,
+    not in a team's CI against the simulator."""
+    from openai.types.chat.completion_create_params import (
+        CompletionCreateParamsNonStreaming,
+        CompletionCreateParamsStreaming,
+    )
+
+    from simulators.providers.openai import PARAMETERS
+
+    sdk = set(CompletionCreateParamsStreaming.__annotations__) | set(
+        CompletionCreateParamsNonStreaming.__annotations__)
+    for base in CompletionCreateParamsStreaming.__mro__:
+        sdk |= set(getattr(base, "__annotations__", {}))
+    assert sdk - set(PARAMETERS) == set()
+    assert set(EVERY_PARAMETER) | {"model", "messages"} >= sdk
+
+
+async def test_every_documented_parameter_is_accepted(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    completion = await client(sim).chat.completions.create(
+        model="gpt-4o", messages=PROMPT, **EVERY_PARAMETER)
+    assert len(completion.choices) == 2
+    [record] = await sim.messages("openai")
+    assert record["taskId"] == "task-every"
