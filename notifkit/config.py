@@ -9,13 +9,17 @@ stderr and exit status 2.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from email.utils import parseaddr
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote_plus, urlsplit
+
+if TYPE_CHECKING:
+    from notifkit.transports.fcm import ServiceAccount
 
 SERVICES: tuple[str, ...] = (
     "api",
@@ -174,6 +178,18 @@ class PushSettings:
     @property
     def enabled(self) -> bool:
         return bool(self.project_id and (self.access_token or self.credentials_file))
+
+    @functools.cached_property
+    def account(self) -> ServiceAccount | None:
+        """The service account in ``credentials_file``, read, parsed and made to sign on first
+        use only: the settings are validated again on every copy (``Settings.replace``), which
+        keeps this object, and the FCM transport takes the same account. A file that cannot
+        serve is a ConfigError naming FCM_CREDENTIALS_FILE, and stays unremembered."""
+        if not self.credentials_file:
+            return None
+        from notifkit.transports.fcm import ServiceAccount
+
+        return ServiceAccount.load(self.credentials_file)
 
 
 @dataclass(frozen=True)
@@ -852,12 +868,9 @@ def _validate(s: Settings) -> None:
         given = "FCM_ACCESS_TOKEN" if s.push.access_token else "FCM_CREDENTIALS_FILE"
         raise ConfigError("FCM_PROJECT_ID", f"is required with {given} (the Firebase "
                           "project the messages are sent through)")
-    if s.push.credentials_file:
-        # Read (and its key made to sign) now, as a setting: found only when delivery built its
-        # transports, the file failed the start after migrations had run and the api listened.
-        from notifkit.transports.fcm import ServiceAccount
-
-        ServiceAccount.load(s.push.credentials_file)
+    # Read (and its key made to sign) now, as a setting: found only when delivery built its
+    # transports, the file failed the start after migrations had run and the api listened.
+    _ = s.push.account
     if bool(s.sms.account_sid) != bool(s.sms.auth_token):
         missing = "TWILIO_AUTH_TOKEN" if s.sms.account_sid else "TWILIO_ACCOUNT_SID"
         raise ConfigError(missing, "is required when the other Twilio credential is set")

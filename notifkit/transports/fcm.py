@@ -47,14 +47,18 @@ class FcmTransport(HttpTransport):
     idempotent: bool = False
 
     def __init__(self, *, project_id: str, access_token: str | None = None,
-                 credentials_file: str | None = None,
+                 credentials_file: str | None = None, account: ServiceAccount | None = None,
                  base_url: str = "https://fcm.googleapis.com", **options: Any) -> None:
+        """``account``: the service account already loaded from ``credentials_file`` (the
+        settings' ``push.account``), so the file is not read and its key not tried again."""
         super().__init__(base_url=base_url, **options)
-        if not access_token and not credentials_file:
+        if not access_token and not credentials_file and account is None:
             raise ValueError("FCM needs an access token or a credentials file")
         self.project_id = project_id
         self._static_token = access_token
-        self._account = ServiceAccount.load(credentials_file) if credentials_file else None
+        if account is None and credentials_file:
+            account = ServiceAccount.load(credentials_file)
+        self._account = account
         self._token: tuple[str, float] | None = None  # (token, expires at, monotonic)
         self._token_lock = asyncio.Lock()
 

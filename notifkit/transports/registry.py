@@ -76,7 +76,8 @@ def build_transports(
     if push.enabled and push.project_id:
         built["push"] = FcmTransport(
             project_id=push.project_id, access_token=push.access_token,
-            credentials_file=push.credentials_file, base_url=push.base_url,
+            credentials_file=push.credentials_file, account=push.account,
+            base_url=push.base_url,
             timeout_s=timeout_s, connections=connections,
         )
     built["webhook"] = WebhookTransport(

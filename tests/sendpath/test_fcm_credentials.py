@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import padding
 
 from notifkit.transports.base import Message, Outcome
 from notifkit.transports.fcm import FCM_SCOPE, FcmTransport
 from simulators import SimulatorServer
+from tests.support.service_account import CLIENT_EMAIL, write_service_account
 
 
 def _unb64(text: str) -> bytes:
@@ -24,7 +25,6 @@ def _unb64(text: str) -> bytes:
 async def test_a_service_account_token_is_fetched_once_and_used(
     tmp_path: Path, sim: SimulatorServer
 ) -> None:
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     exchanges: list[dict[str, Any]] = []
 
     async def token(request: web.Request) -> web.Response:
@@ -42,13 +42,7 @@ async def test_a_service_account_token_is_fetched_once_and_used(
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     port = runner.addresses[0][1]
     credentials = tmp_path / "service-account.json"
-    credentials.write_text(json.dumps({
-        "client_email": "notifkit@example.iam.gserviceaccount.com",
-        "private_key": key.private_bytes(serialization.Encoding.PEM,
-                                         serialization.PrivateFormat.PKCS8,
-                                         serialization.NoEncryption()).decode(),
-        "token_uri": f"http://127.0.0.1:{port}/token",
-    }))
+    key = write_service_account(credentials, f"http://127.0.0.1:{port}/token")
     transport = FcmTransport(project_id="p1", credentials_file=str(credentials),
                              base_url=sim.base_url)
     await transport.open(None)  # type: ignore[arg-type]
@@ -63,7 +57,7 @@ async def test_a_service_account_token_is_fetched_once_and_used(
         await runner.cleanup()
 
     [claims] = exchanges  # one exchange for both sends
-    assert claims["iss"] == "notifkit@example.iam.gserviceaccount.com"
+    assert claims["iss"] == CLIENT_EMAIL
     assert claims["scope"] == FCM_SCOPE
     assert claims["aud"] == f"http://127.0.0.1:{port}/token"
     assert len(await sim.messages("fcm")) == 2
