@@ -73,9 +73,11 @@ def _no_route(request: web.Request, status: int) -> web.Response:
 def answer_refusal(refused: Refusal) -> web.StreamResponse:
     """The answer to a request aiohttp's parser refused before any route saw it: a JSON 400
     saying what is wrong, in the format of the provider its path addresses when the request
-    line could be read, else the simulator's own."""
+    line could be read, else the simulator's own. (aiohttp answers through the same seam
+    an exception that escaped every handler, with a 5xx: errors_middleware leaves it none.)"""
     message = (f"The HTTP request is malformed ({refused.said}, in its {refused.part}); "
-               "nothing was recorded.")
+               "nothing was recorded." if refused.status < 500
+               else "internal simulator error (logged)")
     provider = _provider_at(refused.target) if refused.target is not None else None
     if provider is None:
         return _error_json(refused.status, message)

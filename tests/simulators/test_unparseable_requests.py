@@ -10,8 +10,11 @@ import logging
 from typing import Any
 
 import pytest
+from aiohttp import web
 
+from notifkit.refusals import refusal
 from simulators import SimulatorServer
+from simulators.app import answer_refusal
 from tests.simulators.test_bad_bytes import Collect
 
 BEARER = b"Authorization: Bearer sk-1\r\n"
@@ -149,3 +152,14 @@ async def test_a_chunked_body_that_breaks_off_later_is_the_providers_400_and_one
     assert all(r.exc_info is None and r.levelno <= logging.WARNING for r in collect.records), [
         (r.levelname, r.getMessage()) for r in collect.records]
     assert await sim.messages() == []
+
+
+@pytest.mark.parametrize("target", ["/emails", "/_sim/stats", None])
+def test_a_server_error_through_the_same_seam_does_not_blame_the_request(
+    target: str | None,
+) -> None:
+    answer = answer_refusal(refusal(500, None, target))
+    assert answer.status == 500
+    assert isinstance(answer, web.Response)
+    assert answer.text is not None
+    assert "malformed" not in answer.text
