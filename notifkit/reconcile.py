@@ -38,6 +38,7 @@ from redis.asyncio import Redis
 
 from notifkit.config import Settings
 from notifkit.db.logs import Kind, LogRow, Status, insert_logs
+from notifkit.db.pool import allow_lock_wait
 from notifkit.keys import Keys
 from notifkit.streams import find_notifications
 
@@ -124,9 +125,12 @@ class Reconciler:
             if cursor >= horizon or not still_leader():
                 break
             end = min(cursor + SLICE_MS, horizon)
-            rows = await self.pool.fetch(_CANDIDATES, id_floor(cursor), id_floor(end),
-                                         self.settings.reconcile_grace_s,
-                                         timeout=SLICE_QUERY_TIMEOUT_S)
+            async with self.pool.acquire() as conn, conn.transaction():
+                # Behind a migration's lock the slice waits as long as it may take.
+                await allow_lock_wait(conn, SLICE_QUERY_TIMEOUT_S)
+                rows = await conn.fetch(_CANDIDATES, id_floor(cursor), id_floor(end),
+                                        self.settings.reconcile_grace_s,
+                                        timeout=SLICE_QUERY_TIMEOUT_S)
             if rows:
                 await self._settle(rows, outcome)
             cursor = end

@@ -6,16 +6,23 @@ refused, out of connections, shutting down, a query cut off by its time limit) s
 against the work that met it; a constraint violation, a bad value or a bug does. The worker
 (:mod:`notifkit.worker.outage`) asks :func:`answers` before it believes the first: a timeout
 or a reset connection can also come from a statement of the work's own.
+
+Nor does a :func:`lock_wait`: a statement that gave up waiting for a lock another session
+held (a long migration, VACUUM FULL, an operator's LOCK TABLE in an open transaction). The
+server answers all the while, so no probe can tell it from the work's own slowness; the
+server's error says it instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
+from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
 
-__all__ = ["UNAVAILABLE_SQLSTATE_CLASSES", "answers", "unavailable"]
+__all__ = ["UNAVAILABLE_SQLSTATE_CLASSES", "answers", "lock_wait", "unavailable"]
 
 # PostgreSQL error classes that describe the server's state, not the statement: connection
 # exceptions (08), insufficient resources (53: too many connections, disk full), operator
@@ -28,16 +35,51 @@ def unavailable(exc: BaseException) -> bool:
     now. OSError covers a refused or reset connection and the pool's DatabaseUnavailable;
     TimeoutError a query or connection that outlived its limit; a bare asyncpg InterfaceError
     a connection closed under a query (its subclasses are about the client's own input)."""
-    seen = 0
-    cause: BaseException | None = exc
-    while cause is not None and seen < 5:
+    for cause in _causes(exc):
         if isinstance(cause, OSError | TimeoutError) or type(cause) is asyncpg.InterfaceError:
             return True
         if isinstance(cause, asyncpg.PostgresError):
-            return str(getattr(cause, "sqlstate", "") or "")[:2] in UNAVAILABLE_SQLSTATE_CLASSES
-        cause = cause.__cause__
-        seen += 1
+            return _sqlstate(cause)[:2] in UNAVAILABLE_SQLSTATE_CLASSES
     return False
+
+
+# lock_not_available: lock_timeout ended the wait (or a NOWAIT found the lock taken).
+LOCK_NOT_AVAILABLE = "55P03"
+# query_canceled: statement_timeout, or a cancel request, ended the statement.
+QUERY_CANCELED = "57014"
+# The context PostgreSQL gives a statement cancelled while it waited for another
+# transaction's row: "while updating tuple (0,2) in relation "users"" (locking, deleting,
+# inserting index tuple, checking uniqueness of tuple...). A wait for a table's lock has none.
+_ROW_LOCK_WAIT = re.compile(r"\bwhile [a-z ]*tuple \(\d+,\d+\) in relation ")
+
+
+def lock_wait(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception it was raised from, is a statement that gave up
+    waiting for a lock another session held: 55P03 (the connection's ``lock_timeout``), or
+    57014 (``statement_timeout``) whose context names the row it waited for. A statement
+    cut off while it worked, or the client's own time limit, says nothing of a lock (the
+    pools' ``lock_timeout`` is below their query limit so that a lock wait ends as 55P03)."""
+    for cause in _causes(exc):
+        if isinstance(cause, asyncpg.PostgresError):
+            state = _sqlstate(cause)
+            return state == LOCK_NOT_AVAILABLE or (
+                state == QUERY_CANCELED
+                and _ROW_LOCK_WAIT.search(str(getattr(cause, "context", "") or "")) is not None)
+    return False
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and what it was raised from, five deep at most."""
+    cause: BaseException | None = exc
+    for _ in range(5):
+        if cause is None:
+            return
+        yield cause
+        cause = cause.__cause__
+
+
+def _sqlstate(exc: asyncpg.PostgresError) -> str:
+    return str(getattr(exc, "sqlstate", "") or "")
 
 
 # Probes that outlived their time, kept referenced until they end (see answers()).

@@ -35,8 +35,8 @@ from notifkit.codec import loads as json_loads
 from notifkit.config import DatabaseDsn, Settings, database_dsn
 from notifkit.db.priority_pool import PriorityPool
 
-__all__ = ["QUERY_TIMEOUT_S", "DatabaseUnavailable", "connect", "create_pool",
-           "init_connection"]
+__all__ = ["LOCK_WAIT_SHARE", "QUERY_TIMEOUT_S", "DatabaseUnavailable", "allow_lock_wait",
+           "connect", "create_pool", "init_connection", "lock_timeout_ms"]
 
 # The longest a query, or opening a connection for one, may take in every service's pool: a
 # PostgreSQL that stops answering without closing its connections (a partition, a frozen
@@ -47,6 +47,13 @@ __all__ = ["QUERY_TIMEOUT_S", "DatabaseUnavailable", "connect", "create_pool",
 # batch's size (segments and rebuilds are read a page at a time), so 10 s is a stall, not
 # work; the few whose cost grows with the data pass a longer ``timeout`` of their own.
 QUERY_TIMEOUT_S = 10.0
+# A pool with a query limit gives up a wait for a lock (``lock_timeout``) at this share of
+# it. Cut off by the limit itself, a query that waited on a lock another session held (a
+# long migration, VACUUM FULL, an operator's LOCK TABLE) failed with a bare TimeoutError
+# while PostgreSQL answered every probe, so the worker counted the wait as the work's own
+# failure; ended first by the server, it fails with 55P03, which says it was a lock, and
+# the worker holds the work instead (notifkit/worker/outage.py).
+LOCK_WAIT_SHARE = 0.8
 
 
 class DatabaseUnavailable(ConnectionError):
@@ -131,10 +138,26 @@ def _connect_timeout(dsn: DatabaseDsn, limit_s: float | None) -> dict[str, Any]:
     return {"timeout": given if limit_s is None else min(given, limit_s)}
 
 
-def _server_settings(settings: Settings, application_name: str) -> dict[str, str]:
+def lock_timeout_ms(limit_s: float) -> int:
+    """The ``lock_timeout`` of queries whose time limit is ``limit_s``."""
+    return max(1, int(limit_s * LOCK_WAIT_SHARE * 1000))
+
+
+async def allow_lock_wait(conn: asyncpg.Connection, limit_s: float) -> None:
+    """In a transaction, let its lock waits last as long as a query with a limit of its own
+    (``limit_s``, passed as ``timeout``) may take, instead of the pool's share of its own
+    limit: a digest window's joiners rightly queue on its row for longer."""
+    await conn.execute(f"SET LOCAL lock_timeout = {lock_timeout_ms(limit_s)}")
+
+
+def _server_settings(settings: Settings, application_name: str,
+                     query_limit_s: float | None = None) -> dict[str, str]:
     # DB_SCHEMA is validated as a lower-case identifier; quoting keeps words like "user" literal.
-    return {"search_path": f'"{settings.db_schema}"', "application_name": application_name,
-            "plan_cache_mode": "force_custom_plan"}
+    server = {"search_path": f'"{settings.db_schema}"', "application_name": application_name,
+              "plan_cache_mode": "force_custom_plan"}
+    if query_limit_s is not None:
+        server["lock_timeout"] = str(lock_timeout_ms(query_limit_s))
+    return server
 
 
 async def create_pool(
@@ -150,7 +173,8 @@ async def create_pool(
     when every connection is busy, tasks for which ``urgent()`` is true get the next one.
     ``command_timeout``: seconds a query, or opening a connection, may take before it fails
     with ``TimeoutError`` (None: queries have no limit, a connection asyncpg's 60 s); a shorter
-    ``connect_timeout`` in DATABASE_URL bounds opening a connection."""
+    ``connect_timeout`` in DATABASE_URL bounds opening a connection. With a limit, a wait for
+    a lock ends sooner, at ``LOCK_WAIT_SHARE`` of it, as 55P03 (lock_not_available)."""
     size = settings.db_max_connections if max_size is None else max_size
     quiet_pool_floor_warnings()
     dsn = database_dsn(settings.database_url)
@@ -164,7 +188,7 @@ async def create_pool(
         loop=None,
         connection_class=asyncpg.Connection,
         record_class=asyncpg.Record,
-        server_settings=_server_settings(settings, application_name),
+        server_settings=_server_settings(settings, application_name, command_timeout),
         init=init_connection,
         reset=_keep_session,
         urgent=urgent,

@@ -13,6 +13,8 @@ from typing import Any, TypeAlias
 
 import asyncpg
 
+from notifkit.db.pool import allow_lock_wait
+
 Conn: TypeAlias = asyncpg.Connection | asyncpg.Pool
 
 TERMINAL_STATUSES: tuple[str, ...] = ("completed", "stopped", "failed", "digested")
@@ -333,6 +335,13 @@ async def resolve_timeout(conn: Conn, waiter: Waiter, now: datetime) -> bool:
 # rightly take longer than a stall is allowed to, and cut at 10 s it failed until
 # dead-lettered.
 DIGEST_QUERY_TIMEOUT_S = 120.0
+
+
+async def allow_window_lock_waits(conn: asyncpg.Connection) -> None:
+    """In a transaction, let a wait for a window's row last as long as its queries may: the
+    pool's connections give up a lock wait well before (notifkit.db.pool.LOCK_WAIT_SHARE of
+    its 10 s), and a busy user's joiners rightly queue on the row for longer."""
+    await allow_lock_wait(conn, DIGEST_QUERY_TIMEOUT_S)
 
 
 async def join_digest(

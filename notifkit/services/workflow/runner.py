@@ -335,6 +335,7 @@ class Runner:
         event_id = output.get("eventId")
         now = self.now()
         async with self.pool.acquire() as conn, conn.transaction():
+            await db.allow_window_lock_waits(conn)
             items: list[dict[str, Any]] = await conn.fetchval(
                 """UPDATE workflow_digests SET closed_at = COALESCE(closed_at, $3)
                     WHERE id = $1 AND project_id = $2 RETURNING items""",
@@ -368,6 +369,7 @@ class Runner:
                 "instanceId": instance.id}
         ends_at = now + timedelta(seconds=float(step["windowSeconds"]))
         async with self.pool.acquire() as conn, conn.transaction():
+            await db.allow_window_lock_waits(conn)
             window = await db.join_digest(conn, instance, row.path, row.index, item, ends_at,
                                           now)
             if window.owner_instance_id != instance.id:
