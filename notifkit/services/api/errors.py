@@ -26,7 +26,7 @@ from aiohttp.http_exceptions import ContentEncodingError
 from redis.exceptions import RedisError
 
 from notifkit import codec
-from notifkit.db.availability import UNAVAILABLE_SQLSTATE_CLASSES
+from notifkit.db.availability import UNAVAILABLE_SQLSTATE_CLASSES, lock_wait
 from notifkit.refusals import Refusal, RefusingRunner, quiet_refusals
 from notifkit.services.api.state import SETTINGS
 
@@ -166,6 +166,10 @@ def store_unavailable(exc: BaseException) -> bool:
     type left by an operator), and the request itself may well succeed once that is fixed.
     """
     if isinstance(exc, RedisError | OSError | TimeoutError | asyncpg.InterfaceError):
+        return True
+    if lock_wait(exc):
+        # A lock another session held (a migration, an operator's LOCK TABLE) outlasted the
+        # query's wait: the request was fine, and will be once the lock is released.
         return True
     if isinstance(exc, asyncpg.PostgresError):
         return str(getattr(exc, "sqlstate", "") or "")[:2] in UNAVAILABLE_SQLSTATE_CLASSES

@@ -37,7 +37,8 @@ _ERROR_TEXT = {
     415: "The body is not application/json, or is in a Content-Encoding other than gzip or "
          "deflate.",
     429: "The project is over its API rate; retry after Retry-After seconds.",
-    503: "Redis or PostgreSQL is unreachable; retry after Retry-After seconds.",
+    503: ("Redis or PostgreSQL cannot serve the request right now (unreachable, or a lock "
+          "held elsewhere outlasted its wait); retry after Retry-After seconds."),
 }
 
 # The errors that tell the client when to try again. A 409 does so only for an idempotency key
