@@ -16,7 +16,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from notifkit.config import Settings
-from notifkit.db.availability import answers, unavailable
+from notifkit.db.availability import answers, lock_wait, unavailable
 from notifkit.db.pool import QUERY_TIMEOUT_S
 from notifkit.db.priority_pool import PriorityPool
 from notifkit.keys import Keys
@@ -48,9 +48,11 @@ class Service:
     # Seconds a query of this service, or opening a connection for one, may take. Without a
     # limit, a PostgreSQL that stalls (a partition, a frozen failover, a lock never released)
     # held a batch, and the stream slots it filled, for as long as the stall lasted; with it
-    # the query fails with TimeoutError, which the worker handles as an outage. Queries whose
-    # cost grows with the data (the reconciler's slices, digest windows) pass a longer limit
-    # of their own; migrations use a connection of their own, without one.
+    # the query fails with TimeoutError, which the worker handles as an outage. A wait for a
+    # lock held by another session ends sooner (notifkit.db.pool.LOCK_WAIT_SHARE), as a
+    # lock wait the worker holds the work for. Queries whose cost grows with the data (the
+    # reconciler's slices, digest windows) pass a longer limit of their own; migrations use a
+    # connection of their own, without one.
     query_timeout_s: ClassVar[float | None] = QUERY_TIMEOUT_S
 
     def __init__(self, settings: Settings, **options: Any) -> None:
@@ -142,7 +144,8 @@ class WorkerService(Service):
             claim_key=self.claim_key if self.claims_on_read else None,
             settles_exhausted=self.settles_exhausted,
             dependency=(Dependency("PostgreSQL", "DATABASE_URL", unavailable,
-                                   self._postgres_answers) if self.needs_db else None),
+                                   self._postgres_answers, lock_wait)
+                        if self.needs_db else None),
         )
         self._background: list[asyncio.Task[None]] = []
         # Batches from the first (critical) stream of a worker of several priority streams go

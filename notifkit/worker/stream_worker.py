@@ -61,6 +61,9 @@ RECLAIM_AGAIN_S = 0.1
 KEEP_ALIVE_LIMIT = 10
 # Below this RECLAIM_MIN_IDLE_SECONDS nothing is kept alive (0 means "reclaim at once").
 KEEP_ALIVE_MIN_IDLE_S = 0.03
+# Beyond two reclaim cycles, how long an entry held for a lock wait may stay away before the
+# wait stops counting it (see Outage.forget_after_s).
+LOCK_WAIT_FORGET_S = 60.0
 
 @dataclass
 class WorkerStats:
@@ -122,7 +125,11 @@ class StreamWorker:
         # instead of spending attempts on it (notifkit/worker/outage.py).
         self.outage = (None if dependency is None else Outage(
             dependency, service=service,
-            first_probe_s=min(PROBE_FIRST_S, settings.reclaim_interval_s)))
+            first_probe_s=min(PROBE_FIRST_S, settings.reclaim_interval_s),
+            # An entry held for a lock wait comes back within a sweep of its idle time: not
+            # back after a few of those, another process has taken it over.
+            forget_after_s=(LOCK_WAIT_FORGET_S + 2 * (settings.reclaim_min_idle_s
+                                                      + settings.reclaim_interval_s))))
         self._batches: dict[str, int] = {}  # stream -> batches in flight
         self.stats = WorkerStats()
         self._in_flight: dict[tuple[str, str], Entry] = {}
@@ -680,6 +687,8 @@ class StreamWorker:
     async def _commit(self, done: list[Entry]) -> None:
         await self._settle([out for entry in done for out in entry.emits], done)
         self.stats.processed += len(done)
+        if self.outage is not None:
+            self.outage.settled([(e.stream, e.id) for e in done])
         counts: dict[tuple[str, str], int] = {}
         for entry in done:
             labels = (entry.stream, channel_label(entry))
@@ -712,32 +721,44 @@ class StreamWorker:
                 entry.marks.clear()
             if final:
                 last.append(entry)
+        if self.outage is not None:
+            self.outage.settled([(e.stream, e.id) for e in failed if id(e) not in held])
         if last:
             await self._dead_letter(last)
 
     async def _hold_for_outage(self, failed: list[Entry]) -> set[int]:
-        """The failed entries (their ``id()``s) that met an outage of the stage's dependency
-        and did nothing irreversible: they stay pending, and the attempt just counted for
-        them is given back, so an outage never uses up their attempts."""
+        """The failed entries (their ``id()``s) that met an outage of the stage's dependency,
+        or waited on a lock another session holds there, and did nothing irreversible: they
+        stay pending, and the attempt just counted for them is given back, so neither uses
+        up their attempts."""
         outage = self.outage
         if outage is None or self.settings.injects("ignore_outages"):  # test-only fault
             return set()
-        met = [e for e in failed if e.error is not None
-               and not isinstance(e.error, PermanentFailure)
+        spare = [e for e in failed if e.error is not None
+                 and not isinstance(e.error, PermanentFailure)]
+        waited = [e for e in spare if e.error and outage.dependency.lock_wait(e.error)]
+        waiting = {id(e) for e in waited}
+        met = [e for e in spare if id(e) not in waiting and e.error
                and outage.dependency.unavailable(e.error)]
-        if not met or not await outage.confirms(met[0].error or RuntimeError()):
-            return set()
+        if met and not await outage.confirms(met[0].error or RuntimeError()):
+            met = []
         # A try that called a provider happened, outage or not: it counts.
-        spared = [e for e in met if not e.irreversible]
-        if not spared:
-            return set()
-        await self._give_back(keys=[self.keys.attempts(self.group, e.id, e.stream)
-                                    for e in spared])
-        self.stats.held += len(spared)
-        log.info("%d of a batch's entries met the %s outage; they stay pending, and this "
-                 "attempt does not count against them.", len(spared), outage.dependency.name,
-                 extra={"service": self.service, "stream": spared[0].stream,
-                        "entry_ids": [e.id for e in spared[:20]]})
+        spared = [e for e in waited + met if not e.irreversible]
+        if spared:
+            await self._give_back(keys=[self.keys.attempts(self.group, e.id, e.stream)
+                                        for e in spared])
+            self.stats.held += len(spared)
+        if waited:
+            # Said once, when the wait begins: each try that meets the lock again is silent.
+            outage.lock_waited(waited[0].error or RuntimeError(),
+                               [(e.stream, e.id) for e in waited if not e.irreversible])
+        held_met = [e for e in met if not e.irreversible]
+        if held_met:
+            log.info("%d of a batch's entries met the %s outage; they stay pending, and this "
+                     "attempt does not count against them.", len(held_met),
+                     outage.dependency.name,
+                     extra={"service": self.service, "stream": held_met[0].stream,
+                            "entry_ids": [e.id for e in held_met[:20]]})
         return {id(e) for e in spared}
 
     async def _dead_letter(self, entries: list[Entry]) -> None:

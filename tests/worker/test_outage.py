@@ -11,10 +11,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+import asyncpg
 import pytest
 from redis.asyncio import Redis
 
-from notifkit.db.availability import unavailable
+from notifkit.db.availability import lock_wait, unavailable
 from notifkit.keys import Keys
 from notifkit.worker import Dependency, Entry
 
@@ -152,3 +153,103 @@ async def test_a_worker_stopped_during_an_outage_reads_again_when_started(
     await worker.start()
     later = await add(stream, {"n": 2})
     await until(lambda: sorted(store.done) == sorted([first, later]), "both entries done")
+
+
+class LockedStore(Store):
+    """A store that answers every probe, but whose tables a lock held elsewhere keeps the
+    batches waiting on until the test releases it: PostgreSQL's lock_timeout ends each wait."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.locked = False
+
+    def dependency(self) -> Dependency:
+        return Dependency("PostgreSQL", "DATABASE_URL", unavailable, self.answers, lock_wait)
+
+    async def process(self, batch: list[Entry]) -> None:
+        self.tries += 1
+        if self.locked:
+            raise asyncpg.LockNotAvailableError("canceling statement due to lock timeout")
+        self.done += [e.id for e in batch]
+
+
+async def test_a_lock_held_elsewhere_holds_the_work_and_costs_no_attempt(
+    make_worker: WorkerFactory, stream: str, redis: Redis, keys: Keys, add: Add,
+    payloads: Payloads, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A wait on a lock held by another session (a migration, VACUUM FULL, an operator's
+    LOCK TABLE) ended at the pool's limit while PostgreSQL answered every probe, so each try
+    counted and healthy entries were dead-lettered. The lock is the work's outage, not its
+    failure: the worker holds the work, gives the attempt back and tries again later."""
+    caplog.set_level(logging.INFO, logger="notifkit.worker")
+    store = LockedStore()
+    # Given a worker whose batches wait on a lock held elsewhere
+    worker = make_worker(store.process, streams=[stream], dependency=store.dependency())
+    store.locked = True
+    entry = await add(stream, {"n": 1})
+
+    # When the lock is held for more tries than the entry has attempts
+    await worker.start()
+    await until(lambda: store.tries > worker.max_attempts + 1, "more tries than attempts")
+
+    # Then no try counted, nothing was dead-lettered, and the heartbeat says what it waits for
+    assert await redis.get(keys.attempts(keys.group("engine"), entry, stream)) in (None, b"0")
+    assert worker.stats.failed == 0
+    assert worker.stats.held == store.tries
+    assert await payloads(keys.dlq) == []
+    assert store.probes == 0  # the server said why itself: nothing to ask
+    await worker.beat()
+    beat = await redis.get(keys.health(worker.consumer))
+    assert beat is not None
+    assert b"waiting for a lock held in PostgreSQL (DATABASE_URL)" in beat
+    assert b"LockNotAvailableError" in beat
+
+    # And once the lock is released the entry is done, once, and the heartbeat is clear
+    store.locked = False
+    await until(lambda: store.done == [entry], "the entry done")
+    assert await payloads(keys.dlq) == []
+
+    async def beat_clear() -> bool:
+        await worker.beat()
+        return b"readError" not in (await redis.get(keys.health(worker.consumer)) or b"")
+
+    await until(beat_clear, "the heartbeat no longer names the lock")
+    # One line when the wait began and one when it ended, however many tries came between
+    phases = [getattr(r, "outage", None) for r in caplog.records]
+    assert [p for p in phases if p] == ["start", "end"]
+    assert [getattr(r, "reason", None) for r in caplog.records
+            if getattr(r, "outage", None)] == ["lock", "lock"]
+
+
+async def test_a_failure_of_the_work_during_a_lock_wait_still_counts(
+    make_worker: WorkerFactory, stream: str, keys: Keys, add: Add, payloads: Payloads,
+) -> None:
+    # Given a worker waiting out a lock, and an entry that fails on its own data meanwhile
+    store = LockedStore()
+
+    async def process(batch: list[Entry]) -> None:
+        for entry in batch:  # each entry fails alone, as the enricher's do
+            if entry.payload.get("poison"):
+                entry.fail(asyncpg.CheckViolationError('new row violates check constraint "c"'))
+            elif store.locked:
+                entry.fail(asyncpg.LockNotAvailableError("canceling statement due to lock "
+                                                         "timeout"))
+
+    worker = make_worker(process, streams=[stream], dependency=store.dependency())
+    store.locked = True
+    await add(stream, {"n": 1})
+    await worker.start()
+    await until(lambda: worker.stats.held >= 1, "a lock wait held")
+    poison = await add(stream, {"poison": True})
+
+    # Then the poison's tries count, and it is dead-lettered after exactly its attempts, while
+    # the entry waiting on the lock is still held
+    async def dead() -> bool:
+        return len(await payloads(keys.dlq)) == 1
+
+    await until(dead, "the poison dead-lettered")
+    [record] = await payloads(keys.dlq)
+    assert record["entryId"] == poison
+    assert record["attempts"] == worker.max_attempts
+    assert record["error"].startswith("CheckViolationError")
+    assert worker.stats.dead_lettered == 1
