@@ -687,7 +687,7 @@ class StreamWorker:
     async def _commit(self, done: list[Entry]) -> None:
         await self._settle([out for entry in done for out in entry.emits], done)
         self.stats.processed += len(done)
-        if self.outage is not None:
+        if self.outage is not None and self.outage.lock_cause is not None:
             self.outage.settled([(e.stream, e.id) for e in done])
         counts: dict[tuple[str, str], int] = {}
         for entry in done:
@@ -721,7 +721,7 @@ class StreamWorker:
                 entry.marks.clear()
             if final:
                 last.append(entry)
-        if self.outage is not None:
+        if self.outage is not None and self.outage.lock_cause is not None:
             self.outage.settled([(e.stream, e.id) for e in failed if id(e) not in held])
         if last:
             await self._dead_letter(last)
