@@ -85,6 +85,10 @@ async def populate(api: Api, redis: Redis, db: asyncpg.Pool, project: Project, u
         "INSERT INTO inapp_messages (project_id, user_id, task_id, event_id, content) "
         "VALUES ($1, $2, $3, $4, $5) RETURNING id",
         project.id, user, str(uuid.uuid4()), made["event"], {"text": marker}))
+    made["suppression"] = str(await db.fetchval(
+        "INSERT INTO suppressions (project_id, channel, target, reason, detail) "
+        "VALUES ($1, 'email', $2, 'bounce', $3) RETURNING id",
+        project.id, f"{marker.lower()}@example.com", marker))
     made["task"] = str(uuid.uuid4())
     await db.execute(
         "INSERT INTO ai_usage (task_id, project_id, event_id, model, prompt_tokens, "
@@ -191,6 +195,8 @@ async def test_ids_of_one_project_are_404_for_another(
                 messageId=made["message"])
     await check("POST", "/v1/dlq/{entryId}/replay", 404, entryId=made["dlq"])
     await check("DELETE", "/v1/dlq/{entryId}", 404, entryId=made["dlq"])
+    await check("DELETE", "/v1/suppressions/{suppressionId}", 404,
+                suppressionId=made["suppression"])
 
     # Caller-chosen ids resolve to B's own resource, or to nothing.
     await check("GET", "/v1/users/{userId}", mine, userId=user)
@@ -230,6 +236,9 @@ async def test_ids_of_one_project_are_404_for_another(
         await check("GET", "/v1/messages", 200, query=query)
     await check("GET", "/v1/dlq", 200)
     await check("GET", "/v1/workflows", 200)
+    await check("GET", "/v1/templates", 200)
+    for query in ({}, {"channel": "email"}, {"target": "a@example.com"}):
+        await check("GET", "/v1/suppressions", 200, query=query)
     await check("GET", "/v1/streams", 200)
     usage = await check("GET", "/v1/usage/ai", 200)
     if usage.status == 200:
@@ -244,8 +253,10 @@ async def test_ids_of_one_project_are_404_for_another(
     await check("DELETE", "/v1/users/{userId}", 204 if exists else 404, userId=user)
     await check("DELETE", "/v1/workflows/{workflowId}", 204 if exists else 404,
                 workflowId=workflow)
+    await check("DELETE", "/v1/templates/{templateId}", 204 if exists else 404,
+                templateId=template)
     await check("PUT", "/v1/users/{userId}", 201, {"attributes": {"owner": "B"}}, userId=user)
-    await check("PUT", "/v1/templates/{templateId}", (200, 201),
+    await check("PUT", "/v1/templates/{templateId}", 201,
                 {"channels": {"sms": {"text": "B"}}}, templateId=template)
     await check("PUT", "/v1/workflows/{workflowId}", 201,
                 {"steps": [{"type": "wait", "seconds": 1}]}, workflowId=workflow)
@@ -285,7 +296,8 @@ def _markers(body: Any) -> set[str]:
     def walk(value: Any) -> None:
         if isinstance(value, dict):
             for key, item in value.items():
-                if key in ("owner", "marker", "campaignId", "text") and item in ("A", "B"):
+                if key in ("owner", "marker", "campaignId", "text", "detail") \
+                        and item in ("A", "B"):
                     found.add(item)
                 if key == "text" and isinstance(item, str) and item.startswith("A"):
                     found.add("A")  # A's template text, raw or rendered

@@ -7,12 +7,13 @@ its message. Done one request at a time that is four round trips per send; here 
 that arrived while the previous call was out. The answers are exactly the one-at-a-time ones:
 every request still gets its own script call, lookup, row pair and stream entry.
 
-A template once found is remembered for ``KNOWN_TEMPLATE_TTL_S``: the API cannot delete
-templates, so the answer stays true, and at moderate load (one request per coalesced call) the
-lookup was one of a send's four round trips. A template removed from the database by hand is
-refused again within that time; a send accepted meanwhile records "template not found" on its
-timeline, as one whose template vanished after acceptance always has. Unknown ids are never
-remembered, so a template created a moment ago is found at once.
+A template once found is remembered for ``KNOWN_TEMPLATE_TTL_S``: at moderate load (one
+request per coalesced call) the lookup was one of a send's four round trips. The process that
+deletes a template (``DELETE /v1/templates/{id}``) forgets it at once; the others, and every
+process after a deletion by hand, refuse it again within that time. A send accepted meanwhile
+records "template not found" on its timeline, as one whose template vanished after acceptance
+always has. Unknown ids are never remembered, so a template created a moment ago is found at
+once.
 
 Accepting keeps its guarantee per send: a send whose rows are written but whose XADD fails has
 its rows deleted again and the caller gets an error (503 for an unreachable Redis), so nothing
@@ -117,6 +118,10 @@ class Admission:
                 self._known_templates.clear()  # rare: that many templates in use at once
             self._known_templates[key] = now + KNOWN_TEMPLATE_TTL_S
         return found
+
+    def forget_template(self, project_id: str, template_id: str) -> None:
+        """The template was deleted: this process asks PostgreSQL again at its next send."""
+        self._known_templates.pop((project_id, template_id), None)
 
     async def accept(self, message: InboundMessage, remember: Remember | None = None) -> None:
         """Write the send's rows, then enqueue it on ``inbound:{priority}`` (with its

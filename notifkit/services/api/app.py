@@ -57,6 +57,7 @@ def operations() -> list[Operation]:
         notifications,
         ops,
         projects,
+        suppressions,
         templates,
         unsubscribe,
         usage,
@@ -67,7 +68,8 @@ def operations() -> list[Operation]:
 
     tables: Iterable[Iterable[Operation]] = (
         projects.ops, users.ops, templates.ops, notifications.ops, events.ops,
-        workflows.ops, inbox.ops, usage.ops, ops.ops, dlq.ops, webhooks.ops, unsubscribe.ops,
+        workflows.ops, inbox.ops, suppressions.ops, usage.ops, ops.ops, dlq.ops, webhooks.ops,
+        unsubscribe.ops,
     )
     return [op for table in tables for op in table]
 

@@ -20,7 +20,7 @@ _PATH_PARAM = re.compile(r"{([^}]+)}")
 PATH_PARAMS: dict[str, dict[str, Any]] = {
     "userId": ID, "templateId": ID, "workflowId": ID,
     "projectId": UUID, "keyId": UUID, "contactId": UUID, "eventId": UUID, "instanceId": UUID,
-    "messageId": UUID,
+    "messageId": UUID, "suppressionId": UUID,
     "entryId": {"type": "string", "pattern": r"^[0-9]{1,20}-[0-9]{1,20}$"},
     "provider": {"type": "string", "enum": ["resend", "sendgrid", "fcm", "smtp", "twilio"]},
 }

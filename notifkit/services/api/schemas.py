@@ -183,6 +183,15 @@ COMPONENTS: dict[str, Schema] = {
         "ai": nullable({"type": "object"}),
         "createdAt": DATETIME, "updatedAt": DATETIME,
     }, ("id", "topic", "channels", "fallback", "ai", "createdAt", "updatedAt")),
+    "TemplateSummary": obj({
+        "id": STRING, "topic": nullable(STRING),
+        "channels": {"type": "array", "items": CHANNEL,
+                     "description": "The channels the template has content for."},
+        "fallback": nullable({"type": "array", "items": CHANNEL}),
+        "ai": nullable(obj({"model": STRING, "channels": {"type": "array", "items": CHANNEL}},
+                           ("model", "channels"))),
+        "createdAt": DATETIME, "updatedAt": DATETIME,
+    }, ("id", "topic", "channels", "fallback", "ai", "createdAt", "updatedAt")),
     "PreviewRequest": obj({"userId": ID, "data": nullable(ANY_OBJECT), "items": nullable({
         "type": "array", "maxItems": 1000,
         "items": obj({"data": nullable(ANY_OBJECT), "at": nullable(DATETIME)})})}),
@@ -330,6 +339,13 @@ COMPONENTS: dict[str, Schema] = {
                     ("id", "stream", "replayOf")),
     "WebhookResult": obj({"received": {"type": "integer"}, "ignored": {"type": "integer"}},
                          ("received", "ignored")),
+    "Suppression": obj({
+        "id": UUID, "channel": {"type": "string", "enum": list(CONTACT_CHANNELS)},
+        "target": STRING,
+        "reason": {"type": "string",
+                   "description": "bounce, complaint, unsubscribe or manual."},
+        "detail": nullable(STRING), "createdAt": DATETIME,
+    }, ("id", "channel", "target", "reason", "detail", "createdAt")),
     "Unsubscribed": obj({
         "unsubscribed": {"type": "boolean"}, "channel": CHANNEL, "topic": nullable(STRING),
         "suppressed": {"type": "boolean"},
@@ -340,4 +356,6 @@ COMPONENTS["MessageList"] = page_of("MessageLog")
 COMPONENTS["InboxList"] = page_of("InboxMessage")
 COMPONENTS["DlqList"] = page_of("DlqEntry")
 COMPONENTS["WorkflowList"] = page_of("Workflow")
+COMPONENTS["TemplateList"] = page_of("TemplateSummary")
+COMPONENTS["SuppressionList"] = page_of("Suppression")
 COMPONENTS["StreamList"] = page_of("StreamInfo")

@@ -17,7 +17,7 @@ import time
 import uuid
 import zlib
 import zoneinfo
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from datetime import UTC, datetime
 from functools import cache
@@ -697,6 +697,33 @@ def page_query(request: web.Request, arity: int,
     return limit, cursor
 
 
+def id_page_query(request: web.Request) -> tuple[int, str | None]:
+    """A list by caller-chosen id: its ``limit`` and the id its page starts after."""
+    limit, cursor = page_query(request, 1, lambda parts: isinstance(parts[0], str))
+    return limit, cursor[0] if cursor is not None else None
+
+
+def id_page(rows: Sequence[Any], limit: int,
+            to_json: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    """The answer of a list by id fetched with one row past the page, which says whether
+    another page follows."""
+    page = rows[:limit]
+    return {"items": [to_json(r) for r in page],
+            "nextCursor": encode_cursor(page[-1]["id"]) if len(rows) > limit else None}
+
+
+def time_uuid_cursor(request: web.Request) -> tuple[datetime, str] | None:
+    """The (created_at, id) a cursor of a newest- or oldest-first list by UUID names, None
+    without one."""
+    cursor = decode_cursor(request, 2)
+    if cursor is None:
+        return None
+    last_id = parse_uuid(cursor[1]) if isinstance(cursor[1], str) else None
+    if last_id is None:
+        raise invalid_field("cursor", "is not a cursor this API returned")
+    return cursor_time(cursor[0]), last_id
+
+
 def _cursor_of(request: web.Request, arity: int,
                valid: Callable[[list[Any]], bool]) -> list[Any] | None:
     parts = decode_cursor(request, arity)
@@ -711,6 +738,13 @@ def query_string(request: web.Request, name: str, *, max_len: int = 255) -> str 
         return None
     if not 1 <= len(value) <= max_len or "\x00" in value:
         raise invalid_field(name, f"must be 1 to {max_len} characters")
+    return value
+
+
+def enum_query(request: web.Request, name: str, allowed: tuple[str, ...]) -> str | None:
+    value = request.query.get(name)
+    if value is not None and value not in allowed:
+        raise invalid_field(name, f"must be one of {', '.join(allowed)}")
     return value
 
 

@@ -28,14 +28,13 @@ from notifkit.services.api.schemas import ref
 from notifkit.services.api.state import DB, HUB, SSE_HEARTBEAT_S
 from notifkit.services.api.validation import (
     QueryChecks,
-    cursor_time,
-    decode_cursor,
     encode_cursor,
     iso,
     limit_param,
     lookup_id,
     parse_uuid,
     query_bool,
+    time_uuid_cursor,
     uuid_id,
 )
 
@@ -59,7 +58,7 @@ async def list_inbox(request: web.Request) -> web.Response:
     checks = QueryChecks()  # one 400 names every bad parameter, not only the first
     unread = checks(query_bool, request, "unread")
     limit = checks(limit_param, request)
-    cursor = checks(_inbox_cursor, request)
+    cursor = checks(time_uuid_cursor, request)
     checks.done()
     pool = request.app[DB]
     await _require_user(pool, project, user_id)
@@ -196,17 +195,6 @@ async def _stored_after(pool: asyncpg.Pool, project: str, user_id: str,
         project, user_id, last_id, RESUME_LIMIT,
     )
     return rows
-
-
-def _inbox_cursor(request: web.Request) -> tuple[Any, str] | None:
-    """The (created_at, id) an inbox cursor names, None without one."""
-    cursor = decode_cursor(request, 2)
-    if cursor is None:
-        return None
-    last_id = parse_uuid(cursor[1]) if isinstance(cursor[1], str) else None
-    if last_id is None:
-        raise invalid_field("cursor", "is not a cursor this API returned")
-    return cursor_time(cursor[0]), last_id
 
 
 async def _require_user(pool: asyncpg.Pool, project: str, user_id: str) -> None:

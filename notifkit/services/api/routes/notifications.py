@@ -41,6 +41,7 @@ from notifkit.services.api.validation import (
     cursor_time,
     decode_cursor,
     encode_cursor,
+    enum_query,
     identifier_problem,
     iso,
     limit_param,
@@ -144,8 +145,8 @@ async def list_messages(request: web.Request) -> web.Response:
     user_id = checks(_user_query, request, "userId")
     campaign = checks(_campaign_query, request, "campaignId")
     event = checks(_uuid_query, request, "eventId")
-    status = checks(_enum_query, request, "status", RECIPIENT_STATUSES)
-    channel = checks(_enum_query, request, "channel", CHANNELS)
+    status = checks(enum_query, request, "status", RECIPIENT_STATUSES)
+    channel = checks(enum_query, request, "channel", CHANNELS)
     cursor = checks(_message_cursor, request)
     checks.done()
     where = ["project_id = $1"]
@@ -323,13 +324,6 @@ def message_json(row: asyncpg.Record) -> dict[str, Any]:
         "campaignId": row["campaign_id"], "metadata": row["metadata"],
         "createdAt": iso(row["created_at"]),
     }
-
-
-def _enum_query(request: web.Request, name: str, allowed: tuple[str, ...]) -> str | None:
-    value = request.query.get(name)
-    if value is not None and value not in allowed:
-        raise invalid_field(name, f"must be one of {', '.join(allowed)}")
-    return value
 
 
 def _user_query(request: web.Request, name: str) -> str | None:

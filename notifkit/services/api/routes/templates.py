@@ -15,12 +15,14 @@ from aiohttp import web
 from notifkit.messages import CHANNELS
 from notifkit.services.api.errors import ApiError, detail, invalid, json_response, not_found
 from notifkit.services.api.middleware import project_id
-from notifkit.services.api.routing import Operations
+from notifkit.services.api.routing import CURSOR, LIMIT, Operations, Reply
 from notifkit.services.api.schemas import ref
-from notifkit.services.api.state import DB, SETTINGS
+from notifkit.services.api.state import ADMISSION, DB, SETTINGS
 from notifkit.services.api.validation import (
     NO_CONTROL_CHARS,
     Fields,
+    id_page,
+    id_page_query,
     iso,
     lookup_id,
     path_id,
@@ -98,6 +100,42 @@ async def put_template(request: web.Request) -> web.Response:
 async def get_template(request: web.Request) -> web.Response:
     row = await load_template(request, lookup_id(request, "templateId", "template"))
     return json_response(template_json(row))
+
+
+@ops.route("GET", "/v1/templates", "The project's templates, by id",
+           query=(LIMIT, CURSOR), responses={200: ref("TemplateList")},
+           description="Each template's summary: the channels it has content for, not the "
+                       "content (GET /v1/templates/{templateId} has it).")
+async def list_templates(request: web.Request) -> web.Response:
+    limit, after = id_page_query(request)
+    # Content stays in PostgreSQL, only its channel names come (as "content", so the summary
+    # is template_json's): a page of 500 templates with fields of up to 100,000 characters
+    # each would be a response of hundreds of megabytes.
+    rows = await request.app[DB].fetch(
+        "SELECT id, topic, ARRAY(SELECT jsonb_object_keys(content) ORDER BY 1) AS content, "
+        "fallback, ai - 'prompt' AS ai, created_at, updated_at FROM templates "
+        "WHERE project_id = $1 AND ($2::text IS NULL OR id > $2) ORDER BY id LIMIT $3",
+        project_id(request), after, limit + 1,
+    )
+    return json_response(id_page(rows, limit, template_json))
+
+
+@ops.route("DELETE", "/v1/templates/{templateId}", "Delete a template",
+           responses={204: Reply(None, "New sends naming the template are refused (400); "
+                                       "those accepted before fail with the reason "
+                                       "'template not found' on their timeline.")})
+async def delete_template(request: web.Request) -> web.Response:
+    project = project_id(request)
+    template_id = lookup_id(request, "templateId", "template")
+    deleted = await request.app[DB].fetchval(
+        "DELETE FROM templates WHERE project_id = $1 AND id = $2 RETURNING true",
+        project, template_id,
+    )
+    if not deleted:
+        raise not_found("template", template_id)
+    # This process refuses sends naming it at once; the others once their memory of it lapses.
+    request.app[ADMISSION].forget_template(project, template_id)
+    return web.Response(status=204)
 
 
 def digest_items(fields: Fields) -> list[dict[str, Any]] | None:

@@ -38,10 +38,10 @@ from notifkit.services.api.schemas import ref
 from notifkit.services.api.state import DB, KEYS, REDIS, SETTINGS
 from notifkit.services.api.validation import (
     Fields,
-    encode_cursor,
+    id_page,
+    id_page_query,
     iso,
     lookup_id,
-    page_query,
     path_id,
     read_json,
     uuid_id,
@@ -109,17 +109,13 @@ async def get_workflow(request: web.Request) -> web.Response:
 @ops.route("GET", "/v1/workflows", "The project's workflows, by id",
            query=(LIMIT, CURSOR), responses={200: ref("WorkflowList")})
 async def list_workflows(request: web.Request) -> web.Response:
-    limit, cursor = page_query(request, 1, lambda parts: isinstance(parts[0], str))
-    after = cursor[0] if cursor is not None else None
-    # One row past the page says whether another page follows.
+    limit, after = id_page_query(request)
     rows = await request.app[DB].fetch(
         "SELECT id, steps, created_at, updated_at FROM workflow_definitions "
         "WHERE project_id = $1 AND ($2::text IS NULL OR id > $2) ORDER BY id LIMIT $3",
         project_id(request), after, limit + 1,
     )
-    page = rows[:limit]
-    next_cursor = encode_cursor(page[-1]["id"]) if len(rows) > limit else None
-    return json_response({"items": [workflow_json(r) for r in page], "nextCursor": next_cursor})
+    return json_response(id_page(rows, limit, workflow_json))
 
 
 @ops.route("DELETE", "/v1/workflows/{workflowId}", "Delete a workflow",
