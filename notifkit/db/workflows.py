@@ -392,6 +392,14 @@ async def get_user(conn: Conn, project_id: str, user_id: str) -> dict[str, Any]:
     return {"id": user_id, "attributes": row[0] or {}, "timezone": row[1], "locale": row[2]}
 
 
+async def template_exists(conn: Conn, project_id: str, template_id: str) -> bool:
+    """Whether a send or digest step's template is still there (it may be deleted after the
+    workflow naming it was saved)."""
+    return bool(await conn.fetchval(
+        "SELECT true FROM templates WHERE project_id = $1 AND id = $2", project_id, template_id,
+    ))
+
+
 async def record_notification(
     conn: Conn, *, event_id: str, project_id: str, template: str, priority: str,
     user_id: str, data: dict[str, Any], channels: list[str] | None, idempotency_key: str,

@@ -91,6 +91,14 @@ class Flow:
     clock: FakeClock
 
     async def define(self, workflow_id: str, steps: list[dict[str, Any]]) -> None:
+        # The API saves no workflow naming a template that does not exist: each one named is
+        # created (unless it is already there) with content for e-mail.
+        await self.db.execute(
+            "INSERT INTO templates (project_id, id, content) SELECT $1, id, $3 "
+            "FROM unnest($2::text[]) AS t(id) ON CONFLICT (project_id, id) DO NOTHING",
+            self.project_id, sorted(named_templates(steps)),
+            {"email": {"subject": "{{ data }}", "text": "{{ data }}"}},
+        )
         await self.db.execute(
             """INSERT INTO workflow_definitions (project_id, id, steps) VALUES ($1, $2, $3)
                ON CONFLICT (project_id, id) DO UPDATE SET steps = EXCLUDED.steps""",
@@ -160,6 +168,16 @@ class Flow:
 @pytest.fixture
 def flow(db: asyncpg.Pool, redis: Redis, keys: Keys, project_id: str, clock: FakeClock) -> Flow:
     return Flow(db, redis, keys, project_id, clock)
+
+
+def named_templates(steps: list[dict[str, Any]]) -> set[str]:
+    """The templates a definition's send and digest steps name, in branches too."""
+    found = {step["template"] for step in steps if isinstance(step.get("template"), str)}
+    for step in steps:
+        for arm in ("then", "else"):
+            if isinstance(step.get(arm), list):
+                found |= named_templates(step[arm])
+    return found
 
 
 def templates_of(messages: list[dict[str, Any]], user_id: str) -> list[str]:

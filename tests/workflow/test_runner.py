@@ -322,6 +322,68 @@ async def test_a_broken_expression_fails_the_instance_without_retrying(
     assert await flow.sent() == []
 
 
+async def test_a_send_step_whose_template_was_deleted_fails_its_instance_once(
+    flow: Flow, make_service: ServiceFactory, db: asyncpg.Pool, redis: Redis, keys: Keys,
+) -> None:
+    """A template deleted after the workflow naming it was saved (DELETE /v1/templates/{id})
+    fails the send step that reaches it, with the reason, instead of a send the engine would
+    only record as failed while the step reads completed; nothing is retried or
+    dead-lettered."""
+    await flow.define("onboarding", [
+        {"type": "send", "template": "welcome"},
+        {"type": "wait", "seconds": 60},
+        {"type": "send", "template": "gone"},
+        {"type": "send", "template": "welcome"},
+    ])
+    await db.execute("DELETE FROM templates WHERE id = 'gone'")
+    service = make_service()
+    instance_id = await flow.trigger("onboarding", "u1")
+    await service.run_until_idle()
+    flow.clock.advance(61)
+    await service.run_until_idle()
+
+    assert templates_of(await flow.sent(), "u1") == ["welcome"]
+    assert (await flow.instance(instance_id))["status"] == "failed"
+    steps = await flow.steps(instance_id)
+    assert [(s["path"], s["status"]) for s in steps] == [
+        ("0", "completed"), ("1", "completed"), ("2", "failed")]
+    assert steps[2]["output"] == {
+        "error": "template 'gone' no longer exists in this project"}
+    assert await db.fetchval("SELECT count(*) FROM notifications") == 1
+    assert await service.run_until_idle() == 0
+    assert await redis.xlen(keys.dlq) == 0
+
+
+async def test_a_digest_whose_template_was_deleted_closes_its_window_and_fails(
+    flow: Flow, make_service: ServiceFactory, clock: FakeClock, db: asyncpg.Pool,
+    redis: Redis, keys: Keys,
+) -> None:
+    await flow.define("comments", [
+        {"type": "digest", "windowSeconds": 600, "template": "comment-digest"},
+    ])
+    service = make_service()
+    owner = await flow.trigger("comments", "ada", {"comment": 1})
+    joiner = await flow.trigger("comments", "ada", {"comment": 2})
+    await service.run_until_idle()
+    await db.execute("DELETE FROM templates WHERE id = 'comment-digest'")
+    clock.advance(601)
+    await service.run_until_idle()
+
+    assert await flow.sent() == []
+    assert [(await flow.instance(i))["status"] for i in (owner, joiner)] == [
+        "failed", "digested"]
+    [step] = await flow.steps(owner)
+    assert step["status"] == "failed"
+    assert step["output"]["items"] == 2
+    assert step["output"]["error"] == (
+        "template 'comment-digest' no longer exists in this project")
+    # The window is closed: a later trigger opens a new one rather than joining a dead one.
+    assert await db.fetchval(
+        "SELECT count(*) FROM workflow_digests WHERE closed_at IS NULL") == 0
+    assert await service.run_until_idle() == 0
+    assert await redis.xlen(keys.dlq) == 0
+
+
 async def test_a_repeated_event_resolves_nothing_new_and_a_fresh_one_only_open_waiters(
     flow: Flow, make_service: ServiceFactory, redis: Redis, keys: Keys,
 ) -> None:

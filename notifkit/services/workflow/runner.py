@@ -218,11 +218,24 @@ class Runner:
         output = row.output if isinstance(row.output, dict) else {}
         event_id = output.get("eventId")
         if not event_id:
+            if (gone := await self._template_gone(self.pool, run.instance, step, path)):
+                return Finish("failed", "failed", {"error": gone})
             event_id = uuid7(int(self.clock() * 1000))
             output = {"eventId": event_id}
             await self._remember_send(run, step, row, output, event_id)
         await self.publish(run.instance, step, row, event_id, None)
         return Advance(output, next_path(run.instance.steps, path))
+
+    async def _template_gone(self, conn: db.Conn, instance: db.Instance, step: dict[str, Any],
+                             path: Path) -> str | None:
+        """Why a send or digest step cannot send (its template was deleted since the workflow
+        was saved), None if it can. The step, and so the instance, fails with that reason:
+        the engine would only record the send as failed, and the step as done."""
+        if await db.template_exists(conn, instance.project_id, step["template"]):
+            return None
+        log.warning("Step %s names template %r, which no longer exists; the instance fails.",
+                    format_path(path), step["template"], extra={"instance_id": instance.id})
+        return f"template {step['template']!r} no longer exists in this project"
 
     async def _remember_send(
         self, run: _Run, step: dict[str, Any], row: db.StepRow, output: dict[str, Any],
@@ -342,6 +355,10 @@ class Runner:
                 window.id, instance.project_id, now, timeout=db.DIGEST_QUERY_TIMEOUT_S,
             )
             if not event_id:
+                # The window is closed either way: nobody joins a digest that cannot be sent.
+                if (gone := await self._template_gone(conn, instance, step, path)):
+                    return Finish("failed", "failed",
+                                  {"digestId": window.id, "items": len(items), "error": gone})
                 event_id = uuid7(int(self.clock() * 1000))
                 output = {"digestId": window.id, "eventId": event_id, "items": len(items)}
                 await db.update_step(conn, instance, row, status=row.status, output=output,
