@@ -225,6 +225,10 @@ class Keys:
     def key_revocations(self) -> str:
         return self._k("notif:channel:keys")
 
+    @property
+    def template_deletions(self) -> str:
+        return self._k("notif:channel:templates")
+
     def inbox_channel(self, project_id: str, user_id: str) -> str:
         return self._k(f"notif:channel:inbox:{project_id}:{user_id}")
 

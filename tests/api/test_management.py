@@ -9,8 +9,11 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
+from notifkit.config import Settings
+from notifkit.services.api.state import ADMISSION
 from notifkit.services.api.validation import encode_cursor
-from tests.api.conftest import ADMIN, Api, Project
+from tests.api.conftest import ADMIN, Api, Project, start_api
+from tests.support.waiting import until
 
 EMAIL = {"channels": {"email": {"subject": "Hi", "text": "Welcome"}}}
 
@@ -176,6 +179,33 @@ async def test_deleting_a_template_named_by_a_workflow_leaves_the_workflow(
     resaved = await api.call("PUT", "/v1/workflows/onboarding", key=project.full,
                              json={"steps": [{"type": "send", "template": "welcome"}]})
     assert (resaved.status, resaved.fields) == (400, ["steps[0].template"])
+
+
+async def test_a_template_deleted_through_one_api_process_is_refused_by_the_others(
+    api: Api, project: Project, api_settings: Settings,
+) -> None:
+    """Each process remembers the templates it found for a minute; the deletion is published
+    so that another process forgets it as soon as the message arrives."""
+    _server, client = await start_api(api_settings)
+    other = Api(client, api_settings)
+    try:
+        await api.call("PUT", "/v1/users/ada", key=project.full, json={})
+        await api.call("PUT", "/v1/templates/welcome", key=project.full, json=EMAIL)
+        sent = await other.call("POST", "/v1/notifications", key=project.send,
+                                json={"to": "ada", "template": "welcome"})
+        assert sent.status == 202, sent.body  # the other process now remembers it
+        admission = client.app[ADMISSION]  # type: ignore[index]
+        assert await admission.template_exists(project.id, "welcome")
+
+        assert (await api.call("DELETE", "/v1/templates/welcome", key=project.full)).status \
+            == 204
+        # Not a timing assertion: the wait ends when the message has been handled.
+        await until(lambda: (project.id, "welcome") not in admission._known_templates)
+        refused = await other.call("POST", "/v1/notifications", key=project.send,
+                                   json={"to": "ada", "template": "welcome"})
+        assert (refused.status, refused.fields) == (400, ["template"])
+    finally:
+        await client.close()
 
 
 @pytest.mark.parametrize(("path", "code"), [

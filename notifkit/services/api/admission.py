@@ -8,12 +8,13 @@ that arrived while the previous call was out. The answers are exactly the one-at
 every request still gets its own script call, lookup, row pair and stream entry.
 
 A template once found is remembered for ``KNOWN_TEMPLATE_TTL_S``: at moderate load (one
-request per coalesced call) the lookup was one of a send's four round trips. The process that
-deletes a template (``DELETE /v1/templates/{id}``) forgets it at once; the others, and every
-process after a deletion by hand, refuse it again within that time. A send accepted meanwhile
-records "template not found" on its timeline, as one whose template vanished after acceptance
-always has. Unknown ids are never remembered, so a template created a moment ago is found at
-once.
+request per coalesced call) the lookup was one of a send's four round trips. Deleting a
+template (``DELETE /v1/templates/{id}``) publishes the deletion, and every API process forgets
+it when the message arrives (see :mod:`notifkit.services.api.pubsub`); one whose subscription
+was down, and every process after a deletion by hand, refuses it again within that time. A
+send accepted meanwhile records "template not found" on its timeline, as one whose template
+vanished after acceptance always has. Unknown ids are never remembered, so a template created a
+moment ago is found at once.
 
 Accepting keeps its guarantee per send: a send whose rows are written but whose XADD fails has
 its rows deleted again and the caller gets an error (503 for an unreachable Redis), so nothing
@@ -122,6 +123,10 @@ class Admission:
     def forget_template(self, project_id: str, template_id: str) -> None:
         """The template was deleted: this process asks PostgreSQL again at its next send."""
         self._known_templates.pop((project_id, template_id), None)
+
+    def forget_templates(self) -> None:
+        """A deletion may have been missed: every template is looked up again."""
+        self._known_templates.clear()
 
     async def accept(self, message: InboundMessage, remember: Remember | None = None) -> None:
         """Write the send's rows, then enqueue it on ``inbound:{priority}`` (with its

@@ -155,7 +155,7 @@ def _resources(
         app[KEY_CACHE] = KeyCache(pool)
         app[RATE] = TokenBuckets(client)
         app[ADMISSION] = Admission(settings, app[KEYS], client, pool, app[RATE])
-        hub = Hub(client, app[KEYS], app[KEY_CACHE])
+        hub = Hub(client, app[KEYS], app[KEY_CACHE], app[ADMISSION])
         app[HUB] = hub
         task = asyncio.create_task(hub.run(), name="notifkit-api-pubsub")
         try:

@@ -1,14 +1,18 @@
-"""One Redis pub/sub connection per API process: key revocations and in-app inbox messages.
+"""One Redis pub/sub connection per API process: key revocations, template deletions and
+in-app inbox messages.
 
 The hub subscribes to ``Keys.key_revocations`` (dropping revoked keys from the
-:class:`~notifkit.services.api.auth.KeyCache`) and to the pattern of every inbox channel,
-handing each inbox message to the server-sent-event streams of that user open in this process.
-One pattern subscription instead of one channel per open stream keeps it to a single
+:class:`~notifkit.services.api.auth.KeyCache`), to ``Keys.template_deletions`` (so no process
+goes on accepting sends of a deleted template it remembers) and to the pattern of every inbox
+channel, handing each inbox message to the server-sent-event streams of that user open in this
+process. One pattern subscription instead of one channel per open stream keeps it to a single
 connection whatever the number of streams.
 
 While the subscription is down the key cache is marked not live (every request checks
 PostgreSQL) and cleared, and the open inbox streams are ended, because a revocation published
-meanwhile would be missed.
+meanwhile would be missed. The templates the process remembers are forgotten when it is back:
+a deletion published meanwhile was missed too (until then each is remembered for at most
+``KNOWN_TEMPLATE_TTL_S``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from redis.exceptions import RedisError
 
 from notifkit import codec
 from notifkit.keys import Keys
+from notifkit.services.api.admission import Admission
 from notifkit.services.api.auth import KeyCache
 
 log = logging.getLogger("notifkit.api.pubsub")
@@ -34,10 +39,12 @@ QUEUE_SIZE = 256
 
 
 class Hub:
-    def __init__(self, redis: Redis, keys: Keys, key_cache: KeyCache) -> None:
+    def __init__(self, redis: Redis, keys: Keys, key_cache: KeyCache,
+                 admission: Admission) -> None:
         self.redis = redis
         self.keys = keys
         self.key_cache = key_cache
+        self.admission = admission
         self.live = asyncio.Event()
         self._listeners: dict[str, set[asyncio.Queue[bytes]]] = defaultdict(set)
         # The open streams of each project key, so revoking the key ends them: a stream
@@ -50,6 +57,14 @@ class Hub:
         self.key_cache.drop(key_hash)  # this process at once, the others via the channel
         await self.redis.publish(
             self.keys.key_revocations, codec.dumps({"keyHash": key_hash, "keyId": key_id})
+        )
+
+    # -- template deletions --------------------------------------------------------------
+    async def publish_template_deletion(self, project_id: str, template_id: str) -> None:
+        self.admission.forget_template(project_id, template_id)  # this process at once
+        await self.redis.publish(
+            self.keys.template_deletions,
+            codec.dumps({"projectId": project_id, "templateId": template_id}),
         )
 
     # -- inbox streams -------------------------------------------------------------------
@@ -79,7 +94,7 @@ class Hub:
         while True:
             pubsub = self.redis.pubsub()
             try:
-                await pubsub.subscribe(self.keys.key_revocations)
+                await pubsub.subscribe(self.keys.key_revocations, self.keys.template_deletions)
                 await pubsub.psubscribe(self._inbox_pattern)
                 delay_s = RECONNECT_DELAY_S
                 while True:
@@ -119,6 +134,7 @@ class Hub:
             if kind == "psubscribe":
                 self.key_cache.clear()
                 self.key_cache.live = True
+                self.admission.forget_templates()
                 self.live.set()
             return
         data = message.get("data")
@@ -127,6 +143,8 @@ class Hub:
         raw = data.encode() if isinstance(data, str) else data
         if kind == "message" and channel == self.keys.key_revocations:
             self._revoke(raw)
+        elif kind == "message" and channel == self.keys.template_deletions:
+            self._forget_template(raw)
         elif kind == "pmessage":
             for queue in list(self._listeners.get(channel, ())):
                 if queue.full():
@@ -149,6 +167,19 @@ class Hub:
         key_id = payload.get("keyId") if isinstance(payload, dict) else None
         for queue in list(self._by_key.get(key_id, ())) if isinstance(key_id, str) else ():
             _close(queue)
+
+    def _forget_template(self, raw: bytes) -> None:
+        try:
+            payload = codec.loads(raw)
+            project_id, template_id = payload["projectId"], payload["templateId"]
+        except (ValueError, TypeError, KeyError):
+            project_id = template_id = None
+        if isinstance(project_id, str) and isinstance(template_id, str):
+            self.admission.forget_template(project_id, template_id)
+        else:
+            log.warning("Ignoring a malformed template deletion; forgetting every template "
+                        "instead.")
+            self.admission.forget_templates()
 
 
 def _close(queue: asyncio.Queue[bytes]) -> None:

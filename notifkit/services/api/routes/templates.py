@@ -7,17 +7,20 @@ Each ``fallback`` channel must be one of them, so a fallback can always be rende
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import asyncpg
 from aiohttp import web
+from redis.exceptions import RedisError
 
 from notifkit.messages import CHANNELS
+from notifkit.services.api.admission import KNOWN_TEMPLATE_TTL_S
 from notifkit.services.api.errors import ApiError, detail, invalid, json_response, not_found
 from notifkit.services.api.middleware import project_id
 from notifkit.services.api.routing import CURSOR, LIMIT, Operations, Reply
 from notifkit.services.api.schemas import ref
-from notifkit.services.api.state import ADMISSION, DB, SETTINGS
+from notifkit.services.api.state import DB, HUB, SETTINGS
 from notifkit.services.api.validation import (
     NO_CONTROL_CHARS,
     Fields,
@@ -42,6 +45,8 @@ from notifkit.templates import (
 from notifkit.transports.fcm import reserved_data_key
 from notifkit.transports.inapp import unsafe_url
 from notifkit.unsubscribe import unsubscribe_url
+
+log = logging.getLogger("notifkit.api")
 
 ops = Operations("templates")
 
@@ -133,8 +138,14 @@ async def delete_template(request: web.Request) -> web.Response:
     )
     if not deleted:
         raise not_found("template", template_id)
-    # This process refuses sends naming it at once; the others once their memory of it lapses.
-    request.app[ADMISSION].forget_template(project, template_id)
+    # Every API process stops accepting sends of it as the deletion reaches it. The template
+    # is gone whatever happens to the message: a process that misses it still looks the
+    # template up again within KNOWN_TEMPLATE_TTL_S, so a Redis error is no reason for a 503.
+    try:
+        await request.app[HUB].publish_template_deletion(project, template_id)
+    except (RedisError, OSError) as exc:
+        log.warning("Publishing a template deletion failed (%s); other API processes may "
+                    "accept sends of it for up to %.0f s.", exc, KNOWN_TEMPLATE_TTL_S)
     return web.Response(status=204)
 
 
