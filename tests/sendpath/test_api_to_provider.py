@@ -3,9 +3,6 @@ the simulator has the message and GET /v1/notifications/{id} shows every step.""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
 from redis.asyncio import Redis
 
 from notifkit.config import Settings
@@ -14,20 +11,10 @@ from notifkit.services.engine import EngineService
 from notifkit.services.enricher import EnricherService
 from notifkit.services.events import EventsService
 from simulators import SimulatorServer
-from tests.api.conftest import Api, start_api
+from tests.api.conftest import Api
 
 from .conftest import ServiceFactory
 from .helpers import drain
-
-
-@pytest.fixture
-async def api(sim_settings: Settings) -> AsyncIterator[Api]:
-    settings = sim_settings.replace(api_rate_per_second=10_000.0, api_rate_burst=10_000)
-    _server, client = await start_api(settings)
-    try:
-        yield Api(client, settings)
-    finally:
-        await client.close()
 
 
 async def test_a_notification_sent_through_the_api_reaches_the_provider_and_its_timeline(

@@ -4,7 +4,6 @@ next send out, and a deleted template settles the sends already accepted for it 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -19,22 +18,12 @@ from notifkit.services.engine import EngineService
 from notifkit.services.enricher import EnricherService
 from notifkit.services.events import EventsService
 from simulators import SimulatorServer
-from tests.api.conftest import Api, Project, start_api
+from tests.api.conftest import Api, Project
 
 from .conftest import ServiceFactory
 from .helpers import drain
 
 WELCOME = {"channels": {"email": {"subject": "Welcome", "text": "Hello {{ data.n }}"}}}
-
-
-@pytest.fixture
-async def api(sim_settings: Settings) -> AsyncIterator[Api]:
-    settings = sim_settings.replace(api_rate_per_second=10_000.0, api_rate_burst=10_000)
-    _server, client = await start_api(settings)
-    try:
-        yield Api(client, settings)
-    finally:
-        await client.close()
 
 
 @pytest.fixture
