@@ -43,7 +43,6 @@ class Kind(StrEnum):
     QUEUED = "queued"
     SENT = "sent"
     FAILED = "failed"
-    FALLBACK = "fallback"
     DEAD_LETTERED = "dead_lettered"
     # An operator sent the dead-lettered work back (POST /v1/dlq/{id}/replay): it is in
     # progress again, whatever terminal row came before.
