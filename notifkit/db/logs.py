@@ -47,6 +47,9 @@ class Kind(StrEnum):
     # An operator sent the dead-lettered work back (POST /v1/dlq/{id}/replay): it is in
     # progress again, whatever terminal row came before.
     REPLAYED = "replayed"
+    # POST /v1/notifications/{eventId}/cancel took the task out of the scheduler, or the
+    # scheduler refused it for a canceled notification (status skipped: not a new status).
+    CANCELED = "canceled"
     # The ai service's, about writing the content: apart from delivery's kinds, since both
     # number their attempts from 1 and rows are unique per (task, channel, attempt, kind).
     GENERATION_DEFERRED = "generation_deferred"

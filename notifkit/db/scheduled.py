@@ -1,6 +1,7 @@
 """``scheduled_payloads``: the durable copy of every task waiting in the scheduler's shards.
 
-The scheduler upserts a read batch's tasks before adding them to Redis, deletes the rows of
+The scheduler upserts a read batch's tasks before adding them to Redis (in the transaction
+that locks their notifications' rows to see whether one was canceled), deletes the rows of
 tasks it has moved (matching the due time that was moved, so a task parked again since keeps
 its new row), and pages through the table to rebuild the shards after Redis lost them.
 
@@ -10,7 +11,7 @@ do. Paging for a rebuild is the one scan across projects: the scheduler serves a
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -68,6 +69,30 @@ async def upsert(db: asyncpg.Pool | asyncpg.Connection, rows: Sequence[Scheduled
         [r.payload for r in rows],
     )
     return {record["task_id"] for record in records}
+
+
+_LOCK_CANCELED = """
+SELECT n.id::text AS id, n.canceled_at IS NOT NULL AS canceled
+FROM notifications n
+JOIN unnest($1::uuid[], $2::uuid[]) AS t(project_id, event_id)
+  ON n.id = t.event_id AND n.project_id = t.project_id
+ORDER BY n.id
+FOR SHARE OF n
+"""
+
+
+async def lock_canceled(conn: asyncpg.Connection, events: Collection[tuple[str, str]]) -> set[str]:
+    """Lock the notifications rows of (project id, event id) pairs FOR SHARE until the
+    transaction ends; returns the event ids among them that are canceled.
+
+    Every row is locked, canceled or not: a cancel updates its row FOR UPDATE, so it waits
+    for this transaction (whose tasks are in their shards when it commits, where the cancel
+    takes them out), or this lock waits for the cancel and reads the canceled row. A row
+    filtered out by its old, uncanceled version would not be waited for."""
+    if not events:
+        return set()
+    records = await conn.fetch(_LOCK_CANCELED, [e[0] for e in events], [e[1] for e in events])
+    return {r["id"] for r in records if r["canceled"]}
 
 
 _DELETE_MOVED = """

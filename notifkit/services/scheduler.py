@@ -1,14 +1,23 @@
 """The scheduler: tasks wait here for their time (sendAt, quiet hours, a provider's 429) and
 leave exactly once.
 
-Ingest (the worker contract, on ``notifkit:stream:scheduled``), per read batch:
+Ingest (the worker contract, on ``notifkit:stream:scheduled``), per read batch, in one
+PostgreSQL transaction:
 
+    lock the tasks' notifications rows FOR SHARE   canceled ones: refused, a 'canceled' row
     upsert scheduled_payloads (one statement)      the durable copy, written first
     MULTI: HSET payload shard + ZADD zset shard    task id -> "{stream}\\n{project}\\n{JSON}"
-    ack                                            (the worker, after process() returns)
+    commit; ack                                    (the worker acks after process() returns)
 
 A crash between the steps replays the entry: the upsert and the ZADD of the same task are
 idempotent.
+
+Cancel (``POST /v1/notifications/{eventId}/cancel``): the API sets ``notifications.canceled_at``
+holding the row FOR UPDATE, so a batch holding it FOR SHARE has its tasks in their shards
+before the cancel commits, and every batch after sees it. Then :func:`cancel_waiting` takes
+the notification's tasks out of their shards with a script that claims a task as the move
+script does (and records it in the moved set, so its row is deleted as a moved one's): a task
+is either moved or canceled, never both, whichever script runs first.
 
 Polling: one scheduler at a time holds ``notif:lock:scheduler:poll`` (``SET NX PX`` with a
 random token; renewed and released only by a script that checks the token). Each poll, per
@@ -45,21 +54,24 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from notifkit import codec, metrics
 from notifkit.config import Settings
 from notifkit.db import scheduled as scheduled_db
+from notifkit.db.logs import LogRow, insert_logs
 from notifkit.errors import MalformedPayload
 from notifkit.ids import is_uuid
-from notifkit.keys import PRIORITIES, SCHEDULER_SHARDS, shard_of
-from notifkit.messages import ScheduledTask, parse_scheduled_task
+from notifkit.keys import PRIORITIES, SCHEDULER_SHARDS, Keys, shard_of
+from notifkit.messages import CHANNELS, ScheduledTask, parse_scheduled_task
 from notifkit.reconcile import Reconciler
 from notifkit.services.base import WorkerService
+from notifkit.services.timeline import canceled_row
 from notifkit.streams import as_str
 from notifkit.tasks import cancel_all
 from notifkit.worker import Entry
@@ -110,6 +122,28 @@ for i = 1, #due, 2 do
   end
 end
 return {moved, orphans, refused}
+"""
+
+# KEYS: zset, payload hash, moved set. ARGV: project id, then task ids. Claims the waiting
+# tasks of that project as _MOVE_DUE would, but adds them to no stream: the cancel's half of
+# "a task leaves once". Recorded in the moved set, so the poller deletes their rows and a
+# rebuild does not bring them back. Returns the ids claimed.
+_CANCEL_WAITING = """
+local claimed = {}
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  local score = redis.call('ZSCORE', KEYS[1], id)
+  local value = score and redis.call('HGET', KEYS[2], id)
+  local a = value and string.find(value, '\\n', 1, true)
+  local b = a and string.find(value, '\\n', a + 1, true)
+  if score and (not b or string.sub(value, a + 1, b - 1) == ARGV[1]) then
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', KEYS[2], id)
+    redis.call('ZADD', KEYS[3], score, ARGV[1] .. ' ' .. id)
+    claimed[#claimed + 1] = id
+  end
+end
+return claimed
 """
 
 # KEYS: zset, payload hash, moved set. ARGV: task id, due ms, value, moved-set member.
@@ -164,6 +198,40 @@ def encode_entry(stream: str, project_id: str, payload: dict[str, Any]) -> bytes
 
 def moved_member(project_id: str, task_id: str) -> str:
     return f"{project_id} {task_id}"
+
+
+def _by_shard(task_ids: Iterable[str]) -> dict[str, list[str]]:
+    shards: dict[str, list[str]] = {}
+    for task_id in dict.fromkeys(task_ids):
+        shards.setdefault(shard_of(task_id), []).append(task_id)
+    return shards
+
+
+async def waiting_tasks(redis: Redis, keys: Keys, task_ids: Iterable[str]) -> set[str]:
+    """Which of these tasks wait in their shards right now."""
+    ids = list(dict.fromkeys(task_ids))
+    if not ids:
+        return set()
+    pipe = redis.pipeline(transaction=False)
+    for task_id in ids:
+        pipe.zscore(keys.scheduled_shard(shard_of(task_id)), task_id)
+    scores = await pipe.execute()
+    return {task_id for task_id, score in zip(ids, scores, strict=True) if score is not None}
+
+
+async def cancel_waiting(redis: Redis, keys: Keys, project_id: str,
+                         task_ids: Iterable[str]) -> set[str]:
+    """Take a project's tasks out of their shards before the poller moves them; returns the
+    ids taken (a task already moved, or not in the scheduler yet, is not)."""
+    shards = _by_shard(task_ids)
+    if not shards:
+        return set()
+    script = redis.register_script(_CANCEL_WAITING)
+    pipe = redis.pipeline(transaction=False)
+    for shard, ids in shards.items():
+        await script(keys=[keys.scheduled_shard(shard), keys.scheduled_payloads(shard),
+                           keys.scheduled_moved(shard)], args=[project_id, *ids], client=pipe)
+    return {as_str(task_id) for reply in await pipe.execute() for task_id in reply}
 
 
 class SchedulerService(WorkerService):
@@ -239,26 +307,40 @@ class SchedulerService(WorkerService):
             latest[task["taskId"]] = task
         if not latest:
             return
-        rows = [
-            scheduled_db.ScheduledRow(
-                task_id=t["taskId"], project_id=t["projectId"], due_ms=t["dueAt"],
-                priority=_priority(t), stream=t["stream"], payload=t["payload"],
-            )
-            for t in latest.values()
-        ]
-        written = await scheduled_db.upsert(self.pool, rows)
-        pipe = self.redis.pipeline(transaction=True)
-        for task in latest.values():
-            task_id = task["taskId"]
-            if task_id not in written:
-                log.warning("Dropped a scheduled task: its project no longer exists.",
-                            extra={"task_id": task_id, "project_id": task["projectId"]})
-                continue
-            shard = shard_of(task_id)
-            value = encode_entry(task["stream"], task["projectId"], task["payload"])
-            pipe.hset(self.keys.scheduled_payloads(shard), task_id, value)
-            pipe.zadd(self.keys.scheduled_shard(shard), {task_id: task["dueAt"]})
-        await pipe.execute()
+        events = {(t["projectId"], e) for t in latest.values() if (e := _event_id(t))}
+        # The notifications stay locked until the tasks are in their shards: a cancel waits
+        # for this transaction and then finds them there, or this batch sees the cancel.
+        async with self.pool.acquire() as conn, conn.transaction():
+            canceled = await scheduled_db.lock_canceled(conn, events)
+            refused = [t for t in latest.values() if _event_id(t) in canceled]
+            for task in refused:
+                del latest[task["taskId"]]
+            rows = [
+                scheduled_db.ScheduledRow(
+                    task_id=t["taskId"], project_id=t["projectId"], due_ms=t["dueAt"],
+                    priority=_priority(t), stream=t["stream"], payload=t["payload"],
+                )
+                for t in latest.values()
+            ]
+            written = await scheduled_db.upsert(conn, rows)
+            pipe = self.redis.pipeline(transaction=True)
+            for task in latest.values():
+                task_id = task["taskId"]
+                if task_id not in written:
+                    log.warning("Dropped a scheduled task: its project no longer exists.",
+                                extra={"task_id": task_id, "project_id": task["projectId"]})
+                    continue
+                shard = shard_of(task_id)
+                value = encode_entry(task["stream"], task["projectId"], task["payload"])
+                pipe.hset(self.keys.scheduled_payloads(shard), task_id, value)
+                pipe.zadd(self.keys.scheduled_shard(shard), {task_id: task["dueAt"]})
+            if written:
+                await pipe.execute()
+            await insert_logs(conn, [row for t in refused if (row := _refused_row(t))])
+        for task in refused:
+            log.info("Refused a scheduled task: its notification was canceled.",
+                     extra={"task_id": task["taskId"], "project_id": task["projectId"],
+                            "event_id": _event_id(task)})
         for task in latest.values():
             if task["taskId"] in written:
                 log.debug("Scheduled a task; it leaves for %s at %d ms (%s).", task["stream"],
@@ -482,6 +564,25 @@ class SchedulerService(WorkerService):
             log.warning("Could not release the scheduler poll lock (%s); it expires within "
                         "%d s and another scheduler takes over.", exc,
                         self.settings.scheduler_lock_ttl_s, extra={"service": self.name})
+
+
+def _event_id(task: ScheduledTask) -> str | None:
+    """The notification a task belongs to (every payload a task carries names its event)."""
+    event_id = task["payload"].get("eventId")
+    return event_id if isinstance(event_id, str) and is_uuid(event_id) else None
+
+
+def _refused_row(task: ScheduledTask) -> LogRow | None:
+    """The timeline row of a task refused for a canceled notification: one per recipient and
+    channel, as the engine's 'scheduled' row before it (a task without both has none)."""
+    payload, event_id = task["payload"], _event_id(task)
+    user_id, channel = payload.get("userId"), payload.get("channel")
+    if event_id is None or not isinstance(user_id, str) or channel not in CHANNELS:
+        return None
+    campaign = payload.get("campaignId")
+    return canceled_row(task["projectId"], event_id, task["taskId"], user_id, channel,
+                        campaign if isinstance(campaign, str) else None,
+                        " before it reached the scheduler")
 
 
 def _priority(task: ScheduledTask) -> str:

@@ -1,5 +1,5 @@
 """Timeline rows about one outbound task (a recipient on a channel), as the stages that
-handle such tasks (delivery, ai) write them."""
+handle such tasks (delivery, ai) write them, and the rows of a cancel (api, scheduler)."""
 
 from __future__ import annotations
 
@@ -24,4 +24,21 @@ def task_row(
         status=status, detail=detail, provider=provider,
         provider_message_id=provider_message_id, campaign_id=task.get("campaignId"),
         metadata=metadata or {},
+    )
+
+
+CANCELED_BY_CALLER = "canceled by the API caller"
+
+
+def canceled_row(
+    project_id: str, event_id: str, task_id: str, user_id: str | None, channel: str,
+    campaign_id: str | None, when: str,
+) -> LogRow:
+    """The row of a task a cancel dropped (``when``: " before it was due", ...), or with
+    ``channel`` '' and the event id as task, of the cancel itself.
+    Attempt 0 whoever writes it, so the API and the scheduler record it once between them."""
+    return LogRow(
+        project_id=project_id, event_id=event_id, task_id=task_id, user_id=user_id,
+        channel=channel, kind=Kind.CANCELED, status=Status.SKIPPED,
+        detail=CANCELED_BY_CALLER + when, campaign_id=campaign_id,
     )
