@@ -73,7 +73,9 @@ async def populate(api: Api, redis: Redis, db: asyncpg.Pool, project: Project, u
     assert reply.status in (200, 201), reply.body
     reply = await api.call("POST", "/v1/notifications", key=project.send,
                            headers={"x-idempotency-key": idem},
-                           json={"to": user, "template": template, "campaignId": marker})
+                           json={"to": user, "template": template, "campaignId": marker,
+                                 # still cancelable: another project's cancel must not be
+                                 "sendAt": "2099-01-01T00:00:00Z"})
     assert reply.status == 202, reply.body
     made["event"] = reply.body["id"]
     reply = await api.call("POST", f"/v1/workflows/{path(workflow)}/trigger", key=project.send,
@@ -188,6 +190,7 @@ async def test_ids_of_one_project_are_404_for_another(
     mine = 200 if exists else 404
     # Ids notifkit generated for A never resolve for B.
     await check("GET", "/v1/notifications/{eventId}", 404, eventId=made["event"])
+    await check("POST", "/v1/notifications/{eventId}/cancel", 404, eventId=made["event"])
     await check("GET", "/v1/workflow-instances/{instanceId}", 404, instanceId=made["instance"])
     await check("DELETE", "/v1/users/{userId}/contacts/{contactId}", 404, userId=user,
                 contactId=made["contact"])

@@ -21,9 +21,10 @@ import asyncpg
 from aiohttp import web
 
 from notifkit.clock import utc_now_iso
+from notifkit.db.logs import insert_logs
 from notifkit.ids import uuid7
 from notifkit.messages import CHANNELS, PRIORITIES, InboundMessage, Recipients
-from notifkit.services.api.errors import invalid_field, json_response, not_found
+from notifkit.services.api.errors import ApiError, invalid_field, json_response, not_found
 from notifkit.services.api.idempotency import (
     REPLAY_HEADER,
     Remember,
@@ -34,7 +35,7 @@ from notifkit.services.api.idempotency import (
 from notifkit.services.api.middleware import project_id
 from notifkit.services.api.routing import CURSOR, LIMIT, SEND, Operations, Param, Reply
 from notifkit.services.api.schemas import ID, MAX_RECIPIENTS, NOT_BLANK, RECIPIENT_STATUSES, ref
-from notifkit.services.api.state import ADMISSION, DB
+from notifkit.services.api.state import ADMISSION, DB, KEYS, REDIS
 from notifkit.services.api.validation import (
     Fields,
     QueryChecks,
@@ -50,6 +51,9 @@ from notifkit.services.api.validation import (
     read_json,
     uuid_id,
 )
+from notifkit.services.scheduler import cancel_waiting, waiting_tasks
+from notifkit.services.timeline import canceled_row
+from notifkit.wording import counted
 
 log = logging.getLogger("notifkit.api")
 
@@ -64,6 +68,11 @@ IN_PROGRESS = ("accepted", "processing", "scheduled")
 # fallback chain that ended in the DLQ from reading 'failed' after its earlier channels.
 OUTCOME_ORDER = ("delivered", "sent", "dead_lettered", "failed", "throttled", "suppressed",
                  "skipped")
+
+_TIMELINE = (
+    "SELECT task_id, user_id, channel, attempt, kind, status, detail, created_at "
+    "FROM message_logs WHERE project_id = $1 AND event_id = $2 ORDER BY created_at, id"
+)
 
 IDEMPOTENCY_PARAM = Param(
     "x-idempotency-key", "header", {"type": "string", "minLength": 1, "maxLength": 255},
@@ -97,21 +106,83 @@ async def send_notification(request: web.Request) -> web.Response:
 async def get_notification(request: web.Request) -> web.Response:
     project = project_id(request)
     event_id = uuid_id(request, "eventId", "notification")
-    pool = request.app[DB]
-    row = await pool.fetchrow(
+    body = await notification_body(request.app[DB], project, event_id)
+    if body is None:
+        raise not_found("notification", event_id)
+    return json_response(body)
+
+
+@ops.route("POST", "/v1/notifications/{eventId}/cancel",
+           "Cancel a notification's sends that are still waiting", roles=SEND,
+           responses={200: Reply(ref("Notification"), "The notification after the cancel, as "
+                                 "GET shows it: each task taken out of the scheduler is "
+                                 "skipped, with a 'canceled' timeline entry.")},
+           errors=(409,), description=(
+               "Every task of the notification not yet handed to delivery (waiting for its "
+               "sendAt, for the end of the user's quiet hours, or after a provider's rate "
+               "limit, or still on its way to the scheduler) is dropped and never sent; tasks "
+               "already handed to delivery are not affected. Canceling again answers 200. "
+               "409 nothing_to_cancel when nothing waits and no sendAt lies ahead."))
+async def cancel_notification(request: web.Request) -> web.Response:
+    project = project_id(request)
+    event_id = uuid_id(request, "eventId", "notification")
+    pool, redis, keys = request.app[DB], request.app[REDIS], request.app[KEYS]
+    async with pool.acquire() as conn:
+        async with conn.transaction():
+            # FOR UPDATE: the scheduler persists a batch holding its notifications FOR SHARE
+            # until the tasks are in their shards, so after this lock every task that reached
+            # the scheduler is in a shard (or moved), and every one still on its way will
+            # find the cancel when it gets there.
+            row = await conn.fetchrow(
+                "SELECT send_at, canceled_at, campaign_id, now() AS now FROM notifications "
+                "WHERE id = $1 AND project_id = $2 FOR UPDATE", event_id, project)
+            if row is None:
+                raise not_found("notification", event_id)
+            recipients, _ = timelines(event_id, await conn.fetch(_TIMELINE, project, event_id))
+            scheduled = {r["taskId"]: r for r in recipients if r["status"] == "scheduled"}
+            if row["canceled_at"] is None:
+                ahead = row["send_at"] is not None and row["send_at"] > row["now"]
+                if not ahead and not await waiting_tasks(redis, keys, scheduled):
+                    raise ApiError(409, "nothing_to_cancel",
+                                   "Nothing of this notification is left to cancel: every "
+                                   "task was handed to delivery already (or it had no "
+                                   "sendAt and nothing waits in the scheduler).")
+                await conn.execute("UPDATE notifications SET canceled_at = now(), "
+                                   "updated_at = now() WHERE id = $1 AND project_id = $2",
+                                   event_id, project)
+                await insert_logs(conn, [canceled_row(
+                    project, event_id, event_id, None, "", row["campaign_id"],
+                    "; what was not handed to delivery yet is never sent")])
+        # After the commit: a task moved meanwhile is not claimed, and is reported as it is.
+        claimed = await cancel_waiting(redis, keys, project, scheduled)
+        await insert_logs(conn, [
+            canceled_row(project, event_id, task_id, r["userId"], r["channel"],
+                         row["campaign_id"], " before it was due")
+            for task_id, r in scheduled.items() if task_id in claimed
+        ])
+    if claimed:
+        log.info("Canceled %s of a notification.", counted(len(claimed), "waiting task"),
+                 extra={"event_id": event_id, "project_id": project})
+    body = await notification_body(pool, project, event_id)
+    if body is None:  # the project was deleted meanwhile, and its notifications with it
+        raise not_found("notification", event_id)
+    return json_response(body)
+
+
+async def notification_body(
+    db: asyncpg.Pool, project: str, event_id: str
+) -> dict[str, Any] | None:
+    """What GET /v1/notifications/{eventId} answers; None for no such notification."""
+    row = await db.fetchrow(
         "SELECT id, template_id, priority, recipients_spec, channels, campaign_id, "
         "send_at, created_at FROM notifications WHERE id = $1 AND project_id = $2",
         event_id, project,
     )
     if row is None:
-        raise not_found("notification", event_id)
-    logs = await pool.fetch(
-        "SELECT task_id, user_id, channel, attempt, kind, status, detail, created_at "
-        "FROM message_logs WHERE project_id = $1 AND event_id = $2 ORDER BY created_at, id",
-        project, event_id,
-    )
+        return None
+    logs = await db.fetch(_TIMELINE, project, event_id)
     recipients, timeline = timelines(event_id, logs)
-    return json_response({
+    return {
         "id": event_id,
         "status": summary_status(recipients, timeline),
         "template": row["template_id"],
@@ -123,7 +194,7 @@ async def get_notification(request: web.Request) -> web.Response:
         "createdAt": iso(row["created_at"]),
         "recipients": recipients,
         "timeline": timeline,
-    })
+    }
 
 
 @ops.route("GET", "/v1/messages", "Message-log entries, newest first",

@@ -1,0 +1,355 @@
+"""Canceling a scheduled notification against the real pipeline: the API, the enricher, the
+engine, the scheduler (its ingest, poll lock and move script), delivery and the provider
+simulator, on the real Redis and PostgreSQL.
+
+A cancel must win or lose against the scheduler's poller as a whole: a task the answer shows
+canceled never reaches the provider, and a task it does not show canceled is delivered. The
+scheduler's clock is the test's, so "after the due time" needs no waiting; where the poller
+runs on its own, the tests poll for the outcome with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+from redis.asyncio import Redis
+
+from notifkit.config import Settings
+from notifkit.keys import Keys, shard_of
+from notifkit.services.delivery.service import DeliveryService
+from notifkit.services.engine import EngineService
+from notifkit.services.enricher import EnricherService
+from notifkit.services.scheduler import SchedulerService
+from simulators import SimulatorServer
+from tests.api.conftest import Api, Project, start_api
+
+from .helpers import FakeClock, SchedulerFactory
+from .pipeline import EMAIL, drain, simulated_resend
+
+DEADLINE_S = 20.0
+
+
+@pytest.fixture
+def cancel_settings(settings: Settings, sim: SimulatorServer) -> Settings:
+    return simulated_resend(settings, sim.base_url).replace(
+        api_rate_per_second=10_000.0, api_rate_burst=10_000, scheduler_poll_interval_s=0.01,
+        reclaim_min_idle_s=0.0, read_block_ms=20)
+
+
+@pytest.fixture
+async def api(cancel_settings: Settings) -> AsyncIterator[Api]:
+    _server, client = await start_api(cancel_settings)
+    try:
+        yield Api(client, cancel_settings)
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+async def project(api: Api) -> Project:
+    project = await api.project()
+    reply = await api.call("PUT", "/v1/templates/code", key=project.full,
+                           json={"channels": {"email": EMAIL}})
+    assert reply.status == 201, reply.body
+    return project
+
+
+@pytest.fixture
+async def pipeline(cancel_settings: Settings) -> AsyncIterator[list[Any]]:
+    services = [EnricherService(cancel_settings), EngineService(cancel_settings)]
+    yield services
+    for service in services:
+        await service.close()
+
+
+@pytest.fixture
+async def delivery(cancel_settings: Settings) -> AsyncIterator[DeliveryService]:
+    service = DeliveryService(cancel_settings)
+    yield service
+    await service.close()
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def in_a_minute() -> tuple[str, int]:
+    """A sendAt a minute from now, and its time in ms (the scheduler's clock is moved past
+    it; nothing waits for it)."""
+    moment = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=1)
+    return rfc3339(moment), int(moment.timestamp() * 1000)
+
+
+async def add_user(api: Api, project: Project, user_id: str, **fields: Any) -> None:
+    reply = await api.call("PUT", f"/v1/users/{user_id}", key=project.full, json={
+        "contacts": [{"channel": "email", "target": f"{user_id}@example.com"}], **fields})
+    assert reply.status in (200, 201), reply.body
+
+
+async def send(api: Api, project: Project, user_id: str, **fields: Any) -> str:
+    reply = await api.call("POST", "/v1/notifications", key=project.send,
+                           json={"to": user_id, "template": "code", "data": {"code": "7"},
+                                 **fields})
+    assert reply.status == 202, reply.body
+    event_id: str = reply.body["id"]
+    return event_id
+
+
+async def cancel(api: Api, project: Project, event_id: str) -> dict[str, Any]:
+    reply = await api.call("POST", f"/v1/notifications/{event_id}/cancel", key=project.send)
+    assert reply.status == 200, reply.body
+    body: dict[str, Any] = reply.body
+    return body
+
+
+async def show(api: Api, project: Project, event_id: str) -> dict[str, Any]:
+    reply = await api.call("GET", f"/v1/notifications/{event_id}", key=project.full)
+    assert reply.status == 200, reply.body
+    body: dict[str, Any] = reply.body
+    return body
+
+
+def only_recipient(notification: dict[str, Any]) -> dict[str, Any]:
+    [recipient] = notification["recipients"]
+    return dict(recipient)
+
+
+def shows_canceled(recipient: dict[str, Any]) -> bool:
+    kinds = [row["kind"] for row in recipient["timeline"]]
+    return bool(recipient["status"] == "skipped" and kinds[-1] == "canceled")
+
+
+async def delivered_tasks(sim: SimulatorServer) -> set[str]:
+    return {str(m["taskId"]) for m in await sim.messages("resend")}
+
+
+async def waiting_in_shard(redis: Redis, keys: Keys, task_id: str) -> bool:
+    return await redis.zscore(keys.scheduled_shard(shard_of(task_id)), task_id) is not None
+
+
+async def until_delivered(task_id: str, scheduler: SchedulerService,
+                          delivery: DeliveryService, sim: SimulatorServer) -> None:
+    """Poll and deliver until the provider has the task, failing after the deadline."""
+    deadline = time.monotonic() + DEADLINE_S
+    while task_id not in await delivered_tasks(sim):
+        assert time.monotonic() < deadline, "the send that was not canceled never arrived"
+        await scheduler.run_until_idle()
+        await delivery.run_until_idle()
+
+
+async def rows_left(db: asyncpg.Pool, task_ids: list[str]) -> int:
+    """The tasks' scheduled_payloads rows, which a rebuild would bring back."""
+    count: int = await db.fetchval(
+        "SELECT count(*) FROM scheduled_payloads WHERE task_id = ANY($1)", task_ids)
+    return count
+
+
+async def test_a_task_canceled_in_its_shard_is_never_delivered(
+    api: Api, project: Project, pipeline: list[Any], delivery: DeliveryService,
+    make_scheduler: SchedulerFactory, clock: FakeClock, cancel_settings: Settings,
+    sim: SimulatorServer, redis: Redis, db: asyncpg.Pool,
+) -> None:
+    # Given two sends scheduled for the same minute, both waiting in their shards
+    keys = Keys(cancel_settings.namespace)
+    for user in ("ada", "bob"):
+        await add_user(api, project, user)
+    send_at, due_ms = in_a_minute()
+    canceled = await send(api, project, "ada", sendAt=send_at)
+    kept = await send(api, project, "bob", sendAt=send_at)
+    await drain(*pipeline)
+    scheduler = make_scheduler(settings=cancel_settings)
+    await scheduler.ingest_until_idle()
+    canceled_task = only_recipient(await show(api, project, canceled))["taskId"]
+    kept_task = only_recipient(await show(api, project, kept))["taskId"]
+    assert await waiting_in_shard(redis, keys, canceled_task)
+
+    # When one of them is canceled
+    answer = await cancel(api, project, canceled)
+
+    # Then the answer shows its recipient canceled, as GET does from then on
+    recipient = only_recipient(answer)
+    assert shows_canceled(recipient), recipient
+    assert [row["kind"] for row in recipient["timeline"]] == ["scheduled", "canceled"]
+    assert "canceled by the API caller" in recipient["timeline"][-1]["detail"]
+    assert answer["status"] == "skipped"
+    assert not await waiting_in_shard(redis, keys, canceled_task)
+
+    # And once their time has come, the other one is delivered and the canceled one never is
+    clock.now_ms = due_ms + 1_000
+    await until_delivered(kept_task, scheduler, delivery, sim)
+    await scheduler.run_until_idle()
+    await delivery.run_until_idle()
+    assert canceled_task not in await delivered_tasks(sim)
+    assert shows_canceled(only_recipient(await show(api, project, canceled)))
+    # ... and neither task is left in PostgreSQL for a rebuild to bring back
+    assert await rows_left(db, [canceled_task, kept_task]) == 0
+
+
+async def test_a_cancel_racing_the_poller_either_cancels_or_reports_the_send_never_both(
+    api: Api, project: Project, pipeline: list[Any], delivery: DeliveryService,
+    make_scheduler: SchedulerFactory, clock: FakeClock, cancel_settings: Settings,
+    sim: SimulatorServer, redis: Redis,
+) -> None:
+    # Given sends waiting in their shards, each due a millisecond after the one before
+    keys = Keys(cancel_settings.namespace)
+    base = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=1)
+    events: list[str] = []
+    for i in range(12):
+        await add_user(api, project, f"u{i}")
+        events.append(await send(api, project, f"u{i}",
+                                 sendAt=rfc3339(base + timedelta(milliseconds=i))))
+    await drain(*pipeline)
+    scheduler = make_scheduler(settings=cancel_settings)
+    await scheduler.ingest_until_idle()
+    tasks = {e: only_recipient(await show(api, project, e))["taskId"] for e in events}
+    base_ms = int(base.timestamp() * 1000)
+    clock.now_ms = base_ms - 1
+
+    # When the scheduler polls on its own while time passes over their due times, and every
+    # one is canceled at the same time
+    async def time_passes() -> None:
+        for i in range(12):
+            clock.now_ms = base_ms + i
+            await asyncio.sleep(0.01)
+
+    await scheduler.start()
+    answers = await asyncio.gather(time_passes(), *(cancel(api, project, e) for e in events))
+    outcome = {e: shows_canceled(only_recipient(a)) for e, a in zip(events, answers[1:],
+                                                                   strict=True)}
+
+    # Then each one the answer shows not canceled is delivered, within the deadline ...
+    clock.now_ms = base_ms + 1_000
+    expected = {tasks[e] for e, was_canceled in outcome.items() if not was_canceled}
+    deadline = time.monotonic() + DEADLINE_S
+    while not expected <= await delivered_tasks(sim):
+        assert time.monotonic() < deadline, "a send the cancel reported as gone never arrived"
+        await delivery.run_until_idle()
+    for e in events:
+        assert not await waiting_in_shard(redis, keys, tasks[e])
+    await delivery.run_until_idle()
+    # ... and none the answer shows canceled ever is, nor does its timeline change its mind
+    delivered = await delivered_tasks(sim)
+    for e, was_canceled in outcome.items():
+        assert (tasks[e] in delivered) is not was_canceled, (e, was_canceled)
+        assert shows_canceled(only_recipient(await show(api, project, e))) is was_canceled
+
+
+async def test_a_cancel_before_the_task_reaches_the_scheduler_drops_it_there(
+    api: Api, project: Project, pipeline: list[Any], delivery: DeliveryService,
+    make_scheduler: SchedulerFactory, clock: FakeClock, cancel_settings: Settings,
+    sim: SimulatorServer, db: asyncpg.Pool,
+) -> None:
+    # Given one send canceled as soon as it was accepted, one canceled while its task was on
+    # the scheduler's stream, and one left alone, all due in a minute
+    for user in ("ada", "bob", "cyd"):
+        await add_user(api, project, user)
+    send_at, due_ms = in_a_minute()
+    at_once = await send(api, project, "ada", sendAt=send_at)
+    answer = await cancel(api, project, at_once)
+    assert answer["recipients"] == []
+    assert [row["kind"] for row in answer["timeline"]] == ["accepted", "canceled"]
+    on_stream = await send(api, project, "bob", sendAt=send_at)
+    kept = await send(api, project, "cyd", sendAt=send_at)
+    await drain(*pipeline)
+    await cancel(api, project, on_stream)
+
+    # When the scheduler takes them in, and their time comes
+    scheduler = make_scheduler(settings=cancel_settings)
+    await scheduler.ingest_until_idle()
+    clock.now_ms = due_ms + 1_000
+    kept_task = only_recipient(await show(api, project, kept))["taskId"]
+    await until_delivered(kept_task, scheduler, delivery, sim)
+
+    # Then the canceled ones never reach the provider, and their timelines say why
+    dropped = [only_recipient(await show(api, project, e)) for e in (at_once, on_stream)]
+    assert not {r["taskId"] for r in dropped} & await delivered_tasks(sim)
+    for recipient in dropped:
+        assert shows_canceled(recipient), recipient
+        assert [row["kind"] for row in recipient["timeline"]] == ["scheduled", "canceled"]
+        assert "canceled by the API caller" in recipient["timeline"][-1]["detail"]
+    assert await rows_left(db, [r["taskId"] for r in dropped]) == 0
+
+
+async def test_cancels_racing_the_scheduler_taking_their_tasks_in_leave_none_waiting(
+    api: Api, project: Project, pipeline: list[Any], delivery: DeliveryService,
+    make_scheduler: SchedulerFactory, clock: FakeClock, cancel_settings: Settings,
+    sim: SimulatorServer, redis: Redis,
+) -> None:
+    # Given sends whose tasks are on the scheduler's stream
+    keys = Keys(cancel_settings.namespace)
+    send_at, due_ms = in_a_minute()
+    events = []
+    for i in range(12):
+        await add_user(api, project, f"u{i}")
+        events.append(await send(api, project, f"u{i}", sendAt=send_at))
+    await drain(*pipeline)
+    tasks = [only_recipient(await show(api, project, e))["taskId"] for e in events]
+
+    # When the scheduler takes them in, a few at a time, while every one is canceled
+    scheduler = make_scheduler(settings=cancel_settings.replace(worker_concurrency=2))
+    await asyncio.gather(scheduler.ingest_until_idle(),
+                         *(cancel(api, project, e) for e in events))
+
+    # Then none is left waiting, and their time sends nothing
+    for task_id in tasks:
+        assert not await waiting_in_shard(redis, keys, task_id)
+    clock.now_ms = due_ms + 1_000
+    await scheduler.run_until_idle()
+    await delivery.run_until_idle()
+    assert not set(tasks) & await delivered_tasks(sim)
+    for e in events:
+        assert shows_canceled(only_recipient(await show(api, project, e)))
+
+
+async def test_a_quiet_hours_deferral_is_canceled_like_a_scheduled_send(
+    api: Api, project: Project, pipeline: list[Any], delivery: DeliveryService,
+    make_scheduler: SchedulerFactory, clock: FakeClock, cancel_settings: Settings,
+    sim: SimulatorServer,
+) -> None:
+    # Given a send without sendAt, deferred because the user's quiet hours are now (UTC)
+    now = datetime.now(UTC)
+    quiet = {"start": (now - timedelta(hours=1)).strftime("%H:%M"),
+             "end": (now + timedelta(hours=2)).strftime("%H:%M")}
+    await add_user(api, project, "ada")
+    reply = await api.call("PUT", "/v1/users/ada/preferences", key=project.full,
+                           json={"quietHours": quiet})
+    assert reply.status == 200, reply.body
+    event_id = await send(api, project, "ada")
+    await drain(*pipeline)
+    scheduler = make_scheduler(settings=cancel_settings)
+    await scheduler.ingest_until_idle()
+    assert only_recipient(await show(api, project, event_id))["status"] == "scheduled"
+
+    # When it is canceled
+    recipient = only_recipient(await cancel(api, project, event_id))
+
+    # Then it is canceled, and the end of the quiet hours sends nothing
+    assert shows_canceled(recipient), recipient
+    assert [row["kind"] for row in recipient["timeline"]] == ["deferred", "canceled"]
+    clock.now_ms = int((now + timedelta(hours=3)).timestamp() * 1000)
+    await scheduler.run_until_idle()
+    await delivery.run_until_idle()
+    assert recipient["taskId"] not in await delivered_tasks(sim)
+
+
+async def test_a_notification_already_sent_has_nothing_to_cancel(
+    api: Api, project: Project, pipeline: list[Any], delivery: DeliveryService,
+    sim: SimulatorServer,
+) -> None:
+    await add_user(api, project, "ada")
+    event_id = await send(api, project, "ada")
+    await drain(*pipeline, delivery)
+    assert only_recipient(await show(api, project, event_id))["status"] == "sent"
+
+    reply = await api.call("POST", f"/v1/notifications/{event_id}/cancel", key=project.full)
+
+    assert reply.status == 409, reply.body
+    assert reply.error["code"] == "nothing_to_cancel"
+    assert only_recipient(await show(api, project, event_id))["status"] == "sent"
+    assert len(await sim.messages("resend")) == 1
