@@ -36,9 +36,10 @@ rebuild must ask "is this task present?"; and the moved set must name tasks, not
 Rebuild: ``notif:scheduled:ready`` is set once the shards are built. An empty zset disappears
 in Redis, so only this marker tells "nothing waits" from "Redis lost everything". When it is
 missing (at start, or noticed by any later poll), the poll-lock holder re-adds every row of
-``scheduled_payloads`` whose task is neither in its shard nor already moved at that due time,
-then sets the marker. A task moved but not yet deleted from PostgreSQL when Redis lost its
-data is the one that can leave twice; delivery's taskId dedup absorbs that.
+``scheduled_payloads`` whose task is neither in its shard nor already moved at that due time
+(the rows of canceled notifications' tasks it deletes instead), then sets the marker. A task
+moved but not yet deleted from PostgreSQL when Redis lost its data is the one that can leave
+twice; delivery's taskId dedup absorbs that.
 
 Reconciliation: the poll lock holder also runs :class:`notifkit.reconcile.Reconciler` every
 ``reconcile_interval_s``, so exactly one process of the fleet settles accepted notifications
@@ -74,6 +75,7 @@ from notifkit.services.base import WorkerService
 from notifkit.services.timeline import canceled_row
 from notifkit.streams import as_str
 from notifkit.tasks import cancel_all
+from notifkit.wording import counted
 from notifkit.worker import Entry
 
 log = logging.getLogger("notifkit.scheduler")
@@ -307,12 +309,12 @@ class SchedulerService(WorkerService):
             latest[task["taskId"]] = task
         if not latest:
             return
-        events = {(t["projectId"], e) for t in latest.values() if (e := _event_id(t))}
+        events = {(t["projectId"], e) for t in latest.values() if (e := _event_id(t["payload"]))}
         # The notifications stay locked until the tasks are in their shards: a cancel waits
         # for this transaction and then finds them there, or this batch sees the cancel.
         async with self.pool.acquire() as conn, conn.transaction():
             canceled = await scheduled_db.lock_canceled(conn, events)
-            refused = [t for t in latest.values() if _event_id(t) in canceled]
+            refused = [t for t in latest.values() if _event_id(t["payload"]) in canceled]
             for task in refused:
                 del latest[task["taskId"]]
             rows = [
@@ -336,11 +338,15 @@ class SchedulerService(WorkerService):
                 pipe.zadd(self.keys.scheduled_shard(shard), {task_id: task["dueAt"]})
             if written:
                 await pipe.execute()
-            await insert_logs(conn, [row for t in refused if (row := _refused_row(t))])
+            await insert_logs(conn, [
+                logged for t in refused
+                if (logged := _refused_row(t["projectId"], t["taskId"], t["payload"],
+                                           " before it reached the scheduler"))
+            ])
         for task in refused:
             log.info("Refused a scheduled task: its notification was canceled.",
                      extra={"task_id": task["taskId"], "project_id": task["projectId"],
-                            "event_id": _event_id(task)})
+                            "event_id": _event_id(task["payload"])})
         for task in latest.values():
             if task["taskId"] in written:
                 log.debug("Scheduled a task; it leaves for %s at %d ms (%s).", task["stream"],
@@ -506,7 +512,29 @@ class SchedulerService(WorkerService):
 
     async def add_rows(self, rows: Sequence[scheduled_db.ScheduledRow]) -> int:
         """Put tasks read from PostgreSQL into their shards unless already there (or already
-        moved at that due time); returns how many were added."""
+        moved at that due time); returns how many were added. Tasks of canceled notifications
+        are not added but deleted: a cancel while Redis had lost them found none to take out.
+        Their notifications stay locked until the others are added, as at ingest."""
+        events = {(r.project_id, e) for r in rows if (e := _event_id(r.payload))}
+        if not events:
+            return await self._add_if_absent_all(rows)
+        async with self.pool.acquire() as conn, conn.transaction():
+            canceled = await scheduled_db.lock_canceled(conn, events)
+            refused = [r for r in rows if _event_id(r.payload) in canceled]
+            if refused:
+                await scheduled_db.delete_moved(
+                    conn, [(r.project_id, r.task_id, r.due_ms) for r in refused])
+                await insert_logs(conn, [
+                    logged for r in refused
+                    if (logged := _refused_row(r.project_id, r.task_id, r.payload,
+                                               " before it was due"))
+                ])
+                log.info("Deleted %s of canceled notifications instead of re-adding them.",
+                         counted(len(refused), "waiting task"), extra={"service": self.name})
+            dropped = {r.task_id for r in refused}
+            return await self._add_if_absent_all([r for r in rows if r.task_id not in dropped])
+
+    async def _add_if_absent_all(self, rows: Sequence[scheduled_db.ScheduledRow]) -> int:
         pipe = self.redis.pipeline(transaction=False)
         for row in rows:
             shard = shard_of(row.task_id)
@@ -566,23 +594,23 @@ class SchedulerService(WorkerService):
                         self.settings.scheduler_lock_ttl_s, extra={"service": self.name})
 
 
-def _event_id(task: ScheduledTask) -> str | None:
+def _event_id(payload: dict[str, Any]) -> str | None:
     """The notification a task belongs to (every payload a task carries names its event)."""
-    event_id = task["payload"].get("eventId")
+    event_id = payload.get("eventId")
     return event_id if isinstance(event_id, str) and is_uuid(event_id) else None
 
 
-def _refused_row(task: ScheduledTask) -> LogRow | None:
+def _refused_row(project_id: str, task_id: str, payload: dict[str, Any],
+                 when: str) -> LogRow | None:
     """The timeline row of a task refused for a canceled notification: one per recipient and
     channel, as the engine's 'scheduled' row before it (a task without both has none)."""
-    payload, event_id = task["payload"], _event_id(task)
+    event_id = _event_id(payload)
     user_id, channel = payload.get("userId"), payload.get("channel")
     if event_id is None or not isinstance(user_id, str) or channel not in CHANNELS:
         return None
     campaign = payload.get("campaignId")
-    return canceled_row(task["projectId"], event_id, task["taskId"], user_id, channel,
-                        campaign if isinstance(campaign, str) else None,
-                        " before it reached the scheduler")
+    return canceled_row(project_id, event_id, task_id, user_id, channel,
+                        campaign if isinstance(campaign, str) else None, when)
 
 
 def _priority(task: ScheduledTask) -> str:

@@ -29,7 +29,7 @@ from notifkit.services.scheduler import SchedulerService
 from simulators import SimulatorServer
 from tests.api.conftest import Api, Project, start_api
 
-from .helpers import FakeClock, SchedulerFactory
+from .helpers import FakeClock, SchedulerFactory, wipe_scheduler_state
 from .pipeline import EMAIL, drain, simulated_resend
 
 DEADLINE_S = 20.0
@@ -150,6 +150,20 @@ async def rows_left(db: asyncpg.Pool, task_ids: list[str]) -> int:
     return count
 
 
+async def two_waiting(api: Api, project: Project, pipeline: list[Any],
+                      scheduler: SchedulerService) -> tuple[str, str, int]:
+    """Two sends (to ada, then bob) due in a minute, taken in by the scheduler: their ids and
+    due time."""
+    for user in ("ada", "bob"):
+        await add_user(api, project, user)
+    send_at, due_ms = in_a_minute()
+    first = await send(api, project, "ada", sendAt=send_at)
+    second = await send(api, project, "bob", sendAt=send_at)
+    await drain(*pipeline)
+    await scheduler.ingest_until_idle()
+    return first, second, due_ms
+
+
 async def test_a_task_canceled_in_its_shard_is_never_delivered(
     api: Api, project: Project, pipeline: list[Any], delivery: DeliveryService,
     make_scheduler: SchedulerFactory, clock: FakeClock, cancel_settings: Settings,
@@ -157,14 +171,8 @@ async def test_a_task_canceled_in_its_shard_is_never_delivered(
 ) -> None:
     # Given two sends scheduled for the same minute, both waiting in their shards
     keys = Keys(cancel_settings.namespace)
-    for user in ("ada", "bob"):
-        await add_user(api, project, user)
-    send_at, due_ms = in_a_minute()
-    canceled = await send(api, project, "ada", sendAt=send_at)
-    kept = await send(api, project, "bob", sendAt=send_at)
-    await drain(*pipeline)
     scheduler = make_scheduler(settings=cancel_settings)
-    await scheduler.ingest_until_idle()
+    canceled, kept, due_ms = await two_waiting(api, project, pipeline, scheduler)
     canceled_task = only_recipient(await show(api, project, canceled))["taskId"]
     kept_task = only_recipient(await show(api, project, kept))["taskId"]
     assert await waiting_in_shard(redis, keys, canceled_task)
@@ -305,6 +313,32 @@ async def test_cancels_racing_the_scheduler_taking_their_tasks_in_leave_none_wai
     assert not set(tasks) & await delivered_tasks(sim)
     for e in events:
         assert shows_canceled(only_recipient(await show(api, project, e)))
+
+
+async def test_a_task_canceled_while_redis_had_lost_it_is_not_rebuilt(
+    api: Api, project: Project, pipeline: list[Any], delivery: DeliveryService,
+    make_scheduler: SchedulerFactory, clock: FakeClock, cancel_settings: Settings,
+    sim: SimulatorServer, redis: Redis, db: asyncpg.Pool,
+) -> None:
+    # Given a canceled send whose task Redis had lost (only its row in PostgreSQL is left),
+    # and one not canceled, lost with it
+    keys = Keys(cancel_settings.namespace)
+    scheduler = make_scheduler(settings=cancel_settings)
+    canceled, kept, due_ms = await two_waiting(api, project, pipeline, scheduler)
+    await wipe_scheduler_state(redis, keys)
+    answer = only_recipient(await cancel(api, project, canceled))
+    assert answer["status"] == "scheduled"  # nothing was in a shard to take out
+
+    # When the scheduler rebuilds its shards from PostgreSQL, and their time comes
+    clock.now_ms = due_ms + 1_000
+    kept_task = only_recipient(await show(api, project, kept))["taskId"]
+    await until_delivered(kept_task, scheduler, delivery, sim)
+
+    # Then the canceled task was not brought back: never delivered, its row deleted
+    assert answer["taskId"] not in await delivered_tasks(sim)
+    recipient = only_recipient(await show(api, project, canceled))
+    assert shows_canceled(recipient), recipient
+    assert await rows_left(db, [answer["taskId"]]) == 0
 
 
 async def test_a_quiet_hours_deferral_is_canceled_like_a_scheduled_send(
