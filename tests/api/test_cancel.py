@@ -133,3 +133,13 @@ async def test_cancel_needs_a_key(api: Api, project: Project, template: str) -> 
     event_id = await send(api, project, template, sendAt=in_an_hour())
     reply = await api.call("POST", f"/v1/notifications/{event_id}/cancel")
     assert reply.status == 401, reply.body
+
+
+async def test_the_openapi_document_declares_the_route(api: Api) -> None:
+    reply = await api.call("GET", "/openapi.json")
+    assert reply.status == 200
+    cancel = reply.body["paths"]["/v1/notifications/{eventId}/cancel"]["post"]
+    assert cancel["responses"]["200"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/Notification"}
+    assert "nothing_to_cancel" in cancel["responses"]["409"]["description"]
+    assert {"404", "401", "403"} <= set(cancel["responses"])

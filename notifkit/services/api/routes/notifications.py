@@ -116,8 +116,11 @@ async def get_notification(request: web.Request) -> web.Response:
            "Cancel a notification's sends that are still waiting", roles=SEND,
            responses={200: Reply(ref("Notification"), "The notification after the cancel, as "
                                  "GET shows it: each task taken out of the scheduler is "
-                                 "skipped, with a 'canceled' timeline entry.")},
-           errors=(409,), description=(
+                                 "skipped, with a 'canceled' timeline entry."),
+                      409: Reply(ref("Error"), "Nothing is left to cancel: every task was "
+                                               "handed to delivery, no sendAt lies ahead "
+                                               "(nothing_to_cancel).")},
+           description=(
                "Every task of the notification not yet handed to delivery (waiting for its "
                "sendAt, for the end of the user's quiet hours, or after a provider's rate "
                "limit, or still on its way to the scheduler) is dropped and never sent; tasks "
