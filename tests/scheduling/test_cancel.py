@@ -102,7 +102,7 @@ async def send(api: Api, project: Project, user_id: str, **fields: Any) -> str:
 
 
 async def cancel(api: Api, project: Project, event_id: str) -> dict[str, Any]:
-    reply = await api.call("POST", f"/v1/notifications/{event_id}/cancel", key=project.send)
+    reply = await api.call("POST", f"/v1/notifications/{event_id}/cancel", key=project.full)
     assert reply.status == 200, reply.body
     body: dict[str, Any] = reply.body
     return body

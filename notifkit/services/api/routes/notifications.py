@@ -113,7 +113,7 @@ async def get_notification(request: web.Request) -> web.Response:
 
 
 @ops.route("POST", "/v1/notifications/{eventId}/cancel",
-           "Cancel a notification's sends that are still waiting", roles=SEND,
+           "Cancel a notification's sends that are still waiting",
            responses={200: Reply(ref("Notification"), "The notification after the cancel, as "
                                  "GET shows it: each task taken out of the scheduler is "
                                  "skipped, with a 'canceled' timeline entry."),
