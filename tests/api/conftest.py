@@ -8,6 +8,7 @@ full and a send key through the admin API, as a user would.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -111,13 +112,20 @@ async def start_api(settings: Settings, **options: Any) -> tuple[TestServer, Api
     return server, client
 
 
-@pytest.fixture
-async def api(api_settings: Settings) -> AsyncIterator[Api]:
-    _server, client = await start_api(api_settings)
+@contextlib.asynccontextmanager
+async def running_api(settings: Settings, **options: Any) -> AsyncIterator[Api]:
+    """An API process on ``settings`` for the length of the block."""
+    _server, client = await start_api(settings, **options)
     try:
-        yield Api(client, api_settings)
+        yield Api(client, settings)
     finally:
         await client.close()
+
+
+@pytest.fixture
+async def api(api_settings: Settings) -> AsyncIterator[Api]:
+    async with running_api(api_settings) as api:
+        yield api
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from notifkit.keys import Keys
 from notifkit.streams import decode
 from notifkit.unsubscribe import make_token
 from simulators.signing import svix_headers, twilio_sign
-from tests.api.conftest import Api, Project, start_api
+from tests.api.conftest import Api, Project, running_api
 from tests.support.streams import xrange
 
 RESEND_SECRET = "whsec_" + base64.b64encode(b"resend-webhook-key-0123456789").decode()
@@ -31,11 +31,8 @@ async def hooks(api_settings: Settings) -> AsyncIterator[Api]:
     settings = api_settings.replace(webhooks=WebhookSecrets(
         resend=RESEND_SECRET, sendgrid=SHARED_SECRET, fcm=SHARED_SECRET, smtp=SHARED_SECRET,
         twilio_auth_token=TWILIO_TOKEN))
-    _server, client = await start_api(settings)
-    try:
-        yield Api(client, settings)
-    finally:
-        await client.close()
+    async with running_api(settings) as api:
+        yield api
 
 
 async def receipts(redis: Redis, api: Api) -> list[dict[str, Any]]:

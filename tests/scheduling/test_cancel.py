@@ -27,7 +27,7 @@ from notifkit.services.engine import EngineService
 from notifkit.services.enricher import EnricherService
 from notifkit.services.scheduler import SchedulerService
 from simulators import SimulatorServer
-from tests.api.conftest import Api, Project, start_api
+from tests.api.conftest import Api, Project, running_api
 
 from .helpers import FakeClock, SchedulerFactory, wipe_scheduler_state
 from .pipeline import EMAIL, drain, simulated_resend
@@ -44,11 +44,8 @@ def cancel_settings(settings: Settings, sim: SimulatorServer) -> Settings:
 
 @pytest.fixture
 async def api(cancel_settings: Settings) -> AsyncIterator[Api]:
-    _server, client = await start_api(cancel_settings)
-    try:
-        yield Api(client, cancel_settings)
-    finally:
-        await client.close()
+    async with running_api(cancel_settings) as api:
+        yield api
 
 
 @pytest.fixture

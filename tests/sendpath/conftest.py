@@ -13,7 +13,7 @@ from notifkit.config import EmailSettings, PushSettings, Settings, SmsSettings
 from notifkit.keys import Keys
 from notifkit.services.base import Service
 from simulators import SimulatorServer
-from tests.api.conftest import Api, start_api
+from tests.api.conftest import Api, running_api
 
 from .helpers import add_project
 
@@ -57,11 +57,8 @@ def sim_settings(sp_settings: Settings, sim: SimulatorServer) -> Settings:
 async def api(sim_settings: Settings) -> AsyncIterator[Api]:
     """The HTTP API on the simulator settings, with a rate no test reaches."""
     settings = sim_settings.replace(api_rate_per_second=10_000.0, api_rate_burst=10_000)
-    _server, client = await start_api(settings)
-    try:
-        yield Api(client, settings)
-    finally:
-        await client.close()
+    async with running_api(settings) as api:
+        yield api
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 
 from notifkit.config import Settings
 from notifkit.ids import uuid7
-from tests.api.conftest import Api, Project, start_api
+from tests.api.conftest import Api, Project, running_api
 
 if TYPE_CHECKING:
     from .conftest import FakeClock, ServiceFactory
@@ -20,11 +20,8 @@ if TYPE_CHECKING:
 @pytest.fixture
 async def api(settings: Settings) -> AsyncIterator[Api]:
     chosen = settings.replace(api_rate_per_second=10_000.0, api_rate_burst=10_000)
-    _server, client = await start_api(chosen)
-    try:
-        yield Api(client, chosen)
-    finally:
-        await client.close()
+    async with running_api(chosen) as api:
+        yield api
 
 
 @pytest.fixture
