@@ -107,7 +107,8 @@ def tune_gc() -> None:
 async def serve(settings: Settings, port_option: str = "PORT") -> int:
     """Run until SIGTERM or SIGINT. ``port_option`` is what the user set the port with: a port
     given as ``--port`` that cannot be bound is named so, not as the PORT they never set."""
-    from notifkit.server import NotifkitServer, stop_on_signals
+    from notifkit.server import NotifkitServer
+    from notifkit.stop_signals import stop_on_signals
 
     stop = asyncio.Event()
     stop_on_signals(stop)

@@ -179,7 +179,7 @@ async def run_dev(settings: Settings, *, data_dir: str, port: int, sim_port: int
 
 async def _run_dev(settings: Settings, environ: dict[str, str], folder: Path, port: int,
                    sim_port: int, sim_smtp_port: int) -> int:
-    from notifkit.server import stop_on_signals
+    from notifkit.stop_signals import stop_on_signals
 
     stop = asyncio.Event()
     stop_on_signals(stop)

@@ -10,10 +10,8 @@ system. Each service owns its connections, so the same code serves a laptop and 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import logging
-import signal
 from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any
@@ -45,27 +43,6 @@ REGISTRY: dict[str, str] = {
     "workflow": "notifkit.services.workflow:WorkflowService",
     "events": "notifkit.services.events:EventsService",
 }
-
-
-STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
-
-
-def stop_on_signals(stop: asyncio.Event) -> None:
-    """Set ``stop`` at the first SIGTERM or SIGINT, and ignore both from then on: the stop
-    under way is the answer to any repeat (a second Ctrl-C). The loop puts the default
-    handlers back when it closes, and a repeat arriving after that, while the interpreter
-    finished, killed the process by the signal instead of letting it exit 0."""
-    loop = asyncio.get_running_loop()
-
-    def stopping() -> None:
-        stop.set()
-        for signum in STOP_SIGNALS:
-            loop.remove_signal_handler(signum)
-            signal.signal(signum, signal.SIG_IGN)
-
-    for signum in STOP_SIGNALS:
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(signum, stopping)
 
 
 def service_class(name: str) -> type[Service]:

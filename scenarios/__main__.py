@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from notifkit.config import ConfigError, Settings
+from notifkit.stop_signals import STOP_SIGNALS, ignore_stop_signals, on_stop_signals
 from scenarios import catalog
 from scenarios.harness import RunOptions, service_urls
 from scenarios.report import Progress, ScenarioResult, table, violations_text, write_json
@@ -222,17 +223,19 @@ async def stoppable(work: Awaitable[T]) -> T:
         loop.default_exception_handler(context)
 
     loop.set_exception_handler(quiet_while_stopping)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop)
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    on_stop_signals(stop)
     try:
         result = await work
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(signum)
-            if stopping:
-                # The run ends with 130 now; a repeat would otherwise meet the default
-                # handler and kill the process by the signal.
-                signal.signal(signum, signal.SIG_IGN)
+        if stopping:
+            # The run ends with 130 now; a repeat would otherwise meet the default handler
+            # and kill the process by the signal.
+            ignore_stop_signals()
+        else:
+            for signum, handler in previous.items():
+                if handler is not None:
+                    signal.signal(signum, handler)
     if stopping:
         # Told to stop, yet the work finished: its cancellation was swallowed (redis-py's,
         # while connecting, turns into a timeout later). A stop all the same.

@@ -14,11 +14,11 @@ import asyncio
 import gc
 import logging
 import secrets
-import signal
 import sys
 from collections.abc import Coroutine
 from typing import Any, NoReturn
 
+from notifkit.stop_signals import stop_on_signals
 from simulators.logs import LOG_FORMATS, setup_logging
 from simulators.server import ListenError, SimulatorServer
 
@@ -125,7 +125,7 @@ async def serve(args: argparse.Namespace) -> None:
         max_messages=args.max_messages,
     )
     stop = asyncio.Event()
-    _stop_on_signals(stop)
+    stop_on_signals(stop)
     await server.start()
     settle_gc()
     try:
@@ -141,22 +141,6 @@ async def serve(args: argparse.Namespace) -> None:
         log.info("Stopping: held requests are released and connections closed.")
     finally:
         await server.stop()
-
-
-def _stop_on_signals(stop: asyncio.Event) -> None:
-    """Set ``stop`` at the first SIGINT or SIGTERM; a repeat (a second Ctrl-C) is ignored from
-    then on. The loop puts the default handlers back as it closes, and a repeat landing after
-    that killed the process by the signal instead of letting its stop exit 0."""
-    loop = asyncio.get_running_loop()
-
-    def first_signal() -> None:
-        stop.set()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
-            signal.signal(signum, signal.SIG_IGN)
-
-    loop.add_signal_handler(signal.SIGINT, first_signal)
-    loop.add_signal_handler(signal.SIGTERM, first_signal)
 
 
 # Collect the youngest objects every 20,000 allocations instead of 700: each request makes

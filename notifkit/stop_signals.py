@@ -1,0 +1,83 @@
+"""SIGTERM and SIGINT for long-running commands: the first stops, repeats are ignored.
+
+A supervisor or an impatient person repeats the signal (a second Ctrl-C, SIGTERM every
+second). The stop under way is the answer to any repeat, and the process must still exit 0 once
+it has stopped, so from the first signal on both are ignored by the kernel, never handled by
+their default action (which kills the process) even for an instant.
+
+The event loop's ``add_signal_handler`` cannot give that: taking its handler off puts the
+default action back before anything else can be set, and closing the loop does the same, so a
+repeat landing in that instant killed the process by the signal. Here a plain Python handler is
+installed instead and replaced with SIG_IGN in one ``sigaction``; Python's own finalisation
+leaves an ignored signal ignored. Both loops notifkit runs on (asyncio's and uvloop's) wake up
+to run Python signal handlers, since they listen on Python's signal wakeup fd or retry their
+wait after EINTR.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import sys
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
+
+# CPython's report when a signal arrived in the instant between its last look at pending
+# signals and the switch to SIG_IGN: the repeat it names is one we meant to ignore anyway.
+_IGNORED_IN_SWITCH = re.compile(r"Signal (\d+) ignored due to race condition")
+
+
+def stop_on_signals(stop: asyncio.Event) -> None:
+    """Set ``stop`` at the first SIGTERM or SIGINT and ignore both from then on. Call from a
+    coroutine running on the main thread's loop."""
+
+    def first_signal() -> None:
+        ignore_stop_signals()
+        stop.set()
+
+    on_stop_signals(first_signal)
+
+
+def on_stop_signals(callback: Callable[[], None]) -> None:
+    """Call ``callback`` on the running loop at every SIGTERM or SIGINT, until
+    ``ignore_stop_signals``. Call from a coroutine running on the main thread's loop."""
+    loop = asyncio.get_running_loop()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        loop.call_soon_threadsafe(callback)
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, handler)
+
+
+def ignore_stop_signals() -> None:
+    """From now until the process exits, SIGTERM and SIGINT do nothing."""
+    _quiet_switch_reports()
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def repeat_caught_in_switch(error: BaseException | None) -> bool:
+    """Whether ``error`` is CPython's report of a stop signal that arrived between its last look
+    at pending signals and the switch to SIG_IGN: a repeat, meant to be ignored anyway."""
+    if not isinstance(error, OSError):
+        return False
+    match = _IGNORED_IN_SWITCH.fullmatch(str(error))
+    return match is not None and int(match.group(1)) in STOP_SIGNALS
+
+
+def _quiet_switch_reports() -> None:
+    if getattr(sys.unraisablehook, "_notifkit_stop_signals", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if not repeat_caught_in_switch(unraisable.exc_value):
+            previous(unraisable)
+
+    hook._notifkit_stop_signals = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
