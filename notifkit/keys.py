@@ -54,6 +54,7 @@ Other keys:
     notif:apirate:{projectId}                HASH  API request token bucket per project
     notif:idempotency:api:{projectId}:{key}  STR   first response to a caller's idempotency key
     notif:channel:keys                       PUB/SUB  API-key revocations
+    notif:channel:templates                  PUB/SUB  template deletions
     notif:channel:inbox:{projectId}:{userId} PUB/SUB  new in-app messages (SSE)
 
 A namespace (``NOTIFKIT_NAMESPACE``) prefixes every name as ``{namespace}:{name}`` (a namespace

@@ -6,6 +6,9 @@ drifts by one character splits the system in two without any error.
 
 from __future__ import annotations
 
+import inspect
+import re
+
 import pytest
 
 from notifkit.keys import PRIORITIES, SCHEDULER_SHARDS, Keys, shard_of
@@ -129,3 +132,40 @@ def test_an_unknown_priority_is_refused() -> None:
 def test_shard_of_is_the_last_hex_digit_of_the_task_id(task_id: str, shard: str) -> None:
     assert shard_of(task_id) == shard
     assert shard in SCHEDULER_SHARDS
+
+
+def _schema_patterns() -> list[re.Pattern[str]]:
+    """The names the key schema (keys.py's header comment) lists, as patterns."""
+    import notifkit.keys
+
+    names = re.findall(r"^\s+((?:notif|notifkit|lock|throttle):\S+)", notifkit.keys.__doc__ or "",
+                       re.MULTILINE)
+    return [re.compile(re.sub(r"\\\{[^}]*\\\}", ".+", re.escape(name)) + "$") for name in names]
+
+
+def _every_name(keys: Keys) -> dict[str, str]:
+    """What each public builder of Keys makes, with made-up arguments."""
+    made = {}
+    for attr in dir(Keys):
+        # Groups live inside streams; the health prefix and pattern are the health key's.
+        if (attr.startswith("_") or attr.endswith("_all")
+                or attr in ("namespace", "group", "health_prefix", "health_pattern")):
+            continue
+        value = getattr(keys, attr)
+        if not callable(value):
+            made[attr] = value
+            continue
+        params = [p for p in inspect.signature(value).parameters if p != "self"]
+        args = {"priority": "normal", "stream": keys.enriched("normal"), "shard": "7"}
+        names = value(*[args.get(p, f"x-{p}") for p in params])
+        for name in names if isinstance(names, list) else [names]:
+            made[f"{attr}:{name}"] = name
+    return made
+
+
+def test_the_key_schema_lists_every_name_keys_builds() -> None:
+    # The header comment is the one place an operator reads to know what is in Redis.
+    patterns = _schema_patterns()
+    missing = [f"{attr} -> {name}" for attr, name in _every_name(Keys()).items()
+               if not any(p.match(name) for p in patterns)]
+    assert not missing, missing
