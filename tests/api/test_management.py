@@ -1,5 +1,5 @@
-"""The management routes: GET /v1/suppressions, DELETE /v1/suppressions/{id}, GET /v1/templates
-and DELETE /v1/templates/{id}, each scoped to the caller's project."""
+"""The management routes: GET and POST /v1/suppressions, DELETE /v1/suppressions/{id},
+GET /v1/templates and DELETE /v1/templates/{id}, each scoped to the caller's project."""
 
 from __future__ import annotations
 
@@ -100,6 +100,62 @@ async def test_a_suppression_is_deleted_once_and_only_by_its_project(
     assert (gone.status, gone.error["code"]) == (404, "suppression_not_found")
     listed = await api.call("GET", "/v1/suppressions", key=project.full)
     assert listed.body == {"items": [], "nextCursor": None}
+
+
+async def test_a_suppression_is_added_by_hand_once_whatever_its_spelling(
+    api: Api, project: Project, db: asyncpg.Pool,
+) -> None:
+    added = await api.call("POST", "/v1/suppressions", key=project.full, json={
+        "channel": "email", "target": "Ada@Example.COM", "detail": "asked by phone"})
+    assert added.status == 201, added.body
+    # Stored as contacts are: the e-mail domain lower-cased, so it matches the user's address.
+    assert added.body == {
+        "id": added.body["id"], "channel": "email", "target": "Ada@example.com",
+        "reason": "manual", "detail": "asked by phone", "createdAt": added.body["createdAt"]}
+    listed = await api.call("GET", "/v1/suppressions", key=project.full)
+    assert listed.body["items"] == [added.body]
+
+    # Adding it again changes nothing and answers with the suppression already there,
+    again = await api.call("POST", "/v1/suppressions", key=project.full,
+                           json={"channel": "email", "target": "Ada@example.com"})
+    assert (again.status, again.body) == (200, added.body)
+    # as it does for one a bounce recorded: its reason stays.
+    bounced = await suppress(db, project.id, "sms", "+15550000001")
+    kept = await api.call("POST", "/v1/suppressions", key=project.full,
+                          json={"channel": "sms", "target": "+15550000001"})
+    assert (kept.status, kept.body["id"], kept.body["reason"]) == (200, bounced, "bounce")
+    assert await db.fetchval("SELECT count(*) FROM suppressions") == 2
+
+    # Another project's list is its own; the send key may not add one.
+    other = await api.project("other")
+    assert (await api.call("GET", "/v1/suppressions", key=other.full)).body["items"] == []
+    refused = await api.call("POST", "/v1/suppressions", key=project.send,
+                             json={"channel": "email", "target": "bob@example.com"})
+    assert refused.status == 403
+    admin = await api.call("POST", "/v1/suppressions", key=ADMIN, project=other.id,
+                           json={"channel": "push", "target": "device-token-1"})
+    assert (admin.status, admin.body["target"]) == (201, "device-token-1")
+    assert await db.fetchval("SELECT count(*) FROM suppressions WHERE project_id = $1",
+                             other.id) == 1
+
+
+@pytest.mark.parametrize(("body", "fields"), [
+    ({}, ["channel", "target"]),
+    ({"channel": "inapp", "target": "ada"}, ["channel"]),
+    ({"channel": "email", "target": "not an address"}, ["target"]),
+    ({"channel": "sms", "target": "0151 123"}, ["target"]),
+    ({"channel": "push", "target": "has space"}, ["target"]),
+    ({"channel": "webhook", "target": "http://example.com/hook"}, ["target"]),
+    ({"channel": "email", "target": 5}, ["target"]),
+    ({"channel": "email", "target": "a@b.co", "detail": "x" * 1001}, ["detail"]),
+    ({"channel": "email", "target": "a@b.co", "reason": "bounce"}, ["reason"]),
+])
+async def test_a_suppression_added_by_hand_is_checked_as_a_contact_is(
+    api: Api, project: Project, db: asyncpg.Pool, body: dict[str, object], fields: list[str],
+) -> None:
+    reply = await api.call("POST", "/v1/suppressions", key=project.full, json=body)
+    assert (reply.status, reply.fields) == (400, fields), reply.body
+    assert await db.fetchval("SELECT count(*) FROM suppressions") == 0
 
 
 # -- templates ------------------------------------------------------------------------------

@@ -200,6 +200,8 @@ async def test_ids_of_one_project_are_404_for_another(
     await check("DELETE", "/v1/dlq/{entryId}", 404, entryId=made["dlq"])
     await check("DELETE", "/v1/suppressions/{suppressionId}", 404,
                 suppressionId=made["suppression"])
+    # Suppressing the address A suppressed makes B a suppression of its own.
+    await check("POST", "/v1/suppressions", 201, {"channel": "email", "target": "a@example.com"})
 
     # Caller-chosen ids resolve to B's own resource, or to nothing.
     await check("GET", "/v1/users/{userId}", mine, userId=user)

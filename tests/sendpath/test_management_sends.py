@@ -97,6 +97,23 @@ async def test_a_deleted_suppression_lets_the_next_send_reach_the_provider(
     assert await redis.xlen(Keys(sim_settings.namespace).dlq) == 0
 
 
+async def test_a_suppression_added_through_the_api_stops_the_next_send(
+    api: Api, pipeline: list[Service], sim: SimulatorServer,
+) -> None:
+    project = await ada_with_welcome(api)
+    added = await api.call("POST", "/v1/suppressions", key=project.full,
+                           json={"channel": "email", "target": "ada@EXAMPLE.com"})
+    assert added.status == 201, added.body
+
+    event_id = await send(api, project, 1)
+    await drain(*pipeline)
+    assert await sim.messages("resend") == []
+    after = await shown(api, project, event_id)
+    assert after["status"] == "suppressed", after
+    [recipient] = after["recipients"]
+    assert "address suppressed (manual)" in recipient["timeline"][-1]["detail"]
+
+
 async def test_sends_of_a_deleted_template_fail_on_their_timeline_without_a_dead_letter(
     api: Api, pipeline: list[Service], sim: SimulatorServer,
     redis: Redis, sim_settings: Settings,

@@ -346,6 +346,12 @@ COMPONENTS: dict[str, Schema] = {
                    "description": "bounce, complaint, unsubscribe or manual."},
         "detail": nullable(STRING), "createdAt": DATETIME,
     }, ("id", "channel", "target", "reason", "detail", "createdAt")),
+    "SuppressionCreate": obj({
+        "channel": {"type": "string", "enum": list(CONTACT_CHANNELS)},
+        "target": {"type": "string", "minLength": 1, "maxLength": 1024,
+                   "description": "Checked and stored as a contact's address is."},
+        "detail": nullable({"type": "string", "maxLength": 1000}),
+    }, ("channel", "target")),
     "Unsubscribed": obj({
         "unsubscribed": {"type": "boolean"}, "channel": CHANNEL, "topic": nullable(STRING),
         "suppressed": {"type": "boolean"},

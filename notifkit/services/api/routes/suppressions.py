@@ -15,16 +15,19 @@ from aiohttp import web
 
 from notifkit.services.api.errors import json_response, not_found
 from notifkit.services.api.middleware import project_id
+from notifkit.services.api.routes.users import contact_fields
 from notifkit.services.api.routing import CURSOR, LIMIT, Operations, Param, Reply
 from notifkit.services.api.schemas import CONTACT_CHANNELS, ref
 from notifkit.services.api.state import DB
 from notifkit.services.api.validation import (
+    Fields,
     QueryChecks,
     encode_cursor,
     enum_query,
     iso,
     limit_param,
     query_string,
+    read_json,
     time_uuid_cursor,
     uuid_id,
 )
@@ -33,6 +36,8 @@ ops = Operations("suppressions")
 
 # As a contact's target: at most 1,024 bytes.
 MAX_TARGET_CHARS = 1024
+MAX_DETAIL_CHARS = 1000
+COLUMNS = "id, channel, target, reason, detail, created_at"
 
 
 @ops.route("GET", "/v1/suppressions", "The project's suppressed addresses, newest first",
@@ -56,7 +61,7 @@ async def list_suppressions(request: web.Request) -> web.Response:
     after_at, after_id = cursor if cursor is not None else (None, None)
     # One row past the page says whether another page follows.
     rows = await request.app[DB].fetch(
-        "SELECT id, channel, target, reason, detail, created_at FROM suppressions "
+        f"SELECT {COLUMNS} FROM suppressions "
         "WHERE project_id = $1 AND ($2::text IS NULL OR channel = $2) "
         "AND ($3::text IS NULL OR target = $3) "
         "AND ($4::timestamptz IS NULL OR (created_at, id) < ($4, $5::uuid)) "
@@ -70,6 +75,41 @@ async def list_suppressions(request: web.Request) -> web.Response:
         next_cursor = encode_cursor(last["created_at"].isoformat(), str(last["id"]))
     return json_response({"items": [suppression_json(r) for r in page],
                           "nextCursor": next_cursor})
+
+
+@ops.route("POST", "/v1/suppressions", "Suppress an address by hand",
+           body=ref("SuppressionCreate"),
+           responses={201: ref("Suppression"),
+                      200: Reply(ref("Suppression"), "The address was suppressed already; "
+                                                     "that suppression, unchanged.")},
+           description="An address not to send to any more (one that bounced at a former "
+                       "provider, say), checked and stored as a contact's is; reason manual.")
+async def add_suppression(request: web.Request) -> web.Response:
+    project = project_id(request)
+    fields = Fields(await read_json(request))
+    fields.only(("channel", "target", "detail"))
+    # Any https URL may be suppressed: the private-network rule guards what is sent to.
+    channel, target = contact_fields(fields, allow_private=True)
+    detail = fields.string("detail", nullable=True, max_len=MAX_DETAIL_CHARS)
+    fields.raise_if_invalid()
+    pool = request.app[DB]
+    while True:
+        row = await pool.fetchrow(
+            "INSERT INTO suppressions (project_id, channel, target, reason, detail) "
+            "VALUES ($1, $2, $3, 'manual', $4) ON CONFLICT (project_id, channel, target) "
+            f"DO NOTHING RETURNING {COLUMNS}",
+            project, channel, target, detail,
+        )
+        if row is not None:
+            return json_response(suppression_json(row), 201)
+        row = await pool.fetchrow(
+            f"SELECT {COLUMNS} FROM suppressions "
+            "WHERE project_id = $1 AND channel = $2 AND target = $3",
+            project, channel, target,
+        )
+        if row is not None:
+            return json_response(suppression_json(row), 200)
+        # Lifted by a DELETE between the two statements: add it after all.
 
 
 @ops.route("DELETE", "/v1/suppressions/{suppressionId}", "Remove a suppression",

@@ -137,7 +137,7 @@ async def add_contact(request: web.Request) -> web.Response:
     user_id = lookup_id(request, "userId", "user")
     fields = Fields(await read_json(request))
     fields.only(("channel", "target"))
-    channel, target = _contact(fields, _allow_private(request))
+    channel, target = contact_fields(fields, _allow_private(request))
     fields.raise_if_invalid()
     assert channel is not None
     assert target is not None
@@ -376,7 +376,9 @@ def _allow_private(request: web.Request) -> bool:
     return request.app[SETTINGS].webhook_allow_private_networks
 
 
-def _contact(fields: Fields, allow_private: bool) -> tuple[str | None, str | None]:
+def contact_fields(fields: Fields, allow_private: bool) -> tuple[str | None, str | None]:
+    """The ``channel`` and ``target`` fields as a contact is stored (problems go to
+    ``fields``)."""
     channel = fields.choice("channel", CONTACT_CHANNELS, required=True)
     target = fields.string("target", required=True, max_len=MAX_TARGET_BYTES)
     if channel is None or target is None:
@@ -400,7 +402,7 @@ def _contacts(fields: Fields, allow_private: bool) -> list[tuple[str, str]] | No
             continue
         inner = fields.child(name, item)
         inner.only(("channel", "target"))
-        channel, target = _contact(inner, allow_private)
+        channel, target = contact_fields(inner, allow_private)
         if channel is not None and target is not None and (channel, target) not in out:
             out.append((channel, target))
     return out
