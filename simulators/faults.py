@@ -10,7 +10,6 @@ so the same seed and the same sequence of requests give the same sequence of dec
 
 from __future__ import annotations
 
-import fnmatch
 import random
 from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from http import HTTPStatus
 from typing import TypedDict
 
 from simulators.kinds import ANY_PROVIDER, FaultKind, Provider
+from simulators.recipients import glob_matches
 from simulators.validation import (
     ControlError,
     get_int,
@@ -121,9 +121,8 @@ class FaultRule:
 
     def matched(self, recipients: Iterable[str]) -> str | None:
         """The first of ``recipients`` this rule's glob matches (without one, the first)."""
-        # Addresses are case-insensitive; phone numbers and tokens have no case to fold.
-        pattern = self.to.lower() if self.to is not None else "*"
-        return next((r for r in recipients if fnmatch.fnmatchcase(r.lower(), pattern)), None)
+        pattern = self.to if self.to is not None else "*"
+        return next((r for r in recipients if glob_matches(r, pattern)), None)
 
     def to_item(self) -> FaultItem:
         delay: int | list[int] | None

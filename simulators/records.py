@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any, TypedDict
 
 from simulators.kinds import Provider
+from simulators.recipients import same_recipient
 
 try:  # orjson (notifkit's "fast" extra) when installed
     import orjson as _orjson
@@ -208,8 +209,7 @@ class MessageStore:
         task_id: str | None = None,
         limit: int = 1000,
     ) -> list[MessageRecord]:
-        """Newest first. `to` matches any recipient of a message, ignoring case."""
-        wanted_to = to.lower() if to is not None else None
+        """Newest first. `to` matches any recipient of a message (see recipients.py)."""
         found: list[MessageRecord] = []
         for record in reversed(self._messages):
             if len(found) >= limit:
@@ -218,7 +218,7 @@ class MessageStore:
                 continue
             if task_id is not None and record.task_id != task_id:
                 continue
-            if wanted_to is not None and wanted_to not in (r.lower() for r in record.recipients):
+            if to is not None and not any(same_recipient(r, to) for r in record.recipients):
                 continue
             found.append(record)
         return found

@@ -56,6 +56,18 @@ def test_recipient_glob_is_case_insensitive_and_matches_any_recipient() -> None:
     assert table.decide(Provider.RESEND, ["ok@example.com"]) is None
 
 
+def test_recipient_glob_keeps_the_case_of_tokens_and_models() -> None:
+    """Only e-mail addresses are case-insensitive: FCM tokens are case-sensitive ids, so a
+    rule aimed at one device must not hit another whose token differs only in case."""
+    table = FaultTable(0)
+    table.add({"provider": "*", "kind": "invalid_token", "to": "dTok:APA91b*"})
+    assert table.decide(Provider.FCM, ["dtok:apa91bXYZ"]) is None
+    assert table.decide(Provider.FCM, ["dTok:APA91bXYZ"]) is not None
+    table.clear()
+    table.add({"provider": "openai", "kind": "invalid_token", "to": "GPT-4o"})
+    assert table.decide(Provider.OPENAI, ["gpt-4o"]) is None
+
+
 def test_provider_must_match() -> None:
     table = FaultTable(0)
     table.add({"provider": "fcm", "kind": "error"})

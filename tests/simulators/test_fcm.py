@@ -575,3 +575,19 @@ async def test_firebase_admin_sends_platform_options_through_the_simulator(
     assert (android["priority"], android["ttl"]) == ("high", "3600.500000000s")
     assert android["notification"]["channel_id"] == "mail"
     assert record["content"]["apns"]["payload"]["aps"]["badge"] == 1
+
+
+async def test_tokens_differing_only_in_case_are_different_devices(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    """FCM tokens are case-sensitive: a fault rule or a `to` filter names one device, never
+    another whose token differs only in case (e-mail addresses alone ignore case)."""
+    await sim.add_fault("invalid_token", "fcm", to="dTok:APA91bAbC")
+    status, body = await push(http, sim, {"token": "dtok:apa91babc"})
+    assert status == 200, body
+    status, body = await push(http, sim, {"token": "dTok:APA91bAbC"})
+    assert (status, error_code(body)) == (404, "UNREGISTERED")
+    await sim.clear_faults()
+    await push(http, sim, {"token": "dTok:APA91bAbC"})
+    found = await sim.messages("fcm", to="dTok:APA91bAbC")
+    assert [m["to"] for m in found] == ["dTok:APA91bAbC"]

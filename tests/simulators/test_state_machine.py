@@ -37,7 +37,11 @@ class ModelRule:
     def matches(self, provider: Provider, recipient: str) -> bool:
         if self.provider not in ("*", provider.value):
             return False
-        return self.to is None or fnmatch.fnmatchcase(recipient.lower(), self.to.lower())
+        if self.to is None:
+            return True
+        if "@" in recipient:  # only e-mail addresses ignore case
+            return fnmatch.fnmatchcase(recipient.lower(), self.to.lower())
+        return fnmatch.fnmatchcase(recipient, self.to)
 
 
 class FaultTableMachine(RuleBasedStateMachine):
