@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
@@ -233,16 +233,31 @@ def _no_body(operation: Callable[[SimState], Any], *, query: bool = False) -> Ha
 
 
 def _literal_plus_query(raw: str) -> dict[str, str]:
-    """The query with a literal `+` kept as `+`, each name's first value.
+    """The query with a literal `+` kept as `+`.
 
     Form decoding reads `+` as a space, so `?to=+15551234567` (a phone number pasted into a
     URL, as curl sends it) would look for " 15551234567" and find nothing. No recipient,
     task id or provider name holds a space, while E.164 numbers all start with `+`; a space
     still arrives as `%20`.
+
+    Each name is taken once and each value must be UTF-8 once percent-decoded, as in the
+    notifkit API: answering for the first of two values, or for text with replacement
+    characters, would filter on something the caller never asked for.
     """
     query: dict[str, str] = {}
-    for name, value in parse_qsl(raw.replace("+", "%2B"), keep_blank_values=True):
-        query.setdefault(name, value)
+    for part in raw.split("&"):
+        try:
+            pairs = parse_qsl(part.replace("+", "%2B"), keep_blank_values=True,
+                              errors="strict")
+        except UnicodeDecodeError:
+            name = unquote(part.partition("=")[0], errors="replace")
+            raise ControlError(
+                f"{show(name)} must be valid UTF-8 once percent-decoded"
+            ) from None
+        for name, value in pairs:
+            if name in query:
+                raise ControlError(f"{show(name)} must be given once")
+            query[name] = value
     return query
 
 

@@ -124,6 +124,30 @@ async def test_bad_message_queries_are_400(
     assert named in body["error"]
 
 
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        ("limit=1&limit=abc", "'limit'"),
+        ("provider=resend&provider=twilio", "'provider'"),
+        ("to=a%40example.com&to=b%40example.com", "'to'"),
+        ("to=%FF%FE", "'to'"),
+        ("taskId=%C3", "'taskId'"),
+    ],
+)
+async def test_ambiguous_message_queries_are_400_naming_the_parameter(
+    http: aiohttp.ClientSession, sim: SimulatorServer, query: str, named: str
+) -> None:
+    """A repeated parameter, or a value that is not UTF-8 once percent-decoded, is refused as
+    the notifkit API refuses it: answering for the first value, or for text with replacement
+    characters, would filter on something the caller never asked for."""
+    await send_email(http, sim, "a@example.com", "task-q")
+    url = URL(f"{sim.base_url}/_sim/messages?{query}", encoded=True)
+    async with http.get(url) as response:
+        assert response.status == 400
+        body = await response.json()
+    assert named in body["error"]
+
+
 async def test_stats_shape(http: aiohttp.ClientSession, sim: SimulatorServer) -> None:
     await call(
         http, sim, "POST", "/_sim/faults", json={"provider": "resend", "kind": "error", "times": 1}
