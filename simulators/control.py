@@ -52,6 +52,7 @@ MAX_LIMIT = 100_000
 DEFAULT_LIMIT = 1000
 MESSAGE_QUERY = ("provider", "to", "taskId", "limit")
 MAX_SEED = 2**63
+_TOO_DEEP = f"request body is nested too deeply (more than {MAX_JSON_DEPTH} levels)"
 # Rendered email HTML sits in sandboxed iframes (which inherit this policy): no script runs
 # anywhere on the page and no remote resource (tracking pixels included) is fetched.
 _PAGE_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-src 'self'"
@@ -183,13 +184,12 @@ async def _body(request: web.Request) -> object:
             f"column {exc.colno}"
         ) from None
     except RecursionError:
-        raise ControlError("request body is valid JSON but nested too deeply") from None
+        # The parser gave up before the end, so whether the JSON was valid is unknown.
+        raise ControlError(_TOO_DEEP) from None
     except ValueError:  # an integer past Python's digit limit for int()
         raise ControlError("request body holds a number too long to read") from None
     if too_deep(raw, value):
-        raise ControlError(
-            f"request body is nested too deeply (more than {MAX_JSON_DEPTH} levels)"
-        )
+        raise ControlError(_TOO_DEEP)
     if has_lone_surrogate(value):
         raise ControlError("request body must be valid Unicode (a string holds a lone "
                            "surrogate escape)")
