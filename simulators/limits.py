@@ -43,6 +43,11 @@ class Limit:
     rate_per_s: float
     burst: int
 
+    @property
+    def per_minute(self) -> int:
+        """The rate as the providers that count by the minute state it (at least 1)."""
+        return max(1, round(self.rate_per_s * 60))
+
 
 @dataclass
 class TokenBucket:
@@ -97,6 +102,9 @@ class RateLimits:
     def clear(self) -> None:
         self._limits.clear()
         self._buckets.clear()
+
+    def limit_of(self, provider: Provider) -> Limit | None:
+        return self._limits.get(provider)
 
     def items(self) -> list[LimitItem]:
         return [self._item(provider) for provider in self._limits]

@@ -31,6 +31,7 @@ from simulators.bodies import (
 from simulators.faults import FaultDecision
 from simulators.idempotency import Lookup, fingerprint
 from simulators.kinds import ErrorCase, FaultKind, Provider, case_for_status
+from simulators.limits import Limit
 from simulators.records import MessageRecord
 from simulators.replies import Reply, malformed_reply
 from simulators.state import STATE, SimState
@@ -121,6 +122,9 @@ class ErrorSpec:
     code: str | None = None
     recipient: str | None = None
     retry_after_s: float | None = None
+    # The configured provider limit a 429 answers for; None for a fault rule's 429, which
+    # states the provider's usual limit.
+    limit: Limit | None = None
 
 
 class HttpProvider(ABC):
@@ -192,6 +196,7 @@ class HttpProvider(ABC):
         code: str | None = None,
         recipient: str | None = None,
         retry_after_s: float | None = None,
+        limit: Limit | None = None,
     ) -> Reply:
         spec = ErrorSpec(
             case=case,
@@ -201,6 +206,7 @@ class HttpProvider(ABC):
             code=code,
             recipient=recipient,
             retry_after_s=retry_after_s,
+            limit=limit,
         )
         return self.error(spec)
 
@@ -279,7 +285,8 @@ async def _handle(
         log.info(
             "%s rate limit: key ...%s answered 429, retry in %.2fs.", name, api_key[-4:], wait_s
         )
-        return provider.render(ErrorCase.RATE_LIMITED, retry_after_s=wait_s).response()
+        return provider.render(ErrorCase.RATE_LIMITED, retry_after_s=wait_s,
+                               limit=state.limits.limit_of(name)).response()
 
     body = await _read_body(request, provider, state)
     submission = await provider.parse(request, body, state)

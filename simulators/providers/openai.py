@@ -121,7 +121,7 @@ _ERRORS: dict[ErrorCase, tuple[str, str, str | None]] = {
     ),
     ErrorCase.RATE_LIMITED: (
         "Rate limit reached for {model} in organization org-notifkit-sim on requests per min "
-        "(RPM): Limit 3, Used 3, Requested 1. Please try again in {wait}s. Visit "
+        "(RPM): Limit {rpm}, Used {rpm}, Requested 1. Please try again in {wait}s. Visit "
         "https://platform.openai.com/account/rate-limits to learn more.",
         "requests",
         "rate_limit_exceeded",
@@ -295,13 +295,16 @@ class OpenAI(HttpProvider):
             retry_after_header(spec.retry_after_s) if spec.retry_after_s is not None else "1"
         )
         # The wait the message names is the one Retry-After gives.
+        # Requests per minute: a fault rule's 429 states a free tier's 3, a configured
+        # limit its own rate.
+        rpm = str(spec.limit.per_minute if spec.limit else 3)
         message = spec.detail or message.replace("{wait}", reset_s).replace(
             "{model}", spec.recipient or "the model"
-        )
+        ).replace("{rpm}", rpm)
         headers = _request_id()
         if spec.status == 429:
             headers |= {
-                "x-ratelimit-limit-requests": "3",
+                "x-ratelimit-limit-requests": rpm,
                 "x-ratelimit-remaining-requests": "0",
                 "x-ratelimit-reset-requests": f"{reset_s}s",
             }

@@ -41,6 +41,7 @@ from simulators.state import SimState
 
 TASK_TAG = "notifkit_task_id"
 MAX_RECIPIENTS = 50  # in `to`
+DEFAULT_RATE_PER_S = 2  # Resend's default limit, stated by a fault rule's 429
 MAX_BATCH_EMAILS = 100
 BATCH_VALIDATION_HEADER = "x-batch-validation"
 _TAG_TEXT = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
@@ -70,8 +71,8 @@ _ERRORS: dict[ErrorCase, tuple[str, str]] = {
     ErrorCase.INVALID_RECIPIENT: ("validation_error", f"Invalid `to` field. {_ADDRESS_FORMAT}"),
     ErrorCase.RATE_LIMITED: (
         "rate_limit_exceeded",
-        "Too many requests. You can only make 2 requests per second. See rate limit response "
-        "headers for more information. Or contact support to increase rate limit.",
+        "Too many requests. You can only make {rate} requests per second. See rate limit "
+        "response headers for more information. Or contact support to increase rate limit.",
     ),
     ErrorCase.QUOTA_EXCEEDED: (
         "daily_quota_exceeded",
@@ -136,6 +137,9 @@ class Resend(HttpProvider):
             message = f"Invalid `{field_name}` field. {_ADDRESS_FORMAT}"
             if where:
                 message = f"{where}: {message}"
+        # A fault rule's 429 states Resend's default rate, a configured limit its own.
+        rate = f"{spec.limit.rate_per_s:g}" if spec.limit else str(DEFAULT_RATE_PER_S)
+        message = message.replace("{rate}", rate)
         if spec.detail:
             message = spec.detail
         # Resend's headers are lower-case (HTTP/2); the SDK exposes them as a plain dict.
@@ -146,7 +150,10 @@ class Resend(HttpProvider):
         if spec.status == 429:
             # ratelimit-reset is the seconds until the window refills: never sooner than
             # retry-after, or a client that trusts it comes back to another 429.
-            headers = {"ratelimit-limit": "2", "ratelimit-remaining": "0",
+            # ratelimit-limit is what may be sent at once: Resend's default 2, else the burst
+            # of the configured limit that refused the request.
+            allowed = str(spec.limit.burst) if spec.limit else str(DEFAULT_RATE_PER_S)
+            headers = {"ratelimit-limit": allowed, "ratelimit-remaining": "0",
                        "ratelimit-reset": retry_after or "1"}
         if retry_after is not None:
             headers["retry-after"] = retry_after

@@ -208,7 +208,9 @@ class SendGrid(HttpProvider):
         if spec.status == 429:
             # X-RateLimit-Reset is the Unix time the limit resets, as SendGrid sends it.
             wait_s = math.ceil(spec.retry_after_s) if spec.retry_after_s is not None else 1
-            headers = {"X-RateLimit-Limit": "600", "X-RateLimit-Remaining": "0",
+            # X-RateLimit-Limit counts by the minute: 600 unless a configured limit refused.
+            per_minute = spec.limit.per_minute if spec.limit else 600
+            headers = {"X-RateLimit-Limit": str(per_minute), "X-RateLimit-Remaining": "0",
                        "X-RateLimit-Reset": str(int(time.time()) + max(wait_s, 1))}
         body = {"errors": [{"message": message, "field": field_name, "help": help_url}]}
         return json_reply(spec.status, body, headers=headers, retry_after_s=spec.retry_after_s)

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import json
+
+import aiohttp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulators import ControlError
+from simulators import ControlError, SimulatorServer
 from simulators.kinds import Provider
 from simulators.limits import RateLimits, retry_after_header
 
@@ -82,3 +85,39 @@ def test_never_more_than_burst_plus_refill(rate: float, burst: int, gaps: list[f
 )
 def test_retry_after_rounds_up(seconds: float, header: str) -> None:
     assert retry_after_header(seconds) == header
+
+
+EMAIL = {"from": "a@example.com", "to": "x@example.com", "subject": "s", "text": "t"}
+GRID = {"personalizations": [{"to": [{"email": "x@example.com"}]}],
+        "from": {"email": "a@example.com"}, "subject": "s",
+        "content": [{"type": "text/plain", "value": "t"}]}
+CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def second_answer(sim: SimulatorServer, path: str, body: object
+                        ) -> tuple[int, dict[str, str], str]:
+    """The answer to a second request at once, after the first took the only token."""
+    headers = {"Authorization": "Bearer key-1"}
+    async with aiohttp.ClientSession() as http:
+        for _ in range(2):
+            async with http.post(sim.base_url + path, json=body, headers=headers) as response:
+                answer = response.status, dict(response.headers), await response.text()
+    return answer
+
+
+async def test_a_configured_limit_s_429_states_that_limit(sim: SimulatorServer) -> None:
+    """A 429 from a configured limit states that limit, in each provider's own header and
+    message, as the real provider states the account's: a client sizing its pace from them
+    must not read another rate than the one it is refused at."""
+    await sim.set_limit("*", 0.5, 1)
+    status, headers, text = await second_answer(sim, "/emails", EMAIL)
+    assert status == 429
+    assert headers["ratelimit-limit"] == "1"
+    assert "You can only make 0.5 requests per second." in json.loads(text)["message"]
+
+    status, headers, _ = await second_answer(sim, "/v3/mail/send", GRID)
+    assert (status, headers["X-RateLimit-Limit"]) == (429, "30")  # a minute's worth
+
+    status, headers, text = await second_answer(sim, "/v1/chat/completions", CHAT)
+    assert (status, headers["x-ratelimit-limit-requests"]) == (429, "30")
+    assert "(RPM): Limit 30, Used 30, Requested 1." in json.loads(text)["error"]["message"]
