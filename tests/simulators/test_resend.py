@@ -11,6 +11,7 @@ import resend
 from resend import exceptions
 
 from simulators import SimulatorServer
+from tests.support.waiting import until_async
 
 SHORT_TIMEOUT_S = 0.5
 
@@ -338,10 +339,15 @@ async def test_provider_rate_limit_per_api_key(resend_sdk: Any, sim: SimulatorSe
 async def test_same_key_while_first_is_in_flight_is_409(
     resend_sdk: Any, sim: SimulatorServer
 ) -> None:
-    # Given a first request that is slow to be processed
-    await sim.add_fault("latency", "resend", delay_ms=300, times=1)
+    # Given a first request that is slow to be processed, its key claimed (the simulator
+    # claims it as it decides on the latency, with nothing awaited in between)
+    await sim.add_fault("latency", "resend", delay_ms=2000, times=1)
     first = asyncio.create_task(send(email(), {"idempotency_key": "slow"}))
-    await asyncio.sleep(0.1)
+
+    async def delayed() -> int:
+        return (await sim.stats())["resend"]["faults"]["latency"]
+
+    await until_async(delayed)
 
     # When the same key arrives before it finished, Resend refuses it as concurrent
     with pytest.raises(exceptions.ResendError) as caught:
