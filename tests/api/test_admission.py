@@ -150,3 +150,36 @@ async def test_a_template_once_found_is_not_looked_up_again_and_an_unknown_one_a
     expired = await api.call("POST", "/v1/notifications", key=project.send,
                              json={"to": "u1", "template": template})
     assert expired.status == 400
+
+
+async def test_a_lookup_under_way_when_its_template_is_deleted_is_not_remembered(
+    api: Api, project: Project, template: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lookup that read the row before the deletion's message arrived answers for the send
+    that asked, but leaves nothing behind: the next send asks PostgreSQL again."""
+    app = api.client.app
+    assert app is not None
+    gate: Admission = app[ADMISSION]
+    real_load = gate._load_templates
+    reading = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow_load(wanted: list[tuple[str, str]]) -> list[bool]:
+        found = await real_load(wanted)  # the row is still there
+        reading.set()
+        await release.wait()
+        return found
+
+    monkeypatch.setattr(gate, "_templates", type(gate._templates)(slow_load))
+    lookup = asyncio.create_task(gate.template_exists(project.id, template))
+    await reading.wait()
+    deleted = await api.call("DELETE", f"/v1/templates/{template}", key=project.full)
+    assert deleted.status == 204
+    # This process's own deletion is forgotten at once; the lookup was reading before it.
+    release.set()
+    assert await lookup is True
+
+    monkeypatch.setattr(gate, "_templates", type(gate._templates)(real_load))
+    refused = await api.call("POST", "/v1/notifications", key=project.send,
+                             json={"to": "u1", "template": template})
+    assert (refused.status, refused.fields) == (400, ["template"])

@@ -99,6 +99,9 @@ class Admission:
         self._rate: Coalescer[str, float] = Coalescer(self._take_rate)
         self._templates: Coalescer[tuple[str, str], bool] = Coalescer(self._load_templates)
         self._known_templates: dict[tuple[str, str], float] = {}  # -> when to ask again
+        # Deletions heard so far: a lookup that began before one may have read the row just
+        # before it went, so what it found is not remembered.
+        self._deletions_heard = 0
         self.clock: Callable[[], float] = time.monotonic
         self._accept: Coalescer[tuple[InboundMessage, Remember | None], None] = Coalescer(
             self._accept_many)
@@ -113,8 +116,9 @@ class Admission:
         now = self.clock()
         if self._known_templates.get(key, 0.0) > now:
             return True
+        heard = self._deletions_heard
         found = await self._templates.submit(key)
-        if found:
+        if found and heard == self._deletions_heard:
             if len(self._known_templates) >= MAX_KNOWN_TEMPLATES:
                 self._known_templates.clear()  # rare: that many templates in use at once
             self._known_templates[key] = now + KNOWN_TEMPLATE_TTL_S
@@ -122,10 +126,12 @@ class Admission:
 
     def forget_template(self, project_id: str, template_id: str) -> None:
         """The template was deleted: this process asks PostgreSQL again at its next send."""
+        self._deletions_heard += 1
         self._known_templates.pop((project_id, template_id), None)
 
     def forget_templates(self) -> None:
         """A deletion may have been missed: every template is looked up again."""
+        self._deletions_heard += 1
         self._known_templates.clear()
 
     async def accept(self, message: InboundMessage, remember: Remember | None = None) -> None:
