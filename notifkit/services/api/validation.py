@@ -200,7 +200,7 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
             # run of 19+ digits (in a number or a string) take this slower path.
             value = json.loads(raw)
     except (ValueError, TypeError, RecursionError) as exc:
-        raise invalid_json(f"The request body is not valid JSON: {exc}.") from None
+        value = _lenient_loads(raw, exc)
     if not isinstance(value, dict):
         raise invalid_json("The request body must be a JSON object.")
     problems: list[Detail] = []
@@ -208,6 +208,21 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     if problems:
         raise invalid(problems)
     return value
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _lenient_loads(raw: bytes, orjson_error: Exception) -> Any:
+    """The body orjson refused, read by the standard parser: orjson also refuses valid JSON it
+    cannot represent (a number beyond a double such as 1e400, an escaped lone surrogate), and
+    those are better answered by check_storable naming the field than by a 400 on ``body``.
+    What is not JSON (NaN, bytes that are not UTF-8) stays a 400 on ``body``."""
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except (ValueError, TypeError, RecursionError):
+        raise invalid_json(f"The request body is not valid JSON: {orjson_error}.") from None
 
 
 def check_storable(value: Any, path: str, problems: list[Detail], depth: int = 0) -> None:
