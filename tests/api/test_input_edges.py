@@ -39,3 +39,32 @@ async def test_what_is_not_json_stays_an_invalid_json_400(
                            headers={"Content-Type": "application/json"})
     assert (reply.status, reply.fields) == (400, ["body"])
     assert reply.error["code"] == "invalid_json"
+
+
+@pytest.mark.parametrize("send_at", [
+    "2030-12-01T09:00:00+05:60",   # an offset's minutes run 00-59
+    "2030-12-01T09:00:00-00:99",
+    "2030-12-01T09:00:00+24:00",   # and its hours 00-23
+    "2030-02-30T09:00:00Z",
+    "2030-12-01T09:60:00Z",
+    "2030-12-01",
+])
+async def test_a_send_at_outside_rfc_3339_is_a_400_naming_it(
+    api: Api, project: Project, send_at: str
+) -> None:
+    await api.call("PUT", "/v1/templates/t", key=project.full,
+                   json={"channels": {"sms": {"text": "hi"}}})
+    reply = await api.call("POST", "/v1/notifications", key=project.send,
+                           json={"to": "u1", "template": "t", "sendAt": send_at})
+    assert (reply.status, reply.fields) == (400, ["sendAt"])
+
+
+async def test_an_offset_in_usage_bounds_is_checked_like_send_at(
+    api: Api, project: Project
+) -> None:
+    reply = await api.call("GET", "/v1/usage/ai", key=project.full,
+                           params={"since": "2030-12-01T09:00:00+05:60"})
+    assert (reply.status, reply.fields) == (400, ["since"])
+    fine = await api.call("GET", "/v1/usage/ai", key=project.full,
+                          params={"since": "2030-12-01T09:00:00+23:59"})
+    assert fine.status == 200, fine.body

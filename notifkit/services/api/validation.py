@@ -43,9 +43,10 @@ _LONG_DIGITS = re.compile(rb"\d{19}")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 JSON_TYPES = ("application/json",)
 
-# RFC 3339 date-time; Python's fromisoformat alone accepts many non-RFC spellings.
+# RFC 3339 date-time; Python's fromisoformat alone accepts many non-RFC spellings (an offset
+# of +05:60, read as six hours, among them).
 _RFC3339 = re.compile(
-    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
+    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)$"
 )
 E164 = re.compile(r"^\+[1-9]\d{6,14}$")
 # Deliberately simple: one @, no spaces, a dotted domain of DNS labels. Providers do the rest.
