@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-import pytest
+from collections.abc import AsyncIterator
 
-from tests.api.conftest import Api, Project
+import pytest
+from redis.asyncio import Redis
+
+from notifkit.config import Settings, WebhookSecrets
+from notifkit.keys import Keys
+from simulators.signing import svix_headers
+from tests.api.conftest import Api, Project, running_api
+
+SECRET = "sendgrid-webhook-secret-0123456789"
 
 
 @pytest.mark.parametrize("raw", [
@@ -68,3 +76,28 @@ async def test_an_offset_in_usage_bounds_is_checked_like_send_at(
     fine = await api.call("GET", "/v1/usage/ai", key=project.full,
                           params={"since": "2030-12-01T09:00:00+23:59"})
     assert fine.status == 200, fine.body
+
+
+@pytest.fixture
+async def hooks(api_settings: Settings) -> AsyncIterator[Api]:
+    settings = api_settings.replace(webhooks=WebhookSecrets(sendgrid=SECRET))
+    async with running_api(settings) as api:
+        yield api
+
+
+@pytest.mark.parametrize(("raw", "field"), [
+    ('[{"event": "delivered", "sg_message_id": "m1", "timestamp": 1e400}]',
+     "body[0].timestamp"),
+    ('[{"event": "delivered", "sg_message_id": "m1", "n": 123456789012345678901234567890}]',
+     "body[0].n"),  # exact, not a rounded float, so it is refused like any body's
+    ('[{"event": "delivered", "sg_message_id": "\\ud800"}]', "body[0].sg_message_id"),
+])
+async def test_a_signed_event_list_names_the_value_it_cannot_store(
+    hooks: Api, redis: Redis, raw: str, field: str
+) -> None:
+    project = await hooks.project()
+    reply = await hooks.call("POST", f"/v1/webhooks/sendgrid/{project.id}", data=raw,
+                             headers={"Content-Type": "application/json",
+                                      **svix_headers(SECRET, raw)})
+    assert (reply.status, reply.fields) == (400, [field]), reply.body
+    assert await redis.xlen(Keys(hooks.settings.namespace).events_inbound) == 0

@@ -190,9 +190,9 @@ def invalid_json(message: str) -> ApiError:
     return ApiError(400, "invalid_json", message, [detail("body", message)])
 
 
-def parse_json_object(raw: bytes) -> dict[str, Any]:
-    if not raw.strip():
-        raise invalid_json("The request body is empty; send a JSON object.")
+def load_json(raw: bytes) -> Any:
+    """Any JSON value, its numbers exact (for check_storable to judge); 400 on ``body`` for
+    what is not JSON."""
     try:
         value = codec.loads(raw)
         if _LONG_DIGITS.search(raw):
@@ -202,6 +202,13 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
             value = json.loads(raw)
     except (ValueError, TypeError, RecursionError) as exc:
         value = _lenient_loads(raw, exc)
+    return value
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    if not raw.strip():
+        raise invalid_json("The request body is empty; send a JSON object.")
+    value = load_json(raw)
     if not isinstance(value, dict):
         raise invalid_json("The request body must be a JSON object.")
     problems: list[Detail] = []

@@ -45,7 +45,6 @@ from urllib.parse import parse_qsl
 
 from aiohttp import web
 
-from notifkit import codec
 from notifkit.clock import utc_now_iso
 from notifkit.config import Settings
 from notifkit.services.api.auth import project_not_found, unauthorized
@@ -57,6 +56,7 @@ from notifkit.services.api.validation import (
     check_storable,
     invalid_json,
     iso,
+    load_json,
     parse_json_object,
     parse_rfc3339,
     parse_uuid,
@@ -238,10 +238,7 @@ def _twilio_events(params: list[tuple[str, str]]) -> list[dict[str, Any] | None]
 def _json_events(provider: str, raw: bytes) -> list[dict[str, Any] | None]:
     stripped = raw.strip()
     if stripped.startswith(b"["):  # SendGrid's event webhook posts a list of events
-        try:
-            items = codec.loads(stripped)
-        except (ValueError, TypeError, RecursionError):
-            raise invalid_json("The callback body is not valid JSON.") from None
+        items = load_json(stripped)
         if not isinstance(items, list):
             raise invalid_json("The callback body must be a JSON array or object.")
         problems: list[Detail] = []
