@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import AsyncIterator
+from urllib.parse import quote
 
 import pytest
 from redis.asyncio import Redis
@@ -101,3 +104,42 @@ async def test_a_signed_event_list_names_the_value_it_cannot_store(
                                       **svix_headers(SECRET, raw)})
     assert (reply.status, reply.fields) == (400, [field]), reply.body
     assert await redis.xlen(Keys(hooks.settings.namespace).events_inbound) == 0
+
+
+def forged_cursor(*parts: object) -> str:
+    return base64.urlsafe_b64encode(json.dumps(list(parts)).encode()).decode().rstrip("=")
+
+
+@pytest.mark.parametrize("path", ["/v1/templates", "/v1/workflows"])
+@pytest.mark.parametrize("after", ["a\u0000b", "a\u0001b", "", " a"])
+async def test_a_cursor_naming_no_possible_id_is_a_400_not_a_500(
+    api: Api, project: Project, path: str, after: str
+) -> None:
+    """A cursor of a list by id holds the last id of a page; one that holds what no id can
+    be (a NUL, which PostgreSQL's text refuses, among them) is no cursor this API returned."""
+    reply = await api.call("GET", path, key=project.full,
+                           params={"cursor": forged_cursor(after)})
+    assert (reply.status, reply.fields) == (400, ["cursor"]), reply.body
+
+
+@pytest.mark.parametrize("path", ["/v1/templates", "/v1/workflows"])
+async def test_a_page_of_a_list_by_id_still_leads_to_the_next(
+    api: Api, project: Project, path: str
+) -> None:
+    for name in ("a b", "a/b", "\u00e9t\u00e9"):
+        body = ({"channels": {"sms": {"text": "x"}}} if path == "/v1/templates"
+                else {"steps": [{"type": "wait", "seconds": 1}]})
+        made = await api.call("PUT", f"{path}/{quote(name, safe='')}", key=project.full,
+                              json=body)
+        assert made.status == 201, made.body
+    seen: list[str] = []
+    cursor: str | None = None
+    while True:
+        page = await api.call("GET", path, key=project.full,
+                              params={"limit": "1", **({"cursor": cursor} if cursor else {})})
+        assert page.status == 200, page.body
+        seen += [item["id"] for item in page.body["items"]]
+        cursor = page.body["nextCursor"]
+        if cursor is None:
+            break
+    assert seen == sorted(["a b", "a/b", "\u00e9t\u00e9"])

@@ -722,7 +722,10 @@ def page_query(request: web.Request, arity: int,
 
 def id_page_query(request: web.Request) -> tuple[int, str | None]:
     """A list by caller-chosen id: its ``limit`` and the id its page starts after."""
-    limit, cursor = page_query(request, 1, lambda parts: isinstance(parts[0], str))
+    # The last id of a page is an id: anything else (a NUL, which PostgreSQL's text refuses,
+    # among them) was never returned.
+    limit, cursor = page_query(request, 1, lambda parts: isinstance(parts[0], str)
+                               and identifier_problem(parts[0]) is None)
     return limit, cursor[0] if cursor is not None else None
 
 
