@@ -143,3 +143,17 @@ async def test_a_page_of_a_list_by_id_still_leads_to_the_next(
         if cursor is None:
             break
     assert seen == sorted(["a b", "a/b", "\u00e9t\u00e9"])
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"": 1, "attributes": {}}, "''"),
+    ({"contacts": [{"channel": "email", "target": "a@b.co", "": 1}]}, "contacts[0].''"),
+    ({"attributes": {"": "nul\u0000"}}, "attributes.''"),
+])
+async def test_an_unknown_field_with_an_empty_name_is_named_visibly(
+    api: Api, project: Project, body: dict[str, object], field: str
+) -> None:
+    """A detail's field is never the empty string, which reads as no field at all."""
+    reply = await api.call("PUT", "/v1/users/u1", key=project.full, json=body)
+    assert (reply.status, reply.fields) == (400, [field]), reply.body
+    assert field in reply.error["message"]

@@ -261,7 +261,8 @@ def check_storable(value: Any, path: str, problems: list[Detail], depth: int = 0
                 problems.append(detail(where, "has a key with a NUL character or a lone "
                                               "surrogate"))
                 continue
-            check_storable(item, f"{path}.{key}" if path else key, problems, depth + 1)
+            name = key or "''"  # as Fields names an empty key
+            check_storable(item, f"{path}.{name}" if path else name, problems, depth + 1)
     elif isinstance(value, list):
         for index, item in enumerate(value):
             check_storable(item, f"{where}[{index}]", problems, depth + 1)
@@ -290,6 +291,8 @@ class Fields:
         self.errors: list[Detail] = [] if errors is None else errors
 
     def path(self, name: str) -> str:
+        # A key may be the empty string; a detail naming "" would read as naming nothing.
+        name = name or "''"
         return f"{self.prefix}.{name}" if self.prefix else name
 
     def fail(self, name: str, message: str) -> None:
