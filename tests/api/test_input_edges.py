@@ -157,3 +157,28 @@ async def test_an_unknown_field_with_an_empty_name_is_named_visibly(
     reply = await api.call("PUT", "/v1/users/u1", key=project.full, json=body)
     assert (reply.status, reply.fields) == (400, [field]), reply.body
     assert field in reply.error["message"]
+
+
+IDEMPOTENCY_KEYS = ["order-42", "a b", "x" * 255, " lead", "trail ", " ", "\u00a0k", "k\u00ad",
+                    "tab\there", "x" * 256, ""]
+
+
+@pytest.mark.parametrize("value", IDEMPOTENCY_KEYS)
+async def test_the_documented_idempotency_key_is_one_the_server_takes(
+    api: Api, project: Project, value: str
+) -> None:
+    """Given the document's x-idempotency-key schema, a value it admits is accepted and one
+    the server refuses is not admitted."""
+    import jsonschema_rs
+
+    from notifkit.services.api.app import operations
+    from notifkit.services.api.openapi import document
+
+    send = document(operations())["paths"]["/v1/notifications"]["post"]
+    schema = next(p["schema"] for p in send["parameters"] if p["name"] == "x-idempotency-key")
+    await api.call("PUT", "/v1/templates/t", key=project.full,
+                   json={"channels": {"sms": {"text": "hi"}}})
+    reply = await api.call("POST", "/v1/notifications", key=project.send,
+                           json={"to": "u1", "template": "t"},
+                           headers={"x-idempotency-key": value})
+    assert jsonschema_rs.is_valid(schema, value) == (reply.status == 202), reply.body

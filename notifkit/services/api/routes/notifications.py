@@ -75,9 +75,12 @@ _TIMELINE = (
 )
 
 IDEMPOTENCY_PARAM = Param(
-    "x-idempotency-key", "header", {"type": "string", "minLength": 1, "maxLength": 255},
+    # Printable ASCII, not white space alone: the server takes any printable characters, but
+    # HTTP clients differ in how they put others on the wire (Latin-1 or UTF-8).
+    "x-idempotency-key", "header", {"type": "string", "minLength": 1, "maxLength": 255,
+                                    "pattern": "^[ -~]*[!-~][ -~]*$"},
     "Replays the first response (same id, header x-idempotent-replay: true) for 24 h; "
-    "nothing is enqueued again.",
+    "nothing is enqueued again. 1 to 255 printable characters.",
 )
 _SEND_ROUTE = "POST /v1/notifications"
 REPLAY_REPLY_HEADERS = {REPLAY_HEADER: {"type": "string", "enum": ["true"]}}
