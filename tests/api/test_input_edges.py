@@ -182,3 +182,40 @@ async def test_the_documented_idempotency_key_is_one_the_server_takes(
                            json={"to": "u1", "template": "t"},
                            headers={"x-idempotency-key": value})
     assert jsonschema_rs.is_valid(schema, value) == (reply.status == 202), reply.body
+
+
+@pytest.mark.parametrize(("channel", "target"), [
+    ("email", "ada@example.com\n"), ("sms", "+4915112345678\n"),
+])
+async def test_an_address_with_a_trailing_newline_is_no_address(
+    api: Api, project: Project, channel: str, target: str
+) -> None:
+    """A pattern's ``$`` also matches before a final newline: such an address is refused, not
+    stored with the newline and handed to a provider."""
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    added = await api.call("POST", "/v1/users/u1/contacts", key=project.full,
+                           json={"channel": channel, "target": target})
+    assert (added.status, added.fields) == (400, ["target"]), added.body
+    listed = await api.call("PUT", "/v1/users/u1", key=project.full,
+                            json={"contacts": [{"channel": channel, "target": target}]})
+    assert (listed.status, listed.fields) == (400, ["contacts[0].target"]), listed.body
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/v1/users/u1", {"locale": "de\n"}, "locale"),
+    ("/v1/users/u1/preferences", {"quietHours": {"start": "22:00\n", "end": "07:00"}},
+     "quietHours.start"),
+])
+async def test_a_trailing_newline_fails_the_field_pattern(
+    api: Api, project: Project, path: str, body: dict[str, object], field: str
+) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    reply = await api.call("PUT", path, key=project.full, json=body)
+    assert (reply.status, reply.fields) == (400, [field]), reply.body
+
+
+async def test_a_dlq_id_with_a_trailing_newline_names_no_entry(
+    api: Api, project: Project
+) -> None:
+    reply = await api.call("DELETE", "/v1/dlq/1-1%0A", key=project.full)
+    assert reply.status == 404, reply.body

@@ -46,17 +46,18 @@ JSON_TYPES = ("application/json",)
 # RFC 3339 date-time; Python's fromisoformat alone accepts many non-RFC spellings (an offset
 # of +05:60, read as six hours, among them).
 _RFC3339 = re.compile(
-    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)$"
+    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)\Z"
 )
-E164 = re.compile(r"^\+[1-9]\d{6,14}$")
+# \Z, not $: $ also matches before a final newline, which would pass "+4915112345678\n".
+E164 = re.compile(r"^\+[1-9]\d{6,14}\Z")
 # Deliberately simple: one @, no spaces, a dotted domain of DNS labels. Providers do the rest.
 _EMAIL = re.compile(
     r"^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}@"
     r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+$"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+\Z"
 )
-_LOCALE = re.compile(r"^[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{1,8}){0,3}$")
-_HHMM = re.compile(r"^([01]\d|2[0-3]):[0-5]\d(:[0-5]\d)?$")  # seconds optional
+_LOCALE = re.compile(r"^[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{1,8}){0,3}\Z")
+_HHMM = re.compile(r"^([01]\d|2[0-3]):[0-5]\d(:[0-5]\d)?\Z")  # seconds optional
 # C0 and C1 control characters nowhere: for names sent verbatim to a provider (a model).
 NO_CONTROL_CHARS = re.compile(r"[^\x00-\x1f\x7f-\x9f]*\Z")
 

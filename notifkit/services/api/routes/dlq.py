@@ -43,7 +43,7 @@ log = logging.getLogger("notifkit.api")
 
 ops = Operations("dlq")
 
-ENTRY_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+ENTRY_ID = re.compile(r"^\d{1,20}-\d{1,20}\Z")
 _MAX_ID_PART = 2**64 - 1
 SCAN_CHUNK = 500
 SCAN_BUDGET = 10_000  # entries read per list request, whatever the filter keeps
