@@ -1,4 +1,6 @@
-"""Input a JSON parser takes but the store cannot hold: the 400 names the field, not the body."""
+"""Edge input, against the real API: values a JSON parser takes but the store cannot hold,
+times and addresses that only look valid, forged cursors, odd key names. Each is a 400 naming
+its field (or a 404 for an id), never a 500 or a 400 that names only the body."""
 
 from __future__ import annotations
 
