@@ -88,8 +88,8 @@ MAX_WORKER_CONCURRENCY: Final = 1_000_000
 MAX_DB_CONNECTIONS: Final = 10_000
 # A worker's health key lives this many heartbeat intervals (at least the 30 s default).
 HEARTBEAT_TTL_BEATS: Final = 4
-_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:-]{0,64}$")
+_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}\Z")
+_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:-]{0,64}\Z")
 
 
 # Every setting with an environment variable that code may give too (``Settings(...)``,

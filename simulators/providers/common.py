@@ -14,9 +14,9 @@ from simulators.records import has_lone_surrogate
 
 # Stored email bodies are cut here so a few huge messages cannot exhaust the ring buffer.
 MAX_STORED_TEXT = 256 * 1024
-_EMAIL = re.compile(r"^[^@\s<>(),;:\"\[\]]+@[^@\s<>(),;:\"\[\]]+\.[^@\s<>(),;:\"\[\]]+$")
-_NAMED = re.compile(r'^(?:\s*"(?:[^"\\]|\\.)*"\s*|[^<>",;]*)<([^<>]*)>\s*$')
-_E164 = re.compile(r"^\+[1-9]\d{1,14}$")
+_EMAIL = re.compile(r"^[^@\s<>(),;:\"\[\]]+@[^@\s<>(),;:\"\[\]]+\.[^@\s<>(),;:\"\[\]]+\Z")
+_NAMED = re.compile(r'^(?:\s*"(?:[^"\\]|\\.)*"\s*|[^<>",;]*)<([^<>]*)>\s*\Z')
+_E164 = re.compile(r"^\+[1-9]\d{1,14}\Z")
 
 
 def _no_constant(name: str) -> Any:

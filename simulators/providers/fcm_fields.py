@@ -28,7 +28,7 @@ from simulators.pipeline import Rejection
 
 Check = Callable[[object, str], None]
 
-_DURATION = re.compile(r"^-?(\d{1,12})(\.\d{1,9})?s$")
+_DURATION = re.compile(r"^-?(\d{1,12})(\.\d{1,9})?s\Z")
 MAX_DURATION_S = 315_576_000_000  # google.protobuf.Duration's range, about 10,000 years
 _TIMESTAMP = re.compile(
     r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$"

@@ -44,7 +44,7 @@ MAX_RECIPIENTS = 50  # in `to`
 DEFAULT_RATE_PER_S = 2  # Resend's default limit, stated by a fault rule's 429
 MAX_BATCH_EMAILS = 100
 BATCH_VALIDATION_HEADER = "x-batch-validation"
-_TAG_TEXT = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
+_TAG_TEXT = re.compile(r"^[A-Za-z0-9_-]{1,256}\Z")
 _ADDRESS_FORMAT = (
     "The email address needs to follow the `email@example.com` or "
     "`Name <email@example.com>` format."

@@ -74,8 +74,8 @@ MAGIC_SENDERS: dict[str, tuple[int, str]] = {
 }
 # A sender is a phone number (E.164, optionally channel-prefixed), a short code, or an
 # alphanumeric sender ID: up to 11 letters, digits and spaces, at least one letter.
-_SHORT_CODE = re.compile(r"^\d{3,8}$")
-_ALPHANUMERIC_ID = re.compile(r"^(?=.*[A-Za-z])[A-Za-z0-9 ]{1,11}$")
+_SHORT_CODE = re.compile(r"^\d{3,8}\Z")
+_ALPHANUMERIC_ID = re.compile(r"^(?=.*[A-Za-z])[A-Za-z0-9 ]{1,11}\Z")
 # (code, message) per case.
 _ERRORS: dict[ErrorCase, tuple[int, str]] = {
     # An `error` fault with status 400 stands for the commonest per-recipient refusal.

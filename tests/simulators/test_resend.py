@@ -118,9 +118,10 @@ async def test_missing_field_is_422(resend_sdk: Any, missing: str) -> None:
     assert f"`{missing}`" in caught.value.message
 
 
-async def test_invalid_address_is_422_validation_error(resend_sdk: Any) -> None:
+@pytest.mark.parametrize("address", ["not-an-address", "ada@example.com\n"])
+async def test_invalid_address_is_422_validation_error(resend_sdk: Any, address: str) -> None:
     with pytest.raises(exceptions.ValidationError) as caught:
-        await send(email(to=["not-an-address"]))
+        await send(email(to=[address]))
     assert caught.value.code == 422
 
 

@@ -249,6 +249,9 @@ def test_invalid_values_given_in_code_name_the_variable_too() -> None:
         ({"webhook_allow_private_networks": "true"}, "WEBHOOK_ALLOW_PRIVATE_NETWORKS"),
         ({"redis_url": None}, "REDIS_URL"),
         ({"db_schema": 5}, "DB_SCHEMA"),
+        # A trailing newline is no part of a name (the environment's values are stripped).
+        ({"db_schema": "notifkit\n"}, "DB_SCHEMA"),
+        ({"namespace": "staging\n"}, "NOTIFKIT_NAMESPACE"),
         ({"admin_key": 12345678901234567}, "NOTIFKIT_ADMIN_KEY"),
         # Values the environment refuses, given in code.
         ({"throttle_limit": -1}, "THROTTLE_LIMIT"),
