@@ -90,6 +90,24 @@ async def test_optional_fields_sent_as_null_are_left_out(
     assert preview.status == 200, preview.body
 
 
+@pytest.mark.parametrize(("given", "enqueued"), [
+    ("2028-02-29t23:30:00z", "2028-02-29T23:30:00.000Z"),  # leap day, lower-case t and z
+    ("2026-12-01T09:00:00.123456789Z", "2026-12-01T09:00:00.123Z"),
+    ("2026-12-01T09:00:00-00:00", "2026-12-01T09:00:00.000Z"),
+    ("2026-12-02T00:30:00+14:00", "2026-12-01T10:30:00.000Z"),
+    ("2026-03-29T02:30:00+05:45", "2026-03-28T20:45:00.000Z"),
+    ("9999-12-31T23:59:59Z", "9999-12-31T23:59:59.000Z"),
+])
+async def test_a_send_at_in_any_rfc_3339_spelling_is_enqueued_as_the_same_instant_in_utc(
+    api: Api, project: Project, template: str, redis: Redis, given: str, enqueued: str
+) -> None:
+    reply = await api.call("POST", "/v1/notifications", key=project.send, json={
+        "to": "u1", "template": template, "sendAt": given})
+    assert reply.status == 202, reply.body
+    [message] = await inbound(redis, api)
+    assert message["sendAt"] == enqueued
+
+
 @pytest.mark.parametrize(("body", "fields"), [
     ({}, {"to", "template"}),
     ({"to": [], "template": "invoice"}, {"to"}),
@@ -105,6 +123,11 @@ async def test_optional_fields_sent_as_null_are_left_out(
     ({"to": "u1", "template": "invoice", "priority": "urgent"}, {"priority"}),
     ({"to": "u1", "template": "invoice", "sendAt": "tomorrow"}, {"sendAt"}),
     ({"to": "u1", "template": "invoice", "sendAt": "2026-12-01T09:00:00"}, {"sendAt"}),
+    # RFC 3339's offset minutes run 00-59 and its hours 00-23: no reading +06:00 into +05:60
+    ({"to": "u1", "template": "invoice", "sendAt": "2026-12-01T09:00:00+05:60"}, {"sendAt"}),
+    ({"to": "u1", "template": "invoice", "sendAt": "2026-12-01T09:00:00-00:99"}, {"sendAt"}),
+    ({"to": "u1", "template": "invoice", "sendAt": "2026-02-29T09:00:00Z"}, {"sendAt"}),
+    ({"to": "u1", "template": "invoice", "sendAt": "2026-12-01T09:00:00Z\n"}, {"sendAt"}),
     ({"to": "u1", "template": "invoice", "campaignId": 7, "data": []},
      {"campaignId", "data"}),
     ({"to": "u1", "template": "invoice", "extra": 1}, {"extra"}),

@@ -269,6 +269,20 @@ async def test_quiet_hours_may_be_given_to_the_second(api: Api, project: Project
     assert (bad.status, sorted(bad.fields)) == (400, ["quietHours.end", "quietHours.start"])
 
 
+@pytest.mark.parametrize("spelling", ["1\u0662:00", "22:0\u0665", "22:00\n", "22:00:00\n"])
+async def test_a_quiet_hours_time_in_other_digits_or_with_a_newline_is_a_400_and_stores_nothing(
+    api: Api, project: Project, spelling: str
+) -> None:
+    # Only ASCII digits make an HH:MM time; another script's digits, or a line break after the
+    # time, are not one the API shows back, so they are refused rather than read or crashed on.
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    reply = await api.call("PUT", "/v1/users/u1/preferences", key=project.full, json={
+        "quietHours": {"start": spelling, "end": "07:00"}})
+    assert (reply.status, reply.fields) == (400, ["quietHours.start"]), reply.body
+    user = await api.call("GET", "/v1/users/u1", key=project.full)
+    assert user.body["preferences"]["quietHours"] is None
+
+
 async def test_invalid_preferences_name_the_field(api: Api, project: Project) -> None:
     await api.call("PUT", "/v1/users/u1", key=project.full, json={})
     reply = await api.call("PUT", "/v1/users/u1/preferences", key=project.full, json={

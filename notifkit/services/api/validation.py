@@ -43,13 +43,15 @@ _LONG_DIGITS = re.compile(rb"\d{19}")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 JSON_TYPES = ("application/json",)
 
-# RFC 3339 date-time; Python's fromisoformat alone accepts many non-RFC spellings (an offset
-# of +05:60, read as six hours, among them).
+# RFC 3339 date-time; Python's fromisoformat alone accepts many non-RFC spellings (and reads
+# an offset of +05:60 as +06:00). ASCII digits only, and \Z: `$` would let a newline through.
 _RFC3339 = re.compile(
-    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)\Z"
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?"
+    r"([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])\Z"
 )
-# \Z, not $: $ also matches before a final newline, which would pass "+4915112345678\n".
-E164 = re.compile(r"^\+[1-9]\d{6,14}\Z")
+# \Z, not $: $ also matches before a final newline, which would pass "+4915112345678\n";
+# [0-9], not \d, which takes any script's digits.
+E164 = re.compile(r"^\+[1-9][0-9]{6,14}\Z")
 # Deliberately simple: one @, no spaces, a dotted domain of DNS labels. Providers do the rest.
 _EMAIL = re.compile(
     r"^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}@"
@@ -57,7 +59,8 @@ _EMAIL = re.compile(
     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+\Z"
 )
 _LOCALE = re.compile(r"^[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{1,8}){0,3}\Z")
-_HHMM = re.compile(r"^([01]\d|2[0-3]):[0-5]\d(:[0-5]\d)?\Z")  # seconds optional
+# Seconds optional; ASCII digits only (\d takes any script's) and nothing after the time.
+_HHMM = re.compile(r"([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9])?\Z")
 # C0 and C1 control characters nowhere: for names sent verbatim to a provider (a model).
 NO_CONTROL_CHARS = re.compile(r"[^\x00-\x1f\x7f-\x9f]*\Z")
 
