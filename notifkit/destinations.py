@@ -1,4 +1,4 @@
-"""Which network addresses a webhook may reach.
+"""Which network addresses a webhook may reach, and how a contact's address is spelled.
 
 A webhook's URL is chosen by a tenant, and the request goes out from inside the deployment: a
 URL naming a loopback, private, link-local (the cloud metadata service at 169.254.169.254) or
@@ -125,3 +125,13 @@ def refused_host(host: str) -> str | None:
         return None
     kind = refused_kind(address)
     return None if kind is None else f"{host} is a {kind} address"
+
+
+def normalise_contact(channel: str, target: str) -> str:
+    """The stored spelling of a contact or suppressed address: e-mail domains are
+    case-insensitive, so they are lower-cased. Suppressions match contacts by equality, so
+    every writer of either spells them this way."""
+    if channel == "email":
+        local, _, domain = target.rpartition("@")
+        return f"{local}@{domain.lower()}"
+    return target

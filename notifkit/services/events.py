@@ -37,6 +37,7 @@ from notifkit import metrics
 from notifkit.clock import utc_now_iso
 from notifkit.db import events as events_db
 from notifkit.db.events import MessageLookup, SentMessage, Suppression, TimelineRow
+from notifkit.destinations import normalise_contact
 from notifkit.errors import MalformedPayload, RetryLater
 from notifkit.ids import derived_uuid7, is_uuid, untasked_row_id
 from notifkit.messages import CHANNELS, RECEIPT_KINDS, WorkflowEvent
@@ -301,6 +302,9 @@ def unmatched_suppression(receipt: Mapping[str, Any], final: bool = True) -> Sup
     target = _text(receipt.get("to")) or _raw_recipient(receipt.get("raw"))
     if reason is None or channel not in SUPPRESSIBLE_CHANNELS or not target:
         return None
+    # As the provider spells it; a contact's domain is stored lower-cased, and a suppression
+    # only stops sends to a contact spelled exactly as it is.
+    target = normalise_contact(channel, target)
     if final:
         log.warning("A %s matches no send notifkit recorded; its address is suppressed "
                     "anyway.", receipt["kind"], extra={"project_id": receipt["projectId"]})
@@ -315,7 +319,8 @@ def suppression_for(receipt: Mapping[str, Any], message: SentMessage) -> Suppres
         return None
     if message.channel not in SUPPRESSIBLE_CHANNELS:
         return None
-    target = message.destination or _text(receipt.get("to")) or _raw_recipient(receipt.get("raw"))
+    named = _text(receipt.get("to")) or _raw_recipient(receipt.get("raw"))
+    target = message.destination or (named and normalise_contact(message.channel, named))
     if not target:
         log.warning("A %s names no address notifkit can find; nothing is suppressed.", kind,
                     extra={"project_id": receipt["projectId"], "task_id": message.task_id})

@@ -380,21 +380,26 @@ async def test_a_hard_bounce_matching_no_send_still_suppresses_its_address(
     make_events: EventsFactory, settings: Settings, redis: Redis, keys: Keys,
     db: asyncpg.Pool, project_id: str,
 ) -> None:
-    # Given a hard and a soft bounce for messages notifkit has no record of
+    # Given a hard and a soft bounce for messages notifkit has no record of, and a complaint
+    # naming its address with an upper-case domain (contacts store the domain lower-cased)
     events = make_events(settings=settings.replace(reclaim_min_idle_s=0.0))
     hard = {**receipt(project_id, "msg-x", "bounced", RESEND_HARD_BOUNCE),
             "channel": "email", "to": "gone@example.com"}
     soft = {**receipt(project_id, "msg-y", "bounced", RESEND_SOFT_BOUNCE),
             "channel": "email", "to": "busy@example.com"}
-    await put(redis, keys, hard, soft)
+    raw = {"type": "email.complained", "data": {"to": ["Angry@Example.ORG"]}}
+    angry = {**receipt(project_id, "msg-w", "complained", raw), "channel": "email"}
+    await put(redis, keys, hard, soft, angry)
 
     # When they are retried to the attempt limit
     await events.run_until_idle()
 
-    # Then both are dead-lettered, and the hard bounce's address is suppressed all the same
-    assert len(await xrange(redis, keys.dlq)) == 2
-    rows = await db.fetch("SELECT channel, target, reason FROM suppressions")
-    assert [tuple(r) for r in rows] == [("email", "gone@example.com", "bounce")]
+    # Then all are dead-lettered, and the hard bounce's and the complaint's addresses are
+    # suppressed all the same, spelled as the contacts they must stop sends to
+    assert len(await xrange(redis, keys.dlq)) == 3
+    rows = await db.fetch("SELECT channel, target, reason FROM suppressions ORDER BY target")
+    assert [tuple(r) for r in rows] == [("email", "Angry@example.org", "complaint"),
+                                        ("email", "gone@example.com", "bounce")]
 
 
 async def test_an_unmatched_hard_bounce_suppresses_at_once_while_it_waits_for_its_send(

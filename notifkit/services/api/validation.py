@@ -640,14 +640,6 @@ def https_url_problem(value: str) -> str | None:
     return None
 
 
-def normalise_contact(channel: str, target: str) -> str:
-    """The stored spelling: e-mail domains are case-insensitive, so they are lower-cased."""
-    if channel == "email":
-        local, _, domain = target.rpartition("@")
-        return f"{local}@{domain.lower()}"
-    return target
-
-
 # ---------------------------------------------------------------------------------------------
 # Lists: limit and opaque cursors
 

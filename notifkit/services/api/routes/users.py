@@ -16,6 +16,7 @@ import asyncpg
 from aiohttp import web
 
 from notifkit import quiet_hours
+from notifkit.destinations import normalise_contact
 from notifkit.messages import CHANNELS
 from notifkit.services.api.errors import json_response, not_found
 from notifkit.services.api.middleware import project_id
@@ -31,7 +32,6 @@ from notifkit.services.api.validation import (
     is_timezone,
     iso,
     lookup_id,
-    normalise_contact,
     path_id,
     read_json,
     uuid_id,
