@@ -7,7 +7,9 @@ quiet period at all. Wall-clock semantics decide everything, so the period follo
 - 22:00-07:00 in Europe/Berlin on the night of 2026-03-29 lasts 8 hours (21:00Z to 05:00Z),
   and in America/New_York on the night of 2026-11-01 it lasts 10 (02:00Z to 12:00Z).
 - An ``end`` that falls in a spring-forward gap (02:30 in Berlin on 2026-03-29) ends the period
-  at the transition, the first instant the clock shows a time past it.
+  at the transition, the first instant the clock shows a time past it; unless ``start`` was
+  skipped too (02:45-02:30): the clock then never leaves quiet hours that night, and the period
+  runs on to the next day's ``end``.
 - An ``end`` that happens twice in a fall-back hour ends the period at the next occurrence
   after ``now``.
 
@@ -118,12 +120,19 @@ def _deferral(quiet: QuietHours, where: ZoneInfo, now: datetime) -> datetime | N
         return None
     now_utc = now.astimezone(UTC)
     # The period ends today (now is before `end`) or tomorrow (it wrapped midnight). Taking the
-    # first occurrence after now covers both, and a fall-back hour that repeats `end`.
-    for days in (0, 1):  # tomorrow only when today has no end left (9999-12-31 has no next)
+    # first occurrence after now covers both, and a fall-back hour that repeats `end`. An `end`
+    # skipped by a spring-forward gap is passed at the transition, where the clock may show a
+    # time past `start` as well (both inside the gap): the next period has begun at the same
+    # instant, the clock never left quiet hours, and the period runs on to the next `end`.
+    for days in (0, 1, 2):  # a next day only when needed (9999-12-31 has no next)
         for instant in wall_instants(local.date() + timedelta(days=days), quiet.end, where):
-            if instant > now_utc:
+            if instant > now_utc and not quiet.contains(_wall(instant, where)):
                 return instant
-    raise AssertionError("a quiet period always ends within two local days")  # pragma: no cover
+    raise AssertionError("a quiet period ends within three local days")  # pragma: no cover
+
+
+def _wall(instant: datetime, where: ZoneInfo) -> time:
+    return instant.astimezone(where).time().replace(tzinfo=None)
 
 
 def is_quiet(prefs: QuietHours | Mapping[str, Any] | None, tz: str | None, now: datetime) -> bool:

@@ -72,6 +72,30 @@ def test_an_end_inside_the_spring_forward_gap_ends_at_the_transition() -> None:
     assert deferral(quiet, "Europe/Berlin", utc(2026, 3, 29, 1, 0)) is None  # 03:00 CEST
 
 
+@pytest.mark.parametrize(("quiet", "tz", "now", "expected"), [
+    # 02:30 and 02:45 both fall in Berlin's skipped hour on 2026-03-29: the clock jumps from
+    # 01:59 CET, quiet, to 03:00 CEST, quiet again, so the period runs on to the next 02:30.
+    ({"start": "02:45", "end": "02:30"}, "Europe/Berlin", utc(2026, 3, 28, 12, 41),
+     utc(2026, 3, 30, 0, 30)),
+    ({"start": "03:00", "end": "02:15"}, "Europe/Berlin", utc(2026, 3, 29, 0, 30),
+     utc(2026, 3, 30, 0, 15)),
+    # New York skips 02:00-03:00 on 2026-03-08.
+    ({"start": "02:30", "end": "02:15"}, "America/New_York", utc(2026, 3, 7, 16, 23),
+     utc(2026, 3, 9, 6, 15)),
+    # Lord Howe's clock skips half an hour (02:00 -> 02:30) on 2026-10-04.
+    ({"start": "02:15", "end": "02:00"}, "Australia/Lord_Howe", utc(2026, 10, 3, 6, 7),
+     utc(2026, 10, 4, 15, 0)),
+])
+def test_a_period_that_ends_and_starts_again_inside_a_skipped_hour_runs_on(
+    quiet: dict[str, str], tz: str, now: datetime, expected: datetime
+) -> None:
+    """The transition ends the period and begins the next at the same instant: the user's
+    clock never leaves quiet hours, so a deferred send must not leave at the transition."""
+    assert deferral(quiet, tz, now) == expected
+    assert is_quiet(quiet, tz, expected - timedelta(seconds=1))
+    assert not is_quiet(quiet, tz, expected)
+
+
 def test_an_end_that_happens_twice_ends_at_the_next_occurrence() -> None:
     quiet = {"start": "00:30", "end": "01:30"}
     # 01:10 EDT: ends at the first 01:30 (EDT, 05:30Z).
@@ -133,7 +157,8 @@ def test_deferral_ends_exactly_when_the_quiet_period_ends(
 ) -> None:
     """Whatever the zone and its DST rules (Lord Howe shifts by 30 minutes): a send deferred
     leaves at the first instant the user's clock is out of quiet hours, never earlier, never
-    a day late."""
+    later. A period is shorter than a day, but one whose end and next start a spring-forward
+    gap both skips joins the next one."""
     quiet = QuietHours(start, end)
     where = zone(tz)
 
@@ -145,7 +170,7 @@ def test_deferral_ends_exactly_when_the_quiet_period_ends(
         assert not quiet_at(now)
         return
     assert quiet_at(now)
-    assert now < until <= now + timedelta(hours=25)
+    assert now < until <= now + timedelta(hours=48)
     assert not quiet_at(until)
     # Quiet all the way there: probe the second before and a spread of points in between.
     span = until - now
