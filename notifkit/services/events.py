@@ -302,8 +302,8 @@ def unmatched_suppression(receipt: Mapping[str, Any], final: bool = True) -> Sup
     target = _text(receipt.get("to")) or _raw_recipient(receipt.get("raw"))
     if reason is None or channel not in SUPPRESSIBLE_CHANNELS or not target:
         return None
-    # As the provider spells it; a contact's domain is stored lower-cased, and a suppression
-    # only stops sends to a contact spelled exactly as it is.
+    # A provider may spell the domain in capitals; contacts store it lower-cased, and a
+    # suppression stops sends only to a contact spelled exactly as it is.
     target = normalise_contact(channel, target)
     if final:
         log.warning("A %s matches no send notifkit recorded; its address is suppressed "
