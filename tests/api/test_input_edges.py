@@ -188,12 +188,14 @@ async def test_the_documented_idempotency_key_is_one_the_server_takes(
 
 @pytest.mark.parametrize(("channel", "target"), [
     ("email", "ada@example.com\n"), ("sms", "+4915112345678\n"),
+    # Digits of another script are digits to \d, not to a phone network.
+    ("sms", "+4\u0669\u0661\u0665\u0661\u0661\u0662\u0663\u0664\u0665\u0666"),
 ])
-async def test_an_address_with_a_trailing_newline_is_no_address(
+async def test_an_address_with_a_trailing_newline_or_another_script_s_digits_is_none(
     api: Api, project: Project, channel: str, target: str
 ) -> None:
-    """A pattern's ``$`` also matches before a final newline: such an address is refused, not
-    stored with the newline and handed to a provider."""
+    """A pattern's ``$`` also matches before a final newline, and ``\\d`` any script's digits:
+    such an address is refused, not stored and handed to a provider."""
     await api.call("PUT", "/v1/users/u1", key=project.full, json={})
     added = await api.call("POST", "/v1/users/u1/contacts", key=project.full,
                            json={"channel": channel, "target": target})
