@@ -9,16 +9,19 @@ The event loop's ``add_signal_handler`` cannot give that: taking its handler off
 default action back before anything else can be set, and closing the loop does the same, so a
 repeat landing in that instant killed the process by the signal. Here a plain Python handler is
 installed instead and replaced with SIG_IGN in one ``sigaction``; Python's own finalisation
-leaves an ignored signal ignored. Both loops notifkit runs on (asyncio's and uvloop's) wake up
-to run Python signal handlers, since they listen on Python's signal wakeup fd or retry their
-wait after EINTR.
+leaves an ignored signal ignored. A Python handler runs on the main thread
+once the loop wakes: uvloop listens on Python's signal wakeup fd for that, and for asyncio's own
+loop (which does so only for ``add_signal_handler``) one is set up here, since a signal taken by
+another thread (an executor's, a child watcher's) does not interrupt the main thread's wait.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from types import FrameType
@@ -50,8 +53,36 @@ def on_stop_signals(callback: Callable[[], None]) -> None:
     def handler(signum: int, frame: FrameType | None) -> None:
         loop.call_soon_threadsafe(callback)
 
+    _wake_on_signals(loop)
     for signum in STOP_SIGNALS:
         signal.signal(signum, handler)
+
+
+# The sockets the loop is woken through; never closed, as the wakeup fd outlives the loop.
+_WAKEUP: list[socket.socket] = []
+
+
+def _wake_on_signals(loop: asyncio.AbstractEventLoop) -> None:
+    current = signal.set_wakeup_fd(-1)
+    ours = _WAKEUP[1].fileno() if _WAKEUP else -1
+    if current not in (-1, ours):  # uvloop's, or set by whoever runs this loop: it wakes it
+        signal.set_wakeup_fd(current)
+        return
+    if not _WAKEUP:
+        reader, writer = socket.socketpair()
+        reader.setblocking(False)
+        writer.setblocking(False)
+        _WAKEUP.extend((reader, writer))
+    reader, writer = _WAKEUP
+    signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+
+    def drain() -> None:
+        # What was written only woke the loop; the handlers run as it goes back to Python.
+        with contextlib.suppress(OSError):
+            while reader.recv(4096):
+                pass
+
+    loop.add_reader(reader.fileno(), drain)
 
 
 def ignore_stop_signals() -> None:

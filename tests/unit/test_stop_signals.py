@@ -8,6 +8,8 @@ import asyncio
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -84,3 +86,34 @@ def test_the_unraisable_hook_passes_on_everything_else(
     for error in (caught, other):
         sys.unraisablehook(SimpleNamespace(exc_value=error))  # type: ignore[arg-type]
     assert reported == [other]
+
+
+def test_a_signal_another_thread_takes_still_wakes_asyncio_s_own_loop(
+    dispositions: list[tuple[int, Any]],
+) -> None:
+    """The kernel hands a process's signal to any thread that does not block it; the Python
+    handler then waits for the main thread, asleep in the loop until its next timer."""
+
+    async def main() -> bool:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        stop_on_signals(stop)
+        timer_first: list[bool] = []
+        # The loop's only timer: without a wake-up, the handler would run only after it.
+        loop.call_later(10, lambda: timer_first.append(not stop.is_set()))
+        asleep = loop.create_future()
+
+        def take() -> None:
+            while not asleep.done():  # until the main thread waits in the loop
+                time.sleep(0.01)
+            time.sleep(0.2)
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+        taker = threading.Thread(target=take)
+        taker.start()
+        asleep.set_result(None)
+        await stop.wait()
+        taker.join()
+        return not timer_first
+
+    assert asyncio.run(main()), "the stop waited for the loop's next timer"
