@@ -292,12 +292,19 @@ async def get_waiter(conn: Conn, instance: Instance, row: StepRow) -> Waiter | N
     return Waiter(*found.values()) if found is not None else None
 
 
+# An event that happened before a wait began does not count for it, even when it is read
+# after (a backlog of events). The margin is for times stamped by other clocks: providers'
+# receipts (SendGrid's in whole seconds) and other hosts.
+EVENT_BEFORE_WAIT_GRACE_S = 1.0
+
+
 async def resolve_waiters(
     conn: Conn, *, project_id: str, user_id: str, event_name: str, event: dict[str, Any],
     resolved_by: str, now: datetime, occurred_at: datetime | None = None,
 ) -> list[str]:
-    """Resolve the user's open waiters for ``event_name`` that had not expired when the event
-    happened (``occurred_at``, else ``now``); returns their instance ids. An event seen before
+    """Resolve the user's open waiters for ``event_name`` that were open when the event
+    happened (``occurred_at``, else ``now``): begun by then (give or take
+    EVENT_BEFORE_WAIT_GRACE_S) and not yet expired; returns their instance ids. An event seen before
     (``resolved_by`` already on some waiter: a retried entry or a repeated forward) resolves
     nothing new and returns the instances it resolved then."""
     rows = await conn.fetch(
@@ -308,11 +315,13 @@ async def resolve_waiters(
                UPDATE workflow_waiters SET resolved_at = $4, resolved_by = $5, event = $6
                 WHERE project_id = $1 AND user_id = $2 AND event_name = $3
                   AND resolved_at IS NULL AND expires_at > $7
+                  AND created_at <= $7 + make_interval(secs => $8)
                   AND NOT EXISTS (SELECT 1 FROM earlier)
             RETURNING instance_id)
            SELECT instance_id::text FROM earlier
            UNION SELECT instance_id::text FROM fresh""",
         project_id, user_id, event_name, now, resolved_by, event, occurred_at or now,
+        EVENT_BEFORE_WAIT_GRACE_S,
     )
     return sorted({r[0] for r in rows})
 
