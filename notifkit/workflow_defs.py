@@ -27,6 +27,9 @@ PRIORITIES: tuple[str, ...] = ("critical", "normal", "low")
 ON_TIMEOUT: tuple[str, ...] = ("continue", "stop")
 BRANCHES: tuple[str, ...] = ("then", "else")
 MAX_STEPS = 100  # per list
+# Over all lists, branches included: every trigger copies the definition into its instance,
+# and saving it compiles every branch's expression in the API's event loop.
+MAX_TOTAL_STEPS = 1000
 MAX_DEPTH = 8  # branches inside branches
 MAX_SECONDS = 366 * 24 * 3600  # waits, timeouts and digest windows
 # POST /v1/events takes names up to this long; a step waiting for a longer one could never wake.
@@ -61,8 +64,25 @@ def validate_steps(steps: Any) -> list[FieldError]:
         return [{"field": "steps", "message": "must be a list of steps"}]
     if not steps:
         return [{"field": "steps", "message": "must hold at least one step"}]
+    if _count_steps(steps, MAX_TOTAL_STEPS) > MAX_TOTAL_STEPS:
+        return [{"field": "steps", "message": f"may hold at most {MAX_TOTAL_STEPS} steps in "
+                                              "all, those inside branches included"}]
     _validate_list(steps, "steps", 0, errors)
     return errors
+
+
+def _count_steps(steps: list[Any], limit: int) -> int:
+    """How many steps ``steps`` holds, branches included; stops counting past ``limit``."""
+    count = 0
+    pending = [steps]
+    while pending and count <= limit:
+        current = pending.pop()
+        count += len(current)
+        for step in current:
+            if isinstance(step, dict):
+                pending.extend(step[name] for name in BRANCHES
+                               if isinstance(step.get(name), list))
+    return count
 
 
 def _validate_list(steps: list[Any], field: str, depth: int, errors: list[FieldError]) -> None:

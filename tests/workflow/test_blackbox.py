@@ -728,6 +728,8 @@ BAD_DEFINITIONS: list[tuple[Any, set[str]]] = [
     ([{"type": "digest", "windowSeconds": "60", "template": "t"}],
      {"steps[0].windowSeconds"}),
     ([{"type": "send", "template": "t"}] * 101, {"steps"}),
+    ([{"type": "branch", "if": "data.x", "then": [{"type": "send", "template": "t"}] * 100}]
+     * 100, {"steps"}),
     (nested(9), {"steps[0].then[0].then[0].then[0].then[0].then[0].then[0].then[0].then[0]"}),
     ([{"type": "send", "template": "t"}, {"type": "wait", "seconds": "x"},
       {"type": "bogus"}], {"steps[1].seconds", "steps[2].type"}),
@@ -799,3 +801,49 @@ async def test_a_large_definition_within_the_limits_is_stored_and_runs(system: S
     assert done["status"] == "completed", done
     assert len(done["steps"]) == 1 + 99 + 7 + 1
     assert await system.emails("ada") == ["t", "t"]
+
+
+async def test_a_digest_of_an_ai_template_gives_the_model_every_item(system: System) -> None:
+    await system.user("ada")
+    await system.template("weekly", {
+        "channels": {"email": {"subject": "{{ items | length }} updates", "text": "x"}},
+        "ai": {"model": "gpt-4o-mini", "channels": ["email"],
+               "prompt": "Summarise: {% for i in items %}{{ i.data.what }};{% endfor %}"},
+    })
+    await system.workflow("d", [{"type": "digest", "windowSeconds": 60, "template": "weekly"}])
+    for what in ("a", "b", "c"):
+        await system.trigger("d", "ada", {"what": what})
+    await system.run()
+    system.clock.advance(60)
+    await system.run()
+    [completion] = await system.sim.messages("openai")
+    prompts = [m["content"] for m in completion["content"]["messages"] if m["role"] == "user"]
+    assert prompts == ["Summarise: a;b;c;"]
+    [email] = await system.sim.messages("resend")
+    assert email["content"]["subject"] == "3 updates"
+    assert email["content"]["text"] == completion["content"]["completion"]
+
+
+async def test_ai_usage_is_totalled_within_bounds_and_bad_bounds_are_400(
+    system: System,
+) -> None:
+    await system.user("ada")
+    await system.template("paid", AI_TEMPLATE)
+    for n in range(3):
+        await system.call("POST", "/v1/notifications",
+                          json={"to": "ada", "template": "paid", "data": {"n": n}})
+    await system.run()
+    total = (await system.call("GET", "/v1/usage/ai")).body
+    assert total["requests"] == 3
+    assert total["totalTokens"] == total["promptTokens"] + total["completionTokens"]
+    future = await system.call("GET", "/v1/usage/ai",
+                               params={"since": "2999-01-01T00:00:00Z"})
+    assert (future.status, future.body["requests"]) == (200, 0)
+    past = await system.call("GET", "/v1/usage/ai", params={"until": "2000-01-01T00:00:00Z"})
+    assert (past.status, past.body["requests"]) == (200, 0)
+    other = await system.api.project("other")
+    assert (await system.api.call("GET", "/v1/usage/ai", key=other.full)).body["requests"] == 0
+    for params in ({"since": "yesterday"}, {"until": "2026-13-01T00:00:00Z"},
+                   {"since": "2027-01-01T00:00:00Z", "until": "2026-01-01T00:00:00Z"}):
+        bad = await system.call("GET", "/v1/usage/ai", params=params)
+        assert bad.status == 400, (params, bad.body)

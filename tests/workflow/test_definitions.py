@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from notifkit.workflow_defs import (
     MAX_DEPTH,
+    MAX_TOTAL_STEPS,
     enter_branch,
     evaluate_condition,
     format_path,
@@ -133,6 +134,24 @@ def test_branches_nest_as_deep_as_the_limit_says_and_no_deeper() -> None:
     [error] = validate_steps(nested(MAX_DEPTH + 1))
     assert error["field"] == "steps[0]" + ".then[0]" * MAX_DEPTH
     assert str(MAX_DEPTH) in error["message"]
+
+
+def test_a_definition_holds_a_bounded_number_of_steps_in_all() -> None:
+    # 100 per list and 8 branches deep would allow 100**8 steps: each branch's expression is
+    # compiled in the API's event loop when the definition is saved, and every trigger copies
+    # the whole definition into its instance, so the count over all lists is bounded too.
+    def branches(count: int) -> list[dict[str, object]]:
+        return [{"type": "branch", "if": f"data.x == {i}",
+                 "then": [{"type": "send", "template": "t"}]} for i in range(count)]
+
+    per_branch = MAX_TOTAL_STEPS // 100
+    assert validate_steps([{"type": "branch", "if": "true", "then": branches(per_branch // 2 - 1)}
+                           for _ in range(100)]) == []
+    too_many = [{"type": "branch", "if": "true", "then": branches(per_branch)}
+                for _ in range(100)]
+    [error] = validate_steps(too_many)
+    assert error["field"] == "steps"
+    assert str(MAX_TOTAL_STEPS) in error["message"]
 
 
 def test_checking_an_expression_does_not_evaluate_its_constants() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from notifkit.messages import CHANNELS, PRIORITIES
-from notifkit.workflow_defs import MAX_EVENT_NAME_CHARS, MAX_EXPRESSION_CHARS
+from notifkit.workflow_defs import MAX_EVENT_NAME_CHARS, MAX_EXPRESSION_CHARS, MAX_TOTAL_STEPS
 
 Schema = dict[str, Any]
 
@@ -286,7 +286,9 @@ COMPONENTS: dict[str, Schema] = {
     },
     "WorkflowPut": obj({
         "steps": {"type": "array", "minItems": 1, "maxItems": 100,
-                  "items": {"$ref": "#/components/schemas/WorkflowStep"}},
+                  "items": {"$ref": "#/components/schemas/WorkflowStep"},
+                  "description": f"At most {MAX_TOTAL_STEPS} steps in all, those inside "
+                                 "branches included."},
     }, ("steps",)),
     "Workflow": obj({
         "id": STRING, "steps": {"type": "array", "items": {"type": "object"}},
