@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -14,6 +12,7 @@ from notifkit.templates import template_errors
 from notifkit.unsubscribe import verify_token
 from tests.api.conftest import Api, Project
 from tests.support.compiling import watch_compiles
+from tests.support.held_check import HeldCheck
 
 INVOICE = {
     "topic": "billing",
@@ -97,22 +96,14 @@ async def test_a_template_compiles_while_the_api_answers_other_requests(
     api: Api, project: Project, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Compiling the largest fields takes seconds; on the event loop it held every request.
-    compiling, finish = threading.Event(), threading.Event()
-
-    def slow_check(channels: Any) -> list[dict[str, str]]:
-        compiling.set()
-        finish.wait(10)  # blocks whatever thread runs the check
-        return template_errors(channels)
-
-    monkeypatch.setattr(template_routes, "template_errors", slow_check)
-    put = asyncio.create_task(api.call("PUT", "/v1/templates/t", key=project.full,
-                                       json={"channels": {"sms": {"text": "hi"}}}))
-    await asyncio.to_thread(compiling.wait, 10)
-    other = await api.call("GET", "/v1/templates/t", key=project.full)
-    assert other.status == 404
-    assert not put.done()  # answered while the check was still running
-    finish.set()
-    assert (await put).status == 201
+    check = HeldCheck(template_errors)
+    monkeypatch.setattr(template_routes, "template_errors", check)
+    other, put = await check.answers_meanwhile(
+        api.call("PUT", "/v1/templates/t", key=project.full,
+                 json={"channels": {"sms": {"text": "hi"}}}),
+        lambda: api.call("GET", "/v1/templates/t", key=project.full),
+    )
+    assert (other.status, put.status) == (404, 201)
 
 
 async def test_a_preview_compiles_a_template_new_to_the_process_beside_the_event_loop(

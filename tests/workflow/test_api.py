@@ -11,7 +11,10 @@ import pytest
 
 from notifkit.config import Settings
 from notifkit.ids import uuid7
+from notifkit.services.api.routes import workflows as workflow_routes
+from notifkit.workflow_defs import validate_steps
 from tests.api.conftest import Api, Project, running_api
+from tests.support.held_check import HeldCheck
 
 if TYPE_CHECKING:
     from .conftest import FakeClock, ServiceFactory
@@ -139,3 +142,18 @@ async def test_ai_usage_totals_per_project(
         "since": "2026-12-01T00:00:00Z", "until": "2026-12-01T00:00:00Z"})
     assert (empty.status, empty.body["totalTokens"]) == (200, 0)
     assert (await api.call("GET", "/v1/usage/ai", key=project.send)).status == 403
+
+
+async def test_a_definition_is_checked_while_the_api_answers_other_requests(
+    api: Api, project: Project, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Checking a large definition compiles every branch expression (seconds for the largest
+    # bodies); on the event loop it held every other request meanwhile.
+    check = HeldCheck(validate_steps)
+    monkeypatch.setattr(workflow_routes, "validate_steps", check)
+    other, put = await check.answers_meanwhile(
+        api.call("PUT", "/v1/workflows/w", key=project.full,
+                 json={"steps": [{"type": "send", "template": "hello"}]}),
+        lambda: api.call("GET", "/v1/workflows/w", key=project.full),
+    )
+    assert (other.status, put.status) == (404, 201)

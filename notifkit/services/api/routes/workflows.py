@@ -14,6 +14,7 @@ after that it starts a new instance, which takes the key over.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -64,8 +65,10 @@ async def put_workflow(request: web.Request) -> web.Response:
     if "steps" not in fields.body:
         fields.fail("steps", "is required")
     else:
-        fields.errors.extend(detail(e["field"], e["message"])
-                             for e in validate_steps(fields.body["steps"]))
+        # Compiling every branch expression of a large definition takes seconds: in a thread,
+        # the event loop goes on answering other requests meanwhile.
+        problems = await asyncio.to_thread(validate_steps, fields.body["steps"])
+        fields.errors.extend(detail(e["field"], e["message"]) for e in problems)
     fields.raise_if_invalid()
     steps: list[Any] = fields.body["steps"]
     templates: dict[str, list[str]] = {}
