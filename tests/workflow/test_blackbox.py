@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 
 from notifkit.config import Settings
+from notifkit.keys import Keys
 from notifkit.services.ai import AiService
 from notifkit.services.base import Service
 from notifkit.services.delivery import DeliveryService
@@ -847,3 +849,35 @@ async def test_ai_usage_is_totalled_within_bounds_and_bad_bounds_are_400(
                    {"since": "2027-01-01T00:00:00Z", "until": "2026-01-01T00:00:00Z"}):
         bad = await system.call("GET", "/v1/usage/ai", params=params)
         assert bad.status == 400, (params, bad.body)
+
+
+async def test_a_new_workflow_process_after_redis_lost_its_timers_finishes_every_instance(
+    system: System, settings: Settings, sim: SimulatorServer,
+) -> None:
+    await system.user("ada")
+    await wait_flow(system)
+    await system.template("digest", {"channels": {"email": {
+        "subject": "{{ items | length }} items", "text": "x"}}})
+    await system.workflow("d", [{"type": "digest", "windowSeconds": 300, "template": "digest"}])
+    await system.workflow("s", [{"type": "wait", "seconds": 30},
+                                {"type": "send", "template": "thanks"}])
+    waiting = await system.trigger("w", "ada")
+    digests = [await system.trigger("d", "ada", {}) for _ in range(3)]
+    sleeping = await system.trigger("s", "ada")
+    await system.run()
+    # the workflow process goes away and Redis loses its data
+    old = system.services[1]
+    await old.stop()
+    keys = Keys(settings.namespace)
+    redis = Redis.from_url(settings.redis_url)
+    await redis.delete(keys.workflow_timers, keys.workflow_timers_ready)
+    await redis.aclose()
+    system.services[1] = WorkflowService(simulated(settings, sim), clock=system.clock)
+    system.clock.advance(600)
+    await system.run()
+    assert (await system.instance(waiting))["status"] == "completed"
+    assert (await system.instance(sleeping))["status"] == "completed"
+    statuses = sorted([(await system.instance(i))["status"] for i in digests])
+    assert statuses == ["completed", "digested", "digested"]
+    assert sorted(await system.emails("ada")) == [
+        "3 items", "reminder", "thanks", "welcome"]
