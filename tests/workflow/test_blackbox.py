@@ -881,3 +881,25 @@ async def test_a_new_workflow_process_after_redis_lost_its_timers_finishes_every
     assert statuses == ["completed", "digested", "digested"]
     assert sorted(await system.emails("ada")) == [
         "3 items", "reminder", "thanks", "welcome"]
+
+
+async def test_an_unknown_model_is_dead_lettered_after_one_request_and_bills_nothing(
+    system: System,
+) -> None:
+    await system.user("ada")
+    await system.template("paid", {**AI_TEMPLATE, "ai": {**AI_TEMPLATE["ai"],
+                                                         "model": "no-such-model"}})
+    await system.workflow("w", [{"type": "send", "template": "paid"}])
+    instance_id = await system.trigger("w", "ada", {"n": 1})
+    await system.run()
+    stats = await system.sim.stats()
+    assert stats["openai"]["requests"] == 1
+    assert await system.emails() == []
+    [entry] = (await system.call("GET", "/v1/dlq")).body["items"]
+    assert "model" in entry["error"]
+    assert (await system.call("GET", "/v1/usage/ai")).body["requests"] == 0
+    # the workflow's send step is done: what became of the send is the notification's
+    done = await system.instance(instance_id)
+    assert done["status"] == "completed"
+    shown = await system.call("GET", f"/v1/notifications/{outputs(done)['0']['eventId']}")
+    assert shown.body["recipients"][0]["status"] == "dead_lettered"
