@@ -52,6 +52,7 @@ from functools import lru_cache
 from typing import Any, Final
 
 from jinja2 import ChainableUndefined, StrictUndefined, TemplateSyntaxError, Undefined, nodes
+from jinja2.compiler import CodeGenerator, Frame
 from jinja2.exceptions import SecurityError, TemplateError, UndefinedError
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -399,8 +400,9 @@ def _repeat_size(left: Any, right: Any) -> int:
     return 0
 
 
-def _environment(autoescape: bool, undefined: type[Any] = StrictUndefined) -> _Sandbox:
-    return _Sandbox(
+def _environment(autoescape: bool, undefined: type[Any] = StrictUndefined,
+                 sandbox: type[_Sandbox] = _Sandbox) -> _Sandbox:
+    return sandbox(
         undefined=undefined, autoescape=autoescape, keep_trailing_newline=True,
         auto_reload=False, finalize=_written,  # {{ value }} writes every copy a list holds
         # Jinja's constant folding costs the cube of a filter chain's depth at compile time
@@ -435,9 +437,57 @@ def _is_none(value: Any) -> bool:
     return value is None or isinstance(value, Undefined)
 
 
+_ORDERING: Final[dict[str, Callable[[Any, Any], Any]]] = {
+    "lt": operator.lt, "lteq": operator.le, "gt": operator.gt, "gteq": operator.ge,
+}
+_COMPARISONS: Final[dict[str, Callable[[Any, Any], Any]]] = {
+    **_ORDERING, "eq": operator.eq, "ne": operator.ne,
+    "in": lambda a, b: a in b, "notin": lambda a, b: a not in b,
+}
+
+
+def _compare(left: Any, ops: tuple[tuple[str, Any], ...]) -> Any:
+    """A branch condition's comparison (``a < b``, or a chain ``a < b < c``). An ordering
+    comparison with a null is false, as with a missing field (_Missing): JSON has no other
+    way to say a field has no value, and ``user.attributes.age >= 18`` of a user whose age
+    is null should take ``else``, not fail the instance."""
+    result: Any = True
+    for name, right in ops:
+        if name in _ORDERING and (left is None or right is None):
+            return False
+        result = _COMPARISONS[name](left, right)
+        if not result:
+            return result
+        left = right
+    return result
+
+
+class _ExpressionCodeGenerator(CodeGenerator):
+    """Compiles comparisons to :func:`_compare` calls (operands evaluated left to right,
+    each once)."""
+
+    def visit_Compare(self, node: nodes.Compare, frame: Frame) -> None:
+        self.write("environment.compare(")
+        self.visit(node.expr, frame)
+        self.write(", (")
+        for op in node.ops:
+            self.write(f"({op.op!r}, ")
+            self.visit(op.expr, frame)
+            self.write("), ")
+        self.write("))")
+
+
+class _ExpressionSandbox(_Sandbox):
+    code_generator_class = _ExpressionCodeGenerator
+
+    @staticmethod
+    def compare(left: Any, ops: tuple[tuple[str, Any], ...]) -> Any:
+        return _compare(left, ops)
+
+
 _TEXT = _environment(autoescape=False)
 _HTML = _environment(autoescape=True)
-_EXPRESSIONS = _environment(autoescape=False, undefined=_Missing)
+_EXPRESSIONS = _environment(autoescape=False, undefined=_Missing, sandbox=_ExpressionSandbox)
 _EXPRESSIONS.tests["none"] = _is_none
 
 

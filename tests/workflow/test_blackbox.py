@@ -330,6 +330,8 @@ BRANCH_CASES: list[tuple[str, dict[str, Any], bool]] = [
     ("'z' in data.tags", {"tags": ["a"]}, False),
     ("data.missing.deeper == 1", {}, False),
     ("data.missing >= 18", {}, False),
+    ("data.age >= 18", {"age": None}, False),
+    ("data.age < 18", {"age": None}, False),
     ("data.missing | int > 0", {}, False),
     ("data.missing is none", {}, True),
     ("data.x is defined", {"x": 0}, True),

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from notifkit.templates import RenderError
 from notifkit.workflow_defs import (
     MAX_DEPTH,
     MAX_TOTAL_STEPS,
@@ -180,3 +182,22 @@ def test_a_missing_field_is_false_in_comparisons_and_null_checks() -> None:
                       "data.count is not defined", "data.plan != 'pro'",
                       "data.count|int == 0", "data.zero < 1"):
         assert evaluate_condition(condition, context) is True, condition
+
+
+def test_an_ordering_comparison_with_a_null_is_false_as_with_a_missing_field() -> None:
+    """A field present but null (``{"age": null}``, a timed-out waitForEvent's output) orders
+    like a missing one: the comparison is false rather than an error that fails the
+    instance. Equality, ``in`` and chains keep their meaning."""
+    context = {"data": {"n": None, "m": 5, "tags": ["a"]},
+               "user": {"id": "u1", "attributes": {"age": None}}, "steps": {0: None}}
+    for condition in ("data.n > 3", "data.n <= 3", "3 < data.n", "user.attributes.age >= 18",
+                      "steps[0] > 1", "1 < data.m < data.n", "data.n < data.m < 10",
+                      "data.n == 3", "'b' in data.tags"):
+        assert evaluate_condition(condition, context) is False, condition
+    for condition in ("not data.n > 3", "data.n == none", "data.n is none", "data.n != 3",
+                      "1 < data.m < 10", "data.m >= 5 >= 5", "'a' in data.tags",
+                      "'b' not in data.tags", "data.m > 3 or data.n > 3"):
+        assert evaluate_condition(condition, context) is True, condition
+    # other mismatched types are still errors that fail the instance
+    with pytest.raises(RenderError):
+        evaluate_condition("data.tags > 3", context)
