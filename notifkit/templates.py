@@ -312,6 +312,10 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         _tick()
         if isinstance(obj, str) and attribute in ("format", "format_map"):
             _refuse_wide_format(obj)
+        if isinstance(obj, dict) and isinstance(attribute, str) and attribute in obj:
+            # A caller's field named like a dict method (an order's ``data.items``) is the
+            # field; Jinja would hand out the method. Without the field the method stays.
+            return _bounded(obj[attribute])
         return _bounded(super().getattr(obj, attribute))
 
     def getitem(self, obj: Any, argument: Any) -> Any:

@@ -336,7 +336,7 @@ BRANCH_CASES: list[tuple[str, dict[str, Any], bool]] = [
     ("data.missing is none", {}, True),
     ("data.x is defined", {"x": 0}, True),
     ("data.n | int > 3", {"n": "7"}, True),
-    ("data['items'] | length > 1", {"items": [1, 2]}, True),
+    ("data.items | length > 1", {"items": [1, 2]}, True),
     ("user.attributes.age >= 18", {}, True),
     ("user.attributes.city == 'Paris'", {}, False),
     ("steps[0].eventId is string", {}, True),

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from notifkit.templates import RenderError
+from notifkit.templates import RenderError, render_string
 from notifkit.workflow_defs import (
     MAX_DEPTH,
     MAX_TOTAL_STEPS,
@@ -201,3 +201,15 @@ def test_an_ordering_comparison_with_a_null_is_false_as_with_a_missing_field() -
     # other mismatched types are still errors that fail the instance
     with pytest.raises(RenderError):
         evaluate_condition("data.tags > 3", context)
+
+
+def test_a_field_named_like_a_dict_method_reads_the_field() -> None:
+    """``data.items`` is the caller's ``items`` (an order's lines), not the dict's method;
+    without such a field the method is still there (``data.items()``)."""
+    context = {"data": {"items": [1, 2], "keys": "k", "get": 0}, "user": {}, "steps": {}}
+    for condition in ("data.items | length == 2", "data.keys == 'k'", "data.get == 0",
+                      "user.items() | list | length == 0"):
+        assert evaluate_condition(condition, context) is True, condition
+    rendered = render_string("{% for i in data.items %}{{ i }};{% endfor %}{{ data.keys }}",
+                             context)
+    assert rendered == "1;2;k"
