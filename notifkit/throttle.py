@@ -17,6 +17,10 @@ throttled as the burst they will be. An allowed send is recorded, a refused one 
 throttled send is not a send). The member makes the check idempotent: a retried decision for a
 send that was already allowed is allowed again without counting twice.
 
+A send canceled before anything of it went out to the user is no send: :func:`release`
+takes its member out of the user's window (the cancel and the scheduler call it for the tasks
+they drop), so it no longer crowds the window it was due in.
+
 ``limit == 0`` turns the throttle off. Limits come from the project's ``settings.throttle``
 (``{"limit", "windowSeconds"}``), else the deployment's ``THROTTLE_LIMIT`` /
 ``THROTTLE_WINDOW_SECONDS`` (:func:`rule_for`). Who bypasses the throttle (critical sends) is
@@ -26,7 +30,7 @@ the caller's decision.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,6 +171,19 @@ async def allow(
     """Whether one more send to this user fits the window; records it when it does."""
     rule = ThrottleRule(limit, window_s)
     return (await check(redis, keys, project_id, user_id, rule, now_ms, member)).allowed
+
+
+async def release(redis: Redis, keys: Keys,
+                  sends: Iterable[tuple[str, str, str]]) -> None:
+    """Forget sends that will never go out, each ``(project_id, user_id, member)``: one
+    pipelined ZREM per send, in one round trip."""
+    batch = list(dict.fromkeys(sends))
+    if not batch:
+        return
+    forget = redis.pipeline(transaction=False)  # not the hot path: redis-py's pipeline will do
+    for project_id, user_id, member in batch:
+        forget.zrem(keys.throttle(project_id, user_id), member)
+    await forget.execute()
 
 
 class WindowModel:

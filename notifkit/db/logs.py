@@ -138,3 +138,24 @@ def _args(r: LogRow) -> tuple[Any, ...]:
     return (r.project_id, r.event_id, r.task_id, r.user_id, r.channel, r.attempt, r.kind.value,
             r.status.value, r.detail, r.provider, r.provider_message_id, r.campaign_id,
             r.metadata)
+
+
+# The rows of some recipients' tasks (not the notification's own rows), by recipient: each
+# (project, event, user) as three parallel arrays.
+_RECIPIENT_TASK_ROWS = """
+SELECT l.project_id::text AS project_id, l.event_id::text AS event_id, l.user_id, l.task_id,
+       l.kind, l.status, l.attempt
+FROM unnest($1::uuid[], $2::uuid[], $3::text[]) AS r (project_id, event_id, user_id)
+JOIN message_logs l ON l.project_id = r.project_id AND l.event_id = r.event_id
+                   AND l.user_id = r.user_id
+WHERE l.channel <> ''
+"""
+
+
+async def recipient_task_rows(db: asyncpg.Pool | asyncpg.Connection,
+                              recipients: Sequence[tuple[str, str, str]]) -> list[asyncpg.Record]:
+    """Every task row of these recipients, each ``(project_id, event_id, user_id)``."""
+    if not recipients:
+        return []
+    return list(await db.fetch(_RECIPIENT_TASK_ROWS, [r[0] for r in recipients],
+                               [r[1] for r in recipients], [r[2] for r in recipients]))

@@ -18,6 +18,9 @@ before the cancel commits, and every batch after sees it. Then :func:`cancel_wai
 the notification's tasks out of their shards with a script that claims a task as the move
 script does (and records it in the moved set, so its row is deleted as a moved one's): a task
 is either moved or canceled, never both, whichever script runs first.
+The tasks a cancel claims, and those ingest or a rebuild refuses for a canceled notification,
+leave their users' throttle windows (:func:`release_throttle`) unless something of the
+notification was handed to delivery for that user.
 
 Polling: one scheduler at a time holds ``notif:lock:scheduler:poll`` (``SET NX PX`` with a
 random token; renewed and released only by a script that checks the token). Each poll, per
@@ -59,20 +62,21 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from notifkit import codec, metrics
+from notifkit import codec, metrics, throttle
 from notifkit.config import Settings
 from notifkit.db import scheduled as scheduled_db
-from notifkit.db.logs import LogRow, insert_logs
+from notifkit.db.logs import LogRow, insert_logs, recipient_task_rows
 from notifkit.errors import MalformedPayload
 from notifkit.ids import is_uuid
 from notifkit.keys import PRIORITIES, SCHEDULER_SHARDS, Keys, shard_of
 from notifkit.messages import CHANNELS, ScheduledTask, parse_scheduled_task
 from notifkit.reconcile import Reconciler
 from notifkit.services.base import WorkerService
-from notifkit.services.timeline import canceled_row
+from notifkit.services.timeline import Recipient, canceled_row, went_out
 from notifkit.streams import as_str
 from notifkit.tasks import cancel_all
 from notifkit.wording import counted
@@ -236,6 +240,22 @@ async def cancel_waiting(redis: Redis, keys: Keys, project_id: str,
     return {as_str(task_id) for reply in await pipe.execute() for task_id in reply}
 
 
+async def release_throttle(db: asyncpg.Pool | asyncpg.Connection, redis: Redis, keys: Keys,
+                           canceled: Iterable[Recipient]) -> None:
+    """Take canceled sends, each ``(project_id, event_id, user_id)``, out of their users'
+    throttle windows, unless something of the notification went out to that user (or may
+    still). Called once the 'canceled' rows are committed: when a cancel and the scheduler
+    drop tasks of one user at the same time, each reads after it wrote, so the later reader
+    sees both."""
+    recipients = list(dict.fromkeys(canceled))
+    if not recipients:
+        return
+    kept = went_out(await recipient_task_rows(db, recipients))
+    # PostgreSQL spells a uuid in lower case; the keys and members as the pipeline did.
+    await throttle.release(redis, keys, [(p, u, e) for p, e, u in recipients
+                                         if (p.lower(), e.lower(), u) not in kept])
+
+
 class SchedulerService(WorkerService):
     name = "scheduler"
 
@@ -343,6 +363,8 @@ class SchedulerService(WorkerService):
                 if (logged := _refused_row(t["projectId"], t["taskId"], t["payload"],
                                            " before it reached the scheduler"))
             ])
+        await release_throttle(self.pool, self.redis, self.keys, _recipients(
+            (t["projectId"], t["payload"]) for t in refused))
         for task in refused:
             log.info("Refused a scheduled task: its notification was canceled.",
                      extra={"task_id": task["taskId"], "project_id": task["projectId"],
@@ -532,7 +554,10 @@ class SchedulerService(WorkerService):
                 log.info("Deleted %s of canceled notifications instead of re-adding them.",
                          counted(len(refused), "waiting task"), extra={"service": self.name})
             dropped = {r.task_id for r in refused}
-            return await self._add_if_absent_all([r for r in rows if r.task_id not in dropped])
+            added = await self._add_if_absent_all([r for r in rows if r.task_id not in dropped])
+        await release_throttle(self.pool, self.redis, self.keys, _recipients(
+            (r.project_id, r.payload) for r in refused))
+        return added
 
     async def _add_if_absent_all(self, rows: Sequence[scheduled_db.ScheduledRow]) -> int:
         pipe = self.redis.pipeline(transaction=False)
@@ -598,6 +623,13 @@ def _event_id(payload: dict[str, Any]) -> str | None:
     """The notification a task belongs to (every payload a task carries names its event)."""
     event_id = payload.get("eventId")
     return event_id if isinstance(event_id, str) and is_uuid(event_id) else None
+
+
+def _recipients(tasks: Iterable[tuple[str, dict[str, Any]]]) -> list[Recipient]:
+    """Whose sends of which notification these tasks (project id, payload) were."""
+    return [(project_id, event_id, user_id) for project_id, payload in tasks
+            if (event_id := _event_id(payload))
+            and isinstance(user_id := payload.get("userId"), str)]
 
 
 def _refused_row(project_id: str, task_id: str, payload: dict[str, Any],

@@ -3,6 +3,7 @@ handle such tasks (delivery, ai) write them, and the rows of a cancel (api, sche
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from notifkit.db.logs import Kind, LogRow, Status
@@ -42,3 +43,26 @@ def canceled_row(
         channel=channel, kind=Kind.CANCELED, status=Status.SKIPPED,
         detail=CANCELED_BY_CALLER + when, campaign_id=campaign_id,
     )
+
+
+Recipient = tuple[str, str, str]  # project id, event id, user id
+
+
+def went_out(rows: Iterable[Mapping[str, Any]]) -> set[Recipient]:
+    """Of recipients' task rows (:func:`notifkit.db.logs.recipient_task_rows`), the
+    recipients something of the notification went out to, or may still: a task handed to
+    delivery (queued there, or tried: its attempts count from 1, whatever happened next), or
+    one still scheduled that no cancel dropped (moved to delivery meanwhile, or on its way to
+    a scheduler that drops it and looks again then)."""
+    tasks: dict[tuple[Recipient, str], set[str]] = {}
+    for row in rows:
+        recipient = (str(row["project_id"]), str(row["event_id"]), str(row["user_id"]))
+        marks = tasks.setdefault((recipient, str(row["task_id"])), set())
+        if row["kind"] == Kind.QUEUED or row["attempt"] > 0:
+            marks.add("handed")
+        if row["status"] == Status.SCHEDULED:
+            marks.add("scheduled")
+        if row["kind"] == Kind.CANCELED:
+            marks.add("canceled")
+    return {recipient for (recipient, _task), marks in tasks.items()
+            if "handed" in marks or ("scheduled" in marks and "canceled" not in marks)}

@@ -384,3 +384,76 @@ async def test_a_notification_already_sent_has_nothing_to_cancel(
     assert reply.error["code"] == "nothing_to_cancel"
     assert only_recipient(await show(api, project, event_id))["status"] == "sent"
     assert len(await sim.messages("resend")) == 1
+
+
+@pytest.fixture
+async def throttled_project(api: Api) -> Project:
+    """A project whose users get one send an hour."""
+    project = await api.project("throttled", throttle={"limit": 1, "windowSeconds": 3600})
+    reply = await api.call("PUT", "/v1/templates/code", key=project.full,
+                           json={"channels": {"email": EMAIL}})
+    assert reply.status == 201, reply.body
+    return project
+
+
+@pytest.mark.parametrize("where", ["in its shard", "on its way to the scheduler",
+                                   "lost by Redis"])
+async def test_a_canceled_send_no_longer_counts_against_the_throttle(
+    where: str, api: Api, throttled_project: Project, pipeline: list[Any],
+    delivery: DeliveryService, make_scheduler: SchedulerFactory, cancel_settings: Settings,
+    sim: SimulatorServer, redis: Redis,
+) -> None:
+    # Given ada's one send of the hour, due in ten minutes, canceled while its task was in its
+    # shard (the cancel takes it out), on its way to the scheduler (ingest refuses it) or lost
+    # by Redis with the shards (the rebuild deletes it; her throttle window survived)
+    project = throttled_project
+    await add_user(api, project, "ada")
+    send_at = rfc3339(datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=10))
+    scheduled = await send(api, project, "ada", sendAt=send_at)
+    await drain(*pipeline)
+    scheduler = make_scheduler(settings=cancel_settings)
+    if where != "on its way to the scheduler":
+        await scheduler.ingest_until_idle()
+    if where == "lost by Redis":
+        await wipe_scheduler_state(redis, Keys(cancel_settings.namespace))
+    claimed = shows_canceled(only_recipient(await cancel(api, project, scheduled)))
+    assert claimed is (where == "in its shard")
+
+    # When the scheduler takes in what is on its stream and polls (rebuilding its shards)
+    await scheduler.ingest_until_idle()
+    await scheduler.poll_once()
+    assert shows_canceled(only_recipient(await show(api, project, scheduled)))
+
+    # Then it never goes out, so a send due now still fits her window and reaches the provider
+    event_id = await send(api, project, "ada")
+    await drain(*pipeline, delivery)
+    recipient = only_recipient(await show(api, project, event_id))
+    assert recipient["status"] == "sent", recipient
+    assert "throttled" not in [row["kind"] for row in recipient["timeline"]]
+    assert recipient["taskId"] in await delivered_tasks(sim)
+
+
+async def test_a_cancel_keeps_the_throttle_mark_of_a_send_handed_to_delivery(
+    api: Api, throttled_project: Project, pipeline: list[Any], delivery: DeliveryService,
+    make_scheduler: SchedulerFactory, cancel_settings: Settings, sim: SimulatorServer,
+) -> None:
+    # Given ada's one send of the hour, handed to delivery, refused by the provider's 429 and
+    # parked with the scheduler
+    project = throttled_project
+    await add_user(api, project, "ada")
+    rule = await sim.add_fault("rate_limit", "resend", retry_after_s=30)
+    try:
+        parked = await send(api, project, "ada")
+        await drain(*pipeline, delivery)
+    finally:
+        await sim.remove_fault(rule["id"])
+    await make_scheduler(settings=cancel_settings).ingest_until_idle()
+
+    # When the cancel takes it out of the scheduler
+    assert shows_canceled(only_recipient(await cancel(api, project, parked)))
+
+    # Then it was a send all the same: another one due in the same window is throttled
+    later = await send(api, project, "ada")
+    await drain(*pipeline, delivery)
+    assert only_recipient(await show(api, project, later))["status"] == "throttled"
+    assert await delivered_tasks(sim) == set()

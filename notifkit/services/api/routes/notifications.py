@@ -51,7 +51,7 @@ from notifkit.services.api.validation import (
     read_json,
     uuid_id,
 )
-from notifkit.services.scheduler import cancel_waiting, waiting_tasks
+from notifkit.services.scheduler import cancel_waiting, release_throttle, waiting_tasks
 from notifkit.services.timeline import canceled_row
 from notifkit.wording import counted
 
@@ -166,6 +166,10 @@ async def cancel_notification(request: web.Request) -> web.Response:
                          row["campaign_id"], " before it was due")
             for task_id, r in scheduled.items() if task_id in claimed
         ])
+        # The claimed sends never go out: they no longer count against their users' throttle.
+        await release_throttle(conn, redis, keys, [
+            (project, event_id, r["userId"]) for task_id, r in scheduled.items()
+            if task_id in claimed and r["userId"] is not None])
     if claimed:
         log.info("Canceled %s of a notification.", counted(len(claimed), "waiting task"),
                  extra={"event_id": event_id, "project_id": project})
