@@ -358,14 +358,17 @@ async def join_digest(
     window_ends_at: datetime, now: datetime,
 ) -> DigestWindow:
     """Open the user's window for this step, or add ``item`` to the open one (once per
-    instance: a retried join finds its item already there)."""
+    instance: a retried join finds its item already there, known by its ``instanceId`` so
+    that an item stored with fewer fields, before a field was added, still counts)."""
     row = await conn.fetchrow(
         """INSERT INTO workflow_digests
                (project_id, workflow_id, user_id, step_index, step_path, owner_instance_id,
                 items, window_ends_at, created_at)
            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
            ON CONFLICT (project_id, workflow_id, user_id, step_path) WHERE closed_at IS NULL
-           DO UPDATE SET items = CASE WHEN workflow_digests.items @> EXCLUDED.items
+           DO UPDATE SET items = CASE WHEN workflow_digests.items
+                                           @> jsonb_build_array(jsonb_build_object(
+                                                  'instanceId', $6::text))
                                       THEN workflow_digests.items
                                       ELSE workflow_digests.items || EXCLUDED.items END
         RETURNING id::text, owner_instance_id::text, window_ends_at, items, closed_at""",

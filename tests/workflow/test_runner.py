@@ -4,11 +4,12 @@ sends, waits, waiting for events with a timeout, branches and digests."""
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from notifkit.db import workflows as workflows_db
 from notifkit.keys import Keys
 from notifkit.services.workflow import WorkflowService
 
@@ -262,6 +263,58 @@ async def test_a_digest_lists_its_items_oldest_trigger_first_whatever_order_they
     items = digest["digestItems"]
     assert [item["data"]["comment"] for item in items] == [3, 2, 1, 0]
     assert [item["at"] for item in items] == sorted(item["at"] for item in items)
+
+
+async def test_a_digest_lists_triggers_of_one_millisecond_in_the_order_they_happened(
+    flow: Flow, make_service: ServiceFactory, clock: FakeClock, db: asyncpg.Pool,
+) -> None:
+    """A burst of triggers shares its millisecond (``at``), and the workers join them in
+    whatever order they run: within the millisecond, the order they were made in still
+    holds, whatever the order of their ids."""
+    await flow.define("comments", [
+        {"type": "digest", "windowSeconds": 600, "template": "comment-digest"},
+    ])
+    service = make_service()
+    joined = [await flow.trigger("comments", "ada", {"comment": i}) for i in range(5)]
+    # Made in the opposite order to their ids' (and so, likely, to the order they join in),
+    # a microsecond apart within one millisecond.
+    for rank, instance_id in enumerate(reversed(joined)):
+        await db.execute(
+            "UPDATE workflow_instances SET created_at = $2 WHERE id = $1", instance_id,
+            datetime(2027, 1, 15, 12, 0, 0, 123_400 + rank, tzinfo=UTC),
+        )
+    await service.run_until_idle()
+    clock.advance(601)
+    await service.run_until_idle()
+    [digest] = await flow.sent()
+    items = digest["digestItems"]
+    assert [item["data"]["comment"] for item in items] == [4, 3, 2, 1, 0]
+    assert {item["at"] for item in items} == {"2027-01-15T12:00:00.123Z"}
+    assert all(set(item) == {"data", "at"} for item in items)
+
+
+async def test_a_retried_join_adds_nothing_even_if_its_item_was_stored_with_fewer_fields(
+    flow: Flow, db: asyncpg.Pool, clock: FakeClock,
+) -> None:
+    """An instance that joined a window before a field was added to items, and redoes its
+    join after (a crash in between), is still in the window once."""
+    await flow.define("comments", [
+        {"type": "digest", "windowSeconds": 600, "template": "comment-digest"},
+    ])
+    owner_id = await flow.trigger("comments", "ada", {"comment": 0})
+    joiner_id = await flow.trigger("comments", "ada", {"comment": 1})
+    owner = await workflows_db.get_instance(db, owner_id)
+    joiner = await workflows_db.get_instance(db, joiner_id)
+    assert owner is not None
+    assert joiner is not None
+    now = datetime.fromtimestamp(clock(), UTC)
+    ends = now + timedelta(seconds=600)
+    await workflows_db.join_digest(db, owner, "0", 0, {"instanceId": owner_id}, ends, now)
+    old = {"data": {"comment": 1}, "at": "x", "instanceId": joiner_id}
+    await workflows_db.join_digest(db, joiner, "0", 0, old, ends, now)
+    window = await workflows_db.join_digest(db, joiner, "0", 0, {**old, "atMicros": 1},
+                                            ends, now)
+    assert [item["instanceId"] for item in window.items] == [owner_id, joiner_id]
 
 
 async def test_a_trigger_without_an_instance_row_creates_it_from_the_definition(

@@ -106,6 +106,14 @@ def ms(moment: datetime) -> int:
     return int(moment.timestamp() * 1000)
 
 
+def micros(moment: datetime) -> int:
+    """Microseconds since the epoch, exactly (a float timestamp rounds them)."""
+    return (moment - _EPOCH) // timedelta(microseconds=1)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 class Runner:
     def __init__(
         self, *, pool: asyncpg.Pool, redis: Redis, settings: Settings, timers: Timers,
@@ -370,10 +378,8 @@ class Runner:
                     channels=step.get("channels"),
                     idempotency_key=send_key(instance.id, row.path), now=now,
                 )
-        # Oldest trigger first: items join in the order their instances happened to run,
-        # which concurrent workers make arbitrary.
         shown = [{"data": item.get("data"), "at": item.get("at")}
-                 for item in sorted(items, key=lambda item: str(item.get("at") or ""))]
+                 for item in sorted(items, key=trigger_order)]
         await self.publish(instance, step, row, event_id, shown)
         return Advance(output, next_path(instance.steps, path))
 
@@ -383,7 +389,7 @@ class Runner:
         instance = run.instance
         now = self.now()
         item = {"data": instance.trigger_data, "at": iso(instance.created_at),
-                "instanceId": instance.id}
+                "atMicros": micros(instance.created_at), "instanceId": instance.id}
         ends_at = now + timedelta(seconds=float(step["windowSeconds"]))
         async with self.pool.acquire() as conn, conn.transaction():
             await db.allow_window_lock_waits(conn)
@@ -402,6 +408,18 @@ class Runner:
                          extra={"instance_id": instance.id})
                 return None
         return Sleep(window.window_ends_at, {"digestId": window.id})
+
+
+def trigger_order(item: dict[str, Any]) -> tuple[str, int, str]:
+    """A digest item's place among its window's, oldest trigger first. Items join in the order
+    their instances happened to run, which concurrent workers make arbitrary, and ``at`` is
+    to the millisecond, which a burst of triggers shares: the instance's creation time to the
+    microsecond (PostgreSQL's clock for triggers made through the API) orders those, and the
+    instance id, unique, makes the order total. Items stored without ``atMicros`` (joined
+    before it was recorded) fall back on the id within their millisecond."""
+    micros_ = item.get("atMicros")
+    return (str(item.get("at") or ""), micros_ if isinstance(micros_, int) else 0,
+            str(item.get("instanceId") or ""))
 
 
 def send_key(instance_id: str, path: str) -> str:
