@@ -9,9 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from notifkit.config import Settings
 from notifkit.db import workflows as workflows_db
 from notifkit.keys import Keys
 from notifkit.services.workflow import WorkflowService
+from notifkit.services.workflow.runner import Runner
+from notifkit.streams import xadd
 
 from .conftest import templates_of
 
@@ -127,6 +130,89 @@ async def test_an_event_sent_before_the_timeout_wins_even_when_read_after_it(
     assert templates_of(await flow.sent(), "u1") == ["welcome", "thanks"]
     steps = await flow.steps(instance_id)
     assert steps[1]["output"]["data"] == {"link": "a"}
+
+
+class ProcessDied(Exception):
+    """Stands for the workflow process dying at this point."""
+
+
+class DiesAsAWaitBegins(Runner):
+    """A runner whose process dies once a ``waitForEvent`` step has been started, before the
+    step itself runs."""
+
+    async def _wait_for_event(self, run: Any, step: dict[str, Any], path: Any,
+                              row: Any) -> Any:
+        raise ProcessDied(f"died after starting step {row.path}")
+
+
+class DyingService(WorkflowService):
+    def make_runner(self) -> Runner:
+        return DiesAsAWaitBegins(pool=self.pool, redis=self.redis, settings=self.settings,
+                                 timers=self.timers, clock=self.clock)
+
+
+async def trigger_and_die_as_the_wait_begins(
+    flow: Flow, settings: Settings, clock: FakeClock
+) -> str:
+    """Trigger CLICK_OR_REMIND for u1 in a process that dies as its wait begins."""
+    await flow.define("onboarding", CLICK_OR_REMIND)
+    instance_id = await flow.trigger("onboarding", "u1")
+    dying = DyingService(settings, clock=clock)
+    try:
+        await dying.run_until_idle()
+    finally:
+        await dying.stop()
+    return instance_id
+
+
+async def redo(flow: Flow, instance_id: str) -> None:
+    """As the worker retries the dead process's entry (after its idle time)."""
+    await xadd(flow.redis, flow.keys.workflow_inbound, {
+        "type": "wake", "instanceId": instance_id, "projectId": flow.project_id,
+        "reason": "retry"}, 10_000)
+
+
+async def test_an_event_in_the_gap_after_a_crash_as_the_wait_began_still_wakes_it(
+    flow: Flow, make_service: ServiceFactory, clock: FakeClock, settings: Settings,
+) -> None:
+    """The process dies once the waitForEvent step has started; the user's event is
+    processed before the step is redone (by another process, or this one restarted). The
+    event happened within the wait, so it wakes the instance, as it would have without the
+    crash, instead of being lost and the wait running to its timeout."""
+    instance_id = await trigger_and_die_as_the_wait_begins(flow, settings, clock)
+    assert [(s["path"], s["status"]) for s in await flow.steps(instance_id)] == [
+        ("0", "completed"), ("1", "running")]
+
+    clock.advance(60)
+    await flow.event("clicked", "u1", {"link": "a"})
+    service = make_service()
+    await service.run_until_idle()
+    await redo(flow, instance_id)
+    await service.run_until_idle()
+
+    assert templates_of(await flow.sent(), "u1") == ["welcome", "thanks"]
+    steps = await flow.steps(instance_id)
+    assert steps[1]["output"]["data"] == {"link": "a"}
+    assert (await flow.instance(instance_id))["status"] == "completed"
+
+
+async def test_a_wait_begun_without_its_waiter_opens_it_when_redone(
+    flow: Flow, make_service: ServiceFactory, clock: FakeClock, settings: Settings,
+    db: asyncpg.Pool,
+) -> None:
+    """A step started before waiters opened with their step, and not yet run: redone, it
+    opens its waiter, which catches a later event."""
+    instance_id = await trigger_and_die_as_the_wait_begins(flow, settings, clock)
+    assert await db.execute("DELETE FROM workflow_waiters WHERE instance_id = $1",
+                            instance_id) == "DELETE 1"
+    service = make_service()
+    await redo(flow, instance_id)
+    await service.run_until_idle()
+    assert (await flow.instance(instance_id))["status"] == "waiting"
+    clock.advance(60)
+    await flow.event("clicked", "u1", {"link": "a"})
+    await service.run_until_idle()
+    assert templates_of(await flow.sent(), "u1") == ["welcome", "thanks"]
 
 
 async def test_wait_sleeps_until_its_time_and_sends_carry_deterministic_keys(

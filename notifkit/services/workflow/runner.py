@@ -11,7 +11,8 @@ is safe because every effect is keyed by the instance and the step's path:
   written, and the message carries ``idempotencyKey = wf:{instanceId}:{path}``, so a send
   repeated after a crash is the same notification and the enricher drops the copy (24 h).
 - ``wait``: the wake-up time is the step row's ``started_at`` + seconds.
-- ``waitForEvent``: one waiter row per step; an event and the timeout race on
+- ``waitForEvent``: one waiter row per step, opened in the transaction that starts the step
+  (a crash cannot leave the step started without it); an event and the timeout race on
   ``resolved_at IS NULL`` and exactly one wins.
 - ``digest``: joining a window adds the instance's item at most once.
 """
@@ -148,7 +149,7 @@ class Runner:
             step = step_at(instance.steps, path)
             row = run.rows.get(text)
             if row is None:
-                row = await db.start_step(self.pool, instance, text, step["type"], self.now())
+                row = await self._start_step(instance, text, step)
                 run.rows[text] = row
             outcome = await self._execute(run, step, path, row)
             if outcome is None:  # the step persisted its own outcome
@@ -186,6 +187,20 @@ class Runner:
             await db.set_state(self.pool, instance, status="completed", cursor=None,
                                current_step=instance.current_step, wake_at=None, now=self.now())
         log.info("Workflow instance completed.", extra={"instance_id": instance.id})
+
+    async def _start_step(self, instance: db.Instance, text: str,
+                          step: dict[str, Any]) -> db.StepRow:
+        now = self.now()
+        if step["type"] != "waitForEvent":
+            return await db.start_step(self.pool, instance, text, step["type"], now)
+        # The waiter opens with the step: opened after, a crash in between left the step
+        # started with nothing to catch the user's event, and an event processed before the
+        # step was redone was lost (the wait then ran to its timeout).
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await db.start_step(conn, instance, text, step["type"], now)
+            await db.open_waiter(conn, instance, row, step["event"],
+                                 waiter_expiry(row, step), now)
+        return row
 
     async def _sleep(self, instance: db.Instance, row: db.StepRow, sleep: Sleep) -> None:
         output = sleep.output if sleep.output is not None else row.output
@@ -303,10 +318,9 @@ class Runner:
     ) -> Outcome:
         instance = run.instance
         waiter = await db.get_waiter(self.pool, instance, row)
-        if waiter is None:
-            expires_at = row.started_at + timedelta(seconds=float(step["timeoutSeconds"]))
-            waiter = await db.open_waiter(self.pool, instance, row, step["event"], expires_at,
-                                          self.now())
+        if waiter is None:  # a step started before its waiter opened with it
+            waiter = await db.open_waiter(self.pool, instance, row, step["event"],
+                                          waiter_expiry(row, step), self.now())
         if waiter.resolved_at is None:
             if self.now() < waiter.expires_at:
                 return Sleep(waiter.expires_at)
@@ -408,6 +422,11 @@ class Runner:
                          extra={"instance_id": instance.id})
                 return None
         return Sleep(window.window_ends_at, {"digestId": window.id})
+
+
+def waiter_expiry(row: db.StepRow, step: dict[str, Any]) -> datetime:
+    """When a waitForEvent step times out: its timeout after the step began."""
+    return row.started_at + timedelta(seconds=float(step["timeoutSeconds"]))
 
 
 def trigger_order(item: dict[str, Any]) -> tuple[str, int, str]:
