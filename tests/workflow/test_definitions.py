@@ -176,9 +176,11 @@ def test_a_missing_field_is_false_in_comparisons_and_null_checks() -> None:
                       "data.count|int > 3", "data.count|float > 0.5",
                       "data.missing + 1 > 0", "{{ data.count > 3 }}",
                       "steps['2.then.0'] is not none", "steps[5] is not none",
-                      "steps[0] is not none", "data.zero"):
+                      "steps[0] is not none", "data.zero", "data.count == none",
+                      "steps[5] == none"):
         assert evaluate_condition(condition, context) is False, condition
-    for condition in ("not data.count > 3", "steps['2.then.0'] is none",
+    for condition in ("not data.count > 3", "steps['2.then.0'] is none", "data.count is none",
+                      "data.count != none", "steps[5] is none",
                       "data.count is not defined", "data.plan != 'pro'",
                       "data.count|int == 0", "data.zero < 1"):
         assert evaluate_condition(condition, context) is True, condition
