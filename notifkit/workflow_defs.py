@@ -20,6 +20,7 @@ from typing import Any, TypedDict
 
 from notifkit.templates import expression_error as compile_error
 from notifkit.templates import render_expression
+from notifkit.text import CONTROL_CHARS_MESSAGE, has_control_chars
 
 STEP_TYPES: tuple[str, ...] = ("send", "wait", "waitForEvent", "branch", "digest")
 CHANNELS: tuple[str, ...] = ("email", "sms", "push", "inapp", "webhook")
@@ -127,6 +128,8 @@ def _validate_step(step: Any, field: str, depth: int, errors: list[FieldError]) 
             bad("event", "is required: the name of the event to wait for")
         elif len(step["event"]) > MAX_EVENT_NAME_CHARS:
             bad("event", f"may be at most {MAX_EVENT_NAME_CHARS} characters, as event names are")
+        elif has_control_chars(step["event"]):
+            bad("event", CONTROL_CHARS_MESSAGE)  # as an event name could never hold one
         _check_seconds(step, "timeoutSeconds", bad)
         if step.get("onTimeout") is not None and step.get("onTimeout") not in ON_TIMEOUT:
             bad("onTimeout", "must be continue or stop")

@@ -37,6 +37,7 @@ from notifkit.services.api.errors import (
     undecodable_body,
 )
 from notifkit.services.api.state import SETTINGS
+from notifkit.text import CONTROL_CHARS, CONTROL_CHARS_MESSAGE, has_control_chars
 
 MAX_JSON_DEPTH = 32
 _LONG_DIGITS = re.compile(rb"\d{19}")
@@ -61,8 +62,8 @@ _EMAIL = re.compile(
 _LOCALE = re.compile(r"^[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{1,8}){0,3}\Z")
 # Seconds optional; ASCII digits only (\d takes any script's) and nothing after the time.
 _HHMM = re.compile(r"([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9])?\Z")
-# C0 and C1 control characters nowhere: for names sent verbatim to a provider (a model).
-NO_CONTROL_CHARS = re.compile(r"[^\x00-\x1f\x7f-\x9f]*\Z")
+# C0 and C1 control characters nowhere: for names (see notifkit/text.py).
+NO_CONTROL_CHARS = re.compile(f"[^{CONTROL_CHARS}]*\\Z")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -358,6 +359,13 @@ class Fields:
             return None
         return value
 
+    def name(self, name: str, *, required: bool = False, nullable: bool = False,
+             max_len: int = 255) -> str | None:
+        """A name people read and systems pass on: not blank, no control character."""
+        return self.string(name, required=required, nullable=nullable, max_len=max_len,
+                           allow_blank=False, pattern=NO_CONTROL_CHARS,
+                           hint=CONTROL_CHARS_MESSAGE)
+
     def identifier(self, name: str, *, required: bool = False) -> str | None:
         value = self.string(name, required=required)
         if value is not None and (problem := identifier_problem(value)):
@@ -469,6 +477,16 @@ class Fields:
 
 # ---------------------------------------------------------------------------------------------
 # Single values
+
+
+def name_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a name (see :meth:`Fields.name`), or None; for a name checked
+    outside :class:`Fields`, such as an item of a list."""
+    if not value.strip():
+        return "must not be blank"
+    if has_control_chars(value):
+        return CONTROL_CHARS_MESSAGE
+    return None
 
 
 def identifier_problem(value: str) -> str | None:

@@ -46,7 +46,7 @@ async def post_event(request: web.Request) -> web.Response:
     body = await read_json(request)
     fields = Fields(body)
     fields.only(("name", "userId", "data"))
-    name = fields.string("name", required=True, max_len=MAX_EVENT_NAME_CHARS, allow_blank=False)
+    name = fields.name("name", required=True, max_len=MAX_EVENT_NAME_CHARS)
     user_id = fields.identifier("userId", required=True)
     data = fields.obj("data", nullable=True)
     fields.raise_if_invalid()

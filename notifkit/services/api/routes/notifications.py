@@ -279,7 +279,7 @@ async def _validate(request: web.Request, project: str, body: dict[str, Any]) ->
     channels = fields.channel_list("channels", CHANNELS, nullable=True)
     priority = fields.choice("priority", PRIORITIES, nullable=True) or "normal"
     send_at = fields.timestamp("sendAt", nullable=True)
-    campaign = fields.string("campaignId", nullable=True, allow_blank=False)
+    campaign = fields.name("campaignId", nullable=True)
     fields.raise_if_invalid()
     assert template is not None
     assert to is not None
@@ -329,7 +329,7 @@ def _recipients(fields: Fields) -> Recipients | None:
     if isinstance(to, dict):
         inner = fields.child("to", to)
         inner.only(("segment",))
-        segment = inner.string("segment", required=True, max_len=100, allow_blank=False)
+        segment = inner.name("segment", required=True, max_len=100)
         return {"segment": segment} if segment is not None else None
     fields.fail("to", 'must be a user id, a list of user ids or {"segment": name}')
     return None

@@ -33,7 +33,7 @@ MAX_RATE_PER_S = 100_000
 async def create_project(request: web.Request) -> web.Response:
     fields = Fields(await read_json(request))
     fields.only(("name", "settings"))
-    name = fields.string("name", required=True, max_len=200, allow_blank=False)
+    name = fields.name("name", required=True, max_len=200)
     settings = project_settings(fields)
     fields.raise_if_invalid()
     row = await request.app[DB].fetchrow(
@@ -64,7 +64,7 @@ async def create_key(request: web.Request) -> web.Response:
     fields.only(("role", "name"))
     role = fields.choice("role", ROLES, required=True)
     # null: unnamed, as shown
-    name = fields.string("name", nullable=True, max_len=200, allow_blank=False)
+    name = fields.name("name", nullable=True, max_len=200)
     fields.raise_if_invalid()
     key = new_key()
     try:

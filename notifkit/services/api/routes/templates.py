@@ -22,7 +22,6 @@ from notifkit.services.api.routing import CURSOR, LIMIT, Operations, Reply
 from notifkit.services.api.schemas import ref
 from notifkit.services.api.state import DB, HUB, SETTINGS
 from notifkit.services.api.validation import (
-    NO_CONTROL_CHARS,
     Fields,
     id_page,
     id_page_query,
@@ -64,7 +63,7 @@ async def put_template(request: web.Request) -> web.Response:
     template_id = path_id(request, "templateId")
     fields = Fields(await read_json(request))
     fields.only(("topic", "channels", "fallback", "ai"))
-    topic = fields.string("topic", nullable=True, max_len=100, allow_blank=False)
+    topic = fields.name("topic", nullable=True, max_len=100)
     raw_ai = fields.body.get("ai")
     written_by_ai = raw_ai.get("channels") if isinstance(raw_ai, dict) else None
     channels = _channels(fields, written_by_ai if isinstance(written_by_ai, list) else [])
@@ -310,8 +309,7 @@ def _ai(fields: Fields) -> dict[str, Any] | None:
     inner.only(("model", "prompt", "channels"))
     # White space alone names no model, and asks the model nothing. The model name goes out
     # as it is in every provider call: one with a control character would fail each send.
-    model = inner.string("model", required=True, max_len=200, allow_blank=False,
-                         pattern=NO_CONTROL_CHARS, hint="must not contain control characters")
+    model = inner.name("model", required=True, max_len=200)
     prompt = inner.string("prompt", required=True, max_len=MAX_TEMPLATE_CHARS,
                           allow_blank=False)
     channels = inner.channel_list("channels", CHANNELS, required=True)

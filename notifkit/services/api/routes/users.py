@@ -32,6 +32,7 @@ from notifkit.services.api.validation import (
     is_timezone,
     iso,
     lookup_id,
+    name_problem,
     path_id,
     read_json,
     uuid_id,
@@ -363,8 +364,9 @@ def _segments(fields: Fields) -> list[str] | None:
         name = f"segments[{index}]"
         if not isinstance(item, str) or not 1 <= len(item) <= 100:
             fields.fail(name, "must be a string of 1 to 100 characters")
-        elif not item.strip():  # a send refuses a blank segment name, so none could reach it
-            fields.fail(name, "must not be blank")
+        # A send refuses the same names, so none of them could be reached.
+        elif problem := name_problem(item):
+            fields.fail(name, problem)
         elif item in out:
             fields.fail(name, f"repeats {item!r}")
         else:
