@@ -10,6 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from notifkit.messages import CHANNELS, PRIORITIES
+from notifkit.services.api.patterns import (
+    E164_PATTERN,
+    EMAIL_PATTERN,
+    https_url_pattern,
+    id_pattern,
+    name_pattern,
+    push_token_pattern,
+)
 from notifkit.workflow_defs import MAX_EVENT_NAME_CHARS, MAX_EXPRESSION_CHARS, MAX_TOTAL_STEPS
 
 Schema = dict[str, Any]
@@ -20,9 +28,6 @@ RECIPIENT_STATUSES = (
     "suppressed", "throttled", "dead_lettered",
 )
 RECEIPT_KINDS = ("delivered", "bounced", "complained", "opened", "clicked", "failed")
-# Caller-chosen ids: 1-255 printable characters, no surrounding whitespace, not "." or "..".
-ID_PATTERN = (r"^(?!\.\.?$)"
-              r"[^\s\x00-\x1f\x7f-\x9f]([^\x00-\x1f\x7f-\x9f]{0,253}[^\s\x00-\x1f\x7f-\x9f])?$")
 MAX_RECIPIENTS = 1000
 
 
@@ -52,9 +57,43 @@ def page_of(item: str) -> Schema:
 
 
 STRING: Schema = {"type": "string"}
-# A name people read: some character other than white space (validation refuses the rest).
+# A free-text field people read: some character other than white space.
 NOT_BLANK = r"\S"
-ID: Schema = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": ID_PATTERN}
+# Caller-chosen ids (users, templates, workflows): one component, as its pattern is long.
+ID: Schema = {"$ref": "#/components/schemas/Id"}
+
+
+def name_string(max_length: int) -> Schema:
+    """A name (validation's Fields.name): not blank, no control character."""
+    return {"type": "string", "minLength": 1, "maxLength": max_length,
+            "pattern": name_pattern()}
+
+
+# At most MAX_TARGET_BYTES (1,024) bytes in UTF-8, which JSON Schema cannot count: 256
+# characters of any kind, or 1,024 of ASCII.
+_TARGET_BYTES: Schema = {"anyOf": [{"maxLength": 256},
+                                   {"maxLength": 1024, "pattern": r"^[\x00-\x7f]*$"}]}
+_TARGETS: dict[str, Schema] = {
+    "email": {"type": "string", "maxLength": 254, "pattern": EMAIL_PATTERN,
+              "description": "An e-mail address such as ada@example.com."},
+    "sms": {"type": "string", "pattern": E164_PATTERN,
+            "description": "An E.164 phone number such as +4915112345678."},
+    "push": {"type": "string", "minLength": 1, "pattern": push_token_pattern(),
+             **_TARGET_BYTES, "description": "A device token: printable, no spaces."},
+    "webhook": {"type": "string", "pattern": https_url_pattern(), **_TARGET_BYTES,
+                "description": "An https URL to a host named in DNS. The server also takes "
+                               "a public address; a private one or localhost only with "
+                               "WEBHOOK_ALLOW_PRIVATE_NETWORKS."},
+}
+
+
+def addressed(extra: dict[str, Schema] | None = None, description: str = "") -> Schema:
+    """A ``channel`` and a ``target`` checked for that channel (plus ``extra`` fields)."""
+    return {"oneOf": [obj({"channel": {"const": channel}, "target": target, **(extra or {})},
+                          ("channel", "target")) for channel, target in _TARGETS.items()],
+            "description": f"{description}target holds at most 1,024 bytes in UTF-8."}
+
+
 UUID: Schema = {"type": "string", "format": "uuid"}
 DATETIME: Schema = {"type": "string", "format": "date-time"}
 ANY_OBJECT: Schema = {"type": "object"}
@@ -92,8 +131,11 @@ COMPONENTS: dict[str, Schema] = {
         }, ("limit", "windowSeconds")),
         "rateLimits": obj({channel: _rate for channel in CONTACT_CHANNELS}),
     }),
+    "Id": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": id_pattern(),
+           "description": "1 to 255 printable characters (no control, formatting, private-use "
+                          "or unassigned ones), no space at either end, not '.' or '..'."},
     "ProjectCreate": obj({
-        "name": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": NOT_BLANK},
+        "name": name_string(200),
         "settings": nullable({"$ref": "#/components/schemas/ProjectSettings"}),
     }, ("name",)),
     "Project": obj({
@@ -103,19 +145,14 @@ COMPONENTS: dict[str, Schema] = {
     }, ("id", "name", "settings", "createdAt")),
     "KeyCreate": obj({
         "role": {"type": "string", "enum": ["full", "send"]},
-        "name": nullable({"type": "string", "minLength": 1, "maxLength": 200,
-                          "pattern": NOT_BLANK}),
+        "name": nullable(name_string(200)),
     }, ("role",)),
     "KeyCreated": obj({
         "id": UUID, "key": STRING, "role": {"type": "string", "enum": ["full", "send"]},
         "name": nullable(STRING), "projectId": UUID, "createdAt": DATETIME,
     }, ("id", "key", "role", "name", "projectId", "createdAt")),
     # -- users -----------------------------------------------------------------------------
-    "ContactCreate": obj({
-        "channel": {"type": "string", "enum": list(CONTACT_CHANNELS)},
-        "target": {"type": "string", "minLength": 1, "maxLength": 1024,
-                   "description": "At most 1,024 bytes in UTF-8."},
-    }, ("channel", "target")),
+    "ContactCreate": addressed(),
     "Contact": obj({
         "id": UUID, "channel": {"type": "string", "enum": list(CONTACT_CHANNELS)},
         "target": STRING, "enabled": {"type": "boolean"}, "createdAt": DATETIME,
@@ -140,7 +177,7 @@ COMPONENTS: dict[str, Schema] = {
         "locale": nullable({"type": "string", "pattern":
                             r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{1,8}){0,3}$"}),
         "segments": {"type": "array", "maxItems": 100, "uniqueItems": True,
-                     "items": {"type": "string", "minLength": 1, "maxLength": 100}},
+                     "items": name_string(100)},
         "contacts": {"type": "array", "maxItems": 100,
                      "items": {"$ref": "#/components/schemas/ContactCreate"}},
     }),
@@ -163,15 +200,13 @@ COMPONENTS: dict[str, Schema] = {
         "webhook": obj({"body": {"anyOf": [TEMPLATE_TEXT, ANY_OBJECT]}}, ("body",)),
     }),
     "TemplateAi": obj({
-        "model": {"type": "string", "minLength": 1, "maxLength": 200,
-                  "pattern": r"^(?=[\s\S]*\S)[^\x00-\x1f\x7f-\x9f]*$"},
+        "model": name_string(200),
         "prompt": {"type": "string", "minLength": 1, "maxLength": 100_000,
                    "pattern": NOT_BLANK},
         "channels": CHANNEL_LIST,
     }, ("model", "prompt", "channels")),
     "TemplatePut": obj({
-        "topic": nullable({"type": "string", "minLength": 1, "maxLength": 100,
-                           "pattern": NOT_BLANK}),
+        "topic": nullable(name_string(100)),
         "channels": {"$ref": "#/components/schemas/TemplateChannels"},
         "fallback": nullable(CHANNEL_LIST),
         "ai": nullable({"$ref": "#/components/schemas/TemplateAi"}),
@@ -206,16 +241,14 @@ COMPONENTS: dict[str, Schema] = {
         "to": {"anyOf": [
             ID,
             {"type": "array", "items": ID, "minItems": 1, "maxItems": MAX_RECIPIENTS},
-            obj({"segment": {"type": "string", "minLength": 1, "maxLength": 100}},
-                ("segment",)),
+            obj({"segment": name_string(100)}, ("segment",)),
         ]},
         "template": ID,
         "data": nullable(ANY_OBJECT),
         "channels": nullable(CHANNEL_LIST),
         "priority": nullable({"type": "string", "enum": list(PRIORITIES)}),
         "sendAt": nullable(DATETIME),
-        "campaignId": nullable({"type": "string", "minLength": 1, "maxLength": 255,
-                                "pattern": NOT_BLANK}),
+        "campaignId": nullable(name_string(255)),
     }, ("to", "template")),
     "Accepted": obj({"id": UUID, "status": {"type": "string", "enum": ["accepted"]}},
                     ("id", "status")),
@@ -252,8 +285,7 @@ COMPONENTS: dict[str, Schema] = {
         "createdAt")),
     # -- events and workflows -------------------------------------------------------------------
     "EventCreate": obj({
-        "name": {"type": "string", "minLength": 1, "maxLength": MAX_EVENT_NAME_CHARS,
-                 "pattern": NOT_BLANK},
+        "name": name_string(MAX_EVENT_NAME_CHARS),
         "userId": ID,
         "data": nullable(ANY_OBJECT),
     }, ("name", "userId")),
@@ -264,9 +296,7 @@ COMPONENTS: dict[str, Schema] = {
             obj({"type": {"const": "send"}, **_SEND_STEP}, ("type", "template")),
             obj({"type": {"const": "wait"}, "seconds": STEP_SECONDS}, ("type", "seconds")),
             obj({"type": {"const": "waitForEvent"},
-                 "event": {"type": "string", "minLength": 1,
-                           "maxLength": MAX_EVENT_NAME_CHARS,
-                           "pattern": r"\S"},
+                 "event": name_string(MAX_EVENT_NAME_CHARS),
                  "timeoutSeconds": STEP_SECONDS,
                  "onTimeout": nullable({"type": "string", "enum": ["continue", "stop"]})},
                 ("type", "event", "timeoutSeconds")),
@@ -348,12 +378,9 @@ COMPONENTS: dict[str, Schema] = {
                    "description": "bounce, complaint, unsubscribe or manual."},
         "detail": nullable(STRING), "createdAt": DATETIME,
     }, ("id", "channel", "target", "reason", "detail", "createdAt")),
-    "SuppressionCreate": obj({
-        "channel": {"type": "string", "enum": list(CONTACT_CHANNELS)},
-        "target": {"type": "string", "minLength": 1, "maxLength": 1024,
-                   "description": "Checked and stored as a contact's address is."},
-        "detail": nullable({"type": "string", "maxLength": 1000}),
-    }, ("channel", "target")),
+    "SuppressionCreate": addressed(
+        {"detail": nullable({"type": "string", "maxLength": 1000})},
+        "Checked and stored as a contact's address is (a webhook URL may name any host); "),
     "Unsubscribed": obj({
         "unsubscribed": {"type": "boolean"}, "channel": CHANNEL, "topic": nullable(STRING),
         "suppressed": {"type": "boolean"},
