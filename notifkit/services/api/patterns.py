@@ -25,12 +25,11 @@ def _escape(code: int) -> str:
     return f"\\u{code:04x}" if code <= 0xFFFF else chr(code)
 
 
-def class_body(test: Callable[[str], bool], *, holds: bool = True) -> str:
-    """The code points for which ``test`` is ``holds``, as the body of a character class."""
+def class_body(test: Callable[[str], bool]) -> str:
+    """The code points ``test`` holds for, as the body of a character class."""
     # One pass in C over every code point, then the runs of members (about 0.1 s).
     results = bytes(map(test, map(chr, range(sys.maxunicode + 1))))
-    run = re.compile(b"\x01+" if holds else b"\x00+")
-    spans = [(found.start(), found.end() - 1) for found in run.finditer(results)]
+    spans = [(found.start(), found.end() - 1) for found in re.finditer(b"\x01+", results)]
     # Rust's regex refuses a surrogate as a range's end (JSON text cannot hold a lone one
     # anyway); a span merely crossing them is read as the scalar values it holds.
     assert not any(end in _SURROGATES or first in _SURROGATES for first, end in spans)
@@ -43,12 +42,16 @@ def _white_space() -> str:
 
 
 @cache
+def _printable() -> str:
+    return class_body(str.isprintable)
+
+
 def printable(*, space: bool = True) -> str:
     """What ``str.isprintable`` takes (no control, formatting, separator other than the space,
     private-use or unassigned code point, in this Python's Unicode version). Listed rather than
     negated: schemathesis's generator walks a class's ranges code point by code point, and the
     printable ones are the fewer by far."""
-    body = class_body(str.isprintable)
+    body = _printable()
     assert body.startswith(r"\u0020-\u007e")
     return body if space else r"\u0021-\u007e" + body[len(r"\u0020-\u007e"):]
 
