@@ -16,7 +16,7 @@ from notifkit.ids import uuid7
 from notifkit.keys import Keys
 from notifkit.messages import InboundMessage
 from notifkit.ratelimit import TokenBuckets
-from notifkit.services.api.admission import KNOWN_TEMPLATE_TTL_S, Admission
+from notifkit.services.api.admission import KNOWN_TEMPLATE_TTL_S, Admission, ProjectMissing
 from notifkit.services.api.state import ADMISSION
 from tests.api.conftest import Api, Project
 from tests.support.streams import xrange
@@ -91,12 +91,12 @@ async def test_a_send_whose_enqueue_fails_leaves_no_rows_and_its_neighbours_are_
     assert await redis.xlen(keys.inbound("critical")) == 1
 
 
-async def test_a_row_that_cannot_be_written_fails_alone_and_is_never_enqueued(
+async def test_a_send_of_a_vanished_project_fails_alone_and_is_never_enqueued(
     settings: Settings, project: Project, redis: Redis, db: asyncpg.Pool,
 ) -> None:
     keys = Keys(settings.namespace)
     admission = Admission(settings, keys, redis, db, TokenBuckets(redis))
-    gone = str(uuid.uuid4())  # no such project: its row violates the foreign key
+    gone = str(uuid.uuid4())  # no such project (deleted after its key was read, say)
 
     def message(project_id: str) -> InboundMessage:
         return {"eventId": uuid7(), "projectId": project_id, "template": "t",
@@ -110,11 +110,20 @@ async def test_a_row_that_cannot_be_written_fails_alone_and_is_never_enqueued(
 
     assert results[0] is None
     assert results[2] is None
-    assert isinstance(results[1], asyncpg.ForeignKeyViolationError)
+    assert isinstance(results[1], ProjectMissing)
     entries = await xrange(redis, keys.inbound("normal"))
     assert len(entries) == 2
+    written = {messages[0]["eventId"], messages[2]["eventId"]}
     stored = await db.fetch("SELECT id::text FROM notifications")
-    assert {r["id"] for r in stored} == {messages[0]["eventId"], messages[2]["eventId"]}
+    assert {r["id"] for r in stored} == written
+    logged = await db.fetch("SELECT event_id::text FROM message_logs WHERE kind = 'accepted'")
+    assert {r["event_id"] for r in logged} == written
+
+    # Alone in its statement, too.
+    with pytest.raises(ProjectMissing):
+        await admission.accept(message(gone))
+    assert len(await xrange(redis, keys.inbound("normal"))) == 2
+    assert await db.fetchval("SELECT count(*) FROM notifications") == 2
 
 
 async def test_a_template_once_found_is_not_looked_up_again_and_an_unknown_one_always_is(

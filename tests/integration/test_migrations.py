@@ -397,6 +397,32 @@ async def test_deleting_a_user_erases_profile_contacts_and_preferences(db: async
             assert await conn.fetchval(f"SELECT count(*) FROM {table}") == 0, table
 
 
+async def test_deleting_a_project_deletes_its_sends_and_outbox_rows(
+    db: asyncpg.Pool, database_url: str, db_schema: str
+) -> None:
+    """Those tables have no per-row foreign key (0009), but a project's deletion still takes
+    its sends with it, also from a session whose search_path is not notifkit's schema."""
+    async with db.acquire() as conn:
+        gone, kept = await _project(conn), await _project(conn)
+        for project in (gone, kept):
+            await conn.execute(
+                "INSERT INTO notifications (id, project_id, template_id, recipients_spec) "
+                "VALUES (gen_random_uuid(), $1, 'welcome', '\"u1\"')", project)
+            await conn.execute(
+                "INSERT INTO delivery_outbox (task_id, channel, destination, project_id, "
+                "provider) VALUES ($1, 'sms', '+15550001111', $2, 'twilio')",
+                str(project), project)
+    outsider = await asyncpg.connect(database_url)  # search_path: public
+    try:
+        await outsider.execute(f'DELETE FROM "{db_schema}".projects WHERE id = $1', gone)
+    finally:
+        await outsider.close()
+    async with db.acquire() as conn:
+        for table in ("notifications", "delivery_outbox"):
+            left = await conn.fetch(f"SELECT project_id FROM {table}")
+            assert [r["project_id"] for r in left] == [kept], table
+
+
 async def test_workflow_idempotency_and_one_open_digest_window(db: asyncpg.Pool) -> None:
     async with db.acquire() as conn:
         project = await _project(conn)

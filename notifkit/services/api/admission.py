@@ -60,7 +60,9 @@ LOST_REPLY_SLACK_MS = 1000
 LOST_REPLY_CHECK_S = 5.0
 
 # One statement for the whole batch, rows as parallel arrays (jsonb as JSON text): one plan
-# and one execution where an executemany would make one of each per request.
+# and one execution where an executemany would make one of each per request. A row whose
+# project is gone is left out (its send is refused with ProjectMissing); the command tag
+# counts the timeline rows written, one per send written.
 _INSERT_ACCEPTED = """
 WITH n AS (
     INSERT INTO notifications (id, project_id, template_id, priority, status, recipients_spec,
@@ -71,6 +73,8 @@ WITH n AS (
                 $7::text[], $8::text[], $9::text[], $10::text[])
          AS r (id, project_id, template_id, priority, spec, data, channels, send_at,
                campaign_id, idem)
+    -- The project is read, not locked: the table has no foreign key (migration 0009).
+    WHERE EXISTS (SELECT 1 FROM projects p WHERE p.id = r.project_id)
     RETURNING id, project_id, campaign_id, priority)
 INSERT INTO message_logs (project_id, event_id, task_id, channel, kind, status, campaign_id,
                           detail)
@@ -252,20 +256,37 @@ class Admission:
                       results: list[BaseException | None]) -> None:
         rows = [_accepted_row(m) for m in messages]
         try:
-            await self.pool.execute(_INSERT_ACCEPTED, *_columns(rows))
-            return
+            if _written(await self.pool.execute(_INSERT_ACCEPTED, *_columns(rows))) \
+                    == len(rows):
+                return
         except (asyncpg.InterfaceError, OSError):
             raise  # unreachable or broken: every request of the batch gets the 503
         except asyncpg.PostgresError:
             if len(rows) == 1:
                 raise
-        # One statement is all or nothing: find the rows that fail on their own (a project
-        # deleted meanwhile, say) so the rest of the batch is still accepted.
+        else:
+            if len(rows) == 1:
+                results[0] = ProjectMissing(messages[0]["projectId"])
+                return
+            # Committed without the sends of vanished projects: the rest stand as written.
+            written = await self._written_ids([m["eventId"] for m in messages])
+            for index, message in enumerate(messages):
+                if message["eventId"] not in written:
+                    results[index] = ProjectMissing(message["projectId"])
+            return
+        # One statement is all or nothing: find the rows that fail on their own so the rest
+        # of the batch is still accepted.
         for index, row in enumerate(rows):
             try:
-                await self.pool.execute(_INSERT_ACCEPTED, *_columns([row]))
+                if not _written(await self.pool.execute(_INSERT_ACCEPTED, *_columns([row]))):
+                    results[index] = ProjectMissing(messages[index]["projectId"])
             except asyncpg.PostgresError as exc:
                 results[index] = exc
+
+    async def _written_ids(self, event_ids: list[str]) -> set[str]:
+        found = await self.pool.fetch(
+            "SELECT id::text AS id FROM notifications WHERE id = ANY($1::uuid[])", event_ids)
+        return {r["id"] for r in found}
 
     async def _forget(self, messages: list[InboundMessage]) -> None:
         by_project: dict[str, list[str]] = {}
@@ -284,6 +305,20 @@ class Admission:
             log.exception("Could not delete the rows of notifications that were never "
                           "enqueued; they will show as accepted.",
                           extra={"event_id": messages[0]["eventId"]})
+
+
+class ProjectMissing(Exception):
+    """A send named a project that no longer exists (deleted after its key was read); it
+    was not written. The API answers it as it answers a key of a deleted project."""
+
+    def __init__(self, project_id: str) -> None:
+        super().__init__(f"project {project_id} no longer exists")
+        self.project_id = project_id
+
+
+def _written(command_tag: str) -> int:
+    """Rows an ``INSERT`` wrote, from its command tag (``INSERT 0 3``)."""
+    return int(command_tag.rsplit(" ", 1)[1])
 
 
 class _Unsure:

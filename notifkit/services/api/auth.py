@@ -7,7 +7,8 @@ trusted while that subscription is live: a process that lost its subscription co
 revocation, so until it has resubscribed every request goes to PostgreSQL.
 
 Deleting a project (in SQL) deletes its keys but publishes nothing. A route that writes to
-PostgreSQL learns of it from the foreign key its write fails; one that writes nothing there
+PostgreSQL learns of it from the foreign key its write fails (a send, from the project check
+its insert makes); one that writes nothing there
 (``POST /v1/events``) asks whether the project still exists, at most once per
 ``PROJECT_CHECK_INTERVAL_S`` per project: :meth:`KeyCache.project_exists`.
 

@@ -16,6 +16,7 @@ from aiohttp import web
 from redis.exceptions import RedisError
 
 from notifkit import codec
+from notifkit.services.api.admission import ProjectMissing
 from notifkit.services.api.auth import (
     Principal,
     bearer_key,
@@ -63,7 +64,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         await _reject_body(request)
     try:
         return await handler(request)
-    except asyncpg.ForeignKeyViolationError:
+    except (asyncpg.ForeignKeyViolationError, ProjectMissing):
         gone = await _project_gone(request)
         if gone is None:
             raise
