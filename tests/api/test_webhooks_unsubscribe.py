@@ -13,6 +13,7 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
+from notifkit.clock import utc_now_iso
 from notifkit.config import Settings, WebhookSecrets
 from notifkit.keys import Keys
 from notifkit.streams import decode
@@ -110,6 +111,25 @@ async def test_sendgrid_event_lists(hooks: Api, redis: Redis) -> None:
     assert reply.body == {"received": 2, "ignored": 1}
     assert [(r["kind"], r["providerMessageId"]) for r in await receipts(redis, hooks)] == [
         ("delivered", "abc"), ("clicked", "abc")]
+
+
+@pytest.mark.parametrize("timestamp", [True, False, "1900000000", 10**15])
+async def test_a_sendgrid_timestamp_that_is_no_epoch_number_reads_as_received_now(
+    hooks: Api, redis: Redis, timestamp: object
+) -> None:
+    """JSON's true and false are no times (though Python's bool is an int): like a string or
+    an out-of-range number, they leave the receipt timed when it arrived, not in 1970."""
+    project = await hooks.project()
+    body = json.dumps([{"event": "delivered", "sg_message_id": "abc.filter0001",
+                        "email": "a@b.co", "timestamp": timestamp}])
+    before = utc_now_iso()
+    reply = await hooks.call("POST", f"/v1/webhooks/sendgrid/{project.id}", data=body,
+                             headers={"Content-Type": "application/json",
+                                      **svix_headers(SHARED_SECRET, body)})
+    after = utc_now_iso()
+    assert reply.body == {"received": 1, "ignored": 0}
+    [receipt] = await receipts(redis, hooks)
+    assert before <= receipt["at"] <= after, receipt["at"]
 
 
 async def test_sendgrid_events_carry_the_task_id_echoed_from_custom_args(

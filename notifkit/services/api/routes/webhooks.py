@@ -291,7 +291,9 @@ def _sendgrid_event(provider: str, item: Any) -> dict[str, Any] | None:
         "provider": provider, "channel": "email",
         # sg_message_id is the X-Message-Id of the send plus a filter suffix after a dot.
         "providerMessageId": message_id.split(".", 1)[0], "kind": kind,
-        "at": iso(_epoch(at)) if isinstance(at, int) else utc_now_iso(), "raw": item,
+        # true and false are ints to Python, yet no time: they read as now, as a string does.
+        "at": iso(_epoch(at)) if isinstance(at, int) and not isinstance(at, bool)
+        else utc_now_iso(), "raw": item,
     }
     if isinstance(item.get("email"), str):
         receipt["to"] = item["email"]
