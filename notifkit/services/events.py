@@ -291,6 +291,8 @@ def _suppression_reason(receipt: Mapping[str, Any]) -> str | None:
 
 def _twilio_code(raw: Any) -> str | None:
     code = _find(raw, ("ErrorCode",))
+    if isinstance(code, bool):  # an int to Python, but "True" is no code: it would read as soft
+        return None
     return str(code).strip() if isinstance(code, str | int) else None
 
 

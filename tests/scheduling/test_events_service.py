@@ -526,6 +526,11 @@ async def test_a_receipt_echoing_its_task_ignores_another_task_with_the_same_mes
     ({"event": "bounce", "type": "blocked", "reason": "IP blocked"}, {}, False),
     ({"MessageStatus": "undelivered", "ErrorCode": "30003"}, {}, False),  # handset off
     ({"MessageStatus": "undelivered", "ErrorCode": "30005"}, {}, True),  # unknown number
+    # true and false are no error code, though Python counts them as ints: the bounce type
+    # decides, as without one.
+    ({"event": "bounce", "type": "bounce", "ErrorCode": True}, {}, True),
+    ({"event": "bounce", "type": "bounce", "ErrorCode": False}, {}, True),
+    ({"MessageStatus": "undelivered", "ErrorCode": 30005}, {}, True),  # a JSON number
     ({}, {}, True),  # nothing says otherwise
     (RESEND_HARD_BOUNCE, {"hard": False}, False),  # the receipt's own word wins
 ])
