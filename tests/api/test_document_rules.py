@@ -96,11 +96,14 @@ async def test_a_name_the_document_admits_is_one_the_server_takes(
 ) -> None:
     await api.call("PUT", "/v1/templates/t", key=project.full,
                    json={"channels": {"sms": {"text": "hi"}}})
+    await api.call("PUT", "/v1/users/u0", key=project.full, json={})
     steps = [{"type": "waitForEvent", "event": value, "timeoutSeconds": 60}]
     cases: list[tuple[str, str, str, str | None, dict[str, Any]]] = [
         ("TemplatePut", "PUT", "/v1/templates/t2", project.full,
          {"topic": value, "channels": {"sms": {"text": "hi"}}}),
         ("UserPut", "PUT", "/v1/users/u1", project.full, {"segments": [value]}),
+        ("PreferencesPut", "PUT", "/v1/users/u0/preferences", project.full,
+         {"topics": {value: False}}),
         ("NotificationCreate", "POST", "/v1/notifications", project.send,
          {"to": "u1", "template": "t", "campaignId": value}),
         ("NotificationCreate", "POST", "/v1/notifications", project.send,

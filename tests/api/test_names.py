@@ -1,6 +1,7 @@
-"""Free-text names (event names, a campaign id, topics, segments, project and key names) hold
-no C0 or C1 control character: they are written to logs, sent to providers and shown in UIs.
-Each such value is a 400 naming its field; the same name without it is accepted."""
+"""Free-text names (event names, a campaign id, topics, segments, project and key names, the
+topics of a user's preferences) hold no C0 or C1 control character: they are written to logs,
+sent to providers and shown in UIs. Each such value is a 400 naming its field; the same name
+without it is accepted."""
 
 from __future__ import annotations
 
@@ -52,6 +53,12 @@ async def _segment(api: Api, project: Project, name: str) -> Reply:
                           json={"segments": ["beta", name]})
 
 
+async def _preference_topic(api: Api, project: Project, name: str) -> Reply:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    return await api.call("PUT", "/v1/users/u1/preferences", key=project.full,
+                          json={"topics": {"billing": True, name: False}})
+
+
 async def _project_name(api: Api, project: Project, name: str) -> Reply:
     return await api.admin("POST", "/v1/projects", json={"name": name})
 
@@ -68,6 +75,8 @@ FIELDS: list[tuple[str, Send, str, tuple[int, ...]]] = [
     ("send to a segment", _notification("segment"), "to.segment", (202,)),
     ("template topic", _topic, "topic", (200, 201)),
     ("user segment", _segment, "segments[1]", (200, 201)),
+    # A key names its field as any key does: the object's path, a dot, the key itself.
+    ("preference topic", _preference_topic, "topics.{name}", (200,)),
     ("project name", _project_name, "name", (201,)),
     ("key name", _key_name, "name", (201,)),
 ]
@@ -83,7 +92,8 @@ async def test_a_name_with_a_control_character_is_a_400_naming_its_field(
             reply = await send(api, project, name)
             assert reply.status == 400, (label, name, reply.body)
             assert reply.error["details"] == [
-                {"field": field, "message": "must not contain control characters"}
+                {"field": field.replace("{name}", name),
+                 "message": "must not contain control characters"}
             ], (label, name)
     reply = await send(api, project, GOOD)
     assert reply.status in ok, (label, reply.body)

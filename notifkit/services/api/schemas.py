@@ -166,7 +166,7 @@ COMPONENTS: dict[str, Schema] = {
     "PreferencesPut": obj({
         "channels": obj({channel: {"type": "boolean"} for channel in CHANNELS}),
         "topics": {"type": "object", "maxProperties": 200,
-                   "propertyNames": {"minLength": 1, "maxLength": 100},
+                   "propertyNames": name_string(100),
                    "additionalProperties": {"type": "boolean"}},
         "quietHours": nullable({"$ref": "#/components/schemas/QuietHours"}),
     }),

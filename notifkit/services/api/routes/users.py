@@ -428,8 +428,10 @@ def _bool_map(
             continue
         if not 1 <= len(key) <= 100:
             inner.fail(key[:100] or "''", "must be a name of 1 to 100 characters")
-        elif not key.strip():  # like a template's topic: no template could ever name it
-            inner.fail(key, "must not be blank")
+        # Refused like a template's topic (blank, a control character): no template could
+        # ever name it.
+        elif problem := name_problem(key):
+            inner.fail(key, problem)
         elif not isinstance(value, bool):
             inner.fail(key, "must be true or false")
         else:
