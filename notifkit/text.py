@@ -1,6 +1,8 @@
 """What the names a caller gives things (events, topics, segments, campaigns, projects, keys)
 may hold: no C0 or C1 control character, since a name is written to logs, sent to providers and
 shown in UIs, where an escape sequence or a line break in it would be read as something else.
+And what the ids a caller chooses (users, templates, workflows) may be, wherever they are given:
+in a path, in a body, in a workflow step.
 """
 
 from __future__ import annotations
@@ -16,3 +18,21 @@ _CONTROL = re.compile(f"[{CONTROL_CHARS}]")
 
 def has_control_chars(value: str) -> bool:
     return _CONTROL.search(value) is not None
+
+
+def identifier_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a caller-chosen id (user, template, workflow), or None."""
+    if not 1 <= len(value) <= 255:
+        return "must be 1 to 255 characters"
+    if not value.isprintable():
+        return "must not contain control or separator characters"
+    if value != value.strip():
+        return "must not start or end with whitespace"
+    if value in (".", ".."):
+        # Clients and proxies resolve /v1/users/.. to /v1/: such a user could never be read.
+        return "must not be '.' or '..'"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must be valid UTF-8"
+    return None

@@ -20,7 +20,7 @@ from typing import Any, TypedDict
 
 from notifkit.templates import expression_error as compile_error
 from notifkit.templates import render_expression
-from notifkit.text import CONTROL_CHARS_MESSAGE, has_control_chars
+from notifkit.text import CONTROL_CHARS_MESSAGE, has_control_chars, identifier_problem
 
 STEP_TYPES: tuple[str, ...] = ("send", "wait", "waitForEvent", "branch", "digest")
 CHANNELS: tuple[str, ...] = ("email", "sms", "push", "inapp", "webhook")
@@ -109,8 +109,13 @@ def _validate_step(step: Any, field: str, depth: int, errors: list[FieldError]) 
         if name not in STEP_FIELDS[kind]:
             bad(name, f"is not a field of a {kind} step")
     if kind in ("send", "digest"):
-        if not _nonempty_str(step.get("template")):
+        template = step.get("template")
+        if not isinstance(template, str) or not template:
             bad("template", "is required: the id of the template to send")
+        elif problem := identifier_problem(template):
+            # As PUT /v1/templates/{id} says it, and the document's Id pattern: no template
+            # can have such an id.
+            bad("template", problem)
         channels = step.get("channels")
         if channels is not None and (
             not isinstance(channels, list) or not channels

@@ -88,6 +88,15 @@ async def test_an_id_the_document_admits_is_one_the_server_takes(
         put = await api.call("PUT", f"/v1/templates/{quote(value, safe='')}",
                              key=project.full, json={"channels": {"sms": {"text": "hi"}}})
         assert admitted == _accepted(put), put.body
+    # And as a workflow step's template, which the step's schema gives as an Id: refused for
+    # the reason the template's own PUT gives, not as merely missing.
+    workflow = await api.call("PUT", "/v1/workflows/w", key=project.full,
+                              json={"steps": [{"type": "send", "template": value}]})
+    assert admitted == _accepted(workflow), workflow.body
+    if not admitted and value not in ("", ".", ".."):
+        [problem] = put.error["details"]
+        assert workflow.error["details"] == [
+            {"field": "steps[0].template", "message": problem["message"]}]
 
 
 @pytest.mark.parametrize("value", NAMES, ids=ascii)

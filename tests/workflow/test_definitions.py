@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from notifkit.templates import RenderError, render_string
+from notifkit.text import identifier_problem
 from notifkit.workflow_defs import (
     MAX_DEPTH,
     MAX_TOTAL_STEPS,
@@ -59,6 +60,30 @@ def test_errors_name_the_step_and_field() -> None:
     ]
     messages = {e["field"]: e["message"] for e in validate_steps(steps)}
     assert "not a valid expression" in messages["steps[3].if"]
+
+
+@pytest.mark.parametrize("template", [
+    "x" * 256, " t", "t ", ".", "..", "a\tb", "a\x85b", "a\u200bb", "\ue000", "\u3000",
+    "\ud800",
+], ids=ascii)
+def test_a_step_s_template_is_checked_as_a_template_id_is(template: str) -> None:
+    """No template can have such an id (PUT /v1/templates/{id} refuses it), so the step names
+    why, as that route would, rather than looking it up."""
+    problem = identifier_problem(template)
+    assert problem is not None
+    for steps, field in (
+        ([{"type": "send", "template": template}], "steps[0].template"),
+        ([{"type": "digest", "template": template, "windowSeconds": 60}], "steps[0].template"),
+        ([{"type": "branch", "if": "true", "else": [{"type": "send", "template": template}]}],
+         "steps[0].else[0].template"),
+    ):
+        assert validate_steps(steps) == [{"field": field, "message": problem}], steps
+
+
+@pytest.mark.parametrize("template", ["a b", "ü", "\U0001f600", "...", "x" * 255, "a\u0301"],
+                         ids=ascii)
+def test_any_template_id_may_be_a_step_s_template(template: str) -> None:
+    assert validate_steps([{"type": "send", "template": template}]) == []
 
 
 def test_a_condition_may_be_written_as_a_template_tag() -> None:

@@ -58,7 +58,7 @@ def printable(*, space: bool = True) -> str:
 
 @cache
 def id_pattern() -> str:
-    """validation.identifier_problem: printable, no space at either end, not '.' or '..'.
+    """text.identifier_problem: printable, no space at either end, not '.' or '..'.
     The ends are lookaheads so the long class appears once (each appearance costs the
     generator about a second)."""
     return rf"^(?!\.\.?$)(?! )(?![\s\S]* $)[{printable()}]+$"

@@ -37,7 +37,12 @@ from notifkit.services.api.errors import (
     undecodable_body,
 )
 from notifkit.services.api.state import SETTINGS
-from notifkit.text import CONTROL_CHARS, CONTROL_CHARS_MESSAGE, has_control_chars
+from notifkit.text import (
+    CONTROL_CHARS,
+    CONTROL_CHARS_MESSAGE,
+    has_control_chars,
+    identifier_problem,
+)
 
 MAX_JSON_DEPTH = 32
 _LONG_DIGITS = re.compile(rb"\d{19}")
@@ -486,24 +491,6 @@ def name_problem(value: str) -> str | None:
         return "must not be blank"
     if has_control_chars(value):
         return CONTROL_CHARS_MESSAGE
-    return None
-
-
-def identifier_problem(value: str) -> str | None:
-    """Why ``value`` cannot be a caller-chosen id (user, template, workflow), or None."""
-    if not 1 <= len(value) <= 255:
-        return "must be 1 to 255 characters"
-    if not value.isprintable():
-        return "must not contain control or separator characters"
-    if value != value.strip():
-        return "must not start or end with whitespace"
-    if value in (".", ".."):
-        # Clients and proxies resolve /v1/users/.. to /v1/: such a user could never be read.
-        return "must not be '.' or '..'"
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return "must be valid UTF-8"
     return None
 
 

@@ -43,7 +43,6 @@ from notifkit.services.api.validation import (
     decode_cursor,
     encode_cursor,
     enum_query,
-    identifier_problem,
     iso,
     limit_param,
     parse_uuid,
@@ -53,6 +52,7 @@ from notifkit.services.api.validation import (
 )
 from notifkit.services.scheduler import cancel_waiting, release_throttle, waiting_tasks
 from notifkit.services.timeline import canceled_row
+from notifkit.text import identifier_problem
 from notifkit.wording import counted
 
 log = logging.getLogger("notifkit.api")
