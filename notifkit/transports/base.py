@@ -7,7 +7,7 @@ for a provider failure. Delivery maps outcomes to actions in one place
 
     SENT               the provider accepted; provider_message_id when it gave one
     RETRY              timeout, connection error, 5xx: a failed attempt (fallback, then retry)
-    RATE_LIMITED       429: park until ``retry_after_s``
+    RATE_LIMITED       429 (SMTP: 421/451 4.7.x): park until ``retry_after_s``
     INVALID_RECIPIENT  the token/address is invalid: disable the contact, never retry it
     PERMANENT          a rejection retrying cannot fix (bad credentials, rejected payload)
 

@@ -7,14 +7,17 @@ the documented duplicate. The task id travels in ``X-Notifkit-Task-Id`` and in t
 ``Message-ID`` (``<taskId@notifkit>``), which is also the provider message id.
 
 Replies: 250 sent; 550/551/553 to RCPT, or to DATA with an enhanced status 5.1.x (bad
-mailbox) = invalid address; other 5xx = permanent; 4xx (421, 451, ...), timeouts and dropped
-connections = retry.
+mailbox) = invalid address; other 5xx = permanent; 421 or 451 with an enhanced status 4.7.x
+("451 4.7.1 Rate limit exceeded") = rate limited, parked like a 429 (SMTP has no Retry-After,
+so for delivery's default wait); other 4xx (421, 451, ...), timeouts and dropped connections =
+retry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from email.message import EmailMessage
 from urllib.parse import unquote, urlsplit
 
@@ -24,6 +27,12 @@ from notifkit.transports.base import Message, Outcome, SendResult, TransportCont
 from notifkit.transports.email import build_email
 
 INVALID_MAILBOX_CODES = frozenset({550, 551, 553})
+# How servers refuse a sender over its rate (enhanced status 4.7.x, "temporary, by policy"),
+# at the greeting, a recipient or the message. Only with 421 or 451: 4.7.x also comes with
+# 450 ("cannot find your hostname") and 454 (a TLS or login failure), which are no rate to
+# wait out, so those stay failed attempts, with their fallback.
+RATE_LIMIT_CODES = frozenset({421, 451})
+RATE_LIMIT_STATUS = re.compile(r"4\.7\.\d{1,3}(?!\S)")
 
 
 class SmtpTransport:
@@ -119,6 +128,8 @@ class SmtpTransport:
 
 def _by_code(code: int, text: str) -> SendResult:
     detail = f"SMTP {code}: {text}"
+    if code in RATE_LIMIT_CODES and RATE_LIMIT_STATUS.match(text.lstrip()):
+        return SendResult(Outcome.RATE_LIMITED, None, detail, code)
     if 400 <= code < 500:
         return SendResult(Outcome.RETRY, None, detail, code)
     # Servers that check recipients late answer DATA with 550 and an enhanced status 5.1.x

@@ -9,8 +9,10 @@ import logging
 import re
 import time
 from datetime import UTC, datetime
+from email.message import EmailMessage
 from typing import Any
 
+import aiosmtplib
 import asyncpg
 import pytest
 from aiohttp import web
@@ -619,6 +621,52 @@ async def test_a_task_still_rate_limited_at_the_attempt_limit_is_dead_lettered(
     assert kinds(await timeline(db, event_id), "sms") == [
         ("queued", "processing", 0), ("deferred", "scheduled", 1), ("deferred", "scheduled", 2),
         ("dead_lettered", "dead_lettered", 3)]
+
+
+@pytest.mark.parametrize("refusal", ["rate_limit fault", "configured limit"])
+async def test_an_smtp_rate_limit_parks_the_task_like_a_429_then_it_is_sent_once(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sp_settings: Settings, refusal: str,
+) -> None:
+    # Given an SMTP server that answers the next message with a 4.7.x rate-limit reply:
+    # "421 4.7.0" for the fault, "451 4.7.1" once the configured limit's burst is spent
+    await add_user(db, project, "u1", attributes={"name": "Ada"},
+                   contacts=[("email", "ada@example.com")])
+    await add_template(db, project, "t", {"email": EMAIL})
+    if refusal == "rate_limit fault":
+        await sim.add_fault("rate_limit", "smtp", times=1)
+    else:
+        await sim.set_limit("smtp", 0.001, burst=1)
+        spend = EmailMessage()
+        spend["From"], spend["To"], spend["Subject"] = "a@example.com", "b@example.com", "burst"
+        await aiosmtplib.send(spend, hostname=sim.smtp_host, port=sim.smtp_port, timeout=5)
+    settings = simulated(sp_settings, sim, email="smtp")
+    clock = Clock()
+    pipeline = (*await stages(services, settings),
+                await services(SchedulerService, settings, clock=clock))
+
+    event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(*pipeline)
+
+    # Then the task waits with the scheduler, as after a 429 without Retry-After
+    [parked] = await entries(redis, keys.scheduled)
+    assert parked["reason"] == "rateLimited"
+    assert parked["payload"]["parkCount"] == 1
+    created_ms = int((await xrange(redis, keys.scheduled))[0][0].decode().split("-")[0])
+    assert 0 < parked["dueAt"] - created_ms <= 2_000
+    assert await sim.messages("smtp", task_id=parked["taskId"]) == []
+    [deferred] = [r for r in await timeline(db, event_id) if r["kind"] == "deferred"]
+    assert " 4.7." in deferred["detail"]
+    assert deferred["metadata"]["retryAfterSeconds"] == 1.0
+
+    # When the server takes mail again and the park is over, it is sent once
+    await sim.clear_limits()
+    clock.now_ms = parked["dueAt"] + 1
+    await drain(*pipeline)
+    [email] = await sim.messages("smtp", task_id=parked["taskId"])
+    assert email["acceptCount"] == 1
+    assert kinds(await timeline(db, event_id), "email") == [
+        ("queued", "processing", 0), ("deferred", "scheduled", 1), ("sent", "sent", 2)]
 
 
 async def test_a_send_at_in_the_future_is_delivered_when_the_scheduler_says_so(

@@ -8,12 +8,14 @@ INVALID_RECIPIENT, timeout and lost_response -> RETRY that may have been accepte
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiosmtpd.smtp
 import pytest
 from aiohttp import web
 from redis.asyncio import Redis
@@ -120,8 +122,6 @@ async def test_faults_map_onto_the_failure_classes(
     case: tuple[Case, Transport], sim: SimulatorServer, fault: str, outcome: Outcome
 ) -> None:
     spec, transport = case
-    if spec.provider == "smtp" and fault == "rate_limit":
-        outcome = Outcome.RETRY  # SMTP says 421 "slow down": a temporary failure, no Retry-After
     await sim.add_fault(fault, spec.provider, times=1,
                         retry_after_s=7 if fault == "rate_limit" else None)
 
@@ -129,7 +129,8 @@ async def test_faults_map_onto_the_failure_classes(
 
     assert result.outcome is outcome, result.detail
     if outcome is Outcome.RATE_LIMITED:
-        assert result.retry_after_s == 7
+        # SMTP says "421 4.7.0": rate limited like a 429, but with no Retry-After to obey.
+        assert result.retry_after_s == (7 if spec.http else None)
     assert result.maybe_accepted is (fault in ("timeout", "lost_response"))
     recorded = await sim.messages(spec.provider)
     assert len(recorded) == (1 if fault == "lost_response" else 0)
@@ -149,6 +150,110 @@ async def test_an_unreadable_answer_to_a_recorded_send_is_never_a_permanent_fail
     assert len(await sim.messages(spec.provider)) == 1
     assert result.outcome is Outcome.SENT or (
         result.outcome is Outcome.RETRY and result.maybe_accepted), result
+
+
+def smtp_transport(port: int) -> SmtpTransport:
+    return SmtpTransport(url=f"smtp://127.0.0.1:{port}", from_addr="n@example.com",
+                         timeout_s=TIMEOUT_S)
+
+
+async def test_an_smtp_servers_configured_rate_limit_parks_like_a_429(
+    sim: SimulatorServer, settings: Settings, redis: Redis
+) -> None:
+    # The simulator's limit answers "451 4.7.1 Rate limit exceeded": a rate limit to wait
+    # out, not a failure for the reclaim cycle to send again at once.
+    await sim.set_limit("smtp", 0.001, burst=1)
+    transport = smtp_transport(sim.smtp_port)
+    await transport.open(TransportContext(settings, redis, None))
+    spec = next(c for c in CASES if c.provider == "smtp")
+    try:
+        first = await transport.send(message(spec, "task-first"))
+        second = await transport.send(message(spec, "task-second"))
+    finally:
+        await transport.close()
+
+    assert first.outcome is Outcome.SENT, first.detail
+    assert (second.outcome, second.status, second.retry_after_s) == (
+        Outcome.RATE_LIMITED, 451, None), second.detail
+    assert "4.7.1" in second.detail
+    assert not second.maybe_accepted
+
+
+class Refusing:
+    """An aiosmtpd handler that answers ``reply`` to RCPT TO or to DATA."""
+
+    def __init__(self, stage: str, reply: str) -> None:
+        self.stage = stage
+        self.reply = reply
+
+    async def handle_RCPT(self, server: Any, session: Any, envelope: Any, address: str,
+                          rcpt_options: list[str]) -> str:
+        if self.stage == "rcpt":
+            return self.reply
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        return self.reply
+
+
+@contextlib.asynccontextmanager
+async def refusing_server(stage: str, reply: str) -> AsyncIterator[int]:
+    """A local SMTP server that refuses every message with ``reply``: as its greeting
+    (stage "connect"), at RCPT TO or at DATA. Yields its port."""
+    loop = asyncio.get_running_loop()
+    server: asyncio.AbstractServer
+    if stage == "connect":
+        async def greet(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(f"{reply}\r\n".encode())
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(greet, "127.0.0.1", 0)
+    else:
+        handler = Refusing(stage, reply)
+        server = await loop.create_server(
+            lambda: aiosmtpd.smtp.SMTP(handler, hostname="localhost", loop=loop),
+            "127.0.0.1", 0)
+    try:
+        yield int(server.sockets[0].getsockname()[1])
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize(("stage", "reply", "outcome"), [
+    # 421 or 451 with an enhanced status 4.7.x is how SMTP servers say "too many": parked.
+    ("data", "451 4.7.1 Rate limit exceeded, try again later", Outcome.RATE_LIMITED),
+    ("data", "421 4.7.0 Too many messages, closing transmission channel", Outcome.RATE_LIMITED),
+    ("rcpt", "451 4.7.1 <ada@example.com>: too many recipients this hour",
+     Outcome.RATE_LIMITED),
+    ("connect", "421 4.7.0 Too many concurrent SMTP connections", Outcome.RATE_LIMITED),
+    # Any other temporary reply is a failed attempt, as before.
+    ("data", "451 4.3.0 Error: temporary server failure", Outcome.RETRY),
+    ("data", "421 4.3.2 Service not available, closing transmission channel", Outcome.RETRY),
+    ("data", "451 Rate limit exceeded", Outcome.RETRY),
+    # 4.7.x also says "not now" for policy and security: a host name that did not resolve, a
+    # TLS or login failure. Those are no rate and keep their fallback.
+    ("rcpt", "450 4.7.1 Client host rejected: cannot find your hostname", Outcome.RETRY),
+    ("data", "454 4.7.0 Temporary authentication failure", Outcome.RETRY),
+    ("data", "554 5.7.1 Message rejected as spam", Outcome.PERMANENT),
+])
+async def test_an_smtp_rate_limit_reply_is_rate_limited_and_other_replies_keep_their_class(
+    settings: Settings, redis: Redis, stage: str, reply: str, outcome: Outcome
+) -> None:
+    spec = next(c for c in CASES if c.provider == "smtp")
+    async with refusing_server(stage, reply) as port:
+        transport = smtp_transport(port)
+        await transport.open(TransportContext(settings, redis, None))
+        try:
+            result = await transport.send(message(spec))
+        finally:
+            await transport.close()
+
+    assert result.outcome is outcome, result.detail
+    assert result.status == int(reply[:3])
+    assert result.retry_after_s is None
 
 
 async def test_email_carries_the_one_click_unsubscribe_headers(sim: SimulatorServer) -> None:
