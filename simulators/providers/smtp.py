@@ -10,7 +10,8 @@ message, at the end of DATA, when recipients and headers are known:
 
     timeout        no reply to DATA until the client gives up; nothing recorded
     error          451 4.3.0 (or the rule's status; 421 also closes the connection)
-    rate_limit     421 4.7.0 and the connection is closed (or the rule's status)
+    rate_limit     421 4.7.0 and the connection is closed (or the rule's status: 451 is
+                   451 4.7.1, the limit's reply; any other code its usual reply)
     lost_response  recorded, then no reply until the client gives up
     latency        the reply comes late
     malformed      a reply line that is not SMTP
@@ -57,6 +58,9 @@ _REPLIES = {
 }
 RATE_LIMITED_BY_FAULT = "421 4.7.0 Too many messages, slow down; closing transmission channel"
 RATE_LIMITED_BY_LIMIT = "451 4.7.1 Rate limit exceeded, try again later"
+# A rate limit says so in its enhanced status (4.7.x), which is how clients, notifkit among
+# them, tell it from any other temporary failure; only 421 and 451 are read that way.
+_RATE_LIMIT_REPLIES = {421: RATE_LIMITED_BY_FAULT, 451: RATE_LIMITED_BY_LIMIT}
 MALFORMED = "2x0 this is not an SMTP reply"
 # Set on an envelope once its transaction is counted in the stats.
 _COUNTED = "notifkit_sim_counted"
@@ -169,9 +173,9 @@ class SmtpHandler:
             status = status or 451
             return self._closing_if_421(server, status, reply_text(status, recipient))
         if kind is FaultKind.RATE_LIMIT:
-            if status is None:
-                return self._closing_if_421(server, 421, RATE_LIMITED_BY_FAULT)
-            return self._closing_if_421(server, status, reply_text(status, recipient))
+            status = status or 421
+            reply = _RATE_LIMIT_REPLIES.get(status) or reply_text(status, recipient)
+            return self._closing_if_421(server, status, reply)
         return None
 
     def _closing_if_421(self, server: SMTP, status: int, reply: str) -> str:

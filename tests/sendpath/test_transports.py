@@ -179,6 +179,25 @@ async def test_an_smtp_servers_configured_rate_limit_parks_like_a_429(
     assert not second.maybe_accepted
 
 
+@pytest.mark.parametrize(("provider", "status"), [
+    ("smtp", None), ("smtp", 421), ("smtp", 451), ("*", 451), ("*", 429),
+])
+async def test_the_smtp_simulators_rate_limit_rules_are_rate_limits_to_notifkit(
+    sim: SimulatorServer, settings: Settings, redis: Redis, provider: str, status: int | None
+) -> None:
+    await sim.add_fault("rate_limit", provider, status=status)
+    transport = smtp_transport(sim.smtp_port)
+    await transport.open(TransportContext(settings, redis, None))
+    spec = next(c for c in CASES if c.provider == "smtp")
+    try:
+        result = await transport.send(message(spec))
+    finally:
+        await transport.close()
+
+    assert result.outcome is Outcome.RATE_LIMITED, result.detail
+    assert result.status == (status if status in (421, 451) else 421)
+
+
 class Refusing:
     """An aiosmtpd handler that answers ``reply`` to RCPT TO or to DATA."""
 

@@ -137,6 +137,7 @@ async def test_rate_limit_fault_is_421_and_closes(sim: SimulatorServer) -> None:
     with pytest.raises(aiosmtplib.SMTPResponseException) as caught:
         await send(sim, mail())
     assert caught.value.code == 421
+    assert caught.value.message.startswith("4.7.0 ")
     # A fresh connection succeeds once the rule is spent.
     await send(sim, mail())
     assert len(await sim.messages("smtp")) == 1
@@ -181,6 +182,7 @@ async def test_rate_limit_per_login(sim: SimulatorServer) -> None:
     with pytest.raises(aiosmtplib.SMTPResponseException) as caught:
         await send(sim, mail(), username="a", password="p")
     assert caught.value.code == 451
+    assert caught.value.message.startswith("4.7.1 ")
     await send(sim, mail(), username="b", password="p")
     assert (await sim.stats())["smtp"]["rateLimited"] == 1
 
@@ -206,7 +208,14 @@ async def test_rate_limit_per_login(sim: SimulatorServer) -> None:
         ("*", "error", 421, 421, "4.3.2"),
         ("*", "error", 452, 452, "4.3.1"),
         ("*", "error", 554, 554, "5.0.0"),
-        ("*", "rate_limit", 451, 451, "4.3.0"),
+        # A rate limit's 421 or 451 says so in its enhanced status 4.7.x, as real servers do
+        # and as notifkit reads it; a rate_limit rule's other codes answer as for any error.
+        ("*", "rate_limit", 451, 451, "4.7.1 Rate limit exceeded"),
+        ("*", "rate_limit", 421, 421, "4.7.0 Too many messages"),
+        ("smtp", "rate_limit", 451, 451, "4.7.1 Rate limit exceeded"),
+        ("smtp", "rate_limit", 421, 421, "4.7.0 Too many messages"),
+        ("smtp", "rate_limit", 450, 450, "4.2.1"),
+        ("smtp", "rate_limit", 552, 552, "5.3.4"),
     ],
 )
 async def test_an_error_or_rate_limit_rule_answers_an_smtp_reply(
