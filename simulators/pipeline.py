@@ -1,6 +1,7 @@
 """The one path every HTTP provider request takes.
 
-    count -> credentials (401) -> provider rate limit (429) -> read and validate (4xx)
+    count -> credentials (401) -> provider rate limit (429; its answer may read the body to
+    name what was asked for, nothing more) -> read and validate (4xx)
     -> fault decision -> [timeout: hold, record nothing | error, rate_limit, invalid_token:
        answer the provider's error] -> idempotency (replay / 409) -> [latency: wait]
     -> accept: record (each email of a batch), schedule receipts -> [lost_response: hold,
@@ -161,6 +162,12 @@ class HttpProvider(ABC):
     def error(self, spec: ErrorSpec) -> Reply:
         """The provider's error body for `spec`, with Retry-After where it sends one."""
 
+    async def limited_recipient(self, request: web.Request, state: SimState) -> str | None:
+        """What a configured limit's 429 names, where the provider names it (OpenAI: the
+        model); None for the provider's wording without one. Called once the limit has
+        refused the request, so nothing read here gets the request past it."""
+        return None
+
     def unreadable_body(self) -> Rejection:
         """The provider's own 400 for a body it cannot read (one that does not decompress as
         its Content-Encoding says): a bad request, whatever the provider answers to a body
@@ -286,7 +293,9 @@ async def _handle(
             "%s rate limit: key ...%s answered 429, retry in %.2fs.", name, api_key[-4:], wait_s
         )
         return provider.render(ErrorCase.RATE_LIMITED, retry_after_s=wait_s,
-                               limit=state.limits.limit_of(name)).response()
+                               limit=state.limits.limit_of(name),
+                               recipient=await provider.limited_recipient(request, state)
+                               ).response()
 
     body = await _read_body(request, provider, state)
     submission = await provider.parse(request, body, state)
@@ -404,6 +413,17 @@ async def _read_body(request: web.Request, provider: HttpProvider, state: SimSta
         raise provider.unsupported_encoding(exc.coding) from None
     except (UndecodableBody, RequestPayloadError):  # RequestPayloadError: broken chunking
         raise provider.unreadable_body() from None
+
+
+async def body_if_readable(
+    request: web.Request, provider: HttpProvider, state: SimState
+) -> bytes | None:
+    """The body as a request within the limit reads it, or None where that read refuses it
+    (too large, an encoding it cannot undo)."""
+    try:
+        return await _read_body(request, provider, state)
+    except Rejection:
+        return None
 
 
 def _drop(request: web.BaseRequest) -> web.StreamResponse:

@@ -16,7 +16,8 @@ listed one of the wrong JSON type a 400 `invalid_type` naming it.
 
 Known models are a fixed list plus anything named `sim-*`; others get 404 model_not_found.
 The fault rules' recipient pattern (`to`) matches the model name, and `invalid_token` answers
-that same 404 model_not_found for the model it matches. Task id:
+that same 404 model_not_found for the model it matches. A configured limit's 429 names the
+model the body asks for, as OpenAI's does ("the model" when the body names none). Task id:
 `X-Notifkit-Task-Id` header, else `metadata.notifkit_task_id`.
 """
 
@@ -42,6 +43,7 @@ from simulators.pipeline import (
     Rejection,
     Submission,
     bearer_token,
+    body_if_readable,
     header_task_id,
 )
 from simulators.providers.common import stored_text, strict_json, task_id_text
@@ -175,6 +177,17 @@ class OpenAI(HttpProvider):
 
     def credentials(self, request: web.Request) -> str | None:
         return bearer_token(request)
+
+    async def limited_recipient(self, request: web.Request, state: SimState) -> str | None:
+        # OpenAI's 429 names the model asked for. A body that does not name one still gets
+        # the 429, in the wording without a model, never the 400 it would get within the limit.
+        body = await body_if_readable(request, self, state)
+        try:
+            payload = strict_json(body) if body is not None else None
+        except (ValueError, RecursionError):
+            return None
+        model = payload.get("model") if isinstance(payload, dict) else None
+        return model if isinstance(model, str) and model else None
 
     async def parse(self, request: web.Request, body: bytes, state: SimState) -> Submission:
         try:

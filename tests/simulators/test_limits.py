@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import aiohttp
@@ -121,3 +122,67 @@ async def test_a_configured_limit_s_429_states_that_limit(sim: SimulatorServer) 
     status, headers, text = await second_answer(sim, "/v1/chat/completions", CHAT)
     assert (status, headers["x-ratelimit-limit-requests"]) == (429, "30")
     assert "(RPM): Limit 30, Used 30, Requested 1." in json.loads(text)["error"]["message"]
+
+
+LIMITED_CHAT = "/v1/chat/completions"
+
+
+@pytest.mark.parametrize(("body", "headers", "named"), [
+    (json.dumps(CHAT).encode(), {}, "gpt-4o-mini"),
+    # A model the simulator does not know, or arguments it would refuse, are still over the
+    # limit first: the 429 names what was asked for, as OpenAI's does.
+    (json.dumps({"model": "gpt-nope", "messages": "not a list", "temprature": 1}).encode(), {},
+     "gpt-nope"),
+    (gzip.compress(json.dumps({**CHAT, "model": "sim-digest"}).encode()),
+     {"Content-Encoding": "gzip"}, "sim-digest"),
+    # Nothing to name: the 429 all the same, never the 400 such a body gets within the limit.
+    (b"{not json", {}, "the model"),
+    (b"", {}, "the model"),
+    (json.dumps({**CHAT, "model": 7}).encode(), {}, "the model"),
+    (json.dumps({**CHAT, "model": ""}).encode(), {}, "the model"),
+    (json.dumps([CHAT]).encode(), {}, "the model"),
+    (b'{"model": "gpt-4o", "n": NaN}', {}, "the model"),
+    (json.dumps(CHAT).encode(), {"Content-Encoding": "gzip"}, "the model"),
+    (json.dumps(CHAT).encode(), {"Content-Encoding": "br"}, "the model"),
+], ids=["model", "unknown-model-bad-arguments", "gzip", "not-json", "empty", "model-not-a-string",
+        "model-empty", "not-an-object", "nan", "not-gzip", "unsupported-encoding"])
+async def test_openai_s_limit_names_the_requested_model(
+    sim: SimulatorServer, body: bytes, headers: dict[str, str], named: str
+) -> None:
+    await sim.set_limit("openai", 0.001, 1)
+    auth = {"Authorization": "Bearer key-1", "Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(sim.base_url + LIMITED_CHAT, json=CHAT, headers=auth) as first:
+            assert first.status == 200
+        async with http.post(sim.base_url + LIMITED_CHAT, data=body,
+                             headers=auth | headers) as response:
+            status, text = response.status, await response.text()
+
+    assert status == 429, text
+    error = json.loads(text)["error"]
+    assert error["code"] == "rate_limit_exceeded"
+    assert error["message"].startswith(
+        f"Rate limit reached for {named} in organization org-notifkit-sim on requests per min "
+        "(RPM): Limit 1, Used 1, Requested 1.")
+    stats = (await sim.stats())["openai"]
+    assert (stats["requests"], stats["accepted"], stats["rateLimited"], stats["rejected"]) == (
+        2, 1, 1, 0)
+
+
+async def test_openai_s_limit_is_taken_before_a_fault_or_a_record(sim: SimulatorServer) -> None:
+    # Reading the model for the 429 is all a limited request gets: no fault rule is spent on
+    # it and nothing is recorded, as before the body was read.
+    await sim.set_limit("openai", 0.001, 1)
+    auth = {"Authorization": "Bearer key-1"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(sim.base_url + LIMITED_CHAT, json=CHAT, headers=auth) as first:
+            assert first.status == 200
+        await sim.add_fault("error", "openai", times=1)
+        async with http.post(sim.base_url + LIMITED_CHAT, json=CHAT, headers=auth) as limited:
+            assert limited.status == 429
+            assert "Rate limit reached for gpt-4o-mini " in await limited.text()
+
+    [rule] = await sim.faults()
+    assert rule["kind"] == "error"
+    assert len(await sim.messages("openai")) == 1
+    assert sum((await sim.stats())["openai"]["faults"].values()) == 0
