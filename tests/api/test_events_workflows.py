@@ -75,6 +75,32 @@ async def test_an_event_with_an_idempotency_key_is_recorded_once(
     assert await redis.xlen(Keys(api.settings.namespace).events_inbound) == 2
 
 
+
+async def test_a_reused_event_key_does_not_answer_a_body_of_the_wrong_shape(
+    api: Api, project: Project, redis: Redis
+) -> None:
+    """As on a send: the body's shape is checked before the first answer is replayed; a body
+    of the right shape, even another one, gets the first answer."""
+    headers = {"x-idempotency-key": "order-9-paid"}
+    first = await api.call("POST", "/v1/events", key=project.send,
+                           json={"name": "order.paid", "userId": "u1"}, headers=headers)
+    assert first.status == 202, first.body
+    garbled = await api.call("POST", "/v1/events", key=project.send, data=b"[1,",
+                             headers={**headers, "content-type": "application/json"})
+    assert garbled.status == 400
+    for body, field in [({"name": "order.paid"}, "userId"),
+                        ({"name": "order.paid", "userId": "u1", "data": 1}, "data"),
+                        ({"name": "order.paid", "userId": "u1", "extra": True}, "extra")]:
+        reply = await api.call("POST", "/v1/events", key=project.send, json=body,
+                               headers=headers)
+        assert (reply.status, reply.fields) == (400, [field]), (body, reply.body)
+        assert "x-idempotent-replay" not in reply.headers
+    other = await api.call("POST", "/v1/events", key=project.send,
+                           json={"name": "order.shipped", "userId": "u2"}, headers=headers)
+    assert (other.status, other.body) == (202, first.body)
+    assert other.headers.get("x-idempotent-replay") == "true"
+    assert await redis.xlen(Keys(api.settings.namespace).events_inbound) == 1
+
 STEPS = [
     {"type": "send", "template": "welcome", "channels": ["email"]},
     {"type": "wait", "seconds": 3600},
@@ -226,9 +252,31 @@ async def test_a_trigger_with_an_idempotency_key_starts_one_instance(
                            json={"userId": "u1"}, headers=headers)
     assert first.body == again.body
     assert again.headers["x-idempotent-replay"] == "true"
+    # A body of the wrong shape is a 400 whatever the key; another of the right shape gets
+    # the first answer.
     without_user = await api.call("POST", "/v1/workflows/onboarding/trigger", key=project.send,
                                   json={"data": {}}, headers=headers)
-    assert (without_user.status, without_user.body) == (202, first.body)
+    assert (without_user.status, without_user.fields) == (400, ["userId"])
+    for body, field in [({"userId": 7}, "userId"), ({"userId": "u1", "data": []}, "data"),
+                        ({"userId": "u1", "plan": "pro"}, "plan")]:
+        reply = await api.call("POST", "/v1/workflows/onboarding/trigger", key=project.send,
+                               json=body, headers=headers)
+        assert (reply.status, reply.fields) == (400, [field]), (body, reply.body)
+    garbled = await api.call("POST", "/v1/workflows/onboarding/trigger", key=project.send,
+                             data=b"{", headers={**headers, "content-type": "application/json"})
+    assert garbled.status == 400
+    other_user = await api.call("POST", "/v1/workflows/onboarding/trigger", key=project.send,
+                                json={"userId": "u2"}, headers=headers)
+    assert (other_user.status, other_user.body) == (202, first.body)
+    assert other_user.headers["x-idempotent-replay"] == "true"
+    # What depends on stored state comes after the replay: with the workflow deleted since,
+    # the retry still gets its answer.
+    deleted = await api.call("DELETE", "/v1/workflows/onboarding", key=project.full)
+    assert deleted.status == 204
+    retry = await api.call("POST", "/v1/workflows/onboarding/trigger", key=project.send,
+                           json={"userId": "u1"}, headers=headers)
+    assert (retry.status, retry.body) == (202, first.body)
+    assert retry.headers["x-idempotent-replay"] == "true"
     assert await redis.xlen(Keys(api.settings.namespace).workflow_inbound) == 1
 
 

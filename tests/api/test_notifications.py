@@ -256,28 +256,60 @@ async def test_a_key_is_answered_once_even_if_the_api_dies_right_after_enqueuein
         assert await db.fetchval("SELECT count(*) FROM notifications") == 1
 
 
-async def test_a_reused_key_replays_even_when_the_body_no_longer_validates(
+async def test_a_reused_key_does_not_answer_a_body_of_the_wrong_shape(
     api: Api, project: Project, template: str, redis: Redis
 ) -> None:
-    """The replay is looked up before the body is read: a retry whose body lost a field, or
-    no longer parses, still gets the first response rather than a 400."""
+    """The body's shape is checked before the first response is replayed: a key a client
+    used before does not make malformed JSON, a missing or mistyped field or an unknown one
+    acceptable. Each gets the 400 naming the field it gets without a key."""
     headers = {"x-idempotency-key": "rebuilt"}
     first = await api.call("POST", "/v1/notifications", key=project.send,
                            json={"to": "u1", "template": template}, headers=headers)
     assert first.status == 202
-    invalid = await api.call("POST", "/v1/notifications", key=project.send,
-                             json={"template": "missing"}, headers=headers)
-    assert (invalid.status, invalid.body) == (202, first.body)
-    assert invalid.headers.get("x-idempotent-replay") == "true"
     garbled = await api.call("POST", "/v1/notifications", key=project.send,
                              data=b"{not json", headers={**headers,
                                                          "content-type": "application/json"})
-    assert (garbled.status, garbled.body) == (202, first.body)
+    assert garbled.status == 400
+    assert "x-idempotent-replay" not in garbled.headers
+    for body, field in [({"template": template}, "to"),
+                        ({"to": "u1", "template": 7}, "template"),
+                        ({"to": "u1", "template": template, "sendAt": "soon"}, "sendAt"),
+                        ({"to": "u1", "template": template, "colour": "red"}, "colour")]:
+        keyed = await api.call("POST", "/v1/notifications", key=project.send, json=body,
+                               headers=headers)
+        unkeyed = await api.call("POST", "/v1/notifications", key=project.send, json=body)
+        assert (keyed.status, keyed.fields) == (400, [field]), (body, keyed.body)
+        assert keyed.body == unkeyed.body
+        assert "x-idempotent-replay" not in keyed.headers
     assert await redis.xlen(Keys(api.settings.namespace).inbound("normal")) == 1
-    # Without a stored response the body is still checked as usual.
-    fresh = await api.call("POST", "/v1/notifications", key=project.send,
-                           json={"template": "missing"}, headers={"x-idempotency-key": "new"})
-    assert fresh.status == 400
+    # The key still answers a retry of the right shape with the first response.
+    again = await api.call("POST", "/v1/notifications", key=project.send,
+                           json={"to": "u1", "template": template}, headers=headers)
+    assert (again.status, again.body) == (202, first.body)
+    assert again.headers.get("x-idempotent-replay") == "true"
+
+
+async def test_a_reused_key_replays_even_after_the_template_was_deleted(
+    api: Api, project: Project, template: str, redis: Redis
+) -> None:
+    """What depends on stored state is checked after the replay: a retry of a send that was
+    accepted gets its answer although its template is gone since, while without the key the
+    same body is a 400."""
+    headers = {"x-idempotency-key": "before-delete"}
+    body = {"to": "u1", "template": template}
+    first = await api.call("POST", "/v1/notifications", key=project.send, json=body,
+                           headers=headers)
+    assert first.status == 202
+    deleted = await api.call("DELETE", f"/v1/templates/{template}", key=project.full)
+    assert deleted.status == 204
+    again = await api.call("POST", "/v1/notifications", key=project.send, json=body,
+                           headers=headers)
+    assert (again.status, again.body) == (202, first.body)
+    assert again.headers.get("x-idempotent-replay") == "true"
+    assert await redis.xlen(Keys(api.settings.namespace).inbound("normal")) == 1
+    fresh = await api.call("POST", "/v1/notifications", key=project.send, json=body,
+                           headers={"x-idempotency-key": "after-delete"})
+    assert (fresh.status, fresh.fields) == (400, ["template"])
 
 
 async def test_a_failed_send_releases_its_idempotency_key(

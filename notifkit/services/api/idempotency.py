@@ -12,7 +12,10 @@ then be accepted as a second notification.
 A second request with the same key waits while the first is pending, then replays its
 response, so two concurrent identical requests enqueue once. As API.md says, the same key
 within 24 h gets the first response whatever the body (a retry that rebuilt its body, with a
-new timestamp in ``data`` say, is still the same send); a different body is logged. The same
+new timestamp in ``data`` say, is still the same send); a different body is logged. The body
+must still have the right shape: one that would be a 400 without the key (malformed JSON, a
+missing, mistyped or unknown field) is that 400 with it too, while what depends on stored
+state (a template or workflow that exists) is checked only after the replay. The same
 key on another route is a 409: that response would answer a request the caller did not make.
 """
 
@@ -84,8 +87,10 @@ def fingerprint(route: str, body: Any) -> str:
 
 async def replay_earlier(request: web.Request, project: str, key: str | None,
                          route: str) -> web.Response | None:
-    """The first response to ``key`` on ``route`` if one is stored. Looked up before the body
-    is read or checked, so a retry whose body no longer parses or validates still gets it."""
+    """The first response to ``key`` on ``route`` if one is stored. Looked up once the body
+    has the right shape (a key never makes malformed JSON or a missing, mistyped or unknown
+    field acceptable) but before anything stored is consulted, so a retry still gets its
+    answer when, say, the template it named was deleted since."""
     if key is None:
         return None
     raw = await request.app[REDIS].get(request.app[KEYS].api_idempotency(project, key))

@@ -41,8 +41,6 @@ _ROUTE = "POST /v1/events"
 async def post_event(request: web.Request) -> web.Response:
     project = project_id(request)
     key = header_key(request)
-    if (earlier := await replay_earlier(request, project, key, _ROUTE)) is not None:
-        return earlier
     body = await read_json(request)
     fields = Fields(body)
     fields.only(("name", "userId", "data"))
@@ -50,6 +48,8 @@ async def post_event(request: web.Request) -> web.Response:
     user_id = fields.identifier("userId", required=True)
     data = fields.obj("data", nullable=True)
     fields.raise_if_invalid()
+    if (earlier := await replay_earlier(request, project, key, _ROUTE)) is not None:
+        return earlier
     event_id = uuid7()
     payload = {
         "type": "custom", "projectId": project, "name": name, "userId": user_id,

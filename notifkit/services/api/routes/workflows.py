@@ -146,8 +146,6 @@ async def trigger_workflow(request: web.Request) -> web.Response:
     workflow_id = lookup_id(request, "workflowId", "workflow")
     key = header_key(request)
     route = f"POST /v1/workflows/{workflow_id}/trigger"
-    if (earlier := await replay_earlier(request, project, key, route)) is not None:
-        return earlier
     app = request.app
     body = await read_json(request)
     fields = Fields(body)
@@ -156,6 +154,9 @@ async def trigger_workflow(request: web.Request) -> web.Response:
     data = fields.obj("data", nullable=True) or {}
     fields.raise_if_invalid()
     assert user_id is not None
+    # Before the definition is read: a workflow deleted since does not take a retry's answer.
+    if (earlier := await replay_earlier(request, project, key, route)) is not None:
+        return earlier
     steps = await app[DB].fetchval(
         "SELECT steps FROM workflow_definitions WHERE project_id = $1 AND id = $2",
         project, workflow_id,
