@@ -10,9 +10,13 @@ moment its notification was accepted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+from redis.exceptions import RedisError
 
 from benchmarks.load import LoadGenerator, LoadResult
 from benchmarks.stats import (
@@ -58,41 +62,75 @@ def _tick(progress: Progress, label: str, system: BenchSystem):  # type: ignore[
     return tick
 
 
+class Brake:
+    """Holds a closed loop's senders while the streams hold more than ``limit`` entries.
+
+    The API can accept faster than the pipeline delivers (several recipients per request):
+    held this way, the pipeline stays saturated without a backlog that takes minutes to drain.
+    A reading that fails (a Redis connection lost mid-call) leaves the brake as it was until
+    the next one: were the brake to die with the senders held, they would stay held for the
+    rest of the phase, and the phase would measure an idle system.
+    """
+
+    def __init__(self, backlog: Callable[[], Awaitable[int]], progress: Progress,
+                 *, limit: int = MAX_BACKLOG, interval_s: float = 0.25) -> None:
+        self.backlog = backlog
+        self.progress = progress
+        self.limit = limit
+        self.interval_s = interval_s
+        self.paused = asyncio.Event()
+        self.failed_readings = 0
+
+    async def run(self) -> None:
+        while True:
+            try:
+                held = await self.backlog() > self.limit
+            except (RedisError, OSError) as exc:
+                self.failed_readings += 1
+                if self.failed_readings == 1:
+                    self.progress.say(f"  (the backlog could not be read, {exc!r}; the brake "
+                                      "stays as it was and reads again)")
+            else:
+                if held:
+                    self.paused.set()
+                else:
+                    self.paused.clear()
+            await asyncio.sleep(self.interval_s)
+
+    async def stop(self, task: asyncio.Task[None]) -> None:
+        """End ``task`` (this brake's run) and let the senders go."""
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        self.paused.clear()
+
+
 async def saturation(system: BenchSystem, api_url: str, *, warmup_s: float, duration_s: float,
                      concurrency: int, progress: Progress,
                      recipients: int = 1) -> dict[str, Any]:
     """Closed-loop load from ``concurrency`` senders; the rate of provider receipts during
     ``duration_s`` after ``warmup_s`` of the same load. ``recipients`` users per request."""
     await system.sim.reset()
-    paused = asyncio.Event()
-
-    async def brake() -> None:
-        # The API can accept faster than the pipeline delivers (several recipients per
-        # request): hold the senders while the streams hold more than MAX_BACKLOG entries, so
-        # the pipeline stays saturated without a backlog that takes minutes to drain.
-        while True:
-            if await system.backlog() > MAX_BACKLOG:
-                paused.set()
-            else:
-                paused.clear()
-            await asyncio.sleep(0.25)
-
-    braking = asyncio.create_task(brake())
-    async with LoadGenerator(api_url, system.api_key, 10_000, recipients) as load:
-        running = asyncio.create_task(load.closed_loop(
-            warmup_s + duration_s, concurrency, _tick(progress, "saturation", system), paused))
-        await asyncio.sleep(warmup_s)
-        await system.sim.reset()
-        cpu = MachineCpu()
-        cpu_before = system.cpu_by_process()
-        own_cpu = time.process_time()
-        window_start = time.time()
-        result = await running
-        window_end = time.time()
-        busy = cpu.busy()
-        cpu_after = system.cpu_by_process()
-        own_cpu = time.process_time() - own_cpu
-    braking.cancel()
+    brake = Brake(system.backlog, progress)
+    braking = asyncio.create_task(brake.run())
+    try:
+        async with LoadGenerator(api_url, system.api_key, 10_000, recipients) as load:
+            running = asyncio.create_task(load.closed_loop(
+                warmup_s + duration_s, concurrency, _tick(progress, "saturation", system),
+                brake.paused))
+            await asyncio.sleep(warmup_s)
+            await system.sim.reset()
+            cpu = MachineCpu()
+            cpu_before = system.cpu_by_process()
+            own_cpu = time.process_time()
+            window_start = time.time()
+            result = await running
+            window_end = time.time()
+            busy = cpu.busy()
+            cpu_after = system.cpu_by_process()
+            own_cpu = time.process_time() - own_cpu
+    finally:
+        await brake.stop(braking)
     backlog_at_end = await system.backlog()
     drained = await drain(system, progress)
     messages = await system.sim.messages(limit=SIM_QUERY_LIMIT)
