@@ -126,6 +126,32 @@ async def test_a_send_of_a_vanished_project_fails_alone_and_is_never_enqueued(
     assert await db.fetchval("SELECT count(*) FROM notifications") == 2
 
 
+async def test_a_row_postgresql_refuses_fails_alone_and_its_neighbours_are_written(
+    settings: Settings, project: Project, redis: Redis, db: asyncpg.Pool,
+) -> None:
+    """The batch statement is all or nothing: when it fails, each row is written on its own,
+    so only the one that cannot be written (here a priority the table's check refuses) fails."""
+    keys = Keys(settings.namespace)
+    admission = Admission(settings, keys, redis, db, TokenBuckets(redis))
+
+    def message(priority: str) -> InboundMessage:
+        return {"eventId": uuid7(), "projectId": project.id, "template": "t",
+                "to": {"userId": "u1"}, "data": {}, "channels": None, "priority": priority,
+                "sendAt": None, "campaignId": None, "idempotencyKey": None,
+                "createdAt": "2026-11-30T00:00:00.000Z"}
+
+    messages = [message("normal"), message("urgent"), message("normal")]
+    results = await asyncio.gather(*(admission.accept(m) for m in messages),
+                                   return_exceptions=True)
+
+    assert results[0] is None
+    assert results[2] is None
+    assert isinstance(results[1], asyncpg.CheckViolationError)
+    assert len(await xrange(redis, keys.inbound("normal"))) == 2
+    stored = await db.fetch("SELECT id::text FROM notifications")
+    assert {r["id"] for r in stored} == {messages[0]["eventId"], messages[2]["eventId"]}
+
+
 async def test_a_template_once_found_is_not_looked_up_again_and_an_unknown_one_always_is(
     api: Api, project: Project, template: str, db: asyncpg.Pool,
     monkeypatch: pytest.MonkeyPatch,

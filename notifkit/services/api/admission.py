@@ -256,32 +256,29 @@ class Admission:
                       results: list[BaseException | None]) -> None:
         rows = [_accepted_row(m) for m in messages]
         try:
-            if _written(await self.pool.execute(_INSERT_ACCEPTED, *_columns(rows))) \
-                    == len(rows):
-                return
+            written = _written(await self.pool.execute(_INSERT_ACCEPTED, *_columns(rows)))
         except (asyncpg.InterfaceError, OSError):
             raise  # unreachable or broken: every request of the batch gets the 503
         except asyncpg.PostgresError:
             if len(rows) == 1:
                 raise
-        else:
-            if len(rows) == 1:
-                results[0] = ProjectMissing(messages[0]["projectId"])
-                return
-            # Committed without the sends of vanished projects: the rest stand as written.
-            written = await self._written_ids([m["eventId"] for m in messages])
-            for index, message in enumerate(messages):
-                if message["eventId"] not in written:
-                    results[index] = ProjectMissing(message["projectId"])
+            # One statement is all or nothing: find the rows that fail on their own so the
+            # rest of the batch is still accepted.
+            for index, row in enumerate(rows):
+                try:
+                    if not _written(await self.pool.execute(_INSERT_ACCEPTED,
+                                                            *_columns([row]))):
+                        results[index] = ProjectMissing(messages[index]["projectId"])
+                except asyncpg.PostgresError as exc:
+                    results[index] = exc
             return
-        # One statement is all or nothing: find the rows that fail on their own so the rest
-        # of the batch is still accepted.
-        for index, row in enumerate(rows):
-            try:
-                if not _written(await self.pool.execute(_INSERT_ACCEPTED, *_columns([row]))):
-                    results[index] = ProjectMissing(messages[index]["projectId"])
-            except asyncpg.PostgresError as exc:
-                results[index] = exc
+        if written < len(rows):
+            # Committed without the sends of vanished projects: the rest stand as written.
+            stored = (set() if len(rows) == 1
+                      else await self._written_ids([m["eventId"] for m in messages]))
+            for index, message in enumerate(messages):
+                if message["eventId"] not in stored:
+                    results[index] = ProjectMissing(message["projectId"])
 
     async def _written_ids(self, event_ids: list[str]) -> set[str]:
         found = await self.pool.fetch(
