@@ -91,12 +91,15 @@ def list_messages(state: SimState, query: Mapping[str, str]) -> dict[str, list[M
     limit = DEFAULT_LIMIT
     raw_limit = query.get("limit")
     if raw_limit:
-        try:
-            limit = int(raw_limit)
-        except ValueError:
-            raise ControlError(f"'limit' must be an integer, got {show(raw_limit)}") from None
+        # ASCII digits only, as in the notifkit API: int() also reads a fullwidth "\uff15",
+        # "1_0", " 5" and "+5", none of them the number the caller typed.
+        if not (raw_limit.isascii() and raw_limit.isdigit()):
+            raise ControlError(f"'limit' must be an integer, got {show(raw_limit)}")
+        # Any number past 9 digits is too big, and past 4,300 int() will not read one at all.
+        digits = raw_limit.lstrip("0") or "0"
+        limit = int(digits) if len(digits) <= 9 else MAX_LIMIT + 1
         if not 1 <= limit <= MAX_LIMIT:
-            raise ControlError(f"'limit' must be between 1 and {MAX_LIMIT}, got {limit}")
+            raise ControlError(f"'limit' must be between 1 and {MAX_LIMIT}, got {show(raw_limit)}")
     records = state.messages.query(
         provider=provider,
         to=query.get("to") or None,

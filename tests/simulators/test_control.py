@@ -113,6 +113,12 @@ async def test_a_phone_number_pasted_into_the_messages_url_keeps_its_plus(
         ({"provider": "pigeon"}, "'provider'"),
         ({"limit": "many"}, "'limit'"),
         ({"limit": "0"}, "'limit'"),
+        # int() reads all of these, none of them is the plain number a caller meant.
+        ({"limit": "\uff15"}, "'limit'"),
+        ({"limit": "1_0"}, "'limit'"),
+        ({"limit": " 5"}, "'limit'"),
+        ({"limit": "+5"}, "'limit'"),
+        ({"limit": "9" * 5000}, "'limit'"),
         ({"task_id": "x"}, "'task_id'"),
     ],
 )
