@@ -79,6 +79,9 @@ def _body_text(message: EmailMessage, subtype: str) -> str | None:
 def part_text(part: EmailMessage) -> str:
     """A text part's content, decoded as its charset says or, failing that, as UTF-8 with
     replacement characters."""
+    undeclared = _undeclared_utf8(part)
+    if undeclared is not None:
+        return undeclared
     try:
         content = part.get_content()
         if isinstance(content, str):
@@ -92,6 +95,24 @@ def part_text(part: EmailMessage) -> str:
     if isinstance(payload, bytes):
         return payload.decode(_known_charset(part), "replace")
     return "" if payload is None else str(payload)
+
+
+def _undeclared_utf8(part: EmailMessage) -> str | None:
+    """The text of a part that claims ASCII (by naming no charset, or us-ascii) but carries
+    8-bit UTF-8, as SMTPUTF8 clients and hand-written mail send it. Read as ASCII, every
+    accented letter would be stored as replacement characters, losing what was sent."""
+    if part.get_content_charset() not in (None, "us-ascii", "ascii"):
+        return None
+    try:
+        payload = part.get_payload(decode=True)
+    except Exception:  # a broken transfer encoding: part_text's fallbacks deal with it
+        return None
+    if not isinstance(payload, bytes) or payload.isascii():
+        return None
+    try:
+        return payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def _known_charset(part: EmailMessage) -> str:

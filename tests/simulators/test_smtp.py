@@ -324,3 +324,24 @@ async def test_the_harness_counts_smtp_faults_with_their_task(
         ("smtp", "ada@example.com", "task-e"), ("resend", "b@example.com", "task-r")]
     assert [(h.provider, h.to, h.task_id) for h in fault_hits(
         sim_log.getvalue(), "invalid_token")] == [("smtp", "gone@example.com", "None")]
+
+
+async def test_an_undeclared_utf8_body_is_recorded_as_utf8(sim: SimulatorServer) -> None:
+    """A text body in 8-bit UTF-8 that names no charset (as SMTPUTF8 clients and hand-written
+    mail send it) is recorded as the text it is, not as replacement characters; bytes that
+    are no UTF-8 still come out replaced."""
+    raw = "Subject: Grüße\r\nX-Notifkit-Task-Id: task-u8\r\n\r\nGrüße aus Köln\r\n".encode()
+
+    def deliver() -> None:
+        with smtplib.SMTP(sim.smtp_host, sim.smtp_port, timeout=5) as client:
+            client.sendmail("a@example.com", ["b@example.com"], raw, mail_options=["SMTPUTF8"])
+            client.sendmail("a@example.com", ["c@example.com"],
+                            b"Subject: latin\r\nX-Notifkit-Task-Id: task-l1\r\n\r\nK\xf6ln\r\n")
+
+    await asyncio.to_thread(deliver)
+
+    [utf8] = await sim.messages("smtp", task_id="task-u8")
+    assert (utf8["content"]["subject"], utf8["content"]["text"].strip()) == (
+        "Grüße", "Grüße aus Köln")
+    [latin] = await sim.messages("smtp", task_id="task-l1")
+    assert latin["content"]["text"].strip() == "K\ufffdln"
