@@ -150,7 +150,13 @@ def require_choice(payload: Mapping[str, Any], name: str, choices: Iterable[str]
 def http_url_problem(url: str) -> str | None:
     """Why nothing could ever be posted to ``url``, or None if it is an absolute http(s) URL
     with a host and a usable port. A webhook URL is checked when it is configured: refused
-    later, at each post, it would only show up as receipts that all failed."""
+    later, at each post, it would only show up as receipts that all failed.
+
+    No URL holds raw whitespace or control characters: urlsplit drops tabs and line breaks
+    and the HTTP client quotes the rest, so receipts would go somewhere other than the URL
+    given (and a line break would split the log line naming it)."""
+    if any(char.isspace() or not char.isprintable() for char in url):
+        return "it holds a space or a control character"
     try:
         parts = urlsplit(url)
         port = parts.port  # parsed lazily: a port out of range or not a number raises here
@@ -161,8 +167,6 @@ def http_url_problem(url: str) -> str | None:
     host = parts.hostname
     if not host:
         return "it names no host"
-    if any(char.isspace() or not char.isprintable() for char in host):
-        return "its host holds a space or a control character"
     if port == 0:
         return "port 0 cannot be connected to"
     return None

@@ -246,6 +246,12 @@ async def test_receipt_outcomes_replay_with_the_seed(receiver: Any) -> None:
         "https:///x",
         "ftp://a/x",
         "a/x",
+        # No URL holds raw whitespace or control characters; quoted on the way out, they
+        # would post somewhere other than what was given (and break the log's lines).
+        "http://a/x\r\nX-Injected: 1",
+        "http://a/x y",
+        "http://a/x?q=\x00",
+        "http://a/x\t",
     ],
 )
 async def test_a_webhook_url_receipts_could_not_be_posted_to_is_400_naming_url(
