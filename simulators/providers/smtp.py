@@ -4,7 +4,8 @@ Any client may connect; AUTH PLAIN/LOGIN is offered without TLS and accepts any 
 (the login names the rate-limit bucket; unauthenticated clients share "anonymous").
 A sender that is not an address is refused at MAIL FROM (553 5.1.7; the null sender `<>` is
 taken). A recipient is refused where a real server refuses it, at RCPT TO, one address at a time:
-a malformed address gets 553 5.1.3, an address an invalid_token rule matches 550 5.1.1 (or the
+a malformed address gets 553 5.1.3, a non-ASCII one in a transaction whose MAIL FROM did not
+declare SMTPUTF8 553 5.6.7, an address an invalid_token rule matches 550 5.1.1 (or the
 rule's status); the others still get the message. The other faults are decided once per
 message, at the end of DATA, when recipients and headers are known:
 
@@ -62,6 +63,9 @@ RATE_LIMITED_BY_LIMIT = "451 4.7.1 Rate limit exceeded, try again later"
 # them, tell it from any other temporary failure; only 421 and 451 are read that way.
 _RATE_LIMIT_REPLIES = {421: RATE_LIMITED_BY_FAULT, 451: RATE_LIMITED_BY_LIMIT}
 MALFORMED = "2x0 this is not an SMTP reply"
+# RFC 6531: a non-ASCII envelope address is allowed only once MAIL FROM declared SMTPUTF8.
+# Postfix's words; a client that forgets the declaration fails here as at a real server.
+UNDECLARED_UTF8 = "553 5.6.7 Must declare SMTPUTF8 to send unicode address"
 # Set on an envelope once its transaction is counted in the stats.
 _COUNTED = "notifkit_sim_counted"
 
@@ -86,6 +90,8 @@ class SmtpHandler:
         # sent; a real server takes it.
         if address not in ("", "<>") and email_address(address) != address:
             return f"553 5.1.7 <{address}>: Bad sender address syntax"
+        if not (address.isascii() or envelope.smtp_utf8):
+            return UNDECLARED_UTF8
         envelope.mail_from = address
         envelope.mail_options.extend(mail_options)
         return "250 OK"
@@ -96,6 +102,8 @@ class SmtpHandler:
         address = scrub(address)
         if email_address(address) != address:
             return reply_text(553, address)
+        if not (address.isascii() or envelope.smtp_utf8):
+            return UNDECLARED_UTF8
         decision = self.state.faults.decide(Provider.SMTP, [address],
                                             kinds=(FaultKind.INVALID_TOKEN,))
         if decision is not None:

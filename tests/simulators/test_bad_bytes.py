@@ -75,7 +75,8 @@ async def test_bytes_that_are_not_utf8_in_headers_and_smtp_are_stored_readably(
     def send_raw_envelope() -> None:
         with smtplib.SMTP(sim.smtp_host, sim.smtp_port, timeout=5) as client:
             client.ehlo()
-            client.send(b"MAIL FROM:<a\xff@example.com>\r\n")
+            # Declared SMTPUTF8: without it a non-ASCII sender is refused outright.
+            client.send(b"MAIL FROM:<a\xff@example.com> SMTPUTF8\r\n")
             assert client.getreply()[0] == 250
             client.putcmd("RCPT", "TO:<b@example.com>")
             client.getreply()

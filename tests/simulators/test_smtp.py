@@ -345,3 +345,37 @@ async def test_an_undeclared_utf8_body_is_recorded_as_utf8(sim: SimulatorServer)
         "Grüße", "Grüße aus Köln")
     [latin] = await sim.messages("smtp", task_id="task-l1")
     assert latin["content"]["text"].strip() == "K\ufffdln"
+
+
+async def test_a_unicode_address_needs_smtputf8_declared(sim: SimulatorServer) -> None:
+    """As at a real server offering SMTPUTF8 (RFC 6531), a non-ASCII envelope address is
+    taken only in a transaction whose MAIL FROM declared SMTPUTF8; a client that forgets it
+    gets 553 5.6.7 there rather than a delivery no real relay would make."""
+
+    reader, writer = await asyncio.open_connection(sim.smtp_host, sim.smtp_port)
+
+    async def command(line: str) -> str:
+        writer.write(line.encode() + b"\r\n")
+        await writer.drain()
+        reply = b""
+        while reply[3:4] != b" ":  # the last line of a multi-line reply has a space
+            reply = await reader.readline()
+        return reply.decode().strip()
+
+    await reader.readline()  # the greeting
+    try:
+        await command("EHLO client.example")
+        assert (await command("MAIL FROM:<a@example.com>")).startswith("250")
+        refused_rcpt = await command("RCPT TO:<jö@exämple.com>")
+        await command("RSET")
+        refused_mail = await command("MAIL FROM:<jö@exämple.com>")
+    finally:
+        writer.close()
+    assert refused_rcpt.startswith("553 5.6.7")
+    assert "SMTPUTF8" in refused_rcpt
+    assert refused_mail.startswith("553 5.6.7")
+
+    # aiosmtplib declares SMTPUTF8 itself when an address needs it, as notifkit sends.
+    await send(sim, mail(to="jö@exämple.com", task_id="task-idn"))
+    [record] = await sim.messages("smtp", task_id="task-idn")
+    assert record["to"] == "jö@exämple.com"
