@@ -19,6 +19,7 @@ from collections.abc import Coroutine
 from typing import Any, NoReturn
 
 from notifkit.stop_signals import stop_on_signals
+from simulators.control import MAX_SEED
 from simulators.logs import LOG_FORMATS, setup_logging
 from simulators.server import ListenError, SimulatorServer
 
@@ -64,6 +65,15 @@ def _max_messages(text: str) -> int:
     return value
 
 
+def _seed(text: str) -> int:
+    # No larger than `POST /_sim/reset` takes, so the seed a run logs can always replay it.
+    value = non_negative_int(text)
+    if value > MAX_SEED:
+        raise argparse.ArgumentTypeError(
+            f"at most {MAX_SEED}, the largest seed POST /_sim/reset takes, got {value}")
+    return value
+
+
 def _host(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError(
@@ -92,7 +102,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="interface to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=8025, help="HTTP port (default 8025)")
     parser.add_argument("--smtp-port", type=_port, default=2525, help="SMTP port (default 2525)")
-    parser.add_argument("--seed", type=non_negative_int, default=None,
+    parser.add_argument("--seed", type=_seed, default=None,
                         help="random seed for faults")
     parser.add_argument(
         "--max-messages",

@@ -39,6 +39,8 @@ async def run_cli(*args: str) -> asyncio.subprocess.Process:
         (["--port", "http"], "port must be an integer"),
         (["--smtp-port", "70000"], "port must be 0-65535"),
         (["--seed", "-3"], "non-negative"),
+        # A seed POST /_sim/reset could not take back would make a run impossible to replay.
+        (["--seed", str(2**63 + 1)], "argument --seed: at most 9223372036854775808"),
         (["--max-messages", "0"], "positive"),
         (["--max-messages", "-5"], "expected a positive integer, got -5"),
         (["--max-messages", "many"], "expected a positive integer, got 'many'"),
