@@ -100,6 +100,10 @@ def _summary(record: MessageRecord) -> dict[str, Any]:
 def _limit(value: str | None) -> int | None:
     if value is None or value == "":
         return DEFAULT_LIMIT
+    # int() also reads other scripts' digits ("\uff15") and digit separators ("1_0"),
+    # which a web API's number parsing (JavaScript's Number(), say) refuses.
+    if not value.isascii() or "_" in value:
+        return None
     try:
         number = int(value)
     except ValueError:

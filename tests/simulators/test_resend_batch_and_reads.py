@@ -264,6 +264,9 @@ async def test_list_is_newest_first_and_pages_by_cursor(
     [
         ({"limit": 0}, "limit"),
         ({"limit": 101}, "limit"),
+        # int() reads both, a web API's number parsing neither.
+        ({"limit": "\uff15"}, "limit"),
+        ({"limit": "1_0"}, "limit"),
         ({"after": "4ef9a417-02e9-4d39-ad75-9611e0fcc33c"}, "after"),
         ({"after": "a", "before": "b"}, "before"),
     ],
