@@ -34,7 +34,7 @@ from simulators.idempotency import Lookup, fingerprint
 from simulators.kinds import ErrorCase, FaultKind, Provider, case_for_status
 from simulators.limits import Limit
 from simulators.records import MessageRecord
-from simulators.replies import Reply, malformed_reply
+from simulators.replies import EVENT_STREAM, Reply, malformed_reply
 from simulators.state import STATE, SimState
 from simulators.stats import ProviderStats
 
@@ -241,8 +241,10 @@ class HttpProvider(ABC):
         return self.render(case, status=status, recipient=recipient, field_name=field_name,
                            retry_after_s=retry_after_s)
 
-    def malformed(self, decision: FaultDecision) -> Reply:
-        return malformed_reply(decision.rule.status_for(self.provider) or 200)
+    def malformed(self, decision: FaultDecision, accepted: Reply) -> Reply:
+        """``accepted`` is the answer the request would have had, malformed in its format."""
+        return malformed_reply(decision.rule.status_for(self.provider) or 200,
+                               event_stream=accepted.content_type == EVENT_STREAM)
 
 
 def header_task_id(request: web.Request) -> str | None:
@@ -345,7 +347,7 @@ async def _handle(
         await state.hold(request, decision.delay_s)
         return _drop(request)
     if decision is not None and kind is FaultKind.MALFORMED:
-        return provider.malformed(decision).response()
+        return provider.malformed(decision, reply).response()
     return reply.response()
 
 

@@ -15,6 +15,7 @@ from aiohttp import web
 from simulators.limits import retry_after_header
 
 JSON = "application/json"
+EVENT_STREAM = "text/event-stream"
 # Built once: json.dumps with any keyword builds a new encoder per call.
 _ENCODER = json.JSONEncoder(ensure_ascii=False)
 
@@ -49,6 +50,11 @@ def json_reply(
     return Reply(status=status, body=body, content_type=content_type, headers=all_headers)
 
 
-def malformed_reply(status: int = 200) -> Reply:
-    """Announced as JSON, cut off mid-object: no JSON parser accepts it."""
+def malformed_reply(status: int = 200, *, event_stream: bool = False) -> Reply:
+    """Announced as JSON, cut off mid-object: no JSON parser accepts it. In place of an
+    event stream, a stream of one such event: a client reading events skips a body that is
+    not one, and would take the answer for an empty success."""
+    if event_stream:
+        return Reply(status=status, body=b'data: {"id": "sim-malformed\n\n',
+                     content_type=EVENT_STREAM)
     return Reply(status=status, body=b'{"id": "sim-malformed', content_type=JSON)

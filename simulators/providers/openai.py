@@ -48,7 +48,7 @@ from simulators.pipeline import (
 )
 from simulators.providers.common import stored_text, strict_json, task_id_text
 from simulators.records import MessageRecord
-from simulators.replies import Reply, json_reply
+from simulators.replies import EVENT_STREAM, Reply, json_reply
 from simulators.schema_instance import instance
 from simulators.state import SimState
 
@@ -273,7 +273,7 @@ class OpenAI(HttpProvider):
         }
         if meta["stream"]:
             body = _event_stream(record.id, created, meta, usage)
-            return Reply(status=200, body=body, content_type="text/event-stream", headers=headers)
+            return Reply(status=200, body=body, content_type=EVENT_STREAM, headers=headers)
         completion = {
             "id": record.id,
             "object": "chat.completion",

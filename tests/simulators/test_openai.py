@@ -278,6 +278,19 @@ async def test_malformed_fault_is_unparseable(sim: SimulatorServer, client: Fact
         await client(sim).chat.completions.create(model="gpt-4o", messages=PROMPT)
 
 
+async def test_malformed_fault_on_a_stream_is_unparseable(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    """A streamed request gets a stream whose event the SDK cannot read, not a JSON body the
+    SDK's event reader skips without a word, which would pass for an empty success."""
+    await sim.add_fault("malformed", "openai")
+    stream = await client(sim).chat.completions.create(
+        model="gpt-4o", messages=PROMPT, stream=True
+    )
+    with pytest.raises(json.JSONDecodeError):
+        [chunk async for chunk in stream]
+
+
 async def test_timeout_fault_is_api_timeout(sim: SimulatorServer, client: Factory) -> None:
     await sim.add_fault("timeout", "openai")
     with pytest.raises(openai.APITimeoutError):
