@@ -158,8 +158,8 @@ class _Builder:
     def _member(self, schema: Mapping[str, Any]) -> Any:
         members = [value for value in schema["enum"] if _writable(value)] or [None]
         kinds = _types(schema)
-        fitting = [value for value in members if not kinds or _json_type(value) in kinds
-                   or (_json_type(value) == "integer" and "number" in kinds)]
+        fitting = [value for value in members if not kinds or json_type(value) in kinds
+                   or (json_type(value) == "integer" and "number" in kinds)]
         choices = fitting or members
         return choices[self.seed % len(choices)]
 
@@ -351,7 +351,8 @@ def _pointer(root: object, reference: str) -> object | None:
     return node
 
 
-def _json_type(value: object) -> str:
+def json_type(value: object) -> str:
+    """The JSON Schema type name of a decoded JSON value (a whole float is an integer)."""
     if value is None:
         return "null"
     if isinstance(value, bool):

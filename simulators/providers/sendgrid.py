@@ -36,6 +36,7 @@ from simulators.providers.common import (
 )
 from simulators.records import MessageRecord
 from simulators.replies import Reply, json_reply
+from simulators.schema_instance import json_type
 from simulators.state import SimState
 
 TASK_ARG = "notifkit_task_id"
@@ -154,6 +155,10 @@ class SendGrid(HttpProvider):
                 "send_at",
                 "#message.send_at",
             )
+        _check_custom_args(payload.get("custom_args"), "custom_args")
+        for index, personalization in enumerate(personalizations):
+            _check_custom_args(personalization.get("custom_args"),
+                               f"personalizations.{index}.custom_args")
         first = personalizations[0] if isinstance(personalizations[0], dict) else {}
         headers = payload.get("headers") if isinstance(payload.get("headers"), dict) else None
         task_id = (
@@ -228,6 +233,15 @@ def _check_content_order(blocks: list[Any]) -> None:
             "content",
             "#message.content",
         )
+
+
+def _check_custom_args(args: object, field_name: str) -> None:
+    """custom_args is an object (left out or null: none); SendGrid's JSON Schema check
+    words any other type so."""
+    if args is None or isinstance(args, dict):
+        return
+    raise _invalid(f"Invalid type. Expected: object, given: {json_type(args)}.",
+                   field_name, "#message.custom_args")
 
 
 def _invalid(message: str, field_name: str, anchor: str) -> Rejection:

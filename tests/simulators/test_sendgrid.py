@@ -186,6 +186,32 @@ async def test_send_at_that_is_not_a_unix_timestamp_is_400(
     assert errors(caught)[0]["field"] == "send_at"
 
 
+@pytest.mark.parametrize(
+    ("where", "value", "given"),
+    [
+        ("custom_args", "this is a string", "string"),
+        ("custom_args", ["notifkit_task_id"], "array"),
+        ("personalizations.0.custom_args", 5, "integer"),
+    ],
+)
+async def test_custom_args_that_are_not_an_object_are_400_naming_them(
+    sim: SimulatorServer, where: str, value: object, given: str
+) -> None:
+    """SendGrid's type check: custom_args is an object, at the top or in a personalization."""
+    body = message().get()
+    body.pop("custom_args", None)
+    target = body["personalizations"][0] if where.startswith("personalizations") else body
+    target["custom_args"] = value
+
+    with pytest.raises(exceptions.BadRequestsError) as caught:
+        await send(client(sim), body)
+
+    [error] = errors(caught)
+    assert (error["field"], error["message"]) == (
+        where, f"Invalid type. Expected: object, given: {given}.")
+    assert await sim.messages("sendgrid") == []
+
+
 async def test_missing_key_is_401(sim: SimulatorServer) -> None:
     sg = client(sim, api_key="")
     sg.client.request_headers["Authorization"] = "Bearer "
