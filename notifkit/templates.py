@@ -488,6 +488,13 @@ class _ExpressionSandbox(_Sandbox):
     def compare(left: Any, ops: tuple[tuple[str, Any], ...]) -> Any:
         return _compare(left, ops)
 
+    def unsafe_undefined(self, obj: Any, attribute: str) -> Undefined:
+        # Jinja hands back an undefined that raises only when used, and _Missing is never
+        # used in a way that raises: ``''.__class__`` would read as a missing field and take
+        # ``else`` quietly. A template refuses it, and so does a condition.
+        raise SecurityError(f"access to attribute {attribute!r} of "
+                            f"{type(obj).__name__!r} object is unsafe.")
+
 
 _TEXT = _environment(autoescape=False)
 _HTML = _environment(autoescape=True)

@@ -240,3 +240,18 @@ def test_a_field_named_like_a_dict_method_reads_the_field() -> None:
     rendered = render_string("{% for i in data.items %}{{ i }};{% endfor %}{{ data.keys }}",
                              context)
     assert rendered == "1;2;k"
+
+
+def test_an_attribute_the_sandbox_refuses_fails_the_condition() -> None:
+    """``''.__class__`` is no missing field: a template refuses it, and a condition reading
+    one fails (and so the instance) instead of quietly taking ``else``, whether or not the
+    expression goes on to call something through it."""
+    context = {"data": {"x": 1, "__class__": "field"}, "user": {"id": "u1", "attributes": {}},
+               "steps": {}}
+    for condition in ("''.__class__", "cycler.__init__.__globals__", "lipsum.__globals__",
+                      "not ''.__class__", "''.__class__ is none", "data.x.__class__ is defined",
+                      "user.attributes.__class__"):
+        with pytest.raises(RenderError, match="not allowed in an expression"):
+            evaluate_condition(condition, context)
+    # a caller's field of that name is the field, as data.items is
+    assert evaluate_condition("data.__class__ == 'field'", context) is True
