@@ -165,8 +165,9 @@ async def test_workflow_errors_name_the_step(api: Api, project: Project, templat
         {"type": "teleport"},
     ]})
     assert reply.status == 400
+    # one detail per problem: the unknown template too, though other steps are at fault
     assert set(reply.fields) == {"steps[0].template", "steps[1].seconds", "steps[2].if",
-                                 "steps[3].type"}
+                                 "steps[2].then[0].template", "steps[3].type"}
     unknown = await api.call("PUT", "/v1/workflows/w", key=project.full, json={"steps": [
         {"type": "branch", "if": "true", "then": [{"type": "send", "template": "ghost"}]}]})
     assert unknown.fields == ["steps[0].then[0].template"]

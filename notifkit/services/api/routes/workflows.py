@@ -48,7 +48,8 @@ from notifkit.services.api.validation import (
     uuid_id,
 )
 from notifkit.streams import xadd
-from notifkit.workflow_defs import BRANCHES, validate_steps
+from notifkit.text import identifier_problem
+from notifkit.workflow_defs import BRANCHES, MAX_DEPTH, validate_steps
 
 log = logging.getLogger("notifkit.api")
 
@@ -69,20 +70,25 @@ async def put_workflow(request: web.Request) -> web.Response:
         # the event loop goes on answering other requests meanwhile.
         problems = await asyncio.to_thread(validate_steps, fields.body["steps"])
         fields.errors.extend(detail(e["field"], e["message"]) for e in problems)
-    fields.raise_if_invalid()
-    steps: list[Any] = fields.body["steps"]
+    steps: Any = fields.body.get("steps")
+    faulted = {error["field"] for error in fields.errors}
     templates: dict[str, list[str]] = {}
-    _templates(steps, "steps", templates)
+    # Even when other steps are at fault: one detail per problem, the unknown template
+    # included, so a caller fixes the definition in one round. Not when the list as a whole
+    # is refused (no list, or more steps than a definition holds): no template is looked up
+    # for a body that size.
+    if isinstance(steps, list) and "steps" not in faulted:
+        _templates(steps, "steps", templates, MAX_DEPTH)
     pool = request.app[DB]
     # As POST /v1/notifications: the template must exist; a channel it has no content for
     # gets generic content when the step sends.
     known = {r["id"] for r in await pool.fetch(
         "SELECT id FROM templates WHERE project_id = $1 AND id = ANY($2::text[])",
         project, list(templates),
-    )}
+    )} if templates else set()
     for template, uses in templates.items():
         for path in uses:
-            if template not in known:
+            if template not in known and f"{path}.template" not in faulted:
                 fields.errors.append(
                     detail(f"{path}.template", "no template with this id exists in this project"))
     fields.raise_if_invalid()
@@ -277,14 +283,22 @@ def workflow_json(row: asyncpg.Record) -> dict[str, Any]:
             "updatedAt": iso(row["updated_at"])}
 
 
-def _templates(steps: list[Any], path: str, found: dict[str, list[str]]) -> None:
+def _templates(steps: list[Any], path: str, found: dict[str, list[str]], depth: int) -> None:
     """Template id -> the steps naming it, over every send and digest step, branches
-    included."""
+    included (``depth`` more levels of them). The definition may be at fault elsewhere:
+    anything not shaped like a step, or no template id, is passed over, as validation has
+    named it already."""
     for index, step in enumerate(steps):
+        if not isinstance(step, dict):
+            continue
         where = f"{path}[{index}]"
-        if step.get("type") in ("send", "digest") and isinstance(step.get("template"), str):
-            found.setdefault(step["template"], []).append(where)
+        template = step.get("template")
+        if step.get("type") in ("send", "digest") and isinstance(template, str) \
+                and identifier_problem(template) is None:
+            found.setdefault(template, []).append(where)
+        if step.get("type") != "branch" or depth <= 0:
+            continue
         for arm in BRANCHES:
             children = step.get(arm)
             if isinstance(children, list):
-                _templates(children, f"{where}.{arm}", found)
+                _templates(children, f"{where}.{arm}", found, depth - 1)
