@@ -413,6 +413,87 @@ async def test_a_compressed_body_that_inflates_past_the_limit_is_a_413(
     assert reply.error["code"] == "payload_too_large"
 
 
+async def _head_only(api: Api, project: Project, extra: bytes) -> tuple[bytes, dict[str, str],
+                                                                          object]:
+    """The answer to a PUT whose headers end with ``extra`` and whose body is never sent: its
+    status line, headers and JSON body. The client waits only for the answer, as one that
+    asked ``Expect: 100-continue`` or announced a body it has not started sending would."""
+    server = api.client.server
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    try:
+        writer.write(b"PUT /v1/users/u1 HTTP/1.1\r\nHost: x\r\n"
+                     b"Authorization: Bearer " + project.full.encode() + b"\r\n"
+                     b"Content-Type: application/json\r\n" + extra + b"\r\n")
+        await writer.drain()
+        status = await reader.readline()
+        headers: dict[str, str] = {}
+        if status.startswith(b"HTTP/1.1 1"):
+            return status, headers, None  # an interim answer: the client would send its body
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        body = json.loads(await reader.readexactly(int(headers["content-length"])))
+    finally:
+        writer.close()
+    return status, headers, body
+
+
+@pytest.mark.parametrize("expect", [b"", b"Expect: 100-continue\r\n"])
+async def test_a_body_announced_past_the_limit_is_a_413_before_it_is_sent(
+    api: Api, project: Project, expect: bytes,
+) -> None:
+    """Given a request whose Content-Length is over the body limit, when only its headers have
+    arrived, then the answer is already the envelope's 413 naming body: a client that asked
+    Expect: 100-continue is not told to go on and send megabytes only to have them refused,
+    and one that sends no body is not left waiting for the idle timeout."""
+    too_long = str(api.settings.max_body_bytes + 1).encode()
+    status, headers, body = await _head_only(
+        api, project, expect + b"Content-Length: " + too_long + b"\r\n")
+    assert status.startswith(b"HTTP/1.1 413"), (status, body)
+    assert_error_shape(body)
+    assert isinstance(body, dict)
+    assert body["error"]["code"] == "payload_too_large"
+    assert [d["field"] for d in body["error"]["details"]] == ["body"]
+    assert headers.get("connection") == "close"
+
+
+async def test_an_expectation_the_server_cannot_meet_is_a_417_in_the_envelope(
+    api: Api, project: Project,
+) -> None:
+    """Given an Expect header other than 100-continue, when it arrives, then the answer is a
+    417 in the error envelope naming Expect (aiohttp's own answer is plain text)."""
+    status, headers, body = await _head_only(api, project,
+                                             b"Expect: teapot\r\nContent-Length: 2\r\n")
+    assert status.startswith(b"HTTP/1.1 417"), (status, body)
+    assert headers["content-type"].startswith("application/json")
+    assert_error_shape(body)
+    assert isinstance(body, dict)
+    assert [d["field"] for d in body["error"]["details"]] == ["Expect"]
+
+
+async def test_a_body_within_the_limit_is_still_invited_with_100_continue(
+    api: Api, project: Project,
+) -> None:
+    """Given Expect: 100-continue and a body within the limit, the client is told to send it,
+    and the request is then served as any other."""
+    server = api.client.server
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    try:
+        writer.write(b"PUT /v1/users/u1 HTTP/1.1\r\nHost: x\r\n"
+                     b"Authorization: Bearer " + project.full.encode() + b"\r\n"
+                     b"Content-Type: application/json\r\nExpect: 100-Continue\r\n"
+                     b"Content-Length: 2\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        assert await reader.readline() == b"HTTP/1.1 100 Continue\r\n"
+        assert await reader.readline() == b"\r\n"
+        writer.write(b"{}")
+        await writer.drain()
+        answer = await reader.read()
+    finally:
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 201"), answer
+
+
 async def test_a_client_that_hangs_up_mid_body_is_not_logged_as_a_store_outage(
     api: Api, project: Project, caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -39,6 +39,7 @@ from notifkit.services.api.state import (
     SSE_HEARTBEAT_S,
     InFlight,
 )
+from notifkit.services.api.validation import expect_within_limit
 from notifkit.tasks import cancel_and_wait
 
 SSE_HEARTBEAT_DEFAULT_S = 15.0
@@ -99,7 +100,8 @@ def create_app(
     table: dict[str, Operation] = {}
     for op in operations():
         path = route_path(op.path)
-        app.router.add_route(op.method, path, op.handler, name=op.operation_id)
+        app.router.add_route(op.method, path, op.handler, name=op.operation_id,
+                             expect_handler=expect_within_limit)
         if op.method == "GET" and not _streams(op):
             # HTTP says a resource that answers GET answers HEAD: the same status and headers,
             # no body (aiohttp drops it). Same resource name, so the same auth applies.

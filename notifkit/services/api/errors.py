@@ -92,7 +92,20 @@ def json_response(
 
 
 def error_response(error: ApiError) -> web.Response:
-    return json_response(error.body(), error.status, error.headers)
+    response = json_response(error.body(), error.status, error.headers)
+    if error.headers.get("Connection", "").lower() == "close":
+        # The header alone does not stop aiohttp from keeping the connection and draining a
+        # body it was told not to wait for.
+        response.force_close()
+    return response
+
+
+def body_too_large(limit: int) -> ApiError:
+    """413 naming body. Sent before the body is read, so the connection is closed rather than
+    left to a client that may still be sending it."""
+    message = f"The request body is larger than {limit} bytes."
+    return ApiError(413, "payload_too_large", message, [detail("body", message)],
+                    headers={"Connection": "close"})
 
 
 # aiohttp's own exceptions, renamed into the contract's vocabulary.

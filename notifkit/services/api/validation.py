@@ -24,14 +24,16 @@ from functools import cache
 from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from notifkit import codec
 from notifkit.destinations import refused_host
 from notifkit.services.api.errors import (
     ApiError,
     Detail,
+    body_too_large,
     detail,
+    error_response,
     invalid,
     invalid_field,
     undecodable_body,
@@ -101,9 +103,41 @@ BODY_POLL_S = 1.0
 _clock = time.monotonic
 
 
+async def expect_within_limit(request: web.Request) -> web.StreamResponse | None:
+    """The routes' answer to an ``Expect`` header, given before any middleware runs: 100
+    Continue for a body the API will read, the envelope's 413 for one whose Content-Length is
+    already over the limit (RFC 9110 lets a server refuse instead of inviting the body), and
+    the envelope's 417 for an expectation other than 100-continue."""
+    if request.version < HttpVersion11:
+        return None  # HTTP/1.0 has no Expect; the body follows the headers unasked.
+    expect = request.headers.get("Expect", "")
+    if expect.strip().lower() != "100-continue":
+        return error_response(ApiError(
+            417, "expectation_failed",
+            "The server meets no expectation but 100-continue; send the request without it.",
+            [detail("Expect", "must be 100-continue")]))
+    too_large = announced_too_large(request)
+    if too_large is not None:
+        return error_response(too_large)
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    return None
+
+
+def announced_too_large(request: web.Request) -> ApiError | None:
+    """The 413 for a body whose Content-Length is over the limit, known before it is read."""
+    limit = request.app[SETTINGS].max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        return body_too_large(limit)
+    return None
+
+
 async def read_raw(request: web.Request) -> bytes:
     """``request.read()`` (aiohttp raises 413 past client_max_size), answering 408 once the
-    body has made no progress for :data:`BODY_IDLE_TIMEOUT_S`."""
+    body has made no progress for :data:`BODY_IDLE_TIMEOUT_S`, and 413 at once for a body
+    announced over the limit (neither reading nor waiting for bytes that would be refused)."""
+    too_large = announced_too_large(request)
+    if too_large is not None:
+        raise too_large
     reading = asyncio.ensure_future(request.read())
     # Idle time counts from the start of the read, so a body that stalls at once is refused
     # after the limit, not after a first window that would count as progress.
