@@ -141,3 +141,34 @@ async def test_a_contact_the_document_admits_is_one_the_server_takes(
         assert (_admits("ContactCreate", body), _accepted(reply)) == (False, True), reply.body
     else:
         assert _admits("ContactCreate", body) == _accepted(reply), reply.body
+
+
+@pytest.mark.parametrize("detail", [None, "bounced at the gateway", " ", "x" * 1000, "",
+                                    "x" * 1001], ids=ascii)
+async def test_a_suppression_detail_the_document_admits_is_one_the_server_takes(
+    api: Api, project: Project, detail: str | None
+) -> None:
+    body = {"channel": "email", "target": "ada@example.com", "detail": detail}
+    reply = await api.call("POST", "/v1/suppressions", key=project.full, json=body)
+    assert _admits("SuppressionCreate", body) == _accepted(reply), reply.body
+
+
+AI = {"model": "gpt-4o-mini", "prompt": "Write it.", "channels": ["sms"]}
+
+
+@pytest.mark.parametrize("body", [
+    {"channels": {"sms": {"text": "hi"}}},
+    {"channels": {"email": {"subject": "Hi", "text": "body"}}},
+    {"channels": {"email": {"subject": "Hi", "html": "<p>body</p>"}}},
+    {"channels": {}, "ai": AI},
+    {"channels": {"email": {"subject": "Hi"}}},
+    {"channels": {}},
+    {"channels": {}, "ai": None},
+], ids=ascii)
+async def test_a_template_the_document_admits_is_one_the_server_takes(
+    api: Api, project: Project, body: dict[str, Any]
+) -> None:
+    """Content for no channel (without ai), or an e-mail with a subject and no body, is what
+    the server refuses; the document says so too."""
+    reply = await api.call("PUT", "/v1/templates/t", key=project.full, json=body)
+    assert _admits("TemplatePut", body) == _accepted(reply), reply.body

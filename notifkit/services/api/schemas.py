@@ -191,8 +191,10 @@ COMPONENTS: dict[str, Schema] = {
         "createdAt", "updatedAt")),
     # -- templates ---------------------------------------------------------------------------
     "TemplateChannels": obj({
-        "email": obj({"subject": TEMPLATE_TEXT, "html": TEMPLATE_TEXT, "text": TEMPLATE_TEXT},
-                     ("subject",)),
+        # An e-mail needs a body: text, html or both.
+        "email": {**obj({"subject": TEMPLATE_TEXT, "html": TEMPLATE_TEXT, "text": TEMPLATE_TEXT},
+                        ("subject",)),
+                  "anyOf": [{"required": ["text"]}, {"required": ["html"]}]},
         "sms": obj({"text": TEMPLATE_TEXT}, ("text",)),
         "push": obj({"title": TEMPLATE_TEXT, "body": TEMPLATE_TEXT, "data": ANY_OBJECT},
                     ("title", "body")),
@@ -205,12 +207,15 @@ COMPONENTS: dict[str, Schema] = {
                    "pattern": NOT_BLANK},
         "channels": CHANNEL_LIST,
     }, ("model", "prompt", "channels")),
-    "TemplatePut": obj({
+    "TemplatePut": {**obj({
         "topic": nullable(name_string(100)),
         "channels": {"$ref": "#/components/schemas/TemplateChannels"},
         "fallback": nullable(CHANNEL_LIST),
         "ai": nullable({"$ref": "#/components/schemas/TemplateAi"}),
     }, ("channels",)),
+        # Something to send: content for a channel, or ai to write it.
+        "anyOf": [{"properties": {"channels": {"minProperties": 1}}},
+                  {"properties": {"ai": {"type": "object"}}, "required": ["ai"]}]},
     "Template": obj({
         "id": STRING, "topic": nullable(STRING),
         "channels": {"type": "object"},
@@ -379,7 +384,7 @@ COMPONENTS: dict[str, Schema] = {
         "detail": nullable(STRING), "createdAt": DATETIME,
     }, ("id", "channel", "target", "reason", "detail", "createdAt")),
     "SuppressionCreate": addressed(
-        {"detail": nullable({"type": "string", "maxLength": 1000})},
+        {"detail": nullable({"type": "string", "minLength": 1, "maxLength": 1000})},
         "Checked and stored as a contact's address is (a webhook URL may name any host); "),
     "Unsubscribed": obj({
         "unsubscribed": {"type": "boolean"}, "channel": CHANNEL, "topic": nullable(STRING),
