@@ -223,6 +223,35 @@ async def test_bodies_must_be_json_objects_within_the_limit(api: Api, project: P
     assert huge.error["code"] == "payload_too_large"
 
 
+@pytest.mark.parametrize("charset", ["iso-8859-1", "latin-1", "UTF-16", "windows-1252"])
+async def test_a_body_declared_in_another_charset_than_utf8_is_a_415(
+    api: Api, project: Project, charset: str,
+) -> None:
+    """Given a JSON body whose Content-Type names a charset other than UTF-8 (JSON is UTF-8,
+    RFC 8259), when it is sent, then the answer is a 415 naming Content-Type, not a 400 about
+    bytes that do not decode, and not a body read in another encoding than the sender's."""
+    for body in ('{"attributes": {"name": "Jos\u00e9"}}'.encode("latin-1"),
+                 '{"attributes": {"name": "\u00c3\u00a9"}}'.encode("latin-1")):
+        reply = await api.call("PUT", "/v1/users/u1", key=project.full, data=body,
+                               headers={"Content-Type": f"application/json; charset={charset}"})
+        assert (reply.status, reply.fields) == (415, ["Content-Type"]), reply.body
+        assert_error_shape(reply.body)
+        assert charset in reply.error["details"][0]["message"]
+    stored = await api.call("GET", "/v1/users/u1", key=project.full)
+    assert stored.status == 404, stored.body
+
+
+@pytest.mark.parametrize("charset", ["utf-8", "UTF-8", "utf8", "us-ascii"])
+async def test_a_body_declared_in_utf8_or_ascii_is_read(
+    api: Api, project: Project, charset: str,
+) -> None:
+    reply = await api.call("PUT", "/v1/users/u1", key=project.full,
+                           data='{"attributes": {"name": "Jos\u00e9"}}'.encode(),
+                           headers={"Content-Type": f"application/json; charset={charset}"})
+    assert reply.status == 201, reply.body
+    assert reply.body["attributes"] == {"name": "Jos\u00e9"}
+
+
 @pytest.mark.parametrize("attributes", [
     {"x": "nul\u0000"}, {"deep": {"a": nested(40)}},
 ])

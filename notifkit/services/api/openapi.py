@@ -34,8 +34,8 @@ _ERROR_TEXT = {
     409: "The idempotency key was first used on another route, or a request with it is still "
          "in progress (retry after Retry-After).",
     413: "The body is larger than the limit (1 MiB by default).",
-    415: "The body is not application/json, or is in a Content-Encoding other than gzip or "
-         "deflate.",
+    415: "The body is not application/json, declares a charset other than UTF-8, or is in a "
+         "Content-Encoding other than gzip or deflate.",
     429: "The project is over its API rate; retry after Retry-After seconds.",
     503: ("Redis or PostgreSQL cannot serve the request right now (unreachable, or a lock "
           "held elsewhere outlasted its wait); retry after Retry-After seconds."),

@@ -77,6 +77,10 @@ NO_CONTROL_CHARS = re.compile(f"[^{CONTROL_CHARS}]*\\Z")
 # Bodies
 
 
+# The charsets a JSON body may declare: UTF-8, and ASCII, which is a subset of it.
+UTF8_CHARSETS = frozenset({"utf-8", "utf8", "us-ascii", "ascii"})
+
+
 def is_json_media_type(content_type: str) -> bool:
     return content_type in JSON_TYPES or (
         content_type.startswith("application/") and content_type.endswith("+json")
@@ -220,6 +224,13 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     raw = await read_body(request)
     if not is_json_media_type(request.content_type):
         raise unsupported_media_type()
+    charset = request.charset
+    if charset and charset.lower() not in UTF8_CHARSETS:
+        # JSON is UTF-8 (RFC 8259). Read as UTF-8 regardless, a body in another charset is
+        # either refused as bytes that do not decode or, worse, read as other text than sent.
+        raise ApiError(415, "unsupported_media_type",
+                       "Send the request body as application/json in UTF-8.",
+                       [detail("Content-Type", f"must be UTF-8, not charset={charset}")])
     return parse_json_object(raw)
 
 
