@@ -495,6 +495,7 @@ async def test_an_expectation_the_server_cannot_meet_is_a_417_in_the_envelope(
                                              b"Expect: teapot\r\nContent-Length: 2\r\n")
     assert status.startswith(b"HTTP/1.1 417"), (status, body)
     assert headers["content-type"].startswith("application/json")
+    assert headers.get("connection") == "close"
     assert_error_shape(body)
     assert isinstance(body, dict)
     assert [d["field"] for d in body["error"]["details"]] == ["Expect"]

@@ -119,7 +119,9 @@ async def expect_within_limit(request: web.Request) -> web.StreamResponse | None
         return error_response(ApiError(
             417, "expectation_failed",
             "The server meets no expectation but 100-continue; send the request without it.",
-            [detail("Expect", "must be 100-continue")]))
+            [detail("Expect", "must be 100-continue")],
+            # Whether the body follows anyway is the client's guess: not read as a request.
+            headers={"Connection": "close"}))
     too_large = announced_too_large(request)
     if too_large is not None:
         return error_response(too_large)
