@@ -618,6 +618,13 @@ _LIBPQ_UNSUPPORTED: Final[dict[str, str]] = {
     "sslcompression": "", "sslcertmode": "", "sslsni": "", "require_auth": "",
     "requirepeer": "", "load_balance_hosts": "", "replication": "", "gssdelegation": "",
 }
+# Read by asyncpg only when it connects, where a value outside these stopped the process as an
+# unreachable PostgreSQL would; libpq takes the same values, spelt exactly so.
+_LIBPQ_CHOICES: Final[dict[str, tuple[str, ...]]] = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "target_session_attrs": ("any", "primary", "standby", "prefer-standby", "read-write",
+                             "read-only"),
+}
 CONNECT_TIMEOUT: Final = "connect_timeout"
 
 
@@ -656,6 +663,13 @@ def database_dsn(url: str) -> DatabaseDsn:
                               "(notifkit's PostgreSQL client) cannot apply; remove it"
                               + (f" or {hint}" if hint else ""))
         else:
+            choices = _LIBPQ_CHOICES.get(name)
+            # A blank value is as good as none: asyncpg skips it. It also reads verify_ca for
+            # verify-ca, which a URL that works today may hold.
+            if (choices is not None and value
+                    and (value if name != "sslmode" else value.replace("_", "-")) not in choices):
+                raise ConfigError("DATABASE_URL", f"{name}={value} is not one of "
+                                  f"{', '.join(choices)}")
             kept.append(pair)
             continue
         dropped = True

@@ -477,3 +477,33 @@ def test_libpq_parameters_asyncpg_cannot_honour_are_refused(query: str) -> None:
         Settings.from_env({"DATABASE_URL": f"postgresql://db/app?{query}"})
     assert refused.value.variable == "DATABASE_URL"
     assert query.rpartition("&")[2].partition("=")[0] in refused.value.problem
+
+
+@pytest.mark.parametrize("query", [
+    "sslmode=bogus", "sslmode=REQUIRE", "target_session_attrs=bogus",
+    "sslmode=require&target_session_attrs=primary&target_session_attrs=writable",
+])
+def test_a_libpq_parameter_with_a_value_asyncpg_refuses_is_invalid_configuration(
+    query: str,
+) -> None:
+    # Found only when connecting, these stopped the process as an unreachable PostgreSQL would
+    # (status 1), one with "one of <built-in method values of mappingproxy object ...>".
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"DATABASE_URL": f"postgresql://db/app?{query}"})
+    assert refused.value.variable == "DATABASE_URL"
+    name, _, value = query.rpartition("&")[2].partition("=")
+    assert f"{name}={value}" in refused.value.problem
+    assert "built-in" not in refused.value.problem
+
+
+@pytest.mark.parametrize("query", [
+    "sslmode=disable", "sslmode=allow", "sslmode=prefer", "sslmode=require",
+    "sslmode=verify-ca", "sslmode=verify-full", "sslmode=verify_full", "sslmode=",
+    "target_session_attrs=any",
+    "target_session_attrs=primary", "target_session_attrs=standby",
+    "target_session_attrs=read-write", "target_session_attrs=read-only",
+    "target_session_attrs=prefer-standby",
+])
+def test_every_value_asyncpg_takes_for_a_libpq_parameter_is_accepted(query: str) -> None:
+    url = f"postgresql://db/app?{query}"
+    assert Settings.from_env({"DATABASE_URL": url}).database_url == url
