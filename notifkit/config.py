@@ -893,8 +893,8 @@ def _validate(s: Settings) -> None:
 
 
 def _validate_email(e: EmailSettings) -> None:
-    if e.transport is None:
-        return
+    # Checked with no e-mail transport configured too, as the other providers' settings are: a
+    # malformed value set is a mistake whether or not e-mail is on yet.
     _name, address = parseaddr(e.from_addr)
     local, at, domain = address.rpartition("@")
     # parseaddr stops at a line break, so 'a@b.example\r\nBcc: x@y' looked valid here and
@@ -904,7 +904,7 @@ def _validate_email(e: EmailSettings) -> None:
     if control or not (at and local and domain and " " not in address):
         raise ConfigError("EMAIL_FROM", "must be an e-mail address, e.g. "
                           f"'Acme <no-reply@acme.example>', got {e.from_addr!r}")
-    if e.transport not in EMAIL_TRANSPORTS:
+    if e.transport is not None and e.transport not in EMAIL_TRANSPORTS:
         raise ConfigError(
             "EMAIL_TRANSPORT", f"must be resend, sendgrid or smtp, got {e.transport!r}"
         )

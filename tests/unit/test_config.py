@@ -180,6 +180,11 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         ({"TWILIO_ACCOUNT_SID": "AC1", "TWILIO_AUTH_TOKEN": "t",
           "NOTIFKIT_SIMULATOR_URL": "http://sim:8025"}, "TWILIO_FROM"),
         ({"TWILIO_BASE_URL": "ftp://twilio"}, "TWILIO_BASE_URL"),
+        # With no e-mail transport configured these went unchecked (TWILIO_BASE_URL and the
+        # other providers' are checked either way): the process started on a malformed value.
+        ({"RESEND_BASE_URL": "resend.local"}, "RESEND_BASE_URL"),
+        ({"SENDGRID_BASE_URL": "0"}, "SENDGRID_BASE_URL"),
+        ({"EMAIL_FROM": "no-reply"}, "EMAIL_FROM"),
         ({"FCM_PROJECT_ID": "p"}, "FCM_ACCESS_TOKEN"),
         # Push credentials without the project they belong to were ignored without a word
         # (with the simulators configured, push quietly went there instead).
