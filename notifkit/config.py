@@ -717,10 +717,23 @@ def _check_redis_options(value: str) -> None:
     from redis.exceptions import RedisError
 
     try:
-        ConnectionPool.from_url(value).make_connection()  # type: ignore[no-untyped-call]
+        connection = ConnectionPool.from_url(value).make_connection()  # type: ignore[no-untyped-call]
     except (ValueError, TypeError, RedisError) as exc:
         raise ConfigError("REDIS_URL", f"has an option the client cannot use ({exc}): "
                           f"{value!r}") from None
+    # The client takes any float for these and fails only at the first command, with a
+    # timeout that reads as a slow Redis, or with an error naming no setting (NaN).
+    for option, least, inclusive in (("socket_timeout", 0.0, False),
+                                     ("socket_connect_timeout", 0.0, False),
+                                     ("health_check_interval", 0.0, True)):
+        given = getattr(connection, option, None)
+        if given is None:
+            continue
+        seconds = float(given)
+        if math.isnan(seconds) or seconds < least or (seconds == least and not inclusive):
+            bound = "0 or more" if inclusive else "more than 0"
+            raise ConfigError("REDIS_URL", f"{option} must be a number of seconds ({bound}), "
+                              f"got {given!r}: {value!r}")
 
 
 PROVIDERS: Final = ("resend", "sendgrid", "smtp", "twilio", "fcm", "webhook", "openai")

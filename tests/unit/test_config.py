@@ -153,6 +153,15 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         ({"REDIS_URL": "redis://127.0.0.1:6379/0?no_such_option=1"}, "REDIS_URL"),
         ({"REDIS_URL": "rediss://127.0.0.1:6379/0?ssl_cert_reqs=junk"}, "REDIS_URL"),
         ({"REDIS_URL": "unix:///tmp/redis.sock?protocol=9"}, "REDIS_URL"),
+        # The client takes these, then fails its first command: "cannot convert float NaN to
+        # integer" naming no setting, or a timeout (status 1) as if Redis were slow.
+        ({"REDIS_URL": "redis://127.0.0.1:6379/0?socket_timeout=nan"}, "REDIS_URL"),
+        ({"REDIS_URL": "redis://127.0.0.1:6379/0?socket_timeout=-1"}, "REDIS_URL"),
+        ({"REDIS_URL": "redis://127.0.0.1:6379/0?socket_timeout=0"}, "REDIS_URL"),
+        ({"REDIS_URL": "redis://127.0.0.1:6379/0?socket_connect_timeout=0"}, "REDIS_URL"),
+        ({"REDIS_URL": "unix:///tmp/redis.sock?socket_connect_timeout=-2"}, "REDIS_URL"),
+        ({"REDIS_URL": "redis://127.0.0.1:6379/0?health_check_interval=-5"}, "REDIS_URL"),
+        ({"REDIS_URL": "redis://127.0.0.1:6379/0?health_check_interval=nan"}, "REDIS_URL"),
         ({"NOTIFKIT_NAMESPACE": "has space"}, "NOTIFKIT_NAMESPACE"),
         ({"AUTO_MIGRATE": "maybe"}, "AUTO_MIGRATE"),
         ({"WEBHOOK_ALLOW_PRIVATE_NETWORKS": "maybe"}, "WEBHOOK_ALLOW_PRIVATE_NETWORKS"),
@@ -224,6 +233,12 @@ def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) ->
         Settings.from_env(env)
     assert caught.value.variable == variable
     assert str(caught.value).startswith(f"{variable}: ")
+
+
+def test_redis_timeouts_that_work_are_kept() -> None:
+    url = ("redis://127.0.0.1:6379/0?socket_timeout=2.5&socket_connect_timeout=1"
+           "&health_check_interval=0")
+    assert Settings.from_env({"REDIS_URL": url}).redis_url == url
 
 
 def test_provider_rates_keep_zero_and_small_sane_rates() -> None:
