@@ -813,6 +813,10 @@ def _validate(s: Settings) -> None:
         # pg_toast are its own.
         raise ConfigError("DB_SCHEMA", f"must not start with pg_ (PostgreSQL reserves it), "
                           f"got {s.db_schema!r}")
+    if s.db_schema == "information_schema":
+        # PostgreSQL's own too: a superuser may create tables in it, but pg_dump leaves the
+        # schema out, so a backup would hold none of notifkit's data.
+        raise ConfigError("DB_SCHEMA", "must not be information_schema (PostgreSQL's own)")
     if not math.isfinite(s.api_rate_per_second):
         raise ConfigError("API_RATE_PER_SECOND",
                           f"must be a finite number, got {s.api_rate_per_second}")

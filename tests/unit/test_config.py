@@ -141,6 +141,8 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         ({"WORKER_CONCURRENCY": "99999999999999999999999"}, "WORKER_CONCURRENCY"),
         ({"DB_SCHEMA": "pg_catalog"}, "DB_SCHEMA"),
         ({"DB_SCHEMA": "pg_notifkit"}, "DB_SCHEMA"),
+        # PostgreSQL's own, which pg_dump leaves out: a backup would hold none of the data.
+        ({"DB_SCHEMA": "information_schema"}, "DB_SCHEMA"),
         # urlsplit raises on an unclosed IPv6 bracket; that was a traceback, not a message.
         ({"REDIS_URL": "redis://[::1"}, "REDIS_URL"),
         ({"REDIS_URL": "unix://[sock"}, "REDIS_URL"),
