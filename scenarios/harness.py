@@ -110,6 +110,21 @@ def fault_hits(log_text: str, kind: str) -> list[FaultHit]:
     return hits
 
 
+def idempotent_replays(log_text: str) -> Counter[tuple[str, str]]:
+    """``(provider, idempotency key)`` -> how many requests the simulators answered from their
+    idempotency cache, from their text log: a task handed to such a provider again shows here,
+    never as a second acceptance."""
+    import re
+
+    line_re = re.compile(r" (\w+) idempotent replay of key (\S+); nothing sent again\.$")
+    replays: Counter[tuple[str, str]] = Counter()
+    for line in log_text.splitlines():
+        match = line_re.search(line.strip())
+        if match:
+            replays[(match.group(1), match.group(2))] += 1
+    return replays
+
+
 class System:
     """Owns every process, connection and namespace of one scenario run."""
 
@@ -537,6 +552,20 @@ class System:
             "SELECT DISTINCT task_id FROM message_logs WHERE project_id = $1 "
             "AND event_id = $2::uuid AND channel <> ''", self.project_id, event_id)
         return [r["task_id"] for r in rows]
+
+    async def replayed_tasks(self, provider: str) -> Counter[str]:
+        """task id -> how often ``provider`` answered a repeat of the task from its idempotency
+        cache (nothing sent again, so no acceptCount shows it)."""
+        replays = idempotent_replays(
+            self.processes["simulators"].log_path.read_text(errors="replace"))
+        task_of = {str(m.get("idempotencyKey")): str(m.get("taskId"))
+                   for m in await self.sim.messages(provider=provider, limit=SIM_MAX_MESSAGES)
+                   if m.get("idempotencyKey") and m.get("taskId")}
+        out: Counter[str] = Counter()
+        for (name, key), count in replays.items():
+            if name == provider:
+                out[task_of.get(key, f"? (key {key})")] += count
+        return out
 
     def simulator_faults(self, kind: str) -> list[FaultHit]:
         """Every request the simulators answered with a ``kind`` fault, from their log (the

@@ -12,8 +12,9 @@ from scenarios.backpressure import memory_followed_backlog
 from scenarios.crash_reclaim import not_reclaimed_by_survivor
 from scenarios.duplicate_send import per_task_mismatches
 from scenarios.fallback_chain import chain_ends_not_shown
-from scenarios.harness import NOTHING_ACCEPTED, RunOptions, System
+from scenarios.harness import NOTHING_ACCEPTED, RunOptions, System, idempotent_replays
 from scenarios.report import ScenarioResult
+from scenarios.scheduler_failover import sent_more_than_once
 
 
 def test_backpressure_watches_every_process_not_only_delivery() -> None:
@@ -95,3 +96,20 @@ def test_accounting_for_nothing_accepted_is_a_violation(tmp_path: Path) -> None:
 
     assert result.violations == [NOTHING_ACCEPTED]
     assert not result.ok
+
+
+def test_scheduler_failover_sees_a_task_resend_answered_from_its_idempotency_cache() -> None:
+    # Resend accepts a task once however often it is handed over with the same key: a task
+    # the scheduler moved twice showed acceptCount 1, and "every task sent once" held.
+    log = ("2026-12-03 16:30:01,123 INFO simulators: resend accepted message m1 to=a@x "
+           "task_id=t1 accept_count=1.\n"
+           "2026-12-03 16:30:01,456 INFO simulators: resend idempotent replay of key t1; "
+           "nothing sent again.\n")
+    replays = idempotent_replays(log)
+    replayed = Counter({"t1": replays[("resend", "t1")]})
+
+    twice = sent_more_than_once({"e1": 1, "e2": 1}, replayed, {"t1": "e1", "t2": "e2"})
+
+    assert twice == ["e1"]
+    assert sent_more_than_once({"e1": 1, "e2": 2}, Counter(), {}) == ["e2"]
+
