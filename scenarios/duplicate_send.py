@@ -62,11 +62,20 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
             result.check(lost > 0, f"{provider}: no response was lost; raise probability")
             if extra_total:
                 result.duplicates[f"{provider}: lost response"] += extra_total
+            lost_by_task = Counter(hit.task_id for hit in system.simulator_faults(
+                "lost_response") if hit.provider == provider)
             if provider == "resend":
                 for task_id, extra in dupes.items():
                     result.check(False, f"resend accepted task {task_id} (notification "
                                         f"{await system.event_of_task(task_id)}) {extra + 1} "
                                         "times despite its idempotency key")
+                # No duplicate proves the key only if the task was sent again: each lost
+                # answer's retry must reach Resend and be answered from its idempotency cache.
+                replayed = await system.replayed_tasks(provider)
+                result.facts[provider]["answered_from_idempotency_cache"] = sum(
+                    replayed.values())
+                for problem in lost_answers_not_retried(lost_by_task, replayed):
+                    result.check(False, f"resend: {problem}")
             else:
                 result.check(extra_total == lost,
                              f"twilio: {lost} lost responses but {extra_total} duplicates "
@@ -79,8 +88,6 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
                 # Exactly, task by task: equal totals could hide a task sent once too often
                 # beside one whose lost answer was never resent. And each duplicate is visible
                 # in the log: one failed attempt whose answer never came per extra copy.
-                lost_by_task = Counter(hit.task_id for hit in system.simulator_faults(
-                    "lost_response") if hit.provider == provider)
                 unanswered = await system.unanswered_attempts(sorted(set(dupes)))
                 for problem in per_task_mismatches(dupes, lost_by_task, unanswered):
                     result.check(False, f"twilio: {problem}")
@@ -119,3 +126,13 @@ def per_task_mismatches(dupes: dict[str, int], lost_by_task: Counter[str],
             problems.append(f"task {task_id}: {extra} duplicate(s) but its timeline shows "
                             f"{unanswered.get(task_id, 0)} attempt(s) whose answer was lost")
     return problems
+
+
+def lost_answers_not_retried(lost_by_task: Counter[str], replayed: Counter[str]) -> list[str]:
+    """Tasks a provider with idempotency keys lost answers for that were not sent again as
+    often (each retry answered from its cache): without the retry, "no duplicate" shows
+    nothing about the key."""
+    return [f"task {task_id}: {lost} lost response(s) but {replayed.get(task_id, 0)} "
+            "retry(s) answered from the idempotency cache"
+            for task_id, lost in sorted(lost_by_task.items())
+            if replayed.get(task_id, 0) < lost]

@@ -10,7 +10,7 @@ from typing import Any
 
 from scenarios.backpressure import memory_followed_backlog
 from scenarios.crash_reclaim import not_reclaimed_by_survivor
-from scenarios.duplicate_send import per_task_mismatches
+from scenarios.duplicate_send import lost_answers_not_retried, per_task_mismatches
 from scenarios.fallback_chain import chain_ends_not_shown
 from scenarios.harness import NOTHING_ACCEPTED, RunOptions, System, idempotent_replays
 from scenarios.report import ScenarioResult
@@ -113,3 +113,12 @@ def test_scheduler_failover_sees_a_task_resend_answered_from_its_idempotency_cac
     assert twice == ["e1"]
     assert sent_more_than_once({"e1": 1, "e2": 2}, Counter(), {}) == ["e2"]
 
+
+def test_duplicate_send_wants_each_lost_resend_answer_retried_under_its_key() -> None:
+    # A task never sent again after its answer was lost cannot be sent twice: no duplicate
+    # from Resend would then say nothing about its idempotency key.
+    lost = Counter({"t1": 1, "t2": 2})
+
+    assert lost_answers_not_retried(lost, Counter({"t1": 1, "t2": 1})) == [
+        "task t2: 2 lost response(s) but 1 retry(s) answered from the idempotency cache"]
+    assert lost_answers_not_retried(lost, Counter({"t1": 1, "t2": 2})) == []
