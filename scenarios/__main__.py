@@ -34,8 +34,10 @@ COMMANDS = ("list", "run")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] not in COMMANDS and not args[0].startswith("-"):
-        args.insert(0, "run")  # ``python -m scenarios NAME``: run is the default command
+    if args and args[0] not in COMMANDS and args[0] not in ("-h", "--help"):
+        # ``python -m scenarios NAME``: run is the default command, options first or not
+        # (``--seed 3 NAME`` was refused as an invalid command '3').
+        args.insert(0, "run")
     # One line naming what is wrong, as for notifkit and the simulators, not a usage block.
     parser = OneLineParser(prog="python -m scenarios", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)

@@ -35,6 +35,13 @@ def test_options_follow_a_bare_name() -> None:
         "run", ["provider_outage"], 7, ["outage_s=6"])
 
 
+def test_options_may_come_before_a_bare_name() -> None:
+    # "--seed 3 malformed" was refused as "invalid choice: '3'", naming neither option.
+    args = parse_args(["--seed", "3", "--json", "out.json", "malformed"])
+    assert (args.command, args.names, args.seed, args.json) == (
+        "run", ["malformed"], 3, Path("out.json"))
+
+
 def test_list_is_still_a_command() -> None:
     assert parse_args(["list"]).command == "list"
 
@@ -63,6 +70,10 @@ def test_an_unknown_bare_name_is_refused_without_running_anything() -> None:
         (["malformed", "--seed", "abc"], "argument --seed: expected a non-negative integer, "
                                          "got 'abc'"),
         (["malformed", "--bogus"], "unrecognized arguments: --bogus"),
+        # A bad option first was answered "the following arguments are required: command".
+        (["--bogus", "malformed"], "unrecognized arguments: --bogus"),
+        (["--seed", "abc", "malformed"], "argument --seed: expected a non-negative integer, "
+                                         "got 'abc'"),
         (["run"], "the following arguments are required: NAME"),
         (["list", "extra"], "unrecognized arguments: extra"),
     ],
