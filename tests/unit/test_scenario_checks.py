@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from scenarios.backpressure import memory_followed_backlog
+from scenarios.backpressure import dropped, memory_followed_backlog
 from scenarios.crash_reclaim import not_reclaimed_by_survivor
 from scenarios.duplicate_send import lost_answers_not_retried, per_task_mismatches
 from scenarios.fallback_chain import chain_ends_not_shown
@@ -122,3 +122,13 @@ def test_duplicate_send_wants_each_lost_resend_answer_retried_under_its_key() ->
     assert lost_answers_not_retried(lost, Counter({"t1": 1, "t2": 1})) == [
         "task t2: 2 lost response(s) but 1 retry(s) answered from the idempotency cache"]
     assert lost_answers_not_retried(lost, Counter({"t1": 1, "t2": 2})) == []
+
+
+def test_backpressure_calls_a_dead_lettered_notification_dropped() -> None:
+    # A DLQ entry is not lost by the accounting's rule, so "nothing dropped" passed with one.
+    result = ScenarioResult("backpressure", 1, accepted=100, delivered=99, dead_lettered=1)
+
+    assert dropped(result, 100) == [
+        "1 notifications were dead-lettered under a slow provider that failed no send"]
+    assert dropped(ScenarioResult("backpressure", 1, accepted=99, delivered=99), 100) == [
+        "only 99 of 100 sends were accepted"]
