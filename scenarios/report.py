@@ -37,6 +37,12 @@ class ScenarioResult:
         if not condition:
             self.violations.append(violation)
 
+    def check_none_dead_lettered(self, because: str) -> None:
+        """A dead-lettered notification is not lost by the accounting's rule: where nothing
+        ``because`` says could fail a send, one is given up on, and a violation."""
+        self.check(not self.dead_lettered,
+                   f"{self.dead_lettered} notification(s) dead-lettered, though {because}")
+
     def percentile(self, q: float) -> float | None:
         if not self.latencies_s:
             return None

@@ -132,3 +132,16 @@ def test_backpressure_calls_a_dead_lettered_notification_dropped() -> None:
         "1 notifications were dead-lettered under a slow provider that failed no send"]
     assert dropped(ScenarioResult("backpressure", 1, accepted=99, delivered=99), 100) == [
         "only 99 of 100 sends were accepted"]
+
+
+def test_a_dead_lettered_notification_fails_a_run_where_nothing_could_fail_a_send() -> None:
+    # crash_reclaim and redis_restart checked 0 lost, and a DLQ entry is not lost.
+    result = ScenarioResult("crash_reclaim", 1, accepted=10, delivered=9, dead_lettered=1)
+
+    result.check_none_dead_lettered("only processes crashed")
+
+    assert result.violations == ["1 notification(s) dead-lettered, though only processes "
+                                 "crashed"]
+    clean = ScenarioResult("crash_reclaim", 1, accepted=10, delivered=10)
+    clean.check_none_dead_lettered("only processes crashed")
+    assert clean.ok
