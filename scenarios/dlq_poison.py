@@ -148,10 +148,17 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
             result.check(not waiting, f"the replay never drained: {waiting}")
             task_ids = await system.task_ids_of_event(poison.event_id)
             copies = [m for t in task_ids for m in await system.sim.messages(task_id=t)]
-            result.check(len(copies) == 1,
+            # Resend accepts a task once however often it gets it under the same key: a
+            # replay that sent it twice shows only as an answer from its idempotency cache
+            # (less a retry after an answer that never came).
+            again = await system.replayed_tasks("resend")
+            again -= await system.unanswered_attempts(task_ids)
+            sends = len(copies) + sum(again[t] for t in task_ids)
+            result.check(sends == 1,
                          f"the replayed notification {poison.event_id} reached resend "
-                         f"{len(copies)} times, expected once")
-            result.facts["replayed_deliveries"] = len(copies)
+                         f"{sends} times ({len(copies)} accepted, the rest answered from its "
+                         "idempotency cache), expected once")
+            result.facts["replayed_deliveries"] = sends
         await system.account(sent, result)
         system.check_alive(result, LAYOUT)
     return result
