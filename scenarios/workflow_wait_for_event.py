@@ -128,6 +128,12 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
             got.setdefault(str(message.get("to")), []).append(subject)
         duplicates = await system.duplicates()
         result.check(not duplicates, f"tasks accepted more than once: {list(duplicates)[:10]}")
+        # Resend accepts a task once however often it gets it under the same key: a step
+        # whose send went out twice shows only as an answer from its idempotency cache.
+        replayed = await system.replayed_tasks("resend")
+        replayed -= await system.unanswered_attempts(list(replayed))
+        result.check(not replayed, "tasks sent again and answered from Resend's idempotency "
+                                   f"cache: {sorted(replayed)[:10]}")
         sent: list[Sent] = []
         for index, user in enumerate(users):
             address = f"user{index}@example.com"
