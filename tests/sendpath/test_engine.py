@@ -141,6 +141,27 @@ async def test_the_fallback_chain_sends_the_first_available_channel_only(
     assert skipped == [("nopush", "push", "no contact")]
 
 
+async def test_a_task_carries_only_the_chain_channels_it_could_fall_back_to(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    # Given a chain push -> sms -> email, a user reachable by push alone and one by push and
+    # e-mail: a channel the user cannot be reached on is no fallback, so a 5xx on the last
+    # reachable channel goes to the retry cycle instead of ending the send as failed
+    await add_user(db, project, "pushonly", contacts=[("push", "tok-a")])
+    await add_user(db, project, "pushmail", contacts=[("push", "tok-b"), ("email", "b@x.io")])
+    await add_template(db, project, "alert", {"push": PUSH, "sms": SMS, "email": EMAIL},
+                       fallback=["push", "sms", "email"])
+    stages = await pipeline(services)
+
+    await send(redis, keys, db, project, "alert", ["pushonly", "pushmail"], data={"amount": "5"})
+    await drain(*stages)
+
+    tasks = {t["userId"]: t for t in await entries(redis, keys.outbound("normal"))}
+    assert sorted(tasks) == ["pushmail", "pushonly"]
+    assert "fallback" not in tasks["pushonly"]
+    assert tasks["pushmail"]["fallback"]["chain"] == ["email"]
+
+
 async def test_a_channel_without_template_content_gets_generic_content(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
 ) -> None:

@@ -7,7 +7,8 @@ template and the suppression list.
 
 The fallback chain (the template's ``fallback`` list) is tried in order: of the requested
 channels that are in the chain, only the first available one is sent on, and its task carries
-the rest of the chain so delivery can go on to the next channel if the provider fails. The
+the rest of the chain's available channels so delivery can go on to the next one if the
+provider fails (none left: the failure goes to the retry cycle). The
 requested channels outside the chain are sent on independently. An unavailable channel is a
 decision too (skipped or suppressed, with the reason) and ends up on the timeline.
 """
@@ -61,8 +62,12 @@ def decide(
     for index, channel in enumerate(chain):
         decision = _availability(message, template, channel, suppressed)
         if decision.send:
-            decisions.append(Decision(channel, True, decision.destinations,
-                                      chain=chain[index + 1:]))
+            # Only the channels the user can be reached on now: with none left, a provider's
+            # 5xx on this one goes to the retry cycle rather than to a fallback that is bound
+            # to end skipped, leaving the send failed after one attempt (CONTRACT §5).
+            rest = [c for c in chain[index + 1:]
+                    if _availability(message, template, c, suppressed).send]
+            decisions.append(Decision(channel, True, decision.destinations, chain=rest))
             break
         decisions.append(decision)
     return decisions
