@@ -528,14 +528,16 @@ async def test_a_filter_no_send_could_have_used_is_a_400_naming_it(
 ) -> None:
     """Given the message log, when a client filters on a user id a send refuses (white space
     at its ends, an invisible or control character, '..') or on a campaignId of white space
-    alone, then it gets a 400 naming the parameter, as that value gets in a send's body, not
-    an empty page that reads as 'no messages'; a user id with inner spaces still filters."""
+    alone or holding a control character, then it gets a 400 naming the parameter, as that
+    value gets in a send's body, not an empty page that reads as 'no messages'; a user id
+    with inner spaces still filters."""
     event = str(uuid.uuid4())
     await log(db, project.id, event, "t1", "ada lovelace", "email", "sent", "sent",
               "2030-01-01T00:00:01Z")
     for query, field in (("userId=%20u1", "userId"), ("userId=u1%09", "userId"),
                          ("userId=a%E2%80%8Bb", "userId"), ("userId=..", "userId"),
-                         ("campaignId=%20", "campaignId"), ("campaignId=%09%20", "campaignId")):
+                         ("campaignId=%20", "campaignId"), ("campaignId=%09%20", "campaignId"),
+                         ("campaignId=a%09b", "campaignId"), ("campaignId=c%C2%851", "campaignId")):
         reply = await api.call("GET", f"/v1/messages?{query}", key=project.full)
         assert (reply.status, reply.fields) == (400, [field]), (query, reply.body)
     inner = await api.call("GET", "/v1/messages?userId=ada%20lovelace", key=project.full)
