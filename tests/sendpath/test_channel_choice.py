@@ -65,6 +65,10 @@ def test_decisions_respect_every_no(
         if d.channel != "inapp":
             assert set(d.destinations) <= set(message["contacts"].get(d.channel, []))
         assert set(d.chain) <= set(template.fallback) - {d.channel}
+        for later in d.chain:  # a fallback the user cannot be reached on would only be skipped
+            assert prefs["channels"].get(later) is not False
+            assert later == "inapp" or any((later, t) not in suppressed
+                                           for t in message["contacts"].get(later, []))
     for d in decisions:
         if not d.send:
             assert d.kind in (Kind.SKIPPED, Kind.SUPPRESSED)
