@@ -204,8 +204,15 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(live: LiveAp
             except Unsatisfiable:
                 continue  # nothing to negate (no parameters, no body)
             except Exception as exc:  # one report per failing operation, then carry on
-                failures.append(f"{operation.label} [{mode.value}]: {exc}")
+                failures.append(f"{operation.label} [{mode.value}]: {_described(exc)}")
     assert not failures, "\n\n".join(failures)
+
+
+def _described(exc: Exception) -> str:
+    """The failure and, for Hypothesis's "inconsistent results", what failed the first time."""
+    if isinstance(exc, ExceptionGroup):
+        return "; ".join([str(exc), *(f"{type(e).__name__}: {e}" for e in exc.exceptions)])
+    return str(exc)
 
 
 def _fuzz(operation: Any, mode: GenerationMode, base_url: str, headers: dict[str, str],
