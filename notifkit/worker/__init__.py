@@ -40,7 +40,12 @@ from notifkit.worker.entry import (
     failed_event,
     payload_user,
 )
-from notifkit.worker.health import consumer_name, heartbeat_failure, write_heartbeat
+from notifkit.worker.health import (
+    consumer_name,
+    heartbeat_failure,
+    remove_heartbeat,
+    write_heartbeat,
+)
 from notifkit.worker.outage import Dependency, Outage
 from notifkit.worker.reading import is_nogroup
 from notifkit.worker.stream_worker import PRIORITY_RESERVE_DIVISOR, StreamWorker, WorkerStats
@@ -51,5 +56,5 @@ __all__ = [
     "WorkerStats", "attempts_before",
     "attempts_made", "batch_stream", "consumer_name", "failed_event", "heartbeat_failure",
     "is_nogroup",
-    "payload_user", "write_heartbeat",
+    "payload_user", "remove_heartbeat", "write_heartbeat",
 ]

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 
 from notifkit import codec
 from notifkit.keys import Keys
@@ -44,3 +46,25 @@ async def write_heartbeat(redis: Redis, keys: Keys, consumer: str, beat: Mapping
     writes.set(keys.health(consumer), codec.dumps(beat), ex=ttl_s)
     writes.zadd(keys.heartbeats, {consumer: time.time()})
     await writes.execute()
+
+
+async def remove_heartbeat(redis: Redis, keys: Keys, consumer: str) -> None:
+    """Take the consumer off /health on a clean stop; a Redis that cannot be reached leaves
+    the key to expire.
+
+    Tried twice: a pooled connection the server closed since its last use (a restart, a
+    failover, a dropped proxy) fails the first command sent on it, and redis-py discards it,
+    so one removal alone left a cleanly stopped process listed, stale, and /health degraded
+    until its key expired."""
+    for last in (False, True):
+        try:
+            gone = redis.pipeline(transaction=True)
+            gone.delete(keys.health(consumer))
+            gone.zrem(keys.heartbeats, consumer)
+            await gone.execute()
+            return
+        except RedisConnectionError:
+            if last:
+                return
+        except (RedisError, OSError):
+            return

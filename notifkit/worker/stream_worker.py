@@ -38,7 +38,12 @@ from notifkit.worker.entry import (
     failed_event,
     log_fields,
 )
-from notifkit.worker.health import consumer_name, heartbeat_failure, write_heartbeat
+from notifkit.worker.health import (
+    consumer_name,
+    heartbeat_failure,
+    remove_heartbeat,
+    write_heartbeat,
+)
 from notifkit.worker.outage import PROBE_FIRST_S, Dependency, Outage
 from notifkit.worker.reading import entries_of, is_nogroup
 
@@ -218,11 +223,7 @@ class StreamWorker:
                 for task in pending:
                     task.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
-        with contextlib.suppress(RedisError):
-            gone = self.redis.pipeline(transaction=True)
-            gone.delete(self.keys.health(self.consumer))
-            gone.zrem(self.keys.heartbeats, self.consumer)
-            await gone.execute()
+        await remove_heartbeat(self.redis, self.keys, self.consumer)
         for stream in self.streams:  # one call per stream: each may live in its own slot
             with contextlib.suppress(RedisError, OSError):
                 await self._forget(keys=[stream], args=[self.group, self.consumer])

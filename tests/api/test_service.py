@@ -85,6 +85,25 @@ async def test_a_running_api_beats_with_the_requests_it_is_answering(
     assert await redis.zscore(keys.heartbeats, service.consumer) is None
 
 
+
+async def test_a_clean_stop_after_a_redis_blip_still_takes_the_heartbeat(
+    settings: Settings, redis: Redis
+) -> None:
+    """Given a running API whose pooled Redis connection was closed by the server (a restart,
+    a failover, a proxy that dropped it), when it stops cleanly, then its heartbeat still
+    goes: the stale connection failed the one removal, /health then listed the stopped
+    process as stale and answered degraded until its key expired."""
+    service = ApiService(settings.replace(port=0, host="127.0.0.1"))
+    await service.start()
+    keys = Keys(settings.namespace)
+    try:
+        assert await redis.zscore(keys.heartbeats, service.consumer) is not None
+        await redis.client_kill_filter(_id=str(await service.redis.client_id()))
+    finally:
+        await service.stop()
+    assert await redis.exists(keys.health(service.consumer)) == 0
+    assert await redis.zscore(keys.heartbeats, service.consumer) is None
+
 # Requests aiohttp's parser refuses before any handler runs, and the part each names. curl
 # sends a URL's non-ASCII characters as raw bytes, so the first is a mistake anyone can make.
 UNPARSEABLE = [

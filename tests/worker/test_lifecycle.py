@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from notifkit.keys import Keys
-from notifkit.worker import Entry, consumer_name
+from notifkit.worker import Entry, consumer_name, remove_heartbeat, write_heartbeat
 from tests.support.waiting import until
 
 if TYPE_CHECKING:
@@ -271,3 +271,20 @@ async def test_a_failing_heartbeat_writes_the_same_warning_each_time(
     assert failures()[0] == ("Heartbeat failed (WRONGTYPE Operation against a key holding the "
                              "wrong kind of value); trying again.")
     await redis.delete(keys.heartbeats)
+
+
+async def test_removing_a_heartbeat_survives_a_connection_the_server_closed(
+    redis: Redis, redis_url: str, keys: Keys,
+) -> None:
+    """A worker stopping cleanly after a Redis blip (its pooled connection closed by the
+    server) still leaves /health: the first command on the stale connection fails, and one
+    removal alone left the stopped worker listed, stale, until its key expired."""
+    own = Redis.from_url(redis_url)
+    try:
+        await write_heartbeat(own, keys, "delivery-host-9", {"service": "delivery"}, 30)
+        await redis.client_kill_filter(_id=str(await own.client_id()))
+        await remove_heartbeat(own, keys, "delivery-host-9")
+    finally:
+        await own.aclose()
+    assert await redis.exists(keys.health("delivery-host-9")) == 0
+    assert await redis.zscore(keys.heartbeats, "delivery-host-9") is None

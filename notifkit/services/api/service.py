@@ -27,7 +27,12 @@ from notifkit.services.api.errors import ApiRunner
 from notifkit.services.api.state import IN_FLIGHT
 from notifkit.services.base import Service
 from notifkit.tasks import cancel_and_wait
-from notifkit.worker import consumer_name, heartbeat_failure, write_heartbeat
+from notifkit.worker import (
+    consumer_name,
+    heartbeat_failure,
+    remove_heartbeat,
+    write_heartbeat,
+)
 
 log = logging.getLogger("notifkit.api")
 
@@ -104,11 +109,7 @@ class ApiService(Service):
         if self._heartbeat is not None:
             await cancel_and_wait(self._heartbeat)
             self._heartbeat = None
-            with contextlib.suppress(RedisError, OSError):
-                gone = self.redis.pipeline(transaction=True)
-                gone.delete(self.keys.health(self.consumer))
-                gone.zrem(self.keys.heartbeats, self.consumer)
-                await gone.execute()
+            await remove_heartbeat(self.redis, self.keys, self.consumer)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
