@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -52,10 +53,11 @@ async def remove_heartbeat(redis: Redis, keys: Keys, consumer: str) -> None:
     """Take the consumer off /health on a clean stop; a Redis that cannot be reached leaves
     the key to expire.
 
-    Tried twice: a pooled connection the server closed since its last use (a restart, a
-    failover, a dropped proxy) fails the first command sent on it, and redis-py discards it,
-    so one removal alone left a cleanly stopped process listed, stale, and /health degraded
-    until its key expired."""
+    Tried twice: a pooled connection the server closed without the client noticing yet (a
+    restart, a failover) fails the first command sent on it, and so may the pool's other idle
+    ones, so one removal alone left a cleanly stopped process listed, stale, and /health
+    degraded (for an hour, if it was its service's last process). The second try runs on a
+    fresh connection."""
     for last in (False, True):
         try:
             gone = redis.pipeline(transaction=True)
@@ -66,5 +68,8 @@ async def remove_heartbeat(redis: Redis, keys: Keys, consumer: str) -> None:
         except RedisConnectionError:
             if last:
                 return
+            # Idle connections only: requests still being answered keep theirs.
+            with contextlib.suppress(RedisError, OSError):
+                await redis.connection_pool.disconnect(inuse_connections=False)
         except (RedisError, OSError):
             return

@@ -276,13 +276,16 @@ async def test_a_failing_heartbeat_writes_the_same_warning_each_time(
 async def test_removing_a_heartbeat_survives_a_connection_the_server_closed(
     redis: Redis, redis_url: str, keys: Keys,
 ) -> None:
-    """A worker stopping cleanly after a Redis blip (its pooled connection closed by the
+    """A worker stopping cleanly after a Redis blip (its pooled connections closed by the
     server) still leaves /health: the first command on the stale connection fails, and one
     removal alone left the stopped worker listed, stale, until its key expired."""
     own = Redis.from_url(redis_url)
     try:
         await write_heartbeat(own, keys, "delivery-host-9", {"service": "delivery"}, 30)
-        await redis.client_kill_filter(_id=str(await own.client_id()))
+        ids = set(await asyncio.gather(*(own.client_id() for _ in range(4))))
+        assert len(ids) > 1
+        for client_id in ids:
+            await redis.client_kill_filter(_id=str(client_id))
         await remove_heartbeat(own, keys, "delivery-host-9")
     finally:
         await own.aclose()
