@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -28,7 +28,9 @@ from notifkit.config import (
 )
 from notifkit.keys import Keys
 from notifkit.log import service_context
+from notifkit.messages import CHANNELS
 from notifkit.services.base import Service, open_redis
+from notifkit.transports.base import Transport
 
 log = logging.getLogger("notifkit.server")
 
@@ -59,7 +61,36 @@ def resolve_services(services: str | Iterable[str] | None) -> tuple[str, ...]:
         return SERVICES
     if isinstance(services, str):
         return parse_services(services, "services")
-    return parse_services(",".join(services), "services")
+    # Any other iterable of names; a bare number or bytes failed inside a join with a
+    # TypeError that named nothing.
+    if isinstance(services, (bytes, bytearray)) or not isinstance(services, Iterable):
+        raise ConfigError("services", f"must be a list of service names, got {services!r}")
+    names = list(services)
+    for name in names:
+        if not isinstance(name, str):
+            raise ConfigError("services", f"service names are strings, got {name!r}")
+    return parse_services(",".join(names), "services")
+
+
+def check_transports(transports: Sequence[Any] | None) -> list[Transport]:
+    """The transports given in code, refused before anything starts: checked only when the
+    delivery service started, after the schema was migrated (and never without it), and a
+    string was taken as one transport per character."""
+    if transports is None:
+        return []
+    if isinstance(transports, (str, bytes, bytearray, Mapping)) or not isinstance(
+            transports, Iterable):
+        raise ConfigError("transports", f"must be a list of transports, got {transports!r}")
+    checked: list[Transport] = []
+    for transport in transports:
+        if not isinstance(transport, Transport):
+            raise ConfigError("transports", f"{transport!r} is not a notifkit transport "
+                              "(channel, provider, idempotent, rate_per_s, open, close, send)")
+        if transport.channel not in CHANNELS:
+            raise ConfigError("transports", f"{transport!r} has channel "
+                              f"{transport.channel!r}; choose from {', '.join(CHANNELS)}")
+        checked.append(transport)
+    return checked
 
 
 class NotifkitServer:
@@ -88,7 +119,7 @@ class NotifkitServer:
         base = settings if settings is not None else Settings.from_env()
         chosen = resolve_services(services) if services is not None else base.services
         self.settings = base.replace(services=chosen, **overrides)
-        self.transports = list(transports or [])
+        self.transports = check_transports(transports)
         self.services: dict[str, Service] = {}
         self._started = False
         self._metrics_redis: Redis | None = None
