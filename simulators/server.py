@@ -14,6 +14,7 @@ import errno
 import json
 import logging
 import socket
+import sys
 from types import TracebackType
 from typing import Any
 
@@ -22,6 +23,7 @@ from aiohttp import web
 from notifkit.refusals import RefusingRunner
 from simulators.app import answer_refusal, create_app
 from simulators.client import Op, SimulatorControl
+from simulators.control import MAX_SEED
 from simulators.httplog import quiet_unparseable_requests
 from simulators.providers.smtp import TrackedSMTP, quiet_aiosmtpd_logs, smtp_factory
 from simulators.records import DEFAULT_MAX_MESSAGES
@@ -51,6 +53,13 @@ class ListenError(OSError):
         return str(self.strerror)
 
 
+def _check_int(name: str, value: object, least: int, most: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if not least <= value <= most:
+        raise ValueError(f"{name} must be {least}-{most}, got {value}")
+
+
 class SimulatorServer(SimulatorControl):
     def __init__(
         self,
@@ -62,6 +71,18 @@ class SimulatorServer(SimulatorControl):
         max_messages: int = DEFAULT_MAX_MESSAGES,
     ) -> None:
         """`port`/`smtp_port` 0 bind free ports; `smtp_port=None` runs no SMTP server."""
+        # Checked here, as the command line checks its options: a bad value surfaced only at
+        # start(), from deep inside asyncio (OverflowError, "Servname not supported"), or was
+        # taken silently (a string seed, a store of 0 messages).
+        if not isinstance(host, str):
+            raise TypeError(f"host must be a string, got {host!r}")
+        if not host.strip():
+            raise ValueError("host must not be empty (0.0.0.0 listens on every interface)")
+        _check_int("port", port, 0, 65535)
+        if smtp_port is not None:
+            _check_int("smtp_port", smtp_port, 0, 65535)
+        _check_int("seed", seed, 0, MAX_SEED)
+        _check_int("max_messages", max_messages, 1, sys.maxsize)
         self.settings = SimSettings(
             host=host,
             port=port,
@@ -91,6 +112,11 @@ class SimulatorServer(SimulatorControl):
         return f"http://{host}:{self.port}"
 
     async def start(self) -> None:
+        if self._runner is not None:
+            # Starting again bound a second pair of ports and lost the first, which stayed
+            # open after stop(); a nested `async with` would also stop it under the outer one.
+            raise RuntimeError(f"this SimulatorServer is already running at {self.base_url}; "
+                               "stop it first, or start another instance")
         runner = RefusingRunner(
             create_app(self.state), answer=answer_refusal, access_log=None,
             shutdown_timeout=SHUTDOWN_TIMEOUT_S, logger=quiet_unparseable_requests(),

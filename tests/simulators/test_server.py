@@ -58,3 +58,48 @@ async def test_stop_releases_held_requests_at_once(kind: str) -> None:
         assert loop.time() - started < 1.5
         with pytest.raises(aiohttp.ClientError):
             await asyncio.wait_for(held, 5)
+
+
+async def test_a_second_start_while_running_is_refused_and_the_first_keeps_serving() -> None:
+    # It bound a second pair of ports and lost the first runner, whose port stayed open
+    # after stop(); a nested `async with` then stopped the server under the outer block.
+    async with SimulatorServer() as sim:
+        port = sim.port
+        with pytest.raises(RuntimeError, match="already running"):
+            async with sim:
+                pass
+        assert sim.port == port
+        assert (await sim.health())["ok"] is True
+        async with aiohttp.ClientSession() as http, http.get(
+                f"{sim.base_url}/_sim/health") as response:
+            assert response.status == 200
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.ClientConnectionError):
+            await http.get(f"http://127.0.0.1:{port}/_sim/health")
+    async with sim:  # once stopped, it starts again
+        assert (await sim.health())["ok"] is True
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "named"),
+    [
+        ({"port": -1}, ValueError, "port"),
+        ({"port": 65536}, ValueError, "port"),
+        ({"port": "x"}, TypeError, "port"),
+        ({"port": True}, TypeError, "port"),
+        ({"smtp_port": 70000}, ValueError, "smtp_port"),
+        ({"smtp_port": 2.5}, TypeError, "smtp_port"),
+        ({"seed": "x"}, TypeError, "seed"),
+        ({"seed": -1}, ValueError, "seed"),
+        ({"seed": 2**64}, ValueError, "seed"),
+        ({"max_messages": 0}, ValueError, "max_messages"),
+        ({"max_messages": "10"}, TypeError, "max_messages"),
+        ({"host": 5}, TypeError, "host"),
+        ({"host": " "}, ValueError, "host"),
+    ],
+    ids=lambda value: repr(value) if isinstance(value, dict) else "",
+)
+def test_bad_arguments_are_refused_naming_them(
+        arguments: dict[str, object], error: type[Exception], named: str) -> None:
+    with pytest.raises(error, match=rf"^{named}\b"):
+        SimulatorServer(**arguments)  # type: ignore[arg-type]
