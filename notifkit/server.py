@@ -116,9 +116,14 @@ class NotifkitServer:
         ):
             if value is not None:
                 overrides[key] = value
-        base = settings if settings is not None else Settings.from_env()
-        chosen = resolve_services(services) if services is not None else base.services
-        self.settings = base.replace(services=chosen, **overrides)
+        if services is not None:
+            overrides["services"] = resolve_services(services)
+        if settings is None:
+            # Through from_env, so a value given here is derived from as its variable would be
+            # (NOTIFKIT_SIMULATOR_URL points the transports at the simulators, PORT the links).
+            self.settings = Settings.from_env(**overrides)
+        else:
+            self.settings = settings.replace(**overrides)
         self.transports = check_transports(transports)
         self.services: dict[str, Service] = {}
         self._started = False

@@ -5,6 +5,7 @@ character (a string of transports)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -51,3 +52,30 @@ def test_bad_transports_are_refused_naming_transports(transports: Any) -> None:
 def test_a_tuple_of_transports_is_taken() -> None:
     server = NotifkitServer(services=["api"], settings=Settings(), transports=())
     assert server.transports == []
+
+
+def _clear_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    prefixes = ("NOTIFKIT_", "EMAIL_", "RESEND_", "SENDGRID_", "SMTP_", "TWILIO_", "FCM_",
+                "OPENAI_", "PORT", "REDIS_URL", "DATABASE_URL", "DB_", "AUTO_MIGRATE")
+    for name in list(os.environ):
+        if name.startswith(prefixes):
+            monkeypatch.delenv(name)
+
+
+def test_settings_given_in_code_are_derived_as_from_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # NOTIFKIT_SIMULATOR_URL and PORT given as arguments were stored but not applied: no
+    # transport pointed at the simulators (every e-mail dead-lettered for want of one), and
+    # links still named port 8080.
+    _clear_environment(monkeypatch)
+    server = NotifkitServer(services=["delivery"], simulator_url="http://127.0.0.1:9",
+                            port=9123)
+    from_env = Settings.from_env({"NOTIFKIT_SIMULATOR_URL": "http://127.0.0.1:9",
+                                  "PORT": "9123"})
+    assert server.settings.email == from_env.email
+    assert server.settings.email.transport == "resend"
+    assert server.settings.email.resend_base_url == "http://127.0.0.1:9"
+    assert server.settings.sms == from_env.sms
+    assert server.settings.push.base_url == "http://127.0.0.1:9"
+    assert server.settings.public_url == "http://127.0.0.1:9123"
+    assert server.settings.services == ("delivery",)
