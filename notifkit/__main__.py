@@ -163,7 +163,7 @@ def describe_failure(exc: BaseException) -> str:
     if isinstance(exc, MigrationError):
         return f"DB_SCHEMA: {text}"
     if isinstance(exc, RedisError):
-        return f"REDIS_URL: cannot use Redis: {text}"
+        return text if text.startswith("REDIS_URL: ") else f"REDIS_URL: cannot use Redis: {text}"
     import asyncpg
 
     if isinstance(exc, asyncpg.UndefinedTableError):

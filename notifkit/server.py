@@ -17,6 +17,8 @@ from types import TracebackType
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 
 from notifkit import metrics_store
 from notifkit.config import (
@@ -215,10 +217,19 @@ class NotifkitServer:
         await self.stop()
 
 
+class RedisUnavailable(RedisConnectionError):
+    """Redis at ``REDIS_URL`` could not be reached at start. A redis ``ConnectionError``, so
+    callers that handle one keep doing so; the message names the setting, as PostgreSQL's
+    ``DatabaseUnavailable`` does."""
+
+
 async def _require_redis(settings: Settings) -> None:
     client = open_redis(settings, max_connections=1)
     try:
         await client.ping()
+    except (RedisError, OSError) as exc:
+        raise RedisUnavailable(
+            f"REDIS_URL: cannot connect to Redis: {exc or type(exc).__name__}") from exc
     finally:
         await client.aclose()
 

@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from notifkit.config import ConfigError, Settings
 from notifkit.server import NotifkitServer
@@ -79,3 +80,14 @@ def test_settings_given_in_code_are_derived_as_from_the_environment(
     assert server.settings.push.base_url == "http://127.0.0.1:9"
     assert server.settings.public_url == "http://127.0.0.1:9123"
     assert server.settings.services == ("delivery",)
+
+
+async def test_an_unreachable_redis_is_reported_naming_redis_url() -> None:
+    # PostgreSQL's was (DATABASE_URL: cannot connect ...); Redis's was redis-py's bare
+    # "Error 111 connecting to 127.0.0.1:1", naming no setting.
+    server = NotifkitServer(services=["api"], settings=Settings(),
+                            redis_url="redis://127.0.0.1:1/0", auto_migrate=False)
+    with pytest.raises(RedisConnectionError, match=r"^REDIS_URL: cannot connect to Redis"):
+        await server.start()
+    assert server.services == {}
+    await server.stop()
