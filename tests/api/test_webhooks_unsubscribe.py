@@ -392,3 +392,32 @@ async def test_a_link_of_a_project_that_is_gone_is_a_documented_404(api: Api) ->
         assert reply.status == 404
         assert reply.error["code"] == "project_not_found"
         assert "404" in paths[method.lower()]["responses"]
+
+
+async def test_a_token_given_twice_is_400_and_changes_nothing(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
+    # Given two valid links, of different users
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    mine = make_token(api.settings.secret, project.id, "u1", "email", None, "a@b.co")
+    theirs = make_token(api.settings.secret, project.id, "u2", "email", None, "c@d.co")
+    form_type = {"Content-Type": "application/x-www-form-urlencoded"}
+    # When a link names a token twice (which one counts depends on who reads it: a proxy or
+    # a mail scanner may take the last), or a one-click POST carries a second one in its form
+    for method, query in (("GET", f"token={mine}&token={theirs}"),
+                          ("GET", f"token={mine}&token={mine}"),
+                          ("POST", f"token={mine}&token={theirs}")):
+        one_click = method == "POST"
+        reply = await api.call(method, f"/v1/unsubscribe?{query}",
+                               data="List-Unsubscribe=One-Click" if one_click else None,
+                               headers=form_type if one_click else None)
+        # Then it is a 400 naming the token, as any query parameter given twice
+        assert reply.status == 400, (method, query)
+        assert reply.error["code"] == "invalid_token"
+        assert reply.error["details"][0]["field"] == "token"
+    form = await api.call("POST", f"/v1/unsubscribe?token={mine}",
+                          data=f"List-Unsubscribe=One-Click&token={theirs}", headers=form_type)
+    assert form.status == 400
+    # And nothing was turned off or suppressed
+    assert (await preferences(api, project))["channels"] == {}
+    assert await db.fetchval("SELECT count(*) FROM suppressions") == 0

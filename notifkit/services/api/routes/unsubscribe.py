@@ -9,6 +9,7 @@ nothing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from urllib.parse import parse_qs
 
@@ -35,7 +36,8 @@ TOKEN = Param("token", "query", {"type": "string", "minLength": 3, "maxLength": 
                                  "pattern": TOKEN_PATTERN},
               "The signed token from the unsubscribe link.", required=True)
 _RESULT: dict[int, Reply | Schema | None] = {200: ref("Unsubscribed"),
-           400: Reply(ref("Error"), "The token is missing, forged or altered; nothing changed."),
+           400: Reply(ref("Error"), "The token is missing, forged, altered or given "
+                                    "twice; nothing changed."),
            404: Reply(ref("Error"), "The token's project no longer exists; nothing changed.")}
 
 
@@ -45,9 +47,9 @@ async def unsubscribe_get(request: web.Request) -> web.Response:
     if request.method == "HEAD":
         # HEAD comes with GET but must change nothing (RFC 9110): link checkers and mail
         # scanners send it to see whether a link works, not to unsubscribe anyone.
-        _claims(request.app[SETTINGS].secret, request.query.get("token"))
+        _claims(request.app[SETTINGS].secret, _one_token(request.query.getall("token", [])))
         return web.Response(status=200, content_type="application/json")
-    return await _apply(request, request.query.get("token"))
+    return await _apply(request, _one_token(request.query.getall("token", [])))
 
 
 @ops.route("POST", "/v1/unsubscribe", "One-click unsubscribe (RFC 8058)", access="public",
@@ -58,14 +60,23 @@ async def unsubscribe_get(request: web.Request) -> web.Response:
            description="Mail clients POST 'List-Unsubscribe=One-Click' to the link from the "
                        "List-Unsubscribe header; the token may also come as a form field.")
 async def unsubscribe_post(request: web.Request) -> web.Response:
-    token = request.query.get("token")
-    if token is None:
+    tokens = request.query.getall("token", [])
+    if not tokens or request.content_type == "application/x-www-form-urlencoded":
         raw = await read_body(request)
-        try:
-            token = parse_qs(raw.decode("utf-8"), max_num_fields=20).get("token", [None])[0]
-        except (UnicodeDecodeError, ValueError):
-            token = None
-    return await _apply(request, token)
+        # A body that is no form names no token; the query's (or none) counts.
+        with contextlib.suppress(UnicodeDecodeError, ValueError):
+            tokens += parse_qs(raw.decode("utf-8"), max_num_fields=20).get("token", [])
+    return await _apply(request, _one_token(tokens))
+
+
+def _one_token(tokens: list[str]) -> str | None:
+    """A link naming two tokens is ambiguous: a proxy or mail scanner may read the last one
+    where this server would read the first, so which user is unsubscribed would depend on
+    who reads it. Refused, as any query parameter given twice is."""
+    if len(tokens) > 1:
+        raise ApiError(400, "invalid_token", "The unsubscribe link names more than one token.",
+                       [{"field": "token", "message": "must be given once"}])
+    return tokens[0] if tokens else None
 
 
 def _claims(secret: str, token: str | None) -> tuple[str, Unsubscribe]:
