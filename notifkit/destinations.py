@@ -131,7 +131,7 @@ def normalise_contact(channel: str, target: str) -> str:
     """The stored spelling of a contact or suppressed address: e-mail domains are
     case-insensitive, so they are lower-cased. Suppressions match contacts by equality, so
     every writer of either spells them this way."""
-    if channel == "email":
+    if channel == "email" and "@" in target:
         local, _, domain = target.rpartition("@")
         return f"{local}@{domain.lower()}"
     return target

@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from notifkit.destinations import refused_host, refused_kind
+from notifkit.destinations import normalise_contact, refused_host, refused_kind
 
 
 @pytest.mark.parametrize(("address", "kind"), [
@@ -52,3 +52,15 @@ def test_hosts_naming_a_refused_address_literally_are_refused(host: str, kind: s
                                   "10.example.com"])
 def test_names_and_public_addresses_are_not_refused_by_host(host: str) -> None:
     assert refused_host(host) is None
+
+
+@pytest.mark.parametrize(("channel", "target", "stored"), [
+    ("email", "Ada@Example.COM", "Ada@example.com"),
+    ("email", "a@b@Example.COM", "a@b@example.com"),
+    # A provider's receipt may name something that is no address: kept as it came, since a
+    # made-up "@bad" would be an address nobody gave
+    ("email", "Bad", "Bad"), ("email", "", ""),
+    ("sms", "+15551234567", "+15551234567"), ("push", "Token-A", "Token-A"),
+])
+def test_only_an_e_mail_domain_is_respelled(channel: str, target: str, stored: str) -> None:
+    assert normalise_contact(channel, target) == stored
