@@ -93,6 +93,10 @@ class OpenAiClient:
                                       await response.read())
         except TimeoutError:
             raise RetryLater(f"the model gave no answer within {self.timeout_s:g} s") from None
+        except aiohttp.ClientConnectorError as exc:
+            # Its repr is aiohttp's connection key; its text names host and port, as
+            # delivery's "could not connect" does.
+            raise RetryLater(f"could not reach the model: {exc}") from None
         except (aiohttp.ClientError, OSError) as exc:
             raise RetryLater(f"could not reach the model: {exc!r}") from None
         return parse_reply(reply, model)
@@ -120,6 +124,10 @@ def parse_reply(reply: HttpReply, model: str) -> Completion:
     if not reply.ok:
         raise PermanentFailure(f"the AI provider rejected the request: {detail}")
     payload = reply.json()
+    if payload is None:
+        # Reading into None would report a Python TypeError instead of what was wrong.
+        raise RetryLater(f"the AI provider's answer could not be read (it is not JSON): "
+                         f"{reply.body[:200]!r}")
     try:
         choice = payload["choices"][0]
         text = choice["message"]["content"]
@@ -136,6 +144,6 @@ def parse_reply(reply: HttpReply, model: str) -> Completion:
             response_id=payload.get("id"),
         )
     except (KeyError, IndexError, TypeError, ValueError) as exc:
-        shown = json.dumps(payload)[:200] if payload is not None else reply.body[:200]
+        shown = json.dumps(payload)[:200]
         raise RetryLater(f"the AI provider's answer could not be read ({exc}): {shown!r}") \
             from None

@@ -4,6 +4,7 @@ rejections are dead-lettered after exactly one request, 5xx are retried up to th
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -320,6 +321,52 @@ async def test_a_model_that_times_out_is_retried(
     assert len(await stream(redis, keys.outbound("normal"))) == 1
     assert await stream(redis, keys.dlq) == []
     assert service.worker.stats.failed == 1
+
+
+async def test_an_unreadable_answer_is_retried_and_the_timeline_says_it_was_not_json(
+    ai: AiService, ai_settings: Settings, sim: SimulatorServer, redis: Redis, keys: Keys,
+    db: asyncpg.Pool, project_id: str, template: str,
+) -> None:
+    # Given a model whose 200 answers are cut short (not JSON)
+    await sim.add_fault("malformed", "openai")
+    task = ai_task(project_id)
+    await xadd(redis, keys.ai_pending, task, 10_000)
+    # When the service drains, retrying up to the limit
+    await ai.run_until_idle()
+    # Then the task is dead-lettered after the limit and every account of why says what the
+    # answer was, not how the code tripped over it
+    [dead] = await stream(redis, keys.dlq)
+    assert dead["attempts"] == ai_settings.max_attempts
+    details = await db.fetch("SELECT detail FROM message_logs WHERE task_id = $1 "
+                             "AND kind = 'generation_failed'", task["taskId"])
+    assert details
+    for said in [dead["error"], *(r["detail"] for r in details)]:
+        assert "is not JSON" in said, said
+        assert "NoneType" not in said, said
+
+
+async def test_a_model_that_cannot_be_reached_is_retried_with_a_readable_reason(
+    ai_settings: Settings, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
+    template: str,
+) -> None:
+    # Given an OpenAI base URL nothing listens on (a port just closed)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    service = AiService(ai_settings.replace(ai=AiSettings(
+        api_key="sk-test", base_url=f"http://127.0.0.1:{port}/v1", model="gpt-4o-mini")))
+    task = ai_task(project_id)
+    try:
+        await xadd(redis, keys.ai_pending, task, 10_000)
+        await service.run_until_idle()
+    finally:
+        await service.stop()
+    # Then the timeline says the host could not be reached, in words, not a Python repr
+    [detail, *_] = [r["detail"] for r in await db.fetch(
+        "SELECT detail FROM message_logs WHERE task_id = $1 AND kind = 'generation_failed' "
+        "ORDER BY id", task["taskId"])]
+    assert detail.startswith(f"could not reach the model: Cannot connect to host 127.0.0.1:{port}")
+    assert "ConnectionKey(" not in detail
 
 
 async def test_a_malformed_task_is_acked_and_counted(
