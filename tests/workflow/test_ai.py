@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 
 from notifkit import metrics
 from notifkit.config import AiSettings, Settings
+from notifkit.dedup import ai_key
 from notifkit.ids import uuid7
 from notifkit.keys import Keys
 from notifkit.services.ai import AiService, content_for, headline
@@ -321,6 +322,38 @@ async def test_a_model_that_times_out_is_retried(
     assert len(await stream(redis, keys.outbound("normal"))) == 1
     assert await stream(redis, keys.dlq) == []
     assert service.worker.stats.failed == 1
+
+
+async def test_a_reclaimed_task_whose_content_was_written_does_not_ask_the_model_again(
+    ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys, db: asyncpg.Pool,
+    project_id: str, template: str,
+) -> None:
+    # Given a process that took the task, had the model's answer recorded in ai_usage and
+    # died before its ack: the entry is pending under a consumer that is gone, and the dedup
+    # mark it claimed is still there
+    task = ai_task(project_id)
+    entry_id = await xadd(redis, keys.ai_pending, task, 10_000)
+    await redis.xgroup_create(keys.ai_pending, keys.group("ai"), id="0", mkstream=True)
+    await redis.xreadgroup(keys.group("ai"), "ai-gone-1", {keys.ai_pending: ">"})
+    owner = f"{keys.ai_pending}/{entry_id}"
+    await redis.set(keys.processed("ai", ai_key(task["eventId"], "ada", "email")), owner,
+                    ex=3600)
+    written = {"subject": "Paid: 12.00", "text": "Written before the crash.",
+               "html": "<p>Written before the crash.</p>"}
+    await db.execute(
+        "INSERT INTO ai_usage (task_id, project_id, event_id, user_id, channel, model, "
+        "prompt_tokens, completion_tokens, content) "
+        "VALUES ($1, $2, $3, 'ada', 'email', 'gpt-4o-mini', 40, 12, $4)",
+        task["taskId"], project_id, task["eventId"], written)
+    # When a live ai service reclaims it
+    await ai.run_until_idle()
+    # Then the written content goes out as it was, without asking (and paying) again
+    assert await requests_made(sim) == 0
+    [out] = await stream(redis, keys.outbound("normal"))
+    assert out["taskId"] == task["taskId"]
+    assert out["content"] == written
+    assert await stream(redis, keys.dlq) == []
+    assert (await redis.xpending(keys.ai_pending, keys.group("ai")))["pending"] == 0
 
 
 async def test_an_unreadable_answer_is_retried_and_the_timeline_says_it_was_not_json(
