@@ -1,4 +1,4 @@
-"""Provider token buckets, shared by every delivery process through Redis.
+"""Provider token buckets, shared by every delivery (and ai) process through Redis.
 
     notif:ratelimit:{provider}:{projectId}   HASH  tokens (float), ts (ms of the last take)
 
@@ -11,6 +11,7 @@ short the call takes nothing and answers how long until the send would fit.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -81,6 +82,19 @@ class TokenBuckets:
         keys, args = call
         wait_ms = await self._take(keys=keys, args=args)
         return int(wait_ms) / 1000.0
+
+    async def take_soon(self, buckets: Sequence[Bucket], max_wait_s: float) -> float:
+        """:meth:`take`, waiting in-process for tokens due within ``max_wait_s`` in all: 0.0
+        once taken, else the seconds a longer wait would take (the caller parks the work)."""
+        waited = 0.0
+        while True:
+            wait_s = await self.take(buckets)
+            if wait_s <= 0:
+                return 0.0
+            if waited + wait_s > max_wait_s:
+                return wait_s
+            await asyncio.sleep(wait_s)
+            waited += wait_s
 
     async def take_many(self, requests: Sequence[Sequence[Bucket]]) -> list[float]:
         """:meth:`take` one token for each request, in order, in one round trip: each request

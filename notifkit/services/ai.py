@@ -18,6 +18,11 @@ channels a template's ``ai`` block names). Per task:
 A prompt that does not render for the task's context sends, without asking the model, what a
 send without AI would: the template's content for the channel, or the generic content.
 
+Every request to the model first takes a token from notifkit's own bucket for it
+(``PROVIDER_RATE_LIMITS=openai=...``, shared by every ai process through Redis), as delivery's
+sends do towards their providers: a token due within a moment is waited for, a later one parks
+the task on the scheduler without spending an attempt (nothing reached the model).
+
 Failures: a 4xx or an unknown model is permanent (dead-lettered at once: one request, never
 repeated); 5xx and timeouts fail the attempt (the reclaim cycle retries, up to the limit); a
 429 parks the task on the scheduler until Retry-After, up to the attempt limit. Content already
@@ -48,6 +53,7 @@ from notifkit.errors import (
     RetryLater,
 )
 from notifkit.messages import AiTask, ScheduledTask, outbound_from_ai, parse_outbound
+from notifkit.ratelimit import ALL_PROJECTS, Bucket, TokenBuckets
 from notifkit.services.base import WorkerService
 from notifkit.services.engine.render import generic
 from notifkit.services.timeline import task_row
@@ -76,6 +82,10 @@ SYSTEM_PROMPTS: dict[str, str] = {
     "inapp": "You write a short in-app notification. Reply with the text only.",
     "webhook": "You write a notification message. Reply with the text only.",
 }
+# The longest a task waits in-process for a token of notifkit's own bucket; a longer wait parks
+# it, so a slot is never held long enough to be reclaimed (as in delivery).
+MAX_BUCKET_WAIT_S = 2.0
+
 BODY_FIELDS: dict[str, str] = {
     "email": "text", "sms": "text", "push": "body", "inapp": "text", "webhook": "body",
 }
@@ -91,6 +101,10 @@ class AiService(WorkerService):
         )
         self.dedup = Dedup(self.redis, self.keys, "ai", settings.idempotency_ttl_s)
         self._release_mark = self.redis.register_script(_RELEASE_MARK)
+        self.buckets = TokenBuckets(self.redis)
+        rate = settings.provider_rates.get(self.client.provider)
+        self._bucket = [Bucket.per_second(
+            self.keys.provider_bucket(self.client.provider, ALL_PROJECTS), rate)] if rate else []
 
     def streams(self) -> Sequence[str]:
         return [self.keys.ai_pending]
@@ -159,6 +173,12 @@ class AiService(WorkerService):
             {"role": "system", "content": SYSTEM_PROMPTS.get(channel, SYSTEM_PROMPTS["webhook"])},
             {"role": "user", "content": prompt},
         ]
+        wait_s = await self.buckets.take_soon(self._bucket, MAX_BUCKET_WAIT_S)
+        if wait_s > 0:
+            limited = RateLimited(f"notifkit's {self.client.provider} rate limit is used up",
+                                  after_s=wait_s)
+            await self._park(entry, task, limited, logs, counts=False)
+            return None
         entry.irreversible = True  # a model's answer is paid for, whatever fails after it
         try:
             completion = await self.client.complete(
@@ -224,13 +244,14 @@ class AiService(WorkerService):
                     error, sent, extra={"task_id": task["taskId"], "event_id": task["eventId"]})
 
     async def _park(self, entry: Entry, task: AiTask, exc: RateLimited,
-                    logs: list[LogRow]) -> None:
+                    logs: list[LogRow], *, counts: bool = True) -> None:
         """Hand the task to the scheduler until the provider's window reopens."""
         parks = int(task.get("parkCount") or 0) + 1
         # Each 429 is an attempt, and so is each failure before it: the task's attempts,
-        # counted across its parkings, stop at the limit like any other entry's.
-        attempt = int(task.get("priorAttempts") or 0) + entry.attempt
-        if attempt >= self.settings.max_attempts:
+        # counted across its parkings, stop at the limit like any other entry's. A wait for
+        # notifkit's own bucket is none: the model was not asked.
+        attempt = int(task.get("priorAttempts") or 0) + entry.attempt - (0 if counts else 1)
+        if counts and attempt >= self.settings.max_attempts:
             entry.fail(AttemptsExhausted(
                 f"still rate limited after {counted(attempt, 'attempt')}: {exc}"))
             return

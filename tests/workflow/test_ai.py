@@ -434,3 +434,36 @@ async def test_a_prompt_new_to_the_process_compiles_beside_the_event_loop(
 
     assert (prompt, False) in compiled  # in a thread, before the render
     assert len(await stream(redis, keys.outbound("normal"))) == 1
+
+
+async def test_notifkits_own_rate_for_the_model_parks_what_it_cannot_send_without_an_attempt(
+    ai_settings: Settings, sim: SimulatorServer, redis: Redis, keys: Keys, db: asyncpg.Pool,
+    project_id: str, template: str,
+) -> None:
+    """PROVIDER_RATE_LIMITS=openai=... holds every ai process under the model's rate, as
+    delivery's buckets hold it under a provider's: a task that would wait longer than a moment
+    for a token is parked with the scheduler, and the wait costs it no attempt (nothing
+    reached the model)."""
+    # Given one request per 100 s towards the model, and two tasks
+    service = AiService(ai_settings.replace(provider_rates={"openai": 0.01}))
+    try:
+        tasks = [ai_task(project_id), ai_task(project_id)]
+        for task in tasks:
+            await xadd(redis, keys.ai_pending, task, 10_000)
+        # When the ai service drains its stream
+        await service.run_until_idle()
+    finally:
+        await service.stop()
+    # Then the model was asked once; the other task waits on the scheduler, no attempt spent
+    assert await requests_made(sim) == 1
+    [out] = await stream(redis, keys.outbound("normal"))
+    [parked] = await stream(redis, keys.scheduled)
+    assert {out["taskId"], parked["taskId"]} == {t["taskId"] for t in tasks}
+    assert parked["reason"] == "rateLimited"
+    assert parked["dueAt"] > int(time.time() * 1000) + 60_000
+    assert parked["payload"]["priorAttempts"] == 0
+    assert await stream(redis, keys.dlq) == []
+    [row] = await db.fetch("SELECT kind, status, detail FROM message_logs WHERE task_id = $1",
+                           parked["taskId"])
+    assert (row["kind"], row["status"]) == ("generation_deferred", "scheduled")
+    assert "notifkit's openai rate limit is used up" in row["detail"]

@@ -266,7 +266,7 @@ class DeliveryService(WorkerService):
                     maybe_accepted=before is not None and before.status == outbox.SENDING))
             possible_duplicate = (before is not None and before.status == outbox.SENDING
                                   and not transport.idempotent)
-            wait_s = await self._take(buckets)
+            wait_s = await self.buckets.take_soon(buckets, MAX_BUCKET_WAIT_S)
             if wait_s > 0:
                 return Attempted(destination, SendResult(
                     Outcome.RATE_LIMITED,
@@ -300,18 +300,6 @@ class DeliveryService(WorkerService):
             buckets.append(Bucket.per_second(
                 self.keys.provider_bucket(provider, task["projectId"]), float(override)))
         return buckets
-
-    async def _take(self, buckets: list[Bucket]) -> float:
-        """Wait for a token when it comes soon; else answer how long it would take."""
-        waited = 0.0
-        while True:
-            wait_s = await self.buckets.take(buckets)
-            if wait_s <= 0:
-                return 0.0
-            if waited + wait_s > MAX_BUCKET_WAIT_S:
-                return wait_s
-            await asyncio.sleep(wait_s)
-            waited += wait_s
 
     async def _limits(self, project_ids: set[str]) -> dict[str, dict[str, Any]]:
         """Each project's ``settings.rateLimits`` (cached for a few seconds)."""
