@@ -12,6 +12,9 @@ quiet period at all. Wall-clock semantics decide everything, so the period follo
   runs on to the next day's ``end``.
 - An ``end`` that happens twice in a fall-back hour ends the period at the next occurrence
   after ``now``.
+- A fall-back that sets the clock back before ``start`` (02:40 CEST to 02:00 CET, in a period
+  from 02:30) ends the period at the transition; it begins again when the clock next shows
+  ``start``.
 
 The engine decides who bypasses quiet hours (critical sends); this module only tells the time.
 """
@@ -127,8 +130,26 @@ def _deferral(quiet: QuietHours, where: ZoneInfo, now: datetime) -> datetime | N
     for days in (0, 1, 2):  # a next day only when needed (9999-12-31 has no next)
         for instant in wall_instants(local.date() + timedelta(days=days), quiet.end, where):
             if instant > now_utc and not quiet.contains(_wall(instant, where)):
-                return instant
+                return _turned_back_out(quiet, where, now_utc, instant) or instant
     raise AssertionError("a quiet period ends within three local days")  # pragma: no cover
+
+
+def _turned_back_out(quiet: QuietHours, where: ZoneInfo, now: datetime,
+                     until: datetime) -> datetime | None:
+    """A fall-back before ``until`` that sets the clock back to a time before ``start`` (02:40
+    CEST to 02:00 CET, in a period from 02:30): quiet hours end there, not at ``end``."""
+    if now.astimezone(where).utcoffset() == until.astimezone(where).utcoffset():
+        return None  # no transition in between (zones change offset at most once in 48 h)
+    step = timedelta(hours=1)
+    lo = now
+    while lo < until:
+        hi = min(lo + step, until)
+        if lo.astimezone(where).utcoffset() != hi.astimezone(where).utcoffset():
+            change = _transition(lo, hi, where)
+            if change < until and not quiet.contains(_wall(change, where)):
+                return change
+        lo = hi
+    return None
 
 
 def _wall(instant: datetime, where: ZoneInfo) -> time:

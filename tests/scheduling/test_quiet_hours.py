@@ -104,6 +104,19 @@ def test_an_end_that_happens_twice_ends_at_the_next_occurrence() -> None:
     assert deferral(quiet, "America/New_York", utc(2026, 11, 1, 6, 10)) == utc(2026, 11, 1, 6, 30)
 
 
+@pytest.mark.parametrize("end", ["03:30", "07:00"])
+def test_a_fall_back_that_turns_the_clock_back_out_of_quiet_hours_ends_them(end: str) -> None:
+    """Berlin falls back on 2026-10-25 from 03:00 CEST to 02:00 CET (01:00Z). At 02:40 CEST a
+    period starting at 02:30 is on, but the clock then shows 02:00, before its start: quiet
+    hours end at the transition, not at the next `end`, and begin again at 02:30 CET."""
+    quiet = {"start": "02:30", "end": end}
+    assert deferral(quiet, "Europe/Berlin", utc(2026, 10, 25, 0, 40)) == utc(2026, 10, 25, 1)
+    assert not is_quiet(quiet, "Europe/Berlin", utc(2026, 10, 25, 1))
+    # Back in them once the repeated hour reaches 02:30 again: the period's own end then.
+    later = {"03:30": utc(2026, 10, 25, 2, 30), "07:00": utc(2026, 10, 25, 6)}[end]
+    assert deferral(quiet, "Europe/Berlin", utc(2026, 10, 25, 1, 30)) == later
+
+
 def test_a_period_within_one_day_and_the_degenerate_ones() -> None:
     lunch = {"start": "12:00", "end": "13:30"}
     assert deferral(lunch, None, utc(2026, 6, 1, 12, 15)) == utc(2026, 6, 1, 13, 30)
