@@ -189,6 +189,12 @@ def test_deferral_ends_exactly_when_the_quiet_period_ends(
     span = until - now
     for fraction in (0.0, 0.25, 0.5, 0.75):
         assert quiet_at(now + span * fraction)
+    # Times lie on a 15-minute grid and so do these zones' transitions: a stretch out of quiet
+    # hours (a fall-back to before `start`) lasts 15 minutes at least, and one probe lands in it.
+    probe = now
+    while probe < until:
+        assert quiet_at(probe)
+        probe += timedelta(minutes=15)
     if until - timedelta(seconds=1) >= now:
         assert quiet_at(until - timedelta(seconds=1))
 
