@@ -130,8 +130,27 @@ def refused_host(host: str) -> str | None:
 def normalise_contact(channel: str, target: str) -> str:
     """The stored spelling of a contact or suppressed address: e-mail domains are
     case-insensitive, so they are lower-cased. Suppressions match contacts by equality, so
-    every writer of either spells them this way."""
+    every writer of either spells them this way. A webhook URL's scheme and host are
+    case-insensitive too and 443 is https's own port, so one endpoint is one contact (and gets
+    each notification once) however it is spelled."""
     if channel == "email" and "@" in target:
         local, _, domain = target.rpartition("@")
         return f"{local}@{domain.lower()}"
+    if channel == "webhook":
+        return _normalise_url(target)
     return target
+
+
+def _normalise_url(url: str) -> str:
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        return url
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:end], rest[end:]
+    userinfo, at, hostport = authority.rpartition("@")
+    # An IPv6 host is bracketed and holds colons of its own; the port follows the bracket.
+    split = hostport.find("]") + 1 if hostport.startswith("[") else hostport.find(":")
+    host, port = (hostport, "") if split <= 0 else (hostport[:split], hostport[split:])
+    if scheme.lower() == "https" and port in (":", ":443"):
+        port = ""
+    return f"{scheme.lower()}://{userinfo}{at}{host.lower()}{port}{tail}"

@@ -216,6 +216,29 @@ async def test_adding_an_existing_contact_is_idempotent(api: Api, project: Proje
     assert again.body == first.body
 
 
+async def test_a_webhook_url_differing_only_in_scheme_or_host_case_is_the_same_contact(
+    api: Api, project: Project
+) -> None:
+    # Scheme and host are case-insensitive (RFC 3986), and so is an explicit default port: a
+    # second spelling of one endpoint as its own contact would get every notification twice.
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    first = await api.call("POST", "/v1/users/u1/contacts", key=project.full,
+                           json={"channel": "webhook", "target": "HTTPS://Hooks.Example.COM/In/X?A=B"})
+    assert first.status == 201
+    assert first.body["target"] == "https://hooks.example.com/In/X?A=B"
+    for spelling in ("https://hooks.example.com/In/X?A=B", "https://HOOKS.example.com:443/In/X?A=B"):
+        again = await api.call("POST", "/v1/users/u1/contacts", key=project.full,
+                               json={"channel": "webhook", "target": spelling})
+        assert (again.status, again.body) == (200, first.body)
+    other_path = await api.call("POST", "/v1/users/u1/contacts", key=project.full,
+                                json={"channel": "webhook", "target": "https://hooks.example.com/in/x?A=B"})
+    assert other_path.status == 201
+    put = await api.call("PUT", "/v1/users/u2", key=project.full, json={"contacts": [
+        {"channel": "webhook", "target": "https://user:PW@Example.com:8443/h"},
+        {"channel": "webhook", "target": "https://user:PW@example.COM:8443/h"}]})
+    assert [c["target"] for c in put.body["contacts"]] == ["https://user:PW@example.com:8443/h"]
+
+
 async def test_contacts_of_unknown_users_and_unknown_contacts_are_404(
     api: Api, project: Project
 ) -> None:

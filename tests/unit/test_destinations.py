@@ -61,6 +61,15 @@ def test_names_and_public_addresses_are_not_refused_by_host(host: str) -> None:
     # made-up "@bad" would be an address nobody gave
     ("email", "Bad", "Bad"), ("email", "", ""),
     ("sms", "+15551234567", "+15551234567"), ("push", "Token-A", "Token-A"),
+    # A URL's scheme and host are case-insensitive and 443 is https's own port; the user
+    # information, path, query and fragment are the receiver's and stay as they came
+    ("webhook", "HTTPS://Hooks.Example.COM/In?A=B#F", "https://hooks.example.com/In?A=B#F"),
+    ("webhook", "https://Ada:PW@Example.com:443/x", "https://Ada:PW@example.com/x"),
+    ("webhook", "https://Example.com:8443", "https://example.com:8443"),
+    ("webhook", "https://[2001:DB8::1]:443/x", "https://[2001:db8::1]/x"),
+    ("webhook", "https://example.com/", "https://example.com/"),
 ])
-def test_only_an_e_mail_domain_is_respelled(channel: str, target: str, stored: str) -> None:
+def test_only_an_e_mail_domain_and_a_url_scheme_and_host_are_respelled(
+    channel: str, target: str, stored: str
+) -> None:
     assert normalise_contact(channel, target) == stored
