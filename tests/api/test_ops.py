@@ -197,7 +197,8 @@ async def test_streams_report_length_pending_and_age(
 
     metrics = await api.call("GET", "/metrics")
     assert metrics.status == 200
-    assert metrics.headers["Content-Type"].startswith("text/plain")
+    # 0.0.4 is the text format every Prometheus and scraper reads (1.0.0 only newer ones).
+    assert metrics.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
     assert f'notifkit_stream_length{{stream="{stream}"}} 3.0' in metrics.body
     assert (f'notifkit_stream_pending{{group="notifkit:group:delivery",stream="{stream}"}} 2.0'
             in metrics.body)

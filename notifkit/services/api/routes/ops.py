@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
@@ -35,6 +34,9 @@ ops = Operations("operations")
 HEALTH_TIMEOUT_S = 1.0
 STALE_BEATS = 3
 HEARTBEAT_INDEX_KEEP_S = 3600
+# The text format's 0.0.4 label, which every Prometheus reads; prometheus_client's latest label
+# (1.0.0) is refused by older scrapers, and what we render is the same text for our names.
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
 @ops.route("GET", "/health", "Liveness of Redis, PostgreSQL and every service", access="public",
@@ -85,7 +87,7 @@ async def prometheus_metrics(request: web.Request) -> web.Response:
             metrics.STREAM_OLDEST_PENDING_AGE.labels(info["stream"], group["name"]).set(
                 group["oldestPendingAgeSeconds"] or 0)
     return web.Response(body=metrics_store.render(totals),
-                        headers={"Content-Type": CONTENT_TYPE_LATEST})
+                        headers={"Content-Type": PROMETHEUS_TEXT})
 
 
 @ops.route("GET", "/v1/streams", "Every stream's length, pending count, oldest pending age and "
