@@ -16,11 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import secrets
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -96,8 +98,6 @@ class FaultHit:
 def fault_hits(log_text: str, kind: str) -> list[FaultHit]:
     """The ``kind`` faults in the simulators' text log, each provider's (SMTP's too) alike:
     ``simulators.pipeline.log_fault`` writes these lines."""
-    import re
-    from datetime import datetime
 
     line_re = re.compile(r"^(\S+ \S+) \w+ \S+ (\w+) fault " + re.escape(kind)
                          + r" \(rule [^)]*\) for to=(\S*) task_id=(\S+?)\.?$")
@@ -114,8 +114,6 @@ def idempotent_replays(log_text: str) -> Counter[tuple[str, str]]:
     """``(provider, idempotency key)`` -> how many requests the simulators answered from their
     idempotency cache, from their text log: a task handed to such a provider again shows here,
     never as a second acceptance."""
-    import re
-
     line_re = re.compile(r" (\w+) idempotent replay of key (\S+); nothing sent again\.$")
     replays: Counter[tuple[str, str]] = Counter()
     for line in log_text.splitlines():
@@ -699,8 +697,6 @@ def epoch(value: Any) -> float:
 
 
 def _epoch(value: Any) -> float:
-    from datetime import datetime
-
     if not value:
         return time.time()
     return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
