@@ -17,6 +17,7 @@ from notifkit.config import Settings
 from notifkit.ids import untasked_row_id
 from notifkit.keys import Keys
 from notifkit.services.api.errors import store_unavailable
+from notifkit.services.api.routes import dlq as dlq_routes
 from notifkit.services.api.validation import encode_cursor
 from notifkit.streams import decode, encode, ensure_group, xadd
 from notifkit.worker import write_heartbeat
@@ -346,6 +347,28 @@ async def test_a_replayed_engine_entry_reopens_its_recipient(
     assert body["status"] == "processing"
 
 
+async def test_a_dlq_page_that_runs_out_of_scan_budget_goes_on_from_where_it_stopped(
+    api: Api, redis: Redis, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A page reads a bounded number of entries; one that finds nothing of the caller's within
+    it is empty with a cursor, and the cursor leads on to the caller's entries."""
+    monkeypatch.setattr(dlq_routes, "SCAN_CHUNK", 2)
+    monkeypatch.setattr(dlq_routes, "SCAN_BUDGET", 3)
+    keys = Keys(api.settings.namespace)
+    a, b = await api.project("a"), await api.project("b")
+    for n in range(5):
+        await xadd(redis, keys.dlq, dlq_record(keys, b.id, f"1-{n}", n), 1000)
+    mine = await xadd(redis, keys.dlq, dlq_record(keys, a.id, "1-5", 5), 1000)
+
+    first = await api.call("GET", "/v1/dlq", key=a.full)
+    assert (first.status, first.body["items"]) == (200, [])
+    assert first.body["nextCursor"] is not None
+    second = await api.call("GET", "/v1/dlq", key=a.full,
+                            params={"cursor": first.body["nextCursor"]})
+    assert [i["id"] for i in second.body["items"]] == [mine]
+    assert second.body["nextCursor"] is None
+
+
 async def test_dlq_is_scoped_replayable_and_deletable(
     api: Api, redis: Redis, caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -368,6 +391,12 @@ async def test_dlq_is_scoped_replayable_and_deletable(
     rest = await api.call("GET", "/v1/dlq", key=a.full,
                           params={"limit": "1", "cursor": page.body["nextCursor"]})
     assert [i["id"] for i in rest.body["items"]] == [ids[2]]
+    # Only another project's entries follow: no next page to offer.
+    assert rest.body["nextCursor"] is None
+    assert mine.body["nextCursor"] is None
+    only_b_page = await api.call("GET", "/v1/dlq", key=b.full, params={"limit": "1"})
+    assert ([i["id"] for i in only_b_page.body["items"]], only_b_page.body["nextCursor"]) \
+        == ([ids[1]], None)
     for forged in ("99999999999999999999-0", "18446744073709551616-0"):
         bad = await api.call("GET", "/v1/dlq", key=a.full,
                              params={"cursor": encode_cursor(forged)})

@@ -75,23 +75,32 @@ async def list_dlq(request: web.Request) -> web.Response:
     redis = request.app[REDIS]
     dlq = request.app[KEYS].dlq
     items: list[dict[str, Any]] = []
+    ids: list[str] = []
     scanned = 0
     last_id: str | None = None
-    while len(items) < limit and scanned < SCAN_BUDGET:
+    more = True  # entries past last_id may exist
+    # One visible entry past the page tells whether there is a next page, so a page is never
+    # followed by an empty one just because other projects' entries come after it.
+    while len(items) <= limit and scanned < SCAN_BUDGET and more:
         chunk: list[Any] = await redis.xrange(dlq, min=start, max="+", count=SCAN_CHUNK) or []
+        more = len(chunk) == SCAN_CHUNK
         for raw_id, fields in chunk:
             scanned += 1
             last_id = as_str(raw_id)
             record = _record(fields)
             if record is not None and _visible(who, record):
                 items.append(entry_json(last_id, record))
-                if len(items) == limit:
+                ids.append(last_id)
+                if len(items) > limit:
                     break
-        if len(chunk) < SCAN_CHUNK or last_id is None:
-            break
-        start = "(" + last_id
+        if last_id is not None:
+            start = "(" + last_id
     next_cursor = None
-    if last_id is not None and await redis.xrange(dlq, min="(" + last_id, max="+", count=1):
+    if len(items) > limit:
+        del items[limit:]
+        next_cursor = encode_cursor(ids[limit - 1])
+    elif more and last_id is not None:
+        # The scan budget ran out before the page filled: go on from where it stopped.
         next_cursor = encode_cursor(last_id)
     return json_response({"items": items, "nextCursor": next_cursor})
 
