@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from notifkit.config import Settings
 from notifkit.db.logs import Kind, LogRow, Status, insert_logs
@@ -39,6 +39,11 @@ MIN_SEGMENT_PAGE = 50
 # Fields the enriched message copies from the inbound one.
 _COPIED = ("eventId", "projectId", "template", "priority", "data", "channels", "sendAt",
            "campaignId", "createdAt", "workflowInstanceId", "workflowStep", "digestItems")
+
+
+class _Duplicate(NamedTuple):
+    message: InboundMessage
+    first: str | None  # the event id of the notification holding the mark, if known
 
 
 @dataclass
@@ -129,7 +134,7 @@ class EnricherService(WorkerService):
 
     async def _claim(
         self, parsed: list[tuple[Entry, InboundMessage]]
-    ) -> tuple[list[tuple[Entry, InboundMessage]], list[InboundMessage]]:
+    ) -> tuple[list[tuple[Entry, InboundMessage]], list[_Duplicate]]:
         """The entries to enrich, and the duplicates dropped."""
         claims: list[tuple[Entry, str, int | None]] = []
         claimed: list[tuple[Entry, InboundMessage]] = []
@@ -145,15 +150,25 @@ class EnricherService(WorkerService):
         fresh = []
         duplicates = []
         for (entry, m), ok in zip(claimed, allowed, strict=True):
+            first: dict[str, Any] | None = None
+            if not ok and m.get("idempotencyKey") and "segmentAfter" not in m:
+                first = await self._holder(self._mark(m)[0])
+                if first is not None and first.get("idempotencyKey") != m["idempotencyKey"]:
+                    # The mark is a notification sent without a key, under its own id, and
+                    # this caller chose that id as its key: no notification used the key
+                    # before, and the API took this one for new. It goes on, unmarked (the
+                    # engine's and delivery's marks still stop a repeat of its own entry).
+                    ok = True
             if ok:
                 fresh.append((entry, m))
             else:
-                duplicates.append(m)
+                held_by = first.get("eventId") if first is not None else None
+                duplicates.append(_Duplicate(m, held_by if isinstance(held_by, str) else None))
                 log.info("Skipped a duplicate of a notification already enriched.",
                          extra=_ids(m))
         return fresh, duplicates
 
-    async def _duplicate_rows(self, duplicates: list[InboundMessage]) -> list[LogRow]:
+    async def _duplicate_rows(self, duplicates: list[_Duplicate]) -> list[LogRow]:
         """A skipped row for each duplicate that is another notification than the one that
         took its caller's idempotency key. The API answers a repeated key with the first
         notification, so this takes a lost answer (its record of the key gone while the
@@ -161,11 +176,8 @@ class EnricherService(WorkerService):
         The same notification written twice is dropped silently: it goes on under its
         first entry."""
         rows = []
-        for m in duplicates:
-            if not m.get("idempotencyKey") or "segmentAfter" in m:
-                continue
-            first = await self._owner_event(self._mark(m)[0])
-            if first == m["eventId"]:
+        for m, first in duplicates:
+            if not m.get("idempotencyKey") or "segmentAfter" in m or first == m["eventId"]:
                 continue
             which = f"notification {first}" if first else "an earlier notification"
             rows.append(LogRow(
@@ -176,8 +188,8 @@ class EnricherService(WorkerService):
             ))
         return rows
 
-    async def _owner_event(self, key: str) -> str | None:
-        """The event id of the entry holding the dedup mark ``key`` (None if gone)."""
+    async def _holder(self, key: str) -> dict[str, Any] | None:
+        """The inbound message of the entry holding the dedup mark ``key`` (None if gone)."""
         owner = await self.redis.get(self.dedup.mark_of(key)[0])
         if owner is None:
             return None
@@ -186,10 +198,10 @@ class EnricherService(WorkerService):
         if not found:
             return None
         try:
-            event_id = decode(found[0][1]).get("eventId")  # type: ignore[arg-type]
+            message = decode(found[0][1])  # type: ignore[arg-type]
         except MalformedPayload:
             return None
-        return event_id if isinstance(event_id, str) else None
+        return message if isinstance(message, dict) else None
 
     async def _resolve(self, entry: Entry, m: InboundMessage, page: int) -> _Work:
         to = m["to"]

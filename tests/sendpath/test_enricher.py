@@ -15,7 +15,7 @@ from notifkit.streams import encode
 from tests.support.streams import xrange
 
 from .conftest import ServiceFactory
-from .helpers import add_user, entries, send, timeline
+from .helpers import add_project, add_user, entries, send, timeline
 
 
 async def test_a_list_of_users_becomes_one_enriched_message_per_known_user(
@@ -93,6 +93,42 @@ async def test_the_same_event_twice_is_enriched_once(
     assert await timeline(db, event_id) == []  # the copy is no other notification to skip
     ttl = await redis.ttl(keys.processed("enricher", f"{project}:order-1"))
     assert 3600 < ttl <= 24 * 3600
+
+
+async def test_an_idempotency_key_that_is_an_earlier_notifications_id_is_no_duplicate(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    # Given a notification sent without an idempotency key, whose mark is its event id, and
+    # another whose caller chose that id as its key (a follow-up keyed on the first, say)
+    await add_user(db, project, "u1")
+    enricher = await services(EnricherService)
+    first = await send(redis, keys, db, project, "t", "u1")
+    await enricher.run_until_idle()
+    second = await send(redis, keys, db, project, "t", "u1", idempotency_key=first)
+
+    # When the second is enriched
+    await enricher.run_until_idle()
+
+    # Then it goes on: the API took it for a new notification, and no notification was sent
+    # under that key before, so nothing may skip it as a duplicate
+    assert [m["eventId"] for m in await entries(redis, keys.enriched("normal"))] \
+        == [first, second]
+    assert await timeline(db, second) == []
+
+
+async def test_one_idempotency_key_in_two_projects_is_two_notifications(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    other = await add_project(db)
+    for owner in (project, other):
+        await add_user(db, owner, "u1")
+    enricher = await services(EnricherService)
+    sent = [await send(redis, keys, db, owner, "t", "u1", idempotency_key="order-1")
+            for owner in (project, other)]
+    await enricher.run_until_idle()
+    out = await entries(redis, keys.enriched("normal"))
+    assert [(m["eventId"], m["projectId"]) for m in out] == list(zip(sent, (project, other),
+                                                                       strict=True))
 
 
 async def test_a_second_notification_under_a_used_idempotency_key_is_skipped_not_left(
