@@ -369,6 +369,44 @@ async def test_a_dlq_page_that_runs_out_of_scan_budget_goes_on_from_where_it_sto
     assert second.body["nextCursor"] is None
 
 
+async def test_an_entry_of_a_canceled_notification_is_not_replayed(
+    api: Api, redis: Redis, db: asyncpg.Pool
+) -> None:
+    """A cancel promises that nothing more of the notification is sent: a replay (say, of
+    everything dead-lettered during a provider outage) must not send part of it after all."""
+    keys = Keys(api.settings.namespace)
+    a = await api.project("a")
+    await api.call("PUT", "/v1/templates/t", key=a.full,
+                   json={"channels": {"email": {"subject": "s", "text": "t"}}})
+    event = (await api.call("POST", "/v1/notifications", key=a.send,
+                            json={"to": ["u1", "u2"], "template": "t",
+                                  "sendAt": "2099-01-01T00:00:00Z"})).body["id"]
+    # Given one of its tasks was dead-lettered, and the notification was canceled since
+    record = dlq_record(keys, a.id, "1-0", 0)
+    record["stream"] = keys.outbound("normal")
+    record["payload"] = {"projectId": a.id, "eventId": event, "userId": "u1",
+                         "taskId": "01a00000-0000-7000-8000-000000000001", "channel": "email"}
+    entry_id = await xadd(redis, keys.dlq, record, 1000)
+    assert (await api.call("POST", f"/v1/notifications/{event}/cancel", key=a.full)).status \
+        == 200
+    # When it is replayed, the replay is refused and nothing goes back to the stream
+    reply = await api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full)
+    assert reply.status == 409, reply.body
+    assert reply.body["error"]["code"] == "notification_canceled"
+    assert await redis.xlen(keys.outbound("normal")) == 0
+    assert await db.fetchval("SELECT count(*) FROM message_logs WHERE kind = 'replayed'") == 0
+    # And the entry stays in the DLQ, to be deleted
+    assert [e["id"] for e in (await api.call("GET", "/v1/dlq", key=a.full)).body["items"]] \
+        == [entry_id]
+    assert (await api.call("DELETE", f"/v1/dlq/{entry_id}", key=a.full)).status == 204
+    # While an entry of the events service (an outcome of work done before the cancel) is
+    # still replayed: it only records what happened
+    record["stream"] = keys.events_inbound
+    record["payload"] = {"type": "notification:failed", "projectId": a.id, "eventId": event}
+    entry_id = await xadd(redis, keys.dlq, record, 1000)
+    assert (await api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full)).status == 202
+
+
 async def test_dlq_is_scoped_replayable_and_deletable(
     api: Api, redis: Redis, caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -8,8 +8,9 @@ stream with ``"_replayOf"`` set, so the dedup marks the original claimed are hon
 (``Entry.owner``), and XDELs the record, in one Lua call: two concurrent replays of one
 record enqueue it once. The new entry id has no attempt counter, so the count starts afresh;
 ``"_replayedAttempts"`` carries the attempts made before, for the timeline's numbering only.
-Work of a notification gets a ``replayed`` timeline row (status ``processing``), written before
-the XADD so that no row of the replayed work can precede it.
+Work of a notification canceled since is not replayed (409): the cancel said nothing more of it
+is sent. Work of a notification gets a ``replayed`` timeline row (status ``processing``),
+written before the XADD so that no row of the replayed work can precede it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import logging
 import re
 from typing import Any
 
+import asyncpg
 from aiohttp import web
 from redis.asyncio import Redis
 
@@ -122,6 +124,11 @@ async def replay_dlq(request: web.Request) -> web.Response:
     payload = record.get("payload")
     if not isinstance(payload, dict):
         raise ApiError(409, "not_replayable", "This entry has no payload to replay.")
+    if stream not in (keys.events_inbound, keys.workflow_inbound) \
+            and await _canceled(app[DB], record):
+        raise ApiError(409, "notification_canceled",
+                       "This entry's notification was canceled, so it is not sent; delete "
+                       "the entry to discard it.")
     replay_of = record.get("replayOf") or f"{stream}/{record.get('entryId') or entry_id}"
     # A fresh start: attempts a parked task carried in its payload do not count again.
     replayed = {k: v for k, v in payload.items() if k not in ("priorAttempts", "parkCount")}
@@ -143,6 +150,18 @@ async def replay_dlq(request: web.Request) -> web.Response:
     log.info("Replayed dead-lettered entry %s to %s as %s.", entry_id, stream, as_str(new_id),
              extra=_log_ids(record))
     return json_response({"id": as_str(new_id), "stream": stream, "replayOf": replay_of}, 202)
+
+
+async def _canceled(db: asyncpg.Pool, record: dict[str, Any]) -> bool:
+    """Whether the entry is work of a notification canceled since: nothing more of it is
+    sent. The events service's entries only record what happened, and are replayed."""
+    event_id = _uuid_field(record["payload"], "eventId")
+    project = _uuid_field(record, "projectId")
+    if event_id is None or project is None:
+        return False
+    return bool(await db.fetchval(
+        "SELECT canceled_at IS NOT NULL FROM notifications WHERE id = $1 AND project_id = $2",
+        event_id, project))
 
 
 def _replay_row(record: dict[str, Any], attempt: int, entry_id: str) -> LogRow | None:
