@@ -4,7 +4,7 @@ project settings, for the whole batch at once."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from notifkit.db.recipients import Executor
@@ -35,12 +35,15 @@ class Routing:
     templates: dict[tuple[str, str], Template]
     suppressed: dict[tuple[str, str, str], str]  # (project, channel, target) -> reason
     settings: dict[str, dict[str, Any]]
+    # (project id, event id) of the asked notifications canceled since they were accepted
+    canceled: set[tuple[str, str]] = field(default_factory=set)
 
 
 # The three lookups as one statement: one round trip and one transaction a batch instead of
 # three, which at low load (a batch of one) is most of what routing costs PostgreSQL.
 # Rows are tagged by kind, in columns wide enough for each: t = template, s = suppression,
-# p = project settings (a suppression's reason travels as a JSON string in j1).
+# p = project settings (a suppression's reason travels as a JSON string in j1), c = a canceled
+# notification (its id in a).
 _ROUTING = """
 SELECT 't' AS kind, t.project_id::text AS project_id, t.id AS a, t.topic AS b,
        t.content AS j1, t.fallback AS j2, t.ai AS j3
@@ -54,28 +57,33 @@ SELECT 's', s.project_id::text, s.channel, s.target, to_jsonb(s.reason), NULL, N
 UNION ALL
 SELECT 'p', p.id::text, NULL, NULL, p.settings, NULL, NULL
   FROM projects p WHERE p.id = ANY($6::uuid[])
+UNION ALL
+SELECT 'c', n.project_id::text, n.id::text, NULL, NULL, NULL, NULL
+  FROM notifications n WHERE n.id = ANY($7::uuid[]) AND n.canceled_at IS NOT NULL
 """
 
 
 async def load_routing(
     db: Executor, templates: Iterable[tuple[str, str]],
     candidates: Iterable[tuple[str, str, str]], project_ids: Iterable[str],
+    event_ids: Iterable[str] = (),
 ) -> Routing:
     """The templates that exist among (project id, template id) pairs, the suppressed
     (project id, channel, target) triples among ``candidates`` with the reason of each
-    (bounce, complaint, unsubscribe), and each project's settings
-    (throttle and rate-limit overrides)."""
+    (bounce, complaint, unsubscribe), each project's settings (throttle and rate-limit
+    overrides), and which of the notifications ``event_ids`` (UUIDs) were canceled."""
     pairs = list(dict.fromkeys(templates))
     triples = list(dict.fromkeys(candidates))
     ids = list(dict.fromkeys(project_ids))
+    events = list(dict.fromkeys(event_ids))
     routing = Routing({}, {}, {})
-    if not (pairs or triples or ids):
+    if not (pairs or triples or ids or events):
         return routing
     rows = await db.fetch(
         _ROUTING,
         [p for p, _ in pairs], [t for _, t in pairs],
         [t[0] for t in triples], [t[1] for t in triples], [t[2] for t in triples],
-        ids,
+        ids, events,
     )
     for row in rows:
         kind, project_id = row["kind"], row["project_id"]
@@ -86,6 +94,8 @@ async def load_routing(
             )
         elif kind == "s":
             routing.suppressed[(project_id, row["a"], row["b"])] = row["j1"]
+        elif kind == "c":
+            routing.canceled.add((project_id, row["a"]))
         else:
             routing.settings[project_id] = row["j1"]
     return routing

@@ -28,6 +28,7 @@ from notifkit.services.enricher import EnricherService
 from notifkit.services.scheduler import SchedulerService
 from simulators import SimulatorServer
 from tests.api.conftest import Api, Project, running_api
+from tests.sendpath.conftest import simulated
 
 from .helpers import FakeClock, SchedulerFactory, wipe_scheduler_state
 from .pipeline import EMAIL, drain, simulated_resend
@@ -89,7 +90,7 @@ async def add_user(api: Api, project: Project, user_id: str, **fields: Any) -> N
     assert reply.status in (200, 201), reply.body
 
 
-async def send(api: Api, project: Project, user_id: str, **fields: Any) -> str:
+async def send(api: Api, project: Project, user_id: str | list[str], **fields: Any) -> str:
     reply = await api.call("POST", "/v1/notifications", key=project.send,
                            json={"to": user_id, "template": "code", "data": {"code": "7"},
                                  **fields})
@@ -279,6 +280,71 @@ async def test_a_cancel_before_the_task_reaches_the_scheduler_drops_it_there(
         assert [row["kind"] for row in recipient["timeline"]] == ["scheduled", "canceled"]
         assert "canceled by the API caller" in recipient["timeline"][-1]["detail"]
     assert await rows_left(db, [r["taskId"] for r in dropped]) == 0
+
+
+async def test_a_canceled_send_the_engine_routes_after_its_send_at_is_not_sent(
+    api: Api, project: Project, cancel_settings: Settings, delivery: DeliveryService,
+    sim: SimulatorServer,
+) -> None:
+    """A send canceled before its sendAt, whose recipients reach the engine only after it
+    (a backlog, a large segment, a crash and a reclaim), is due at once: it must not go to
+    delivery past the scheduler that would have dropped it."""
+    # Given a send due in a minute, canceled as soon as it was accepted
+    await add_user(api, project, "ada")
+    send_at, due_ms = in_a_minute()
+    event = await send(api, project, "ada", sendAt=send_at)
+    await cancel(api, project, event)
+
+    # When the enricher and the engine get to it after its sendAt, and delivery runs
+    enricher = EnricherService(cancel_settings)
+    engine = EngineService(cancel_settings, clock=lambda: due_ms / 1000 + 1)
+    try:
+        await drain(enricher, engine, delivery)
+    finally:
+        await enricher.close()
+        await engine.close()
+
+    # Then nothing reaches the provider, and the recipient's timeline says why
+    assert await sim.messages("resend") == []
+    recipient = only_recipient(await show(api, project, event))
+    assert shows_canceled(recipient), recipient
+    assert "canceled by the API caller" in recipient["timeline"][-1]["detail"]
+
+
+async def test_a_fallback_of_a_send_handed_to_delivery_goes_on_after_a_cancel(
+    api: Api, project: Project, cancel_settings: Settings, sim: SimulatorServer,
+    make_scheduler: SchedulerFactory,
+) -> None:
+    """A task already handed to delivery is not affected by a cancel: when its channel fails,
+    its fallback chain goes on."""
+    reply = await api.call("PUT", "/v1/templates/code", key=project.full, json={
+        "channels": {"email": EMAIL, "sms": {"text": "{{ data.code }}"}},
+        "fallback": ["sms", "email"]})
+    assert reply.status == 200, reply.body
+    await add_user(api, project, "ada", contacts=[
+        {"channel": "email", "target": "ada@example.com"},
+        {"channel": "sms", "target": "+15550000001"}])
+    await add_user(api, project, "bob")
+    await sim.add_fault("error", "twilio", status=503)
+    await sim.add_fault("rate_limit", "resend", to="bob@example.com", retry_after_s=3600)
+    settings = cancel_settings.replace(sms=simulated(cancel_settings, sim).sms)
+    enricher, engine, delivery = (EnricherService(settings), EngineService(settings),
+                                  DeliveryService(settings))
+    try:
+        # Given ada's sms failed at delivery (her e-mail is next) and bob's e-mail waits in
+        # the scheduler after a 429, when the notification is canceled
+        event = await send(api, project, ["ada", "bob"])
+        await drain(enricher, engine)
+        await delivery.run_until_idle()
+        await make_scheduler(settings=settings).ingest_until_idle()
+        await cancel(api, project, event)
+        # When the rest of the pipeline runs
+        await drain(enricher, engine, delivery)
+    finally:
+        for service in (enricher, engine, delivery):
+            await service.close()
+    # Then ada's fallback e-mail went out all the same
+    assert [m["to"] for m in await sim.messages("resend")] == ["ada@example.com"]
 
 
 async def test_cancels_racing_the_scheduler_taking_their_tasks_in_leave_none_waiting(

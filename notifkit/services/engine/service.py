@@ -9,6 +9,10 @@ then for every recipient the channel decisions (:mod:`.channels`), the engine de
     ai:pending     a task of one of the template's AI channels (content written by the ai service)
     scheduled      due later (sendAt, quiet hours); the scheduler moves it on when due
 
+A recipient of a notification canceled since, due now (its ``sendAt`` passed while it was on its
+way), is dropped with a 'canceled' row: one due later goes on to the scheduler, which drops it.
+A fallback (``fallbackFrom``) goes on: it continues a task already handed to delivery.
+
 Every decision is one ``message_logs`` row, written for the whole batch at once. Task ids are
 derived from (event, recipient, channel), so a rerun of the same entry produces the same ids.
 """
@@ -28,7 +32,7 @@ from notifkit.config import Settings
 from notifkit.db.logs import Kind, LogRow, Status, insert_logs
 from notifkit.db.routing import Template, load_routing
 from notifkit.dedup import Dedup, engine_key
-from notifkit.ids import derived_uuid7
+from notifkit.ids import derived_uuid7, is_uuid
 from notifkit.messages import (
     AiTask,
     EnrichedMessage,
@@ -40,6 +44,7 @@ from notifkit.services.base import WorkerService
 from notifkit.services.engine.channels import Decision, decide
 from notifkit.services.engine.render import context_for, render
 from notifkit.services.payloads import parse_each
+from notifkit.services.timeline import canceled_row
 from notifkit.unsubscribe import unsubscribe_url
 from notifkit.wording import counted
 from notifkit.worker import Entry
@@ -87,6 +92,9 @@ class EngineService(WorkerService):
              for _e, m in parsed for channel, targets in m["contacts"].items()
              for target in targets],
             {m["projectId"] for _e, m in parsed if m["priority"] != "critical"},
+            # A fallback continues a task handed to delivery, which a cancel leaves alone.
+            [m["eventId"] for _e, m in parsed
+             if not m.get("fallbackFrom") and is_uuid(m["eventId"])],
         )
         templates, suppressed, settings_of = (routing.templates, routing.suppressed,
                                               routing.settings)
@@ -112,9 +120,18 @@ class EngineService(WorkerService):
             except Exception as exc:  # this entry's own data is unusable; the batch goes on
                 entry.fail(exc)
                 continue
+            # Due later, the scheduler drops it (and says so); due now (its sendAt passed while
+            # it was on its way), nothing else would.
+            canceled = due_ms is None and (m["projectId"], m["eventId"]) in routing.canceled
             for decision in decisions:
                 task_id = derived_uuid7(m["eventId"], m["user"]["id"], decision.channel)
-                if decision.send:
+                if decision.send and canceled:
+                    campaign = m.get("campaignId")
+                    logs.append(canceled_row(
+                        m["projectId"], m["eventId"], task_id, m["user"]["id"],
+                        decision.channel, campaign if isinstance(campaign, str) else None,
+                        " before it was routed"))
+                elif decision.send:
                     sends.append(_Send(entry, m, template, decision, task_id, due_ms, reason))
                 else:
                     status = Status.SUPPRESSED if decision.kind is Kind.SUPPRESSED \
