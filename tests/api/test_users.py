@@ -113,6 +113,9 @@ async def test_an_id_that_is_not_utf_8_does_not_alias_its_escaped_spelling(
     ("email", "ada@example.com"), ("email", "a.b+tag@sub.example.co.uk"),
     ("sms", "+14155550100"), ("push", "fcm-token:APA91b-xyz_123"),
     ("webhook", "https://hooks.example.com/notify?x=1"),
+    ("webhook", "https://b\u00fccher.example/hook"), ("webhook", "https://example.com./hook"),
+    ("webhook", "https://in_bound.example.com/"), ("webhook", "https://93.184.215.14:8443/"),
+    ("webhook", "https://" + "a" * 63 + ".example.com/"),
 ])
 async def test_valid_contacts_are_added(
     api: Api, project: Project, channel: str, target: str
@@ -133,6 +136,12 @@ async def test_valid_contacts_are_added(
     ("push", "tok\u00a0en"),
     ("webhook", "http://example.com/hook"), ("webhook", "https://"),
     ("webhook", "ftp://example.com"),
+    # Hosts no lookup can find: the send failed on each attempt (an empty label made the
+    # transport raise), so the contact was stored but never reached
+    ("webhook", "https://a..example.com/"), ("webhook", "https://.example.com/"),
+    ("webhook", "https://%31%32%37.0.0.1/"), ("webhook", "https://exa!mple.com/"),
+    ("webhook", "https://" + "a" * 64 + ".example.com/"),
+    ("webhook", "https://" + "a." * 127 + "com/"),
 ])
 async def test_invalid_contact_targets_are_400_naming_target(
     api: Api, project: Project, channel: str, target: str

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit
 
 from aiohttp import HttpVersion11, web
+from yarl import URL
 
 from notifkit import codec
 from notifkit.destinations import refused_host
@@ -689,6 +690,28 @@ def https_url_problem(value: str) -> str | None:
         return "must be an https URL such as https://example.com/hooks"
     if port == 0:
         return "must name a valid port"
+    return _host_problem(parts.hostname)
+
+
+# A host name label as a lookup takes it: letters, digits, '-' and (as some DNS names carry
+# them) '_', at most 63 of them.
+_HOST_LABEL = re.compile(r"^[a-z0-9_-]{1,63}\Z")
+
+
+def _host_problem(host: str) -> str | None:
+    """Why a URL's host (lower-cased, IPv6 without brackets) can never be looked up, or None:
+    the send would fail on every attempt."""
+    if ":" in host:  # an IPv6 address: urlsplit checked its brackets
+        return None
+    try:
+        # As the client spells it on the wire: international names in punycode.
+        ascii_host = URL.build(scheme="https", host=host).raw_host or ""
+    except (ValueError, UnicodeError):
+        ascii_host = ""
+    name = ascii_host[:-1] if ascii_host.endswith(".") else ascii_host
+    if not name or len(name) > 253 or not all(
+            _HOST_LABEL.match(label) for label in name.split(".")):
+        return "must name a valid host, such as hooks.example.com"
     return None
 
 
