@@ -140,6 +140,22 @@ async def test_a_duplicate_task_for_the_same_recipient_and_channel_costs_nothing
     assert set(out[0]["content"]) == {"text"}
 
 
+async def test_the_same_recipients_other_channel_is_not_taken_for_a_duplicate(
+    ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys, project_id: str,
+    template: str,
+) -> None:
+    """The ai dedup key holds the channel: one notification's e-mail and SMS for one
+    recipient are two texts, each written once."""
+    email = ai_task(project_id, channel="email")
+    sms = ai_task(project_id, channel="sms", event_id=email["eventId"])
+    for task in (email, sms, sms):
+        await xadd(redis, keys.ai_pending, task, 10_000)
+    await ai.run_until_idle()
+    assert await requests_made(sim) == 2
+    out = await stream(redis, keys.outbound("normal"))
+    assert sorted(task["channel"] for task in out) == ["email", "sms"]
+
+
 @pytest.mark.parametrize("fault", ["status-400", "unknown-model", "invalid-token"])
 async def test_a_rejection_is_dead_lettered_after_exactly_one_request(
     fault: str, ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys,
