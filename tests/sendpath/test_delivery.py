@@ -25,7 +25,7 @@ from notifkit.services.engine import EngineService
 from notifkit.services.enricher import EnricherService
 from notifkit.services.events import EventsService
 from notifkit.services.scheduler import SchedulerService
-from notifkit.streams import ensure_group
+from notifkit.streams import ensure_group, xadd
 from notifkit.transports.base import Message, Outcome, SendResult
 from notifkit.transports.webhook import SIGNATURE_HEADER, verify
 from notifkit.worker import batch_stream
@@ -711,6 +711,27 @@ async def test_a_task_the_outbox_records_as_sent_is_not_sent_again(
     assert await sim.messages("twilio") == []
     [sent] = [r for r in await timeline(db, task["eventId"]) if r["kind"] == "sent"]
     assert sent["provider_message_id"] == "SM-earlier"
+
+
+async def test_a_task_queued_twice_is_delivered_once_and_recorded_once(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    """The delivery dedup key is the task id: a second entry of one task (a mover that handed
+    it over twice) is dropped as a duplicate, not sent, not recorded a second time."""
+    await add_user(db, project, "u1", contacts=[("sms", "+15550000001")])
+    await add_template(db, project, "t", {"sms": SMS})
+    enricher, engine, delivery = await stages(services, sim_settings)
+    event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(enricher, engine)
+    [task] = await entries(redis, keys.outbound("normal"))
+    await xadd(redis, keys.outbound("normal"), task, 1000)
+
+    await drain(delivery)
+
+    assert len(await sim.messages("twilio")) == 1
+    assert [(r["kind"], r["attempt"]) for r in await timeline(db, event_id)
+            if r["channel"] == "sms" and r["kind"] != "queued"] == [("sent", 1)]
 
 
 @pytest.mark.parametrize("recorded", ["sent", "sending"])
