@@ -267,6 +267,26 @@ async def test_replays_of_a_replay_add_up_the_attempts_made_before(
     assert decode(fields)["_replayedAttempts"] == 6
 
 
+async def test_a_replay_goes_back_to_the_very_stream_it_came_from(
+    api: Api, redis: Redis
+) -> None:
+    """Each priority lane and each single stream gets its own dead letters back: a critical
+    entry replayed onto the normal lane would queue behind every normal backlog."""
+    keys = Keys(api.settings.namespace)
+    a = await api.project("a")
+    origins = [s for s in keys.all_streams() if s != keys.dlq]
+    for n, origin in enumerate(origins):
+        record = dlq_record(keys, a.id, f"1-{n}", n)
+        record["stream"] = origin
+        entry_id = await xadd(redis, keys.dlq, record, 1000)
+        reply = await api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full)
+        assert (reply.status, reply.body["stream"]) == (202, origin), reply.body
+        # Then the entry is on its origin stream and on no other
+        landed = {s: [decode(f)["n"] for _id, f in await xrange(redis, s)] for s in origins}
+        assert {s: ns for s, ns in landed.items() if ns} == {origin: [n]}, origin
+        await redis.delete(origin)
+
+
 async def test_a_replay_shows_on_the_timeline_and_reopens_the_task(
     api: Api, redis: Redis, db: asyncpg.Pool
 ) -> None:
