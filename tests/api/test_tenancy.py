@@ -240,8 +240,13 @@ async def test_ids_of_one_project_are_404_for_another(
                   {"eventId": made["event"]}):
         await check("GET", "/v1/messages", 200, query=query)
     await check("GET", "/v1/dlq", 200)
-    await check("GET", "/v1/workflows", 200)
-    await check("GET", "/v1/templates", 200)
+    # A list of summaries may hold nothing but caller-chosen ids (a template list shows no
+    # content): the ids listed must be B's own.
+    for route, own in (("/v1/workflows", workflow), ("/v1/templates", template)):
+        listed = await check("GET", route, 200)
+        if listed.status == 200:
+            assert [i["id"] for i in listed.body["items"]] == ([own] if exists else []), (
+                route, listed.body)
     for query in ({}, {"channel": "email"}, {"target": "a@example.com"}):
         await check("GET", "/v1/suppressions", 200, query=query)
     await check("GET", "/v1/streams", 200)
