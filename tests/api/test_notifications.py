@@ -368,6 +368,29 @@ async def test_the_notification_shows_each_recipients_timeline(
                 ).status == 404
 
 
+async def test_a_timeline_shows_only_its_own_projects_rows(
+    api: Api, project: Project, template: str, db: asyncpg.Pool
+) -> None:
+    """The timeline query is scoped by project like every other: rows another project wrote
+    under the same event id (a provider's receipt posted to that project's webhook URL,
+    say) are not this notification's."""
+    other = await api.project("other")
+    sent = await api.call("POST", "/v1/notifications", key=project.send,
+                          json={"to": "u1", "template": template})
+    event = sent.body["id"]
+    await log(db, project.id, event, "t1", "u1", "email", "sent", "sent",
+              "2030-01-01T00:00:01Z")
+    await log(db, other.id, event, "t1", "u1", "email", "delivered", "delivered",
+              "2030-01-01T00:00:02Z")
+    await log(db, other.id, event, "t9", "intruder", "sms", "sent", "sent",
+              "2030-01-01T00:00:02Z")
+    reply = await api.call("GET", f"/v1/notifications/{event}", key=project.full)
+    assert reply.status == 200
+    [recipient] = reply.body["recipients"]
+    assert (recipient["taskId"], recipient["status"]) == ("t1", "sent")
+    assert [e["kind"] for e in recipient["timeline"]] == ["sent"]
+
+
 async def test_a_throttled_recipient_is_an_outcome_not_work_in_progress(
     api: Api, project: Project, template: str, db: asyncpg.Pool
 ) -> None:
