@@ -106,6 +106,28 @@ async def test_preferences_topic_opt_out_suppression_and_missing_contacts_are_re
     assert all(r["channel"] == "email" and r["task_id"] for r in rows.values())
 
 
+async def test_another_projects_suppression_of_the_same_address_does_not_apply(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    """Suppressions are per project: one tenant's bounce of an address, looked up in the
+    same engine batch, does not keep another tenant's send to that address back."""
+    from .helpers import add_project
+    other = await add_project(db)
+    for owner in (project, other):
+        await add_user(db, owner, "u1", contacts=[("email", "shared@example.com")])
+        await add_template(db, owner, "invoice", {"email": EMAIL})
+    await db.execute("INSERT INTO suppressions (project_id, channel, target, reason) "
+                     "VALUES ($1, 'email', 'shared@example.com', 'bounce')", other)
+    stages = await pipeline(services)
+
+    mine = await send(redis, keys, db, project, "invoice", "u1", data={"amount": "1"})
+    theirs = await send(redis, keys, db, other, "invoice", "u1", data={"amount": "1"})
+    await drain(*stages)
+
+    assert [t["eventId"] for t in await entries(redis, keys.outbound("normal"))] == [mine]
+    assert [r["kind"] for r in await timeline(db, theirs)] == ["suppressed"]
+
+
 async def test_the_fallback_chain_sends_the_first_available_channel_only(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
 ) -> None:
