@@ -164,6 +164,28 @@ async def test_a_push_outage_falls_back_to_exactly_one_sms_per_recipient(
         assert "fallback after push failed" in queued_sms["detail"]
 
 
+async def test_a_chain_of_three_is_followed_in_the_templates_order(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    # Given a chain push -> sms -> email, and push and SMS providers answering 503
+    await add_user(db, project, "u1", contacts=[("push", "device-1"), ("sms", "+15550000001"),
+                                                ("email", "u1@example.com")])
+    await add_template(db, project, "alert", {"push": PUSH, "sms": SMS, "email": EMAIL},
+                       fallback=["push", "sms", "email"])
+    await sim.add_fault("error", "fcm", status=503)
+    await sim.add_fault("error", "twilio", status=503)
+
+    event_id = await send(redis, keys, db, project, "alert", "u1", data={"amount": "9"})
+    await drain(*await stages(services, sim_settings))
+
+    # Then each channel was tried once, in the chain's order, and the e-mail went out
+    assert [(r["channel"], r["kind"]) for r in await timeline(db, event_id)] == [
+        ("push", "queued"), ("push", "failed"), ("sms", "queued"), ("sms", "failed"),
+        ("email", "queued"), ("email", "sent")]
+    assert [m["to"] for m in await sim.messages("resend")] == ["u1@example.com"]
+
+
 async def test_an_invalid_push_token_disables_the_contact_and_the_fallback_is_used(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
     sim: SimulatorServer, sim_settings: Settings,
