@@ -147,6 +147,32 @@ async def test_the_deployment_default_throttle_applies_unless_the_project_turns_
     assert [kinds(await event_timeline(db, e))[0][0] for e in off] == ["queued", "queued"]
 
 
+async def test_a_critical_send_bypasses_the_deployment_default_throttle_too(
+    settings: Settings, db: asyncpg.Pool, redis: Redis, keys: Keys, project_id: str,
+) -> None:
+    """The bypass is the priority's, not the project's settings': with one send an hour
+    allowed by default, a critical send after a normal one still goes out, and takes no
+    place in the window."""
+    strict = settings.replace(throttle_limit=1, throttle_window_s=3600)
+    await add_user(db, project_id, "u1", contacts=[("email", "u1@example.com")])
+    await add_template(db, project_id, "code", {"email": EMAIL})
+    enricher, engine = EnricherService(strict), EngineService(strict)
+    try:
+        first = await send(redis, keys, db, project_id, "code", "u1")
+        await drain(enricher, engine)
+        critical = await send(redis, keys, db, project_id, "code", "u1", priority="critical")
+        await drain(enricher, engine)
+        second = await send(redis, keys, db, project_id, "code", "u1")
+        await drain(enricher, engine)
+    finally:
+        await enricher.close()
+        await engine.close()
+    assert kinds(await event_timeline(db, first)) == [("queued", "processing")]
+    assert kinds(await event_timeline(db, critical)) == [("queued", "processing")]
+    assert kinds(await event_timeline(db, second)) == [("throttled", "throttled")]
+    assert [t["eventId"] for t in await entries(redis, keys.outbound("critical"))] == [critical]
+
+
 async def test_a_hard_bounce_suppresses_the_address_and_the_next_send_skips_it(
     settings: Settings, db: asyncpg.Pool, redis: Redis, keys: Keys, project_id: str,
 ) -> None:
