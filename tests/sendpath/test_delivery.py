@@ -582,9 +582,10 @@ class Clock:
         return self.now_ms
 
 
+@pytest.mark.parametrize("priority", ["normal", "critical"])
 async def test_a_429_parks_the_task_until_retry_after_then_it_is_sent_once(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
-    sim: SimulatorServer, sim_settings: Settings,
+    sim: SimulatorServer, sim_settings: Settings, priority: str,
 ) -> None:
     await add_user(db, project, "u1", contacts=[("sms", "+15550000001")])
     await add_template(db, project, "t", {"sms": SMS})
@@ -593,13 +594,15 @@ async def test_a_429_parks_the_task_until_retry_after_then_it_is_sent_once(
     pipeline = (*await stages(services, sim_settings),
                 await services(SchedulerService, sim_settings, clock=clock))
 
-    event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"},
+                          priority=priority)
     await drain(*pipeline)
 
-    # Then the task waits with the scheduler for the provider's Retry-After
+    # Then the task waits with the scheduler for the provider's Retry-After, to go back to
+    # its own priority's stream (a critical task must not queue behind normal work)
     [parked] = await entries(redis, keys.scheduled)
     assert parked["reason"] == "rateLimited"
-    assert parked["stream"] == keys.outbound("normal")
+    assert parked["stream"] == keys.outbound(priority)
     assert parked["payload"]["parkCount"] == 1
     assert parked["payload"]["priorAttempts"] == 1
     created_ms = int((await xrange(redis, keys.scheduled))[0][0].decode().split("-")[0])
@@ -613,6 +616,8 @@ async def test_a_429_parks_the_task_until_retry_after_then_it_is_sent_once(
     assert sms["acceptCount"] == 1
     assert kinds(await timeline(db, event_id), "sms") == [
         ("queued", "processing", 0), ("deferred", "scheduled", 1), ("sent", "sent", 2)]
+    assert {p: len(await entries(redis, keys.outbound(p))) for p in ("critical", "normal")} \
+        == {"critical": 0, "normal": 0, priority: 2}
 
 
 async def test_a_task_still_rate_limited_at_the_attempt_limit_is_dead_lettered(
