@@ -273,9 +273,13 @@ async def test_an_address_suppressed_while_its_task_waited_is_not_sent_to(
     event_id = await send(redis, keys, db, project, "t", ["u1", "u2"], data={"amount": "1"})
     await drain(enricher, engine)
 
-    # While the tasks wait for delivery, a bounce suppresses one address
+    # While the tasks wait for delivery, a bounce suppresses one address; another project's
+    # bounce of the other address is that project's alone
     await db.execute("INSERT INTO suppressions (project_id, channel, target, reason) "
                      "VALUES ($1, 'email', 'gone@example.com', 'bounce')", project)
+    await db.execute("INSERT INTO suppressions (project_id, channel, target, reason) "
+                     "VALUES ($1, 'email', 'here@example.com', 'bounce')",
+                     await add_project(db))
     await drain(delivery)
 
     assert [m["to"] for m in await sim.messages("resend")] == ["here@example.com"]
