@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from email.utils import parseaddr
 from typing import TYPE_CHECKING, Any, Final
@@ -359,6 +359,11 @@ def parse_services(raw: str, variable: str = "NOTIFKIT_SERVICES") -> tuple[str, 
     names = [part.strip().lower() for part in raw.split(",") if part.strip()]
     if not names:
         raise ConfigError(variable, "names no service; use 'all' or e.g. 'api,delivery'")
+    # A name given twice is most likely a slip for another service (api,api for api,engine):
+    # running the one once would leave the other unrun without a word.
+    twice = _named_twice(names)
+    if twice is not None:
+        raise ConfigError(variable, f"names {twice!r} twice")
     unknown = [name for name in names if name not in SERVICES and name != "all"]
     if not unknown and "all" in names:
         return SERVICES
@@ -368,6 +373,16 @@ def parse_services(raw: str, variable: str = "NOTIFKIT_SERVICES") -> tuple[str, 
             f"unknown service {unknown[0]!r}; choose from all, {', '.join(SERVICES)}",
         )
     return tuple(name for name in SERVICES if name in names)
+
+
+def _named_twice(names: Iterable[str]) -> str | None:
+    """The first name that comes again in ``names``, else None."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            return name
+        seen.add(name)
+    return None
 
 
 def _read_env(env: Mapping[str, str]) -> dict[str, Any]:
@@ -800,6 +815,9 @@ def _validate(s: Settings) -> None:
     unknown = [name for name in s.services if name not in SERVICES]
     if unknown:
         raise ConfigError("NOTIFKIT_SERVICES", f"unknown service {unknown[0]!r}")
+    twice = _named_twice(s.services)
+    if twice is not None:
+        raise ConfigError("NOTIFKIT_SERVICES", f"names {twice!r} twice")
     if not _NAMESPACE_RE.match(s.namespace):
         raise ConfigError(
             "NOTIFKIT_NAMESPACE", "may hold only letters, digits and _ . : - (64 at most)"

@@ -39,6 +39,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None,
         ("DATABASE_URL", "mysql://x"),
         ("DB_SCHEMA", "Bad-Schema"),
         ("NOTIFKIT_SERVICES", "api,nope"),
+        # A service named twice (a slip for another one, api,api for api,engine) ran once.
+        ("NOTIFKIT_SERVICES", "api,delivery,API"),
         ("EMAIL_TRANSPORT", "pigeon"),
         ("AUTO_MIGRATE", "perhaps"),
         ("WEBHOOK_ALLOW_PRIVATE_NETWORKS", "sometimes"),
@@ -188,6 +190,15 @@ def test_serve_options_work_without_the_serve_command() -> None:
     assert "bogus" in bare.stderr
     assert "invalid choice" not in bare.stderr
     assert build_parser().parse_args(["serve", "--services", "api"]).services == "api"
+
+
+def test_a_service_named_twice_in_the_flag_is_named() -> None:
+    result = run_cli("serve", "--services", "api,api")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "--services" in lines[0]
+    assert "'api' twice" in lines[0]
 
 
 def test_a_bare_services_flag_reaches_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:

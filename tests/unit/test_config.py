@@ -113,6 +113,19 @@ def test_all_means_every_service(raw: str) -> None:
     assert parse_services(raw) == SERVICES
 
 
+@pytest.mark.parametrize("raw", ["api,api", "api, delivery ,Api", "all,all"])
+def test_a_service_named_twice_is_refused(raw: str) -> None:
+    with pytest.raises(ConfigError, match="twice") as info:
+        parse_services(raw)
+    assert info.value.variable == "NOTIFKIT_SERVICES"
+
+
+def test_a_service_given_twice_in_code_is_refused() -> None:
+    with pytest.raises(ConfigError, match="'api' twice") as info:
+        Settings(services=("api", "api"))
+    assert info.value.variable == "NOTIFKIT_SERVICES"
+
+
 @pytest.mark.parametrize("url", [
     # libpq's forms for a server on a Unix socket: no host, or the socket directory as host.
     "postgresql:///notifkit?host=/var/run/postgresql&user=app",
