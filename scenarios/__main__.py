@@ -25,7 +25,7 @@ from notifkit.stop_signals import STOP_SIGNALS, ignore_stop_signals, on_stop_sig
 from scenarios import catalog
 from scenarios.harness import RunOptions, service_urls
 from scenarios.report import Progress, ScenarioResult, table, violations_text, write_json
-from simulators.__main__ import OneLineParser, non_negative_int
+from simulators.__main__ import OneLineParser, seed_value
 
 T = TypeVar("T")
 
@@ -44,9 +44,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     commands.add_parser("list", help="list the scenarios and what each proves")
     run = commands.add_parser("run", help="run scenarios by name, or 'all'")
     run.add_argument("names", nargs="+", metavar="NAME")
-    # The simulators refuse a negative seed, which failed the run only after its first
-    # processes had started: refused here instead, by the simulators' own rule.
-    run.add_argument("--seed", type=non_negative_int, default=1,
+    # The simulators refuse a negative seed or one past 2**63, which failed the run only
+    # after its first processes had started: refused here instead, by the simulators' rule.
+    run.add_argument("--seed", type=seed_value, default=1,
                      help="seed for faults and traffic")
     run.add_argument("--json", type=Path, default=Path("scenario-results/results.json"),
                      help="where to write the JSON results")
@@ -248,14 +248,25 @@ async def stoppable(work: Awaitable[T]) -> T:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command == "list":
-        for name in catalog.available():
-            print(f"{name:<26} {catalog.load(name).DESCRIPTION}")
+        listing = "".join(f"{name:<26} {catalog.load(name).DESCRIPTION}\n"
+                          for name in catalog.available())
+        try:
+            sys.stdout.write(listing)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # The reader stopped early (``list | head``): nothing is wrong with the list. The
+            # interpreter's own flush at exit would fail again, so stdout goes nowhere now.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     if "all" in args.names and args.names != ["all"]:
         print("scenarios: 'all' runs every scenario; name scenarios or 'all', not both",
               file=sys.stderr)
         return 2
     names = catalog.available() if args.names == ["all"] else args.names
+    twice = next((name for index, name in enumerate(names) if name in names[:index]), None)
+    if twice is not None:  # it ran twice, its second result beside the first
+        print(f"scenarios: {twice!r} named twice; name each scenario once", file=sys.stderr)
+        return 2
     unknown = [n for n in names if n not in catalog.available()]
     if unknown:
         print(f"scenarios: unknown scenario {unknown[0]!r}; see 'python -m scenarios list'",

@@ -65,8 +65,9 @@ def _max_messages(text: str) -> int:
     return value
 
 
-def _seed(text: str) -> int:
-    # No larger than `POST /_sim/reset` takes, so the seed a run logs can always replay it.
+def seed_value(text: str) -> int:
+    """argparse type: a seed, no larger than ``POST /_sim/reset`` takes, so the seed a run
+    logs can always replay it (the scenarios' ``--seed`` reaches the simulators too)."""
     value = non_negative_int(text)
     if value > MAX_SEED:
         raise argparse.ArgumentTypeError(
@@ -102,7 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="interface to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=8025, help="HTTP port (default 8025)")
     parser.add_argument("--smtp-port", type=_port, default=2525, help="SMTP port (default 2525)")
-    parser.add_argument("--seed", type=_seed, default=None,
+    parser.add_argument("--seed", type=seed_value, default=None,
                         help="random seed for faults")
     parser.add_argument(
         "--max-messages",

@@ -91,6 +91,12 @@ def test_a_bad_option_is_one_line_without_running_anything(argv: list[str],
 @pytest.mark.parametrize(
     ("argv", "complaint"),
     [
+        # A seed past the simulators' largest passed here and failed the scenario once the
+        # simulators refused it.
+        (["malformed", "--seed", str(2**63 + 1)], "argument --seed: at most "
+                                                  "9223372036854775808"),
+        # A name given twice ran the scenario twice, its second result beside the first.
+        (["malformed", "key_revocation", "malformed"], "'malformed' named twice"),
         # A negative seed passed here and failed the run once the simulators refused it.
         (["malformed", "--seed", "-1"], "argument --seed: expected a non-negative integer, "
                                         "got -1"),
@@ -152,6 +158,19 @@ def test_a_value_no_scenario_can_use_is_refused_before_anything_starts(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert complaint in lines[0], result.stderr
+
+
+def test_a_list_read_by_a_reader_that_stopped_early_ends_without_a_traceback() -> None:
+    # ``python -m scenarios list | head -3``: the reader is gone before the list is written.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run([sys.executable, "-m", "scenarios", "list"], stdout=write_end,
+                                stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    finally:
+        os.close(write_end)
+    assert result.stderr == ""
+    assert result.returncode == 0
 
 
 def test_a_count_of_0_that_proves_nothing_is_refused_by_the_runner() -> None:
