@@ -41,6 +41,11 @@ def comma_list(item: Callable[[str], T]) -> Callable[[str], list[T]]:
         values = [item(part.strip()) for part in text.split(",") if part.strip()]
         if not values:
             raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+        # Measured twice, the second figures would stand over the first: a slip, not a wish.
+        twice = next((value for index, value in enumerate(values) if value in values[:index]),
+                     None)
+        if twice is not None:
+            raise argparse.ArgumentTypeError(f"names {twice!r} twice, in {text!r}")
         return values
 
     return parse
@@ -71,6 +76,10 @@ def check_env(parser: argparse.ArgumentParser, pairs: list[tuple[str, str]],
     """Refuse (status 2) an ``--env`` value notifkit's processes would refuse at start-up: the
     settings they would read are validated here, by notifkit's own rules."""
     given = dict(pairs)
+    if len(given) < len(pairs):  # the later value won without a word
+        twice = next(name for index, (name, _) in enumerate(pairs)
+                     if name in dict(pairs[:index]))
+        parser.error(f"argument --env: {twice}: given twice")
     env = {"REDIS_URL": DEFAULT_REDIS, "DATABASE_URL": DEFAULT_DATABASE, **(defaults or {}),
            **given}
     try:

@@ -37,6 +37,13 @@ Parse = Callable[[list[str]], argparse.Namespace]
         (bench.parse_args, ["--rates=-5,0"], "--rates"),
         (bench.parse_args, ["--rates", "abc"], "--rates"),
         (bench.parse_args, ["--rates", "250,inf"], "--rates"),
+        # A topology or rate given twice measured it twice, its second figures over the first.
+        (bench.parse_args, ["--topologies", "all,split,all"], "--topologies"),
+        (bench.parse_args, ["--rates", "250,250"], "--rates"),
+        # The later value won without a word.
+        (bench.parse_args, ["--env", "LOG_LEVEL=INFO", "--env", "LOG_LEVEL=ERROR"], "LOG_LEVEL"),
+        (profile.parse_args, ["--env", "WORKER_CONCURRENCY=5", "--env", "WORKER_CONCURRENCY=6"],
+         "WORKER_CONCURRENCY"),
         (bench.parse_args, ["--concurrency", "0"], "--concurrency"),
         (bench.parse_args, ["--celery-concurrency", "-3"], "--celery-concurrency"),
         (bench.parse_args, ["--env", "junk"], "--env"),
