@@ -114,12 +114,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--log-level",
         default="INFO",
+        type=str.upper,  # either case, as notifkit's LOG_LEVEL
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="default INFO: one line per received message",
     )
     parser.add_argument(
         "--log-format",
         default="text",
+        type=str.lower,
         choices=LOG_FORMATS,
         help="text (default) or json: one JSON object a line, as notifkit logs in production",
     )

@@ -162,3 +162,11 @@ async def test_json_log_format_writes_one_object_a_line() -> None:
         _, rest = await asyncio.wait_for(process.communicate(), 20)
     assert process.returncode == 0
     assert all(json.loads(line)["msg"] for line in rest.decode().splitlines())
+
+
+@pytest.mark.parametrize(("given", "level"), [("warning", "WARNING"), ("Debug", "DEBUG")])
+def test_a_log_level_is_taken_in_either_case_as_notifkit_takes_it(given: str,
+                                                                   level: str) -> None:
+    from simulators.__main__ import parse_args
+
+    assert parse_args(["--log-level", given]).log_level == level
