@@ -17,6 +17,7 @@ import contextlib
 import gc
 import logging
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
@@ -132,7 +133,8 @@ async def serve(settings: Settings, port_option: str = "PORT") -> int:
         await server.stop()
         if isinstance(exc, ConfigError) and exc.variable == "PORT":
             exc = ConfigError(port_option, exc.problem)
-        log.error("notifkit could not start: %s", describe_failure(exc))
+        why = describe_failure(exc)
+        log.error("notifkit could not start: %s", why, extra=setting_of(why))
         return 2 if isinstance(exc, ConfigError) else 1
     tune_gc()
     await stop.wait()
@@ -149,6 +151,17 @@ async def migrate_only(settings: Settings) -> int:
     log.info("Done: applied %d migration(s)%s.", len(applied),
              f" ({', '.join(applied)})" if applied else "")
     return 0
+
+
+# The setting a start failure names first ("REDIS_URL: cannot connect ...", "--port: ...").
+_NAMED_SETTING = re.compile(r"(--[a-z][a-z-]*|[A-Z][A-Z0-9_]+): ")
+
+
+def setting_of(why: str) -> dict[str, str]:
+    """``{"setting": name}`` for a JSON record about a failure that names its setting (as an
+    invalid setting's record carries it), else nothing."""
+    found = _NAMED_SETTING.match(why)
+    return {"setting": found.group(1)} if found else {}
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -224,7 +237,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not isinstance(exc, (OSError, RedisError, asyncpg.PostgresError,
                                 asyncpg.InterfaceError, MigrationError, DemoError)):
             raise
-        refuse(describe_failure(exc), log_format)
+        why = describe_failure(exc)
+        refuse(why, log_format, **setting_of(why))
         return 1
 
 
@@ -250,7 +264,9 @@ def intended_process_service(command: str, args: argparse.Namespace,
     try:
         return process_service_name(parse_services(raw))
     except ConfigError:
-        return None
+        # The services are what cannot be read: the record names the command instead, as
+        # migrate's do, so that every record still names a service.
+        return command
 
 
 def refuse(message: str, log_format: str | None, **fields: str) -> None:

@@ -368,6 +368,30 @@ def test_with_json_logs_invalid_configuration_is_one_json_record_naming_the_vari
     assert json.loads(narrow.stderr)["service"] == "api,delivery"
 
 
+@pytest.mark.parametrize("services", ["api,nope", "api,api", ","])
+def test_with_json_logs_a_services_setting_it_cannot_read_still_names_a_service(
+    services: str
+) -> None:
+    # The record about the services it was to run named no service at all: it names the
+    # command, as migrate's records do.
+    result = run_cli("serve", env={"NOTIFKIT_SERVICES": services, "LOG_FORMAT": "json"})
+    assert result.returncode == 2
+    record = json.loads(result.stderr)
+    assert record["setting"] == "NOTIFKIT_SERVICES"
+    assert record["service"] == "serve"
+
+
+def test_with_json_logs_an_unusable_setting_is_a_record_carrying_it() -> None:
+    # run_cli's Redis refuses connections: the setting is well-formed, the server unusable.
+    result = run_cli("serve", env={"LOG_FORMAT": "json"})
+    assert result.returncode == 1
+    record = json.loads(result.stderr)
+    assert record["level"] == "error"
+    assert record["msg"].startswith("notifkit could not start: REDIS_URL: ")
+    assert record["setting"] == "REDIS_URL"
+    assert record["service"] == "all"
+
+
 def test_with_text_logs_or_an_invalid_log_format_the_line_is_plain_text() -> None:
     text = run_cli("serve", env={"WORKER_CONCURRENCY": "abc", "LOG_FORMAT": "text"})
     assert text.returncode == 2
