@@ -43,7 +43,7 @@ BATCH_RECIPIENTS = 10
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = OneLineParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true",
-                        help="shorter phases, 10,000-user fan-out only (about 2 minutes)")
+                        help="shorter phases, 10,000-user fan-out only (about 3 minutes)")
     parser.add_argument("--json", type=Path, default=Path("bench-results/bench.json"),
                         help="where to write the figures (default bench-results/bench.json)")
     parser.add_argument("--duration", type=positive_float, default=None,
