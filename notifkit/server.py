@@ -217,10 +217,11 @@ class NotifkitServer:
         await self.stop()
 
 
-class RedisUnavailable(RedisConnectionError):
-    """Redis at ``REDIS_URL`` could not be reached at start. A redis ``ConnectionError``, so
-    callers that handle one keep doing so; the message names the setting, as PostgreSQL's
-    ``DatabaseUnavailable`` does."""
+class RedisUnavailable(RedisConnectionError, ConnectionError):
+    """Redis at ``REDIS_URL`` could not be reached at start. Both redis-py's and Python's
+    ``ConnectionError``, so callers that handle either keep doing so, and ``except
+    ConnectionError`` catches it as it catches PostgreSQL's ``DatabaseUnavailable``; the
+    message names the setting, as that one's does."""
 
 
 async def _require_redis(settings: Settings) -> None:

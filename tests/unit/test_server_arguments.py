@@ -91,3 +91,13 @@ async def test_an_unreachable_redis_is_reported_naming_redis_url() -> None:
         await server.start()
     assert server.services == {}
     await server.stop()
+
+
+async def test_an_unreachable_redis_is_the_builtin_connection_error_the_readme_names() -> None:
+    # ``except ConnectionError`` caught an unreachable PostgreSQL but not an unreachable Redis,
+    # whose error was redis-py's ConnectionError alone.
+    server = NotifkitServer(services=["api"], settings=Settings(),
+                            redis_url="redis://127.0.0.1:1/0", auto_migrate=False)
+    with pytest.raises(ConnectionError, match=r"^REDIS_URL: cannot connect to Redis"):
+        await server.start()
+    await server.stop()
