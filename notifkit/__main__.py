@@ -245,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def intended_log_format(command: str, env: Mapping[str, str]) -> str | None:
     """The format the command logs in, known before the settings are: None when LOG_FORMAT
     is itself the invalid setting."""
-    if command == "dev" and "LOG_FORMAT" not in env:
+    if command == "dev" and not (env.get("LOG_FORMAT") or "").strip():
         # The dev command speaks to a person at a terminal: readable unless asked otherwise.
         return "text"
     raw = (env.get("LOG_FORMAT") or "").strip().lower() or Settings.log_format

@@ -49,8 +49,8 @@ async def embedded_services(
     """Embedded servers for whatever the environment does not name, data kept in data_dir."""
     stack = contextlib.ExitStack()
     try:
-        redis_url = env.get("REDIS_URL") or ""
-        database_url = env.get("DATABASE_URL") or ""
+        redis_url = _given(env, "REDIS_URL") or ""
+        database_url = _given(env, "DATABASE_URL") or ""
         if not redis_url:
             redis_url = await asyncio.to_thread(_start_valkey, data_dir / "valkey", stack)
         if not database_url:
@@ -131,8 +131,9 @@ ADMIN_KEY_MIN_LENGTH = 16  # what Settings demands of NOTIFKIT_ADMIN_KEY
 def _admin_key(data_dir: Path, env: Mapping[str, str]) -> str:
     """NOTIFKIT_ADMIN_KEY, else the key kept in ``<data-dir>/admin-key`` (made on first use).
     A kept key that cannot be used is blamed on that file, not on the variable nobody set."""
-    if env.get("NOTIFKIT_ADMIN_KEY"):
-        return env["NOTIFKIT_ADMIN_KEY"]
+    given = _given(env, "NOTIFKIT_ADMIN_KEY")
+    if given is not None:
+        return given
     path = data_dir / "admin-key"
     fresh = "delete it to get a new one"
     try:
@@ -204,13 +205,48 @@ async def _run_dev(settings: Settings, environ: dict[str, str], folder: Path, po
     return await serving
 
 
+def _given(environ: Mapping[str, str], name: str) -> str | None:
+    """The variable's value, or None when it is unset or set to nothing but blanks (which
+    the settings read as unset too)."""
+    value = environ.get(name)
+    return value if value is not None and value.strip() else None
+
+
+def dev_host(environ: Mapping[str, str]) -> str:
+    """A laptop's API with an admin key in a file: reachable from this machine only, unless
+    HOST says otherwise (in a container, say)."""
+    return _given(environ, "HOST") or "127.0.0.1"
+
+
+def dev_environment(environ: Mapping[str, str], *, port: int, host: str, redis_url: str,
+                    database_url: str, simulator_url: str) -> dict[str, str]:
+    """The environment the dev command's settings are read from: ``environ`` with the servers
+    it started and its own defaults for what ``environ`` leaves unset."""
+    return {
+        **environ,
+        "REDIS_URL": redis_url,
+        "DATABASE_URL": database_url,
+        "NOTIFKIT_SIMULATOR_URL": _given(environ, "NOTIFKIT_SIMULATOR_URL") or simulator_url,
+        "PORT": str(port),
+        "HOST": host,
+        # Retries a person can watch: reclaim after 5 s instead of a minute.
+        "RECLAIM_INTERVAL_SECONDS": _given(environ, "RECLAIM_INTERVAL_SECONDS") or "5",
+        "RECLAIM_MIN_IDLE_SECONDS": _given(environ, "RECLAIM_MIN_IDLE_SECONDS") or "5",
+        "NOTIFKIT_PUBLIC_URL": _given(environ, "NOTIFKIT_PUBLIC_URL")
+        or f"http://127.0.0.1:{port}",
+        # A laptop's webhooks go to a receiver on the laptop.
+        "WEBHOOK_ALLOW_PRIVATE_NETWORKS": _given(environ, "WEBHOOK_ALLOW_PRIVATE_NETWORKS")
+        or "true",
+    }
+
+
 async def _serve_dev(settings: Settings, environ: dict[str, str], folder: Path, port: int,
                      sim_port: int, sim_smtp_port: int, started: asyncio.Event,
                      stop: asyncio.Event) -> int:
     from notifkit.server import NotifkitServer
     from notifkit.services.api.service import ApiService
 
-    host = environ.get("HOST", "127.0.0.1")
+    host = dev_host(environ)
     if port == 0:
         # "Any free port": chosen now, because NOTIFKIT_PUBLIC_URL (unsubscribe links, provider
         # callbacks) is fixed in the settings before the API binds. Should another process take
@@ -221,24 +257,9 @@ async def _serve_dev(settings: Settings, environ: dict[str, str], folder: Path, 
     async with embedded_services(folder, environ) as local, _simulators(
         sim_port, sim_smtp_port
     ) as sim:
-        merged = {
-            **environ,
-            "REDIS_URL": local.redis_url,
-            "DATABASE_URL": local.database_url,
-            "NOTIFKIT_SIMULATOR_URL": environ.get("NOTIFKIT_SIMULATOR_URL") or sim.base_url,
-            "PORT": str(port),
-            # A laptop's API with an admin key in a file: reachable from this machine only,
-            # unless HOST says otherwise (in a container, say).
-            "HOST": host,
-            # Retries a person can watch: reclaim after 5 s instead of a minute.
-            "RECLAIM_INTERVAL_SECONDS": environ.get("RECLAIM_INTERVAL_SECONDS", "5"),
-            "RECLAIM_MIN_IDLE_SECONDS": environ.get("RECLAIM_MIN_IDLE_SECONDS", "5"),
-            "NOTIFKIT_PUBLIC_URL": environ.get("NOTIFKIT_PUBLIC_URL")
-            or f"http://127.0.0.1:{port}",
-            # A laptop's webhooks go to a receiver on the laptop.
-            "WEBHOOK_ALLOW_PRIVATE_NETWORKS": environ.get("WEBHOOK_ALLOW_PRIVATE_NETWORKS",
-                                                          "true"),
-        }
+        merged = dev_environment(environ, port=port, host=host, redis_url=local.redis_url,
+                                 database_url=local.database_url,
+                                 simulator_url=sim.base_url)
         dev_settings = Settings.from_env(merged, services=settings.services)
         async with _api_port_named("--port"), NotifkitServer(settings=dev_settings) as server:
             # The port actually bound is the one to print and dial.

@@ -1,0 +1,59 @@
+"""The settings ``python -m notifkit dev`` runs with: its own defaults for what the environment
+leaves unset, where a variable set to nothing (or blanks) counts as unset, as everywhere else."""
+
+from __future__ import annotations
+
+import pytest
+
+from notifkit.__main__ import intended_log_format
+from notifkit.config import Settings
+from notifkit.dev import dev_environment, dev_host
+
+UNSET = ["", "  "]
+
+
+def merged(environ: dict[str, str]) -> Settings:
+    return Settings.from_env(dev_environment(
+        environ, port=9080, host=dev_host(environ), redis_url="redis://127.0.0.1:6380/0",
+        database_url="postgresql://postgres@127.0.0.1:5433/dev",
+        simulator_url="http://127.0.0.1:8025"))
+
+
+def test_unset_variables_get_the_dev_defaults() -> None:
+    settings = merged({})
+    assert settings.host == "127.0.0.1"
+    assert (settings.reclaim_interval_s, settings.reclaim_min_idle_s) == (5, 5)
+    assert settings.webhook_allow_private_networks is True
+    assert settings.public_url == "http://127.0.0.1:9080"
+    assert settings.simulator_url == "http://127.0.0.1:8025"
+
+
+@pytest.mark.parametrize("blank", UNSET)
+def test_a_variable_set_to_nothing_is_unset_for_dev_too(blank: str) -> None:
+    # HOST= listened on every interface (0.0.0.0, the serve default) with the admin key in a
+    # file; the others fell back to serve's defaults (a minute's reclaim, no private webhooks).
+    settings = merged({name: blank for name in (
+        "HOST", "RECLAIM_INTERVAL_SECONDS", "RECLAIM_MIN_IDLE_SECONDS",
+        "WEBHOOK_ALLOW_PRIVATE_NETWORKS", "NOTIFKIT_PUBLIC_URL", "NOTIFKIT_SIMULATOR_URL")})
+    assert settings.host == "127.0.0.1"
+    assert (settings.reclaim_interval_s, settings.reclaim_min_idle_s) == (5, 5)
+    assert settings.webhook_allow_private_networks is True
+    assert settings.public_url == "http://127.0.0.1:9080"
+    assert settings.simulator_url == "http://127.0.0.1:8025"
+
+
+def test_variables_that_are_set_win_over_the_dev_defaults() -> None:
+    settings = merged({"HOST": "0.0.0.0", "RECLAIM_INTERVAL_SECONDS": "2",
+                       "WEBHOOK_ALLOW_PRIVATE_NETWORKS": "false",
+                       "NOTIFKIT_PUBLIC_URL": "https://dev.example"})
+    assert settings.host == "0.0.0.0"
+    assert settings.reclaim_interval_s == 2
+    assert settings.webhook_allow_private_networks is False
+    assert settings.public_url == "https://dev.example"
+
+
+@pytest.mark.parametrize("blank", UNSET)
+def test_dev_logs_text_when_log_format_is_set_to_nothing(blank: str) -> None:
+    assert intended_log_format("dev", {"LOG_FORMAT": blank}) == "text"
+    assert intended_log_format("dev", {"LOG_FORMAT": "json"}) == "json"
+    assert intended_log_format("serve", {"LOG_FORMAT": blank}) == "json"
