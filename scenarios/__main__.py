@@ -43,13 +43,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", help="list the scenarios and what each proves")
     run = commands.add_parser("run", help="run scenarios by name, or 'all'")
-    run.add_argument("names", nargs="+", metavar="NAME")
+    run.add_argument("names", nargs="+", metavar="NAME",
+                     help="scenarios to run, each once (see 'list'), or 'all'")
     # The simulators refuse a negative seed or one past 2**63, which failed the run only
     # after its first processes had started: refused here instead, by the simulators' rule.
     run.add_argument("--seed", type=seed_value, default=1,
-                     help="seed for faults and traffic")
+                     help="seed for faults and traffic, 0 to 2**63 (default 1)")
     run.add_argument("--json", type=Path, default=Path("scenario-results/results.json"),
-                     help="where to write the JSON results")
+                     help="where to write the JSON results; each process's log goes "
+                     "beside it (default scenario-results/results.json)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a scenario parameter, e.g. --set messages=500")
     return parser.parse_args(args)
