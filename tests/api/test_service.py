@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 
 import aiohttp
+import pytest
 from redis.asyncio import Redis
 
 from notifkit.config import Settings
@@ -29,6 +31,22 @@ async def test_the_service_serves_on_the_port_it_bound(settings: Settings) -> No
             async with http.post(f"{service.base_url}/v1/projects", json={"name": "p"},
                                  headers={"Authorization": f"Bearer {ADMIN}"}) as response:
                 assert response.status == 201
+
+
+async def test_an_ipv6_host_is_written_in_brackets(settings: Settings,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    # HOST=::1 logged "listening on ::1:8080" and gave a base_url of http://::1:8080, which no
+    # client can dial.
+    with caplog.at_level(logging.INFO, logger="notifkit.api"):
+        async with NotifkitServer(services=["api"], settings=settings.replace(host="::1", port=0),
+                                  auto_migrate=False) as server:
+            service = server.service("api")
+            assert isinstance(service, ApiService)
+            assert service.base_url == f"http://[::1]:{service.port}"
+            async with aiohttp.ClientSession() as http, \
+                    http.get(f"{service.base_url}/health") as response:
+                assert response.status == 200
+    assert f"The API is listening on [::1]:{service.port}." in caplog.messages
 
 
 @contextlib.asynccontextmanager

@@ -39,6 +39,11 @@ log = logging.getLogger("notifkit.api")
 SHUTDOWN_TIMEOUT_S = 5.0
 
 
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as a URL writes it: an IPv6 address in brackets (``[::1]:8080``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class ApiService(Service):
     name: ClassVar[str] = "api"
 
@@ -57,7 +62,7 @@ class ApiService(Service):
         host = self.settings.host
         if host in ("0.0.0.0", "::", ""):
             host = "127.0.0.1"
-        return f"http://{host}:{self.port}"
+        return f"http://{host_port(host, self.port)}"
 
     async def start(self) -> None:
         await self.open()
@@ -74,7 +79,7 @@ class ApiService(Service):
             setting = ("HOST" if isinstance(exc, socket.gaierror)
                        or exc.errno == errno.EADDRNOTAVAIL else "PORT")
             raise ConfigError(
-                setting, f"cannot listen on {self.settings.host}:{self.settings.port} "
+                setting, f"cannot listen on {host_port(self.settings.host, self.settings.port)} "
                 f"(HOST:PORT): {exc.strerror or exc}"
             ) from exc
         except BaseException:
@@ -82,7 +87,7 @@ class ApiService(Service):
             raise
         self._runner = runner
         self.port = _bound_port(runner, self.settings.port)
-        log.info("The API is listening on %s:%d.", self.settings.host, self.port)
+        log.info("The API is listening on %s.", host_port(self.settings.host, self.port))
         with contextlib.suppress(RedisError, OSError):
             await self.beat()  # listed by /health as soon as start() returns
         self._heartbeat = asyncio.create_task(self._heartbeat_loop(),
