@@ -54,7 +54,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      "beside it (default scenario-results/results.json)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a scenario parameter, e.g. --set messages=500")
+    if args[:1] == ["run"] and (unknown := unknown_options(args[1:])):
+        # argparse names a missing NAME before an unknown option: "--bogus" alone was
+        # answered "the following arguments are required: NAME".
+        run.error(f"unrecognized arguments: {' '.join(unknown)}")
     return parser.parse_args(args)
+
+
+RUN_OPTIONS = ("-h", "--help", "--seed", "--json", "--set")
+RUN_VALUE_OPTIONS = ("--seed", "--json", "--set")
+
+
+def unknown_options(words: list[str]) -> list[str]:
+    """The words of a ``run`` command line that look like options it does not have (the value
+    after ``--seed``, ``--json`` or ``--set`` is a value, whatever it looks like)."""
+    unknown: list[str] = []
+    value_next = False
+    for word in words:
+        if value_next:
+            value_next = False
+        elif word == "--":
+            break
+        elif word.startswith("-"):
+            # argparse takes an unambiguous prefix too (--js for --json).
+            given = word.split("=", 1)[0]
+            matches = [option for option in RUN_OPTIONS if option == given
+                       or (given.startswith("--") and option.startswith(given))]
+            if not matches:
+                unknown.append(word)
+            value_next = ("=" not in word and bool(matches)
+                          and all(option in RUN_VALUE_OPTIONS for option in matches))
+    return unknown
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:

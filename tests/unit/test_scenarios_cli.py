@@ -72,6 +72,9 @@ def test_an_unknown_bare_name_is_refused_without_running_anything() -> None:
         (["malformed", "--bogus"], "unrecognized arguments: --bogus"),
         # A bad option first was answered "the following arguments are required: command".
         (["--bogus", "malformed"], "unrecognized arguments: --bogus"),
+        # Alone, it was answered "the following arguments are required: NAME".
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["run", "--seed", "3", "--bogus"], "unrecognized arguments: --bogus"),
         (["--seed", "abc", "malformed"], "argument --seed: expected a non-negative integer, "
                                          "got 'abc'"),
         (["run"], "the following arguments are required: NAME"),
