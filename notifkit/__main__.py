@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import difflib
 import gc
 import logging
 import os
@@ -209,6 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Records of the process itself (starting, stopping, migrating, a library's) name it too.
     set_process_service(command if command != "serve"
                         else process_service_name(settings.services))
+    warn_unknown_settings(os.environ)
     try:
         _install_event_loop()
         if command == "migrate":
@@ -240,6 +242,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         why = describe_failure(exc)
         refuse(why, log_format, **setting_of(why))
         return 1
+
+
+# How alike a variable's name must be to a setting's to be taken for a misspelling of it.
+MISSPELT_CUTOFF = 0.85
+
+
+def warn_unknown_settings(env: Mapping[str, str]) -> None:
+    """A warning for each variable that looks meant for notifkit but is none of its settings
+    (``WORKER_CONCURENCY``, ``NOTIFKIT_ADMIN_TOKEN``): ignored without a word, it left the
+    process on the default the operator meant to change. ``NOTIFKIT_TEST_*`` are the tests'."""
+    from notifkit.config import VARIABLES
+
+    for name in sorted(env):
+        if name in VARIABLES or name.startswith("NOTIFKIT_TEST_"):
+            continue
+        close = difflib.get_close_matches(name, VARIABLES, n=1, cutoff=MISSPELT_CUTOFF)
+        if not close and not name.startswith("NOTIFKIT_"):
+            continue
+        hint = f"; did you mean {close[0]}?" if close else ""
+        log.warning("%s is not a notifkit setting and is ignored%s", name, hint,
+                    extra={"setting": name})
 
 
 def intended_log_format(command: str, env: Mapping[str, str]) -> str | None:

@@ -386,6 +386,26 @@ def test_with_json_logs_an_unusable_setting_is_a_record_carrying_it() -> None:
     assert record["service"] == "all"
 
 
+@pytest.mark.parametrize(("variable", "meant"), [("WORKER_CONCURENCY", "WORKER_CONCURRENCY"),
+                                               ("DATABASE_URI", "DATABASE_URL"),
+                                               ("NOTIFKIT_ADMIN_TOKEN", None)])
+def test_a_misspelt_setting_is_a_warning_naming_it(variable: str, meant: str | None) -> None:
+    # It was ignored without a word, the process running on the default.
+    result = run_cli("serve", env={variable: "5", "LOG_FORMAT": "json"})
+    records = [json.loads(line) for line in result.stderr.strip().splitlines()]
+    [warning] = [record for record in records if record.get("setting") == variable]
+    assert warning["level"] == "warning"
+    assert f"{variable} is not a notifkit setting" in warning["msg"]
+    if meant is not None:
+        assert f"did you mean {meant}?" in warning["msg"]
+
+
+def test_settings_of_other_programs_draw_no_warning() -> None:
+    result = run_cli("serve", env={"HOSTNAME": "box", "NOTIFKIT_TEST_REDIS_URL": "redis://x",
+                                   "SMTP_HOST": "mail", "LOG_FORMAT": "json"})
+    assert "not a notifkit setting" not in result.stderr
+
+
 def test_with_text_logs_or_an_invalid_log_format_the_line_is_plain_text() -> None:
     text = run_cli("serve", env={"WORKER_CONCURRENCY": "abc", "LOG_FORMAT": "text"})
     assert text.returncode == 2
