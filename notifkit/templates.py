@@ -267,7 +267,34 @@ class RenderError(ValueError):
         self.message = message
 
 
+class _CodeGenerator(CodeGenerator):
+    """Refuses a filter or test the environment lacks wherever it stands. Jinja leaves one
+    inside ``{% if %}`` or ``x if c else y`` to the render, for templates that ask first
+    whether a filter exists: here the filters are fixed, so a misspelt one there (the VIP
+    paragraph's ``| uper``) would be saved and fail every send that reaches it. A name the
+    template itself asks about (``{% if 'markdown' is filter %}``) is still left to the
+    render."""
+
+    def visit_Template(self, node: nodes.Template, frame: Frame | None = None) -> None:
+        self._asked = {(test.name, test.node.value) for test in node.find_all(nodes.Test)
+                       if test.name in ("filter", "test") and isinstance(test.node, nodes.Const)}
+        super().visit_Template(node, frame)
+
+    def visit_Filter(self, node: nodes.Filter, frame: Frame) -> None:
+        self._known("filter", node.name, self.environment.filters, node.lineno)
+        super().visit_Filter(node, frame)
+
+    def visit_Test(self, node: nodes.Test, frame: Frame) -> None:
+        self._known("test", node.name, self.environment.tests, node.lineno)
+        super().visit_Test(node, frame)
+
+    def _known(self, kind: str, name: str, known: Mapping[str, Any], lineno: int) -> None:
+        if name not in known and (kind, name) not in self._asked:
+            self.fail(f"No {kind} named {name!r}.", lineno)
+
+
 class _Sandbox(ImmutableSandboxedEnvironment):
+    code_generator_class = _CodeGenerator
     intercepted_binops = frozenset({"*", "**", "%"})
 
     def __init__(self, **options: Any) -> None:
@@ -466,7 +493,7 @@ def _compare(left: Any, ops: tuple[tuple[str, Any], ...]) -> Any:
     return result
 
 
-class _ExpressionCodeGenerator(CodeGenerator):
+class _ExpressionCodeGenerator(_CodeGenerator):
     """Compiles comparisons to :func:`_compare` calls (operands evaluated left to right,
     each once)."""
 

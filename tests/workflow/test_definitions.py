@@ -140,6 +140,16 @@ def test_validation_never_raises_whatever_json_it_is_given(steps: object) -> Non
     assert all(e["field"].startswith("steps") for e in errors)
 
 
+def test_an_unknown_filter_or_test_behind_a_condition_is_refused_at_save() -> None:
+    """Jinja leaves a filter inside ``x if c else y`` to the evaluation: a misspelt one would
+    fail every instance whose data takes that side, long after the definition was saved."""
+    for expression in ("data.plan | uper == 'PRO' if data.plan else false",
+                       "false if data.y else data.x is no_such_test"):
+        [error] = validate_steps([{"type": "branch", "if": expression}])
+        assert error["field"] == "steps[0].if"
+        assert "uper" in error["message"] or "no_such_test" in error["message"]
+
+
 def test_huge_numbers_are_rejected_not_crashed_on() -> None:
     assert fields([{"type": "wait", "seconds": 10**400}]) == ["steps[0].seconds"]
 
