@@ -21,8 +21,9 @@ Choices, and why:
   and a render past :data:`MAX_RENDER_SECONDS`; output past :data:`MAX_OUTPUT_CHARS` stops the
   render. Sizes are counted as text (a list holding one long string ten times
   counts ten times) and estimated before a call that could build a large result in one step
-  (``join``, ``format``, ``%``, ``expandtabs``, ``translate``, ``wordwrap``'s wrapstring), since
-  a check of the result would come after the memory was gone. ``wordwrap`` takes at most
+  (``join``, ``format``, ``%``, ``expandtabs``, ``translate``, ``wordwrap``'s wrapstring,
+  ``indent`` of many lines; a format's widths, ``{:{}}`` and ``%*d`` too), since a check of
+  the result would come after the memory was gone. ``wordwrap`` takes at most
   :data:`MAX_WORDWRAP_CHARS`, as it cannot be interrupted. All the strings one render builds
   may not pass :data:`MAX_PRODUCED_CHARS` together: each is bounded, but many at once are not.
 - ``StrictUndefined``: a variable the data does not carry is an error, not an empty string. A
@@ -55,7 +56,7 @@ from jinja2 import ChainableUndefined, StrictUndefined, TemplateSyntaxError, Und
 from jinja2.compiler import CodeGenerator, Frame
 from jinja2.exceptions import SecurityError, TemplateError, UndefinedError
 from jinja2.runtime import Context
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedFormatter
 from jinja2.utils import generate_lorem_ipsum
 
 __all__ = [
@@ -94,9 +95,11 @@ _CACHE_SIZE: Final = 4096
 # Filters and str methods whose integer arguments set the size of what they build.
 _SIZING_FILTERS: Final = frozenset({"center", "indent", "wordwrap", "truncate", "batch", "slice"})
 _SIZING_METHODS: Final = frozenset({"ljust", "rjust", "center", "zfill", "expandtabs"})
-# A width or precision of seven digits or more in a %-format or str.format field.
-_WIDE_FIELD: Final = re.compile(r"\d{7,}")
-_DIGITS: Final = re.compile(r"\d{1,7}")
+# A %-format's conversion: its width and precision (digits, or ``*`` when taken from the
+# arguments). Digits and asterisks in the format's own text are text.
+_CONVERSION: Final = re.compile(r"%(?:%|(?:\([^)]*\))?[#0\- +]*(\*|\d*)(?:\.(\*|\d*))?[hlL]?.)")
+# A str.format field's width and precision, once nested fields are filled in.
+_SPEC_SIZE: Final = re.compile(r"(?:.?[<>=^])?[-+ ]?z?#?0?(\d*)[,_]?(?:\.(\d+))?")
 # The filter every for-loop's iterable passes through (see _compile).
 _LOOP_FILTER: Final = "nk_loop_budget"
 # The filter every operand of ``~`` passes through (see _compile).
@@ -214,33 +217,70 @@ def _refuse_amplifying(owner: str, name: str, args: tuple[Any, ...],
         items = list(values[0]) if isinstance(values[0], Iterable) else []
         size = _logical_size(items) + len(owner) * len(items)
     elif name in ("format", "format_map"):
-        size = _format_size(owner, values)
+        # each field may write the longest argument; widths: see _FieldWidths
+        size = len(owner) + owner.count("{") * max(map(_logical_size, values), default=0)
     if size > MAX_OUTPUT_CHARS:
         raise SecurityError("the result would be too large")
 
 
 def _format_size(fmt: Any, args: Iterable[Any]) -> int:
-    """An upper bound of a format's result: each field may write the longest argument."""
+    """An upper bound of a %-format's result: each conversion may write the longest argument
+    and pad to its width or precision, which may be taken from the arguments (``%*d``: the
+    largest number they hold, once per ``*``)."""
     if not isinstance(fmt, str):
         return 0
-    fields = fmt.count("{") + fmt.count("%")
+    args = list(args)
     longest = max((_logical_size(a) for a in args), default=0)
-    # Each field may also pad to its width: many fields of 999999 are as bad as one huge one.
-    widths = sum(int(digits) for digits in _DIGITS.findall(fmt))
-    return len(fmt) + fields * longest + widths
+    conversions = _CONVERSION.findall(fmt)
+    sizes = [size for conversion in conversions for size in conversion if size]
+    stars = sizes.count("*")
+    if any(len(size) > 6 for size in sizes):  # 10**6 or more: int() of a huge one is slow
+        return MAX_OUTPUT_CHARS + 1
+    widths = sum(int(size) for size in sizes if size != "*")
+    return len(fmt) + len(conversions) * longest + widths \
+        + (stars * _largest_int(args) if stars else 0)
+
+
+def _largest_int(value: Any) -> int:
+    """The largest integer ``value`` holds, in itself or its items (``%(a)*d`` reaches a
+    mapping's); ``value`` is already within the size limit."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return abs(value)
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, list | tuple | set | frozenset):
+        return max((_largest_int(item) for item in value), default=0)
+    return 0
+
+
+class _FieldWidths(SandboxedFormatter):
+    """Walks a str.format as it will run (fields looked up through the sandbox, nested specs
+    such as ``{:{}}`` filled in) without writing anything, adding up the widths and
+    precisions its fields ask for: a width taken from an argument is known only then, and
+    str.format builds every field before its result could be measured."""
+
+    def __init__(self, env: Any) -> None:
+        super().__init__(env)
+        self.total = 0
+
+    def convert_field(self, value: Any, conversion: str | None) -> Any:
+        return value
+
+    def format_field(self, value: Any, format_spec: str) -> Any:
+        sized = _SPEC_SIZE.match(format_spec)
+        if sized is not None:
+            self.total += int(sized[1] or 0) + int(sized[2] or 0)
+        if self.total > MAX_OUTPUT_CHARS:
+            raise SecurityError("the result would be too large")
+        # A nested field's value becomes part of its parent's spec (``{:{}}`` of 8 or of
+        # ">8"). The rest is thrown away, and within the size already estimated.
+        return str(value) if isinstance(value, int | str) else ""
 
 
 def _refuse_sizes(args: Iterable[Any]) -> None:
     for arg in args:
         if isinstance(arg, int) and not isinstance(arg, bool) and arg > MAX_OUTPUT_CHARS:
             raise SecurityError("the result would be too large")
-
-
-def _refuse_wide_format(fmt: Any, args: Iterable[Any] = ()) -> None:
-    if isinstance(fmt, str) and _WIDE_FIELD.search(fmt):
-        raise SecurityError("the result would be too large")
-    if isinstance(fmt, str) and "*" in fmt:  # widths taken from the arguments
-        _refuse_sizes(args)
 
 
 def _bounded_lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> Any:
@@ -330,6 +370,12 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         @functools.wraps(wrapped)
         def checked(*args: Any, **kwargs: Any) -> str:
             _refuse_amplifying(owner, name, args, kwargs)
+            if "{" in owner:
+                fields = _FieldWidths(self)
+                if name == "format_map" and len(args) == 1 and not kwargs:
+                    fields.vformat(owner, (), args[0])
+                else:
+                    fields.vformat(owner, args, kwargs)
             result: str = _produced(wrapped(*args, **kwargs))
             return result
 
@@ -337,8 +383,6 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         _tick()
-        if isinstance(obj, str) and attribute in ("format", "format_map"):
-            _refuse_wide_format(obj)
         if isinstance(obj, dict) and isinstance(attribute, str) and attribute in obj:
             # A caller's field named like a dict method (an order's ``data.items``) is the
             # field; Jinja would hand out the method. Without the field the method stays.
@@ -353,7 +397,6 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         _tick()
         if operator_ == "%":
             values = right if isinstance(right, tuple | list) else (right,)
-            _refuse_wide_format(left, values)
             if _format_size(left, (*values, *(right.values() if isinstance(right, Mapping)
                                               else ()))) > MAX_OUTPUT_CHARS:
                 raise SecurityError("the result would be too large")
@@ -381,12 +424,13 @@ def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             _bounded(arg)
         if name == "wordwrap":
             _refuse_big_wordwrap(args, kwargs)
+        elif name == "indent":
+            _refuse_big_indent(args, kwargs)
         if name in _SIZING_FILTERS:
             _refuse_sizes([*args, *kwargs.values()])
         elif name == "format":
-            values = [a for a in args if isinstance(a, str | int | float)]
-            if values:
-                _refuse_wide_format(values[0], [*values[1:], *kwargs.values()])
+            if args and _format_size(args[0], [*args[1:], *kwargs.values()]) > MAX_OUTPUT_CHARS:
+                raise SecurityError("the result would be too large")
         elif name == "tojson":
             # (eval_ctx, value, indent): the indent is repeated on every line of the output.
             indent = kwargs.get("indent", args[2] if len(args) > 2 else None)
@@ -405,6 +449,16 @@ def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         return _produced(_bounded(func(*args, **kwargs)))
 
     return bounded
+
+
+def _refuse_big_indent(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+    """``indent(s, width, ...)`` writes the width (spaces, or the string given) on every line:
+    a width under the limit times many lines is built in one join."""
+    text = str(args[0]) if args else ""
+    width = kwargs.get("width", args[1] if len(args) > 1 else 4)
+    each = width if isinstance(width, int) else len(str(width))
+    if len(text) + (text.count("\n") + 1) * max(each, 0) > MAX_OUTPUT_CHARS:
+        raise SecurityError("the result would be too large")
 
 
 def _refuse_big_wordwrap(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:

@@ -205,6 +205,20 @@ def test_output_no_encoder_or_database_can_hold_is_a_render_error(source: str) -
     "{{ ('%-999999s'*100) % (('x',)*100) }}",
     "{{ ('a '*100)|wordwrap(1, wrapstring='x'*999999) }}",
     "{% set s = 'x'*999999 %}{% set l = [s, s, s, s, s, s, s, s, s, s] %}{{ l ~ '' }}",
+    # widths and precisions taken from the arguments, one huge or many wide
+    "{{ '{:{}}'.format(1, 100000000) }}",
+    "{{ '{:.{}f}'.format(1.0, 100000000) }}",
+    "{{ '{0:{1[0]}}'.format(1, [100000000]) }}",
+    "{{ '{a:{b}}'.format_map({'a': 1, 'b': 100000000}) }}",
+    "{{ '{:{}}'.format(1, '>100000000') }}",
+    "{{ ('{:{}}'*100).format(*((1, 999999)*100)) }}",
+    "{{ ('%*d'*100) % ((999999, 1)*100) }}",
+    "{{ ('%.*f'*100) % ((999999, 1.0)*100) }}",
+    "{{ ('%*d'*100)|format(*((999999, 1)*100)) }}",
+    # every line indented: the width counts once per line
+    "{{ ('a\\n'*100)|indent(999999) }}",
+    "{{ ('a\\n'*100)|indent(width=999999) }}",
+    "{{ ('a\\n'*100)|indent('x'*999999) }}",
 ])
 def test_output_is_refused_before_it_is_built(source: str) -> None:
     """One C call (expandtabs, translate, join, format, str of a list holding one long
@@ -252,6 +266,21 @@ def test_the_bounds_leave_ordinary_templates_alone() -> None:
         .startswith('[\n  {\n    "c": [')
     assert render_string("{% for n in data.tree recursive %}{{ n.v }}{% if n.c %}"
                          "({{ loop(n.c) }}){% endif %}{% endfor %}", context) == "1(2)"
+
+
+@pytest.mark.parametrize(("source", "out"), [
+    # digits and asterisks in a format's own text are text, not widths
+    ('{{ "**Total: %d** (order 55512345678)" % data.amount }}',
+     "**Total: 5000000** (order 55512345678)"),
+    ('{{ "*%s* 100%%"|format(data.amount) }}', "*5000000* 100%"),
+    ('{{ "Call 0800 5551234567, ref {}".format(data.amount) }}',
+     "Call 0800 5551234567, ref 5000000"),
+    ('{{ "{}: {:>{}}|".format(data.amount, "a", 3) }}', "5000000:   a|"),
+    ('{{ "{0:{1}.{2}f}|%*d|".format(3.14159, 6, 2) % (3, 7) }}', "  3.14|  7|"),
+    ('{{ "{a:>{w}}|".format_map({"a": 1, "w": 3}) }}', "  1|"),
+])
+def test_formats_are_bounded_by_the_widths_they_ask_for(source: str, out: str) -> None:
+    assert render_string(source, {"data": {"amount": 5_000_000}}) == out
 
 
 def test_branch_expressions_treat_missing_fields_as_undefined() -> None:
