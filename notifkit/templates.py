@@ -15,9 +15,10 @@ Choices, and why:
 - A render is bounded in time and memory, because it runs on the event loop of the api
   (previews) and the engine (every send): one template must not stall either, nor exhaust the
   process's memory. Refused: arithmetic that would build huge values (``"x" * 10**9``,
-  ``9 ** 999999``), padding or repeating to sizes past :data:`MAX_OUTPUT_CHARS` (``center``,
-  ``"%9999999d"``, ``"a".ljust(...)``, ``replace``), any value past that size however it was
-  built (a string doubled in a loop), more than :data:`MAX_LOOP_ITERATIONS` loop iterations,
+  ``9 ** 999999``, a product past :data:`MAX_RESULT_BITS`), padding or repeating to sizes
+  past :data:`MAX_OUTPUT_CHARS` (``center``, ``"%9999999d"``, ``"a".ljust(...)``,
+  ``replace``), any value past that size however it was built (a string doubled in a loop),
+  more than :data:`MAX_LOOP_ITERATIONS` loop iterations,
   and a render past :data:`MAX_RENDER_SECONDS`; output past :data:`MAX_OUTPUT_CHARS` stops the
   render. Sizes are counted as text (a list holding one long string ten times
   counts ten times) and estimated before a call that could build a large result in one step
@@ -411,6 +412,10 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         if operator_ == "*":
             size = _repeat_size(left, right)
             if size > MAX_OUTPUT_CHARS:
+                raise SecurityError("the result would be too large")
+            # A number squared in a loop: each product takes three times the last one's time.
+            if isinstance(left, int) and isinstance(right, int) \
+                    and left.bit_length() + right.bit_length() > MAX_RESULT_BITS:
                 raise SecurityError("the result would be too large")
             return _produced(operator.mul(left, right))
         return super().call_binop(context, operator_, left, right)

@@ -142,6 +142,10 @@ def test_the_sandbox_refuses_escapes_mutation_and_huge_output(source: str) -> No
     ('{{ ("a" * 1000).replace("", "b" * 999000) }}', "too large"),
     ('{{ ("a" * 1000)|replace("", "b" * 999000) }}', "too large"),
     ("{{ data.xs|slice(2000000000)|list|length }}", "too large"),
+    # a number squared over and over: each product takes three times as long as the last,
+    # the one past the time budget seconds on its own
+    ("{% set ns = namespace(x=10**999) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}"
+     "{% endfor %}", "too large"),
     ("{% macro d(s, n) %}{% if n %}{{ d(s ~ s, n - 1) }}{% else %}{{ s|length }}{% endif %}"
      "{% endmacro %}{{ d('x', 40) }}", "too large"),
     # Built in one call, where neither the clock nor the size check can stop it midway.
