@@ -859,6 +859,8 @@ def render_expression(expr: str, context: Mapping[str, Any]) -> Any:
         compiled = _compile_expression(expr)
     except TemplateSyntaxError as exc:
         raise RenderError("if", f"{exc.message} (line {exc.lineno})") from None
+    except (RecursionError, MemoryError):  # saved before the save-time check refused it
+        raise RenderError("if", "the expression is nested too deeply") from None
     token = _budget.set(_Budget())
     try:
         return compiled(**context)

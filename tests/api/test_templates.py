@@ -64,6 +64,12 @@ def test_nesting_python_cannot_compile_is_a_render_error_not_a_crash() -> None:
     assert expression_error(condition) == "the template is nested too deeply (line 1)"
     with pytest.raises(RenderError):
         render_expression(condition, {"data": {}})
+    # nesting Jinja's own parser cannot follow
+    for condition in ("(" * 1000 + "1" + ")" * 1000, "not " * 5000 + "1"):
+        assert expression_error(condition) == "the expression is nested too deeply"
+        with pytest.raises(RenderError) as caught:
+            render_expression(condition, {"data": {}})
+        assert caught.value.field == "if"
 
 
 def test_valid_templates_have_no_errors() -> None:
