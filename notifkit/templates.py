@@ -20,9 +20,10 @@ Choices, and why:
   ``replace``), any value past that size however it was built (a string doubled in a loop),
   more than :data:`MAX_LOOP_ITERATIONS` loop iterations,
   and a render past :data:`MAX_RENDER_SECONDS`; output past :data:`MAX_OUTPUT_CHARS` stops the
-  render. Sizes are counted as text (a list holding one long string ten times
-  counts ten times) and estimated before a call that could build a large result in one step
-  (``join``, ``format``, ``%``, ``expandtabs``, ``translate``, ``wordwrap``'s wrapstring,
+  render. A render is one channel's content: its fields (thousands, in push data or a webhook
+  body object) share these bounds. Sizes are counted as text (a list holding one long string
+  ten times counts ten times) and estimated before a call that could build a large result in
+  one step (``join``, ``format``, ``%``, ``expandtabs``, ``translate``, ``wordwrap``'s wrapstring,
   ``indent`` of many lines; a format's widths, ``{:{}}`` and ``%*d`` too), since a check of
   the result would come after the memory was gone. ``wordwrap`` takes at most
   :data:`MAX_WORDWRAP_CHARS`, as it cannot be interrupted. All the strings one render builds
@@ -110,12 +111,13 @@ _SIZE_FILTER: Final = "nk_bounded"
 class _Budget:
     """What one render may still spend (see the module docstring)."""
 
-    __slots__ = ("deadline", "iterations", "produced", "sizes")
+    __slots__ = ("deadline", "iterations", "produced", "sizes", "written")
 
     def __init__(self) -> None:
         self.deadline = time.monotonic() + MAX_RENDER_SECONDS
         self.iterations = 0
         self.produced = 0
+        self.written = 0  # output of the fields rendered so far
         # Text sizes of the collections already measured, by id (the object is kept so the
         # id stays its own): a loop passing the same long list to a filter on every
         # iteration would otherwise walk it every time. The sandbox is immutable, so a
@@ -726,6 +728,9 @@ def render_string(source: str, context: Mapping[str, Any], *, html: bool = False
         raise RenderError(field, f"{type(exc).__name__}: {exc}{_where(exc)}") from None
     if output is None:
         raise RenderError(field, f"renders to more than {MAX_OUTPUT_CHARS} characters")
+    if isinstance(output, int):
+        raise RenderError(field, f"renders past {MAX_OUTPUT_CHARS} characters with the "
+                                 f"{output} the fields before it wrote")
     problem = _unstorable(output)
     if problem:
         raise RenderError(field, problem)
@@ -760,20 +765,32 @@ def _unstorable(text: str) -> str | None:
     return None
 
 
-def _render_bounded(template: Any, context: Mapping[str, Any]) -> str | None:
-    """Render chunk by chunk within a fresh budget, giving up (None) as soon as the output
-    passes the limit."""
-    token = _budget.set(budget := _Budget())
-    try:
+def _render_bounded(template: Any, context: Mapping[str, Any]) -> str | int | None:
+    """Render chunk by chunk within the channel's budget (a fresh one for a lone text),
+    giving up as soon as the output passes the limit: None when this text alone passes it,
+    else what the fields before it wrote."""
+    with _one_budget() as budget:
+        before = budget.written
         chunks: list[str] = []
-        size = 0
         for chunk in template.generate(context):
-            size += len(chunk)
-            if size > MAX_OUTPUT_CHARS:
-                return None
+            budget.written += len(chunk)
+            if budget.written > MAX_OUTPUT_CHARS:
+                return None if budget.written - before > MAX_OUTPUT_CHARS else before
             budget.tick()
             chunks.append(chunk)
         return "".join(chunks)
+
+
+@contextlib.contextmanager
+def _one_budget() -> Iterator[_Budget]:
+    """The budget of the render under way, or a fresh one for as long as this lasts."""
+    budget = _budget.get()
+    if budget is not None:
+        yield budget
+        return
+    token = _budget.set(budget := _Budget())
+    try:
+        yield budget
     finally:
         _budget.reset(token)
 
@@ -831,12 +848,16 @@ def render_channel(content: Mapping[str, Any], channel: str,
 
     ``content`` is ``template.channels[channel]``; ``context`` holds ``data``, ``user``,
     ``notification``, ``channel`` (and ``unsubscribeUrl`` for email, ``items`` for digests).
-    HTML fields are autoescaped. Raises :class:`RenderError` naming the failing field.
+    HTML fields are autoescaped. The fields render within one budget (time, loop iterations,
+    output). Raises :class:`RenderError` naming the failing field.
     """
     out: dict[str, Any] = {}
-    for key, value in content.items():
-        html = (channel, key) in HTML_FIELDS
-        out[key] = _render_value(value, context, html, f"channels.{channel}.{key}")
+    # One budget for all the fields: push data and a webhook body may hold thousands, each
+    # of which could otherwise spend a whole budget of its own.
+    with _one_budget():
+        for key, value in content.items():
+            html = (channel, key) in HTML_FIELDS
+            out[key] = _render_value(value, context, html, f"channels.{channel}.{key}")
     return out
 
 

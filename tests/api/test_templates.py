@@ -245,6 +245,29 @@ def test_output_is_refused_before_it_is_built(source: str) -> None:
     assert peak < 25_000_000
 
 
+def test_a_channel_s_fields_share_one_budget() -> None:
+    """Push data and a webhook body are objects of as many fields as a request carries
+    (thousands): with a budget each, fields each just within it held the engine's event loop
+    for minutes per send. A channel's content is one render: its fields together are within
+    the loop, time and size bounds."""
+    loop = "{% for i in range(60000) %}{% endfor %}x"
+    assert render_string(loop, {}) == "x"
+    with pytest.raises(RenderError) as caught:
+        render_channel({"body": {"a": loop, "b": {"c": loop}}}, "webhook", {"data": {}})
+    assert caught.value.field == "channels.webhook.body.b.c"
+    assert "loop iterations" in caught.value.message
+    big = "{{ 'x' * 600000 }}"
+    assert len(render_string(big, {})) == 600000
+    with pytest.raises(RenderError) as caught:
+        render_channel({"title": big, "body": big}, "push", {"data": {}})
+    assert caught.value.field == "channels.push.body"
+    assert caught.value.message == ("renders past 1000000 characters with the 600000 the "
+                                    "fields before it wrote")
+    # each channel (each send, each preview) starts afresh
+    assert render_channel({"text": loop}, "sms", {}) == {"text": "x"}
+    assert render_channel({"text": loop}, "inapp", {}) == {"text": "x"}
+
+
 def test_a_long_list_used_on_every_iteration_is_measured_once() -> None:
     """Sizes are measured per render, not per call: a loop that passes the same list to a
     filter on each iteration must not walk it each time (quadratic, past the time budget)."""
