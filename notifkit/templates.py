@@ -770,6 +770,7 @@ def _render_bounded(template: Any, context: Mapping[str, Any]) -> str | int | No
     giving up as soon as the output passes the limit: None when this text alone passes it,
     else what the fields before it wrote."""
     with _one_budget() as budget:
+        budget.tick()  # a field that writes nothing and calls nothing would never look
         before = budget.written
         chunks: list[str] = []
         for chunk in template.generate(context):

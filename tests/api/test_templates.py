@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from notifkit import templates as templates_module
 from notifkit.templates import (
     RenderError,
     build_context,
@@ -266,6 +267,18 @@ def test_a_channel_s_fields_share_one_budget() -> None:
     # each channel (each send, each preview) starts afresh
     assert render_channel({"text": loop}, "sms", {}) == {"text": "x"}
     assert render_channel({"text": loop}, "inapp", {}) == {"text": "x"}
+
+
+def test_fields_that_write_nothing_still_count_against_the_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A field that writes nothing and calls nothing never reached the clock: thousands of
+    them (each compiled anew when they outnumber the compile cache) held the loop for
+    seconds. Each field looks at the clock before it renders."""
+    monkeypatch.setattr(templates_module, "MAX_RENDER_SECONDS", 0.0)
+    with pytest.raises(RenderError) as caught:
+        render_channel({"body": {"a": "{% if false %}{% endif %}"}}, "webhook", {})
+    assert "longer than" in caught.value.message
 
 
 def test_a_long_list_used_on_every_iteration_is_measured_once() -> None:
