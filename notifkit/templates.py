@@ -15,11 +15,12 @@ Choices, and why:
 - A render is bounded in time and memory, because it runs on the event loop of the api
   (previews) and the engine (every send): one template must not stall either, nor exhaust the
   process's memory. Refused: arithmetic that would build huge values (``"x" * 10**9``,
-  ``9 ** 999999``, a product past :data:`MAX_RESULT_BITS`), padding or repeating to sizes
-  past :data:`MAX_OUTPUT_CHARS` (``center``, ``"%9999999d"``, ``"a".ljust(...)``,
-  ``replace``), any value past that size however it was built (a string doubled in a loop),
-  more than :data:`MAX_LOOP_ITERATIONS` loop iterations,
-  and a render past :data:`MAX_RENDER_SECONDS`; output past :data:`MAX_OUTPUT_CHARS` stops the
+  ``9 ** 999999``, a product past :data:`MAX_RESULT_BITS`, ``int.from_bytes`` of more, ``round``
+  to more than :data:`MAX_POWER_EXPONENT` places), padding or repeating to sizes past
+  :data:`MAX_OUTPUT_CHARS` (``center``, ``"%9999999d"``, ``"a".ljust(...)``, ``replace``, the
+  same methods of bytes, ``int.to_bytes``), any value past that size however it was built (a
+  string doubled in a loop), more than :data:`MAX_LOOP_ITERATIONS` loop iterations, and a
+  render past :data:`MAX_RENDER_SECONDS`; output past :data:`MAX_OUTPUT_CHARS` stops the
   render. A render is one channel's content: its fields (thousands, in push data or a webhook
   body object) share these bounds. Sizes are counted as text (a list holding one long string
   ten times counts ten times) and estimated before a call that could build a large result in
@@ -205,21 +206,22 @@ def _written(value: Any) -> Any:
     return "" if value is None else _bounded(value)
 
 
-def _refuse_amplifying(owner: str, name: str, args: tuple[Any, ...],
+def _refuse_amplifying(owner: str | bytes | bytearray, name: str, args: tuple[Any, ...],
                        kwargs: Mapping[str, Any]) -> None:
     """Refuse a str method whose result would pass the size limit, before it is built."""
     values = [*args, *kwargs.values()]
     size = 0
     if name == "expandtabs":
         width = values[0] if values else 8
-        size = len(owner) + owner.count("\t") * width if isinstance(width, int) else 0
+        tabs = owner.count("\t") if isinstance(owner, str) else owner.count(b"\t")
+        size = len(owner) + tabs * width if isinstance(width, int) else 0
     elif name == "translate" and values and isinstance(values[0], Mapping):
         longest = max((_logical_size(v) for v in values[0].values()), default=1)
         size = len(owner) * max(longest, 1)
     elif name == "join" and values:
         items = list(values[0]) if isinstance(values[0], Iterable) else []
         size = _logical_size(items) + len(owner) * len(items)
-    elif name in ("format", "format_map"):
+    elif name in ("format", "format_map") and isinstance(owner, str):
         # each field may write the longest argument; widths: see _FieldWidths
         size = len(owner) + owner.count("{") * max(map(_logical_size, values), default=0)
     if size > MAX_OUTPUT_CHARS:
@@ -296,7 +298,10 @@ def _bounded_lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100
 
 
 def _refuse_big_replace(text: Any, old: Any, new: Any) -> None:
-    if isinstance(text, str) and isinstance(old, str) and isinstance(new, str) \
+    """``replace`` of str (or of bytes: ``''.encode()``) writes ``new`` at every match."""
+    kinds = {str if isinstance(v, str) else bytes if isinstance(v, bytes | bytearray) else None
+             for v in (text, old, new)}
+    if len(kinds) == 1 and None not in kinds \
             and (text.count(old) + 1) * len(new) + len(text) > MAX_OUTPUT_CHARS:
         raise SecurityError("the result would be too large")
 
@@ -353,13 +358,20 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         for arg in (*args, *kwargs.values()):  # a macro that doubles a string per call
             _bounded(arg)
         owner = getattr(__obj, "__self__", None)
-        if isinstance(owner, str):
-            name = getattr(__obj, "__name__", "")
+        name = getattr(__obj, "__name__", "")
+        if isinstance(owner, str | bytes | bytearray):  # ''.encode() has the same methods
             if name in _SIZING_METHODS:
                 _refuse_sizes([*args, *kwargs.values()])
             elif name == "replace" and len(args) >= 2:
                 _refuse_big_replace(owner, args[0], args[1])
             _refuse_amplifying(owner, name, args, kwargs)
+        elif isinstance(owner, int) and name == "to_bytes":
+            _refuse_sizes([*args, *kwargs.values()])
+        elif isinstance(owner, type) and issubclass(owner, int) and name == "from_bytes" \
+                and args \
+                and _logical_size(args[0]) * 8 > MAX_RESULT_BITS:
+            # a number of millions of bits, divided by another in one call, takes minutes
+            raise SecurityError("the result would be too large")
         return _produced(_bounded(super().call(__context, __obj, *args, **kwargs)))
 
     def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
@@ -438,6 +450,11 @@ def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         elif name == "format":
             if args and _format_size(args[0], [*args[1:], *kwargs.values()]) > MAX_OUTPUT_CHARS:
                 raise SecurityError("the result would be too large")
+        elif name == "round":
+            # (value, precision, method): 10 ** precision, in one call
+            precision = kwargs.get("precision", args[1] if len(args) > 1 else 0)
+            if isinstance(precision, int) and abs(precision) > MAX_POWER_EXPONENT:
+                raise SecurityError(f"round's precision may be at most {MAX_POWER_EXPONENT}")
         elif name == "tojson":
             # (eval_ctx, value, indent): the indent is repeated on every line of the output.
             indent = kwargs.get("indent", args[2] if len(args) > 2 else None)
@@ -487,7 +504,7 @@ def _loop_budget(iterable: Any) -> Any:
 
 def _repeat_size(left: Any, right: Any) -> int:
     for seq, count in ((left, right), (right, left)):
-        if isinstance(seq, str | list | tuple) and isinstance(count, int):
+        if isinstance(seq, str | bytes | bytearray | list | tuple) and isinstance(count, int):
             return _logical_size(seq) * max(count, 0)
     return 0
 

@@ -149,6 +149,11 @@ def test_the_sandbox_refuses_escapes_mutation_and_huge_output(source: str) -> No
     ('{{ ("a" * 1000).replace("", "b" * 999000) }}', "too large"),
     ('{{ ("a" * 1000)|replace("", "b" * 999000) }}', "too large"),
     ("{{ data.xs|slice(2000000000)|list|length }}", "too large"),
+    # round's 10 ** precision, computed in one call
+    ("{{ 1.5|round(10000000, 'floor') }}", "round's precision"),
+    ("{{ 15|round(-10000000) }}", "round's precision"),
+    # a number of millions of bits, whose division takes quadratic time in one call
+    ("{{ (1).from_bytes(('x'*999999).encode(), 'big') % 7 }}", "too large"),
     # a number squared over and over: each product takes three times as long as the last,
     # the one past the time budget seconds on its own
     ("{% set ns = namespace(x=10**999) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}"
@@ -226,6 +231,14 @@ def test_output_no_encoder_or_database_can_hold_is_a_render_error(source: str) -
     "{{ ('%*d'*100) % ((999999, 1)*100) }}",
     "{{ ('%.*f'*100) % ((999999, 1.0)*100) }}",
     "{{ ('%*d'*100)|format(*((999999, 1)*100)) }}",
+    # bytes and ints have sizing methods of their own
+    "{{ (1).to_bytes(100000000, 'big') }}",
+    "{{ (1).to_bytes(length=100000000) }}",
+    "{{ 'x'.encode().ljust(100000000) }}",
+    "{{ 'x'.encode().zfill(100000000) }}",
+    "{{ ('x'*999999).encode() * 100 }}",
+    "{{ ('\\t'*99999).encode().expandtabs(9999) }}",
+    "{{ ('a'*9999).encode().replace(''.encode(), ('b'*99999).encode()) }}",
     # every line indented: the width counts once per line
     "{{ ('a\\n'*100)|indent(999999) }}",
     "{{ ('a\\n'*100)|indent(width=999999) }}",
