@@ -15,20 +15,21 @@ Choices, and why:
 - A render is bounded in time and memory, because it runs on the event loop of the api
   (previews) and the engine (every send): one template must not stall either, nor exhaust the
   process's memory. Refused: arithmetic that would build huge values (``"x" * 10**9``,
-  ``9 ** 999999``, a product past :data:`MAX_RESULT_BITS`, ``int.from_bytes`` of more, ``round``
-  to more than :data:`MAX_POWER_EXPONENT` places), padding or repeating to sizes past
+  ``9 ** 999999``, a product past :data:`MAX_RESULT_BITS`, ``int.from_bytes`` of more, ``round`` to
+  more than :data:`MAX_POWER_EXPONENT` places), padding or repeating to sizes past
   :data:`MAX_OUTPUT_CHARS` (``center``, ``"%9999999d"``, ``"a".ljust(...)``, ``replace``, the
-  same methods of bytes, ``int.to_bytes``), any value past that size however it was built (a
-  string doubled in a loop), more than :data:`MAX_LOOP_ITERATIONS` loop iterations, and a
-  render past :data:`MAX_RENDER_SECONDS`; output past :data:`MAX_OUTPUT_CHARS` stops the
-  render. A render is one channel's content: its fields (thousands, in push data or a webhook
-  body object) share these bounds. Sizes are counted as text (a list holding one long string
-  ten times counts ten times) and estimated before a call that could build a large result in
-  one step (``join``, ``format``, ``%``, ``expandtabs``, ``translate``, ``wordwrap``'s wrapstring,
-  ``indent`` of many lines; a format's widths, ``{:{}}`` and ``%*d`` too), since a check of
-  the result would come after the memory was gone. ``wordwrap`` takes at most
-  :data:`MAX_WORDWRAP_CHARS`, as it cannot be interrupted. All the strings one render builds
-  may not pass :data:`MAX_PRODUCED_CHARS` together: each is bounded, but many at once are not.
+  same methods of bytes, ``int.to_bytes``), the punycode and idna codecs (quadratic), any value
+  past that size however it was built (a string doubled in a loop), more than
+  :data:`MAX_LOOP_ITERATIONS` loop iterations, and a render past :data:`MAX_RENDER_SECONDS`;
+  output past :data:`MAX_OUTPUT_CHARS` stops the render. A render is one channel's content: its
+  fields (thousands, in push data or a webhook body object) share these bounds. Sizes are
+  counted as text (a list holding one long string ten times counts ten times) and estimated
+  before a call that could build a large result in one step (``join``, ``format``, ``%``,
+  ``expandtabs``, ``translate``, ``wordwrap``'s wrapstring, ``indent`` of many lines; a format's
+  widths, ``{:{}}`` and ``%*d`` too), since a check of the result would come after the memory
+  was gone. ``wordwrap`` takes at most :data:`MAX_WORDWRAP_CHARS`, as it cannot be interrupted.
+  All the strings one render builds may not pass :data:`MAX_PRODUCED_CHARS` together: each is
+  bounded, but many at once are not.
 - ``StrictUndefined``: a variable the data does not carry is an error, not an empty string. A
   notification reading "Hi , your invoice of  is paid" is worse than one that visibly failed:
   the preview shows the mistake before any send, and the engine falls back to generic content
@@ -45,6 +46,7 @@ Choices, and why:
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import functools
 import operator
@@ -94,6 +96,7 @@ MAX_JSON_INDENT: Final = 16
 MAX_WORDWRAP_CHARS: Final = 100_000
 MAX_PRODUCED_CHARS: Final = 20 * MAX_OUTPUT_CHARS
 _CACHE_SIZE: Final = 4096
+_SLOW_CODECS: Final = frozenset({"punycode", "idna"})
 
 # Filters and str methods whose integer arguments set the size of what they build.
 _SIZING_FILTERS: Final = frozenset({"center", "indent", "wordwrap", "truncate", "batch", "slice"})
@@ -297,6 +300,16 @@ def _bounded_lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100
     return generate_lorem_ipsum(n, html, min, max)
 
 
+def _refuse_slow_codec(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+    """Punycode (and IDNA, built on it) are written in Python and quadratic in the text: one
+    ``decode('punycode')`` of a megabyte holds the event loop for minutes."""
+    encoding = kwargs.get("encoding", args[0] if args else "utf-8")
+    with contextlib.suppress(LookupError, TypeError):  # the call itself says what is wrong
+        codec = codecs.lookup(encoding).name
+        if codec in _SLOW_CODECS:
+            raise SecurityError(f"the {codec} codec is not available in templates")
+
+
 def _refuse_big_replace(text: Any, old: Any, new: Any) -> None:
     """``replace`` of str (or of bytes: ``''.encode()``) writes ``new`` at every match."""
     kinds = {str if isinstance(v, str) else bytes if isinstance(v, bytes | bytearray) else None
@@ -360,6 +373,8 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         owner = getattr(__obj, "__self__", None)
         name = getattr(__obj, "__name__", "")
         if isinstance(owner, str | bytes | bytearray):  # ''.encode() has the same methods
+            if name in ("encode", "decode"):
+                _refuse_slow_codec(args, kwargs)
             if name in _SIZING_METHODS:
                 _refuse_sizes([*args, *kwargs.values()])
             elif name == "replace" and len(args) >= 2:

@@ -152,6 +152,10 @@ def test_the_sandbox_refuses_escapes_mutation_and_huge_output(source: str) -> No
     # round's 10 ** precision, computed in one call
     ("{{ 1.5|round(10000000, 'floor') }}", "round's precision"),
     ("{{ 15|round(-10000000) }}", "round's precision"),
+    # codecs written in Python, quadratic in the text: a megabyte held the loop for minutes
+    ("{{ ('a'*99 ~ '-' ~ 'b'*99).encode().decode('punycode') }}", "punycode codec"),
+    ("{{ 'caf\u00e9'.encode('PunyCode') }}", "punycode codec"),
+    ("{{ 'caf\u00e9.example'.encode(encoding='idna') }}", "idna codec"),
     # a number of millions of bits, whose division takes quadratic time in one call
     ("{{ (1).from_bytes(('x'*999999).encode(), 'big') % 7 }}", "too large"),
     # a number squared over and over: each product takes three times as long as the last,
