@@ -27,7 +27,8 @@ Choices, and why:
   before a call that could build a large result in one step (``join``, ``format``, ``%``,
   ``expandtabs``, ``translate``, ``wordwrap``'s wrapstring, ``indent`` of many lines; a format's
   widths, ``{:{}}`` and ``%*d`` too), since a check of the result would come after the memory
-  was gone. ``wordwrap`` takes at most :data:`MAX_WORDWRAP_CHARS`, as it cannot be interrupted.
+  was gone. ``wordwrap`` takes at most :data:`MAX_WORDWRAP_CHARS`, as it cannot be interrupted
+  (``urlize``, ``pprint`` and ``title``: :data:`MAX_SLOW_FILTER_CHARS`).
   All the strings one render builds may not pass :data:`MAX_PRODUCED_CHARS` together: each is
   bounded, but many at once are not.
 - ``StrictUndefined``: a variable the data does not carry is an error, not an empty string. A
@@ -94,6 +95,9 @@ MAX_RENDER_SECONDS: Final = 0.5
 MAX_LIPSUM_WORDS: Final = 10_000
 MAX_JSON_INDENT: Final = 16
 MAX_WORDWRAP_CHARS: Final = 100_000
+# Filters that work word by word (item by item) in Python in one call the clock cannot
+# interrupt, and the most text each takes: on a megabyte, urlize took 8 s.
+MAX_SLOW_FILTER_CHARS: Final = {"urlize": 50_000, "pprint": 50_000, "title": 100_000}
 MAX_PRODUCED_CHARS: Final = 20 * MAX_OUTPUT_CHARS
 _CACHE_SIZE: Final = 4096
 _SLOW_CODECS: Final = frozenset({"punycode", "idna"})
@@ -458,6 +462,11 @@ def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             _bounded(arg)
         if name == "wordwrap":
             _refuse_big_wordwrap(args, kwargs)
+        elif name in MAX_SLOW_FILTER_CHARS:
+            limit = MAX_SLOW_FILTER_CHARS[name]
+            value = args[1] if name == "urlize" and len(args) > 1 else args[0] if args else ""
+            if _logical_size(value, limit) > limit:
+                raise SecurityError(f"{name} is limited to {limit} characters")
         elif name == "indent":
             _refuse_big_indent(args, kwargs)
         if name in _SIZING_FILTERS:

@@ -314,6 +314,21 @@ def test_wordwrap_of_a_huge_text_is_refused_rather_than_holding_the_loop() -> No
     assert render_string("{{ 'abc def'|wordwrap(3) }}", {}) == "abc\ndef"
 
 
+@pytest.mark.parametrize(("source", "why"), [
+    ("{{ ('x '*30000)|urlize }}", "urlize is limited to 50000"),
+    ("{{ range(60000)|list|pprint }}", "pprint is limited to 50000"),
+    ("{{ ('a '*60000)|title }}", "title is limited to 100000"),
+])
+def test_filters_written_in_python_take_bounded_input(source: str, why: str) -> None:
+    """urlize, pprint and title work word by word (item by item) in Python within one call
+    the clock cannot interrupt: on a megabyte, seconds each (urlize: 8 s)."""
+    with pytest.raises(RenderError) as caught:
+        render_string(source, {"data": {}})
+    assert why in caught.value.message
+    assert render_string("{{ 'see www.example.com'|urlize }} {{ [1]|pprint }} {{ 'a b'|title }}",
+                         {}).endswith("[1] A B")
+
+
 def test_the_bounds_leave_ordinary_templates_alone() -> None:
     context = {"data": {"xs": list(range(1000)), "n": 3.14159, "amount": 5_000_000,
                         "tree": [{"v": 1, "c": [{"v": 2, "c": []}]}]}}
