@@ -28,7 +28,8 @@ Choices, and why:
   ``expandtabs``, ``translate``, ``wordwrap``'s wrapstring, ``indent`` of many lines; a format's
   widths, ``{:{}}`` and ``%*d`` too), since a check of the result would come after the memory
   was gone. ``wordwrap`` takes at most :data:`MAX_WORDWRAP_CHARS`, as it cannot be interrupted
-  (``urlize``, ``pprint`` and ``title``: :data:`MAX_SLOW_FILTER_CHARS`).
+  (``urlize``, ``pprint`` and ``title``: :data:`MAX_SLOW_FILTER_CHARS`); a filter that calls
+  Python for every item (``sort``, ``unique``, ``min``, ...) counts them as loop iterations.
   All the strings one render builds may not pass :data:`MAX_PRODUCED_CHARS` together: each is
   bounded, but many at once are not.
 - ``StrictUndefined``: a variable the data does not carry is an error, not an empty string. A
@@ -53,14 +54,22 @@ import functools
 import operator
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from contextvars import ContextVar
 from functools import lru_cache
 from typing import Any, Final
 
-from jinja2 import ChainableUndefined, StrictUndefined, TemplateSyntaxError, Undefined, nodes
+from jinja2 import (
+    ChainableUndefined,
+    Environment,
+    StrictUndefined,
+    TemplateSyntaxError,
+    Undefined,
+    nodes,
+)
 from jinja2.compiler import CodeGenerator, Frame
 from jinja2.exceptions import SecurityError, TemplateError, UndefinedError
+from jinja2.nodes import EvalContext
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedFormatter
 from jinja2.utils import generate_lorem_ipsum
@@ -110,6 +119,10 @@ _SIZING_METHODS: Final = frozenset({"ljust", "rjust", "center", "zfill", "expand
 _CONVERSION: Final = re.compile(r"%(?:%|(?:\([^)]*\))?[#0\- +]*(\*|\d*)(?:\.(\*|\d*))?[hlL]?.)")
 # A str.format field's width and precision, once nested fields are filled in.
 _SPEC_SIZE: Final = re.compile(r"(?:.?[<>=^])?[-+ ]?z?#?0?(\d*)[,_]?(?:\.(\d+))?")
+# Filters that call Python for every item (a key function, a quote): each item counts as a
+# loop iteration (a megabyte string sorted: 3 s in one call).
+_ITEM_FILTERS: Final = frozenset({"sort", "unique", "min", "max", "groupby", "dictsort",
+                                  "urlencode", "xmlattr", "sum"})
 # The filter every for-loop's iterable passes through (see _compile).
 _LOOP_FILTER: Final = "nk_loop_budget"
 # The filter every operand of ``~`` passes through (see _compile).
@@ -149,12 +162,15 @@ class _Budget:
 
     def iterate(self, iterable: Iterable[Any]) -> Iterator[Any]:
         for item in iterable:
-            self.iterations += 1
-            if self.iterations > MAX_LOOP_ITERATIONS:
-                raise SecurityError(f"more than {MAX_LOOP_ITERATIONS} loop iterations")
+            self.count(1)
             if not self.iterations & 255:
                 self.tick()
             yield item
+
+    def count(self, iterations: int) -> None:
+        self.iterations += iterations
+        if self.iterations > MAX_LOOP_ITERATIONS:
+            raise SecurityError(f"more than {MAX_LOOP_ITERATIONS} loop iterations")
 
 
 _budget: ContextVar[_Budget | None] = ContextVar("template_budget", default=None)
@@ -464,9 +480,16 @@ def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             _refuse_big_wordwrap(args, kwargs)
         elif name in MAX_SLOW_FILTER_CHARS:
             limit = MAX_SLOW_FILTER_CHARS[name]
-            value = args[1] if name == "urlize" and len(args) > 1 else args[0] if args else ""
-            if _logical_size(value, limit) > limit:
+            value = _subject(args)
+            # urlize and title write the value out first (a list of numbers is long text)
+            size = _logical_size(value, limit) if name == "pprint" or isinstance(value, str) \
+                else len(str(value))
+            if size > limit:
                 raise SecurityError(f"{name} is limited to {limit} characters")
+        elif name in _ITEM_FILTERS and (budget := _budget.get()) is not None:
+            value = _subject(args)
+            if isinstance(value, Sized):
+                budget.count(len(value))
         elif name == "indent":
             _refuse_big_indent(args, kwargs)
         if name in _SIZING_FILTERS:
@@ -507,6 +530,12 @@ def _refuse_big_indent(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None
     each = width if isinstance(width, int) else len(str(width))
     if len(text) + (text.count("\n") + 1) * max(each, 0) > MAX_OUTPUT_CHARS:
         raise SecurityError("the result would be too large")
+
+
+def _subject(args: tuple[Any, ...]) -> Any:
+    """A filter's value: its first argument after the environment or context Jinja passes."""
+    rest = args[1:] if args and isinstance(args[0], Environment | EvalContext) else args
+    return rest[0] if rest else ""
 
 
 def _refuse_big_wordwrap(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:

@@ -318,6 +318,13 @@ def test_wordwrap_of_a_huge_text_is_refused_rather_than_holding_the_loop() -> No
     ("{{ ('x '*30000)|urlize }}", "urlize is limited to 50000"),
     ("{{ range(60000)|list|pprint }}", "pprint is limited to 50000"),
     ("{{ ('a '*60000)|title }}", "title is limited to 100000"),
+    ("{{ range(30000)|list|title }}", "title is limited to 100000"),
+    # filters that call Python for every item count them as loop iterations
+    ("{{ ('ab'*60000)|sort|first }}", "more than 100000 loop iterations"),
+    ("{{ range(60000)|list|max }}{{ range(60000)|list|min }}", "more than 100000 loop iterations"),
+    ("{% for i in range(60000) %}{% endfor %}{{ range(60000)|list|unique|first }}",
+     "more than 100000 loop iterations"),
+    ("{{ ('ab '*120000).split()|urlencode }}", "more than 100000 loop iterations"),
 ])
 def test_filters_written_in_python_take_bounded_input(source: str, why: str) -> None:
     """urlize, pprint and title work word by word (item by item) in Python within one call
