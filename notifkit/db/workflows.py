@@ -17,7 +17,8 @@ from notifkit.db.pool import allow_lock_wait
 
 Conn: TypeAlias = asyncpg.Connection | asyncpg.Pool
 
-TERMINAL_STATUSES: tuple[str, ...] = ("completed", "stopped", "failed", "digested")
+# ``canceled``: POST /v1/workflow-instances/{id}/cancel ended it (cancel_instance).
+TERMINAL_STATUSES: tuple[str, ...] = ("completed", "stopped", "failed", "digested", "canceled")
 
 
 @dataclass
@@ -177,18 +178,80 @@ async def keyed_instance(conn: Conn, project_id: str, idempotency_key: str) -> I
     return _instance(row)
 
 
+class InstanceCanceled(Exception):
+    """The instance was canceled (through the API) while a runner held it: the runner's
+    write was refused, and it stops where it is."""
+
+
 async def set_state(
     conn: Conn, instance: Instance, *, status: str, cursor: str | None, current_step: int,
     wake_at: datetime | None, now: datetime,
 ) -> None:
-    await conn.execute(
+    """Move the instance on; raises InstanceCanceled, writing nothing, when it was canceled
+    meanwhile (a runner that loaded it before the cancel must not bring it back)."""
+    moved = await conn.fetchval(
         """UPDATE workflow_instances
               SET status = $3, cursor = $4, current_step = $5, wake_at = $6, updated_at = $7
-            WHERE id = $1 AND project_id = $2""",
+            WHERE id = $1 AND project_id = $2 AND status <> 'canceled' RETURNING true""",
         instance.id, instance.project_id, status, cursor, current_step, wake_at, now,
     )
+    if not moved:
+        instance.status = "canceled"
+        raise InstanceCanceled(instance.id)
     instance.status, instance.cursor, instance.current_step = status, cursor, current_step
     instance.wake_at = wake_at
+
+
+async def check_not_canceled(conn: asyncpg.Connection, instance: Instance) -> None:
+    """In a transaction about to record a send: raise InstanceCanceled if the instance was
+    canceled, else hold its row until the commit, so a cancel either comes first (and
+    nothing is sent) or waits for the send to be recorded."""
+    status = await conn.fetchval(
+        "SELECT status FROM workflow_instances WHERE id = $1 AND project_id = $2 FOR UPDATE",
+        instance.id, instance.project_id,
+    )
+    if status == "canceled":
+        instance.status = "canceled"
+        raise InstanceCanceled(instance.id)
+
+
+async def cancel_open_steps(conn: Conn, project_id: str, instance_id: str) -> None:
+    """A canceled instance's unfinished step rows end ``canceled``."""
+    await conn.execute(
+        """UPDATE workflow_steps SET status = 'canceled', finished_at = now()
+            WHERE instance_id = $1 AND project_id = $2 AND status IN ('running', 'waiting')""",
+        instance_id, project_id,
+    )
+
+
+async def cancel_instance(conn: asyncpg.Connection, project_id: str, instance_id: str) -> bool:
+    """Cancel an instance that has not finished; False when it had (or does not exist). In
+    one transaction: the instance ends ``canceled``, its open waiter is resolved (an event
+    wakes nothing), the step it was on ends ``canceled``, and a digest window it owns is
+    closed, so later triggers open a new one. A runner holding it stops at its next write
+    (set_state); its timer, when it fires, finds it finished."""
+    async with conn.transaction():
+        canceled = await conn.fetchval(
+            """UPDATE workflow_instances SET status = 'canceled', wake_at = NULL,
+                      updated_at = now()
+                WHERE id = $1 AND project_id = $2 AND NOT (status = ANY($3::text[]))
+            RETURNING true""",
+            instance_id, project_id, list(TERMINAL_STATUSES),
+        )
+        if not canceled:
+            return False
+        await conn.execute(
+            """UPDATE workflow_waiters SET resolved_at = now(), resolved_by = 'canceled'
+                WHERE instance_id = $1 AND project_id = $2 AND resolved_at IS NULL""",
+            instance_id, project_id,
+        )
+        await cancel_open_steps(conn, project_id, instance_id)
+        await conn.execute(
+            """UPDATE workflow_digests SET closed_at = now()
+                WHERE project_id = $2 AND owner_instance_id = $1 AND closed_at IS NULL""",
+            instance_id, project_id,
+        )
+    return True
 
 
 async def sleeping_instances(

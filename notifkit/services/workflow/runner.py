@@ -131,9 +131,19 @@ class Runner:
         return as_datetime(self.clock())
 
     async def run(self, instance: db.Instance, lock: HeldLock) -> None:
-        """Execute ``instance`` from its cursor until it sleeps or ends."""
+        """Execute ``instance`` from its cursor until it sleeps or ends (or is canceled)."""
         if instance.finished:
             return
+        try:
+            await self._run(instance, lock)
+        except db.InstanceCanceled:
+            # Canceled through the API while this run held it: a step it had begun since
+            # ends canceled too, and nothing more runs.
+            await db.cancel_open_steps(self.pool, instance.project_id, instance.id)
+            log.info("Workflow instance was canceled; it stops here.",
+                     extra={"instance_id": instance.id})
+
+    async def _run(self, instance: db.Instance, lock: HeldLock) -> None:
         run = _Run(instance, await db.step_rows(self.pool, instance), lock)
         path = parse_path(instance.cursor) if instance.cursor else first_path(instance.steps)
         if instance.status == "pending" or instance.cursor is None:
@@ -160,17 +170,17 @@ class Runner:
             now = self.now()
             slept = row.status == "waiting"
             async with self.pool.acquire() as conn, conn.transaction():
+                # The instance's row first, in every transaction that writes both (as a
+                # cancel does): set_state refuses a canceled instance before a step is touched.
                 if isinstance(outcome, Finish):
-                    await db.update_step(conn, instance, row, status=outcome.step_status,
-                                         output=outcome.output, finished_at=now)
                     await db.set_state(conn, instance, status=outcome.status, cursor=text,
                                        current_step=top_index(path), wake_at=None, now=now)
+                    await db.update_step(conn, instance, row, status=outcome.step_status,
+                                         output=outcome.output, finished_at=now)
                     log.info("Workflow instance ended %s at step %s.", outcome.status, text,
                              extra={"instance_id": instance.id})
                     nxt = None
                 else:
-                    await db.update_step(conn, instance, row, status="completed",
-                                         output=outcome.output, finished_at=now)
                     nxt = outcome.next
                     await db.set_state(
                         conn, instance, status="running" if nxt else "completed",
@@ -178,6 +188,8 @@ class Runner:
                         current_step=top_index(nxt) if nxt else top_index(path),
                         wake_at=None, now=now,
                     )
+                    await db.update_step(conn, instance, row, status="completed",
+                                         output=outcome.output, finished_at=now)
             if slept:  # woken early (an event): its timer would only wake it for nothing
                 await self.timers.cancel(instance.id, text)
             if isinstance(outcome, Finish):
@@ -208,11 +220,11 @@ class Runner:
         if row.status != "waiting" or row.output != output or instance.status != "waiting" \
                 or instance.wake_at != sleep.until:
             async with self.pool.acquire() as conn, conn.transaction():
-                await db.update_step(conn, instance, row, status="waiting", output=output,
-                                     finished_at=None)
                 await db.set_state(conn, instance, status="waiting", cursor=row.path,
                                    current_step=instance.current_step, wake_at=sleep.until,
                                    now=now)
+                await db.update_step(conn, instance, row, status="waiting", output=output,
+                                     finished_at=None)
         # After the commit: a crash before this line leaves the entry pending, and its retry
         # comes back here.
         await self.timers.schedule(instance.id, row.path, ms(sleep.until))
@@ -268,6 +280,7 @@ class Runner:
         instance = run.instance
         now = self.now()
         async with self.pool.acquire() as conn, conn.transaction():
+            await db.check_not_canceled(conn, instance)
             await db.update_step(conn, instance, row, status=row.status, output=output,
                                  finished_at=None)
             await db.record_notification(
@@ -371,6 +384,7 @@ class Runner:
         now = self.now()
         async with self.pool.acquire() as conn, conn.transaction():
             await db.allow_window_lock_waits(conn)
+            await db.check_not_canceled(conn, instance)  # the instance's row first, as cancel
             items: list[dict[str, Any]] = await conn.fetchval(
                 """UPDATE workflow_digests SET closed_at = COALESCE(closed_at, $3)
                     WHERE id = $1 AND project_id = $2 RETURNING items""",
@@ -410,13 +424,13 @@ class Runner:
             window = await db.join_digest(conn, instance, row.path, row.index, item, ends_at,
                                           now)
             if window.owner_instance_id != instance.id:
+                await db.set_state(conn, instance, status="digested", cursor=row.path,
+                                   current_step=top_index(path), wake_at=None, now=now)
                 await db.update_step(
                     conn, instance, row, status="completed",
                     output={"digestedInto": window.owner_instance_id, "digestId": window.id},
                     finished_at=now,
                 )
-                await db.set_state(conn, instance, status="digested", cursor=row.path,
-                                   current_step=top_index(path), wake_at=None, now=now)
                 log.info("Added this trigger to the open digest of instance %s; this "
                          "instance ends here.", window.owner_instance_id,
                          extra={"instance_id": instance.id})

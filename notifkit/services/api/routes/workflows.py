@@ -195,28 +195,66 @@ async def trigger_workflow(request: web.Request) -> web.Response:
 async def get_instance(request: web.Request) -> web.Response:
     project = project_id(request)
     instance_id = uuid_id(request, "instanceId", "workflow instance")
+    body = await instance_body(request.app[DB], project, instance_id)
+    if body is None:
+        raise not_found("workflow instance", instance_id)
+    return json_response(body)
+
+
+@ops.route("POST", "/v1/workflow-instances/{instanceId}/cancel", "Cancel a workflow instance",
+           responses={200: Reply(ref("WorkflowInstance"), "The instance after the cancel, as "
+                                 "GET shows it: status canceled, the step it was on canceled."),
+                      409: Reply(ref("Error"), "The instance had finished already "
+                                               "(nothing_to_cancel).")},
+           description=(
+               "Ends an instance that has not finished, wherever it is: pending, between "
+               "steps, or sleeping in a wait, a waitForEvent or a digest window. Nothing of it "
+               "runs afterwards: its events and timers wake nothing, and a digest window it "
+               "collects is closed unsent, with the triggers merged into it. A send already "
+               "handed on when the cancel lands is not taken back."))
+async def cancel_instance(request: web.Request) -> web.Response:
+    project = project_id(request)
+    instance_id = uuid_id(request, "instanceId", "workflow instance")
     pool = request.app[DB]
+    async with pool.acquire() as conn:
+        canceled = await workflows_db.cancel_instance(conn, project, instance_id)
+    body = await instance_body(pool, project, instance_id)
+    if body is None:
+        raise not_found("workflow instance", instance_id)
+    if not canceled:
+        raise ApiError(409, "nothing_to_cancel",
+                       f"The workflow instance has finished already (status "
+                       f"{body['status']}); there is nothing left to cancel.")
+    log.info("Canceled a workflow instance.",
+             extra={"instance_id": instance_id, "project_id": project})
+    return json_response(body)
+
+
+async def instance_body(
+    pool: asyncpg.Pool, project: str, instance_id: str
+) -> dict[str, Any] | None:
+    """What GET /v1/workflow-instances/{instanceId} answers; None for no such instance."""
     row = await pool.fetchrow(
         "SELECT id, workflow_id, user_id, status, current_step, created_at, updated_at "
         "FROM workflow_instances WHERE id = $1 AND project_id = $2",
         instance_id, project,
     )
     if row is None:
-        raise not_found("workflow instance", instance_id)
+        return None
     steps = await pool.fetch(
         "SELECT step_index, path, type, status, output, "
         "coalesce(finished_at, started_at) AS at "
         "FROM workflow_steps WHERE instance_id = $1 AND project_id = $2 ORDER BY step_index",
         instance_id, project,
     )
-    return json_response({
+    return {
         "id": str(row["id"]), "workflowId": row["workflow_id"], "userId": row["user_id"],
         "status": row["status"], "currentStep": row["current_step"],
         "steps": [{"index": s["step_index"], "path": s["path"], "type": s["type"],
                    "status": s["status"], "output": s["output"], "at": iso(s["at"])}
                   for s in steps],
         "createdAt": iso(row["created_at"]), "updatedAt": iso(row["updated_at"]),
-    })
+    }
 
 
 # ---------------------------------------------------------------------------------------------
