@@ -73,6 +73,9 @@ async def test_a_waiting_instance_is_canceled_and_neither_its_event_nor_timeout_
     assert canceled.body["status"] == "canceled"
     assert [(s["path"], s["status"]) for s in canceled.body["steps"]] == [
         ("0", "completed"), ("1", "canceled")]
+    again = await api.call("POST", f"/v1/workflow-instances/{instance_id}/cancel",
+                           key=project.full)
+    assert (again.status, again.body) == (200, canceled.body)
 
     posted = await api.call("POST", "/v1/events", key=project.send,
                             json={"name": "clicked", "userId": "u1"})

@@ -204,14 +204,15 @@ async def get_instance(request: web.Request) -> web.Response:
 @ops.route("POST", "/v1/workflow-instances/{instanceId}/cancel", "Cancel a workflow instance",
            responses={200: Reply(ref("WorkflowInstance"), "The instance after the cancel, as "
                                  "GET shows it: status canceled, the step it was on canceled."),
-                      409: Reply(ref("Error"), "The instance had finished already "
-                                               "(nothing_to_cancel).")},
+                      409: Reply(ref("Error"), "The instance had finished already, other "
+                                               "than canceled (nothing_to_cancel).")},
            description=(
                "Ends an instance that has not finished, wherever it is: pending, between "
                "steps, or sleeping in a wait, a waitForEvent or a digest window. Nothing of it "
                "runs afterwards: its events and timers wake nothing, and a digest window it "
                "collects is closed unsent, with the triggers merged into it. A send already "
-               "handed on when the cancel lands is not taken back."))
+               "handed on when the cancel lands is not taken back. Canceling again "
+               "answers 200."))
 async def cancel_instance(request: web.Request) -> web.Response:
     project = project_id(request)
     instance_id = uuid_id(request, "instanceId", "workflow instance")
@@ -221,12 +222,13 @@ async def cancel_instance(request: web.Request) -> web.Response:
     body = await instance_body(pool, project, instance_id)
     if body is None:
         raise not_found("workflow instance", instance_id)
-    if not canceled:
+    if not canceled and body["status"] != "canceled":  # canceling again answers 200
         raise ApiError(409, "nothing_to_cancel",
                        f"The workflow instance has finished already (status "
                        f"{body['status']}); there is nothing left to cancel.")
-    log.info("Canceled a workflow instance.",
-             extra={"instance_id": instance_id, "project_id": project})
+    if canceled:
+        log.info("Canceled a workflow instance.",
+                 extra={"instance_id": instance_id, "project_id": project})
     return json_response(body)
 
 
