@@ -20,6 +20,7 @@ from notifkit.keys import Keys
 from notifkit.services.workflow import WorkflowService
 from notifkit.streams import decode, xadd
 from simulators import SimulatorServer
+from tests.api.conftest import Api, Project, running_api
 from tests.support.streams import xrange
 
 
@@ -45,6 +46,26 @@ def clock() -> FakeClock:
 async def sim() -> AsyncIterator[SimulatorServer]:
     async with SimulatorServer(seed=1, smtp_port=None) as server:
         yield server
+
+
+@pytest.fixture
+async def api(settings: Settings) -> AsyncIterator[Api]:
+    """The HTTP API, with room for every request a test makes."""
+    chosen = settings.replace(api_rate_per_second=10_000.0, api_rate_burst=10_000)
+    async with running_api(chosen) as api:
+        yield api
+
+
+@pytest.fixture
+async def project(api: Api, db: asyncpg.Pool) -> Project:
+    """A project made through the API, with e-mail templates hello, bye and digest."""
+    made = await api.project()
+    await db.execute(
+        "INSERT INTO templates (project_id, id, content) VALUES ($1, 'hello', $2), "
+        "($1, 'bye', $2), ($1, 'digest', $2)", made.id,
+        {"email": {"subject": "s", "text": "t"}},
+    )
+    return made
 
 
 @pytest.fixture

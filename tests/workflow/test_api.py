@@ -3,38 +3,19 @@ validated by step, triggers run, instances shown step by step, AI tokens totalle
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import asyncpg
 import pytest
 
-from notifkit.config import Settings
 from notifkit.ids import uuid7
 from notifkit.services.api.routes import workflows as workflow_routes
 from notifkit.workflow_defs import validate_steps
-from tests.api.conftest import Api, Project, running_api
+from tests.api.conftest import Api, Project
 from tests.support.held_check import HeldCheck
 
 if TYPE_CHECKING:
     from .conftest import FakeClock, ServiceFactory
-
-
-@pytest.fixture
-async def api(settings: Settings) -> AsyncIterator[Api]:
-    chosen = settings.replace(api_rate_per_second=10_000.0, api_rate_burst=10_000)
-    async with running_api(chosen) as api:
-        yield api
-
-
-@pytest.fixture
-async def project(api: Api, db: asyncpg.Pool) -> Project:
-    made = await api.project()
-    await db.execute(
-        "INSERT INTO templates (project_id, id, content) VALUES ($1, 'hello', $2), "
-        "($1, 'bye', $2)", made.id, {"email": {"subject": "s", "text": "t"}},
-    )
-    return made
 
 
 async def test_a_definition_is_validated_per_step(api: Api, project: Project) -> None:

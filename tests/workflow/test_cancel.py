@@ -4,39 +4,20 @@ waitForEvent or a digest window), and nothing of it runs afterwards."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import asyncpg
 import pytest
 from redis.asyncio import Redis
 
-from notifkit.config import Settings
 from notifkit.db import workflows as db_workflows
 from notifkit.keys import Keys
-from tests.api.conftest import Api, Project, running_api
+from tests.api.conftest import Api, Project
 
 from .conftest import Flow, templates_of
 
 if TYPE_CHECKING:
     from .conftest import FakeClock, ServiceFactory
-
-
-@pytest.fixture
-async def api(settings: Settings) -> AsyncIterator[Api]:
-    chosen = settings.replace(api_rate_per_second=10_000.0, api_rate_burst=10_000)
-    async with running_api(chosen) as api:
-        yield api
-
-
-@pytest.fixture
-async def project(api: Api, db: asyncpg.Pool) -> Project:
-    made = await api.project()
-    await db.execute(
-        "INSERT INTO templates (project_id, id, content) VALUES ($1, 'hello', $2), "
-        "($1, 'bye', $2), ($1, 'digest', $2)", made.id, {"email": {"subject": "s", "text": "t"}},
-    )
-    return made
 
 
 @pytest.fixture
