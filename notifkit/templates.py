@@ -123,6 +123,10 @@ _SPEC_SIZE: Final = re.compile(r"(?:.?[<>=^])?[-+ ]?z?#?0?(\d*)[,_]?(?:\.(\d+))?
 # loop iteration (a megabyte string sorted: 3 s in one call).
 _ITEM_FILTERS: Final = frozenset({"sort", "unique", "min", "max", "groupby", "dictsort",
                                   "urlencode", "xmlattr", "sum"})
+# Filters that only measure their input or pick one element of it: they build nothing from
+# it, so an input past the size limit (a digest's items, each within it) is no reason to
+# refuse them; what they return is still checked.
+_MEASURING_FILTERS: Final = frozenset({"length", "count", "first", "last"})
 # The filter every for-loop's iterable passes through (see _compile).
 _LOOP_FILTER: Final = "nk_loop_budget"
 # The filter every operand of ``~`` passes through (see _compile).
@@ -474,8 +478,9 @@ def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)  # keeps jinja's pass_context / pass_environment marks
     def bounded(*args: Any, **kwargs: Any) -> Any:
         _tick()
-        for arg in (*args, *kwargs.values()):  # join, string, format... write every copy
-            _bounded(arg)
+        if name not in _MEASURING_FILTERS:
+            for arg in (*args, *kwargs.values()):  # join, string, format... write every copy
+                _bounded(arg)
         if name == "wordwrap":
             _refuse_big_wordwrap(args, kwargs)
         elif name in MAX_SLOW_FILTER_CHARS:

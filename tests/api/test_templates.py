@@ -415,3 +415,18 @@ def test_warm_compiles_what_uncompiled_lists_nested_fields_and_html_included() -
     with pytest.raises(RenderError):
         render_channel(push, "push", {"data": {}})
     assert uncompiled(email, "email") != []
+
+
+def test_a_digest_too_large_to_print_can_still_be_counted_and_looped_over() -> None:
+    # A digest's items are every trigger's data: 60 triggers of 20,000 characters pass the
+    # size limit together, though each is well within it. Counting them, taking the first or
+    # last, and looping over them builds nothing large; printing them all still is refused.
+    items = [{"data": {"n": n, "body": "x" * 20_000}, "at": "2026-12-01T00:00:00Z"}
+             for n in range(60)]
+    source = ("{{ items|length }} {{ items|count }} {{ (items|first).data.n }} "
+              "{{ (items|last).data.n }} {% for i in items %}{{ i.data.n }},{% endfor %}")
+    assert render_string(source, {"items": items}) == (
+        "60 60 0 59 " + "".join(f"{n}," for n in range(60)))
+    with pytest.raises(RenderError) as caught:
+        render_string("{{ items }}", {"items": items})
+    assert "too large" in caught.value.message
