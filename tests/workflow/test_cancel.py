@@ -164,3 +164,42 @@ async def test_cancel_answers_409_once_finished_404_for_strangers_and_403_to_sen
                            key=project.full)).status == 404
     shown = await api.call("GET", f"/v1/workflow-instances/{instance_id}", key=project.full)
     assert shown.body["status"] == "completed"
+
+
+async def test_a_run_that_loaded_the_instance_before_the_cancel_opens_no_digest_window(
+    api: Api, project: Project, make_service: ServiceFactory, db: asyncpg.Pool,
+    clock: FakeClock, sends: Flow,
+) -> None:
+    # Opened by a canceled instance, a window would swallow every later trigger of the user
+    # (each merged into it, and none ever sent).
+    first = await _start(api, project, [
+        {"type": "digest", "windowSeconds": 60, "template": "digest"}])
+    service = make_service()
+    await service.open()
+    # Where a run stands once it moved the instance to its digest step: the cancel lands
+    # between that write and the step.
+    await db.execute("UPDATE workflow_instances SET status = 'running', cursor = '0' "
+                     "WHERE id = $1", first)
+    loaded = await db_workflows.get_instance(db, first, project.id)
+    assert loaded is not None
+    canceled = await api.call("POST", f"/v1/workflow-instances/{first}/cancel",
+                              key=project.full)
+    assert canceled.status == 200, canceled.body
+    lock = await service.locks.acquire(service.keys.workflow_lock(first))
+    assert lock is not None
+    try:
+        await service.runner.run(loaded, lock)
+    finally:
+        await lock.release()
+    assert await db.fetchval("SELECT count(*) FROM workflow_digests WHERE project_id = $1 "
+                             "AND closed_at IS NULL", project.id) == 0
+
+    later = await api.call("POST", "/v1/workflows/w/trigger", key=project.send,
+                           json={"userId": "u1", "data": {"n": 2}})
+    await service.run_until_idle()
+    clock.advance(61)
+    await service.run_until_idle()
+    shown = await api.call("GET", f"/v1/workflow-instances/{later.body['instanceId']}",
+                           key=project.full)
+    assert shown.body["status"] == "completed", shown.body
+    assert templates_of(await sends.sent(), "u1") == ["digest"]

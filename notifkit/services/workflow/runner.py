@@ -421,6 +421,8 @@ class Runner:
         ends_at = now + timedelta(seconds=float(step["windowSeconds"]))
         async with self.pool.acquire() as conn, conn.transaction():
             await db.allow_window_lock_waits(conn)
+            # A canceled instance opens no window: it would take in later triggers, unsent.
+            await db.check_not_canceled(conn, instance)
             window = await db.join_digest(conn, instance, row.path, row.index, item, ends_at,
                                           now)
             if window.owner_instance_id != instance.id:
