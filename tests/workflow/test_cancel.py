@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 
 from notifkit.db import workflows as db_workflows
 from notifkit.keys import Keys
+from notifkit.services.workflow import WorkflowService
 from tests.api.conftest import Api, Project
 
 from .conftest import Flow, templates_of
@@ -35,6 +36,41 @@ async def _start(api: Api, project: Project, steps: list[dict[str, object]],
     assert trigger.status == 202, trigger.body
     instance_id: str = trigger.body["instanceId"]
     return instance_id
+
+
+async def _run_canceled_under_a_stale_load(
+    api: Api, project: Project, service: WorkflowService, db: asyncpg.Pool, instance_id: str,
+) -> None:
+    """Load the instance, cancel it through the API, then run what was loaded under its
+    lock: a runner that held the instance as the cancel landed."""
+    await service.open()
+    loaded = await db_workflows.get_instance(db, instance_id, project.id)
+    assert loaded is not None
+    canceled = await api.call("POST", f"/v1/workflow-instances/{instance_id}/cancel",
+                              key=project.full)
+    assert canceled.status == 200, canceled.body
+    lock = await service.locks.acquire(service.keys.workflow_lock(instance_id))
+    assert lock is not None
+    try:
+        await service.runner.run(loaded, lock)
+    finally:
+        await lock.release()
+
+
+async def _a_later_trigger_gets_its_own_digest(
+    api: Api, project: Project, service: WorkflowService, clock: FakeClock, sends: Flow,
+) -> None:
+    """A trigger after the cancel opens a window of its own, and its digest is sent."""
+    later = await api.call("POST", "/v1/workflows/w/trigger", key=project.send,
+                           json={"userId": "u1", "data": {"n": 2}})
+    await service.run_until_idle()
+    clock.advance(61)
+    await service.run_until_idle()
+    shown = await api.call("GET", f"/v1/workflow-instances/{later.body['instanceId']}",
+                           key=project.full)
+    assert shown.body["status"] == "completed", shown.body
+    assert shown.body["steps"][0]["output"]["items"] == 1
+    assert templates_of(await sends.sent(), "u1") == ["digest"]
 
 
 async def test_a_waiting_instance_is_canceled_and_neither_its_event_nor_timeout_runs_it_on(
@@ -107,18 +143,7 @@ async def test_a_run_that_loaded_the_instance_before_the_cancel_stops_at_its_nex
     instance_id = await _start(api, project, [
         {"type": "send", "template": "hello"}, {"type": "send", "template": "bye"}])
     service = make_service()
-    await service.open()
-    loaded = await db_workflows.get_instance(db, instance_id, project.id)
-    assert loaded is not None
-    canceled = await api.call("POST", f"/v1/workflow-instances/{instance_id}/cancel",
-                              key=project.full)
-    assert canceled.status == 200, canceled.body
-    lock = await service.locks.acquire(service.keys.workflow_lock(instance_id))
-    assert lock is not None
-    try:
-        await service.runner.run(loaded, lock)
-    finally:
-        await lock.release()
+    await _run_canceled_under_a_stale_load(api, project, service, db, instance_id)
     shown = await api.call("GET", f"/v1/workflow-instances/{instance_id}", key=project.full)
     assert shown.body["status"] == "canceled"
     assert templates_of(await sends.sent(), "u1") == []
@@ -135,16 +160,7 @@ async def test_canceling_a_digest_owner_closes_its_window_so_later_triggers_open
                               key=project.full)
     assert (canceled.status, canceled.body["status"]) == (200, "canceled")
 
-    later = await api.call("POST", "/v1/workflows/w/trigger", key=project.send,
-                           json={"userId": "u1", "data": {"n": 2}})
-    await service.run_until_idle()
-    clock.advance(61)
-    await service.run_until_idle()
-    shown = await api.call("GET", f"/v1/workflow-instances/{later.body['instanceId']}",
-                           key=project.full)
-    assert shown.body["status"] == "completed", shown.body
-    assert shown.body["steps"][0]["output"]["items"] == 1
-    assert templates_of(await sends.sent(), "u1") == ["digest"]
+    await _a_later_trigger_gets_its_own_digest(api, project, service, clock, sends)
 
 
 async def test_cancel_answers_409_once_finished_404_for_strangers_and_403_to_send_keys(
@@ -175,31 +191,12 @@ async def test_a_run_that_loaded_the_instance_before_the_cancel_opens_no_digest_
     first = await _start(api, project, [
         {"type": "digest", "windowSeconds": 60, "template": "digest"}])
     service = make_service()
-    await service.open()
     # Where a run stands once it moved the instance to its digest step: the cancel lands
     # between that write and the step.
     await db.execute("UPDATE workflow_instances SET status = 'running', cursor = '0' "
                      "WHERE id = $1", first)
-    loaded = await db_workflows.get_instance(db, first, project.id)
-    assert loaded is not None
-    canceled = await api.call("POST", f"/v1/workflow-instances/{first}/cancel",
-                              key=project.full)
-    assert canceled.status == 200, canceled.body
-    lock = await service.locks.acquire(service.keys.workflow_lock(first))
-    assert lock is not None
-    try:
-        await service.runner.run(loaded, lock)
-    finally:
-        await lock.release()
+    await _run_canceled_under_a_stale_load(api, project, service, db, first)
     assert await db.fetchval("SELECT count(*) FROM workflow_digests WHERE project_id = $1 "
                              "AND closed_at IS NULL", project.id) == 0
 
-    later = await api.call("POST", "/v1/workflows/w/trigger", key=project.send,
-                           json={"userId": "u1", "data": {"n": 2}})
-    await service.run_until_idle()
-    clock.advance(61)
-    await service.run_until_idle()
-    shown = await api.call("GET", f"/v1/workflow-instances/{later.body['instanceId']}",
-                           key=project.full)
-    assert shown.body["status"] == "completed", shown.body
-    assert templates_of(await sends.sent(), "u1") == ["digest"]
+    await _a_later_trigger_gets_its_own_digest(api, project, service, clock, sends)
