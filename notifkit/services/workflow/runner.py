@@ -421,10 +421,13 @@ class Runner:
         ends_at = now + timedelta(seconds=float(step["windowSeconds"]))
         async with self.pool.acquire() as conn, conn.transaction():
             await db.allow_window_lock_waits(conn)
-            # A canceled instance opens no window: it would take in later triggers, unsent.
-            await db.check_not_canceled(conn, instance)
             window = await db.join_digest(conn, instance, row.path, row.index, item, ends_at,
                                           now)
+            # A canceled instance opens no window (it would take in later triggers, unsent)
+            # and joins none. Checked after the join, which keeps the joins of concurrent
+            # triggers in the order they were read; a window it opened is not committed yet,
+            # so a cancel closing its windows does not wait on it.
+            await db.check_not_canceled(conn, instance)
             if window.owner_instance_id != instance.id:
                 await db.set_state(conn, instance, status="digested", cursor=row.path,
                                    current_step=top_index(path), wake_at=None, now=now)
