@@ -23,6 +23,7 @@ id in ``X-Notifkit-Task-Id``.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import email.utils
 import json
 import math
@@ -50,6 +51,10 @@ TASK_ID_HEADER = "X-Notifkit-Task-Id"
 # every retry.
 MAX_REPLY_BYTES: Final = 1 << 20
 METADATA_FIELD = "notifkit_task_id"  # the provider metadata field that carries the task id
+# The timeout bounding the current send() call, so that a reply's body can be read up to the
+# same deadline without that deadline discarding the status already received.
+_CALL_TIMEOUT: contextvars.ContextVar[asyncio.Timeout | None] = contextvars.ContextVar(
+    "notifkit_transport_call_timeout", default=None)
 
 
 class Outcome(StrEnum):
@@ -229,8 +234,12 @@ class HttpTransport:
     async def send(self, message: Message) -> SendResult:
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(self.timeout_s):
-                return await self._send(message)
+            async with asyncio.timeout(self.timeout_s) as call_timeout:
+                token = _CALL_TIMEOUT.set(call_timeout)
+                try:
+                    return await self._send(message)
+                finally:
+                    _CALL_TIMEOUT.reset(token)
         except TimeoutError:
             return SendResult(
                 Outcome.RETRY,
@@ -269,25 +278,48 @@ class HttpTransport:
         # Never follow a redirect: a 301/302/303 would turn the POST into a bodiless GET
         # whose 200 reads as accepted, and a 307/308 would re-send the request (a webhook's
         # signed payload) to any host the Location names. A 3xx is answered as it is.
-        async with self._session.request(
+        response = await self._session.request(
             method, url, headers=all_headers, data=body if body is not None else data,
             allow_redirects=False,
-        ) as response:
-            raw = await read_head(response.content, MAX_REPLY_BYTES)
-            return HttpReply(response.status, dict(response.headers), raw)
+        )
+        # The status is the answer. The body is read until the call's deadline and what came
+        # by then is used: a receiver that answers 200 and keeps its body open (or trickles
+        # it) has still answered, and timing the call out would send it again on retry.
+        call_timeout = _CALL_TIMEOUT.get()
+        deadline = call_timeout.when() if call_timeout is not None else None
+        parts: list[bytes] = []
+        complete = False
+        try:
+            if call_timeout is not None:
+                call_timeout.reschedule(None)  # the body read below keeps the deadline
+            try:
+                async with asyncio.timeout_at(deadline):
+                    complete = await read_head(response.content, MAX_REPLY_BYTES, parts)
+            except TimeoutError:
+                pass
+        finally:
+            if complete:
+                response.release()
+            else:  # the rest is never read: the connection cannot be reused
+                response.close()
+            if call_timeout is not None:
+                call_timeout.reschedule(deadline)
+        return HttpReply(response.status, dict(response.headers), b"".join(parts)[:MAX_REPLY_BYTES])
 
 
-async def read_head(stream: aiohttp.StreamReader, limit: int) -> bytes:
-    """The body up to ``limit`` bytes; the rest is left unread (the connection is closed
-    rather than reused when the body goes on)."""
-    parts: list[bytes] = []
+async def read_head(stream: aiohttp.StreamReader, limit: int,
+                    parts: list[bytes] | None = None) -> bool:
+    """Read the body into ``parts`` until its end or ``limit`` bytes, whichever comes first;
+    the rest is left unread. True when the whole body was read. ``parts`` holds what came
+    even when the read is cancelled (a deadline)."""
+    parts = [] if parts is None else parts
     size = 0
     async for chunk in stream.iter_any():
         parts.append(chunk)
         size += len(chunk)
         if size >= limit:
-            break
-    return b"".join(parts)[:limit]
+            return stream.at_eof()
+    return True
 
 
 def error_detail(reply: HttpReply, limit: int = 300) -> str:

@@ -414,10 +414,11 @@ async def test_a_subject_with_line_breaks_is_sent_as_one_line(
 
 async def send_to_hook(routes: web.RouteTableDef, body: str) -> SendResult:
     """Send ``body`` with the webhook transport to ``/hook`` of a local app serving
-    ``routes`` (on loopback, so private networks are allowed)."""
+    ``routes`` (on loopback, so private networks are allowed). A handler still running when
+    the transport hangs up is cancelled."""
     app = web.Application()
     app.add_routes(routes)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, handler_cancellation=True)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     transport = WebhookTransport(secret="webhook-secret-0123456789", timeout_s=TIMEOUT_S,
@@ -512,3 +513,40 @@ async def test_a_webhook_answered_with_an_endless_body_is_sent_once_not_timed_ou
 
     assert result.outcome is Outcome.SENT, result.detail
     assert len(posts) == 1
+
+
+@pytest.mark.parametrize(("status", "outcome"), [
+    (200, Outcome.SENT), (204, Outcome.SENT), (404, Outcome.PERMANENT),
+    (500, Outcome.RETRY), (410, Outcome.INVALID_RECIPIENT),
+])
+async def test_a_webhook_answer_whose_body_never_ends_is_classified_by_its_status(
+    status: int, outcome: Outcome,
+) -> None:
+    """A receiver that answers its status and then keeps the body open (a few bytes, then
+    nothing, never closing) has answered: its 200 had every attempt time out, so it got the
+    notification again on each retry until the task was dead-lettered, and its 404 was
+    retried as a timeout instead of failing at once."""
+    posts: list[bytes] = []
+    never = asyncio.Event()
+    routes = web.RouteTableDef()
+
+    @routes.post("/hook")
+    async def hook(request: web.Request) -> web.StreamResponse:
+        posts.append(await request.read())
+        response = web.StreamResponse(status=status)
+        if status != 204:
+            response.content_length = 1000
+        await response.prepare(request)
+        with contextlib.suppress(ConnectionError):
+            if status != 204:
+                await response.write(b"still writing")
+            await never.wait()
+        return response
+
+    result = await send_to_hook(routes, "{}")
+
+    assert result.outcome is outcome, result.detail
+    assert result.status == status
+    assert len(posts) == 1
+    if status == 404:
+        assert "still writing" in result.detail
