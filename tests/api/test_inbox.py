@@ -9,8 +9,10 @@ from typing import Any
 import asyncpg
 from redis.asyncio import Redis
 
+from notifkit.config import Settings
 from notifkit.keys import Keys
-from tests.api.conftest import Api, Project
+from notifkit.services.api.state import HUB
+from tests.api.conftest import Api, Project, running_api
 
 
 async def add_message(db: asyncpg.Pool, project: str, user: str, task: str, at: str,
@@ -170,3 +172,42 @@ async def test_a_last_event_id_that_is_no_message_id_is_a_400_naming_it(
                            headers={"Last-Event-ID": "garbage"})
     assert reply.status == 400
     assert reply.fields == ["Last-Event-ID"]
+
+
+async def test_a_stream_asked_for_while_the_subscription_is_down_is_a_503_not_a_deaf_stream(
+    api_settings: Settings,
+) -> None:
+    """While the process's pub/sub subscription is down (Redis just came back, the hub has
+    not resubscribed yet) a stream would be opened that hears nothing published until the
+    hub is back, and nothing ever ends it for its client to resume: it is a 503 to retry."""
+    async with running_api(api_settings, sse_live_wait_s=0.2) as api:
+        project = await api.project()
+        await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+        api.client.app[HUB].live.clear()  # as the hub's loop does when its connection drops
+
+        async with api.client.get("/v1/users/u1/inbox/stream", headers={
+                "Authorization": f"Bearer {project.full}"}) as response:
+            assert response.status == 503
+            assert (await response.json())["error"]["code"] == "service_unavailable"
+            assert response.headers["Retry-After"] == "1"
+
+
+async def test_a_stream_waits_for_the_subscription_then_resumes_what_was_stored_meanwhile(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
+    """A reconnect that arrives before the subscription is back waits for it, and then
+    replays from its Last-Event-ID everything stored until then."""
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    seen = await add_message(db, project.id, "u1", "t0", "2030-01-01T00:00:00Z")
+    hub = api.client.app[HUB]
+    hub.live.clear()
+    headers = {"Authorization": f"Bearer {project.full}", "Last-Event-ID": seen}
+    async with asyncio.TaskGroup() as tasks:
+        opening = tasks.create_task(api.client.get("/v1/users/u1/inbox/stream",
+                                                   headers=headers))
+        stored = await add_message(db, project.id, "u1", "t1", "2030-01-01T00:00:01Z")
+        hub.live.set()
+    async with opening.result() as response:
+        assert response.status == 200
+        assert await response.content.readuntil(b"\n\n") == b"retry: 3000\n: connected\n\n"
+        assert (await read_message(response))["id"] == stored

@@ -37,12 +37,16 @@ from notifkit.services.api.state import (
     REDIS,
     SETTINGS,
     SSE_HEARTBEAT_S,
+    SSE_LIVE_WAIT_S,
     InFlight,
 )
 from notifkit.services.api.validation import expect_within_limit
 from notifkit.tasks import cancel_and_wait
 
 SSE_HEARTBEAT_DEFAULT_S = 15.0
+# Longer than the pub/sub loop's longest reconnect delay, so a stream asked for just after
+# Redis came back waits for the subscription rather than failing.
+SSE_LIVE_WAIT_DEFAULT_S = 10.0
 # An API query caught in a PostgreSQL stall ends in a 503, not a request held open for as long
 # as the stall lasts (QUERY_TIMEOUT_S: a request answers after about twice it).
 MAX_LINE_BYTES = 64 * 1024
@@ -81,6 +85,7 @@ def create_app(
     redis: Redis | None = None,
     db: asyncpg.Pool | None = None,
     sse_heartbeat_s: float = SSE_HEARTBEAT_DEFAULT_S,
+    sse_live_wait_s: float = SSE_LIVE_WAIT_DEFAULT_S,
 ) -> web.Application:
     app = web.Application(
         middlewares=[count_in_flight, error_middleware, auth_middleware],
@@ -97,6 +102,7 @@ def create_app(
     quiet_malformed_requests()
     app[KEYS] = Keys(settings.namespace)
     app[SSE_HEARTBEAT_S] = sse_heartbeat_s
+    app[SSE_LIVE_WAIT_S] = sse_live_wait_s
     table: dict[str, Operation] = {}
     for op in operations():
         path = route_path(op.path)

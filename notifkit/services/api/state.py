@@ -32,6 +32,8 @@ RATE: web.AppKey[TokenBuckets] = web.AppKey("rate")
 ADMISSION: web.AppKey[Admission] = web.AppKey("admission")
 OPERATIONS: web.AppKey[dict[str, Operation]] = web.AppKey("operations")
 SSE_HEARTBEAT_S = web.AppKey("sse_heartbeat_s", float)
+# How long an inbox stream request waits for the pub/sub subscription to be up (503 after).
+SSE_LIVE_WAIT_S = web.AppKey("sse_live_wait_s", float)
 
 
 class InFlight:

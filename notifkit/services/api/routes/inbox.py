@@ -21,11 +21,12 @@ import asyncpg
 from aiohttp import web
 
 from notifkit import codec
-from notifkit.services.api.errors import invalid_field, json_response, not_found
+from notifkit.services.api.errors import ApiError, invalid_field, json_response, not_found
 from notifkit.services.api.middleware import principal, project_id
+from notifkit.services.api.pubsub import Hub
 from notifkit.services.api.routing import CURSOR, LIMIT, Operations, Param, Reply
 from notifkit.services.api.schemas import ref
-from notifkit.services.api.state import DB, HUB, SSE_HEARTBEAT_S
+from notifkit.services.api.state import DB, HUB, SSE_HEARTBEAT_S, SSE_LIVE_WAIT_S
 from notifkit.services.api.validation import (
     QueryChecks,
     encode_cursor,
@@ -117,6 +118,7 @@ async def inbox_stream(request: web.Request) -> web.StreamResponse:
     hub = request.app[HUB]
     heartbeat_s = request.app[SSE_HEARTBEAT_S]
     key_id = principal(request).key_id  # None for the admin key, which is never revoked
+    await _subscribed(hub, request.app[SSE_LIVE_WAIT_S])
     queue = hub.listen(project, user_id, key_id)
     response = web.StreamResponse(headers={
         "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -151,6 +153,22 @@ async def inbox_stream(request: web.Request) -> web.StreamResponse:
     with contextlib.suppress(ConnectionError):
         await response.write_eof()
     return response
+
+
+async def _subscribed(hub: Hub, wait_s: float) -> None:
+    """Wait for the process's pub/sub subscription. Without it a stream would hear nothing
+    published, and nothing would end it for its client to resume from what it saw last
+    (the hub ends the open streams only when the subscription drops)."""
+    if hub.live.is_set():
+        return
+    try:
+        async with asyncio.timeout(wait_s):
+            await hub.live.wait()
+    except TimeoutError:
+        raise ApiError(503, "service_unavailable",
+                       "The inbox stream cannot hear new messages right now (the Redis "
+                       "subscription is reconnecting); retry shortly.",
+                       headers={"Retry-After": "1"}) from None
 
 
 def sse_event(event: str, data: bytes, event_id: str | None = None) -> bytes:
