@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 
 from notifkit.config import Settings
 from notifkit.keys import Keys
+from notifkit.services.api import pubsub
 from notifkit.services.api.state import HUB
 from tests.api.conftest import Api, Project, running_api
 
@@ -211,3 +212,40 @@ async def test_a_stream_waits_for_the_subscription_then_resumes_what_was_stored_
         assert response.status == 200
         assert await response.content.readuntil(b"\n\n") == b"retry: 3000\n: connected\n\n"
         assert (await read_message(response))["id"] == stored
+
+
+async def test_a_stream_that_falls_behind_ends_for_its_client_to_resume_without_a_gap(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
+    """A client reading more slowly than its messages come in fills its stream's queue: the
+    oldest queued messages were dropped, so the client went on reading with a gap it could
+    not see. The stream ends instead, and the client's reconnect with the last id it saw
+    replays the rest, each message once."""
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    count = pubsub.QUEUE_SIZE + 50
+    ids = [str(i) for i in await db.fetchval(
+        "WITH made AS (INSERT INTO inapp_messages (project_id, user_id, task_id, event_id, "
+        "content, created_at) SELECT $1, 'u1', 'fast-' || n, gen_random_uuid(), '{}', "
+        "'2030-01-01T00:00:00Z'::timestamptz + n * interval '1 ms' "
+        "FROM generate_series(1, $2) AS n RETURNING id, created_at) "
+        "SELECT array_agg(id ORDER BY created_at) FROM made", project.id, count)]
+    hub = api.client.app[HUB]
+    channel = Keys(api.settings.namespace).inbox_channel(project.id, "u1")
+    headers = {"Authorization": f"Bearer {project.full}"}
+    async with api.client.get("/v1/users/u1/inbox/stream", headers=headers) as response:
+        assert await response.content.readuntil(b"\n\n") == b"retry: 3000\n: connected\n\n"
+        # All announced before the stream's handler gets to run again: more than its queue holds
+        for message_id in ids:
+            hub._handle({"type": "pmessage", "channel": channel,
+                         "data": json.dumps({"id": message_id}).encode()})
+        # The stream ends (its client reconnects), rather than skipping what it dropped
+        rest_of_stream = await asyncio.wait_for(response.content.read(), 10)
+    received = [frame.split(b"\n")[0].removeprefix(b"id: ").decode()
+                for frame in rest_of_stream.split(b"\n\n") if b"event: message" in frame]
+    # the oldest, as many as the queue holds, in order: no gap
+    assert received == ids[:pubsub.QUEUE_SIZE]
+    resumed = {**headers, "Last-Event-ID": received[-1]}
+    async with api.client.get("/v1/users/u1/inbox/stream", headers=resumed) as response:
+        assert await response.content.readuntil(b"\n\n") == b"retry: 3000\n: connected\n\n"
+        rest = [(await read_message(response))["id"] for _ in ids[pubsub.QUEUE_SIZE:]]
+    assert rest == ids[pubsub.QUEUE_SIZE:]

@@ -35,7 +35,8 @@ log = logging.getLogger("notifkit.api.pubsub")
 
 RECONNECT_DELAY_S = 0.5
 MAX_RECONNECT_DELAY_S = 5.0
-QUEUE_SIZE = 256
+QUEUE_SIZE = 256  # messages an inbox stream may fall behind by before it is ended
+CLOSE = b""  # put on a stream's queue to end it: shutdown, its key revoked, or it fell behind
 
 
 class Hub:
@@ -70,7 +71,8 @@ class Hub:
     # -- inbox streams -------------------------------------------------------------------
     def listen(self, project_id: str, user_id: str,
                key_id: str | None = None) -> asyncio.Queue[bytes]:
-        queue: asyncio.Queue[bytes] = asyncio.Queue(QUEUE_SIZE)
+        # One slot more than the messages it holds: room for the end of the stream.
+        queue: asyncio.Queue[bytes] = asyncio.Queue(QUEUE_SIZE + 1)
         self._listeners[self.keys.inbox_channel(project_id, user_id)].add(queue)
         if key_id is not None:
             self._by_key[key_id].add(queue)
@@ -147,12 +149,16 @@ class Hub:
             self._forget_template(raw)
         elif kind == "pmessage":
             for queue in list(self._listeners.get(channel, ())):
-                if queue.full():
-                    log.warning("An inbox stream is not keeping up; dropping its oldest "
-                                "message. The client can re-read GET /inbox.")
-                    with contextlib.suppress(asyncio.QueueEmpty):
-                        queue.get_nowait()
-                queue.put_nowait(raw)
+                if queue.qsize() < QUEUE_SIZE:
+                    queue.put_nowait(raw)
+                elif not queue.full():
+                    # Dropping messages would leave a gap the client cannot see. The stream
+                    # ends after what it holds; the client reconnects with the last id it
+                    # got and is sent the rest from PostgreSQL (the stream's resume).
+                    log.warning("An inbox stream is not keeping up; ending it after the "
+                                "%d messages it holds, for its client to resume.", QUEUE_SIZE)
+                    queue.put_nowait(CLOSE)
+                # else: ending already; the client resumes what comes now
 
     def _revoke(self, raw: bytes) -> None:
         try:
@@ -187,7 +193,7 @@ def _close(queue: asyncio.Queue[bytes]) -> None:
     with contextlib.suppress(asyncio.QueueEmpty):
         if queue.full():
             queue.get_nowait()
-    queue.put_nowait(b"")
+    queue.put_nowait(CLOSE)
 
 
 def _discard(index: dict[str, set[asyncio.Queue[bytes]]], name: str,

@@ -8,7 +8,8 @@ Delivery stores in-app messages in ``inapp_messages`` and publishes each on
 A client that reconnects with ``Last-Event-ID`` (browsers' EventSource does so by itself) first
 gets the messages stored after that one, oldest first, up to ``RESUME_LIMIT``, then the live
 ones: the stream subscribes before it reads the backlog, so a message stored meanwhile arrives
-once, not never. A client away for longer re-reads ``GET .../inbox``.
+once, not never. A client away for longer re-reads ``GET .../inbox``. A stream that falls
+``QUEUE_SIZE`` messages behind is ended by the hub after those, to be resumed the same way.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from aiohttp import web
 from notifkit import codec
 from notifkit.services.api.errors import ApiError, invalid_field, json_response, not_found
 from notifkit.services.api.middleware import principal, project_id
-from notifkit.services.api.pubsub import Hub
+from notifkit.services.api.pubsub import CLOSE, Hub
 from notifkit.services.api.routing import CURSOR, LIMIT, Operations, Param, Reply
 from notifkit.services.api.schemas import ref
 from notifkit.services.api.state import DB, HUB, SSE_HEARTBEAT_S, SSE_LIVE_WAIT_S
@@ -41,7 +42,6 @@ from notifkit.services.api.validation import (
 
 ops = Operations("inbox")
 
-CLOSE = b""  # what the hub puts on a stream's queue to end it: shutdown, or its key revoked
 RESUME_LIMIT = 1_000  # messages a reconnecting stream replays before going live
 LAST_EVENT_ID = "Last-Event-ID"
 
