@@ -7,11 +7,13 @@ import json
 from typing import Any
 
 import asyncpg
+import pytest
 from redis.asyncio import Redis
 
 from notifkit.config import Settings
 from notifkit.keys import Keys
 from notifkit.services.api import pubsub
+from notifkit.services.api.routes import inbox
 from notifkit.services.api.state import HUB
 from tests.api.conftest import Api, Project, running_api
 
@@ -249,3 +251,25 @@ async def test_a_stream_that_falls_behind_ends_for_its_client_to_resume_without_
         assert await response.content.readuntil(b"\n\n") == b"retry: 3000\n: connected\n\n"
         rest = [(await read_message(response))["id"] for _ in ids[pubsub.QUEUE_SIZE:]]
     assert rest == ids[pubsub.QUEUE_SIZE:]
+
+
+async def test_a_resume_longer_than_one_replay_ends_and_continues_without_a_gap(
+    api: Api, project: Project, db: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that missed more than one replay holds got the oldest ones and then the live
+    messages, skipping those in between for good (its next Last-Event-ID was a live one).
+    The stream ends after a full replay instead, and the reconnect continues from there."""
+    monkeypatch.setattr(inbox, "RESUME_LIMIT", 3)
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    seen = await add_message(db, project.id, "u1", "t0", "2030-01-01T00:00:00Z")
+    missed = [await add_message(db, project.id, "u1", f"t{i}", f"2030-01-01T00:00:0{i}Z")
+              for i in range(1, 6)]
+    headers = {"Authorization": f"Bearer {project.full}", "Last-Event-ID": seen}
+    async with api.client.get("/v1/users/u1/inbox/stream", headers=headers) as response:
+        first = await asyncio.wait_for(response.content.read(), 10)  # the stream ends
+    replayed = [frame.split(b"\n")[0].removeprefix(b"id: ").decode()
+                for frame in first.split(b"\n\n") if b"event: message" in frame]
+    assert replayed == missed[:3]
+    headers["Last-Event-ID"] = replayed[-1]
+    async with api.client.get("/v1/users/u1/inbox/stream", headers=headers) as response:
+        assert [(await read_message(response))["id"] for _ in missed[3:]] == missed[3:]

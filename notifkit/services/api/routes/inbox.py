@@ -8,8 +8,9 @@ Delivery stores in-app messages in ``inapp_messages`` and publishes each on
 A client that reconnects with ``Last-Event-ID`` (browsers' EventSource does so by itself) first
 gets the messages stored after that one, oldest first, up to ``RESUME_LIMIT``, then the live
 ones: the stream subscribes before it reads the backlog, so a message stored meanwhile arrives
-once, not never. A client away for longer re-reads ``GET .../inbox``. A stream that falls
-``QUEUE_SIZE`` messages behind is ended by the hub after those, to be resumed the same way.
+once, not never. With more than ``RESUME_LIMIT`` missed the stream ends after those, and the
+reconnect continues the replay; a stream that falls ``QUEUE_SIZE`` messages behind is ended by
+the hub after those, to be resumed the same way.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ async def mark_read(request: web.Request) -> web.Response:
 @ops.route("GET", "/v1/users/{userId}/inbox/stream", "Server-sent events of new in-app messages",
            headers=(Param(LAST_EVENT_ID, "header", {"type": "string", "format": "uuid"},
                           "Resume: first the messages stored after this one (the `id` of the "
-                          "last event seen), oldest first, up to 1,000."),),
+                          "last event seen), oldest first, up to 1,000; with more, the stream "
+                          "ends after those for the reconnect to go on."),),
            responses={200: Reply({"type": "string"},
                                  "An endless text/event-stream: `event: message` with the "
                                  "message as JSON data and its id as the event id, and a "
@@ -130,11 +132,14 @@ async def inbox_stream(request: web.Request) -> web.StreamResponse:
         await response.prepare(request)
         await response.write(b"retry: 3000\n: connected\n\n")
         replayed: set[str] = set()
-        for row in missed:
+        for row in missed[:RESUME_LIMIT]:
             item = {**inbox_json(row), "userId": user_id}
             replayed.add(item["id"])
             await response.write(sse_event("message", codec.dumps(item), item["id"]))
-        while True:
+        # More were missed than one replay holds: the stream ends here, and the client's
+        # reconnect (with the last id it got) continues the replay. Going live now would
+        # skip the rest for good.
+        while len(missed) <= RESUME_LIMIT:
             try:
                 raw = await asyncio.wait_for(queue.get(), heartbeat_s)
             except TimeoutError:
@@ -200,7 +205,8 @@ def _last_event_id(request: web.Request) -> str | None:
 
 async def _stored_after(pool: asyncpg.Pool, project: str, user_id: str,
                         last_id: str) -> list[asyncpg.Record]:
-    """The user's messages stored after ``last_id``, oldest first; none when that message is
+    """The user's messages stored after ``last_id``, oldest first, up to one more than
+    ``RESUME_LIMIT`` (so the caller knows whether there are more); none when that message is
     not the user's (or no longer exists)."""
     rows: list[asyncpg.Record] = await pool.fetch(
         """SELECT m.id, m.task_id, m.event_id, m.content, m.read_at, m.created_at
@@ -210,7 +216,7 @@ async def _stored_after(pool: asyncpg.Pool, project: str, user_id: str,
             WHERE m.project_id = $1 AND m.user_id = $2
               AND (m.created_at, m.id) > (seen.created_at, seen.id)
             ORDER BY m.created_at, m.id LIMIT $4""",
-        project, user_id, last_id, RESUME_LIMIT,
+        project, user_id, last_id, RESUME_LIMIT + 1,
     )
     return rows
 
