@@ -34,10 +34,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
+import json
 import logging
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
@@ -89,6 +90,12 @@ MAX_BUCKET_WAIT_S = 2.0
 BODY_FIELDS: dict[str, str] = {
     "email": "text", "sms": "text", "push": "body", "inapp": "text", "webhook": "body",
 }
+# The most of a model's text a channel's provider takes, in characters of JSON text as UTF-8
+# bytes: Twilio refuses an SMS body over 1,600 characters (21617), FCM a message over 4 KB
+# (notification and data together, hence half of it for the body). A longer answer is cut to
+# fit, since sent whole it would be refused for good after it was paid for.
+MAX_SMS_CHARS = 1600
+MAX_PUSH_BODY_BYTES = 2048
 
 
 class AiService(WorkerService):
@@ -312,6 +319,10 @@ def headline(text: str, limit: int = 78) -> str:
 def content_for(channel: str, text: str, base: dict[str, Any]) -> dict[str, Any]:
     """The channel's content with its body written by the model."""
     content = dict(base)
+    if channel == "sms":
+        text = cut(text, MAX_SMS_CHARS, len)
+    elif channel == "push":
+        text = cut(text, MAX_PUSH_BODY_BYTES, _json_bytes)
     content[BODY_FIELDS.get(channel, "text")] = text
     if channel == "email":
         paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
@@ -321,3 +332,21 @@ def content_for(channel: str, text: str, base: dict[str, Any]) -> dict[str, Any]
     elif channel == "push" and not content.get("title"):
         content["title"] = headline(text, 60)
     return content
+
+
+def _json_bytes(text: str) -> int:
+    return len(json.dumps(text, ensure_ascii=False).encode()) - 2
+
+
+def cut(text: str, limit: int, size: Callable[[str], int]) -> str:
+    """``text`` if its ``size`` is within ``limit``, else its longest start that is, with
+    "…" after it."""
+    if size(text) <= limit:
+        return text
+    room = limit - size("…")
+    used = 0
+    for index, char in enumerate(text):
+        used += size(char)
+        if used > room:
+            return text[:index].rstrip() + "…"
+    return text  # pragma: no cover - the whole text fits

@@ -11,14 +11,21 @@
                                    so a rejection is billed (and logged) once
     5xx, 408, timeout, connection failure, unparseable 200
                                 -> RetryLater: the reclaim cycle tries again
+
+A 200 whose text is there is paid for, so nothing else in it may fail the task (a retry would
+ask, and pay, again): the text loses the characters no message carries and PostgreSQL cannot
+store (NUL, other control characters but tab and line breaks, lone surrogates), usage figures
+that are not counts (negative, fractional, not numbers, past what a column holds) count as 0
+or the most it holds, and a model name that is not a clean name is the one asked for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
+import re
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 
@@ -28,6 +35,10 @@ from notifkit.transports.base import TASK_ID_HEADER, HttpReply, error_detail
 
 DEFAULT_RETRY_AFTER_S = 1.0
 NOT_RETRYABLE_429 = ("insufficient_quota",)
+# The most a usage column (PostgreSQL integer) holds.
+MAX_TOKENS = 2**31 - 1
+# C0 but tab and line feed, DEL and C1: no e-mail, SMS or push body carries them.
+_UNSENDABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True)
@@ -135,15 +146,42 @@ def parse_reply(reply: HttpReply, model: str) -> Completion:
             raise TypeError("content is not text")
         if not text.strip():  # sent as is, it would be a blank notification
             raise ValueError("content is empty")
-        usage: dict[str, Any] = payload.get("usage") or {}
+        text = sendable(text)
+        if not text:  # sent as is, it would be a blank notification
+            raise ValueError("content holds no text")
+        usage = payload.get("usage")
+        if not isinstance(usage, dict):
+            usage = {}
+        answered = payload.get("model")
+        if isinstance(answered, int | float) and not isinstance(answered, bool):
+            answered = str(answered)
         return Completion(
-            text=text.strip(),
-            model=str(payload.get("model") or model),
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
-            response_id=payload.get("id"),
+            text=text,
+            model=answered if isinstance(answered, str) and answered
+            and answered.isprintable() and sendable(answered) == answered else model,
+            prompt_tokens=token_count(usage.get("prompt_tokens")),
+            completion_tokens=token_count(usage.get("completion_tokens")),
+            response_id=payload.get("id") if isinstance(payload.get("id"), str) else None,
         )
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         shown = json.dumps(payload)[:200]
         raise RetryLater(f"the AI provider's answer could not be read ({exc}): {shown!r}") \
             from None
+
+
+def sendable(text: str) -> str:
+    """``text`` as a message can carry it: line breaks as ``\\n``, no other control character,
+    a lone surrogate (valid JSON, invalid UTF-8) as U+FFFD, no surrounding white space."""
+    text = _UNSENDABLE.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
+    if not text.isascii():
+        text = "".join("\ufffd" if "\ud800" <= char <= "\udfff" else char for char in text)
+    return text.strip()
+
+
+def token_count(value: object) -> int:
+    """A usage figure as a count a usage column holds: 0 when it is not one."""
+    if isinstance(value, float) and math.isfinite(value):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return 0
+    return min(max(value, 0), MAX_TOKENS)
