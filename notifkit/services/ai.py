@@ -152,29 +152,27 @@ class AiService(WorkerService):
                if isinstance(fields, dict) for field in uncompiled(fields, channel)])
         logs: list[LogRow] = []
         # Model calls are slow and independent: the whole batch waits for them together.
-        written = await asyncio.gather(
+        await asyncio.gather(
             *(self._write(entry, task, cached, templates, logs) for entry, task in fresh)
         )
-        usages = [usage for usage in written if usage is not None]
-        await ai_usage.record(self.pool, usages, datetime.now(UTC))
         await insert_logs(self.pool, logs)
 
     async def _write(
         self, entry: Entry, task: AiTask, cached: dict[str, dict[str, Any]],
         templates: dict[tuple[str, str], dict[str, Any]], logs: list[LogRow],
-    ) -> ai_usage.Usage | None:
+    ) -> None:
         ids = {"task_id": task["taskId"], "event_id": task["eventId"]}
         channel = task["channel"]
         if task["taskId"] in cached:
             entry.emit(self.keys.outbound(task["priority"]),
                        outbound_from_ai(task, cached[task["taskId"]]))
             log.info("Re-used AI content written earlier for this task.", extra=ids)
-            return None
+            return
         try:
             prompt = render_string(task["ai"]["prompt"], task["context"], field="ai.prompt")
         except RenderError as exc:
             self._send_without_model(entry, task, str(exc), templates, logs)
-            return None
+            return
         model = task["ai"].get("model") or self.settings.ai.model
         messages = [
             {"role": "system", "content": SYSTEM_PROMPTS.get(channel, SYSTEM_PROMPTS["webhook"])},
@@ -185,7 +183,7 @@ class AiService(WorkerService):
             limited = RateLimited(f"notifkit's {self.client.provider} rate limit is used up",
                                   after_s=wait_s)
             await self._park(entry, task, limited, logs, counts=False)
-            return None
+            return
         entry.irreversible = True  # a model's answer is paid for, whatever fails after it
         try:
             completion = await self.client.complete(
@@ -193,7 +191,7 @@ class AiService(WorkerService):
             )
         except RateLimited as exc:
             await self._park(entry, task, exc, logs)
-            return None
+            return
         except RetryLater as exc:
             # A parked task's earlier attempts count: the limit is per task, not per entry.
             attempt = int(task.get("priorAttempts") or 0) + entry.attempt
@@ -204,10 +202,10 @@ class AiService(WorkerService):
                 entry.fail(exc)
                 logs.append(task_row(task, attempt, Kind.GENERATION_FAILED, Status.PROCESSING,
                                      f"{exc}; will retry", self.client.provider))
-            return None
+            return
         except PermanentFailure as exc:
             entry.fail(exc)
-            return None
+            return
         base: dict[str, Any] = {}
         channel_content = templates.get((task["projectId"], task["template"]), {}).get(channel)
         if isinstance(channel_content, dict):
@@ -217,14 +215,16 @@ class AiService(WorkerService):
                 base = {}  # the model's text replaces the body; a subject is made below
         content = content_for(channel, completion.text, base)
         entry.emit(self.keys.outbound(task["priority"]), outbound_from_ai(task, content))
-        log.info("AI content written with %s (%d tokens); queued for delivery.",
-                 completion.model, completion.total_tokens, extra=ids)
-        return ai_usage.Usage(
+        # Recorded as soon as it is paid for, not when the batch's slowest answer comes: a
+        # process dying in between leaves a retry that re-uses it instead of paying again.
+        await ai_usage.record(self.pool, [ai_usage.Usage(
             task_id=task["taskId"], project_id=task["projectId"], event_id=task["eventId"],
             user_id=task["userId"], channel=channel, model=completion.model,
             prompt_tokens=completion.prompt_tokens,
             completion_tokens=completion.completion_tokens, content=content,
-        )
+        )], datetime.now(UTC))
+        log.info("AI content written with %s (%d tokens); queued for delivery.",
+                 completion.model, completion.total_tokens, extra=ids)
 
     def _send_without_model(
         self, entry: Entry, task: AiTask, error: str,

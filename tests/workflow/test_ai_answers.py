@@ -3,6 +3,7 @@ content is what is sent, so whatever the answer holds must not break the send or
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,6 +17,7 @@ from notifkit.config import AiSettings, Settings
 from notifkit.keys import Keys
 from notifkit.services.ai import AiService, content_for
 from notifkit.streams import xadd
+from tests.support.waiting import until_async
 from tests.workflow.test_ai import ai_task, stream, template  # noqa: F401
 
 
@@ -25,9 +27,13 @@ class FakeModel:
     def __init__(self) -> None:
         self.body: dict[str, Any] = {}
         self.requests = 0
+        self.hold_sms = False  # SMS requests wait until ``release`` is set
+        self.release = asyncio.Event()
 
     async def handle(self, request: web.Request) -> web.Response:
         self.requests += 1
+        if self.hold_sms and "SMS" in json.dumps(await request.json()):
+            await self.release.wait()
         return web.Response(text=json.dumps(self.body), content_type="application/json")
 
     def answer(self, content: Any, usage: Any = None) -> None:
@@ -166,3 +172,31 @@ def test_a_push_body_is_cut_to_what_fcm_takes_counting_utf8_bytes() -> None:
     assert len(json.dumps(push["body"], ensure_ascii=False).encode()) <= 2048
     short = content_for("sms", "Short one.", {})
     assert short == {"text": "Short one."}
+
+
+async def test_an_answer_is_recorded_when_it_comes_not_when_the_slowest_of_its_batch_does(
+    ai: AiService, model: tuple[FakeModel, str], redis: Redis, keys: Keys, db: asyncpg.Pool,
+    project_id: str, template: str,  # noqa: F811
+) -> None:
+    # Given two tasks read in one batch, the e-mail's answered at once and the SMS's held by
+    # a slow model
+    fake, _url = model
+    fake.answer("Your invoice is paid.")
+    fake.hold_sms = True
+    email, sms = ai_task(project_id), ai_task(project_id, channel="sms")
+    for task in (email, sms):
+        await xadd(redis, keys.ai_pending, task, 10_000)
+    draining = asyncio.create_task(ai.run_until_idle())
+    # When the e-mail's answer has come while the SMS's has not
+    async def email_recorded() -> bool:
+        return bool(await db.fetchval("SELECT count(*) FROM ai_usage WHERE task_id = $1",
+                                      email["taskId"]) == 1)
+    # Then the e-mail's content is in ai_usage already: a process dying now leaves a retry
+    # that re-uses it rather than asking (and paying) again
+    await until_async(email_recorded)
+    assert fake.requests == 2
+    fake.release.set()
+    await draining
+    assert await db.fetchval("SELECT count(*) FROM ai_usage WHERE project_id = $1",
+                             project_id) == 2
+    assert fake.requests == 2
