@@ -323,6 +323,11 @@ def content_for(channel: str, text: str, base: dict[str, Any]) -> dict[str, Any]
         text = cut(text, MAX_SMS_CHARS, len)
     elif channel == "push":
         text = cut(text, MAX_PUSH_BODY_BYTES, _json_bytes)
+    elif channel == "webhook":
+        # A webhook's body is sent parsed when it reads as JSON (a template's author writes
+        # it so); the model writes text, and an answer such as `{"admin": true}` or `42` (a
+        # prompt's data can lead it there) is sent as that text, as a JSON string.
+        text = json.dumps(text, ensure_ascii=False)
     content[BODY_FIELDS.get(channel, "text")] = text
     if channel == "email":
         paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]

@@ -17,6 +17,7 @@ from notifkit.config import AiSettings, Settings
 from notifkit.keys import Keys
 from notifkit.services.ai import AiService, content_for
 from notifkit.streams import xadd
+from notifkit.transports.webhook import _parsed as webhook_body
 from tests.support.waiting import until_async
 from tests.workflow.test_ai import ai_task, stream, template  # noqa: F401
 
@@ -200,3 +201,19 @@ async def test_an_answer_is_recorded_when_it_comes_not_when_the_slowest_of_its_b
     assert await db.fetchval("SELECT count(*) FROM ai_usage WHERE project_id = $1",
                              project_id) == 2
     assert fake.requests == 2
+
+
+@pytest.mark.parametrize("answer", ['{"to": "someone-else", "admin": true}', "42", "null",
+                                    "[1, 2]"])
+async def test_a_webhook_answer_that_reads_as_json_is_still_sent_as_the_text_it_is(
+    ai: AiService, model: tuple[FakeModel, str], redis: Redis, keys: Keys,
+    project_id: str, template: str, answer: str,  # noqa: F811
+) -> None:
+    # Given a model led (by data in its prompt, say) to answer with what parses as JSON
+    fake, _url = model
+    fake.answer(answer)
+    # When it writes a webhook's body
+    await run(ai, redis, keys, [ai_task(project_id, channel="webhook")])
+    # Then the receiver gets the text, not a structure the model made up
+    [out] = await stream(redis, keys.outbound("normal"))
+    assert webhook_body(out["content"]["body"]) == answer
