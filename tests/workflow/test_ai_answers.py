@@ -217,3 +217,23 @@ async def test_a_webhook_answer_that_reads_as_json_is_still_sent_as_the_text_it_
     # Then the receiver gets the text, not a structure the model made up
     [out] = await stream(redis, keys.outbound("normal"))
     assert webhook_body(out["content"]["body"]) == answer
+
+
+async def test_a_refusal_is_dead_lettered_after_one_request_not_asked_and_paid_for_again(
+    ai: AiService, model: tuple[FakeModel, str], redis: Redis, keys: Keys, db: asyncpg.Pool,
+    project_id: str, template: str,  # noqa: F811
+) -> None:
+    # Given a model that refuses (OpenAI: content null, the reason in message.refusal), as it
+    # will again for the same prompt
+    fake, _url = model
+    fake.answer(None)
+    fake.body["choices"][0]["message"]["refusal"] = "I'm sorry, I can't help with that."
+    task = ai_task(project_id)
+    # When the ai service drains its stream
+    await run(ai, redis, keys, [task])
+    # Then it asked once and the task is dead-lettered saying the model refused, and why
+    assert fake.requests == 1
+    [dead] = await stream(redis, keys.dlq)
+    assert "refused" in dead["error"]
+    assert "can't help with that" in dead["error"]
+    assert await stream(redis, keys.outbound("normal")) == []
