@@ -223,3 +223,38 @@ async def test_a_dlq_id_with_a_trailing_newline_names_no_entry(
 ) -> None:
     reply = await api.call("DELETE", "/v1/dlq/1-1%0A", key=project.full)
     assert reply.status == 404, reply.body
+
+
+@pytest.mark.parametrize("send_at", [
+    "9999-12-31T23:59:59-05:00",   # RFC 3339, but 9999-12-31 is already over in UTC
+    "0001-01-01T00:00:00+01:00",   # and the calendar had not begun there yet
+])
+async def test_a_send_at_beyond_the_calendar_in_utc_says_so_not_that_it_is_no_rfc_3339(
+    api: Api, project: Project, send_at: str
+) -> None:
+    await api.call("PUT", "/v1/templates/t", key=project.full,
+                   json={"channels": {"sms": {"text": "hi"}}})
+    reply = await api.call("POST", "/v1/notifications", key=project.send,
+                           json={"to": "u1", "template": "t", "sendAt": send_at})
+    assert (reply.status, reply.fields) == (400, ["sendAt"])
+    [problem] = reply.error["details"]
+    assert "RFC 3339" not in problem["message"]
+    assert "9999-12-31T23:59:59.999Z" in problem["message"]
+
+
+async def test_a_nul_in_a_campaign_id_filter_is_refused_as_a_send_refuses_it(
+    api: Api, project: Project
+) -> None:
+    reply = await api.call("GET", "/v1/messages", key=project.full,
+                           params={"campaignId": "black\x00friday"})
+    assert (reply.status, reply.fields) == (400, ["campaignId"])
+    assert reply.error["details"][0]["message"] == "must not contain NUL characters"
+
+
+async def test_an_ai_usage_bound_beyond_the_calendar_in_utc_says_so(
+    api: Api, project: Project
+) -> None:
+    reply = await api.call("GET", "/v1/usage/ai", key=project.full,
+                           params={"until": "9999-12-31T23:59:59-05:00"})
+    assert (reply.status, reply.fields) == (400, ["until"])
+    assert "9999-12-31T23:59:59.999Z" in reply.error["details"][0]["message"]

@@ -524,7 +524,7 @@ class Fields:
             return None
         parsed = parse_rfc3339(value) if isinstance(value, str) else None
         if parsed is None:
-            self.fail(name, "must be an RFC 3339 date-time such as 2026-12-01T09:00:00Z")
+            self.fail(name, timestamp_problem(value))
         return parsed
 
 
@@ -604,6 +604,23 @@ def parse_rfc3339(value: str) -> datetime | None:
         return parsed.astimezone(UTC)
     except OverflowError:
         return None
+
+
+OUT_OF_CALENDAR_MESSAGE = ("must lie from 0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z "
+                           "once converted to UTC")
+
+
+def timestamp_problem(value: Any) -> str:
+    """Why ``value`` (which :func:`parse_rfc3339` refused) is no time: a well-formed time whose
+    offset carries it past either end of the calendar in UTC is told apart from a misspelt one."""
+    if isinstance(value, str) and _RFC3339.match(value):
+        try:
+            parsed = datetime.fromisoformat(value.replace("z", "Z").replace("t", "T"))
+        except ValueError:
+            parsed = None
+        if parsed is not None and parsed.tzinfo is not None:
+            return OUT_OF_CALENDAR_MESSAGE
+    return "must be an RFC 3339 date-time such as 2026-12-01T09:00:00Z"
 
 
 def iso(value: datetime | None) -> str | None:
@@ -836,8 +853,10 @@ def query_string(request: web.Request, name: str, *, max_len: int = 255) -> str 
     value = request.query.get(name)
     if value is None:
         return None
-    if not 1 <= len(value) <= max_len or "\x00" in value:
+    if not 1 <= len(value) <= max_len:
         raise invalid_field(name, f"must be 1 to {max_len} characters")
+    if "\x00" in value:
+        raise invalid_field(name, "must not contain NUL characters")
     return value
 
 

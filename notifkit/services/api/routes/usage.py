@@ -14,7 +14,12 @@ from notifkit.services.api.middleware import project_id
 from notifkit.services.api.routing import Operations, Param
 from notifkit.services.api.schemas import DATETIME, STRING, UUID, nullable, obj
 from notifkit.services.api.state import DB
-from notifkit.services.api.validation import iso, parse_rfc3339, query_string
+from notifkit.services.api.validation import (
+    iso,
+    parse_rfc3339,
+    query_string,
+    timestamp_problem,
+)
 
 ops = Operations("usage")
 
@@ -39,7 +44,7 @@ async def get_ai_usage(request: web.Request) -> web.Response:
         raw = query_string(request, name, max_len=64)
         when = parse_rfc3339(raw) if raw is not None else None
         if raw is not None and when is None:
-            raise invalid_field(name, "must be an RFC 3339 time, e.g. 2026-12-01T00:00:00Z")
+            raise invalid_field(name, timestamp_problem(raw))
         bounds.append(when)
     since, until = bounds
     if since is not None and until is not None and until < since:
