@@ -498,6 +498,42 @@ async def test_messages_filter_and_paginate_with_an_opaque_cursor(
         assert reply.fields == [field]
 
 
+async def test_messages_filter_by_a_time_range_and_page_within_it(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
+    """Given a campaign's log over several seconds, when a client asks for a time range
+    (since inclusive, until exclusive, as /v1/usage/ai takes them), then it gets only the rows
+    logged in it, newest first, its cursor pages stay in the range, and bounds that are no
+    time or that are swapped are a 400 naming them."""
+    event = str(uuid.uuid4())
+    for i in range(6):
+        await log(db, project.id, event, f"t{i}", "u1", "email", "sent", "sent",
+                  f"2030-01-01T00:00:0{i}Z", campaign="c1")
+
+    async def tasks(**params: str) -> list[str]:
+        seen: list[str] = []
+        cursor = None
+        while True:
+            query = {**params, "limit": "2", **({"cursor": cursor} if cursor else {})}
+            reply = await api.call("GET", "/v1/messages", key=project.full, params=query)
+            assert reply.status == 200, reply.body
+            seen += [item["taskId"] for item in reply.body["items"]]
+            cursor = reply.body["nextCursor"]
+            if cursor is None:
+                return seen
+
+    assert await tasks(campaignId="c1", since="2030-01-01T00:00:01Z",
+                       until="2030-01-01T00:00:04Z") == ["t3", "t2", "t1"]
+    assert await tasks(since="2030-01-01T01:00:04+01:00") == ["t5", "t4"]
+    assert await tasks(until="2030-01-01T00:00:01.000Z") == ["t0"]
+    for params, fields in (({"since": "yesterday"}, ["since"]),
+                           ({"until": "2030-01-01T00:00:00"}, ["until"]),
+                           ({"since": "2030-01-01T00:00:02Z", "until": "2030-01-01T00:00:01Z"},
+                            ["until"])):
+        reply = await api.call("GET", "/v1/messages", key=project.full, params=params)
+        assert (reply.status, reply.fields) == (400, fields), reply.body
+
+
 async def test_every_bad_query_parameter_is_named_in_one_400(
     api: Api, project: Project
 ) -> None:

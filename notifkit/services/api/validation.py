@@ -860,6 +860,23 @@ def query_string(request: web.Request, name: str, *, max_len: int = 255) -> str 
     return value
 
 
+def time_query(request: web.Request, name: str) -> datetime | None:
+    """A time bound (``since``, ``until``) as an RFC 3339 query parameter, None without one."""
+    raw = query_string(request, name, max_len=64)
+    if raw is None:
+        return None
+    when = parse_rfc3339(raw)
+    if when is None:
+        raise invalid_field(name, timestamp_problem(raw))
+    return when
+
+
+def time_range_order(since: datetime | None, until: datetime | None) -> None:
+    """Swapped bounds are a 400: an empty answer would read as "nothing in that time"."""
+    if since is not None and until is not None and until < since:
+        raise invalid_field("until", "must not be earlier than since")
+
+
 def enum_query(request: web.Request, name: str, allowed: tuple[str, ...]) -> str | None:
     value = request.query.get(name)
     if value is not None and value not in allowed:

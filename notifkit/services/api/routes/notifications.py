@@ -35,6 +35,7 @@ from notifkit.services.api.idempotency import (
 from notifkit.services.api.middleware import project_id
 from notifkit.services.api.routing import CURSOR, LIMIT, SEND, Operations, Param, Reply
 from notifkit.services.api.schemas import (
+    DATETIME,
     ID,
     MAX_RECIPIENTS,
     RECIPIENT_STATUSES,
@@ -55,6 +56,8 @@ from notifkit.services.api.validation import (
     parse_uuid,
     query_string,
     read_json,
+    time_query,
+    time_range_order,
     uuid_id,
 )
 from notifkit.services.scheduler import cancel_waiting, release_throttle, waiting_tasks
@@ -227,6 +230,10 @@ async def notification_body(
                Param("eventId", "query", {"type": "string", "format": "uuid"}),
                Param("status", "query", {"type": "string", "enum": list(RECIPIENT_STATUSES)}),
                Param("channel", "query", {"type": "string", "enum": list(CHANNELS)}),
+               Param("since", "query", DATETIME,
+                     "Only entries logged at or after this time (RFC 3339)."),
+               Param("until", "query", DATETIME,
+                     "Only entries logged before this time (RFC 3339)."),
                LIMIT,
                CURSOR,
            ),
@@ -240,8 +247,11 @@ async def list_messages(request: web.Request) -> web.Response:
     event = checks(_uuid_query, request, "eventId")
     status = checks(enum_query, request, "status", RECIPIENT_STATUSES)
     channel = checks(enum_query, request, "channel", CHANNELS)
+    since = checks(time_query, request, "since")
+    until = checks(time_query, request, "until")
     cursor = checks(_message_cursor, request)
     checks.done()
+    time_range_order(since, until)
     where = ["project_id = $1"]
     args: list[Any] = [project]
 
@@ -259,6 +269,10 @@ async def list_messages(request: web.Request) -> web.Response:
         add("status = {}", status)
     if channel is not None:
         add("channel = {}", channel)
+    if since is not None:
+        add("created_at >= {}", since)
+    if until is not None:
+        add("created_at < {}", until)
     if cursor is not None:
         args.extend(cursor)
         where.append(f"(created_at, id) < (${len(args) - 1}, ${len(args)})")

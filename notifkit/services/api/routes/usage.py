@@ -9,16 +9,16 @@ from __future__ import annotations
 from aiohttp import web
 
 from notifkit.db import ai_usage
-from notifkit.services.api.errors import invalid_field, json_response
+from notifkit.services.api.errors import json_response
 from notifkit.services.api.middleware import project_id
 from notifkit.services.api.routing import Operations, Param
 from notifkit.services.api.schemas import DATETIME, STRING, UUID, nullable, obj
 from notifkit.services.api.state import DB
 from notifkit.services.api.validation import (
+    QueryChecks,
     iso,
-    parse_rfc3339,
-    query_string,
-    timestamp_problem,
+    time_query,
+    time_range_order,
 )
 
 ops = Operations("usage")
@@ -39,17 +39,11 @@ AI_USAGE = obj({
            responses={200: AI_USAGE})
 async def get_ai_usage(request: web.Request) -> web.Response:
     project = project_id(request)
-    bounds = []
-    for name in ("since", "until"):
-        raw = query_string(request, name, max_len=64)
-        when = parse_rfc3339(raw) if raw is not None else None
-        if raw is not None and when is None:
-            raise invalid_field(name, timestamp_problem(raw))
-        bounds.append(when)
-    since, until = bounds
-    if since is not None and until is not None and until < since:
-        # An empty answer would read as "no usage" when the caller swapped the bounds.
-        raise invalid_field("until", "must not be earlier than since")
+    checks = QueryChecks()
+    since = checks(time_query, request, "since")
+    until = checks(time_query, request, "until")
+    checks.done()
+    time_range_order(since, until)
     totals = await ai_usage.totals(request.app[DB], project, since, until)
     return json_response({"projectId": project, "since": iso(since), "until": iso(until),
                           **totals})
