@@ -168,13 +168,16 @@ async def create_pool(
     application_name: str = "notifkit",
     urgent: Callable[[], bool] | None = None,
     command_timeout: float | None = None,
+    acquire_timeout: float | None = None,
 ) -> PriorityPool:
     """A pool of at most ``max_size`` (default ``DB_MAX_CONNECTIONS``) prepared connections;
     when every connection is busy, tasks for which ``urgent()`` is true get the next one.
     ``command_timeout``: seconds a query, or opening a connection, may take before it fails
     with ``TimeoutError`` (None: queries have no limit, a connection asyncpg's 60 s); a shorter
     ``connect_timeout`` in DATABASE_URL bounds opening a connection. With a limit, a wait for
-    a lock ends sooner, at ``LOCK_WAIT_SHARE`` of it, as 55P03 (lock_not_available)."""
+    a lock ends sooner, at ``LOCK_WAIT_SHARE`` of it, as 55P03 (lock_not_available).
+    ``acquire_timeout``: seconds a caller may wait for a free connection (opening one
+    included) before it fails with ``TimeoutError`` (None: no limit)."""
     size = settings.db_max_connections if max_size is None else max_size
     quiet_pool_floor_warnings()
     dsn = database_dsn(settings.database_url)
@@ -192,6 +195,7 @@ async def create_pool(
         init=init_connection,
         reset=_keep_session,
         urgent=urgent,
+        acquire_timeout=acquire_timeout,
         command_timeout=command_timeout,
         **_connect_timeout(dsn, command_timeout),
     )

@@ -98,14 +98,17 @@ class PriorityPool(asyncpg.Pool):  # type: ignore[misc]
     through :meth:`acquire`, so they queue the same way."""
 
     def __init__(self, *args: Any, urgent: Callable[[], bool] | None = None,
-                 **kwargs: Any) -> None:
+                 acquire_timeout: float | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._gate = PriorityGate(kwargs["max_size"])
         self._urgent = urgent or _never
+        # How long an acquire without a ``timeout`` of its own may wait for a connection
+        # (None: as long as it takes); ``fetch``, ``execute``... acquire that way too.
+        self._acquire_timeout = acquire_timeout
         self._held: set[int] = set()  # ids of the connections handed out through the gate
 
     def acquire(self, *, timeout: float | None = None) -> _Acquire:  # type: ignore[override]
-        return _Acquire(self, timeout)
+        return _Acquire(self, self._acquire_timeout if timeout is None else timeout)
 
     async def _take(self) -> Any:
         await self._gate.acquire(self._urgent)

@@ -54,6 +54,9 @@ class Service:
     # reconciler's slices, digest windows) pass a longer limit of their own; migrations use a
     # connection of their own, without one.
     query_timeout_s: ClassVar[float | None] = QUERY_TIMEOUT_S
+    # Seconds a caller may wait for a free connection of the pool (None: as long as it takes).
+    # A worker's batch waits its turn; the api service's requests do not (ApiService).
+    acquire_timeout_s: ClassVar[float | None] = None
 
     def __init__(self, settings: Settings, **options: Any) -> None:
         self.settings = settings
@@ -68,7 +71,8 @@ class Service:
             from notifkit.db.pool import create_pool
 
             self.db = await create_pool(self.settings, urgent=self._urgent_batch,
-                                        command_timeout=self.query_timeout_s)
+                                        command_timeout=self.query_timeout_s,
+                                        acquire_timeout=self.acquire_timeout_s)
 
     def _urgent_batch(self) -> bool:
         """Whether the current task's queries go ahead of others waiting for a connection."""

@@ -166,3 +166,29 @@ async def test_a_request_aiohttp_cannot_parse_is_answered_in_the_error_shape(
             assert r.status == 200
     finally:
         await service.stop()
+
+
+async def test_a_request_that_finds_every_connection_taken_answers_503(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While PostgreSQL stalled, each of the pool's connections was held about 20 s by a query
+    timing out and being cancelled, and the requests behind them queued for a connection with
+    no limit: under steady sends the n-th waited some n x 9 s (54 s seen in a 55 s stall).
+    Waiting for a connection is bounded as opening one is, and a request that finds none free
+    in time is a 503 that asks to retry. Here every connection is taken by the test."""
+    monkeypatch.setattr(ApiService, "acquire_timeout_s", 0.2)
+    service = ApiService(settings.replace(port=0, host="127.0.0.1", db_max_connections=2))
+    await service.start()
+    held = [await service.pool.acquire() for _ in range(2)]
+    try:
+        # Bounded only so a regression fails instead of hanging.
+        async with aiohttp.ClientSession() as http, asyncio.timeout(30), http.post(
+                f"{service.base_url}/v1/projects", json={"name": "p"},
+                headers={"Authorization": f"Bearer {ADMIN}"}) as response:
+            assert response.status == 503
+            assert response.headers["Retry-After"] == "1"
+            assert (await response.json())["error"]["code"] == "service_unavailable"
+    finally:
+        for conn in held:
+            await service.pool.release(conn)
+        await service.stop()

@@ -156,7 +156,8 @@ def _resources(
         own_redis = redis is None
         own_db = db is None
         client = open_redis(settings) if redis is None else redis
-        pool = (await create_pool(settings, command_timeout=QUERY_TIMEOUT_S) if db is None
+        pool = (await create_pool(settings, command_timeout=QUERY_TIMEOUT_S,
+                                        acquire_timeout=QUERY_TIMEOUT_S) if db is None
                 else db)
         app[REDIS] = client
         app[DB] = pool

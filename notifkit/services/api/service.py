@@ -22,6 +22,7 @@ from redis.exceptions import RedisError
 
 from notifkit.clock import utc_now_iso
 from notifkit.config import ConfigError, Settings
+from notifkit.db.pool import QUERY_TIMEOUT_S
 from notifkit.services.api.app import create_app
 from notifkit.services.api.errors import ApiRunner
 from notifkit.services.api.state import IN_FLIGHT
@@ -46,6 +47,11 @@ def host_port(host: str, port: int) -> str:
 
 class ApiService(Service):
     name: ClassVar[str] = "api"
+    # A request waits at most this long for a free PostgreSQL connection, then answers 503
+    # (Retry-After: 1). While PostgreSQL stalls, each connection is held some 20 s by a query
+    # timing out and being cancelled, and requests queued behind them without a limit waited
+    # longer the more of them there were (54 s seen in a 55 s stall).
+    acquire_timeout_s: ClassVar[float | None] = QUERY_TIMEOUT_S
 
     def __init__(self, settings: Settings, **options: Any) -> None:
         super().__init__(settings, **options)
