@@ -17,7 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from notifkit.config import Settings
 from notifkit.db.availability import answers, lock_wait, unavailable
-from notifkit.db.pool import QUERY_TIMEOUT_S
+from notifkit.db.pool import QUERY_TIMEOUT_S, close_pool
 from notifkit.db.priority_pool import PriorityPool
 from notifkit.keys import Keys
 from notifkit.tasks import cancel_all
@@ -80,7 +80,7 @@ class Service:
 
     async def close(self) -> None:
         if self.db is not None:
-            await self.db.close()
+            await close_pool(self.db)
             self.db = None
         await self.redis.aclose()
 

@@ -150,7 +150,7 @@ def _resources(
     settings: Settings, redis: Redis | None, db: asyncpg.Pool | None
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
-        from notifkit.db.pool import create_pool
+        from notifkit.db.pool import close_pool, create_pool
         from notifkit.services.base import open_redis
 
         own_redis = redis is None
@@ -174,7 +174,7 @@ def _resources(
             # ``await task`` then hung the API's shutdown (and a failed start) for good.
             await cancel_and_wait(task)
             if own_db:
-                await pool.close()
+                await close_pool(pool)
             if own_redis:
                 await client.aclose()
 
