@@ -177,8 +177,12 @@ class NotifkitServer:
         log.info("notifkit is running: %s.", ", ".join(self.settings.services))
 
     async def stop(self) -> None:
-        # Upstream first, so nothing new is produced for services already stopped.
+        # Upstream first, so nothing new is produced for services already stopped; within one
+        # grace period for the process, not one per service (eight of them in turn took a
+        # multiple of SHUTDOWN_GRACE_SECONDS while PostgreSQL stalled).
+        deadline = asyncio.get_running_loop().time() + self.settings.shutdown_grace_s
         for service in list(self.services.values()):
+            service.stop_deadline = deadline
             await _stop_quietly(service)
         self.services.clear()
         if self._metrics_redis is not None:

@@ -64,6 +64,9 @@ class Service:
         self.options = options
         self.redis: Redis = open_redis(settings)
         self.db: PriorityPool | None = None
+        # When the process's shutdown grace ends (the event loop's clock), set by the server
+        # before it stops its services one after another: they share one grace period.
+        self.stop_deadline: float | None = None
 
     async def open(self) -> None:
         await self._check_redis()
@@ -98,6 +101,12 @@ class Service:
 
     async def stop(self) -> None:
         await self.close()
+
+    def remaining_grace(self) -> float | None:
+        """Seconds left of the process's shutdown grace (None: the whole grace, no deadline)."""
+        if self.stop_deadline is None:
+            return None
+        return max(0.0, self.stop_deadline - asyncio.get_running_loop().time())
 
     async def run_until_idle(self) -> int:
         """Process whatever is available and return how much was done (0 = idle)."""
@@ -171,7 +180,7 @@ class WorkerService(Service):
     async def stop(self) -> None:
         await cancel_all(self._background)
         self._background = []
-        await self.worker.stop()
+        await self.worker.stop(self.remaining_grace())
         await self.close()
 
     async def run_until_idle(self) -> int:

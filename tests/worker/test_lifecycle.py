@@ -14,6 +14,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from notifkit.config import Settings
 from notifkit.keys import Keys
 from notifkit.worker import Entry, consumer_name, remove_heartbeat, write_heartbeat
 from tests.support.waiting import until
@@ -291,3 +292,36 @@ async def test_removing_a_heartbeat_survives_a_connection_the_server_closed(
         await own.aclose()
     assert await redis.exists(keys.health("delivery-host-9")) == 0
     assert await redis.zscore(keys.heartbeats, "delivery-host-9") is None
+
+
+async def test_a_process_stop_shares_one_grace_period_among_its_services(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each service of a process was given the whole SHUTDOWN_GRACE_SECONDS in turn, so a
+    SIGTERM while PostgreSQL stalled (delivery's and workflow's batches stuck for their whole
+    grace) took 28 s with a 10 s grace. The grace is now one deadline for the process: a
+    service stopping after another used it all up gets none."""
+    from notifkit.server import NotifkitServer
+    from notifkit.worker import StreamWorker
+
+    graces: list[tuple[str, float | None]] = []
+    original = StreamWorker.stop
+
+    async def recording(self: StreamWorker, grace_s: float | None = None) -> None:
+        graces.append((self.service, grace_s))
+        if len(graces) == 1:  # the first service's in-flight work takes the whole grace
+            await asyncio.sleep(grace_s or 0.0)
+        await original(self, grace_s)
+
+    monkeypatch.setattr(StreamWorker, "stop", recording)
+    server = NotifkitServer(services=["enricher", "engine"],
+                            settings=settings.replace(shutdown_grace_s=0.5),
+                            auto_migrate=False)
+    await server.start()
+    await server.stop()
+
+    [(first, first_grace), (second, second_grace)] = graces
+    assert (first, second) == ("enricher", "engine")
+    assert first_grace is not None
+    assert 0 < first_grace <= 0.5
+    assert second_grace == 0
