@@ -35,8 +35,9 @@ from notifkit.codec import loads as json_loads
 from notifkit.config import DatabaseDsn, Settings, database_dsn
 from notifkit.db.priority_pool import PriorityPool
 
-__all__ = ["LOCK_WAIT_SHARE", "QUERY_TIMEOUT_S", "DatabaseUnavailable", "allow_lock_wait",
-           "close_pool", "connect", "create_pool", "init_connection", "lock_timeout_ms"]
+__all__ = ["LOCK_WAIT_SHARE", "POOL_CLOSE_TIMEOUT_S", "QUERY_TIMEOUT_S", "DatabaseUnavailable",
+           "allow_lock_wait", "close_pool", "connect", "create_pool", "init_connection",
+           "lock_timeout_ms"]
 
 log = logging.getLogger("notifkit.db")
 

@@ -17,7 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from notifkit.config import Settings
 from notifkit.db.availability import answers, lock_wait, unavailable
-from notifkit.db.pool import QUERY_TIMEOUT_S, close_pool
+from notifkit.db.pool import POOL_CLOSE_TIMEOUT_S, QUERY_TIMEOUT_S, close_pool
 from notifkit.db.priority_pool import PriorityPool
 from notifkit.keys import Keys
 from notifkit.tasks import cancel_all
@@ -83,7 +83,10 @@ class Service:
 
     async def close(self) -> None:
         if self.db is not None:
-            await close_pool(self.db)
+            # Within what is left of the process's grace: past it, dropped at once.
+            left = self.remaining_grace()
+            await close_pool(self.db, POOL_CLOSE_TIMEOUT_S if left is None
+                             else min(POOL_CLOSE_TIMEOUT_S, left))
             self.db = None
         await self.redis.aclose()
 

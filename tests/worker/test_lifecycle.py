@@ -325,3 +325,29 @@ async def test_a_process_stop_shares_one_grace_period_among_its_services(
     assert first_grace is not None
     assert 0 < first_grace <= 0.5
     assert second_grace == 0
+
+
+async def test_a_service_stopping_past_the_grace_drops_its_pool_without_waiting(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seeing a pool off waits up to 1 s for a server that may not answer; eight services in
+    turn, after a grace used up by batches stuck in a PostgreSQL stall, took a SIGTERM 6 s past
+    the grace. Past the process's deadline the pool is dropped at once; before it, the wait
+    is cut to what is left."""
+    from notifkit.db.pool import POOL_CLOSE_TIMEOUT_S, close_pool
+    from notifkit.services.enricher import EnricherService
+
+    waits: list[float] = []
+
+    async def recording(pool: Any, timeout_s: float = POOL_CLOSE_TIMEOUT_S) -> None:
+        waits.append(timeout_s)
+        await close_pool(pool, timeout_s)
+
+    monkeypatch.setattr("notifkit.services.base.close_pool", recording)
+    loop = asyncio.get_running_loop()
+    for deadline, expected in ((loop.time() - 1, 0.0), (None, POOL_CLOSE_TIMEOUT_S)):
+        service = EnricherService(settings)
+        await service.start()
+        service.stop_deadline = deadline
+        await service.stop()
+        assert waits.pop() == expected
