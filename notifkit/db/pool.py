@@ -218,7 +218,11 @@ POOL_CLOSE_TIMEOUT_S = 1.0
 
 async def close_pool(pool: asyncpg.Pool, timeout_s: float = POOL_CLOSE_TIMEOUT_S) -> None:
     """Close ``pool`` gracefully, or, if the server does not see it off within ``timeout_s``
-    (or the close fails), drop its connections (a reset): a stop goes on either way."""
+    (or the close fails), drop its connections (a reset): a stop goes on either way. With
+    no time left (a stop past its grace), they are dropped at once."""
+    if timeout_s <= 0:
+        pool.terminate()
+        return
     try:
         async with asyncio.timeout(timeout_s):
             await pool.close()

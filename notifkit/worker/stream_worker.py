@@ -58,6 +58,9 @@ RESERVED_POLL_MS = 50
 # (and at once when a batch ends): a blocking read on them could not be woken for the stream
 # whose batch ended.
 LANE_POLL_S = 0.005
+# A stopping worker's last Redis calls (its heartbeat removed, its consumer forgotten) get what
+# is left of the shutdown grace, and at least this.
+STOP_GOODBYE_MIN_S = 1.0
 # How soon a reclaim sweep that ran out of free slots sweeps again.
 RECLAIM_AGAIN_S = 0.1
 # A worker keeps its entries from the reclaim sweep while it works on them, for at most this
@@ -206,6 +209,7 @@ class StreamWorker:
         Cancelled work is not acked: it stays pending and another process reclaims it.
         """
         grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
+        deadline = asyncio.get_running_loop().time() + grace
         self._stopping.set()
         await cancel_all(self._loops)
         self._loops = []
@@ -223,10 +227,19 @@ class StreamWorker:
                 for task in pending:
                     task.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
-        await remove_heartbeat(self.redis, self.keys, self.consumer)
-        for stream in self.streams:  # one call per stream: each may live in its own slot
-            with contextlib.suppress(RedisError, OSError):
-                await self._forget(keys=[stream], args=[self.group, self.consumer])
+        try:
+            # What is left of the grace, and at least STOP_GOODBYE_MIN_S: a stalled Redis held
+            # each of these calls for the client's timeouts, one after another.
+            async with asyncio.timeout(max(STOP_GOODBYE_MIN_S,
+                                           deadline - asyncio.get_running_loop().time())):
+                await remove_heartbeat(self.redis, self.keys, self.consumer)
+                for stream in self.streams:  # one call per stream: each may live in its own slot
+                    with contextlib.suppress(RedisError, OSError):
+                        await self._forget(keys=[stream], args=[self.group, self.consumer])
+        except TimeoutError:
+            log.warning("Redis did not answer the stopping worker in time: its heartbeat expires "
+                        "by itself, and its consumer stays in the group until one takes over "
+                        "what it holds.", extra={"service": self.service})
         log.info("Worker stopped.", extra={"service": self.service, "consumer": self.consumer})
 
     async def run_until_idle(self, *, reclaim: bool = True, max_rounds: int = 10_000) -> int:

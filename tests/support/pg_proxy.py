@@ -74,3 +74,18 @@ class PostgresProxy(TcpProxy):
                 await writer.drain()
         with contextlib.suppress(Exception):
             writer.transport.abort()
+
+
+class StallingRedisProxy(PostgresProxy):
+    """The same proxy in front of Redis: ``settings`` has REDIS_URL through it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._redis = urlsplit(settings.redis_url)
+        super().__init__(settings.replace(database_url=self._redis._replace(
+            scheme="postgresql").geturl()))
+        self._base = settings
+
+    @property
+    def settings(self) -> Settings:
+        return self._base.replace(redis_url=self._redis._replace(
+            netloc=f"127.0.0.1:{self.port}").geturl())
