@@ -192,6 +192,8 @@ async def test_ids_of_one_project_are_404_for_another(
     await check("GET", "/v1/notifications/{eventId}", 404, eventId=made["event"])
     await check("POST", "/v1/notifications/{eventId}/cancel", 404, eventId=made["event"])
     await check("GET", "/v1/workflow-instances/{instanceId}", 404, instanceId=made["instance"])
+    await check("POST", "/v1/workflow-instances/{instanceId}/cancel", 404,
+                instanceId=made["instance"])
     await check("DELETE", "/v1/users/{userId}/contacts/{contactId}", 404, userId=user,
                 contactId=made["contact"])
     await check("POST", "/v1/users/{userId}/inbox/{messageId}/read", 404, userId=user,
