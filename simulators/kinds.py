@@ -39,7 +39,8 @@ class ErrorCase(StrEnum):
     """
 
     BAD_REQUEST = "bad_request"  # validation failure or unparseable body
-    UNAUTHORIZED = "unauthorized"  # missing, empty or rejected credentials
+    MISSING_CREDENTIALS = "missing_credentials"  # no credentials, or empty ones
+    UNAUTHORIZED = "unauthorized"  # credentials the provider rejects (an `error` rule's 401)
     FORBIDDEN = "forbidden"
     NOT_FOUND = "not_found"
     CONFLICT = "conflict"  # idempotency key reused with another body

@@ -47,6 +47,7 @@ MAX_TASK_ID_CHARS = 256
 # The status each case answers with unless a provider or a fault rule says otherwise.
 DEFAULT_STATUS: dict[ErrorCase, int] = {
     ErrorCase.BAD_REQUEST: 400,
+    ErrorCase.MISSING_CREDENTIALS: 401,
     ErrorCase.UNAUTHORIZED: 401,
     ErrorCase.FORBIDDEN: 403,
     ErrorCase.NOT_FOUND: 404,
@@ -287,7 +288,7 @@ async def _handle(
     name = provider.provider
     api_key = provider.credentials(request)
     if not api_key:
-        raise Rejection(ErrorCase.UNAUTHORIZED)
+        raise Rejection(ErrorCase.MISSING_CREDENTIALS)
     wait_s = state.limits.check(name, api_key)
     if wait_s is not None:
         stats.rate_limited += 1

@@ -67,11 +67,12 @@ MAX_PAYLOAD_BYTES = 4096  # FCM's limit on a message's notification + data
 TOKEN_LIFETIME_S = 3599
 FCM_ERROR_TYPE = "type.googleapis.com/google.firebase.fcm.v1.FcmError"
 BAD_REQUEST_TYPE = "type.googleapis.com/google.rpc.BadRequest"
-_UNAUTHENTICATED = (
-    "Request had invalid authentication credentials. Expected OAuth 2 access token, login "
-    "cookie or other valid authentication credential. See "
-    "https://developers.google.com/identity/sign-in/web/devconsole-project."
+_EXPECTED_CREDENTIAL = (
+    "Expected OAuth 2 access token, login cookie or other valid authentication credential. "
+    "See https://developers.google.com/identity/sign-in/web/devconsole-project."
 )
+_UNAUTHENTICATED = f"Request had invalid authentication credentials. {_EXPECTED_CREDENTIAL}"
+_NO_CREDENTIAL = f"Request is missing required authentication credential. {_EXPECTED_CREDENTIAL}"
 # (google status, message, FcmError errorCode or None) per case.
 _ERRORS: dict[ErrorCase, tuple[str, str, str | None]] = {
     ErrorCase.BAD_REQUEST: (
@@ -79,6 +80,7 @@ _ERRORS: dict[ErrorCase, tuple[str, str, str | None]] = {
         "Request contains an invalid argument.",
         "INVALID_ARGUMENT",
     ),
+    ErrorCase.MISSING_CREDENTIALS: ("UNAUTHENTICATED", _NO_CREDENTIAL, None),
     ErrorCase.UNAUTHORIZED: ("UNAUTHENTICATED", _UNAUTHENTICATED, None),
     ErrorCase.FORBIDDEN: ("PERMISSION_DENIED", "SenderId mismatch", "SENDER_ID_MISMATCH"),
     ErrorCase.NOT_FOUND: ("NOT_FOUND", "Requested entity was not found.", "UNREGISTERED"),

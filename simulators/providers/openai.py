@@ -87,7 +87,7 @@ _VOCABULARY = (
 )
 _WORDS = _VOCABULARY.split()
 
-_UNAUTHORIZED = (
+_NO_KEY = (
     "You didn't provide an API key. You need to provide your API key in an Authorization header "
     "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or as the password field (with "
     "blank username) if you're accessing the API from your browser and are prompted for a "
@@ -97,7 +97,13 @@ _UNAUTHORIZED = (
 # (message, type, code) per case.
 _ERRORS: dict[ErrorCase, tuple[str, str, str | None]] = {
     ErrorCase.BAD_REQUEST: ("Invalid request.", "invalid_request_error", None),
-    ErrorCase.UNAUTHORIZED: (_UNAUTHORIZED, "invalid_request_error", None),
+    ErrorCase.MISSING_CREDENTIALS: (_NO_KEY, "invalid_request_error", None),
+    ErrorCase.UNAUTHORIZED: (
+        "Incorrect API key provided. You can find your API key at "
+        "https://platform.openai.com/account/api-keys.",
+        "invalid_request_error",
+        "invalid_api_key",
+    ),
     ErrorCase.FORBIDDEN: (
         "You are not allowed to sample from this model",
         "invalid_request_error",
@@ -702,7 +708,7 @@ def _delta(index: int, delta: dict[str, Any], finish_reason: str | None = None) 
 async def list_models(request: web.Request) -> web.Response:
     provider = OpenAI()
     if provider.credentials(request) is None:
-        return provider.render(ErrorCase.UNAUTHORIZED).response()
+        return provider.render(ErrorCase.MISSING_CREDENTIALS).response()
     data = [_model(name) for name in KNOWN_MODELS]
     return json_reply(200, {"object": "list", "data": data}).response()
 
@@ -710,7 +716,7 @@ async def list_models(request: web.Request) -> web.Response:
 async def get_model(request: web.Request) -> web.Response:
     provider = OpenAI()
     if provider.credentials(request) is None:
-        return provider.render(ErrorCase.UNAUTHORIZED).response()
+        return provider.render(ErrorCase.MISSING_CREDENTIALS).response()
     name = request.match_info["model"]
     if not known_model(name):
         message = _ERRORS[ErrorCase.NOT_FOUND][0].format(model=name)

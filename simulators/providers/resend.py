@@ -55,11 +55,13 @@ _ERRORS: dict[ErrorCase, tuple[str, str]] = {
         "validation_error",
         "The request body is missing one or more required fields.",
     ),
-    ErrorCase.UNAUTHORIZED: (
+    ErrorCase.MISSING_CREDENTIALS: (
         "missing_api_key",
         "Missing API key in the authorization header. Include the following header "
         "Authorization: Bearer YOUR_API_KEY in the request.",
     ),
+    # What the sending endpoints answer, 401, for a key that does not exist or was deleted.
+    ErrorCase.UNAUTHORIZED: ("validation_error", "API key is invalid"),
     ErrorCase.FORBIDDEN: ("invalid_api_key", "API key is invalid"),
     ErrorCase.NOT_FOUND: ("not_found", "The requested endpoint does not exist."),
     ErrorCase.CONFLICT: (

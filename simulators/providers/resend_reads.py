@@ -30,7 +30,7 @@ MAX_LIMIT = 100
 async def get_email(request: web.Request) -> web.Response:
     provider = Resend()
     if provider.credentials(request) is None:
-        return provider.render(ErrorCase.UNAUTHORIZED).response()
+        return provider.render(ErrorCase.MISSING_CREDENTIALS).response()
     record = request.app[STATE].messages.find(Provider.RESEND, request.match_info["id"])
     if record is None:
         return provider.render(ErrorCase.NOT_FOUND, detail="Email not found").response()
@@ -48,7 +48,7 @@ async def get_email(request: web.Request) -> web.Response:
 async def list_emails(request: web.Request) -> web.Response:
     provider = Resend()
     if provider.credentials(request) is None:
-        return provider.render(ErrorCase.UNAUTHORIZED).response()
+        return provider.render(ErrorCase.MISSING_CREDENTIALS).response()
     query = request.query
     after, before = query.get("after"), query.get("before")
     limit = _limit(query.get("limit"))

@@ -51,6 +51,7 @@ _PERSONALIZATIONS_REQUIRED = (
 )
 _ERRORS: dict[ErrorCase, str] = {
     ErrorCase.BAD_REQUEST: "Bad Request",
+    ErrorCase.MISSING_CREDENTIALS: "authorization required",
     ErrorCase.UNAUTHORIZED: "The provided authorization grant is invalid, expired, or revoked",
     ErrorCase.FORBIDDEN: "access forbidden",
     ErrorCase.NOT_FOUND: "Not Found",

@@ -80,6 +80,7 @@ _ALPHANUMERIC_ID = re.compile(r"^(?=.*[A-Za-z])[A-Za-z0-9 ]{1,11}\Z")
 _ERRORS: dict[ErrorCase, tuple[int, str]] = {
     # An `error` fault with status 400 stands for the commonest per-recipient refusal.
     ErrorCase.BAD_REQUEST: (21610, "Attempt to send to unsubscribed recipient"),
+    ErrorCase.MISSING_CREDENTIALS: (20003, "Authenticate"),
     ErrorCase.UNAUTHORIZED: (20003, "Authenticate"),
     ErrorCase.FORBIDDEN: (20003, "Permission Denied"),
     ErrorCase.NOT_FOUND: (20404, "The requested resource was not found"),

@@ -73,7 +73,7 @@ def not_found(provider: Twilio, path: str) -> Reply:
 
 
 def _unauthenticated(provider: Twilio, request: web.Request) -> Reply | None:
-    return None if provider.credentials(request) else provider.render(ErrorCase.UNAUTHORIZED)
+    return None if provider.credentials(request) else provider.render(ErrorCase.MISSING_CREDENTIALS)
 
 
 def _page(request: web.Request, account_sid: str) -> dict[str, Any]:
