@@ -83,6 +83,15 @@ class SmtpHandler:
     def __init__(self, state: SimState) -> None:
         self.state = state
 
+    async def handle_EHLO(self, server: SMTP, session: Session, envelope: Envelope,
+                          hostname: str, responses: list[str]) -> list[str]:
+        """aiosmtpd's own list, plus what the server does without saying so: it reads
+        pipelined commands in order (RFC 2920) and its replies carry enhanced status codes
+        (RFC 2034), as the providers' SMTP servers advertise both."""
+        session.host_name = hostname  # aiosmtpd leaves this to a handler with this hook
+        *features, last = responses
+        return [*features, "250-PIPELINING", "250-ENHANCEDSTATUSCODES", last]
+
     async def handle_MAIL(self, server: SMTP, session: Session, envelope: Envelope,
                           address: str, mail_options: list[str]) -> str:
         address = scrub(address)

@@ -379,3 +379,41 @@ async def test_a_unicode_address_needs_smtputf8_declared(sim: SimulatorServer) -
     await send(sim, mail(to="jö@exämple.com", task_id="task-idn"))
     [record] = await sim.messages("smtp", task_id="task-idn")
     assert record["to"] == "jö@exämple.com"
+
+
+async def test_ehlo_advertises_pipelining_and_enhanced_status_codes(
+    sim: SimulatorServer,
+) -> None:
+    """What the server does, it says: it takes pipelined commands (RFC 2920) and prefixes its
+    replies with enhanced status codes (RFC 2034), as the providers' SMTP servers do."""
+    def features() -> dict[str, str]:
+        with smtplib.SMTP(sim.smtp_host, sim.smtp_port, timeout=5) as client:
+            client.ehlo("client.example.com")
+            return dict(client.esmtp_features)
+
+    found = await asyncio.to_thread(features)
+    assert "pipelining" in found
+    assert "enhancedstatuscodes" in found
+    assert found["auth"].split() == ["LOGIN", "PLAIN"]
+    assert "size" in found
+
+
+async def test_pipelined_commands_are_answered_in_order(sim: SimulatorServer) -> None:
+    reader, writer = await asyncio.open_connection(sim.smtp_host, sim.smtp_port)
+    try:
+        assert (await reader.readline()).startswith(b"220 ")
+        writer.write(b"EHLO client.example.com\r\nMAIL FROM:<a@example.com>\r\n"
+                     b"RCPT TO:<b@example.com>\r\nRCPT TO:<c@example.com>\r\nDATA\r\n")
+        await writer.drain()
+        while not (line := await reader.readline()).startswith(b"250 "):
+            assert line.startswith(b"250-")
+        replies = [(await reader.readline())[:3] for _ in range(4)]
+        assert replies == [b"250", b"250", b"250", b"354"]
+        writer.write(b"Subject: piped\r\n\r\nhello\r\n.\r\nQUIT\r\n")
+        await writer.drain()
+        assert (await reader.readline()).startswith(b"250 ")
+        assert (await reader.readline()).startswith(b"221 ")
+    finally:
+        writer.close()
+    [record] = await sim.messages("smtp")
+    assert record["content"]["rcpt_tos"] == ["b@example.com", "c@example.com"]
