@@ -123,6 +123,15 @@ class RateLimits:
             self._buckets[(provider, api_key)] = bucket
         return bucket.take(now_s)
 
+    def quota(self, provider: Provider, api_key: str) -> tuple[Limit, int, float] | None:
+        """After `check`: the limit metering `api_key`, the requests its bucket still holds
+        and the seconds until the bucket is full again; None when no limit is set."""
+        bucket = self._buckets.get((provider, api_key))
+        if bucket is None:
+            return None
+        refill_s = (bucket.limit.burst - bucket.tokens) / bucket.limit.rate_per_s
+        return bucket.limit, math.floor(bucket.tokens), refill_s
+
     def remove_oldest(self, provider: Provider) -> None:
         for key in self._buckets:
             if key[0] is provider:

@@ -169,6 +169,11 @@ class HttpProvider(ABC):
         refused the request, so nothing read here gets the request past it."""
         return None
 
+    def quota_headers(self, state: SimState, api_key: str) -> dict[str, str]:
+        """Rate-limit headers the provider sends with every answer to an authenticated
+        request that its limit let through (Resend's `ratelimit-*`); none by default."""
+        return {}
+
     def unreadable_body(self) -> Rejection:
         """The provider's own 400 for a body it cannot read (one that does not decompress as
         its Content-Encoding says): a bad request, whatever the provider answers to a body
@@ -264,7 +269,7 @@ async def handle_send(request: web.Request, provider: HttpProvider) -> web.Strea
     stats = state.stats[provider.provider]
     stats.requests += 1
     try:
-        return await _handle(request, provider, state, stats)
+        response = await _handle(request, provider, state, stats)
     except Rejection as rejection:
         stats.rejected += 1
         log.info(
@@ -273,13 +278,19 @@ async def handle_send(request: web.Request, provider: HttpProvider) -> web.Strea
             rejection.code or rejection.case.value,
             rejection.detail or "no detail",
         )
-        return provider.render(
+        response = provider.render(
             rejection.case,
             status=rejection.status,
             detail=rejection.detail,
             field_name=rejection.field_name,
             code=rejection.code,
         ).response()
+    api_key = provider.credentials(request)
+    if api_key and response.status != 429:  # a 429 states its own
+        headers = provider.quota_headers(state, api_key)
+        if headers and not response.prepared:  # a stream's headers are already written
+            response.headers.update(headers)
+    return response
 
 
 async def _handle(

@@ -119,6 +119,18 @@ class Resend(HttpProvider):
     def success(self, record: MessageRecord, submission: Submission, request: web.Request) -> Reply:
         return json_reply(200, {"id": record.id})
 
+    def quota_headers(self, state: SimState, api_key: str) -> dict[str, str]:
+        """Resend states its limit on every answer. Unmetered (no limit set), it states its
+        default rate with the whole of it left, which paces no client down."""
+        quota = state.limits.quota(self.provider, api_key)
+        if quota is None:
+            allowed = str(DEFAULT_RATE_PER_S)
+            return {"ratelimit-limit": allowed, "ratelimit-remaining": allowed,
+                    "ratelimit-reset": "1"}
+        limit, remaining, refill_s = quota
+        return {"ratelimit-limit": str(limit.burst), "ratelimit-remaining": str(remaining),
+                "ratelimit-reset": retry_after_header(max(refill_s, 1.0))}
+
     def no_route(self, method: str, path: str, status: int) -> Reply:
         if status == 405:
             return self.render(

@@ -82,3 +82,26 @@ async def test_openai_names_a_rejected_key_as_the_sdk_shows_it(sim: SimulatorSer
         error = (await reply.json())["error"]
     assert error["type"] == "invalid_request_error"
     assert error["message"].startswith("Incorrect API key provided")
+
+
+async def test_resend_states_its_rate_limit_on_every_answer(sim: SimulatorServer) -> None:
+    """Resend sends ratelimit-limit, -remaining and -reset with every response, and its SDK
+    hands them over as `http_headers`: a client pacing itself by them finds them on a 200."""
+    headers = {"Authorization": "Bearer re_key"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(sim.base_url + "/emails", json=EMAIL, headers=headers) as reply:
+            assert reply.status == 200
+            assert (reply.headers["ratelimit-limit"], reply.headers["ratelimit-remaining"]) == (
+                "2", "2")
+        await sim.set_limit("resend", rate_per_s=0.001, burst=3)
+        seen = []
+        for _ in range(3):
+            async with http.post(sim.base_url + "/emails", json=EMAIL, headers=headers) as reply:
+                assert reply.status == 200
+                seen.append((reply.headers["ratelimit-limit"],
+                             reply.headers["ratelimit-remaining"]))
+                assert int(reply.headers["ratelimit-reset"]) >= 1
+        assert seen == [("3", "2"), ("3", "1"), ("3", "0")]
+        async with http.post(sim.base_url + "/emails", json={}, headers=headers) as reply:
+            assert reply.status == 429
+            assert reply.headers["ratelimit-remaining"] == "0"
