@@ -353,6 +353,47 @@ async def test_deleting_a_user_erases_everything_about_them(
     assert (await api.call("DELETE", "/v1/users/u1", key=project.full)).status == 404
 
 
+async def test_deleting_a_user_cancels_their_unfinished_workflow_instances(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
+    """An erased user's journeys end with them: an instance left running would wake on a
+    later event for that id, or send to a user re-created under it."""
+    await api.call("PUT", "/v1/templates/welcome", key=project.full,
+                   json={"channels": {"email": {"subject": "Hi", "text": "Welcome"}}})
+    steps = [{"type": "waitForEvent", "event": "order.paid", "timeoutSeconds": 86400},
+             {"type": "send", "template": "welcome"}]
+    assert (await api.call("PUT", "/v1/workflows/w", key=project.full,
+                           json={"steps": steps})).status == 201
+    for user in ("u1", "u2"):
+        await api.call("PUT", f"/v1/users/{user}", key=project.full, json={})
+    instances: dict[str, list[str]] = {}
+    for user in ("u1", "u1", "u2"):
+        reply = await api.call("POST", "/v1/workflows/w/trigger", key=project.send,
+                               json={"userId": user})
+        assert reply.status == 202, reply.body
+        instances.setdefault(user, []).append(reply.body["instanceId"])
+    # One of u1's instances sleeps in its waitForEvent, as the workflow service leaves it.
+    await db.execute("UPDATE workflow_instances SET status = 'waiting' WHERE id = $1",
+                     instances["u1"][0])
+    await db.execute(
+        "INSERT INTO workflow_waiters (instance_id, project_id, user_id, event_name, step_index,"
+        " expires_at) VALUES ($1, $2, 'u1', 'order.paid', 0, now() + interval '1 day')",
+        instances["u1"][0], project.id)
+
+    assert (await api.call("DELETE", "/v1/users/u1", key=project.full)).status == 204
+
+    for instance_id in instances["u1"]:
+        shown = await api.call("GET", f"/v1/workflow-instances/{instance_id}",
+                               key=project.full)
+        assert shown.body["status"] == "canceled", shown.body
+    assert await db.fetchval(
+        "SELECT count(*) FROM workflow_waiters WHERE project_id = $1 AND user_id = 'u1' "
+        "AND resolved_at IS NULL", project.id) == 0
+    other = await api.call("GET", f"/v1/workflow-instances/{instances['u2'][0]}",
+                           key=project.full)
+    assert other.body["status"] == "pending", other.body
+
+
 async def test_blank_segment_and_topic_names_are_refused_and_nothing_is_stored(
         api: Api, project: Project) -> None:
     """A send refuses a blank segment and a template a blank topic, so a user can never be

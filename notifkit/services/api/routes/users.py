@@ -16,6 +16,7 @@ import asyncpg
 from aiohttp import web
 
 from notifkit import quiet_hours
+from notifkit.db import workflows as workflows_db
 from notifkit.destinations import normalise_contact
 from notifkit.messages import CHANNELS
 from notifkit.services.api.errors import json_response, not_found
@@ -109,7 +110,8 @@ async def get_user(request: web.Request) -> web.Response:
 
 @ops.route("DELETE", "/v1/users/{userId}", "Erase a user and all their data",
            responses={204: Reply(None, "The profile, contacts, segments, preferences, quiet "
-                                       "hours and in-app inbox are erased.")})
+                                       "hours and in-app inbox are erased, and the user's "
+                                       "unfinished workflow instances canceled.")})
 async def delete_user(request: web.Request) -> web.Response:
     project = project_id(request)
     user_id = lookup_id(request, "userId", "user")
@@ -125,6 +127,15 @@ async def delete_user(request: web.Request) -> web.Response:
         await conn.execute(
             "DELETE FROM inapp_messages WHERE project_id = $1 AND user_id = $2", project, user_id
         )
+        # The user's unfinished workflow instances end with them, as a cancel ends one: a
+        # waitForEvent would otherwise wake on an event for this id, and a later step send
+        # to a user created again under it.
+        for instance_id in await conn.fetchval(
+            "SELECT coalesce(array_agg(id::text), '{}') FROM workflow_instances "
+            "WHERE project_id = $1 AND user_id = $2 AND NOT (status = ANY($3::text[]))",
+            project, user_id, list(workflows_db.TERMINAL_STATUSES),
+        ):
+            await workflows_db.cancel_instance(conn, project, instance_id)
     return web.Response(status=204)
 
 
