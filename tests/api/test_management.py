@@ -139,6 +139,32 @@ async def test_a_suppression_is_added_by_hand_once_whatever_its_spelling(
                              other.id) == 1
 
 
+@pytest.mark.parametrize("channel", [None, "email", "webhook"])
+async def test_the_target_filter_finds_a_suppression_in_any_spelling_it_was_added_in(
+    api: Api, project: Project, channel: str | None,
+) -> None:
+    """"Is this address suppressed?" asked with the spelling the POST took (and stored
+    normalised) must not answer no."""
+    added = {}
+    for kind, target in (("email", "Ada@Example.COM"),
+                         ("webhook", "HTTPS://Hooks.Example.com:443/In")):
+        reply = await api.call("POST", "/v1/suppressions", key=project.full,
+                               json={"channel": kind, "target": target})
+        assert reply.status == 201, reply.body
+        added[target] = reply.body
+    for target, suppression in added.items():
+        if channel is not None and suppression["channel"] != channel:
+            continue
+        query = {"target": target} if channel is None else {"target": target,
+                                                             "channel": channel}
+        listed = await api.call("GET", "/v1/suppressions", key=project.full, params=query)
+        assert (listed.status, listed.body["items"]) == (200, [suppression]), target
+    # A spelling of another address still finds nothing.
+    other = await api.call("GET", "/v1/suppressions", key=project.full,
+                           params={"target": "ada@example.com"})
+    assert other.body["items"] == []
+
+
 @pytest.mark.parametrize(("body", "fields"), [
     ({}, ["channel", "target"]),
     ({"channel": "inapp", "target": "ada"}, ["channel"]),

@@ -13,6 +13,7 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
+from notifkit.destinations import normalise_contact
 from notifkit.services.api.errors import json_response, not_found
 from notifkit.services.api.middleware import project_id
 from notifkit.services.api.routes.users import contact_fields
@@ -22,6 +23,7 @@ from notifkit.services.api.state import DB
 from notifkit.services.api.validation import (
     Fields,
     QueryChecks,
+    contact_problem,
     encode_cursor,
     enum_query,
     iso,
@@ -46,7 +48,8 @@ COLUMNS = "id, channel, target, reason, detail, created_at"
                      {"type": "string", "enum": list(CONTACT_CHANNELS)}),
                Param("target", "query",
                      {"type": "string", "minLength": 1, "maxLength": MAX_TARGET_CHARS},
-                     "The address exactly as it was suppressed."),
+                     "The address, in any spelling a suppression or contact of it takes "
+                     "(an e-mail domain, a webhook's scheme and host in any case)."),
                LIMIT,
                CURSOR,
            ),
@@ -63,10 +66,11 @@ async def list_suppressions(request: web.Request) -> web.Response:
     rows = await request.app[DB].fetch(
         f"SELECT {COLUMNS} FROM suppressions "
         "WHERE project_id = $1 AND ($2::text IS NULL OR channel = $2) "
-        "AND ($3::text IS NULL OR target = $3) "
+        "AND ($3::text[] IS NULL OR target = ANY($3)) "
         "AND ($4::timestamptz IS NULL OR (created_at, id) < ($4, $5::uuid)) "
         "ORDER BY created_at DESC, id DESC LIMIT $6",
-        project_id(request), channel, target, after_at, after_id, limit + 1,
+        project_id(request), channel, _spellings(target, channel), after_at, after_id,
+        limit + 1,
     )
     page = rows[:limit]
     next_cursor = None
@@ -129,6 +133,18 @@ def suppression_json(row: asyncpg.Record) -> dict[str, Any]:
     return {"id": str(row["id"]), "channel": row["channel"], "target": row["target"],
             "reason": row["reason"], "detail": row["detail"],
             "createdAt": iso(row["created_at"])}
+
+
+def _spellings(target: str | None, channel: str | None) -> list[str] | None:
+    """The stored spellings ``target`` may stand for: as it came, and as each channel it is
+    an address of (the one asked for, else any) stores it, so the filter finds a suppression
+    by the spelling that added it."""
+    if target is None:
+        return None
+    channels = (channel,) if channel is not None else CONTACT_CHANNELS
+    return list(dict.fromkeys([target, *(
+        normalise_contact(kind, target) for kind in channels
+        if contact_problem(kind, target, allow_private_networks=True) is None)]))
 
 
 def _target(request: web.Request) -> str | None:
