@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
+from collections.abc import Awaitable
 
 import asyncpg
 import pytest
+from redis.asyncio import Redis
 
 from notifkit.config import Settings
+from notifkit.keys import Keys, shard_of
+from notifkit.services.scheduler import encode_entry
 from tests.api.conftest import Api, Project, start_api
 
 
@@ -392,6 +397,47 @@ async def test_deleting_a_user_cancels_their_unfinished_workflow_instances(
     other = await api.call("GET", f"/v1/workflow-instances/{instances['u2'][0]}",
                            key=project.full)
     assert other.body["status"] == "pending", other.body
+
+
+async def test_deleting_a_user_takes_their_waiting_sends_out_of_the_scheduler(
+    api: Api, project: Project, db: asyncpg.Pool, redis: Redis
+) -> None:
+    """A send waiting for its time (sendAt, quiet hours) holds the erased user's address and
+    content: it leaves the scheduler with them, and never reaches a user created again under
+    the same id."""
+    keys = Keys(api.settings.namespace)
+    tasks = {}
+    for user in ("u1", "u2"):
+        await api.call("PUT", f"/v1/users/{user}", key=project.full, json={
+            "contacts": [{"channel": "email", "target": f"{user}@example.com"}]})
+        event_id = str(uuid.uuid4())
+        task_id = f"{event_id}:{user}:email"
+        payload = {"taskId": task_id, "eventId": event_id, "projectId": project.id,
+                   "userId": user, "channel": "email"}
+        await db.execute(
+            "INSERT INTO scheduled_payloads (task_id, project_id, due_at, stream, payload) "
+            "VALUES ($1, $2, now() + interval '1 hour', $3, $4)",
+            task_id, project.id, keys.outbound("normal"), payload)
+        shard = shard_of(task_id)
+        await redis.hset(keys.scheduled_payloads(shard), task_id,
+                         encode_entry(keys.outbound("normal"), project.id, payload))
+        await redis.zadd(keys.scheduled_shard(shard), {task_id: 1})
+        tasks[user] = (task_id, event_id)
+
+    assert (await api.call("DELETE", "/v1/users/u1", key=project.full)).status == 204
+
+    def waiting(task_id: str) -> Awaitable[float | None]:
+        return redis.zscore(keys.scheduled_shard(shard_of(task_id)), task_id)
+
+    assert await waiting(tasks["u1"][0]) is None
+    assert await redis.hget(keys.scheduled_payloads(shard_of(tasks["u1"][0])),
+                            tasks["u1"][0]) is None
+    assert await waiting(tasks["u2"][0]) is not None
+    [row] = await db.fetch(
+        "SELECT kind, status, detail FROM message_logs WHERE project_id = $1 AND task_id = $2",
+        project.id, tasks["u1"][0])
+    assert (row["kind"], row["status"]) == ("canceled", "skipped")
+    assert "erased" in row["detail"]
 
 
 async def test_blank_segment_and_topic_names_are_refused_and_nothing_is_stored(

@@ -17,13 +17,14 @@ from aiohttp import web
 
 from notifkit import quiet_hours
 from notifkit.db import workflows as workflows_db
+from notifkit.db.logs import insert_logs
 from notifkit.destinations import normalise_contact
 from notifkit.messages import CHANNELS
 from notifkit.services.api.errors import json_response, not_found
 from notifkit.services.api.middleware import project_id
 from notifkit.services.api.routing import Operations, Reply
 from notifkit.services.api.schemas import CONTACT_CHANNELS, ref
-from notifkit.services.api.state import DB, SETTINGS
+from notifkit.services.api.state import DB, KEYS, REDIS, SETTINGS
 from notifkit.services.api.validation import (
     MAX_TARGET_BYTES,
     Fields,
@@ -38,6 +39,8 @@ from notifkit.services.api.validation import (
     read_json,
     uuid_id,
 )
+from notifkit.services.scheduler import cancel_waiting
+from notifkit.services.timeline import canceled_row
 
 ops = Operations("users")
 
@@ -110,8 +113,9 @@ async def get_user(request: web.Request) -> web.Response:
 
 @ops.route("DELETE", "/v1/users/{userId}", "Erase a user and all their data",
            responses={204: Reply(None, "The profile, contacts, segments, preferences, quiet "
-                                       "hours and in-app inbox are erased, and the user's "
-                                       "unfinished workflow instances canceled.")})
+                                       "hours and in-app inbox are erased; the user's "
+                                       "unfinished workflow instances are canceled and "
+                                       "sends waiting in the scheduler dropped.")})
 async def delete_user(request: web.Request) -> web.Response:
     project = project_id(request)
     user_id = lookup_id(request, "userId", "user")
@@ -136,7 +140,29 @@ async def delete_user(request: web.Request) -> web.Response:
             project, user_id, list(workflows_db.TERMINAL_STATUSES),
         ):
             await workflows_db.cancel_instance(conn, project, instance_id)
+        waiting = await conn.fetch(
+            "SELECT task_id, payload->>'eventId' AS event_id, payload->>'channel' AS channel, "
+            "payload->>'campaignId' AS campaign_id FROM scheduled_payloads "
+            "WHERE project_id = $1 AND payload->>'userId' = $2",
+            project, user_id,
+        )
+    await _drop_waiting_sends(request, project, user_id, waiting)
     return web.Response(status=204)
+
+
+async def _drop_waiting_sends(request: web.Request, project: str, user_id: str,
+                              waiting: list[asyncpg.Record]) -> None:
+    """Take an erased user's sends out of the scheduler (their rows go as a moved task's
+    do), so none reaches a user created again under the id. One still on its way to the
+    scheduler finds no user or contact at delivery's check, and is skipped there."""
+    claimed = await cancel_waiting(request.app[REDIS], request.app[KEYS], project,
+                                   [row["task_id"] for row in waiting])
+    if claimed:
+        await insert_logs(request.app[DB], [
+            canceled_row(project, row["event_id"], row["task_id"], user_id,
+                         row["channel"] or "", row["campaign_id"],
+                         " before it was due: the user was erased")
+            for row in waiting if row["task_id"] in claimed and row["event_id"]])
 
 
 @ops.route("POST", "/v1/users/{userId}/contacts", "Add a contact (address) to a user",
