@@ -8,8 +8,9 @@ services can run in any process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any, ClassVar
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -21,7 +22,7 @@ from notifkit.db.pool import POOL_CLOSE_TIMEOUT_S, QUERY_TIMEOUT_S, close_pool
 from notifkit.db.priority_pool import PriorityPool
 from notifkit.keys import Keys
 from notifkit.tasks import cancel_all
-from notifkit.worker import Dependency, Entry, StreamWorker, batch_stream
+from notifkit.worker import Dependency, Entry, StreamWorker, batch_stream, stream_worker
 
 log = logging.getLogger("notifkit.services")
 
@@ -110,6 +111,18 @@ class Service:
         if self.stop_deadline is None:
             return None
         return max(0.0, self.stop_deadline - asyncio.get_running_loop().time())
+
+    async def last_redis_call(self, call: Awaitable[Any]) -> None:
+        """A stopping service's goodbye to Redis (its heartbeat removed, a lock released),
+        given what is left of the grace and at least what a worker's last calls get: a
+        stalled Redis held each such call for the client's timeouts. Left undone, what it
+        would have removed expires by itself."""
+        left = self.remaining_grace()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(stream_worker.STOP_GOODBYE_MIN_S,
+                                           self.settings.shutdown_grace_s if left is None
+                                           else left)):
+                await call
 
     async def run_until_idle(self) -> int:
         """Process whatever is available and return how much was done (0 = idle)."""

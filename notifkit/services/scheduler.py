@@ -55,7 +55,6 @@ and polls once at ``clock()``; the clock (``clock=`` option, ms) is injectable.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -301,13 +300,7 @@ class SchedulerService(WorkerService):
         # lone cancel() and gather once held a server's stop forever.
         await cancel_all(self._background)
         self._background = []
-        # Within what is left of the process's grace, and at least 1 s: a stalled Redis held
-        # the release for the client's timeouts. Left held, the lock expires by itself.
-        left = self.remaining_grace()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(max(1.0, self.settings.shutdown_grace_s if left is None
-                                           else left)):
-                await self.release_lock()
+        await self.last_redis_call(self.release_lock())
         await super().stop()
 
     async def run_until_idle(self) -> int:

@@ -16,7 +16,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from notifkit.config import Settings
 from notifkit.keys import Keys
-from notifkit.worker import Entry, consumer_name, remove_heartbeat, write_heartbeat
+from notifkit.worker import Entry, consumer_name, remove_heartbeat, stream_worker, write_heartbeat
 from tests.support.waiting import until
 
 if TYPE_CHECKING:
@@ -355,7 +355,7 @@ async def test_a_service_stopping_past_the_grace_drops_its_pool_without_waiting(
 
 @pytest.mark.parametrize("name", ["enricher", "scheduler", "api"])
 async def test_a_service_stopped_while_redis_stalls_stops_within_the_grace(
-    settings: Settings, name: str,
+    settings: Settings, name: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A SIGTERM while Redis stalled took 111 s with a 10 s grace: each service's goodbye to
     Redis (its heartbeat removed, its consumer forgotten, the scheduler's lock released) waited
@@ -369,8 +369,10 @@ async def test_a_service_stopped_while_redis_stalls_stops_within_the_grace(
         service = service_class(name)(proxy.settings)
         await service.start()
         proxy.stall()
+        # The least a last call gets, made small: the stop then ends far inside the bound
+        # below, which only the client's own timeouts (10 s or more a call) would pass.
+        monkeypatch.setattr(stream_worker, "STOP_GOODBYE_MIN_S", 0.05)
         stopping = asyncio.create_task(service.stop())
-        # Bounded: the client's own timeouts ended each call after 10 s or more.
         done, _ = await asyncio.wait({stopping}, timeout=8)
         assert stopping in done, "the stop waited for a stalled Redis"
         stopping.result()

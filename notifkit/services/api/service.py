@@ -120,7 +120,7 @@ class ApiService(Service):
         if self._heartbeat is not None:
             await cancel_and_wait(self._heartbeat)
             self._heartbeat = None
-            await remove_heartbeat(self.redis, self.keys, self.consumer)
+            await self.last_redis_call(remove_heartbeat(self.redis, self.keys, self.consumer))
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
