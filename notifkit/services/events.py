@@ -33,12 +33,14 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import asyncpg
+
 from notifkit import metrics
 from notifkit.clock import utc_now_iso
 from notifkit.db import events as events_db
 from notifkit.db.events import MessageLookup, SentMessage, Suppression, TimelineRow
 from notifkit.destinations import normalise_contact
-from notifkit.errors import MalformedPayload, RetryLater
+from notifkit.errors import MalformedPayload, PermanentFailure, RetryLater
 from notifkit.ids import derived_uuid7, is_uuid, untasked_row_id
 from notifkit.messages import CHANNELS, RECEIPT_KINDS, WorkflowEvent
 from notifkit.services.base import WorkerService
@@ -62,6 +64,12 @@ _SOFT_BOUNCE = frozenset({"transient", "soft", "softbounce", "soft_bounce", "blo
 # Twilio error codes that say the number itself will never take a message.
 TWILIO_PERMANENT_ERRORS = frozenset({"21211", "21610", "21614", "30004", "30005", "30006"})
 _MAX_RAW_CHARS = 4000
+# What PostgreSQL refuses in a row itself (a value too long for an index, bad data, a
+# constraint), as opposed to an outage or a lock: writing the row again cannot help.
+_REFUSED_ROWS = (asyncpg.ProgramLimitExceededError, asyncpg.DataError,
+                 asyncpg.IntegrityConstraintViolationError)
+# One receipt's writes: its timeline rows and suppressions, which stand or fall together.
+_Write = tuple[Entry, list[TimelineRow], list[Suppression]]
 
 
 class EventsService(WorkerService):
@@ -109,8 +117,7 @@ class EventsService(WorkerService):
                           _text(r.get("taskId")), _text(r.get("channel")))
             for _e, r in receipts
         ])
-        rows: list[TimelineRow] = []
-        suppressions: list[Suppression] = []
+        writes: list[_Write] = []
         for (entry, receipt), message in zip(receipts, found, strict=True):
             if message is None or message.event_id is None:
                 # Not matched yet (delivery's record may still be on its way) or ever (the
@@ -121,25 +128,41 @@ class EventsService(WorkerService):
                 orphan = unmatched_suppression(
                     receipt, final=entry.attempt >= self.worker.max_attempts)
                 if orphan is not None:
-                    suppressions.append(orphan)
+                    writes.append((entry, [], [orphan]))
                 entry.fail(RetryLater(
                     f"no message with {receipt['provider']} id {receipt['providerMessageId']!r}"
                     " is recorded yet"))
                 continue
             suppression = suppression_for(receipt, message)
-            rows.append(receipt_row(receipt, message, suppression))
+            writes.append((entry, [receipt_row(receipt, message, suppression)],
+                           [suppression] if suppression is not None else []))
             engagement = receipt_event(receipt, message)
             if engagement is not None:
                 entry.emit(self.keys.workflow_inbound, engagement)
             if suppression is not None:
-                suppressions.append(suppression)
                 log.info("Suppressed a %s address after a %s; it is never contacted again in "
                          "this project.", suppression.channel, receipt["kind"],
                          extra={"project_id": receipt["projectId"], "task_id": message.task_id,
                                 "event_id": message.event_id})
+        try:
+            await self._write(writes)
+        except _REFUSED_ROWS:
+            # A signed receipt may still carry what PostgreSQL will never store (a message id
+            # or address of kilobytes is more than an index holds). Failing the batch would
+            # fail every receipt read with it, attempt after attempt, into the DLQ: write one
+            # entry at a time instead, and dead-letter only those refused.
+            for write in writes:
+                try:
+                    await self._write([write])
+                except _REFUSED_ROWS as exc:
+                    write[0].fail(PermanentFailure(f"PostgreSQL refuses to store the receipt: "
+                                                   f"{exc}"))
+
+    async def _write(self, writes: Sequence[_Write]) -> None:
         async with self.pool.acquire() as conn, conn.transaction():
-            await events_db.insert_timeline(conn, rows)
-            await events_db.insert_suppressions(conn, suppressions)
+            await events_db.insert_timeline(conn, [r for _e, rows, _s in writes for r in rows])
+            await events_db.insert_suppressions(conn, [s for _e, _r, sups in writes
+                                                       for s in sups])
 
 
 # -- outcome events ------------------------------------------------------------------------

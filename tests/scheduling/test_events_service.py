@@ -3,6 +3,7 @@ complaints suppress the address, custom events go on to the workflow service."""
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -536,3 +537,28 @@ async def test_a_receipt_echoing_its_task_ignores_another_task_with_the_same_mes
 ])
 def test_which_bounces_are_hard(raw: dict[str, Any], extra: dict[str, Any], hard: bool) -> None:
     assert is_hard_bounce({"kind": "bounced", "raw": raw, **extra}) is hard
+
+
+async def test_a_receipt_postgresql_cannot_store_fails_alone(
+    make_events: EventsFactory, settings: Settings, redis: Redis, keys: Keys,
+    db: asyncpg.Pool, project_id: str,
+) -> None:
+    """A signed receipt can carry what no index holds (a message id of kilobytes, found by the
+    task id it echoes): it goes to the DLQ by itself, not with every receipt read beside it."""
+    events = make_events(settings=settings.replace(reclaim_min_idle_s=0.0))
+    await put(redis, keys, sent_event(project_id, uuid7(), "task-a", "msg-a"),
+              sent_event(project_id, uuid7(), "task-b", "msg-b"))
+    await events.run_until_idle()
+    huge = receipt(project_id, secrets.token_urlsafe(6000), "opened")  # incompressible
+    huge.update(taskId="task-a", channel="email")
+    await put(redis, keys, huge, receipt(project_id, "msg-b", "delivered"))
+
+    await events.run_until_idle()
+
+    assert await timeline(db, "task-b") == [("sent", "sent", 1, "email"),
+                                            ("delivered", "delivered", 1, "email")]
+    assert await timeline(db, "task-a") == [("sent", "sent", 1, "email")]
+    [(_id, fields)] = await xrange(redis, keys.dlq)
+    assert decode(fields)["payload"]["taskId"] == "task-a"
+    summary = await redis.xpending(keys.events_inbound, keys.group("events"))
+    assert summary["pending"] == 0
