@@ -327,12 +327,12 @@ async def test_a_failed_send_releases_its_idempotency_key(
 
 async def log(db: asyncpg.Pool, project: str, event: str, task: str, user: str | None,
               channel: str, kind: str, status: str, at: str, attempt: int = 0,
-              campaign: str | None = None) -> None:
+              campaign: str | None = None, message: str | None = None) -> None:
     await db.execute(
         "INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, attempt, "
-        "kind, status, campaign_id, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, "
-        "$10::text::timestamptz)",
-        project, event, task, user, channel, attempt, kind, status, campaign, at)
+        "kind, status, campaign_id, created_at, provider_message_id) VALUES ($1, $2, $3, $4, "
+        "$5, $6, $7, $8, $9, $10::text::timestamptz, $11)",
+        project, event, task, user, channel, attempt, kind, status, campaign, at, message)
 
 
 async def test_the_notification_shows_each_recipients_timeline(
@@ -366,6 +366,39 @@ async def test_the_notification_shows_each_recipients_timeline(
     for missing in ("00000000-0000-7000-8000-000000000000", "nope"):
         assert (await api.call("GET", f"/v1/notifications/{missing}", key=project.full)
                 ).status == 404
+
+
+async def test_a_receipt_of_arrival_after_a_bounce_leaves_the_recipient_failed(
+    api: Api, project: Project, template: str, db: asyncpg.Pool
+) -> None:
+    """Webhooks arrive in any order: a 'delivered' (or an open) the provider posts after its
+    bounce of the same message does not make the bounced message, whose address is
+    suppressed now, read as delivered. A bounce after a delivery is a late bounce and does
+    count; and a push to two devices is two messages, one of which may arrive."""
+    sent = await api.call("POST", "/v1/notifications", key=project.send,
+                          json={"to": ["u1", "u2"], "template": template})
+    event = sent.body["id"]
+    rows = [
+        ("t1", "u1", "email", "sent", "sent", "m1"),
+        ("t1", "u1", "email", "bounced", "failed", "m1"),
+        ("t1", "u1", "email", "delivered", "delivered", "m1"),
+        ("t1", "u1", "email", "opened", "delivered", "m1"),
+        ("t2", "u2", "email", "sent", "sent", "m2"),
+        ("t2", "u2", "email", "delivered", "delivered", "m2"),
+        ("t2", "u2", "email", "bounced", "failed", "m2"),
+        ("t3", "u2", "push", "sent", "sent", "m3"), ("t3", "u2", "push", "bounced", "failed", "m3"),
+        ("t3", "u2", "push", "delivered", "delivered", "m4"),
+    ]
+    for second, (task, user, channel, kind, status, message) in enumerate(rows, start=1):
+        await log(db, project.id, event, task, user, channel, kind, status,
+                  f"2030-01-01T00:00:{second:02}Z", 1, message=message)
+    reply = await api.call("GET", f"/v1/notifications/{event}", key=project.full)
+    by_task = {r["taskId"]: r for r in reply.body["recipients"]}
+    assert by_task["t1"]["status"] == "failed"
+    assert [e["kind"] for e in by_task["t1"]["timeline"]] == [
+        "sent", "bounced", "delivered", "opened"]
+    assert by_task["t2"]["status"] == "failed"
+    assert by_task["t3"]["status"] == "delivered"
 
 
 async def test_a_timeline_shows_only_its_own_projects_rows(

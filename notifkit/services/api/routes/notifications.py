@@ -8,7 +8,8 @@ ran; see :mod:`notifkit.services.api.admission`).
 
 A recipient+channel status is the status of its latest timeline row, except that a terminal row
 outranks a later ``processing`` one (a retry that had already been decided) unless that row is
-a DLQ replay's ``replayed`` row. The notification's
+a DLQ replay's ``replayed`` row, and a receipt saying a message arrived does not outrank an
+earlier bounce or failure of that message (webhooks come in any order). The notification's
 own status summarises its recipients: still in progress while any is, else the best outcome.
 """
 
@@ -73,6 +74,8 @@ ops = Operations("notifications")
 TERMINAL = frozenset({"delivered", "sent", "failed", "dead_lettered", "skipped", "suppressed",
                       "throttled"})
 IN_PROGRESS = ("accepted", "processing", "scheduled")
+# Rows of a provider's receipt saying the message never arrived.
+UNDELIVERED_RECEIPTS = frozenset({"bounced", "failed"})
 # The notification's status when every recipient is done: the best outcome any reached. A
 # dead-lettered task can still be replayed, so it ranks above a failure; this also keeps a
 # fallback chain that ended in the DLQ from reading 'failed' after its earlier channels.
@@ -80,8 +83,8 @@ OUTCOME_ORDER = ("delivered", "sent", "dead_lettered", "failed", "throttled", "s
                  "skipped")
 
 _TIMELINE = (
-    "SELECT task_id, user_id, channel, attempt, kind, status, detail, created_at "
-    "FROM message_logs WHERE project_id = $1 AND event_id = $2 ORDER BY created_at, id"
+    "SELECT task_id, user_id, channel, attempt, kind, status, detail, provider_message_id, "
+    "created_at FROM message_logs WHERE project_id = $1 AND event_id = $2 ORDER BY created_at, id"
 )
 
 IDEMPOTENCY_PARAM = Param(
@@ -374,6 +377,8 @@ def timelines(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Per recipient+channel timelines, and the event's own rows (channel '' on the event)."""
     recipients: dict[tuple[str, str], dict[str, Any]] = {}
+    # Per recipient, the (attempt, provider message id) pairs a provider said never arrived.
+    bounced: dict[tuple[str, str], set[tuple[int, str | None]]] = {}
     event_rows: list[dict[str, Any]] = []
     for row in logs:
         entry = {"kind": row["kind"], "at": iso(row["created_at"]), "detail": row["detail"],
@@ -390,7 +395,14 @@ def timelines(
             }
         if recipient["userId"] is None:
             recipient["userId"] = row["user_id"]
-        recipient["status"] = next_status(recipient["status"], row["status"], row["kind"])
+        message = (row["attempt"], row["provider_message_id"])
+        if row["kind"] in UNDELIVERED_RECEIPTS:
+            bounced.setdefault(key, set()).add(message)
+        # Webhooks come in any order: a provider's word that a message arrived (delivered,
+        # opened), posted after its bounce of that message, does not undo the bounce. (A push
+        # to two devices is two messages: one may bounce and the other arrive.)
+        if not (row["status"] == "delivered" and message in bounced.get(key, ())):
+            recipient["status"] = next_status(recipient["status"], row["status"], row["kind"])
         recipient["timeline"].append(entry)
     return list(recipients.values()), event_rows
 
