@@ -355,13 +355,17 @@ def suppression_for(receipt: Mapping[str, Any], message: SentMessage) -> Suppres
 
 
 def is_hard_bounce(receipt: Mapping[str, Any]) -> bool:
-    """Bounces are hard unless the receipt says otherwise: ``hard: false``, a provider's bounce
+    """Bounces are hard unless the receipt says otherwise: ``hard: false`` (on the receipt, or
+    in the provider's event at its top level or under ``data``), a provider's bounce
     type such as Resend's ``Transient``/``Undetermined`` or SendGrid's ``blocked``, or a Twilio
     error code that names a temporary condition (30003: handset unreachable, ...)."""
+    raw = receipt.get("raw")
     hard = receipt.get("hard")
+    if not isinstance(hard, bool):
+        # A receipt from a webhook carries only what the provider's event says.
+        hard = _find(raw, ("hard",), ("data", "hard"))
     if isinstance(hard, bool):
         return hard
-    raw = receipt.get("raw")
     code = _twilio_code(raw)
     if code:
         return code in TWILIO_PERMANENT_ERRORS

@@ -534,6 +534,12 @@ async def test_a_receipt_echoing_its_task_ignores_another_task_with_the_same_mes
     ({"MessageStatus": "undelivered", "ErrorCode": 30005}, {}, True),  # a JSON number
     ({}, {}, True),  # nothing says otherwise
     (RESEND_HARD_BOUNCE, {"hard": False}, False),  # the receipt's own word wins
+    # ... and so does the word of the event a webhook posted, which is all a receipt from
+    # the HTTP API can carry.
+    ({"type": "email.bounced", "data": {"message_id": "m", "hard": False}}, {}, False),
+    ({"event": "bounce", "hard": False}, {}, False),
+    ({"type": "email.bounced", "data": {"message_id": "m", "hard": True}}, {}, True),
+    ({"type": "email.bounced", "data": {"hard": "no"}}, {}, True),  # no boolean: no word
 ])
 def test_which_bounces_are_hard(raw: dict[str, Any], extra: dict[str, Any], hard: bool) -> None:
     assert is_hard_bounce({"kind": "bounced", "raw": raw, **extra}) is hard
