@@ -150,13 +150,15 @@ class EventsService(WorkerService):
             # A signed receipt may still carry what PostgreSQL will never store (a message id
             # or address of kilobytes is more than an index holds). Failing the batch would
             # fail every receipt read with it, attempt after attempt, into the DLQ: write one
-            # entry at a time instead, and dead-letter only those refused.
+            # entry at a time instead, and dead-letter only those refused. (One still waiting
+            # for its send keeps waiting: the send names the address to suppress.)
             for write in writes:
                 try:
                     await self._write([write])
                 except _REFUSED_ROWS as exc:
-                    write[0].fail(PermanentFailure(f"PostgreSQL refuses to store the receipt: "
-                                                   f"{exc}"))
+                    if write[0].error is None:
+                        write[0].fail(PermanentFailure(
+                            f"PostgreSQL refuses to store the receipt: {exc}"))
 
     async def _write(self, writes: Sequence[_Write]) -> None:
         async with self.pool.acquire() as conn, conn.transaction():

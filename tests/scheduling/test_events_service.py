@@ -568,3 +568,26 @@ async def test_a_receipt_postgresql_cannot_store_fails_alone(
     assert decode(fields)["payload"]["taskId"] == "task-a"
     summary = await redis.xpending(keys.events_inbound, keys.group("events"))
     assert summary["pending"] == 0
+
+
+async def test_a_refused_address_does_not_stop_a_bounce_waiting_for_its_send(
+    make_events: EventsFactory, settings: Settings, redis: Redis, keys: Keys,
+    db: asyncpg.Pool, project_id: str,
+) -> None:
+    """A bounce that overtook its send and names an address no index holds cannot suppress
+    that address at once; it still waits for its send, which names the address to suppress."""
+    events = make_events(settings=settings.replace(reclaim_min_idle_s=0.0))
+    bounce = {**receipt(project_id, "msg-q", "bounced", RESEND_HARD_BOUNCE),
+              "channel": "email", "to": secrets.token_urlsafe(6000) + "@example.com"}
+    await put(redis, keys, bounce)
+    await events.open()
+    await events.worker.run_until_idle(reclaim=False)
+    assert await xrange(redis, keys.dlq) == []
+    await record_send(db, project_id, "task-q", "gone@example.com", "msg-q")
+    await put(redis, keys, sent_event(project_id, uuid7(), "task-q", "msg-q"))
+
+    await events.run_until_idle()
+
+    assert await timeline(db, "task-q") == [("sent", "sent", 1, "email"),
+                                            ("bounced", "failed", 1, "email")]
+    assert await db.fetchval("SELECT target FROM suppressions") == "gone@example.com"
