@@ -8,6 +8,8 @@ stderr and exit status 2.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import functools
 import math
@@ -212,6 +214,25 @@ class WebhookSecrets:
     fcm: str | None = None
     smtp: str | None = None
     twilio_auth_token: str | None = None
+
+
+# The Svix-signed providers' secrets, by the variable that sets each.
+SVIX_SECRET_VARIABLES = {"resend": "RESEND_WEBHOOK_SECRET", "sendgrid": "SENDGRID_WEBHOOK_SECRET",
+                         "fcm": "FCM_WEBHOOK_SECRET", "smtp": "SMTP_WEBHOOK_SECRET"}
+
+
+def svix_key(secret: str) -> bytes:
+    """The HMAC key of a Svix-style webhook secret: the base64 after ``whsec_``, else the
+    secret's own bytes. ValueError for a ``whsec_`` secret that does not go on in base64."""
+    if not secret.startswith("whsec_"):
+        return secret.encode()
+    try:
+        key = base64.b64decode(secret[len("whsec_"):], validate=True)
+    except (binascii.Error, ValueError):
+        key = b""
+    if not key:
+        raise ValueError("must go on in base64 after whsec_, as a Svix secret does")
+    return key
 
 
 @dataclass(frozen=True)
@@ -894,6 +915,15 @@ def _validate(s: Settings) -> None:
         raise ConfigError("NOTIFKIT_SECRET", "must be at least 16 characters")
     if s.admin_key is not None and len(s.admin_key) < 16:
         raise ConfigError("NOTIFKIT_ADMIN_KEY", "must be at least 16 characters")
+    for provider, variable in SVIX_SECRET_VARIABLES.items():
+        secret = getattr(s.webhooks, provider)
+        if secret is None:
+            continue
+        try:
+            svix_key(secret)
+        except ValueError as exc:
+            # Taken as it was, it verified no webhook: each a 401, nothing saying why.
+            raise ConfigError(variable, str(exc)) from None
     _check_url("NOTIFKIT_SIMULATOR_URL", s.simulator_url, ("http", "https"))
     _check_url("NOTIFKIT_PUBLIC_URL", s.public_url, ("http", "https"))
     if s.simulator_smtp is not None and not (

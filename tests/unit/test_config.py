@@ -210,6 +210,13 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         ({"SENDGRID_BASE_URL": "0"}, "SENDGRID_BASE_URL"),
         ({"EMAIL_FROM": "no-reply"}, "EMAIL_FROM"),
         ({"FCM_PROJECT_ID": "p"}, "FCM_ACCESS_TOKEN"),
+        # A Svix secret is whsec_ and base64; cut short or mistyped, it verified no webhook
+        # (every one a 401) with nothing at start to say why.
+        ({"RESEND_WEBHOOK_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaS"},
+         "RESEND_WEBHOOK_SECRET"),
+        ({"SENDGRID_WEBHOOK_SECRET": "whsec_not base64!"}, "SENDGRID_WEBHOOK_SECRET"),
+        ({"FCM_WEBHOOK_SECRET": "whsec_"}, "FCM_WEBHOOK_SECRET"),
+        ({"SMTP_WEBHOOK_SECRET": "whsec_@@@@"}, "SMTP_WEBHOOK_SECRET"),
         # Push credentials without the project they belong to were ignored without a word
         # (with the simulators configured, push quietly went there instead).
         ({"FCM_CREDENTIALS_FILE": "/run/secrets/fcm.json"}, "FCM_PROJECT_ID"),

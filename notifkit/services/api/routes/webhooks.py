@@ -36,7 +36,6 @@ ignored, so the provider does not retry them.
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 import time
@@ -46,7 +45,7 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 
 from notifkit.clock import utc_now_iso
-from notifkit.config import Settings
+from notifkit.config import Settings, svix_key
 from notifkit.services.api.auth import project_not_found, unauthorized
 from notifkit.services.api.errors import ApiError, Detail, invalid, json_response
 from notifkit.services.api.routing import Operations, Reply
@@ -135,15 +134,6 @@ async def provider_webhook(request: web.Request) -> web.Response:
 def _secret(settings: Settings, provider: str) -> str | None:
     secret: str | None = getattr(settings.webhooks, provider, None)
     return secret
-
-
-def svix_key(secret: str) -> bytes:
-    if secret.startswith("whsec_"):
-        try:
-            return base64.b64decode(secret[len("whsec_"):], validate=True)
-        except (binascii.Error, ValueError):
-            return secret.encode()
-    return secret.encode()
 
 
 def _check_svix(settings: Settings, provider: str, request: web.Request, body: bytes) -> None:
