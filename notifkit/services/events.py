@@ -188,7 +188,9 @@ def outcome_row(event: Mapping[str, Any]) -> TimelineRow | None:
         task_id, channel = untasked_row_id(event_id, _text(event.get("userId"))), ""
     kind = event["type"]
     provider = _text(event.get("provider"))
+    # An error can quote a provider's answer, any byte of it; a text column takes no NUL.
     error = _text(event.get("error"))
+    error = error.replace("\x00", "\ufffd") if error is not None else None
     metadata: dict[str, Any] = {"at": event.get("at")}
     earlier_attempts = 0
     if kind == "notification:sent":

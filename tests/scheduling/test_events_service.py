@@ -591,3 +591,27 @@ async def test_a_refused_address_does_not_stop_a_bounce_waiting_for_its_send(
     assert await timeline(db, "task-q") == [("sent", "sent", 1, "email"),
                                             ("bounced", "failed", 1, "email")]
     assert await db.fetchval("SELECT target FROM suppressions") == "gone@example.com"
+
+
+async def test_a_dead_lettering_whose_error_holds_a_nul_is_recorded(
+    make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
+) -> None:
+    """A provider's error answer can hold any byte, a NUL too, which a text column refuses:
+    the dead_lettered row is written all the same (the NUL shown as U+FFFD), and the
+    outcome read with it is recorded, rather than both going to the DLQ."""
+    events = make_events()
+    event_id = uuid7()
+    entry = Entry(keys.outbound("normal"), "1-0", {
+        "projectId": project_id, "eventId": event_id, "taskId": "task-nul", "channel": "email",
+        "userId": "user-1"}, attempt=3)
+    dead = failed_event(entry, {"error": "RetryLater: HTTP 500: upstream \x00 broke",
+                                "attempts": 3, "failedAt": AT})
+    await put(redis, keys, dead, sent_event(project_id, uuid7(), "task-ok", "msg-ok"))
+
+    await events.run_until_idle()
+
+    assert await timeline(db, "task-nul") == [("dead_lettered", "dead_lettered", 3, "email")]
+    assert await db.fetchval("SELECT detail FROM message_logs WHERE task_id = 'task-nul'") == (
+        "dead-lettered after 3 attempts: RetryLater: HTTP 500: upstream \ufffd broke")
+    assert await timeline(db, "task-ok") == [("sent", "sent", 1, "email")]
+    assert await xrange(redis, keys.dlq) == []
