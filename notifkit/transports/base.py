@@ -324,7 +324,9 @@ async def read_head(stream: aiohttp.StreamReader, limit: int,
 
 def error_detail(reply: HttpReply, limit: int = 300) -> str:
     """A short description of a provider's error answer for logs and the timeline."""
-    text = reply.body.decode("utf-8", "replace").strip().replace("\n", " ")
+    # The timeline's text column takes no NUL, whatever a proxy's error page holds.
+    text = reply.body.decode("utf-8", "replace").strip().replace("\n", " ").replace(
+        "\x00", "\ufffd")
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return f"HTTP {reply.status}: {text}" if text else f"HTTP {reply.status}"

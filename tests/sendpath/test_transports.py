@@ -29,6 +29,7 @@ from notifkit.transports.base import (
     SendResult,
     Transport,
     TransportContext,
+    error_detail,
     parse_retry_after,
 )
 from notifkit.transports.fcm import FcmTransport
@@ -306,6 +307,13 @@ def test_fcm_invalid_argument_disables_a_token_only_when_it_is_about_the_token(
                                    "errorCode": "INVALID_ARGUMENT"}]}}
     reply = HttpReply(400, {}, json.dumps(body).encode())
     assert fcm_classify(reply).outcome is expected
+
+
+def test_a_provider_error_answer_holding_a_nul_is_described_without_it() -> None:
+    """The description goes to the timeline, whose text column takes no NUL: a proxy's error
+    page with one in it failed the batch's timeline write, the attempts' rows were lost."""
+    reply = HttpReply(502, {}, b"upstream \x00 broke\nagain")
+    assert error_detail(reply) == "HTTP 502: upstream \ufffd broke again"
 
 
 @pytest.mark.parametrize("content", [
