@@ -83,6 +83,26 @@ async def test_a_bad_signature_is_401_and_records_nothing(
     assert await receipts(redis, hooks) == []
 
 
+
+async def test_svix_signatures_follow_svix_on_rotation_and_clock_skew(
+    hooks: Api, redis: Redis
+) -> None:
+    """During a secret rotation Svix sends a signature per secret, any of which may match; a
+    timestamp more than 5 minutes ahead is refused like one 5 minutes old."""
+    project = await hooks.project()
+    body = json.dumps(RESEND_BOUNCE)
+    good = svix_headers(RESEND_SECRET, body)
+    rotated = {**good, "svix-signature": "v1,c29tZXRoaW5nIGVsc2U= " + good["svix-signature"]}
+    future = svix_headers(RESEND_SECRET, body, timestamp=int(time.time()) + 600)
+    url = f"/v1/webhooks/resend/{project.id}"
+    json_type = {"Content-Type": "application/json"}
+    assert (await hooks.call("POST", url, data=body, headers={**json_type, **future})
+            ).status == 401
+    assert await receipts(redis, hooks) == []
+    assert (await hooks.call("POST", url, data=body, headers={**json_type, **rotated})
+            ).status == 200
+    assert [r["kind"] for r in await receipts(redis, hooks)] == ["bounced"]
+
 async def test_simulator_style_receipts_for_other_providers(hooks: Api, redis: Redis) -> None:
     project = await hooks.project()
     for provider, event in (("fcm", "push.opened"), ("sendgrid", "email.complained"),
@@ -255,6 +275,25 @@ async def test_twilio_callbacks_may_be_signed_over_the_url_they_were_posted_to(
     [receipt] = await receipts(redis, hooks)
     assert (receipt["kind"], receipt["providerMessageId"]) == ("delivered", "SM2")
 
+
+
+async def test_a_twilio_callback_url_with_a_query_is_signed_with_it(
+    hooks: Api, redis: Redis
+) -> None:
+    """Twilio signs the whole URL it posts to, query string included."""
+    project = await hooks.project()
+    path = f"/v1/webhooks/twilio/{project.id}?source=console&x=a%20b"
+    params = {"MessageSid": "SM3", "MessageStatus": "delivered", "To": "+14155550100"}
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    without = twilio_sign(TWILIO_TOKEN, hooks.settings.public_url + path.split("?")[0], params)
+    forged = await hooks.call("POST", path, data=urlencode(params),
+                              headers={**form, "X-Twilio-Signature": without})
+    assert forged.status == 401
+    signature = twilio_sign(TWILIO_TOKEN, hooks.settings.public_url + path, params)
+    reply = await hooks.call("POST", path, data=urlencode(params),
+                             headers={**form, "X-Twilio-Signature": signature})
+    assert reply.status == 200, reply.body
+    assert [r["providerMessageId"] for r in await receipts(redis, hooks)] == ["SM3"]
 
 async def test_a_twilio_callback_that_is_not_a_form_is_a_bad_signature(
     hooks: Api, redis: Redis
