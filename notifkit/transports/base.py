@@ -169,7 +169,26 @@ def parse_retry_after(value: str | None) -> float | None:
         seconds = (when - datetime.now(UTC)).total_seconds()
     if math.isnan(seconds):
         return None
+    return _bounded_wait(seconds)
+
+
+def _bounded_wait(seconds: float) -> float:
     return min(max(0.0, seconds), MAX_RETRY_AFTER_S)
+
+
+def header(reply: HttpReply, name: str) -> str | None:
+    """A reply header by name in any case: aiohttp spells only the names it knows its own way,
+    and a provider behind HTTP/2 writes every name in lower case."""
+    wanted = name.lower()
+    return next((v for k, v in reply.headers.items() if k.lower() == wanted), None)
+
+
+def parse_reset_at(value: str | None) -> float | None:
+    """A rate limit's reset given as the Unix time (whole seconds) its window reopens, as a
+    wait in seconds bounded as :func:`parse_retry_after`'s; None when absent or unreadable."""
+    if value is None or not value.strip().isdigit():
+        return None
+    return _bounded_wait(int(value.strip()) - time.time())
 
 
 def classify_status(reply: HttpReply, detail: str, message_id: str | None = None) -> SendResult:

@@ -7,6 +7,7 @@ echoes in its event webhooks, and in the ``X-Notifkit-Task-Id`` header.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from notifkit.transports.base import (
@@ -18,6 +19,8 @@ from notifkit.transports.base import (
     SendResult,
     classify_status,
     error_detail,
+    header,
+    parse_reset_at,
 )
 from notifkit.transports.email import build_email
 
@@ -73,7 +76,14 @@ def classify(reply: HttpReply) -> SendResult:
             where = str(error.get("field") or "") if isinstance(error, dict) else ""
             if where.startswith("personalizations") and ".to" in where:
                 return SendResult(Outcome.INVALID_RECIPIENT, None, detail, reply.status)
-    return classify_status(reply, detail)
+    result = classify_status(reply, detail)
+    if result.outcome is Outcome.RATE_LIMITED and result.retry_after_s is None:
+        # SendGrid names when its window reopens (X-RateLimit-Reset, a Unix time), not a
+        # Retry-After: parked for the default second, a task met another 429 each time and was
+        # dead-lettered long before the window reopened.
+        reset = parse_reset_at(header(reply, "X-RateLimit-Reset"))
+        result = dataclasses.replace(result, retry_after_s=reset)
+    return result
 
 
 def _split_address(value: str) -> tuple[str, str]:

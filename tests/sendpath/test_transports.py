@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ from notifkit.transports.fcm import classify as fcm_classify
 from notifkit.transports.registry import build_transports
 from notifkit.transports.resend import ResendTransport
 from notifkit.transports.sendgrid import SendgridTransport
+from notifkit.transports.sendgrid import classify as sendgrid_classify
 from notifkit.transports.smtp import SmtpTransport
 from notifkit.transports.twilio import TwilioTransport
 from notifkit.transports.webhook import WebhookTransport
@@ -558,3 +560,35 @@ async def test_a_webhook_answer_whose_body_never_ends_is_classified_by_its_statu
     assert len(posts) == 1
     if status == 404:
         assert "still writing" in result.detail
+
+
+@pytest.mark.parametrize("name", ["X-RateLimit-Reset", "x-ratelimit-reset"])
+def test_sendgrid_429_without_retry_after_parks_until_its_rate_limit_resets(name: str) -> None:
+    # SendGrid's 429 names the Unix time its window reopens (X-RateLimit-Reset), never a
+    # Retry-After: a task parked for the 1 s default came back to another 429 each time and
+    # was dead-lettered long before the window reopened.
+    reset = int(time.time()) + 40
+    body = json.dumps({"errors": [{"message": "too many requests", "field": None}]}).encode()
+    result = sendgrid_classify(HttpReply(429, {name: str(reset), "X-RateLimit-Remaining": "0"},
+                                         body))
+    assert result.outcome is Outcome.RATE_LIMITED
+    assert result.retry_after_s is not None
+    assert 38 <= result.retry_after_s <= 40
+
+
+@pytest.mark.parametrize(("headers", "expected"), [
+    # A Retry-After, where one is given, is the provider's own word and wins.
+    ({"Retry-After": "7", "X-RateLimit-Reset": "{reset}"}, 7.0),
+    ({"X-RateLimit-Reset": "{past}"}, 0.0),
+    ({"X-RateLimit-Reset": "{far}"}, MAX_RETRY_AFTER_S),
+    ({"X-RateLimit-Reset": "soon"}, None),
+    ({"X-RateLimit-Reset": "1e400"}, None),
+    ({}, None),
+])
+def test_sendgrid_429_reads_its_reset_time_as_a_bounded_wait(
+    headers: dict[str, str], expected: float | None,
+) -> None:
+    now = int(time.time())
+    times = {"reset": str(now + 40), "past": str(now - 100), "far": str(now + 10 ** 9)}
+    reply = HttpReply(429, {k: v.format(**times) for k, v in headers.items()}, b"{}")
+    assert sendgrid_classify(reply).retry_after_s == expected
