@@ -341,6 +341,12 @@ async def test_the_per_user_throttle_logs_what_it_holds_back(
     rows = await timeline(db, second)
     assert {(r["channel"], r["kind"], r["status"]) for r in rows} == {
         ("sms", "throttled", "throttled"), ("email", "throttled", "throttled")}
+    # The row names the rule that held it back (the project's, not the deployment's default),
+    # as it said only how many sends the window held
+    for row in rows:
+        assert "1 send per 3600 s" in row["detail"], row["detail"]
+        assert row["metadata"]["limit"] == 1
+        assert row["metadata"]["windowSeconds"] == 3600
 
 
 async def test_a_scheduled_send_counts_against_the_throttle_when_it_goes_out(

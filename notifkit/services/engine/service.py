@@ -186,20 +186,26 @@ class EngineService(WorkerService):
         # One notification is one send however many channels it goes out on: the window's
         # member is the event id, so its second channel finds the first one's mark. A send
         # that waits (sendAt, quiet hours) counts when it goes out.
-        decisions = await throttle.check_many(self.redis, self.keys, [
+        checks = [
             throttle.ThrottleCheck(
                 s.message["projectId"], s.message["user"]["id"],
                 throttle.rule_for(settings_of.get(s.message["projectId"]), self.settings),
                 member=s.message["eventId"], at_ms=s.due_ms,
             )
             for s in checked
-        ], now_ms)
+        ]
+        decisions = await throttle.check_many(self.redis, self.keys, checks, now_ms)
         refused = {id(s) for s, d in zip(checked, decisions, strict=True) if not d.allowed}
-        for s, d in zip(checked, decisions, strict=True):
+        for s, c, d in zip(checked, checks, decisions, strict=True):
             if not d.allowed:
-                logs.append(_row(s.message, s.decision.channel, s.task_id, Kind.THROTTLED,
-                                 Status.THROTTLED,
-                                 f"throttled: {counted(d.count, 'send')} in the window"))
+                # The rule too: the project's or the deployment's, a count alone does not say.
+                rule = c.rule
+                logs.append(_row(
+                    s.message, s.decision.channel, s.task_id, Kind.THROTTLED, Status.THROTTLED,
+                    f"throttled: the limit is {counted(rule.limit, 'send')} per "
+                    f"{rule.window_s} s, and the window already holds {d.count}",
+                    metadata={"limit": rule.limit, "windowSeconds": rule.window_s,
+                              "count": d.count}))
         return [s for s in sends if id(s) not in refused]
 
     def _route(self, s: _Send, logs: list[LogRow]) -> None:
