@@ -252,6 +252,11 @@ async def test_a_future_send_and_quiet_hours_go_to_the_scheduler(
     assert scheduled[later]["payload"]["content"] == {"text": "Paid 1"}
     [deferred] = await timeline(db, quiet)
     assert (deferred["kind"], deferred["status"]) == ("deferred", "scheduled")
+    # It names the quiet hours and the zone they were read in: this user has no timezone, so
+    # UTC, which the row did not say
+    assert deferred["detail"] == ("deferred for quiet hours (22:00-07:00 UTC) until "
+                                  "2026-06-02T07:00:00.000Z")
+    assert deferred["metadata"]["timezone"] == "UTC"
     [planned] = await timeline(db, later)
     assert (planned["kind"], planned["status"]) == ("scheduled", "scheduled")
     # And the engine's dedup mark outlives the wait

@@ -265,10 +265,20 @@ class EngineService(WorkerService):
         # As every API time is written: UTC, milliseconds, Z.
         at = datetime.fromtimestamp(s.due_ms / 1000, UTC).isoformat(
             timespec="milliseconds").replace("+00:00", "Z")
-        kind = Kind.SCHEDULED if reason == "sendAt" else Kind.DEFERRED
-        why = "scheduled" if reason == "sendAt" else "deferred for quiet hours"
+        metadata = {"dueAt": at, "reason": reason}
+        if reason == "sendAt":
+            kind, why = Kind.SCHEDULED, "scheduled"
+        else:
+            # Which hours, read in which zone: a user without a known timezone is held by UTC
+            # quiet hours, which only this says.
+            quiet = quiet_hours.QuietHours.parse(m["preferences"].get("quietHours"))
+            where = quiet_hours.zone(m["user"].get("timezone")).key
+            hours = "" if quiet is None else \
+                f"{quiet_hours.wall_time(quiet.start)}-{quiet_hours.wall_time(quiet.end)} "
+            kind, why = Kind.DEFERRED, f"deferred for quiet hours ({hours}{where})"
+            metadata["timezone"] = where
         logs.append(_row(m, channel, s.task_id, kind, Status.SCHEDULED,
-                         f"{why} until {at}{notes}", metadata={"dueAt": at, "reason": reason}))
+                         f"{why} until {at}{notes}", metadata=metadata))
 
 
 def _fallback(m: EnrichedMessage, chain: list[str]) -> FallbackContext:
