@@ -523,3 +523,31 @@ async def test_a_cancel_keeps_the_throttle_mark_of_a_send_handed_to_delivery(
     await drain(*pipeline, delivery)
     assert only_recipient(await show(api, project, later))["status"] == "throttled"
     assert await delivered_tasks(sim) == set()
+
+
+async def test_erasing_a_user_takes_their_dropped_sends_out_of_the_throttle(
+    api: Api, throttled_project: Project, pipeline: list[Any], delivery: DeliveryService,
+    make_scheduler: SchedulerFactory, cancel_settings: Settings, sim: SimulatorServer,
+    redis: Redis,
+) -> None:
+    # Given ada's one send of the hour, due in ten minutes and waiting in its shard
+    project = throttled_project
+    await add_user(api, project, "ada")
+    send_at = rfc3339(datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=10))
+    await send(api, project, "ada", sendAt=send_at)
+    await drain(*pipeline)
+    await make_scheduler(settings=cancel_settings).ingest_until_idle()
+
+    # When ada is erased (which drops that send) and a user is created again under her id
+    reply = await api.call("DELETE", "/v1/users/ada", key=project.full)
+    assert reply.status == 204, reply.body
+    # Her window went with her: it held her id, for as long as her latest send was due
+    assert not await redis.exists(Keys(cancel_settings.namespace).throttle(project.id, "ada"))
+    await add_user(api, project, "ada")
+
+    # Then the dropped send, which never goes out, does not hold back the new user's send
+    event_id = await send(api, project, "ada")
+    await drain(*pipeline, delivery)
+    recipient = only_recipient(await show(api, project, event_id))
+    assert recipient["status"] == "sent", recipient
+    assert recipient["taskId"] in await delivered_tasks(sim)

@@ -147,6 +147,9 @@ async def delete_user(request: web.Request) -> web.Response:
             project, user_id,
         )
     await _drop_waiting_sends(request, project, user_id, waiting)
+    # Their throttle window goes too: named by their id, it lived as long as their latest
+    # send was due, and the sends just dropped held back a user created again under the id.
+    await request.app[REDIS].delete(request.app[KEYS].throttle(project, user_id))
     return web.Response(status=204)
 
 
