@@ -169,10 +169,10 @@ def parse_retry_after(value: str | None) -> float | None:
         seconds = (when - datetime.now(UTC)).total_seconds()
     if math.isnan(seconds):
         return None
-    return _bounded_wait(seconds)
+    return bounded_wait(seconds)
 
 
-def _bounded_wait(seconds: float) -> float:
+def bounded_wait(seconds: float) -> float:
     return min(max(0.0, seconds), MAX_RETRY_AFTER_S)
 
 
@@ -188,7 +188,7 @@ def parse_reset_at(value: str | None) -> float | None:
     wait in seconds bounded as :func:`parse_retry_after`'s; None when absent or unreadable."""
     if value is None or not value.strip().isdigit():
         return None
-    return _bounded_wait(int(value.strip()) - time.time())
+    return bounded_wait(int(value.strip()) - time.time())
 
 
 def classify_status(reply: HttpReply, detail: str, message_id: str | None = None) -> SendResult:

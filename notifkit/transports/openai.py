@@ -32,7 +32,13 @@ import aiohttp
 
 from notifkit.config import Settings
 from notifkit.errors import PermanentFailure, RateLimited, RetryLater
-from notifkit.transports.base import TASK_ID_HEADER, HttpReply, error_detail
+from notifkit.transports.base import (
+    TASK_ID_HEADER,
+    HttpReply,
+    bounded_wait,
+    error_detail,
+    header,
+)
 
 DEFAULT_RETRY_AFTER_S = 1.0
 NOT_RETRYABLE_429 = ("insufficient_quota",)
@@ -40,6 +46,9 @@ NOT_RETRYABLE_429 = ("insufficient_quota",)
 MAX_TOKENS = 2**31 - 1
 # C0 but tab and line feed, DEL and C1: no e-mail, SMS or push body carries them.
 _UNSENDABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# OpenAI's reset times: "20ms", "1s", "6m0s", "1h2m3.5s".
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 
 
 @dataclass(frozen=True)
@@ -124,13 +133,41 @@ def error_code(reply: HttpReply) -> str | None:
     return None
 
 
+def _rate_limit_wait(reply: HttpReply) -> float | None:
+    """How long a 429 asks to wait: Retry-After, else ``retry-after-ms``, else the latest
+    reset (``x-ratelimit-reset-requests`` / ``-tokens``) of a limit with nothing remaining.
+    OpenAI often sends only the last: the default second then met another 429 each time."""
+    if reply.retry_after_s is not None:
+        return reply.retry_after_s
+    try:
+        millis = float(header(reply, "retry-after-ms") or "nan")
+    except ValueError:
+        millis = math.nan
+    if math.isfinite(millis):
+        return bounded_wait(millis / 1000)
+    resets = [_duration_s(header(reply, f"x-ratelimit-reset-{limit}"))
+              for limit in ("requests", "tokens")
+              if (header(reply, f"x-ratelimit-remaining-{limit}") or "").strip() == "0"]
+    known = [r for r in resets if r is not None]
+    return bounded_wait(max(known)) if known else None
+
+
+def _duration_s(value: str | None) -> float | None:
+    """``6m0s`` and the like in seconds; None when it is not one."""
+    text = (value or "").strip()
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(number + unit for number, unit in parts) != text:
+        return None
+    return sum(float(number) * _UNIT_S[unit] for number, unit in parts)
+
+
 def parse_reply(reply: HttpReply, model: str) -> Completion:
     detail = error_detail(reply)
     if reply.status == 429:
         if error_code(reply) in NOT_RETRYABLE_429:
             raise PermanentFailure(f"the AI provider refused for quota: {detail}")
         raise RateLimited(f"the AI provider is rate limiting: {detail}",
-                          after_s=reply.retry_after_s or DEFAULT_RETRY_AFTER_S)
+                          after_s=_rate_limit_wait(reply) or DEFAULT_RETRY_AFTER_S)
     if reply.status == 408 or reply.status >= 500:
         raise RetryLater(f"the AI provider failed: {detail}")
     if not reply.ok:

@@ -39,6 +39,33 @@ def test_rate_limit_is_parked_for_retry_after_but_missing_quota_is_permanent() -
         parse_reply(reply(429, error("insufficient_quota", "insufficient_quota")), "m")
 
 
+@pytest.mark.parametrize(("headers", "expected"), [
+    # Without a Retry-After, OpenAI's own headers say when the limit that refused reopens: the
+    # task waited the 1 s default, met another 429 and was dead-lettered long before that.
+    ({"retry-after-ms": "2500"}, 2.5),
+    ({"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "6m0s"}, 360.0),
+    ({"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1h2m3.5s"}, 3723.5),
+    ({"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "20ms",
+      "x-ratelimit-remaining-requests": "9", "x-ratelimit-reset-requests": "5s"}, 0.02),
+    ({"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "7s",
+      "x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "30s"}, 30.0),
+    # Retry-After, where given, is the provider's word and wins
+    ({"Retry-After": "3", "x-ratelimit-remaining-requests": "0",
+      "x-ratelimit-reset-requests": "6m0s"}, 3.0),
+    # Nothing readable: the default wait
+    ({"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "soon"}, 1.0),
+    ({"x-ratelimit-remaining-requests": "5", "x-ratelimit-reset-requests": "6m0s"}, 1.0),
+    ({"retry-after-ms": "nan"}, 1.0),
+    ({}, 1.0),
+])
+def test_a_rate_limit_without_retry_after_waits_until_openai_says_it_resets(
+    headers: dict[str, str], expected: float,
+) -> None:
+    with pytest.raises(RateLimited) as limited:
+        parse_reply(reply(429, error("rate_limit_exceeded", "requests"), headers), "m")
+    assert limited.value.after_s == pytest.approx(expected)
+
+
 @pytest.mark.parametrize(("status", "code"), [(400, None), (401, "invalid_api_key"),
                                          (403, None), (404, "model_not_found"), (422, None)])
 def test_client_errors_are_permanent(status: int, code: str | None) -> None:
