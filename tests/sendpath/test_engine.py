@@ -374,8 +374,11 @@ async def test_a_scheduled_send_counts_against_the_throttle_when_it_goes_out(
 
     assert {t["eventId"] for t in await entries(redis, keys.outbound("normal"))} == {today}
     assert {s["payload"]["eventId"] for s in await entries(redis, keys.scheduled)} == {reminder}
-    assert {(r["kind"], r["status"]) for r in await timeline(db, twin)} == {
-        ("throttled", "throttled")}
+    [held] = await timeline(db, twin)
+    assert (held["kind"], held["status"]) == ("throttled", "throttled")
+    # Its row says the window is the one it would have gone out in, not today's
+    assert held["detail"] == ("throttled: the limit is 1 send per 86400 s, and the window "
+                              "around 2099-01-01T00:00:00.000Z already holds 1")
 
 
 async def test_a_poison_entry_fails_alone_and_its_batch_neighbours_are_routed(

@@ -200,10 +200,12 @@ class EngineService(WorkerService):
             if not d.allowed:
                 # The rule too: the project's or the deployment's, a count alone does not say.
                 rule = c.rule
+                # A send that waits is throttled in the window it would go out in.
+                around = "" if s.due_ms is None else f" around {_utc_text(s.due_ms)}"
                 logs.append(_row(
                     s.message, s.decision.channel, s.task_id, Kind.THROTTLED, Status.THROTTLED,
                     f"throttled: the limit is {counted(rule.limit, 'send')} per "
-                    f"{rule.window_s} s, and the window already holds {d.count}",
+                    f"{rule.window_s} s, and the window{around} already holds {d.count}",
                     metadata={"limit": rule.limit, "windowSeconds": rule.window_s,
                               "count": d.count}))
         return [s for s in sends if id(s) not in refused]
@@ -262,9 +264,7 @@ class EngineService(WorkerService):
             "stream": stream, "payload": payload, "reason": reason,
         }
         s.entry.emit(self.keys.scheduled, scheduled)
-        # As every API time is written: UTC, milliseconds, Z.
-        at = datetime.fromtimestamp(s.due_ms / 1000, UTC).isoformat(
-            timespec="milliseconds").replace("+00:00", "Z")
+        at = _utc_text(s.due_ms)
         metadata = {"dueAt": at, "reason": reason}
         if reason == "sendAt":
             kind, why = Kind.SCHEDULED, "scheduled"
@@ -299,6 +299,12 @@ def _row(
         user_id=m["user"]["id"], channel=channel, kind=kind, status=status, detail=detail,
         campaign_id=m.get("campaignId"), metadata=metadata or {},
     )
+
+
+def _utc_text(ms: int) -> str:
+    """As every API time is written: UTC, milliseconds, Z."""
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _parse_ms(value: str | None) -> int | None:
