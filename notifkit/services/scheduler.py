@@ -58,7 +58,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -241,16 +241,19 @@ async def cancel_waiting(redis: Redis, keys: Keys, project_id: str,
 
 
 async def release_throttle(db: asyncpg.Pool | asyncpg.Connection, redis: Redis, keys: Keys,
-                           canceled: Iterable[Recipient]) -> None:
+                           canceled: Iterable[Recipient], *,
+                           unsent: Collection[str] = ()) -> None:
     """Take canceled sends, each ``(project_id, event_id, user_id)``, out of their users'
     throttle windows, unless something of the notification went out to that user (or may
     still). Called once the 'canceled' rows are committed: when a cancel and the scheduler
     drop tasks of one user at the same time, each reads after it wrote, so the later reader
-    sees both."""
+    sees both. ``unsent`` names tasks that were handed to delivery but reached no one
+    (skipped there): their own rows do not count as having gone out."""
     recipients = list(dict.fromkeys(canceled))
     if not recipients:
         return
-    kept = went_out(await recipient_task_rows(db, recipients))
+    rows = await recipient_task_rows(db, recipients)
+    kept = went_out(r for r in rows if str(r["task_id"]) not in unsent)
     # PostgreSQL spells a uuid in lower case; the keys and members as the pipeline did.
     await throttle.release(redis, keys, [(p, u, e) for p, e, u in recipients
                                          if (p.lower(), e.lower(), u) not in kept])

@@ -532,11 +532,7 @@ async def test_erasing_a_user_takes_their_dropped_sends_out_of_the_throttle(
 ) -> None:
     # Given ada's one send of the hour, due in ten minutes and waiting in its shard
     project = throttled_project
-    await add_user(api, project, "ada")
-    send_at = rfc3339(datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=10))
-    await send(api, project, "ada", sendAt=send_at)
-    await drain(*pipeline)
-    await make_scheduler(settings=cancel_settings).ingest_until_idle()
+    await one_send_in_ten_minutes(api, project, pipeline, make_scheduler(settings=cancel_settings))
 
     # When ada is erased (which drops that send) and a user is created again under her id
     reply = await api.call("DELETE", "/v1/users/ada", key=project.full)
@@ -546,8 +542,53 @@ async def test_erasing_a_user_takes_their_dropped_sends_out_of_the_throttle(
     await add_user(api, project, "ada")
 
     # Then the dropped send, which never goes out, does not hold back the new user's send
+    await assert_a_send_now_fits(api, project, pipeline, delivery, sim)
+
+
+async def test_a_waiting_send_the_user_turned_off_no_longer_counts_against_the_throttle(
+    api: Api, throttled_project: Project, pipeline: list[Any], delivery: DeliveryService,
+    make_scheduler: SchedulerFactory, clock: FakeClock, cancel_settings: Settings,
+    sim: SimulatorServer,
+) -> None:
+    # Given ada's one send of the hour, due in ten minutes, and e-mail turned off meanwhile
+    project = throttled_project
+    scheduler = make_scheduler(settings=cancel_settings)
+    waiting, due = await one_send_in_ten_minutes(api, project, pipeline, scheduler)
+    await set_email(api, project, "ada", enabled=False)
+
+    # When its time comes, delivery skips it (nothing reaches the provider)
+    clock.now_ms = int(due.timestamp() * 1000) + 1_000
+    await scheduler.run_until_idle()
+    await delivery.run_until_idle()
+    assert only_recipient(await show(api, project, waiting))["status"] == "skipped"
+
+    # Then, as a canceled send, it leaves her window: once she turns e-mail on again, a send
+    # due now (within the hour of the skipped one) still fits and reaches the provider
+    await set_email(api, project, "ada", enabled=True)
+    await assert_a_send_now_fits(api, project, pipeline, delivery, sim)
+
+
+async def one_send_in_ten_minutes(api: Api, project: Project, pipeline: list[Any],
+                                  scheduler: SchedulerService) -> tuple[str, datetime]:
+    """ada, and a send of hers due in ten minutes, waiting in its shard."""
+    await add_user(api, project, "ada")
+    due = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=10)
+    event_id = await send(api, project, "ada", sendAt=rfc3339(due))
+    await drain(*pipeline)
+    await scheduler.ingest_until_idle()
+    return event_id, due
+
+
+async def assert_a_send_now_fits(api: Api, project: Project, pipeline: list[Any],
+                                 delivery: DeliveryService, sim: SimulatorServer) -> None:
     event_id = await send(api, project, "ada")
     await drain(*pipeline, delivery)
     recipient = only_recipient(await show(api, project, event_id))
     assert recipient["status"] == "sent", recipient
-    assert recipient["taskId"] in await delivered_tasks(sim)
+    assert await delivered_tasks(sim) == {recipient["taskId"]}
+
+
+async def set_email(api: Api, project: Project, user_id: str, *, enabled: bool) -> None:
+    reply = await api.call("PUT", f"/v1/users/{user_id}/preferences", key=project.full,
+                           json={"channels": {"email": enabled}})
+    assert reply.status == 200, reply.body

@@ -41,7 +41,8 @@ from notifkit.ratelimit import ALL_PROJECTS, Bucket, TokenBuckets
 from notifkit.services.base import WorkerService
 from notifkit.services.delivery.outcomes import Action, Attempted, Verdict, judge
 from notifkit.services.payloads import parse_each, parse_one
-from notifkit.services.timeline import task_row
+from notifkit.services.scheduler import release_throttle
+from notifkit.services.timeline import Recipient, task_row
 from notifkit.transports.base import Message, Outcome, SendResult, Transport, TransportContext
 from notifkit.transports.registry import MISSING, build_transports
 from notifkit.worker import Entry, attempts_before, batch_stream
@@ -149,6 +150,7 @@ class DeliveryService(WorkerService):
         settled: list[SentRow] = list(sends.unrecorded)
         disabled: list[tuple[str, str, str, str]] = []
         first_of_kind: list[LogRow] = []
+        unsent: dict[str, Recipient] = {}  # task id -> recipient: skipped, reached no one
         for (entry, task, transport), answers in zip(runnable, attempted, strict=True):
             attempt = self._attempt(entry, task)
             has_next = (bool(task.get("fallback", {}).get("chain"))
@@ -171,11 +173,27 @@ class DeliveryService(WorkerService):
                                     outbox.FAILED, None))
             await self._apply(entry, task, transport, answers, verdict, attempt, logs,
                               first_of_kind)
+            if verdict.action in (Action.SKIPPED, Action.SUPPRESSED) \
+                    and task["priority"] != "critical":  # critical sends are not counted
+                unsent[task["taskId"]] = (task["projectId"], task["eventId"], task["userId"])
 
         # Independent writes, issued together (each on its own pooled connection).
         await asyncio.gather(outbox.settle_and_log(self.pool, settled, logs),
                              outbox.disable_contacts(self.pool, disabled),
                              insert_first_of_kind(self.pool, first_of_kind))
+        if unsent:
+            await self._release_unsent(unsent)
+
+    async def _release_unsent(self, unsent: dict[str, Recipient]) -> None:
+        """Sends skipped here (the user turned the channel off, or the address was suppressed,
+        while the task waited) reached no one: like a canceled send, they leave the user's
+        throttle window, unless another task of the notification went to that user."""
+        try:
+            await release_throttle(self.pool, self.redis, self.keys, unsent.values(),
+                                   unsent=set(unsent))
+        except Exception as exc:  # the window over-counts until it expires; the sends stand
+            log.warning("Could not take skipped sends out of their throttle windows (%s).",
+                        exc, extra={"service": self.name})
 
     def _recorder(self) -> Coalescer[SentRow, None]:
         stream = batch_stream.get()
