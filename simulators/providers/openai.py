@@ -61,6 +61,20 @@ KNOWN_MODELS = (
     "gpt-3.5-turbo",
     "o4-mini",
 )
+# The dated snapshots OpenAI serves under those names, each answering as its model does. A
+# team pins one in OPENAI_MODEL as OpenAI advises; a 404 for it would dead-letter every send.
+SNAPSHOTS = {
+    "gpt-4o-2024-05-13": "gpt-4o",
+    "gpt-4o-2024-08-06": "gpt-4o",
+    "gpt-4o-2024-11-20": "gpt-4o",
+    "gpt-4o-mini-2024-07-18": "gpt-4o-mini",
+    "gpt-4.1-2025-04-14": "gpt-4.1",
+    "gpt-4.1-mini-2025-04-14": "gpt-4.1-mini",
+    "gpt-4.1-nano-2025-04-14": "gpt-4.1-nano",
+    "gpt-3.5-turbo-0125": "gpt-3.5-turbo",
+    "gpt-3.5-turbo-1106": "gpt-3.5-turbo",
+    "o4-mini-2025-04-16": "o4-mini",
+}
 SIM_MODEL_PREFIX = "sim-"
 # Context windows in tokens; a prompt longer than its model's is refused.
 CONTEXT_TOKENS = {
@@ -155,7 +169,7 @@ _ERRORS: dict[ErrorCase, tuple[str, str, str | None]] = {
 
 
 def known_model(model: str) -> bool:
-    return model in KNOWN_MODELS or model.startswith(SIM_MODEL_PREFIX)
+    return model in KNOWN_MODELS or model in SNAPSHOTS or model.startswith(SIM_MODEL_PREFIX)
 
 
 def completion_text(model: str, messages: list[Any], index: int = 0) -> str:
@@ -221,7 +235,7 @@ class OpenAI(HttpProvider):
                 ErrorCase.NOT_FOUND, _ERRORS[ErrorCase.NOT_FOUND][0].format(model=model)
             )
         prompt_size = prompt_tokens(messages)
-        window = CONTEXT_TOKENS.get(model, DEFAULT_CONTEXT_TOKENS)
+        window = CONTEXT_TOKENS.get(SNAPSHOTS.get(model, model), DEFAULT_CONTEXT_TOKENS)
         if prompt_size > window:
             raise Rejection(
                 ErrorCase.BAD_REQUEST,
@@ -709,7 +723,7 @@ async def list_models(request: web.Request) -> web.Response:
     provider = OpenAI()
     if provider.credentials(request) is None:
         return provider.render(ErrorCase.MISSING_CREDENTIALS).response()
-    data = [_model(name) for name in KNOWN_MODELS]
+    data = [_model(name) for name in (*KNOWN_MODELS, *SNAPSHOTS)]
     return json_reply(200, {"object": "list", "data": data}).response()
 
 

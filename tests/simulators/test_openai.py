@@ -123,6 +123,31 @@ async def test_unknown_model_is_404_model_not_found(sim: SimulatorServer, client
     assert (caught.value.request_id or "").startswith("req_")
 
 
+@pytest.mark.parametrize("model", ["gpt-4o-mini-2024-07-18", "gpt-4o-2024-08-06",
+                                   "gpt-4.1-2025-04-14", "gpt-3.5-turbo-0125"])
+async def test_a_pinned_snapshot_of_a_known_model_is_served(
+    sim: SimulatorServer, client: Factory, model: str
+) -> None:
+    """Teams pin a dated snapshot (OPENAI_MODEL=gpt-4o-mini-2024-07-18), as OpenAI advises:
+    answered by the simulator too, not a 404 model_not_found that notifkit dead-letters."""
+    ai = client(sim)
+    completion = await ai.chat.completions.create(model=model, messages=PROMPT)
+    assert completion.model == model
+    assert (await ai.models.retrieve(model)).id == model
+    assert model in [listed.id async for listed in ai.models.list()]
+    [record] = await sim.messages("openai")
+    assert record["to"] == model
+
+
+async def test_a_snapshot_openai_does_not_have_is_404(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        await client(sim).chat.completions.create(model="gpt-4o-mini-2099-01-01",
+                                                  messages=PROMPT)
+    assert caught.value.code == "model_not_found"
+
+
 async def test_missing_messages_is_400(sim: SimulatorServer, client: Factory) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         await client(sim).chat.completions.create(model="gpt-4o", messages=[])
