@@ -246,13 +246,17 @@ class ResendBatch(Resend):
 
 def parse_email(payload: dict[str, Any]) -> Submission:
     """One email as `POST /emails` takes it; the task id from its tag or its headers."""
-    for name in ("from", "to", "subject"):
+    template = _template(payload)
+    # A template supplies its own sender and subject when the email leaves them out; the
+    # simulator holds no templates, so it takes each one to have them.
+    required = ("to",) if template is not None else ("from", "to", "subject")
+    for name in required:
         if payload.get(name) in (None, "", []):
             raise Rejection(
                 ErrorCase.BAD_REQUEST, f"Missing `{name}` field.", code="missing_required_field"
             )
-    sender = payload["from"]
-    if email_address(sender) is None:
+    sender = payload.get("from")
+    if sender is not None and email_address(sender) is None:
         raise Rejection(ErrorCase.BAD_REQUEST, f"Invalid `from` field. {_ADDRESS_FORMAT}")
     to = _addresses(payload, "to")
     cc = _addresses(payload, "cc")
@@ -263,7 +267,7 @@ def parse_email(payload: dict[str, Any]) -> Submission:
             ErrorCase.BAD_REQUEST,
             f"Too many recipients in `to`. The maximum is {MAX_RECIPIENTS}.",
         )
-    if not isinstance(payload["subject"], str):
+    if payload.get("subject") is not None and not isinstance(payload["subject"], str):
         raise Rejection(ErrorCase.BAD_REQUEST, "Invalid `subject` field.")
     for name in ("html", "text"):
         if payload.get(name) is not None and not isinstance(payload[name], str):
@@ -288,12 +292,13 @@ def parse_email(payload: dict[str, Any]) -> Submission:
             "cc": cc or None,
             "bcc": bcc or None,
             "reply_to": payload.get("reply_to"),
-            "subject": payload["subject"],
+            "subject": payload.get("subject"),
             "html": stored_text(payload.get("html")),
             "text": stored_text(payload.get("text")),
             "headers": headers,
             "tags": payload.get("tags"),
             "scheduled_at": payload.get("scheduled_at"),
+            "template": template,
         }
     )
     return Submission(
@@ -304,6 +309,26 @@ def parse_email(payload: dict[str, Any]) -> Submission:
         payload=payload,
         meta={"tags": tags},
     )
+
+
+def _template(payload: dict[str, Any]) -> dict[str, Any] | None:
+    """The email's `template`, an `id` and optional `variables`; it is the body, so an email
+    naming one may not also carry `html` or `text`, as at Resend."""
+    template = payload.get("template")
+    if template is None:
+        return None
+    if not (
+        isinstance(template, dict)
+        and isinstance(template.get("id"), str) and template["id"]
+        and isinstance(template.get("variables"), dict | None)
+    ):
+        raise Rejection(ErrorCase.BAD_REQUEST, "Invalid `template` field. It must be an object "
+                                               "with a template `id` and optional `variables`.")
+    for name in ("html", "text"):
+        if payload.get(name) is not None:
+            raise Rejection(ErrorCase.BAD_REQUEST,
+                            f"The `{name}` field cannot be sent with a `template`.")
+    return template
 
 
 def _batch_email(item: object) -> Submission:

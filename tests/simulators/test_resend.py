@@ -140,6 +140,47 @@ async def test_an_email_without_a_body_is_422_missing_field(
     await send({**body, "text": ""})
 
 
+async def test_a_template_email_may_leave_its_sender_and_subject_to_the_template(
+    resend_sdk: Any, sim: SimulatorServer
+) -> None:
+    """As in Resend's own example, `template` with `to` alone is a whole email: `from` and
+    `subject` fall back to the template's defaults. The template is recorded."""
+    template = {"id": "order-confirmation", "variables": {"PRODUCT": "Lamp", "PRICE": 499}}
+    sent = await send({"to": "ada@example.com", "template": template,
+                       "tags": [{"name": "notifkit_task_id", "value": "task-t"}]})
+
+    [record] = await sim.messages("resend", task_id="task-t")
+    assert record["id"] == sent["id"]
+    assert record["content"]["template"] == template
+    assert "subject" not in record["content"]
+
+
+@pytest.mark.parametrize("body", ["html", "text"])
+async def test_a_template_with_its_own_body_is_422(
+    resend_sdk: Any, sim: SimulatorServer, body: str
+) -> None:
+    with pytest.raises(exceptions.ValidationError) as caught:
+        await send(email(template={"id": "welcome"}, **{body: "x"}))
+    assert caught.value.code == 422
+    assert "`template`" in caught.value.message
+    assert await sim.messages("resend") == []
+
+
+@pytest.mark.parametrize("template", ["welcome", {}, {"id": ""}, {"id": 5},
+                                      {"id": "welcome", "variables": ["a"]},
+                                      {"id": "welcome", "variables": []}])
+async def test_a_template_that_is_not_an_id_and_variables_is_422(
+    resend_sdk: Any, sim: SimulatorServer, template: object
+) -> None:
+    params = email(template=template)
+    del params["html"]
+    with pytest.raises(exceptions.ValidationError) as caught:
+        await send(params)
+    assert caught.value.code == 422
+    assert "`template`" in caught.value.message
+    assert await sim.messages("resend") == []
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
