@@ -89,6 +89,9 @@ ROLES = ("system", "assistant", "user", "function", "tool", "developer")
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 _SCHEMA_NAME = re.compile(r"^[a-zA-Z0-9_-]+\Z")
 MAX_SCHEMA_NAME_CHARS = 64
+MAX_METADATA_KEYS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
 TASK_KEY = "notifkit_task_id"
 MODEL_CREATED_S = 1_700_000_000
 FINGERPRINT = "fp_notifkit_sim"
@@ -227,6 +230,7 @@ class OpenAI(HttpProvider):
             raise Rejection(ErrorCase.BAD_REQUEST, "you must provide a model parameter")
         messages = _messages(payload.get("messages"))
         _check_ranges(payload)
+        _check_metadata(payload.get("metadata"))
         n = _positive_int(payload, "n", maximum=128) or 1
         limit = _positive_int(payload, "max_completion_tokens", maximum=1_000_000)
         limit = limit or _positive_int(payload, "max_tokens", maximum=1_000_000)
@@ -587,13 +591,7 @@ def _json_schema(spec: object) -> dict[str, Any] | None:
 def _check_schema_name(name: str) -> None:
     where = "response_format.json_schema.name"
     if len(name) > MAX_SCHEMA_NAME_CHARS:
-        raise Rejection(
-            ErrorCase.BAD_REQUEST,
-            f"Invalid '{where}': string too long. Expected a string with maximum length "
-            f"{MAX_SCHEMA_NAME_CHARS}, but got a string with length {len(name)} instead.",
-            field_name=where,
-            code="string_above_max_length",
-        )
+        raise _too_long(where, MAX_SCHEMA_NAME_CHARS, len(name))
     if not _SCHEMA_NAME.match(name):
         raise Rejection(
             ErrorCase.BAD_REQUEST,
@@ -621,6 +619,39 @@ def _answer(text: str, answer_format: AnswerFormat) -> str:
     if answer_format.kind != "text":
         return json.dumps({"text": text})
     return text
+
+
+def _too_long(where: str, maximum: int, length: int, what: str = "string") -> Rejection:
+    return Rejection(
+        ErrorCase.BAD_REQUEST,
+        f"Invalid '{where}': {what} too long. Expected a {what} with maximum length {maximum}, "
+        f"but got a {what} with length {length} instead.",
+        field_name=where,
+        code="string_above_max_length",
+    )
+
+
+def _check_metadata(metadata: object) -> None:
+    """OpenAI's metadata is a map of at most 16 keys of up to 64 characters, each to a string
+    of up to 512 (its type as a whole was checked with every argument's)."""
+    if not isinstance(metadata, dict):
+        return
+    if len(metadata) > MAX_METADATA_KEYS:
+        raise Rejection(
+            ErrorCase.BAD_REQUEST,
+            f"Invalid 'metadata': too many properties. Expected an object with at most "
+            f"{MAX_METADATA_KEYS} properties, but got an object with {len(metadata)} "
+            "properties instead.",
+            field_name="metadata",
+            code="object_above_max_properties",
+        )
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY_CHARS:
+            raise _too_long("metadata", MAX_METADATA_KEY_CHARS, len(key), "key")
+        if not isinstance(value, str):
+            raise _invalid_type(f"metadata.{key}", "a string", value)
+        if len(value) > MAX_METADATA_VALUE_CHARS:
+            raise _too_long(f"metadata.{key}", MAX_METADATA_VALUE_CHARS, len(value))
 
 
 def _missing(name: str) -> Rejection:

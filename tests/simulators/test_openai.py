@@ -165,6 +165,14 @@ async def test_missing_messages_is_400(sim: SimulatorServer, client: Factory) ->
         ({"top_p": -0.5}, "top_p", "decimal_below_min_value"),
         ({"presence_penalty": "high"}, "presence_penalty", "invalid_type"),
         ({"metadata": ["x"]}, "metadata", "invalid_type"),
+        # Metadata is at most 16 string keys of up to 64 characters, each a string of up to
+        # 512: what OpenAI stores refuses anything else, so a transport relying on more fails.
+        ({"metadata": {"notifkit_task_id": 7}}, "metadata.notifkit_task_id", "invalid_type"),
+        ({"metadata": {"a": None}}, "metadata.a", "invalid_type"),
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata",
+         "object_above_max_properties"),
+        ({"metadata": {"k": "v" * 513}}, "metadata.k", "string_above_max_length"),
+        ({"metadata": {"k" * 65: "v"}}, "metadata", "string_above_max_length"),
     ],
 )
 async def test_invalid_parameters_are_400_naming_the_parameter(
