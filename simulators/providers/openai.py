@@ -231,6 +231,7 @@ class OpenAI(HttpProvider):
         messages = _messages(payload.get("messages"))
         _check_ranges(payload)
         _check_metadata(payload.get("metadata"))
+        _check_companions(payload)
         n = _positive_int(payload, "n", maximum=128) or 1
         limit = _positive_int(payload, "max_completion_tokens", maximum=1_000_000)
         limit = limit or _positive_int(payload, "max_tokens", maximum=1_000_000)
@@ -652,6 +653,27 @@ def _check_metadata(metadata: object) -> None:
             raise _invalid_type(f"metadata.{key}", "a string", value)
         if len(value) > MAX_METADATA_VALUE_CHARS:
             raise _too_long(f"metadata.{key}", MAX_METADATA_VALUE_CHARS, len(value))
+
+
+def _check_companions(payload: dict[str, Any]) -> None:
+    """Options OpenAI takes only beside another: `stream_options` with `stream: true`, and
+    `tool_choice` and `parallel_tool_calls` with `tools`. Alone they are its 400, which a
+    client that always sends them meets in production."""
+    if payload.get("stream_options") is not None and payload.get("stream") is not True:
+        raise Rejection(
+            ErrorCase.BAD_REQUEST,
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+            field_name="stream_options",
+        )
+    if payload.get("tools") is None:
+        for name in ("tool_choice", "parallel_tool_calls"):
+            if payload.get(name) is not None:
+                raise Rejection(
+                    ErrorCase.BAD_REQUEST,
+                    f"Invalid value for '{name}': '{name}' is only allowed when 'tools' are "
+                    "specified.",
+                    field_name=name,
+                )
 
 
 def _missing(name: str) -> Rejection:
