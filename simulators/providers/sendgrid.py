@@ -237,17 +237,16 @@ def _check_content_order(blocks: list[Any]) -> None:
 
 
 def _check_custom_args(args: object, field_name: str) -> None:
-    """custom_args is an object of strings (left out or null: none); SendGrid's JSON Schema
-    check words any other type so."""
+    """custom_args is an object of strings (left out or null: none): SendGrid's JSON Schema
+    check words another type so, and its error table a value that is no string."""
     if args is None:
         return
     if not isinstance(args, dict):
         raise _invalid(f"Invalid type. Expected: object, given: {json_type(args)}.",
                        field_name, "#message.custom_args")
-    for name, value in args.items():
-        if not isinstance(value, str):
-            raise _invalid(f"Invalid type. Expected: string, given: {json_type(value)}.",
-                           f"{field_name}.{name}", "#message.custom_args")
+    if not all(isinstance(value, str) for value in args.values()):
+        raise _invalid("All values of custom arguments object must be strings",
+                       field_name, "#message.custom_args")
 
 
 def _invalid(message: str, field_name: str, anchor: str) -> Rejection:
