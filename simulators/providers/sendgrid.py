@@ -9,6 +9,8 @@ first personalization), else that header in the payload's `headers`.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 import string
 import time
@@ -44,6 +46,14 @@ MAX_BODY_BYTES = 30 * 1024 * 1024
 # SendGrid's limits per request: personalizations, and recipients (to + cc + bcc) across them.
 MAX_PERSONALIZATIONS = 1000
 MAX_RECIPIENTS = 1000
+# What SendGrid's mail-send error table refuses beside the recipients and content.
+MAX_SCHEDULE_AHEAD_S = 72 * 3600
+MAX_CATEGORIES = 10
+MAX_CATEGORY_CHARS = 255
+RESERVED_HEADERS = frozenset({
+    "x-sg-id", "x-sg-eid", "received", "dkim-signature", "content-type",
+    "content-transfer-encoding", "to", "from", "subject", "reply-to", "cc", "bcc",
+})
 _HELP = "http://sendgrid.com/docs/API_Reference/Web_API_v3/Mail/errors.html"
 _ID_ALPHABET = string.ascii_letters + string.digits + "-_"
 _PERSONALIZATIONS_REQUIRED = (
@@ -160,6 +170,14 @@ class SendGrid(HttpProvider):
         for index, personalization in enumerate(personalizations):
             _check_custom_args(personalization.get("custom_args"),
                                f"personalizations.{index}.custom_args")
+            _check_scheduling(personalization.get("send_at"),
+                              f"personalizations.{index}.send_at")
+            _check_headers(personalization.get("headers"), f"personalizations.{index}.headers")
+        _check_scheduling(send_at, "send_at")
+        _check_headers(payload.get("headers"), "headers")
+        _check_categories(payload.get("categories"))
+        _check_attachments(payload.get("attachments"))
+        _check_asm_and_batch(payload)
         first = personalizations[0] if isinstance(personalizations[0], dict) else {}
         headers = payload.get("headers") if isinstance(payload.get("headers"), dict) else None
         task_id = (
@@ -185,6 +203,7 @@ class SendGrid(HttpProvider):
                     "custom_args": payload.get("custom_args") or first.get("custom_args"),
                     "headers": headers,
                     "categories": payload.get("categories"),
+                    "dynamic_template_data": first.get("dynamic_template_data"),
                 }
             ),
             task_id=task_id,
@@ -247,6 +266,86 @@ def _check_custom_args(args: object, field_name: str) -> None:
     if not all(isinstance(value, str) for value in args.values()):
         raise _invalid("All values of custom arguments object must be strings",
                        field_name, "#message.custom_args")
+
+
+def _check_scheduling(send_at: object, field_name: str) -> None:
+    if type(send_at) is int and send_at > time.time() + MAX_SCHEDULE_AHEAD_S:
+        raise _invalid("Scheduling more than 72 hours in advance is forbidden.", field_name,
+                       "#message.send_at")
+
+
+def _check_headers(headers: object, field_name: str) -> None:
+    if not isinstance(headers, dict):
+        return
+    if not all(isinstance(value, str) for value in headers.values()):
+        raise _invalid("All values of the headers object must be strings.", field_name,
+                       "#message.headers")
+    if any(str(name).lower() in RESERVED_HEADERS for name in headers):
+        raise _invalid("Header cannot be one of the reserved keys.", field_name,
+                       "#message.headers")
+
+
+def _check_categories(categories: object) -> None:
+    if categories is None:
+        return
+    anchor = "#message.categories"
+    if not isinstance(categories, list) or not all(isinstance(c, str) for c in categories):
+        raise _invalid("Categories must be an array of strings.", "categories", anchor)
+    if len(categories) > MAX_CATEGORIES:
+        raise _invalid(f"There is a limit of {MAX_CATEGORIES} categories for each email that is "
+                       f"sent. You provided {len(categories)} categories.", "categories", anchor)
+    seen: set[str] = set()
+    for category in categories:
+        if len(category) > MAX_CATEGORY_CHARS:
+            raise _invalid(f"Each category must not be longer than {MAX_CATEGORY_CHARS} "
+                           f"characters. {category} exceeds this limit", "categories", anchor)
+        if category in seen:
+            raise _invalid("The categories must be a unique list, and you have included "
+                           f"{category} more than once.", "categories", anchor)
+        if not category.isascii():
+            raise _invalid("Categories can not contain non-ASCII characters.", "categories",
+                           anchor)
+        seen.add(category)
+
+
+def _check_attachments(attachments: object) -> None:
+    if not isinstance(attachments, list):
+        return
+    for index, attachment in enumerate(attachments):
+        where = f"attachments.{index}"
+        item = attachment if isinstance(attachment, dict) else {}
+        content = item.get("content")
+        if not isinstance(content, str) or not content:
+            raise _invalid("The attachment content must be a string at least one character in "
+                           "length.", f"{where}.content", "#message.attachments.content")
+        try:
+            # Line breaks are how MIME writes base64 (base64.encodebytes), so they are taken.
+            base64.b64decode("".join(content.split()), validate=True)
+        except binascii.Error:
+            raise _invalid("The attachment content must be base64 encoded.", f"{where}.content",
+                           "#message.attachments.content") from None
+        filename = item.get("filename")
+        if filename is None:
+            raise _invalid("filename is required.", f"{where}.filename",
+                           "#message.attachments.filename")
+        if not isinstance(filename, str):
+            raise _invalid("The filename of your attachment must be a string.",
+                           f"{where}.filename", "#message.attachments.filename")
+        disposition = item.get("disposition")
+        if disposition is not None and disposition not in ("inline", "attachment"):
+            raise _invalid('The disposition of your attachment can be either "inline" or '
+                           f'"attachment". You provided {disposition}.', f"{where}.disposition",
+                           "#message.attachments.disposition")
+
+
+def _check_asm_and_batch(payload: dict[str, Any]) -> None:
+    asm = payload.get("asm")
+    if isinstance(asm, dict) and type(asm.get("group_id")) is not int:
+        raise _invalid("The ASM group ID must be an integer.", "asm.group_id",
+                       "#message.asm.group_id")
+    batch_id = payload.get("batch_id")
+    if batch_id is not None and not isinstance(batch_id, str):
+        raise _invalid("The batch_id must be a string.", "batch_id", "#message.batch_id")
 
 
 def _invalid(message: str, field_name: str, anchor: str) -> Rejection:

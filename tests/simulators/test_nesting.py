@@ -52,10 +52,11 @@ PROVIDERS: dict[str, tuple[str, Body]] = {
     ),
     "sendgrid": (
         "/v3/mail/send",
-        lambda d: '{"personalizations":[{"to":[{"email":"b@example.com"}]}],'
+        # body (1) > personalizations (2) > personalization (3) > dynamic_template_data
+        lambda d: '{"personalizations":[{"to":[{"email":"b@example.com"}],'
+        '"dynamic_template_data":' + brackets(max(d - 3, 0)) + '}],'
         '"from":{"email":"a@example.com"},"subject":"s",'
-        '"content":[{"type":"text/plain","value":"v"}],"categories":'
-        + brackets(max(d - 1, 0)) + "}",
+        '"content":[{"type":"text/plain","value":"v"}]}',
     ),
     "fcm": (
         "/v1/projects/p/messages:send",

@@ -186,6 +186,69 @@ async def test_send_at_that_is_not_a_unix_timestamp_is_400(
     assert errors(caught)[0]["field"] == "send_at"
 
 
+ATTACHMENT = {"content": "aGVsbG8=", "filename": "a.txt", "type": "text/plain"}
+
+
+@pytest.mark.parametrize(("extra", "field", "text"), [
+    ({"send_at": int(time.time()) + 73 * 3600}, "send_at",
+     "Scheduling more than 72 hours in advance is forbidden."),
+    ({"categories": [f"c{i}" for i in range(11)]}, "categories",
+     "There is a limit of 10 categories for each email that is sent. You provided 11 "
+     "categories."),
+    ({"categories": ["a", 5]}, "categories", "Categories must be an array of strings."),
+    ({"categories": "welcome"}, "categories", "Categories must be an array of strings."),
+    ({"categories": ["x" * 256]}, "categories",
+     f"Each category must not be longer than 255 characters. {'x' * 256} exceeds this limit"),
+    ({"categories": ["a", "a"]}, "categories",
+     "The categories must be a unique list, and you have included a more than once."),
+    ({"categories": ["caf\u00e9"]}, "categories",
+     "Categories can not contain non-ASCII characters."),
+    ({"attachments": [{**ATTACHMENT, "content": "not base64!"}]}, "attachments.0.content",
+     "The attachment content must be base64 encoded."),
+    ({"attachments": [{**ATTACHMENT, "content": ""}]}, "attachments.0.content",
+     "The attachment content must be a string at least one character in length."),
+    ({"attachments": [ATTACHMENT, {"content": "aGk="}]}, "attachments.1.filename",
+     "filename is required."),
+    ({"attachments": [{**ATTACHMENT, "disposition": "inline-ish"}]},
+     "attachments.0.disposition",
+     'The disposition of your attachment can be either "inline" or "attachment". You '
+     "provided inline-ish."),
+    ({"headers": {"X-Count": 3}}, "headers", "All values of the headers object must be strings."),
+    ({"headers": {"subject": "Hi"}}, "headers", "Header cannot be one of the reserved keys."),
+    ({"asm": {"group_id": "12"}}, "asm.group_id", "The ASM group ID must be an integer."),
+    ({"batch_id": 7}, "batch_id", "The batch_id must be a string."),
+], ids=["send-at-past-72h", "eleven-categories", "category-number", "categories-string",
+        "long-category", "repeated-category", "non-ascii-category", "attachment-not-base64",
+        "attachment-empty", "attachment-no-filename", "attachment-disposition",
+        "header-number", "reserved-header", "asm-group-string", "batch-id-number"])
+async def test_what_sendgrid_refuses_beside_the_recipients_is_its_400(
+    sim: SimulatorServer, extra: dict[str, Any], field: str, text: str
+) -> None:
+    """The refusals of SendGrid's mail-send error table, each naming its field, so a request
+    that fails at SendGrid fails against the simulator too and nothing is sent."""
+    body = {**message().get(), **extra}
+
+    with pytest.raises(exceptions.BadRequestsError) as caught:
+        await send(client(sim), body)
+
+    [error] = errors(caught)
+    assert (error["field"], error["message"]) == (field, text)
+    assert await sim.messages("sendgrid") == []
+
+
+async def test_what_sendgrid_takes_beside_the_recipients_is_sent(sim: SimulatorServer) -> None:
+    body = {**message().get(), "send_at": int(time.time()) + 71 * 3600,
+            "categories": [f"c{i}" for i in range(10)],
+            "attachments": [{**ATTACHMENT, "disposition": "inline", "content_id": "logo"}],
+            "headers": {"X-Entity-Ref-ID": "1"}, "asm": {"group_id": 12},
+            "batch_id": "YzJmNDcxMzQtZTUyNi0xMWU2LWI1ZDktNTI1NDAwMGRhNWMzLTg4YjIyYmFiYg"}
+    body["personalizations"][0]["dynamic_template_data"] = {"name": "Ada", "items": [1, 2]}
+    response = await send(client(sim), body)
+    assert response.status_code == 202
+    [record] = await sim.messages("sendgrid")
+    assert record["content"]["dynamic_template_data"] == {"name": "Ada", "items": [1, 2]}
+
+
 @pytest.mark.parametrize(
     ("where", "value", "given"),
     [
