@@ -89,6 +89,7 @@ _CODE_MESSAGES = {
         "Try the request again later."
     ),
     "invalid_idempotency_key": "The key must be between 1-256 chars.",
+    "invalid_attachment": "Attachment must have either a `content` or `path`.",
 }
 
 
@@ -278,6 +279,7 @@ def parse_email(payload: dict[str, Any]) -> Submission:
             ErrorCase.BAD_REQUEST, "Missing `html` or `text` field.", code="missing_required_field"
         )
     _addresses(payload, "reply_to")
+    _check_attachments(payload.get("attachments"))
     tags = _tags(payload.get("tags"))
     headers = payload.get("headers")
     if headers is not None and not (
@@ -309,6 +311,20 @@ def parse_email(payload: dict[str, Any]) -> Submission:
         payload=payload,
         meta={"tags": tags},
     )
+
+
+def _check_attachments(attachments: object) -> None:
+    """Each attachment carries its `content` (base64, or the SDK's list of bytes) or a `path`
+    Resend fetches it from; one with neither is Resend's 422 invalid_attachment."""
+    if attachments is None:
+        return
+    if not isinstance(attachments, list):
+        raise Rejection(ErrorCase.BAD_REQUEST, "Invalid `attachments` field.")
+    for attachment in attachments:
+        if not isinstance(attachment, dict) or all(
+            attachment.get(name) in (None, "", []) for name in ("content", "path")
+        ):
+            raise Rejection(ErrorCase.BAD_REQUEST, code="invalid_attachment")
 
 
 def _template(payload: dict[str, Any]) -> dict[str, Any] | None:

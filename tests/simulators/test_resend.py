@@ -140,6 +140,36 @@ async def test_an_email_without_a_body_is_422_missing_field(
     await send({**body, "text": ""})
 
 
+@pytest.mark.parametrize("attachments", [[{}], [{"filename": "a.txt"}], [5],
+                                         [{"filename": "a.txt", "content": None}]])
+async def test_an_attachment_without_content_or_path_is_422_invalid_attachment(
+    resend_sdk: Any, sim: SimulatorServer, attachments: object
+) -> None:
+    with pytest.raises(exceptions.ResendError) as caught:
+        await send(email(attachments=attachments))
+    assert caught.value.code == 422
+    assert caught.value.error_type == "invalid_attachment"
+    assert caught.value.message == "Attachment must have either a `content` or `path`."
+    assert await sim.messages("resend") == []
+
+
+async def test_attachments_that_are_no_list_are_422_naming_them(
+    resend_sdk: Any, sim: SimulatorServer
+) -> None:
+    with pytest.raises(exceptions.ValidationError) as caught:
+        await send(email(attachments="invoice.pdf"))
+    assert "`attachments`" in caught.value.message
+    assert await sim.messages("resend") == []
+
+
+async def test_attachments_by_content_or_path_are_sent(
+    resend_sdk: Any, sim: SimulatorServer
+) -> None:
+    await send(email(attachments=[{"filename": "a.txt", "content": list(b"hello")},
+                                  {"path": "https://example.com/invoice.pdf"}]))
+    assert len(await sim.messages("resend")) == 1
+
+
 async def test_a_template_email_may_leave_its_sender_and_subject_to_the_template(
     resend_sdk: Any, sim: SimulatorServer
 ) -> None:
