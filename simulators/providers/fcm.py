@@ -55,6 +55,9 @@ TASK_KEY = "notifkit_task_id"
 # firebase-admin releases send in place of the deprecated `token`.
 TARGETS = ("fid", "token", "topic", "condition")
 TOPIC_NAME = re.compile(r"[a-zA-Z0-9\-_.~%]+")
+MAX_CONDITION_TOPICS = 5
+_CONDITION_TOKEN = re.compile(
+    r"""\s*(?:(?P<topic>'[^']*'|"[^"]*")\s+in\s+topics\b|(?P<other>&&|\|\||[()]))\s*""")
 RESERVED_DATA_KEYS = frozenset({"from", "message_type"})
 RESERVED_DATA_PREFIXES = ("google", "gcm")
 # Fields of the send request and its Message, in both spellings proto JSON accepts.
@@ -228,6 +231,8 @@ def _recipient(message: dict[str, Any]) -> str:
     target = targets[0]
     if not isinstance(message[target], str):
         raise invalid(f"message.{target}", f"Invalid value at 'message.{target}' (TYPE_STRING)")
+    if target == "condition" and not _condition_parses(message["condition"]):
+        raise invalid("message.condition", "Invalid condition expression provided.")
     if target != "topic":
         return str(message[target])
     topic = message["topic"]
@@ -236,6 +241,50 @@ def _recipient(message: dict[str, Any]) -> str:
         raise invalid("message.topic", f"Invalid topic name: {topic}. A topic name matches "
                                        "[a-zA-Z0-9-_.~%]+, without the /topics/ prefix.")
     return f"/topics/{topic}"
+
+
+def _condition_parses(condition: str) -> bool:
+    """FCM's condition grammar: `'topic' in topics` terms joined by && and ||, grouped by
+    parentheses, five topics at most (there is no `!`)."""
+    tokens: list[str] = []
+    topics = 0
+    position = 0
+    while position < len(condition):
+        match = _CONDITION_TOKEN.match(condition, position)
+        if match is None:
+            return False
+        position = match.end()
+        if match["topic"] is not None:
+            if not TOPIC_NAME.fullmatch(match["topic"][1:-1]):
+                return False
+            topics += 1
+            tokens.append("T")
+        elif match["other"] is not None:
+            tokens.append(match["other"])
+    if not 1 <= topics <= MAX_CONDITION_TOPICS:
+        return False
+    rest = _condition_expression(tokens)
+    return rest == []
+
+
+def _condition_expression(tokens: list[str]) -> list[str] | None:
+    """Consume one expression from the front of ``tokens``; what is left, or None if it is
+    not one."""
+    rest = _condition_term(tokens)
+    while rest and rest[0] in ("&&", "||"):
+        rest = _condition_term(rest[1:])
+    return rest
+
+
+def _condition_term(tokens: list[str] | None) -> list[str] | None:
+    if not tokens:
+        return None
+    if tokens[0] == "T":
+        return tokens[1:]
+    if tokens[0] == "(":
+        rest = _condition_expression(tokens[1:])
+        return rest[1:] if rest and rest[0] == ")" else None
+    return None
 
 
 def _check_fields(message: dict[str, Any]) -> None:

@@ -282,6 +282,42 @@ async def test_firebase_admin_sends_to_a_topic_named_with_its_prefix(
     assert (record["to"], record["content"]["topic"]) == ("/topics/news", "news")
 
 
+@pytest.mark.parametrize("condition", [
+    "'news' in topics",
+    "\"news\" in topics && ('cats' in topics || 'dogs' in topics)",
+    "('a' in topics||'b' in topics)&&('c' in topics||'d' in topics)&&'e' in topics",
+])
+async def test_a_condition_fcm_parses_is_sent(
+    http: aiohttp.ClientSession, sim: SimulatorServer, condition: str
+) -> None:
+    status, body = await push(http, sim, {"condition": condition})
+    assert status == 200, body
+    [record] = await sim.messages("fcm")
+    assert record["to"] == condition
+
+
+@pytest.mark.parametrize("condition", [
+    "'news' in topics &&",
+    "news in topics",
+    "'news' in topic",
+    "!('news' in topics)",
+    "('news' in topics",
+    "'news' in topics 'cats' in topics",
+    "'a/b' in topics",
+    " || ".join(f"'t{i}' in topics" for i in range(6)),
+])
+async def test_a_condition_fcm_cannot_parse_is_invalid_argument(
+    http: aiohttp.ClientSession, sim: SimulatorServer, condition: str
+) -> None:
+    """FCM's condition is topics joined by && and ||, in parentheses or not, five at most;
+    anything else is its 400 on message.condition, and nothing is sent."""
+    status, body = await push(http, sim, {"condition": condition})
+    assert (status, error_code(body)) == (400, "INVALID_ARGUMENT")
+    assert violation_of(body) == {"field": "message.condition",
+                                  "description": "Invalid condition expression provided."}
+    assert await sim.messages("fcm") == []
+
+
 async def test_topic_recipient_pattern(http: aiohttp.ClientSession, sim: SimulatorServer) -> None:
     await sim.add_fault("invalid_token", "fcm", to="/topics/*")
     status, _ = await push(http, sim, {"topic": "news"})
