@@ -75,6 +75,8 @@ SNAPSHOTS = {
     "gpt-3.5-turbo-1106": "gpt-3.5-turbo",
     "o4-mini-2025-04-16": "o4-mini",
 }
+# The o-series: max_completion_tokens only, and only the default sampling temperature.
+REASONING_MODELS = frozenset({"o4-mini"})
 SIM_MODEL_PREFIX = "sim-"
 # Context windows in tokens; a prompt longer than its model's is refused.
 CONTEXT_TOKENS = {
@@ -239,8 +241,11 @@ class OpenAI(HttpProvider):
             raise Rejection(
                 ErrorCase.NOT_FOUND, _ERRORS[ErrorCase.NOT_FOUND][0].format(model=model)
             )
+        base_model = SNAPSHOTS.get(model, model)
+        if base_model in REASONING_MODELS:
+            _check_reasoning_options(payload)
         prompt_size = prompt_tokens(messages)
-        window = CONTEXT_TOKENS.get(SNAPSHOTS.get(model, model), DEFAULT_CONTEXT_TOKENS)
+        window = CONTEXT_TOKENS.get(base_model, DEFAULT_CONTEXT_TOKENS)
         if prompt_size > window:
             raise Rejection(
                 ErrorCase.BAD_REQUEST,
@@ -653,6 +658,27 @@ def _check_metadata(metadata: object) -> None:
             raise _invalid_type(f"metadata.{key}", "a string", value)
         if len(value) > MAX_METADATA_VALUE_CHARS:
             raise _too_long(f"metadata.{key}", MAX_METADATA_VALUE_CHARS, len(value))
+
+
+def _check_reasoning_options(payload: dict[str, Any]) -> None:
+    """What an o-series model refuses that gpt-4o takes, in OpenAI's words."""
+    if payload.get("max_tokens") is not None:
+        raise Rejection(
+            ErrorCase.BAD_REQUEST,
+            "Unsupported parameter: 'max_tokens' is not supported with this model. Use "
+            "'max_completion_tokens' instead.",
+            field_name="max_tokens",
+            code="unsupported_parameter",
+        )
+    temperature = payload.get("temperature")
+    if temperature is not None and temperature != 1:
+        raise Rejection(
+            ErrorCase.BAD_REQUEST,
+            f"Unsupported value: 'temperature' does not support {_decimal_text(temperature)} "
+            "with this model. Only the default (1) value is supported.",
+            field_name="temperature",
+            code="unsupported_value",
+        )
 
 
 def _check_companions(payload: dict[str, Any]) -> None:

@@ -148,6 +148,33 @@ async def test_a_snapshot_openai_does_not_have_is_404(
     assert caught.value.code == "model_not_found"
 
 
+@pytest.mark.parametrize(("option", "code", "text"), [
+    ({"max_tokens": 50}, "unsupported_parameter",
+     "Unsupported parameter: 'max_tokens' is not supported with this model. Use "
+     "'max_completion_tokens' instead."),
+    ({"temperature": 0.2}, "unsupported_value",
+     "Unsupported value: 'temperature' does not support 0.2 with this model. Only the "
+     "default (1) value is supported."),
+], ids=["max_tokens", "temperature"])
+@pytest.mark.parametrize("model", ["o4-mini", "o4-mini-2025-04-16"])
+async def test_a_reasoning_model_refuses_max_tokens_and_a_temperature(
+    sim: SimulatorServer, client: Factory, model: str, option: dict[str, Any], code: str,
+    text: str,
+) -> None:
+    """o-series models take max_completion_tokens, not max_tokens, and only the default
+    temperature: OpenAI's 400s for both, so a client written for gpt-4o fails here first."""
+    ai = client(sim)
+    with pytest.raises(openai.BadRequestError) as caught:
+        await ai.chat.completions.create(model=model, messages=PROMPT, **option)
+    assert (caught.value.param, caught.value.code) == (next(iter(option)), code)
+    assert caught.value.message.endswith(text)
+    assert await sim.messages("openai") == []
+    await ai.chat.completions.create(model=model, messages=PROMPT, max_completion_tokens=50,
+                                     temperature=1)
+    # gpt-4o takes both.
+    await ai.chat.completions.create(model="gpt-4o", messages=PROMPT, **option)
+
+
 async def test_missing_messages_is_400(sim: SimulatorServer, client: Factory) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         await client(sim).chat.completions.create(model="gpt-4o", messages=[])
