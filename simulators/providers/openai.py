@@ -256,6 +256,13 @@ class OpenAI(HttpProvider):
                 code="context_length_exceeded",
             )
         answer_format = _answer_format(payload.get("response_format"))
+        if answer_format.kind == "json_object" and not _mentions_json(messages):
+            raise Rejection(
+                ErrorCase.BAD_REQUEST,
+                "'messages' must contain the word 'json' in some form, to use "
+                "'response_format' of type 'json_object'.",
+                field_name="messages",
+            )
         choices = [
             _choice(completion_text(model, messages, index), answer_format, limit)
             for index in range(n)
@@ -569,6 +576,18 @@ def _answer_format(value: object) -> AnswerFormat:
     if kind != "json_schema":
         return AnswerFormat(kind)
     return AnswerFormat(kind, _json_schema(value.get("json_schema")))
+
+
+def _mentions_json(messages: list[Any]) -> bool:
+    """Whether any message's text (a string, or its text parts) says "json", in any case."""
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        parts = content if isinstance(content, list) else [{"text": content}]
+        for part in parts:
+            text = part.get("text") if isinstance(part, dict) else None
+            if isinstance(text, str) and "json" in text.lower():
+                return True
+    return False
 
 
 def _json_schema(spec: object) -> dict[str, Any] | None:

@@ -22,6 +22,10 @@ SHORT_TIMEOUT_S = 0.5
 PROMPT: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "Summarise today's notifications."}
 ]
+# JSON mode needs the word in the messages, as at OpenAI.
+JSON_PROMPT: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Summarise today's notifications as JSON."}
+]
 
 
 Factory = Callable[..., AsyncOpenAI]
@@ -85,9 +89,29 @@ async def test_task_id_from_metadata_and_max_tokens(sim: SimulatorServer, client
 
 async def test_json_mode_returns_json(sim: SimulatorServer, client: Factory) -> None:
     completion = await client(sim).chat.completions.create(
-        model="gpt-4o", messages=PROMPT, response_format={"type": "json_object"}
+        model="gpt-4o", messages=JSON_PROMPT, response_format={"type": "json_object"}
     )
     assert "text" in json.loads(completion.choices[0].message.content or "")
+
+
+async def test_json_mode_needs_the_word_json_in_the_messages(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    """OpenAI's JSON mode refuses messages that never say "json" (in any case, in any
+    message or text part)."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client(sim).chat.completions.create(
+            model="gpt-4o", messages=PROMPT, response_format={"type": "json_object"})
+    assert caught.value.param == "messages"
+    assert caught.value.message.endswith(
+        "'messages' must contain the word 'json' in some form, to use 'response_format' of "
+        "type 'json_object'.")
+    assert await sim.messages("openai") == []
+    parts: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": [{"type": "text", "text": "Answer in Json."}]},
+        *PROMPT]
+    await client(sim).chat.completions.create(
+        model="gpt-4o", messages=parts, response_format={"type": "json_object"})
 
 
 async def test_streaming_matches_plain_completion(sim: SimulatorServer, client: Factory) -> None:
@@ -462,12 +486,13 @@ async def test_json_object_mode_is_cut_to_plain_words_at_max_tokens(
     sim: SimulatorServer, client: Factory
 ) -> None:
     completion = await client(sim).chat.completions.create(
-        model="gpt-4o", messages=PROMPT, response_format={"type": "json_object"}, max_tokens=3
+        model="gpt-4o", messages=JSON_PROMPT, response_format={"type": "json_object"},
+        max_tokens=3
     )
     choice = completion.choices[0]
     assert choice.finish_reason == "length"
     assert (choice.message.content or "").split() == (
-        (await client(sim).chat.completions.create(model="gpt-4o", messages=PROMPT))
+        (await client(sim).chat.completions.create(model="gpt-4o", messages=JSON_PROMPT))
         .choices[0].message.content or "").split()[:3]
 
 
