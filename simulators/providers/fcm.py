@@ -231,6 +231,11 @@ def _recipient(message: dict[str, Any]) -> str:
     target = targets[0]
     if not isinstance(message[target], str):
         raise invalid(f"message.{target}", f"Invalid value at 'message.{target}' (TYPE_STRING)")
+    token = message["token"] if target == "token" else ""
+    if not token.isprintable() or " " in token:
+        # No registration token holds white space or a control character (one read from a
+        # file with its line break, say): FCM's invalid-token answer.
+        raise Rejection(ErrorCase.INVALID_RECIPIENT, status=400, field_name="message.token")
     if target == "condition" and not _condition_parses(message["condition"]):
         raise invalid("message.condition", "Invalid condition expression provided.")
     if target != "topic":

@@ -318,6 +318,19 @@ async def test_a_condition_fcm_cannot_parse_is_invalid_argument(
     assert await sim.messages("fcm") == []
 
 
+@pytest.mark.parametrize("token", [" ", "device-token-1\n", "device token", "tok\u0000en"])
+async def test_a_token_with_white_space_or_a_control_character_is_invalid_argument(
+    http: aiohttp.ClientSession, sim: SimulatorServer, token: str
+) -> None:
+    """No registration token holds one (a token read from a file with its line break, say):
+    FCM's invalid-token 400 on message.token, and nothing is sent."""
+    status, body = await push(http, sim, {"token": token})
+    assert (status, error_code(body)) == (400, "INVALID_ARGUMENT")
+    assert violation_of(body)["field"] == "message.token"
+    assert "registration token" in body["error"]["message"]
+    assert await sim.messages("fcm") == []
+
+
 async def test_topic_recipient_pattern(http: aiohttp.ClientSession, sim: SimulatorServer) -> None:
     await sim.add_fault("invalid_token", "fcm", to="/topics/*")
     status, _ = await push(http, sim, {"topic": "news"})
