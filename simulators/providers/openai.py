@@ -92,6 +92,8 @@ RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 _SCHEMA_NAME = re.compile(r"^[a-zA-Z0-9_-]+\Z")
 MAX_SCHEMA_NAME_CHARS = 64
 MAX_METADATA_KEYS = 16
+MAX_STOP_SEQUENCES = 4
+MAX_TOP_LOGPROBS = 20
 MAX_METADATA_KEY_CHARS = 64
 MAX_METADATA_VALUE_CHARS = 512
 TASK_KEY = "notifkit_task_id"
@@ -234,6 +236,7 @@ class OpenAI(HttpProvider):
         _check_ranges(payload)
         _check_metadata(payload.get("metadata"))
         _check_companions(payload)
+        _check_stop_and_logprobs(payload)
         n = _positive_int(payload, "n", maximum=128) or 1
         limit = _positive_int(payload, "max_completion_tokens", maximum=1_000_000)
         limit = limit or _positive_int(payload, "max_tokens", maximum=1_000_000)
@@ -697,6 +700,35 @@ def _check_reasoning_options(payload: dict[str, Any]) -> None:
             "with this model. Only the default (1) value is supported.",
             field_name="temperature",
             code="unsupported_value",
+        )
+
+
+def _check_stop_and_logprobs(payload: dict[str, Any]) -> None:
+    """Up to 4 `stop` sequences, each a string, and 0-20 `top_logprobs` (their JSON types
+    were checked with every argument's), in OpenAI's words."""
+    stop = payload.get("stop")
+    if isinstance(stop, list):
+        if len(stop) > MAX_STOP_SEQUENCES:
+            raise Rejection(
+                ErrorCase.BAD_REQUEST,
+                f"Invalid 'stop': array too long. Expected an array with maximum length "
+                f"{MAX_STOP_SEQUENCES}, but got an array with length {len(stop)} instead.",
+                field_name="stop",
+                code="array_above_max_length",
+            )
+        for index, sequence in enumerate(stop):
+            if not isinstance(sequence, str):
+                raise _invalid_type(f"stop[{index}]", "a string", sequence)
+    top = payload.get("top_logprobs")
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        above = top > MAX_TOP_LOGPROBS
+        raise Rejection(
+            ErrorCase.BAD_REQUEST,
+            f"Invalid 'top_logprobs': integer {'above maximum' if above else 'below minimum'} "
+            f"value. Expected a value {'<=' if above else '>='} "
+            f"{MAX_TOP_LOGPROBS if above else 0}, but got {_decimal_text(top)} instead.",
+            field_name="top_logprobs",
+            code="integer_above_max_value" if above else "integer_below_min_value",
         )
 
 

@@ -229,6 +229,11 @@ async def test_missing_messages_is_400(sim: SimulatorServer, client: Factory) ->
         ({"stream": False, "stream_options": {"include_usage": True}}, "stream_options", None),
         ({"tool_choice": "auto"}, "tool_choice", None),
         ({"parallel_tool_calls": True}, "parallel_tool_calls", None),
+        # Up to 4 stop sequences, each a string; up to 20 top_logprobs.
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "array_above_max_length"),
+        ({"stop": ["a", 1]}, "stop[1]", "invalid_type"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "integer_above_max_value"),
+        ({"logprobs": True, "top_logprobs": -1}, "top_logprobs", "integer_below_min_value"),
     ],
 )
 async def test_invalid_parameters_are_400_naming_the_parameter(
