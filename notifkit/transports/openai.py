@@ -102,8 +102,9 @@ class OpenAiClient:
             raise PermanentFailure("no AI provider is configured (set OPENAI_API_KEY)")
         await self.open()
         assert self._session is not None
-        body = {"model": model, "messages": messages,
-                "metadata": {"notifkit_task_id": task_id}}
+        # The task id rides in the header only: OpenAI takes `metadata` only with `store: true`
+        # (a 400 otherwise), and storing would keep every prompt, user data included, there.
+        body = {"model": model, "messages": messages}
         headers = {"Authorization": f"Bearer {self.api_key}", TASK_ID_HEADER: task_id}
         try:
             async with asyncio.timeout(self.timeout_s):

@@ -733,14 +733,21 @@ def _check_stop_and_logprobs(payload: dict[str, Any]) -> None:
 
 
 def _check_companions(payload: dict[str, Any]) -> None:
-    """Options OpenAI takes only beside another: `stream_options` with `stream: true`, and
-    `tool_choice` and `parallel_tool_calls` with `tools`. Alone they are its 400, which a
-    client that always sends them meets in production."""
+    """Options OpenAI takes only beside another: `stream_options` with `stream: true`,
+    `metadata` with `store: true`, and `tool_choice` and `parallel_tool_calls` with `tools`.
+    Alone they are its 400, which a client that always sends them meets in production."""
     if payload.get("stream_options") is not None and payload.get("stream") is not True:
         raise Rejection(
             ErrorCase.BAD_REQUEST,
             "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
             field_name="stream_options",
+        )
+    # OpenAI keeps metadata with a stored completion and has nowhere to put it otherwise.
+    if payload.get("metadata") and payload.get("store") is not True:
+        raise Rejection(
+            ErrorCase.BAD_REQUEST,
+            "The 'metadata' parameter is only allowed when 'store' is enabled.",
+            field_name="metadata",
         )
     if payload.get("tools") is None:
         for name in ("tool_choice", "parallel_tool_calls"):

@@ -79,6 +79,7 @@ async def test_task_id_from_metadata_and_max_tokens(sim: SimulatorServer, client
         model="sim-digest",
         messages=PROMPT,
         max_tokens=3,
+        store=True,
         metadata={"notifkit_task_id": "task-ai"},
     )
     assert completion.choices[0].finish_reason == "length"
@@ -227,6 +228,8 @@ async def test_missing_messages_is_400(sim: SimulatorServer, client: Factory) ->
         # Options that only mean something beside another: OpenAI refuses them alone.
         ({"stream_options": {"include_usage": True}}, "stream_options", None),
         ({"stream": False, "stream_options": {"include_usage": True}}, "stream_options", None),
+        ({"metadata": {"k": "v"}}, "metadata", None),
+        ({"store": False, "metadata": {"k": "v"}}, "metadata", None),
         ({"tool_choice": "auto"}, "tool_choice", None),
         ({"parallel_tool_calls": True}, "parallel_tool_calls", None),
         # Up to 4 stop sequences, each a string; up to 20 top_logprobs.
@@ -603,7 +606,7 @@ EVERY_PARAMETER: dict[str, Any] = {
     "seed": 7,
     "service_tier": "auto",
     "stop": ["\n\n"],
-    "store": False,
+    "store": True,
     "stream": False,
     "stream_options": None,
     "temperature": 0.2,
