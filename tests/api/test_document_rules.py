@@ -164,11 +164,21 @@ AI = {"model": "gpt-4o-mini", "prompt": "Write it.", "channels": ["sms"]}
     {"channels": {"email": {"subject": "Hi"}}},
     {"channels": {}},
     {"channels": {}, "ai": None},
+    # A field a channel requires must say something, unless the ai writes that channel.
+    {"channels": {"email": {"subject": "", "text": "body"}}},
+    {"channels": {"email": {"subject": "Hi", "text": "", "html": ""}}},
+    {"channels": {"sms": {"text": ""}}},
+    {"channels": {"push": {"title": "Hi", "body": ""}}},
+    {"channels": {"inapp": {"text": ""}}},
+    {"channels": {"sms": {"text": ""}}, "ai": AI},
+    {"channels": {"email": {"subject": "", "text": ""}}, "ai": AI},
+    {"channels": {"email": {"subject": ""}}, "ai": {**AI, "channels": ["email"]}},
 ], ids=ascii)
 async def test_a_template_the_document_admits_is_one_the_server_takes(
     api: Api, project: Project, body: dict[str, Any]
 ) -> None:
-    """Content for no channel (without ai), or an e-mail with a subject and no body, is what
-    the server refuses; the document says so too."""
+    """Content for no channel (without ai), an e-mail with a subject and no body, or a
+    required field left empty in a channel the ai does not write, is what the server refuses;
+    the document says so too."""
     reply = await api.call("PUT", "/v1/templates/t", key=project.full, json=body)
     assert _admits("TemplatePut", body) == _accepted(reply), reply.body

@@ -18,6 +18,7 @@ from notifkit.services.api.patterns import (
     name_pattern,
     push_token_pattern,
 )
+from notifkit.templates import CHANNEL_FIELDS
 from notifkit.workflow_defs import MAX_EVENT_NAME_CHARS, MAX_EXPRESSION_CHARS, MAX_TOTAL_STEPS
 
 Schema = dict[str, Any]
@@ -105,6 +106,22 @@ HHMM: Schema = {"type": "string", "pattern": r"^([01][0-9]|2[0-3]):[0-5][0-9](:[
 SECONDS: Schema = {"type": "integer", "minimum": 1, "maximum": 31_536_000}
 STEP_SECONDS: Schema = {"type": "number", "exclusiveMinimum": 0, "maximum": 366 * 24 * 3600}
 
+
+def _content_says_something(channel: str) -> Schema:
+    """TemplatePut's rule for one channel, as routes/templates.py checks it: unless the ai
+    writes that channel, each field it requires says something and an e-mail has a text or
+    html body that does."""
+    required, _optional = CHANNEL_FIELDS[channel]
+    says: Schema = {"properties": {key: {"minLength": 1} for key in required}}
+    if channel == "email":
+        says["anyOf"] = [{"properties": {key: {"minLength": 1}}, "required": [key]}
+                         for key in ("text", "html")]
+    ai_writes = {"properties": {"ai": {"type": "object", "properties": {
+        "channels": {"contains": {"const": channel}}}, "required": ["channels"]}},
+        "required": ["ai"]}
+    return {"anyOf": [ai_writes, {"properties": {"channels": {"properties": {channel: says}}}}]}
+
+
 _STEP_LIST: Schema = {"type": "array", "maxItems": 100,
                       "items": {"$ref": "#/components/schemas/WorkflowStep"}}
 _SEND_STEP: dict[str, Schema] = {
@@ -191,10 +208,10 @@ COMPONENTS: dict[str, Schema] = {
         "createdAt", "updatedAt")),
     # -- templates ---------------------------------------------------------------------------
     "TemplateChannels": obj({
-        # An e-mail needs a body: text, html or both.
-        "email": {**obj({"subject": TEMPLATE_TEXT, "html": TEMPLATE_TEXT, "text": TEMPLATE_TEXT},
-                        ("subject",)),
-                  "anyOf": [{"required": ["text"]}, {"required": ["html"]}]},
+        # An e-mail's body (text, html or both) is required by TemplatePut, unless the ai
+        # writes it.
+        "email": obj({"subject": TEMPLATE_TEXT, "html": TEMPLATE_TEXT, "text": TEMPLATE_TEXT},
+                     ("subject",)),
         "sms": obj({"text": TEMPLATE_TEXT}, ("text",)),
         "push": obj({"title": TEMPLATE_TEXT, "body": TEMPLATE_TEXT, "data": ANY_OBJECT},
                     ("title", "body")),
@@ -215,7 +232,10 @@ COMPONENTS: dict[str, Schema] = {
     }, ("channels",)),
         # Something to send: content for a channel, or ai to write it.
         "anyOf": [{"properties": {"channels": {"minProperties": 1}}},
-                  {"properties": {"ai": {"type": "object"}}, "required": ["ai"]}]},
+                  {"properties": {"ai": {"type": "object"}}, "required": ["ai"]}],
+        # A webhook's body may be any template, the empty one included.
+        "allOf": [_content_says_something(channel) for channel in CHANNEL_FIELDS
+                  if channel != "webhook"]},
     "Template": obj({
         "id": STRING, "topic": nullable(STRING),
         "channels": {"type": "object"},
