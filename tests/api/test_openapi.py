@@ -9,6 +9,7 @@ Examples per operation are few and shrinking is off, which bounds the run's time
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -34,7 +35,7 @@ from notifkit.config import Settings
 from notifkit.services.api.app import create_app, operations
 from notifkit.services.api.errors import ApiRunner
 from notifkit.services.api.state import HUB
-from tests.api.conftest import ADMIN
+from tests.api.conftest import ADMIN, Api, Project
 
 EXAMPLES_PER_OPERATION = 15
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
@@ -106,6 +107,50 @@ def test_every_answer_that_sends_retry_after_documents_it() -> None:
             if "x-idempotency-key" in names:
                 assert "Retry-After" in responses["409"].get("headers", {}), label
                 assert "another route" in responses["409"]["description"], label
+
+
+# A value for each path parameter that is no UUID, so every route is reached (whether it
+# names anything is not asked: these answers come before any handler runs).
+_PATH_VALUES = {"provider": "resend", "entryId": "1-0", "userId": "u", "templateId": "t",
+                "workflowId": "w"}
+_UUID = "00000000-0000-7000-8000-000000000000"
+
+
+async def _status(api: Api, project: Project, method: str, path: str, extra: bytes) -> int:
+    """The status of a request to ``path`` whose headers end with ``extra`` and whose body is
+    never sent, as a client waiting for 100 Continue would."""
+    server = api.client.server
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    try:
+        writer.write(f"{method} {path} HTTP/1.1\r\nHost: x\r\n".encode()
+                     + b"Authorization: Bearer " + project.full.encode() + b"\r\n" + extra
+                     + b"\r\n")
+        await writer.drain()
+        line = await reader.readline()
+    finally:
+        writer.close()
+    return int(line.split()[1])
+
+
+async def test_every_route_documents_its_answers_to_an_expect_header(
+    api: Api, project: Project,
+) -> None:
+    """Every route answers an Expect other than 100-continue with a 417, and a 100-continue
+    announcing a body over the limit with a 413 (a route taking no body too), before any
+    handler runs: the document lists both for each, so a client generated from it knows them."""
+    from notifkit.services.api.openapi import document
+
+    doc = document(operations())
+    too_long = str(api.settings.max_body_bytes + 1).encode()
+    for op in operations():
+        path = re.sub(r"{(\w+)}", lambda m: _PATH_VALUES.get(m[1], _UUID), op.path)
+        documented = doc["paths"][op.path][op.method.lower()]["responses"]
+        for extra, expected in ((b"Expect: teapot\r\nContent-Length: 2\r\n", 417),
+                                (b"Expect: 100-continue\r\nContent-Length: " + too_long
+                                 + b"\r\n", 413)):
+            label = f"{op.method} {op.path}"
+            assert await _status(api, project, op.method, path, extra) == expected, label
+            assert str(expected) in documented, label
 
 
 class LiveApi:

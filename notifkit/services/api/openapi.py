@@ -3,7 +3,8 @@
 
 Each operation's error responses follow from what the middleware and handlers can answer: 401
 and 403 for keyed routes, 429 for project keys, 400 for the admin key without a project, 400/
-408/413/415 for bodies, 404 for path ids, 503 when Redis or PostgreSQL is unreachable.
+408/413/415 for bodies, 404 for path ids, 503 when Redis or PostgreSQL is unreachable, and
+413/417 on every route for what its Expect header asks.
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ _ERROR_TEXT = {
     408: "The request body stopped arriving (nothing for 30 s) before its end.",
     409: "The idempotency key was first used on another route, or a request with it is still "
          "in progress (retry after Retry-After).",
-    413: "The body is larger than the limit (1 MiB by default).",
+    413: "The body is larger than the limit (1 MiB by default); a route that takes none "
+         "answers so too when Expect: 100-continue announces one over it.",
     415: "The body is not application/json, declares a charset other than UTF-8, or is in a "
          "Content-Encoding other than gzip or deflate.",
+    417: "An Expect header other than 100-continue.",
     429: "The project is over its API rate; retry after Retry-After seconds.",
     503: ("Redis or PostgreSQL cannot serve the request right now (unreachable, or a lock "
           "held elsewhere outlasted its wait); retry after Retry-After seconds."),
@@ -110,7 +113,8 @@ def _operation(op: Operation) -> dict[str, Any]:
 
 
 def _responses(op: Operation, has_path: bool, has_query: bool) -> dict[str, Any]:
-    statuses: set[int] = {503, *op.errors}
+    # Every route meets Expect before its handler runs (validation.expect_within_limit).
+    statuses: set[int] = {413, 417, 503, *op.errors}
     if op.access != "public":
         statuses |= {401, 403}
         if op.access in ("project", "ops"):
