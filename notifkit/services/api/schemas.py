@@ -174,7 +174,9 @@ COMPONENTS: dict[str, Schema] = {
         "id": UUID, "channel": {"type": "string", "enum": list(CONTACT_CHANNELS)},
         "target": STRING, "enabled": {"type": "boolean"}, "createdAt": DATETIME,
     }, ("id", "channel", "target", "enabled", "createdAt")),
-    "QuietHours": obj({"start": HHMM, "end": HHMM}, ("start", "end")),
+    "QuietHours": obj({"start": HHMM, "end": {**HHMM, "description": (
+        "Differs from start (else 400); before it, the quiet hours span midnight.")}},
+        ("start", "end")),
     "Preferences": obj({
         "channels": {"type": "object", "additionalProperties": {"type": "boolean"}},
         "topics": {"type": "object", "additionalProperties": {"type": "boolean"}},
@@ -227,7 +229,10 @@ COMPONENTS: dict[str, Schema] = {
     "TemplatePut": {**obj({
         "topic": nullable(name_string(100)),
         "channels": {"$ref": "#/components/schemas/TemplateChannels"},
-        "fallback": nullable(CHANNEL_LIST),
+        # The rule below is not in the schema: as a per-channel anyOf beside the others it
+        # makes the document too large for generators such as schemathesis to expand.
+        "fallback": {**nullable(CHANNEL_LIST), "description": (
+            "Each channel needs content under channels or the ai writing it (else 400).")},
         "ai": nullable({"$ref": "#/components/schemas/TemplateAi"}),
     }, ("channels",)),
         # Something to send: content for a channel, or ai to write it.
