@@ -92,6 +92,27 @@ async def test_an_offset_in_usage_bounds_is_checked_like_send_at(
     assert "9999-12-31T23:59:59.999Z" in beyond.error["details"][0]["message"]
 
 
+@pytest.mark.parametrize("path", ["/v1/usage/ai", "/v1/messages"])
+async def test_an_offset_whose_plus_arrived_as_a_space_is_told_so(
+    api: Api, project: Project, path: str
+) -> None:
+    """Given a time bound written into the query with its offset's + as it is (which a query
+    reads as a space), the 400 says the + needs writing as %2B rather than calling a correct
+    RFC 3339 time no such thing; a space that stands for no + gets the usual answer."""
+    for name in ("since", "until"):
+        raw = f"{path}?{name}=2030-12-01T09:00:00+05:30"
+        async with api.client.get(raw, headers={"Authorization": f"Bearer {project.full}"}
+                                  ) as response:
+            assert response.status == 400
+            details = (await response.json())["error"]["details"]
+        assert [d["field"] for d in details] == [name]
+        assert "%2B" in details[0]["message"], details
+    other = await api.call("GET", path, key=project.full,
+                           params={"since": "2030-12-01T09:00:00 5"})
+    assert (other.status, other.fields) == (400, ["since"])
+    assert "%2B" not in other.error["details"][0]["message"]
+
+
 @pytest.fixture
 async def hooks(api_settings: Settings) -> AsyncIterator[Api]:
     settings = api_settings.replace(webhooks=WebhookSecrets(sendgrid=SECRET))

@@ -867,6 +867,11 @@ def time_query(request: web.Request, name: str) -> datetime | None:
         return None
     when = parse_rfc3339(raw)
     if when is None:
+        head, space, offset = raw.rpartition(" ")
+        if space and parse_rfc3339(f"{head}+{offset}") is not None:
+            # A query reads + as a space, so an offset written as it is arrives as " 05:30".
+            raise invalid_field(name, "must be an RFC 3339 date-time: its offset's + arrived "
+                                      "as a space, as + means in a query; write it as %2B")
         raise invalid_field(name, timestamp_problem(raw))
     return when
 
