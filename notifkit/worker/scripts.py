@@ -23,7 +23,8 @@ return kept
 
 # A consumer that stops with nothing pending leaves its group, so the group's consumers are
 # the processes that read it, not every process that ever did. One with entries pending stays
-# (XGROUP DELCONSUMER would drop them): another process reclaims them from it.
+# (XGROUP DELCONSUMER would drop them): another process reclaims them from it, and a later
+# sweep of that process forgets it (a killed process's consumer too) once its heartbeat is gone.
 FORGET_CONSUMER = """
 local ok, held = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2])
 if ok and #held == 0 then

@@ -533,7 +533,32 @@ class StreamWorker:
                         await self._dispatch(claimed, reclaimed=True)
                 if cursor == "0-0":
                     break
+            await self._forget_departed(stream)
         return total
+
+    async def _forget_departed(self, stream: str) -> None:
+        """Take off ``stream``'s group the consumers of processes that died (a clean stop
+        leaves by itself) once others reclaimed what they held. Gone means no heartbeat: a
+        live worker may not read one of its streams for a while (its reads favour the first),
+        so idle time alone does not tell. One holding entries stays, so they can be reclaimed
+        from it (the script checks that atomically); one taken off by mistake rejoins at its
+        next read."""
+        try:
+            consumers: Any = await self.redis.xinfo_consumers(stream, self.group)
+        except ResponseError:
+            return  # no group (yet): nothing to take off
+        idle_ms = 1000 * self.settings.reclaim_min_idle_s
+        idle = [as_str(c["name"]) for c in consumers
+                if not int(c.get("pending") or 0) and int(c.get("idle") or 0) > idle_ms
+                and as_str(c["name"]) != self.consumer]
+        if not idle:
+            return
+        checks = self.redis.pipeline(transaction=False)
+        for name in idle:
+            checks.exists(self.keys.health(name))
+        for name, beats in zip(idle, await checks.execute(), strict=True):
+            if not beats:
+                await self._forget(keys=[stream], args=[self.group, name])
 
     # -- keeping entries in progress -------------------------------------------------
     async def _keep_alive_loop(self) -> None:

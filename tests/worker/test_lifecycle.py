@@ -166,6 +166,43 @@ async def test_a_stopped_consumer_leaves_its_group_unless_it_holds_entries(
     assert (left["name"], left["pending"]) == (b"engine-host-b-1", 1)
 
 
+async def test_a_killed_consumer_leaves_its_group_once_what_it_held_was_taken_over(
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, add: Add,
+) -> None:
+    """A process killed while holding entries cannot leave its group itself: once another has
+    reclaimed what it held and its heartbeat expired, a later sweep takes it off, so GET
+    /v1/streams counts the processes reading, not every one ever killed. A live process's
+    consumer stays, however long it has not read that stream."""
+    stream = keys.enriched("normal")
+    group = "notifkit:group:engine"
+    await redis.xgroup_create(stream, group, id="0", mkstream=True)
+    await add(stream, {"n": 1})
+    # A process that read one entry and was killed before it acked it
+    await redis.xreadgroup(group, "engine-host-killed-1", {stream: ">"}, count=1)
+    await add(stream, {"n": 2})
+    # A live process holding nothing that has not read this stream for a while: it beats
+    await redis.xgroup_createconsumer(stream, group, "engine-host-other-1")
+    await redis.set(keys.health("engine-host-other-1"), "{}", ex=30)
+
+    processed: list[Any] = []
+
+    async def done(batch: list[Entry]) -> None:
+        processed.extend(e.payload["n"] for e in batch)
+
+    worker = make_worker(done, consumer="engine-host-live-1", streams=[stream])
+    await worker.start()
+    await until(lambda: 1 in processed and 2 in processed)
+
+    async def names() -> set[str]:
+        return {c["name"].decode() for c in await redis.xinfo_consumers(stream, group)}
+
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+    while "engine-host-killed-1" in await names():
+        assert asyncio.get_running_loop().time() < deadline, await names()
+        await asyncio.sleep(0.05)
+    assert {"engine-host-live-1", "engine-host-other-1"} <= await names()
+
+
 async def test_a_started_worker_is_a_consumer_of_its_groups_before_any_entry(
     make_worker: WorkerFactory, redis: Redis, keys: Keys,
 ) -> None:
