@@ -519,6 +519,12 @@ class StreamWorker:
                         await self._rejoin(exc)
                         break  # a group made just now has nothing pending to take over
                     cursor = as_str(reply[0])
+                    # An entry of this worker's own that is trimmed is still done: it is
+                    # in memory.
+                    trimmed = [as_str(i) for i in (reply[2] if len(reply) > 2 else ())
+                               if (stream, as_str(i)) not in ours]
+                    if trimmed:
+                        await self._trimmed_away(stream, trimmed)
                     claimed = [
                         (stream, as_str(entry_id), fields)
                         for entry_id, fields in reply[1]
@@ -535,6 +541,16 @@ class StreamWorker:
                     break
             await self._forget_departed(stream)
         return total
+
+    async def _trimmed_away(self, stream: str, entry_ids: list[str]) -> None:
+        """Pending entries the stream no longer holds (trimmed by ``MAXLEN ~ QUEUE_MAX_LEN``
+        before they were done): XAUTOCLAIM took them off the pending list, and they can never
+        be processed, so say so and drop their attempt counters."""
+        await self.redis.delete(*[self.keys.attempts(self.group, i, stream) for i in entry_ids])
+        log.warning("Pending entries of %s were trimmed from the stream before being "
+                    "processed (QUEUE_MAX_LEN is below the backlog) and are lost: %d (%s).",
+                    stream, len(entry_ids), ", ".join(entry_ids[:20]),
+                    extra={"service": self.service})
 
     async def _forget_departed(self, stream: str) -> None:
         """Take off ``stream``'s group the consumers of processes that died (a clean stop

@@ -9,8 +9,10 @@ production interval of 60 s, 10,000 pending entries would take over three hours)
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING, Any
 
+import pytest
 from redis.asyncio import Redis
 
 from notifkit.config import Settings
@@ -95,3 +97,32 @@ async def test_an_entry_settled_while_a_sweep_claims_it_is_not_processed_again(
     # Then it was processed once, and nothing is left pending
     assert processed == [1]
     assert await pending(stream, worker.group) == 0
+
+
+async def test_a_pending_entry_trimmed_away_is_reported_and_its_counter_deleted(
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, add: Add, pending: Pending,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An entry trimmed from its stream (MAXLEN) while pending can never be processed: the
+    sweep that finds it gone says so and drops its attempt counter, instead of the work
+    vanishing without a word and the counter staying for its TTL."""
+    stream = keys.enriched("normal")
+
+    async def process(batch: list[Entry]) -> None:
+        pass
+
+    worker = make_worker(process, streams=[stream])
+    await worker.ensure_groups()
+    entry_id = await add(stream, {"n": 1})
+    await redis.xreadgroup(worker.group, "engine-host-killed-1", {stream: ">"}, count=1)
+    counter = keys.attempts(worker.group, entry_id, stream)
+    await redis.set(counter, 1, ex=7200)
+    await redis.xtrim(stream, maxlen=0)
+
+    with caplog.at_level(logging.WARNING, logger="notifkit.worker"):
+        await worker.reclaim_once()
+
+    assert await pending(stream, worker.group) == 0
+    assert not await redis.exists(counter)
+    [record] = [r for r in caplog.records if entry_id in r.getMessage()]
+    assert "trimmed" in record.getMessage()
