@@ -60,6 +60,11 @@ KNOWN_MODELS = (
     "gpt-4.1-nano",
     "gpt-3.5-turbo",
     "o4-mini",
+    "o3",
+    "o3-mini",
+    "gpt-5",
+    "gpt-5-mini",
+    "gpt-5-nano",
 )
 # The dated snapshots OpenAI serves under those names, each answering as its model does. A
 # team pins one in OPENAI_MODEL as OpenAI advises; a 404 for it would dead-letter every send.
@@ -74,9 +79,15 @@ SNAPSHOTS = {
     "gpt-3.5-turbo-0125": "gpt-3.5-turbo",
     "gpt-3.5-turbo-1106": "gpt-3.5-turbo",
     "o4-mini-2025-04-16": "o4-mini",
+    "o3-2025-04-16": "o3",
+    "o3-mini-2025-01-31": "o3-mini",
+    "gpt-5-2025-08-07": "gpt-5",
+    "gpt-5-mini-2025-08-07": "gpt-5-mini",
+    "gpt-5-nano-2025-08-07": "gpt-5-nano",
 }
-# The o-series: max_completion_tokens only, and only the default sampling temperature.
-REASONING_MODELS = frozenset({"o4-mini"})
+# Reasoning models (the o-series, GPT-5): max_completion_tokens only, and only the default
+# sampling temperature.
+REASONING_MODELS = frozenset({"o4-mini", "o3", "o3-mini", "gpt-5", "gpt-5-mini", "gpt-5-nano"})
 SIM_MODEL_PREFIX = "sim-"
 # Context windows in tokens; a prompt longer than its model's is refused.
 CONTEXT_TOKENS = {

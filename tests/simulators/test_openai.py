@@ -149,7 +149,8 @@ async def test_unknown_model_is_404_model_not_found(sim: SimulatorServer, client
 
 
 @pytest.mark.parametrize("model", ["gpt-4o-mini-2024-07-18", "gpt-4o-2024-08-06",
-                                   "gpt-4.1-2025-04-14", "gpt-3.5-turbo-0125"])
+                                   "gpt-4.1-2025-04-14", "gpt-3.5-turbo-0125",
+                                   "gpt-5-mini-2025-08-07"])
 async def test_a_pinned_snapshot_of_a_known_model_is_served(
     sim: SimulatorServer, client: Factory, model: str
 ) -> None:
@@ -181,7 +182,8 @@ async def test_a_snapshot_openai_does_not_have_is_404(
      "Unsupported value: 'temperature' does not support 0.2 with this model. Only the "
      "default (1) value is supported."),
 ], ids=["max_tokens", "temperature"])
-@pytest.mark.parametrize("model", ["o4-mini", "o4-mini-2025-04-16"])
+@pytest.mark.parametrize("model", ["o4-mini", "o4-mini-2025-04-16", "o3", "gpt-5",
+                                   "gpt-5-mini", "gpt-5-nano-2025-08-07"])
 async def test_a_reasoning_model_refuses_max_tokens_and_a_temperature(
     sim: SimulatorServer, client: Factory, model: str, option: dict[str, Any], code: str,
     text: str,
