@@ -147,7 +147,7 @@ class HttpReply:
 
     @property
     def retry_after_s(self) -> float | None:
-        return parse_retry_after(self.headers.get("Retry-After"))
+        return parse_retry_after(header(self, "Retry-After"))
 
 
 def parse_retry_after(value: str | None) -> float | None:

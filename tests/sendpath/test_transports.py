@@ -399,6 +399,12 @@ def test_retry_after_is_a_finite_bounded_wait(header: str, expected: float | Non
     assert parse_retry_after(header) == expected
 
 
+@pytest.mark.parametrize("name", ["Retry-After", "retry-after", "RETRY-AFTER"])
+def test_a_reply_reads_retry_after_in_any_case(name: str) -> None:
+    # Header names are case-insensitive; a reply built from a plain mapping keeps the wire's.
+    assert HttpReply(429, {name: "7"}, b"").retry_after_s == 7.0
+
+
 @pytest.mark.parametrize("case", [c for c in CASES if c.channel == "email"], indirect=True,
                          ids=[c.provider for c in CASES if c.channel == "email"])
 @pytest.mark.parametrize("subject", ["Hi\r\nBcc: eve@example.com", "Hi\nBcc: eve@example.com",
