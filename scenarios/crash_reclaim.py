@@ -111,9 +111,8 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         stop.set()
         waiting = await system.quiesce(float(params["drain_timeout_s"]))
         result.check(not waiting, f"the system never drained: {waiting}")
+        # A crash costs no notification: none may be given up on (the accounting's rule).
         await system.account(sent, result)
-        # A crash costs no notification: none may be given up on.
-        result.check_none_dead_lettered("only processes crashed and no provider failed a send")
 
         # Every entry a killed process held was reclaimed and finished: nothing is pending for
         # any consumer that no longer exists.

@@ -159,7 +159,7 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
                          f"{sends} times ({len(copies)} accepted, the rest answered from its "
                          "idempotency cache), expected once")
             result.facts["replayed_deliveries"] = sends
-        await system.account(sent, result)
+        await system.account(sent, result, dead_letters_expected=True)
         system.check_alive(result, LAYOUT)
     return result
 

@@ -94,7 +94,8 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         # account() attributes duplicates too (and checks each has a cause in the timeline);
         # keep the per-phase attribution above rather than counting them twice.
         attributed = Counter(result.duplicates)
-        await system.account(all_sent, result)
+        # A task whose answers were all lost used up its attempts: dead-lettered, not lost.
+        await system.account(all_sent, result, dead_letters_expected=True)
         result.duplicates = attributed
         system.check_alive(result, LAYOUT)
     return result

@@ -583,11 +583,13 @@ class System:
 
     # -- accounting ------------------------------------------------------------------------
     async def account(self, sent: Sequence[Sent], result: ScenarioResult, *,
-                      skips_expected: bool = False) -> None:
+                      skips_expected: bool = False, dead_letters_expected: bool = False) -> None:
         """Fill ``result`` from PostgreSQL and the simulators' records: delivered, duplicates,
         DLQ, skipped, lost, latency. Unless ``skips_expected`` (the scenario sets up
         preferences, suppressions, throttles or unusable contacts), a notification skipped
-        with a reason is a violation: a skip is not lost, so a wrong one would pass unseen."""
+        with a reason is a violation: a skip is not lost, so a wrong one would pass unseen.
+        So, unless ``dead_letters_expected`` (the scenario makes sends fail for good), is a
+        notification in the DLQ."""
         result.accepted = len(sent)
         # Nothing lost of nothing accepted would pass while showing nothing.
         result.check(bool(sent), NOTHING_ACCEPTED)
@@ -652,6 +654,8 @@ class System:
         result.check(skips_expected or not result.skipped,
                      f"{sum(result.skipped.values())} notification(s) skipped although nothing "
                      f"in this scenario should skip one: {summarize_counter(result.skipped)}")
+        if not dead_letters_expected:
+            result.check_none_dead_lettered("nothing in this scenario should give one up")
         for event_id in event_ids:
             if event_id not in delivered and event_id not in dead and event_id not in skipped:
                 result.lost.append(event_id)

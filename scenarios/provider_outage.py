@@ -56,7 +56,7 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         sent = await sending
         waiting = await system.quiesce(float(params["drain_timeout_s"]))
         result.check(not waiting, f"the system never drained: {waiting}")
-        await system.account(sent, result)
+        await system.account(sent, result, dead_letters_expected=True)
 
         failures: dict[str, list[float]] = {}
         for hit in system.simulator_faults("error"):
