@@ -277,18 +277,22 @@ async def stoppable(work: Awaitable[T]) -> T:
     return result
 
 
+def write_out(text: str) -> None:
+    """``text`` on stdout. A reader that stopped early (``list | head``) is nothing wrong with
+    the run: the interpreter's own flush at exit would fail again, so stdout goes nowhere
+    now."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command == "list":
-        listing = "".join(f"{name:<26} {catalog.load(name).DESCRIPTION}\n"
-                          for name in catalog.available())
-        try:
-            sys.stdout.write(listing)
-            sys.stdout.flush()
-        except BrokenPipeError:
-            # The reader stopped early (``list | head``): nothing is wrong with the list. The
-            # interpreter's own flush at exit would fail again, so stdout goes nowhere now.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        write_out("".join(f"{name:<26} {catalog.load(name).DESCRIPTION}\n"
+                          for name in catalog.available()))
         return 0
     if "all" in args.names and args.names != ["all"]:
         print("scenarios: 'all' runs every scenario; name scenarios or 'all', not both",
@@ -332,8 +336,9 @@ def main(argv: list[str] | None = None) -> int:
         print("scenarios: stopped; the processes started were stopped and the run's data "
               "removed", file=sys.stderr)
         return 130
-    print(table(results))
+    # The results first: a table nobody reads (``| head``) must not cost them.
     write_json(args.json, results)
+    write_out(table(results) + "\n")
     problems = violations_text(results)
     if problems:
         print("\nViolated invariants:\n" + problems, file=sys.stderr)
