@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 from notifkit.config import ConfigError, Settings
 from notifkit.stop_signals import STOP_SIGNALS, ignore_stop_signals, on_stop_signals
 from scenarios import catalog
-from scenarios.harness import RunOptions, service_urls
+from scenarios.harness import SIM_MAX_MESSAGES, RunOptions, service_urls
 from scenarios.report import Progress, ScenarioResult, table, violations_text, write_json
 from simulators.__main__ import OneLineParser, seed_value
 
@@ -147,6 +147,12 @@ def refused(module: Any, key: str, default: Any, value: Any) -> str | None:
         return f"takes a finite number, got {value!r}"
     if value < 0:
         return f"takes a number of at least 0, got {value!r}"
+    # Every count a run makes is held in its memory, and every message it sends is read back
+    # from the simulators, which keep SIM_MAX_MESSAGES: users=10**23 built its user list
+    # until the machine killed the run.
+    if isinstance(default, int) and value > SIM_MAX_MESSAGES:
+        return (f"takes a whole number up to {SIM_MAX_MESSAGES} (the messages the simulators "
+                f"keep for the accounting), got {value!r}")
     # Zero users or a rate of 0 divided by zero once the system had started.
     if key in catalog.positive(module) and value <= 0:
         return f"takes a number more than 0, got {value!r}"

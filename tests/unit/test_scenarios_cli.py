@@ -389,3 +389,14 @@ def test_a_stop_while_the_run_connects_to_redis_is_a_stop(tmp_path: Path) -> Non
         _, stderr = runner.communicate(timeout=30)
     # Then the run ends as stopped, not as one whose Redis cannot be reached
     assert runner.returncode == 130, stderr
+
+
+@pytest.mark.parametrize(("name", "key"), [("malformed", "users"), ("crash_reclaim", "messages"),
+                                           ("priority_isolation", "backlog")])
+def test_a_count_past_what_a_run_can_hold_is_refused(name: str, key: str) -> None:
+    # users=10**23 built its user list until the machine killed the run (status 137), with
+    # its processes started and nothing said.
+    assert mistyped([name], {key: 10**23}) == (
+        f"--set {key}: {name} takes a whole number up to 100000 (the messages the simulators "
+        f"keep for the accounting), got {10**23}")
+    assert mistyped([name], {key: 100_000}) is None
