@@ -797,9 +797,9 @@ def render_string(source: str, context: Mapping[str, Any], *, html: bool = False
         raise RenderError(field, f"not allowed in a template: {exc}{_where(exc)}") from None
     except TemplateError as exc:
         raise RenderError(field, f"{exc.message or exc}{_where(exc)}") from None
-    except (ArithmeticError, TypeError, ValueError, LookupError, AttributeError,
-            RecursionError, MemoryError, AssertionError) as exc:
-        # AssertionError: some of Jinja's filters assert on their arguments (truncate(-1)).
+    except Exception as exc:
+        # Whatever else a tenant's template can make Python or Jinja raise: an AssertionError
+        # (truncate(-1) asserts on its arguments), a RuntimeError (cycler() without items).
         raise RenderError(field, f"{type(exc).__name__}: {exc}{_where(exc)}") from None
     if output is None:
         raise RenderError(field, f"renders to more than {MAX_OUTPUT_CHARS} characters")
@@ -967,8 +967,7 @@ def render_expression(expr: str, context: Mapping[str, Any]) -> Any:
         raise RenderError("if", f"not allowed in an expression: {exc}") from None
     except TemplateError as exc:
         raise RenderError("if", str(exc.message or exc)) from None
-    except (ArithmeticError, TypeError, ValueError, LookupError, AttributeError,
-            RecursionError, MemoryError, AssertionError) as exc:
+    except Exception as exc:  # as in render_string
         raise RenderError("if", f"{type(exc).__name__}: {exc}") from None
     finally:
         _budget.reset(token)

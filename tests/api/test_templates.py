@@ -430,3 +430,17 @@ def test_a_digest_too_large_to_print_can_still_be_counted_and_looped_over() -> N
     with pytest.raises(RenderError) as caught:
         render_string("{{ items }}", {"items": items})
     assert "too large" in caught.value.message
+
+
+@pytest.mark.parametrize("source", ["{{ cycler().next() }}", "{{ cycler().current }}"])
+def test_an_error_of_any_kind_in_a_render_is_a_render_error(source: str) -> None:
+    """Jinja's own helpers raise more than the usual exceptions (``cycler()`` without items: a
+    RuntimeError): a tenant's template must get a RenderError (the preview's 400, the engine's
+    generic content), never an exception the caller does not expect."""
+    with pytest.raises(RenderError) as caught:
+        render_string(source, {"data": {}}, field="channels.sms.text")
+    assert "RuntimeError" in caught.value.message
+    with pytest.raises(RenderError):
+        render_expression(source.strip("{} "), {"data": {}})
+
+
