@@ -352,6 +352,11 @@ class RenderError(ValueError):
         self.message = message
 
 
+# Filters whose argument names another filter or test: (which, the argument's position).
+_NAMED_BY_ARGUMENT: Final = {"map": ("filter", 0), "select": ("test", 0), "reject": ("test", 0),
+                             "selectattr": ("test", 1), "rejectattr": ("test", 1)}
+
+
 class _CodeGenerator(CodeGenerator):
     """Refuses a filter or test the environment lacks wherever it stands. Jinja leaves one
     inside ``{% if %}`` or ``x if c else y`` to the render, for templates that ask first
@@ -367,6 +372,15 @@ class _CodeGenerator(CodeGenerator):
 
     def visit_Filter(self, node: nodes.Filter, frame: Frame) -> None:
         self._known("filter", node.name, self.environment.filters, node.lineno)
+        # A filter or test named by a string: ``map('upper')``, ``select('odd')``,
+        # ``selectattr('a', 'equalto', 1)``. A typo there fails every render as ``| uppr`` would.
+        named = _NAMED_BY_ARGUMENT.get(node.name)
+        if named is not None:
+            kind, index = named
+            argument = node.args[index] if len(node.args) > index else None
+            if isinstance(argument, nodes.Const) and isinstance(argument.value, str):
+                known = self.environment.filters if kind == "filter" else self.environment.tests
+                self._known(kind, argument.value, known, argument.lineno)
         super().visit_Filter(node, frame)
 
     def visit_Test(self, node: nodes.Test, frame: Frame) -> None:

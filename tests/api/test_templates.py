@@ -444,3 +444,21 @@ def test_an_error_of_any_kind_in_a_render_is_a_render_error(source: str) -> None
         render_expression(source.strip("{} "), {"data": {}})
 
 
+@pytest.mark.parametrize(("source", "name"), [
+    ("{{ data.xs|map('uppr')|join }}", "uppr"),
+    ("{{ data.xs|select('od')|list }}", "od"),
+    ("{{ data.xs|reject('evn')|list }}", "evn"),
+    ("{{ data.xs|selectattr('a', 'eqaulto', 1)|list }}", "eqaulto"),
+    ("{{ data.xs|rejectattr('a', 'nosuch')|list }}", "nosuch"),
+])
+def test_a_filter_or_test_named_by_a_string_must_exist_at_save(source: str, name: str) -> None:
+    """``map('uppr')`` names a filter as ``| uppr`` does: it failed every send, where the
+    same typo as a filter was refused when the template was saved."""
+    errors = template_errors({"sms": {"text": source}})
+    assert [e["field"] for e in errors] == ["channels.sms.text"]
+    assert name in errors[0]["message"]
+    assert "line 1" in errors[0]["message"]
+    assert template_errors({"sms": {"text": (
+        "{{ data.xs|map('upper')|join }}{{ data.xs|map(attribute='a')|list }}"
+        "{{ data.xs|select('odd')|list }}{{ data.xs|selectattr('a', 'equalto', 1)|list }}"
+        "{{ data.xs|selectattr('a')|list }}{{ data.xs|map(data.f)|list }}")}}) == []
