@@ -131,6 +131,8 @@ _MEASURING_FILTERS: Final = frozenset({"length", "count", "first", "last"})
 _LOOP_FILTER: Final = "nk_loop_budget"
 # The filter every operand of ``~`` passes through (see _compile).
 _SIZE_FILTER: Final = "nk_bounded"
+# The filter the first operand of every comparison and test passes through (see _compile).
+_TICK_FILTER: Final = "nk_tick"
 
 
 class _Budget:
@@ -203,6 +205,11 @@ def _logical_size(value: Any, limit: int = MAX_OUTPUT_CHARS) -> int:
             total += _logical_size(item, limit - total)
         return total
     return 0
+
+
+def _ticked(value: Any) -> Any:
+    _tick()
+    return value
 
 
 def _produced(value: Any) -> Any:
@@ -401,6 +408,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         self.filters = {name: _bounded_filter(name, f) for name, f in self.filters.items()}
         self.filters[_LOOP_FILTER] = _loop_budget
         self.filters[_SIZE_FILTER] = _bounded
+        self.filters[_TICK_FILTER] = _ticked
         self.globals["lipsum"] = _bounded_lipsum
 
     # Jinja's own signature: the dunder names cannot clash with a template's keyword arguments.
@@ -704,10 +712,22 @@ def _build(source: str, html: bool) -> Any:
     for concat in tree.find_all(nodes.Concat):
         concat.nodes = [nodes.Filter(operand, _SIZE_FILTER, [], [], None, None,
                                      lineno=operand.lineno) for operand in concat.nodes]
+    # A comparison or test runs in one C call, with no hook either: ``-1 in a`` of a list of
+    # a million items, thousands of times over, held the loop for seconds between two looks
+    # at the clock. Each looks at it first.
+    for check in tree.find_all((nodes.Compare, nodes.Test)):
+        if isinstance(check, nodes.Compare):
+            check.expr = _ticking(check.expr)
+        elif check.name not in ("filter", "test"):  # those ask about a name: see _CodeGenerator
+            check.node = _ticking(check.node)
     try:
         return env.from_string(tree)
     except SyntaxError:
         raise _too_deep() from None
+
+
+def _ticking(node: nodes.Expr) -> nodes.Expr:
+    return nodes.Filter(node, _TICK_FILTER, [], [], None, None, lineno=node.lineno)
 
 
 def _bare_expression(expr: str) -> str:

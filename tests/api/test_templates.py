@@ -462,3 +462,19 @@ def test_a_filter_or_test_named_by_a_string_must_exist_at_save(source: str, name
         "{{ data.xs|map('upper')|join }}{{ data.xs|map(attribute='a')|list }}"
         "{{ data.xs|select('odd')|list }}{{ data.xs|selectattr('a', 'equalto', 1)|list }}"
         "{{ data.xs|selectattr('a')|list }}{{ data.xs|map(data.f)|list }}")}}) == []
+def test_comparisons_of_long_values_are_within_the_time_budget() -> None:
+    """A membership test or equality of long lists runs in one C call per comparison and
+    passed no check of the clock: thousands of them held the event loop for 20 s."""
+    source = ("{% set a = range(100000)|list %}{% set a = a+a+a+a+a+a+a+a+a %}"
+              + "{% if -1 in a %}{% endif %}" * 3000)
+    started = __import__("time").monotonic()
+    with pytest.raises(RenderError) as caught:
+        render_string(source, {"data": {}})
+    assert "longer than" in caught.value.message
+    # generous: one comparison past the deadline, not thousands
+    assert __import__("time").monotonic() - started < 5
+
+
+    assert render_string("{% if 'markdown' is filter %}{{ x|markdown }}{% endif %}"
+                         "{{ 1 is odd }} {{ 2 in [2] }} {{ 1 < 2 < 3 }} {{ 2 is in [3] }}",
+                         {}) == "True True True False"
