@@ -31,7 +31,8 @@ Choices, and why:
   (``urlize``, ``pprint`` and ``title``: :data:`MAX_SLOW_FILTER_CHARS`); a filter that calls
   Python for every item (``sort``, ``unique``, ``min``, ...) counts them as loop iterations.
   All the strings one render builds may not pass :data:`MAX_PRODUCED_CHARS` together: each is
-  bounded, but many at once are not.
+  bounded, but many at once are not (``+``, ``~`` and slices count what they build from
+  :data:`_COUNTED_FROM` up, so a text grown a line at a time is not charged for every copy).
 - ``StrictUndefined``: a variable the data does not carry is an error, not an empty string. A
   notification reading "Hi , your invoice of  is paid" is worse than one that visibly failed:
   the preview shows the mistake before any send, and the engine falls back to generic content
@@ -73,6 +74,7 @@ from jinja2.nodes import EvalContext
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedFormatter
 from jinja2.utils import generate_lorem_ipsum
+from jinja2.visitor import NodeTransformer
 
 __all__ = [
     "CHANNEL_FIELDS",
@@ -110,6 +112,8 @@ MAX_SLOW_FILTER_CHARS: Final = {"urlize": 50_000, "pprint": 50_000, "title": 100
 MAX_PRODUCED_CHARS: Final = 20 * MAX_OUTPUT_CHARS
 _CACHE_SIZE: Final = 4096
 _SLOW_CODECS: Final = frozenset({"punycode", "idna"})
+# The shortest string or sequence ``+``, ``~`` or a slice builds that counts as produced.
+_COUNTED_FROM: Final = 10_000
 
 # Filters and str methods whose integer arguments set the size of what they build.
 _SIZING_FILTERS: Final = frozenset({"center", "indent", "wordwrap", "truncate", "batch", "slice"})
@@ -133,6 +137,8 @@ _LOOP_FILTER: Final = "nk_loop_budget"
 _SIZE_FILTER: Final = "nk_bounded"
 # The filter the first operand of every comparison and test passes through (see _compile).
 _TICK_FILTER: Final = "nk_tick"
+# The filter every slice passes through (see _compile).
+_BUILT_FILTER: Final = "nk_built"
 
 
 class _Budget:
@@ -160,11 +166,14 @@ class _Budget:
         """Count a string an operation built: each is bounded, but a list literal of many
         ``'x' * 999999`` would otherwise hold gigabytes at once."""
         if isinstance(value, str):
-            self.produced += len(value)
-            if self.produced > MAX_PRODUCED_CHARS:
-                raise SecurityError(f"the template builds more than {MAX_PRODUCED_CHARS} "
-                                    "characters")
+            self.spend(len(value))
         return value
+
+    def spend(self, size: int) -> None:
+        self.produced += size
+        if self.produced > MAX_PRODUCED_CHARS:
+            raise SecurityError(f"the template builds more than {MAX_PRODUCED_CHARS} "
+                                "characters")
 
     def iterate(self, iterable: Iterable[Any]) -> Iterator[Any]:
         for item in iterable:
@@ -202,7 +211,10 @@ def _logical_size(value: Any, limit: int = MAX_OUTPUT_CHARS) -> int:
         for item in value:
             if total > limit:
                 break
-            total += _logical_size(item, limit - total)
+            if isinstance(item, str | bytes):  # the common items, without a call each
+                total += len(item)
+            elif not isinstance(item, int | float | bool | None):
+                total += _logical_size(item, limit - total)
         return total
     return 0
 
@@ -219,19 +231,48 @@ def _produced(value: Any) -> Any:
 
 def _bounded(value: Any) -> Any:
     """``value``, unless it is a string or collection past the size limit."""
+    if _size(value) > MAX_OUTPUT_CHARS:
+        raise SecurityError("the result would be too large")
+    return value
+
+
+def _size(value: Any) -> int:
+    """``value``'s text size (:func:`_logical_size`), a collection's measured once a render."""
     if isinstance(value, str):
-        size = len(value)
-    elif isinstance(value, list | tuple | dict | set | frozenset) \
+        return len(value)
+    if isinstance(value, list | tuple | dict | set | frozenset) \
             and (budget := _budget.get()) is not None:
         known = budget.sizes.get(id(value))
         if known is None or known[0] is not value:
             known = budget.sizes[id(value)] = (value, _logical_size(value))
-        size = known[1]
-    else:
-        size = _logical_size(value)
-    if size > MAX_OUTPUT_CHARS:
-        raise SecurityError("the result would be too large")
+        return known[1]
+    return _logical_size(value)
+
+
+def _built(value: Any) -> Any:
+    """Count a string or sequence ``+``, ``~`` or a slice built, when it is long, against
+    :data:`MAX_PRODUCED_CHARS`: each is within the size limit, but a list literal of many
+    ``s ~ s`` held gigabytes at once. Short ones are not counted, so a text or list grown a
+    little at a time in a loop (``ns.text ~ line``) is not charged for every copy."""
+    if isinstance(value, str | bytes | bytearray | list | tuple) \
+            and len(value) >= _COUNTED_FROM and (budget := _budget.get()) is not None:
+        budget.spend(len(value))
     return value
+
+
+def _concat(join: Callable[[Iterable[Any]], str], operands: tuple[Any, ...]) -> str:
+    """``a ~ b ~ ...``: each operand is within the size limit, but together they may not be;
+    the total is measured before anything is joined, as text (a list is written out)."""
+    texts: list[Any] = []
+    total = 0
+    for operand in operands:
+        text = operand if isinstance(operand, str) else str(operand)
+        total += len(text)
+        if total > MAX_OUTPUT_CHARS:
+            raise SecurityError("the result would be too large")
+        texts.append(text)
+    result: str = _built(_bounded(join(texts)))  # escaping (html fields) lengthens it
+    return result
 
 
 def _written(value: Any) -> Any:
@@ -377,6 +418,18 @@ class _CodeGenerator(CodeGenerator):
                        if test.name in ("filter", "test") and isinstance(test.node, nodes.Const)}
         super().visit_Template(node, frame)
 
+    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
+        # Jinja joins the operands of ``~`` at once; _concat measures them first.
+        if frame.eval_ctx.volatile:
+            join = "(markup_join if context.eval_ctx.volatile else str_join)"
+        else:
+            join = "markup_join" if frame.eval_ctx.autoescape else "str_join"
+        self.write(f"environment.bounded_concat({join}, (")
+        for operand in node.nodes:
+            self.visit(operand, frame)
+            self.write(", ")
+        self.write("))")
+
     def visit_Filter(self, node: nodes.Filter, frame: Frame) -> None:
         self._known("filter", node.name, self.environment.filters, node.lineno)
         # A filter or test named by a string: ``map('upper')``, ``select('odd')``,
@@ -401,7 +454,7 @@ class _CodeGenerator(CodeGenerator):
 
 class _Sandbox(ImmutableSandboxedEnvironment):
     code_generator_class = _CodeGenerator
-    intercepted_binops = frozenset({"*", "**", "%"})
+    intercepted_binops = frozenset({"*", "**", "%", "+"})
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -409,6 +462,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         self.filters[_LOOP_FILTER] = _loop_budget
         self.filters[_SIZE_FILTER] = _bounded
         self.filters[_TICK_FILTER] = _ticked
+        self.filters[_BUILT_FILTER] = _built
         self.globals["lipsum"] = _bounded_lipsum
 
     # Jinja's own signature: the dunder names cannot clash with a template's keyword arguments.
@@ -469,6 +523,11 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         _tick()
         return _bounded(super().getitem(obj, argument))
 
+    @staticmethod
+    def bounded_concat(join: Callable[[Iterable[Any]], str], operands: tuple[Any, ...]) -> str:
+        # (Jinja's own ``concat`` is the join of a template's output.)
+        return _concat(join, operands)
+
     def call_binop(self, context: Context, operator_: str, left: Any, right: Any) -> Any:
         _tick()
         if operator_ == "%":
@@ -484,6 +543,13 @@ class _Sandbox(ImmutableSandboxedEnvironment):
                     and left.bit_length() * right > MAX_RESULT_BITS:
                 raise SecurityError("the result would be too large")
             return operator.pow(left, right)
+        if operator_ == "+":
+            # Two sequences (of one kind: else the addition itself says what is wrong). What
+            # it costs is their lengths; whoever writes the result out measures it as text.
+            if isinstance(left, str | bytes | bytearray | list | tuple) \
+                    and isinstance(right, Sized) and len(left) + len(right) > MAX_OUTPUT_CHARS:
+                raise SecurityError("the result would be too large")
+            return _built(super().call_binop(context, operator_, left, right))
         if operator_ == "*":
             size = _repeat_size(left, right)
             if size > MAX_OUTPUT_CHARS:
@@ -712,6 +778,8 @@ def _build(source: str, html: bool) -> Any:
     for concat in tree.find_all(nodes.Concat):
         concat.nodes = [nodes.Filter(operand, _SIZE_FILTER, [], [], None, None,
                                      lineno=operand.lineno) for operand in concat.nodes]
+    # A slice is taken in place, with no hook: a list of many ``s[1:]`` held gigabytes.
+    tree = _CountSlices().visit(tree)
     # A comparison or test runs in one C call, with no hook either: ``-1 in a`` of a list of
     # a million items, thousands of times over, held the loop for seconds between two looks
     # at the clock. Each looks at it first.
@@ -724,6 +792,14 @@ def _build(source: str, html: bool) -> Any:
         return env.from_string(tree)
     except SyntaxError:
         raise _too_deep() from None
+
+
+class _CountSlices(NodeTransformer):
+    def visit_Getitem(self, node: nodes.Getitem) -> nodes.Node:
+        self.generic_visit(node)
+        if isinstance(node.arg, nodes.Slice):
+            return nodes.Filter(node, _BUILT_FILTER, [], [], None, None, lineno=node.lineno)
+        return node
 
 
 def _ticking(node: nodes.Expr) -> nodes.Expr:
