@@ -86,6 +86,7 @@ __all__ = [
     "render_expression",
     "render_string",
     "template_errors",
+    "template_strings",
 ]
 
 # Each channel's content fields: required, optional. ``push.data`` and ``webhook.body`` may be
@@ -855,16 +856,23 @@ def template_errors(channels: Mapping[str, Any]) -> list[dict[str, str]]:
 
 
 def _check(value: Any, field: str, errors: list[dict[str, str]]) -> None:
-    if isinstance(value, str):
-        problem = syntax_error(value)
+    for path, source in template_strings(value, field):
+        problem = syntax_error(source)
         if problem:
-            errors.append({"field": field, "message": problem})
+            errors.append({"field": path, "message": problem})
+
+
+def template_strings(value: Any, field: str) -> Iterator[tuple[str, str]]:
+    """Each string of a field's value, a template, with its path: ``field`` itself, or
+    ``field.key`` and ``field[index]`` inside an object (push data, a webhook body)."""
+    if isinstance(value, str):
+        yield field, value
     elif isinstance(value, Mapping):
         for key, item in value.items():
-            _check(item, f"{field}.{key}", errors)
+            yield from template_strings(item, f"{field}.{key}")
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            _check(item, f"{field}[{index}]", errors)
+            yield from template_strings(item, f"{field}[{index}]")
 
 
 def syntax_error(source: str) -> str | None:

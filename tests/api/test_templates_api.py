@@ -305,3 +305,21 @@ async def test_push_data_using_a_key_fcm_reserves_is_a_400(api: Api, project: Pr
                                   "data": {"sender_from": "v", "my_google": "v", "From": "v"}}}}
     assert (await api.call("PUT", "/v1/templates/reserved", key=project.full,
                            json=fine)).status == 201
+
+
+async def test_a_nested_field_is_held_to_the_field_length_limit(api: Api, project: Project) -> None:
+    """Push data and a webhook body object hold template strings as the other fields do, and
+    so as long as they may be (100,000 characters): longer ones were stored, each taking
+    seconds to compile wherever the template is first rendered."""
+    long = "x" * (template_routes.MAX_TEMPLATE_CHARS + 1)
+    reply = await api.call("PUT", "/v1/templates/t", key=project.full, json={"channels": {
+        "push": {"title": "t", "body": "b", "data": {"ok": "x", "k": long}},
+        "webhook": {"body": {"a": {"b": [1, long]}}}}})
+    assert reply.status == 400
+    assert reply.fields == ["channels.push.data.k", "channels.webhook.body.a.b[1]"]
+    assert "100000 characters" in reply.error["details"][0]["message"]
+    fits = "x" * template_routes.MAX_TEMPLATE_CHARS
+    reply = await api.call("PUT", "/v1/templates/t", key=project.full, json={"channels": {
+        "push": {"title": "t", "body": "b", "data": {"k": fits}},
+        "webhook": {"body": {"a": {"b": [1, fits]}}}}})
+    assert reply.status == 201

@@ -38,6 +38,7 @@ from notifkit.templates import (
     render_string,
     syntax_error,
     template_errors,
+    template_strings,
     uncompiled,
     warm_beside_loop,
 )
@@ -275,6 +276,7 @@ def _channels(fields: Fields, written_by_ai: list[Any]) -> dict[str, Any] | None
         for key in (*required, *optional):
             if channel == "push" and key == "data":
                 data = inner.obj("data") or {}
+                _refuse_long(data, f"channels.{channel}.data", fields)
                 for name in data:
                     if reserved_data_key(name):
                         inner.child("data", data).fail(
@@ -288,6 +290,8 @@ def _channels(fields: Fields, written_by_ai: list[Any]) -> dict[str, Any] | None
                     inner.fail("body", "must be a template string or an object")
                 elif isinstance(body, str) and len(body) > MAX_TEMPLATE_CHARS:
                     inner.fail("body", f"must be at most {MAX_TEMPLATE_CHARS} characters")
+                else:
+                    _refuse_long(body, f"channels.{channel}.body", fields)
             else:
                 must_say = key in required and channel not in written_by_ai
                 inner.string(key, required=key in required, min_len=1 if must_say else 0,
@@ -299,6 +303,14 @@ def _channels(fields: Fields, written_by_ai: list[Any]) -> dict[str, Any] | None
             inner.fail("text", "is required (or html): an email needs a body")
         out[channel] = content
     return out
+
+
+def _refuse_long(value: Any, path: str, fields: Fields) -> None:
+    """Each string of an object's fields (push data, a webhook body) is a template, held to
+    the length of any other field."""
+    for where, source in template_strings(value, path):
+        if len(source) > MAX_TEMPLATE_CHARS:
+            fields.errors.append(detail(where, f"must be at most {MAX_TEMPLATE_CHARS} characters"))
 
 
 def _ai(fields: Fields) -> dict[str, Any] | None:
