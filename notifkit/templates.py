@@ -42,8 +42,9 @@ Choices, and why:
   value), because ``data.plan == "pro"`` should be false, not an error, for data without a plan.
 - Autoescaping only for HTML fields (``email.html``): escaping an SMS or a push title would
   put ``&amp;`` in front of the user.
-- Compiled templates are cached by (source, autoescape), so the engine compiles each distinct
-  template text once per process.
+- Compiled templates (and why one does not compile) are cached by (source, autoescape), so
+  the engine compiles each distinct template text once per process, within a bound of entries
+  and of their text's total size.
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ import contextlib
 import functools
 import operator
 import re
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from contextvars import ContextVar
 from functools import lru_cache
@@ -112,6 +115,7 @@ MAX_WORDWRAP_CHARS: Final = 100_000
 MAX_SLOW_FILTER_CHARS: Final = {"urlize": 50_000, "pprint": 50_000, "title": 100_000}
 MAX_PRODUCED_CHARS: Final = 20 * MAX_OUTPUT_CHARS
 _CACHE_SIZE: Final = 4096
+MAX_CACHED_CHARS: Final = 10_000_000
 _SLOW_CODECS: Final = frozenset({"punycode", "idna"})
 # The shortest string or sequence ``+``, ``~`` or a slice builds that counts as produced.
 _COUNTED_FROM: Final = 10_000
@@ -754,11 +758,60 @@ _EXPRESSIONS = _environment(autoescape=False, undefined=_Missing, sandbox=_Expre
 _EXPRESSIONS.tests["none"] = _is_none
 
 
-@lru_cache(maxsize=_CACHE_SIZE)
+class _CompileCache:
+    """Compiled templates, or why one does not compile, by (source, html), least recently used
+    dropped first: past :data:`_CACHE_SIZE` entries, or past :data:`MAX_CACHED_CHARS` of
+    source text together (a compiled template takes about twenty times its text's size, and
+    a field may hold 100,000 characters). Shared by the event loop and warm()'s thread."""
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[tuple[str, bool], Any] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def __contains__(self, key: tuple[str, bool]) -> bool:
+        with self._lock:
+            return key in self._entries
+
+    def get(self, key: tuple[str, bool]) -> Any:
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+            return found
+
+    def put(self, key: tuple[str, bool], value: Any) -> None:
+        with self._lock:
+            if key in self._entries:
+                return
+            self._entries[key] = value
+            self._chars += len(key[0])
+            while len(self._entries) > 1 and (len(self._entries) > _CACHE_SIZE
+                                              or self._chars > MAX_CACHED_CHARS):
+                (source, _html), _ = self._entries.popitem(last=False)
+                self._chars -= len(source)
+
+
+_cache = _CompileCache()
+
+
 def _compile(source: str, html: bool) -> Any:
-    template = _build(source, html)
-    _note_compiled((source, html))
-    return template
+    key = (source, html)
+    found = _cache.get(key)
+    if found is None:
+        try:
+            found = _build(source, html)
+        except TemplateSyntaxError as exc:
+            # Kept, as a compiled template is: a stored template that no longer compiles
+            # would otherwise be compiled again for every send, on the event loop. (Without
+            # its traceback, which holds the compiler's frames.)
+            found = exc.with_traceback(None)
+        except RecursionError:
+            found = _too_deep()
+        _cache.put(key, found)
+    if isinstance(found, TemplateSyntaxError):
+        raise found.with_traceback(None)
+    return found
 
 
 def _build(source: str, html: bool) -> Any:
@@ -989,16 +1042,6 @@ def _one_budget() -> Iterator[_Budget]:
         _budget.reset(token)
 
 
-# The (source, html) pairs this process has compiled (or found it cannot): see uncompiled().
-_compiled: set[tuple[str, bool]] = set()
-
-
-def _note_compiled(key: tuple[str, bool]) -> None:
-    if len(_compiled) >= 4 * _CACHE_SIZE:
-        _compiled.clear()  # bounded; what it forgets is only compiled once more, in warm()
-    _compiled.add(key)
-
-
 def uncompiled(content: Mapping[str, Any], channel: str) -> list[tuple[str, bool]]:
     """The fields of one channel's content this process has not compiled yet, as
     (source, html) pairs for :func:`warm`."""
@@ -1006,7 +1049,7 @@ def uncompiled(content: Mapping[str, Any], channel: str) -> list[tuple[str, bool
 
     def walk(value: Any, html: bool) -> None:
         if isinstance(value, str):
-            if (value, html) not in _compiled:
+            if (value, html) not in _cache:
                 found.append((value, html))
         elif isinstance(value, Mapping):
             for item in value.values():
@@ -1025,9 +1068,8 @@ def warm(fields: Iterable[tuple[str, bool]]) -> None:
     so a service calls this in a thread before rendering on its event loop; a field that
     does not compile is left for the render to report."""
     for source, html in fields:
-        with contextlib.suppress(TemplateError, RecursionError, MemoryError):
+        with contextlib.suppress(TemplateError, MemoryError):
             _compile(source, html)
-        _note_compiled((source, html))
 
 
 async def warm_beside_loop(fields: list[tuple[str, bool]]) -> None:

@@ -508,3 +508,57 @@ def test_adding_within_the_limits_still_works() -> None:
     assert render_string("{{ '<' ~ data.x }}", {"data": {"x": "&"}}, html=True) == "&lt;&amp;"
 
 
+
+
+def test_a_template_that_does_not_compile_is_compiled_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stored template that does not compile (saved before a rule refused it) was compiled
+    again for every send, on the engine's event loop: seconds per send for a large one. Why
+    it does not compile is kept as its compiled form is."""
+    from notifkit.ids import uuid7
+
+    builds: list[str] = []
+    build = templates_module._build
+
+    def counted(source: str, html: bool) -> object:
+        builds.append(source)
+        return build(source, html)
+
+    monkeypatch.setattr(templates_module, "_build", counted)
+    source = f"{uuid7()} {{{{ data.xs|nosuch }}}}"
+    templates_module.warm([(source, False)])
+    assert templates_module.uncompiled({"text": source}, "sms") == []
+    for _ in range(3):
+        with pytest.raises(RenderError) as caught:
+            render_string(source, {"data": {}})
+        assert "nosuch" in caught.value.message
+    assert builds == [source]
+
+
+def test_the_compile_cache_is_bounded_by_the_size_of_what_it_holds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A compiled template takes about twenty times its text's size: 4,096 fields of 100,000
+    characters (a few hundred templates a tenant may store) held 8 GB in every engine. The
+    cache keeps at most a bounded total of text; what it drops is listed as uncompiled again,
+    to be compiled beside the event loop."""
+    import gc
+
+    from notifkit.ids import uuid7
+
+    assert templates_module.MAX_CACHED_CHARS == 10_000_000
+    monkeypatch.setattr(templates_module, "MAX_CACHED_CHARS", 1_000_000)  # a quicker test
+    tag = uuid7()
+    size = 100_000
+    sources = [f"{tag} {i} " + "x" * (size - 50) for i in range(80)]
+    tracemalloc.start()
+    try:
+        templates_module.warm((source, False) for source in sources)
+        gc.collect()  # a compiled template is a cycle of references
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 3_000_000  # 8,000,000 without the bound
+    assert templates_module.uncompiled({"text": sources[0]}, "sms") == [(sources[0], False)]
+    assert templates_module.uncompiled({"text": sources[-1]}, "sms") == []
