@@ -434,3 +434,29 @@ async def test_a_template_new_to_the_process_compiles_beside_the_event_loop(
     texts = [t["content"]["text"] for t in await entries(redis, keys.outbound("normal"))]
     assert sorted(texts) == sorted(unique.replace("{{ data.amount }}", n) for n in "34")
     assert templates.uncompiled({"text": unique}, "sms") == []
+
+
+async def test_a_template_that_fails_for_one_recipient_alone_sends_them_generic_content(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    # Given a template whose VIP paragraph fails however it fails (here a RuntimeError of
+    # Jinja's cycler, a kind of error renders did not expect), and one VIP among two users
+    await add_user(db, project, "vip", contacts=[("sms", "+15550001")],
+                   attributes={"vip": True})
+    await add_user(db, project, "plain", contacts=[("sms", "+15550002")],
+                   attributes={"vip": False})
+    await add_template(db, project, "t", {"sms": {
+        "text": "{% if user.attributes.vip %}{{ cycler().next() }}{% endif %}"
+                "Paid {{ data.amount }}"}})
+    stages = await pipeline(services)
+
+    event = await send(redis, keys, db, project, "t", ["vip", "plain"], data={"amount": "5"})
+    await drain(*stages)
+
+    # Then the VIP's message goes out with generic content, the other's as written
+    tasks = {t["userId"]: t["content"] for t in await entries(redis, keys.outbound("normal"))}
+    assert tasks == {"vip": {"text": "T: amount: 5"}, "plain": {"text": "Paid 5"}}
+    rows = {r["user_id"]: r["detail"] for r in await timeline(db, event)}
+    assert "RuntimeError" in rows["vip"]
+    assert rows["vip"].endswith("generic content sent")
+    assert rows["plain"] == "queued"
