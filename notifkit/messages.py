@@ -42,8 +42,9 @@ class InboundMessage(TypedDict):
     workflowInstanceId: NotRequired[str]
     workflowStep: NotRequired[int]
     digestItems: NotRequired[list[dict[str, Any]]]
-    # A segment is fanned out a page at a time: the enricher handles one page and writes the
-    # rest back as a continuation of the same message that starts after this member id.
+    # A segment (or a list of users too large for one go) is fanned out a page at a time: the
+    # enricher handles one page and writes the rest back as a continuation of the same
+    # message that starts after this member id.
     segmentAfter: NotRequired[str]
 
 

@@ -9,6 +9,10 @@ more follow, emits a *continuation* (the same inbound message with ``segmentAfte
 member id) to its own stream, atomically with its ack. No entry ever does unbounded work or
 holds more than a page of recipients, and a crash loses nothing: the continuation either was
 written together with the page's outputs or neither was.
+
+Every recipient's message carries the send's data, so pages are bounded by bytes too: a read
+batch fans out about ``BYTES_PER_BATCH`` of copied payload, shared among its entries. A list of
+users whose messages would exceed its share is paged the same way, by id in sorted order.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
+from notifkit.codec import dumps
 from notifkit.config import Settings
 from notifkit.db.logs import Kind, LogRow, Status, insert_logs
 from notifkit.db.recipients import load_recipients, segment_page
@@ -35,6 +40,11 @@ log = logging.getLogger("notifkit.enricher")
 # of segment entries holds a bounded number of enriched messages however large the segments.
 RECIPIENTS_PER_BATCH = 2000
 MIN_SEGMENT_PAGE = 50
+# Bytes of copied payload (the send's data, digest items, ...) one read batch may fan out:
+# 2,000 recipients of a send carrying 1 MiB of data would otherwise be 2 GB in one write.
+BYTES_PER_BATCH = 32 * 1024 * 1024
+# What a recipient's profile, contacts and preferences add to a message, roughly.
+PROFILE_BYTES = 1024
 
 # Fields the enriched message copies from the inbound one.
 _COPIED = ("eventId", "projectId", "template", "priority", "data", "channels", "sendAt",
@@ -66,6 +76,7 @@ class EnricherService(WorkerService):
         super().__init__(settings, **options)
         self.recipients_per_batch = int(options.get("recipients_per_batch",
                                                     RECIPIENTS_PER_BATCH))
+        self.bytes_per_batch = int(options.get("bytes_per_batch", BYTES_PER_BATCH))
 
     claims_on_read = True
 
@@ -81,10 +92,12 @@ class EnricherService(WorkerService):
         fresh, duplicates = await self._claim(parsed)
         segments = sum(1 for _e, m in fresh if "segment" in m["to"])
         page = max(MIN_SEGMENT_PAGE, self.recipients_per_batch // max(segments, 1))
+        share = self.bytes_per_batch // max(len(fresh), 1)
         work: list[_Work] = []
         for entry, message in fresh:
             try:
-                work.append(await self._resolve(entry, message, page))
+                fits = max(1, share // _message_bytes(message))
+                work.append(await self._resolve(entry, message, page, fits))
             except Exception as exc:  # this entry alone fails; its batch neighbours go on
                 entry.fail(exc)
 
@@ -117,7 +130,7 @@ class EnricherService(WorkerService):
             log.info("Enriched %d recipients of the notification%s%s.",
                      len(w.user_ids) - skipped,
                      f"; skipped {skipped} unknown user(s)" if skipped else "",
-                     "; the rest of the segment follows" if w.continuation else "",
+                     "; the rest follows" if w.continuation else "",
                      extra=_ids(w.message))
 
     def _mark(self, m: InboundMessage) -> tuple[str, int | None]:
@@ -203,20 +216,34 @@ class EnricherService(WorkerService):
             return None
         return message if isinstance(message, dict) else None
 
-    async def _resolve(self, entry: Entry, m: InboundMessage, page: int) -> _Work:
+    async def _resolve(self, entry: Entry, m: InboundMessage, page: int, fits: int) -> _Work:
+        """The entry's recipients: a segment's page of at most ``page`` members, and at most
+        ``fits`` recipients of a segment or a list (the messages' bytes)."""
         to = m["to"]
+        after = m.get("segmentAfter")
         if "segment" in to:
+            page = min(page, fits)
             members = await segment_page(
-                self.pool, m["projectId"], str(to["segment"]), m.get("segmentAfter"), page + 1
+                self.pool, m["projectId"], str(to["segment"]), after, page + 1
             )
             more = len(members) > page
             members = members[:page]
             return _Work(entry, m, members, members[-1] if more else None)
         if "userIds" in to:
-            ids = [u for u in to["userIds"] if isinstance(u, str)]
-            return _Work(entry, m, list(dict.fromkeys(ids)))
+            ids = list(dict.fromkeys(u for u in to["userIds"] if isinstance(u, str)))
+            if after is None and len(ids) <= fits:
+                return _Work(entry, m, ids)
+            # Too large for one go: paged by id, as a segment is.
+            ids = sorted(u for u in ids if after is None or u > after)
+            return _Work(entry, m, ids[:fits], ids[fits - 1] if len(ids) > fits else None)
         user_id = to.get("userId")
         return _Work(entry, m, [user_id] if isinstance(user_id, str) else [])
+
+
+def _message_bytes(m: InboundMessage) -> int:
+    """About the bytes one recipient's enriched message takes."""
+    copied = {k: m[k] for k in _COPIED if k in m}  # type: ignore[literal-required]
+    return len(dumps(copied)) + PROFILE_BYTES
 
 
 def _unknown_user(m: InboundMessage, user_id: str) -> LogRow:

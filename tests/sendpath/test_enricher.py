@@ -160,12 +160,7 @@ async def test_a_segment_is_fanned_out_in_pages_through_continuations(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
 ) -> None:
     # Given a segment of 250 members and an enricher that fans out 100 recipients a batch
-    await db.execute(
-        "INSERT INTO users (project_id, id) SELECT $1, 'm' || lpad(g::text, 4, '0') "
-        "FROM generate_series(1, 250) g", project)
-    await db.execute(
-        "INSERT INTO user_segments SELECT $1, id, 'beta' FROM users WHERE project_id = $1",
-        project)
+    await _segment_of(db, project, 250, digits=4)
     enricher = await services(EnricherService, recipients_per_batch=100)
 
     # When it is enriched
@@ -177,6 +172,40 @@ async def test_a_segment_is_fanned_out_in_pages_through_continuations(
     assert sorted(users) == [f"m{i:04d}" for i in range(1, 251)]
     inbound = await entries(redis, keys.inbound("low"))
     assert [m.get("segmentAfter") for m in inbound] == [None, "m0100", "m0200"]
+
+
+async def test_a_large_payload_is_fanned_out_in_pages_bounded_by_bytes(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    """Each recipient's message carries the send's data: 2,000 recipients of a send with
+    1 MiB of data would be 2 GB in one batch. Pages are bounded by bytes as well as by count,
+    for a segment and for a list of users alike."""
+    # Given twelve users in a segment, and an enricher that fans out about 40 kB a batch
+    await _segment_of(db, project, 12, digits=2)
+    enricher = await services(EnricherService, bytes_per_batch=40_000)
+    data = {"body": "x" * 9_000}
+    everyone = [f"m{i:02d}" for i in range(1, 13)]
+
+    # When a send with 9 kB of data goes to the segment, and another to the list (and a
+    # stranger)
+    await send(redis, keys, db, project, "t", {"segment": "beta"}, data=data, priority="low")
+    listed = await send(redis, keys, db, project, "t", [*reversed(everyone), "ghost"],
+                        data=data)
+    await enricher.run_until_idle()
+
+    # Then every user got exactly one message of each, and the rest went on as continuations
+    # of a few recipients each
+    for priority in ("low", "normal"):
+        users = [m["user"]["id"] for m in await entries(redis, keys.enriched(priority))]
+        assert sorted(users) == everyone, priority
+        pages = [m.get("segmentAfter") for m in await entries(redis, keys.inbound(priority))]
+        assert len(pages) >= 3, pages
+        assert pages[0] is None, pages
+        assert len(set(pages)) == len(pages), pages
+        assert all(m["data"] == data for m in await entries(redis, keys.enriched(priority)))
+    # And the stranger on the list is still on its timeline
+    assert [(r["user_id"], r["detail"]) for r in await timeline(db, listed)] == [
+        ("ghost", "unknown user")]
 
 
 async def test_a_segment_without_members_is_skipped_as_a_whole(
@@ -221,3 +250,13 @@ async def test_a_poison_entry_fails_alone_and_its_batch_neighbours_are_enriched(
     assert out == {first, second}
     dead = [m["payload"]["eventId"] for m in await entries(redis, keys.dlq)]
     assert dead == [poison]
+
+
+async def _segment_of(db: asyncpg.Pool, project: str, size: int, *, digits: int) -> None:
+    """Users m1..m{size} (zero-padded to ``digits``), all in the segment 'beta'."""
+    await db.execute(
+        "INSERT INTO users (project_id, id) SELECT $1, 'm' || lpad(g::text, $3, '0') "
+        "FROM generate_series(1, $2) g", project, size, digits)
+    await db.execute(
+        "INSERT INTO user_segments SELECT $1, id, 'beta' FROM users WHERE project_id = $1",
+        project)
