@@ -20,6 +20,8 @@ import re
 import socket
 from typing import Final
 
+from yarl import URL
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 LOOPBACK: Final = "loopback"
@@ -127,15 +129,27 @@ def refused_host(host: str) -> str | None:
     return None if kind is None else f"{host} is a {kind} address"
 
 
+def ascii_domain(domain: str) -> str:
+    """``domain`` lower-cased, an international one (IDNA) in its ASCII form (``bücher.de``
+    is ``xn--bcher-kva.de``), as providers send to it and bounces name it; as it came,
+    lower-cased, when it has no such form."""
+    if domain.isascii():
+        return domain.lower()
+    try:
+        return URL.build(scheme="https", host=domain).raw_host or domain.lower()
+    except (ValueError, UnicodeError):
+        return domain.lower()
+
+
 def normalise_contact(channel: str, target: str) -> str:
     """The stored spelling of a contact or suppressed address: e-mail domains are
-    case-insensitive, so they are lower-cased. Suppressions match contacts by equality, so
-    every writer of either spells them this way. A webhook URL's scheme and host are
-    case-insensitive too and 443 is https's own port, so one endpoint is one contact (and gets
-    each notification once) however it is spelled."""
+    case-insensitive, so they are lower-cased (an international one in its ASCII form).
+    Suppressions match contacts by equality, so every writer of either spells them this way.
+    A webhook URL's scheme and host are case-insensitive too and 443 is https's own port, so
+    one endpoint is one contact (and gets each notification once) however it is spelled."""
     if channel == "email" and "@" in target:
         local, _, domain = target.rpartition("@")
-        return f"{local}@{domain.lower()}"
+        return f"{local}@{ascii_domain(domain)}"
     if channel == "webhook":
         return _normalise_url(target)
     return target

@@ -230,6 +230,26 @@ async def test_adding_an_existing_contact_is_idempotent(api: Api, project: Proje
     assert again.body == first.body
 
 
+async def test_an_e_mail_address_at_an_international_domain_is_stored_as_sent(
+    api: Api, project: Project
+) -> None:
+    # An internationalised domain (IDNA) is an address like any other: it is stored in the
+    # ASCII form providers send to and bounces name, so either spelling is one contact.
+    put = await api.call("PUT", "/v1/users/u1", key=project.full, json={"contacts": [
+        {"channel": "email", "target": "ada@Bücher.de"},
+        {"channel": "email", "target": "ada@xn--bcher-kva.de"}]})
+    assert put.status == 201, put.body
+    assert [c["target"] for c in put.body["contacts"]] == ["ada@xn--bcher-kva.de"]
+    # and a suppression in the other spelling is of the same address
+    suppressed = await api.call("POST", "/v1/suppressions", key=project.full,
+                                json={"channel": "email", "target": "ada@bücher.de"})
+    assert (suppressed.status, suppressed.body["target"]) == (201, "ada@xn--bcher-kva.de")
+    for bad in ("ada@bü cher.de", "ada@bücher..de", "ada@bücher", "ü@bücher.de"):
+        refused = await api.call("PUT", "/v1/users/u2", key=project.full, json={
+            "contacts": [{"channel": "email", "target": bad}]})
+        assert (refused.status, refused.fields) == (400, ["contacts[0].target"]), bad
+
+
 async def test_a_webhook_url_differing_only_in_scheme_or_host_case_is_the_same_contact(
     api: Api, project: Project
 ) -> None:

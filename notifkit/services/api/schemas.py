@@ -76,7 +76,9 @@ _TARGET_BYTES: Schema = {"anyOf": [{"maxLength": 256},
                                    {"maxLength": 1024, "pattern": r"^[\x00-\x7f]*$"}]}
 _TARGETS: dict[str, Schema] = {
     "email": {"type": "string", "maxLength": 254, "pattern": EMAIL_PATTERN,
-              "description": "An e-mail address such as ada@example.com."},
+              "description": "An e-mail address such as ada@example.com. The server also "
+                             "takes an international domain (ada@bücher.de), stored in its "
+                             "ASCII form (ada@xn--bcher-kva.de)."},
     "sms": {"type": "string", "pattern": E164_PATTERN,
             "description": "An E.164 phone number such as +4915112345678."},
     "push": {"type": "string", "minLength": 1, "pattern": push_token_pattern(),

@@ -28,7 +28,7 @@ from aiohttp import HttpVersion11, web
 from yarl import URL
 
 from notifkit import codec
-from notifkit.destinations import refused_host
+from notifkit.destinations import ascii_domain, refused_host
 from notifkit.services.api.errors import (
     ApiError,
     Detail,
@@ -653,6 +653,9 @@ def is_hhmm(value: str) -> bool:
 
 
 def email_problem(value: str) -> str | None:
+    # An international domain is checked in the ASCII form it is stored and sent in.
+    local, at, domain = value.rpartition("@")
+    value = f"{local}{at}{ascii_domain(domain)}" if at else value
     if len(value) > 254 or not _EMAIL.match(value):
         return "must be an e-mail address such as ada@example.com"
     return None
