@@ -6,8 +6,10 @@ no idempotency key: a retry after a lost answer (a timeout after DATA) sends the
 the documented duplicate. The task id travels in ``X-Notifkit-Task-Id`` and in the
 ``Message-ID`` (``<taskId@notifkit>``), which is also the provider message id.
 
-Replies: 250 sent; 550/551/553 to RCPT, or to DATA with an enhanced status 5.1.x (bad
-mailbox) = invalid address; other 5xx = permanent; 421 or 451 with an enhanced status 4.7.x
+Replies: 250 sent; 550/551/553 to RCPT with an enhanced status 5.1.x about the recipient (or
+none), or to DATA with one = invalid address; other 5xx = permanent (a refused sender or relay,
+5.7.x or 5.1.7/5.1.8, which servers such as Postfix give in reply to RCPT, says nothing of the
+recipient); 421 or 451 with an enhanced status 4.7.x
 ("451 4.7.1 Rate limit exceeded") = rate limited, parked like a 429 (SMTP has no Retry-After,
 so for delivery's default wait); other 4xx (421, 451, ...), timeouts and dropped connections =
 retry.
@@ -33,6 +35,10 @@ INVALID_MAILBOX_CODES = frozenset({550, 551, 553})
 # wait out, so those stay failed attempts, with their fallback.
 RATE_LIMIT_CODES = frozenset({421, 451})
 RATE_LIMIT_STATUS = re.compile(r"4\.7\.\d{1,3}(?!\S)")
+# A reply's enhanced status code (RFC 3463), at the start of its text.
+ENHANCED_STATUS = re.compile(r"([245])\.(\d{1,3})\.(\d{1,3})(?!\S)")
+# 5.1.x is about an address; 5.1.7 and 5.1.8 about the sender's, not the recipient's.
+SENDER_ADDRESS_DETAILS = frozenset({7, 8})
 
 
 class SmtpTransport:
@@ -79,10 +85,9 @@ class SmtpTransport:
                 refused = exc.recipients[0] if exc.recipients else None
                 code = refused.code if refused is not None else 550
                 text = refused.message if refused is not None else str(exc)
-                if code in INVALID_MAILBOX_CODES:  # refused at RCPT: the mailbox itself
-                    return SendResult(Outcome.INVALID_RECIPIENT, None, f"SMTP {code}: {text}",
-                                      code)
-                return _by_code(code, text)
+                return _by_code(code, text, at_recipient=True)
+            except aiosmtplib.SMTPSenderRefused as exc:  # our sender, whoever the recipient
+                return _by_code(exc.code, exc.message, about_recipient=False)
             except aiosmtplib.SMTPResponseException as exc:
                 if not 200 <= exc.code < 600:
                     # aiosmtplib's -1: a reply that is no SMTP reply. It may have been the
@@ -126,17 +131,32 @@ class SmtpTransport:
         return mail
 
 
-def _by_code(code: int, text: str) -> SendResult:
+def _by_code(code: int, text: str, *, at_recipient: bool = False,
+             about_recipient: bool = True) -> SendResult:
+    """``at_recipient``: the reply to RCPT TO; ``about_recipient``: False for one to MAIL
+    FROM, which refuses our sender whoever the recipient is."""
     detail = f"SMTP {code}: {text}"
     if code in RATE_LIMIT_CODES and RATE_LIMIT_STATUS.match(text.lstrip()):
         return SendResult(Outcome.RATE_LIMITED, None, detail, code)
     if 400 <= code < 500:
         return SendResult(Outcome.RETRY, None, detail, code)
-    # Servers that check recipients late answer DATA with 550 and an enhanced status 5.1.x
-    # (bad destination mailbox): we send one recipient per message, so it is that address.
-    if code in INVALID_MAILBOX_CODES and " 5.1." in f" {text}":
+    if about_recipient and code in INVALID_MAILBOX_CODES \
+            and _bad_mailbox(text, at_recipient=at_recipient):
         return SendResult(Outcome.INVALID_RECIPIENT, None, detail, code)
     return SendResult(Outcome.PERMANENT, None, detail, code)
+
+
+def _bad_mailbox(text: str, *, at_recipient: bool) -> bool:
+    """Whether a 550/551/553 says the recipient's address is bad: its enhanced status is a
+    5.1.x other than the sender's 5.1.7 and 5.1.8. A refusal at RCPT TO without an enhanced
+    status ("550 No such user here") is about that recipient too; servers that check
+    recipients late answer DATA with 5.1.x, and we send one recipient per message, so it is
+    that address. A 5.7.x (relaying denied, our sender refused by policy) is about us."""
+    status = ENHANCED_STATUS.match(text.lstrip())
+    if status is None:
+        return at_recipient
+    return status[1] == "5" and status[2] == "1" \
+        and int(status[3]) not in SENDER_ADDRESS_DETAILS
 
 
 async def _quit(client: aiosmtplib.SMTP) -> None:

@@ -202,11 +202,19 @@ async def test_the_smtp_simulators_rate_limit_rules_are_rate_limits_to_notifkit(
 
 
 class Refusing:
-    """An aiosmtpd handler that answers ``reply`` to RCPT TO or to DATA."""
+    """An aiosmtpd handler that answers ``reply`` to MAIL FROM, RCPT TO or DATA."""
 
     def __init__(self, stage: str, reply: str) -> None:
         self.stage = stage
         self.reply = reply
+
+    async def handle_MAIL(self, server: Any, session: Any, envelope: Any, address: str,
+                          mail_options: list[str]) -> str:
+        if self.stage == "mail":
+            return self.reply
+        envelope.mail_from = address
+        envelope.mail_options.extend(mail_options)
+        return "250 OK"
 
     async def handle_RCPT(self, server: Any, session: Any, envelope: Any, address: str,
                           rcpt_options: list[str]) -> str:
@@ -260,6 +268,29 @@ async def refusing_server(stage: str, reply: str) -> AsyncIterator[int]:
     ("rcpt", "450 4.7.1 Client host rejected: cannot find your hostname", Outcome.RETRY),
     ("data", "454 4.7.0 Temporary authentication failure", Outcome.RETRY),
     ("data", "554 5.7.1 Message rejected as spam", Outcome.PERMANENT),
+    # A refused recipient is an invalid address when the reply says the mailbox is bad
+    # (5.1.x) or gives no enhanced status at all.
+    ("rcpt", "550 5.1.1 <ada@example.com>: Recipient address rejected: User unknown",
+     Outcome.INVALID_RECIPIENT),
+    ("rcpt", "553 5.1.3 <ada@example.com>: Bad recipient address syntax",
+     Outcome.INVALID_RECIPIENT),
+    ("rcpt", "550 No such user here", Outcome.INVALID_RECIPIENT),
+    ("data", "550 5.1.1 <ada@example.com>: user unknown", Outcome.INVALID_RECIPIENT),
+    # A relay that refuses us, or a refusal of our sender (which servers such as Postfix
+    # give in reply to RCPT TO), says nothing of the recipient: disabling the contact for it
+    # would disable every user's address at once.
+    ("rcpt", "554 5.7.1 <ada@example.com>: Relay access denied", Outcome.PERMANENT),
+    ("rcpt", "550 5.7.1 <ada@example.com>: Relay access denied", Outcome.PERMANENT),
+    ("rcpt", "553 5.7.1 <n@example.com>: Sender address rejected: not owned by user n",
+     Outcome.PERMANENT),
+    ("rcpt", "550 5.1.8 <n@example.com>: Sender address rejected: Domain not found",
+     Outcome.PERMANENT),
+    ("rcpt", "550 5.1.7 <n@example.com>: Sender address rejected: bad syntax",
+     Outcome.PERMANENT),
+    ("mail", "553 5.1.7 <n@example.com>: Bad sender address syntax", Outcome.PERMANENT),
+    ("mail", "550 5.1.0 <n@example.com>: Sender address rejected: User unknown",
+     Outcome.PERMANENT),
+    ("mail", "451 4.3.0 Error: queue file write error", Outcome.RETRY),
 ])
 async def test_an_smtp_rate_limit_reply_is_rate_limited_and_other_replies_keep_their_class(
     settings: Settings, redis: Redis, stage: str, reply: str, outcome: Outcome
