@@ -6,6 +6,10 @@ no idempotency key: a retry after a lost answer (a timeout after DATA) sends the
 the documented duplicate. The task id travels in ``X-Notifkit-Task-Id`` and in the
 ``Message-ID`` (``<taskId@notifkit>``), which is also the provider message id.
 
+Only a failure once the message's data was being sent (a timeout or a dropped connection
+after DATA) may have been accepted (``maybe_accepted``); one before it, a connection never made
+included, sent nothing.
+
 Replies: 250 sent; 550/551/553 to RCPT with an enhanced status 5.1.x about the recipient (or
 none), or to DATA with one = invalid address; other 5xx = permanent (a refused sender or relay,
 5.7.x or 5.1.7/5.1.8, which servers such as Postfix give in reply to RCPT, says nothing of the
@@ -21,6 +25,7 @@ import asyncio
 import contextlib
 import re
 from email.message import EmailMessage
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import aiosmtplib
@@ -41,6 +46,17 @@ ENHANCED_STATUS = re.compile(r"([245])\.(\d{1,3})\.(\d{1,3})(?!\S)")
 SENDER_ADDRESS_DETAILS = frozenset({7, 8})
 
 
+class _Client(aiosmtplib.SMTP):
+    """aiosmtplib's client, noting when a message's DATA began: a failure before it cannot
+    have been accepted."""
+
+    data_begun = False
+
+    async def data(self, message: str | bytes, /, **options: Any) -> aiosmtplib.SMTPResponse:
+        self.data_begun = True
+        return await super().data(message, **options)
+
+
 class SmtpTransport:
     channel: str = "email"
     provider: str = "smtp"
@@ -58,7 +74,7 @@ class SmtpTransport:
         self.timeout_s = timeout_s
         self.rate_per_s = rate_per_s
         self._slots = asyncio.Semaphore(connections)
-        self._idle: list[aiosmtplib.SMTP] = []
+        self._idle: list[_Client] = []
 
     async def open(self, ctx: TransportContext) -> None:
         return None
@@ -73,6 +89,8 @@ class SmtpTransport:
         message_id = mail["Message-ID"]
         async with self._slots:
             client = self._idle.pop() if self._idle else None
+            if client is not None:
+                client.data_begun = False
             keep = False
             try:
                 async with asyncio.timeout(self.timeout_s):
@@ -93,14 +111,15 @@ class SmtpTransport:
                     # aiosmtplib's -1: a reply that is no SMTP reply. It may have been the
                     # server's 250 to the message, so it counts as an answer that was lost.
                     return SendResult(Outcome.RETRY, detail=f"unreadable SMTP reply: "
-                                      f"{exc.message.strip()}", maybe_accepted=True)
+                                      f"{exc.message.strip()}",
+                                      maybe_accepted=_data_begun(client))
                 return _by_code(exc.code, exc.message)
             except TimeoutError:
                 return SendResult(Outcome.RETRY, detail=f"no answer within {self.timeout_s:g} s",
-                                  maybe_accepted=True)
+                                  maybe_accepted=_data_begun(client))
             except (aiosmtplib.SMTPException, OSError) as exc:
                 return SendResult(Outcome.RETRY, detail=f"SMTP connection failed: {exc}",
-                                  maybe_accepted=True)
+                                  maybe_accepted=_data_begun(client))
             finally:
                 if client is not None:
                     if keep:
@@ -108,8 +127,8 @@ class SmtpTransport:
                     else:
                         await _quit(client)
 
-    async def _connect(self) -> aiosmtplib.SMTP:
-        client = aiosmtplib.SMTP(
+    async def _connect(self) -> _Client:
+        client = _Client(
             hostname=self.hostname, port=self.port, username=self.username,
             password=self.password, use_tls=self.use_tls, timeout=self.timeout_s,
         )
@@ -129,6 +148,10 @@ class SmtpTransport:
         if email.html is not None:
             mail.add_alternative(email.html, subtype="html")
         return mail
+
+
+def _data_begun(client: _Client | None) -> bool:
+    return client is not None and client.data_begun
 
 
 def _by_code(code: int, text: str, *, at_recipient: bool = False,

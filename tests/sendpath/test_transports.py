@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -307,6 +308,95 @@ async def test_an_smtp_rate_limit_reply_is_rate_limited_and_other_replies_keep_t
     assert result.outcome is outcome, result.detail
     assert result.status == int(reply[:3])
     assert result.retry_after_s is None
+
+
+@contextlib.asynccontextmanager
+async def hanging_up_server(command: str) -> AsyncIterator[int]:
+    """A local SMTP server that drops the connection when it reads ``command`` (``"."``: the
+    end of the message's data), before answering it. Yields its port."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"220 localhost ESMTP\r\n")
+        in_data = False
+        while line := await reader.readline():
+            word = line.decode("ascii", "replace").strip().upper()
+            if in_data and word != ".":
+                continue
+            if word.startswith(command.upper()):
+                writer.transport.abort()
+                return
+            if word.startswith("EHLO"):
+                writer.write(b"250-localhost\r\n250 8BITMIME\r\n")
+            elif word == "DATA":
+                in_data = True
+                writer.write(b"354 go ahead\r\n")
+            else:
+                in_data = False
+                writer.write(b"250 OK\r\n")
+            await writer.drain()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield int(server.sockets[0].getsockname()[1])
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize(("command", "maybe_accepted"), [
+    ("EHLO", False), ("MAIL", False), ("RCPT", False), (".", True),
+])
+async def test_an_smtp_connection_lost_before_the_message_was_sent_is_no_possible_duplicate(
+    settings: Settings, redis: Redis, command: str, maybe_accepted: bool
+) -> None:
+    """Only a connection lost once the message's data went out can have been accepted: one
+    lost earlier (or never made) was flagged as a lost answer too, so the outbox kept the
+    destination 'sending' and the retry's send was recorded as a possible duplicate."""
+    spec = next(c for c in CASES if c.provider == "smtp")
+    async with hanging_up_server(command) as port:
+        transport = smtp_transport(port)
+        await transport.open(TransportContext(settings, redis, None))
+        try:
+            result = await transport.send(message(spec))
+        finally:
+            await transport.close()
+
+    assert result.outcome is Outcome.RETRY, result.detail
+    assert result.maybe_accepted is maybe_accepted, result.detail
+
+
+async def test_an_unreadable_smtp_greeting_is_no_possible_duplicate(
+    settings: Settings, redis: Redis
+) -> None:
+    # Something that is no SMTP server answered the connection: no message went out.
+    async with refusing_server("connect", "HTTP/1.1 400 Bad Request") as port:
+        transport = smtp_transport(port)
+        await transport.open(TransportContext(settings, redis, None))
+        try:
+            result = await transport.send(message(next(c for c in CASES
+                                                       if c.provider == "smtp")))
+        finally:
+            await transport.close()
+
+    assert result.outcome is Outcome.RETRY, result.detail
+    assert not result.maybe_accepted
+
+
+async def test_an_smtp_server_that_is_not_there_is_no_possible_duplicate(
+    settings: Settings, redis: Redis
+) -> None:
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # nothing listens there now
+    transport = smtp_transport(port)
+    await transport.open(TransportContext(settings, redis, None))
+    try:
+        result = await transport.send(message(next(c for c in CASES if c.provider == "smtp")))
+    finally:
+        await transport.close()
+
+    assert result.outcome is Outcome.RETRY, result.detail
+    assert not result.maybe_accepted
 
 
 async def test_email_carries_the_one_click_unsubscribe_headers(sim: SimulatorServer) -> None:
