@@ -13,10 +13,10 @@ included, sent nothing.
 Replies: 250 sent; 550/551/553 to RCPT with an enhanced status 5.1.x about the recipient (or
 none), or to DATA with one = invalid address; other 5xx = permanent (a refused sender or relay,
 5.7.x or 5.1.7/5.1.8, which servers such as Postfix give in reply to RCPT, says nothing of the
-recipient); 421 or 451 with an enhanced status 4.7.x
-("451 4.7.1 Rate limit exceeded") = rate limited, parked like a 429 (SMTP has no Retry-After,
-so for delivery's default wait); other 4xx (421, 451, ...), timeouts and dropped connections =
-retry.
+recipient); a non-ASCII address to a server that does not offer SMTPUTF8 = permanent; 421
+or 451 with an enhanced status 4.7.x ("451 4.7.1 Rate limit exceeded") = rate limited, parked
+like a 429 (SMTP has no Retry-After, so for delivery's default wait); other 4xx (421, 451,
+...), timeouts and dropped connections = retry.
 """
 
 from __future__ import annotations
@@ -114,6 +114,10 @@ class SmtpTransport:
                                       f"{exc.message.strip()}",
                                       maybe_accepted=_data_begun(client))
                 return _by_code(exc.code, exc.message)
+            except aiosmtplib.SMTPNotSupported as exc:
+                # A non-ASCII address to a server without SMTPUTF8: the same on every attempt.
+                return SendResult(Outcome.PERMANENT, detail=f"the SMTP server cannot take "
+                                  f"this message: {exc}")
             except TimeoutError:
                 return SendResult(Outcome.RETRY, detail=f"no answer within {self.timeout_s:g} s",
                                   maybe_accepted=_data_begun(client))

@@ -364,6 +364,26 @@ async def test_an_smtp_connection_lost_before_the_message_was_sent_is_no_possibl
     assert result.maybe_accepted is maybe_accepted, result.detail
 
 
+async def test_a_unicode_address_to_an_smtp_server_without_smtputf8_is_a_permanent_failure(
+    settings: Settings, redis: Redis
+) -> None:
+    """The server cannot take the address on any attempt: this was called a lost connection,
+    retried until dead-lettered and flagged as a possible duplicate though nothing went out."""
+    async with refusing_server("none", "250 OK") as port:  # a server without SMTPUTF8
+        transport = SmtpTransport(url=f"smtp://127.0.0.1:{port}", from_addr="n@exämple.com",
+                                  timeout_s=TIMEOUT_S)
+        await transport.open(TransportContext(settings, redis, None))
+        try:
+            result = await transport.send(message(next(c for c in CASES
+                                                       if c.provider == "smtp")))
+        finally:
+            await transport.close()
+
+    assert result.outcome is Outcome.PERMANENT, result.detail
+    assert "SMTPUTF8" in result.detail
+    assert not result.maybe_accepted
+
+
 async def test_an_unreadable_smtp_greeting_is_no_possible_duplicate(
     settings: Settings, redis: Redis
 ) -> None:
