@@ -67,7 +67,7 @@ class SendgridTransport(HttpTransport):
 def classify(reply: HttpReply) -> SendResult:
     detail = error_detail(reply)
     if reply.ok:
-        return SendResult(Outcome.SENT, reply.headers.get("X-Message-Id"), "accepted",
+        return SendResult(Outcome.SENT, header(reply, "X-Message-Id"), "accepted",
                           reply.status)
     payload = reply.json()
     errors = payload.get("errors") if isinstance(payload, dict) else None

@@ -739,3 +739,11 @@ def test_sendgrid_429_reads_its_reset_time_as_a_bounded_wait(
     times = {"reset": str(now + 40), "past": str(now - 100), "far": str(now + 10 ** 9)}
     reply = HttpReply(429, {k: v.format(**times) for k, v in headers.items()}, b"{}")
     assert sendgrid_classify(reply).retry_after_s == expected
+
+
+@pytest.mark.parametrize("name", ["X-Message-Id", "x-message-id", "X-MESSAGE-ID"])
+def test_sendgrid_reads_its_message_id_in_any_case(name: str) -> None:
+    # Header names are case-insensitive: a proxy that writes them in lower case left the
+    # send without the message id SendGrid's events name it by.
+    result = sendgrid_classify(HttpReply(202, {name: "sg-msg-1"}, b""))
+    assert (result.outcome, result.provider_message_id) == (Outcome.SENT, "sg-msg-1")
