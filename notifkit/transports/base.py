@@ -303,7 +303,8 @@ class HttpTransport:
         )
         # The status is the answer. The body is read until the call's deadline and what came
         # by then is used: a receiver that answers 200 and keeps its body open (or trickles
-        # it) has still answered, and timing the call out would send it again on retry.
+        # it, or drops the connection before its end) has still answered, and timing the call
+        # out or calling it lost would send it again on retry.
         call_timeout = _CALL_TIMEOUT.get()
         deadline = call_timeout.when() if call_timeout is not None else None
         parts: list[bytes] = []
@@ -314,7 +315,8 @@ class HttpTransport:
             try:
                 async with asyncio.timeout_at(deadline):
                     complete = await read_head(response.content, MAX_REPLY_BYTES, parts)
-            except TimeoutError:
+            except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError,
+                    OSError):
                 pass
         finally:
             if complete:

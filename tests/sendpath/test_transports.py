@@ -747,3 +747,35 @@ def test_sendgrid_reads_its_message_id_in_any_case(name: str) -> None:
     # send without the message id SendGrid's events name it by.
     result = sendgrid_classify(HttpReply(202, {name: "sg-msg-1"}, b""))
     assert (result.outcome, result.provider_message_id) == (Outcome.SENT, "sg-msg-1")
+
+
+@pytest.mark.parametrize(("status", "outcome"), [
+    (200, Outcome.SENT), (404, Outcome.PERMANENT), (500, Outcome.RETRY),
+    (410, Outcome.INVALID_RECIPIENT),
+])
+async def test_a_webhook_answer_whose_body_breaks_off_is_classified_by_its_status(
+    status: int, outcome: Outcome,
+) -> None:
+    """A receiver that answers its status and then drops the connection before the body it
+    announced has answered: its 200 was taken for a lost answer, so it got the notification
+    again on the retry (or the recipient got the fallback channel's too)."""
+    posts: list[bytes] = []
+    routes = web.RouteTableDef()
+
+    @routes.post("/hook")
+    async def hook(request: web.Request) -> web.StreamResponse:
+        posts.append(await request.read())
+        response = web.StreamResponse(status=status)
+        response.content_length = 1000
+        await response.prepare(request)
+        await response.write(b"cut short")
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.abort()
+        return response
+
+    result = await send_to_hook(routes, "{}")
+
+    assert result.outcome is outcome, result.detail
+    assert result.status == status
+    assert len(posts) == 1
