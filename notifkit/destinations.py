@@ -126,7 +126,9 @@ def refused_host(host: str) -> str | None:
     if address is None:
         return None
     kind = refused_kind(address)
-    return None if kind is None else f"{host} is a {kind} address"
+    if kind is None:
+        return None
+    return f"{host} is {'an' if kind[0] in 'aeiou' else 'a'} {kind} address"
 
 
 def ascii_domain(domain: str) -> str:

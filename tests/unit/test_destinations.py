@@ -73,3 +73,12 @@ def test_only_an_e_mail_domain_and_a_url_scheme_and_host_are_respelled(
     channel: str, target: str, stored: str
 ) -> None:
     assert normalise_contact(channel, target) == stored
+
+
+@pytest.mark.parametrize(("host", "reason"), [
+    ("0.0.0.0", "0.0.0.0 is an unspecified address"),
+    ("10.0.0.5", "10.0.0.5 is a private address"),
+    ("localhost", "localhost is a loopback host"),
+])
+def test_a_refused_hosts_reason_reads_as_english(host: str, reason: str) -> None:
+    assert refused_host(host) == reason
