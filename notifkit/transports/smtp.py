@@ -10,13 +10,13 @@ Only a failure once the message's data was being sent (a timeout or a dropped co
 after DATA) may have been accepted (``maybe_accepted``); one before it, a connection never made
 included, sent nothing.
 
-Replies: 250 sent; 550/551/553 to RCPT with an enhanced status 5.1.x about the recipient (or
-none), or to DATA with one = invalid address; other 5xx = permanent (a refused sender or relay,
-5.7.x or 5.1.7/5.1.8, which servers such as Postfix give in reply to RCPT, says nothing of the
-recipient); a non-ASCII address to a server that does not offer SMTPUTF8 = permanent; 421
-or 451 with an enhanced status 4.7.x ("451 4.7.1 Rate limit exceeded") = rate limited, parked
-like a 429 (SMTP has no Retry-After, so for delivery's default wait); other 4xx (421, 451,
-...), timeouts and dropped connections = retry.
+Replies: 250 sent; 550/551/553 to RCPT with an enhanced status 5.1.x about the recipient or
+5.2.1 (or none), or to DATA with one = invalid address; other 5xx = permanent (a refused sender
+or relay, 5.7.x or 5.1.7/5.1.8, which servers such as Postfix give in reply to RCPT, says
+nothing of the recipient); a non-ASCII address to a server that does not offer SMTPUTF8 =
+permanent; 421 or 451 with an enhanced status 4.7.x ("451 4.7.1 Rate limit exceeded") = rate
+limited, parked like a 429 (SMTP has no Retry-After, so for delivery's default wait); other 4xx
+(421, 451, ...), timeouts and dropped connections = retry.
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ RATE_LIMIT_STATUS = re.compile(r"4\.7\.\d{1,3}(?!\S)")
 ENHANCED_STATUS = re.compile(r"([245])\.(\d{1,3})\.(\d{1,3})(?!\S)")
 # 5.1.x is about an address; 5.1.7 and 5.1.8 about the sender's, not the recipient's.
 SENDER_ADDRESS_DETAILS = frozenset({7, 8})
+# 5.2.1: the mailbox exists but is disabled ("The email account that you tried to reach is
+# disabled").
+DISABLED_MAILBOX = ("2", 1)
 
 
 class _Client(aiosmtplib.SMTP):
@@ -175,15 +178,19 @@ def _by_code(code: int, text: str, *, at_recipient: bool = False,
 
 def _bad_mailbox(text: str, *, at_recipient: bool) -> bool:
     """Whether a 550/551/553 says the recipient's address is bad: its enhanced status is a
-    5.1.x other than the sender's 5.1.7 and 5.1.8. A refusal at RCPT TO without an enhanced
-    status ("550 No such user here") is about that recipient too; servers that check
-    recipients late answer DATA with 5.1.x, and we send one recipient per message, so it is
-    that address. A 5.7.x (relaying denied, our sender refused by policy) is about us."""
+    5.1.x other than the sender's 5.1.7 and 5.1.8, or 5.2.1 (mailbox disabled). A refusal at
+    RCPT TO without an enhanced status ("550 No such user here") is about that recipient too;
+    servers that check recipients late answer DATA with 5.1.x, and we send one recipient per
+    message, so it is that address. A 5.7.x (relaying denied, our sender refused by policy)
+    is about us."""
     status = ENHANCED_STATUS.match(text.lstrip())
     if status is None:
         return at_recipient
-    return status[1] == "5" and status[2] == "1" \
-        and int(status[3]) not in SENDER_ADDRESS_DETAILS
+    if status[1] != "5":
+        return False
+    if status[2] == "1":
+        return int(status[3]) not in SENDER_ADDRESS_DETAILS
+    return (status[2], int(status[3])) == DISABLED_MAILBOX
 
 
 async def _quit(client: aiosmtplib.SMTP) -> None:

@@ -276,6 +276,8 @@ async def refusing_server(stage: str, reply: str) -> AsyncIterator[int]:
     ("rcpt", "553 5.1.3 <ada@example.com>: Bad recipient address syntax",
      Outcome.INVALID_RECIPIENT),
     ("rcpt", "550 No such user here", Outcome.INVALID_RECIPIENT),
+    ("rcpt", "550 5.2.1 The email account that you tried to reach is disabled",
+     Outcome.INVALID_RECIPIENT),
     ("data", "550 5.1.1 <ada@example.com>: user unknown", Outcome.INVALID_RECIPIENT),
     # A relay that refuses us, or a refusal of our sender (which servers such as Postfix
     # give in reply to RCPT TO), says nothing of the recipient: disabling the contact for it
