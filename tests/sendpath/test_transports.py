@@ -156,9 +156,20 @@ async def test_an_unreadable_answer_to_a_recorded_send_is_never_a_permanent_fail
         result.outcome is Outcome.RETRY and result.maybe_accepted), result
 
 
-def smtp_transport(port: int) -> SmtpTransport:
-    return SmtpTransport(url=f"smtp://127.0.0.1:{port}", from_addr="n@example.com",
+def smtp_transport(port: int, from_addr: str = "n@example.com") -> SmtpTransport:
+    return SmtpTransport(url=f"smtp://127.0.0.1:{port}", from_addr=from_addr,
                          timeout_s=TIMEOUT_S)
+
+
+async def smtp_send(settings: Settings, redis: Redis, port: int,
+                    from_addr: str = "n@example.com") -> SendResult:
+    """One e-mail sent through a fresh SMTP transport to the server on ``port``."""
+    transport = smtp_transport(port, from_addr)
+    await transport.open(TransportContext(settings, redis, None))
+    try:
+        return await transport.send(message(next(c for c in CASES if c.provider == "smtp")))
+    finally:
+        await transport.close()
 
 
 async def test_an_smtp_servers_configured_rate_limit_parks_like_a_429(
@@ -253,6 +264,29 @@ async def refusing_server(stage: str, reply: str) -> AsyncIterator[int]:
         await server.wait_closed()
 
 
+# A refused recipient is an invalid address when the reply says the mailbox is bad (5.1.x,
+# 5.2.1 disabled) or gives no enhanced status at all.
+ADDRESS_REFUSED = [
+    ("rcpt", "550 5.1.1 <ada@example.com>: Recipient address rejected: User unknown"),
+    ("rcpt", "553 5.1.3 <ada@example.com>: Bad recipient address syntax"),
+    ("rcpt", "550 No such user here"),
+    ("rcpt", "550 5.2.1 The email account that you tried to reach is disabled"),
+    ("data", "550 5.1.1 <ada@example.com>: user unknown"),
+]
+# A relay that refuses us, or a refusal of our sender (which servers such as Postfix give in
+# reply to RCPT TO), says nothing of the recipient: disabling the contact for it would
+# disable every user's address at once.
+SENDER_REFUSED = [
+    ("rcpt", "554 5.7.1 <ada@example.com>: Relay access denied"),
+    ("rcpt", "550 5.7.1 <ada@example.com>: Relay access denied"),
+    ("rcpt", "553 5.7.1 <n@example.com>: Sender address rejected: not owned by user n"),
+    ("rcpt", "550 5.1.8 <n@example.com>: Sender address rejected: Domain not found"),
+    ("rcpt", "550 5.1.7 <n@example.com>: Sender address rejected: bad syntax"),
+    ("mail", "553 5.1.7 <n@example.com>: Bad sender address syntax"),
+    ("mail", "550 5.1.0 <n@example.com>: Sender address rejected: User unknown"),
+]
+
+
 @pytest.mark.parametrize(("stage", "reply", "outcome"), [
     # 421 or 451 with an enhanced status 4.7.x is how SMTP servers say "too many": parked.
     ("data", "451 4.7.1 Rate limit exceeded, try again later", Outcome.RATE_LIMITED),
@@ -269,43 +303,15 @@ async def refusing_server(stage: str, reply: str) -> AsyncIterator[int]:
     ("rcpt", "450 4.7.1 Client host rejected: cannot find your hostname", Outcome.RETRY),
     ("data", "454 4.7.0 Temporary authentication failure", Outcome.RETRY),
     ("data", "554 5.7.1 Message rejected as spam", Outcome.PERMANENT),
-    # A refused recipient is an invalid address when the reply says the mailbox is bad
-    # (5.1.x) or gives no enhanced status at all.
-    ("rcpt", "550 5.1.1 <ada@example.com>: Recipient address rejected: User unknown",
-     Outcome.INVALID_RECIPIENT),
-    ("rcpt", "553 5.1.3 <ada@example.com>: Bad recipient address syntax",
-     Outcome.INVALID_RECIPIENT),
-    ("rcpt", "550 No such user here", Outcome.INVALID_RECIPIENT),
-    ("rcpt", "550 5.2.1 The email account that you tried to reach is disabled",
-     Outcome.INVALID_RECIPIENT),
-    ("data", "550 5.1.1 <ada@example.com>: user unknown", Outcome.INVALID_RECIPIENT),
-    # A relay that refuses us, or a refusal of our sender (which servers such as Postfix
-    # give in reply to RCPT TO), says nothing of the recipient: disabling the contact for it
-    # would disable every user's address at once.
-    ("rcpt", "554 5.7.1 <ada@example.com>: Relay access denied", Outcome.PERMANENT),
-    ("rcpt", "550 5.7.1 <ada@example.com>: Relay access denied", Outcome.PERMANENT),
-    ("rcpt", "553 5.7.1 <n@example.com>: Sender address rejected: not owned by user n",
-     Outcome.PERMANENT),
-    ("rcpt", "550 5.1.8 <n@example.com>: Sender address rejected: Domain not found",
-     Outcome.PERMANENT),
-    ("rcpt", "550 5.1.7 <n@example.com>: Sender address rejected: bad syntax",
-     Outcome.PERMANENT),
-    ("mail", "553 5.1.7 <n@example.com>: Bad sender address syntax", Outcome.PERMANENT),
-    ("mail", "550 5.1.0 <n@example.com>: Sender address rejected: User unknown",
-     Outcome.PERMANENT),
+    *[(stage, reply, Outcome.INVALID_RECIPIENT) for stage, reply in ADDRESS_REFUSED],
+    *[(stage, reply, Outcome.PERMANENT) for stage, reply in SENDER_REFUSED],
     ("mail", "451 4.3.0 Error: queue file write error", Outcome.RETRY),
 ])
 async def test_an_smtp_rate_limit_reply_is_rate_limited_and_other_replies_keep_their_class(
     settings: Settings, redis: Redis, stage: str, reply: str, outcome: Outcome
 ) -> None:
-    spec = next(c for c in CASES if c.provider == "smtp")
     async with refusing_server(stage, reply) as port:
-        transport = smtp_transport(port)
-        await transport.open(TransportContext(settings, redis, None))
-        try:
-            result = await transport.send(message(spec))
-        finally:
-            await transport.close()
+        result = await smtp_send(settings, redis, port)
 
     assert result.outcome is outcome, result.detail
     assert result.status == int(reply[:3])
@@ -353,14 +359,8 @@ async def test_an_smtp_connection_lost_before_the_message_was_sent_is_no_possibl
     """Only a connection lost once the message's data went out can have been accepted: one
     lost earlier (or never made) was flagged as a lost answer too, so the outbox kept the
     destination 'sending' and the retry's send was recorded as a possible duplicate."""
-    spec = next(c for c in CASES if c.provider == "smtp")
     async with hanging_up_server(command) as port:
-        transport = smtp_transport(port)
-        await transport.open(TransportContext(settings, redis, None))
-        try:
-            result = await transport.send(message(spec))
-        finally:
-            await transport.close()
+        result = await smtp_send(settings, redis, port)
 
     assert result.outcome is Outcome.RETRY, result.detail
     assert result.maybe_accepted is maybe_accepted, result.detail
@@ -372,14 +372,7 @@ async def test_a_unicode_address_to_an_smtp_server_without_smtputf8_is_a_permane
     """The server cannot take the address on any attempt: this was called a lost connection,
     retried until dead-lettered and flagged as a possible duplicate though nothing went out."""
     async with refusing_server("none", "250 OK") as port:  # a server without SMTPUTF8
-        transport = SmtpTransport(url=f"smtp://127.0.0.1:{port}", from_addr="n@exämple.com",
-                                  timeout_s=TIMEOUT_S)
-        await transport.open(TransportContext(settings, redis, None))
-        try:
-            result = await transport.send(message(next(c for c in CASES
-                                                       if c.provider == "smtp")))
-        finally:
-            await transport.close()
+        result = await smtp_send(settings, redis, port, from_addr="n@exämple.com")
 
     assert result.outcome is Outcome.PERMANENT, result.detail
     assert "SMTPUTF8" in result.detail
@@ -391,13 +384,7 @@ async def test_an_unreadable_smtp_greeting_is_no_possible_duplicate(
 ) -> None:
     # Something that is no SMTP server answered the connection: no message went out.
     async with refusing_server("connect", "HTTP/1.1 400 Bad Request") as port:
-        transport = smtp_transport(port)
-        await transport.open(TransportContext(settings, redis, None))
-        try:
-            result = await transport.send(message(next(c for c in CASES
-                                                       if c.provider == "smtp")))
-        finally:
-            await transport.close()
+        result = await smtp_send(settings, redis, port)
 
     assert result.outcome is Outcome.RETRY, result.detail
     assert not result.maybe_accepted
@@ -410,12 +397,7 @@ async def test_an_smtp_server_that_is_not_there_is_no_possible_duplicate(
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()  # nothing listens there now
-    transport = smtp_transport(port)
-    await transport.open(TransportContext(settings, redis, None))
-    try:
-        result = await transport.send(message(next(c for c in CASES if c.provider == "smtp")))
-    finally:
-        await transport.close()
+    result = await smtp_send(settings, redis, port)
 
     assert result.outcome is Outcome.RETRY, result.detail
     assert not result.maybe_accepted
