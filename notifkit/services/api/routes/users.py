@@ -75,21 +75,25 @@ async def put_user(request: web.Request) -> web.Response:
         if name in fields.body:
             changes[name] = fields.body[name]
 
+    sets = [f"{column} = ${i}" for i, column in enumerate(changes, start=3)]
     async with request.app[DB].acquire() as conn, conn.transaction():
-        created = await conn.fetchval(
-            "INSERT INTO users (project_id, id, attributes, timezone, locale) "
-            "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (project_id, id) DO NOTHING "
-            "RETURNING true",
-            project, user_id, changes.get("attributes", {}), changes.get("timezone"),
-            changes.get("locale"),
-        )
-        if not created:
-            sets = [f"{column} = ${i}" for i, column in enumerate(changes, start=3)]
-            await conn.execute(
-                f"UPDATE users SET {', '.join([*sets, 'updated_at = now()'])} "
-                "WHERE project_id = $1 AND id = $2",
-                project, user_id, *changes.values(),
+        while True:
+            created = await conn.fetchval(
+                "INSERT INTO users (project_id, id, attributes, timezone, locale) "
+                "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (project_id, id) DO NOTHING "
+                "RETURNING true",
+                project, user_id, changes.get("attributes", {}), changes.get("timezone"),
+                changes.get("locale"),
             )
+            # The UPDATE locks the row, so what follows sees the user until the commit. It
+            # finds none when an erasure committed since the INSERT saw the row: this PUT
+            # comes after it, and creates the user anew.
+            if created or await conn.fetchval(
+                f"UPDATE users SET {', '.join([*sets, 'updated_at = now()'])} "
+                "WHERE project_id = $1 AND id = $2 RETURNING true",
+                project, user_id, *changes.values(),
+            ):
+                break
         if segments is not None:
             await replace_segments(conn, project, user_id, segments)
         if contacts is not None:
