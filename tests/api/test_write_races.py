@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import asyncpg
 import pytest
+from redis.asyncio import Redis
 
 from notifkit.config import Settings
+from notifkit.ids import uuid7
+from notifkit.keys import Keys
+from notifkit.services.api.routes import dlq as dlq_routes
+from notifkit.streams import xadd
 from tests.api.conftest import Api, Project
 from tests.support.waiting import until_async
 
@@ -65,3 +71,62 @@ async def test_a_user_put_that_finds_the_user_erased_under_it_creates_the_user_a
     assert got.status == 200, got.body
     assert got.body["segments"] == ["b"]
     assert got.body["attributes"] == {}
+
+
+async def test_two_replays_of_one_dlq_entry_leave_one_replayed_row(
+    api: Api, project: Project, redis: Redis, db: asyncpg.Pool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    keys = Keys(api.settings.namespace)
+    # Given a dead-lettered task of a notification
+    event_id = uuid7()
+    stream = keys.outbound("normal")
+    entry = await xadd(redis, keys.dlq, {
+        "stream": stream, "group": "notifkit:group:delivery", "entryId": "1-0",
+        "service": "delivery", "error": "RuntimeError: boom", "attempts": 3,
+        "failedAt": "2030-01-01T00:00:00Z", "projectId": project.id,
+        "replayOf": f"{stream}/1-0",
+        "payload": {"projectId": project.id, "eventId": event_id, "taskId": "t1",
+                    "channel": "email", "userId": "u1"}}, 1000)
+
+    # And a first replay held up once it has written the timeline's row
+    written = asyncio.Event()
+    go_on = asyncio.Event()
+    real_insert = dlq_routes.insert_one
+    calls = 0
+
+    async def held_insert(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        first = calls == 1
+        row_id = await real_insert(*args)
+        if first:
+            written.set()
+            await go_on.wait()
+        return row_id
+
+    monkeypatch.setattr(dlq_routes, "insert_one", held_insert)
+    first = asyncio.create_task(api.call("POST", f"/v1/dlq/{entry}/replay", key=project.full))
+    await written.wait()
+
+    # When a second replay of the entry runs to its end (or waits for the first), and the
+    # first then goes on
+    second = asyncio.create_task(api.call("POST", f"/v1/dlq/{entry}/replay", key=project.full))
+    watcher = await asyncpg.connect(api.settings.database_url)
+    try:
+        await until_async(lambda: _done_or_waiting(second, watcher))
+    finally:
+        await watcher.close()
+    go_on.set()
+    replies = [await first, await second]
+
+    # Then the entry went back once, and its timeline says so once
+    assert sorted(r.status for r in replies) == [202, 404], [r.body for r in replies]
+    assert await redis.xlen(stream) == 1
+    assert await db.fetchval(
+        "SELECT count(*) FROM message_logs WHERE event_id = $1 AND kind = 'replayed'",
+        event_id) == 1
+
+
+async def _done_or_waiting(task: asyncio.Task[Any], conn: asyncpg.Connection) -> bool:
+    return task.done() or await waiting_on_a_lock(conn)

@@ -10,7 +10,8 @@ record enqueue it once. The new entry id has no attempt counter, so the count st
 ``"_replayedAttempts"`` carries the attempts made before, for the timeline's numbering only.
 Work of a notification canceled since is not replayed (409): the cancel said nothing more of it
 is sent. Work of a notification gets a ``replayed`` timeline row (status ``processing``),
-written before the XADD so that no row of the replayed work can precede it.
+written before the XADD so that no row of the replayed work can precede it, and committed
+after it, so that of two concurrent replays only the one that moved the entry leaves a row.
 """
 
 from __future__ import annotations
@@ -137,16 +138,19 @@ async def replay_dlq(request: web.Request) -> web.Response:
     # a replay that fails again are not taken for repeats of the first round's.
     replayed[REPLAYED_ATTEMPTS] = attempts_before(payload) + _count(record.get("attempts"))
     # The timeline's row goes first: once the entry is back on its stream, its next row may
-    # be written at any moment, and the replay must not come after it.
+    # be written at any moment, and the replay must not come after it. It is committed only
+    # once the entry is back, and a concurrent replay's row (the same one) waits on it: the
+    # request that moved the entry keeps the row, and one that found it gone leaves none.
     row = _replay_row(record, replayed[REPLAYED_ATTEMPTS], entry_id)
-    row_id = await insert_one(app[DB], row) if row is not None else None
     script = app[REDIS].register_script(_REPLAY)
-    new_id = await script(keys=[keys.dlq, stream],
-                          args=[entry_id, app[SETTINGS].queue_max_len, codec.dumps(replayed)])
-    if new_id is None:  # another request replayed or deleted it meanwhile
-        if row_id is not None:
-            await app[DB].execute("DELETE FROM message_logs WHERE id = $1", row_id)
-        raise ApiError(404, *ENTRY_NOT_FOUND)
+    async with app[DB].acquire() as conn, conn.transaction():
+        if row is not None:
+            await insert_one(conn, row)
+        new_id = await script(keys=[keys.dlq, stream],
+                              args=[entry_id, app[SETTINGS].queue_max_len,
+                                    codec.dumps(replayed)])
+        if new_id is None:  # another request replayed or deleted it meanwhile
+            raise ApiError(404, *ENTRY_NOT_FOUND)
     log.info("Replayed dead-lettered entry %s to %s as %s.", entry_id, stream, as_str(new_id),
              extra=_log_ids(record))
     return json_response({"id": as_str(new_id), "stream": stream, "replayOf": replay_of}, 202)
