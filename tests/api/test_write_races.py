@@ -19,6 +19,7 @@ from notifkit.ids import uuid7
 from notifkit.keys import Keys
 from notifkit.services.api.routes import dlq as dlq_routes
 from notifkit.streams import xadd
+from notifkit.unsubscribe import make_token
 from tests.api.conftest import Api, Project
 from tests.support.waiting import until_async
 
@@ -130,3 +131,32 @@ async def test_two_replays_of_one_dlq_entry_leave_one_replayed_row(
 
 async def _done_or_waiting(task: asyncio.Task[Any], conn: asyncpg.Connection) -> bool:
     return task.done() or await waiting_on_a_lock(conn)
+
+
+async def test_an_unsubscribe_that_finds_the_user_erased_under_it_still_suppresses(
+    api: Api, project: Project, other: asyncpg.Connection, db: asyncpg.Pool,
+) -> None:
+    # Given a user
+    made = await api.call("PUT", "/v1/users/u1", key=project.full, json={
+        "contacts": [{"channel": "email", "target": "ada@example.com"}]})
+    assert made.status == 201, made.body
+    token = make_token(api.settings.secret or "", project.id, "u1", "email", "marketing",
+                       "ada@example.com")
+
+    # And an erasure of the user, not yet committed
+    erasing = other.transaction()
+    await erasing.start()
+    await other.execute("DELETE FROM users WHERE project_id = $1 AND id = 'u1'", project.id)
+
+    # When the user's unsubscribe link is followed meanwhile, and the erasure then commits
+    clicked = asyncio.create_task(api.call("GET", "/v1/unsubscribe", params={"token": token}))
+    await until_async(lambda: _done_or_waiting(clicked, other))
+    await erasing.commit()
+    reply = await clicked
+
+    # Then the address is suppressed, and the erased user has no preferences left behind
+    assert reply.status == 200, reply.body
+    assert reply.body["suppressed"] is True
+    assert await db.fetchval("SELECT count(*) FROM suppressions WHERE target = "
+                             "'ada@example.com'") == 1
+    assert await db.fetchval("SELECT count(*) FROM user_topic_preferences") == 0

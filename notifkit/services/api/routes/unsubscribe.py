@@ -113,9 +113,11 @@ async def _unsubscribe(request: web.Request, project: str, claims: Unsubscribe) 
             raise ApiError(404, "project_not_found", "The project of this link no longer "
                                                      "exists.")
         # The preference rows need the user; a user erased since the e-mail was sent has no
-        # preferences left to change, but the suppression below still applies.
+        # preferences left to change, but the suppression below still applies. The row is
+        # held until the commit, so an erasure under way is waited for, not written under.
         user_exists = await conn.fetchval(
-            "SELECT 1 FROM users WHERE project_id = $1 AND id = $2", project, claims.user_id
+            "SELECT 1 FROM users WHERE project_id = $1 AND id = $2 FOR KEY SHARE",
+            project, claims.user_id,
         )
         if user_exists and claims.topic is not None:
             await conn.execute(
