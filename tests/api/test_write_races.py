@@ -17,11 +17,12 @@ from redis.asyncio import Redis
 from notifkit.config import Settings
 from notifkit.ids import uuid7
 from notifkit.keys import Keys
+from notifkit.services.api import idempotency
 from notifkit.services.api.routes import dlq as dlq_routes
 from notifkit.streams import xadd
 from notifkit.unsubscribe import make_token
 from tests.api.conftest import Api, Project
-from tests.support.waiting import until_async
+from tests.support.waiting import until, until_async
 
 
 @pytest.fixture
@@ -160,3 +161,46 @@ async def test_an_unsubscribe_that_finds_the_user_erased_under_it_still_suppress
     assert await db.fetchval("SELECT count(*) FROM suppressions WHERE target = "
                              "'ada@example.com'") == 1
     assert await db.fetchval("SELECT count(*) FROM user_topic_preferences") == 0
+
+
+async def test_a_retry_while_the_first_send_is_in_progress_gets_its_answer_though_the_template_went(
+    api: Api, project: Project, other: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made = await api.call("PUT", "/v1/templates/hello", key=project.full, json={
+        "channels": {"email": {"subject": "s", "text": "t"}}})
+    assert made.status == 201, made.body
+    body = {"to": "u1", "template": "hello"}
+    headers = {"x-idempotency-key": "k1"}
+
+    # Given a send with a key, held up in its acceptance by a lock on the table it writes
+    held = other.transaction()
+    await held.start()
+    await other.execute("LOCK TABLE notifications IN ACCESS EXCLUSIVE MODE")
+    first = asyncio.create_task(api.call("POST", "/v1/notifications", key=project.send,
+                                         json=body, headers=headers))
+    await until_async(lambda: waiting_on_a_lock(other))
+
+    # And its template deleted meanwhile
+    assert (await api.call("DELETE", "/v1/templates/hello", key=project.full)).status == 204
+
+    # When the caller retries with the key before the first answer came, and the first then
+    # goes through
+    waited = asyncio.Event()
+    real_pause = idempotency.pause
+
+    async def pause() -> None:
+        waited.set()
+        await real_pause()
+
+    monkeypatch.setattr(idempotency, "pause", pause)
+    retry = asyncio.create_task(api.call("POST", "/v1/notifications", key=project.send,
+                                         json=body, headers=headers))
+    await until(lambda: retry.done() or waited.is_set())
+    await held.rollback()
+    accepted, again = await first, await retry
+
+    # Then both got the one answer
+    assert accepted.status == 202, accepted.body
+    assert again.status == 202, again.body
+    assert again.body["id"] == accepted.body["id"]
+    assert again.headers["x-idempotent-replay"] == "true"

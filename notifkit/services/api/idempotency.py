@@ -69,6 +69,11 @@ class Replay:
     body: Any
 
 
+async def pause() -> None:
+    """One step of the wait for a request in progress with the same key."""
+    await asyncio.sleep(WAIT_STEP_S)
+
+
 def header_key(request: web.Request) -> str | None:
     """The request's idempotency key, validated; None when it has none."""
     value = request.headers.get(HEADER)
@@ -90,16 +95,27 @@ async def replay_earlier(request: web.Request, project: str, key: str | None,
     """The first response to ``key`` on ``route`` if one is stored. Looked up once the body
     has the right shape (a key never makes malformed JSON or a missing, mistyped or unknown
     field acceptable) but before anything stored is consulted, so a retry still gets its
-    answer when, say, the template it named was deleted since."""
+    answer when, say, the template it named was deleted since. A first request still in
+    progress is waited for, as :meth:`IdempotencyKey.claim` waits: a retry that came before
+    its answer gets that answer too, not a 400 from what changed meanwhile."""
     if key is None:
         return None
-    raw = await request.app[REDIS].get(request.app[KEYS].api_idempotency(project, key))
-    if raw is None:
-        return None
-    record = codec.loads(raw)
-    if record.get("state") != "done" or record.get("route") != route:
-        return None  # in progress or another route: claim() waits or answers the 409
-    return json_response(record["body"], int(record["status"]), {REPLAY_HEADER: "true"})
+    redis = request.app[REDIS]
+    name = request.app[KEYS].api_idempotency(project, key)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_TOTAL_S
+    while True:
+        raw = await redis.get(name)
+        if raw is None:
+            return None
+        record = codec.loads(raw)
+        if record.get("route") != route:
+            return None  # claim() answers the 409
+        if record.get("state") == "done":
+            return json_response(record["body"], int(record["status"]), {REPLAY_HEADER: "true"})
+        if loop.time() >= deadline:
+            raise key_in_use()
+        await pause()
 
 
 def key_reused() -> ApiError:
@@ -108,6 +124,16 @@ def key_reused() -> ApiError:
         409, "idempotency_key_reused",
         "This idempotency key was used with another route; use a new key.",
         [{"field": HEADER, "message": "was used with another route"}],
+    )
+
+
+def key_in_use() -> ApiError:
+    """The 409 for a key whose first request is still in progress after the wait."""
+    return ApiError(
+        409, "idempotency_key_in_use",
+        "A request with this idempotency key is still being processed; retry shortly.",
+        [{"field": HEADER, "message": "is in use by a request in progress"}],
+        headers={"Retry-After": "1"},
     )
 
 
@@ -141,14 +167,8 @@ class IdempotencyKey:
                              "a different body.", extra={"route": self.route})
                 return Replay(int(record["status"]), record["body"])
             if loop.time() >= deadline:
-                raise ApiError(
-                    409, "idempotency_key_in_use",
-                    "A request with this idempotency key is still being processed; retry "
-                    "shortly.",
-                    [{"field": HEADER, "message": "is in use by a request in progress"}],
-                    headers={"Retry-After": "1"},
-                )
-            await asyncio.sleep(WAIT_STEP_S)
+                raise key_in_use()
+            await pause()
 
     def remember(self, status: int, body: Any) -> Remember:
         record = {"state": "done", "route": self.route, "fingerprint": self.fingerprint,
