@@ -22,7 +22,8 @@ from typing import Any
 
 import asyncpg
 
-__all__ = ["UNAVAILABLE_SQLSTATE_CLASSES", "answers", "lock_wait", "unavailable"]
+__all__ = ["UNAVAILABLE_SQLSTATE_CLASSES", "answers", "lock_wait", "rolled_back_for_another",
+           "unavailable"]
 
 # PostgreSQL error classes that describe the server's state, not the statement: connection
 # exceptions (08), insufficient resources (53: too many connections, disk full), operator
@@ -65,6 +66,21 @@ def lock_wait(exc: BaseException) -> bool:
             return state == LOCK_NOT_AVAILABLE or (
                 state == QUERY_CANCELED
                 and _ROW_LOCK_WAIT.search(str(getattr(cause, "context", "") or "")) is not None)
+    return False
+
+
+# transaction_rollback: PostgreSQL ended the transaction for the sake of a concurrent one
+# (40P01 deadlock_detected, 40001 serialization_failure).
+TRANSACTION_ROLLBACK_CLASS = "40"
+
+
+def rolled_back_for_another(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception it was raised from, is PostgreSQL ending the
+    transaction because of a concurrent one: a deadlock it was chosen to break, or a
+    serialization failure. Nothing it did was kept, and the same work run again succeeds."""
+    for cause in _causes(exc):
+        if isinstance(cause, asyncpg.PostgresError):
+            return _sqlstate(cause)[:2] == TRANSACTION_ROLLBACK_CLASS
     return False
 
 

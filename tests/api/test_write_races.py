@@ -15,6 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 from notifkit.config import Settings
+from notifkit.db import logs
 from notifkit.ids import uuid7
 from notifkit.keys import Keys
 from notifkit.services.api import idempotency
@@ -94,7 +95,7 @@ async def test_two_replays_of_one_dlq_entry_leave_one_replayed_row(
     # And a first replay held up once it has written the timeline's row
     written = asyncio.Event()
     go_on = asyncio.Event()
-    real_insert = dlq_routes.insert_one
+    real_insert = logs.insert_one
     calls = 0
 
     async def held_insert(*args: Any) -> Any:
@@ -204,3 +205,40 @@ async def test_a_retry_while_the_first_send_is_in_progress_gets_its_answer_thoug
     assert again.status == 202, again.body
     assert again.body["id"] == accepted.body["id"]
     assert again.headers["x-idempotent-replay"] == "true"
+
+
+async def test_a_request_chosen_to_break_a_deadlock_is_told_to_retry(
+    api: Api, project: Project, other: asyncpg.Connection,
+) -> None:
+    # Given a user with two addresses
+    made = await api.call("PUT", "/v1/users/u1", key=project.full, json={"contacts": [
+        {"channel": "email", "target": "a@example.com"},
+        {"channel": "email", "target": "b@example.com"}]})
+    assert made.status == 201, made.body
+    ids = await other.fetch("SELECT id FROM user_contacts ORDER BY target")
+    first, second = ids[0]["id"], ids[1]["id"]
+
+    # And another session that holds the second address's row
+    held = other.transaction()
+    await held.start()
+    await other.execute("UPDATE user_contacts SET enabled = false WHERE id = $1", second)
+
+    # When a PUT that removes both addresses waits for it, and the session then asks for the
+    # first address's row, which the PUT holds by then
+    put = asyncio.create_task(api.call("PUT", "/v1/users/u1", key=project.full,
+                                       json={"contacts": []}))
+    await until_async(lambda: waiting_on_a_lock(other))
+    try:
+        await other.execute("UPDATE user_contacts SET enabled = false WHERE id = $1", first)
+    except asyncpg.DeadlockDetectedError:
+        pytest.skip("PostgreSQL chose the other session to break the deadlock")
+    reply = await put
+    await held.rollback()
+
+    # Then the PUT, chosen to break the deadlock, is refused as one to retry, not as a bug
+    assert reply.status == 503, reply.body
+    assert reply.headers["Retry-After"] == "1"
+    assert reply.error["code"] == "service_unavailable"
+    retried = await api.call("PUT", "/v1/users/u1", key=project.full, json={"contacts": []})
+    assert retried.status == 200, retried.body
+    assert retried.body["contacts"] == []

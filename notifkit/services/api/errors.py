@@ -26,7 +26,11 @@ from aiohttp.http_exceptions import ContentEncodingError
 from redis.exceptions import RedisError
 
 from notifkit import codec
-from notifkit.db.availability import UNAVAILABLE_SQLSTATE_CLASSES, lock_wait
+from notifkit.db.availability import (
+    UNAVAILABLE_SQLSTATE_CLASSES,
+    lock_wait,
+    rolled_back_for_another,
+)
 from notifkit.refusals import Refusal, RefusingRunner, quiet_refusals
 from notifkit.services.api.state import SETTINGS
 
@@ -183,6 +187,10 @@ def store_unavailable(exc: BaseException) -> bool:
     if lock_wait(exc):
         # A lock another session held (a migration, an operator's LOCK TABLE) outlasted the
         # query's wait: the request was fine, and will be once the lock is released.
+        return True
+    if rolled_back_for_another(exc):
+        # A deadlock with a concurrent writer (another request, a service) that PostgreSQL
+        # broke by ending this transaction: nothing of it was kept, and a retry goes through.
         return True
     if isinstance(exc, asyncpg.PostgresError):
         return str(getattr(exc, "sqlstate", "") or "")[:2] in UNAVAILABLE_SQLSTATE_CLASSES
