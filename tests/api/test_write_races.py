@@ -20,6 +20,8 @@ from notifkit.ids import uuid7
 from notifkit.keys import Keys
 from notifkit.services.api import idempotency
 from notifkit.services.api.routes import dlq as dlq_routes
+from notifkit.services.api.routes import inbox as inbox_routes
+from notifkit.services.api.state import HUB
 from notifkit.streams import xadd
 from notifkit.unsubscribe import make_token
 from tests.api.conftest import Api, Project
@@ -242,3 +244,44 @@ async def test_a_request_chosen_to_break_a_deadlock_is_told_to_retry(
     retried = await api.call("PUT", "/v1/users/u1", key=project.full, json={"contacts": []})
     assert retried.status == 200, retried.body
     assert retried.body["contacts"] == []
+
+
+async def test_an_inbox_stream_opening_as_its_key_is_revoked_is_not_left_open(
+    api: Api, project: Project, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    made = await api.admin("POST", f"/v1/projects/{project.id}/keys", json={"role": "full"})
+    hub = api.client.app[HUB]
+
+    # Given a stream authenticated with a key, held before it starts listening
+    checked = asyncio.Event()
+    go_on = asyncio.Event()
+    real_require_user = inbox_routes._require_user
+
+    async def held_require_user(*args: Any) -> None:
+        await real_require_user(*args)
+        checked.set()
+        await go_on.wait()
+
+    monkeypatch.setattr(inbox_routes, "_require_user", held_require_user)
+    opening = asyncio.create_task(api.call("GET", "/v1/users/u1/inbox/stream",
+                                           key=made.body["key"]))
+    await checked.wait()
+
+    # When the key is revoked, and the process has heard the revocation, before the stream
+    # listens
+    heard = asyncio.Event()
+    real_revoke = hub._revoke
+
+    def revoke(raw: bytes) -> None:
+        real_revoke(raw)
+        heard.set()
+
+    monkeypatch.setattr(hub, "_revoke", revoke)
+    assert (await api.admin("DELETE", f"/v1/keys/{made.body['id']}")).status == 204
+    await heard.wait()
+    go_on.set()
+
+    # Then the stream is refused as any request with the key is now, not left open for good
+    reply = await opening
+    assert reply.status == 401, reply.body

@@ -23,6 +23,7 @@ import asyncpg
 from aiohttp import web
 
 from notifkit import codec
+from notifkit.services.api.auth import unauthorized
 from notifkit.services.api.errors import ApiError, invalid_field, json_response, not_found
 from notifkit.services.api.middleware import principal, project_id
 from notifkit.services.api.pubsub import CLOSE, Hub
@@ -127,6 +128,11 @@ async def inbox_stream(request: web.Request) -> web.StreamResponse:
         "X-Accel-Buffering": "no",
     })
     try:
+        # A revocation heard between the authentication and listen() closed no queue of this
+        # stream: asked again now that one heard later will, so it cannot stay open for good.
+        if key_id is not None and not await pool.fetchval(
+                "SELECT 1 FROM project_api_keys WHERE id = $1 AND revoked_at IS NULL", key_id):
+            raise unauthorized("invalid_api_key", "The API key is unknown or has been revoked.")
         missed = [] if resume_after is None else await _stored_after(
             pool, project, user_id, resume_after)
         await response.prepare(request)
