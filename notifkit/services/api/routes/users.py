@@ -187,25 +187,27 @@ async def add_contact(request: web.Request) -> web.Response:
     assert channel is not None
     assert target is not None
     pool = request.app[DB]
-    try:
+    while True:
+        try:
+            row = await pool.fetchrow(
+                "INSERT INTO user_contacts (project_id, user_id, channel, target) "
+                "VALUES ($1, $2, $3, $4) ON CONFLICT (project_id, user_id, channel, target) "
+                "DO NOTHING RETURNING id, channel, target, enabled, created_at",
+                project, user_id, channel, target,
+            )
+        except asyncpg.ForeignKeyViolationError:
+            raise not_found("user", user_id) from None
+        if row is not None:
+            return json_response(contact_json(row), 201)
         row = await pool.fetchrow(
-            "INSERT INTO user_contacts (project_id, user_id, channel, target) "
-            "VALUES ($1, $2, $3, $4) ON CONFLICT (project_id, user_id, channel, target) "
-            "DO NOTHING RETURNING id, channel, target, enabled, created_at",
+            "SELECT id, channel, target, enabled, created_at FROM user_contacts "
+            "WHERE project_id = $1 AND user_id = $2 AND channel = $3 AND target = $4",
             project, user_id, channel, target,
         )
-    except asyncpg.ForeignKeyViolationError:
-        raise not_found("user", user_id) from None
-    if row is not None:
-        return json_response(contact_json(row), 201)
-    row = await pool.fetchrow(
-        "SELECT id, channel, target, enabled, created_at FROM user_contacts "
-        "WHERE project_id = $1 AND user_id = $2 AND channel = $3 AND target = $4",
-        project, user_id, channel, target,
-    )
-    if row is None:  # deleted between the two statements
-        raise not_found("user", user_id)
-    return json_response(contact_json(row), 200)
+        if row is not None:
+            return json_response(contact_json(row), 200)
+        # Removed between the two statements (a PUT of the user's contacts, or the user's
+        # erasure): add it after all, or find the user gone.
 
 
 @ops.route("DELETE", "/v1/users/{userId}/contacts/{contactId}", "Remove a contact",
