@@ -26,18 +26,15 @@ from notifkit.services.api.state import HUB
 from notifkit.streams import xadd
 from notifkit.unsubscribe import make_token
 from tests.api.conftest import Api, Project, start_api
+from tests.support.sessions import schema_session
 from tests.support.waiting import until, until_async
 
 
 @pytest.fixture
 async def other(api_settings: Settings) -> AsyncIterator[asyncpg.Connection]:
     """Another session on the test's schema."""
-    conn = await asyncpg.connect(api_settings.database_url)
-    await conn.execute(f'SET search_path = "{api_settings.db_schema}"')
-    try:
+    async with schema_session(api_settings) as conn:
         yield conn
-    finally:
-        await conn.close()
 
 
 async def waiting_on_a_lock(conn: asyncpg.Connection) -> bool:

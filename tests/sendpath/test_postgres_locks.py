@@ -18,6 +18,7 @@ from notifkit.config import Settings
 from notifkit.keys import Keys
 from notifkit.server import REGISTRY, service_class
 from notifkit.services.enricher import EnricherService
+from tests.support.sessions import schema_session
 from tests.support.streams import xrange
 
 from .helpers import add_template, add_user, send
@@ -30,12 +31,8 @@ LIMIT_S = 1.0
 @pytest.fixture
 async def holder(settings: Settings) -> AsyncIterator[asyncpg.Connection]:
     """A session of its own in the test's schema, as an operator's psql would be."""
-    conn = await asyncpg.connect(settings.database_url)
-    await conn.execute(f'SET search_path = "{settings.db_schema}"')
-    try:
+    async with schema_session(settings) as conn:
         yield conn
-    finally:
-        await conn.close()
 
 
 async def test_the_enricher_holds_a_send_while_a_lock_on_its_table_outlasts_its_limit(
