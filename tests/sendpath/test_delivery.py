@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from notifkit.config import Settings
 from notifkit.keys import Keys
 from notifkit.services.delivery import DeliveryService
+from notifkit.services.delivery import service as delivery_service
 from notifkit.services.engine import EngineService
 from notifkit.services.enricher import EnricherService
 from notifkit.services.events import EventsService
@@ -1160,3 +1161,21 @@ async def test_a_send_its_transport_raises_on_fails_alone_and_at_once(
     assert "ValueError: cannot encode this body" in dead_row["detail"]
     [dead] = await entries(redis, keys.dlq)
     assert dead["attempts"] == 1
+
+
+async def test_the_rate_limits_of_projects_a_delivery_process_remembers_are_bounded(
+    services: ServiceFactory, db: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A delivery process runs for months and sends for every project there is: what it
+    # remembers of their rateLimits must not grow with every project that ever sent.
+    monkeypatch.setattr(delivery_service, "MAX_PROJECT_SETTINGS", 4, raising=False)
+    delivery = await services(DeliveryService)
+    limited = await add_project(db, {"rateLimits": {"email": 7}})
+    others = [await add_project(db) for _ in range(10)]
+
+    for project_id in others:
+        assert await delivery._limits({project_id}) == {project_id: {}}
+        assert len(delivery._project_settings) <= 4
+    both = await delivery._limits({limited, others[0]})
+    assert both == {limited: {"email": 7}, others[0]: {}}
+    assert len(delivery._project_settings) <= 4

@@ -59,6 +59,10 @@ SentRow = tuple[str, str, str, str, str | None]
 MAX_BUCKET_WAIT_S = 2.0
 DEFAULT_PARK_S = 1.0
 PROJECT_SETTINGS_TTL_S = 30.0
+# Projects whose rateLimits a process remembers at once: past it, those not asked for are
+# forgotten (and read again when next asked for), so a process sending for every project
+# there is for months holds no more than this.
+MAX_PROJECT_SETTINGS = 10_000
 
 
 class DeliveryService(WorkerService):
@@ -322,15 +326,29 @@ class DeliveryService(WorkerService):
     async def _limits(self, project_ids: set[str]) -> dict[str, dict[str, Any]]:
         """Each project's ``settings.rateLimits`` (cached for a few seconds)."""
         now = time.monotonic()
-        stale = [p for p in project_ids
-                 if p not in self._project_settings or self._project_settings[p][0] < now]
+        # What is known is taken now: another batch may make room while this one reads.
+        known = {p: entry[1] for p in project_ids
+                 if (entry := self._project_settings.get(p)) is not None and entry[0] >= now}
+        stale = [p for p in project_ids if p not in known]
         if stale:
             loaded = await project_settings(self.pool, stale)
+            if len(self._project_settings) + len(stale) > MAX_PROJECT_SETTINGS:
+                self._forget_project_settings(now, project_ids, len(stale))
             for project_id in stale:
                 limits = (loaded.get(project_id) or {}).get("rateLimits")
-                self._project_settings[project_id] = (
-                    now + PROJECT_SETTINGS_TTL_S, limits if isinstance(limits, dict) else {})
-        return {p: self._project_settings[p][1] for p in project_ids}
+                known[project_id] = limits if isinstance(limits, dict) else {}
+                self._project_settings[project_id] = (now + PROJECT_SETTINGS_TTL_S,
+                                                      known[project_id])
+        return known
+
+    def _forget_project_settings(self, now: float, keep: set[str], adding: int) -> None:
+        """Make room for ``adding`` more: drop what has expired, and if that is not
+        enough, all but ``keep`` (the projects being asked for)."""
+        kept = {p: entry for p, entry in self._project_settings.items()
+                if entry[0] >= now or p in keep}
+        if len(kept) + adding > MAX_PROJECT_SETTINGS:
+            kept = {p: entry for p, entry in kept.items() if p in keep}
+        self._project_settings = kept
 
     # -- acting on the verdict ------------------------------------------------------------
     async def _apply(
