@@ -397,11 +397,12 @@ async def test_deleting_a_user_erases_profile_contacts_and_preferences(db: async
             assert await conn.fetchval(f"SELECT count(*) FROM {table}") == 0, table
 
 
-async def test_deleting_a_project_deletes_its_sends_and_outbox_rows(
+async def test_deleting_a_project_deletes_its_sends_outbox_timeline_and_ai_usage_rows(
     db: asyncpg.Pool, database_url: str, db_schema: str
 ) -> None:
     """Those tables have no per-row foreign key (0009), but a project's deletion still takes
-    its sends with it, also from a session whose search_path is not notifkit's schema."""
+    its sends with it, also from a session whose search_path is not notifkit's schema: no row
+    of it is left behind that nothing could reach or remove."""
     async with db.acquire() as conn:
         gone, kept = await _project(conn), await _project(conn)
         for project in (gone, kept):
@@ -412,13 +413,20 @@ async def test_deleting_a_project_deletes_its_sends_and_outbox_rows(
                 "INSERT INTO delivery_outbox (task_id, channel, destination, project_id, "
                 "provider) VALUES ($1, 'sms', '+15550001111', $2, 'twilio')",
                 str(project), project)
+            await conn.execute(
+                "INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, "
+                "kind, status) VALUES ($1, gen_random_uuid(), $2, 'u1', 'sms', 'sent', 'sent')",
+                project, str(project))
+            await conn.execute(
+                "INSERT INTO ai_usage (task_id, project_id, model) VALUES ($1, $2, 'gpt-4o')",
+                str(project), project)
     outsider = await asyncpg.connect(database_url)  # search_path: public
     try:
         await outsider.execute(f'DELETE FROM "{db_schema}".projects WHERE id = $1', gone)
     finally:
         await outsider.close()
     async with db.acquire() as conn:
-        for table in ("notifications", "delivery_outbox"):
+        for table in ("notifications", "delivery_outbox", "message_logs", "ai_usage"):
             left = await conn.fetch(f"SELECT project_id FROM {table}")
             assert [r["project_id"] for r in left] == [kept], table
 
