@@ -23,6 +23,9 @@ def consumer_name(service: str) -> str:
 
 
 _PIPELINE_ERROR = " of pipeline caused error: "
+# How long a process that stopped beating without a clean stop (killed) stays in the index:
+# /health lists it, stale, meanwhile. Every beat and every /health drops older entries.
+HEARTBEAT_INDEX_KEEP_S = 3600
 
 
 def heartbeat_failure(exc: BaseException) -> str:
@@ -43,9 +46,13 @@ async def write_heartbeat(redis: Redis, keys: Keys, consumer: str, beat: Mapping
                           ttl_s: int) -> None:
     """The consumer's ``notif:health:*`` key, and its entry in the index /health reads (a SCAN
     for the keys would walk every key of a shared Redis: millions of dedup marks)."""
+    now = time.time()
     writes = redis.pipeline(transaction=True)
     writes.set(keys.health(consumer), codec.dumps(beat), ex=ttl_s)
-    writes.zadd(keys.heartbeats, {consumer: time.time()})
+    writes.zadd(keys.heartbeats, {consumer: now})
+    # Killed processes' entries go here too, not only when /health is asked: a deployment
+    # nobody asks would keep one for every process ever killed.
+    writes.zremrangebyscore(keys.heartbeats, "-inf", now - HEARTBEAT_INDEX_KEEP_S)
     await writes.execute()
 
 

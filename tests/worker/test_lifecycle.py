@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import socket
+import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -413,3 +414,19 @@ async def test_a_service_stopped_while_redis_stalls_stops_within_the_grace(
         done, _ = await asyncio.wait({stopping}, timeout=8)
         assert stopping in done, "the stop waited for a stalled Redis"
         stopping.result()
+
+
+async def test_a_heartbeat_takes_processes_gone_for_an_hour_off_the_index(
+    redis: Redis, keys: Keys,
+) -> None:
+    """Killed processes (a crash, an evicted pod under a new hostname) leave their entry in
+    the heartbeat index; /health drops those an hour old, but a deployment whose /health
+    nobody asks must not collect one entry per killed process for as long as it runs."""
+    now = time.time()
+    await redis.zadd(keys.heartbeats, {"delivery-gone-1": now - 7200,
+                                       "delivery-recent-2": now - 600})
+    await write_heartbeat(redis, keys, "delivery-host-9", {"service": "delivery"}, 30)
+    assert await redis.zscore(keys.heartbeats, "delivery-gone-1") is None
+    # Within the hour a killed process stays listed (stale) for /health to report.
+    assert await redis.zscore(keys.heartbeats, "delivery-recent-2") is not None
+    assert await redis.zscore(keys.heartbeats, "delivery-host-9") is not None

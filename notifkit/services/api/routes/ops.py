@@ -28,12 +28,12 @@ from notifkit.services.api.schemas import ref
 from notifkit.services.api.state import DB, KEYS, OPERATIONS, REDIS, SETTINGS
 from notifkit.services.api.validation import encode_cursor, page_query
 from notifkit.streams import as_str
+from notifkit.worker.health import HEARTBEAT_INDEX_KEEP_S
 
 ops = Operations("operations")
 
 HEALTH_TIMEOUT_S = 1.0
 STALE_BEATS = 3
-HEARTBEAT_INDEX_KEEP_S = 3600
 # The text format's 0.0.4 label, which every Prometheus reads; prometheus_client's latest label
 # (1.0.0) is refused by older scrapers, and what we render is the same text for our names.
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
