@@ -9,6 +9,10 @@ Several processes may start at once (every service migrates at start unless
 ``auto_migrate=False``): the runner holds a session-level ``pg_advisory_lock`` whose key is
 derived from the schema name while it creates the schema, reads what is applied and applies
 the rest. Whoever waits finds nothing left to do.
+
+A schema that records a migration this release does not have was migrated by a newer release:
+the runner (and a start with ``AUTO_MIGRATE=false``) refuses it rather than serve on tables
+whose meaning it cannot know.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ __all__ = [
     "migrate",
     "migrate_connection",
     "migration_lock_key",
+    "refuse_newer",
     "unapplied",
 ]
 
@@ -96,14 +101,36 @@ async def applied_versions(conn: asyncpg.Connection) -> dict[int, str]:
     return {row["version"]: row["checksum"] for row in rows}
 
 
+async def refuse_newer(
+    conn: asyncpg.Connection, schema: str, applied: dict[int, str], available: list[Migration]
+) -> None:
+    """A :class:`MigrationError` when ``schema`` records migrations this release does not have:
+    a newer release migrated it, and this one cannot know what its tables now mean."""
+    known = {m.version for m in available}
+    newer = sorted(v for v in applied if v not in known)
+    if not newer:
+        return
+    names = {row["version"]: row["name"] for row in await conn.fetch(
+        "SELECT version, name FROM schema_migrations WHERE version = ANY($1::int[])", newer)}
+    listed = ", ".join(names.get(v) or f"{v:04d}" for v in newer)
+    newest = available[-1].name if available else "none"
+    raise MigrationError(
+        f"schema {schema!r} was migrated by a newer notifkit: it has {listed}, which this "
+        f"release does not know (its newest migration is {newest}); run the release that "
+        "migrated it, or point DB_SCHEMA at another schema")
+
+
 async def unapplied(settings: Settings) -> list[str]:
-    """The migrations ``settings.db_schema`` lacks, by name (every one, for a new schema)."""
+    """The migrations ``settings.db_schema`` lacks, by name (every one, for a new schema).
+    A schema a newer release migrated is a :class:`MigrationError` (:func:`refuse_newer`)."""
+    available = load_migrations()
     conn = await connect(settings, application_name="notifkit-check")
     try:  # the connection's search_path is the schema already
         applied = await applied_versions(conn)
+        await refuse_newer(conn, settings.db_schema, applied, available)
     finally:
         await conn.close()
-    return [m.name for m in load_migrations() if m.version not in applied]
+    return [m.name for m in available if m.version not in applied]
 
 
 async def migrate(settings: Settings, *, progress: Progress | None = None) -> list[str]:
@@ -152,6 +179,7 @@ async def migrate_connection(
             """
         )
         applied = await applied_versions(conn)
+        await refuse_newer(conn, schema, applied, available)
         for migration in available:
             recorded = applied.get(migration.version)
             if recorded is not None and recorded != migration.checksum:

@@ -374,3 +374,31 @@ def test_a_signal_repeated_while_stopping_still_ends_cleanly(
     # loop had closed and put back the default handlers
     assert status == 0, stderr
     assert "Traceback" not in stderr, stderr
+
+
+@pytest.mark.parametrize(("command", "auto_migrate"), [("migrate", "true"), ("serve", "true"),
+                                                        ("serve", "false")])
+def test_a_schema_migrated_by_a_newer_release_is_named(
+    command: str, auto_migrate: str, redis_url: str, database_url: str
+) -> None:
+    # Given a schema that a newer notifkit migrated further than this one knows
+    env = _env(redis_url, database_url, NOTIFKIT_SERVICES="api", HOST="127.0.0.1")
+    assert run_cli(env, "migrate").returncode == 0
+    asyncio.run(_record_migration(database_url, env["DB_SCHEMA"], 9999, "9999_from_the_future"))
+    # When this release starts on it (or migrates it)
+    result = run_cli({**env, "AUTO_MIGRATE": auto_migrate}, command)
+    # Then it refuses in one line naming the setting and the migration it does not know: it
+    # said the schema was up to date and served on tables whose meaning it did not know.
+    _one_line_naming(result, "DB_SCHEMA")
+    assert "9999_from_the_future" in result.stderr
+    assert "newer" in result.stderr
+    assert "listening" not in result.stderr, result.stderr
+
+
+async def _record_migration(database_url: str, schema: str, version: int, name: str) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(f'INSERT INTO "{schema}".schema_migrations (version, name, checksum) '
+                           "VALUES ($1, $2, 'unknown')", version, name)
+    finally:
+        await conn.close()
