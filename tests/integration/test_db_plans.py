@@ -11,11 +11,13 @@ from __future__ import annotations
 import uuid
 
 import asyncpg
+import pytest
 
 from notifkit.db.outbox import _CLAIM
 from notifkit.db.recipients import _RECIPIENTS_SQL
 from notifkit.ids import uuid7
 from notifkit.reconcile import _CANDIDATES, id_floor
+from notifkit.services.api.routes.notifications import MESSAGES_SQL
 
 # A batch UPDATE by primary key, as the workers issue them.
 _UPDATE = ("UPDATE notifications n SET status = 'processing', updated_at = now() "
@@ -148,3 +150,27 @@ async def test_a_reconciliation_slice_reads_its_minute_of_notifications_by_prima
     plan = "\n".join(r[0] for r in rows)
     assert "Seq Scan on notifications" not in plan, plan
     assert "Seq Scan on message_logs" not in plan, plan
+
+
+@pytest.mark.parametrize("status", ["failed", "dead_lettered", "throttled"])
+async def test_listing_a_projects_failures_reads_them_by_index(
+    db: asyncpg.Pool, status: str
+) -> None:
+    """GET /v1/messages?status=failed on a timeline of a project that mostly succeeds: the
+    failures are read from an index on the status, not found by reading every row of the
+    project (a sequential scan of message_logs, a table that only grows)."""
+    async with db.acquire() as conn:
+        project = await _project_with_users(conn, 1)
+        await conn.execute(
+            "INSERT INTO message_logs (project_id, event_id, task_id, channel, kind, status, "
+            "created_at) SELECT $1, gen_random_uuid(), 'task-' || g, 'email', s, s, "
+            "now() - g * interval '1 ms' FROM generate_series(1, $2) g, "
+            "LATERAL (SELECT CASE WHEN g % 10000 = 0 THEN $3 ELSE 'sent' END AS s) k",
+            project, GROWN * 4, status)
+        await conn.execute("ANALYZE message_logs")
+        sql = MESSAGES_SQL.format(where="project_id = $1 AND status = $2", limit="$3")
+        rows = await conn.fetch("EXPLAIN (COSTS OFF) " + sql, project, status, 51)
+    plan = "\n".join(r[0] for r in rows)
+    assert "Seq Scan on message_logs" not in plan, plan
+    assert any("Index Cond" in r[0] and "status" in r[0] for r in rows), plan
+

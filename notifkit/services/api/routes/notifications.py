@@ -87,6 +87,13 @@ _TIMELINE = (
     "created_at FROM message_logs WHERE project_id = $1 AND event_id = $2 ORDER BY created_at, id"
 )
 
+# GET /v1/messages, given its conditions (project_id first) and its LIMIT parameter.
+MESSAGES_SQL = (
+    "SELECT id, event_id, task_id, user_id, channel, attempt, kind, status, detail, "
+    "provider, provider_message_id, campaign_id, metadata, created_at FROM message_logs "
+    "WHERE {where} ORDER BY created_at DESC, id DESC LIMIT {limit}"
+)
+
 IDEMPOTENCY_PARAM = Param(
     # Printable ASCII, not white space alone: the server takes any printable characters, but
     # HTTP clients differ in how they put others on the wire (Latin-1 or UTF-8).
@@ -281,11 +288,7 @@ async def list_messages(request: web.Request) -> web.Response:
         where.append(f"(created_at, id) < (${len(args) - 1}, ${len(args)})")
     args.append(limit + 1)
     rows = await request.app[DB].fetch(
-        "SELECT id, event_id, task_id, user_id, channel, attempt, kind, status, detail, "
-        "provider, provider_message_id, campaign_id, metadata, created_at FROM message_logs "
-        f"WHERE {' AND '.join(where)} ORDER BY created_at DESC, id DESC LIMIT ${len(args)}",
-        *args,
-    )
+        MESSAGES_SQL.format(where=" AND ".join(where), limit=f"${len(args)}"), *args)
     page = rows[:limit]
     next_cursor = None
     if len(rows) > limit:
