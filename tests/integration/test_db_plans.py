@@ -18,6 +18,7 @@ from notifkit.db.recipients import _RECIPIENTS_SQL
 from notifkit.ids import uuid7
 from notifkit.reconcile import _CANDIDATES, id_floor
 from notifkit.services.api.routes.notifications import MESSAGES_SQL
+from notifkit.services.api.routes.users import WAITING_SENDS_SQL
 
 # A batch UPDATE by primary key, as the workers issue them.
 _UPDATE = ("UPDATE notifications n SET status = 'processing', updated_at = now() "
@@ -174,3 +175,18 @@ async def test_listing_a_projects_failures_reads_them_by_index(
     assert "Seq Scan on message_logs" not in plan, plan
     assert any("Index Cond" in r[0] and "status" in r[0] for r in rows), plan
 
+
+async def test_erasing_a_user_finds_their_scheduled_sends_by_index(db: asyncpg.Pool) -> None:
+    """DELETE /v1/users/{userId} takes the user's waiting sends out of the scheduler: they
+    are found by an index on (project, user), not by reading every waiting task."""
+    async with db.acquire() as conn:
+        project = await _project_with_users(conn, 1)
+        await conn.execute(
+            "INSERT INTO scheduled_payloads (task_id, project_id, due_at, stream, payload) "
+            "SELECT 'task-' || g, $1, now() + g * interval '1 s', 'x', "
+            "jsonb_build_object('userId', 'u' || (g % 5000), 'eventId', gen_random_uuid()) "
+            "FROM generate_series(1, $2) g", project, GROWN)
+        await conn.execute("ANALYZE scheduled_payloads")
+        rows = await conn.fetch("EXPLAIN (COSTS OFF) " + WAITING_SENDS_SQL, project, "u7")
+    plan = "\n".join(r[0] for r in rows)
+    assert "Seq Scan on scheduled_payloads" not in plan, plan

@@ -115,6 +115,14 @@ async def get_user(request: web.Request) -> web.Response:
     return json_response(user)
 
 
+# An erased user's sends waiting in the scheduler (index scheduled_payloads_user_idx).
+WAITING_SENDS_SQL = (
+    "SELECT task_id, payload->>'eventId' AS event_id, payload->>'channel' AS channel, "
+    "payload->>'campaignId' AS campaign_id FROM scheduled_payloads "
+    "WHERE project_id = $1 AND payload->>'userId' = $2"
+)
+
+
 @ops.route("DELETE", "/v1/users/{userId}", "Erase a user and all their data",
            responses={204: Reply(None, "The profile, contacts, segments, preferences, quiet "
                                        "hours and in-app inbox are erased; the user's "
@@ -144,12 +152,7 @@ async def delete_user(request: web.Request) -> web.Response:
             project, user_id, list(workflows_db.TERMINAL_STATUSES),
         ):
             await workflows_db.cancel_instance(conn, project, instance_id)
-        waiting = await conn.fetch(
-            "SELECT task_id, payload->>'eventId' AS event_id, payload->>'channel' AS channel, "
-            "payload->>'campaignId' AS campaign_id FROM scheduled_payloads "
-            "WHERE project_id = $1 AND payload->>'userId' = $2",
-            project, user_id,
-        )
+        waiting = await conn.fetch(WAITING_SENDS_SQL, project, user_id)
     await _drop_waiting_sends(request, project, user_id, waiting)
     # Their throttle window goes too: named by their id, it lived as long as their latest
     # send was due, and the sends just dropped held back a user created again under the id.
