@@ -442,14 +442,16 @@ async def join_digest(
     return DigestWindow(*row.values())
 
 
+# The latest window an instance opened at a step (index workflow_digests_owner_idx).
+OWNED_WINDOW_SQL = """SELECT id::text, owner_instance_id::text, window_ends_at, items, closed_at
+     FROM workflow_digests
+    WHERE project_id = $1 AND owner_instance_id = $2 AND step_path = $3
+    ORDER BY created_at DESC LIMIT 1"""
+
+
 async def owned_window(conn: Conn, instance: Instance, path: str) -> DigestWindow | None:
-    row = await conn.fetchrow(
-        """SELECT id::text, owner_instance_id::text, window_ends_at, items, closed_at
-             FROM workflow_digests
-            WHERE project_id = $1 AND owner_instance_id = $2 AND step_path = $3
-            ORDER BY created_at DESC LIMIT 1""",
-        instance.project_id, instance.id, path, timeout=DIGEST_QUERY_TIMEOUT_S,
-    )
+    row = await conn.fetchrow(OWNED_WINDOW_SQL, instance.project_id, instance.id, path,
+                              timeout=DIGEST_QUERY_TIMEOUT_S)
     return DigestWindow(*row.values()) if row is not None else None
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from notifkit.db.outbox import _CLAIM
 from notifkit.db.recipients import _RECIPIENTS_SQL
+from notifkit.db.workflows import OWNED_WINDOW_SQL
 from notifkit.ids import uuid7
 from notifkit.reconcile import _CANDIDATES, id_floor
 from notifkit.services.api.routes.notifications import MESSAGES_SQL
@@ -190,3 +191,25 @@ async def test_erasing_a_user_finds_their_scheduled_sends_by_index(db: asyncpg.P
         rows = await conn.fetch("EXPLAIN (COSTS OFF) " + WAITING_SENDS_SQL, project, "u7")
     plan = "\n".join(r[0] for r in rows)
     assert "Seq Scan on scheduled_payloads" not in plan, plan
+
+
+async def test_a_digest_owner_finds_its_window_by_index(db: asyncpg.Pool) -> None:
+    """The owner of a digest window reads it back when the window ends, among every window
+    ever opened (closed ones stay): by an index on the owner, not by a scan of them all."""
+    async with db.acquire() as conn:
+        project = await _project_with_users(conn, 1)
+        await conn.execute(
+            "INSERT INTO workflow_instances (id, project_id, workflow_id, user_id, steps) "
+            "SELECT gen_random_uuid(), $1, 'digest', 'u' || g, '[]' "
+            "FROM generate_series(1, $2) g", project, GROWN)
+        await conn.execute(
+            "INSERT INTO workflow_digests (project_id, workflow_id, user_id, step_index, "
+            "step_path, owner_instance_id, window_ends_at, closed_at) "
+            "SELECT project_id, workflow_id, user_id, 0, '0', id, now(), now() "
+            "FROM workflow_instances WHERE project_id = $1", project)
+        await conn.execute("ANALYZE workflow_instances, workflow_digests")
+        owner = await conn.fetchval(
+            "SELECT id FROM workflow_instances WHERE project_id = $1 LIMIT 1", project)
+        rows = await conn.fetch("EXPLAIN (COSTS OFF) " + OWNED_WINDOW_SQL, project, owner, "0")
+    plan = "\n".join(r[0] for r in rows)
+    assert "Seq Scan on workflow_digests" not in plan, plan
