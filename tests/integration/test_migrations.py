@@ -541,3 +541,22 @@ async def test_isolated_namespace_deletes_its_keys_and_nobody_elses(
         assert await redis.get(outsider) == b"1"
     finally:
         await redis.delete(outsider)
+
+
+async def test_the_model_comments_say_where_a_sends_status_and_a_digest_key_are(
+    db: asyncpg.Pool,
+) -> None:
+    """Whoever reads the data model from its comments (the README sends them there) finds
+    what the columns hold: notifications.status stays as accepted and the send's status is
+    read from message_logs; digest windows are unique per step path, not step index."""
+    async with db.acquire() as conn:
+        status = await conn.fetchval(
+            "SELECT col_description('notifications'::regclass, attnum) FROM pg_attribute "
+            "WHERE attrelid = 'notifications'::regclass AND attname = 'status'")
+        table = await conn.fetchval("SELECT obj_description('notifications'::regclass)")
+        digests = await conn.fetchval("SELECT obj_description('workflow_digests'::regclass)")
+    assert status is not None
+    assert "message_logs" in status, status
+    assert "summary of the whole send" not in table, table
+    assert "user_id, step_path)" in digests, digests
+    assert "step_index)" not in digests, digests
