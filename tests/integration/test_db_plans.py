@@ -154,6 +154,16 @@ async def test_a_reconciliation_slice_reads_its_minute_of_notifications_by_prima
     assert "Seq Scan on message_logs" not in plan, plan
 
 
+async def _grown_project(conn: asyncpg.Connection, table: str, fill: str,
+                         *args: object) -> uuid.UUID:
+    """A new project whose rows ``fill`` (parameters: the project, then ``args``) adds to
+    ``table``, analysed."""
+    project = await _project_with_users(conn, 1)
+    await conn.execute(fill, project, *args)
+    await conn.execute(f"ANALYZE {table}")
+    return project
+
+
 @pytest.mark.parametrize("status", ["failed", "dead_lettered", "throttled"])
 async def test_listing_a_projects_failures_reads_them_by_index(
     db: asyncpg.Pool, status: str
@@ -162,14 +172,13 @@ async def test_listing_a_projects_failures_reads_them_by_index(
     failures are read from an index on the status, not found by reading every row of the
     project (a sequential scan of message_logs, a table that only grows)."""
     async with db.acquire() as conn:
-        project = await _project_with_users(conn, 1)
-        await conn.execute(
+        project = await _grown_project(
+            conn, "message_logs",
             "INSERT INTO message_logs (project_id, event_id, task_id, channel, kind, status, "
             "created_at) SELECT $1, gen_random_uuid(), 'task-' || g, 'email', s, s, "
             "now() - g * interval '1 ms' FROM generate_series(1, $2) g, "
             "LATERAL (SELECT CASE WHEN g % 10000 = 0 THEN $3 ELSE 'sent' END AS s) k",
-            project, GROWN * 4, status)
-        await conn.execute("ANALYZE message_logs")
+            GROWN * 4, status)
         sql = MESSAGES_SQL.format(where="project_id = $1 AND status = $2", limit="$3")
         rows = await conn.fetch("EXPLAIN (COSTS OFF) " + sql, project, status, 51)
     plan = "\n".join(r[0] for r in rows)
@@ -181,13 +190,12 @@ async def test_erasing_a_user_finds_their_scheduled_sends_by_index(db: asyncpg.P
     """DELETE /v1/users/{userId} takes the user's waiting sends out of the scheduler: they
     are found by an index on (project, user), not by reading every waiting task."""
     async with db.acquire() as conn:
-        project = await _project_with_users(conn, 1)
-        await conn.execute(
+        project = await _grown_project(
+            conn, "scheduled_payloads",
             "INSERT INTO scheduled_payloads (task_id, project_id, due_at, stream, payload) "
             "SELECT 'task-' || g, $1, now() + g * interval '1 s', 'x', "
             "jsonb_build_object('userId', 'u' || (g % 5000), 'eventId', gen_random_uuid()) "
-            "FROM generate_series(1, $2) g", project, GROWN)
-        await conn.execute("ANALYZE scheduled_payloads")
+            "FROM generate_series(1, $2) g", GROWN)
         rows = await conn.fetch("EXPLAIN (COSTS OFF) " + WAITING_SENDS_SQL, project, "u7")
     plan = "\n".join(r[0] for r in rows)
     assert "Seq Scan on scheduled_payloads" not in plan, plan
@@ -197,17 +205,17 @@ async def test_a_digest_owner_finds_its_window_by_index(db: asyncpg.Pool) -> Non
     """The owner of a digest window reads it back when the window ends, among every window
     ever opened (closed ones stay): by an index on the owner, not by a scan of them all."""
     async with db.acquire() as conn:
-        project = await _project_with_users(conn, 1)
-        await conn.execute(
+        project = await _grown_project(
+            conn, "workflow_instances",
             "INSERT INTO workflow_instances (id, project_id, workflow_id, user_id, steps) "
             "SELECT gen_random_uuid(), $1, 'digest', 'u' || g, '[]' "
-            "FROM generate_series(1, $2) g", project, GROWN)
+            "FROM generate_series(1, $2) g", GROWN)
         await conn.execute(
             "INSERT INTO workflow_digests (project_id, workflow_id, user_id, step_index, "
             "step_path, owner_instance_id, window_ends_at, closed_at) "
             "SELECT project_id, workflow_id, user_id, 0, '0', id, now(), now() "
             "FROM workflow_instances WHERE project_id = $1", project)
-        await conn.execute("ANALYZE workflow_instances, workflow_digests")
+        await conn.execute("ANALYZE workflow_digests")
         owner = await conn.fetchval(
             "SELECT id FROM workflow_instances WHERE project_id = $1 LIMIT 1", project)
         rows = await conn.fetch("EXPLAIN (COSTS OFF) " + OWNED_WINDOW_SQL, project, owner, "0")
