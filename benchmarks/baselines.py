@@ -19,6 +19,7 @@ import asyncio
 import threading
 import time
 from typing import Any, cast
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import aiohttp
 import asyncpg
@@ -146,6 +147,19 @@ async def commit_latency(db: asyncpg.Pool, duration_s: float,
             "synchronous_commit": setting}
 
 
+def celery_broker_url(redis_url: str) -> str:
+    """The run's Redis as kombu names it: a Unix socket is ``redis+socket://``, its database
+    the ``virtual_host`` (kombu reads no ``unix://`` URL, nor a ``db`` option)."""
+    parts = urlsplit(redis_url)
+    if parts.scheme != "unix":
+        return redis_url
+    options = parse_qs(parts.query)
+    database = options.pop("db", ["0"])[0]
+    query = urlencode({**{name: values[-1] for name, values in options.items()},
+                       "virtual_host": database})
+    return f"redis+socket://{parts.path}?{query}"
+
+
 async def celery_baseline(system: BenchSystem, *, warmup_s: float, duration_s: float,
                           concurrency: int, progress: Progress) -> dict[str, Any]:
     queue = f"{system.namespace}-celery"
@@ -153,7 +167,7 @@ async def celery_baseline(system: BenchSystem, *, warmup_s: float, duration_s: f
     # with the run's other keys when the run ends.
     key_prefix = f"{system.namespace}:celery:"
     env = child_env(
-        BENCH_CELERY_BROKER=system.redis_url, BENCH_CELERY_QUEUE=queue,
+        BENCH_CELERY_BROKER=celery_broker_url(system.redis_url), BENCH_CELERY_QUEUE=queue,
         BENCH_CELERY_KEY_PREFIX=key_prefix,
         BENCH_DATABASE_URL=system.database_url, BENCH_DB_SCHEMA=system.schema,
         BENCH_SIM_URL=system.sim_url,
@@ -167,7 +181,7 @@ async def celery_baseline(system: BenchSystem, *, warmup_s: float, duration_s: f
     )
     from benchmarks import celery_app
 
-    celery_app.configure(system.redis_url, queue, key_prefix)
+    celery_app.configure(celery_broker_url(system.redis_url), queue, key_prefix)
 
     stop = threading.Event()
     enqueued = 0

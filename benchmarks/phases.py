@@ -173,9 +173,18 @@ async def fixed_rate(system: BenchSystem, api_url: str, *, rate_per_s: float, wa
     """Paced open-loop load at ``rate_per_s``; latency accept -> provider receipt of the
     notifications accepted after ``warmup_s``."""
     await system.sim.reset()
+    # What the load costs, over the whole paced run (warm-up included): below saturation a
+    # notification costs several times its saturation price, and queueing for the cores,
+    # not the work itself, sets the latency.
+    cpu = MachineCpu()
+    cpu_before = system.cpu_by_process()
+    began = time.monotonic()
     async with LoadGenerator(api_url, system.api_key, 10_000) as load:
         result = await load.open_loop(rate_per_s, warmup_s + duration_s,
                                       _tick(progress, f"{rate_per_s:g}/s", system))
+    paced_s = time.monotonic() - began
+    busy = cpu.busy()
+    cpu_after = system.cpu_by_process()
     drained = await drain(system, progress, timeout_s=60)
     measured_from = result.started_at + warmup_s
     wanted = {derived_uuid7(event, user, "email"): event
@@ -206,6 +215,9 @@ async def fixed_rate(system: BenchSystem, api_url: str, *, rate_per_s: float, wa
         "p99_ms": _round(percentile(latencies, 0.99)),
         "max_ms": _round(latencies[-1] if latencies else None),
         "hops": hops,
+        "machine_cpu_busy": round(busy, 3) if busy is not None else None,
+        "cores_used": {name: round((cpu_after[name] - cpu_before.get(name, 0.0)) / paced_s, 2)
+                       for name in cpu_after},
     }
 
 

@@ -101,6 +101,8 @@ def markdown(results: dict[str, Any]) -> str:
         row(f"latency p50 / p95 / p99 ms at {rate:g}/s offered", cells)
         row(f"by hop at {rate:g}/s, p50 / p99 ms",
             [hops(topologies[n]["latency"][index].get("hops") or {}) for n in names])
+        row(f"CPU cores used at {rate:g}/s (machine busy)",
+            [paced_cores(topologies[n]["latency"][index]) for n in names])
     sizes = sorted({f["recipients"] for n in names for f in topologies[n]["fan_out"]})
     for size in sizes:
         runs = {n: next((f for f in topologies[n]["fan_out"] if f["recipients"] == size), None)
@@ -172,6 +174,15 @@ def _label(name: str, topology: dict[str, Any]) -> str:
     if name == "all":
         return "one process (`all`)"
     return f"{name}: " + " / ".join(topology["processes"])
+
+
+def paced_cores(result: dict[str, Any]) -> str:
+    """Cores per process under a paced load, and the share of the machine busy meanwhile."""
+    cores = result.get("cores_used")
+    if not cores:
+        return "–"  # a run recorded before the paced phase measured CPU
+    busy = result.get("machine_cpu_busy")
+    return _cores(cores) + (f" ({busy:.0%})" if isinstance(busy, (int, float)) else "")
 
 
 def _cores(cores: dict[str, float]) -> str:
