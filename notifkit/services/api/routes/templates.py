@@ -255,9 +255,10 @@ def template_json(row: asyncpg.Record) -> dict[str, Any]:
 
 
 def _channels(fields: Fields, written_by_ai: list[Any]) -> dict[str, Any] | None:
-    """Each channel's content. A required field must say something, and an email needs a
-    body, unless the AI writes that channel (then the fields may be empty placeholders): a
-    message nobody can receive is refused here, not dead-lettered at send time."""
+    """Each channel's content. A required field must say something, unless the AI writes
+    that channel (then the fields may be empty placeholders): a message no provider takes is
+    refused here, not dead-lettered at send time. An email's html and text are each optional
+    (API.md): every email transport sends one with neither with an empty body."""
     raw = fields.obj("channels", required=True)
     if raw is None:
         return None
@@ -298,9 +299,6 @@ def _channels(fields: Fields, written_by_ai: list[Any]) -> dict[str, Any] | None
                              max_len=MAX_TEMPLATE_CHARS)
         if channel == "inapp" and unsafe_url(content.get("url")):
             inner.fail("url", "must not be a javascript:, vbscript: or data: link")
-        if channel == "email" and channel not in written_by_ai \
-                and not any(content.get(k) for k in ("html", "text")):
-            inner.fail("text", "is required (or html): an email needs a body")
         out[channel] = content
     return out
 
