@@ -177,9 +177,13 @@ async def test_content_keys_fallback_and_ai_are_checked(api: Api, project: Proje
         "channels": {"sms": {"text": ""}}, "ai": {"model": "m", "prompt": "p",
                                                    "channels": ["sms"]}})
     assert placeholders.status == 201
-    no_content = await api.call("PUT", "/v1/templates/t", key=project.full, json={
-        "channels": {"sms": {"text": "x"}}, "fallback": ["email"]})
-    assert no_content.fields == ["fallback[0]"]
+    # A fallback channel without content gets generic content, as a send naming it does:
+    # API.md sets no other rule on the chain.
+    no_content = await api.call("PUT", "/v1/templates/t-chain", key=project.full, json={
+        "channels": {"email": {"subject": "s", "text": "t"}},
+        "fallback": ["push", "sms", "email"]})
+    assert no_content.status == 201, no_content.body
+    assert no_content.body["fallback"] == ["push", "sms", "email"]
     empty = await api.call("PUT", "/v1/templates/t", key=project.full, json={"channels": {}})
     assert empty.fields == ["channels"]
     prompt = await api.call("PUT", "/v1/templates/t", key=project.full, json={

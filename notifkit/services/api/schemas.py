@@ -228,10 +228,10 @@ COMPONENTS: dict[str, Schema] = {
     "TemplatePut": {**obj({
         "topic": nullable(name_string(100)),
         "channels": {"$ref": "#/components/schemas/TemplateChannels"},
-        # The rule below is not in the schema: as a per-channel anyOf beside the others it
-        # makes the document too large for generators such as schemathesis to expand.
         "fallback": {**nullable(CHANNEL_LIST), "description": (
-            "Each channel needs content under channels or the ai writing it (else 400).")},
+            "The order to try channels in when a provider fails. A channel without content "
+            "under channels (or the ai writing it) gets generic content, as a send naming "
+            "it does.")},
         "ai": nullable({"$ref": "#/components/schemas/TemplateAi"}),
     }, ("channels",)),
         # Something to send: content for a channel, or ai to write it.

@@ -1,7 +1,8 @@
 """Templates: per-channel Jinja2 content, checked at PUT, rendered by the preview route.
 
 A template's channels are the channels it has content for plus those its ``ai`` block writes.
-Each ``fallback`` channel must be one of them, so a fallback can always be rendered.
+A ``fallback`` channel may be any of the five: one without content gets the engine's generic
+content, as a send naming that channel does.
 """
 
 from __future__ import annotations
@@ -75,9 +76,6 @@ async def put_template(request: web.Request) -> web.Response:
     available = set(channels) | set(ai["channels"] if ai else ())
     if not available:
         fields.fail("channels", "must hold content for at least one channel (or use ai)")
-    for index, channel in enumerate(fallback or ()):
-        if channel not in available:
-            fields.fail(f"fallback[{index}]", f"the template has no {channel} content")
     # Compiling takes up to a few seconds for the largest fields: in a thread, the event loop
     # goes on answering other requests meanwhile.
     errors, prompt_problem = await asyncio.to_thread(
