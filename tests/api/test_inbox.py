@@ -60,6 +60,19 @@ async def test_listing_unread_and_marking_read(
     assert bad.fields == ["unread"]
 
 
+async def test_an_unread_filter_left_empty_lists_every_message(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
+    """``?unread=`` (a form's unticked box, a URL template left unfilled) is no filter: read
+    and unread messages alike, as without the parameter, not a 400."""
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    await add_message(db, project.id, "u1", "t1", "2030-01-01T00:00:01Z", read=True)
+    await add_message(db, project.id, "u1", "t2", "2030-01-01T00:00:02Z")
+    reply = await api.call("GET", "/v1/users/u1/inbox?unread=&limit=", key=project.full)
+    assert reply.status == 200, reply.body
+    assert [m["taskId"] for m in reply.body["items"]] == ["t2", "t1"]
+
+
 async def test_every_bad_inbox_query_parameter_is_named_in_one_400(
     api: Api, project: Project
 ) -> None:

@@ -57,6 +57,10 @@ async def test_suppressions_are_listed_newest_first_page_by_page_and_filtered(
     one = await api.call("GET", "/v1/suppressions", key=project.full,
                          params={"channel": "email", "target": "old@example.com"})
     assert [s["id"] for s in one.body["items"]] == [old]
+    # Filters left empty (a URL template not filled in) are no filters.
+    unfilled = await api.call("GET", "/v1/suppressions?channel=&target=&limit=",
+                              key=project.full)
+    assert [s["id"] for s in unfilled.body["items"]] == [new, sms, old]
     # The admin key naming the project sees the project's rows, as on every project route.
     admin = await api.call("GET", "/v1/suppressions", key=ADMIN, project=project.id)
     assert [s["id"] for s in admin.body["items"]] == [new, sms, old]
@@ -65,7 +69,6 @@ async def test_suppressions_are_listed_newest_first_page_by_page_and_filtered(
 @pytest.mark.parametrize(("query", "fields"), [
     ({"channel": "pigeon"}, ["channel"]),
     ({"channel": "inapp"}, ["channel"]),  # in-app messages have no address to suppress
-    ({"target": ""}, ["target"]),
     ({"target": "x" * 1025}, ["target"]),
     ({"limit": "0"}, ["limit"]),
     ({"limit": "501"}, ["limit"]),

@@ -572,11 +572,34 @@ async def test_every_bad_query_parameter_is_named_in_one_400(
 ) -> None:
     """Given several bad query parameters at once, the 400 names each of them (the error
     contract's details name every field), not only the first one checked."""
-    params = {"limit": "0", "userId": "", "campaignId": "", "eventId": "x", "status": "gone",
-              "channel": "fax", "cursor": "garbage"}
+    params = {"limit": "0", "userId": " u1", "campaignId": " ", "eventId": "x",
+              "status": "gone", "channel": "fax", "cursor": "garbage"}
     reply = await api.call("GET", "/v1/messages", key=project.full, params=params)
     assert reply.status == 400
     assert sorted(reply.fields) == sorted(params)
+
+
+async def test_a_filter_left_empty_is_no_filter(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
+    """Given the message log, when a client fills in the documented
+    ``/v1/messages?userId=&campaignId=&status=&channel=`` leaving filters empty, then each
+    empty one is left out (as an empty ``limit`` or ``cursor`` is), not a 400 and not a filter
+    on ''; the filters it fills in still apply."""
+    event = str(uuid.uuid4())
+    await log(db, project.id, event, "t1", "u1", "email", "sent", "sent",
+              "2030-01-01T00:00:01Z", campaign="c1")
+    await log(db, project.id, event, "t2", "u2", "sms", "sent", "failed",
+              "2030-01-01T00:00:02Z")
+    empty = await api.call("GET", "/v1/messages?userId=&campaignId=&status=&channel=",
+                           key=project.full)
+    assert empty.status == 200, empty.body
+    assert [item["taskId"] for item in empty.body["items"]] == ["t2", "t1"]
+    some = await api.call(
+        "GET", "/v1/messages?userId=u1&campaignId=&status=&channel=&eventId=&since=&until="
+               "&limit=&cursor=", key=project.full)
+    assert some.status == 200, some.body
+    assert [item["taskId"] for item in some.body["items"]] == ["t1"]
 
 
 async def test_a_filter_given_twice_is_a_400_not_half_a_filter(

@@ -109,6 +109,36 @@ def test_every_answer_that_sends_retry_after_documents_it() -> None:
                 assert "another route" in responses["409"]["description"], label
 
 
+async def test_every_query_parameter_documented_as_taking_an_empty_value_takes_one(
+    api: Api, project: Project
+) -> None:
+    """The document marks the optional query parameters ``allowEmptyValue``, since the server
+    reads ``?status=`` as the parameter left out: each list route, asked with every such
+    parameter given empty, answers its first page (as without them), and ``projectId``, which
+    names who acts, is not among them."""
+    from notifkit.services.api.openapi import document
+
+    await api.call("PUT", "/v1/users/u", key=project.full, json={})
+    doc = document(operations())
+    asked = 0
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            params = op.get("parameters", [])
+            empty = [p["name"] for p in params if p.get("allowEmptyValue")]
+            assert "projectId" not in empty, f"{method.upper()} {path}"
+            if not empty or op["operationId"] in SKIPPED:
+                continue
+            assert method == "get", f"{method.upper()} {path}"
+            url = re.sub(r"{(\w+)}", lambda m: _PATH_VALUES[m.group(1)], path)
+            reply = await api.call("GET", url + "?" + "&".join(f"{n}=" for n in empty),
+                                   key=project.full)
+            plain = await api.call("GET", url, key=project.full)
+            assert (reply.status, reply.body) == (plain.status, plain.body), (path, reply.body)
+            assert reply.status == 200, (path, reply.body)
+            asked += 1
+    assert asked >= 8
+
+
 # A value for each path parameter that is no UUID, so every route is reached (whether it
 # names anything is not asked: these answers come before any handler runs).
 _PATH_VALUES = {"provider": "resend", "entryId": "1-0", "userId": "u", "templateId": "t",

@@ -137,6 +137,20 @@ async def test_a_preview_compiles_a_template_new_to_the_process_beside_the_event
     assert sorted(compiled) == sorted([(text, False), (prompt, False)])
 
 
+async def test_an_email_with_a_subject_alone_is_a_template(api: Api, project: Project) -> None:
+    """API.md gives an e-mail's content as {"subject", "html"?, "text"?}: a subject alone is
+    content the server takes (201), shows and previews as it is; the email goes out with an
+    empty body, as every transport sends one."""
+    body = {"channels": {"email": {"subject": "Your export of {{ data.n }} rows is ready"}}}
+    saved = await api.call("PUT", "/v1/templates/export-ready", key=project.full, json=body)
+    assert saved.status == 201, saved.body
+    assert saved.body["channels"] == body["channels"]
+    preview = await api.call("POST", "/v1/templates/export-ready/preview", key=project.full,
+                             json={"data": {"n": 3}})
+    assert preview.status == 200, preview.body
+    assert preview.body["channels"] == {"email": {"subject": "Your export of 3 rows is ready"}}
+
+
 async def test_content_keys_fallback_and_ai_are_checked(api: Api, project: Project) -> None:
     reply = await api.call("PUT", "/v1/templates/t", key=project.full, json={
         "channels": {"email": {"html": "x", "body": "y"}, "fax": {}, "push": "x",
@@ -148,12 +162,13 @@ async def test_content_keys_fallback_and_ai_are_checked(api: Api, project: Proje
     assert set(reply.fields) == {
         "channels.email.subject", "channels.email.body", "channels.fax", "channels.push",
         "channels.webhook.body", "fallback[1]", "ai.model", "ai.channels"}
-    # Content no provider would take: empty required fields, an email without a body
+    # Content no provider would take: empty required fields
     undeliverable = await api.call("PUT", "/v1/templates/t", key=project.full, json={
-        "channels": {"sms": {"text": ""}, "email": {"subject": "Hi"},
+        "channels": {"sms": {"text": ""}, "email": {"subject": ""},
                      "push": {"title": "", "body": "b"}, "inapp": {"text": ""}}})
     assert set(undeliverable.fields) == {
-        "channels.sms.text", "channels.email.text", "channels.push.title", "channels.inapp.text"}
+        "channels.sms.text", "channels.email.subject", "channels.push.title",
+        "channels.inapp.text"}
     script = await api.call("PUT", "/v1/templates/t", key=project.full, json={
         "channels": {"inapp": {"text": "x", "url": "javascript:alert(1)"}}})
     assert script.fields == ["channels.inapp.url"]
@@ -162,9 +177,13 @@ async def test_content_keys_fallback_and_ai_are_checked(api: Api, project: Proje
         "channels": {"sms": {"text": ""}}, "ai": {"model": "m", "prompt": "p",
                                                    "channels": ["sms"]}})
     assert placeholders.status == 201
-    no_content = await api.call("PUT", "/v1/templates/t", key=project.full, json={
-        "channels": {"sms": {"text": "x"}}, "fallback": ["email"]})
-    assert no_content.fields == ["fallback[0]"]
+    # A fallback channel without content gets generic content, as a send naming it does:
+    # API.md sets no other rule on the chain.
+    no_content = await api.call("PUT", "/v1/templates/t-chain", key=project.full, json={
+        "channels": {"email": {"subject": "s", "text": "t"}},
+        "fallback": ["push", "sms", "email"]})
+    assert no_content.status == 201, no_content.body
+    assert no_content.body["fallback"] == ["push", "sms", "email"]
     empty = await api.call("PUT", "/v1/templates/t", key=project.full, json={"channels": {}})
     assert empty.fields == ["channels"]
     prompt = await api.call("PUT", "/v1/templates/t", key=project.full, json={

@@ -163,6 +163,25 @@ async def test_the_fallback_chain_sends_the_first_available_channel_only(
     assert skipped == [("nopush", "push", "no contact")]
 
 
+async def test_a_chain_channel_without_template_content_gets_generic_content(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    # Given a chain push -> email on a template with e-mail content alone
+    await add_user(db, project, "u1", contacts=[("push", "tok-a"), ("email", "a@x.io")])
+    await add_template(db, project, "order-shipped", {"email": EMAIL},
+                       fallback=["push", "email"])
+    stages = await pipeline(services)
+
+    await send(redis, keys, db, project, "order-shipped", "u1", data={"order": "A-1"})
+    await drain(*stages)
+
+    # Then push goes first, with the generic content, and can fall back to the e-mail
+    [task] = await entries(redis, keys.outbound("normal"))
+    assert task["channel"] == "push"
+    assert task["content"] == {"title": "Order shipped", "body": "order: A-1"}
+    assert task["fallback"]["chain"] == ["email"]
+
+
 async def test_a_task_carries_only_the_chain_channels_it_could_fall_back_to(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
 ) -> None:

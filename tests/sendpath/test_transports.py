@@ -464,6 +464,26 @@ async def test_sendgrid_leaves_out_empty_content_blocks(
     assert record["taskId"] == "t-empty"
 
 
+async def test_an_email_with_a_subject_alone_is_sent_by_every_email_transport(
+    sim: SimulatorServer, settings: Settings, redis: Redis
+) -> None:
+    """A template's email may hold a subject alone (html and text are each optional): each
+    email transport sends it, with an empty body, rather than having the provider refuse it
+    at every attempt until it is dead-lettered."""
+    for spec in (c for c in CASES if c.channel == "email"):
+        transport = spec.make(sim)
+        await transport.open(TransportContext(settings, redis, None))
+        try:
+            result = await transport.send(Message(
+                task_id=f"t-subject-{spec.provider}", event_id="e", project_id="p",
+                user_id="u", channel="email", to=spec.to, content={"subject": "Hi"}))
+        finally:
+            await transport.close()
+        assert result.outcome is Outcome.SENT, (spec.provider, result.detail)
+        [record] = await sim.messages(spec.provider)
+        assert record["taskId"] == f"t-subject-{spec.provider}"
+
+
 async def test_sms_asks_twilio_for_receipts_at_the_projects_webhook(
     sim: SimulatorServer, settings: Settings, redis: Redis
 ) -> None:

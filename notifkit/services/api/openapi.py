@@ -93,6 +93,10 @@ def _operation(op: Operation) -> dict[str, Any]:
                                  "schema": p.schema}
         if p.description:
             entry["description"] = p.description
+        if p.where == "query" and not p.required and p.name != "projectId":
+            # The server reads an empty filter or page parameter as one left out
+            # (validation.query_value); projectId names who acts, and empty names no one.
+            entry["allowEmptyValue"] = True
         params.append(entry)
     out: dict[str, Any] = {
         "operationId": op.operation_id,

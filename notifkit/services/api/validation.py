@@ -739,8 +739,18 @@ def _host_problem(host: str) -> str | None:
 # Lists: limit and opaque cursors
 
 
+def query_value(request: web.Request, name: str) -> str | None:
+    """A query parameter's value, None when it is left out or given empty.
+
+    API.md writes the message log as ``GET /v1/messages?userId=&campaignId=&status=&channel=``
+    and clients fill such a template in, leaving the filters they do not use empty, as HTML
+    forms do too: ``?status=`` asks for no status filter, not for a status named ''.
+    """
+    return request.query.get(name) or None
+
+
 def limit_param(request: web.Request, default: int = 50, maximum: int = 500) -> int:
-    raw = request.query.get("limit")
+    raw = query_value(request, "limit")
     if raw is None:
         return default
     # ASCII digits only: str.isdigit() also takes "²" and "５", which int() refuses or reads.
@@ -756,8 +766,8 @@ def encode_cursor(*parts: Any) -> str:
 
 def decode_cursor(request: web.Request, arity: int) -> list[Any] | None:
     """The cursor's parts, None without a cursor; a cursor we did not make is a 400."""
-    raw = request.query.get("cursor")
-    if raw is None or raw == "":
+    raw = query_value(request, "cursor")
+    if raw is None:
         return None
     try:
         if len(raw) > 512:
@@ -853,7 +863,7 @@ def _cursor_of(request: web.Request, arity: int,
 
 
 def query_string(request: web.Request, name: str, *, max_len: int = 255) -> str | None:
-    value = request.query.get(name)
+    value = query_value(request, name)
     if value is None:
         return None
     if not 1 <= len(value) <= max_len:
@@ -886,14 +896,14 @@ def time_range_order(since: datetime | None, until: datetime | None) -> None:
 
 
 def enum_query(request: web.Request, name: str, allowed: tuple[str, ...]) -> str | None:
-    value = request.query.get(name)
+    value = query_value(request, name)
     if value is not None and value not in allowed:
         raise invalid_field(name, f"must be one of {', '.join(allowed)}")
     return value
 
 
 def query_bool(request: web.Request, name: str) -> bool | None:
-    value = request.query.get(name)
+    value = query_value(request, name)
     if value is None:
         return None
     lowered = value.lower()

@@ -56,6 +56,7 @@ from notifkit.services.api.validation import (
     name_problem,
     parse_uuid,
     query_string,
+    query_value,
     read_json,
     time_query,
     time_range_order,
@@ -447,7 +448,7 @@ def message_json(row: asyncpg.Record) -> dict[str, Any]:
 
 def _user_query(request: web.Request, name: str) -> str | None:
     """A user id, refused as a send refuses it: a filter no user could match is a mistake."""
-    value = request.query.get(name)
+    value = query_value(request, name)
     if value is not None and (problem := identifier_problem(value)):
         raise invalid_field(name, problem)
     return value
@@ -462,7 +463,7 @@ def _campaign_query(request: web.Request, name: str) -> str | None:
 
 
 def _uuid_query(request: web.Request, name: str) -> str | None:
-    value = request.query.get(name)
+    value = query_value(request, name)
     if value is None:
         return None
     parsed = parse_uuid(value)

@@ -1,7 +1,8 @@
 """Templates: per-channel Jinja2 content, checked at PUT, rendered by the preview route.
 
 A template's channels are the channels it has content for plus those its ``ai`` block writes.
-Each ``fallback`` channel must be one of them, so a fallback can always be rendered.
+A ``fallback`` channel may be any of the five: one without content gets the engine's generic
+content, as a send naming that channel does.
 """
 
 from __future__ import annotations
@@ -75,9 +76,6 @@ async def put_template(request: web.Request) -> web.Response:
     available = set(channels) | set(ai["channels"] if ai else ())
     if not available:
         fields.fail("channels", "must hold content for at least one channel (or use ai)")
-    for index, channel in enumerate(fallback or ()):
-        if channel not in available:
-            fields.fail(f"fallback[{index}]", f"the template has no {channel} content")
     # Compiling takes up to a few seconds for the largest fields: in a thread, the event loop
     # goes on answering other requests meanwhile.
     errors, prompt_problem = await asyncio.to_thread(
@@ -255,9 +253,10 @@ def template_json(row: asyncpg.Record) -> dict[str, Any]:
 
 
 def _channels(fields: Fields, written_by_ai: list[Any]) -> dict[str, Any] | None:
-    """Each channel's content. A required field must say something, and an email needs a
-    body, unless the AI writes that channel (then the fields may be empty placeholders): a
-    message nobody can receive is refused here, not dead-lettered at send time."""
+    """Each channel's content. A required field must say something, unless the AI writes
+    that channel (then the fields may be empty placeholders): a message no provider takes is
+    refused here, not dead-lettered at send time. An email's html and text are each optional
+    (API.md): every email transport sends one with neither with an empty body."""
     raw = fields.obj("channels", required=True)
     if raw is None:
         return None
@@ -298,9 +297,6 @@ def _channels(fields: Fields, written_by_ai: list[Any]) -> dict[str, Any] | None
                              max_len=MAX_TEMPLATE_CHARS)
         if channel == "inapp" and unsafe_url(content.get("url")):
             inner.fail("url", "must not be a javascript:, vbscript: or data: link")
-        if channel == "email" and channel not in written_by_ai \
-                and not any(content.get(k) for k in ("html", "text")):
-            inner.fail("text", "is required (or html): an email needs a body")
         out[channel] = content
     return out
 
