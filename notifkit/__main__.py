@@ -11,15 +11,31 @@ exits with status 2 and one line naming the variable.
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+
+
+def _stop_while_loading(signum: int, frame: object) -> None:
+    # Nothing has started yet (no server, connection or file of its own), so there is nothing
+    # to clean up. An exit, not an exception: a SystemExit raised here was now and then lost
+    # inside the import machinery, and the process went on to start regardless.
+    os._exit(130)
+
+
+if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    # A Ctrl-C while the modules below load (a second or more on a first run, which compiles
+    # them) ends the process quietly, as one a moment later does, not with a traceback from
+    # inside an import. main() hands SIGINT back before anything starts.
+    signal.signal(signal.SIGINT, _stop_while_loading)
+
 import argparse
 import asyncio
 import contextlib
 import difflib
 import gc
 import logging
-import os
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -212,6 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         else process_service_name(settings.services))
     warn_unknown_settings(os.environ)
     try:
+        if signal.getsignal(signal.SIGINT) is _stop_while_loading:
+            # From here a Ctrl-C is a KeyboardInterrupt again, which asyncio.run turns into
+            # the services' own clean stop once they run.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         _install_event_loop()
         if command == "migrate":
             return asyncio.run(migrate_only(settings))

@@ -167,7 +167,10 @@ def _check_seconds(step: Mapping[str, Any], name: str, bad: Any) -> None:
         isinstance(value, bool) or not isinstance(value, int | float)
         or (isinstance(value, float) and not math.isfinite(value)) or value <= 0
     ):
-        bad(name, "is required: a number of seconds greater than 0")
+        # A value that is there but unusable is told what it must be: "is required" sent
+        # callers looking for a field they had sent.
+        bad(name, "is required: a number of seconds greater than 0" if value is None
+            else "must be a number of seconds greater than 0")
     elif value > MAX_SECONDS:  # compared exactly: a huge int never becomes a float
         bad(name, f"may be at most {MAX_SECONDS} seconds (366 days)")
 

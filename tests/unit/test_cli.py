@@ -117,6 +117,42 @@ def test_version() -> None:
     assert result.stdout.strip() == f"notifkit {notifkit.__version__}"
 
 
+# Ctrl-C lands while ``python -m notifkit`` is still importing its modules: the child sends
+# itself SIGINT as the import of notifkit.config begins, with SIGINT handled as in a terminal
+# (a parent that ignores it, such as a shell's background job, would pass that on).
+INTERRUPTED_WHILE_LOADING = """
+import os, runpy, signal, sys
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == "notifkit.config":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+
+sys.meta_path.insert(0, Interrupt())
+sys.argv = ["notifkit", "migrate"]
+runpy.run_module("notifkit", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_ctrl_c_while_the_modules_load_stops_quietly_with_130() -> None:
+    """A first run compiles every module, so the start can spend seconds importing; a Ctrl-C
+    then printed a KeyboardInterrupt traceback from inside an import."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NOTIFKIT_", "PORT"))}
+    env.update(REDIS_URL="redis://127.0.0.1:1/0",
+               DATABASE_URL="postgresql://postgres@127.0.0.1:1/notifkit_cli_tests")
+    result = subprocess.run([sys.executable, "-c", INTERRUPTED_WHILE_LOADING],
+                            capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert result.returncode == 130, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
 def test_help_lists_commands() -> None:
     result = run_cli("--help")
     assert result.returncode == 0

@@ -42,3 +42,11 @@ def test_the_roles_cover_every_service_once_and_only_the_api_migrates() -> None:
         migrates = spec["environment"]["AUTO_MIGRATE"] == "true"
         assert migrates == (name == "api")
     assert sorted(covered) == sorted(Settings().services)
+
+
+def test_the_readme_names_the_admin_key_compose_falls_back_to() -> None:
+    """compose seeds no demo, so its admin key is how a newcomer makes a first project."""
+    value = str(compose()["services"]["api"]["environment"]["NOTIFKIT_ADMIN_KEY"])
+    placeholder = value.split(":-", 1)[-1].rstrip("}")
+    assert value.startswith("${NOTIFKIT_ADMIN_KEY:-")
+    assert f"`{placeholder}`" in (ROOT / "README.md").read_text()

@@ -62,6 +62,28 @@ def test_errors_name_the_step_and_field() -> None:
     assert "not a valid expression" in messages["steps[3].if"]
 
 
+@pytest.mark.parametrize("value", [-1, 0, "soon", True, None])
+@pytest.mark.parametrize(("kind", "name"), [
+    ("wait", "seconds"), ("waitForEvent", "timeoutSeconds"), ("digest", "windowSeconds"),
+])
+def test_a_duration_given_but_invalid_is_not_called_missing(kind: str, name: str,
+                                                           value: object) -> None:
+    """A duration that is there but unusable (-1, a string) is told what it must be, not that
+    it is required: "is required" sent callers looking for a field they had sent."""
+    step = {"type": kind, "event": "clicked", "template": "t", name: value}
+    message = {e["field"]: e["message"] for e in validate_steps([step])}[f"steps[0].{name}"]
+    if value is None:
+        assert message == "is required: a number of seconds greater than 0"
+    else:
+        assert message == "must be a number of seconds greater than 0"
+
+
+def test_a_missing_duration_is_called_required() -> None:
+    message = {e["field"]: e["message"]
+               for e in validate_steps([{"type": "wait"}])}["steps[0].seconds"]
+    assert message == "is required: a number of seconds greater than 0"
+
+
 @pytest.mark.parametrize("template", [
     "x" * 256, " t", "t ", ".", "..", "a\tb", "a\x85b", "a\u200bb", "\ue000", "\u3000",
     "\ud800",
