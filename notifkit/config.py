@@ -451,9 +451,12 @@ def _read_env(env: Mapping[str, str]) -> dict[str, Any]:
     if heartbeat_interval_s is not None:
         values["heartbeat_interval_s"] = heartbeat_interval_s
         # The health key must outlive the gap between two beats, or a live worker vanishes
-        # from /health between them: a few beats, never less than the default.
-        values["heartbeat_ttl_s"] = max(Settings.heartbeat_ttl_s,
-                                        math.ceil(HEARTBEAT_TTL_BEATS * heartbeat_interval_s))
+        # from /health between them: a few beats, never less than the default. Past the
+        # longest duration the interval is refused by _validate, naming it; four beats of
+        # 1e308 s were an infinite TTL, and ceil() of it an OverflowError traceback.
+        if heartbeat_interval_s <= MAX_DURATION_S:
+            values["heartbeat_ttl_s"] = max(
+                Settings.heartbeat_ttl_s, math.ceil(HEARTBEAT_TTL_BEATS * heartbeat_interval_s))
     put("shutdown_grace_s", _float(env, "SHUTDOWN_GRACE_SECONDS", 0.0))
     put("simulator_url", _get(env, "NOTIFKIT_SIMULATOR_URL"))
     put("simulator_smtp", _get(env, "NOTIFKIT_SIMULATOR_SMTP"))

@@ -248,6 +248,8 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         ({"REDIS_URL": "redis://:secret@/0"}, "REDIS_URL"),
         # Sent as it is in every completion request, as a template's model is (a 400 there).
         ({"OPENAI_API_KEY": "k", "OPENAI_MODEL": "gpt-4o\nmini"}, "OPENAI_MODEL"),
+        # Four beats of it overflowed to an infinite TTL: an OverflowError, not a message.
+        ({"HEARTBEAT_INTERVAL_SECONDS": "1e308"}, "HEARTBEAT_INTERVAL_SECONDS"),
     ],
 )
 def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) -> None:
