@@ -88,6 +88,9 @@ MIN_PROVIDER_RATE: Final = 0.001
 # logs a failed read forever; asyncpg sets up every slot of a pool when it creates it).
 MAX_WORKER_CONCURRENCY: Final = 1_000_000
 MAX_DB_CONNECTIONS: Final = 10_000
+# The API holds a whole body in memory, decoded too; and past 2**63 bytes zlib cannot be told
+# how much to inflate, so every compressed request failed with a 500.
+MAX_BODY_BYTES_LIMIT: Final = 1024**3
 # A worker's health key lives this many heartbeat intervals (at least the 30 s default).
 HEARTBEAT_TTL_BEATS: Final = 4
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}\Z")
@@ -884,6 +887,7 @@ def _validate(s: Settings) -> None:
     bounded = {
         "WORKER_CONCURRENCY": (s.worker_concurrency, MAX_WORKER_CONCURRENCY),
         "DB_MAX_CONNECTIONS": (s.db_max_connections, MAX_DB_CONNECTIONS),
+        "MAX_BODY_BYTES": (s.max_body_bytes, MAX_BODY_BYTES_LIMIT),
     }
     for variable, (value, most) in bounded.items():
         if value > most:

@@ -250,6 +250,10 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         ({"OPENAI_API_KEY": "k", "OPENAI_MODEL": "gpt-4o\nmini"}, "OPENAI_MODEL"),
         # Four beats of it overflowed to an infinite TTL: an OverflowError, not a message.
         ({"HEARTBEAT_INTERVAL_SECONDS": "1e308"}, "HEARTBEAT_INTERVAL_SECONDS"),
+        # Accepted, it failed every compressed request with a 500: zlib takes no limit that
+        # large.
+        ({"MAX_BODY_BYTES": str(2**64)}, "MAX_BODY_BYTES"),
+        ({"MAX_BODY_BYTES": "1073741825"}, "MAX_BODY_BYTES"),
     ],
 )
 def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) -> None:
@@ -326,8 +330,10 @@ def test_numbers_given_in_code_may_be_ints_where_fractions_are_allowed() -> None
 
 
 def test_the_largest_sizes_still_accepted() -> None:
-    s = Settings.from_env({"WORKER_CONCURRENCY": "1000000", "DB_MAX_CONNECTIONS": "10000"})
-    assert (s.worker_concurrency, s.db_max_connections) == (1_000_000, 10_000)
+    s = Settings.from_env({"WORKER_CONCURRENCY": "1000000", "DB_MAX_CONNECTIONS": "10000",
+                           "MAX_BODY_BYTES": "1073741824"})
+    assert (s.worker_concurrency, s.db_max_connections, s.max_body_bytes) == (
+        1_000_000, 10_000, 1024**3)
 
 
 def test_empty_values_count_as_unset() -> None:
