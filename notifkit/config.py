@@ -922,6 +922,17 @@ def _validate(s: Settings) -> None:
         raise ConfigError("NOTIFKIT_SECRET", "must be at least 16 characters")
     if s.admin_key is not None and len(s.admin_key) < 16:
         raise ConfigError("NOTIFKIT_ADMIN_KEY", "must be at least 16 characters")
+    # Each goes out (the admin key comes in) as an Authorization header, which may hold no
+    # control character: aiohttp refuses to send one, so every send through that provider
+    # failed, and no client could send the admin key. The value itself is a secret, not shown.
+    for variable, credential in (("NOTIFKIT_ADMIN_KEY", s.admin_key),
+                                 ("RESEND_API_KEY", s.email.resend_api_key),
+                                 ("SENDGRID_API_KEY", s.email.sendgrid_api_key),
+                                 ("FCM_ACCESS_TOKEN", s.push.access_token),
+                                 ("OPENAI_API_KEY", s.ai.api_key)):
+        if credential is not None and not credential.isprintable():
+            raise ConfigError(variable, "must not hold control characters (a line break, "
+                              "say), which no HTTP header may carry")
     for provider, variable in SVIX_SECRET_VARIABLES.items():
         secret = getattr(s.webhooks, provider)
         if secret is None:

@@ -254,6 +254,13 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         # large.
         ({"MAX_BODY_BYTES": str(2**64)}, "MAX_BODY_BYTES"),
         ({"MAX_BODY_BYTES": "1073741825"}, "MAX_BODY_BYTES"),
+        # Sent in an Authorization header, which aiohttp refuses with a control character in
+        # it: every send through the provider failed (and no client could send the admin key).
+        ({"RESEND_API_KEY": "re_abc\ndef"}, "RESEND_API_KEY"),
+        ({"SENDGRID_API_KEY": "SG.abc\x00def"}, "SENDGRID_API_KEY"),
+        ({"OPENAI_API_KEY": "sk-abc\rdef"}, "OPENAI_API_KEY"),
+        ({"FCM_PROJECT_ID": "p", "FCM_ACCESS_TOKEN": "ya29.a\x1bb"}, "FCM_ACCESS_TOKEN"),
+        ({"NOTIFKIT_ADMIN_KEY": "admin-key-0123456789\x7f"}, "NOTIFKIT_ADMIN_KEY"),
     ],
 )
 def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) -> None:
