@@ -27,8 +27,19 @@ from benchmarks.options import (
     unusable,
 )
 from benchmarks.stats import Progress
-from benchmarks.system import TOPOLOGIES, BenchSystem
+from benchmarks.system import SMALL_SEGMENT_SIZE, TOPOLOGIES, BenchSystem
 from simulators.__main__ import OneLineParser
+
+
+def fanout_size(text: str) -> int:
+    """argparse type: a campaign size the seeded segments can serve. A smaller one went to the
+    whole 10,000-user segment while only its first N receipts were counted: the figure was of
+    a campaign that had not finished."""
+    value = positive_int(text)
+    if value < SMALL_SEGMENT_SIZE:
+        raise argparse.ArgumentTypeError(
+            f"at least {SMALL_SEGMENT_SIZE} (the smaller segment's users), got {value}")
+    return value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,9 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=positive_int, default=64)
     parser.add_argument("--rate", type=positive_float, default=None,
                         help="paced open-loop load instead of saturation")
-    parser.add_argument("--fanout", type=positive_int, default=None,
-                        help="profile a campaign to the first N users (10000 or 100000) "
-                             "instead of the API load")
+    parser.add_argument("--fanout", type=fanout_size, default=None,
+                        help="profile a campaign to N users instead of the API load: 10000 "
+                             f"(the first {SMALL_SEGMENT_SIZE}) or more (each one seeded)")
     parser.add_argument("--out", type=Path, default=Path("bench-results/profile"))
     parser.add_argument("--top", type=positive_int, default=25,
                         help="functions listed per process")

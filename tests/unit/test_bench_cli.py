@@ -54,6 +54,9 @@ Parse = Callable[[list[str]], argparse.Namespace]
         (profile.parse_args, ["--seconds", "0"], "--seconds"),
         (profile.parse_args, ["--rate", "-5"], "--rate"),
         (profile.parse_args, ["--fanout", "-1"], "--fanout"),
+        # The campaign went to 10,000 users and its figure counted only the first 5 receipts.
+        (profile.parse_args, ["--fanout", "5"], "--fanout"),
+        (profile.parse_args, ["--fanout", "9999"], "--fanout"),
         (profile.parse_args, ["--top", "-1"], "--top"),
         (profile.parse_args, ["--concurrency", "0"], "--concurrency"),
         (profile.parse_args, ["--env", "junk"], "--env"),
