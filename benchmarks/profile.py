@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -62,6 +63,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def spy_duration(seconds: float) -> str:
+    """py-spy's ``--duration``, in the whole seconds it takes: rounded up, since truncated,
+    ``--seconds 0.5`` asked it to sample for 0 s, not for the load the run then sent."""
+    return str(math.ceil(seconds))
+
+
 def hottest(raw: Path, top: int) -> list[tuple[str, float, float]]:
     """(function, self %, inclusive %) from py-spy's collapsed stacks."""
     own: collections.Counter[str] = collections.Counter()
@@ -106,7 +113,7 @@ async def run(args: argparse.Namespace) -> None:
             for name, proc in sampled.items():
                 spies[name] = await asyncio.create_subprocess_exec(
                     spy, "record", "--pid", str(proc.pid), "--duration",
-                    str(int(args.seconds)), "--rate", "200", "--format", "raw",
+                    spy_duration(args.seconds), "--rate", "200", "--format", "raw",
                     # --gil: only samples holding the GIL, i.e. Python work, not waiting.
                     "--nonblocking", "--gil",
                     "--output", str(args.out / f"{args.topology}-{name}.txt"),

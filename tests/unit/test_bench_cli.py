@@ -229,3 +229,9 @@ def test_a_stopped_run_says_so_in_one_line_and_leaves_nothing_behind(
         return bool(has_schema), keys
 
     assert asyncio.run(leftovers()) == (False, [])
+
+
+@pytest.mark.parametrize(("seconds", "duration"), [(0.5, "1"), (1.0, "1"), (20.2, "21")])
+def test_the_profile_samples_at_least_as_long_as_asked(seconds: float, duration: str) -> None:
+    # py-spy takes whole seconds; --seconds 0.5 used to reach it as 0.
+    assert profile.spy_duration(seconds) == duration
