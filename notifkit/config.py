@@ -900,6 +900,11 @@ def _validate(s: Settings) -> None:
                           f"got {s.heartbeat_interval_s}")
     if not 0 <= s.port <= 65535:
         raise ConfigError("PORT", f"must be a TCP port (0-65535), got {s.port}")
+    # Looked up only when the api binds, after the migrations: white space made that failure a
+    # message broken over several lines, and no name or address holds any.
+    if any(char.isspace() or not char.isprintable() for char in s.host):
+        raise ConfigError("HOST", f"must be a host name or address, without white space or "
+                          f"control characters, got {s.host!r}")
     if s.log_format not in LOG_FORMATS:
         raise ConfigError("LOG_FORMAT", f"must be json or text, got {s.log_format!r}")
     if s.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
