@@ -627,11 +627,22 @@ def _check_url(variable: str, value: str | None, schemes: tuple[str, ...], *,
         raise ConfigError(variable, f"must not hold white space or control characters: "
                           f"{value!r}")
     try:
-        parts.port  # noqa: B018 - parsing the port is the check
+        port = parts.port
     except ValueError:
+        port = 0
+    # Every URL here is one to connect to, and nothing can be reached on port 0: a provider's
+    # base URL on it passed, and then every send through it failed to connect.
+    if port == 0 and not _names_no_port(parts.netloc):
         raise ConfigError(
-            variable, f"has no valid port (a number from 0 to 65535): {value!r}"
+            variable, f"has no valid port (a number from 1 to 65535): {value!r}"
         ) from None
+
+
+def _names_no_port(netloc: str) -> bool:
+    """Whether a URL's ``host[:port]`` gives no port (the scheme's own is used), as against
+    one that does not parse or is 0."""
+    host = netloc.rpartition("@")[2]
+    return not host.rpartition("]")[2].partition(":")[1]
 
 
 # DATABASE_URL's libpq parameters that asyncpg does not read itself: it sends every query
@@ -951,10 +962,10 @@ def _validate(s: Settings) -> None:
     _check_url("NOTIFKIT_PUBLIC_URL", s.public_url, ("http", "https"))
     if s.simulator_smtp is not None and not (
         re.match(r"^[^:\s]+:\d{1,5}$", s.simulator_smtp)
-        and int(s.simulator_smtp.rpartition(":")[2]) <= 65535
+        and 1 <= int(s.simulator_smtp.rpartition(":")[2]) <= 65535
     ):
         raise ConfigError("NOTIFKIT_SIMULATOR_SMTP",
-                          f"must be host:port (port 0-65535), got {s.simulator_smtp!r}")
+                          f"must be host:port (port 1-65535), got {s.simulator_smtp!r}")
     _validate_email(s.email)
     _check_url("TWILIO_BASE_URL", s.sms.base_url, ("http", "https"))
     _check_url("FCM_BASE_URL", s.push.base_url, ("http", "https"))

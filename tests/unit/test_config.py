@@ -258,6 +258,15 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         # it: every send through the provider failed (and no client could send the admin key).
         # Found only when the api bound it, after the migrations, in a message broken over
         # two lines.
+        # Nothing is reached on port 0: accepted, every send through the URL failed to connect.
+        ({"RESEND_API_KEY": "k", "RESEND_BASE_URL": "http://127.0.0.1:0"}, "RESEND_BASE_URL"),
+        ({"OPENAI_BASE_URL": "https://api.openai.com:0/v1"}, "OPENAI_BASE_URL"),
+        ({"SMTP_URL": "smtp://mail.example:0"}, "SMTP_URL"),
+        ({"NOTIFKIT_SIMULATOR_URL": "http://127.0.0.1:0"}, "NOTIFKIT_SIMULATOR_URL"),
+        ({"NOTIFKIT_SIMULATOR_SMTP": "127.0.0.1:0"}, "NOTIFKIT_SIMULATOR_SMTP"),
+        ({"NOTIFKIT_PUBLIC_URL": "https://[::1]:00/"}, "NOTIFKIT_PUBLIC_URL"),
+        ({"REDIS_URL": "redis://127.0.0.1:0/0"}, "REDIS_URL"),
+        ({"DATABASE_URL": "postgresql://postgres@127.0.0.1:0/test"}, "DATABASE_URL"),
         ({"HOST": "127.0.0.1\n::1"}, "HOST"),
         ({"HOST": "my host"}, "HOST"),
         ({"RESEND_API_KEY": "re_abc\ndef"}, "RESEND_API_KEY"),
