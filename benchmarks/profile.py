@@ -17,8 +17,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks import phases
-from benchmarks.load import LoadGenerator
 from benchmarks.options import (
     check_env,
     env_pair,
@@ -28,14 +26,19 @@ from benchmarks.options import (
     unusable,
 )
 from benchmarks.stats import Progress
-from benchmarks.system import SMALL_SEGMENT_SIZE, TOPOLOGIES, BenchSystem
+from notifkit.stop_signals import defer_stop_signals
 from simulators.__main__ import OneLineParser
+
+# What runs the system (benchmarks.system, .phases, .load) is imported once main has taken
+# over SIGTERM and Ctrl-C, as for python -m benchmarks.
 
 
 def fanout_size(text: str) -> int:
     """argparse type: a campaign size the seeded segments can serve. A smaller one went to the
     whole 10,000-user segment while only its first N receipts were counted: the figure was of
     a campaign that had not finished."""
+    from benchmarks.system import SMALL_SEGMENT_SIZE
+
     value = positive_int(text)
     if value < SMALL_SEGMENT_SIZE:
         raise argparse.ArgumentTypeError(
@@ -44,6 +47,8 @@ def fanout_size(text: str) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from benchmarks.system import SMALL_SEGMENT_SIZE, TOPOLOGIES
+
     parser = OneLineParser(prog="python -m benchmarks.profile", description=__doc__)
     parser.add_argument("--topology", default="split", choices=list(TOPOLOGIES))
     parser.add_argument("--seconds", type=positive_float, default=20.0)
@@ -91,6 +96,10 @@ def hottest(raw: Path, top: int) -> list[tuple[str, float, float]]:
 
 
 async def run(args: argparse.Namespace) -> None:
+    from benchmarks import phases
+    from benchmarks.load import LoadGenerator
+    from benchmarks.system import BenchSystem
+
     if shutil.which("py-spy") is None and not (Path(sys.executable).parent / "py-spy").exists():
         raise SystemExit("py-spy is not installed: pip install py-spy")
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -154,6 +163,8 @@ def unusable_out(out: Path) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the process's own command line: its signals are this command's
+        defer_stop_signals()
     args = parse_args(argv)
     if problem := unusable_out(args.out):
         print(f"benchmarks.profile: {problem}", file=sys.stderr)
