@@ -80,10 +80,18 @@ def load_settings(args: argparse.Namespace) -> Settings:
         if not 0 <= port <= 65535:
             raise ConfigError("--port", f"must be a TCP port (0-65535), got {port}")
         overrides["port"] = port
+    given: dict[int, str] = {} if port is None else {port: "--port"}
     for option, value in (("--sim-port", getattr(args, "sim_port", None)),
                           ("--sim-smtp-port", getattr(args, "sim_smtp_port", None))):
         if value is not None and not 0 <= value <= 65535:
             raise ConfigError(option, f"must be a TCP port (0-65535), got {value}")
+        # dev listens on each: the same port twice failed the second listener as "address
+        # already in use", after the first had started, as if another program held it.
+        if value and value in given:
+            raise ConfigError(option, f"is {value}, the port given to {given[value]}; each "
+                              "listener needs its own (0 picks a free one)")
+        if value is not None:
+            given[value] = option
     env: Mapping[str, str] = os.environ
     if getattr(args, "command", None) == "dev":
         # dev listens on --port; PORT does not apply to it, so a PORT left in the shell (one

@@ -178,6 +178,32 @@ def test_a_failed_migration_is_one_line_without_a_traceback(
     assert "0005_workflow_paths" in lines[0]
 
 
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--port", "18230", "--sim-port", "18230"], "--sim-port"),
+    (["--port", "18230", "--sim-smtp-port", "18230"], "--sim-smtp-port"),
+    (["--sim-port", "18231", "--sim-smtp-port", "18231"], "--sim-smtp-port"),
+])
+def test_one_port_given_to_two_dev_listeners_is_named(argv: list[str], named: str,
+                                                      tmp_path: Path) -> None:
+    # The second listener failed as "address already in use", once the first had started.
+    result = run_cli("dev", "--data-dir", str(tmp_path / "data"), *argv)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"notifkit: invalid configuration: {named}: is ")
+    assert "each listener needs its own" in lines[0]
+    assert not (tmp_path / "data").exists(), "refused before anything was made"
+
+
+def test_several_dev_ports_of_0_each_pick_a_free_one() -> None:
+    import argparse
+
+    from notifkit.__main__ import load_settings
+
+    args = argparse.Namespace(command="dev", port=0, sim_port=0, sim_smtp_port=0)
+    assert load_settings(args).port == 0
+
+
 @pytest.mark.parametrize("option", ["--sim-port", "--sim-smtp-port"])
 def test_a_dev_simulator_port_out_of_range_is_named(option: str) -> None:
     result = run_cli("dev", option, "99999", "--data-dir", "/nonexistent/notifkit-cli-test")
