@@ -83,6 +83,12 @@ def _host(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError(
             "must not be empty (0.0.0.0 listens on every interface)")
+    # No name or address holds any; found only at the bind, the failure was a message broken
+    # over several lines.
+    if any(char.isspace() or not char.isprintable() for char in text):
+        raise argparse.ArgumentTypeError(
+            f"must be a host name or address, without white space or control characters, "
+            f"got {text!r}")
     return text
 
 
@@ -129,7 +135,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=LOG_FORMATS,
         help="text (default) or json: one JSON object a line, as notifkit logs in production",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.port and args.port == args.smtp_port:
+        # The SMTP listener failed as "address already in use" once HTTP had taken the port,
+        # as if another program held it.
+        parser.error(f"argument --smtp-port: is {args.port}, the port given to --port; each "
+                     "listener needs its own (0 picks a free one)")
+    return args
 
 
 async def serve(args: argparse.Namespace) -> None:

@@ -49,6 +49,12 @@ async def run_cli(*args: str) -> asyncio.subprocess.Process:
         (["--max-messages", "9223372036854775808"], "argument --max-messages: at most"),
         (["--host", "", "--port", "0", "--smtp-port", "0"], "argument --host: must not be empty"),
         (["--colour"], "unrecognized arguments"),
+        # Found only at the bind: "address already in use" for the second listener, as if
+        # another program held the port, and a host's line break broke the message in two.
+        (["--port", "18240", "--smtp-port", "18240"],
+         "argument --smtp-port: is 18240, the port given to --port"),
+        (["--host", "127.0.0.1\n::1", "--port", "0", "--smtp-port", "0"],
+         "argument --host: must be a host name or address, without white space"),
     ],
 )
 async def test_bad_arguments_exit_2_with_one_line(args: list[str], complaint: str) -> None:
