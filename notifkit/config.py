@@ -645,6 +645,16 @@ def _names_no_port(netloc: str) -> bool:
     return not host.rpartition("]")[2].partition(":")[1]
 
 
+def _check_base_url(variable: str, value: str | None) -> None:
+    """An http(s) URL that paths are appended to (``/emails``, ``/v1/unsubscribe?token=``):
+    a query or fragment in it ended up before the path, and every request or link built on it
+    went astray (``https://api.resend.com?x/emails``)."""
+    _check_url(variable, value, ("http", "https"))
+    if value is not None and ("?" in value or "#" in value):
+        raise ConfigError(variable, f"must not hold a query or fragment ('?' or '#'): paths "
+                          f"are appended to it, got {value!r}")
+
+
 # DATABASE_URL's libpq parameters that asyncpg does not read itself: it sends every query
 # parameter it does not know to the server as a setting, which the server refuses
 # ("unrecognized configuration parameter"). asyncpg reads host, port, user, password, passfile,
@@ -958,8 +968,8 @@ def _validate(s: Settings) -> None:
         except ValueError as exc:
             # Taken as it was, it verified no webhook: each a 401, nothing saying why.
             raise ConfigError(variable, str(exc)) from None
-    _check_url("NOTIFKIT_SIMULATOR_URL", s.simulator_url, ("http", "https"))
-    _check_url("NOTIFKIT_PUBLIC_URL", s.public_url, ("http", "https"))
+    _check_base_url("NOTIFKIT_SIMULATOR_URL", s.simulator_url)
+    _check_base_url("NOTIFKIT_PUBLIC_URL", s.public_url)
     if s.simulator_smtp is not None and not (
         re.match(r"^[^:\s]+:\d{1,5}$", s.simulator_smtp)
         and 1 <= int(s.simulator_smtp.rpartition(":")[2]) <= 65535
@@ -967,9 +977,9 @@ def _validate(s: Settings) -> None:
         raise ConfigError("NOTIFKIT_SIMULATOR_SMTP",
                           f"must be host:port (port 1-65535), got {s.simulator_smtp!r}")
     _validate_email(s.email)
-    _check_url("TWILIO_BASE_URL", s.sms.base_url, ("http", "https"))
-    _check_url("FCM_BASE_URL", s.push.base_url, ("http", "https"))
-    _check_url("OPENAI_BASE_URL", s.ai.base_url, ("http", "https"))
+    _check_base_url("TWILIO_BASE_URL", s.sms.base_url)
+    _check_base_url("FCM_BASE_URL", s.push.base_url)
+    _check_base_url("OPENAI_BASE_URL", s.ai.base_url)
     # The model goes out as it is in every completion request, as a template's does, which the
     # API refuses with a control character in it: each AI send would fail on it.
     if not s.ai.model.isprintable():
@@ -1007,8 +1017,8 @@ def _validate_email(e: EmailSettings) -> None:
         raise ConfigError(
             "EMAIL_TRANSPORT", f"must be resend, sendgrid or smtp, got {e.transport!r}"
         )
-    _check_url("RESEND_BASE_URL", e.resend_base_url, ("http", "https"))
-    _check_url("SENDGRID_BASE_URL", e.sendgrid_base_url, ("http", "https"))
+    _check_base_url("RESEND_BASE_URL", e.resend_base_url)
+    _check_base_url("SENDGRID_BASE_URL", e.sendgrid_base_url)
     if e.transport == "resend" and not e.resend_api_key:
         raise ConfigError("RESEND_API_KEY", "is required when EMAIL_TRANSPORT=resend")
     if e.transport == "sendgrid" and not e.sendgrid_api_key:

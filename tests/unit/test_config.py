@@ -267,6 +267,13 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         ({"NOTIFKIT_PUBLIC_URL": "https://[::1]:00/"}, "NOTIFKIT_PUBLIC_URL"),
         ({"REDIS_URL": "redis://127.0.0.1:0/0"}, "REDIS_URL"),
         ({"DATABASE_URL": "postgresql://postgres@127.0.0.1:0/test"}, "DATABASE_URL"),
+        # Paths are appended to these: a query or fragment came before the path, and every
+        # request or link built on it went astray.
+        ({"NOTIFKIT_PUBLIC_URL": "https://notifkit.example/?ref=mail"}, "NOTIFKIT_PUBLIC_URL"),
+        ({"RESEND_API_KEY": "k", "RESEND_BASE_URL": "https://api.resend.com#x"},
+         "RESEND_BASE_URL"),
+        ({"NOTIFKIT_SIMULATOR_URL": "http://127.0.0.1:8025/?a=1"}, "NOTIFKIT_SIMULATOR_URL"),
+        ({"OPENAI_BASE_URL": "https://api.openai.com/v1?"}, "OPENAI_BASE_URL"),
         ({"HOST": "127.0.0.1\n::1"}, "HOST"),
         ({"HOST": "my host"}, "HOST"),
         ({"RESEND_API_KEY": "re_abc\ndef"}, "RESEND_API_KEY"),
@@ -281,6 +288,13 @@ def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) ->
         Settings.from_env(env)
     assert caught.value.variable == variable
     assert str(caught.value).startswith(f"{variable}: ")
+
+
+def test_a_base_url_may_have_a_path() -> None:
+    s = Settings.from_env({"NOTIFKIT_PUBLIC_URL": "https://example.com/notifkit/",
+                           "OPENAI_BASE_URL": "https://gateway.example/openai/v1"})
+    assert (s.public_url, s.ai.base_url) == ("https://example.com/notifkit/",
+                                             "https://gateway.example/openai/v1")
 
 
 def test_redis_timeouts_that_work_are_kept() -> None:
