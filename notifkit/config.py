@@ -95,6 +95,7 @@ MAX_BODY_BYTES_LIMIT: Final = 1024**3
 HEARTBEAT_TTL_BEATS: Final = 4
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}\Z")
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:-]{0,64}\Z")
+_PATH_SEGMENT_RE = re.compile(r"^(?!\.\.?\Z)[A-Za-z0-9_.-]+\Z")
 
 
 # Every setting with an environment variable that code may give too (``Settings(...)``,
@@ -994,6 +995,13 @@ def _validate(s: Settings) -> None:
     # Read (and its key made to sign) now, as a setting: found only when delivery built its
     # transports, the file failed the start after migrations had run and the api listened.
     _ = s.push.account
+    # Each goes as it is into the path of every request to its provider: a '#', '?' or '/'
+    # sent each one elsewhere (…/Accounts/AC#x/Messages.json reached …/Accounts/AC).
+    for variable, name in (("TWILIO_ACCOUNT_SID", s.sms.account_sid),
+                           ("FCM_PROJECT_ID", s.push.project_id)):
+        if name is not None and not _PATH_SEGMENT_RE.match(name):
+            raise ConfigError(variable, f"may hold only letters, digits and . _ - (it goes "
+                              f"into the path of every request), got {name!r}")
     if bool(s.sms.account_sid) != bool(s.sms.auth_token):
         missing = "TWILIO_AUTH_TOKEN" if s.sms.account_sid else "TWILIO_ACCOUNT_SID"
         raise ConfigError(missing, "is required when the other Twilio credential is set")

@@ -274,6 +274,13 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
          "RESEND_BASE_URL"),
         ({"NOTIFKIT_SIMULATOR_URL": "http://127.0.0.1:8025/?a=1"}, "NOTIFKIT_SIMULATOR_URL"),
         ({"OPENAI_BASE_URL": "https://api.openai.com/v1?"}, "OPENAI_BASE_URL"),
+        # Put as they are into every request's path: a '#' or '/' sent each one elsewhere.
+        ({"TWILIO_ACCOUNT_SID": "AC12#x", "TWILIO_AUTH_TOKEN": "t", "TWILIO_FROM": "+15005550006"},
+         "TWILIO_ACCOUNT_SID"),
+        ({"TWILIO_ACCOUNT_SID": "..", "TWILIO_AUTH_TOKEN": "t", "TWILIO_FROM": "+15005550006"},
+         "TWILIO_ACCOUNT_SID"),
+        ({"FCM_PROJECT_ID": "my-app/../other", "FCM_ACCESS_TOKEN": "ya29.t"}, "FCM_PROJECT_ID"),
+        ({"FCM_PROJECT_ID": "my app", "FCM_ACCESS_TOKEN": "ya29.t"}, "FCM_PROJECT_ID"),
         ({"HOST": "127.0.0.1\n::1"}, "HOST"),
         ({"HOST": "my host"}, "HOST"),
         ({"RESEND_API_KEY": "re_abc\ndef"}, "RESEND_API_KEY"),
