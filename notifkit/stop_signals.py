@@ -86,8 +86,8 @@ def resume_stop_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     kept, _DEFERRED[:] = list(_DEFERRED), []
-    for signum in kept[:1]:
-        signal.raise_signal(signum)
+    if kept:  # the first one decides; a repeat would have met the stop under way
+        signal.raise_signal(kept[0])
 
 
 # The sockets the loop is woken through; never closed, as the wakeup fd outlives the loop.
