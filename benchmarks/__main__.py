@@ -9,9 +9,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from benchmarks import baselines, phases
 from benchmarks.options import (
     check_env,
     comma_list,
@@ -24,8 +23,15 @@ from benchmarks.options import (
 )
 from benchmarks.report import commit_line, hops, machine, markdown
 from benchmarks.stats import Progress
-from benchmarks.system import TOPOLOGIES, BenchSystem
+from notifkit.stop_signals import defer_stop_signals
 from simulators.__main__ import OneLineParser
+
+if TYPE_CHECKING:
+    from benchmarks.system import BenchSystem
+
+# What runs the system (benchmarks.system, .phases, .baselines: a fifth of a second to import)
+# is imported once main has taken over SIGTERM and Ctrl-C: imported with this module, a stop
+# while it loaded killed the process or ended in a KeyboardInterrupt traceback.
 
 # Larger read batches than the default 50 amortise each batch's round trips: at saturation on
 # the split topology, 200 / 400 / 800 slots gave 1,638-1,692 / 1,844-1,884 / 1,896-2,033
@@ -41,6 +47,8 @@ BATCH_RECIPIENTS = 10
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from benchmarks.system import TOPOLOGIES
+
     parser = OneLineParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true",
                         help="shorter phases, 10,000-user fan-out only (about 3 minutes)")
@@ -73,6 +81,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    from benchmarks import baselines
+    from benchmarks.system import BenchSystem
+
     progress = Progress()
     duration: float = args.duration if args.duration is not None else (
         5.0 if args.quick else 20.0)
@@ -133,6 +144,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 async def run_topology(system: BenchSystem, topology: str, *, args: argparse.Namespace,
                        duration: float, warmup: float, rate_window: float, rates: list[float],
                        fanouts: list[int], progress: Progress) -> dict[str, Any]:
+    from benchmarks import phases
+    from benchmarks.system import TOPOLOGIES
+
     layout = " / ".join(f"{name}: {','.join(s)}" for name, s in TOPOLOGIES[topology].items())
     progress.say(f"Topology {topology} ({layout}): starting ...")
     out: dict[str, Any] = {"processes": TOPOLOGIES[topology]}
@@ -183,6 +197,9 @@ async def run_topology(system: BenchSystem, topology: str, *, args: argparse.Nam
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the process's own command line: its signals are this command's
+        # Kept until the run handles them (run_until_stopped): a stop before is obeyed then.
+        defer_stop_signals()
     args = parse_args(argv)
     if status := unusable("benchmarks", args.json, "bench.json"):
         return status

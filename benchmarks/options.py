@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 
 from notifkit.config import ConfigError, Settings
 from scenarios.__main__ import stoppable, unusable_json_path, unusable_services
-from scenarios.harness import DEFAULT_DATABASE, DEFAULT_REDIS
 from simulators.__main__ import positive_int
 
 __all__ = ["check_env", "comma_list", "env_pair", "one_of", "positive_float", "positive_int",
@@ -75,6 +74,8 @@ def check_env(parser: argparse.ArgumentParser, pairs: list[tuple[str, str]],
               defaults: Mapping[str, str] | None = None) -> None:
     """Refuse (status 2) an ``--env`` value notifkit's processes would refuse at start-up: the
     settings they would read are validated here, by notifkit's own rules."""
+    from scenarios.harness import DEFAULT_DATABASE, DEFAULT_REDIS
+
     given = dict(pairs)
     if len(given) < len(pairs):  # the later value won without a word
         twice = next(name for index, (name, _) in enumerate(pairs)
@@ -91,12 +92,19 @@ def check_env(parser: argparse.ArgumentParser, pairs: list[tuple[str, str]],
 
 def unusable(prog: str, json_path: Path | None = None, example: str = "results.json") -> int:
     """0 when a run can start, else the exit status after one line on stderr: the results
-    path cannot be written (2), a service URL is malformed (2) or does not answer (1)."""
+    path cannot be written (2), a service URL is malformed (2) or does not answer (1), or
+    SIGTERM or Ctrl-C came first (130)."""
     problem = None if json_path is None else unusable_json_path(json_path, example)
     if problem is not None:
         print(f"{prog}: {problem}", file=sys.stderr)
         return 2
-    found = asyncio.run(unusable_services())
+    try:
+        # Stoppable as the run is: a Ctrl-C while a server was slow to answer was a
+        # KeyboardInterrupt traceback, and a stop kept from before (main) is obeyed here.
+        found = asyncio.run(stoppable(unusable_services()))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print(f"{prog}: stopped before the run started", file=sys.stderr)
+        return 130
     if found is None:
         return 0
     status, why = found

@@ -11,13 +11,12 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import math
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks import phases
-from benchmarks.load import LoadGenerator
 from benchmarks.options import (
     check_env,
     env_pair,
@@ -27,20 +26,38 @@ from benchmarks.options import (
     unusable,
 )
 from benchmarks.stats import Progress
-from benchmarks.system import TOPOLOGIES, BenchSystem
+from notifkit.stop_signals import defer_stop_signals
 from simulators.__main__ import OneLineParser
+
+# What runs the system (benchmarks.system, .phases, .load) is imported once main has taken
+# over SIGTERM and Ctrl-C, as for python -m benchmarks.
+
+
+def fanout_size(text: str) -> int:
+    """argparse type: a campaign size the seeded segments can serve. A smaller one went to the
+    whole 10,000-user segment while only its first N receipts were counted: the figure was of
+    a campaign that had not finished."""
+    from benchmarks.system import SMALL_SEGMENT_SIZE
+
+    value = positive_int(text)
+    if value < SMALL_SEGMENT_SIZE:
+        raise argparse.ArgumentTypeError(
+            f"at least {SMALL_SEGMENT_SIZE} (the smaller segment's users), got {value}")
+    return value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from benchmarks.system import SMALL_SEGMENT_SIZE, TOPOLOGIES
+
     parser = OneLineParser(prog="python -m benchmarks.profile", description=__doc__)
     parser.add_argument("--topology", default="split", choices=list(TOPOLOGIES))
     parser.add_argument("--seconds", type=positive_float, default=20.0)
     parser.add_argument("--concurrency", type=positive_int, default=64)
     parser.add_argument("--rate", type=positive_float, default=None,
                         help="paced open-loop load instead of saturation")
-    parser.add_argument("--fanout", type=positive_int, default=None,
-                        help="profile a campaign to the first N users (10000 or 100000) "
-                             "instead of the API load")
+    parser.add_argument("--fanout", type=fanout_size, default=None,
+                        help="profile a campaign to N users instead of the API load: 10000 "
+                             f"(the first {SMALL_SEGMENT_SIZE}) or more (each one seeded)")
     parser.add_argument("--out", type=Path, default=Path("bench-results/profile"))
     parser.add_argument("--top", type=positive_int, default=25,
                         help="functions listed per process")
@@ -49,6 +66,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     check_env(parser, args.env)
     return args
+
+
+def spy_duration(seconds: float) -> str:
+    """py-spy's ``--duration``, in the whole seconds it takes: rounded up, since truncated,
+    ``--seconds 0.5`` asked it to sample for 0 s, not for the load the run then sent."""
+    return str(math.ceil(seconds))
 
 
 def hottest(raw: Path, top: int) -> list[tuple[str, float, float]]:
@@ -73,6 +96,10 @@ def hottest(raw: Path, top: int) -> list[tuple[str, float, float]]:
 
 
 async def run(args: argparse.Namespace) -> None:
+    from benchmarks import phases
+    from benchmarks.load import LoadGenerator
+    from benchmarks.system import BenchSystem
+
     if shutil.which("py-spy") is None and not (Path(sys.executable).parent / "py-spy").exists():
         raise SystemExit("py-spy is not installed: pip install py-spy")
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -95,7 +122,7 @@ async def run(args: argparse.Namespace) -> None:
             for name, proc in sampled.items():
                 spies[name] = await asyncio.create_subprocess_exec(
                     spy, "record", "--pid", str(proc.pid), "--duration",
-                    str(int(args.seconds)), "--rate", "200", "--format", "raw",
+                    spy_duration(args.seconds), "--rate", "200", "--format", "raw",
                     # --gil: only samples holding the GIL, i.e. Python work, not waiting.
                     "--nonblocking", "--gil",
                     "--output", str(args.out / f"{args.topology}-{name}.txt"),
@@ -136,6 +163,8 @@ def unusable_out(out: Path) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the process's own command line: its signals are this command's
+        defer_stop_signals()
     args = parse_args(argv)
     if problem := unusable_out(args.out):
         print(f"benchmarks.profile: {problem}", file=sys.stderr)

@@ -42,6 +42,7 @@ from typing import Any, NoReturn
 from notifkit import __version__
 from notifkit.config import LOG_FORMATS, ConfigError, Settings, parse_services
 from notifkit.log import process_service_name, set_process_service, setup_logging
+from notifkit.stop_signals import defer_stop_signals, resume_stop_signals
 
 log = logging.getLogger("notifkit")
 
@@ -95,10 +96,18 @@ def load_settings(args: argparse.Namespace) -> Settings:
         if not 0 <= port <= 65535:
             raise ConfigError("--port", f"must be a TCP port (0-65535), got {port}")
         overrides["port"] = port
+    given: dict[int, str] = {} if port is None else {port: "--port"}
     for option, value in (("--sim-port", getattr(args, "sim_port", None)),
                           ("--sim-smtp-port", getattr(args, "sim_smtp_port", None))):
         if value is not None and not 0 <= value <= 65535:
             raise ConfigError(option, f"must be a TCP port (0-65535), got {value}")
+        # dev listens on each: the same port twice failed the second listener as "address
+        # already in use", after the first had started, as if another program held it.
+        if value and value in given:
+            raise ConfigError(option, f"is {value}, the port given to {given[value]}; each "
+                              "listener needs its own (0 picks a free one)")
+        if value is not None:
+            given[value] = option
     env: Mapping[str, str] = os.environ
     if getattr(args, "command", None) == "dev":
         # dev listens on --port; PORT does not apply to it, so a PORT left in the shell (one
@@ -125,11 +134,14 @@ def tune_gc() -> None:
 async def serve(settings: Settings, port_option: str = "PORT") -> int:
     """Run until SIGTERM or SIGINT. ``port_option`` is what the user set the port with: a port
     given as ``--port`` that cannot be bound is named so, not as the PORT they never set."""
-    from notifkit.server import NotifkitServer
     from notifkit.stop_signals import stop_on_signals
 
     stop = asyncio.Event()
+    # Before the server's modules are imported, which takes a while: a signal meanwhile stops
+    # the start like any other.
     stop_on_signals(stop)
+    from notifkit.server import NotifkitServer
+
     server = NotifkitServer(settings=settings)
     # A start can wait a long time (an unreachable PostgreSQL, a held migration lock); a SIGTERM
     # meanwhile abandons it rather than being ignored until it finishes.
@@ -206,6 +218,8 @@ def describe_failure(exc: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # the process's own command line: its signals are this command's
+        defer_stop_signals()
     parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
     if words and words[0].startswith("-") and words[0] not in TOP_LEVEL_OPTIONS:
@@ -234,6 +248,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         _install_event_loop()
         if command == "migrate":
+            if argv is None:
+                # migrate handles no signal itself: SIGTERM and Ctrl-C end it as usual.
+                resume_stop_signals()
             return asyncio.run(migrate_only(settings))
         if command == "dev":
             from notifkit.dev import run_dev

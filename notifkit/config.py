@@ -88,10 +88,14 @@ MIN_PROVIDER_RATE: Final = 0.001
 # logs a failed read forever; asyncpg sets up every slot of a pool when it creates it).
 MAX_WORKER_CONCURRENCY: Final = 1_000_000
 MAX_DB_CONNECTIONS: Final = 10_000
+# The API holds a whole body in memory, decoded too; and past 2**63 bytes zlib cannot be told
+# how much to inflate, so every compressed request failed with a 500.
+MAX_BODY_BYTES_LIMIT: Final = 1024**3
 # A worker's health key lives this many heartbeat intervals (at least the 30 s default).
 HEARTBEAT_TTL_BEATS: Final = 4
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}\Z")
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:-]{0,64}\Z")
+_PATH_SEGMENT_RE = re.compile(r"^(?!\.\.?\Z)[A-Za-z0-9_.-]+\Z")
 
 
 # Every setting with an environment variable that code may give too (``Settings(...)``,
@@ -451,9 +455,12 @@ def _read_env(env: Mapping[str, str]) -> dict[str, Any]:
     if heartbeat_interval_s is not None:
         values["heartbeat_interval_s"] = heartbeat_interval_s
         # The health key must outlive the gap between two beats, or a live worker vanishes
-        # from /health between them: a few beats, never less than the default.
-        values["heartbeat_ttl_s"] = max(Settings.heartbeat_ttl_s,
-                                        math.ceil(HEARTBEAT_TTL_BEATS * heartbeat_interval_s))
+        # from /health between them: a few beats, never less than the default. Past the
+        # longest duration the interval is refused by _validate, naming it; four beats of
+        # 1e308 s were an infinite TTL, and ceil() of it an OverflowError traceback.
+        if heartbeat_interval_s <= MAX_DURATION_S:
+            values["heartbeat_ttl_s"] = max(
+                Settings.heartbeat_ttl_s, math.ceil(HEARTBEAT_TTL_BEATS * heartbeat_interval_s))
     put("shutdown_grace_s", _float(env, "SHUTDOWN_GRACE_SECONDS", 0.0))
     put("simulator_url", _get(env, "NOTIFKIT_SIMULATOR_URL"))
     put("simulator_smtp", _get(env, "NOTIFKIT_SIMULATOR_SMTP"))
@@ -621,11 +628,32 @@ def _check_url(variable: str, value: str | None, schemes: tuple[str, ...], *,
         raise ConfigError(variable, f"must not hold white space or control characters: "
                           f"{value!r}")
     try:
-        parts.port  # noqa: B018 - parsing the port is the check
+        port = parts.port
     except ValueError:
+        port = 0
+    # Every URL here is one to connect to, and nothing can be reached on port 0: a provider's
+    # base URL on it passed, and then every send through it failed to connect.
+    if port == 0 and not _names_no_port(parts.netloc):
         raise ConfigError(
-            variable, f"has no valid port (a number from 0 to 65535): {value!r}"
+            variable, f"has no valid port (a number from 1 to 65535): {value!r}"
         ) from None
+
+
+def _names_no_port(netloc: str) -> bool:
+    """Whether a URL's ``host[:port]`` gives no port (the scheme's own is used), as against
+    one that does not parse or is 0."""
+    host = netloc.rpartition("@")[2]
+    return not host.rpartition("]")[2].partition(":")[1]
+
+
+def _check_base_url(variable: str, value: str | None) -> None:
+    """An http(s) URL that paths are appended to (``/emails``, ``/v1/unsubscribe?token=``):
+    a query or fragment in it ended up before the path, and every request or link built on it
+    went astray (``https://api.resend.com?x/emails``)."""
+    _check_url(variable, value, ("http", "https"))
+    if value is not None and ("?" in value or "#" in value):
+        raise ConfigError(variable, f"must not hold a query or fragment ('?' or '#'): paths "
+                          f"are appended to it, got {value!r}")
 
 
 # DATABASE_URL's libpq parameters that asyncpg does not read itself: it sends every query
@@ -881,6 +909,7 @@ def _validate(s: Settings) -> None:
     bounded = {
         "WORKER_CONCURRENCY": (s.worker_concurrency, MAX_WORKER_CONCURRENCY),
         "DB_MAX_CONNECTIONS": (s.db_max_connections, MAX_DB_CONNECTIONS),
+        "MAX_BODY_BYTES": (s.max_body_bytes, MAX_BODY_BYTES_LIMIT),
     }
     for variable, (value, most) in bounded.items():
         if value > most:
@@ -893,6 +922,11 @@ def _validate(s: Settings) -> None:
                           f"got {s.heartbeat_interval_s}")
     if not 0 <= s.port <= 65535:
         raise ConfigError("PORT", f"must be a TCP port (0-65535), got {s.port}")
+    # Looked up only when the api binds, after the migrations: white space made that failure a
+    # message broken over several lines, and no name or address holds any.
+    if any(char.isspace() or not char.isprintable() for char in s.host):
+        raise ConfigError("HOST", f"must be a host name or address, without white space or "
+                          f"control characters, got {s.host!r}")
     if s.log_format not in LOG_FORMATS:
         raise ConfigError("LOG_FORMAT", f"must be json or text, got {s.log_format!r}")
     if s.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -915,6 +949,17 @@ def _validate(s: Settings) -> None:
         raise ConfigError("NOTIFKIT_SECRET", "must be at least 16 characters")
     if s.admin_key is not None and len(s.admin_key) < 16:
         raise ConfigError("NOTIFKIT_ADMIN_KEY", "must be at least 16 characters")
+    # Each goes out (the admin key comes in) as an Authorization header, which may hold no
+    # control character: aiohttp refuses to send one, so every send through that provider
+    # failed, and no client could send the admin key. The value itself is a secret, not shown.
+    for variable, credential in (("NOTIFKIT_ADMIN_KEY", s.admin_key),
+                                 ("RESEND_API_KEY", s.email.resend_api_key),
+                                 ("SENDGRID_API_KEY", s.email.sendgrid_api_key),
+                                 ("FCM_ACCESS_TOKEN", s.push.access_token),
+                                 ("OPENAI_API_KEY", s.ai.api_key)):
+        if credential is not None and not credential.isprintable():
+            raise ConfigError(variable, "must not hold control characters (a line break, "
+                              "say), which no HTTP header may carry")
     for provider, variable in SVIX_SECRET_VARIABLES.items():
         secret = getattr(s.webhooks, provider)
         if secret is None:
@@ -924,18 +969,18 @@ def _validate(s: Settings) -> None:
         except ValueError as exc:
             # Taken as it was, it verified no webhook: each a 401, nothing saying why.
             raise ConfigError(variable, str(exc)) from None
-    _check_url("NOTIFKIT_SIMULATOR_URL", s.simulator_url, ("http", "https"))
-    _check_url("NOTIFKIT_PUBLIC_URL", s.public_url, ("http", "https"))
+    _check_base_url("NOTIFKIT_SIMULATOR_URL", s.simulator_url)
+    _check_base_url("NOTIFKIT_PUBLIC_URL", s.public_url)
     if s.simulator_smtp is not None and not (
         re.match(r"^[^:\s]+:\d{1,5}$", s.simulator_smtp)
-        and int(s.simulator_smtp.rpartition(":")[2]) <= 65535
+        and 1 <= int(s.simulator_smtp.rpartition(":")[2]) <= 65535
     ):
         raise ConfigError("NOTIFKIT_SIMULATOR_SMTP",
-                          f"must be host:port (port 0-65535), got {s.simulator_smtp!r}")
+                          f"must be host:port (port 1-65535), got {s.simulator_smtp!r}")
     _validate_email(s.email)
-    _check_url("TWILIO_BASE_URL", s.sms.base_url, ("http", "https"))
-    _check_url("FCM_BASE_URL", s.push.base_url, ("http", "https"))
-    _check_url("OPENAI_BASE_URL", s.ai.base_url, ("http", "https"))
+    _check_base_url("TWILIO_BASE_URL", s.sms.base_url)
+    _check_base_url("FCM_BASE_URL", s.push.base_url)
+    _check_base_url("OPENAI_BASE_URL", s.ai.base_url)
     # The model goes out as it is in every completion request, as a template's does, which the
     # API refuses with a control character in it: each AI send would fail on it.
     if not s.ai.model.isprintable():
@@ -950,6 +995,13 @@ def _validate(s: Settings) -> None:
     # Read (and its key made to sign) now, as a setting: found only when delivery built its
     # transports, the file failed the start after migrations had run and the api listened.
     _ = s.push.account
+    # Each goes as it is into the path of every request to its provider: a '#', '?' or '/'
+    # sent each one elsewhere (…/Accounts/AC#x/Messages.json reached …/Accounts/AC).
+    for variable, name in (("TWILIO_ACCOUNT_SID", s.sms.account_sid),
+                           ("FCM_PROJECT_ID", s.push.project_id)):
+        if name is not None and not _PATH_SEGMENT_RE.match(name):
+            raise ConfigError(variable, f"may hold only letters, digits and . _ - (it goes "
+                              f"into the path of every request), got {name!r}")
     if bool(s.sms.account_sid) != bool(s.sms.auth_token):
         missing = "TWILIO_AUTH_TOKEN" if s.sms.account_sid else "TWILIO_ACCOUNT_SID"
         raise ConfigError(missing, "is required when the other Twilio credential is set")
@@ -973,8 +1025,8 @@ def _validate_email(e: EmailSettings) -> None:
         raise ConfigError(
             "EMAIL_TRANSPORT", f"must be resend, sendgrid or smtp, got {e.transport!r}"
         )
-    _check_url("RESEND_BASE_URL", e.resend_base_url, ("http", "https"))
-    _check_url("SENDGRID_BASE_URL", e.sendgrid_base_url, ("http", "https"))
+    _check_base_url("RESEND_BASE_URL", e.resend_base_url)
+    _check_base_url("SENDGRID_BASE_URL", e.sendgrid_base_url)
     if e.transport == "resend" and not e.resend_api_key:
         raise ConfigError("RESEND_API_KEY", "is required when EMAIL_TRANSPORT=resend")
     if e.transport == "sendgrid" and not e.sendgrid_api_key:

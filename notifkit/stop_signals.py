@@ -47,7 +47,8 @@ def stop_on_signals(stop: asyncio.Event) -> None:
 
 def on_stop_signals(callback: Callable[[], None]) -> None:
     """Call ``callback`` on the running loop at every SIGTERM or SIGINT, until
-    ``ignore_stop_signals``. Call from a coroutine running on the main thread's loop."""
+    ``ignore_stop_signals``; once at once for a signal ``defer_stop_signals`` kept. Call from
+    a coroutine running on the main thread's loop."""
     loop = asyncio.get_running_loop()
 
     def handler(signum: int, frame: FrameType | None) -> None:
@@ -56,6 +57,37 @@ def on_stop_signals(callback: Callable[[], None]) -> None:
     _wake_on_signals(loop)
     for signum in STOP_SIGNALS:
         signal.signal(signum, handler)
+    if _DEFERRED:
+        _DEFERRED.clear()
+        loop.call_soon(callback)
+
+
+# The stop signals that came while deferred (defer_stop_signals), in order.
+_DEFERRED: list[int] = []
+
+
+def defer_stop_signals() -> None:
+    """Until ``on_stop_signals`` or ``resume_stop_signals``, a SIGTERM or SIGINT is only kept.
+    A command takes a moment (its imports, its settings) before it handles them itself, and
+    meanwhile SIGTERM's default action killed the process and a Ctrl-C ended it in a
+    KeyboardInterrupt traceback from whatever was being imported."""
+
+    def keep(signum: int, frame: FrameType | None) -> None:
+        _DEFERRED.append(signum)
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, keep)
+
+
+def resume_stop_signals() -> None:
+    """Back to Python's own handling of SIGTERM and SIGINT (for a command that handles neither
+    itself), acting now on a signal ``defer_stop_signals`` kept: a Ctrl-C raises
+    KeyboardInterrupt here, a SIGTERM ends the process as it would have."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    kept, _DEFERRED[:] = list(_DEFERRED), []
+    if kept:  # the first one decides; a repeat would have met the stop under way
+        signal.raise_signal(kept[0])
 
 
 # The sockets the loop is woken through; never closed, as the wakeup fd outlives the loop.

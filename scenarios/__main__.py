@@ -16,18 +16,22 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import asyncpg
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
-
 from notifkit.config import ConfigError, Settings
-from notifkit.stop_signals import STOP_SIGNALS, ignore_stop_signals, on_stop_signals
+from notifkit.stop_signals import (
+    STOP_SIGNALS,
+    defer_stop_signals,
+    ignore_stop_signals,
+    on_stop_signals,
+)
 from scenarios import catalog
-from scenarios.harness import SIM_MAX_MESSAGES, RunOptions, service_urls
 from scenarios.report import Progress, ScenarioResult, table, violations_text, write_json
 from simulators.__main__ import OneLineParser, seed_value
 
 T = TypeVar("T")
+
+# The Redis and PostgreSQL clients and the harness (a fifth of a second to import) are imported
+# where they are used, once main has taken over SIGTERM and Ctrl-C: imported here, a stop while
+# they loaded killed the process or ended in a KeyboardInterrupt traceback.
 
 COMMANDS = ("list", "run")
 
@@ -150,6 +154,8 @@ def refused(module: Any, key: str, default: Any, value: Any) -> str | None:
     # Every count a run makes is held in its memory, and every message it sends is read back
     # from the simulators, which keep SIM_MAX_MESSAGES: users=10**23 built its user list
     # until the machine killed the run.
+    from scenarios.harness import SIM_MAX_MESSAGES
+
     if isinstance(default, int) and value > SIM_MAX_MESSAGES:
         return (f"takes a whole number up to {SIM_MAX_MESSAGES} (the messages the simulators "
                 f"keep for the accounting), got {value!r}")
@@ -188,6 +194,12 @@ async def unusable_services() -> tuple[int, str] | None:
     """(exit status, why) when Redis or PostgreSQL cannot serve a run, else None. Found out
     inside the run, it failed every chosen scenario in turn, each reported as a violated
     invariant; a malformed URL is a 2, an unreachable server a 1, as for notifkit itself."""
+    import asyncpg
+    from redis.asyncio import Redis
+    from redis.exceptions import RedisError
+
+    from scenarios.harness import service_urls
+
     redis_url, database_url = service_urls()
     redis_variable = _source("NOTIFKIT_TEST_REDIS_URL", "REDIS_URL")
     database_variable = _source("NOTIFKIT_TEST_DATABASE_URL", "DATABASE_URL")
@@ -217,6 +229,8 @@ async def unusable_services() -> tuple[int, str] | None:
 
 async def run_all(names: list[str], seed: int, overrides: dict[str, Any],
                   run_dir: Path) -> list[ScenarioResult]:
+    from scenarios.harness import RunOptions
+
     results: list[ScenarioResult] = []
     progress = Progress()
     for index, name in enumerate(names, 1):
@@ -295,6 +309,9 @@ def write_out(text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the process's own command line: its signals are this command's
+        # Kept until a run handles them (stoppable): a stop before is obeyed then, with 130.
+        defer_stop_signals()
     args = parse_args(argv)
     if args.command == "list":
         write_out("".join(f"{name:<26} {catalog.load(name).DESCRIPTION}\n"

@@ -18,10 +18,12 @@ import sys
 from collections.abc import Coroutine
 from typing import Any, NoReturn
 
-from notifkit.stop_signals import stop_on_signals
-from simulators.control import MAX_SEED
+from notifkit.stop_signals import defer_stop_signals, stop_on_signals
 from simulators.logs import LOG_FORMATS, setup_logging
-from simulators.server import ListenError, SimulatorServer
+
+# The server's modules (aiohttp, every provider) are imported only once the command handles
+# SIGTERM and Ctrl-C (main), not when this module is: the scenarios and benchmarks import it
+# for its argparse types too.
 
 log = logging.getLogger("simulators")
 
@@ -68,6 +70,8 @@ def _max_messages(text: str) -> int:
 def seed_value(text: str) -> int:
     """argparse type: a seed, no larger than ``POST /_sim/reset`` takes, so the seed a run
     logs can always replay it (the scenarios' ``--seed`` reaches the simulators too)."""
+    from simulators.control import MAX_SEED
+
     value = non_negative_int(text)
     if value > MAX_SEED:
         raise argparse.ArgumentTypeError(
@@ -79,6 +83,12 @@ def _host(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError(
             "must not be empty (0.0.0.0 listens on every interface)")
+    # No name or address holds any; found only at the bind, the failure was a message broken
+    # over several lines.
+    if any(char.isspace() or not char.isprintable() for char in text):
+        raise argparse.ArgumentTypeError(
+            f"must be a host name or address, without white space or control characters, "
+            f"got {text!r}")
     return text
 
 
@@ -125,10 +135,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=LOG_FORMATS,
         help="text (default) or json: one JSON object a line, as notifkit logs in production",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.port and args.port == args.smtp_port:
+        # The SMTP listener failed as "address already in use" once HTTP had taken the port,
+        # as if another program held it.
+        parser.error(f"argument --smtp-port: is {args.port}, the port given to --port; each "
+                     "listener needs its own (0 picks a free one)")
+    return args
 
 
 async def serve(args: argparse.Namespace) -> None:
+    stop = asyncio.Event()
+    stop_on_signals(stop)
+    from simulators.server import SimulatorServer
+
     seed = args.seed if args.seed is not None else secrets.randbelow(2**32)
     server = SimulatorServer(
         host=args.host,
@@ -137,8 +157,6 @@ async def serve(args: argparse.Namespace) -> None:
         seed=seed,
         max_messages=args.max_messages,
     )
-    stop = asyncio.Event()
-    stop_on_signals(stop)
     await server.start()
     settle_gc()
     try:
@@ -183,8 +201,13 @@ def _run(main: Coroutine[Any, Any, None]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the process's own command line: its signals are this command's
+        # Kept until serve handles them, so a stop while the server's modules load is obeyed.
+        defer_stop_signals()
     args = parse_args(argv)
     setup_logging(args.log_format, args.log_level)
+    from simulators.server import ListenError
+
     try:
         _run(serve(args))
     except ListenError as exc:

@@ -16,13 +16,13 @@ from aiohttp import web
 from multidict import CIMultiDict
 from redis.asyncio import Redis
 
-from notifkit.config import Settings
+from notifkit.config import MAX_BODY_BYTES_LIMIT, Settings
 from notifkit.keys import Keys
 from notifkit.services.api import validation
 from notifkit.services.api.app import create_app
 from notifkit.services.api.auth import PROJECT_CHECK_INTERVAL_S
 from notifkit.services.api.state import HUB, KEY_CACHE
-from tests.api.conftest import ADMIN, Api, Project, start_api
+from tests.api.conftest import ADMIN, Api, Project, running_api, start_api
 
 
 def nested(depth: int) -> object:
@@ -389,6 +389,21 @@ async def test_a_body_in_a_supported_content_encoding_is_read_decoded(
     reply = await api.call("PUT", "/v1/users/u1", key=project.full, data=encoded,
                            headers={"Content-Type": "application/json",
                                     "Content-Encoding": coding.replace("raw-", "")})
+    assert reply.status == 201, reply.body
+    assert reply.body["attributes"] == {"plan": "pro"}
+
+
+async def test_a_compressed_body_is_read_under_the_largest_body_limit(
+    api_settings: Settings,
+) -> None:
+    """Given the largest MAX_BODY_BYTES the settings take, when a gzip body is sent, then it
+    is read (a limit past 2**63 failed every compressed request with a 500)."""
+    async with running_api(api_settings.replace(max_body_bytes=MAX_BODY_BYTES_LIMIT)) as api:
+        project = await api.project()
+        reply = await api.call("PUT", "/v1/users/u1", key=project.full,
+                               data=gzip.compress(b'{"attributes": {"plan": "pro"}}'),
+                               headers={"Content-Type": "application/json",
+                                        "Content-Encoding": "gzip"})
     assert reply.status == 201, reply.body
     assert reply.body["attributes"] == {"plan": "pro"}
 

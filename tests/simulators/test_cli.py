@@ -8,6 +8,7 @@ import json
 import re
 import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -48,6 +49,12 @@ async def run_cli(*args: str) -> asyncio.subprocess.Process:
         (["--max-messages", "9223372036854775808"], "argument --max-messages: at most"),
         (["--host", "", "--port", "0", "--smtp-port", "0"], "argument --host: must not be empty"),
         (["--colour"], "unrecognized arguments"),
+        # Found only at the bind: "address already in use" for the second listener, as if
+        # another program held the port, and a host's line break broke the message in two.
+        (["--port", "18240", "--smtp-port", "18240"],
+         "argument --smtp-port: is 18240, the port given to --port"),
+        (["--host", "127.0.0.1\n::1", "--port", "0", "--smtp-port", "0"],
+         "argument --host: must be a host name or address, without white space"),
     ],
 )
 async def test_bad_arguments_exit_2_with_one_line(args: list[str], complaint: str) -> None:
@@ -96,6 +103,34 @@ async def test_serves_and_stops_cleanly(stop_with: signal.Signals) -> None:
     assert process.returncode == 0
     assert "Traceback" not in rest.decode()
     assert "smtp accepted message" in rest.decode()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_stop_signal_while_the_server_modules_load_stops_cleanly(
+    signum: signal.Signals,
+) -> None:
+    """Given the command still importing aiohttp (each import is a line on stderr with
+    ``-X importtime``), when SIGTERM or Ctrl-C comes, then it stops with status 0 and no
+    traceback: the package imported the whole server before the command could handle either,
+    so SIGTERM killed it and a Ctrl-C ended in a KeyboardInterrupt traceback."""
+    process = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "simulators", "--port", "0",
+         "--smtp-port", "0"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if line.rstrip().split("|")[-1].strip() == "aiohttp":
+                break
+        process.send_signal(signum)
+        stderr = process.stderr.read()
+        status = process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert status == 0, stderr[-2000:]
+    assert "Traceback" not in stderr
 
 
 @pytest.mark.parametrize("again", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)

@@ -9,6 +9,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -54,6 +55,9 @@ Parse = Callable[[list[str]], argparse.Namespace]
         (profile.parse_args, ["--seconds", "0"], "--seconds"),
         (profile.parse_args, ["--rate", "-5"], "--rate"),
         (profile.parse_args, ["--fanout", "-1"], "--fanout"),
+        # The campaign went to 10,000 users and its figure counted only the first 5 receipts.
+        (profile.parse_args, ["--fanout", "5"], "--fanout"),
+        (profile.parse_args, ["--fanout", "9999"], "--fanout"),
         (profile.parse_args, ["--top", "-1"], "--top"),
         (profile.parse_args, ["--concurrency", "0"], "--concurrency"),
         (profile.parse_args, ["--env", "junk"], "--env"),
@@ -226,3 +230,75 @@ def test_a_stopped_run_says_so_in_one_line_and_leaves_nothing_behind(
         return bool(has_schema), keys
 
     assert asyncio.run(leftovers()) == (False, [])
+
+
+@pytest.mark.parametrize(("seconds", "duration"), [(0.5, "1"), (1.0, "1"), (20.2, "21")])
+def test_the_profile_samples_at_least_as_long_as_asked(seconds: float, duration: str) -> None:
+    # py-spy takes whole seconds; --seconds 0.5 used to reach it as 0.
+    assert profile.spy_duration(seconds) == duration
+
+
+def _clean_env(**env: str) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("REDIS_URL", "DATABASE_URL", "NOTIFKIT_TEST_REDIS_URL",
+                          "NOTIFKIT_TEST_DATABASE_URL")}
+    return {**clean, **env}
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+@pytest.mark.parametrize("command", ["benchmarks", "benchmarks.profile"])
+def test_a_stop_while_the_command_loads_is_a_stop(
+    tmp_path: Path, command: str, signum: signal.Signals
+) -> None:
+    """Given the command still importing what runs the system (each import is a line on stderr
+    with ``-X importtime``), when SIGTERM or Ctrl-C comes, then it ends as stopped: 130, one
+    line, no traceback. Imported with the module, SIGTERM killed it and a Ctrl-C ended in a
+    KeyboardInterrupt traceback."""
+    # Nothing answers there: a command that went on would end with 1, naming it.
+    runner = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", command, "--json" if command == "benchmarks"
+         else "--out", str(tmp_path / "out" / "b.json")],
+        env=_clean_env(NOTIFKIT_TEST_REDIS_URL="redis://127.0.0.1:1/0"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert runner.stderr is not None
+        for line in runner.stderr:
+            if line.rstrip().split("|")[-1].strip() == "benchmarks.system":
+                break
+        runner.send_signal(signum)
+        stderr = runner.stderr.read()
+        status = runner.wait(timeout=30)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+    assert status == 130, stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == f"{command}: stopped before the run started"
+
+
+def test_a_ctrl_c_while_the_services_are_checked_is_a_stop(tmp_path: Path) -> None:
+    """Given a check of the services waiting on a Redis that accepts and never answers, when
+    Ctrl-C comes, then the command ends as stopped (130), not in a KeyboardInterrupt
+    traceback."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        runner = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks", "--json", str(tmp_path / "b.json")],
+            env=_clean_env(
+                NOTIFKIT_TEST_REDIS_URL=f"redis://127.0.0.1:{silent.getsockname()[1]}/0"),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            silent.settimeout(30)
+            waiting, _ = silent.accept()
+            with waiting:
+                runner.send_signal(signal.SIGINT)
+                _, stderr = runner.communicate(timeout=30)
+        finally:
+            if runner.poll() is None:
+                runner.kill()
+                runner.wait()
+    assert runner.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines() == ["benchmarks: stopped before the run started"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,9 @@ def run_cli(*args: str, env: dict[str, str] | None = None,
         ("RECLAIM_INTERVAL_SECONDS", "inf"),
         ("PROVIDER_TIMEOUT_SECONDS", "inf"),
         ("HEARTBEAT_INTERVAL_SECONDS", "inf"),
+        ("HEARTBEAT_INTERVAL_SECONDS", "1e308"),
+        ("HOST", "127.0.0.1\n::1"),
+        ("TWILIO_BASE_URL", "https://api.twilio.com:0"),
         ("IDEMPOTENCY_TTL_SECONDS", "99999999999999999999"),
         ("RECLAIM_MIN_IDLE_SECONDS", "1e300"),
         ("SCHEDULER_POLL_INTERVAL_SECONDS", "1e300"),
@@ -208,6 +212,32 @@ def test_a_failed_migration_is_one_line_without_a_traceback(
     assert len(lines) == 1, err
     assert "DB_SCHEMA" in lines[0]
     assert "0005_workflow_paths" in lines[0]
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--port", "18230", "--sim-port", "18230"], "--sim-port"),
+    (["--port", "18230", "--sim-smtp-port", "18230"], "--sim-smtp-port"),
+    (["--sim-port", "18231", "--sim-smtp-port", "18231"], "--sim-smtp-port"),
+])
+def test_one_port_given_to_two_dev_listeners_is_named(argv: list[str], named: str,
+                                                      tmp_path: Path) -> None:
+    # The second listener failed as "address already in use", once the first had started.
+    result = run_cli("dev", "--data-dir", str(tmp_path / "data"), *argv)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"notifkit: invalid configuration: {named}: is ")
+    assert "each listener needs its own" in lines[0]
+    assert not (tmp_path / "data").exists(), "refused before anything was made"
+
+
+def test_several_dev_ports_of_0_each_pick_a_free_one() -> None:
+    import argparse
+
+    from notifkit.__main__ import load_settings
+
+    args = argparse.Namespace(command="dev", port=0, sim_port=0, sim_smtp_port=0)
+    assert load_settings(args).port == 0
 
 
 @pytest.mark.parametrize("option", ["--sim-port", "--sim-smtp-port"])
@@ -464,3 +494,62 @@ def test_with_json_logs_migrate_writes_only_json_records() -> None:
     assert record["level"] == "error"
     assert record["msg"].startswith("DATABASE_URL: cannot connect to PostgreSQL")
     assert record["service"] == "migrate"  # every record names one, the command's here
+
+
+def _start_cli(*args: str) -> subprocess.Popen[str]:
+    """``python -X importtime -m notifkit ...``: each import is a line on stderr as it ends, so
+    a test can tell when the command is still importing what it needs to start."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("NOTIFKIT_", "REDIS", "DATABASE", "DB_", "PORT", "LOG_"))}
+    # Nothing answers there: a start that goes on instead of stopping fails (status 1).
+    env.update(REDIS_URL="redis://127.0.0.1:1/0", PORT="0", LOG_FORMAT="text",
+               DATABASE_URL="postgresql://postgres@127.0.0.1:1/notifkit_cli_tests")
+    return subprocess.Popen([sys.executable, "-X", "importtime", "-m", "notifkit", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=env)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_stop_signal_while_the_command_is_still_importing_stops_it_cleanly(
+    signum: signal.Signals,
+) -> None:
+    """Given ``serve`` still loading its modules (the Redis client, then the services), when
+    SIGTERM or Ctrl-C comes, then the start stops cleanly with status 0 and no traceback: the
+    default action killed the process (SIGTERM) or ended it in a KeyboardInterrupt traceback
+    from the module being imported (Ctrl-C)."""
+    process = _start_cli("serve")
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if line.rstrip().split("|")[-1].strip() == "redis":  # the settings' Redis URL check
+                break
+        process.send_signal(signum)
+        stderr = process.stderr.read()
+        status = process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert status == 0, stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert "Stopping while starting" in stderr
+
+
+def test_a_ctrl_c_while_migrate_is_still_importing_ends_it_with_130() -> None:
+    """migrate handles no signal itself: a Ctrl-C kept while it was still starting ends it as
+    one during the migration does (130, no traceback), not with a migration run anyway."""
+    process = _start_cli("migrate")
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if line.rstrip().split("|")[-1].strip() == "redis":
+                break
+        process.send_signal(signal.SIGINT)
+        stderr = process.stderr.read()
+        status = process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert status == 130, stderr[-2000:]
+    assert "Traceback" not in stderr

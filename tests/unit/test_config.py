@@ -248,6 +248,46 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         ({"REDIS_URL": "redis://:secret@/0"}, "REDIS_URL"),
         # Sent as it is in every completion request, as a template's model is (a 400 there).
         ({"OPENAI_API_KEY": "k", "OPENAI_MODEL": "gpt-4o\nmini"}, "OPENAI_MODEL"),
+        # Four beats of it overflowed to an infinite TTL: an OverflowError, not a message.
+        ({"HEARTBEAT_INTERVAL_SECONDS": "1e308"}, "HEARTBEAT_INTERVAL_SECONDS"),
+        # Accepted, it failed every compressed request with a 500: zlib takes no limit that
+        # large.
+        ({"MAX_BODY_BYTES": str(2**64)}, "MAX_BODY_BYTES"),
+        ({"MAX_BODY_BYTES": "1073741825"}, "MAX_BODY_BYTES"),
+        # Sent in an Authorization header, which aiohttp refuses with a control character in
+        # it: every send through the provider failed (and no client could send the admin key).
+        # Found only when the api bound it, after the migrations, in a message broken over
+        # two lines.
+        # Nothing is reached on port 0: accepted, every send through the URL failed to connect.
+        ({"RESEND_API_KEY": "k", "RESEND_BASE_URL": "http://127.0.0.1:0"}, "RESEND_BASE_URL"),
+        ({"OPENAI_BASE_URL": "https://api.openai.com:0/v1"}, "OPENAI_BASE_URL"),
+        ({"SMTP_URL": "smtp://mail.example:0"}, "SMTP_URL"),
+        ({"NOTIFKIT_SIMULATOR_URL": "http://127.0.0.1:0"}, "NOTIFKIT_SIMULATOR_URL"),
+        ({"NOTIFKIT_SIMULATOR_SMTP": "127.0.0.1:0"}, "NOTIFKIT_SIMULATOR_SMTP"),
+        ({"NOTIFKIT_PUBLIC_URL": "https://[::1]:00/"}, "NOTIFKIT_PUBLIC_URL"),
+        ({"REDIS_URL": "redis://127.0.0.1:0/0"}, "REDIS_URL"),
+        ({"DATABASE_URL": "postgresql://postgres@127.0.0.1:0/test"}, "DATABASE_URL"),
+        # Paths are appended to these: a query or fragment came before the path, and every
+        # request or link built on it went astray.
+        ({"NOTIFKIT_PUBLIC_URL": "https://notifkit.example/?ref=mail"}, "NOTIFKIT_PUBLIC_URL"),
+        ({"RESEND_API_KEY": "k", "RESEND_BASE_URL": "https://api.resend.com#x"},
+         "RESEND_BASE_URL"),
+        ({"NOTIFKIT_SIMULATOR_URL": "http://127.0.0.1:8025/?a=1"}, "NOTIFKIT_SIMULATOR_URL"),
+        ({"OPENAI_BASE_URL": "https://api.openai.com/v1?"}, "OPENAI_BASE_URL"),
+        # Put as they are into every request's path: a '#' or '/' sent each one elsewhere.
+        ({"TWILIO_ACCOUNT_SID": "AC12#x", "TWILIO_AUTH_TOKEN": "t", "TWILIO_FROM": "+15005550006"},
+         "TWILIO_ACCOUNT_SID"),
+        ({"TWILIO_ACCOUNT_SID": "..", "TWILIO_AUTH_TOKEN": "t", "TWILIO_FROM": "+15005550006"},
+         "TWILIO_ACCOUNT_SID"),
+        ({"FCM_PROJECT_ID": "my-app/../other", "FCM_ACCESS_TOKEN": "ya29.t"}, "FCM_PROJECT_ID"),
+        ({"FCM_PROJECT_ID": "my app", "FCM_ACCESS_TOKEN": "ya29.t"}, "FCM_PROJECT_ID"),
+        ({"HOST": "127.0.0.1\n::1"}, "HOST"),
+        ({"HOST": "my host"}, "HOST"),
+        ({"RESEND_API_KEY": "re_abc\ndef"}, "RESEND_API_KEY"),
+        ({"SENDGRID_API_KEY": "SG.abc\x00def"}, "SENDGRID_API_KEY"),
+        ({"OPENAI_API_KEY": "sk-abc\rdef"}, "OPENAI_API_KEY"),
+        ({"FCM_PROJECT_ID": "p", "FCM_ACCESS_TOKEN": "ya29.a\x1bb"}, "FCM_ACCESS_TOKEN"),
+        ({"NOTIFKIT_ADMIN_KEY": "admin-key-0123456789\x7f"}, "NOTIFKIT_ADMIN_KEY"),
     ],
 )
 def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) -> None:
@@ -255,6 +295,13 @@ def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) ->
         Settings.from_env(env)
     assert caught.value.variable == variable
     assert str(caught.value).startswith(f"{variable}: ")
+
+
+def test_a_base_url_may_have_a_path() -> None:
+    s = Settings.from_env({"NOTIFKIT_PUBLIC_URL": "https://example.com/notifkit/",
+                           "OPENAI_BASE_URL": "https://gateway.example/openai/v1"})
+    assert (s.public_url, s.ai.base_url) == ("https://example.com/notifkit/",
+                                             "https://gateway.example/openai/v1")
 
 
 def test_redis_timeouts_that_work_are_kept() -> None:
@@ -324,8 +371,10 @@ def test_numbers_given_in_code_may_be_ints_where_fractions_are_allowed() -> None
 
 
 def test_the_largest_sizes_still_accepted() -> None:
-    s = Settings.from_env({"WORKER_CONCURRENCY": "1000000", "DB_MAX_CONNECTIONS": "10000"})
-    assert (s.worker_concurrency, s.db_max_connections) == (1_000_000, 10_000)
+    s = Settings.from_env({"WORKER_CONCURRENCY": "1000000", "DB_MAX_CONNECTIONS": "10000",
+                           "MAX_BODY_BYTES": "1073741824"})
+    assert (s.worker_concurrency, s.db_max_connections, s.max_body_bytes) == (
+        1_000_000, 10_000, 1024**3)
 
 
 def test_empty_values_count_as_unset() -> None:

@@ -391,6 +391,36 @@ def test_a_stop_while_the_run_connects_to_redis_is_a_stop(tmp_path: Path) -> Non
     assert runner.returncode == 130, stderr
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_stop_while_the_harness_loads_is_a_stop(tmp_path: Path, signum: signal.Signals) -> None:
+    """Given a run still importing the harness (each import is a line on stderr with
+    ``-X importtime``), when SIGTERM or Ctrl-C comes, then it ends as a stopped run (130, no
+    traceback): imported before the command handled either, SIGTERM killed it and a Ctrl-C
+    ended in a KeyboardInterrupt traceback."""
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("REDIS_URL", "DATABASE_URL", "NOTIFKIT_TEST_DATABASE_URL")}
+    # Nothing answers there: a run that went on would end with 1, naming it.
+    env = dict(clean, NOTIFKIT_TEST_REDIS_URL="redis://127.0.0.1:1/0")
+    runner = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "scenarios", "malformed", "--json",
+         str(tmp_path / "results.json")],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert runner.stderr is not None
+        for line in runner.stderr:
+            if line.rstrip().split("|")[-1].strip() == "scenarios.harness":
+                break
+        runner.send_signal(signum)
+        stderr = runner.stderr.read()
+        status = runner.wait(timeout=30)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+    assert status == 130, stderr[-2000:]
+    assert "Traceback" not in stderr
+
+
 @pytest.mark.parametrize(("name", "key"), [("malformed", "users"), ("crash_reclaim", "messages"),
                                            ("priority_isolation", "backlog")])
 def test_a_count_past_what_a_run_can_hold_is_refused(name: str, key: str) -> None:
