@@ -26,7 +26,7 @@ def _stop_while_loading(signum: int, frame: object) -> None:
 if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     # A Ctrl-C while the modules below load (a second or more on a first run, which compiles
     # them) ends the process quietly, as one a moment later does, not with a traceback from
-    # inside an import. main() hands SIGINT back before anything starts.
+    # inside an import. main() replaces it first thing (defer_stop_signals).
     signal.signal(signal.SIGINT, _stop_while_loading)
 
 import argparse
@@ -242,10 +242,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                         else process_service_name(settings.services))
     warn_unknown_settings(os.environ)
     try:
-        if signal.getsignal(signal.SIGINT) is _stop_while_loading:
-            # From here a Ctrl-C is a KeyboardInterrupt again, which asyncio.run turns into
-            # the services' own clean stop once they run.
-            signal.signal(signal.SIGINT, signal.default_int_handler)
         _install_event_loop()
         if command == "migrate":
             if argv is None:
