@@ -8,7 +8,6 @@ import json
 import re
 import signal
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import aiohttp
 import aiosmtplib
 import pytest
 
-from tests.support.signals import start_then_stop_insistently
+from tests.support.signals import signal_while_importing, start_then_stop_insistently
 
 ROOT = Path(__file__).resolve().parents[2]
 LISTENING = re.compile(r"listening on (http://[\d.]+:\d+) \(SMTP ([\d.]+):(\d+)\)")
@@ -113,22 +112,9 @@ def test_a_stop_signal_while_the_server_modules_load_stops_cleanly(
     ``-X importtime``), when SIGTERM or Ctrl-C comes, then it stops with status 0 and no
     traceback: the package imported the whole server before the command could handle either,
     so SIGTERM killed it and a Ctrl-C ended in a KeyboardInterrupt traceback."""
-    process = subprocess.Popen(
-        [sys.executable, "-X", "importtime", "-m", "simulators", "--port", "0",
-         "--smtp-port", "0"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        assert process.stderr is not None
-        for line in process.stderr:
-            if line.rstrip().split("|")[-1].strip() == "aiohttp":
-                break
-        process.send_signal(signum)
-        stderr = process.stderr.read()
-        status = process.wait(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    status, stderr = signal_while_importing(
+        ["simulators", "--port", "0", "--smtp-port", "0"], "aiohttp", signum, timeout_s=30,
+        cwd=ROOT)
     assert status == 0, stderr[-2000:]
     assert "Traceback" not in stderr
 

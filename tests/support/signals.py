@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -41,3 +42,26 @@ def start_then_stop_insistently(args: list[str], ready: str, again: signal.Signa
             process.kill()
             process.wait()
     return process.returncode, stderr
+
+
+def signal_while_importing(module_args: list[str], importing: str, signum: signal.Signals,
+                           *, timeout_s: float = 60, **popen: Any) -> tuple[int, str]:
+    """Run ``python -X importtime -m <module_args>`` and send ``signum`` once the import of
+    ``importing`` has ended (``-X importtime`` writes a stderr line as each import ends), so
+    the signal lands while the command is still loading, whatever the machine's speed; its
+    exit status and the rest of its stderr."""
+    process = subprocess.Popen([sys.executable, "-X", "importtime", "-m", *module_args],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               **popen)
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if line.rstrip().split("|")[-1].strip() == importing:
+                break
+        process.send_signal(signum)
+        stderr = process.stderr.read()
+        return process.wait(timeout=timeout_s), stderr
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

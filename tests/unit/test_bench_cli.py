@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 
 import benchmarks.__main__ as bench
 from benchmarks import options, profile
+from tests.support.signals import signal_while_importing
 
 Parse = Callable[[list[str]], argparse.Namespace]
 
@@ -255,23 +256,11 @@ def test_a_stop_while_the_command_loads_is_a_stop(
     line, no traceback. Imported with the module, SIGTERM killed it and a Ctrl-C ended in a
     KeyboardInterrupt traceback."""
     # Nothing answers there: a command that went on would end with 1, naming it.
-    runner = subprocess.Popen(
-        [sys.executable, "-X", "importtime", "-m", command, "--json" if command == "benchmarks"
-         else "--out", str(tmp_path / "out" / "b.json")],
-        env=_clean_env(NOTIFKIT_TEST_REDIS_URL="redis://127.0.0.1:1/0"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        assert runner.stderr is not None
-        for line in runner.stderr:
-            if line.rstrip().split("|")[-1].strip() == "benchmarks.system":
-                break
-        runner.send_signal(signum)
-        stderr = runner.stderr.read()
-        status = runner.wait(timeout=30)
-    finally:
-        if runner.poll() is None:
-            runner.kill()
-            runner.wait()
+    status, stderr = signal_while_importing(
+        [command, "--json" if command == "benchmarks" else "--out",
+         str(tmp_path / "out" / "b.json")],
+        "benchmarks.system", signum, timeout_s=30,
+        env=_clean_env(NOTIFKIT_TEST_REDIS_URL="redis://127.0.0.1:1/0"))
     assert status == 130, stderr[-2000:]
     assert "Traceback" not in stderr
     assert stderr.strip().splitlines()[-1] == f"{command}: stopped before the run started"

@@ -14,6 +14,7 @@ import pytest
 import notifkit
 import notifkit.config
 from notifkit.dev import data_dir_lock
+from tests.support.signals import signal_while_importing
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None,
@@ -496,17 +497,15 @@ def test_with_json_logs_migrate_writes_only_json_records() -> None:
     assert record["service"] == "migrate"  # every record names one, the command's here
 
 
-def _start_cli(*args: str) -> subprocess.Popen[str]:
-    """``python -X importtime -m notifkit ...``: each import is a line on stderr as it ends, so
-    a test can tell when the command is still importing what it needs to start."""
+def _signal_while_importing_redis(command: str, signum: signal.Signals) -> tuple[int, str]:
+    """``python -m notifkit <command>`` with ``signum`` sent once the Redis client has been
+    imported (the settings' Redis URL check), while the command is still loading."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("NOTIFKIT_", "REDIS", "DATABASE", "DB_", "PORT", "LOG_"))}
     # Nothing answers there: a start that goes on instead of stopping fails (status 1).
     env.update(REDIS_URL="redis://127.0.0.1:1/0", PORT="0", LOG_FORMAT="text",
                DATABASE_URL="postgresql://postgres@127.0.0.1:1/notifkit_cli_tests")
-    return subprocess.Popen([sys.executable, "-X", "importtime", "-m", "notifkit", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env=env)
+    return signal_while_importing(["notifkit", command], "redis", signum, env=env)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
@@ -517,19 +516,7 @@ def test_a_stop_signal_while_the_command_is_still_importing_stops_it_cleanly(
     SIGTERM or Ctrl-C comes, then the start stops cleanly with status 0 and no traceback: the
     default action killed the process (SIGTERM) or ended it in a KeyboardInterrupt traceback
     from the module being imported (Ctrl-C)."""
-    process = _start_cli("serve")
-    try:
-        assert process.stderr is not None
-        for line in process.stderr:
-            if line.rstrip().split("|")[-1].strip() == "redis":  # the settings' Redis URL check
-                break
-        process.send_signal(signum)
-        stderr = process.stderr.read()
-        status = process.wait(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    status, stderr = _signal_while_importing_redis("serve", signum)
     assert status == 0, stderr[-2000:]
     assert "Traceback" not in stderr
     assert "Stopping while starting" in stderr
@@ -538,18 +525,6 @@ def test_a_stop_signal_while_the_command_is_still_importing_stops_it_cleanly(
 def test_a_ctrl_c_while_migrate_is_still_importing_ends_it_with_130() -> None:
     """migrate handles no signal itself: a Ctrl-C kept while it was still starting ends it as
     one during the migration does (130, no traceback), not with a migration run anyway."""
-    process = _start_cli("migrate")
-    try:
-        assert process.stderr is not None
-        for line in process.stderr:
-            if line.rstrip().split("|")[-1].strip() == "redis":
-                break
-        process.send_signal(signal.SIGINT)
-        stderr = process.stderr.read()
-        status = process.wait(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    status, stderr = _signal_while_importing_redis("migrate", signal.SIGINT)
     assert status == 130, stderr[-2000:]
     assert "Traceback" not in stderr

@@ -16,7 +16,7 @@ import pytest
 
 from scenarios import catalog
 from scenarios.__main__ import mistyped, parse_args
-from tests.support.signals import stop_insistently
+from tests.support.signals import signal_while_importing, stop_insistently
 
 
 @pytest.mark.parametrize(
@@ -401,22 +401,9 @@ def test_a_stop_while_the_harness_loads_is_a_stop(tmp_path: Path, signum: signal
              if k not in ("REDIS_URL", "DATABASE_URL", "NOTIFKIT_TEST_DATABASE_URL")}
     # Nothing answers there: a run that went on would end with 1, naming it.
     env = dict(clean, NOTIFKIT_TEST_REDIS_URL="redis://127.0.0.1:1/0")
-    runner = subprocess.Popen(
-        [sys.executable, "-X", "importtime", "-m", "scenarios", "malformed", "--json",
-         str(tmp_path / "results.json")],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        assert runner.stderr is not None
-        for line in runner.stderr:
-            if line.rstrip().split("|")[-1].strip() == "scenarios.harness":
-                break
-        runner.send_signal(signum)
-        stderr = runner.stderr.read()
-        status = runner.wait(timeout=30)
-    finally:
-        if runner.poll() is None:
-            runner.kill()
-            runner.wait()
+    status, stderr = signal_while_importing(
+        ["scenarios", "malformed", "--json", str(tmp_path / "results.json")],
+        "scenarios.harness", signum, timeout_s=30, env=env)
     assert status == 130, stderr[-2000:]
     assert "Traceback" not in stderr
 
