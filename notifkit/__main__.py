@@ -11,23 +11,13 @@ exits with status 2 and one line naming the variable.
 
 from __future__ import annotations
 
-import os
-import signal
-import sys
+# First, before the imports below (a second or more on a first run, which compiles them): a
+# SIGTERM or Ctrl-C while they load is kept and obeyed once the command handles signals (a
+# clean stop; 130 for migrate), not the default kill or a traceback from inside an import.
+from notifkit.stop_signals import defer_stop_signals, resume_stop_signals
 
-
-def _stop_while_loading(signum: int, frame: object) -> None:
-    # Nothing has started yet (no server, connection or file of its own), so there is nothing
-    # to clean up. An exit, not an exception: a SystemExit raised here was now and then lost
-    # inside the import machinery, and the process went on to start regardless.
-    os._exit(130)
-
-
-if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-    # A Ctrl-C while the modules below load (a second or more on a first run, which compiles
-    # them) ends the process quietly, as one a moment later does, not with a traceback from
-    # inside an import. main() replaces it first thing (defer_stop_signals).
-    signal.signal(signal.SIGINT, _stop_while_loading)
+if __name__ == "__main__":
+    defer_stop_signals()
 
 import argparse
 import asyncio
@@ -35,14 +25,15 @@ import contextlib
 import difflib
 import gc
 import logging
+import os
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from notifkit import __version__
 from notifkit.config import LOG_FORMATS, ConfigError, Settings, parse_services
 from notifkit.log import process_service_name, set_process_service, setup_logging
-from notifkit.stop_signals import defer_stop_signals, resume_stop_signals
 
 log = logging.getLogger("notifkit")
 
