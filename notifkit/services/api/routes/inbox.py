@@ -29,7 +29,15 @@ from notifkit.services.api.middleware import principal, project_id
 from notifkit.services.api.pubsub import CLOSE, Hub
 from notifkit.services.api.routing import CURSOR, LIMIT, Operations, Param, Reply
 from notifkit.services.api.schemas import ref
-from notifkit.services.api.state import DB, HUB, SSE_HEARTBEAT_S, SSE_LIVE_WAIT_S
+from notifkit.services.api.state import (
+    DB,
+    HUB,
+    KEYS,
+    REDIS,
+    SETTINGS,
+    SSE_HEARTBEAT_S,
+    SSE_LIVE_WAIT_S,
+)
 from notifkit.services.api.validation import (
     QueryChecks,
     encode_cursor,
@@ -41,6 +49,7 @@ from notifkit.services.api.validation import (
     time_uuid_cursor,
     uuid_id,
 )
+from notifkit.streams import xadd
 
 ops = Operations("inbox")
 
@@ -87,18 +96,29 @@ async def list_inbox(request: web.Request) -> web.Response:
 
 
 @ops.route("POST", "/v1/users/{userId}/inbox/{messageId}/read", "Mark an in-app message read",
-           responses={204: Reply(None, "Marked read (again, if it was already).")})
+           responses={204: Reply(None, "Marked read (again, if it was already); the first "
+                                       "read is the message's `opened` receipt.")})
 async def mark_read(request: web.Request) -> web.Response:
     project = project_id(request)
     user_id = lookup_id(request, "userId", "user")
     message_id = uuid_id(request, "messageId", "message")
-    updated = await request.app[DB].fetchval(
+    app = request.app
+    read = await app[DB].fetchrow(
         "UPDATE inapp_messages SET read_at = coalesce(read_at, now()) "
-        "WHERE id = $1 AND project_id = $2 AND user_id = $3 RETURNING true",
+        "WHERE id = $1 AND project_id = $2 AND user_id = $3 RETURNING task_id, read_at",
         message_id, project, user_id,
     )
-    if not updated:
+    if read is None:
         raise not_found("message", message_id)
+    # Reading is the in-app channel's open, as a provider's open receipt is an e-mail's: the
+    # events service puts it on the send's timeline and campaign log and wakes a workflow
+    # waiting for "opened". It goes out on every call, so a retry after Redis failed still
+    # records it; the same webhookId and first read time make a repeat the same receipt.
+    await xadd(app[REDIS], app[KEYS].events_inbound, {
+        "type": "receipt", "projectId": project, "provider": "inapp", "channel": "inapp",
+        "providerMessageId": message_id, "taskId": read["task_id"], "kind": "opened",
+        "at": iso(read["read_at"]), "webhookId": f"inapp:read:{message_id}",
+    }, app[SETTINGS].queue_max_len)
     return web.Response(status=204)
 
 
