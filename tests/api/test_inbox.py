@@ -15,7 +15,9 @@ from notifkit.keys import Keys
 from notifkit.services.api import pubsub
 from notifkit.services.api.routes import inbox
 from notifkit.services.api.state import HUB
+from notifkit.streams import decode
 from tests.api.conftest import Api, Project, running_api
+from tests.support.streams import xrange
 
 
 async def add_message(db: asyncpg.Pool, project: str, user: str, task: str, at: str,
@@ -58,6 +60,32 @@ async def test_listing_unread_and_marking_read(
     bad = await api.call("GET", "/v1/users/u1/inbox", key=project.full,
                          params={"unread": "maybe"})
     assert bad.fields == ["unread"]
+
+
+async def test_marking_read_queues_the_messages_open_for_the_events_service(
+    api: Api, project: Project, db: asyncpg.Pool, redis: Redis
+) -> None:
+    """A read is the in-app channel's ``opened`` receipt, named by the message as a provider
+    names its own: the first read's time, and the same ``webhookId`` on every call, so a
+    repeat (or a retry after Redis failed) is the same receipt."""
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    message = await add_message(db, project.id, "u1", "t1", "2030-01-01T00:00:01Z")
+    for _ in range(2):
+        reply = await api.call("POST", f"/v1/users/u1/inbox/{message}/read", key=project.full)
+        assert reply.status == 204
+    receipts = [decode(fields) for _id, fields in
+                await xrange(redis, Keys(api.settings.namespace).events_inbound)]
+    read_at = await db.fetchval("SELECT read_at FROM inapp_messages WHERE id = $1", message)
+    assert receipts[0] == {
+        "type": "receipt", "projectId": project.id, "provider": "inapp", "channel": "inapp",
+        "providerMessageId": message, "taskId": "t1", "kind": "opened",
+        "at": read_at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "webhookId": f"inapp:read:{message}",
+    }
+    assert receipts == [receipts[0]] * 2
+    missing = await api.call("POST", f"/v1/users/u2/inbox/{message}/read", key=project.full)
+    assert missing.status == 404
+    assert len(await xrange(redis, Keys(api.settings.namespace).events_inbound)) == 2
 
 
 async def test_an_unread_filter_left_empty_lists_every_message(
