@@ -427,6 +427,23 @@ async def test_an_entry_of_a_canceled_notification_is_not_replayed(
     assert (await api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full)).status == 202
 
 
+async def test_one_dlq_entry_reads_as_the_list_shows_it_and_only_in_its_project(
+    api: Api, redis: Redis
+) -> None:
+    keys = Keys(api.settings.namespace)
+    a, b = await api.project("a"), await api.project("b")
+    mine = await xadd(redis, keys.dlq, dlq_record(keys, a.id, "1-0", 0), 1000)
+    theirs = await xadd(redis, keys.dlq, dlq_record(keys, b.id, "1-1", 1), 1000)
+    listed = await api.call("GET", "/v1/dlq", key=a.full)
+    one = await api.call("GET", f"/v1/dlq/{mine}", key=a.full)
+    assert (one.status, one.body) == (200, listed.body["items"][0])
+    assert (await api.admin("GET", f"/v1/dlq/{theirs}", project=b.id)).body["id"] == theirs
+    for path in (f"/v1/dlq/{theirs}", "/v1/dlq/99999999999999999999-1", "/v1/dlq/garbage"):
+        missing = await api.call("GET", path, key=a.full)
+        assert (missing.status, missing.body["error"]["code"]) == (404, "dlq_entry_not_found")
+    assert (await api.call("GET", f"/v1/dlq/{mine}", key=a.send)).status == 403
+
+
 async def test_dlq_is_scoped_replayable_and_deletable(
     api: Api, redis: Redis, caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -313,6 +313,24 @@ async def test_preferences_replace_what_is_sent(api: Api, project: Project) -> N
     assert user.body["preferences"] == second.body
 
 
+async def test_preferences_read_as_the_put_answered_them(
+    api: Api, project: Project
+) -> None:
+    other_project = await api.project("other")
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    empty = await api.call("GET", "/v1/users/u1/preferences", key=project.full)
+    assert (empty.status, empty.body) == (
+        200, {"channels": {}, "topics": {}, "quietHours": None})
+    put = await api.call("PUT", "/v1/users/u1/preferences", key=project.full, json={
+        "channels": {"sms": False}, "topics": {"marketing": False},
+        "quietHours": {"start": "22:00", "end": "07:00"}})
+    got = await api.call("GET", "/v1/users/u1/preferences", key=project.full)
+    assert (got.status, got.body) == (200, put.body)
+    for key, user in ((project.full, "nobody"), (other_project.full, "u1")):
+        missing = await api.call("GET", f"/v1/users/{user}/preferences", key=key)
+        assert (missing.status, missing.body["error"]["code"]) == (404, "user_not_found")
+
+
 async def test_quiet_hours_may_be_given_to_the_second(api: Api, project: Project) -> None:
     await api.call("PUT", "/v1/users/u1", key=project.full, json={})
     exact = await api.call("PUT", "/v1/users/u1/preferences", key=project.full, json={

@@ -108,6 +108,13 @@ async def list_dlq(request: web.Request) -> web.Response:
     return json_response({"items": items, "nextCursor": next_cursor})
 
 
+@ops.route("GET", "/v1/dlq/{entryId}", "One dead-lettered entry", access="ops",
+           responses={200: ref("DlqEntry")})
+async def get_dlq(request: web.Request) -> web.Response:
+    entry_id, record = await _find(request)
+    return json_response(entry_json(entry_id, record))
+
+
 @ops.route("POST", "/v1/dlq/{entryId}/replay", "Send an entry back to its stream",
            access="ops",
            responses={202: Reply(ref("Replayed"), "Back on its origin stream with a fresh "

@@ -229,6 +229,22 @@ async def delete_contact(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+@ops.route("GET", "/v1/users/{userId}/preferences", "Get a user's preferences",
+           responses={200: ref("Preferences")},
+           description="The preferences as the PUT beside it answers them (also part of "
+                       "GET /v1/users/{userId}).")
+async def get_preferences(request: web.Request) -> web.Response:
+    project = project_id(request)
+    user_id = lookup_id(request, "userId", "user")
+    async with request.app[DB].acquire() as conn:
+        exists = await conn.fetchval(
+            "SELECT 1 FROM users WHERE project_id = $1 AND id = $2", project, user_id)
+        if not exists:
+            raise not_found("user", user_id)
+        preferences = await load_preferences(conn, project, user_id)
+    return json_response(preferences)
+
+
 @ops.route("PUT", "/v1/users/{userId}/preferences", "Set a user's preferences",
            body=ref("PreferencesPut"), responses={200: ref("Preferences")},
            description="Each of channels, topics and quietHours that is sent replaces the "
