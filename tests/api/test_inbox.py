@@ -39,6 +39,8 @@ async def test_listing_unread_and_marking_read(
     assert everything.status == 200
     assert [m["taskId"] for m in everything.body["items"]] == ["t3", "t2", "t1", "t0"]
     assert everything.body["items"][0]["content"] == {"text": "message t3"}
+    # The same fields as the live stream's events, whose items name the user too.
+    assert {m["userId"] for m in everything.body["items"]} == {"u1"}
     unread = await api.call("GET", "/v1/users/u1/inbox", key=project.full,
                             params={"unread": "true"})
     assert [m["taskId"] for m in unread.body["items"]] == ["t3", "t2", "t1"]

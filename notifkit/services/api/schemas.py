@@ -366,9 +366,9 @@ COMPONENTS: dict[str, Schema] = {
     }, ("id", "workflowId", "status", "currentStep", "steps")),
     # -- inbox ---------------------------------------------------------------------------------
     "InboxMessage": obj({
-        "id": UUID, "taskId": STRING, "eventId": UUID, "content": ANY_OBJECT,
+        "id": UUID, "userId": STRING, "taskId": STRING, "eventId": UUID, "content": ANY_OBJECT,
         "read": {"type": "boolean"}, "readAt": nullable(DATETIME), "createdAt": DATETIME,
-    }, ("id", "taskId", "eventId", "content", "read", "readAt", "createdAt")),
+    }, ("id", "userId", "taskId", "eventId", "content", "read", "readAt", "createdAt")),
     # -- operations --------------------------------------------------------------------------
     "Health": obj({
         "status": {"type": "string", "enum": ["ok", "degraded"]},

@@ -92,7 +92,8 @@ async def list_inbox(request: web.Request) -> web.Response:
     if len(rows) > limit:
         last = page[-1]
         next_cursor = encode_cursor(last["created_at"].isoformat(), str(last["id"]))
-    return json_response({"items": [inbox_json(r) for r in page], "nextCursor": next_cursor})
+    return json_response({"items": [inbox_json(r, user_id) for r in page],
+                          "nextCursor": next_cursor})
 
 
 @ops.route("POST", "/v1/users/{userId}/inbox/{messageId}/read", "Mark an in-app message read",
@@ -159,7 +160,7 @@ async def inbox_stream(request: web.Request) -> web.StreamResponse:
         await response.write(b"retry: 3000\n: connected\n\n")
         replayed: set[str] = set()
         for row in missed[:RESUME_LIMIT]:
-            item = {**inbox_json(row), "userId": user_id}
+            item = inbox_json(row, user_id)
             replayed.add(item["id"])
             await response.write(sse_event("message", codec.dumps(item), item["id"]))
         # More were missed than one replay holds: the stream ends here, and the client's
@@ -253,9 +254,11 @@ async def _require_user(pool: asyncpg.Pool, project: str, user_id: str) -> None:
         raise not_found("user", user_id)
 
 
-def inbox_json(row: asyncpg.Record) -> dict[str, Any]:
+def inbox_json(row: asyncpg.Record, user_id: str) -> dict[str, Any]:
+    """One in-app message as the list and the event stream show it."""
     return {
-        "id": str(row["id"]), "taskId": row["task_id"], "eventId": str(row["event_id"]),
+        "id": str(row["id"]), "userId": user_id, "taskId": row["task_id"],
+        "eventId": str(row["event_id"]),
         "content": row["content"], "read": row["read_at"] is not None,
         "readAt": iso(row["read_at"]), "createdAt": iso(row["created_at"]),
     }
