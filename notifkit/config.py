@@ -151,6 +151,11 @@ class ConfigError(ValueError):
         self.problem = problem
 
 
+class UnknownArgument(ConfigError, TypeError):
+    """A keyword argument that names no setting: a ``ConfigError`` naming it, and still the
+    ``TypeError`` Python raises for any function's unknown keyword."""
+
+
 @dataclass(frozen=True)
 class EmailSettings:
     transport: str | None = None  # resend | sendgrid | smtp; None = email disabled
@@ -218,6 +223,20 @@ class WebhookSecrets:
     fcm: str | None = None
     smtp: str | None = None
     twilio_auth_token: str | None = None
+
+
+# The settings that group a transport's variables: given in code, each must be its class (an
+# int or a dict failed later with an AttributeError that named nothing).
+_SECTIONS: Final[dict[str, type]] = {"email": EmailSettings, "sms": SmsSettings,
+                                     "push": PushSettings, "ai": AiSettings,
+                                     "webhooks": WebhookSecrets}
+
+
+def _check_sections(values: Mapping[str, Any]) -> None:
+    for name, cls in _SECTIONS.items():
+        if name in values and not isinstance(values[name], cls):
+            raise ConfigError(name, f"must be an instance of {cls.__name__}, "
+                              f"got {values[name]!r}")
 
 
 # The Svix-signed providers' secrets, by the variable that sets each.
@@ -312,6 +331,7 @@ class Settings:
         source = os.environ if env is None else env
         values = _read_env(source)
         values.update(overrides)
+        _check_sections(values)  # before _simulated_email reads the email section
         if "public_url" not in values and values.get("port"):
             # Unset, links point at this machine's API, on the port it was told to listen on:
             # PORT, or the port given in code or as --port, which wins over PORT.
@@ -834,6 +854,7 @@ def _provider_rates(raw: str) -> dict[str, float]:
 
 def _check_types(s: Settings) -> None:
     """Types and least values of what code may give, checked as the environment checks them."""
+    _check_sections({name: getattr(s, name) for name in _SECTIONS})
     for name, variable in _TEXTS.items():
         if not isinstance(getattr(s, name), str):
             raise ConfigError(variable, f"must be a string, got {getattr(s, name)!r}")

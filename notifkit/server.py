@@ -10,6 +10,8 @@ system. Each service owns its connections, so the same code serves a laptop and 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import difflib
 import importlib
 import logging
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,6 +27,7 @@ from notifkit.config import (
     SERVICES,
     ConfigError,
     Settings,
+    UnknownArgument,
     parse_services,
     uses_development_secret,
 )
@@ -110,6 +113,9 @@ class NotifkitServer:
         transports: Sequence[Any] | None = None,
         **overrides: Any,
     ) -> None:
+        if settings is not None and not isinstance(settings, Settings):
+            raise ConfigError("settings", f"must be a notifkit Settings, got {settings!r}")
+        _check_setting_names(overrides)
         for key, value in (
             ("redis_url", redis_url),
             ("database_url", database_url),
@@ -219,6 +225,21 @@ class NotifkitServer:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
+
+
+# Keyword arguments of NotifkitServer that are Settings fields.
+_SETTING_NAMES = frozenset(f.name for f in dataclasses.fields(Settings) if f.init)
+
+
+def _check_setting_names(overrides: Mapping[str, Any]) -> None:
+    """Refuse a keyword that is no setting, naming the closest one: it failed as a TypeError
+    about ``Settings.__init__``, and ``env`` went through to ``Settings.from_env``."""
+    for name in overrides:
+        if name not in _SETTING_NAMES:
+            close = difflib.get_close_matches(name, sorted(_SETTING_NAMES), n=1)
+            hint = (f"; did you mean {close[0]!r}?" if close else
+                    " (its keyword arguments are the fields of notifkit.config.Settings)")
+            raise UnknownArgument(name, f"NotifkitServer() takes no such argument{hint}")
 
 
 class RedisUnavailable(RedisConnectionError, ConnectionError):

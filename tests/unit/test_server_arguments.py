@@ -101,3 +101,43 @@ async def test_an_unreachable_redis_is_the_builtin_connection_error_the_readme_n
     with pytest.raises(ConnectionError, match=r"^REDIS_URL: cannot connect to Redis"):
         await server.start()
     await server.stop()
+
+
+@pytest.mark.parametrize("settings", [5, "redis://127.0.0.1", {"worker_concurrency": 5}],
+                         ids=["int", "str", "dict"])
+def test_settings_that_are_no_settings_are_refused_naming_settings(settings: Any) -> None:
+    # An AttributeError ('int' object has no attribute 'replace') named nothing.
+    with pytest.raises(ConfigError) as caught:
+        NotifkitServer(services=["api"], settings=settings)
+    assert caught.value.variable == "settings"
+
+
+@pytest.mark.parametrize("section", ["email", "sms", "push", "ai", "webhooks"])
+@pytest.mark.parametrize("value", [5, {}, "resend"], ids=["int", "dict", "str"])
+def test_a_transport_section_of_the_wrong_type_is_refused_naming_it(
+        section: str, value: Any) -> None:
+    # AttributeError: 'int' object has no attribute 'resend_api_key', from deep inside.
+    with pytest.raises(ConfigError) as caught:
+        NotifkitServer(services=["api"], **{section: value})
+    assert caught.value.variable == section
+    with pytest.raises(ConfigError) as caught:
+        NotifkitServer(services=["api"], settings=Settings(), **{section: value})
+    assert caught.value.variable == section
+
+
+@pytest.mark.parametrize("with_settings", [False, True], ids=["from-env", "settings"])
+def test_an_unknown_keyword_is_refused_naming_it_and_the_closest_setting(
+        with_settings: bool) -> None:
+    # A TypeError about Settings.__init__, a class the caller never named; and env= slipped
+    # through to Settings.from_env, whose AttributeError named nothing.
+    given: dict[str, Any] = {"settings": Settings()} if with_settings else {}
+    with pytest.raises(ConfigError) as caught:
+        NotifkitServer(services=["api"], worker_concurency=5, **given)
+    assert caught.value.variable == "worker_concurency"
+    assert "worker_concurrency" in caught.value.problem
+    # Still the TypeError Python gives any function for an unknown keyword.
+    assert isinstance(caught.value, TypeError)
+    with pytest.raises(ConfigError) as caught:
+        NotifkitServer(services=["api"], env=5, **given)
+    assert caught.value.variable == "env"
+
