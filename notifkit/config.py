@@ -954,13 +954,31 @@ def _validate(s: Settings) -> None:
         raise ConfigError(
             "LOG_LEVEL", f"must be DEBUG, INFO, WARNING or ERROR, got {s.log_level!r}"
         )
+    if not isinstance(s.provider_rates, Mapping):
+        raise ConfigError("PROVIDER_RATE_LIMITS", f"must map providers to sends per second, "
+                          f"got {s.provider_rates!r}")
     for provider, rate in s.provider_rates.items():
+        # Given in code, a rate that is no number failed in math.isfinite with a TypeError
+        # naming nothing; one under the floor passed, which the variable refuses.
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)):
+            raise ConfigError("PROVIDER_RATE_LIMITS",
+                              f"{provider}: must be a number of sends per second, got {rate!r}")
+        if 0 < rate < MIN_PROVIDER_RATE:
+            raise ConfigError("PROVIDER_RATE_LIMITS",
+                              f"{provider}: a rate must be 0 (no limit) or at least "
+                              f"{MIN_PROVIDER_RATE:g} sends per second, got {rate}")
         if provider not in PROVIDERS:
             raise ConfigError("PROVIDER_RATE_LIMITS", f"unknown provider {provider!r}; "
                               f"known: {', '.join(PROVIDERS)}")
         if not (math.isfinite(rate) and rate >= 0):
             raise ConfigError("PROVIDER_RATE_LIMITS",
                               f"{provider}: must be a number of sends per second >= 0")
+    if (not isinstance(s.fault_injection, (set, frozenset))
+            or not all(isinstance(name, str) for name in s.fault_injection)):
+        # A string was taken letter by letter ("unknown fault 'a'"), a number failed with a
+        # TypeError naming nothing.
+        raise ConfigError("NOTIFKIT_FAULT_INJECTION",
+                          f"must be a set of fault names, got {s.fault_injection!r}")
     unknown_faults = sorted(s.fault_injection - FAULT_INJECTIONS.keys())
     if unknown_faults:
         raise ConfigError("NOTIFKIT_FAULT_INJECTION",

@@ -141,3 +141,28 @@ def test_an_unknown_keyword_is_refused_naming_it_and_the_closest_setting(
         NotifkitServer(services=["api"], env=5, **given)
     assert caught.value.variable == "env"
 
+
+@pytest.mark.parametrize(("name", "value", "variable"), [
+    ("provider_rates", 5, "PROVIDER_RATE_LIMITS"),
+    ("provider_rates", {"resend": "fast"}, "PROVIDER_RATE_LIMITS"),
+    ("provider_rates", {"resend": True}, "PROVIDER_RATE_LIMITS"),
+    ("provider_rates", {"resend": 0.0001}, "PROVIDER_RATE_LIMITS"),
+    ("fault_injection", 5, "NOTIFKIT_FAULT_INJECTION"),
+    ("fault_injection", "skip_reclaim", "NOTIFKIT_FAULT_INJECTION"),
+    ("fault_injection", {5}, "NOTIFKIT_FAULT_INJECTION"),
+], ids=["rates-int", "rate-str", "rate-bool", "rate-under-floor", "faults-int", "faults-str",
+        "faults-of-int"])
+def test_rates_and_faults_of_the_wrong_kind_are_refused_naming_the_variable(
+        name: str, value: Any, variable: str) -> None:
+    # AttributeError ('int' object has no attribute 'items') or a TypeError from math, each
+    # naming nothing; a rate under the floor PROVIDER_RATE_LIMITS refuses was taken.
+    with pytest.raises(ConfigError) as caught:
+        NotifkitServer(services=["api"], **{name: value})
+    assert caught.value.variable == variable
+
+
+def test_rates_and_faults_of_the_right_kind_are_taken() -> None:
+    server = NotifkitServer(services=["api"], provider_rates={"resend": 2, "twilio": 0.5},
+                            fault_injection=frozenset({"skip_reclaim"}))
+    assert server.settings.provider_rates == {"resend": 2, "twilio": 0.5}
+    assert server.settings.injects("skip_reclaim")
