@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import importlib
 import logging
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -94,6 +95,20 @@ def check_transports(transports: Sequence[Any] | None) -> list[Transport]:
         if transport.channel not in CHANNELS:
             raise ConfigError("transports", f"{transport!r} has channel "
                               f"{transport.channel!r}; choose from {', '.join(CHANNELS)}")
+        # Checked here, not at the first send: a provider that is no name or a rate that is
+        # no positive number failed every send of the channel at delivery time.
+        if not isinstance(transport.provider, str) or not transport.provider:
+            raise ConfigError("transports", f"{transport!r} has provider "
+                              f"{transport.provider!r}; it must be a name")
+        rate = transport.rate_per_s
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))
+                                 or not (math.isfinite(rate) and rate >= 0)):
+            raise ConfigError("transports", f"{transport!r} has rate_per_s {rate!r}; it "
+                              "must be None or 0 (no limit), or sends a second")
+        # One per channel: the later replaced the earlier without a word.
+        if any(other.channel == transport.channel for other in checked):
+            raise ConfigError("transports", f"two transports for channel "
+                              f"{transport.channel!r}; give one per channel")
         checked.append(transport)
     return checked
 

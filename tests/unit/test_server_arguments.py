@@ -166,3 +166,45 @@ def test_rates_and_faults_of_the_right_kind_are_taken() -> None:
                             fault_injection=frozenset({"skip_reclaim"}))
     assert server.settings.provider_rates == {"resend": 2, "twilio": 0.5}
     assert server.settings.injects("skip_reclaim")
+
+
+class _Email(FaxTransport):
+    channel = "email"
+    provider = "custom"
+
+
+class _Sms(FaxTransport):
+    channel = "sms"
+    provider = "custom-sms"
+
+
+class _FastEmail(_Email):
+    rate_per_s = "fast"  # type: ignore[assignment]
+
+
+class _NegativeEmail(_Email):
+    rate_per_s = -1.0
+
+
+class _NamelessEmail(_Email):
+    provider = 5  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("transports", [
+    [_Email(), _Email()], [_FastEmail()], [_NegativeEmail()], [_NamelessEmail()],
+], ids=["two-for-one-channel", "rate-str", "rate-negative", "provider-int"])
+def test_transports_that_cannot_serve_are_refused_naming_transports(transports: Any) -> None:
+    # Two for one channel: the later replaced the earlier without a word. A rate that is no
+    # positive number, or a provider that is no name, failed every send at delivery time.
+    with pytest.raises(ConfigError) as caught:
+        NotifkitServer(services=["delivery"], settings=Settings(), transports=transports)
+    assert caught.value.variable == "transports"
+
+
+def test_one_transport_per_channel_with_a_rate_is_taken() -> None:
+    class Limited(_Email):
+        rate_per_s = 5
+
+    server = NotifkitServer(services=["delivery"], settings=Settings(),
+                            transports=[Limited(), _Sms()])
+    assert [t.channel for t in server.transports] == ["email", "sms"]
