@@ -11,6 +11,7 @@ so a failed entry waited seconds longer for its retry than the settings say).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +54,7 @@ async def test_an_idle_worker_of_three_streams_sweeps_every_interval(
     # Then it swept about every 0.5 s (the sweep before a start's first read aside), not every
     # 0.5 s plus two blocking reads of 0.4 s (three or four sweeps in 4 s)
     first = sweeps[keys.enriched("critical")]
-    assert len(first) >= 6, [round(b - a, 2) for a, b in zip(first, first[1:], strict=False)]
+    assert len(first) >= 6, [round(b - a, 2) for a, b in itertools.pairwise(first)]
     # And each sweep took every stream in one turn, not one blocking read apart
     for critical, low in zip(first, sweeps[keys.enriched("low")], strict=False):
         assert low - critical < 0.2
