@@ -152,10 +152,29 @@ class NotifkitServer:
         self._started = False
         self._metrics_redis: Redis | None = None
         self._metrics_flusher: asyncio.Task[None] | None = None
+        # The start in progress, a task of its own so that stop() can abandon it.
+        self._starting: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         if self._started:
             return
+        if self._starting is None:
+            self._starting = asyncio.create_task(self._start(), name="notifkit start")
+        starting = self._starting
+        try:
+            # Not shielded: a caller that cancels its start (a timeout, the CLI at a SIGTERM)
+            # cancels the start itself, which stops whatever it had started.
+            await starting
+        except asyncio.CancelledError:
+            # stop() abandoned the start: the server is stopped, as asked, and the start ends
+            # without an error. A cancellation of the caller's own task goes on.
+            if not starting.cancelled() or _being_cancelled():
+                raise
+        finally:
+            if self._starting is starting and starting.done():
+                self._starting = None
+
+    async def _start(self) -> None:
         # Every service needs Redis: refuse an unreachable one before creating tables, so a
         # wrong REDIS_URL leaves no schema behind where nothing will run.
         await _require_redis(self.settings)
@@ -202,6 +221,13 @@ class NotifkitServer:
         # grace period for the process, not one per service (eight of them in turn took a
         # multiple of SHUTDOWN_GRACE_SECONDS while PostgreSQL stalled).
         deadline = asyncio.get_running_loop().time() + self.settings.shutdown_grace_s
+        starting = self._starting
+        if starting is not None and not starting.done():
+            # A start in progress: it would go on to start the services after this stop
+            # returned (or add them behind its back), running with nothing left to stop them.
+            # Cancelled, it stops what it had started.
+            starting.cancel()
+            await asyncio.wait({starting})
         for service in list(self.services.values()):
             service.stop_deadline = deadline
             await _stop_quietly(service)
@@ -255,6 +281,13 @@ def _check_setting_names(overrides: Mapping[str, Any]) -> None:
             hint = (f"; did you mean {close[0]!r}?" if close else
                     " (its keyword arguments are the fields of notifkit.config.Settings)")
             raise UnknownArgument(name, f"NotifkitServer() takes no such argument{hint}")
+
+
+def _being_cancelled() -> bool:
+    """Whether the running task has been asked to cancel (its own cancellation, not that of
+    a task it awaits)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class RedisUnavailable(RedisConnectionError, ConnectionError):
