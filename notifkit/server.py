@@ -96,7 +96,7 @@ def check_transports(transports: Sequence[Any] | None) -> list[Transport]:
             raise ConfigError("transports", f"{transport!r} has channel "
                               f"{transport.channel!r}; choose from {', '.join(CHANNELS)}")
         # Checked here, not at the first send: a provider that is no name or a rate that is
-        # no positive number failed every send of the channel at delivery time.
+        # no number of sends a second failed every send of the channel at delivery time.
         if not isinstance(transport.provider, str) or not transport.provider:
             raise ConfigError("transports", f"{transport!r} has provider "
                               f"{transport.provider!r}; it must be a name")
