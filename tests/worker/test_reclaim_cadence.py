@@ -52,9 +52,9 @@ async def test_an_idle_worker_of_three_streams_sweeps_every_interval(
     await worker.stop(grace_s=0)
 
     # Then it swept about every 0.5 s (the sweep before a start's first read aside), not every
-    # 0.5 s plus two blocking reads of 0.4 s (three or four sweeps in 4 s)
+    # 0.5 s plus two blocking reads of 0.4 s (two or three sweeps in 4 s)
     first = sweeps[keys.enriched("critical")]
-    assert len(first) >= 6, [round(b - a, 2) for a, b in itertools.pairwise(first)]
+    assert len(first) >= 5, [round(b - a, 2) for a, b in itertools.pairwise(first)]
     # And each sweep took every stream in one turn, not one blocking read apart
     for critical, low in zip(first, sweeps[keys.enriched("low")], strict=False):
-        assert low - critical < 0.2
+        assert low - critical < 0.3
