@@ -45,6 +45,21 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: invalid arguments: {message} (see --help)\n")
 
 
+class _Once(argparse.Action):
+    """Store an option's value, refusing the option a second time: argparse kept the last
+    value without a word, so ``--services api --services delivery`` ran delivery alone."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        given: set[str] = namespace.__dict__.setdefault("_options_given", set())
+        if self.dest in given:
+            hint = " (it takes a comma-separated list)" if self.dest == "services" else ""
+            parser.error(f"argument {'/'.join(self.option_strings)}: given twice; give it "
+                         f"once{hint}")
+        given.add(self.dest)
+        setattr(namespace, self.dest, values)
+
+
 TOP_LEVEL_OPTIONS = ("-h", "--help", "--version")
 
 
@@ -57,22 +72,23 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = commands.add_parser("serve", help="run services (the default command)")
     serve.add_argument(
-        "--services",
+        "--services", action=_Once,
         help="comma-separated services to run, or 'all' (default: NOTIFKIT_SERVICES or all)",
     )
-    serve.add_argument("--port", type=int, help="HTTP port of the api service (default: PORT)")
+    serve.add_argument("--port", type=int, action=_Once,
+                       help="HTTP port of the api service (default: PORT)")
     commands.add_parser("migrate", help="apply pending database migrations and exit")
     dev = commands.add_parser(
         "dev", help="run everything locally with the simulators as providers"
     )
-    dev.add_argument("--data-dir", default=".notifkit",
+    dev.add_argument("--data-dir", default=".notifkit", action=_Once,
                      help="where local data is kept (default: %(default)s)")
-    dev.add_argument("--port", type=int, default=8080,
+    dev.add_argument("--port", type=int, default=8080, action=_Once,
                      help="HTTP port of the api service, on 127.0.0.1 unless HOST is set; "
                           "0 picks a free one (default: %(default)s)")
-    dev.add_argument("--sim-port", type=int, default=8025,
+    dev.add_argument("--sim-port", type=int, default=8025, action=_Once,
                      help="HTTP port of the simulators (default: %(default)s)")
-    dev.add_argument("--sim-smtp-port", type=int, default=2525,
+    dev.add_argument("--sim-smtp-port", type=int, default=2525, action=_Once,
                      help="SMTP port of the simulators (default: %(default)s)")
     return parser
 

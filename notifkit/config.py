@@ -151,6 +151,11 @@ class ConfigError(ValueError):
         self.problem = problem
 
 
+class UnknownArgument(ConfigError, TypeError):
+    """A keyword argument that names no setting: a ``ConfigError`` naming it, and still the
+    ``TypeError`` Python raises for any function's unknown keyword."""
+
+
 @dataclass(frozen=True)
 class EmailSettings:
     transport: str | None = None  # resend | sendgrid | smtp; None = email disabled
@@ -218,6 +223,20 @@ class WebhookSecrets:
     fcm: str | None = None
     smtp: str | None = None
     twilio_auth_token: str | None = None
+
+
+# The settings that group a transport's variables: given in code, each must be its class (an
+# int or a dict failed later with an AttributeError that named nothing).
+_SECTIONS: Final[dict[str, type]] = {"email": EmailSettings, "sms": SmsSettings,
+                                     "push": PushSettings, "ai": AiSettings,
+                                     "webhooks": WebhookSecrets}
+
+
+def _check_sections(values: Mapping[str, Any]) -> None:
+    for name, cls in _SECTIONS.items():
+        if name in values and not isinstance(values[name], cls):
+            raise ConfigError(name, f"must be an instance of {cls.__name__}, "
+                              f"got {values[name]!r}")
 
 
 # The Svix-signed providers' secrets, by the variable that sets each.
@@ -312,6 +331,7 @@ class Settings:
         source = os.environ if env is None else env
         values = _read_env(source)
         values.update(overrides)
+        _check_sections(values)  # before _simulated_email reads the email section
         if "public_url" not in values and values.get("port"):
             # Unset, links point at this machine's API, on the port it was told to listen on:
             # PORT, or the port given in code or as --port, which wins over PORT.
@@ -834,6 +854,7 @@ def _provider_rates(raw: str) -> dict[str, float]:
 
 def _check_types(s: Settings) -> None:
     """Types and least values of what code may give, checked as the environment checks them."""
+    _check_sections({name: getattr(s, name) for name in _SECTIONS})
     for name, variable in _TEXTS.items():
         if not isinstance(getattr(s, name), str):
             raise ConfigError(variable, f"must be a string, got {getattr(s, name)!r}")
@@ -933,13 +954,31 @@ def _validate(s: Settings) -> None:
         raise ConfigError(
             "LOG_LEVEL", f"must be DEBUG, INFO, WARNING or ERROR, got {s.log_level!r}"
         )
+    if not isinstance(s.provider_rates, Mapping):
+        raise ConfigError("PROVIDER_RATE_LIMITS", f"must map providers to sends per second, "
+                          f"got {s.provider_rates!r}")
     for provider, rate in s.provider_rates.items():
+        # Given in code, a rate that is no number failed in math.isfinite with a TypeError
+        # naming nothing; one under the floor passed, which the variable refuses.
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)):
+            raise ConfigError("PROVIDER_RATE_LIMITS",
+                              f"{provider}: must be a number of sends per second, got {rate!r}")
+        if 0 < rate < MIN_PROVIDER_RATE:
+            raise ConfigError("PROVIDER_RATE_LIMITS",
+                              f"{provider}: a rate must be 0 (no limit) or at least "
+                              f"{MIN_PROVIDER_RATE:g} sends per second, got {rate}")
         if provider not in PROVIDERS:
             raise ConfigError("PROVIDER_RATE_LIMITS", f"unknown provider {provider!r}; "
                               f"known: {', '.join(PROVIDERS)}")
         if not (math.isfinite(rate) and rate >= 0):
             raise ConfigError("PROVIDER_RATE_LIMITS",
                               f"{provider}: must be a number of sends per second >= 0")
+    if (not isinstance(s.fault_injection, (set, frozenset))
+            or not all(isinstance(name, str) for name in s.fault_injection)):
+        # A string was taken letter by letter ("unknown fault 'a'"), a number failed with a
+        # TypeError naming nothing.
+        raise ConfigError("NOTIFKIT_FAULT_INJECTION",
+                          f"must be a set of fault names, got {s.fault_injection!r}")
     unknown_faults = sorted(s.fault_injection - FAULT_INJECTIONS.keys())
     if unknown_faults:
         raise ConfigError("NOTIFKIT_FAULT_INJECTION",

@@ -10,8 +10,11 @@ system. Each service owns its connections, so the same code serves a laptop and 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import difflib
 import importlib
 import logging
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -25,6 +28,7 @@ from notifkit.config import (
     SERVICES,
     ConfigError,
     Settings,
+    UnknownArgument,
     parse_services,
     uses_development_secret,
 )
@@ -91,6 +95,20 @@ def check_transports(transports: Sequence[Any] | None) -> list[Transport]:
         if transport.channel not in CHANNELS:
             raise ConfigError("transports", f"{transport!r} has channel "
                               f"{transport.channel!r}; choose from {', '.join(CHANNELS)}")
+        # Checked here, not at the first send: a provider that is no name or a rate that is
+        # no number of sends a second failed every send of the channel at delivery time.
+        if not isinstance(transport.provider, str) or not transport.provider:
+            raise ConfigError("transports", f"{transport!r} has provider "
+                              f"{transport.provider!r}; it must be a name")
+        rate = transport.rate_per_s
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))
+                                 or not (math.isfinite(rate) and rate >= 0)):
+            raise ConfigError("transports", f"{transport!r} has rate_per_s {rate!r}; it "
+                              "must be None or 0 (no limit), or sends a second")
+        # One per channel: the later replaced the earlier without a word.
+        if any(other.channel == transport.channel for other in checked):
+            raise ConfigError("transports", f"two transports for channel "
+                              f"{transport.channel!r}; give one per channel")
         checked.append(transport)
     return checked
 
@@ -110,6 +128,9 @@ class NotifkitServer:
         transports: Sequence[Any] | None = None,
         **overrides: Any,
     ) -> None:
+        if settings is not None and not isinstance(settings, Settings):
+            raise ConfigError("settings", f"must be a notifkit Settings, got {settings!r}")
+        _check_setting_names(overrides)
         for key, value in (
             ("redis_url", redis_url),
             ("database_url", database_url),
@@ -131,10 +152,29 @@ class NotifkitServer:
         self._started = False
         self._metrics_redis: Redis | None = None
         self._metrics_flusher: asyncio.Task[None] | None = None
+        # The start in progress, a task of its own so that stop() can abandon it.
+        self._starting: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         if self._started:
             return
+        if self._starting is None:
+            self._starting = asyncio.create_task(self._start(), name="notifkit start")
+        starting = self._starting
+        try:
+            # Not shielded: a caller that cancels its start (a timeout, the CLI at a SIGTERM)
+            # cancels the start itself, which stops whatever it had started.
+            await starting
+        except asyncio.CancelledError:
+            # stop() abandoned the start: the server is stopped, as asked, and the start ends
+            # without an error. A cancellation of the caller's own task goes on.
+            if not starting.cancelled() or _being_cancelled():
+                raise
+        finally:
+            if self._starting is starting and starting.done():
+                self._starting = None
+
+    async def _start(self) -> None:
         # Every service needs Redis: refuse an unreachable one before creating tables, so a
         # wrong REDIS_URL leaves no schema behind where nothing will run.
         await _require_redis(self.settings)
@@ -181,6 +221,13 @@ class NotifkitServer:
         # grace period for the process, not one per service (eight of them in turn took a
         # multiple of SHUTDOWN_GRACE_SECONDS while PostgreSQL stalled).
         deadline = asyncio.get_running_loop().time() + self.settings.shutdown_grace_s
+        starting = self._starting
+        if starting is not None and not starting.done():
+            # A start in progress: it would go on to start the services after this stop
+            # returned (or add them behind its back), running with nothing left to stop them.
+            # Cancelled, it stops what it had started.
+            starting.cancel()
+            await asyncio.wait({starting})
         for service in list(self.services.values()):
             service.stop_deadline = deadline
             await _stop_quietly(service)
@@ -219,6 +266,28 @@ class NotifkitServer:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
+
+
+# Keyword arguments of NotifkitServer that are Settings fields.
+_SETTING_NAMES = frozenset(f.name for f in dataclasses.fields(Settings) if f.init)
+
+
+def _check_setting_names(overrides: Mapping[str, Any]) -> None:
+    """Refuse a keyword that is no setting, naming the closest one: it failed as a TypeError
+    about ``Settings.__init__``, and ``env`` went through to ``Settings.from_env``."""
+    for name in overrides:
+        if name not in _SETTING_NAMES:
+            close = difflib.get_close_matches(name, sorted(_SETTING_NAMES), n=1)
+            hint = (f"; did you mean {close[0]!r}?" if close else
+                    " (its keyword arguments are the fields of notifkit.config.Settings)")
+            raise UnknownArgument(name, f"NotifkitServer() takes no such argument{hint}")
+
+
+def _being_cancelled() -> bool:
+    """Whether the running task has been asked to cancel (its own cancellation, not that of
+    a task it awaits)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class RedisUnavailable(RedisConnectionError, ConnectionError):

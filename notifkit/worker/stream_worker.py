@@ -456,8 +456,14 @@ class StreamWorker:
 
     # -- reclaiming ---------------------------------------------------------------
     async def _reclaim_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         while not self._stopping.is_set():
-            await self._pause_between_sweeps()
+            # Intervals run from one sweep's start to the next: a sweep first waits for the
+            # read in progress (a blocking one, on an idle worker), and counting the interval
+            # from its end made every period that much longer than RECLAIM_INTERVAL_SECONDS.
+            await self._pause_between_sweeps(loop.time() - started)
+            started = loop.time()
             try:
                 await self.reclaim_once()
             except asyncio.CancelledError:
@@ -466,15 +472,17 @@ class StreamWorker:
                 log.warning("Reclaim sweep failed (%s); next sweep in %.1f s.", exc,
                             self.settings.reclaim_interval_s, extra={"service": self.service})
 
-    async def _pause_between_sweeps(self) -> None:
-        """Wait for the next sweep: an interval, and no sweep during an outage. The end of
-        one sweeps at once: what the outage held has been idle since it began."""
+    async def _pause_between_sweeps(self, elapsed_s: float = 0.0) -> None:
+        """Wait for the next sweep: an interval after the last began (``elapsed_s`` ago),
+        and no sweep during an outage. The end of one sweeps at once: what the outage held
+        has been idle since it began."""
+        delay = max(0.0, self.next_reclaim_delay_s() - elapsed_s)
         outage = self.outage
         if outage is None:
-            await asyncio.sleep(self.next_reclaim_delay_s())
+            await asyncio.sleep(delay)
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(outage.recovered.wait(), self.next_reclaim_delay_s())
+            await asyncio.wait_for(outage.recovered.wait(), delay)
         await outage.ok.wait()
         outage.recovered.clear()
 
@@ -494,53 +502,65 @@ class StreamWorker:
             return 0
         if self._held():
             return 0
-        min_idle_ms = int(self.settings.reclaim_min_idle_s * 1000)
         total = 0
-        for stream in self.streams:
-            cursor = "0-0"
-            while True:
-                async with self._taking:
-                    free = self.concurrency - self.in_flight
-                    if free <= 0:
-                        self.sweep_cut_short = True
-                        return total
-                    # Entries in flight when the claim is sent are this worker's own, even if
-                    # their batch settles before the reply is read: an entry acked meanwhile
-                    # must not be taken for a stray and processed again. (None is dispatched
-                    # meanwhile: dispatching takes `_taking`, which this sweep holds.)
-                    ours = set(self._in_flight)
-                    try:
-                        reply: Any = await self.redis.xautoclaim(
-                            stream, self.group, self.consumer, min_idle_ms, cursor,
-                            count=free)
-                    except ResponseError as exc:
-                        if not is_nogroup(exc):
-                            raise
-                        await self._rejoin(exc)
-                        break  # a group made just now has nothing pending to take over
-                    cursor = as_str(reply[0])
-                    # An entry of this worker's own that is trimmed is still done: it is
-                    # in memory.
-                    trimmed = [as_str(i) for i in (reply[2] if len(reply) > 2 else ())
-                               if (stream, as_str(i)) not in ours]
-                    if trimmed:
-                        await self._trimmed_away(stream, trimmed)
-                    claimed = [
-                        (stream, as_str(entry_id), fields)
-                        for entry_id, fields in reply[1]
-                        if (stream, as_str(entry_id)) not in ours
-                    ]
-                    if claimed:
-                        total += len(claimed)
-                        self.stats.reclaimed += len(claimed)
-                        metrics.RECLAIMED.labels(self.service, stream).inc(len(claimed))
-                        log.info("Reclaimed %d idle entries from %s.", len(claimed), stream,
-                                 extra={"service": self.service})
-                        await self._dispatch(claimed, reclaimed=True)
-                if cursor == "0-0":
+        swept: list[str] = []
+        # One turn for every stream: the read in progress ends first (reads and sweeps count
+        # the free slots one at a time), and an idle worker's read blocks for read_block_ms,
+        # so a turn per stream put that wait between the streams, twice more per sweep.
+        async with self._taking:
+            for stream in self.streams:
+                total += await self._reclaim_stream(stream)
+                if self.sweep_cut_short:
                     break
+                swept.append(stream)
+        for stream in swept:
             await self._forget_departed(stream)
         return total
+
+    async def _reclaim_stream(self, stream: str) -> int:
+        """One stream's part of a sweep, under ``_taking``; sets ``sweep_cut_short`` when the
+        free slots ran out."""
+        min_idle_ms = int(self.settings.reclaim_min_idle_s * 1000)
+        total = 0
+        cursor = "0-0"
+        while True:
+            free = self.concurrency - self.in_flight
+            if free <= 0:
+                self.sweep_cut_short = True
+                return total
+            # Entries in flight when the claim is sent are this worker's own, even if their
+            # batch settles before the reply is read: an entry acked meanwhile must not be
+            # taken for a stray and processed again. (None is dispatched meanwhile:
+            # dispatching takes `_taking`, which this sweep holds.)
+            ours = set(self._in_flight)
+            try:
+                reply: Any = await self.redis.xautoclaim(
+                    stream, self.group, self.consumer, min_idle_ms, cursor, count=free)
+            except ResponseError as exc:
+                if not is_nogroup(exc):
+                    raise
+                await self._rejoin(exc)
+                return total  # a group made just now has nothing pending to take over
+            cursor = as_str(reply[0])
+            # An entry of this worker's own that is trimmed is still done: it is in memory.
+            trimmed = [as_str(i) for i in (reply[2] if len(reply) > 2 else ())
+                       if (stream, as_str(i)) not in ours]
+            if trimmed:
+                await self._trimmed_away(stream, trimmed)
+            claimed = [
+                (stream, as_str(entry_id), fields)
+                for entry_id, fields in reply[1]
+                if (stream, as_str(entry_id)) not in ours
+            ]
+            if claimed:
+                total += len(claimed)
+                self.stats.reclaimed += len(claimed)
+                metrics.RECLAIMED.labels(self.service, stream).inc(len(claimed))
+                log.info("Reclaimed %d idle entries from %s.", len(claimed), stream,
+                         extra={"service": self.service})
+                await self._dispatch(claimed, reclaimed=True)
+            if cursor == "0-0":
+                return total
 
     async def _trimmed_away(self, stream: str, entry_ids: list[str]) -> None:
         """Pending entries the stream no longer holds (trimmed by ``MAXLEN ~ QUEUE_MAX_LEN``

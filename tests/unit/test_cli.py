@@ -116,6 +116,31 @@ def test_unknown_service_flag_is_named(services: str, named: str) -> None:
     assert named in result.stderr
 
 
+# An option given twice kept its last value without a word: ``--services api --services
+# delivery`` ran delivery alone, leaving the api unrun.
+@pytest.mark.parametrize("argv", [
+    ["serve", "--services", "api", "--services", "delivery"],
+    ["--services=api", "--services=delivery"],
+    ["serve", "--port", "8081", "--port", "8082"],
+    ["dev", "--sim-port", "9025", "--sim-port", "9026"],
+    ["dev", "--data-dir", "a", "--data-dir", "b"],
+], ids=["services", "services-equals", "port", "dev-sim-port", "dev-data-dir"])
+def test_an_option_given_twice_is_refused_naming_it(argv: list[str]) -> None:
+    from notifkit.__main__ import build_parser
+
+    option = next(word for word in argv[::-1] if word.startswith("--")).partition("=")[0]
+    words = argv if argv[0] in ("serve", "dev") else ["serve", *argv]
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(words)
+    assert exited.value.code == 2
+    result = run_cli(*argv)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert option in lines[0]
+    assert "twice" in lines[0]
+
+
 def test_version() -> None:
     result = run_cli("--version")
     assert result.returncode == 0

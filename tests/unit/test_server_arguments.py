@@ -101,3 +101,110 @@ async def test_an_unreachable_redis_is_the_builtin_connection_error_the_readme_n
     with pytest.raises(ConnectionError, match=r"^REDIS_URL: cannot connect to Redis"):
         await server.start()
     await server.stop()
+
+
+@pytest.mark.parametrize("settings", [5, "redis://127.0.0.1", {"worker_concurrency": 5}],
+                         ids=["int", "str", "dict"])
+def test_settings_that_are_no_settings_are_refused_naming_settings(settings: Any) -> None:
+    # An AttributeError ('int' object has no attribute 'replace') named nothing.
+    with pytest.raises(ConfigError) as caught:
+        NotifkitServer(services=["api"], settings=settings)
+    assert caught.value.variable == "settings"
+
+
+@pytest.mark.parametrize("section", ["email", "sms", "push", "ai", "webhooks"])
+@pytest.mark.parametrize("value", [5, {}, "resend"], ids=["int", "dict", "str"])
+def test_a_transport_section_of_the_wrong_type_is_refused_naming_it(
+        section: str, value: Any) -> None:
+    # AttributeError: 'int' object has no attribute 'resend_api_key', from deep inside.
+    with pytest.raises(ConfigError) as caught:
+        NotifkitServer(services=["api"], **{section: value})
+    assert caught.value.variable == section
+    with pytest.raises(ConfigError) as caught:
+        NotifkitServer(services=["api"], settings=Settings(), **{section: value})
+    assert caught.value.variable == section
+
+
+@pytest.mark.parametrize("with_settings", [False, True], ids=["from-env", "settings"])
+def test_an_unknown_keyword_is_refused_naming_it_and_the_closest_setting(
+        with_settings: bool) -> None:
+    # A TypeError about Settings.__init__, a class the caller never named; and env= slipped
+    # through to Settings.from_env, whose AttributeError named nothing.
+    given: dict[str, Any] = {"settings": Settings()} if with_settings else {}
+    with pytest.raises(ConfigError) as caught:
+        NotifkitServer(services=["api"], worker_concurency=5, **given)
+    assert caught.value.variable == "worker_concurency"
+    assert "worker_concurrency" in caught.value.problem
+    # Still the TypeError Python gives any function for an unknown keyword.
+    assert isinstance(caught.value, TypeError)
+    with pytest.raises(ConfigError) as caught:
+        NotifkitServer(services=["api"], env=5, **given)
+    assert caught.value.variable == "env"
+
+
+@pytest.mark.parametrize(("name", "value", "variable"), [
+    ("provider_rates", 5, "PROVIDER_RATE_LIMITS"),
+    ("provider_rates", {"resend": "fast"}, "PROVIDER_RATE_LIMITS"),
+    ("provider_rates", {"resend": True}, "PROVIDER_RATE_LIMITS"),
+    ("provider_rates", {"resend": 0.0001}, "PROVIDER_RATE_LIMITS"),
+    ("fault_injection", 5, "NOTIFKIT_FAULT_INJECTION"),
+    ("fault_injection", "skip_reclaim", "NOTIFKIT_FAULT_INJECTION"),
+    ("fault_injection", {5}, "NOTIFKIT_FAULT_INJECTION"),
+], ids=["rates-int", "rate-str", "rate-bool", "rate-under-floor", "faults-int", "faults-str",
+        "faults-of-int"])
+def test_rates_and_faults_of_the_wrong_kind_are_refused_naming_the_variable(
+        name: str, value: Any, variable: str) -> None:
+    # AttributeError ('int' object has no attribute 'items') or a TypeError from math, each
+    # naming nothing; a rate under the floor PROVIDER_RATE_LIMITS refuses was taken.
+    with pytest.raises(ConfigError) as caught:
+        NotifkitServer(services=["api"], **{name: value})
+    assert caught.value.variable == variable
+
+
+def test_rates_and_faults_of_the_right_kind_are_taken() -> None:
+    server = NotifkitServer(services=["api"], provider_rates={"resend": 2, "twilio": 0.5},
+                            fault_injection=frozenset({"skip_reclaim"}))
+    assert server.settings.provider_rates == {"resend": 2, "twilio": 0.5}
+    assert server.settings.injects("skip_reclaim")
+
+
+class _Email(FaxTransport):
+    channel = "email"
+    provider = "custom"
+
+
+class _Sms(FaxTransport):
+    channel = "sms"
+    provider = "custom-sms"
+
+
+class _FastEmail(_Email):
+    rate_per_s = "fast"  # type: ignore[assignment]
+
+
+class _NegativeEmail(_Email):
+    rate_per_s = -1.0
+
+
+class _NamelessEmail(_Email):
+    provider = 5  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("transports", [
+    [_Email(), _Email()], [_FastEmail()], [_NegativeEmail()], [_NamelessEmail()],
+], ids=["two-for-one-channel", "rate-str", "rate-negative", "provider-int"])
+def test_transports_that_cannot_serve_are_refused_naming_transports(transports: Any) -> None:
+    # Two for one channel: the later replaced the earlier without a word. A rate that is no
+    # positive number, or a provider that is no name, failed every send at delivery time.
+    with pytest.raises(ConfigError) as caught:
+        NotifkitServer(services=["delivery"], settings=Settings(), transports=transports)
+    assert caught.value.variable == "transports"
+
+
+def test_one_transport_per_channel_with_a_rate_is_taken() -> None:
+    class Limited(_Email):
+        rate_per_s = 5
+
+    server = NotifkitServer(services=["delivery"], settings=Settings(),
+                            transports=[Limited(), _Sms()])
+    assert [t.channel for t in server.transports] == ["email", "sms"]
