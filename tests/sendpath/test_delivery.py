@@ -210,7 +210,8 @@ async def test_an_invalid_push_token_disables_the_contact_and_the_fallback_is_us
     push_rows = [r for r in await timeline(db, first) if r["channel"] == "push"]
     assert [(r["kind"], r["status"]) for r in push_rows] == [
         ("queued", "processing"), ("failed", "failed")]
-    assert push_rows[1]["detail"].startswith("invalid recipient")
+    # (its row says the contact was disabled, as the row of a chain's last channel does)
+    assert push_rows[1]["detail"].startswith("invalid recipient, contact disabled: ")
 
     # And a later notification never tries the token again
     second = await send(redis, keys, db, project, "alert", "u1", data={"amount": "2"})
@@ -240,6 +241,27 @@ async def test_a_token_called_invalid_is_not_tried_again_when_its_task_is_retrie
     assert (await sim.stats())["fcm"]["requests"] == 3
     assert kinds(await timeline(db, event_id), "push") == [
         ("queued", "processing", 0), ("failed", "processing", 1), ("sent", "sent", 2)]
+
+
+async def test_a_device_called_invalid_beside_an_accepted_one_is_on_the_sent_row(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    """The send stands (one device has it), but the contact disabled beside it is a decision
+    too: the timeline says so, not only user_contacts."""
+    await add_user(db, project, "u1", contacts=[("push", "dead-token"), ("push", "live-token")])
+    await add_template(db, project, "t", {"push": PUSH})
+    await sim.add_fault("invalid_token", "fcm", to="dead-token")
+
+    event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(*await stages(services, sim_settings))
+
+    assert await db.fetchval(
+        "SELECT enabled FROM user_contacts WHERE target = 'dead-token'") is False
+    [sent] = [r for r in await timeline(db, event_id) if r["kind"] == "sent"]
+    assert sent["detail"] == ("accepted by fcm; 1 of 2 destinations not sent: invalid "
+                              "recipient, contact disabled")
+    assert sent["metadata"]["disabled"] == 1
 
 
 async def test_a_device_that_failed_beside_an_accepted_one_is_retried_alone(

@@ -365,6 +365,13 @@ class DeliveryService(WorkerService):
             metadata: dict[str, Any] = {"destinations": len(task["to"]),
                                         "accepted": len(sent)}
             detail = f"accepted by {provider}"
+            disabled = sum(1 for a in answers if a.result.outcome is Outcome.INVALID_RECIPIENT
+                           and not (a.suppressed or a.removed))
+            if disabled:
+                # Another device has it, but the contact disabled beside it is a decision too.
+                metadata["disabled"] = disabled
+                detail += (f"; {disabled} of {len(task['to'])} destinations not sent: invalid "
+                           "recipient, contact disabled")
             if duplicate:
                 metadata["possibleDuplicate"] = True
                 detail += ("; sent again after an earlier attempt's answer was lost, and "
