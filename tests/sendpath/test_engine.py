@@ -180,6 +180,9 @@ async def test_a_chain_channel_without_template_content_gets_generic_content(
     assert task["channel"] == "push"
     assert task["content"] == {"title": "Order shipped", "body": "order: A-1"}
     assert task["fallback"]["chain"] == ["email"]
+    # and its timeline row says why the push reads as it does
+    [row] = [r for r in await timeline(db, task["eventId"]) if r["channel"] == "push"]
+    assert row["detail"] == "queued; the template has no push content, generic content sent"
 
 
 async def test_a_task_carries_only_the_chain_channels_it_could_fall_back_to(
@@ -216,10 +219,13 @@ async def test_a_channel_without_template_content_gets_generic_content(
 
     [task] = await entries(redis, keys.outbound("normal"))
     assert task["content"] == {"text": "Order shipped: order: A-1, eta: Friday"}
+    [row] = await timeline(db, task["eventId"])
+    assert row["detail"] == "queued; the template has no sms content, generic content sent"
 
 
 async def test_a_template_that_fails_to_render_says_so_also_on_a_send_that_waits(
-    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Given a template using data the sends do not carry, one send now and one later
     await add_user(db, project, "u1", contacts=[("sms", "+15550001")])
@@ -238,6 +244,9 @@ async def test_a_template_that_fails_to_render_says_so_also_on_a_send_that_waits
         assert "the template failed (channels.sms.text:" in row["detail"]
         assert row["detail"].endswith("generic content sent")
     assert scheduled["detail"].startswith("scheduled until 2099-01-01T00:00:00.000Z; ")
+    # and the operator's log says it too, once per send
+    warned = [r for r in caplog.records if "template failed to render" in r.getMessage()]
+    assert len(warned) == 2
 
 
 async def test_a_future_send_and_quiet_hours_go_to_the_scheduler(
