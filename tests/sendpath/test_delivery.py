@@ -239,8 +239,15 @@ async def test_a_token_called_invalid_is_not_tried_again_when_its_task_is_retrie
     # Then the retry went to the live device only: the dead one was asked exactly once
     assert [m["to"] for m in await sim.messages("fcm")] == ["live-token"]
     assert (await sim.stats())["fcm"]["requests"] == 3
-    assert kinds(await timeline(db, event_id), "push") == [
+    rows = await timeline(db, event_id)
+    assert kinds(rows, "push") == [
         ("queued", "processing", 0), ("failed", "processing", 1), ("sent", "sent", 2)]
+    # and the failed attempt's row says the dead token's contact was disabled, not only why
+    # the live one is retried
+    failed = next(r for r in rows if r["kind"] == "failed")
+    assert "1 of 2 destinations not sent: invalid recipient, contact disabled" in \
+        failed["detail"]
+    assert failed["metadata"]["disabled"] == 1
 
 
 async def test_a_device_called_invalid_beside_an_accepted_one_is_on_the_sent_row(
