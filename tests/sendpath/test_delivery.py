@@ -460,6 +460,26 @@ async def test_an_invalid_address_without_fallback_fails_without_retry(
     assert await entries(redis, keys.dlq) == []
 
 
+async def test_a_region_the_twilio_account_may_not_send_to_is_no_invalid_number(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    """Twilio's 21408 says the account's geographic permissions leave out the number's
+    country: the operator's setting, not the recipient's number. The contact stays enabled
+    and the task is dead-lettered, to be replayed once the region is enabled."""
+    await add_user(db, project, "u1", contacts=[("sms", "+15005550003")])  # Twilio: 21408
+    await add_template(db, project, "t", {"sms": SMS})
+
+    event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(*await stages(services, sim_settings))
+
+    assert (await sim.stats())["twilio"]["requests"] == 1
+    assert await db.fetchval("SELECT enabled FROM user_contacts") is True
+    [row] = [r for r in await timeline(db, event_id) if r["kind"] == "dead_lettered"]
+    assert "21408" in row["detail"]
+    assert len(await entries(redis, keys.dlq)) == 1
+
+
 async def test_lost_responses_are_not_duplicated_where_the_provider_honours_idempotency_keys(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
     sim: SimulatorServer, sim_settings: Settings,
