@@ -296,8 +296,13 @@ def parse_enriched(payload: dict[str, Any]) -> EnrichedMessage:
     chain = payload.get("fallbackChain")
     if chain is not None and not _str_list(chain):
         raise MalformedPayload("field 'fallbackChain' is not a list of channel names")
-    payload.setdefault("sendAt", None)
-    payload.setdefault("campaignId", None)
+    came_from = payload.get("fallbackFrom")
+    if came_from is not None and (
+        not isinstance(came_from, dict) or not isinstance(came_from.get("channel"), str)
+        or not isinstance(came_from.get("outcome", ""), str)
+    ):
+        raise MalformedPayload("field 'fallbackFrom' is not {taskId, channel, reason}")
+    _optional_strings(payload, "sendAt", "campaignId")
     return payload  # type: ignore[return-value]
 
 
@@ -322,8 +327,10 @@ def parse_outbound(payload: dict[str, Any]) -> OutboundTask:
         or not isinstance(fallback.get("recipient"), dict)
     ):
         raise MalformedPayload("field 'fallback' is not {chain, recipient}")
-    payload.setdefault("topic", None)
-    payload.setdefault("campaignId", None)
+    _optional_strings(payload, "topic", "campaignId")
+    for name in ("createdAt", "unsubscribeUrl"):
+        if not isinstance(payload.get(name, ""), str):
+            raise MalformedPayload(f"field {name!r} is not a string")
     payload.setdefault("createdAt", "")
     return payload  # type: ignore[return-value]
 
@@ -336,6 +343,15 @@ def outbound_from_ai(task: AiTask, content: dict[str, Any]) -> OutboundTask:
            if k not in ("ai", "context", "priorAttempts", "parkCount", "_replayedAttempts")}
     out["content"] = content
     return out  # type: ignore[return-value]
+
+
+def _optional_strings(payload: dict[str, Any], *names: str) -> None:
+    """Each field a string or null (null when absent). Checked here, with the rest of the
+    shape: a number there failed the batch's INSERT, and so every message read with it, on
+    every attempt, into the dead-letter queue (CONTRACT §3: acked at once, alone)."""
+    for name in names:
+        if not isinstance(payload.setdefault(name, None), str | None):
+            raise MalformedPayload(f"field {name!r} is not a string or null")
 
 
 def _str_list(value: Any) -> bool:

@@ -1228,3 +1228,32 @@ async def test_the_rate_limits_of_projects_a_delivery_process_remembers_are_boun
     both = await delivery._limits({limited, others[0]})
     assert both == {limited: {"email": 7}, others[0]: {}}
     assert len(delivery._project_settings) <= 4
+
+
+@pytest.mark.parametrize("wrong", [{"campaignId": 7}, {"topic": ["billing"]}])
+async def test_a_task_of_the_wrong_shape_is_acked_alone_and_its_batch_is_sent(
+    wrong: dict[str, Any], db: asyncpg.Pool, redis: Redis, keys: Keys, project: str,
+    services: ServiceFactory, sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    """A field of the wrong type that parsed failed the batch's outcome write: every task
+    read with it was sent, then retried and dead-lettered with it, though it had gone out."""
+    for user in ("u1", "u2"):
+        await add_user(db, project, user, contacts=[("email", f"{user}@example.com")])
+    delivery = await services(DeliveryService, sim_settings)
+    event_id = await send(redis, keys, db, project, "t", "u1", data={})
+
+    def task(user: str, **fields: Any) -> dict[str, Any]:
+        return {"taskId": f"task-{user}", "eventId": event_id, "projectId": project,
+                "userId": user, "channel": "email", "priority": "normal", "template": "t",
+                "to": [f"{user}@example.com"], "content": {"subject": "s", "text": "t"},
+                "createdAt": "2026-12-04T00:00:00.000Z", **fields}
+
+    await xadd(redis, keys.outbound("normal"), task("u1", **wrong), 10_000)
+    await xadd(redis, keys.outbound("normal"), task("u2"), 10_000)
+    await drain(delivery)
+
+    assert [m["to"] for m in await sim.messages("resend")] == ["u2@example.com"]
+    assert [r["kind"] for r in await timeline(db, event_id) if r["task_id"] == "task-u2"] \
+        == ["sent"]
+    assert await entries(redis, keys.dlq) == []
+    assert delivery.worker.stats.failed == 0

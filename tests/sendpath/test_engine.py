@@ -488,3 +488,42 @@ async def test_a_template_that_fails_for_one_recipient_alone_sends_them_generic_
     assert "RuntimeError" in rows["vip"]
     assert rows["vip"].endswith("generic content sent")
     assert rows["plain"] == "queued"
+
+
+def enriched(project: str, user_id: str, target: str, **fields: Any) -> dict[str, Any]:
+    """An enriched message as the enricher writes it, with ``fields`` replaced."""
+    return {"eventId": uuid7(), "projectId": project, "template": "t", "priority": "normal",
+            "data": {}, "channels": None, "sendAt": None, "campaignId": None,
+            "createdAt": "2026-12-04T16:29:16.297Z",
+            "user": {"id": user_id, "attributes": {}, "timezone": None, "locale": None},
+            "contacts": {"email": [target]},
+            "preferences": {"channels": {}, "topics": {}, "quietHours": None}, **fields}
+
+
+@pytest.mark.parametrize("wrong", [
+    {"campaignId": 7},  # refused by the batch's timeline INSERT
+    {"fallbackFrom": "push", "fallbackChain": ["email"]},  # read as a mapping while routing
+    {"fallbackFrom": {"outcome": "failed"}, "fallbackChain": ["email"]},  # no channel
+    {"sendAt": 5},
+])
+async def test_a_message_of_the_wrong_shape_is_acked_alone_and_its_batch_goes_on(
+    wrong: dict[str, Any], db: asyncpg.Pool, redis: Redis, keys: Keys, project: str,
+    services: ServiceFactory,
+) -> None:
+    """CONTRACT §3: a payload that cannot be parsed is acked at once. One that parsed but
+    failed its whole batch (a field of the wrong type reaching the batch's INSERT) took its
+    neighbours along, attempt after attempt, into the dead-letter queue."""
+    await add_user(db, project, "u1", contacts=[("email", "a@x.io")])
+    await add_user(db, project, "u2", contacts=[("email", "b@x.io")])
+    await add_template(db, project, "t", {"email": EMAIL})
+    engine = await services(EngineService)
+    await redis.xadd(keys.enriched("normal"), encode(enriched(project, "u1", "a@x.io", **wrong)))
+    await redis.xadd(keys.enriched("normal"), encode(enriched(project, "u2", "b@x.io")))
+
+    await drain(engine)
+
+    assert [t["userId"] for t in await entries(redis, keys.outbound("normal"))] == ["u2"]
+    # and the wrong one was acked at once: not retried, not dead-lettered
+    assert await entries(redis, keys.dlq) == []
+    assert (await redis.xpending(keys.enriched("normal"), keys.group("engine")))["pending"] == 0
+    assert engine.worker.stats.failed == 0
