@@ -139,13 +139,21 @@ def parse_inbound(payload: dict[str, Any]) -> InboundMessage:
     to = require(payload, "to", dict)
     if not any(k in to for k in ("userId", "userIds", "segment")):
         raise MalformedPayload("field 'to' names no recipient")
+    for name in ("userId", "segment"):
+        if name in to and not isinstance(to[name], str):
+            raise MalformedPayload(f"field 'to.{name}' is not a string")
+    if "userIds" in to and not _str_list(to["userIds"]):
+        raise MalformedPayload("field 'to.userIds' is not a list of user ids")
     if payload.get("priority") not in PRIORITIES:
         raise MalformedPayload("field 'priority' is not critical, normal or low")
-    payload.setdefault("data", {})
-    payload.setdefault("channels", None)
-    payload.setdefault("sendAt", None)
-    payload.setdefault("campaignId", None)
-    payload.setdefault("idempotencyKey", None)
+    if not isinstance(payload.setdefault("data", {}), dict):
+        raise MalformedPayload("field 'data' is not an object")
+    channels = payload.setdefault("channels", None)
+    if channels is not None and not _str_list(channels):
+        raise MalformedPayload("field 'channels' is not a list of channel names")
+    if not isinstance(payload.get("createdAt", ""), str):
+        raise MalformedPayload("field 'createdAt' is not a string")
+    _optional_strings(payload, "sendAt", "campaignId", "idempotencyKey")
     return payload  # type: ignore[return-value]
 
 
