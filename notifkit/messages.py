@@ -132,6 +132,12 @@ def require(payload: dict[str, Any], field: str, kind: type | tuple[type, ...]) 
     return value
 
 
+# The span of due times (ms since the epoch) a task can carry: what Python's datetime holds,
+# 0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z.
+FIRST_MS = -62_135_596_800_000
+LAST_MS = 253_402_300_799_999
+
+
 def parse_inbound(payload: dict[str, Any]) -> InboundMessage:
     require(payload, "eventId", str)
     require(payload, "projectId", str)
@@ -163,6 +169,10 @@ def parse_scheduled_task(payload: dict[str, Any]) -> ScheduledTask:
     due = payload.get("dueAt")
     if isinstance(due, bool) or not isinstance(due, int | float):
         raise MalformedPayload("field 'dueAt' is missing or not a number of milliseconds")
+    if not FIRST_MS <= due <= LAST_MS:
+        # No time in the calendar (NaN or infinite too): converting it failed the batch it
+        # was read with, and every task beside it went to the dead-letter queue with it.
+        raise MalformedPayload("field 'dueAt' is not a time between the years 1 and 9999")
     payload["dueAt"] = int(due)
     require(payload, "stream", str)
     require(payload, "payload", dict)
