@@ -132,6 +132,12 @@ def require(payload: dict[str, Any], field: str, kind: type | tuple[type, ...]) 
     return value
 
 
+# The span of due times (ms since the epoch) a task can carry: what Python's datetime holds,
+# 0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z.
+FIRST_MS = -62_135_596_800_000
+LAST_MS = 253_402_300_799_999
+
+
 def parse_inbound(payload: dict[str, Any]) -> InboundMessage:
     require(payload, "eventId", str)
     require(payload, "projectId", str)
@@ -139,13 +145,21 @@ def parse_inbound(payload: dict[str, Any]) -> InboundMessage:
     to = require(payload, "to", dict)
     if not any(k in to for k in ("userId", "userIds", "segment")):
         raise MalformedPayload("field 'to' names no recipient")
+    for name in ("userId", "segment"):
+        if name in to and not isinstance(to[name], str):
+            raise MalformedPayload(f"field 'to.{name}' is not a string")
+    if "userIds" in to and not _str_list(to["userIds"]):
+        raise MalformedPayload("field 'to.userIds' is not a list of user ids")
     if payload.get("priority") not in PRIORITIES:
         raise MalformedPayload("field 'priority' is not critical, normal or low")
-    payload.setdefault("data", {})
-    payload.setdefault("channels", None)
-    payload.setdefault("sendAt", None)
-    payload.setdefault("campaignId", None)
-    payload.setdefault("idempotencyKey", None)
+    if not isinstance(payload.setdefault("data", {}), dict):
+        raise MalformedPayload("field 'data' is not an object")
+    channels = payload.setdefault("channels", None)
+    if channels is not None and not _str_list(channels):
+        raise MalformedPayload("field 'channels' is not a list of channel names")
+    if not isinstance(payload.get("createdAt", ""), str):
+        raise MalformedPayload("field 'createdAt' is not a string")
+    _optional_strings(payload, "sendAt", "campaignId", "idempotencyKey")
     return payload  # type: ignore[return-value]
 
 
@@ -155,6 +169,10 @@ def parse_scheduled_task(payload: dict[str, Any]) -> ScheduledTask:
     due = payload.get("dueAt")
     if isinstance(due, bool) or not isinstance(due, int | float):
         raise MalformedPayload("field 'dueAt' is missing or not a number of milliseconds")
+    if not FIRST_MS <= due <= LAST_MS:
+        # No time in the calendar (NaN or infinite too): converting it failed the batch it
+        # was read with, and every task beside it went to the dead-letter queue with it.
+        raise MalformedPayload("field 'dueAt' is not a time between the years 1 and 9999")
     payload["dueAt"] = int(due)
     require(payload, "stream", str)
     require(payload, "payload", dict)
@@ -296,8 +314,13 @@ def parse_enriched(payload: dict[str, Any]) -> EnrichedMessage:
     chain = payload.get("fallbackChain")
     if chain is not None and not _str_list(chain):
         raise MalformedPayload("field 'fallbackChain' is not a list of channel names")
-    payload.setdefault("sendAt", None)
-    payload.setdefault("campaignId", None)
+    came_from = payload.get("fallbackFrom")
+    if came_from is not None and (
+        not isinstance(came_from, dict) or not isinstance(came_from.get("channel"), str)
+        or not isinstance(came_from.get("outcome", ""), str)
+    ):
+        raise MalformedPayload("field 'fallbackFrom' is not {taskId, channel, reason}")
+    _optional_strings(payload, "sendAt", "campaignId")
     return payload  # type: ignore[return-value]
 
 
@@ -322,8 +345,10 @@ def parse_outbound(payload: dict[str, Any]) -> OutboundTask:
         or not isinstance(fallback.get("recipient"), dict)
     ):
         raise MalformedPayload("field 'fallback' is not {chain, recipient}")
-    payload.setdefault("topic", None)
-    payload.setdefault("campaignId", None)
+    _optional_strings(payload, "topic", "campaignId")
+    for name in ("createdAt", "unsubscribeUrl"):
+        if not isinstance(payload.get(name, ""), str):
+            raise MalformedPayload(f"field {name!r} is not a string")
     payload.setdefault("createdAt", "")
     return payload  # type: ignore[return-value]
 
@@ -336,6 +361,15 @@ def outbound_from_ai(task: AiTask, content: dict[str, Any]) -> OutboundTask:
            if k not in ("ai", "context", "priorAttempts", "parkCount", "_replayedAttempts")}
     out["content"] = content
     return out  # type: ignore[return-value]
+
+
+def _optional_strings(payload: dict[str, Any], *names: str) -> None:
+    """Each field a string or null (null when absent). Checked here, with the rest of the
+    shape: a number there failed the batch's INSERT, and so every message read with it, on
+    every attempt, into the dead-letter queue (CONTRACT §3: acked at once, alone)."""
+    for name in names:
+        if not isinstance(payload.setdefault(name, None), str | None):
+            raise MalformedPayload(f"field {name!r} is not a string or null")
 
 
 def _str_list(value: Any) -> bool:

@@ -6,7 +6,11 @@ channels a template's ``ai`` block names). Per task:
 1. dedup ``enrichedEventId:recipientId:channel:ai`` (1 h): a second task for the same
    recipient and channel is dropped;
 2. render the template's prompt with the task's context (``data``, ``user``, ``notification``,
-   ``channel``, ``items``) in the template sandbox;
+   ``channel``, ``items``) in the template sandbox; the prompt and model are the template's as
+   it is now (read with its content), so a task that waited (``sendAt``, a 429) or is replayed
+   from the DLQ after its template was fixed (an unknown model, say) gets the fix; the task's
+   own copy, taken when the engine routed it, serves only once the template is gone or has
+   no ``ai`` block;
 3. ask the chat-completions endpoint (:mod:`notifkit.transports.openai`), with the channel
    in a system message so the answer fits it;
 4. build the channel content: the template's own content for that channel, rendered, with its
@@ -40,7 +44,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from notifkit import metrics
 from notifkit.db import ai_usage
@@ -53,7 +57,7 @@ from notifkit.errors import (
     RateLimited,
     RetryLater,
 )
-from notifkit.messages import AiTask, ScheduledTask, outbound_from_ai, parse_outbound
+from notifkit.messages import AiSpec, AiTask, ScheduledTask, outbound_from_ai, parse_outbound
 from notifkit.ratelimit import ALL_PROJECTS, Bucket, TokenBuckets
 from notifkit.services.base import WorkerService
 from notifkit.services.engine.render import generic
@@ -142,7 +146,8 @@ class AiService(WorkerService):
         if not fresh:
             return
         cached = await ai_usage.written(self.pool, [t["taskId"] for _e, t in fresh])
-        templates = await self._template_contents(fresh)
+        templates, ai_blocks = await self._templates(fresh)
+        fresh = [(entry, _current_ai(task, ai_blocks)) for entry, task in fresh]
         # Prompts and contents new to this process compile beside the event loop (the
         # largest take seconds).
         await warm_beside_loop(
@@ -281,18 +286,35 @@ class AiService(WorkerService):
                     "of %d).", after_s, parks, self.settings.max_attempts,
                     extra={"task_id": task["taskId"], "event_id": task["eventId"]})
 
-    async def _template_contents(
+    async def _templates(
         self, tasks: list[tuple[Entry, AiTask]]
-    ) -> dict[tuple[str, str], dict[str, Any]]:
+    ) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[tuple[str, str], Any]]:
+        """The tasks' templates as they are now: each one's content, and its ``ai`` block."""
         pairs = sorted({(t["projectId"], t["template"]) for _e, t in tasks})
         rows = await self.pool.fetch(
-            """SELECT t.project_id::text, t.id, t.content
+            """SELECT t.project_id::text, t.id, t.content, t.ai
                  FROM templates t
                  JOIN unnest($1::uuid[], $2::text[]) AS want(project_id, id)
                    ON t.project_id = want.project_id AND t.id = want.id""",
             [p for p, _t in pairs], [t for _p, t in pairs],
         )
-        return {(r[0], r[1]): r[2] for r in rows}
+        return {(r[0], r[1]): r[2] for r in rows}, {(r[0], r[1]): r[3] for r in rows}
+
+
+def _current_ai(task: AiTask, ai_blocks: dict[tuple[str, str], Any]) -> AiTask:
+    """The task with its template's prompt and model as they are now. The engine copied them
+    into the task when it routed it, but the cause of a dead-lettered AI task (an unknown
+    model, a prompt the provider refuses) is fixed in the template: a replay that asked with
+    the copy would fail again. A template since deleted, or left without an ``ai`` block,
+    keeps the copy."""
+    ai = ai_blocks.get((task["projectId"], task["template"]))
+    if not isinstance(ai, dict) or not isinstance(ai.get("prompt"), str) or not ai["prompt"]:
+        return task
+    model = ai.get("model")  # none: OPENAI_MODEL, as the engine's copy says it
+    current: AiSpec = {"prompt": ai["prompt"], "model": model if isinstance(model, str) else ""}
+    if task["ai"].get("prompt") == current["prompt"] and task["ai"].get("model") == model:
+        return task
+    return cast(AiTask, {**task, "ai": current})
 
 
 def parse_ai_task(payload: dict[str, Any]) -> AiTask:

@@ -246,6 +246,9 @@ def receipt_row(
     detail = _receipt_detail(receipt)
     if suppression is not None:
         detail = f"{detail}; address suppressed"
+    elif kind == "bounced" and not is_hard_bounce(receipt):
+        # A reader who sees the next send go out to the address learns why here.
+        detail = f"{detail}; a soft bounce: the address is not suppressed"
     metadata: dict[str, Any] = {"at": receipt.get("at")}
     raw = receipt.get("raw")
     if raw is not None and len(repr(raw)) <= _MAX_RAW_CHARS:
@@ -386,7 +389,10 @@ def _receipt_detail(receipt: Mapping[str, Any]) -> str:
     message = _find(raw, ("data", "bounce", "message"), ("bounce", "message"), ("reason",),
                     ("data", "reason"), ("ErrorMessage",))
     base = f"{receipt['kind']} ({receipt['provider']})"
-    return f"{base}: {message}" if isinstance(message, str) and message else base
+    if isinstance(message, str) and message:
+        return f"{base}: {message}"
+    code = _twilio_code(raw)  # Twilio's callbacks carry a code and no message
+    return f"{base}: error {code}" if code else base
 
 
 def _raw_recipient(raw: Any) -> str | None:

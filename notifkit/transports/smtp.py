@@ -95,6 +95,7 @@ class SmtpTransport:
             if client is not None:
                 client.data_begun = False
             keep = False
+            stalled = False  # a server that stopped answering would not answer a QUIT either
             try:
                 async with asyncio.timeout(self.timeout_s):
                     if client is None or not client.is_connected:
@@ -122,6 +123,7 @@ class SmtpTransport:
                 return SendResult(Outcome.PERMANENT, detail=f"the SMTP server cannot take "
                                   f"this message: {exc}")
             except TimeoutError:
+                stalled = True
                 return SendResult(Outcome.RETRY, detail=f"no answer within {self.timeout_s:g} s",
                                   maybe_accepted=_data_begun(client))
             except (aiosmtplib.SMTPException, OSError) as exc:
@@ -132,7 +134,9 @@ class SmtpTransport:
                     if keep:
                         self._idle.append(client)
                     else:
-                        await _quit(client)
+                        # After a stall, closed at once: a QUIT waited its second for nothing,
+                        # holding the send (and its delivery slot) past the timeout.
+                        await _quit(client, polite=not stalled)
 
     async def _connect(self) -> _Client:
         client = _Client(
@@ -193,9 +197,9 @@ def _bad_mailbox(text: str, *, at_recipient: bool) -> bool:
     return (status[2], int(status[3])) == DISABLED_MAILBOX
 
 
-async def _quit(client: aiosmtplib.SMTP) -> None:
+async def _quit(client: aiosmtplib.SMTP, *, polite: bool = True) -> None:
     with contextlib.suppress(Exception):
-        if client.is_connected:
+        if polite and client.is_connected:
             await asyncio.wait_for(client.quit(), 1.0)
     with contextlib.suppress(Exception):
         client.close()

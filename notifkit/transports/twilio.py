@@ -24,8 +24,12 @@ from notifkit.transports.base import (
 )
 
 # Error codes that mean the number can never receive from us: invalid number, unsubscribed
-# (the recipient replied STOP), not a mobile number, unreachable/blocked destination.
-INVALID_NUMBER_CODES = frozenset({21211, 21610, 21614, 21612, 21408})
+# (the recipient replied STOP), not a mobile number, unreachable/blocked destination. Not
+# 21408 ("permission to send an SMS has not been enabled for the region"): that is the
+# account's geographic permissions, fixed in Twilio's console, after which the number works;
+# disabling the contact would have lost every number of that country for good, so it is a
+# rejection like any other (dead-lettered, replayed once the region is enabled).
+INVALID_NUMBER_CODES = frozenset({21211, 21610, 21614, 21612})
 RATE_LIMIT_CODES = frozenset({20429})
 
 

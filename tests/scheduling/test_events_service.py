@@ -325,6 +325,11 @@ async def test_a_hard_bounce_or_a_complaint_suppresses_the_address(
     detail = await db.fetchval("SELECT detail FROM message_logs WHERE task_id = 'task-2' "
                                "AND kind = 'bounced'")
     assert detail.endswith("address suppressed")
+    # and the soft bounce's row says why nothing was suppressed
+    detail = await db.fetchval("SELECT detail FROM message_logs WHERE task_id = 'task-3' "
+                               "AND kind = 'bounced'")
+    assert detail == ("bounced (resend): Mailbox full; a soft bounce: the address is not "
+                      "suppressed")
 
 
 async def test_a_twilio_failure_for_a_number_that_can_never_receive_suppresses_it(
@@ -517,6 +522,32 @@ async def test_a_receipt_echoing_its_task_ignores_another_task_with_the_same_mes
     assert await timeline(db, "task-old") == [("sent", "sent", 1, "email")]
     rows = await db.fetch("SELECT target FROM suppressions WHERE project_id = $1", project_id)
     assert [r["target"] for r in rows] == ["bob@example.com"]
+
+
+async def test_a_twilio_bounce_row_names_its_error_code_and_whether_it_suppressed(
+    make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
+) -> None:
+    # Twilio's status callback carries an ErrorCode and no message: the code is the reason a
+    # reader can look up, and a soft one (30003, handset unreachable) suppresses nothing.
+    events = make_events()
+    for task, number, message in (("task-s", "+15550000001", "SM-soft"),
+                                  ("task-h", "+15550000002", "SM-hard")):
+        await record_send(db, project_id, task, number, message, "sms", "twilio")
+        await put(redis, keys, sent_event(project_id, uuid7(), task, message, "sms"))
+    await events.run_until_idle()
+    await put(redis, keys,
+              receipt(project_id, "SM-soft", "bounced", {"MessageStatus": "undelivered",
+                                                         "ErrorCode": "30003"}, "twilio"),
+              receipt(project_id, "SM-hard", "bounced", {"MessageStatus": "undelivered",
+                                                         "ErrorCode": "30005"}, "twilio"))
+    await events.run_until_idle()
+    details = dict(await db.fetch(
+        "SELECT task_id, detail FROM message_logs WHERE kind = 'bounced' AND project_id = $1",
+        project_id))
+    assert details == {
+        "task-s": "bounced (twilio): error 30003; a soft bounce: the address is not suppressed",
+        "task-h": "bounced (twilio): error 30005; address suppressed",
+    }
 
 
 @pytest.mark.parametrize(("raw", "extra", "hard"), [

@@ -108,6 +108,23 @@ async def test_malformed_tasks_and_deleted_projects_are_acked_and_dropped(
                for r in reports)
 
 
+@pytest.mark.parametrize("due_ms", [10**16, -(10**15)])
+async def test_a_due_time_no_calendar_holds_is_acked_alone_and_its_batch_goes_on(
+    due_ms: int, make_scheduler: SchedulerFactory, schedule: Schedule, outbound: Sent,
+    clock: FakeClock, redis: Redis, keys: Keys,
+) -> None:
+    """A dueAt past year 9999 (or before year 1) failed the batch's conversion to a time:
+    the tasks read with it were retried with it and dead-lettered, though they were fine."""
+    scheduler = make_scheduler()
+    await schedule(T0_MS)
+    await schedule(due_ms)
+    await schedule(T0_MS)
+    await scheduler.run_until_idle()
+    assert len(await outbound()) == 2
+    assert (await redis.xpending(keys.scheduled, keys.group("scheduler")))["pending"] == 0
+    assert await redis.xlen(keys.dlq) == 0
+
+
 async def test_scheduling_a_task_again_replaces_it(
     make_scheduler: SchedulerFactory, schedule: Schedule, outbound: Sent, clock: FakeClock,
     db: asyncpg.Pool,

@@ -210,7 +210,8 @@ async def test_an_invalid_push_token_disables_the_contact_and_the_fallback_is_us
     push_rows = [r for r in await timeline(db, first) if r["channel"] == "push"]
     assert [(r["kind"], r["status"]) for r in push_rows] == [
         ("queued", "processing"), ("failed", "failed")]
-    assert push_rows[1]["detail"].startswith("invalid recipient")
+    # (its row says the contact was disabled, as the row of a chain's last channel does)
+    assert push_rows[1]["detail"].startswith("invalid recipient, contact disabled: ")
 
     # And a later notification never tries the token again
     second = await send(redis, keys, db, project, "alert", "u1", data={"amount": "2"})
@@ -238,8 +239,36 @@ async def test_a_token_called_invalid_is_not_tried_again_when_its_task_is_retrie
     # Then the retry went to the live device only: the dead one was asked exactly once
     assert [m["to"] for m in await sim.messages("fcm")] == ["live-token"]
     assert (await sim.stats())["fcm"]["requests"] == 3
-    assert kinds(await timeline(db, event_id), "push") == [
+    rows = await timeline(db, event_id)
+    assert kinds(rows, "push") == [
         ("queued", "processing", 0), ("failed", "processing", 1), ("sent", "sent", 2)]
+    # and the failed attempt's row says the dead token's contact was disabled, not only why
+    # the live one is retried
+    failed = next(r for r in rows if r["kind"] == "failed")
+    assert "1 of 2 destinations not sent: invalid recipient, contact disabled" in \
+        failed["detail"]
+    assert failed["metadata"]["disabled"] == 1
+
+
+async def test_a_device_called_invalid_beside_an_accepted_one_is_on_the_sent_row(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    """The send stands (one device has it), but the contact disabled beside it is a decision
+    too: the timeline says so, not only user_contacts."""
+    await add_user(db, project, "u1", contacts=[("push", "dead-token"), ("push", "live-token")])
+    await add_template(db, project, "t", {"push": PUSH})
+    await sim.add_fault("invalid_token", "fcm", to="dead-token")
+
+    event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(*await stages(services, sim_settings))
+
+    assert await db.fetchval(
+        "SELECT enabled FROM user_contacts WHERE target = 'dead-token'") is False
+    [sent] = [r for r in await timeline(db, event_id) if r["kind"] == "sent"]
+    assert sent["detail"] == ("accepted by fcm; 1 of 2 destinations not sent: invalid "
+                              "recipient, contact disabled")
+    assert sent["metadata"]["disabled"] == 1
 
 
 async def test_a_device_that_failed_beside_an_accepted_one_is_retried_alone(
@@ -429,6 +458,26 @@ async def test_an_invalid_address_without_fallback_fails_without_retry(
     assert row["status"] == "failed"
     assert "contact disabled" in row["detail"]
     assert await entries(redis, keys.dlq) == []
+
+
+async def test_a_region_the_twilio_account_may_not_send_to_is_no_invalid_number(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    """Twilio's 21408 says the account's geographic permissions leave out the number's
+    country: the operator's setting, not the recipient's number. The contact stays enabled
+    and the task is dead-lettered, to be replayed once the region is enabled."""
+    await add_user(db, project, "u1", contacts=[("sms", "+15005550003")])  # Twilio: 21408
+    await add_template(db, project, "t", {"sms": SMS})
+
+    event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(*await stages(services, sim_settings))
+
+    assert (await sim.stats())["twilio"]["requests"] == 1
+    assert await db.fetchval("SELECT enabled FROM user_contacts") is True
+    [row] = [r for r in await timeline(db, event_id) if r["kind"] == "dead_lettered"]
+    assert "21408" in row["detail"]
+    assert len(await entries(redis, keys.dlq)) == 1
 
 
 async def test_lost_responses_are_not_duplicated_where_the_provider_honours_idempotency_keys(
@@ -1179,3 +1228,32 @@ async def test_the_rate_limits_of_projects_a_delivery_process_remembers_are_boun
     both = await delivery._limits({limited, others[0]})
     assert both == {limited: {"email": 7}, others[0]: {}}
     assert len(delivery._project_settings) <= 4
+
+
+@pytest.mark.parametrize("wrong", [{"campaignId": 7}, {"topic": ["billing"]}])
+async def test_a_task_of_the_wrong_shape_is_acked_alone_and_its_batch_is_sent(
+    wrong: dict[str, Any], db: asyncpg.Pool, redis: Redis, keys: Keys, project: str,
+    services: ServiceFactory, sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    """A field of the wrong type that parsed failed the batch's outcome write: every task
+    read with it was sent, then retried and dead-lettered with it, though it had gone out."""
+    for user in ("u1", "u2"):
+        await add_user(db, project, user, contacts=[("email", f"{user}@example.com")])
+    delivery = await services(DeliveryService, sim_settings)
+    event_id = await send(redis, keys, db, project, "t", "u1", data={})
+
+    def task(user: str, **fields: Any) -> dict[str, Any]:
+        return {"taskId": f"task-{user}", "eventId": event_id, "projectId": project,
+                "userId": user, "channel": "email", "priority": "normal", "template": "t",
+                "to": [f"{user}@example.com"], "content": {"subject": "s", "text": "t"},
+                "createdAt": "2026-12-04T00:00:00.000Z", **fields}
+
+    await xadd(redis, keys.outbound("normal"), task("u1", **wrong), 10_000)
+    await xadd(redis, keys.outbound("normal"), task("u2"), 10_000)
+    await drain(delivery)
+
+    assert [m["to"] for m in await sim.messages("resend")] == ["u2@example.com"]
+    assert [r["kind"] for r in await timeline(db, event_id) if r["task_id"] == "task-u2"] \
+        == ["sent"]
+    assert await entries(redis, keys.dlq) == []
+    assert delivery.worker.stats.failed == 0

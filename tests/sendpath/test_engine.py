@@ -180,6 +180,9 @@ async def test_a_chain_channel_without_template_content_gets_generic_content(
     assert task["channel"] == "push"
     assert task["content"] == {"title": "Order shipped", "body": "order: A-1"}
     assert task["fallback"]["chain"] == ["email"]
+    # and its timeline row says why the push reads as it does
+    [row] = [r for r in await timeline(db, task["eventId"]) if r["channel"] == "push"]
+    assert row["detail"] == "queued; the template has no push content, generic content sent"
 
 
 async def test_a_task_carries_only_the_chain_channels_it_could_fall_back_to(
@@ -216,10 +219,13 @@ async def test_a_channel_without_template_content_gets_generic_content(
 
     [task] = await entries(redis, keys.outbound("normal"))
     assert task["content"] == {"text": "Order shipped: order: A-1, eta: Friday"}
+    [row] = await timeline(db, task["eventId"])
+    assert row["detail"] == "queued; the template has no sms content, generic content sent"
 
 
 async def test_a_template_that_fails_to_render_says_so_also_on_a_send_that_waits(
-    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Given a template using data the sends do not carry, one send now and one later
     await add_user(db, project, "u1", contacts=[("sms", "+15550001")])
@@ -238,6 +244,9 @@ async def test_a_template_that_fails_to_render_says_so_also_on_a_send_that_waits
         assert "the template failed (channels.sms.text:" in row["detail"]
         assert row["detail"].endswith("generic content sent")
     assert scheduled["detail"].startswith("scheduled until 2099-01-01T00:00:00.000Z; ")
+    # and the operator's log says it too, once per send
+    warned = [r for r in caplog.records if "template failed to render" in r.getMessage()]
+    assert len(warned) == 2
 
 
 async def test_a_future_send_and_quiet_hours_go_to_the_scheduler(
@@ -479,3 +488,42 @@ async def test_a_template_that_fails_for_one_recipient_alone_sends_them_generic_
     assert "RuntimeError" in rows["vip"]
     assert rows["vip"].endswith("generic content sent")
     assert rows["plain"] == "queued"
+
+
+def enriched(project: str, user_id: str, target: str, **fields: Any) -> dict[str, Any]:
+    """An enriched message as the enricher writes it, with ``fields`` replaced."""
+    return {"eventId": uuid7(), "projectId": project, "template": "t", "priority": "normal",
+            "data": {}, "channels": None, "sendAt": None, "campaignId": None,
+            "createdAt": "2026-12-04T16:29:16.297Z",
+            "user": {"id": user_id, "attributes": {}, "timezone": None, "locale": None},
+            "contacts": {"email": [target]},
+            "preferences": {"channels": {}, "topics": {}, "quietHours": None}, **fields}
+
+
+@pytest.mark.parametrize("wrong", [
+    {"campaignId": 7},  # refused by the batch's timeline INSERT
+    {"fallbackFrom": "push", "fallbackChain": ["email"]},  # read as a mapping while routing
+    {"fallbackFrom": {"outcome": "failed"}, "fallbackChain": ["email"]},  # no channel
+    {"sendAt": 5},
+])
+async def test_a_message_of_the_wrong_shape_is_acked_alone_and_its_batch_goes_on(
+    wrong: dict[str, Any], db: asyncpg.Pool, redis: Redis, keys: Keys, project: str,
+    services: ServiceFactory,
+) -> None:
+    """CONTRACT §3: a payload that cannot be parsed is acked at once. One that parsed but
+    failed its whole batch (a field of the wrong type reaching the batch's INSERT) took its
+    neighbours along, attempt after attempt, into the dead-letter queue."""
+    await add_user(db, project, "u1", contacts=[("email", "a@x.io")])
+    await add_user(db, project, "u2", contacts=[("email", "b@x.io")])
+    await add_template(db, project, "t", {"email": EMAIL})
+    engine = await services(EngineService)
+    await redis.xadd(keys.enriched("normal"), encode(enriched(project, "u1", "a@x.io", **wrong)))
+    await redis.xadd(keys.enriched("normal"), encode(enriched(project, "u2", "b@x.io")))
+
+    await drain(engine)
+
+    assert [t["userId"] for t in await entries(redis, keys.outbound("normal"))] == ["u2"]
+    # and the wrong one was acked at once: not retried, not dead-lettered
+    assert await entries(redis, keys.dlq) == []
+    assert (await redis.xpending(keys.enriched("normal"), keys.group("engine")))["pending"] == 0
+    assert engine.worker.stats.failed == 0

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import logging
+import uuid
+from typing import Any
 
 import asyncpg
 import pytest
 from redis.asyncio import Redis
 
+from notifkit.errors import MalformedPayload
 from notifkit.ids import uuid7
 from notifkit.keys import Keys
+from notifkit.messages import parse_inbound
 from notifkit.services.enricher import EnricherService
 from notifkit.streams import encode
 from tests.support.streams import xrange
 
 from .conftest import ServiceFactory
-from .helpers import add_project, add_user, entries, send, timeline
+from .helpers import add_project, add_user, drain, entries, send, timeline
 
 
 async def test_a_list_of_users_becomes_one_enriched_message_per_known_user(
@@ -260,3 +264,45 @@ async def _segment_of(db: asyncpg.Pool, project: str, size: int, *, digits: int)
     await db.execute(
         "INSERT INTO user_segments SELECT $1, id, 'beta' FROM users WHERE project_id = $1",
         project)
+
+
+async def test_a_message_of_the_wrong_shape_is_acked_alone_and_its_batch_goes_on(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+) -> None:
+    """CONTRACT §3: a payload that cannot be parsed is acked at once, alone. One that parsed
+    but failed its whole batch took its neighbours along, attempt after attempt, to the DLQ;
+    one the engine refused later left its notification with no row at all."""
+    await add_user(db, project, "u2", contacts=[("email", "b@x.io")])
+    enricher = await services(EnricherService)
+    good = {"eventId": uuid7(), "projectId": project, "template": "t",
+            "to": {"userId": "u2"}, "data": {}, "channels": None, "priority": "normal",
+            "sendAt": None, "campaignId": None, "idempotencyKey": None,
+            "createdAt": "2026-12-04T00:00:00.000Z"}
+    # campaignId 7 reached the batch's timeline INSERT (the unknown user's skipped row)
+    bad = {**good, "eventId": uuid7(), "to": {"userId": "nobody"}, "campaignId": 7}
+    await redis.xadd(keys.inbound("normal"), encode(bad))
+    await redis.xadd(keys.inbound("normal"), encode(good))
+
+    await drain(enricher)
+
+    assert [m["user"]["id"] for m in await entries(redis, keys.enriched("normal"))] == ["u2"]
+    assert await entries(redis, keys.dlq) == []
+    assert (await redis.xpending(keys.inbound("normal"), keys.group("enricher")))["pending"] == 0
+    assert enricher.worker.stats.failed == 0
+
+
+@pytest.mark.parametrize("wrong", [
+    {"campaignId": 7}, {"sendAt": 5}, {"idempotencyKey": 5}, {"channels": "email"},
+    {"data": [1]}, {"createdAt": 5}, {"to": {"userIds": "u1"}}, {"to": {"userId": 5}},
+    {"to": {"segment": ["beta"]}}, {"to": {"userIds": ["u1", 2]}},
+])
+def test_an_inbound_message_of_the_wrong_shape_does_not_parse(wrong: dict[str, Any]) -> None:
+    """Refused where it is read (acked as malformed, counted), not passed on to fail later:
+    the engine refused such a recipient's enriched message, so its notification ended with
+    no row saying what became of it."""
+    message = {"eventId": uuid7(), "projectId": str(uuid.uuid4()), "template": "t",
+               "to": {"userId": "u1"}, "data": {}, "channels": None, "priority": "normal",
+               "sendAt": None, "campaignId": None, "idempotencyKey": None,
+               "createdAt": "2026-12-04T00:00:00.000Z", **wrong}
+    with pytest.raises(MalformedPayload):
+        parse_inbound(message)

@@ -140,6 +140,21 @@ async def test_faults_map_onto_the_failure_classes(
     assert len(recorded) == (1 if fault == "lost_response" else 0)
 
 
+async def test_a_provider_that_stops_answering_holds_the_send_no_longer_than_its_timeout(
+    case: tuple[Case, Transport], sim: SimulatorServer
+) -> None:
+    # PROVIDER_TIMEOUT_SECONDS bounds the call: nothing after it (an SMTP QUIT that the
+    # stalled server would never answer, say) keeps the delivery slot for longer.
+    spec, transport = case
+    await sim.add_fault("timeout", spec.provider, times=1)
+
+    started = time.monotonic()
+    result = await transport.send(message(spec))
+
+    assert result.outcome is Outcome.RETRY, result.detail
+    assert time.monotonic() - started < TIMEOUT_S + 0.5
+
+
 async def test_an_unreadable_answer_to_a_recorded_send_is_never_a_permanent_failure(
     case: tuple[Case, Transport], sim: SimulatorServer
 ) -> None:

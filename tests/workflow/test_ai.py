@@ -73,6 +73,13 @@ def ai_task(project_id: str, *, channel: str = "email", model: str = "gpt-4o-min
     }
 
 
+async def set_template_ai(db: asyncpg.Pool, project_id: str, **ai: str) -> None:
+    """Edit the ``paid`` template's ai block, as a PUT of the template does: the ai service
+    reads the prompt and model from the template when it asks the model."""
+    await db.execute("UPDATE templates SET ai = ai || $3::jsonb WHERE project_id = $1 "
+                     "AND id = $2", project_id, "paid", ai)
+
+
 async def stream(redis: Redis, name: str) -> list[dict[str, Any]]:
     return [decode(fields) for _id, fields in await xrange(redis, name)]
 
@@ -159,7 +166,7 @@ async def test_the_same_recipients_other_channel_is_not_taken_for_a_duplicate(
 @pytest.mark.parametrize("fault", ["status-400", "unknown-model", "invalid-token"])
 async def test_a_rejection_is_dead_lettered_after_exactly_one_request(
     fault: str, ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys,
-    project_id: str, template: str,
+    db: asyncpg.Pool, project_id: str, template: str,
 ) -> None:
     # Given a model that rejects the request (400, or 404 model_not_found: an unknown model,
     # or the simulator's invalid_token fault on the model)
@@ -170,6 +177,7 @@ async def test_a_rejection_is_dead_lettered_after_exactly_one_request(
         await sim.add_fault("invalid_token", "openai", to="gpt-4o-mini")
         task = ai_task(project_id)
     else:
+        await set_template_ai(db, project_id, model="no-such-model")
         task = ai_task(project_id, model="no-such-model")
     await xadd(redis, keys.ai_pending, task, 10_000)
     # When the service drains (reclaiming at once, so any retry would happen now)
@@ -197,8 +205,10 @@ async def test_a_prompt_that_does_not_render_sends_the_templates_content_without
     """Like a template that fails to render in the engine, a prompt that fails for this
     recipient's data does not stop the send: the message goes out with the content a send
     without AI would carry, the timeline says why, and the model is not asked."""
+    prompt = "Tell {{ user.attributes.name }} about {{ data.missing.field }}."
+    await set_template_ai(db, project_id, prompt=prompt)
     task = ai_task(project_id, channel=channel)
-    task["ai"]["prompt"] = "Tell {{ user.attributes.name }} about {{ data.missing.field }}."
+    task["ai"]["prompt"] = prompt
     await xadd(redis, keys.ai_pending, task, 10_000)
     await ai.run_until_idle()
     [out] = await stream(redis, keys.outbound("normal"))
@@ -289,6 +299,45 @@ async def test_a_replayed_ai_tasks_earlier_attempts_are_not_deliverys(
     # Then its outbound task does not number delivery's attempts after the AI stage's
     [out] = await stream(redis, keys.outbound("normal"))
     assert "_replayedAttempts" not in out
+
+
+async def test_a_task_replayed_after_its_templates_model_was_fixed_uses_the_fixed_model(
+    ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys, db: asyncpg.Pool,
+    project_id: str, template: str,
+) -> None:
+    """An unknown model is dead-lettered at once; the fix is the template's, so a replay after
+    it must ask the model the template names now, not the one the task was routed with."""
+    # Given a template naming a model the provider does not know, and its task dead-lettered
+    await set_template_ai(db, project_id, model="no-such-model")
+    await xadd(redis, keys.ai_pending, ai_task(project_id, model="no-such-model"), 10_000)
+    await ai.run_until_idle()
+    [dead] = await stream(redis, keys.dlq)
+    # When the template is fixed and the entry replayed (as POST /v1/dlq/{id}/replay does)
+    await set_template_ai(db, project_id, model="gpt-4o-mini")
+    await xadd(redis, keys.ai_pending, {**dead["payload"], "_replayOf": "dlq/1-0",
+                                        "_replayedAttempts": dead["attempts"]}, 10_000)
+    await ai.run_until_idle()
+    # Then the fixed model writes the content and the task goes on to delivery
+    [out] = await stream(redis, keys.outbound("normal"))
+    assert out["taskId"] == dead["payload"]["taskId"]
+    models = [m["content"]["model"] for m in await sim.messages("openai")]
+    assert models[0] == "gpt-4o-mini"
+    assert len(await stream(redis, keys.dlq)) == 1
+
+
+async def test_a_prompt_edited_while_the_task_waited_is_the_one_rendered(
+    ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys, db: asyncpg.Pool,
+    project_id: str, template: str,
+) -> None:
+    """The ai service renders the template's prompt as it is when the model is asked (as it
+    reads the template's channel content then): a task that waited (sendAt, a 429) or was
+    replayed gets the template as it now is."""
+    await set_template_ai(db, project_id, prompt="Thank {{ user.id }}.")
+    await xadd(redis, keys.ai_pending, ai_task(project_id), 10_000)
+    await ai.run_until_idle()
+    [message] = await sim.messages("openai")
+    prompts = [m["content"] for m in message["content"]["messages"] if m["role"] == "user"]
+    assert prompts == ["Thank ada."]
 
 
 async def test_parkings_count_towards_the_attempt_limit(
@@ -438,12 +487,13 @@ async def test_a_malformed_task_is_acked_and_counted(
 
 
 async def test_a_prompt_new_to_the_process_compiles_beside_the_event_loop(
-    ai: AiService, redis: Redis, keys: Keys, project_id: str, template: str,
+    ai: AiService, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str, template: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     compiled = watch_compiles(monkeypatch)
     task = ai_task(project_id)
     prompt = f"{PROMPT} ({uuid7()})"  # new to this process's cache
+    await set_template_ai(db, project_id, prompt=prompt)
     task["ai"]["prompt"] = prompt
     await xadd(redis, keys.ai_pending, task, 10_000)
     await ai.run_until_idle()

@@ -126,5 +126,6 @@ def judge(
         return Verdict(Action.PARK, reason, wait_s, counts_as_attempt=False)
     reason = first[Outcome.INVALID_RECIPIENT].result.detail if attempted else "no destination"
     if has_next_channel:
-        return Verdict(Action.FALLBACK, f"invalid recipient: {reason}")
+        # Worded as the last channel's INVALID row is (delivery disables the contacts).
+        return Verdict(Action.FALLBACK, f"invalid recipient, contact disabled: {reason}")
     return Verdict(Action.INVALID, reason)

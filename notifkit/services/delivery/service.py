@@ -359,12 +359,23 @@ class DeliveryService(WorkerService):
         provider = transport.provider
         ids = _ids(task)
         action = verdict.action
+        # Destinations called invalid beside others that had another answer (a user's
+        # devices): the row's reason is the others', so it says the contacts were disabled too.
+        tried = [a for a in answers if not (a.suppressed or a.removed)]
+        disabled = sum(1 for a in tried if a.result.outcome is Outcome.INVALID_RECIPIENT)
+        note = ""
+        noted: dict[str, Any] = {}
+        if 0 < disabled < len(tried):
+            note = (f"; {disabled} of {len(task['to'])} destinations not sent: invalid "
+                    "recipient, contact disabled")
+            noted = {"disabled": disabled}
         if action is Action.SENT:
             sent = [a for a in answers if a.result.sent]
             duplicate = any(a.possible_duplicate for a in sent)
             metadata: dict[str, Any] = {"destinations": len(task["to"]),
                                         "accepted": len(sent)}
-            detail = f"accepted by {provider}"
+            metadata.update(noted)
+            detail = f"accepted by {provider}{note}"
             if duplicate:
                 metadata["possibleDuplicate"] = True
                 detail += ("; sent again after an earlier attempt's answer was lost, and "
@@ -409,7 +420,7 @@ class DeliveryService(WorkerService):
                               verdict.reason))
             return
         if action is Action.FALLBACK:
-            self._fall_back(entry, task, provider, verdict, attempt, invalid, logs)
+            self._fall_back(entry, task, provider, verdict, attempt, invalid, logs, note)
             return
         if action is Action.PARK:
             wait_s = verdict.retry_after_s if verdict.retry_after_s else DEFAULT_PARK_S
@@ -432,24 +443,25 @@ class DeliveryService(WorkerService):
             await self.dedup.release(entry)
             kind = Kind.DEFERRED if verdict.counts_as_attempt else Kind.RATE_LIMITED
             logs.append(task_row(task, attempt, kind, Status.SCHEDULED,
-                                 f"{verdict.reason}; parked for {wait_s:g} s", provider,
+                                 f"{verdict.reason}{note}; parked for {wait_s:g} s", provider,
                                  metadata={"retryAfterSeconds": wait_s,
-                                       "parkCount": parked.get("parkCount", 0)}))
+                                           "parkCount": parked.get("parkCount", 0), **noted}))
             log.info("Rate limited by %s; parked for %.1f s.", provider, wait_s, extra=ids)
             return
         if action is Action.RETRY:
             logs.append(task_row(task, attempt, Kind.FAILED, Status.PROCESSING,
-                                 f"{verdict.reason}; will retry", provider))
+                                 f"{verdict.reason}{note}; will retry", provider,
+                                 metadata=noted))
             entry.fail(RetryLater(verdict.reason))
             return
         # PERMANENT or DEAD: the worker dead-letters the entry and emits notification:failed.
         logs.append(task_row(task, attempt, Kind.DEAD_LETTERED, Status.DEAD_LETTERED,
-                             verdict.reason, provider))
+                             f"{verdict.reason}{note}", provider, metadata=noted))
         error = AttemptsExhausted if action is Action.DEAD else PermanentFailure
         entry.fail(error(verdict.reason))
 
     def _fall_back(self, entry: Entry, task: OutboundTask, provider: str, verdict: Verdict,
-                   attempt: int, invalid: bool, logs: list[LogRow]) -> None:
+                   attempt: int, invalid: bool, logs: list[LogRow], note: str = "") -> None:
         """Hand the recipient to the chain's next channel. A channel that was never tried
         (every address suppressed, erased or turned off since routing) is recorded as such,
         with no outcome event: nothing failed."""
@@ -458,7 +470,7 @@ class DeliveryService(WorkerService):
         metadata = {"fallback": next_channel}
         if invalid:
             metadata["reason"] = "invalid_recipient"
-        detail = f"{verdict.reason}; trying {next_channel} next"
+        detail = f"{verdict.reason}{note}; trying {next_channel} next"
         came_from: dict[str, Any] = {"taskId": task["taskId"], "channel": task["channel"],
                                      "reason": verdict.reason}
         if verdict.left_out is Action.SUPPRESSED:

@@ -247,6 +247,10 @@ class EngineService(WorkerService):
                 notes += f"; the template failed ({template_error}), generic content sent"
                 log.warning("The %s template failed to render (%s); sending generic content.",
                             channel, template_error, extra=_ids(m, s.task_id))
+            elif not isinstance(s.template.content.get(channel), dict):
+                # A channel the send or the fallback chain names, but the template has no
+                # content for: the recipient gets the generic text, and the row says why.
+                notes += f"; the template has no {channel} content, generic content sent"
 
         fallback_from = m.get("fallbackFrom")
         if fallback_from:
