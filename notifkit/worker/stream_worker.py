@@ -14,11 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from notifkit import metrics
 from notifkit.clock import utc_now_iso
 from notifkit.config import Settings
+from notifkit.db import availability
 from notifkit.errors import MalformedPayload, PermanentFailure
 from notifkit.keys import Keys
 from notifkit.redis_pipe import pipe
@@ -72,6 +75,16 @@ KEEP_ALIVE_MIN_IDLE_S = 0.03
 # Beyond two reclaim cycles, how long an entry held for a lock wait may stay away before the
 # wait stops counting it (see Outage.forget_after_s).
 LOCK_WAIT_FORGET_S = 60.0
+
+
+def may_be_one_entrys(exc: BaseException) -> bool:
+    """Whether a failure of a whole batch may come from one entry's data, rather than from a
+    store that cannot serve (tried entry by entry, that would only fail once per entry)."""
+    if isinstance(exc, PermanentFailure | RedisConnectionError | RedisTimeoutError):
+        return False
+    return not (availability.unavailable(exc) or availability.lock_wait(exc)
+                or availability.rolled_back_for_another(exc))
+
 
 @dataclass
 class WorkerStats:
@@ -742,6 +755,8 @@ class StreamWorker:
                 for entry in batch:
                     if entry.error is None:
                         entry.error = exc
+                if len(batch) > 1 and may_be_one_entrys(exc):
+                    await self._try_each_alone(batch, exc)
             done = [e for e in batch if e.error is None]
             failed = [e for e in batch if e.error is not None]
             if done:
@@ -758,6 +773,29 @@ class StreamWorker:
                 self._in_flight.pop((entry.stream, entry.id), None)
             self._batches[batch[0].stream] -= 1
             self._capacity.set()
+
+    async def _try_each_alone(self, batch: list[Entry], exc: Exception) -> None:
+        """The whole batch raised ``exc``, which may be one entry's doing (a batch-wide
+        INSERT refusing one row's value): try again, within this attempt, each entry that
+        did nothing irreversible, so that only the one at fault fails. Without this, its
+        neighbours, reclaimed with it batch after batch, were dead-lettered beside it."""
+        again = [e for e in batch if e.error is exc and not e.irreversible]
+        if len(again) < 2:
+            return
+        log.warning("A batch of %d failed as a whole (%s); trying each of %d entries alone.",
+                    len(batch), str(exc) or describe_error(exc), len(again),
+                    extra={"service": self.service, "stream": batch[0].stream})
+        for entry in again:
+            entry.error = None
+            entry.emits.clear()  # the failed run's outputs never leave
+            try:
+                await self.process([entry])
+            except asyncio.CancelledError:
+                entry.error = exc  # stopped: it stays pending, as the batch would have
+                raise
+            except Exception as alone:
+                if entry.error is None:
+                    entry.error = alone
 
     async def _commit(self, done: list[Entry]) -> None:
         await self._settle([out for entry in done for out in entry.emits], done)

@@ -256,6 +256,64 @@ async def test_one_failing_entry_does_not_fail_its_batch_neighbours(
     assert await pending(stream, worker.group) == 0
 
 
+async def test_an_entry_that_makes_its_whole_batch_raise_is_retried_alone(
+    make_worker: WorkerFactory, keys: Keys, add: Add, pending: Pending, payloads: Payloads,
+) -> None:
+    """A stage's batch-wide write (one INSERT for the batch's rows) fails for every entry
+    when one entry's data is refused: each is then tried alone, so its neighbours go through
+    and only the poison reaches the DLQ, where they were once dead-lettered beside it."""
+    stream = keys.enriched("normal")
+    committed: list[int] = []
+    batches: list[int] = []
+
+    async def process(batch: list[Entry]) -> None:
+        batches.append(len(batch))
+        for entry in batch:
+            entry.emit(keys.outbound("normal"), {"n": entry.payload["n"]})
+        if any(entry.payload["bad"] for entry in batch):
+            raise ValueError("the batch's INSERT refused a row")
+        committed.extend(entry.payload["n"] for entry in batch)
+
+    worker = make_worker(process)
+    for n in range(4):
+        await add(stream, {"bad": n == 2, "n": n})
+
+    await worker.run_until_idle()
+
+    assert sorted(committed) == [0, 1, 3]
+    assert worker.stats.processed == 3
+    [dead] = await payloads(keys.dlq)
+    assert dead["payload"]["n"] == 2
+    assert dead["error"] == "ValueError: the batch's INSERT refused a row"
+    assert dead["attempts"] == 3
+    # The poison's outputs never left; each neighbour's left once.
+    assert sorted(p["n"] for p in await payloads(keys.outbound("normal"))) == [0, 1, 3]
+    assert await pending(stream, worker.group) == 0
+    assert batches[0] == 4
+
+
+async def test_a_batch_that_raises_for_want_of_a_store_is_not_split(
+    make_worker: WorkerFactory, keys: Keys, add: Add, payloads: Payloads,
+) -> None:
+    """Trying each entry alone is for an entry's own bad data; an error that is about no entry
+    (the stage's store refused a connection) would only fail once per entry."""
+    stream = keys.enriched("normal")
+    batches: list[int] = []
+
+    async def process(batch: list[Entry]) -> None:
+        batches.append(len(batch))
+        raise ConnectionRefusedError("PostgreSQL refused the connection")
+
+    worker = make_worker(process)
+    for n in range(3):
+        await add(stream, {"n": n})
+
+    await worker.run_until_idle()
+
+    assert batches == [3, 3, 3]
+    assert len(await payloads(keys.dlq)) == 3
+
+
 async def test_an_entry_whose_last_attempt_never_finished_is_dead_lettered_on_reclaim(
     make_worker: WorkerFactory, redis: Redis, keys: Keys, add: Add, pending: Pending,
     payloads: Payloads,
