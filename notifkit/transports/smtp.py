@@ -95,6 +95,9 @@ class SmtpTransport:
             if client is not None:
                 client.data_begun = False
             keep = False
+            # Unanswered, the server is still busy with our last command: a QUIT would wait
+            # behind it, up to 1 s past PROVIDER_TIMEOUT_SECONDS, so the connection is dropped.
+            answered = True
             try:
                 async with asyncio.timeout(self.timeout_s):
                     if client is None or not client.is_connected:
@@ -122,6 +125,7 @@ class SmtpTransport:
                 return SendResult(Outcome.PERMANENT, detail=f"the SMTP server cannot take "
                                   f"this message: {exc}")
             except TimeoutError:
+                answered = False
                 return SendResult(Outcome.RETRY, detail=f"no answer within {self.timeout_s:g} s",
                                   maybe_accepted=_data_begun(client))
             except (aiosmtplib.SMTPException, OSError) as exc:
@@ -131,8 +135,10 @@ class SmtpTransport:
                 if client is not None:
                     if keep:
                         self._idle.append(client)
-                    else:
+                    elif answered:
                         await _quit(client)
+                    else:
+                        client.close()
 
     async def _connect(self) -> _Client:
         client = _Client(
