@@ -96,6 +96,9 @@ HEARTBEAT_TTL_BEATS: Final = 4
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}\Z")
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:-]{0,64}\Z")
 _PATH_SEGMENT_RE = re.compile(r"^(?!\.\.?\Z)[A-Za-z0-9_.-]+\Z")
+# host:port, the host a name or a bracketed IPv6 address; the port in ASCII digits, since the
+# value becomes SMTP_URL, whose port takes no others.
+_HOST_PORT_RE = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[^:\s\[\]/@]+):(?P<port>[0-9]{1,5})\Z")
 
 
 # Every setting with an environment variable that code may give too (``Settings(...)``,
@@ -971,12 +974,12 @@ def _validate(s: Settings) -> None:
             raise ConfigError(variable, str(exc)) from None
     _check_base_url("NOTIFKIT_SIMULATOR_URL", s.simulator_url)
     _check_base_url("NOTIFKIT_PUBLIC_URL", s.public_url)
+    simulator_smtp = None if s.simulator_smtp is None else _HOST_PORT_RE.match(s.simulator_smtp)
     if s.simulator_smtp is not None and not (
-        re.match(r"^[^:\s]+:\d{1,5}$", s.simulator_smtp)
-        and 1 <= int(s.simulator_smtp.rpartition(":")[2]) <= 65535
+        simulator_smtp and 1 <= int(simulator_smtp["port"]) <= 65535
     ):
-        raise ConfigError("NOTIFKIT_SIMULATOR_SMTP",
-                          f"must be host:port (port 1-65535), got {s.simulator_smtp!r}")
+        raise ConfigError("NOTIFKIT_SIMULATOR_SMTP", f"must be host:port ([address]:port for "
+                          f"IPv6, port 1-65535), got {s.simulator_smtp!r}")
     _validate_email(s.email)
     _check_base_url("TWILIO_BASE_URL", s.sms.base_url)
     _check_base_url("FCM_BASE_URL", s.push.base_url)

@@ -25,6 +25,7 @@ from notifkit.config import (
     parse_services,
     uses_development_secret,
 )
+from notifkit.transports.smtp import SmtpTransport
 
 
 def test_defaults_match_the_contract() -> None:
@@ -288,6 +289,10 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         ({"OPENAI_API_KEY": "sk-abc\rdef"}, "OPENAI_API_KEY"),
         ({"FCM_PROJECT_ID": "p", "FCM_ACCESS_TOKEN": "ya29.a\x1bb"}, "FCM_ACCESS_TOKEN"),
         ({"NOTIFKIT_ADMIN_KEY": "admin-key-0123456789\x7f"}, "NOTIFKIT_ADMIN_KEY"),
+        # Its port in other digits than 0-9 passed, and the refusal named SMTP_URL, which the
+        # operator never set.
+        ({"NOTIFKIT_SIMULATOR_SMTP": "127.0.0.1:\u0662\u0665\u0662\u0665"},
+         "NOTIFKIT_SIMULATOR_SMTP"),
     ],
 )
 def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) -> None:
@@ -488,6 +493,13 @@ def test_an_email_transport_named_without_its_key_uses_the_simulator(transport: 
 def test_smtp_named_without_a_url_uses_the_smtp_simulator() -> None:
     s = Settings.from_env({"NOTIFKIT_SIMULATOR_SMTP": "127.0.0.1:2525", "EMAIL_TRANSPORT": "smtp"})
     assert (s.email.transport, s.email.smtp_url) == ("smtp", "smtp://127.0.0.1:2525")
+
+
+def test_the_smtp_simulator_may_be_an_ipv6_address() -> None:
+    s = Settings.from_env({"NOTIFKIT_SIMULATOR_SMTP": "[::1]:2525"})
+    assert (s.email.transport, s.email.smtp_url) == ("smtp", "smtp://[::1]:2525")
+    transport = SmtpTransport(url=s.email.smtp_url, from_addr=s.email.from_addr)
+    assert (transport.hostname, transport.port) == ("::1", 2525)
 
 
 def test_without_a_simulator_a_named_transport_still_needs_its_key() -> None:
