@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from email.utils import parseaddr
 from typing import TYPE_CHECKING, Any, Final
-from urllib.parse import unquote_plus, urlsplit
+from urllib.parse import unquote, unquote_plus, urlsplit
 
 if TYPE_CHECKING:
     from notifkit.transports.fcm import ServiceAccount
@@ -1034,10 +1034,27 @@ def _validate_email(e: EmailSettings) -> None:
         raise ConfigError("RESEND_API_KEY", "is required when EMAIL_TRANSPORT=resend")
     if e.transport == "sendgrid" and not e.sendgrid_api_key:
         raise ConfigError("SENDGRID_API_KEY", "is required when EMAIL_TRANSPORT=sendgrid")
-    if e.transport == "smtp":
-        if not e.smtp_url:
-            raise ConfigError("SMTP_URL", "is required when EMAIL_TRANSPORT=smtp")
-        _check_url("SMTP_URL", e.smtp_url, ("smtp", "smtps"))
+    if e.transport == "smtp" and not e.smtp_url:
+        raise ConfigError("SMTP_URL", "is required when EMAIL_TRANSPORT=smtp")
+    # Checked while another transport sends e-mail too, as RESEND_BASE_URL is.
+    _check_url("SMTP_URL", e.smtp_url, ("smtp", "smtps"))
+    _check_smtp_login(e.smtp_url)
+
+
+def _check_smtp_login(url: str | None) -> None:
+    """A user and a password, or neither. With a user alone the transport logged in with an
+    empty password, which the server refused at every send; a password alone was dropped and
+    the mail went unauthenticated. The message leaves the password out."""
+    if url is None:
+        return
+    parts = urlsplit(url)
+    if parts.username and not parts.password:
+        raise ConfigError("SMTP_URL", f"names the user {unquote(parts.username)!r} but no "
+                          "password: smtp://user:password@host:port (percent-encode '@', "
+                          "':' and '/' in either)")
+    if parts.password and not parts.username:
+        raise ConfigError("SMTP_URL", "gives a password but no user: "
+                          "smtp://user:password@host:port")
 
 
 def uses_development_secret(s: Settings) -> bool:

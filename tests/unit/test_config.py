@@ -293,6 +293,15 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         # operator never set.
         ({"NOTIFKIT_SIMULATOR_SMTP": "127.0.0.1:\u0662\u0665\u0662\u0665"},
          "NOTIFKIT_SIMULATOR_SMTP"),
+        # A user without a password logged in with an empty one (every send refused by the
+        # server), and a password without a user was dropped: the mail went unauthenticated.
+        ({"SMTP_URL": "smtp://mailer@mail.example:587"}, "SMTP_URL"),
+        ({"SMTP_URL": "smtp://mailer:@mail.example:587"}, "SMTP_URL"),
+        ({"SMTP_URL": "smtp://:secret@mail.example:587"}, "SMTP_URL"),
+        # Set while another transport sends e-mail, it went unchecked, unlike every other
+        # provider's settings.
+        ({"EMAIL_TRANSPORT": "resend", "RESEND_API_KEY": "k", "SMTP_URL": "mail.example:25"},
+         "SMTP_URL"),
     ],
 )
 def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) -> None:
@@ -498,7 +507,14 @@ def test_smtp_named_without_a_url_uses_the_smtp_simulator() -> None:
 def test_the_smtp_simulator_may_be_an_ipv6_address() -> None:
     s = Settings.from_env({"NOTIFKIT_SIMULATOR_SMTP": "[::1]:2525"})
     assert (s.email.transport, s.email.smtp_url) == ("smtp", "smtp://[::1]:2525")
-    transport = SmtpTransport(url=s.email.smtp_url, from_addr=s.email.from_addr)
+    transport = SmtpTransport(url=s.email.smtp_url or "", from_addr=s.email.from_addr)
+    assert (transport.hostname, transport.port) == ("::1", 2525)
+
+
+def test_smtp_credentials_may_be_percent_encoded() -> None:
+    s = Settings.from_env({"SMTP_URL": "smtp://us%40er:p%3As%2Fs@[::1]:2525"})
+    transport = SmtpTransport(url=s.email.smtp_url or "", from_addr=s.email.from_addr)
+    assert (transport.username, transport.password) == ("us@er", "p:s/s")
     assert (transport.hostname, transport.port) == ("::1", 2525)
 
 
