@@ -282,6 +282,11 @@ def warn_unknown_settings(env: Mapping[str, str]) -> None:
         if name in VARIABLES or name.startswith("NOTIFKIT_TEST_"):
             continue
         close = difflib.get_close_matches(name, VARIABLES, n=1, cutoff=MISSPELT_CUTOFF)
+        if not close:
+            # A duration without its unit or with another (PROVIDER_TIMEOUT,
+            # RECLAIM_INTERVAL_MS) is too unlike the setting for difflib.
+            seconds = re.sub(r"_(S|SEC|SECS|MS)\Z", "", name) + "_SECONDS"
+            close = [seconds] if seconds in VARIABLES else []
         if not close and not name.startswith("NOTIFKIT_"):
             continue
         hint = f"; did you mean {close[0]}?" if close else ""

@@ -455,7 +455,13 @@ def test_with_json_logs_an_unusable_setting_is_a_record_carrying_it() -> None:
 
 @pytest.mark.parametrize(("variable", "meant"), [("WORKER_CONCURENCY", "WORKER_CONCURRENCY"),
                                                ("DATABASE_URI", "DATABASE_URL"),
-                                               ("NOTIFKIT_ADMIN_TOKEN", None)])
+                                               ("NOTIFKIT_ADMIN_TOKEN", None),
+                                               # A duration named without its unit, or with
+                                               # another, is too unlike it for difflib.
+                                               ("PROVIDER_TIMEOUT", "PROVIDER_TIMEOUT_SECONDS"),
+                                               ("RECLAIM_INTERVAL", "RECLAIM_INTERVAL_SECONDS"),
+                                               ("IDEMPOTENCY_TTL", "IDEMPOTENCY_TTL_SECONDS"),
+                                               ("SHUTDOWN_GRACE_MS", "SHUTDOWN_GRACE_SECONDS")])
 def test_a_misspelt_setting_is_a_warning_naming_it(variable: str, meant: str | None) -> None:
     # It was ignored without a word, the process running on the default.
     result = run_cli("serve", env={variable: "5", "LOG_FORMAT": "json"})
