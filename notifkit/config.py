@@ -525,11 +525,16 @@ def _email_transport(env: Mapping[str, str]) -> str | None:
     explicit = _get(env, "EMAIL_TRANSPORT")
     if explicit is not None:
         return explicit.lower()
-    for variable, name in (("RESEND_API_KEY", "resend"), ("SENDGRID_API_KEY", "sendgrid"),
-                           ("SMTP_URL", "smtp")):
-        if _get(env, variable) is not None:
-            return name
-    return None
+    given = [(variable, name) for variable, name in (
+        ("RESEND_API_KEY", "resend"), ("SENDGRID_API_KEY", "sendgrid"), ("SMTP_URL", "smtp"))
+        if _get(env, variable) is not None]
+    if len(given) > 1:
+        # Picking one by a fixed order sent the mail through a provider the operator may not
+        # have meant, without a word.
+        raise ConfigError("EMAIL_TRANSPORT", f"is required when more than one e-mail provider "
+                          f"is configured ({' and '.join(v for v, _ in given)} are set): "
+                          f"resend, sendgrid or smtp")
+    return given[0][1] if given else None
 
 
 SIMULATOR_PLACEHOLDER_KEY = "sim-placeholder-key"

@@ -302,6 +302,11 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         # provider's settings.
         ({"EMAIL_TRANSPORT": "resend", "RESEND_API_KEY": "k", "SMTP_URL": "mail.example:25"},
          "SMTP_URL"),
+        # With two providers' credentials and no EMAIL_TRANSPORT, Resend was picked without a
+        # word: "inferred from the key that is set" has no answer when two are.
+        ({"RESEND_API_KEY": "re_k", "SENDGRID_API_KEY": "SG.k"}, "EMAIL_TRANSPORT"),
+        ({"SENDGRID_API_KEY": "SG.k", "SMTP_URL": "smtp://u:p@mail.example:25"},
+         "EMAIL_TRANSPORT"),
     ],
 )
 def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) -> None:
