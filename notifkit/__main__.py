@@ -60,21 +60,33 @@ def build_parser() -> argparse.ArgumentParser:
         "--services",
         help="comma-separated services to run, or 'all' (default: NOTIFKIT_SERVICES or all)",
     )
-    serve.add_argument("--port", type=int, help="HTTP port of the api service (default: PORT)")
+    serve.add_argument("--port", type=whole_number,
+                       help="HTTP port of the api service (default: PORT)")
     commands.add_parser("migrate", help="apply pending database migrations and exit")
     dev = commands.add_parser(
         "dev", help="run everything locally with the simulators as providers"
     )
     dev.add_argument("--data-dir", default=".notifkit",
                      help="where local data is kept (default: %(default)s)")
-    dev.add_argument("--port", type=int, default=8080,
+    dev.add_argument("--port", type=whole_number, default=8080,
                      help="HTTP port of the api service, on 127.0.0.1 unless HOST is set; "
                           "0 picks a free one (default: %(default)s)")
-    dev.add_argument("--sim-port", type=int, default=8025,
+    dev.add_argument("--sim-port", type=whole_number, default=8025,
                      help="HTTP port of the simulators (default: %(default)s)")
-    dev.add_argument("--sim-smtp-port", type=int, default=2525,
+    dev.add_argument("--sim-smtp-port", type=whole_number, default=2525,
                      help="SMTP port of the simulators (default: %(default)s)")
     return parser
+
+
+def whole_number(text: str) -> int:
+    """argparse's ``int`` in ASCII digits only: int() reads any script's, so a full-width
+    ``--port ８０`` listened on port 80."""
+    try:
+        if not text.isascii():
+            raise ValueError(text)
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
 
 
 def load_settings(args: argparse.Namespace) -> Settings:

@@ -347,6 +347,10 @@ def _int(env: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
     if raw is None:
         return None
     try:
+        # int() and float() read any script's digits (full-width '８０' is 80); a URL's port
+        # takes only 0-9, and so does every number here.
+        if not raw.isascii():
+            raise ValueError(raw)
         value = int(raw)
     except ValueError:
         raise ConfigError(name, f"must be a whole number, got {raw!r}") from None
@@ -360,6 +364,8 @@ def _float(env: Mapping[str, str], name: str, minimum: float = 0.0) -> float | N
     if raw is None:
         return None
     try:
+        if not raw.isascii():  # as in _int
+            raise ValueError(raw)
         value = float(raw)
     except ValueError:
         raise ConfigError(name, f"must be a number, got {raw!r}") from None

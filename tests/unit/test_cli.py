@@ -90,8 +90,10 @@ def test_a_unix_socket_redis_url_is_accepted() -> None:
     assert Settings(redis_url="unix:///run/redis.sock").redis_url == "unix:///run/redis.sock"
 
 
-def test_a_bad_argument_is_one_line_naming_the_option() -> None:
-    result = run_cli("serve", "--port", "abc")
+# Full-width digits (pasted from a document) were read as 80: a port nobody asked for.
+@pytest.mark.parametrize("port", ["abc", "\uff18\uff10"])
+def test_a_bad_argument_is_one_line_naming_the_option(port: str) -> None:
+    result = run_cli("serve", "--port", port)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr

@@ -307,6 +307,11 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         ({"RESEND_API_KEY": "re_k", "SENDGRID_API_KEY": "SG.k"}, "EMAIL_TRANSPORT"),
         ({"SENDGRID_API_KEY": "SG.k", "SMTP_URL": "smtp://u:p@mail.example:25"},
          "EMAIL_TRANSPORT"),
+        # Python's int() and float() read any script's digits: PORT=\uff18\uff10 (full-width,
+        # pasted from a document) listened on port 80, where URLs' ports take only 0-9.
+        ({"PORT": "\uff18\uff10\uff18\uff10"}, "PORT"),
+        ({"WORKER_CONCURRENCY": "\u0665\u0660"}, "WORKER_CONCURRENCY"),
+        ({"PROVIDER_TIMEOUT_SECONDS": "\u0661.\u0665"}, "PROVIDER_TIMEOUT_SECONDS"),
     ],
 )
 def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) -> None:
