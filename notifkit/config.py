@@ -826,7 +826,7 @@ def _provider_rates(raw: str) -> dict[str, float]:
         name, sep, value = part.partition("=")
         name = name.strip()
         try:
-            rate = float(value) if sep else -1.0
+            rate = float(value) if sep and value.isascii() else -1.0  # 0-9, as in _int
         except ValueError:
             rate = -1.0
         if not sep or not math.isfinite(rate) or rate < 0:

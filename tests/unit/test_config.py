@@ -312,6 +312,7 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         ({"PORT": "\uff18\uff10\uff18\uff10"}, "PORT"),
         ({"WORKER_CONCURRENCY": "\u0665\u0660"}, "WORKER_CONCURRENCY"),
         ({"PROVIDER_TIMEOUT_SECONDS": "\u0661.\u0665"}, "PROVIDER_TIMEOUT_SECONDS"),
+        ({"PROVIDER_RATE_LIMITS": "resend=\uff12"}, "PROVIDER_RATE_LIMITS"),
     ],
 )
 def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) -> None:
