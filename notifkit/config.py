@@ -1049,20 +1049,24 @@ def _validate_email(e: EmailSettings) -> None:
         raise ConfigError("SMTP_URL", "is required when EMAIL_TRANSPORT=smtp")
     # Checked while another transport sends e-mail too, as RESEND_BASE_URL is.
     _check_url("SMTP_URL", e.smtp_url, ("smtp", "smtps"))
-    _check_smtp_login(e.smtp_url)
+    _check_smtp_url(e.smtp_url)
 
 
-def _check_smtp_login(url: str | None) -> None:
+def _check_smtp_url(url: str | None) -> None:
     """A user and a password, or neither. With a user alone the transport logged in with an
     empty password, which the server refused at every send; a password alone was dropped and
-    the mail went unauthenticated. The message leaves the password out."""
+    the mail went unauthenticated. The message leaves the password out. The transport reads
+    nothing else: a path, query or fragment (``?starttls=false``) was ignored without a word."""
     if url is None:
         return
     parts = urlsplit(url)
+    if parts.path not in ("", "/") or parts.query or parts.fragment or "?" in url:
+        raise ConfigError("SMTP_URL", "takes no path, query or fragment: "
+                          "smtp://user:password@host:port, or smtps:// for TLS from the start")
     if parts.username and not parts.password:
         raise ConfigError("SMTP_URL", f"names the user {unquote(parts.username)!r} but no "
                           "password: smtp://user:password@host:port (percent-encode '@', "
-                          "':' and '/' in either)")
+                          "':', '/', '?' and '#' in either)")
     if parts.password and not parts.username:
         raise ConfigError("SMTP_URL", "gives a password but no user: "
                           "smtp://user:password@host:port")

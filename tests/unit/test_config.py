@@ -298,6 +298,10 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         ({"SMTP_URL": "smtp://mailer@mail.example:587"}, "SMTP_URL"),
         ({"SMTP_URL": "smtp://mailer:@mail.example:587"}, "SMTP_URL"),
         ({"SMTP_URL": "smtp://:secret@mail.example:587"}, "SMTP_URL"),
+        # Options in the query or path were ignored without a word (no STARTTLS switch, no
+        # HELO name): the transport reads the scheme, login, host and port alone.
+        ({"SMTP_URL": "smtp://u:p@mail.example:587?starttls=false"}, "SMTP_URL"),
+        ({"SMTP_URL": "smtp://u:p@mail.example:587/relay"}, "SMTP_URL"),
         # Set while another transport sends e-mail, it went unchecked, unlike every other
         # provider's settings.
         ({"EMAIL_TRANSPORT": "resend", "RESEND_API_KEY": "k", "SMTP_URL": "mail.example:25"},
