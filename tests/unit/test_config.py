@@ -583,6 +583,25 @@ def test_a_usable_fcm_credentials_file_is_accepted_and_an_unusable_one_refused(
     assert refused.value.variable == "FCM_CREDENTIALS_FILE"
 
 
+@pytest.mark.parametrize("token_uri", ["https://", "https://:443/token", "oauth2.example/token",
+                                       "https://[::1/token"])
+def test_a_credentials_file_whose_token_uri_names_no_host_is_refused(
+    tmp_path: Path, token_uri: str
+) -> None:
+    # "https://" passed (its scheme was all that was checked), and every push then failed to
+    # fetch a token, retried until dead-lettered.
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    path = tmp_path / "fcm.json"
+    path.write_text(json.dumps({"client_email": "n@p.iam.gserviceaccount.com",
+                                "private_key": pem, "token_uri": token_uri}))
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"FCM_PROJECT_ID": "p", "FCM_CREDENTIALS_FILE": str(path)})
+    assert refused.value.variable == "FCM_CREDENTIALS_FILE"
+    assert "token_uri" in refused.value.problem
+
+
 @pytest.mark.parametrize(("url", "expected"), [
     # What asyncpg reads itself, or sends to the server as a setting it knows, stays as given.
     ("postgresql://u:p%3Fw@db/app?sslmode=require&application_name=x&options=-c%20a%3Db",
