@@ -759,7 +759,7 @@ def database_dsn(url: str) -> DatabaseDsn:
 
 def _connect_timeout_s(value: str) -> float:
     try:
-        seconds = float(value)
+        seconds = float(value) if value.isascii() else math.nan  # 0-9, as in _int
     except ValueError:
         seconds = math.nan
     if not math.isfinite(seconds):
@@ -780,7 +780,7 @@ def _check_redis_url(value: str) -> None:
         return
     _check_url("REDIS_URL", value, ("redis", "rediss"))
     database = urlsplit(value).path.strip("/")
-    if database and not database.isdigit():
+    if database and not (database.isascii() and database.isdigit()):
         raise ConfigError(
             "REDIS_URL", f"the path must be a database number (e.g. /0), got {'/' + database!r}"
         )

@@ -317,6 +317,8 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         ({"WORKER_CONCURRENCY": "\u0665\u0660"}, "WORKER_CONCURRENCY"),
         ({"PROVIDER_TIMEOUT_SECONDS": "\u0661.\u0665"}, "PROVIDER_TIMEOUT_SECONDS"),
         ({"PROVIDER_RATE_LIMITS": "resend=\uff12"}, "PROVIDER_RATE_LIMITS"),
+        ({"REDIS_URL": "redis://127.0.0.1:6379/\uff10"}, "REDIS_URL"),
+        ({"DATABASE_URL": "postgresql://db/app?connect_timeout=\uff15"}, "DATABASE_URL"),
     ],
 )
 def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) -> None:
