@@ -305,6 +305,18 @@ class Settings:
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
 
+    def derive(self, **changes: Any) -> Settings:
+        """:meth:`replace`, then derived as :meth:`from_env` derives its values: a simulator
+        given here points the transports not otherwise configured at it, and a port given here
+        moves the links' URL when it was the default one of the old port."""
+        if ("port" in changes and "public_url" not in changes
+                and self.public_url == _local_url(self.port)):
+            changes["public_url"] = _local_url(changes["port"] or Settings.port)
+        settings = self.replace(**changes)
+        if "simulator_url" in changes or "simulator_smtp" in changes:
+            settings = _apply_simulator(settings, {})
+        return settings
+
     @classmethod
     def from_env(
         cls, env: Mapping[str, str] | None = None, **overrides: Any
@@ -318,7 +330,7 @@ class Settings:
         if "public_url" not in values and values.get("port"):
             # Unset, links point at this machine's API, on the port it was told to listen on:
             # PORT, or the port given in code or as --port, which wins over PORT.
-            values["public_url"] = f"http://127.0.0.1:{values['port']}"
+            values["public_url"] = _local_url(values["port"])
         values["email"] = _simulated_email(values, source)
         return _apply_simulator(cls(**values), source)
 
@@ -328,6 +340,11 @@ class Settings:
 
     def max_attempts_for(self, service: str) -> int:
         return self.enricher_max_attempts if service == "enricher" else self.max_attempts
+
+
+def _local_url(port: int) -> str:
+    """The links' URL when NOTIFKIT_PUBLIC_URL is unset: this machine's API on ``port``."""
+    return f"http://127.0.0.1:{port}"
 
 
 # ---------------------------------------------------------------------------
