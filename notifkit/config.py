@@ -1023,6 +1023,11 @@ def _validate(s: Settings) -> None:
         given = "FCM_ACCESS_TOKEN" if s.push.access_token else "FCM_CREDENTIALS_FILE"
         raise ConfigError("FCM_PROJECT_ID", f"is required with {given} (the Firebase "
                           "project the messages are sent through)")
+    if s.push.access_token and s.push.credentials_file:
+        # The static token won and the file went unused: push failed once the token expired
+        # (Google's last an hour), though the file would have renewed it.
+        raise ConfigError("FCM_ACCESS_TOKEN", "and FCM_CREDENTIALS_FILE are both set; set one "
+                          "(the credentials file renews its token, an access token expires)")
     # Read (and its key made to sign) now, as a setting: found only when delivery built its
     # transports, the file failed the start after migrations had run and the api listened.
     _ = s.push.account

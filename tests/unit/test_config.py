@@ -222,6 +222,10 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         # (with the simulators configured, push quietly went there instead).
         ({"FCM_CREDENTIALS_FILE": "/run/secrets/fcm.json"}, "FCM_PROJECT_ID"),
         ({"FCM_ACCESS_TOKEN": "ya29.token"}, "FCM_PROJECT_ID"),
+        # Both: the static token won and the file went unused, so push failed once that
+        # token expired (Google's last an hour), though the file could have renewed it.
+        ({"FCM_PROJECT_ID": "p", "FCM_ACCESS_TOKEN": "ya29.token",
+          "FCM_CREDENTIALS_FILE": "/run/secrets/fcm.json"}, "FCM_ACCESS_TOKEN"),
         ({"FCM_CREDENTIALS_FILE": "/run/secrets/fcm.json",
           "NOTIFKIT_SIMULATOR_URL": "http://sim:8025"}, "FCM_PROJECT_ID"),
         ({"OPENAI_BASE_URL": "openai"}, "OPENAI_BASE_URL"),
