@@ -11,7 +11,7 @@ COPY pyproject.toml README.md ./
 COPY notifkit ./notifkit
 COPY simulators ./simulators
 COPY scenarios ./scenarios
-RUN pip install '.[fast]' && useradd --system --uid 10001 notifkit
+RUN pip install '.[fast,fcm]' && useradd --system --uid 10001 notifkit
 USER notifkit
 
 EXPOSE 8080

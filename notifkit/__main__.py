@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--services", action=_Once,
         help="comma-separated services to run, or 'all' (default: NOTIFKIT_SERVICES or all)",
     )
-    serve.add_argument("--port", type=int, action=_Once,
+    serve.add_argument("--port", type=whole_number, action=_Once,
                        help="HTTP port of the api service (default: PORT)")
     commands.add_parser("migrate", help="apply pending database migrations and exit")
     dev = commands.add_parser(
@@ -83,14 +83,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dev.add_argument("--data-dir", default=".notifkit", action=_Once,
                      help="where local data is kept (default: %(default)s)")
-    dev.add_argument("--port", type=int, default=8080, action=_Once,
+    dev.add_argument("--port", type=whole_number, action=_Once, default=8080,
                      help="HTTP port of the api service, on 127.0.0.1 unless HOST is set; "
                           "0 picks a free one (default: %(default)s)")
-    dev.add_argument("--sim-port", type=int, default=8025, action=_Once,
+    dev.add_argument("--sim-port", type=whole_number, action=_Once, default=8025,
                      help="HTTP port of the simulators (default: %(default)s)")
-    dev.add_argument("--sim-smtp-port", type=int, default=2525, action=_Once,
+    dev.add_argument("--sim-smtp-port", type=whole_number, action=_Once, default=2525,
                      help="SMTP port of the simulators (default: %(default)s)")
     return parser
+
+
+def whole_number(text: str) -> int:
+    """argparse's ``int`` in ASCII digits only: int() reads any script's, so a full-width
+    ``--port ８０`` listened on port 80."""
+    try:
+        if not text.isascii():
+            raise ValueError(text)
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
 
 
 def load_settings(args: argparse.Namespace) -> Settings:
@@ -298,6 +309,11 @@ def warn_unknown_settings(env: Mapping[str, str]) -> None:
         if name in VARIABLES or name.startswith("NOTIFKIT_TEST_"):
             continue
         close = difflib.get_close_matches(name, VARIABLES, n=1, cutoff=MISSPELT_CUTOFF)
+        if not close:
+            # A duration without its unit or with another (PROVIDER_TIMEOUT,
+            # RECLAIM_INTERVAL_MS) is too unlike the setting for difflib.
+            seconds = re.sub(r"_(S|SEC|SECS|MS)\Z", "", name) + "_SECONDS"
+            close = [seconds] if seconds in VARIABLES else []
         if not close and not name.startswith("NOTIFKIT_"):
             continue
         hint = f"; did you mean {close[0]}?" if close else ""

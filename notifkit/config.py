@@ -12,16 +12,19 @@ import base64
 import binascii
 import dataclasses
 import functools
+import logging
 import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from email.utils import parseaddr
 from typing import TYPE_CHECKING, Any, Final
-from urllib.parse import unquote_plus, urlsplit
+from urllib.parse import unquote, unquote_plus, urlsplit
 
 if TYPE_CHECKING:
     from notifkit.transports.fcm import ServiceAccount
+
+log = logging.getLogger("notifkit.config")
 
 SERVICES: tuple[str, ...] = (
     "api",
@@ -96,6 +99,9 @@ HEARTBEAT_TTL_BEATS: Final = 4
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}\Z")
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.:-]{0,64}\Z")
 _PATH_SEGMENT_RE = re.compile(r"^(?!\.\.?\Z)[A-Za-z0-9_.-]+\Z")
+# host:port, the host a name or a bracketed IPv6 address; the port in ASCII digits, since the
+# value becomes SMTP_URL, whose port takes no others.
+_HOST_PORT_RE = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[^:\s\[\]/@]+):(?P<port>[0-9]{1,5})\Z")
 
 
 # Every setting with an environment variable that code may give too (``Settings(...)``,
@@ -321,6 +327,18 @@ class Settings:
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
 
+    def derive(self, **changes: Any) -> Settings:
+        """:meth:`replace`, then derived as :meth:`from_env` derives its values: a simulator
+        given here points the transports not otherwise configured at it, and a port given here
+        moves the links' URL when it was the default one of the old port."""
+        if ("port" in changes and "public_url" not in changes
+                and self.public_url == _local_url(self.port)):
+            changes["public_url"] = _local_url(changes["port"] or Settings.port)
+        settings = self.replace(**changes)
+        if "simulator_url" in changes or "simulator_smtp" in changes:
+            settings = _apply_simulator(settings, {})
+        return settings
+
     @classmethod
     def from_env(
         cls, env: Mapping[str, str] | None = None, **overrides: Any
@@ -335,7 +353,7 @@ class Settings:
         if "public_url" not in values and values.get("port"):
             # Unset, links point at this machine's API, on the port it was told to listen on:
             # PORT, or the port given in code or as --port, which wins over PORT.
-            values["public_url"] = f"http://127.0.0.1:{values['port']}"
+            values["public_url"] = _local_url(values["port"])
         values["email"] = _simulated_email(values, source)
         return _apply_simulator(cls(**values), source)
 
@@ -345,6 +363,11 @@ class Settings:
 
     def max_attempts_for(self, service: str) -> int:
         return self.enricher_max_attempts if service == "enricher" else self.max_attempts
+
+
+def _local_url(port: int) -> str:
+    """The links' URL when NOTIFKIT_PUBLIC_URL is unset: this machine's API on ``port``."""
+    return f"http://127.0.0.1:{port}"
 
 
 # ---------------------------------------------------------------------------
@@ -364,6 +387,10 @@ def _int(env: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
     if raw is None:
         return None
     try:
+        # int() and float() read any script's digits (full-width '８０' is 80); a URL's port
+        # takes only 0-9, and so does every number here.
+        if not raw.isascii():
+            raise ValueError(raw)
         value = int(raw)
     except ValueError:
         raise ConfigError(name, f"must be a whole number, got {raw!r}") from None
@@ -377,6 +404,8 @@ def _float(env: Mapping[str, str], name: str, minimum: float = 0.0) -> float | N
     if raw is None:
         return None
     try:
+        if not raw.isascii():  # as in _int
+            raise ValueError(raw)
         value = float(raw)
     except ValueError:
         raise ConfigError(name, f"must be a number, got {raw!r}") from None
@@ -542,11 +571,18 @@ def _email_transport(env: Mapping[str, str]) -> str | None:
     explicit = _get(env, "EMAIL_TRANSPORT")
     if explicit is not None:
         return explicit.lower()
-    for variable, name in (("RESEND_API_KEY", "resend"), ("SENDGRID_API_KEY", "sendgrid"),
-                           ("SMTP_URL", "smtp")):
-        if _get(env, variable) is not None:
-            return name
-    return None
+    given = [(variable, name) for variable, name in (
+        ("RESEND_API_KEY", "resend"), ("SENDGRID_API_KEY", "sendgrid"), ("SMTP_URL", "smtp"))
+        if _get(env, variable) is not None]
+    if len(given) > 1:
+        # The first in a fixed order is taken, as before, but not without a word: the operator
+        # may have meant another. (A start refused here would stop deployments that set every
+        # provider's credentials and always ran on Resend.)
+        log.warning("EMAIL_TRANSPORT is not set and %s are: e-mail goes through %s; set "
+                    "EMAIL_TRANSPORT (resend, sendgrid or smtp) to choose.",
+                    " and ".join(v for v, _ in given), given[0][1],
+                    extra={"setting": "EMAIL_TRANSPORT"})
+    return given[0][1] if given else None
 
 
 SIMULATOR_PLACEHOLDER_KEY = "sim-placeholder-key"
@@ -765,7 +801,7 @@ def database_dsn(url: str) -> DatabaseDsn:
 
 def _connect_timeout_s(value: str) -> float:
     try:
-        seconds = float(value)
+        seconds = float(value) if value.isascii() else math.nan  # 0-9, as in _int
     except ValueError:
         seconds = math.nan
     if not math.isfinite(seconds):
@@ -786,7 +822,7 @@ def _check_redis_url(value: str) -> None:
         return
     _check_url("REDIS_URL", value, ("redis", "rediss"))
     database = urlsplit(value).path.strip("/")
-    if database and not database.isdigit():
+    if database and not (database.isascii() and database.isdigit()):
         raise ConfigError(
             "REDIS_URL", f"the path must be a database number (e.g. /0), got {'/' + database!r}"
         )
@@ -832,7 +868,7 @@ def _provider_rates(raw: str) -> dict[str, float]:
         name, sep, value = part.partition("=")
         name = name.strip()
         try:
-            rate = float(value) if sep else -1.0
+            rate = float(value) if sep and value.isascii() else -1.0  # 0-9, as in _int
         except ValueError:
             rate = -1.0
         if not sep or not math.isfinite(rate) or rate < 0:
@@ -1010,12 +1046,12 @@ def _validate(s: Settings) -> None:
             raise ConfigError(variable, str(exc)) from None
     _check_base_url("NOTIFKIT_SIMULATOR_URL", s.simulator_url)
     _check_base_url("NOTIFKIT_PUBLIC_URL", s.public_url)
+    simulator_smtp = None if s.simulator_smtp is None else _HOST_PORT_RE.match(s.simulator_smtp)
     if s.simulator_smtp is not None and not (
-        re.match(r"^[^:\s]+:\d{1,5}$", s.simulator_smtp)
-        and 1 <= int(s.simulator_smtp.rpartition(":")[2]) <= 65535
+        simulator_smtp and 1 <= int(simulator_smtp["port"]) <= 65535
     ):
-        raise ConfigError("NOTIFKIT_SIMULATOR_SMTP",
-                          f"must be host:port (port 1-65535), got {s.simulator_smtp!r}")
+        raise ConfigError("NOTIFKIT_SIMULATOR_SMTP", f"must be host:port ([address]:port for "
+                          f"IPv6, port 1-65535), got {s.simulator_smtp!r}")
     _validate_email(s.email)
     _check_base_url("TWILIO_BASE_URL", s.sms.base_url)
     _check_base_url("FCM_BASE_URL", s.push.base_url)
@@ -1031,6 +1067,12 @@ def _validate(s: Settings) -> None:
         given = "FCM_ACCESS_TOKEN" if s.push.access_token else "FCM_CREDENTIALS_FILE"
         raise ConfigError("FCM_PROJECT_ID", f"is required with {given} (the Firebase "
                           "project the messages are sent through)")
+    if s.push.access_token and s.push.credentials_file:
+        # The static token is used, as before, but not without a word: once it expires
+        # (Google's last an hour) push fails, though the file would have renewed it.
+        log.warning("FCM_ACCESS_TOKEN and FCM_CREDENTIALS_FILE are both set: push uses the "
+                    "access token, which expires; unset it to have the credentials file renew "
+                    "tokens.", extra={"setting": "FCM_ACCESS_TOKEN"})
     # Read (and its key made to sign) now, as a setting: found only when delivery built its
     # transports, the file failed the start after migrations had run and the api listened.
     _ = s.push.account
@@ -1070,10 +1112,31 @@ def _validate_email(e: EmailSettings) -> None:
         raise ConfigError("RESEND_API_KEY", "is required when EMAIL_TRANSPORT=resend")
     if e.transport == "sendgrid" and not e.sendgrid_api_key:
         raise ConfigError("SENDGRID_API_KEY", "is required when EMAIL_TRANSPORT=sendgrid")
-    if e.transport == "smtp":
-        if not e.smtp_url:
-            raise ConfigError("SMTP_URL", "is required when EMAIL_TRANSPORT=smtp")
-        _check_url("SMTP_URL", e.smtp_url, ("smtp", "smtps"))
+    if e.transport == "smtp" and not e.smtp_url:
+        raise ConfigError("SMTP_URL", "is required when EMAIL_TRANSPORT=smtp")
+    # Checked while another transport sends e-mail too, as RESEND_BASE_URL is.
+    _check_url("SMTP_URL", e.smtp_url, ("smtp", "smtps"))
+    _check_smtp_url(e.smtp_url)
+
+
+def _check_smtp_url(url: str | None) -> None:
+    """A user and a password, or neither. With a user alone the transport logged in with an
+    empty password, which the server refused at every send; a password alone was dropped and
+    the mail went unauthenticated. The message leaves the password out. The transport reads
+    nothing else: a path, query or fragment (``?starttls=false``) was ignored without a word."""
+    if url is None:
+        return
+    parts = urlsplit(url)
+    if parts.path not in ("", "/") or parts.query or parts.fragment or "?" in url:
+        raise ConfigError("SMTP_URL", "takes no path, query or fragment: "
+                          "smtp://user:password@host:port, or smtps:// for TLS from the start")
+    if parts.username and not parts.password:
+        raise ConfigError("SMTP_URL", f"names the user {unquote(parts.username)!r} but no "
+                          "password: smtp://user:password@host:port (percent-encode '@', "
+                          "':', '/', '?' and '#' in either)")
+    if parts.password and not parts.username:
+        raise ConfigError("SMTP_URL", "gives a password but no user: "
+                          "smtp://user:password@host:port")
 
 
 def uses_development_secret(s: Settings) -> bool:

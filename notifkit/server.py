@@ -146,7 +146,8 @@ class NotifkitServer:
             # (NOTIFKIT_SIMULATOR_URL points the transports at the simulators, PORT the links).
             self.settings = Settings.from_env(**overrides)
         else:
-            self.settings = settings.replace(**overrides)
+            # Derived as well: simulator_url= beside settings= pointed nothing at them.
+            self.settings = settings.derive(**overrides)
         self.transports = check_transports(transports)
         self.services: dict[str, Service] = {}
         self._started = False

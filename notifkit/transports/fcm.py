@@ -150,9 +150,11 @@ class ServiceAccount:
             raise ConfigError("FCM_CREDENTIALS_FILE",
                               f"{path!r} has no client_email and private_key")
         token_uri = info.get("token_uri") or "https://oauth2.googleapis.com/token"
-        if not isinstance(token_uri, str) or urlsplit(token_uri).scheme not in ("http", "https"):
+        # A host too: "https://" alone passed, and every push then failed to fetch a token.
+        if not isinstance(token_uri, str) or not _http_host(token_uri):
             raise ConfigError("FCM_CREDENTIALS_FILE",
-                              f"{path!r} has a token_uri that is not an http(s) URL")
+                              f"{path!r} has a token_uri that is not an http(s) URL naming a "
+                              "host")
         account = cls(info["client_email"], info["private_key"], token_uri)
         try:
             # Signed once now: a key that cannot sign would otherwise fail every push later,
@@ -193,6 +195,15 @@ class ServiceAccount:
         if not reply.ok or not isinstance(payload, dict) or "access_token" not in payload:
             raise RuntimeError(f"the FCM token exchange failed: {error_detail(reply)}")
         return str(payload["access_token"]), float(payload.get("expires_in", 3600))
+
+
+def _http_host(url: str) -> str | None:
+    """The host an http(s) URL names, else None."""
+    try:
+        parts = urlsplit(url)
+        return parts.hostname if parts.scheme in ("http", "https") else None
+    except ValueError:  # an unclosed IPv6 bracket
+        return None
 
 
 def _b64(value: str | bytes) -> str:

@@ -155,6 +155,23 @@ async def test_a_provider_that_stops_answering_holds_the_send_no_longer_than_its
     assert time.monotonic() - started < TIMEOUT_S + 0.5
 
 
+async def test_a_provider_slower_than_the_timeout_is_given_up_on_within_the_timeout(
+    case: tuple[Case, Transport], sim: SimulatorServer
+) -> None:
+    # PROVIDER_TIMEOUT_SECONDS bounds the whole call: the SMTP transport then said QUIT to the
+    # server that had not answered and waited up to 1 s more for its reply, so a 1 s timeout
+    # took 2 s per send.
+    spec, transport = case
+    await sim.add_fault("latency", spec.provider, times=1, delay_ms=int(TIMEOUT_S * 3000))
+
+    started = time.monotonic()
+    result = await transport.send(message(spec))
+    elapsed = time.monotonic() - started
+
+    assert result.outcome is Outcome.RETRY, result.detail
+    assert elapsed < TIMEOUT_S + 0.5, elapsed
+
+
 async def test_an_unreadable_answer_to_a_recorded_send_is_never_a_permanent_failure(
     case: tuple[Case, Transport], sim: SimulatorServer
 ) -> None:

@@ -90,8 +90,10 @@ def test_a_unix_socket_redis_url_is_accepted() -> None:
     assert Settings(redis_url="unix:///run/redis.sock").redis_url == "unix:///run/redis.sock"
 
 
-def test_a_bad_argument_is_one_line_naming_the_option() -> None:
-    result = run_cli("serve", "--port", "abc")
+# Full-width digits (pasted from a document) were read as 80: a port nobody asked for.
+@pytest.mark.parametrize("port", ["abc", "\uff18\uff10"])
+def test_a_bad_argument_is_one_line_naming_the_option(port: str) -> None:
+    result = run_cli("serve", "--port", port)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -480,7 +482,13 @@ def test_with_json_logs_an_unusable_setting_is_a_record_carrying_it() -> None:
 
 @pytest.mark.parametrize(("variable", "meant"), [("WORKER_CONCURENCY", "WORKER_CONCURRENCY"),
                                                ("DATABASE_URI", "DATABASE_URL"),
-                                               ("NOTIFKIT_ADMIN_TOKEN", None)])
+                                               ("NOTIFKIT_ADMIN_TOKEN", None),
+                                               # A duration named without its unit, or with
+                                               # another, is too unlike it for difflib.
+                                               ("PROVIDER_TIMEOUT", "PROVIDER_TIMEOUT_SECONDS"),
+                                               ("RECLAIM_INTERVAL", "RECLAIM_INTERVAL_SECONDS"),
+                                               ("IDEMPOTENCY_TTL", "IDEMPOTENCY_TTL_SECONDS"),
+                                               ("SHUTDOWN_GRACE_MS", "SHUTDOWN_GRACE_SECONDS")])
 def test_a_misspelt_setting_is_a_warning_naming_it(variable: str, meant: str | None) -> None:
     # It was ignored without a word, the process running on the default.
     result = run_cli("serve", env={variable: "5", "LOG_FORMAT": "json"})

@@ -50,3 +50,12 @@ def test_the_readme_names_the_admin_key_compose_falls_back_to() -> None:
     placeholder = value.split(":-", 1)[-1].rstrip("}")
     assert value.startswith("${NOTIFKIT_ADMIN_KEY:-")
     assert f"`{placeholder}`" in (ROOT / "README.md").read_text()
+
+
+def test_the_image_can_sign_with_an_fcm_credentials_file() -> None:
+    """FCM_CREDENTIALS_FILE signs with the `fcm` extra's cryptography: an image built without
+    it refused every start that set the variable, the usual way to give FCM credentials."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    [install] = [line for line in dockerfile.splitlines() if "pip install" in line]
+    extras = install.split("'.[", 1)[1].split("]'", 1)[0].split(",")
+    assert "fcm" in extras, install

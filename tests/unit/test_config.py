@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from notifkit.config import (
     parse_services,
     uses_development_secret,
 )
+from notifkit.transports.smtp import SmtpTransport
 
 
 def test_defaults_match_the_contract() -> None:
@@ -288,6 +290,31 @@ def test_a_database_url_may_name_no_host(url: str) -> None:
         ({"OPENAI_API_KEY": "sk-abc\rdef"}, "OPENAI_API_KEY"),
         ({"FCM_PROJECT_ID": "p", "FCM_ACCESS_TOKEN": "ya29.a\x1bb"}, "FCM_ACCESS_TOKEN"),
         ({"NOTIFKIT_ADMIN_KEY": "admin-key-0123456789\x7f"}, "NOTIFKIT_ADMIN_KEY"),
+        # Its port in other digits than 0-9 passed, and the refusal named SMTP_URL, which the
+        # operator never set.
+        ({"NOTIFKIT_SIMULATOR_SMTP": "127.0.0.1:\u0662\u0665\u0662\u0665"},
+         "NOTIFKIT_SIMULATOR_SMTP"),
+        # A user without a password logged in with an empty one (every send refused by the
+        # server), and a password without a user was dropped: the mail went unauthenticated.
+        ({"SMTP_URL": "smtp://mailer@mail.example:587"}, "SMTP_URL"),
+        ({"SMTP_URL": "smtp://mailer:@mail.example:587"}, "SMTP_URL"),
+        ({"SMTP_URL": "smtp://:secret@mail.example:587"}, "SMTP_URL"),
+        # Options in the query or path were ignored without a word (no STARTTLS switch, no
+        # HELO name): the transport reads the scheme, login, host and port alone.
+        ({"SMTP_URL": "smtp://u:p@mail.example:587?starttls=false"}, "SMTP_URL"),
+        ({"SMTP_URL": "smtp://u:p@mail.example:587/relay"}, "SMTP_URL"),
+        # Set while another transport sends e-mail, it went unchecked, unlike every other
+        # provider's settings.
+        ({"EMAIL_TRANSPORT": "resend", "RESEND_API_KEY": "k", "SMTP_URL": "mail.example:25"},
+         "SMTP_URL"),
+        # Python's int() and float() read any script's digits: PORT=\uff18\uff10 (full-width,
+        # pasted from a document) listened on port 80, where URLs' ports take only 0-9.
+        ({"PORT": "\uff18\uff10\uff18\uff10"}, "PORT"),
+        ({"WORKER_CONCURRENCY": "\u0665\u0660"}, "WORKER_CONCURRENCY"),
+        ({"PROVIDER_TIMEOUT_SECONDS": "\u0661.\u0665"}, "PROVIDER_TIMEOUT_SECONDS"),
+        ({"PROVIDER_RATE_LIMITS": "resend=\uff12"}, "PROVIDER_RATE_LIMITS"),
+        ({"REDIS_URL": "redis://127.0.0.1:6379/\uff10"}, "REDIS_URL"),
+        ({"DATABASE_URL": "postgresql://db/app?connect_timeout=\uff15"}, "DATABASE_URL"),
     ],
 )
 def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) -> None:
@@ -490,6 +517,20 @@ def test_smtp_named_without_a_url_uses_the_smtp_simulator() -> None:
     assert (s.email.transport, s.email.smtp_url) == ("smtp", "smtp://127.0.0.1:2525")
 
 
+def test_the_smtp_simulator_may_be_an_ipv6_address() -> None:
+    s = Settings.from_env({"NOTIFKIT_SIMULATOR_SMTP": "[::1]:2525"})
+    assert (s.email.transport, s.email.smtp_url) == ("smtp", "smtp://[::1]:2525")
+    transport = SmtpTransport(url=s.email.smtp_url or "", from_addr=s.email.from_addr)
+    assert (transport.hostname, transport.port) == ("::1", 2525)
+
+
+def test_smtp_credentials_may_be_percent_encoded() -> None:
+    s = Settings.from_env({"SMTP_URL": "smtp://us%40er:p%3As%2Fs@[::1]:2525"})
+    transport = SmtpTransport(url=s.email.smtp_url or "", from_addr=s.email.from_addr)
+    assert (transport.username, transport.password) == ("us@er", "p:s/s")
+    assert (transport.hostname, transport.port) == ("::1", 2525)
+
+
 def test_without_a_simulator_a_named_transport_still_needs_its_key() -> None:
     with pytest.raises(ConfigError) as raised:
         Settings.from_env({"EMAIL_TRANSPORT": "sendgrid"})
@@ -538,6 +579,25 @@ def test_a_usable_fcm_credentials_file_is_accepted_and_an_unusable_one_refused(
     with pytest.raises(ConfigError) as refused:
         s.replace(push=dataclasses.replace(s.push, credentials_file=str(tmp_path / "none")))
     assert refused.value.variable == "FCM_CREDENTIALS_FILE"
+
+
+@pytest.mark.parametrize("token_uri", ["https://", "https://:443/token", "oauth2.example/token",
+                                       "https://[::1/token"])
+def test_a_credentials_file_whose_token_uri_names_no_host_is_refused(
+    tmp_path: Path, token_uri: str
+) -> None:
+    # "https://" passed (its scheme was all that was checked), and every push then failed to
+    # fetch a token, retried until dead-lettered.
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    path = tmp_path / "fcm.json"
+    path.write_text(json.dumps({"client_email": "n@p.iam.gserviceaccount.com",
+                                "private_key": pem, "token_uri": token_uri}))
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"FCM_PROJECT_ID": "p", "FCM_CREDENTIALS_FILE": str(path)})
+    assert refused.value.variable == "FCM_CREDENTIALS_FILE"
+    assert "token_uri" in refused.value.problem
 
 
 @pytest.mark.parametrize(("url", "expected"), [
@@ -598,3 +658,39 @@ def test_a_libpq_parameter_with_a_value_asyncpg_refuses_is_invalid_configuration
 def test_every_value_asyncpg_takes_for_a_libpq_parameter_is_accepted(query: str) -> None:
     url = f"postgresql://db/app?{query}"
     assert Settings.from_env({"DATABASE_URL": url}).database_url == url
+
+
+def test_several_email_providers_without_email_transport_take_resend_and_say_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Refusing the start here would stop deployments that set every provider's credentials
+    # and have always run on the first; a warning names the setting that chooses.
+    with caplog.at_level(logging.WARNING, logger="notifkit.config"):
+        s = Settings.from_env({"RESEND_API_KEY": "re_k", "SENDGRID_API_KEY": "SG.k"})
+    assert s.email.transport == "resend"
+    [warning] = caplog.records
+    assert warning.getMessage().startswith(
+        "EMAIL_TRANSPORT is not set and RESEND_API_KEY and SENDGRID_API_KEY are: e-mail goes "
+        "through resend")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="notifkit.config"):
+        Settings.from_env({"EMAIL_TRANSPORT": "sendgrid", "RESEND_API_KEY": "re_k",
+                           "SENDGRID_API_KEY": "SG.k"})
+    assert caplog.records == []
+
+
+def test_an_access_token_beside_a_credentials_file_is_used_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    path = tmp_path / "fcm.json"
+    path.write_text(json.dumps({"client_email": "n@p.iam.gserviceaccount.com",
+                                "private_key": pem}))
+    with caplog.at_level(logging.WARNING, logger="notifkit.config"):
+        s = Settings.from_env({"FCM_PROJECT_ID": "p", "FCM_ACCESS_TOKEN": "ya29.token",
+                               "FCM_CREDENTIALS_FILE": str(path)})
+    assert s.push.access_token == "ya29.token"
+    assert any("FCM_ACCESS_TOKEN and FCM_CREDENTIALS_FILE are both set" in r.getMessage()
+               for r in caplog.records)

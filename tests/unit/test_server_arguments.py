@@ -82,6 +82,27 @@ def test_settings_given_in_code_are_derived_as_from_the_environment(
     assert server.settings.services == ("delivery",)
 
 
+def test_arguments_beside_given_settings_are_derived_too(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # With settings= as well, simulator_url= was stored and applied to nothing: no transport
+    # pointed at the simulators (and no warning about the development secret either, since a
+    # simulator was configured), and port= left the links on the settings' port.
+    _clear_environment(monkeypatch)
+    server = NotifkitServer(services=["delivery"], settings=Settings(),
+                            simulator_url="http://127.0.0.1:9", port=9123)
+    assert server.settings.email.transport == "resend"
+    assert server.settings.email.resend_base_url == "http://127.0.0.1:9"
+    assert server.settings.sms.enabled
+    assert server.settings.sms.base_url == "http://127.0.0.1:9"
+    assert server.settings.push.base_url == "http://127.0.0.1:9"
+    assert server.settings.ai.base_url == "http://127.0.0.1:9/v1"
+    assert server.settings.public_url == "http://127.0.0.1:9123"
+    # A public URL the settings chose themselves stays.
+    chosen = Settings(public_url="https://notify.example")
+    assert NotifkitServer(settings=chosen, port=9123).settings.public_url == \
+        "https://notify.example"
+
+
 async def test_an_unreachable_redis_is_reported_naming_redis_url() -> None:
     # PostgreSQL's was (DATABASE_URL: cannot connect ...); Redis's was redis-py's bare
     # "Error 111 connecting to 127.0.0.1:1", naming no setting.
