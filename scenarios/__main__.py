@@ -25,7 +25,7 @@ from notifkit.stop_signals import (
 )
 from scenarios import catalog
 from scenarios.report import Progress, ScenarioResult, table, violations_text, write_json
-from simulators.__main__ import OneLineParser, seed_value
+from simulators.__main__ import OneLineParser, ascii_int, seed_value
 
 T = TypeVar("T")
 
@@ -100,10 +100,12 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
         if key in overrides:  # the later value used to win without a word
             raise ValueError(f"--set {key}: given twice")
         try:
-            overrides[key] = int(value)
+            overrides[key] = ascii_int(value)
         except ValueError:
             try:
-                overrides[key] = float(value)
+                # float() too reads any script's digits: a full-width value stays text, for
+                # the parameter's own check to refuse.
+                overrides[key] = float(value) if value.isascii() else value
             except ValueError:
                 overrides[key] = value
     return overrides

@@ -34,9 +34,17 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def ascii_int(text: str) -> int:
+    """``int()`` in ASCII digits only: int() reads any script's digits, so a full-width
+    ``--port ８０`` listened on port 80."""
+    if not text.isascii():
+        raise ValueError(text)
+    return int(text)
+
+
 def _port(text: str) -> int:
     try:
-        value = int(text)
+        value = ascii_int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"port must be an integer, got {text!r}") from None
     if not 0 <= value <= 65535:
@@ -47,7 +55,7 @@ def _port(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0 (a seed, say)."""
     try:
-        value = int(text)
+        value = ascii_int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
     if value < 0:
@@ -95,7 +103,7 @@ def _host(text: str) -> str:
 def positive_int(text: str) -> int:
     """argparse type: an integer > 0 (a count, a concurrency)."""
     try:
-        value = int(text)
+        value = ascii_int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:

@@ -37,6 +37,9 @@ async def run_cli(*args: str) -> asyncio.subprocess.Process:
     ("args", "complaint"),
     [
         (["--port", "http"], "port must be an integer"),
+        # int() reads any script's digits: a full-width 80 listened on port 80.
+        (["--port", "\uff18\uff10"], "port must be an integer"),
+        (["--max-messages", "\uff15"], "expected a positive integer"),
         (["--smtp-port", "70000"], "port must be 0-65535"),
         (["--seed", "-3"], "non-negative"),
         # A seed POST /_sim/reset could not take back would make a run impossible to replay.
