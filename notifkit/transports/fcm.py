@@ -124,6 +124,9 @@ def classify(reply: HttpReply) -> SendResult:
     return classify_status(reply, detail)
 
 
+MAX_CREDENTIALS_BYTES = 1024 * 1024
+
+
 class ServiceAccount:
     """A Google service account: exchanges a signed JWT for an OAuth2 access token."""
 
@@ -137,7 +140,15 @@ class ServiceAccount:
         """Read a service-account JSON file; a file that cannot serve is a ConfigError naming
         ``FCM_CREDENTIALS_FILE``."""
         try:
-            info = json.loads(Path(path).read_text(encoding="utf-8"))
+            with Path(path).open("rb") as file:
+                # A service-account file is a few KiB; /dev/zero or a log file named by
+                # mistake would otherwise be read whole before the start could refuse it.
+                raw = file.read(MAX_CREDENTIALS_BYTES + 1)
+            if len(raw) > MAX_CREDENTIALS_BYTES:
+                raise ConfigError("FCM_CREDENTIALS_FILE",
+                                  f"{path!r} is larger than {MAX_CREDENTIALS_BYTES // 1024} KiB; "
+                                  "a service-account file is a few KiB")
+            info = json.loads(raw.decode("utf-8"))
         except OSError as exc:
             raise ConfigError("FCM_CREDENTIALS_FILE",
                               f"cannot read {path!r}: {exc.strerror or exc}") from None

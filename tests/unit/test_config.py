@@ -694,3 +694,16 @@ def test_an_access_token_beside_a_credentials_file_is_used_with_a_warning(
     assert s.push.access_token == "ya29.token"
     assert any("FCM_ACCESS_TOKEN and FCM_CREDENTIALS_FILE are both set" in r.getMessage()
                for r in caplog.records)
+
+
+@pytest.mark.parametrize("path", ["/dev/zero", "big"])
+def test_a_credentials_file_past_a_mebibyte_is_refused_unread(tmp_path: Path, path: str) -> None:
+    # /dev/zero (or a log file named by mistake) was read whole at start, without end.
+    if path == "big":
+        big = tmp_path / "big.json"
+        big.write_text(" " * (1024 * 1024) + "{}")
+        path = str(big)
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"FCM_PROJECT_ID": "p", "FCM_CREDENTIALS_FILE": path})
+    assert refused.value.variable == "FCM_CREDENTIALS_FILE"
+    assert "larger than 1024 KiB" in refused.value.problem
