@@ -1113,7 +1113,8 @@ def _validate_email(e: EmailSettings) -> None:
     if e.transport == "sendgrid" and not e.sendgrid_api_key:
         raise ConfigError("SENDGRID_API_KEY", "is required when EMAIL_TRANSPORT=sendgrid")
     if e.transport == "smtp" and not e.smtp_url:
-        raise ConfigError("SMTP_URL", "is required when EMAIL_TRANSPORT=smtp")
+        raise ConfigError("SMTP_URL", "is required when EMAIL_TRANSPORT=smtp (or, to send "
+                          "through the SMTP simulator, NOTIFKIT_SIMULATOR_SMTP=host:port)")
     # Checked while another transport sends e-mail too, as RESEND_BASE_URL is.
     _check_url("SMTP_URL", e.smtp_url, ("smtp", "smtps"))
     _check_smtp_url(e.smtp_url)

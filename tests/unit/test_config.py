@@ -707,3 +707,13 @@ def test_a_credentials_file_past_a_mebibyte_is_refused_unread(tmp_path: Path, pa
         Settings.from_env({"FCM_PROJECT_ID": "p", "FCM_CREDENTIALS_FILE": path})
     assert refused.value.variable == "FCM_CREDENTIALS_FILE"
     assert "larger than 1024 KiB" in refused.value.problem
+
+
+def test_smtp_without_an_smtp_url_names_the_simulators_variable_too() -> None:
+    # Beside NOTIFKIT_SIMULATOR_URL, which points every HTTP provider at the simulators, the
+    # SMTP simulator needs a variable of its own; the message named only SMTP_URL.
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"EMAIL_TRANSPORT": "smtp",
+                           "NOTIFKIT_SIMULATOR_URL": "http://127.0.0.1:8025"})
+    assert refused.value.variable == "SMTP_URL"
+    assert "NOTIFKIT_SIMULATOR_SMTP=host:port" in refused.value.problem
