@@ -198,6 +198,7 @@ async def test_ids_of_one_project_are_404_for_another(
                 contactId=made["contact"])
     await check("POST", "/v1/users/{userId}/inbox/{messageId}/read", 404, userId=user,
                 messageId=made["message"])
+    await check("GET", "/v1/dlq/{entryId}", 404, entryId=made["dlq"])
     await check("POST", "/v1/dlq/{entryId}/replay", 404, entryId=made["dlq"])
     await check("DELETE", "/v1/dlq/{entryId}", 404, entryId=made["dlq"])
     await check("DELETE", "/v1/suppressions/{suppressionId}", 404,
@@ -214,6 +215,7 @@ async def test_ids_of_one_project_are_404_for_another(
                           {"userId": user, "data": {}}, templateId=template)
     if preview.status == 200:  # B's template rendered for B's user
         assert preview.body["channels"]["sms"]["text"] == "BB", preview.body
+    await check("GET", "/v1/users/{userId}/preferences", mine, userId=user)
     await check("PUT", "/v1/users/{userId}/preferences", mine, {"topics": {"A": True}},
                 userId=user)
     await check("POST", "/v1/users/{userId}/contacts", (200, 201) if exists else 404,
