@@ -884,20 +884,23 @@ class StreamWorker:
             if (entry.stream != self.keys.events_inbound
                     and not self.settings.injects("skip_failed_event")):  # test-only fault
                 outputs.append((self.keys.events_inbound, failed_event(entry, record)))
-        await self._settle(outputs, entries)
-        for entry in entries:
+        added = await self._settle(outputs, entries)
+        dlq_ids = [added_id for (stream, _), added_id in zip(outputs, added, strict=True)
+                   if stream == self.keys.dlq]
+        for entry, dlq_id in zip(entries, dlq_ids, strict=True):
             self.stats.dead_lettered += 1
             metrics.DEAD_LETTERED.labels(self.service, entry.stream, channel_label(entry)).inc()
             made = attempts_made(entry)
-            log.error("Moved to the dead-letter queue after %d attempt%s (%s); replay it with "
-                      "POST /v1/dlq/{id}/replay once the cause is fixed.", made,
-                      "" if made == 1 else "s", describe_error(entry.error),
-                      extra=log_fields(self.service, entry))
+            log.error("Moved to the dead-letter queue as %s after %d attempt%s (%s); replay it "
+                      "with POST /v1/dlq/%s/replay once the cause is fixed.", dlq_id, made,
+                      "" if made == 1 else "s", describe_error(entry.error), dlq_id,
+                      extra={**log_fields(self.service, entry), "dlq_id": dlq_id})
 
     async def _settle(self, outputs: Sequence[tuple[str, Mapping[str, Any]]],
-                      entries: Sequence[Entry]) -> None:
+                      entries: Sequence[Entry]) -> list[str]:
         """Write ``outputs``, then ack ``entries`` and delete their attempt counters: one
-        script call, which stops before acking anything if Redis refuses an output."""
+        script call, which stops before acking anything if Redis refuses an output. Returns
+        the outputs' new entry ids, in order."""
         by_stream: dict[str, list[str]] = {}
         for entry in entries:
             by_stream.setdefault(entry.stream, []).append(entry.id)
@@ -914,7 +917,8 @@ class StreamWorker:
         for ids in by_stream.values():
             args.append(len(ids))
             args += ids
-        await pipe(self.redis).eval(scripts.SETTLE, len(keys), *keys, *args).execute()
+        [added] = await pipe(self.redis).eval(scripts.SETTLE, len(keys), *keys, *args).execute()
+        return [i.decode() if isinstance(i, bytes) else str(i) for i in added or []]
 
     # -- heartbeat -----------------------------------------------------------------
     async def _heartbeat_loop(self) -> None:

@@ -425,3 +425,23 @@ async def test_each_failed_attempt_is_logged_and_the_dead_lettering_names_its_ca
     assert records[0][1].startswith("Attempt 1 of 3 failed: provider exploded.")
     assert records[2][1].endswith("Dead-lettering it.")
     assert "after 3 attempts (RuntimeError: provider exploded)" in records[3][1]
+
+
+async def test_the_dead_letter_log_line_names_the_dlq_entry_to_replay(
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, add: Add,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The line an operator is paged for says which DLQ entry to replay: the id that
+    # POST /v1/dlq/{id}/replay takes, not only the origin stream's entry id.
+    worker = make_worker(AlwaysFails(PermanentFailure("HTTP 401: bad key")), service="delivery",
+                         streams=keys.outbound_all())
+    entry_id = await add(keys.outbound("normal"), {"projectId": "p1", "eventId": "ev-1",
+                                                   "taskId": "t-1", "channel": "sms"})
+    with caplog.at_level("ERROR", logger="notifkit.worker"):
+        await worker.run_until_idle()
+
+    [(dlq_id, _fields)] = await xrange(redis, keys.dlq)
+    [record] = [r for r in caplog.records if "dead-letter queue" in r.getMessage()]
+    assert record.dlq_id == dlq_id.decode()  # type: ignore[attr-defined]
+    assert record.entry_id == entry_id  # type: ignore[attr-defined]
+    assert f"POST /v1/dlq/{dlq_id.decode()}/replay" in record.getMessage()
