@@ -13,6 +13,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from notifkit import metrics
 from notifkit.config import Settings
 from notifkit.ids import untasked_row_id
 from notifkit.keys import Keys
@@ -124,6 +125,25 @@ async def test_health_is_503_without_redis(settings: Settings) -> None:
         body = await reply.json()
         assert (body["status"], body["redis"], body["postgres"]) == ("degraded",
                                                                      "unreachable", "ok")
+    finally:
+        await client.close()
+
+
+async def test_metrics_are_503_without_redis_never_this_process_alone(
+    settings: Settings,
+) -> None:
+    # The counters are the whole system's totals, kept in Redis. Without Redis the scrape
+    # showed this process's own counts instead: every counter went down (Prometheus takes
+    # that for a reset and counts the whole total again when Redis is back) and the stream
+    # gauges kept their last values. A failed scrape is what Prometheus can read right.
+    metrics.PROCESSED.labels("engine", "s-metrics-outage", "").inc()
+    broken = settings.replace(redis_url="redis://127.0.0.1:1/0")
+    _server, client = await _start_without_hub(broken)
+    try:
+        reply = await client.get("/metrics")
+        assert reply.status == 503
+        assert reply.headers["Retry-After"] == "1"
+        assert (await reply.json())["error"]["code"] == "service_unavailable"
     finally:
         await client.close()
 

@@ -67,18 +67,15 @@ async def health(request: web.Request) -> web.Response:
                                  content_type="text/plain")})
 async def prometheus_metrics(request: web.Request) -> web.Response:
     app = request.app
-    try:
-        streams = await asyncio.wait_for(stream_stats(app[REDIS], app[KEYS]), HEALTH_TIMEOUT_S)
-    except (RedisError, OSError, TimeoutError):
-        streams = []  # the counters are still worth scraping without Redis
-    totals: dict[metrics_store.SampleKey, float] | None
-    try:
-        # This process's own counts first, so what it just did shows at once.
-        await asyncio.wait_for(metrics_store.flush(app[REDIS], app[KEYS]), HEALTH_TIMEOUT_S)
-        totals = await asyncio.wait_for(metrics_store.read_totals(app[REDIS], app[KEYS]),
-                                        HEALTH_TIMEOUT_S)
-    except (RedisError, OSError, TimeoutError):
-        totals = None  # without Redis: this process's own counts
+    # Without Redis this raises, and the route answers 503 as any route does: the counters
+    # are the whole system's totals, kept there, and this process's own counts in their
+    # place would make every counter go down (a reset to Prometheus, which then counts the
+    # whole total again once Redis is back). A failed scrape is recorded as one (`up` 0).
+    streams = await asyncio.wait_for(stream_stats(app[REDIS], app[KEYS]), HEALTH_TIMEOUT_S)
+    # This process's own counts first, so what it just did shows at once.
+    await asyncio.wait_for(metrics_store.flush(app[REDIS], app[KEYS]), HEALTH_TIMEOUT_S)
+    totals = await asyncio.wait_for(metrics_store.read_totals(app[REDIS], app[KEYS]),
+                                    HEALTH_TIMEOUT_S)
     for info in streams:
         metrics.STREAM_LENGTH.labels(info["stream"]).set(info["length"])
         metrics.STREAM_DEPTH.labels(info["stream"]).set(stream_depth(info))
