@@ -99,6 +99,30 @@ async def test_health_keeps_a_service_whose_every_process_died(api: Api, redis: 
     assert sorted(healed.body["services"]) == ["delivery-host-2", "engine-host-1"]
 
 
+async def test_health_lists_only_the_last_dead_process_of_a_service(
+    api: Api, redis: Redis
+) -> None:
+    """Processes of a service killed one after another (a crash loop, a redeploy by SIGKILL)
+    each left an index entry: once none ran, /health listed every one of them for an hour,
+    not the last one README promises, burying the one that says when the service stopped."""
+    keys = Keys(api.settings.namespace)
+    now = time.time()
+    beat = {"service": "delivery", "lastBeat": "2030-01-01T00:00:00.000Z", "inFlight": 0}
+    for n, died_at in ((1, now - 600), (2, now - 300), (3, now - 60)):
+        await write_heartbeat(redis, keys, f"delivery-host-{n}", {**beat, "ts": died_at}, 30)
+        await redis.zadd(keys.heartbeats, {f"delivery-host-{n}": died_at})
+        await redis.delete(keys.health(f"delivery-host-{n}"))
+    reply = await api.call("GET", "/health")
+    assert reply.body["status"] == "degraded"
+    assert list(reply.body["services"]) == ["delivery-host-3"]
+    # The last one killed whose key has not expired yet is that one: the older ones go.
+    await write_heartbeat(redis, keys, "delivery-host-4",
+                          {**beat, "ts": now - 40}, 30)  # stale, its key still there
+    reply = await api.call("GET", "/health")
+    assert list(reply.body["services"]) == ["delivery-host-4"]
+    assert reply.body["services"]["delivery-host-4"]["stale"] is True
+
+
 async def test_health_is_degraded_by_a_worker_that_beats_but_cannot_read(
     api: Api, redis: Redis
 ) -> None:

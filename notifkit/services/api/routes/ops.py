@@ -169,14 +169,20 @@ async def _heartbeats(
         services[name[len(prefix):]] = entry
     # A dead consumer whose service still runs elsewhere is no news: the others reclaim what
     # it held. The last one of its service stays listed, stale, so the status says that
-    # nothing runs that service any more (until one beats again, or an hour passes).
-    alive = {s["service"] for s in services.values() if not s["stale"]}
+    # nothing runs that service any more (until one beats again, or an hour passes). Only
+    # the last: every process of a crash loop listed for an hour buried when it stopped.
+    # One whose key has not expired yet (listed above) died after any whose key has.
+    listed = {s["service"] for s in services.values()}
+    last_died: dict[str, str] = {}
     for consumer in died:
         service = consumer.partition("-")[0]
-        if service in SERVICES and service not in alive:
-            services[consumer] = {"service": service,
-                                  "lastBeat": _iso(last_beats[consumer]),
-                                  "inFlight": 0, "stale": True}
+        if service in SERVICES and service not in listed and (
+                service not in last_died
+                or last_beats[consumer] > last_beats[last_died[service]]):
+            last_died[service] = consumer
+    for service, consumer in last_died.items():
+        services[consumer] = {"service": service, "lastBeat": _iso(last_beats[consumer]),
+                              "inFlight": 0, "stale": True}
     return dict(sorted(services.items()))
 
 
