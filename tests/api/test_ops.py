@@ -634,6 +634,34 @@ async def test_health_answers_while_postgres_stalls(settings: Settings) -> None:
         await proxy.stop()
 
 
+async def test_health_asks_both_stores_at_once(settings: Settings) -> None:
+    """With Redis and PostgreSQL both stalled, /health waited a second for one, then a second
+    for the other: two seconds, past the one-second timeout most probes use (a Kubernetes
+    probe's default). Both are asked at once, so it answers within about one."""
+    from notifkit.db.pool import create_pool
+    from tests.support.pg_proxy import StallingRedisProxy
+
+    async with PostgresProxy(settings) as pg, StallingRedisProxy(settings) as rd:
+        pool = await create_pool(pg.settings)
+        _server, client = await start_api(rd.settings, db=pool)
+        try:
+            assert (await client.get("/health")).status == 200
+            pg.stall()
+            rd.stall()
+            started = time.monotonic()
+            reply = await asyncio.wait_for(client.get("/health"), 30)
+            took = time.monotonic() - started
+            assert reply.status == 503
+            body = await reply.json()
+            assert (body["redis"], body["postgres"]) == ("unreachable", "unreachable")
+            assert took < 1.6, took
+        finally:
+            pg.restore()
+            rd.restore()
+            await client.close()
+            pool.terminate()
+
+
 async def test_every_route_answers_503_while_postgres_stalls(settings: Settings) -> None:
     """Every API query waited for a PostgreSQL that had stopped answering for as long as it
     did: requests hung (over 40 s seen) where a 503 that asks to retry was due. The api
