@@ -445,3 +445,20 @@ async def test_the_dead_letter_log_line_names_the_dlq_entry_to_replay(
     assert record.dlq_id == dlq_id.decode()  # type: ignore[attr-defined]
     assert record.entry_id == entry_id  # type: ignore[attr-defined]
     assert f"POST /v1/dlq/{dlq_id.decode()}/replay" in record.getMessage()
+
+
+async def test_the_reclaim_line_names_the_stream_and_entries_it_took(
+    make_worker: WorkerFactory, keys: Keys, add: Add, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # "Reclaimed 1 idle entries from <stream>." said neither which entries (to follow one
+    # through the logs) nor the stream as a field a log query can select on. (The text
+    # stays: the scenarios count these lines by it.)
+    worker = make_worker(AlwaysFails(RuntimeError("provider exploded")), service="engine")
+    entry_id = await add(keys.enriched("normal"), {"projectId": "p1", "eventId": "ev-1"})
+    with caplog.at_level("INFO", logger="notifkit.worker"):
+        await worker.run_until_idle()
+
+    [first, *_] = [r for r in caplog.records if r.getMessage().startswith("Reclaimed")]
+    assert first.getMessage() == f"Reclaimed 1 idle entries from {keys.enriched('normal')}."
+    assert first.stream == keys.enriched("normal")  # type: ignore[attr-defined]
+    assert first.entry_ids == [entry_id]  # type: ignore[attr-defined]
