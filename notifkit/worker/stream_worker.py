@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
@@ -22,7 +23,7 @@ from notifkit import metrics
 from notifkit.clock import utc_now_iso
 from notifkit.config import Settings
 from notifkit.db import availability
-from notifkit.errors import MalformedPayload, PermanentFailure
+from notifkit.errors import MalformedPayload, NotifkitError, PermanentFailure
 from notifkit.keys import Keys
 from notifkit.redis_pipe import pipe
 from notifkit.streams import DATA_FIELD, as_str, decode, dlq_fields, encode, ensure_group
@@ -75,6 +76,15 @@ KEEP_ALIVE_MIN_IDLE_S = 0.03
 # Beyond two reclaim cycles, how long an entry held for a lock wait may stay away before the
 # wait stops counting it (see Outage.forget_after_s).
 LOCK_WAIT_FORGET_S = 60.0
+
+
+def is_bug(exc: BaseException) -> bool:
+    """Whether ``exc`` is none of the failures a stage expects (a provider's answer, a
+    refusal of notifkit's own, a store that cannot serve): a bug, whose traceback is the only
+    way to find the line at fault."""
+    expected = (NotifkitError, RedisError, OSError, TimeoutError, asyncpg.PostgresError,
+                asyncpg.InterfaceError)
+    return not isinstance(exc, expected)
 
 
 def may_be_one_entrys(exc: BaseException) -> bool:
@@ -815,6 +825,8 @@ class StreamWorker:
     async def _handle_failures(self, failed: list[Entry]) -> None:
         held = await self._hold_for_outage(failed)
         last: list[Entry] = []
+        # A bug fails every entry of a batch alike: its traceback once per batch is enough.
+        traced: set[tuple[type[BaseException], str]] = set()
         for entry in failed:
             if id(entry) in held:
                 if entry.marks:
@@ -825,12 +837,18 @@ class StreamWorker:
             metrics.FAILED.labels(self.service, entry.stream, channel_label(entry)).inc()
             permanent = isinstance(entry.error, PermanentFailure)
             final = permanent or attempts_made(entry) >= self.max_attempts
+            trace: BaseException | None = None
+            if entry.error is not None and is_bug(entry.error):
+                kind = (type(entry.error), str(entry.error))
+                trace = None if kind in traced else entry.error
+                traced.add(kind)
             log.warning(
                 "Attempt %d of %d failed: %s. %s", attempts_made(entry), self.max_attempts,
                 # A query timeout's TimeoutError has no text: name its type instead.
                 str(entry.error) or describe_error(entry.error),
                 "Dead-lettering it." if final else "It stays pending for the reclaim sweep.",
                 extra=log_fields(self.service, entry),
+                exc_info=trace,
             )
             if entry.marks:
                 await self._release(keys=entry.marks, args=[entry.owner])

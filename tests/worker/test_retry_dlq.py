@@ -462,3 +462,41 @@ async def test_the_reclaim_line_names_the_stream_and_entries_it_took(
     assert first.getMessage() == f"Reclaimed 1 idle entries from {keys.enriched('normal')}."
     assert first.stream == keys.enriched("normal")  # type: ignore[attr-defined]
     assert first.entry_ids == [entry_id]  # type: ignore[attr-defined]
+
+
+class Buggy:
+    """A processor with a bug: a lookup that fails for every entry of the batch."""
+
+    async def __call__(self, batch: list[Entry]) -> None:
+        payload: dict[str, object] = {}
+        payload["userId"]  # the bug
+
+
+async def test_an_unexpected_error_is_logged_with_its_traceback_once_per_batch(
+    make_worker: WorkerFactory, keys: Keys, add: Add, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A bug in a stage said only "Attempt 1 of 3 failed: 'userId'." for each entry: neither
+    # the exception's type nor where it was raised, so nobody could find the line to fix.
+    worker = make_worker(Buggy(), service="engine")
+    for n in range(3):
+        await add(keys.enriched("normal"), {"projectId": "p1", "eventId": f"ev-{n}"})
+    with caplog.at_level("WARNING", logger="notifkit.worker"):
+        await worker.run_until_idle()
+
+    first = [r for r in caplog.records if r.getMessage().startswith("Attempt 1 of 3")]
+    assert len(first) == 3
+    with_traceback = [r for r in first if r.exc_info]
+    assert len(with_traceback) == 1  # one per batch, not one per entry
+    assert "KeyError" in caplog.text
+    assert 'payload["userId"]' in caplog.text
+
+
+async def test_an_expected_failure_carries_no_traceback(
+    make_worker: WorkerFactory, keys: Keys, add: Add, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A provider's answer or a store that cannot serve is no bug: one line, as before.
+    worker = make_worker(AlwaysFails(ConnectionRefusedError("refused")), service="engine")
+    await add(keys.enriched("normal"), {"projectId": "p1", "eventId": "ev-1"})
+    with caplog.at_level("WARNING", logger="notifkit.worker"):
+        await worker.run_until_idle()
+    assert not [r for r in caplog.records if r.exc_info]
