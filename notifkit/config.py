@@ -662,6 +662,33 @@ def _apply_simulator(settings: Settings, env: Mapping[str, str]) -> Settings:
 # Validation: every message names the environment variable.
 
 
+# A URL's password, in its user part or as libpq's ``password=`` parameter.
+_QUERY_PASSWORD = re.compile(r"([?&](?:ssl)?password=)[^&#]*", re.IGNORECASE)
+
+
+def _shown(value: str) -> str:
+    """``value`` quoted for an error message, its password replaced by ``***``: the message is
+    the process's one line at start and lands in every log collector, and an operator who
+    mistyped DATABASE_URL's port must not publish its password with it. Done on the raw
+    text, since the URLs shown here are often ones ``urlsplit`` refuses."""
+    scheme, sep, rest = value.partition("://")
+    if sep:
+        # The user part ends at the last '@' before the path, query or fragment; a password
+        # holding an unescaped '/', '?' or '#' (the usual typo) ends it at the last '@' of all.
+        end = len(rest)
+        for stop in "/?#":
+            if stop in rest:
+                end = min(end, rest.index(stop))
+        at = rest.rfind("@", 0, end)
+        if at < 0:
+            at = rest.rfind("@")
+        user, colon, _password = rest[:at].partition(":")
+        if at >= 0 and colon:
+            rest = f"{user}:***{rest[at:]}"
+        value = scheme + sep + rest
+    return repr(_QUERY_PASSWORD.sub(r"\1***", value))
+
+
 def _check_url(variable: str, value: str | None, schemes: tuple[str, ...], *,
                hostless: bool = False) -> None:
     """``hostless``: the URL may name no host (libpq's ``postgresql:///db?host=/run/pg``
@@ -671,18 +698,19 @@ def _check_url(variable: str, value: str | None, schemes: tuple[str, ...], *,
     try:
         parts = urlsplit(value)
     except ValueError as exc:  # e.g. an unclosed IPv6 bracket: "redis://[::1"
-        raise ConfigError(variable, f"is not a valid URL ({exc}): {value!r}") from None
+        raise ConfigError(variable, f"is not a valid URL ({exc}): {_shown(value)}") from None
     if parts.scheme not in schemes or not (parts.netloc or (hostless and "://" in value)):
         raise ConfigError(
-            variable, f"must be a {' or '.join(s + '://' for s in schemes)} URL, got {value!r}"
+            variable,
+            f"must be a {' or '.join(s + '://' for s in schemes)} URL, got {_shown(value)}",
         )
     # urlsplit takes both, and the process started: 'http://:8025' or 'https://user@' then
     # failed every call made with it, and white space every link or request line built on it.
     if not hostless and not parts.hostname:
-        raise ConfigError(variable, f"names no host: {value!r}")
+        raise ConfigError(variable, f"names no host: {_shown(value)}")
     if any(char.isspace() or not char.isprintable() for char in value):
         raise ConfigError(variable, f"must not hold white space or control characters: "
-                          f"{value!r}")
+                          f"{_shown(value)}")
     try:
         port = parts.port
     except ValueError:
@@ -691,7 +719,7 @@ def _check_url(variable: str, value: str | None, schemes: tuple[str, ...], *,
     # base URL on it passed, and then every send through it failed to connect.
     if port == 0 and not _names_no_port(parts.netloc):
         raise ConfigError(
-            variable, f"has no valid port (a number from 1 to 65535): {value!r}"
+            variable, f"has no valid port (a number from 1 to 65535): {_shown(value)}"
         ) from None
 
 
@@ -709,7 +737,7 @@ def _check_base_url(variable: str, value: str | None) -> None:
     _check_url(variable, value, ("http", "https"))
     if value is not None and ("?" in value or "#" in value):
         raise ConfigError(variable, f"must not hold a query or fragment ('?' or '#'): paths "
-                          f"are appended to it, got {value!r}")
+                          f"are appended to it, got {_shown(value)}")
 
 
 # DATABASE_URL's libpq parameters that asyncpg does not read itself: it sends every query
@@ -806,7 +834,7 @@ def _connect_timeout_s(value: str) -> float:
         seconds = math.nan
     if not math.isfinite(seconds):
         raise ConfigError("DATABASE_URL", f"{CONNECT_TIMEOUT} must be a number of seconds "
-                          f"(0 for no limit), got {value!r}")
+                          f"(0 for no limit), got {_shown(value)}")
     return max(seconds, 0.0)
 
 
@@ -815,9 +843,9 @@ def _check_redis_url(value: str) -> None:
         try:
             parts = urlsplit(value)
         except ValueError as exc:
-            raise ConfigError("REDIS_URL", f"is not a valid URL ({exc}): {value!r}") from None
+            raise ConfigError("REDIS_URL", f"is not a valid URL ({exc}): {_shown(value)}") from None
         if not parts.path:
-            raise ConfigError("REDIS_URL", f"must name a socket path, got {value!r}")
+            raise ConfigError("REDIS_URL", f"must name a socket path, got {_shown(value)}")
         _check_redis_options(value)
         return
     _check_url("REDIS_URL", value, ("redis", "rediss"))
@@ -840,7 +868,7 @@ def _check_redis_options(value: str) -> None:
         connection = ConnectionPool.from_url(value).make_connection()  # type: ignore[no-untyped-call]
     except (ValueError, TypeError, RedisError) as exc:
         raise ConfigError("REDIS_URL", f"has an option the client cannot use ({exc}): "
-                          f"{value!r}") from None
+                          f"{_shown(value)}") from None
     # The client takes any float for these and fails only at the first command, with a
     # timeout that reads as a slow Redis, or with an error naming no setting (NaN).
     for option, least, inclusive in (("socket_timeout", 0.0, False),
@@ -853,7 +881,7 @@ def _check_redis_options(value: str) -> None:
         if math.isnan(seconds) or seconds < least or (seconds == least and not inclusive):
             bound = "0 or more" if inclusive else "more than 0"
             raise ConfigError("REDIS_URL", f"{option} must be a number of seconds ({bound}), "
-                              f"got {given!r}: {value!r}")
+                              f"got {given!r}: {_shown(value)}")
 
 
 PROVIDERS: Final = ("resend", "sendgrid", "smtp", "twilio", "fcm", "webhook", "openai")

@@ -185,11 +185,9 @@ async def read_totals(redis: Redis, keys: Keys) -> dict[SampleKey, float]:
     return totals
 
 
-def render(totals: dict[SampleKey, float] | None) -> bytes:
+def render(totals: dict[SampleKey, float]) -> bytes:
     """Prometheus text of this process's registry, with the shared families' system-wide
-    totals in place of its own counts (or its own counts when Redis could not be read)."""
-    if totals is None:
-        return generate_latest(REGISTRY)
+    totals in place of its own counts."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Local(_shared_names()))  # type: ignore[arg-type]
     registry.register(_Totals(totals))  # type: ignore[arg-type]

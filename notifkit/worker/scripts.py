@@ -97,14 +97,16 @@ return {emptied, out}
 # KEYS: output streams, then streams to ack on, then attempt counters. ARGV: how many outputs,
 # how many ack streams, MAXLEN, group, then per output its number of field/value items and
 # those items, then per ack stream its number of ids and the ids. Outputs come first so that a
-# refused XADD aborts the script before anything is acked.
+# refused XADD aborts the script before anything is acked. Returns the outputs' new entry ids,
+# in order (a dead-lettered entry's log line names its DLQ id, the one an operator replays).
 SETTLE = """
 local outputs, acks = tonumber(ARGV[1]), tonumber(ARGV[2])
 local maxlen, group = ARGV[3], ARGV[4]
 local a = 5
+local ids = {}
 for i = 1, outputs do
   local n = tonumber(ARGV[a])
-  redis.call('XADD', KEYS[i], 'MAXLEN', '~', maxlen, '*', unpack(ARGV, a + 1, a + n))
+  ids[i] = redis.call('XADD', KEYS[i], 'MAXLEN', '~', maxlen, '*', unpack(ARGV, a + 1, a + n))
   a = a + n + 1
 end
 for j = 1, acks do
@@ -124,5 +126,5 @@ while first <= #KEYS do
   redis.call('DEL', unpack(KEYS, first, last))
   first = last + 1
 end
-return outputs
+return ids
 """

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
@@ -22,7 +23,7 @@ from notifkit import metrics
 from notifkit.clock import utc_now_iso
 from notifkit.config import Settings
 from notifkit.db import availability
-from notifkit.errors import MalformedPayload, PermanentFailure
+from notifkit.errors import MalformedPayload, NotifkitError, PermanentFailure
 from notifkit.keys import Keys
 from notifkit.redis_pipe import pipe
 from notifkit.streams import DATA_FIELD, as_str, decode, dlq_fields, encode, ensure_group
@@ -75,6 +76,15 @@ KEEP_ALIVE_MIN_IDLE_S = 0.03
 # Beyond two reclaim cycles, how long an entry held for a lock wait may stay away before the
 # wait stops counting it (see Outage.forget_after_s).
 LOCK_WAIT_FORGET_S = 60.0
+
+
+def is_bug(exc: BaseException) -> bool:
+    """Whether ``exc`` is none of the failures a stage expects (a provider's answer, a
+    refusal of notifkit's own, a store that cannot serve): a bug, whose traceback is the only
+    way to find the line at fault."""
+    expected = (NotifkitError, RedisError, OSError, TimeoutError, asyncpg.PostgresError,
+                asyncpg.InterfaceError)
+    return not isinstance(exc, expected)
 
 
 def may_be_one_entrys(exc: BaseException) -> bool:
@@ -569,8 +579,11 @@ class StreamWorker:
                 total += len(claimed)
                 self.stats.reclaimed += len(claimed)
                 metrics.RECLAIMED.labels(self.service, stream).inc(len(claimed))
+                # The ids (the first 20), so an entry can be followed through the logs.
+                # The text is parsed by the scenarios ("Reclaimed N idle entries"): kept.
                 log.info("Reclaimed %d idle entries from %s.", len(claimed), stream,
-                         extra={"service": self.service})
+                         extra={"service": self.service, "stream": stream,
+                                "entry_ids": [entry_id for _, entry_id, _ in claimed[:20]]})
                 await self._dispatch(claimed, reclaimed=True)
             if cursor == "0-0":
                 return total
@@ -812,6 +825,8 @@ class StreamWorker:
     async def _handle_failures(self, failed: list[Entry]) -> None:
         held = await self._hold_for_outage(failed)
         last: list[Entry] = []
+        # A bug fails every entry of a batch alike: its traceback once per batch is enough.
+        traced: set[tuple[type[BaseException], str]] = set()
         for entry in failed:
             if id(entry) in held:
                 if entry.marks:
@@ -822,12 +837,18 @@ class StreamWorker:
             metrics.FAILED.labels(self.service, entry.stream, channel_label(entry)).inc()
             permanent = isinstance(entry.error, PermanentFailure)
             final = permanent or attempts_made(entry) >= self.max_attempts
+            trace: BaseException | None = None
+            if entry.error is not None and is_bug(entry.error):
+                kind = (type(entry.error), str(entry.error))
+                trace = None if kind in traced else entry.error
+                traced.add(kind)
             log.warning(
                 "Attempt %d of %d failed: %s. %s", attempts_made(entry), self.max_attempts,
                 # A query timeout's TimeoutError has no text: name its type instead.
                 str(entry.error) or describe_error(entry.error),
                 "Dead-lettering it." if final else "It stays pending for the reclaim sweep.",
                 extra=log_fields(self.service, entry),
+                exc_info=trace,
             )
             if entry.marks:
                 await self._release(keys=entry.marks, args=[entry.owner])
@@ -884,20 +905,23 @@ class StreamWorker:
             if (entry.stream != self.keys.events_inbound
                     and not self.settings.injects("skip_failed_event")):  # test-only fault
                 outputs.append((self.keys.events_inbound, failed_event(entry, record)))
-        await self._settle(outputs, entries)
-        for entry in entries:
+        added = await self._settle(outputs, entries)
+        dlq_ids = [added_id for (stream, _), added_id in zip(outputs, added, strict=True)
+                   if stream == self.keys.dlq]
+        for entry, dlq_id in zip(entries, dlq_ids, strict=True):
             self.stats.dead_lettered += 1
             metrics.DEAD_LETTERED.labels(self.service, entry.stream, channel_label(entry)).inc()
             made = attempts_made(entry)
-            log.error("Moved to the dead-letter queue after %d attempt%s (%s); replay it with "
-                      "POST /v1/dlq/{id}/replay once the cause is fixed.", made,
-                      "" if made == 1 else "s", describe_error(entry.error),
-                      extra=log_fields(self.service, entry))
+            log.error("Moved to the dead-letter queue as %s after %d attempt%s (%s); replay it "
+                      "with POST /v1/dlq/%s/replay once the cause is fixed.", dlq_id, made,
+                      "" if made == 1 else "s", describe_error(entry.error), dlq_id,
+                      extra={**log_fields(self.service, entry), "dlq_id": dlq_id})
 
     async def _settle(self, outputs: Sequence[tuple[str, Mapping[str, Any]]],
-                      entries: Sequence[Entry]) -> None:
+                      entries: Sequence[Entry]) -> list[str]:
         """Write ``outputs``, then ack ``entries`` and delete their attempt counters: one
-        script call, which stops before acking anything if Redis refuses an output."""
+        script call, which stops before acking anything if Redis refuses an output. Returns
+        the outputs' new entry ids, in order."""
         by_stream: dict[str, list[str]] = {}
         for entry in entries:
             by_stream.setdefault(entry.stream, []).append(entry.id)
@@ -914,7 +938,8 @@ class StreamWorker:
         for ids in by_stream.values():
             args.append(len(ids))
             args += ids
-        await pipe(self.redis).eval(scripts.SETTLE, len(keys), *keys, *args).execute()
+        [added] = await pipe(self.redis).eval(scripts.SETTLE, len(keys), *keys, *args).execute()
+        return [i.decode() if isinstance(i, bytes) else str(i) for i in added or []]
 
     # -- heartbeat -----------------------------------------------------------------
     async def _heartbeat_loop(self) -> None:

@@ -13,6 +13,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from notifkit import metrics
 from notifkit.config import Settings
 from notifkit.ids import untasked_row_id
 from notifkit.keys import Keys
@@ -98,6 +99,30 @@ async def test_health_keeps_a_service_whose_every_process_died(api: Api, redis: 
     assert sorted(healed.body["services"]) == ["delivery-host-2", "engine-host-1"]
 
 
+async def test_health_lists_only_the_last_dead_process_of_a_service(
+    api: Api, redis: Redis
+) -> None:
+    """Processes of a service killed one after another (a crash loop, a redeploy by SIGKILL)
+    each left an index entry: once none ran, /health listed every one of them for an hour,
+    not the last one README promises, burying the one that says when the service stopped."""
+    keys = Keys(api.settings.namespace)
+    now = time.time()
+    beat = {"service": "delivery", "lastBeat": "2030-01-01T00:00:00.000Z", "inFlight": 0}
+    for n, died_at in ((1, now - 600), (2, now - 300), (3, now - 60)):
+        await write_heartbeat(redis, keys, f"delivery-host-{n}", {**beat, "ts": died_at}, 30)
+        await redis.zadd(keys.heartbeats, {f"delivery-host-{n}": died_at})
+        await redis.delete(keys.health(f"delivery-host-{n}"))
+    reply = await api.call("GET", "/health")
+    assert reply.body["status"] == "degraded"
+    assert list(reply.body["services"]) == ["delivery-host-3"]
+    # The last one killed whose key has not expired yet is that one: the older ones go.
+    await write_heartbeat(redis, keys, "delivery-host-4",
+                          {**beat, "ts": now - 40}, 30)  # stale, its key still there
+    reply = await api.call("GET", "/health")
+    assert list(reply.body["services"]) == ["delivery-host-4"]
+    assert reply.body["services"]["delivery-host-4"]["stale"] is True
+
+
 async def test_health_is_degraded_by_a_worker_that_beats_but_cannot_read(
     api: Api, redis: Redis
 ) -> None:
@@ -124,6 +149,25 @@ async def test_health_is_503_without_redis(settings: Settings) -> None:
         body = await reply.json()
         assert (body["status"], body["redis"], body["postgres"]) == ("degraded",
                                                                      "unreachable", "ok")
+    finally:
+        await client.close()
+
+
+async def test_metrics_are_503_without_redis_never_this_process_alone(
+    settings: Settings,
+) -> None:
+    # The counters are the whole system's totals, kept in Redis. Without Redis the scrape
+    # showed this process's own counts instead: every counter went down (Prometheus takes
+    # that for a reset and counts the whole total again when Redis is back) and the stream
+    # gauges kept their last values. A failed scrape is what Prometheus can read right.
+    metrics.PROCESSED.labels("engine", "s-metrics-outage", "").inc()
+    broken = settings.replace(redis_url="redis://127.0.0.1:1/0")
+    _server, client = await _start_without_hub(broken)
+    try:
+        reply = await client.get("/metrics")
+        assert reply.status == 503
+        assert reply.headers["Retry-After"] == "1"
+        assert (await reply.json())["error"]["code"] == "service_unavailable"
     finally:
         await client.close()
 
@@ -588,6 +632,34 @@ async def test_health_answers_while_postgres_stalls(settings: Settings) -> None:
         await client.close()
         pool.terminate()
         await proxy.stop()
+
+
+async def test_health_asks_both_stores_at_once(settings: Settings) -> None:
+    """With Redis and PostgreSQL both stalled, /health waited a second for one, then a second
+    for the other: two seconds, past the one-second timeout most probes use (a Kubernetes
+    probe's default). Both are asked at once, so it answers within about one."""
+    from notifkit.db.pool import create_pool
+    from tests.support.pg_proxy import StallingRedisProxy
+
+    async with PostgresProxy(settings) as pg, StallingRedisProxy(settings) as rd:
+        pool = await create_pool(pg.settings)
+        _server, client = await start_api(rd.settings, db=pool)
+        try:
+            assert (await client.get("/health")).status == 200
+            pg.stall()
+            rd.stall()
+            started = time.monotonic()
+            reply = await asyncio.wait_for(client.get("/health"), 30)
+            took = time.monotonic() - started
+            assert reply.status == 503
+            body = await reply.json()
+            assert (body["redis"], body["postgres"]) == ("unreachable", "unreachable")
+            assert took < 1.6, took
+        finally:
+            pg.restore()
+            rd.restore()
+            await client.close()
+            pool.terminate()
 
 
 async def test_every_route_answers_503_while_postgres_stalls(settings: Settings) -> None:

@@ -717,3 +717,37 @@ def test_smtp_without_an_smtp_url_names_the_simulators_variable_too() -> None:
                            "NOTIFKIT_SIMULATOR_URL": "http://127.0.0.1:8025"})
     assert refused.value.variable == "SMTP_URL"
     assert "NOTIFKIT_SIMULATOR_SMTP=host:port" in refused.value.problem
+
+
+@pytest.mark.parametrize(("variable", "url"), [
+    ("DATABASE_URL", "postgresql://app:s3cr3t-pw@db.example:99999/app"),
+    ("DATABASE_URL", "mysql://app:s3cr3t-pw@db.example:5432/app"),
+    ("DATABASE_URL", "postgresql://app:s3cr3t-pw@db.example:5432/a b"),
+    ("DATABASE_URL", "postgresql://app:s3cr3t-pw@[::1/app"),
+    ("DATABASE_URL", "postgresql://app@db.example:0/app?password=s3cr3t-pw&sslmode=require"),
+    ("REDIS_URL", "redis://:s3cr3t-pw@cache.example:99999/0"),
+    ("REDIS_URL", "redis://user:s3cr3t-pw@cache.example:6379/0?socket_timeout=-1"),
+    ("REDIS_URL", "redis://user:s3cr3t-pw@cache.example:6379/0?bogus=1"),
+    ("REDIS_URL", "http://user:s3cr3t-pw@cache.example:6379/0"),
+    ("SMTP_URL", "smtp://mailer:s3cr3t-pw@mail.example:0"),
+])
+def test_a_refused_url_is_shown_without_its_password(variable: str, url: str) -> None:
+    # The message is the process's one line at start, in every log collector: the URL it
+    # shows must not carry the password the operator put in it.
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({variable: url})
+    message = str(caught.value)
+    assert message.startswith(variable)
+    assert "s3cr3t-pw" not in message
+    assert "***" in message
+
+
+def test_a_password_with_a_slash_is_hidden_too() -> None:
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"DATABASE_URL": "postgresql://app:s3c/r#3t@db.example:99999/app"})
+    assert "s3c" not in str(caught.value)
+    assert "r#3t" not in str(caught.value)
+    # A URL without a password is shown as given, port and all.
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"REDIS_URL": "redis://cache.example:99999/0"})
+    assert "'redis://cache.example:99999/0'" in str(caught.value)

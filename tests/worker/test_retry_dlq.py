@@ -425,3 +425,78 @@ async def test_each_failed_attempt_is_logged_and_the_dead_lettering_names_its_ca
     assert records[0][1].startswith("Attempt 1 of 3 failed: provider exploded.")
     assert records[2][1].endswith("Dead-lettering it.")
     assert "after 3 attempts (RuntimeError: provider exploded)" in records[3][1]
+
+
+async def test_the_dead_letter_log_line_names_the_dlq_entry_to_replay(
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, add: Add,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The line an operator is paged for says which DLQ entry to replay: the id that
+    # POST /v1/dlq/{id}/replay takes, not only the origin stream's entry id.
+    worker = make_worker(AlwaysFails(PermanentFailure("HTTP 401: bad key")), service="delivery",
+                         streams=keys.outbound_all())
+    entry_id = await add(keys.outbound("normal"), {"projectId": "p1", "eventId": "ev-1",
+                                                   "taskId": "t-1", "channel": "sms"})
+    with caplog.at_level("ERROR", logger="notifkit.worker"):
+        await worker.run_until_idle()
+
+    [(dlq_id, _fields)] = await xrange(redis, keys.dlq)
+    [record] = [r for r in caplog.records if "dead-letter queue" in r.getMessage()]
+    assert record.dlq_id == dlq_id.decode()  # type: ignore[attr-defined]
+    assert record.entry_id == entry_id  # type: ignore[attr-defined]
+    assert f"POST /v1/dlq/{dlq_id.decode()}/replay" in record.getMessage()
+
+
+async def test_the_reclaim_line_names_the_stream_and_entries_it_took(
+    make_worker: WorkerFactory, keys: Keys, add: Add, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # "Reclaimed 1 idle entries from <stream>." said neither which entries (to follow one
+    # through the logs) nor the stream as a field a log query can select on. (The text
+    # stays: the scenarios count these lines by it.)
+    worker = make_worker(AlwaysFails(RuntimeError("provider exploded")), service="engine")
+    entry_id = await add(keys.enriched("normal"), {"projectId": "p1", "eventId": "ev-1"})
+    with caplog.at_level("INFO", logger="notifkit.worker"):
+        await worker.run_until_idle()
+
+    [first, *_] = [r for r in caplog.records if r.getMessage().startswith("Reclaimed")]
+    assert first.getMessage() == f"Reclaimed 1 idle entries from {keys.enriched('normal')}."
+    assert first.stream == keys.enriched("normal")  # type: ignore[attr-defined]
+    assert first.entry_ids == [entry_id]  # type: ignore[attr-defined]
+
+
+class Buggy:
+    """A processor with a bug: a lookup that fails for every entry of the batch."""
+
+    async def __call__(self, batch: list[Entry]) -> None:
+        payload: dict[str, object] = {}
+        payload["userId"]  # the bug
+
+
+async def test_an_unexpected_error_is_logged_with_its_traceback_once_per_batch(
+    make_worker: WorkerFactory, keys: Keys, add: Add, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A bug in a stage said only "Attempt 1 of 3 failed: 'userId'." for each entry: neither
+    # the exception's type nor where it was raised, so nobody could find the line to fix.
+    worker = make_worker(Buggy(), service="engine")
+    for n in range(3):
+        await add(keys.enriched("normal"), {"projectId": "p1", "eventId": f"ev-{n}"})
+    with caplog.at_level("WARNING", logger="notifkit.worker"):
+        await worker.run_until_idle()
+
+    first = [r for r in caplog.records if r.getMessage().startswith("Attempt 1 of 3")]
+    assert len(first) == 3
+    with_traceback = [r for r in first if r.exc_info]
+    assert len(with_traceback) == 1  # one per batch, not one per entry
+    assert "KeyError" in caplog.text
+    assert 'payload["userId"]' in caplog.text
+
+
+async def test_an_expected_failure_carries_no_traceback(
+    make_worker: WorkerFactory, keys: Keys, add: Add, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A provider's answer or a store that cannot serve is no bug: one line, as before.
+    worker = make_worker(AlwaysFails(ConnectionRefusedError("refused")), service="engine")
+    await add(keys.enriched("normal"), {"projectId": "p1", "eventId": "ev-1"})
+    with caplog.at_level("WARNING", logger="notifkit.worker"):
+        await worker.run_until_idle()
+    assert not [r for r in caplog.records if r.exc_info]

@@ -44,9 +44,11 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
                       503: Reply(ref("Health"), "Redis or PostgreSQL is unreachable.")})
 async def health(request: web.Request) -> web.Response:
     app = request.app
-    redis_ok, services = await _redis_health(app[REDIS], app[KEYS],
-                                             app[SETTINGS].heartbeat_interval_s)
-    postgres_ok = await _postgres_health(app)
+    # Both at once: one after the other, two stores that stopped answering took twice the
+    # timeout, past the one second a probe commonly allows.
+    (redis_ok, services), postgres_ok = await asyncio.gather(
+        _redis_health(app[REDIS], app[KEYS], app[SETTINGS].heartbeat_interval_s),
+        _postgres_health(app))
     # API.md knows two statuses; a 503 is the degraded one, and `redis` / `postgres` say why.
     if not (redis_ok and postgres_ok) or any(s["stale"] or "readError" in s
                                              for s in services.values()):
@@ -67,18 +69,15 @@ async def health(request: web.Request) -> web.Response:
                                  content_type="text/plain")})
 async def prometheus_metrics(request: web.Request) -> web.Response:
     app = request.app
-    try:
-        streams = await asyncio.wait_for(stream_stats(app[REDIS], app[KEYS]), HEALTH_TIMEOUT_S)
-    except (RedisError, OSError, TimeoutError):
-        streams = []  # the counters are still worth scraping without Redis
-    totals: dict[metrics_store.SampleKey, float] | None
-    try:
-        # This process's own counts first, so what it just did shows at once.
-        await asyncio.wait_for(metrics_store.flush(app[REDIS], app[KEYS]), HEALTH_TIMEOUT_S)
-        totals = await asyncio.wait_for(metrics_store.read_totals(app[REDIS], app[KEYS]),
-                                        HEALTH_TIMEOUT_S)
-    except (RedisError, OSError, TimeoutError):
-        totals = None  # without Redis: this process's own counts
+    # Without Redis this raises, and the route answers 503 as any route does: the counters
+    # are the whole system's totals, kept there, and this process's own counts in their
+    # place would make every counter go down (a reset to Prometheus, which then counts the
+    # whole total again once Redis is back). A failed scrape is recorded as one (`up` 0).
+    streams = await asyncio.wait_for(stream_stats(app[REDIS], app[KEYS]), HEALTH_TIMEOUT_S)
+    # This process's own counts first, so what it just did shows at once.
+    await asyncio.wait_for(metrics_store.flush(app[REDIS], app[KEYS]), HEALTH_TIMEOUT_S)
+    totals = await asyncio.wait_for(metrics_store.read_totals(app[REDIS], app[KEYS]),
+                                    HEALTH_TIMEOUT_S)
     for info in streams:
         metrics.STREAM_LENGTH.labels(info["stream"]).set(info["length"])
         metrics.STREAM_DEPTH.labels(info["stream"]).set(stream_depth(info))
@@ -172,14 +171,20 @@ async def _heartbeats(
         services[name[len(prefix):]] = entry
     # A dead consumer whose service still runs elsewhere is no news: the others reclaim what
     # it held. The last one of its service stays listed, stale, so the status says that
-    # nothing runs that service any more (until one beats again, or an hour passes).
-    alive = {s["service"] for s in services.values() if not s["stale"]}
+    # nothing runs that service any more (until one beats again, or an hour passes). Only
+    # the last: every process of a crash loop listed for an hour buried when it stopped.
+    # One whose key has not expired yet (listed above) died after any whose key has.
+    listed = {s["service"] for s in services.values()}
+    last_died: dict[str, str] = {}
     for consumer in died:
         service = consumer.partition("-")[0]
-        if service in SERVICES and service not in alive:
-            services[consumer] = {"service": service,
-                                  "lastBeat": _iso(last_beats[consumer]),
-                                  "inFlight": 0, "stale": True}
+        if service in SERVICES and service not in listed and (
+                service not in last_died
+                or last_beats[consumer] > last_beats[last_died[service]]):
+            last_died[service] = consumer
+    for service, consumer in last_died.items():
+        services[consumer] = {"service": service, "lastBeat": _iso(last_beats[consumer]),
+                              "inFlight": 0, "stale": True}
     return dict(sorted(services.items()))
 
 
