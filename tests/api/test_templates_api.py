@@ -228,6 +228,23 @@ async def test_preview_renders_every_channel_with_the_documented_context(
         project.id, "u1", "email", "billing")
 
 
+async def test_preview_shows_an_in_app_script_link_left_out_as_delivery_leaves_it_out(
+    api: Api, project: Project
+) -> None:
+    """A link the data makes a script URL (``{{ data.link }}`` of ``javascript:...``) is
+    dropped by the in-app transport; the preview showed it as the message's url, so the
+    preview promised a link the recipient never got."""
+    put = await api.call("PUT", "/v1/templates/linked", key=project.full, json={
+        "channels": {"inapp": {"text": "Open", "url": "{{ data.link }}"}}})
+    assert put.status == 201, put.body
+    for link, shown in (("javascript:alert(1)", None), (" JavaScript:alert(1)", None),
+                        ("https://example.com/a", "https://example.com/a")):
+        reply = await api.call("POST", "/v1/templates/linked/preview", key=project.full,
+                               json={"data": {"link": link}})
+        assert reply.status == 200, reply.body
+        assert reply.body["channels"]["inapp"] == {"text": "Open", "url": shown}, link
+
+
 async def test_preview_errors_name_the_field(api: Api, project: Project) -> None:
     await api.call("PUT", "/v1/templates/invoice", key=project.full, json=INVOICE)
     missing = await api.call("POST", "/v1/templates/invoice/preview", key=project.full,

@@ -215,6 +215,10 @@ async def preview_template(request: web.Request) -> web.Response:
             rendered[channel] = render_channel(content, channel, context)
         except RenderError as exc:
             problems.append(detail(exc.field, exc.message))
+            continue
+        if channel == "inapp" and unsafe_url(rendered[channel].get("url")):
+            # What the recipient gets: the in-app transport sends the message without it.
+            rendered[channel]["url"] = None
     ai_out = None
     if row["ai"]:
         context = build_context(data=data, user=user, notification=notification, channel=None)
