@@ -457,6 +457,12 @@ class _CodeGenerator(CodeGenerator):
             self.fail(f"No {kind} named {name!r}.", lineno)
 
 
+# What a dict answers besides its keys (items, keys, get, ...): to a template, data and
+# attributes are JSON objects, whose attributes are their fields.
+_DICT_METHODS: Final[frozenset[str]] = frozenset(
+    name for name in dir(dict) if not name.startswith("_"))
+
+
 class _Sandbox(ImmutableSandboxedEnvironment):
     code_generator_class = _CodeGenerator
     intercepted_binops = frozenset({"*", "**", "%", "+"})
@@ -475,6 +481,11 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         _tick()
         for arg in (*args, *kwargs.values()):  # a macro that doubles a string per call
             _bounded(arg)
+        if isinstance(__obj, Undefined) and isinstance(__obj._undefined_obj, dict) \
+                and __obj._undefined_name in _DICT_METHODS:
+            # A dict method read as a missing field (see getattr) is the method once called,
+            # through the sandbox's own lookup, which refuses the ones that mutate.
+            __obj = super().getattr(__obj._undefined_obj, __obj._undefined_name)
         owner = getattr(__obj, "__self__", None)
         name = getattr(__obj, "__name__", "")
         if isinstance(owner, str | bytes | bytearray):  # ''.encode() has the same methods
@@ -518,14 +529,24 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         _tick()
-        if isinstance(obj, dict) and isinstance(attribute, str) and attribute in obj:
-            # A caller's field named like a dict method (an order's ``data.items``) is the
-            # field; Jinja would hand out the method. Without the field the method stays.
-            return _bounded(obj[attribute])
+        if isinstance(obj, dict) and isinstance(attribute, str):
+            if attribute in obj:
+                # A caller's field named like a dict method (an order's ``data.items``) is
+                # the field; Jinja would hand out the method.
+                return _bounded(obj[attribute])
+            if attribute in _DICT_METHODS:
+                # Without the field it is a missing field, as any other name is: the method
+                # was true, defined and written as "<built-in method items ...>", so
+                # ``{% if data.items %}`` held for data without items. Called
+                # (``data.items()``), it is the method: see call.
+                return self.undefined(obj=obj, name=attribute)
         return _bounded(super().getattr(obj, attribute))
 
     def getitem(self, obj: Any, argument: Any) -> Any:
         _tick()
+        if isinstance(obj, dict) and isinstance(argument, str) and argument not in obj \
+                and argument in _DICT_METHODS:  # data['items']: Jinja falls back on getattr
+            return self.undefined(obj=obj, name=argument)
         return _bounded(super().getitem(obj, argument))
 
     @staticmethod

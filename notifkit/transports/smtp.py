@@ -155,6 +155,11 @@ class SmtpTransport:
         mail["Message-ID"] = f"<{message.task_id}@notifkit>"
         for name, value in email.headers.items():
             mail[name] = value
+        if email.text is None and email.html is not None:
+            # html alone is the message's one part, as Resend and SendGrid send it: an empty
+            # text/plain alternative beside it is a blank message to a client showing text.
+            mail.set_content(email.html, subtype="html")
+            return mail
         mail.set_content(email.text if email.text is not None else "")
         if email.html is not None:
             mail.add_alternative(email.html, subtype="html")

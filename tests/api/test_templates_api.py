@@ -228,6 +228,63 @@ async def test_preview_renders_every_channel_with_the_documented_context(
         project.id, "u1", "email", "billing")
 
 
+async def test_preview_shows_an_in_app_script_link_left_out_as_delivery_leaves_it_out(
+    api: Api, project: Project
+) -> None:
+    """A link the data makes a script URL (``{{ data.link }}`` of ``javascript:...``) is
+    dropped by the in-app transport; the preview showed it as the message's url, so the
+    preview promised a link the recipient never got."""
+    put = await api.call("PUT", "/v1/templates/linked", key=project.full, json={
+        "channels": {"inapp": {"text": "Open", "url": "{{ data.link }}"}}})
+    assert put.status == 201, put.body
+    for link, shown in (("javascript:alert(1)", None), (" JavaScript:alert(1)", None),
+                        ("https://example.com/a", "https://example.com/a")):
+        reply = await api.call("POST", "/v1/templates/linked/preview", key=project.full,
+                               json={"data": {"link": link}})
+        assert reply.status == 200, reply.body
+        assert reply.body["channels"]["inapp"] == {"text": "Open", "url": shown}, link
+
+
+async def test_preview_renders_the_ai_prompt_for_each_channel_it_writes(
+    api: Api, project: Project
+) -> None:
+    """The ai service renders the prompt once per channel, with that channel, the e-mail's
+    unsubscribeUrl and a digest's items; the preview rendered it once with none of them, so
+    a prompt every send renders (the link in an e-mail's prompt, a digest's items) was a 400
+    and one that reads ``channel`` showed what no channel gets."""
+    put = await api.call("PUT", "/v1/templates/written", key=project.full, json={
+        "channels": {"sms": {"text": "Hi"}},
+        "ai": {"model": "gpt-4o-mini", "channels": ["email", "sms"], "prompt":
+               "{{ items | length }} for {{ channel }} {{ data.x }}"
+               "{% if channel == 'email' %} {{ unsubscribeUrl[:4] }}{% endif %}"}})
+    assert put.status == 201, put.body
+    reply = await api.call("POST", "/v1/templates/written/preview", key=project.full, json={
+        "data": {"x": "X"}, "items": [{"data": {}, "at": None}, {"data": {}, "at": None}]})
+    assert reply.status == 200, reply.body
+    assert reply.body["ai"]["prompts"] == {"email": "2 for email X http", "sms": "2 for sms X"}
+    assert reply.body["ai"]["prompt"] == "2 for email X http"  # the first channel's
+    link_only = await api.call("PUT", "/v1/templates/linked-ai", key=project.full, json={
+        "channels": {"email": {"subject": "S"}},
+        "ai": {"model": "gpt-4o-mini", "channels": ["email"],
+               "prompt": "End with {{ unsubscribeUrl }}"}})
+    assert link_only.status == 201, link_only.body
+    reply = await api.call("POST", "/v1/templates/linked-ai/preview", key=project.full,
+                           json={"data": {}})
+    assert reply.status == 200, reply.body
+    assert "/v1/unsubscribe?token=" in reply.body["ai"]["prompt"]
+    # a channel whose prompt does not render is named
+    await api.call("PUT", "/v1/templates/linked-ai", key=project.full, json={
+        "channels": {"email": {"subject": "S"}},
+        "ai": {"model": "gpt-4o-mini", "channels": ["email", "sms"],
+               "prompt": "End with {{ unsubscribeUrl }}"}})
+    failed = await api.call("POST", "/v1/templates/linked-ai/preview", key=project.full,
+                            json={"data": {}})
+    assert failed.status == 400, failed.body
+    [problem] = failed.error["details"]
+    assert problem["field"] == "ai.prompt"
+    assert problem["message"].startswith("for sms: 'unsubscribeUrl' is undefined")
+
+
 async def test_preview_errors_name_the_field(api: Api, project: Project) -> None:
     await api.call("PUT", "/v1/templates/invoice", key=project.full, json=INVOICE)
     missing = await api.call("POST", "/v1/templates/invoice/preview", key=project.full,

@@ -815,3 +815,25 @@ async def test_a_webhook_answer_whose_body_breaks_off_is_classified_by_its_statu
     assert result.outcome is outcome, result.detail
     assert result.status == status
     assert len(posts) == 1
+
+
+@pytest.mark.parametrize(("content", "parts"), [
+    ({"subject": "s", "html": "<p>h</p>"}, ["text/html"]),
+    ({"subject": "s", "text": "t"}, ["text/plain"]),
+    ({"subject": "s", "text": "t", "html": "<p>h</p>"}, ["text/plain", "text/html"]),
+    ({"subject": "s"}, ["text/plain"]),
+])
+def test_smtp_sends_the_bodies_the_template_has_and_no_empty_text_beside_html(
+    content: dict[str, str], parts: list[str],
+) -> None:
+    """An e-mail whose template has html alone went out as multipart/alternative with an
+    empty text/plain part before the html, so a client showing text (or the text preview)
+    showed a blank message; Resend and SendGrid send the html alone, and so does SMTP now."""
+    mail = smtp_transport(25)._compose(Message(
+        task_id="t-parts", event_id="e", project_id="p", user_id="u", channel="email",
+        to="ada@example.com", content=content))
+    shown = [part.get_content_type() for part in mail.walk() if not part.is_multipart()]
+    assert shown == parts
+    for part in mail.walk():
+        if not part.is_multipart():
+            assert part.get_content().strip() or content == {"subject": "s"}

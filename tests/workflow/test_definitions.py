@@ -274,6 +274,35 @@ def test_a_field_named_like_a_dict_method_reads_the_field() -> None:
     assert rendered == "1;2;k"
 
 
+def test_a_missing_field_named_like_a_dict_method_is_missing() -> None:
+    """Data without ``items`` has no ``items`` field: ``data.items`` read the dict's method,
+    so ``if: data.items`` took ``then`` for a trigger without items, ``{% if data.items %}``
+    held (in a template it fails now, as for any missing field), ``is defined`` and
+    ``default`` saw a value, and ``{{ data.items }}`` wrote
+    ``<built-in method items of dict object at 0x...>``. Called, the method is still there
+    (``data.items()``, ``user.attributes.get('plan', 'free')``)."""
+    context = {"data": {"n": 1}, "user": {"attributes": {}}, "steps": {0: {"x": 1}}}
+    for condition in ("data.items", "data.keys", "data.get", "data.values is defined",
+                      "user.attributes.items", "steps[0].copy", "data['items']",
+                      "data.update", "data|attr('items')"):
+        assert evaluate_condition(condition, context) is False, condition
+    for condition in ("data.items is none", "not data.items", "data.items | length == 0",
+                      "data.items() | list | length == 1", "data.get('n') == 1",
+                      "user.attributes.get('plan', 'free') == 'free'", "data['keys']() | list"):
+        assert evaluate_condition(condition, context) is True, condition
+    with pytest.raises(RenderError, match="not allowed in an expression"):
+        evaluate_condition("data.update({'n': 2})", context)
+    assert render_string(
+        "{% if data.items is defined %}yes{% else %}no{% endif %} "
+        "{{ data.values | default('none') }} {% for k, v in data.items() %}{{ k }}={{ v }}"
+        "{% endfor %} {{ data.get('m', 0) }} {{ data['keys']() | list }}",
+        {"data": {"n": 1}}) == "no none n=1 0 ['n']"
+    for source in ("{{ data.items }}", "{{ data['get'] }}", "{% if data.keys %}{% endif %}",
+                   "{% for i in data.items %}{% endfor %}"):
+        with pytest.raises(RenderError, match="has no attribute"):
+            render_string(source, {"data": {"n": 1}})
+
+
 def test_an_attribute_the_sandbox_refuses_fails_the_condition() -> None:
     """``''.__class__`` is no missing field: a template refuses it, and a condition reading
     one fails (and so the instance) instead of quietly taking ``else``, whether or not the

@@ -262,7 +262,8 @@ COMPONENTS: dict[str, Schema] = {
     "Preview": obj({
         "template": STRING,
         "channels": {"type": "object", "additionalProperties": {"type": "object"}},
-        "ai": nullable(obj({"model": STRING, "prompt": STRING, "channels": {
+        "ai": nullable(obj({"model": STRING, "prompt": STRING, "prompts": {
+            "type": "object", "additionalProperties": STRING}, "channels": {
             "type": "array", "items": CHANNEL}})),
     }, ("template", "channels", "ai")),
     # -- sending -------------------------------------------------------------------------------

@@ -171,8 +171,10 @@ def digest_items(fields: Fields) -> list[dict[str, Any]] | None:
            body=ref("PreviewRequest"), responses={200: ref("Preview")},
            description="Renders every channel with data, user (the named user, or a "
                        "placeholder), notification (placeholders), channel and, for e-mail, "
-                       "unsubscribeUrl; items (each {data, at}) for a digest template. A "
-                       "render error is a 400 naming the field.")
+                       "unsubscribeUrl; items (each {data, at}) for a digest template. An AI "
+                       "template's prompt is rendered for each channel the model writes "
+                       "(ai.prompts; ai.prompt is the first channel's). A render error is a "
+                       "400 naming the field.")
 async def preview_template(request: web.Request) -> web.Response:
     project = project_id(request)
     template_id = lookup_id(request, "templateId", "template")
@@ -215,15 +217,31 @@ async def preview_template(request: web.Request) -> web.Response:
             rendered[channel] = render_channel(content, channel, context)
         except RenderError as exc:
             problems.append(detail(exc.field, exc.message))
+            continue
+        if channel == "inapp" and unsafe_url(rendered[channel].get("url")):
+            # What the recipient gets: the in-app transport sends the message without it.
+            rendered[channel]["url"] = None
     ai_out = None
     if row["ai"]:
-        context = build_context(data=data, user=user, notification=notification, channel=None)
-        try:
-            prompt = render_string(row["ai"]["prompt"], context, field="ai.prompt")
-            ai_out = {"model": row["ai"]["model"], "prompt": prompt,
-                      "channels": row["ai"]["channels"]}
-        except RenderError as exc:
-            problems.append(detail(exc.field, exc.message))
+        # As the ai service renders it: once per channel it writes, with that channel, the
+        # e-mail's unsubscribeUrl and a digest's items.
+        prompts: dict[str, str] = {}
+        for channel in row["ai"]["channels"]:
+            context = build_context(
+                data=data, user=user, notification=notification, channel=channel,
+                unsubscribe_url=unsubscribe_url(settings, project, user["id"], channel,
+                                                row["topic"]),
+                items=items,
+            )
+            try:
+                prompts[channel] = render_string(row["ai"]["prompt"], context,
+                                                 field="ai.prompt")
+            except RenderError as exc:
+                problems.append(detail(exc.field, f"for {channel}: {exc.message}"))
+        if prompts:
+            ai_out = {"model": row["ai"]["model"],
+                      "prompt": prompts.get(row["ai"]["channels"][0], ""),
+                      "prompts": prompts, "channels": row["ai"]["channels"]}
     if problems:
         raise ApiError(400, "template_render_error",
                        "The template does not render with this data.", problems)
