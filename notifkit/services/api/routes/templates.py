@@ -206,15 +206,17 @@ async def preview_template(request: web.Request) -> web.Response:
         [field for channel, content in row["content"].items() if isinstance(content, dict)
          for field in uncompiled(content, channel)]
         + (uncompiled({"prompt": prompt_source}, "") if isinstance(prompt_source, str) else []))
-    for channel, content in row["content"].items():
-        context = build_context(
+    def context_for(channel: str) -> dict[str, Any]:
+        return build_context(
             data=data, user=user, notification=notification, channel=channel,
             unsubscribe_url=unsubscribe_url(settings, project, user["id"], channel,
                                             row["topic"]),
             items=items,
         )
+
+    for channel, content in row["content"].items():
         try:
-            rendered[channel] = render_channel(content, channel, context)
+            rendered[channel] = render_channel(content, channel, context_for(channel))
         except RenderError as exc:
             problems.append(detail(exc.field, exc.message))
             continue
@@ -227,14 +229,8 @@ async def preview_template(request: web.Request) -> web.Response:
         # e-mail's unsubscribeUrl and a digest's items.
         prompts: dict[str, str] = {}
         for channel in row["ai"]["channels"]:
-            context = build_context(
-                data=data, user=user, notification=notification, channel=channel,
-                unsubscribe_url=unsubscribe_url(settings, project, user["id"], channel,
-                                                row["topic"]),
-                items=items,
-            )
             try:
-                prompts[channel] = render_string(row["ai"]["prompt"], context,
+                prompts[channel] = render_string(row["ai"]["prompt"], context_for(channel),
                                                  field="ai.prompt")
             except RenderError as exc:
                 problems.append(detail(exc.field, f"for {channel}: {exc.message}"))
