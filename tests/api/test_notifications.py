@@ -93,6 +93,8 @@ async def test_optional_fields_sent_as_null_are_left_out(
 @pytest.mark.parametrize(("given", "enqueued"), [
     ("2028-02-29t23:30:00z", "2028-02-29T23:30:00.000Z"),  # leap day, lower-case t and z
     ("2026-12-01T09:00:00.123456789Z", "2026-12-01T09:00:00.123Z"),
+    # RFC 3339 bounds no fraction (time-secfrac = "." 1*DIGIT): picoseconds are a time too
+    ("2026-12-01T09:00:00.123456789012Z", "2026-12-01T09:00:00.123Z"),
     ("2026-12-01T09:00:00-00:00", "2026-12-01T09:00:00.000Z"),
     ("2026-12-02T00:30:00+14:00", "2026-12-01T10:30:00.000Z"),
     ("2026-03-29T02:30:00+05:45", "2026-03-28T20:45:00.000Z"),

@@ -435,6 +435,45 @@ async def test_a_quiet_hours_deferral_is_canceled_like_a_scheduled_send(
     assert recipient["taskId"] not in await delivered_tasks(sim)
 
 
+async def test_a_quiet_hours_deferral_on_its_way_to_the_scheduler_is_canceled_there(
+    api: Api, project: Project, pipeline: list[Any], delivery: DeliveryService,
+    make_scheduler: SchedulerFactory, clock: FakeClock, cancel_settings: Settings,
+    sim: SimulatorServer, db: asyncpg.Pool,
+) -> None:
+    """A deferral has no sendAt to say something still waits: its task, routed by the engine
+    but not yet taken in by a scheduler (a backlog, every scheduler down), is still left to
+    cancel, and the scheduler drops it when it arrives."""
+    # Given a send without sendAt, deferred by the user's quiet hours (UTC), its task still
+    # on the scheduler's stream
+    now = datetime.now(UTC)
+    quiet = {"start": (now - timedelta(hours=1)).strftime("%H:%M"),
+             "end": (now + timedelta(hours=2)).strftime("%H:%M")}
+    await add_user(api, project, "ada")
+    reply = await api.call("PUT", "/v1/users/ada/preferences", key=project.full,
+                           json={"quietHours": quiet})
+    assert reply.status == 200, reply.body
+    event_id = await send(api, project, "ada")
+    await drain(*pipeline)
+    assert only_recipient(await show(api, project, event_id))["status"] == "scheduled"
+
+    # When it is canceled before the scheduler takes it in
+    answer = only_recipient(await cancel(api, project, event_id))
+
+    # Then the answer shows it still on its way, the scheduler drops it, and the end of the
+    # quiet hours sends nothing
+    assert answer["status"] == "scheduled", answer
+    scheduler = make_scheduler(settings=cancel_settings)
+    await scheduler.ingest_until_idle()
+    clock.now_ms = int((now + timedelta(hours=3)).timestamp() * 1000)
+    await scheduler.run_until_idle()
+    await delivery.run_until_idle()
+    assert answer["taskId"] not in await delivered_tasks(sim)
+    recipient = only_recipient(await show(api, project, event_id))
+    assert shows_canceled(recipient), recipient
+    assert [row["kind"] for row in recipient["timeline"]] == ["deferred", "canceled"]
+    assert await rows_left(db, [answer["taskId"]]) == 0
+
+
 async def test_a_notification_already_sent_has_nothing_to_cancel(
     api: Api, project: Project, pipeline: list[Any], delivery: DeliveryService,
     sim: SimulatorServer,

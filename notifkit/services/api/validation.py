@@ -54,8 +54,10 @@ JSON_TYPES = ("application/json",)
 
 # RFC 3339 date-time; Python's fromisoformat alone accepts many non-RFC spellings (and reads
 # an offset of +05:60 as +06:00). ASCII digits only, and \Z: `$` would let a newline through.
+# A fraction has as many digits as the writer likes (time-secfrac = "." 1*DIGIT);
+# fromisoformat keeps the microseconds of any length.
 _RFC3339 = re.compile(
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?"
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?"
     r"([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])\Z"
 )
 # \Z, not $: $ also matches before a final newline, which would pass "+4915112345678\n";

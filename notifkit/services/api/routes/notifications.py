@@ -16,6 +16,8 @@ own status summarises its recipients: still in progress while any is, else the b
 from __future__ import annotations
 
 import logging
+import math
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -54,6 +56,7 @@ from notifkit.services.api.validation import (
     iso,
     limit_param,
     name_problem,
+    parse_rfc3339,
     parse_uuid,
     query_string,
     query_value,
@@ -175,7 +178,8 @@ async def cancel_notification(request: web.Request) -> web.Response:
             scheduled = {r["taskId"]: r for r in recipients if r["status"] == "scheduled"}
             if row["canceled_at"] is None:
                 ahead = row["send_at"] is not None and row["send_at"] > row["now"]
-                if not ahead and not await waiting_tasks(redis, keys, scheduled):
+                if not ahead and not await waiting_tasks(redis, keys, scheduled) \
+                        and not await _due_later(conn, project, event_id, scheduled, row["now"]):
                     raise ApiError(409, "nothing_to_cancel",
                                    "Nothing of this notification is left to cancel: every "
                                    "task was handed to delivery already (or it had no "
@@ -204,6 +208,48 @@ async def cancel_notification(request: web.Request) -> web.Response:
     if body is None:  # the project was deleted meanwhile, and its notifications with it
         raise not_found("notification", event_id)
     return json_response(body)
+
+
+# Each scheduled task's latest 'scheduled' row: the engine's (sendAt, quiet hours) names its
+# due time, a 429 park's its wait.
+_SCHEDULED_ROWS = (
+    "SELECT DISTINCT ON (task_id, channel) task_id, metadata, created_at FROM message_logs "
+    "WHERE project_id = $1 AND event_id = $2 AND task_id = ANY($3::text[]) "
+    "AND status = 'scheduled' ORDER BY task_id, channel, created_at DESC, id DESC"
+)
+
+
+async def _due_later(conn: asyncpg.Connection, project: str, event_id: str,
+                     scheduled: dict[str, Any], now: datetime) -> bool:
+    """Whether a task not in its shard is still due later, so on its way to the scheduler
+    (routed, not taken in yet: a backlog, every scheduler down) rather than moved, which the
+    scheduler does only once it is due. A quiet-hours deferral or a 429 park has no sendAt to
+    say so."""
+    if not scheduled:
+        return False
+    for row in await conn.fetch(_SCHEDULED_ROWS, project, event_id, list(scheduled)):
+        due = scheduled_due(row["metadata"], row["created_at"])
+        if due is not None and due > now:
+            return True
+    return False
+
+
+def scheduled_due(metadata: Any, logged_at: datetime) -> datetime | None:
+    """When a 'scheduled' row's task is due: its ``dueAt``, else when it was parked plus the
+    wait (``retryAfterSeconds``); None when the row says neither."""
+    if not isinstance(metadata, dict):
+        return None
+    due_at = metadata.get("dueAt")
+    if isinstance(due_at, str) and (parsed := parse_rfc3339(due_at)) is not None:
+        return parsed
+    wait_s = metadata.get("retryAfterSeconds")
+    if isinstance(wait_s, int | float) and not isinstance(wait_s, bool) \
+            and math.isfinite(wait_s):
+        try:
+            return logged_at + timedelta(seconds=wait_s)
+        except OverflowError:
+            return None
+    return None
 
 
 async def notification_body(
