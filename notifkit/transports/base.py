@@ -138,7 +138,9 @@ class HttpReply:
         """The body as JSON, or None when it is not JSON."""
         try:
             return json.loads(self.body)
-        except ValueError:
+        except (ValueError, RecursionError):
+            # Nested deeper than the parser descends: as unreadable as a cut-off body, not a
+            # bug that fails the attempt (of a send the provider may have accepted).
             return None
 
     @property

@@ -85,6 +85,16 @@ def test_an_unreadable_success_is_retried() -> None:
         parse_reply(reply(200, b"<html>oops"), "m")
 
 
+def test_an_answer_nested_too_deep_to_parse_is_retried_like_any_unreadable_one() -> None:
+    """Python's parser gives up on deep nesting with a RecursionError, not a ValueError: it
+    escaped the classification and failed the whole batch as a bug, an attempt spent by
+    every task read with it."""
+    deep = b"[" * 200_000 + b"]" * 200_000
+    with pytest.raises(RetryLater) as failed:
+        parse_reply(reply(200, deep), "m")
+    assert "not JSON" in str(failed.value)
+
+
 @pytest.mark.parametrize("content", ["", " \n "])
 def test_a_blank_completion_is_retried_not_sent(content: str) -> None:
     body = {"id": "chatcmpl-1", "model": "m", "usage": {"prompt_tokens": 5},
