@@ -137,7 +137,7 @@ class HttpReply:
     def json(self) -> Any:
         """The body as JSON, or None when it is not JSON."""
         try:
-            return json.loads(self.body)
+            return json.loads(self.body, parse_int=_json_int)
         except (ValueError, RecursionError):
             # Nested deeper than the parser descends: as unreadable as a cut-off body, not a
             # bug that fails the attempt (of a send the provider may have accepted).
@@ -150,6 +150,15 @@ class HttpReply:
     @property
     def retry_after_s(self) -> float | None:
         return parse_retry_after(header(self, "Retry-After"))
+
+
+def _json_int(digits: str) -> int | float:
+    """A JSON integer; one longer than ``int()`` reads (4,300 digits) as a float, infinite,
+    since refusing it would make the whole answer unreadable (a paid-for AI text with it)."""
+    try:
+        return int(digits)
+    except ValueError:
+        return float(digits)
 
 
 def parse_retry_after(value: str | None) -> float | None:

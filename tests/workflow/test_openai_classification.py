@@ -9,7 +9,7 @@ import pytest
 
 from notifkit.errors import PermanentFailure, RateLimited, RetryLater
 from notifkit.transports.base import HttpReply
-from notifkit.transports.openai import parse_reply
+from notifkit.transports.openai import MAX_TOKENS, parse_reply
 
 
 def reply(status: int, body: Any, headers: dict[str, str] | None = None) -> HttpReply:
@@ -83,6 +83,17 @@ def test_server_errors_are_retried(status: int) -> None:
 def test_an_unreadable_success_is_retried() -> None:
     with pytest.raises(RetryLater):
         parse_reply(reply(200, b"<html>oops"), "m")
+
+
+def test_a_usage_figure_longer_than_python_reads_as_an_int_does_not_unread_the_text() -> None:
+    """Past 4,300 digits int() refuses a number (a ValueError), which made the whole answer
+    unreadable: its text, paid for, was retried and paid for again, then dead-lettered."""
+    body = (b'{"id": "chatcmpl-1", "model": "m", "choices": [{"index": 0, "message": '
+            b'{"role": "assistant", "content": "Hi!"}}], "usage": {"prompt_tokens": '
+            + b"9" * 5000 + b', "completion_tokens": 3}}')
+    done = parse_reply(reply(200, body), "m")
+    assert (done.text, done.completion_tokens) == ("Hi!", 3)
+    assert 0 <= done.prompt_tokens <= MAX_TOKENS
 
 
 def test_an_answer_nested_too_deep_to_parse_is_retried_like_any_unreadable_one() -> None:
