@@ -353,12 +353,18 @@ def content_for(channel: str, text: str, base: dict[str, Any]) -> dict[str, Any]
     content[BODY_FIELDS.get(channel, "text")] = text
     if channel == "email":
         paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
-        content["html"] = "".join(f"<p>{html.escape(p)}</p>" for p in paragraphs)
+        content["html"] = "".join(_html_paragraph(p) for p in paragraphs)
         if not content.get("subject"):
             content["subject"] = headline(text)
     elif channel == "push" and not content.get("title"):
         content["title"] = headline(text, 60)
     return content
+
+
+def _html_paragraph(text: str) -> str:
+    # A mail client shows the HTML part, where a bare line break is a space: a sign-off under
+    # its greeting would run into one line.
+    return "<p>" + html.escape(text).replace("\n", "<br>\n") + "</p>"
 
 
 def _json_bytes(text: str) -> int:

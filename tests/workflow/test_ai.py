@@ -368,6 +368,10 @@ def test_content_for_fills_the_channels_body_and_a_missing_subject() -> None:
     email = content_for("email", "Your invoice is paid. Thanks!\n\nSee you.", {})
     assert email["subject"] == "Your invoice is paid."
     assert email["html"] == "<p>Your invoice is paid. Thanks!</p><p>See you.</p>"
+    # a line break within a paragraph (a sign-off under its greeting) stays one in the HTML,
+    # which a mail client shows instead of the text; what the model writes is escaped
+    signed = content_for("email", "Paid.\n\nBest,\nThe <b>team</b>", {"subject": "s"})
+    assert signed["html"] == "<p>Paid.</p><p>Best,<br>\nThe &lt;b&gt;team&lt;/b&gt;</p>"
     push = content_for("push", "Hello there", {"title": "Kept"})
     assert push == {"title": "Kept", "body": "Hello there"}
     assert headline("x" * 100, 10) == "x" * 9 + "…"
