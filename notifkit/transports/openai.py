@@ -6,7 +6,8 @@
     200 with a message          -> Completion (text and tokens used)
     429 rate_limit_exceeded     -> RateLimited(after_s = Retry-After): the task is parked
     429 insufficient_quota      -> PermanentFailure: waiting does not buy quota
-    200 with a refusal, no text   -> PermanentFailure, as a 4xx
+    200 with a refusal, or withheld by the content filter, no text
+                                -> PermanentFailure, as a 4xx
     other 4xx (400, 401, 403, 404 model_not_found, ...)
                                 -> PermanentFailure: dead-lettered at once, never re-sent,
                                    so a rejection is billed (and logged) once
@@ -198,6 +199,11 @@ def parse_reply(reply: HttpReply, model: str) -> Completion:
             # The same prompt gets the same refusal: asking again would only pay for it again.
             raise PermanentFailure(f"the model refused to write the content: "
                                    f"{sendable(refusal)[:200]}")
+        if not (isinstance(text, str) and text.strip()) \
+                and choice.get("finish_reason") == "content_filter":
+            # Withheld by the provider's content filter: the same prompt is filtered again.
+            raise PermanentFailure("the model's answer was withheld by the provider's content "
+                                   "filter")
         if not isinstance(text, str):
             raise TypeError("content is not text")
         if not text.strip():  # sent as is, it would be a blank notification

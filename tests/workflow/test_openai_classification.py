@@ -113,3 +113,24 @@ def test_a_blank_completion_is_retried_not_sent(content: str) -> None:
     with pytest.raises(RetryLater) as failed:
         parse_reply(reply(200, body), "m")
     assert "empty" in str(failed.value)
+
+
+@pytest.mark.parametrize("content", [None, ""])
+def test_an_answer_withheld_by_the_content_filter_is_permanent_as_a_refusal_is(
+    content: str | None,
+) -> None:
+    """A filtered answer (finish_reason content_filter, Azure OpenAI's and OpenAI's word for
+    it) holds no text, but it is no blank answer to retry: the same prompt is filtered again,
+    and each retry pays for its prompt."""
+    body = {"id": "chatcmpl-1", "model": "m", "usage": {"prompt_tokens": 5},
+            "choices": [{"index": 0, "finish_reason": "content_filter",
+                         "message": {"role": "assistant", "content": content}}]}
+    with pytest.raises(PermanentFailure) as failed:
+        parse_reply(reply(200, body), "m")
+    assert "content filter" in str(failed.value)
+
+
+def test_a_filtered_answer_that_still_holds_text_is_sent() -> None:
+    body = {"choices": [{"index": 0, "finish_reason": "content_filter",
+                         "message": {"role": "assistant", "content": "Your invoice"}}]}
+    assert parse_reply(reply(200, body), "m").text == "Your invoice"
