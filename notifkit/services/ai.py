@@ -57,6 +57,7 @@ from notifkit.errors import (
     RateLimited,
     RetryLater,
 )
+from notifkit.ids import is_uuid
 from notifkit.messages import AiSpec, AiTask, ScheduledTask, outbound_from_ai, parse_outbound
 from notifkit.ratelimit import ALL_PROJECTS, Bucket, TokenBuckets
 from notifkit.services.base import WorkerService
@@ -319,6 +320,12 @@ def _current_ai(task: AiTask, ai_blocks: dict[tuple[str, str], Any]) -> AiTask:
 
 def parse_ai_task(payload: dict[str, Any]) -> AiTask:
     task: dict[str, Any] = dict(parse_outbound(payload))
+    # They go into UUID columns (the template's lookup, ai_usage): another value would fail
+    # every attempt there, an eventId only after the model was paid, as other services'
+    # parsers (services.payloads) refuse it too.
+    for name in ("projectId", "eventId"):
+        if not is_uuid(task[name]):
+            raise MalformedPayload(f"field {name!r} is not a UUID")
     ai = task.get("ai")
     if not isinstance(ai, dict) or not isinstance(ai.get("prompt"), str) or not ai["prompt"]:
         raise MalformedPayload("field 'ai.prompt' is missing")

@@ -490,6 +490,30 @@ async def test_a_malformed_task_is_acked_and_counted(
     assert getattr(report, "entry_id", None)
 
 
+@pytest.mark.parametrize("field", ["projectId", "eventId"])
+async def test_a_task_whose_ids_are_no_uuids_is_acked_and_counted_not_dead_lettered(
+    ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys, project_id: str,
+    template: str, field: str,
+) -> None:
+    """Such a task can never be processed (its ids go into UUID columns): it failed every
+    attempt in PostgreSQL and reached the DLQ, with the good tasks of its batch retried
+    beside it, where CONTRACT §3.6 acks a malformed payload at once, as every other service
+    does."""
+    counter = metrics.MALFORMED.labels("ai", keys.ai_pending)
+    before = counter._value.get()
+    bad = {**ai_task(project_id), field: "not-a-uuid"}
+    good = ai_task(project_id, channel="sms")
+    await xadd(redis, keys.ai_pending, bad, 10_000)
+    await xadd(redis, keys.ai_pending, good, 10_000)
+    await ai.run_until_idle()
+    assert counter._value.get() == before + 1
+    assert await stream(redis, keys.dlq) == []
+    [out] = await stream(redis, keys.outbound("normal"))
+    assert out["taskId"] == good["taskId"]
+    assert await redis.xpending(keys.ai_pending, keys.group("ai")) == {
+        "pending": 0, "min": None, "max": None, "consumers": []}
+
+
 async def test_a_prompt_new_to_the_process_compiles_beside_the_event_loop(
     ai: AiService, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str, template: str,
     monkeypatch: pytest.MonkeyPatch,
