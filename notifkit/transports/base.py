@@ -138,6 +138,14 @@ class HttpReply:
         """The body as JSON, or None when it is not JSON."""
         try:
             return json.loads(self.body, parse_int=_json_int)
+        except UnicodeDecodeError:
+            # Not UTF-8, as JSON must be (a gateway that re-encodes): read with the bytes
+            # UTF-8 has no place for as U+FFFD, since a paid-for answer is readable all the
+            # same.
+            try:
+                return json.loads(self.body.decode("utf-8", "replace"), parse_int=_json_int)
+            except (ValueError, RecursionError):
+                return None
         except (ValueError, RecursionError):
             # Nested deeper than the parser descends: as unreadable as a cut-off body, not a
             # bug that fails the attempt (of a send the provider may have accepted).

@@ -17,9 +17,10 @@
 
 A 200 whose text is there is paid for, so nothing else in it may fail the task (a retry would
 ask, and pay, again): the text loses the characters no message carries and PostgreSQL cannot
-store (NUL, other control characters but tab and line breaks, lone surrogates), usage figures
-that are not counts (negative, fractional, not numbers, past what a column holds) count as 0
-or the most it holds, and a model name that is not a clean name is the one asked for.
+store (NUL, other control characters but tab and line breaks, lone surrogates; bytes that
+are no UTF-8 are read as U+FFFD), usage figures that are not counts (negative, fractional,
+not numbers, past what a column holds) count as 0 or the most it holds, and a model name
+that is not a clean name is the one asked for.
 """
 
 from __future__ import annotations

@@ -96,6 +96,17 @@ def test_a_usage_figure_longer_than_python_reads_as_an_int_does_not_unread_the_t
     assert 0 <= done.prompt_tokens <= MAX_TOKENS
 
 
+def test_an_answer_with_bytes_that_are_no_utf8_is_sent_with_them_replaced_not_paid_again() -> None:
+    """A gateway that re-encodes (Latin-1, say) leaves a byte UTF-8 has no place for: the
+    whole answer was unreadable, retried (paid for again each time) and dead-lettered,
+    though its text is there. It is read as a lone surrogate is, the byte as U+FFFD."""
+    body = (b'{"id": "chatcmpl-1", "model": "m", "choices": [{"index": 0, "message": '
+            b'{"role": "assistant", "content": "Caf\xe9 is open"}}], '
+            b'"usage": {"prompt_tokens": 4, "completion_tokens": 3}}')
+    done = parse_reply(reply(200, body), "m")
+    assert (done.text, done.prompt_tokens) == ("Caf\ufffd is open", 4)
+
+
 def test_an_answer_nested_too_deep_to_parse_is_retried_like_any_unreadable_one() -> None:
     """Python's parser gives up on deep nesting with a RecursionError, not a ValueError: it
     escaped the classification and failed the whole batch as a bug, an attempt spent by
