@@ -57,6 +57,7 @@ from notifkit.errors import (
     RateLimited,
     RetryLater,
 )
+from notifkit.ids import is_uuid
 from notifkit.messages import AiSpec, AiTask, ScheduledTask, outbound_from_ai, parse_outbound
 from notifkit.ratelimit import ALL_PROJECTS, Bucket, TokenBuckets
 from notifkit.services.base import WorkerService
@@ -319,6 +320,12 @@ def _current_ai(task: AiTask, ai_blocks: dict[tuple[str, str], Any]) -> AiTask:
 
 def parse_ai_task(payload: dict[str, Any]) -> AiTask:
     task: dict[str, Any] = dict(parse_outbound(payload))
+    # They go into UUID columns (the template's lookup, ai_usage): another value would fail
+    # every attempt there, an eventId only after the model was paid, as other services'
+    # parsers (services.payloads) refuse it too.
+    for name in ("projectId", "eventId"):
+        if not is_uuid(task[name]):
+            raise MalformedPayload(f"field {name!r} is not a UUID")
     ai = task.get("ai")
     if not isinstance(ai, dict) or not isinstance(ai.get("prompt"), str) or not ai["prompt"]:
         raise MalformedPayload("field 'ai.prompt' is missing")
@@ -353,12 +360,18 @@ def content_for(channel: str, text: str, base: dict[str, Any]) -> dict[str, Any]
     content[BODY_FIELDS.get(channel, "text")] = text
     if channel == "email":
         paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
-        content["html"] = "".join(f"<p>{html.escape(p)}</p>" for p in paragraphs)
+        content["html"] = "".join(_html_paragraph(p) for p in paragraphs)
         if not content.get("subject"):
             content["subject"] = headline(text)
     elif channel == "push" and not content.get("title"):
         content["title"] = headline(text, 60)
     return content
+
+
+def _html_paragraph(text: str) -> str:
+    # A mail client shows the HTML part, where a bare line break is a space: a sign-off under
+    # its greeting would run into one line.
+    return "<p>" + html.escape(text).replace("\n", "<br>\n") + "</p>"
 
 
 def _json_bytes(text: str) -> int:

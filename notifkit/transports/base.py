@@ -137,8 +137,18 @@ class HttpReply:
     def json(self) -> Any:
         """The body as JSON, or None when it is not JSON."""
         try:
-            return json.loads(self.body)
-        except ValueError:
+            return json.loads(self.body, parse_int=_json_int)
+        except UnicodeDecodeError:
+            # Not UTF-8, as JSON must be (a gateway that re-encodes): read with the bytes
+            # UTF-8 has no place for as U+FFFD, since a paid-for answer is readable all the
+            # same.
+            try:
+                return json.loads(self.body.decode("utf-8", "replace"), parse_int=_json_int)
+            except (ValueError, RecursionError):
+                return None
+        except (ValueError, RecursionError):
+            # Nested deeper than the parser descends: as unreadable as a cut-off body, not a
+            # bug that fails the attempt (of a send the provider may have accepted).
             return None
 
     @property
@@ -148,6 +158,15 @@ class HttpReply:
     @property
     def retry_after_s(self) -> float | None:
         return parse_retry_after(header(self, "Retry-After"))
+
+
+def _json_int(digits: str) -> int | float:
+    """A JSON integer; one longer than ``int()`` reads (4,300 digits) as a float, infinite,
+    since refusing it would make the whole answer unreadable (a paid-for AI text with it)."""
+    try:
+        return int(digits)
+    except ValueError:
+        return float(digits)
 
 
 def parse_retry_after(value: str | None) -> float | None:

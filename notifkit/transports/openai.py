@@ -6,18 +6,21 @@
     200 with a message          -> Completion (text and tokens used)
     429 rate_limit_exceeded     -> RateLimited(after_s = Retry-After): the task is parked
     429 insufficient_quota      -> PermanentFailure: waiting does not buy quota
-    200 with a refusal, no text   -> PermanentFailure, as a 4xx
+    200 with a refusal, or withheld by the content filter, no text
+                                -> PermanentFailure, as a 4xx
     other 4xx (400, 401, 403, 404 model_not_found, ...)
                                 -> PermanentFailure: dead-lettered at once, never re-sent,
                                    so a rejection is billed (and logged) once
-    5xx, 408, timeout, connection failure, unparseable 200
+    5xx, 408, timeout, connection failure, unparseable 200, an answer over 8 MiB (read no
+    further)
                                 -> RetryLater: the reclaim cycle tries again
 
 A 200 whose text is there is paid for, so nothing else in it may fail the task (a retry would
 ask, and pay, again): the text loses the characters no message carries and PostgreSQL cannot
-store (NUL, other control characters but tab and line breaks, lone surrogates), usage figures
-that are not counts (negative, fractional, not numbers, past what a column holds) count as 0
-or the most it holds, and a model name that is not a clean name is the one asked for.
+store (NUL, other control characters but tab and line breaks, lone surrogates; bytes that
+are no UTF-8 are read as U+FFFD), usage figures that are not counts (negative, fractional,
+not numbers, past what a column holds) count as 0 or the most it holds, and a model name
+that is not a clean name is the one asked for.
 """
 
 from __future__ import annotations
@@ -38,10 +41,15 @@ from notifkit.transports.base import (
     bounded_wait,
     error_detail,
     header,
+    read_head,
 )
 
 DEFAULT_RETRY_AFTER_S = 1.0
 NOT_RETRYABLE_429 = ("insufficient_quota",)
+# The most of an answer the client reads. A completion, even one of the largest output a
+# model writes, JSON-escaped, is a few MiB at most; a gateway answering with an endless or
+# huge body would otherwise be held in memory whole until the timeout.
+MAX_ANSWER_BYTES = 8 << 20
 # The most a usage column (PostgreSQL integer) holds.
 MAX_TOKENS = 2**31 - 1
 # C0 but tab and line feed, DEL and C1: no e-mail, SMS or push body carries them.
@@ -111,8 +119,13 @@ class OpenAiClient:
                 async with self._session.post(
                     f"{self.base_url}/chat/completions", json=body, headers=headers
                 ) as response:
-                    reply = HttpReply(response.status, dict(response.headers),
-                                      await response.read())
+                    parts: list[bytes] = []
+                    if not await read_head(response.content, MAX_ANSWER_BYTES, parts):
+                        response.close()  # the rest is never read
+                        raise RetryLater(f"the model's answer is larger than "
+                                         f"{MAX_ANSWER_BYTES >> 20} MiB, more than any "
+                                         f"completion; it was not read")
+                    reply = HttpReply(response.status, dict(response.headers), b"".join(parts))
         except TimeoutError:
             raise RetryLater(f"the model gave no answer within {self.timeout_s:g} s") from None
         except aiohttp.ClientConnectorError as exc:
@@ -187,6 +200,11 @@ def parse_reply(reply: HttpReply, model: str) -> Completion:
             # The same prompt gets the same refusal: asking again would only pay for it again.
             raise PermanentFailure(f"the model refused to write the content: "
                                    f"{sendable(refusal)[:200]}")
+        if not (isinstance(text, str) and text.strip()) \
+                and choice.get("finish_reason") == "content_filter":
+            # Withheld by the provider's content filter: the same prompt is filtered again.
+            raise PermanentFailure("the model's answer was withheld by the provider's content "
+                                   "filter")
         if not isinstance(text, str):
             raise TypeError("content is not text")
         if not text.strip():  # sent as is, it would be a blank notification

@@ -42,6 +42,7 @@ from notifkit.transports.sendgrid import SendgridTransport
 from notifkit.transports.sendgrid import classify as sendgrid_classify
 from notifkit.transports.smtp import SmtpTransport
 from notifkit.transports.twilio import TwilioTransport
+from notifkit.transports.twilio import classify as twilio_classify
 from notifkit.transports.webhook import WebhookTransport
 from simulators import SimulatorServer
 from tests.sendpath.conftest import simulated
@@ -466,6 +467,16 @@ def test_fcm_invalid_argument_disables_a_token_only_when_it_is_about_the_token(
                                    "errorCode": "INVALID_ARGUMENT"}]}}
     reply = HttpReply(400, {}, json.dumps(body).encode())
     assert fcm_classify(reply).outcome is expected
+
+
+def test_an_accepted_send_whose_answer_is_nested_too_deep_to_parse_is_still_sent() -> None:
+    """Twilio answered 201: the SMS went out. A body Python's parser cannot descend (a
+    RecursionError, not a ValueError) failed the attempt as a bug, and the retry sent the
+    message again through a provider without idempotency keys."""
+    deep = b"{\"a\":" * 200_000 + b"1" + b"}" * 200_000
+    assert HttpReply(201, {}, deep).json() is None
+    assert twilio_classify(HttpReply(201, {}, deep)).outcome is Outcome.SENT
+    assert twilio_classify(HttpReply(503, {}, deep)).outcome is Outcome.RETRY
 
 
 def test_a_provider_error_answer_holding_a_nul_is_described_without_it() -> None:

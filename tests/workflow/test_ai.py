@@ -368,6 +368,10 @@ def test_content_for_fills_the_channels_body_and_a_missing_subject() -> None:
     email = content_for("email", "Your invoice is paid. Thanks!\n\nSee you.", {})
     assert email["subject"] == "Your invoice is paid."
     assert email["html"] == "<p>Your invoice is paid. Thanks!</p><p>See you.</p>"
+    # a line break within a paragraph (a sign-off under its greeting) stays one in the HTML,
+    # which a mail client shows instead of the text; what the model writes is escaped
+    signed = content_for("email", "Paid.\n\nBest,\nThe <b>team</b>", {"subject": "s"})
+    assert signed["html"] == "<p>Paid.</p><p>Best,<br>\nThe &lt;b&gt;team&lt;/b&gt;</p>"
     push = content_for("push", "Hello there", {"title": "Kept"})
     assert push == {"title": "Kept", "body": "Hello there"}
     assert headline("x" * 100, 10) == "x" * 9 + "…"
@@ -484,6 +488,30 @@ async def test_a_malformed_task_is_acked_and_counted(
     [report] = [r for r in caplog.records if r.getMessage().startswith("Acked an AI task")]
     assert getattr(report, "stream", None) == keys.ai_pending
     assert getattr(report, "entry_id", None)
+
+
+@pytest.mark.parametrize("field", ["projectId", "eventId"])
+async def test_a_task_whose_ids_are_no_uuids_is_acked_and_counted_not_dead_lettered(
+    ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys, project_id: str,
+    template: str, field: str,
+) -> None:
+    """Such a task can never be processed (its ids go into UUID columns): it failed every
+    attempt in PostgreSQL and reached the DLQ, with the good tasks of its batch retried
+    beside it, where CONTRACT §3.6 acks a malformed payload at once, as every other service
+    does."""
+    counter = metrics.MALFORMED.labels("ai", keys.ai_pending)
+    before = counter._value.get()
+    bad = {**ai_task(project_id), field: "not-a-uuid"}
+    good = ai_task(project_id, channel="sms")
+    await xadd(redis, keys.ai_pending, bad, 10_000)
+    await xadd(redis, keys.ai_pending, good, 10_000)
+    await ai.run_until_idle()
+    assert counter._value.get() == before + 1
+    assert await stream(redis, keys.dlq) == []
+    [out] = await stream(redis, keys.outbound("normal"))
+    assert out["taskId"] == good["taskId"]
+    assert await redis.xpending(keys.ai_pending, keys.group("ai")) == {
+        "pending": 0, "min": None, "max": None, "consumers": []}
 
 
 async def test_a_prompt_new_to_the_process_compiles_beside_the_event_loop(

@@ -4,7 +4,9 @@ content is what is sent, so whatever the answer holds must not break the send or
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,9 +16,11 @@ from aiohttp import web
 from redis.asyncio import Redis
 
 from notifkit.config import AiSettings, Settings
+from notifkit.errors import RetryLater
 from notifkit.keys import Keys
 from notifkit.services.ai import AiService, content_for
 from notifkit.streams import xadd
+from notifkit.transports.openai import MAX_ANSWER_BYTES, OpenAiClient
 from notifkit.transports.webhook import _parsed as webhook_body
 from tests.support.waiting import until_async
 from tests.workflow.test_ai import ai_task, stream, template  # noqa: F401
@@ -237,3 +241,43 @@ async def test_a_refusal_is_dead_lettered_after_one_request_not_asked_and_paid_f
     assert "refused" in dead["error"]
     assert "can't help with that" in dead["error"]
     assert await stream(redis, keys.outbound("normal")) == []
+
+
+async def test_an_answer_larger_than_any_completion_is_not_read_into_memory_whole() -> None:
+    """A gateway before the model answering 200 with an endless (or huge) body was read
+    until the timeout, all of it held in memory: a slow provider must grow a pending list,
+    never a process's memory (CONTRACT §3). The client stops at a bound no completion
+    reaches, and the attempt fails as an unreadable answer does."""
+    chunk = b"[" * 65536
+    sent = 0
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        nonlocal sent
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        with contextlib.suppress(ConnectionError):
+            while True:
+                await response.write(chunk)
+                sent += len(chunk)
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", endless)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    client = OpenAiClient(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-test",
+                          timeout_s=60.0)
+    try:
+        started = time.monotonic()
+        with pytest.raises(RetryLater) as failed:
+            await client.complete(model="gpt-4o-mini", task_id="t-1",
+                                  messages=[{"role": "user", "content": "hi"}])
+        assert time.monotonic() - started < 30
+        assert "larger than" in str(failed.value)
+        assert sent < 4 * MAX_ANSWER_BYTES
+    finally:
+        await client.close()
+        await runner.cleanup()

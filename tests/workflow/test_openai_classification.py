@@ -9,7 +9,7 @@ import pytest
 
 from notifkit.errors import PermanentFailure, RateLimited, RetryLater
 from notifkit.transports.base import HttpReply
-from notifkit.transports.openai import parse_reply
+from notifkit.transports.openai import MAX_TOKENS, parse_reply
 
 
 def reply(status: int, body: Any, headers: dict[str, str] | None = None) -> HttpReply:
@@ -85,6 +85,38 @@ def test_an_unreadable_success_is_retried() -> None:
         parse_reply(reply(200, b"<html>oops"), "m")
 
 
+def test_a_usage_figure_longer_than_python_reads_as_an_int_does_not_unread_the_text() -> None:
+    """Past 4,300 digits int() refuses a number (a ValueError), which made the whole answer
+    unreadable: its text, paid for, was retried and paid for again, then dead-lettered."""
+    body = (b'{"id": "chatcmpl-1", "model": "m", "choices": [{"index": 0, "message": '
+            b'{"role": "assistant", "content": "Hi!"}}], "usage": {"prompt_tokens": '
+            + b"9" * 5000 + b', "completion_tokens": 3}}')
+    done = parse_reply(reply(200, body), "m")
+    assert (done.text, done.completion_tokens) == ("Hi!", 3)
+    assert 0 <= done.prompt_tokens <= MAX_TOKENS
+
+
+def test_an_answer_with_bytes_that_are_no_utf8_is_sent_with_them_replaced_not_paid_again() -> None:
+    """A gateway that re-encodes (Latin-1, say) leaves a byte UTF-8 has no place for: the
+    whole answer was unreadable, retried (paid for again each time) and dead-lettered,
+    though its text is there. It is read as a lone surrogate is, the byte as U+FFFD."""
+    body = (b'{"id": "chatcmpl-1", "model": "m", "choices": [{"index": 0, "message": '
+            b'{"role": "assistant", "content": "Caf\xe9 is open"}}], '
+            b'"usage": {"prompt_tokens": 4, "completion_tokens": 3}}')
+    done = parse_reply(reply(200, body), "m")
+    assert (done.text, done.prompt_tokens) == ("Caf\ufffd is open", 4)
+
+
+def test_an_answer_nested_too_deep_to_parse_is_retried_like_any_unreadable_one() -> None:
+    """Python's parser gives up on deep nesting with a RecursionError, not a ValueError: it
+    escaped the classification and failed the whole batch as a bug, an attempt spent by
+    every task read with it."""
+    deep = b"[" * 200_000 + b"]" * 200_000
+    with pytest.raises(RetryLater) as failed:
+        parse_reply(reply(200, deep), "m")
+    assert "not JSON" in str(failed.value)
+
+
 @pytest.mark.parametrize("content", ["", " \n "])
 def test_a_blank_completion_is_retried_not_sent(content: str) -> None:
     body = {"id": "chatcmpl-1", "model": "m", "usage": {"prompt_tokens": 5},
@@ -92,3 +124,24 @@ def test_a_blank_completion_is_retried_not_sent(content: str) -> None:
     with pytest.raises(RetryLater) as failed:
         parse_reply(reply(200, body), "m")
     assert "empty" in str(failed.value)
+
+
+@pytest.mark.parametrize("content", [None, ""])
+def test_an_answer_withheld_by_the_content_filter_is_permanent_as_a_refusal_is(
+    content: str | None,
+) -> None:
+    """A filtered answer (finish_reason content_filter, Azure OpenAI's and OpenAI's word for
+    it) holds no text, but it is no blank answer to retry: the same prompt is filtered again,
+    and each retry pays for its prompt."""
+    body = {"id": "chatcmpl-1", "model": "m", "usage": {"prompt_tokens": 5},
+            "choices": [{"index": 0, "finish_reason": "content_filter",
+                         "message": {"role": "assistant", "content": content}}]}
+    with pytest.raises(PermanentFailure) as failed:
+        parse_reply(reply(200, body), "m")
+    assert "content filter" in str(failed.value)
+
+
+def test_a_filtered_answer_that_still_holds_text_is_sent() -> None:
+    body = {"choices": [{"index": 0, "finish_reason": "content_filter",
+                         "message": {"role": "assistant", "content": "Your invoice"}}]}
+    assert parse_reply(reply(200, body), "m").text == "Your invoice"
