@@ -105,13 +105,17 @@ def test_a_bad_option_is_one_line_without_running_anything(argv: list[str],
                                         "got -1"),
         # A negative or infinite duration ran the system, then called every send lost.
         (["malformed", "--set", "drain_timeout_s=-5"], "--set drain_timeout_s: malformed takes "
-                                                       "a number of at least 0, got -5"),
+                                                       "a number more than 0, got -5"),
         (["malformed", "--set", "drain_timeout_s=nan"], "--set drain_timeout_s: malformed takes "
                                                         "a finite number, got nan"),
         (["malformed", "--set", "drain_timeout_s=1e400"], "--set drain_timeout_s: malformed "
                                                           "takes a finite number, got inf"),
-        (["malformed", "--set", "messages=-3"], "--set messages: malformed takes a number of "
-                                                "at least 0, got -3"),
+        # A parameter that must be more than 0 said "at least 0" of a negative value, and
+        # then refused the 0 it had suggested.
+        (["malformed", "--set", "messages=-3"], "--set messages: malformed takes a number "
+                                                "more than 0, got -3"),
+        (["crash_reclaim", "--set", "provider_delay_ms=-1"], "--set provider_delay_ms: "
+         "crash_reclaim takes a number of at least 0, got -1"),
         # Any mode but "shutdown" silently ran in kill mode.
         (["redis_restart", "--set", "mode=bogus"], "--set mode: redis_restart takes one of "
                                                    "kill, shutdown, got 'bogus'"),
