@@ -183,6 +183,17 @@ def unusable_json_path(path: Path, example: str = "results.json") -> str | None:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         return f"--json {str(path)!r}: cannot create its folder: {exc.strerror or exc}"
+    # A folder that takes no new file (/proc, a read-only mount) let the run go ahead and end
+    # in a traceback writing its results. Opened to append, so existing results stay as they
+    # are until the run replaces them; a file made only to find out is removed again.
+    existed = path.exists()
+    try:
+        with path.open("a"):
+            pass
+    except OSError as exc:
+        return f"--json {str(path)!r}: cannot be written: {exc.strerror or exc}"
+    if not existed:
+        path.unlink(missing_ok=True)
     return None
 
 
