@@ -55,6 +55,8 @@ FAULT_INJECTIONS: dict[str, str] = {
                               "takes over from a dead one",
     "ignore_quiet_hours": "the engine sends at once into a user's quiet hours",
     "ignore_workflow_events": "custom events resolve no waiting workflow step",
+    "ignore_workflow_locks": "a workflow instance's lock is taken even while another process "
+                             "holds it",
     "unpublished_key_revocations": "a revoked key is dropped only by the API process that "
                                    "revoked it, not announced to the others",
     "ignore_outages": "a try that met a PostgreSQL outage counts against the entry's attempts "

@@ -151,6 +151,10 @@ def refused(module: Any, key: str, default: Any, value: Any) -> str | None:
     # (a drain timeout of -5, say) ran the system and then reported everything it sent as lost.
     if isinstance(value, float) and not math.isfinite(value):
         return f"takes a finite number, got {value!r}"
+    # Zero users or a rate of 0 divided by zero once the system had started. Checked before
+    # the sign: "at least 0" for -3, then "more than 0" for the 0 it suggested, misled.
+    if key in catalog.positive(module) and value <= 0:
+        return f"takes a number more than 0, got {value!r}"
     if value < 0:
         return f"takes a number of at least 0, got {value!r}"
     # Every count a run makes is held in its memory, and every message it sends is read back
@@ -161,9 +165,6 @@ def refused(module: Any, key: str, default: Any, value: Any) -> str | None:
     if isinstance(default, int) and value > SIM_MAX_MESSAGES:
         return (f"takes a whole number up to {SIM_MAX_MESSAGES} (the messages the simulators "
                 f"keep for the accounting), got {value!r}")
-    # Zero users or a rate of 0 divided by zero once the system had started.
-    if key in catalog.positive(module) and value <= 0:
-        return f"takes a number more than 0, got {value!r}"
     bounds = catalog.ranges(module).get(key)
     if bounds is not None and not bounds[0] <= value <= bounds[1]:
         if math.isinf(bounds[1]):
@@ -182,6 +183,17 @@ def unusable_json_path(path: Path, example: str = "results.json") -> str | None:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         return f"--json {str(path)!r}: cannot create its folder: {exc.strerror or exc}"
+    # A folder that takes no new file (/proc, a read-only mount) let the run go ahead and end
+    # in a traceback writing its results. Opened to append, so existing results stay as they
+    # are until the run replaces them; a file made only to find out is removed again.
+    existed = path.exists()
+    try:
+        with path.open("a"):
+            pass
+    except OSError as exc:
+        return f"--json {str(path)!r}: cannot be written: {exc.strerror or exc}"
+    if not existed:
+        path.unlink(missing_ok=True)
     return None
 
 

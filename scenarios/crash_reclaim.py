@@ -71,18 +71,7 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
                         return
                     victim = f"{stage}-1"
                     await asyncio.sleep(rng.uniform(0.2, 0.6))
-                    # Wait (briefly) for the victim to hold something: a kill mid-flight.
-                    # It is stopped while its pending list is read, so what it holds then is
-                    # what it holds when killed (a fast stage may ack between a look and a kill).
-                    held: list[tuple[str, str]] = []
-                    deadline = time.monotonic() + 4.0
-                    while True:
-                        system.pause(victim)
-                        held = await system.pending_of(victim, stage)
-                        if held or time.monotonic() >= deadline:
-                            break
-                        system.resume(victim)
-                        await asyncio.sleep(0.02)
+                    await stop_mid_flight(system, victim, stage, rng, time.monotonic() + 4.0)
                     await system.kill(victim)
                     # What it held is now orphaned: the pending list says so exactly.
                     held = await system.pending_of(victim, stage)
@@ -125,7 +114,8 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         for stage in STAGES:
             result.check(orphaned.get(stage, 0) > 0,
                          f"no {stage} kill caught an entry in flight: the kills proved nothing "
-                         "for that stage (raise send_rate_per_s or kills)")
+                         "for that stage (raise send_rate_per_s or kills; a worker that acks "
+                         "what it reads before it is done holds nothing to catch)")
         for problem in not_reclaimed_by_survivor(orphaned, reclaimed):
             result.check(False, problem)
         result.check(not not_taken_over,
@@ -159,6 +149,60 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         result.facts["duplicates"] = summarize_counter(result.duplicates)
         system.check_alive(result, [n for n in system.layout if not n.endswith("-1")])
     return result
+
+
+async def stop_mid_flight(system: System, victim: str, stage: str, rng: random.Random,
+                          deadline: float) -> None:
+    """Leave ``victim`` stopped (SIGSTOP) while it works on entries, or at ``deadline``.
+
+    Working on, not just read: an entry pending at one look and still pending at a second,
+    the victim having run in between until its event loop waited for I/O (what it was about to
+    send, an ack included, went out first). Holding out for any pending entry stopped the
+    victim in the moment between its read and what it does next, and a worker that acked on
+    read (at-least-once broken) then lost nothing to the kill: its entries were still pending,
+    and the survivor reclaimed them. It is stopped while its pending list is read, so what it
+    holds then is what it holds when killed."""
+    while True:
+        system.pause(victim)
+        first = set(await system.pending_of(victim, stage))
+        if first:
+            await let_run(system, victim, rng)
+            if first & set(await system.pending_of(victim, stage)):
+                return
+        if time.monotonic() >= deadline:
+            return
+        system.resume(victim)
+        await asyncio.sleep(0.02)
+
+
+async def let_run(system: System, victim: str, rng: random.Random) -> None:
+    """Resume the stopped ``victim`` a few milliseconds, and at least until its event loop
+    has waited twice (two voluntary context switches: on a loaded machine a few milliseconds
+    may pass without it running at all), then stop it again."""
+    pid = system.processes[victim].pid
+    before = voluntary_switches(pid)
+    system.resume(victim)
+    await asyncio.sleep(rng.uniform(0.002, 0.006))
+    give_up = time.monotonic() + 0.5
+    while before is not None and time.monotonic() < give_up:
+        now = voluntary_switches(pid)
+        if now is None or now >= before + 2:
+            break
+        await asyncio.sleep(0.001)
+    system.pause(victim)
+
+
+def voluntary_switches(pid: int | None) -> int | None:
+    """How often process ``pid``'s main thread (its event loop) gave up the CPU to wait, from
+    /proc; None where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("voluntary_ctxt_switches:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def not_reclaimed_by_survivor(orphaned: dict[str, int], reclaimed: dict[str, int]) -> list[str]:

@@ -2,15 +2,18 @@
 
 Workflow: send ``welcome``; wait up to ``timeout_s`` for ``activated``; branch on whether it
 came: ``thanks`` or ``reminder``. Two workflow processes share the instances. Right after the
-triggers, while the first steps are running, one workflow process is SIGKILLed: its pending
-entries are reclaimed by the survivor, and the instances it held stay locked until their lock
-expires (``WORKFLOW_LOCK_TTL_SECONDS``), then resume. Each chosen user's event is posted once
-that user's instance is waiting for it.
+triggers, while the first steps are running, one workflow process is SIGKILLed (the other is
+stopped until then, so every instance lock there is the victim's): its pending entries are
+reclaimed by the survivor, and the instances it held stay locked until their lock expires
+(``WORKFLOW_LOCK_TTL_SECONDS``), then resume. Each chosen user's event is posted once that
+user's instance is waiting for it.
 
 Invariants, from the provider's records and the instances: every user gets exactly one
 ``welcome`` and exactly one of ``thanks`` (the event came) or ``reminder`` (it did not), each
 accepted once; every instance completes; each instance's steps ran one after another (no
-step started before the previous one finished: the instance lock held); nothing lost.
+step started before the previous one finished), and no step of an instance the victim held
+started or finished while the victim's lock on it lived (the instance lock held); nothing
+lost.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from scenarios.report import ScenarioResult
 DESCRIPTION = "waitForEvent with a timeout; SIGKILL a workflow process mid-step: the right " \
               "branch per user, each step once"
 PARAMS: dict[str, Any] = {
-    "users": 30, "timeout_s": 8, "kill_within_s": 5.0, "lock_ttl_s": 2, "quiesce_s": 45.0,
+    # The lock outlives the reclaim of the victim's entries (RECLAIM_MIN_IDLE_SECONDS, 1 s, and
+    # a sweep a second later at most), so a survivor that ignored it would be seen running.
+    "users": 30, "timeout_s": 8, "kill_within_s": 5.0, "lock_ttl_s": 5, "quiesce_s": 45.0,
 }
 # A waitForEvent timeout is more than 0 s; WORKFLOW_LOCK_TTL_SECONDS at least 1.
 POSITIVE = frozenset({"timeout_s", "kill_within_s", "lock_ttl_s", "quiesce_s"})
@@ -41,6 +46,9 @@ LAYOUT = {
     "workflow-1": ["workflow"],
     "workflow-2": ["workflow"],
 }
+
+# The processes' clocks and the database's agree to well within this on one machine.
+CLOCK_SLACK_S = 0.05
 
 TEMPLATES = {
     name: {"channels": {"email": {"subject": name, "text": f"{name} {{{{ user.id }}}}"}}}
@@ -85,19 +93,30 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
             else:
                 result.violations.append(f"triggering for {user}: {status} {body}")
 
+        # Until the kill only workflow-1 runs: every instance lock then is the victim's.
+        system.pause("workflow-2")
         triggering = asyncio.gather(*(trigger(u) for u in users))
         held: list[tuple[str, str]] = []
+        locks: dict[str, int] = {}
         deadline = time.monotonic() + float(params["kill_within_s"])
-        while not held and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            system.pause("workflow-1")  # what it holds when looked at, it holds when killed
             held = await system.pending_of("workflow-1", "workflow")
-        locks = [k async for k in system.redis.scan_iter(
-            match=system.keys.workflow_lock("*"), count=1000)]
+            if held and (locks := await instance_locks(system)):
+                break
+            system.resume("workflow-1")
+            await asyncio.sleep(0.01)
         system.say(f"SIGKILL workflow-1 holding {len(held)} entries", force=True)
         await system.kill("workflow-1")
+        killed_at = time.time()
+        locks = await instance_locks(system)  # instance id -> ms the dead lock still lives
+        system.resume("workflow-2")
         await triggering
         result.facts["entries workflow-1 held when killed"] = len(held)
         result.facts["instance locks held when killed"] = len(locks)
         result.check(bool(held), "workflow-1 never held an entry: the kill proved nothing")
+        result.check(bool(locks), "workflow-1 held no instance lock when killed: the lock's "
+                                  "hold over a crashed run was not shown")
 
         # Post each chosen user's event once their instance waits for it.
         posted: dict[str, float] = {}
@@ -155,6 +174,8 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
             times = [_epoch(s.get("at")) for s in steps if s.get("at")]
             result.check(times == sorted(times),
                          f"instance of {user} ran steps out of order: {steps}")
+        for problem in await ran_under_dead_lock(system, locks, killed_at):
+            result.check(False, problem)
         result.facts["users who sent the event"] = len(posted)
         result.facts["instances"] = len(instances)
         result.facts["lock contention retries"] = sum(
@@ -162,6 +183,42 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         await system.account(sent, result)
         system.check_alive(result, [n for n in LAYOUT if n != "workflow-1"])
     return result
+
+
+async def instance_locks(system: System) -> dict[str, int]:
+    """Instance id -> milliseconds its workflow lock still lives, for every lock held now."""
+    prefix = system.keys.workflow_lock("")
+    out: dict[str, int] = {}
+    async for key in system.redis.scan_iter(match=system.keys.workflow_lock("*"), count=1000):
+        name = key.decode() if isinstance(key, bytes) else str(key)
+        ttl_ms = int(await system.redis.pttl(name))
+        if ttl_ms > 0:
+            out[name[len(prefix):]] = ttl_ms
+    return out
+
+
+async def ran_under_dead_lock(system: System, locks: dict[str, int],
+                              killed_at: float) -> list[str]:
+    """The steps of instances whose lock the killed process held that started or finished
+    after the kill while that lock still lived: only its holder may run an instance, and the
+    holder was dead."""
+    assert system.db is not None
+    rows = await system.db.fetch(
+        "SELECT instance_id::text AS instance_id, path, started_at, finished_at "
+        "FROM workflow_steps WHERE project_id = $1 AND instance_id::text = ANY($2::text[])",
+        system.project_id, list(locks))
+    problems: list[str] = []
+    for row in rows:
+        until = killed_at + locks[row["instance_id"]] / 1000 - CLOCK_SLACK_S
+        for what in ("started_at", "finished_at"):
+            at = row[what]
+            if at is not None and killed_at + CLOCK_SLACK_S < at.timestamp() < until:
+                problems.append(
+                    f"instance {row['instance_id']}: step {row['path']} {what[:-3]} "
+                    f"{at.timestamp() - killed_at:.2f} s after workflow-1 was killed, while "
+                    f"its lock lived {until - killed_at + CLOCK_SLACK_S:.2f} s more: run "
+                    "without the instance lock")
+    return problems
 
 
 def _epoch(value: Any) -> float:

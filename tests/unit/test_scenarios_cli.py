@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from scenarios import catalog
-from scenarios.__main__ import mistyped, parse_args
+from scenarios.__main__ import mistyped, parse_args, unusable_json_path
 from tests.support.signals import signal_while_importing, stop_insistently
 
 
@@ -105,13 +105,17 @@ def test_a_bad_option_is_one_line_without_running_anything(argv: list[str],
                                         "got -1"),
         # A negative or infinite duration ran the system, then called every send lost.
         (["malformed", "--set", "drain_timeout_s=-5"], "--set drain_timeout_s: malformed takes "
-                                                       "a number of at least 0, got -5"),
+                                                       "a number more than 0, got -5"),
         (["malformed", "--set", "drain_timeout_s=nan"], "--set drain_timeout_s: malformed takes "
                                                         "a finite number, got nan"),
         (["malformed", "--set", "drain_timeout_s=1e400"], "--set drain_timeout_s: malformed "
                                                           "takes a finite number, got inf"),
-        (["malformed", "--set", "messages=-3"], "--set messages: malformed takes a number of "
-                                                "at least 0, got -3"),
+        # A parameter that must be more than 0 said "at least 0" of a negative value, and
+        # then refused the 0 it had suggested.
+        (["malformed", "--set", "messages=-3"], "--set messages: malformed takes a number "
+                                                "more than 0, got -3"),
+        (["crash_reclaim", "--set", "provider_delay_ms=-1"], "--set provider_delay_ms: "
+         "crash_reclaim takes a number of at least 0, got -1"),
         # Any mode but "shutdown" silently ran in kill mode.
         (["redis_restart", "--set", "mode=bogus"], "--set mode: redis_restart takes one of "
                                                    "kill, shutdown, got 'bogus'"),
@@ -289,6 +293,30 @@ def test_a_json_path_whose_folder_cannot_be_made_is_refused(tmp_path: Path) -> N
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith(f"scenarios: --json {str(blocker / 'r.json')!r}: cannot create")
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_json_path_that_cannot_be_written_is_refused_before_the_run() -> None:
+    # /proc takes no new file, not even root's (whom a read-only folder does not stop): the
+    # run went ahead and ended in a traceback writing the results.
+    path = "/proc/notifkit-scenario-results.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "scenarios", "malformed", "--json", path],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"scenarios: --json {path!r}: cannot be written: No such file or directory"]
+
+
+def test_a_writable_json_path_is_left_as_it_was(tmp_path: Path) -> None:
+    # Checked by opening it: a file that was not there is not left behind, one that was
+    # keeps its content until the run replaces it.
+    fresh, kept = tmp_path / "new.json", tmp_path / "old.json"
+    kept.write_text("[]\n")
+    assert unusable_json_path(fresh) is None
+    assert not fresh.exists()
+    assert unusable_json_path(kept) is None
+    assert kept.read_text() == "[]\n"
 
 
 def run_scenarios(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:

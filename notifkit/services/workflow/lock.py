@@ -31,15 +31,16 @@ return 0
 
 
 class InstanceLocks:
-    def __init__(self, redis: Redis, ttl_ms: int) -> None:
+    def __init__(self, redis: Redis, ttl_ms: int, *, exclusive: bool = True) -> None:
         self.redis = redis
         self.ttl_ms = ttl_ms
+        self.exclusive = exclusive  # False only for a test-only fault (ignore_workflow_locks)
         self._release = redis.register_script(_RELEASE)
         self._renew = redis.register_script(_RENEW)
 
     async def acquire(self, key: str) -> HeldLock | None:
         token = secrets.token_hex(16)
-        if not await self.redis.set(key, token, nx=True, px=self.ttl_ms):
+        if not await self.redis.set(key, token, nx=self.exclusive, px=self.ttl_ms):
             return None
         held = HeldLock(self, key, token)
         held.start()

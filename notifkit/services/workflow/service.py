@@ -52,7 +52,8 @@ class WorkflowService(WorkerService):
         )
         self.lock_retry_s: float = options.get("lock_retry_s", LOCK_RETRY_S)
         self.locks = InstanceLocks(
-            self.redis, int(options.get("lock_ttl_ms", settings.workflow_lock_ttl_s * 1000))
+            self.redis, int(options.get("lock_ttl_ms", settings.workflow_lock_ttl_s * 1000)),
+            exclusive=not settings.injects("ignore_workflow_locks"),  # test-only fault
         )
         self.timers = Timers(self.redis, self.keys.workflow_timers, self.keys.workflow_inbound,
                              settings.queue_max_len)
