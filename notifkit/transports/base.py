@@ -354,10 +354,17 @@ def storable(text: str) -> str:
     return _UNSTORABLE.sub("\ufffd", text)
 
 
-def error_detail(reply: HttpReply, limit: int = 300) -> str:
-    """A short description of a provider's error answer for logs and the timeline."""
+def quoted(text: str, limit: int = 300) -> str:
+    """A provider's words as a timeline row quotes them: one line, at most ``limit``
+    characters, and nothing the row's text column refuses."""
     # The timeline's text column takes no NUL, whatever a proxy's error page holds.
-    text = storable(reply.body.decode("utf-8", "replace").strip().replace("\n", " "))
+    text = storable(" ".join(text.strip().splitlines()))
     if len(text) > limit:
         text = text[: limit - 3] + "..."
+    return text
+
+
+def error_detail(reply: HttpReply, limit: int = 300) -> str:
+    """A short description of a provider's error answer for logs and the timeline."""
+    text = quoted(reply.body.decode("utf-8", "replace"), limit)
     return f"HTTP {reply.status}: {text}" if text else f"HTTP {reply.status}"
