@@ -535,6 +535,36 @@ async def test_lost_responses_are_duplicated_exactly_once_where_there_is_no_idem
     assert {r.task_id for r in warnings} == {r["task_id"] for r in flagged}  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("between", ["error", "rate_limit"])
+async def test_a_lost_response_stays_a_possible_duplicate_past_a_refused_retry(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings, between: str,
+) -> None:
+    """The first answer is lost (Twilio took the SMS), the retry is refused (a 5xx, or a 429
+    parked on the scheduler), the third send is accepted: the recipient has the SMS twice.
+    The refusal recorded the destination 'failed', which erased the first attempt's
+    'sending', so the send that went through was not flagged and the duplicate was counted
+    nowhere."""
+    await add_user(db, project, "u1", contacts=[("sms", "+15550000001")])
+    await add_template(db, project, "t", {"sms": SMS})
+    await sim.add_fault("lost_response", "twilio", times=1)
+    await sim.add_fault(between, "twilio", times=1)
+    clock = Clock()
+    pipeline = (*await stages(services, sim_settings),
+                await services(SchedulerService, sim_settings, clock=clock))
+
+    event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(*pipeline)
+    clock.now_ms += 60_000  # past the park of a 429
+    await drain(*pipeline)
+
+    assert sorted(m["acceptCount"] for m in await sim.messages("twilio")) == [1, 2]
+    [sent] = [r for r in await timeline(db, event_id) if r["kind"] == "sent"]
+    assert sent["attempt"] == 3
+    assert sent["metadata"].get("possibleDuplicate") is True, sent
+    assert "may get it twice" in sent["detail"]
+
+
 async def test_a_transient_failure_without_fallback_is_retried_by_the_reclaim_cycle(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
     sim: SimulatorServer, sim_settings: Settings,

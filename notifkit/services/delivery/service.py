@@ -180,7 +180,8 @@ class DeliveryService(WorkerService):
                         and not self.settings.injects("keep_invalid_contacts"):  # test fault
                     disabled.append((task["projectId"], task["channel"], a.destination,
                                      "invalid_recipient"))
-                if outcome is not Outcome.SENT and not a.result.maybe_accepted:
+                if outcome is not Outcome.SENT and not a.result.maybe_accepted \
+                        and not _may_have_gone_out(previous, task, a.destination):
                     settled.append((task["taskId"], task["channel"], a.destination,
                                     outbox.FAILED, None))
             await self._apply(entry, task, transport, answers, verdict, attempt, logs,
@@ -575,6 +576,16 @@ def _raised(task: OutboundTask, transport: Transport, exc: Exception) -> SendRes
         return SendResult(Outcome.RETRY, detail=detail, maybe_accepted=True)
     log.warning("Not sent: %s", detail, extra=_ids(task))
     return SendResult(Outcome.PERMANENT, detail=detail)
+
+
+def _may_have_gone_out(previous: dict[tuple[str, str, str], outbox.Previous],
+                       task: OutboundTask, destination: str) -> bool:
+    """Whether an earlier attempt left the destination 'sending': its answer was lost, so it
+    may have been accepted. A refusal now (a 5xx, a 429, our own bucket) leaves it so rather
+    than 'failed': recorded 'failed', the send that finally went through was not flagged as
+    the possible duplicate it is, and the duplicate was counted nowhere."""
+    before = previous.get((task["taskId"], task["channel"], destination))
+    return before is not None and before.status == outbox.SENDING
 
 
 def _storable(result: SendResult) -> SendResult:
