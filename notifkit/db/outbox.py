@@ -8,7 +8,9 @@ destination):
                accepted (a crash or a lost response). Resending is safe only where the
                provider honours the idempotency key; elsewhere it is the documented duplicate.
     sent       the provider accepted (provider_message_id): never sent again
-    failed     the provider refused (4xx/5xx/429): nothing went out, resending is safe
+    failed     the provider refused (4xx/5xx/429): nothing went out, resending is safe. A
+               refusal after an attempt whose answer was lost leaves the row 'sending': that
+               attempt may still have been accepted
 """
 
 from __future__ import annotations

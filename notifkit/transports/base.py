@@ -27,6 +27,7 @@ import contextvars
 import email.utils
 import json
 import math
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -362,11 +363,27 @@ async def read_head(stream: aiohttp.StreamReader, limit: int,
     return True
 
 
-def error_detail(reply: HttpReply, limit: int = 300) -> str:
-    """A short description of a provider's error answer for logs and the timeline."""
+# What no PostgreSQL text column or stream payload can hold: NUL, and a lone surrogate (how
+# Python keeps a byte that was no UTF-8, as aiosmtplib reads a reply in Latin-1).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable(text: str) -> str:
+    """``text`` with each character no timeline row or outcome event can hold as U+FFFD."""
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
+def quoted(text: str, limit: int = 300) -> str:
+    """A provider's words as a timeline row quotes them: one line, at most ``limit``
+    characters, and nothing the row's text column refuses."""
     # The timeline's text column takes no NUL, whatever a proxy's error page holds.
-    text = reply.body.decode("utf-8", "replace").strip().replace("\n", " ").replace(
-        "\x00", "\ufffd")
+    text = storable(" ".join(text.strip().splitlines()))
     if len(text) > limit:
         text = text[: limit - 3] + "..."
+    return text
+
+
+def error_detail(reply: HttpReply, limit: int = 300) -> str:
+    """A short description of a provider's error answer for logs and the timeline."""
+    text = quoted(reply.body.decode("utf-8", "replace"), limit)
     return f"HTTP {reply.status}: {text}" if text else f"HTTP {reply.status}"

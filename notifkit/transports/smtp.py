@@ -30,7 +30,7 @@ from urllib.parse import unquote, urlsplit
 
 import aiosmtplib
 
-from notifkit.transports.base import Message, Outcome, SendResult, TransportContext
+from notifkit.transports.base import Message, Outcome, SendResult, TransportContext, quoted
 from notifkit.transports.email import build_email
 
 INVALID_MAILBOX_CODES = frozenset({550, 551, 553})
@@ -115,7 +115,7 @@ class SmtpTransport:
                     # aiosmtplib's -1: a reply that is no SMTP reply. It may have been the
                     # server's 250 to the message, so it counts as an answer that was lost.
                     return SendResult(Outcome.RETRY, detail=f"unreadable SMTP reply: "
-                                      f"{exc.message.strip()}",
+                                      f"{quoted(exc.message)}",
                                       maybe_accepted=_data_begun(client))
                 return _by_code(exc.code, exc.message)
             except aiosmtplib.SMTPNotSupported as exc:
@@ -174,7 +174,8 @@ def _by_code(code: int, text: str, *, at_recipient: bool = False,
              about_recipient: bool = True) -> SendResult:
     """``at_recipient``: the reply to RCPT TO; ``about_recipient``: False for one to MAIL
     FROM, which refuses our sender whoever the recipient is."""
-    detail = f"SMTP {code}: {text}"
+    # A reply of several lines (Gmail's to an unknown address has four) is quoted on one.
+    detail = f"SMTP {code}: {quoted(text)}"
     if code in RATE_LIMIT_CODES and RATE_LIMIT_STATUS.match(text.lstrip()):
         return SendResult(Outcome.RATE_LIMITED, None, detail, code)
     if 400 <= code < 500:

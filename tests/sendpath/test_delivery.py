@@ -28,6 +28,7 @@ from notifkit.services.events import EventsService
 from notifkit.services.scheduler import SchedulerService
 from notifkit.streams import ensure_group, xadd
 from notifkit.transports.base import Message, Outcome, SendResult
+from notifkit.transports.smtp import SmtpTransport
 from notifkit.transports.webhook import SIGNATURE_HEADER, verify
 from notifkit.worker import batch_stream
 from simulators import SimulatorServer
@@ -532,6 +533,36 @@ async def test_lost_responses_are_duplicated_exactly_once_where_there_is_no_idem
     assert all("may get it twice" in r["detail"] for r in flagged)
     warnings = [r for r in caplog.records if "may get it twice" in r.getMessage()]
     assert {r.task_id for r in warnings} == {r["task_id"] for r in flagged}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("between", ["error", "rate_limit"])
+async def test_a_lost_response_stays_a_possible_duplicate_past_a_refused_retry(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings, between: str,
+) -> None:
+    """The first answer is lost (Twilio took the SMS), the retry is refused (a 5xx, or a 429
+    parked on the scheduler), the third send is accepted: the recipient has the SMS twice.
+    The refusal recorded the destination 'failed', which erased the first attempt's
+    'sending', so the send that went through was not flagged and the duplicate was counted
+    nowhere."""
+    await add_user(db, project, "u1", contacts=[("sms", "+15550000001")])
+    await add_template(db, project, "t", {"sms": SMS})
+    await sim.add_fault("lost_response", "twilio", times=1)
+    await sim.add_fault(between, "twilio", times=1)
+    clock = Clock()
+    pipeline = (*await stages(services, sim_settings),
+                await services(SchedulerService, sim_settings, clock=clock))
+
+    event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(*pipeline)
+    clock.now_ms += 60_000  # past the park of a 429
+    await drain(*pipeline)
+
+    assert sorted(m["acceptCount"] for m in await sim.messages("twilio")) == [1, 2]
+    [sent] = [r for r in await timeline(db, event_id) if r["kind"] == "sent"]
+    assert sent["attempt"] == 3
+    assert sent["metadata"].get("possibleDuplicate") is True, sent
+    assert "may get it twice" in sent["detail"]
 
 
 async def test_a_transient_failure_without_fallback_is_retried_by_the_reclaim_cycle(
@@ -1210,6 +1241,82 @@ async def test_a_send_its_transport_raises_on_fails_alone_and_at_once(
     assert "ValueError: cannot encode this body" in dead_row["detail"]
     [dead] = await entries(redis, keys.dlq)
     assert dead["attempts"] == 1
+
+
+async def test_a_provider_answer_that_is_no_utf_8_text_is_recorded_and_settles_its_batch(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sp_settings: Settings,
+) -> None:
+    """An SMTP server that words its replies in Latin-1 ("550 5.1.1 Empfänger unbekannt")
+    or puts a NUL in one: its text went into the timeline row and the outcome event as it
+    was read (undecodable bytes as lone surrogates), which PostgreSQL and the stream codec
+    refuse. The batch's outcome write failed on every attempt: no row said why, the task was
+    retried to the attempt limit, and the batch's last accepted send, whose record rides on
+    that write, was sent again."""
+    replies = {b"latin@example.com": b"550 5.1.1 Empf\xe4nger unbekannt",
+               b"nul@example.com": b"550 5.1.1 no such\x00user"}
+    received: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"220 localhost ESMTP\r\n")
+        in_data = False
+        while line := await reader.readline():
+            if in_data:
+                if line.rstrip(b"\r\n") == b".":
+                    in_data = False
+                    await asyncio.sleep(0.3)  # the accepted send is the batch's last
+                    writer.write(b"250 2.0.0 queued\r\n")
+            elif line.upper().startswith(b"RCPT"):
+                recipient = line.split(b"<", 1)[1].split(b">", 1)[0]
+                refusal = replies.get(recipient)
+                if refusal is None:
+                    received.append(recipient)
+                writer.write((refusal or b"250 2.1.5 OK") + b"\r\n")
+            elif line.upper().startswith(b"DATA"):
+                in_data = True
+                writer.write(b"354 go ahead\r\n")
+            elif line.upper().startswith(b"QUIT"):
+                writer.write(b"221 bye\r\n")
+                break
+            else:
+                writer.write(b"250 OK\r\n")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = int(server.sockets[0].getsockname()[1])
+    try:
+        for user, address in (("ok", "ok@example.com"), ("latin", "latin@example.com"),
+                              ("nul", "nul@example.com")):
+            await add_user(db, project, user, contacts=[("email", address)])
+        await add_template(db, project, "t", {"email": {"subject": "Hi", "text": "Hello"}})
+        smtp = SmtpTransport(url=f"smtp://127.0.0.1:{port}", from_addr="n@example.com",
+                             timeout_s=5.0)
+        pipeline = (await services(EnricherService, sp_settings),
+                    await services(EngineService, sp_settings),
+                    await services(DeliveryService, sp_settings, transports=[smtp]))
+
+        event_id = await send(redis, keys, db, project, "t", ["ok", "latin", "nul"],
+                              data={"amount": "1"})
+        await drain(*pipeline)
+    finally:
+        server.close()
+        await server.wait_closed()
+
+    # Then the accepted address got the e-mail once, and each refusal is on its timeline
+    # row, the server's text readable, the contact disabled, nothing dead-lettered
+    assert received == [b"ok@example.com"]
+    rows = await timeline(db, event_id)
+    sent = [(r["user_id"], r["kind"], r["attempt"]) for r in rows if r["kind"] != "queued"]
+    assert sorted(sent) == [("latin", "failed", 1), ("nul", "failed", 1), ("ok", "sent", 1)]
+    details = {r["user_id"]: r["detail"] for r in rows if r["kind"] == "failed"}
+    assert details["latin"].endswith("SMTP 550: 5.1.1 Empf\ufffdnger unbekannt")
+    assert details["nul"].endswith("SMTP 550: 5.1.1 no such\ufffduser")
+    assert await db.fetchval("SELECT count(*) FROM user_contacts WHERE enabled") == 1
+    assert await entries(redis, keys.dlq) == []
+    events = await entries(redis, keys.events_inbound)
+    assert sorted(e["type"] for e in events) == [
+        "notification:invalid_token", "notification:invalid_token", "notification:sent"]
 
 
 async def test_the_rate_limits_of_projects_a_delivery_process_remembers_are_bounded(

@@ -479,6 +479,33 @@ def test_an_accepted_send_whose_answer_is_nested_too_deep_to_parse_is_still_sent
     assert twilio_classify(HttpReply(503, {}, deep)).outcome is Outcome.RETRY
 
 
+GMAIL_NO_SUCH_USER = (
+    "550-5.1.1 The email account that you tried to reach does not exist. Please try\r\n"
+    "550-5.1.1 double-checking the recipient's email address for typos or\r\n"
+    "550-5.1.1 unnecessary spaces. For more information, go to\r\n"
+    "550 5.1.1  https://support.google.com/mail/?p=NoSuchUser")
+
+
+@pytest.mark.parametrize(("reply", "quoted"), [
+    (GMAIL_NO_SUCH_USER,
+     "5.1.1 The email account that you tried to reach does not exist. Please try 5.1.1 "
+     "double-checking the recipient's email address for typos or 5.1.1 unnecessary spaces. "
+     "For more information, go to 5.1.1  https://support.google.com/mail/?p=NoSuchUser"),
+    ("550-5.1.1 " + "x" * 400 + "\r\n550 5.1.1 unknown", "5.1.1 " + "x" * 291 + "..."),
+])
+async def test_an_smtp_reply_of_several_lines_is_quoted_on_one_line_as_http_answers_are(
+    settings: Settings, redis: Redis, reply: str, quoted: str
+) -> None:
+    """A timeline row quotes the answer on one line and at most 300 characters: an SMTP
+    reply of several lines (Gmail's to an unknown address has four) kept its line breaks,
+    and a server's long reply was quoted whole."""
+    async with refusing_server("rcpt", reply) as port:
+        result = await smtp_send(settings, redis, port)
+
+    assert result.outcome is Outcome.INVALID_RECIPIENT
+    assert result.detail == f"SMTP 550: {quoted}"
+
+
 def test_a_provider_error_answer_holding_a_nul_is_described_without_it() -> None:
     """The description goes to the timeline, whose text column takes no NUL: a proxy's error
     page with one in it failed the batch's timeline write, the attempts' rows were lost."""

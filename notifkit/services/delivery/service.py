@@ -21,6 +21,7 @@ Per read batch:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable
@@ -43,7 +44,14 @@ from notifkit.services.delivery.outcomes import Action, Attempted, Verdict, judg
 from notifkit.services.payloads import parse_each, parse_one
 from notifkit.services.scheduler import release_throttle
 from notifkit.services.timeline import Recipient, task_row
-from notifkit.transports.base import Message, Outcome, SendResult, Transport, TransportContext
+from notifkit.transports.base import (
+    Message,
+    Outcome,
+    SendResult,
+    Transport,
+    TransportContext,
+    storable,
+)
 from notifkit.transports.registry import MISSING, build_transports
 from notifkit.worker import Entry, attempts_before, batch_stream
 
@@ -172,7 +180,8 @@ class DeliveryService(WorkerService):
                         and not self.settings.injects("keep_invalid_contacts"):  # test fault
                     disabled.append((task["projectId"], task["channel"], a.destination,
                                      "invalid_recipient"))
-                if outcome is not Outcome.SENT and not a.result.maybe_accepted:
+                if outcome is not Outcome.SENT and not a.result.maybe_accepted \
+                        and not _may_have_gone_out(previous, task, a.destination):
                     settled.append((task["taskId"], task["channel"], a.destination,
                                     outbox.FAILED, None))
             await self._apply(entry, task, transport, answers, verdict, attempt, logs,
@@ -301,6 +310,7 @@ class DeliveryService(WorkerService):
                 result = await transport.send(_message(task, destination))
             except Exception as exc:  # one message's failure stays its own
                 result = _raised(task, transport, exc)
+            result = _storable(result)
             metrics.PROVIDER_LATENCY.labels(task["channel"], transport.provider).observe(
                 time.perf_counter() - started)
             metrics.DELIVERIES.labels(task["channel"], transport.provider,
@@ -566,6 +576,30 @@ def _raised(task: OutboundTask, transport: Transport, exc: Exception) -> SendRes
         return SendResult(Outcome.RETRY, detail=detail, maybe_accepted=True)
     log.warning("Not sent: %s", detail, extra=_ids(task))
     return SendResult(Outcome.PERMANENT, detail=detail)
+
+
+def _may_have_gone_out(previous: dict[tuple[str, str, str], outbox.Previous],
+                       task: OutboundTask, destination: str) -> bool:
+    """Whether an earlier attempt left the destination 'sending': its answer was lost, so it
+    may have been accepted. A refusal now (a 5xx, a 429, our own bucket) leaves it so rather
+    than 'failed': recorded 'failed', the send that finally went through was not flagged as
+    the possible duplicate it is, and the duplicate was counted nowhere."""
+    before = previous.get((task["taskId"], task["channel"], destination))
+    return before is not None and before.status == outbox.SENDING
+
+
+def _storable(result: SendResult) -> SendResult:
+    """The answer as its timeline row and outcome event can hold it. A server's words are
+    its own: an SMTP reply in Latin-1 (read as lone surrogates) or with a NUL failed the
+    batch's outcome write on every attempt, so no row said why, the batch was retried to the
+    attempt limit, and its last accepted send (recorded by that write) was sent again."""
+    detail = storable(result.detail)
+    message_id = result.provider_message_id
+    if message_id is not None:
+        message_id = storable(message_id)
+    if detail == result.detail and message_id == result.provider_message_id:
+        return result
+    return dataclasses.replace(result, detail=detail, provider_message_id=message_id)
 
 
 def _ids(task: OutboundTask) -> dict[str, Any]:
