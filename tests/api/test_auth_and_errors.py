@@ -850,6 +850,25 @@ async def test_admin_key_is_not_a_project_key(api: Api) -> None:
     assert (await api.call("GET", "/v1/users/u", key=ADMIN + "x")).status == 401
 
 
+async def test_an_admin_key_longer_than_any_project_key_is_still_the_admin_key(
+    api_settings: Settings,
+) -> None:
+    """The settings take an admin key of any length from 16 characters; the cap that spares
+    the key lookup a hash of kilobytes applies to project keys (``nk_`` and 43 characters),
+    not to the one key compared as it is."""
+    admin = "a" * 600
+    async with running_api(api_settings.replace(admin_key=admin)) as api:
+        created = await api.call("POST", "/v1/projects", key=admin, json={"name": "long"})
+        assert created.status == 201, created.body
+        project = created.body["id"]
+        got = await api.call("GET", "/v1/users/u", key=admin, project=project)
+        assert got.status == 404, got.body
+        # One character more or less is no admin key, and no project key either.
+        for wrong in (admin + "a", admin[:-1]):
+            refused = await api.call("POST", "/v1/projects", key=wrong, json={"name": "x"})
+            assert (refused.status, refused.error["code"]) == (401, "invalid_api_key")
+
+
 async def test_the_key_cache_is_cleared_when_the_revocation_subscription_drops(
     api_settings: Settings, redis: Redis, db: asyncpg.Pool
 ) -> None:

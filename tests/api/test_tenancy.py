@@ -4,7 +4,9 @@ Every query is scoped by the project of the API key, never by anything in the re
 any ids project A creates, project B's keys (full, send, or the admin key naming B) must get
 404 on every route that names them, B's lists must show nothing of A's, and nothing B does may
 change A's rows in PostgreSQL or A's entries in Redis, even when B has resources with the very
-same ids and sends with the very same idempotency key. A single route that forgot its
+same ids and sends with the very same idempotency key. Each project's user has a send waiting
+in the scheduler and a throttle window, as the running pipeline leaves them, so erasing B's
+user of the same id shows whether A's are touched. A single route that forgot its
 ``project_id`` filter would leak another tenant's data: this property runs every project route
 the server mounts (a route added without a case here fails it) against generated ids.
 """
@@ -15,7 +17,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import asyncpg
@@ -23,9 +25,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from notifkit.keys import Keys
+from notifkit.keys import SCHEDULER_SHARDS, Keys, shard_of
 from notifkit.services.api.app import operations
 from notifkit.services.api.routing import Operation
+from notifkit.services.scheduler import encode_entry
 from notifkit.streams import decode, xadd
 from tests.api.conftest import ADMIN, Api, Project, Reply
 from tests.support.streams import xrange, xrevrange
@@ -97,6 +100,18 @@ async def populate(api: Api, redis: Redis, db: asyncpg.Pool, project: Project, u
         "completion_tokens) VALUES ($1, $2, $3, $4, 7, 11)",
         made["task"], project.id, made["event"], f"model-{marker}")
     keys = Keys(api.settings.namespace)
+    # The send as the engine parks it for its sendAt, and the user's throttle window.
+    made["scheduled"] = task = str(uuid.uuid4())
+    payload = {"taskId": task, "eventId": made["event"], "projectId": project.id,
+               "userId": user, "channel": "email", "marker": marker}
+    await db.execute(
+        "INSERT INTO scheduled_payloads (task_id, project_id, due_at, stream, payload) "
+        "VALUES ($1, $2, now() + interval '1 hour', $3, $4)",
+        task, project.id, keys.outbound("normal"), payload)
+    await redis.hset(keys.scheduled_payloads(shard_of(task)), task,
+                     encode_entry(keys.outbound("normal"), project.id, payload))
+    await redis.zadd(keys.scheduled_shard(shard_of(task)), {task: 4_102_444_800_000})
+    await redis.zadd(keys.throttle(project.id, user), {made["event"]: 4_102_444_800_000})
     made["dlq"] = await xadd(redis, keys.dlq, {
         "stream": keys.enriched("normal"), "group": "notifkit:group:engine",
         "payload": {"projectId": project.id, "eventId": made["event"], "marker": marker},
@@ -106,7 +121,7 @@ async def populate(api: Api, redis: Redis, db: asyncpg.Pool, project: Project, u
 
 
 async def state_of(api: Api, redis: Redis, db: asyncpg.Pool, project: str,
-                   idem: str) -> dict[str, Any]:
+                   idem: str, user: str) -> dict[str, Any]:
     """Everything of ``project`` in PostgreSQL (every table with a project_id) and Redis."""
     tables = await db.fetch(
         "SELECT table_name FROM information_schema.columns WHERE table_schema = "
@@ -124,6 +139,15 @@ async def state_of(api: Api, redis: Redis, db: asyncpg.Pool, project: str,
         if decode(fields).get("projectId") == project]
     state["idempotency"] = [await redis.get(keys.api_idempotency(project, key))
                             for key in (idem, idem + "-trigger")]
+    state["scheduler"] = []
+    for shard in SCHEDULER_SHARDS:
+        # The redis fixture never decodes replies.
+        waiting = cast(dict[bytes, bytes], await redis.hgetall(keys.scheduled_payloads(shard)))
+        for task, value in sorted(waiting.items()):
+            if value.split(b"\n")[1].decode() == project:  # stream, project, payload
+                state["scheduler"].append(
+                    (task, value, await redis.zscore(keys.scheduled_shard(shard), task)))
+    state["throttle"] = await redis.zrange(keys.throttle(project, user), 0, -1, withscores=True)
     return state
 
 
@@ -139,7 +163,9 @@ async def test_ids_of_one_project_are_404_for_another(
     b = await api.project("B")
     made = await populate(api, redis, db, a, user, template, workflow, idem, "A")
     # A's state as A left it: B making resources of the same ids must not change it either.
-    before = await state_of(api, redis, db, a.id, idem)
+    before = await state_of(api, redis, db, a.id, idem, user)
+    assert before["scheduler"], before
+    assert before["throttle"], before
     if b_reuses_ids:
         await populate(api, redis, db, b, user, template, workflow, idem, "B")
     key = {"full": b.full, "send": b.send, "admin": ADMIN}[caller]
@@ -276,7 +302,7 @@ async def test_ids_of_one_project_are_404_for_another(
                 {"steps": [{"type": "wait", "seconds": 1}]}, workflowId=workflow)
 
     assert covered == set(PROJECT_OPS), sorted(set(PROJECT_OPS) ^ covered)
-    assert await state_of(api, redis, db, a.id, idem) == before
+    assert await state_of(api, redis, db, a.id, idem, user) == before
 
 
 async def _inbox_stream(api: Api, redis: Redis, keys: Keys, a: Project, b: Project, key: str,

@@ -7,16 +7,21 @@ pipeline process, and provider faults (5xx, lost responses, latency) for a few r
 model is what the API accepted, per tenant, and which duplicates it would excuse.
 
 Why these properties matter: "accepted" is a promise. Whatever crashes, each accepted
-notification must end in exactly one terminal state (delivered, dead-lettered or skipped with a
-reason); a provider may see a task twice only where nothing could prevent it (a lost response,
-or a send in flight in a killed process, against a provider without idempotency keys), and each
-such duplicate is counted; and no tenant ever sees or reaches another's data.
+notification must end in exactly one terminal state (delivered or dead-lettered: nothing here
+sets up a reason to skip one, so a skip is a violation too); a provider may see a task twice
+only where nothing could prevent it (a lost response, or a send in flight in a killed process,
+against a provider without idempotency keys), and each such duplicate is counted; and no tenant
+ever sees or reaches another's data. The tenants choose the same user ids and template names,
+each with its own addresses, profile and content, so a query that forgot its project would
+hand one tenant's recipient the other's address, profile or template (or have delivery skip
+the address as none of the recipient's), and the provider's record or the timeline shows it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,7 +33,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from notifkit.streams import decode
-from scenarios.harness import ADMIN_KEY, RunOptions, Sent, System, basic_template
+from scenarios.harness import ADMIN_KEY, SKIP_STATUSES, RunOptions, Sent, System
 from tests.support.streams import xrange
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -36,7 +41,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 PIPELINE = ["enricher", "engine", "delivery", "scheduler", "events"]
 LAYOUT = {"api": ["api"], "pipeline-a": PIPELINE, "pipeline-b": PIPELINE}
 USERS = 6
-TEMPLATES = {"mail": basic_template(["email"]), "text": basic_template(["sms"])}
+TEMPLATE_NAMES = ("mail", "text")
 NO_IDEMPOTENCY_KEYS = {"twilio"}
 RUN_DIR = Path("scenario-results") / "state-machine"
 
@@ -49,8 +54,22 @@ class Tenant:
         self.prefix = prefix
         self.accepted: list[tuple[Sent, str]] = []  # (send, template)
 
+    @property
+    def label(self) -> str:
+        """What this tenant's templates and profiles say, and its deliveries must."""
+        return f"tenant-{self.prefix}"
+
     def user(self, index: int) -> str:
-        return f"{self.prefix}-user-{index}"
+        return f"user-{index}"  # the same ids in both tenants
+
+    def templates(self) -> dict[str, dict[str, Any]]:
+        # Whose template rendered (From) for whose profile (for): both must be the sender's.
+        return {
+            "mail": {"channels": {"email": {"subject": f"From {self.label}",
+                                            "text": "for {{ user.attributes.tenant }}"}}},
+            "text": {"channels": {"sms": {
+                "text": f"From {self.label}, for {{{{ user.attributes.tenant }}}}"}}},
+        }
 
     def contacts(self, index: int) -> list[dict[str, str]]:
         digit = "7" if self.prefix == "a" else "8"
@@ -89,14 +108,15 @@ class PipelineMachine(RuleBasedStateMachine):
                                             key=ADMIN_KEY, json={"role": "full"})
         assert status == 201, body
         tenant = Tenant(prefix, project_id, body["key"], prefix)
-        for name, template in TEMPLATES.items():
+        for name, template in tenant.templates().items():
             status, body = await system.request("PUT", f"/v1/templates/{name}",
                                                 key=tenant.key, json=template)
             assert status in (200, 201), body
         for index in range(USERS):
             status, body = await system.request(
                 "PUT", f"/v1/users/{tenant.user(index)}", key=tenant.key,
-                json={"contacts": tenant.contacts(index)})
+                json={"attributes": {"tenant": tenant.label},
+                      "contacts": tenant.contacts(index)})
             assert status in (200, 201), body
         return tenant
 
@@ -112,7 +132,7 @@ class PipelineMachine(RuleBasedStateMachine):
 
     # -- rules ------------------------------------------------------------------------------
     @rule(tenant=st.sampled_from([0, 1]), user=st.integers(0, USERS - 1),
-          template=st.sampled_from(sorted(TEMPLATES)),
+          template=st.sampled_from(TEMPLATE_NAMES),
           priority=st.sampled_from(["critical", "normal", "low"]))
     def send(self, tenant: int, user: int, template: str, priority: str) -> None:
         t = self.tenants[tenant]
@@ -162,9 +182,14 @@ class PipelineMachine(RuleBasedStateMachine):
             status, _ = self.run(self.system.request(
                 "GET", f"/v1/notifications/{event_id}", key=other.key))
             assert status == 404, f"tenant {other.name} read {own.name}'s notification"
-            status, _ = self.run(self.system.request(
+            # The same id is the other tenant's own user, with nothing of this tenant's.
+            status, user = self.run(self.system.request(
                 "GET", f"/v1/users/{own.user(0)}", key=other.key))
-            assert status == 404, f"tenant {other.name} read {own.name}'s user"
+            assert status == 200, user
+            targets = {c["target"] for c in user["contacts"]}
+            leaked = f"tenant {other.name} read {own.name}'s user: {user}"
+            assert user["attributes"] == {"tenant": other.label}, leaked
+            assert targets == {c["target"] for c in other.contacts(0)}, leaked
 
     async def _settle_and_check(self) -> None:
         system = self.system
@@ -177,15 +202,19 @@ class PipelineMachine(RuleBasedStateMachine):
         assert not waiting, f"the system never drained: {waiting}"
 
         task_owner: dict[str, tuple[str, str]] = {}  # task id -> (tenant, event id)
-        skipped: set[str] = set()
+        skipped: dict[str, str] = {}  # event id -> why
         for t in self.tenants:
             rows = await system.db.fetch(  # type: ignore[union-attr]
-                "SELECT task_id, event_id::text AS event_id, status FROM message_logs "
+                "SELECT task_id, event_id::text AS event_id, status, detail FROM message_logs "
                 "WHERE project_id = $1 AND channel <> ''", t.project_id)
             for r in rows:
                 task_owner[r["task_id"]] = (t.name, r["event_id"])
-                if r["status"] in ("skipped", "suppressed", "throttled"):
-                    skipped.add(r["event_id"])
+                if r["status"] in SKIP_STATUSES:
+                    skipped.setdefault(r["event_id"], f"{r['status']}: {r['detail']}")
+        # Every contact is valid, and no preference, suppression, throttle or quiet hours is
+        # set up: a skip is a send wrongly held back (delivery's re-check refusing an address
+        # that is not the recipient's in the sender's project, say), not a terminal state.
+        assert not skipped, f"sends skipped with nothing set up to skip them: {skipped}"
         dead: set[str] = set()
         for _id, fields in await xrange(system.redis, system.keys.dlq):
             with contextlib.suppress(Exception):
@@ -203,6 +232,10 @@ class PipelineMachine(RuleBasedStateMachine):
             targets = to if isinstance(to, list) else [to]
             assert all(any(a in str(x) for a in addresses[tenant]) for x in targets), \
                 f"tenant {tenant}'s task {message['taskId']} went to {to}"
+            content = json.dumps(message.get("content"))
+            for marker in (f"From tenant-{tenant}", f"for tenant-{tenant}"):
+                assert marker in content, \
+                    f"tenant {tenant}'s task {message['taskId']} carried {content}"
             delivered.add(event_id)
 
         for t in self.tenants:

@@ -155,9 +155,15 @@ def bearer_key(header: str | None) -> str:
     if scheme.lower() != "bearer" or not key:
         raise unauthorized("missing_api_key",
                            "Send an API key as 'Authorization: Bearer <key>'.")
+    return key
+
+
+def project_key_hash(key: str) -> str:
+    """The hash a project key is looked up by. A key longer than any project key is none,
+    refused without hashing kilobytes (the admin key, of any length, is compared before)."""
     if len(key) > MAX_KEY_LEN:
         raise unauthorized("invalid_api_key", "The API key is not valid.")
-    return key
+    return hash_key(key)
 
 
 def is_admin_key(key: str, admin_key: str | None) -> bool:

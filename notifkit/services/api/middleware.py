@@ -24,6 +24,7 @@ from notifkit.services.api.auth import (
     hash_key,
     is_admin_key,
     named_project,
+    project_key_hash,
     project_not_found,
     unauthorized,
 )
@@ -187,7 +188,7 @@ async def authenticate(request: web.Request, op: Operation) -> Principal:
     key = bearer_key(request.headers.get("Authorization"))
     if is_admin_key(key, app[SETTINGS].admin_key):
         return await _admin(request, op, _named_project(request, op))
-    record = await app[KEY_CACHE].lookup(hash_key(key))
+    record = await app[KEY_CACHE].lookup(project_key_hash(key))
     if record is None:
         raise unauthorized("invalid_api_key", "The API key is unknown or has been revoked.")
     if op.access == "admin":
