@@ -125,6 +125,18 @@ def data_dir_lock(folder: Path, option: str = "--data-dir") -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner may read, from its first byte: written with the umask's
+    mode and restricted afterwards, a key could be read by another user in between."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # a file that existed keeps its mode through O_CREAT
+        with os.fdopen(fd, "w", encoding="utf-8", closefd=False) as file:
+            file.write(text)
+    finally:
+        os.close(fd)
+
+
 ADMIN_KEY_MIN_LENGTH = 16  # what Settings demands of NOTIFKIT_ADMIN_KEY
 
 
@@ -141,8 +153,7 @@ def _admin_key(data_dir: Path, env: Mapping[str, str]) -> str:
     except FileNotFoundError:
         key = "nk_admin_" + secrets.token_urlsafe(24)
         try:
-            path.write_text(key + "\n")
-            path.chmod(0o600)
+            write_private(path, key + "\n")
         except OSError as exc:
             raise ConfigError("--data-dir", f"cannot write {path}: "
                               f"{exc.strerror or exc}") from exc
@@ -415,8 +426,7 @@ async def _demo_accepted(http: aiohttp.ClientSession, state: Mapping[str, str],
 
 def _write_demo(state_file: Path, state: Mapping[str, str]) -> None:
     try:
-        state_file.write_text(json.dumps(state, indent=2) + "\n")
-        state_file.chmod(0o600)
+        write_private(state_file, json.dumps(state, indent=2) + "\n")
     except OSError as exc:
         raise ConfigError("--data-dir", f"cannot write {state_file}: "
                           f"{exc.strerror or exc}") from exc
