@@ -49,6 +49,7 @@ WHERE EXISTS (SELECT 1 FROM projects p WHERE p.id = u.project_id)
 ON CONFLICT (task_id) DO UPDATE
 SET project_id = EXCLUDED.project_id, due_at = EXCLUDED.due_at,
     priority = EXCLUDED.priority, stream = EXCLUDED.stream, payload = EXCLUDED.payload
+WHERE scheduled_payloads.due_at <= EXCLUDED.due_at
 RETURNING task_id
 """
 
@@ -56,7 +57,10 @@ RETURNING task_id
 async def upsert(db: asyncpg.Pool | asyncpg.Connection, rows: Sequence[ScheduledRow]) -> set[str]:
     """Write a batch (task ids must be distinct) in one statement; returns the task ids
     written. Tasks of projects that no longer exist are left out rather than failing the
-    batch on the foreign key."""
+    batch on the foreign key, and so is a task whose row is due later than this copy: a
+    task is only ever scheduled again for later (parked after a 429), so an earlier copy is
+    an old entry read again (a scheduler that died before acking it), and taking it would
+    send the task before the provider's Retry-After."""
     if not rows:
         return set()
     records = await db.fetch(
@@ -68,6 +72,17 @@ async def upsert(db: asyncpg.Pool | asyncpg.Connection, rows: Sequence[Scheduled
         [r.stream for r in rows],
         [r.payload for r in rows],
     )
+    return {record["task_id"] for record in records}
+
+
+async def waiting_later(db: asyncpg.Pool | asyncpg.Connection,
+                        task_ids: Collection[str]) -> set[str]:
+    """Of ``task_ids``, those whose row exists: after :func:`upsert` left them out, the
+    ones a later schedule of the same task waits for (the rest belong to no project)."""
+    if not task_ids:
+        return set()
+    records = await db.fetch(
+        "SELECT task_id FROM scheduled_payloads WHERE task_id = ANY($1::text[])", list(task_ids))
     return {record["task_id"] for record in records}
 
 

@@ -348,9 +348,16 @@ class SchedulerService(WorkerService):
                 for t in latest.values()
             ]
             written = await scheduled_db.upsert(conn, rows)
+            superseded = await scheduled_db.waiting_later(conn, latest.keys() - written)
             pipe = self.redis.pipeline(transaction=True)
             for task in latest.values():
                 task_id = task["taskId"]
+                if task_id in superseded:
+                    log.info("Left a scheduled task waiting for its later time; this older "
+                             "copy of it was read again.",
+                             extra={"task_id": task_id, "project_id": task["projectId"],
+                                    "entry_due_ms": task["dueAt"]})
+                    continue
                 if task_id not in written:
                     log.warning("Dropped a scheduled task: its project no longer exists.",
                                 extra={"task_id": task_id, "project_id": task["projectId"]})

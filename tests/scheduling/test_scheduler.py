@@ -174,6 +174,30 @@ async def test_a_task_parked_again_after_it_moved_keeps_its_new_row(
     assert await pending_rows(db) == {}
 
 
+async def test_an_older_copy_of_a_task_read_again_leaves_its_later_schedule_alone(
+    make_scheduler: SchedulerFactory, schedule: Schedule, outbound: Sent, clock: FakeClock,
+    db: asyncpg.Pool,
+) -> None:
+    """A scheduler that dies before acking an entry has it read again a reclaim later, by
+    which time the task may have moved, met a 429 and been parked for the provider's
+    Retry-After: the old copy's earlier due time must not send it before then."""
+    scheduler = make_scheduler()
+    # Given a task parked until T0+30 s (the provider's Retry-After)
+    await schedule(T0_MS + 30_000, task_id="task-000b", note="parked")
+    await scheduler.ingest_until_idle()
+    # When an older copy of it, due at T0+1 s, is read again
+    await schedule(T0_MS + 1_000, task_id="task-000b", note="stale")
+    await scheduler.ingest_until_idle()
+    # Then the task still waits for T0+30 s, as the parked copy says
+    assert await pending_rows(db) == {"task-000b": T0_MS + 30_000}
+    clock.now_ms = T0_MS + 29_000
+    assert await scheduler.run_until_idle() == 0
+    assert await outbound() == []
+    clock.now_ms = T0_MS + 30_000
+    assert await scheduler.run_until_idle() == 1
+    assert [p.get("note") for p in await outbound()] == ["parked"]
+
+
 async def test_one_poll_forgets_every_task_it_moved_however_many_share_a_shard(
     make_scheduler: SchedulerFactory, schedule: Schedule, outbound: Sent, clock: FakeClock,
     db: asyncpg.Pool,
