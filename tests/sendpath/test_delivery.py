@@ -33,6 +33,7 @@ from notifkit.transports.webhook import SIGNATURE_HEADER, verify
 from notifkit.worker import batch_stream
 from simulators import SimulatorServer
 from tests.support.streams import xrange
+from tests.support.waiting import until_async
 
 from .conftest import ServiceFactory, simulated
 from .helpers import add_project, add_template, add_user, drain, entries, send, timeline
@@ -844,6 +845,39 @@ async def test_a_task_queued_twice_is_delivered_once_and_recorded_once(
     assert len(await sim.messages("twilio")) == 1
     assert [(r["kind"], r["attempt"]) for r in await timeline(db, event_id)
             if r["channel"] == "sms" and r["kind"] != "queued"] == [("sent", 1)]
+
+
+async def test_a_second_entry_of_a_task_being_sent_is_dropped_not_sent_beside_it(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    """The outbox alone would send it: its row says 'sending', which a task whose process
+    died mid-send says too. The task's dedup mark is what tells a live send from a dead one."""
+    await add_user(db, project, "u1", contacts=[("sms", "+15550000001")])
+    await add_template(db, project, "t", {"sms": SMS})
+    enricher, engine, first = await stages(services, sim_settings)
+    second = await services(DeliveryService, sim_settings)
+    await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(enricher, engine)
+    [task] = await entries(redis, keys.outbound("normal"))
+
+    # Given one delivery process in the middle of the task's send (a slow provider)
+    await sim.add_fault("latency", "twilio", delay_ms=300)
+    sending = asyncio.create_task(first.worker.run_until_idle(reclaim=False))
+    await until_async(lambda: outbox_says(db, task["taskId"], "sending"))
+
+    # When another reads a second entry of the same task meanwhile
+    await xadd(redis, keys.outbound("normal"), task, 1000)
+    await second.worker.run_until_idle(reclaim=False)
+    await sending
+
+    # Then the provider got the message once
+    assert len(await sim.messages("twilio")) == 1
+
+
+async def outbox_says(db: asyncpg.Pool, task_id: str, status: str) -> bool:
+    return bool(await db.fetchval(
+        "SELECT status = $2 FROM delivery_outbox WHERE task_id = $1", task_id, status))
 
 
 @pytest.mark.parametrize("recorded", ["sent", "sending"])

@@ -212,6 +212,53 @@ async def test_a_large_payload_is_fanned_out_in_pages_bounded_by_bytes(
         ("ghost", "unknown user")]
 
 
+async def test_a_recipient_is_loaded_with_its_own_projects_profile_alone(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    # Given a user id that two projects both have, each with its own contacts, preferences
+    # and quiet hours
+    other = await add_project(db)
+    await add_user(db, other, "u1", contacts=[("email", "other@example.com")],
+                   channels={"email": False}, topics={"news": False},
+                   attributes={"name": "Other"})
+    await db.execute("INSERT INTO quiet_hours VALUES ($1, 'u1', '22:00', '07:00')", other)
+    await add_user(db, project, "u1", contacts=[("sms", "+15550001")],
+                   attributes={"name": "Mine"})
+    enricher = await services(EnricherService)
+
+    # When this project sends to its u1
+    await send(redis, keys, db, project, "t", "u1")
+    await enricher.run_until_idle()
+
+    # Then the message carries this project's profile, none of the other's
+    [message] = await entries(redis, keys.enriched("normal"))
+    assert message["user"]["attributes"] == {"name": "Mine"}
+    assert message["contacts"] == {"sms": ["+15550001"]}
+    assert message["preferences"] == {"channels": {}, "topics": {}, "quietHours": None}
+
+
+async def test_a_segment_is_the_members_of_the_senders_project_alone(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    # Given another project whose segment has the same name, and whose member's id is also a
+    # user of this project, who is not in this project's segment
+    other = await add_project(db)
+    await add_user(db, other, "a1", segments=["beta"])
+    await add_user(db, project, "a1")
+    await add_user(db, project, "b1", segments=["beta"])
+    enricher = await services(EnricherService)
+
+    # When this project sends to its segment
+    event_id = await send(redis, keys, db, project, "t", {"segment": "beta"})
+    await enricher.run_until_idle()
+
+    # Then only its own member gets a message: the other project's members are not asked for
+    # in this one, under their ids or any other
+    out = await entries(redis, keys.enriched("normal"))
+    assert [(m["projectId"], m["user"]["id"]) for m in out] == [(project, "b1")]
+    assert await timeline(db, event_id) == []
+
+
 async def test_a_segment_without_members_is_skipped_as_a_whole(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
 ) -> None:

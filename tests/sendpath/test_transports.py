@@ -31,6 +31,7 @@ from notifkit.transports.base import (
     SendResult,
     Transport,
     TransportContext,
+    classify_status,
     error_detail,
     parse_retry_after,
 )
@@ -504,6 +505,24 @@ async def test_an_smtp_reply_of_several_lines_is_quoted_on_one_line_as_http_answ
 
     assert result.outcome is Outcome.INVALID_RECIPIENT
     assert result.detail == f"SMTP 550: {quoted}"
+
+
+@pytest.mark.parametrize(("status", "expected"), [
+    (200, Outcome.SENT), (202, Outcome.SENT), (299, Outcome.SENT), (300, Outcome.PERMANENT),
+    (400, Outcome.PERMANENT), (401, Outcome.PERMANENT), (404, Outcome.PERMANENT),
+    # A provider that timed out the request (408) failed this attempt, as a 5xx did
+    (408, Outcome.RETRY), (429, Outcome.RATE_LIMITED), (499, Outcome.PERMANENT),
+    (500, Outcome.RETRY), (503, Outcome.RETRY), (599, Outcome.RETRY),
+])
+def test_an_http_status_maps_onto_its_failure_class(status: int, expected: Outcome) -> None:
+    """The generic mapping every HTTP provider starts from (CONTRACT §5: a provider timeout
+    or 5xx is a failed attempt, retried; any other refusal is final)."""
+    result = classify_status(HttpReply(status, {"Retry-After": "3"}, b""), "detail", "m-1")
+    assert result.outcome is expected
+    assert result.provider_message_id == ("m-1" if expected is Outcome.SENT else None)
+    assert result.status == status
+    if expected in (Outcome.RETRY, Outcome.RATE_LIMITED):
+        assert result.retry_after_s == 3.0
 
 
 def test_a_provider_error_answer_holding_a_nul_is_described_without_it() -> None:

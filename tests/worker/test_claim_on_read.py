@@ -3,7 +3,8 @@ round trip that counts the attempt; the stage's own claim then reuses that answe
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import asyncio
+from typing import TYPE_CHECKING, Any, cast
 
 from redis.asyncio import Redis
 
@@ -82,3 +83,37 @@ async def test_an_entry_over_its_attempt_limit_gives_back_the_mark_it_claimed(
     assert [p["entryId"] for p in await payloads(keys.dlq)] == [entry_id]
     # Dead-lettered, it must not keep a retry by another entry with the same key out.
     assert await redis.exists(mark) == 0
+
+
+async def test_a_reclaimed_entry_finds_the_mark_its_crashed_attempt_claimed_its_own(
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, add: Add,
+) -> None:
+    stream = keys.outbound("normal")
+    mark = keys.processed("delivery", "task-3")
+    answers: list[tuple[int, bool | None]] = []  # (attempt, the claim's answer)
+    hanging = asyncio.Event()
+
+    async def process(batch: list[Entry]) -> None:
+        for entry in batch:
+            answers.append((entry.attempt, None if entry.claimed is None else entry.claimed[1]))
+            if entry.attempt == 1:
+                hanging.set()
+                await asyncio.Event().wait()
+
+    # Given a worker that claimed the mark with the count and died before finishing (stopped
+    # without grace: nothing is released or acked)
+    entry_id = await add(stream, {"k": "task-3"})
+    crashed = make_worker(process, service="delivery", streams=[stream],
+                          claim_key=_claim_key(keys), consumer="delivery-host-a-1")
+    await crashed.start()
+    await asyncio.wait_for(hanging.wait(), 10)
+    await crashed.stop(grace_s=0)
+    assert cast(bytes, await redis.get(mark)).decode() == f"{stream}/{entry_id}"
+
+    # When another worker reclaims the entry
+    survivor = make_worker(process, service="delivery", streams=[stream],
+                           claim_key=_claim_key(keys), consumer="delivery-host-b-1")
+    await survivor.run_until_idle()
+
+    # Then the retry's claim finds its own mark and proceeds: it is not its own duplicate
+    assert answers == [(1, True), (2, True)]

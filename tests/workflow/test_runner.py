@@ -416,6 +416,30 @@ async def test_a_trigger_without_an_instance_row_creates_it_from_the_definition(
         "SELECT count(*) FROM workflow_instances WHERE id = $1", unknown) == 0
 
 
+async def test_a_trigger_without_an_instance_row_takes_its_own_projects_definition(
+    flow: Flow, make_service: ServiceFactory,
+) -> None:
+    # Given another project with a workflow of the same id, defined first
+    other = await flow.db.fetchval(
+        "INSERT INTO projects (name) VALUES ('other') RETURNING id::text")
+    await flow.db.execute(
+        "INSERT INTO workflow_definitions (project_id, id, steps) VALUES ($1, 'one', $2)",
+        other, [{"type": "send", "template": "theirs"}])
+    await flow.define("one", [{"type": "send", "template": "hello"}])
+
+    # When this project's trigger reaches the workflow service before its instance row
+    instance_id = await flow.trigger("one", "u1", create_row=False)
+    await make_service().run_until_idle()
+
+    # Then the instance is this project's, running this project's steps
+    assert await flow.db.fetchval(
+        "SELECT project_id::text FROM workflow_instances WHERE id = $1", instance_id
+    ) == flow.project_id
+    assert (await flow.instance(instance_id))["status"] == "completed"
+    assert [(m["projectId"], m["template"]) for m in await flow.sent()] == [
+        (flow.project_id, "hello")]
+
+
 async def test_a_branch_sees_data_user_and_earlier_outputs(
     flow: Flow, make_service: ServiceFactory,
 ) -> None:
