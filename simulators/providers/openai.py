@@ -9,7 +9,8 @@ tokens approximately (about four characters per prompt token, one per completion
 simulators/schema_instance.py), which the SDK's `parse()` helpers validate. A JSON answer
 counts one token per word of its JSON text; one longer than `max_tokens` is cut to the plain
 text's first `max_tokens` words with `finish_reason: "length"`, not JSON, as OpenAI's cut-off
-answer is not.
+answer is not. A `tool_choice` that forces a call answers that call instead of text, its
+arguments an instance of the function's `parameters` built the same way.
 Errors are `{"error": {"message", "type", "param", "code"}}`. As at OpenAI, an argument the
 API reference does not list is a 400 "Unrecognized request argument supplied: <name>", and a
 listed one of the wrong JSON type a 400 `invalid_type` naming it.
@@ -277,8 +278,11 @@ class OpenAI(HttpProvider):
                 "'response_format' of type 'json_object'.",
                 field_name="messages",
             )
+        forced = _forced_tool(payload)
         choices = [
             _choice(completion_text(model, messages, index), answer_format, limit)
+            if forced is None
+            else _tool_call(*forced, completion_text(model, messages, index), index)
             for index in range(n)
         ]
         metadata = payload.get("metadata")
@@ -292,6 +296,7 @@ class OpenAI(HttpProvider):
                 "model": model,
                 "messages": [_stored_message(m) for m in messages],
                 "completion": choices[0]["content"],
+                **({"tool_calls": choices[0]["tool_calls"]} if forced is not None else {}),
             },
             task_id=task_id,
             idempotency_key=request.headers.get(IDEMPOTENCY_HEADER),
@@ -333,7 +338,10 @@ class OpenAI(HttpProvider):
             "choices": [
                 {
                     "index": index,
-                    "message": {"role": "assistant", "content": choice["content"], "refusal": None},
+                    "message": {
+                        "role": "assistant", "content": choice["content"], "refusal": None,
+                        **({"tool_calls": choice["tool_calls"]} if "tool_calls" in choice else {}),
+                    },
                     "logprobs": None,
                     "finish_reason": choice["finish_reason"],
                 }
@@ -652,6 +660,49 @@ def _choice(text: str, answer_format: AnswerFormat, limit: int | None) -> dict[s
     return {"content": answer, "finish_reason": "stop", "tokens": len(answer.split())}
 
 
+def _forced_tool(payload: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    """The function that `tool_choice` makes the model call, and the finish reason OpenAI
+    gives that answer: `"required"` calls the first function tool (`tool_calls`), a named
+    function that one (`stop`). None when the model may answer in text."""
+    choice = payload.get("tool_choice")
+    tools = payload.get("tools")
+    functions = [
+        tool["function"] for tool in (tools if isinstance(tools, list) else [])
+        if isinstance(tool, dict) and isinstance(tool.get("function"), dict)
+        and isinstance(tool["function"].get("name"), str)
+    ]
+    if choice == "required":
+        return (functions[0], "tool_calls") if functions else None
+    if not (isinstance(choice, dict) and isinstance(choice.get("function"), dict)):
+        return None
+    name = choice["function"].get("name")
+    for function in functions:
+        if function["name"] == name:
+            return function, "stop"
+    raise Rejection(
+        ErrorCase.BAD_REQUEST,
+        f"Invalid value for 'tool_choice': tool choice '{str(name)[:64]}' not found in "
+        "'tools' parameter.",
+        field_name="tool_choice",
+    )
+
+
+def _tool_call(
+    function: dict[str, Any], finish_reason: str, text: str, index: int
+) -> dict[str, Any]:
+    """One choice that calls ``function``, its arguments a JSON instance of its parameters
+    built from the completion text; the call id is derived from them, so a replay names it
+    alike."""
+    parameters = function.get("parameters")
+    schema = parameters if isinstance(parameters, dict) else {"type": "object"}
+    arguments = json.dumps(instance(schema, text), ensure_ascii=False)
+    digest = hashlib.sha256(f"{function['name']}\0{arguments}\0{index}".encode()).hexdigest()
+    call = {"id": "call_" + digest[:24], "type": "function",
+            "function": {"name": function["name"], "arguments": arguments}}
+    return {"content": None, "tool_calls": [call], "finish_reason": finish_reason,
+            "tokens": len(arguments.split())}
+
+
 def _answer(text: str, answer_format: AnswerFormat) -> str:
     if answer_format.schema is not None:
         return json.dumps(instance(answer_format.schema, text), ensure_ascii=False)
@@ -850,11 +901,23 @@ def _event_stream(
     base["system_fingerprint"] = FINGERPRINT
     events: list[dict[str, Any]] = []
     for index, choice in enumerate(meta["choices"]):
-        events.append({**base, "choices": [_delta(index, {"role": "assistant", "content": ""})]})
-        words = choice["content"].split(" ")
-        for position, word in enumerate(words):
+        calls = choice.get("tool_calls")
+        if calls:
+            # A call streams as its id and name first, then its arguments piece by piece.
+            call = calls[0]
+            opening = {**call, "index": 0, "function": {**call["function"], "arguments": ""}}
+            events.append({**base, "choices": [_delta(
+                index, {"role": "assistant", "content": None, "tool_calls": [opening]})]})
+            pieces = call["function"]["arguments"].split(" ")
+        else:
+            events.append(
+                {**base, "choices": [_delta(index, {"role": "assistant", "content": ""})]})
+            pieces = choice["content"].split(" ")
+        for position, word in enumerate(pieces):
             piece = word if position == 0 else " " + word
-            events.append({**base, "choices": [_delta(index, {"content": piece})]})
+            delta = ({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]} if calls
+                     else {"content": piece})
+            events.append({**base, "choices": [_delta(index, delta)]})
         events.append({**base, "choices": [_delta(index, {}, choice["finish_reason"])]})
     if meta["include_usage"]:
         events.append({**base, "choices": [], "usage": usage})

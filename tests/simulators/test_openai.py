@@ -649,3 +649,71 @@ async def test_every_documented_parameter_is_accepted(
     assert len(completion.choices) == 2
     [record] = await sim.messages("openai")
     assert record["taskId"] == "task-every"
+
+
+class Lookup(BaseModel):
+    city: str
+    days: int
+
+
+LOOKUP_TOOL: Any = {"type": "function", "function": {
+    "name": "lookup", "parameters": Lookup.model_json_schema()}}
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "finish_reason"),
+    [("required", "tool_calls"), ({"type": "function", "function": {"name": "lookup"}}, "stop")],
+)
+async def test_a_forced_tool_choice_is_answered_with_a_call_to_that_tool(
+    sim: SimulatorServer, client: Factory, tool_choice: Any, finish_reason: str
+) -> None:
+    # OpenAI always calls a tool when tool_choice requires one; the simulator answered text
+    # and no tool_calls, so a client reading the call failed only against the simulator.
+    ai = client(sim)
+
+    answer = await ai.chat.completions.create(
+        model="gpt-4o-mini", messages=PROMPT, tools=[LOOKUP_TOOL], tool_choice=tool_choice)
+
+    choice = answer.choices[0]
+    assert choice.finish_reason == finish_reason
+    assert choice.message.content is None
+    assert choice.message.tool_calls is not None
+    [call] = choice.message.tool_calls
+    assert call.type == "function"
+    assert call.id.startswith("call_")
+    assert call.function.name == "lookup"
+    Lookup.model_validate_json(call.function.arguments)
+    again = await ai.chat.completions.create(
+        model="gpt-4o-mini", messages=PROMPT, tools=[LOOKUP_TOOL], tool_choice=tool_choice)
+    assert again.choices[0].message.tool_calls == choice.message.tool_calls
+
+
+async def test_a_forced_tool_call_streams_and_parses_with_the_sdk(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    ai = client(sim)
+
+    async with ai.chat.completions.stream(
+        model="gpt-4o-mini", messages=PROMPT, tools=[openai.pydantic_function_tool(Lookup)],
+        tool_choice="required",
+    ) as stream:
+        final = await stream.get_final_completion()
+
+    [call] = final.choices[0].message.tool_calls or []
+    assert call.function.name == "Lookup"
+    assert isinstance(call.function.parsed_arguments, Lookup)
+    assert final.choices[0].finish_reason == "tool_calls"
+
+
+async def test_a_tool_choice_naming_no_tool_is_refused(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    ai = client(sim)
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        await ai.chat.completions.create(
+            model="gpt-4o-mini", messages=PROMPT, tools=[LOOKUP_TOOL],
+            tool_choice={"type": "function", "function": {"name": "weather"}})
+
+    assert refused.value.param == "tool_choice"
+    assert await sim.messages("openai") == []
