@@ -11,6 +11,8 @@ counts one token per word of its JSON text; one longer than `max_tokens` is cut 
 text's first `max_tokens` words with `finish_reason: "length"`, not JSON, as OpenAI's cut-off
 answer is not. A `tool_choice` that forces a call answers that call instead of text, its
 arguments an instance of the function's `parameters` built the same way.
+`logprobs: true` answers each token (a word with its leading space) with a log probability
+derived from it and `top_logprobs` alternatives.
 Errors are `{"error": {"message", "type", "param", "code"}}`. As at OpenAI, an argument the
 API reference does not list is a 400 "Unrecognized request argument supplied: <name>", and a
 listed one of the wrong JSON type a 400 `invalid_type` naming it.
@@ -308,6 +310,9 @@ class OpenAI(HttpProvider):
                 "stream": payload.get("stream") is True,
                 "include_usage": isinstance(stream_options, dict)
                 and stream_options.get("include_usage") is True,
+                # How many alternatives each token's logprobs list; None: no logprobs asked.
+                "top_logprobs": (payload.get("top_logprobs") or 0)
+                if payload.get("logprobs") is True else None,
             },
         )
 
@@ -342,7 +347,7 @@ class OpenAI(HttpProvider):
                         "role": "assistant", "content": choice["content"], "refusal": None,
                         **({"tool_calls": choice["tool_calls"]} if "tool_calls" in choice else {}),
                     },
-                    "logprobs": None,
+                    "logprobs": _logprobs(_pieces(choice["content"]), meta.get("top_logprobs")),
                     "finish_reason": choice["finish_reason"],
                 }
                 for index, choice in enumerate(meta["choices"])
@@ -917,13 +922,58 @@ def _event_stream(
             piece = word if position == 0 else " " + word
             delta = ({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]} if calls
                      else {"content": piece})
-            events.append({**base, "choices": [_delta(index, delta)]})
+            chunk = _delta(index, delta)
+            if not calls and meta.get("top_logprobs") is not None:
+                [entry] = _token_logprobs([piece], meta["top_logprobs"], first=position)
+                chunk["logprobs"] = {"content": [entry], "refusal": None}
+            events.append({**base, "choices": [chunk]})
         events.append({**base, "choices": [_delta(index, {}, choice["finish_reason"])]})
     if meta["include_usage"]:
         events.append({**base, "choices": [], "usage": usage})
     lines = [f"data: {json.dumps(event, ensure_ascii=False)}\n\n" for event in events]
     lines.append("data: [DONE]\n\n")
     return "".join(lines).encode()
+
+
+# Alternatives a token's top_logprobs may list beside the answer's own tokens, so that any
+# top_logprobs up to 20 is filled with distinct tokens.
+_ALTERNATIVES = tuple(f" {word}" for word in (
+    "the", "a", "and", "to", "of", "in", "is", "for", "on", "with", "that", "it", "as", "at",
+    "by", "this", "be", "or", "from", "an", "are", "was"))
+
+
+def _pieces(content: str | None) -> list[str]:
+    """``content`` as the tokens the simulator counts: each word with its leading space."""
+    if not content:
+        return []
+    words = content.split(" ")
+    return [word if position == 0 else " " + word for position, word in enumerate(words)]
+
+
+def _logprobs(pieces: list[str], top: int | None) -> dict[str, Any] | None:
+    """A choice's `logprobs` when they were asked for (`top` alternatives per token)."""
+    if top is None:
+        return None
+    return {"content": _token_logprobs(pieces, top), "refusal": None}
+
+
+def _token_logprobs(pieces: list[str], top: int, *, first: int = 0) -> list[dict[str, Any]]:
+    """Each token with a log probability derived from it and its position (``first`` is the
+    position of ``pieces[0]``), and ``top`` alternatives, the token itself the likeliest."""
+    entries = []
+    for position, token in enumerate(pieces, start=first):
+        digest = hashlib.sha256(f"{position}\0{token}".encode()).digest()
+        logprob = -round(int.from_bytes(digest[:2], "big") / 32768, 6)  # in (-2, 0]
+        others = [t for t in dict.fromkeys((*_ALTERNATIVES, " " + token.strip())) if t != token]
+        alternatives = [token, *others][:top]
+        entries.append({
+            "token": token, "logprob": logprob, "bytes": list(token.encode()),
+            "top_logprobs": [
+                {"token": t, "logprob": round(logprob - rank, 6), "bytes": list(t.encode())}
+                for rank, t in enumerate(alternatives)
+            ],
+        })
+    return entries
 
 
 def _delta(index: int, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:

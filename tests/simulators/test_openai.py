@@ -717,3 +717,39 @@ async def test_a_tool_choice_naming_no_tool_is_refused(
 
     assert refused.value.param == "tool_choice"
     assert await sim.messages("openai") == []
+
+
+async def test_logprobs_are_given_for_every_token_when_asked(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    # OpenAI answers logprobs: true with each token's log probability (and top_logprobs
+    # alternatives); the simulator answered null, so reading them failed only against it.
+    ai = client(sim)
+
+    plain = await ai.chat.completions.create(model="gpt-4o-mini", messages=PROMPT)
+    answer = await ai.chat.completions.create(
+        model="gpt-4o-mini", messages=PROMPT, logprobs=True, top_logprobs=2)
+
+    assert plain.choices[0].logprobs is None
+    logprobs = answer.choices[0].logprobs
+    assert logprobs is not None
+    assert logprobs.content
+    assert "".join(entry.token for entry in logprobs.content) == answer.choices[0].message.content
+    for entry in logprobs.content:
+        assert entry.logprob <= 0
+        assert entry.bytes == list(entry.token.encode())
+        assert len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[0].token == entry.token
+        assert entry.top_logprobs[0].logprob == entry.logprob
+        assert entry.top_logprobs[1].logprob < entry.logprob
+    assert answer.usage is not None
+    assert answer.usage.completion_tokens == len(logprobs.content)
+
+    streamed = await ai.chat.completions.create(
+        model="gpt-4o-mini", messages=PROMPT, logprobs=True, stream=True)
+    pieces = [entry async for chunk in streamed for choice in chunk.choices
+              if choice.logprobs and choice.logprobs.content
+              for entry in choice.logprobs.content]
+    assert [(e.token, e.logprob) for e in pieces] == [
+        (e.token, e.logprob) for e in logprobs.content]
+    assert all(e.top_logprobs == [] for e in pieces)
