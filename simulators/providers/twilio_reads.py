@@ -137,6 +137,10 @@ def _int(value: str | None, name: str, default: int, *, minimum: int) -> int:
     if value is None or value == "":
         return default
     try:
+        # int() also reads other scripts' digits ("\uff15") and digit separators ("1_0"),
+        # as the Resend list's limit does not either.
+        if not value.isascii() or "_" in value:
+            raise ValueError(value)
         number = int(value)
     except ValueError:
         number = minimum - 1

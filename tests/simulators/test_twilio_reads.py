@@ -135,7 +135,11 @@ async def test_page_size_over_1000_is_20007(sim: SimulatorServer) -> None:
     assert "20007" in str(caught.value)
 
 
-@pytest.mark.parametrize("query", ["PageSize=0", "PageSize=ten", "Page=-1", "DateSent=soon"])
+@pytest.mark.parametrize("query", [
+    "PageSize=0", "PageSize=ten", "Page=-1", "DateSent=soon",
+    # int() reads other scripts' digits and digit separators: a full-width 5 was a page of 5.
+    "PageSize=%EF%BC%95", "PageSize=1_0", "Page=%EF%BC%91",
+])
 async def test_bad_list_query_is_400_naming_it(sim: SimulatorServer, query: str) -> None:
     url = f"{sim.base_url}/2010-04-01/Accounts/{ACCOUNT_SID}/Messages.json?{query}"
     credentials = base64.b64encode(f"{ACCOUNT_SID}:{AUTH_TOKEN}".encode()).decode()
