@@ -284,7 +284,7 @@ class OpenAI(HttpProvider):
         choices = [
             _choice(completion_text(model, messages, index), answer_format, limit)
             if forced is None
-            else _tool_call(*forced, completion_text(model, messages, index), index)
+            else _tool_call(*forced, completion_text(model, messages, index), index, limit)
             for index in range(n)
         ]
         metadata = payload.get("metadata")
@@ -693,19 +693,22 @@ def _forced_tool(payload: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
 
 
 def _tool_call(
-    function: dict[str, Any], finish_reason: str, text: str, index: int
+    function: dict[str, Any], finish_reason: str, text: str, index: int, limit: int | None
 ) -> dict[str, Any]:
     """One choice that calls ``function``, its arguments a JSON instance of its parameters
-    built from the completion text; the call id is derived from them, so a replay names it
-    alike."""
+    built from the completion text (cut off after ``limit`` tokens, finish reason `length`, as
+    OpenAI cuts them); the call id is derived from them, so a replay names it alike."""
     parameters = function.get("parameters")
     schema = parameters if isinstance(parameters, dict) else {"type": "object"}
     arguments = json.dumps(instance(schema, text), ensure_ascii=False)
+    if limit is not None and len(arguments.split(" ")) > limit:
+        arguments = " ".join(arguments.split(" ")[:limit])
+        finish_reason = "length"
     digest = hashlib.sha256(f"{function['name']}\0{arguments}\0{index}".encode()).hexdigest()
     call = {"id": "call_" + digest[:24], "type": "function",
             "function": {"name": function["name"], "arguments": arguments}}
     return {"content": None, "tool_calls": [call], "finish_reason": finish_reason,
-            "tokens": len(arguments.split())}
+            "tokens": len(arguments.split(" "))}
 
 
 def _answer(text: str, answer_format: AnswerFormat) -> str:

@@ -753,3 +753,22 @@ async def test_logprobs_are_given_for_every_token_when_asked(
     assert [(e.token, e.logprob) for e in pieces] == [
         (e.token, e.logprob) for e in logprobs.content]
     assert all(e.top_logprobs == [] for e in pieces)
+
+
+async def test_a_forced_tool_call_past_max_tokens_is_cut_off(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    ai = client(sim)
+
+    answer = await ai.chat.completions.create(
+        model="gpt-4o-mini", messages=PROMPT, tools=[LOOKUP_TOOL], tool_choice="required",
+        max_tokens=1)
+
+    choice = answer.choices[0]
+    assert choice.finish_reason == "length"
+    [call] = choice.message.tool_calls or []
+    assert call.type == "function"
+    with pytest.raises(ValueError):
+        Lookup.model_validate_json(call.function.arguments)
+    assert answer.usage is not None
+    assert answer.usage.completion_tokens == 1
