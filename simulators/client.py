@@ -9,6 +9,7 @@ them to a simulator running elsewhere (another process, a staging host). Both ra
 from __future__ import annotations
 
 import asyncio
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -258,7 +259,17 @@ class SimulatorClient(SimulatorControl):
         async with self._session.request(op.method, self.base_url + path, **options) as response:
             if response.status == 204:
                 return None
-            body = await response.json(content_type=None)
+            text = await response.text(errors="replace")
+            try:
+                body = json.loads(text)
+            except ValueError:
+                # Not the simulator answering (a proxy's error page, another server at that
+                # URL): say what came back instead of failing to decode it.
+                snippet = " ".join(text.split())[:200]
+                raise ControlError(
+                    f"HTTP {response.status} from {op.method} {self.base_url}{path} is not the "
+                    f"simulator's JSON: {snippet!r}", status=response.status,
+                ) from None
             if response.status >= 400:
                 message = body.get("error") if isinstance(body, dict) else None
                 raise ControlError(

@@ -117,6 +117,22 @@ def parse_config(payload: object) -> ReceiptConfig:
     return ReceiptConfig(url=url, secret=secret, delay_ms=delay_ms, probabilities=probabilities)
 
 
+def due_in_s(record: MessageRecord) -> float:
+    """Seconds until a Resend email scheduled for later (`scheduled_at`, an ISO 8601 time) is
+    sent; 0 for one sent now, or whose time the simulator does not read (Resend's natural
+    language, "in 1 min")."""
+    when = record.meta.get("scheduled_at")
+    if record.provider is not Provider.RESEND or not isinstance(when, str):
+        return 0.0
+    try:
+        moment = datetime.fromisoformat(when.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return max((moment - datetime.now(UTC)).total_seconds(), 0.0)
+
+
 def draw_events(config: ReceiptConfig, record: MessageRecord, rng: random.Random) -> list[str]:
     """The receipts one message gets; always five draws so the sequence stays replayable."""
     draws = {event: rng.random() for event in EVENTS}
@@ -302,8 +318,10 @@ class ReceiptSender:
     async def _send_all(
         self, config: ReceiptConfig, record: MessageRecord, events: list[str]
     ) -> None:
-        if config.delay_ms:
-            await asyncio.sleep(config.delay_ms / 1000.0)
+        # Nothing happens to a scheduled email before it is sent.
+        wait_s = config.delay_ms / 1000.0 + due_in_s(record)
+        if wait_s:
+            await asyncio.sleep(wait_s)
         for event in events:
             # The event has happened whether or not its webhook gets through.
             record.note_event(event)

@@ -117,6 +117,9 @@ class SimulatorServer(SimulatorControl):
             # open after stop(); a nested `async with` would also stop it under the outer one.
             raise RuntimeError(f"this SimulatorServer is already running at {self.base_url}; "
                                "stop it first, or start another instance")
+        # The last stop() set it to release held requests; left set, a server started again
+        # would hold nothing (a latency rule answered at once, a timeout dropped at once).
+        self.state.closing.clear()
         runner = RefusingRunner(
             create_app(self.state), answer=answer_refusal, access_log=None,
             shutdown_timeout=SHUTDOWN_TIMEOUT_S, logger=quiet_unparseable_requests(),

@@ -9,7 +9,10 @@ tokens approximately (about four characters per prompt token, one per completion
 simulators/schema_instance.py), which the SDK's `parse()` helpers validate. A JSON answer
 counts one token per word of its JSON text; one longer than `max_tokens` is cut to the plain
 text's first `max_tokens` words with `finish_reason: "length"`, not JSON, as OpenAI's cut-off
-answer is not.
+answer is not. A `tool_choice` that forces a call answers that call instead of text, its
+arguments an instance of the function's `parameters` built the same way.
+`logprobs: true` answers each token (a word with its leading space) with a log probability
+derived from it and `top_logprobs` alternatives.
 Errors are `{"error": {"message", "type", "param", "code"}}`. As at OpenAI, an argument the
 API reference does not list is a 400 "Unrecognized request argument supplied: <name>", and a
 listed one of the wrong JSON type a 400 `invalid_type` naming it.
@@ -277,8 +280,11 @@ class OpenAI(HttpProvider):
                 "'response_format' of type 'json_object'.",
                 field_name="messages",
             )
+        forced = _forced_tool(payload)
         choices = [
             _choice(completion_text(model, messages, index), answer_format, limit)
+            if forced is None
+            else _tool_call(*forced, completion_text(model, messages, index), index, limit)
             for index in range(n)
         ]
         metadata = payload.get("metadata")
@@ -292,6 +298,7 @@ class OpenAI(HttpProvider):
                 "model": model,
                 "messages": [_stored_message(m) for m in messages],
                 "completion": choices[0]["content"],
+                **({"tool_calls": choices[0]["tool_calls"]} if forced is not None else {}),
             },
             task_id=task_id,
             idempotency_key=request.headers.get(IDEMPOTENCY_HEADER),
@@ -303,6 +310,9 @@ class OpenAI(HttpProvider):
                 "stream": payload.get("stream") is True,
                 "include_usage": isinstance(stream_options, dict)
                 and stream_options.get("include_usage") is True,
+                # How many alternatives each token's logprobs list; None: no logprobs asked.
+                "top_logprobs": (payload.get("top_logprobs") or 0)
+                if payload.get("logprobs") is True else None,
             },
         )
 
@@ -333,8 +343,11 @@ class OpenAI(HttpProvider):
             "choices": [
                 {
                     "index": index,
-                    "message": {"role": "assistant", "content": choice["content"], "refusal": None},
-                    "logprobs": None,
+                    "message": {
+                        "role": "assistant", "content": choice["content"], "refusal": None,
+                        **({"tool_calls": choice["tool_calls"]} if "tool_calls" in choice else {}),
+                    },
+                    "logprobs": _logprobs(_pieces(choice["content"]), meta.get("top_logprobs")),
                     "finish_reason": choice["finish_reason"],
                 }
                 for index, choice in enumerate(meta["choices"])
@@ -652,6 +665,52 @@ def _choice(text: str, answer_format: AnswerFormat, limit: int | None) -> dict[s
     return {"content": answer, "finish_reason": "stop", "tokens": len(answer.split())}
 
 
+def _forced_tool(payload: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    """The function that `tool_choice` makes the model call, and the finish reason OpenAI
+    gives that answer: `"required"` calls the first function tool (`tool_calls`), a named
+    function that one (`stop`). None when the model may answer in text."""
+    choice = payload.get("tool_choice")
+    tools = payload.get("tools")
+    functions = [
+        tool["function"] for tool in (tools if isinstance(tools, list) else [])
+        if isinstance(tool, dict) and isinstance(tool.get("function"), dict)
+        and isinstance(tool["function"].get("name"), str)
+    ]
+    if choice == "required":
+        return (functions[0], "tool_calls") if functions else None
+    if not (isinstance(choice, dict) and isinstance(choice.get("function"), dict)):
+        return None
+    name = choice["function"].get("name")
+    for function in functions:
+        if function["name"] == name:
+            return function, "stop"
+    raise Rejection(
+        ErrorCase.BAD_REQUEST,
+        f"Invalid value for 'tool_choice': tool choice '{str(name)[:64]}' not found in "
+        "'tools' parameter.",
+        field_name="tool_choice",
+    )
+
+
+def _tool_call(
+    function: dict[str, Any], finish_reason: str, text: str, index: int, limit: int | None
+) -> dict[str, Any]:
+    """One choice that calls ``function``, its arguments a JSON instance of its parameters
+    built from the completion text (cut off after ``limit`` tokens, finish reason `length`, as
+    OpenAI cuts them); the call id is derived from them, so a replay names it alike."""
+    parameters = function.get("parameters")
+    schema = parameters if isinstance(parameters, dict) else {"type": "object"}
+    arguments = json.dumps(instance(schema, text), ensure_ascii=False)
+    if limit is not None and len(arguments.split(" ")) > limit:
+        arguments = " ".join(arguments.split(" ")[:limit])
+        finish_reason = "length"
+    digest = hashlib.sha256(f"{function['name']}\0{arguments}\0{index}".encode()).hexdigest()
+    call = {"id": "call_" + digest[:24], "type": "function",
+            "function": {"name": function["name"], "arguments": arguments}}
+    return {"content": None, "tool_calls": [call], "finish_reason": finish_reason,
+            "tokens": len(arguments.split(" "))}
+
+
 def _answer(text: str, answer_format: AnswerFormat) -> str:
     if answer_format.schema is not None:
         return json.dumps(instance(answer_format.schema, text), ensure_ascii=False)
@@ -850,17 +909,74 @@ def _event_stream(
     base["system_fingerprint"] = FINGERPRINT
     events: list[dict[str, Any]] = []
     for index, choice in enumerate(meta["choices"]):
-        events.append({**base, "choices": [_delta(index, {"role": "assistant", "content": ""})]})
-        words = choice["content"].split(" ")
-        for position, word in enumerate(words):
+        calls = choice.get("tool_calls")
+        if calls:
+            # A call streams as its id and name first, then its arguments piece by piece.
+            call = calls[0]
+            opening = {**call, "index": 0, "function": {**call["function"], "arguments": ""}}
+            events.append({**base, "choices": [_delta(
+                index, {"role": "assistant", "content": None, "tool_calls": [opening]})]})
+            pieces = call["function"]["arguments"].split(" ")
+        else:
+            events.append(
+                {**base, "choices": [_delta(index, {"role": "assistant", "content": ""})]})
+            pieces = choice["content"].split(" ")
+        for position, word in enumerate(pieces):
             piece = word if position == 0 else " " + word
-            events.append({**base, "choices": [_delta(index, {"content": piece})]})
+            delta = ({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]} if calls
+                     else {"content": piece})
+            chunk = _delta(index, delta)
+            if not calls and meta.get("top_logprobs") is not None:
+                [entry] = _token_logprobs([piece], meta["top_logprobs"], first=position)
+                chunk["logprobs"] = {"content": [entry], "refusal": None}
+            events.append({**base, "choices": [chunk]})
         events.append({**base, "choices": [_delta(index, {}, choice["finish_reason"])]})
     if meta["include_usage"]:
         events.append({**base, "choices": [], "usage": usage})
     lines = [f"data: {json.dumps(event, ensure_ascii=False)}\n\n" for event in events]
     lines.append("data: [DONE]\n\n")
     return "".join(lines).encode()
+
+
+# Alternatives a token's top_logprobs may list beside the answer's own tokens, so that any
+# top_logprobs up to 20 is filled with distinct tokens.
+_ALTERNATIVES = tuple(f" {word}" for word in (
+    "the", "a", "and", "to", "of", "in", "is", "for", "on", "with", "that", "it", "as", "at",
+    "by", "this", "be", "or", "from", "an", "are", "was"))
+
+
+def _pieces(content: str | None) -> list[str]:
+    """``content`` as the tokens the simulator counts: each word with its leading space."""
+    if not content:
+        return []
+    words = content.split(" ")
+    return [word if position == 0 else " " + word for position, word in enumerate(words)]
+
+
+def _logprobs(pieces: list[str], top: int | None) -> dict[str, Any] | None:
+    """A choice's `logprobs` when they were asked for (`top` alternatives per token)."""
+    if top is None:
+        return None
+    return {"content": _token_logprobs(pieces, top), "refusal": None}
+
+
+def _token_logprobs(pieces: list[str], top: int, *, first: int = 0) -> list[dict[str, Any]]:
+    """Each token with a log probability derived from it and its position (``first`` is the
+    position of ``pieces[0]``), and ``top`` alternatives, the token itself the likeliest."""
+    entries = []
+    for position, token in enumerate(pieces, start=first):
+        digest = hashlib.sha256(f"{position}\0{token}".encode()).digest()
+        logprob = -round(int.from_bytes(digest[:2], "big") / 32768, 6)  # in (-2, 0]
+        others = [t for t in dict.fromkeys((*_ALTERNATIVES, " " + token.strip())) if t != token]
+        alternatives = [token, *others][:top]
+        entries.append({
+            "token": token, "logprob": logprob, "bytes": list(token.encode()),
+            "top_logprobs": [
+                {"token": t, "logprob": round(logprob - rank, 6), "bytes": list(t.encode())}
+                for rank, t in enumerate(alternatives)
+            ],
+        })
+    return entries
 
 
 def _delta(index: int, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:

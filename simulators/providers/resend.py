@@ -279,6 +279,9 @@ def parse_email(payload: dict[str, Any]) -> Submission:
             ErrorCase.BAD_REQUEST, "Missing `html` or `text` field.", code="missing_required_field"
         )
     _addresses(payload, "reply_to")
+    scheduled_at = payload.get("scheduled_at")
+    if scheduled_at is not None and not isinstance(scheduled_at, str):
+        raise Rejection(ErrorCase.BAD_REQUEST, "Invalid `scheduled_at` field.")
     _check_attachments(payload.get("attachments"))
     tags = _tags(payload.get("tags"))
     headers = payload.get("headers")
@@ -309,7 +312,7 @@ def parse_email(payload: dict[str, Any]) -> Submission:
         content=content,
         task_id=task_id,
         payload=payload,
-        meta={"tags": tags},
+        meta={"tags": tags, "scheduled_at": scheduled_at},
     )
 
 

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from simulators.kinds import ErrorCase, Provider
 from simulators.providers.resend import Resend
+from simulators.receipts import due_in_s
 from simulators.records import MessageRecord
 from simulators.replies import json_reply
 from simulators.state import STATE
@@ -92,7 +93,8 @@ def _summary(record: MessageRecord) -> dict[str, Any]:
         "bcc": content.get("bcc"),
         "cc": content.get("cc"),
         "reply_to": _as_list(content.get("reply_to")),
-        "last_event": record.last_event,
+        # Until its time comes a scheduled email is only that, whatever fate it will meet.
+        "last_event": "scheduled" if due_in_s(record) > 0 else record.last_event,
         "scheduled_at": content.get("scheduled_at"),
     }
 

@@ -93,6 +93,7 @@ _ERRORS: dict[ErrorCase, tuple[int, str]] = {
     ErrorCase.UNAVAILABLE: (20503, "Service unavailable"),
 }
 MAX_BODY_CHARS = 1600
+MAX_VALIDITY_S = 36_000  # ValidityPeriod: at most 10 hours
 
 
 class Twilio(HttpProvider):
@@ -142,6 +143,10 @@ class Twilio(HttpProvider):
         bad_media = [url for url in media if not _absolute_http_url(url)]
         if bad_media:
             raise _error(21620, f"Invalid media URL(s): {', '.join(bad_media)[:200]}")
+        validity = fields.get("ValidityPeriod")
+        if validity is not None and not _valid_period(validity):
+            raise _error(21624, "Validity period can only be set to integers between 1 and "
+                                f"{MAX_VALIDITY_S:,} seconds ({MAX_VALIDITY_S // 3600} hours max).")
         callback = fields.get("StatusCallback") or None
         if callback is not None and not _absolute_http_url(callback):
             raise _error(21609, f"The StatusCallback URL {callback} is not a valid URL.")
@@ -215,6 +220,14 @@ class Twilio(HttpProvider):
             "status": spec.status,
         }
         return json_reply(spec.status, body, retry_after_s=spec.retry_after_s)
+
+
+def _valid_period(value: str) -> bool:
+    """A ValidityPeriod Twilio takes: whole seconds, 1 to 36,000, in ASCII digits."""
+    text = value.strip()
+    # The length first: int() will not read a number of thousands of digits at all.
+    return (text.isascii() and text.isdigit() and len(text) <= 6
+            and 1 <= int(text) <= MAX_VALIDITY_S)
 
 
 def message_resource(record: MessageRecord, *, created: bool = False) -> dict[str, Any]:

@@ -6,7 +6,8 @@ GET /2010-04-01/Accounts/{AccountSid}/Messages.json               -> a page of t
 Both answer from what the simulator recorded, for the account in the path only (as Twilio
 scopes messages to their account), with the message's `status` following the receipts the
 simulator drew for it (`message_resource`). The list is newest first, filtered by `To`, `From`
-and `DateSent` / `DateSent<` / `DateSent>` (a `YYYY-MM-DD` day or an ISO 8601 instant, GMT),
+and `DateSent` / `DateSent<` / `DateSent>` (a `YYYY-MM-DD` day or an ISO 8601 instant, GMT;
+`DateSent` takes an instant's whole day, as Twilio's date filter does),
 and paged by `PageSize` (default 50, at most 1000: above is 400 code 20007), `Page` and the
 `PageToken` that `next_page_uri` / `previous_page_uri` carry ("PA"/"PB" + the sid the page
 continues after / before), so paging stays put while new messages arrive. Reads are not
@@ -136,6 +137,10 @@ def _int(value: str | None, name: str, default: int, *, minimum: int) -> int:
     if value is None or value == "":
         return default
     try:
+        # int() also reads other scripts' digits ("\uff15") and digit separators ("1_0"),
+        # as the Resend list's limit does not either.
+        if not value.isascii() or "_" in value:
+            raise ValueError(value)
         number = int(value)
     except ValueError:
         number = minimum - 1
@@ -147,7 +152,7 @@ def _int(value: str | None, name: str, default: int, *, minimum: int) -> int:
 def _matcher(filters: dict[str, str]) -> Callable[[MessageRecord], bool]:
     to = filters.get("To")
     sender = filters.get("From")
-    on = _span(filters, "DateSent")
+    on = _span(filters, "DateSent", whole_day=True)
     before = _span(filters, "DateSent<")
     after = _span(filters, "DateSent>")
 
@@ -166,8 +171,14 @@ def _matcher(filters: dict[str, str]) -> Callable[[MessageRecord], bool]:
     return wanted
 
 
-def _span(filters: dict[str, str], name: str) -> tuple[datetime, datetime] | None:
-    """A filter value as the [start, end) it names: a day, or the second of an instant."""
+def _span(
+    filters: dict[str, str], name: str, *, whole_day: bool = False
+) -> tuple[datetime, datetime] | None:
+    """A filter value as the [start, end) it names: a day, or the second of an instant.
+
+    ``whole_day``: the GMT day of an instant too. Twilio's `DateSent` is a date, and its SDK
+    writes a date as that day's midnight (`2026-12-04T00:00:00Z`), which as one second found
+    none of the day's messages."""
     value = filters.get(name)
     if value is None:
         return None
@@ -182,6 +193,9 @@ def _span(filters: dict[str, str], name: str) -> tuple[datetime, datetime] | Non
                 start = start.replace(tzinfo=UTC)
             start = start.astimezone(UTC)
             length = timedelta(seconds=1)
+            if whole_day:
+                start = datetime.combine(start.date(), time(), UTC)
+                length = timedelta(days=1)
     except (ValueError, OverflowError):
         raise _BadQuery(
             20001, f"Invalid {name}: {text[:40]!r} is not a YYYY-MM-DD date or an ISO 8601 time."

@@ -396,3 +396,28 @@ async def test_message_ids_never_repeat_across_a_reset(sim: SimulatorServer) -> 
         assert [again.state.ids.uuid4() for _ in range(3)] == before
         await again.reset()
         assert [again.state.ids.uuid4() for _ in range(3)] == after
+
+
+async def test_simulator_client_names_an_answer_that_is_not_the_simulators() -> None:
+    # A proxy's HTML error page in front of a staging simulator surfaced as a JSONDecodeError
+    # ("Expecting value: line 1 column 1"), hiding the status and what answered.
+    from aiohttp import web
+
+    async def gateway(request: web.Request) -> web.Response:
+        return web.Response(status=502, text="<html>Bad Gateway</html>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", gateway)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        async with SimulatorClient(f"http://127.0.0.1:{runner.addresses[0][1]}") as remote:
+            with pytest.raises(ControlError) as caught:
+                await remote.add_fault("error", "resend")
+    finally:
+        await runner.cleanup()
+    assert caught.value.status == 502
+    assert "HTTP 502" in caught.value.message
+    assert "Bad Gateway" in caught.value.message

@@ -41,8 +41,9 @@ PROVIDERS: dict[str, tuple[str, Body]] = {
     ),
     "resend": (
         "/emails",
-        lambda d: '{"from":"a@example.com","to":"b@example.com","subject":"s","text":"t",'
-        '"scheduled_at":' + brackets(max(d - 1, 0)) + "}",
+        # body (1) > template (2) > variables (3) > a variable, free JSON
+        lambda d: '{"from":"a@example.com","to":"b@example.com","subject":"s",'
+        '"template":{"id":"t","variables":{"v":' + brackets(max(d - 3, 0)) + "}}}",
     ),
     "resend_batch": (
         "/emails/batch",

@@ -649,3 +649,126 @@ async def test_every_documented_parameter_is_accepted(
     assert len(completion.choices) == 2
     [record] = await sim.messages("openai")
     assert record["taskId"] == "task-every"
+
+
+class Lookup(BaseModel):
+    city: str
+    days: int
+
+
+LOOKUP_TOOL: Any = {"type": "function", "function": {
+    "name": "lookup", "parameters": Lookup.model_json_schema()}}
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "finish_reason"),
+    [("required", "tool_calls"), ({"type": "function", "function": {"name": "lookup"}}, "stop")],
+)
+async def test_a_forced_tool_choice_is_answered_with_a_call_to_that_tool(
+    sim: SimulatorServer, client: Factory, tool_choice: Any, finish_reason: str
+) -> None:
+    # OpenAI always calls a tool when tool_choice requires one; the simulator answered text
+    # and no tool_calls, so a client reading the call failed only against the simulator.
+    ai = client(sim)
+
+    answer = await ai.chat.completions.create(
+        model="gpt-4o-mini", messages=PROMPT, tools=[LOOKUP_TOOL], tool_choice=tool_choice)
+
+    choice = answer.choices[0]
+    assert choice.finish_reason == finish_reason
+    assert choice.message.content is None
+    assert choice.message.tool_calls is not None
+    [call] = choice.message.tool_calls
+    assert call.type == "function"
+    assert call.id.startswith("call_")
+    assert call.function.name == "lookup"
+    Lookup.model_validate_json(call.function.arguments)
+    again = await ai.chat.completions.create(
+        model="gpt-4o-mini", messages=PROMPT, tools=[LOOKUP_TOOL], tool_choice=tool_choice)
+    assert again.choices[0].message.tool_calls == choice.message.tool_calls
+
+
+async def test_a_forced_tool_call_streams_and_parses_with_the_sdk(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    ai = client(sim)
+
+    async with ai.chat.completions.stream(
+        model="gpt-4o-mini", messages=PROMPT, tools=[openai.pydantic_function_tool(Lookup)],
+        tool_choice="required",
+    ) as stream:
+        final = await stream.get_final_completion()
+
+    [call] = final.choices[0].message.tool_calls or []
+    assert call.function.name == "Lookup"
+    assert isinstance(call.function.parsed_arguments, Lookup)
+    assert final.choices[0].finish_reason == "tool_calls"
+
+
+async def test_a_tool_choice_naming_no_tool_is_refused(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    ai = client(sim)
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        await ai.chat.completions.create(
+            model="gpt-4o-mini", messages=PROMPT, tools=[LOOKUP_TOOL],
+            tool_choice={"type": "function", "function": {"name": "weather"}})
+
+    assert refused.value.param == "tool_choice"
+    assert await sim.messages("openai") == []
+
+
+async def test_logprobs_are_given_for_every_token_when_asked(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    # OpenAI answers logprobs: true with each token's log probability (and top_logprobs
+    # alternatives); the simulator answered null, so reading them failed only against it.
+    ai = client(sim)
+
+    plain = await ai.chat.completions.create(model="gpt-4o-mini", messages=PROMPT)
+    answer = await ai.chat.completions.create(
+        model="gpt-4o-mini", messages=PROMPT, logprobs=True, top_logprobs=2)
+
+    assert plain.choices[0].logprobs is None
+    logprobs = answer.choices[0].logprobs
+    assert logprobs is not None
+    assert logprobs.content
+    assert "".join(entry.token for entry in logprobs.content) == answer.choices[0].message.content
+    for entry in logprobs.content:
+        assert entry.logprob <= 0
+        assert entry.bytes == list(entry.token.encode())
+        assert len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[0].token == entry.token
+        assert entry.top_logprobs[0].logprob == entry.logprob
+        assert entry.top_logprobs[1].logprob < entry.logprob
+    assert answer.usage is not None
+    assert answer.usage.completion_tokens == len(logprobs.content)
+
+    streamed = await ai.chat.completions.create(
+        model="gpt-4o-mini", messages=PROMPT, logprobs=True, stream=True)
+    pieces = [entry async for chunk in streamed for choice in chunk.choices
+              if choice.logprobs and choice.logprobs.content
+              for entry in choice.logprobs.content]
+    assert [(e.token, e.logprob) for e in pieces] == [
+        (e.token, e.logprob) for e in logprobs.content]
+    assert all(e.top_logprobs == [] for e in pieces)
+
+
+async def test_a_forced_tool_call_past_max_tokens_is_cut_off(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    ai = client(sim)
+
+    answer = await ai.chat.completions.create(
+        model="gpt-4o-mini", messages=PROMPT, tools=[LOOKUP_TOOL], tool_choice="required",
+        max_tokens=1)
+
+    choice = answer.choices[0]
+    assert choice.finish_reason == "length"
+    [call] = choice.message.tool_calls or []
+    assert call.type == "function"
+    with pytest.raises(ValueError):
+        Lookup.model_validate_json(call.function.arguments)
+    assert answer.usage is not None
+    assert answer.usage.completion_tokens == 1

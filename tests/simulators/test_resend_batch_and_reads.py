@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import pytest
@@ -278,3 +279,37 @@ async def test_bad_list_parameters_are_422_naming_them(
         await list_emails(params)
     assert caught.value.code == 422
     assert f"`{named}`" in caught.value.message
+
+
+async def test_an_email_scheduled_for_later_reads_as_scheduled_until_then(
+    resend_sdk: Any, sim: SimulatorServer, receiver: Any
+) -> None:
+    # An email scheduled for 2099 read as delivered the moment it was accepted, and its
+    # receipts were posted at once.
+    later = await asyncio.to_thread(resend.Emails.send, cast(
+        resend.Emails.SendParams, email("ada@example.com", scheduled_at="2099-01-01T00:00:00Z")))
+    past = await asyncio.to_thread(resend.Emails.send, cast(
+        resend.Emails.SendParams, email("bob@example.com", scheduled_at="2020-01-01T00:00:00Z")))
+
+    assert (await get(later["id"]))["last_event"] == "scheduled"
+    assert (await get(past["id"]))["last_event"] == "delivered"
+
+    await sim.set_receipts(receiver.url, SECRET)
+    soon = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
+    sent = await asyncio.to_thread(resend.Emails.send, cast(
+        resend.Emails.SendParams, email("cy@example.com", scheduled_at=soon)))
+    await asyncio.sleep(0.5)
+    assert receiver.requests == []
+    assert (await get(sent["id"]))["last_event"] == "scheduled"
+    await receiver.wait_for(1)
+    assert (await get(sent["id"]))["last_event"] == "delivered"
+
+
+async def test_a_scheduled_at_that_is_no_string_is_422(
+    resend_sdk: Any, sim: SimulatorServer
+) -> None:
+    with pytest.raises(exceptions.ResendError) as caught:
+        await asyncio.to_thread(resend.Emails.send, cast(
+            resend.Emails.SendParams, email("ada@example.com", scheduled_at=1893456000)))
+    assert "scheduled_at" in str(caught.value)
+    assert await sim.messages("resend") == []

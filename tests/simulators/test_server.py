@@ -103,3 +103,22 @@ def test_bad_arguments_are_refused_naming_them(
         arguments: dict[str, object], error: type[Exception], named: str) -> None:
     with pytest.raises(error, match=rf"^{named}\b"):
         SimulatorServer(**arguments)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["latency", "timeout"])
+async def test_a_server_started_again_still_holds_what_its_faults_hold(kind: str) -> None:
+    # The first stop released held requests for good: started again, a latency rule answered
+    # at once and a timeout closed the connection at once, as if shutting down.
+    sim = SimulatorServer(smtp_port=None)
+    async with sim:
+        pass
+    async with sim, aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+        await sim.add_fault(kind, "resend", delay_ms=300)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            async with http.post(sim.base_url + "/emails", json=EMAIL, headers=AUTH) as response:
+                assert response.status == 200
+        except aiohttp.ClientError:
+            assert kind == "timeout"
+        assert loop.time() - started >= 0.25

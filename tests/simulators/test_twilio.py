@@ -69,6 +69,22 @@ async def test_invalid_status_callback_is_21609(sim: SimulatorServer, callback: 
     assert await sim.messages("twilio") == []
 
 
+@pytest.mark.parametrize("period", [0, 36001, "ten", "1.5"])
+async def test_a_validity_period_twilio_refuses_is_21624(
+        sim: SimulatorServer, period: object) -> None:
+    """Twilio takes a ValidityPeriod of 1 to 36,000 whole seconds only; the simulator sent
+    whatever it was given."""
+    with pytest.raises(TwilioRestException) as caught:
+        await send(client(sim), validity_period=period)
+    assert (caught.value.status, caught.value.code) == (400, 21624)
+    assert await sim.messages("twilio") == []
+
+
+async def test_a_validity_period_in_range_is_sent(sim: SimulatorServer) -> None:
+    await send(client(sim), validity_period=600)
+    assert len(await sim.messages("twilio")) == 1
+
+
 async def test_invalid_media_url_is_21620(sim: SimulatorServer) -> None:
     with pytest.raises(TwilioRestException) as caught:
         await send(client(sim), media_url=["https://example.com/a.png", "not-a-url"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
 import aiohttp
@@ -135,7 +135,11 @@ async def test_page_size_over_1000_is_20007(sim: SimulatorServer) -> None:
     assert "20007" in str(caught.value)
 
 
-@pytest.mark.parametrize("query", ["PageSize=0", "PageSize=ten", "Page=-1", "DateSent=soon"])
+@pytest.mark.parametrize("query", [
+    "PageSize=0", "PageSize=ten", "Page=-1", "DateSent=soon",
+    # int() reads other scripts' digits and digit separators: a full-width 5 was a page of 5.
+    "PageSize=%EF%BC%95", "PageSize=1_0", "Page=%EF%BC%91",
+])
 async def test_bad_list_query_is_400_naming_it(sim: SimulatorServer, query: str) -> None:
     url = f"{sim.base_url}/2010-04-01/Accounts/{ACCOUNT_SID}/Messages.json?{query}"
     credentials = base64.b64encode(f"{ACCOUNT_SID}:{AUTH_TOKEN}".encode()).decode()
@@ -164,6 +168,25 @@ async def test_list_filters_by_date_sent(sim: SimulatorServer) -> None:
 
     assert [m.sid for m in after] == [sent.sid]
     assert before == []
+
+
+async def test_list_filters_by_the_day_sent_as_the_sdk_sends_it(sim: SimulatorServer) -> None:
+    # Twilio's DateSent is a GMT date, and the SDK writes a date as midnight
+    # (DateSent=2026-12-04T00:00:00Z): read as that one second, the day's messages were not
+    # found.
+    twilio = client(sim)
+    sent = await send(twilio, "+15558675310")
+    day = sent.date_created.astimezone(UTC).date()
+
+    on_the_day = await asyncio.to_thread(twilio.messages.list, date_sent=day)
+    at_noon = await asyncio.to_thread(
+        twilio.messages.list, date_sent=datetime.combine(day, time(12), UTC))
+    the_day_before = await asyncio.to_thread(
+        twilio.messages.list, date_sent=day - timedelta(days=1))
+
+    assert [m.sid for m in on_the_day] == [sent.sid]
+    assert [m.sid for m in at_noon] == [sent.sid]
+    assert the_day_before == []
 
 
 @pytest.mark.parametrize("query", ["DateSent%3C=9999-12-31", "DateSent%3E=0001-01-01"])
