@@ -386,8 +386,9 @@ def is_hard_bounce(receipt: Mapping[str, Any]) -> bool:
 
 def _receipt_detail(receipt: Mapping[str, Any]) -> str:
     raw = receipt.get("raw")
+    # Resend's bounce message and failure reason, SendGrid's reason, Twilio's error message.
     message = _find(raw, ("data", "bounce", "message"), ("bounce", "message"), ("reason",),
-                    ("data", "reason"), ("ErrorMessage",))
+                    ("data", "reason"), ("data", "failed", "reason"), ("ErrorMessage",))
     base = f"{receipt['kind']} ({receipt['provider']})"
     if isinstance(message, str) and message:
         return f"{base}: {message}"

@@ -550,6 +550,25 @@ async def test_a_twilio_bounce_row_names_its_error_code_and_whether_it_suppresse
     }
 
 
+async def test_a_failed_receipt_row_quotes_the_providers_reason(
+    make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
+) -> None:
+    # Resend's email.failed says why under data.failed.reason (quota, domain, key): the only
+    # clue a reader of the timeline gets, since the send itself was accepted.
+    events = make_events()
+    await record_send(db, project_id, "task-f", "ann@example.com", "re-failed")
+    await put(redis, keys, sent_event(project_id, uuid7(), "task-f", "re-failed"))
+    await events.run_until_idle()
+    await put(redis, keys, receipt(project_id, "re-failed", "failed", {
+        "type": "email.failed", "created_at": AT,
+        "data": {"email_id": "re-failed", "to": ["ann@example.com"],
+                 "failed": {"reason": "reached_daily_quota"}}}))
+    await events.run_until_idle()
+    detail = await db.fetchval(
+        "SELECT detail FROM message_logs WHERE kind = 'failed' AND task_id = 'task-f'")
+    assert detail == "failed (resend): reached_daily_quota"
+
+
 @pytest.mark.parametrize(("raw", "extra", "hard"), [
     (RESEND_HARD_BOUNCE, {}, True),
     (RESEND_SOFT_BOUNCE, {}, False),
