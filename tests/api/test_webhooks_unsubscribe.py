@@ -254,6 +254,27 @@ async def test_twilio_status_callbacks_are_verified_against_the_public_url(
         "twilio", "bounced", "SM1")
 
 
+async def test_a_twilio_read_receipt_is_an_open(hooks: Api, redis: Redis) -> None:
+    # Where the channel reports it (WhatsApp, RCS), Twilio's last status callback of a
+    # message is "read": the recipient opened it, the engagement a waitForEvent "opened"
+    # waits for. Statuses on the way (queued, sending, sent) are acknowledged and ignored.
+    project = await hooks.project()
+    path = f"/v1/webhooks/twilio/{project.id}"
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    answers = []
+    for status in ("sent", "delivered", "read"):
+        params = {"MessageSid": "SM7", "MessageStatus": status, "To": "+14155550100"}
+        signature = twilio_sign(TWILIO_TOKEN, hooks.settings.public_url + path, params)
+        reply = await hooks.call("POST", path, data=urlencode(params),
+                                 headers={**form, "X-Twilio-Signature": signature})
+        answers.append((reply.status, reply.body))
+    assert answers == [(200, {"received": 0, "ignored": 1}),
+                       (200, {"received": 1, "ignored": 0}),
+                       (200, {"received": 1, "ignored": 0})]
+    assert [(r["kind"], r["webhookId"]) for r in await receipts(redis, hooks)] == [
+        ("delivered", "twilio:SM7:delivered"), ("opened", "twilio:SM7:read")]
+
+
 async def test_twilio_callbacks_may_be_signed_over_the_url_they_were_posted_to(
     hooks: Api, redis: Redis
 ) -> None:
