@@ -422,6 +422,24 @@ async def test_one_click_post_turns_the_channel_off_and_suppresses_the_address(
                          "reason": "unsubscribe"}
 
 
+async def test_one_click_post_may_come_as_multipart_form_data(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
+    # RFC 8058 asks mail clients to send the one-click POST as multipart/form-data (and lets
+    # them use a URL-encoded form instead): both unsubscribe, and the document says so.
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    token = make_token(api.settings.secret, project.id, "u1", "email", None, "ada@example.com")
+    body = ('--b0undary\r\nContent-Disposition: form-data; name="List-Unsubscribe"\r\n\r\n'
+            "One-Click\r\n--b0undary--\r\n")
+    reply = await api.call("POST", "/v1/unsubscribe", params={"token": token}, data=body,
+                           headers={"Content-Type": "multipart/form-data; boundary=b0undary"})
+    assert (reply.status, reply.body["suppressed"]) == (200, True)
+    assert (await preferences(api, project))["channels"] == {"email": False}
+    document = (await api.call("GET", "/openapi.json")).body
+    accepted = document["paths"]["/v1/unsubscribe"]["post"]["requestBody"]["content"]
+    assert set(accepted) == {"application/x-www-form-urlencoded", "multipart/form-data"}
+
+
 async def test_a_forged_or_altered_token_is_400_and_changes_nothing(
     api: Api, project: Project, db: asyncpg.Pool
 ) -> None:
