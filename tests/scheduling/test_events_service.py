@@ -408,6 +408,32 @@ async def test_a_hard_bounce_matching_no_send_still_suppresses_its_address(
                                         ("email", "gone@example.com", "bounce")]
 
 
+async def test_a_receipt_about_another_projects_send_is_acked_and_changes_nothing(
+    make_events: EventsFactory, settings: Settings, redis: Redis, keys: Keys,
+    db: asyncpg.Pool, project_id: str,
+) -> None:
+    # Given one provider account serving two projects: it posts every event to each
+    # project's endpoint, so project B gets a hard bounce of project A's send, echoing its task
+    events = make_events(settings=settings.replace(reclaim_min_idle_s=0.0))
+    other = str(await db.fetchval("INSERT INTO projects (name) VALUES ('b') RETURNING id"))
+    await record_send(db, project_id, "task-a", "ada@example.com", "msg-a")
+    await put(redis, keys, sent_event(project_id, uuid7(), "task-a", "msg-a"))
+    await events.run_until_idle()
+    await put(redis, keys, {**receipt(other, "msg-a", "bounced", RESEND_HARD_BOUNCE),
+                            "channel": "email", "to": "ada@example.com", "taskId": "task-a"})
+
+    # When the events service reads it
+    await events.run_until_idle()
+
+    # Then it is done with at once: not retried into B's dead-letter queue (where B would
+    # read A's recipient), no suppression in B, nothing on anyone's timeline
+    assert await xrange(redis, keys.dlq) == []
+    summary = await redis.xpending(keys.events_inbound, keys.group("events"))
+    assert summary["pending"] == 0
+    assert await db.fetchval("SELECT count(*) FROM suppressions") == 0
+    assert await timeline(db, "task-a") == [("sent", "sent", 1, "email")]
+
+
 async def test_an_unmatched_hard_bounce_suppresses_at_once_while_it_waits_for_its_send(
     make_events: EventsFactory, settings: Settings, redis: Redis, keys: Keys,
     db: asyncpg.Pool, project_id: str,
