@@ -266,11 +266,12 @@ def receipt_row(
 ) -> TimelineRow:
     kind = receipt["kind"]
     detail = _receipt_detail(receipt)
+    # A provider's sentence may end in a full stop; the clause after it goes in its place.
     if suppression is not None:
-        detail = f"{detail}; address suppressed"
+        detail = f"{detail.rstrip('.')}; address suppressed"
     elif kind == "bounced" and not is_hard_bounce(receipt):
         # A reader who sees the next send go out to the address learns why here.
-        detail = f"{detail}; a soft bounce: the address is not suppressed"
+        detail = f"{detail.rstrip('.')}; a soft bounce: the address is not suppressed"
     metadata: dict[str, Any] = {"at": receipt.get("at")}
     raw = receipt.get("raw")
     if raw is not None and len(repr(raw)) <= _MAX_RAW_CHARS:

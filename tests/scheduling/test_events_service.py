@@ -324,7 +324,9 @@ async def test_a_hard_bounce_or_a_complaint_suppresses_the_address(
                                             ("bounced", "failed", 1, "email")]
     detail = await db.fetchval("SELECT detail FROM message_logs WHERE task_id = 'task-2' "
                                "AND kind = 'bounced'")
-    assert detail.endswith("address suppressed")
+    # (the provider's sentence ends with a full stop; the row's clause follows it as one)
+    assert detail == ("bounced (resend): The recipient's email provider sent a hard bounce "
+                      "message; address suppressed")
     # and the soft bounce's row says why nothing was suppressed
     detail = await db.fetchval("SELECT detail FROM message_logs WHERE task_id = 'task-3' "
                                "AND kind = 'bounced'")
