@@ -169,6 +169,30 @@ async def resolve_messages(
     return found
 
 
+# A task id names one project's task: rows of it under another project mean the receipt
+# (from a provider account several projects share, which posts every event to each project's
+# endpoint) is about that project's send, not one still to be recorded in this project.
+_FOREIGN_TASKS = """
+SELECT r.idx
+FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS r(project_id, task_id, idx)
+WHERE EXISTS (SELECT 1 FROM message_logs m
+              WHERE m.task_id = r.task_id AND m.project_id <> r.project_id)
+   OR EXISTS (SELECT 1 FROM delivery_outbox o
+              WHERE o.task_id = r.task_id AND o.project_id <> r.project_id)
+"""
+
+
+async def foreign_tasks(
+    db: asyncpg.Pool | asyncpg.Connection, tasks: Sequence[tuple[str, str]]
+) -> set[int]:
+    """Of ``(project_id, task_id)`` pairs, the indexes of those whose task is another
+    project's."""
+    if not tasks:
+        return set()
+    records = await db.fetch(_FOREIGN_TASKS, [t[0] for t in tasks], [t[1] for t in tasks])
+    return {int(r["idx"]) - 1 for r in records}
+
+
 @dataclass(frozen=True, slots=True)
 class Suppression:
     project_id: str

@@ -19,7 +19,8 @@ Consumes ``notifkit:stream:events:inbound`` (CONTRACT §6). Per read batch:
 Every row is inserted with ON CONFLICT DO NOTHING on its natural key, so a replayed entry or
 a provider repeating a webhook records nothing twice. A receipt whose message notifkit cannot
 find yet (the webhook overtook delivery's own record) fails its attempt and is retried by the
-reclaim cycle; after the attempt limit it is dead-lettered where an operator sees it.
+reclaim cycle; after the attempt limit it is dead-lettered where an operator sees it. One
+that echoes another project's task is acked and changes nothing here.
 
 Statuses written (the recipient+channel status after the row): sent -> sent; failed ->
 failed; dead-lettered (the worker's failed event, which carries ``attempts`` and ``stream``)
@@ -118,7 +119,16 @@ class EventsService(WorkerService):
             for _e, r in receipts
         ])
         writes: list[_Write] = []
-        for (entry, receipt), message in zip(receipts, found, strict=True):
+        foreign = await self._foreign(receipts, found)
+        for index, ((entry, receipt), message) in enumerate(zip(receipts, found, strict=True)):
+            if index in foreign:
+                # Another project's send, whose own endpoint gets the same event: retrying
+                # would put that project's recipient in this one's DLQ, and its bounce would
+                # suppress the address here. Done with.
+                log.info("Ignored a %s receipt about another project's send.",
+                         receipt["kind"], extra={"project_id": receipt["projectId"],
+                                                 "task_id": receipt.get("taskId")})
+                continue
             if message is None or message.event_id is None:
                 # Not matched yet (delivery's record may still be on its way) or ever (the
                 # send was not notifkit's, or its record is lost). The signed receipt names
@@ -159,6 +169,18 @@ class EventsService(WorkerService):
                     if write[0].error is None:
                         write[0].fail(PermanentFailure(
                             f"PostgreSQL refuses to store the receipt: {exc}"))
+
+    async def _foreign(self, receipts: list[tuple[Entry, dict[str, Any]]],
+                       found: list[SentMessage | None]) -> set[int]:
+        """The receipts matching no send here that echo a task of another project."""
+        unmatched = [(index, receipt["projectId"], task) for index, ((_e, receipt), message)
+                     in enumerate(zip(receipts, found, strict=True))
+                     if (message is None or message.event_id is None)
+                     and (task := _text(receipt.get("taskId"))) is not None]
+        if not unmatched:
+            return set()
+        hits = await events_db.foreign_tasks(self.pool, [(p, t) for _i, p, t in unmatched])
+        return {unmatched[hit][0] for hit in hits}
 
     async def _write(self, writes: Sequence[_Write]) -> None:
         async with self.pool.acquire() as conn, conn.transaction():
@@ -244,11 +266,12 @@ def receipt_row(
 ) -> TimelineRow:
     kind = receipt["kind"]
     detail = _receipt_detail(receipt)
+    # A provider's sentence may end in a full stop; the clause after it goes in its place.
     if suppression is not None:
-        detail = f"{detail}; address suppressed"
+        detail = f"{detail.rstrip('.')}; address suppressed"
     elif kind == "bounced" and not is_hard_bounce(receipt):
         # A reader who sees the next send go out to the address learns why here.
-        detail = f"{detail}; a soft bounce: the address is not suppressed"
+        detail = f"{detail.rstrip('.')}; a soft bounce: the address is not suppressed"
     metadata: dict[str, Any] = {"at": receipt.get("at")}
     raw = receipt.get("raw")
     if raw is not None and len(repr(raw)) <= _MAX_RAW_CHARS:
@@ -386,8 +409,9 @@ def is_hard_bounce(receipt: Mapping[str, Any]) -> bool:
 
 def _receipt_detail(receipt: Mapping[str, Any]) -> str:
     raw = receipt.get("raw")
+    # Resend's bounce message and failure reason, SendGrid's reason, Twilio's error message.
     message = _find(raw, ("data", "bounce", "message"), ("bounce", "message"), ("reason",),
-                    ("data", "reason"), ("ErrorMessage",))
+                    ("data", "reason"), ("data", "failed", "reason"), ("ErrorMessage",))
     base = f"{receipt['kind']} ({receipt['provider']})"
     if isinstance(message, str) and message:
         return f"{base}: {message}"

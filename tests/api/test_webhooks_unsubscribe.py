@@ -254,6 +254,27 @@ async def test_twilio_status_callbacks_are_verified_against_the_public_url(
         "twilio", "bounced", "SM1")
 
 
+async def test_a_twilio_read_receipt_is_an_open(hooks: Api, redis: Redis) -> None:
+    # Where the channel reports it (WhatsApp, RCS), Twilio's last status callback of a
+    # message is "read": the recipient opened it, the engagement a waitForEvent "opened"
+    # waits for. Statuses on the way (queued, sending, sent) are acknowledged and ignored.
+    project = await hooks.project()
+    path = f"/v1/webhooks/twilio/{project.id}"
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    answers = []
+    for status in ("sent", "delivered", "read"):
+        params = {"MessageSid": "SM7", "MessageStatus": status, "To": "+14155550100"}
+        signature = twilio_sign(TWILIO_TOKEN, hooks.settings.public_url + path, params)
+        reply = await hooks.call("POST", path, data=urlencode(params),
+                                 headers={**form, "X-Twilio-Signature": signature})
+        answers.append((reply.status, reply.body))
+    assert answers == [(200, {"received": 0, "ignored": 1}),
+                       (200, {"received": 1, "ignored": 0}),
+                       (200, {"received": 1, "ignored": 0})]
+    assert [(r["kind"], r["webhookId"]) for r in await receipts(redis, hooks)] == [
+        ("delivered", "twilio:SM7:delivered"), ("opened", "twilio:SM7:read")]
+
+
 async def test_twilio_callbacks_may_be_signed_over_the_url_they_were_posted_to(
     hooks: Api, redis: Redis
 ) -> None:
@@ -399,6 +420,24 @@ async def test_one_click_post_turns_the_channel_off_and_suppresses_the_address(
     row = await db.fetchrow("SELECT channel, target, reason FROM suppressions")
     assert dict(row) == {"channel": "email", "target": "ada@example.com",
                          "reason": "unsubscribe"}
+
+
+async def test_one_click_post_may_come_as_multipart_form_data(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
+    # RFC 8058 asks mail clients to send the one-click POST as multipart/form-data (and lets
+    # them use a URL-encoded form instead): both unsubscribe, and the document says so.
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    token = make_token(api.settings.secret, project.id, "u1", "email", None, "ada@example.com")
+    body = ('--b0undary\r\nContent-Disposition: form-data; name="List-Unsubscribe"\r\n\r\n'
+            "One-Click\r\n--b0undary--\r\n")
+    reply = await api.call("POST", "/v1/unsubscribe", params={"token": token}, data=body,
+                           headers={"Content-Type": "multipart/form-data; boundary=b0undary"})
+    assert (reply.status, reply.body["suppressed"]) == (200, True)
+    assert (await preferences(api, project))["channels"] == {"email": False}
+    document = (await api.call("GET", "/openapi.json")).body
+    accepted = document["paths"]["/v1/unsubscribe"]["post"]["requestBody"]["content"]
+    assert set(accepted) == {"application/x-www-form-urlencoded", "multipart/form-data"}
 
 
 async def test_a_forged_or_altered_token_is_400_and_changes_nothing(

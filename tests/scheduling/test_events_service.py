@@ -324,7 +324,9 @@ async def test_a_hard_bounce_or_a_complaint_suppresses_the_address(
                                             ("bounced", "failed", 1, "email")]
     detail = await db.fetchval("SELECT detail FROM message_logs WHERE task_id = 'task-2' "
                                "AND kind = 'bounced'")
-    assert detail.endswith("address suppressed")
+    # (the provider's sentence ends with a full stop; the row's clause follows it as one)
+    assert detail == ("bounced (resend): The recipient's email provider sent a hard bounce "
+                      "message; address suppressed")
     # and the soft bounce's row says why nothing was suppressed
     detail = await db.fetchval("SELECT detail FROM message_logs WHERE task_id = 'task-3' "
                                "AND kind = 'bounced'")
@@ -406,6 +408,32 @@ async def test_a_hard_bounce_matching_no_send_still_suppresses_its_address(
     rows = await db.fetch("SELECT channel, target, reason FROM suppressions ORDER BY target")
     assert [tuple(r) for r in rows] == [("email", "Angry@example.org", "complaint"),
                                         ("email", "gone@example.com", "bounce")]
+
+
+async def test_a_receipt_about_another_projects_send_is_acked_and_changes_nothing(
+    make_events: EventsFactory, settings: Settings, redis: Redis, keys: Keys,
+    db: asyncpg.Pool, project_id: str,
+) -> None:
+    # Given one provider account serving two projects: it posts every event to each
+    # project's endpoint, so project B gets a hard bounce of project A's send, echoing its task
+    events = make_events(settings=settings.replace(reclaim_min_idle_s=0.0))
+    other = str(await db.fetchval("INSERT INTO projects (name) VALUES ('b') RETURNING id"))
+    await record_send(db, project_id, "task-a", "ada@example.com", "msg-a")
+    await put(redis, keys, sent_event(project_id, uuid7(), "task-a", "msg-a"))
+    await events.run_until_idle()
+    await put(redis, keys, {**receipt(other, "msg-a", "bounced", RESEND_HARD_BOUNCE),
+                            "channel": "email", "to": "ada@example.com", "taskId": "task-a"})
+
+    # When the events service reads it
+    await events.run_until_idle()
+
+    # Then it is done with at once: not retried into B's dead-letter queue (where B would
+    # read A's recipient), no suppression in B, nothing on anyone's timeline
+    assert await xrange(redis, keys.dlq) == []
+    summary = await redis.xpending(keys.events_inbound, keys.group("events"))
+    assert summary["pending"] == 0
+    assert await db.fetchval("SELECT count(*) FROM suppressions") == 0
+    assert await timeline(db, "task-a") == [("sent", "sent", 1, "email")]
 
 
 async def test_an_unmatched_hard_bounce_suppresses_at_once_while_it_waits_for_its_send(
@@ -548,6 +576,25 @@ async def test_a_twilio_bounce_row_names_its_error_code_and_whether_it_suppresse
         "task-s": "bounced (twilio): error 30003; a soft bounce: the address is not suppressed",
         "task-h": "bounced (twilio): error 30005; address suppressed",
     }
+
+
+async def test_a_failed_receipt_row_quotes_the_providers_reason(
+    make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
+) -> None:
+    # Resend's email.failed says why under data.failed.reason (quota, domain, key): the only
+    # clue a reader of the timeline gets, since the send itself was accepted.
+    events = make_events()
+    await record_send(db, project_id, "task-f", "ann@example.com", "re-failed")
+    await put(redis, keys, sent_event(project_id, uuid7(), "task-f", "re-failed"))
+    await events.run_until_idle()
+    await put(redis, keys, receipt(project_id, "re-failed", "failed", {
+        "type": "email.failed", "created_at": AT,
+        "data": {"email_id": "re-failed", "to": ["ann@example.com"],
+                 "failed": {"reason": "reached_daily_quota"}}}))
+    await events.run_until_idle()
+    detail = await db.fetchval(
+        "SELECT detail FROM message_logs WHERE kind = 'failed' AND task_id = 'task-f'")
+    assert detail == "failed (resend): reached_daily_quota"
 
 
 @pytest.mark.parametrize(("raw", "extra", "hard"), [

@@ -55,7 +55,10 @@ async def unsubscribe_get(request: web.Request) -> web.Response:
 @ops.route("POST", "/v1/unsubscribe", "One-click unsubscribe (RFC 8058)", access="public",
            query=(TOKEN,), body={"type": "object", "properties": {
                "List-Unsubscribe": {"type": "string", "enum": ["One-Click"]}}},
-           body_required=False, body_types=("application/x-www-form-urlencoded",),
+           body_required=False,
+           # RFC 8058: multipart/form-data is what mail clients should send, a URL-encoded
+           # form what they may; the token is the link's either way.
+           body_types=("multipart/form-data", "application/x-www-form-urlencoded"),
            responses=_RESULT,
            description="Mail clients POST 'List-Unsubscribe=One-Click' to the link from the "
                        "List-Unsubscribe header; the token may also come as a form field.")

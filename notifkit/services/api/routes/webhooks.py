@@ -77,7 +77,9 @@ _KINDS = {
     "bounce": "bounced", "dropped": "failed", "spamreport": "complained", "open": "opened",
     "click": "clicked",
 }
-_TWILIO_KINDS = {"delivered": "delivered", "undelivered": "bounced", "failed": "failed"}
+# "read" is the read receipt of channels that report one (WhatsApp, RCS): an open.
+_TWILIO_KINDS = {"delivered": "delivered", "undelivered": "bounced", "failed": "failed",
+                 "read": "opened"}
 _TASK_TAGS = ("taskId", "task_id", "notifkit_task_id")
 
 
