@@ -471,6 +471,37 @@ async def test_an_entry_of_a_canceled_notification_is_not_replayed(
     assert (await api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full)).status == 202
 
 
+async def test_a_scheduler_entry_of_a_canceled_notification_is_not_replayed(
+    api: Api, redis: Redis, db: asyncpg.Pool
+) -> None:
+    """The scheduler's entries carry the task they hold as their own payload: the cancel
+    check looks at that task's notification, so the replay is refused as for any other
+    stage's entry rather than moved out of the DLQ for the scheduler to drop."""
+    keys = Keys(api.settings.namespace)
+    a = await api.project("a")
+    await api.call("PUT", "/v1/templates/t", key=a.full,
+                   json={"channels": {"email": {"subject": "s", "text": "t"}}})
+    event = (await api.call("POST", "/v1/notifications", key=a.send,
+                            json={"to": "u1", "template": "t",
+                                  "sendAt": "2099-01-01T00:00:00Z"})).body["id"]
+    task = {"projectId": a.id, "eventId": event, "userId": "u1",
+            "taskId": "01a00000-0000-7000-8000-000000000001", "channel": "email"}
+    record = dlq_record(keys, a.id, "1-0", 0)
+    record.update(stream=keys.scheduled, group="notifkit:group:scheduler", service="scheduler",
+                  payload={"taskId": task["taskId"], "projectId": a.id, "dueAt": 1,
+                           "stream": keys.outbound("normal"), "payload": task,
+                           "reason": "rateLimited"}, replayOf=f"{keys.scheduled}/1-0")
+    entry_id = await xadd(redis, keys.dlq, record, 1000)
+    assert (await api.call("POST", f"/v1/notifications/{event}/cancel", key=a.full)).status \
+        == 200
+    reply = await api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full)
+    assert reply.status == 409, reply.body
+    assert reply.body["error"]["code"] == "notification_canceled"
+    assert await redis.xlen(keys.scheduled) == 0
+    assert [e["id"] for e in (await api.call("GET", "/v1/dlq", key=a.full)).body["items"]] \
+        == [entry_id]
+
+
 async def test_one_dlq_entry_reads_as_the_list_shows_it_and_only_in_its_project(
     api: Api, redis: Redis
 ) -> None:

@@ -133,7 +133,7 @@ async def replay_dlq(request: web.Request) -> web.Response:
     if not isinstance(payload, dict):
         raise ApiError(409, "not_replayable", "This entry has no payload to replay.")
     if stream not in (keys.events_inbound, keys.workflow_inbound) \
-            and await _canceled(app[DB], record):
+            and await _canceled(app[DB], record, stream == keys.scheduled):
         raise ApiError(409, "notification_canceled",
                        "This entry's notification was canceled, so it is not sent; delete "
                        "the entry to discard it.")
@@ -163,10 +163,14 @@ async def replay_dlq(request: web.Request) -> web.Response:
     return json_response({"id": as_str(new_id), "stream": stream, "replayOf": replay_of}, 202)
 
 
-async def _canceled(db: asyncpg.Pool, record: dict[str, Any]) -> bool:
+async def _canceled(db: asyncpg.Pool, record: dict[str, Any], scheduled: bool) -> bool:
     """Whether the entry is work of a notification canceled since: nothing more of it is
     sent. The events service's entries only record what happened, and are replayed."""
-    event_id = _uuid_field(record["payload"], "eventId")
+    work = record["payload"]
+    if scheduled and isinstance(work.get("payload"), dict):
+        # A scheduler entry wraps the task it holds; the scheduler would refuse it anyway.
+        work = work["payload"]
+    event_id = _uuid_field(work, "eventId")
     project = _uuid_field(record, "projectId")
     if event_id is None or project is None:
         return False
