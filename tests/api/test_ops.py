@@ -20,6 +20,7 @@ from notifkit.keys import Keys
 from notifkit.services.api.errors import store_unavailable
 from notifkit.services.api.routes import dlq as dlq_routes
 from notifkit.services.api.validation import encode_cursor
+from notifkit.services.events import outcome_row
 from notifkit.streams import decode, encode, ensure_group, xadd
 from notifkit.worker import write_heartbeat
 from tests.api.conftest import ADMIN, Api, Project, start_api
@@ -409,6 +410,42 @@ async def test_a_replayed_engine_entry_reopens_its_recipient(
                                                                                  row_id)
     assert [e["kind"] for e in recipient["timeline"]] == ["dead_lettered", "replayed"]
     assert body["status"] == "processing"
+
+
+@pytest.mark.parametrize("odd", [
+    {"channel": "fax"},  # no channel of the timeline's
+    {"channel": None},
+    {"userId": "u\x001"},  # nothing a text column holds
+    {"campaignId": "c\x00"},
+    {"taskId": "t\x00"},
+])
+async def test_an_entry_whose_ids_the_timeline_cannot_hold_as_they_are_is_replayed(
+    api: Api, redis: Redis, db: asyncpg.Pool, odd: dict[str, Any]
+) -> None:
+    """A poison's own data is what made it fail: the replay's row is written where the
+    events service wrote its dead_lettered row, not refused by PostgreSQL as a 500."""
+    keys = Keys(api.settings.namespace)
+    a = await api.project("a")
+    await api.call("PUT", "/v1/templates/t", key=a.full,
+                   json={"channels": {"email": {"subject": "s", "text": "t"}}})
+    event = (await api.call("POST", "/v1/notifications", key=a.send,
+                            json={"to": "u1", "template": "t"})).body["id"]
+    task = "01a00000-0000-7000-8000-000000000001"
+    record = dlq_record(keys, a.id, "1-0", 0)
+    record["stream"] = keys.outbound("normal")
+    record["payload"] = {"projectId": a.id, "eventId": event, "taskId": task, "userId": "u1",
+                         "channel": "email", **odd}
+    entry_id = await xadd(redis, keys.dlq, record, 1000)
+    reply = await api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full)
+    assert reply.status == 202, reply.body
+    dead = outcome_row({"type": "notification:failed", "stream": record["stream"],
+                        "attempts": 3, **record["payload"]})
+    assert dead is not None
+    row = await db.fetchrow("SELECT task_id, channel FROM message_logs "
+                            "WHERE kind = 'replayed'")
+    assert row is not None
+    assert (row["task_id"], row["channel"]) == (dead.task_id.replace("\x00", "\ufffd"),
+                                                dead.channel)
 
 
 async def test_a_dlq_page_that_runs_out_of_scan_budget_goes_on_from_where_it_stopped(

@@ -28,6 +28,7 @@ from notifkit import codec
 from notifkit.db.logs import Kind, LogRow, Status, insert_one
 from notifkit.errors import MalformedPayload
 from notifkit.ids import untasked_row_id
+from notifkit.messages import CHANNELS
 from notifkit.services.api.auth import Principal
 from notifkit.services.api.errors import ApiError, json_response
 from notifkit.services.api.middleware import principal
@@ -40,6 +41,7 @@ from notifkit.services.api.validation import (
     parse_uuid,
 )
 from notifkit.streams import as_str, decode
+from notifkit.transports.base import storable
 from notifkit.worker import REPLAYED_ATTEMPTS, attempts_before, payload_user
 
 log = logging.getLogger("notifkit.api")
@@ -188,15 +190,20 @@ def _replay_row(record: dict[str, Any], attempt: int, entry_id: str) -> LogRow |
     project = _uuid_field(record, "projectId")
     if event_id is None or project is None:
         return None
+    # The same task and channel as the events service's dead_lettered row (outcome_row): a
+    # poison's own fields are often what no timeline row holds as they are.
     user, campaign = payload_user(payload), payload.get("campaignId")
     task, channel = payload.get("taskId"), payload.get("channel")
-    if not (isinstance(task, str) and task and isinstance(channel, str)):
+    if isinstance(task, str) and task:
+        channel = channel if channel in CHANNELS else ""
+    else:
         task, channel = untasked_row_id(event_id, user), ""
     return LogRow(
-        project_id=project, event_id=event_id, task_id=task, user_id=user, channel=channel,
+        project_id=project, event_id=event_id, task_id=storable(task),
+        user_id=storable(user) if user is not None else None, channel=channel,
         kind=Kind.REPLAYED, status=Status.PROCESSING, attempt=attempt,
         detail="replayed from the dead-letter queue",
-        campaign_id=campaign if isinstance(campaign, str) else None,
+        campaign_id=storable(campaign) if isinstance(campaign, str) else None,
         metadata={"dlqEntry": entry_id},
     )
 
