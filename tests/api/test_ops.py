@@ -508,6 +508,37 @@ async def test_an_entry_of_a_canceled_notification_is_not_replayed(
     assert (await api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full)).status == 202
 
 
+async def test_a_replay_racing_a_cancel_waits_for_it_and_is_refused(
+    api: Api, redis: Redis, db: asyncpg.Pool
+) -> None:
+    """A cancel holds its notification FOR UPDATE until it commits: a replay checked while it
+    was under way must wait for the outcome, not read the row as it was and send the task."""
+    keys = Keys(api.settings.namespace)
+    a = await api.project("a")
+    await api.call("PUT", "/v1/templates/t", key=a.full,
+                   json={"channels": {"email": {"subject": "s", "text": "t"}}})
+    event = (await api.call("POST", "/v1/notifications", key=a.send,
+                            json={"to": "u1", "template": "t",
+                                  "sendAt": "2099-01-01T00:00:00Z"})).body["id"]
+    record = dlq_record(keys, a.id, "1-0", 0)
+    record["stream"] = keys.outbound("normal")
+    record["payload"] = {"projectId": a.id, "eventId": event, "userId": "u1",
+                         "taskId": "01a00000-0000-7000-8000-000000000001", "channel": "email"}
+    entry_id = await xadd(redis, keys.dlq, record, 1000)
+    async with db.acquire() as conn:
+        cancel = conn.transaction()
+        await cancel.start()
+        await conn.execute("SELECT 1 FROM notifications WHERE id = $1 FOR UPDATE", event)
+        await conn.execute("UPDATE notifications SET canceled_at = now() WHERE id = $1", event)
+        replay = asyncio.create_task(
+            api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full))
+        await asyncio.sleep(0.5)
+        await cancel.commit()
+    reply = await replay
+    assert reply.status == 409, reply.body
+    assert await redis.xlen(keys.outbound("normal")) == 0
+
+
 async def test_a_scheduler_entry_of_a_canceled_notification_is_not_replayed(
     api: Api, redis: Redis, db: asyncpg.Pool
 ) -> None:

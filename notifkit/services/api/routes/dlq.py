@@ -9,7 +9,8 @@ stream with ``"_replayOf"`` set, so the dedup marks the original claimed are hon
 record enqueue it once. The new entry id has no attempt counter, so the count starts afresh;
 ``"_replayedAttempts"`` carries the attempts made before, for the timeline's numbering only.
 Work of a notification canceled since is not replayed (409): the cancel said nothing more of it
-is sent. Work of a notification gets a ``replayed`` timeline row (status ``processing``),
+is sent (checked holding the notification FOR SHARE, so a cancel under way is waited for).
+Work of a notification gets a ``replayed`` timeline row (status ``processing``),
 written before the XADD so that no row of the replayed work can precede it, and committed
 after it, so that of two concurrent replays only the one that moved the entry leaves a row.
 """
@@ -134,11 +135,6 @@ async def replay_dlq(request: web.Request) -> web.Response:
     payload = record.get("payload")
     if not isinstance(payload, dict):
         raise ApiError(409, "not_replayable", "This entry has no payload to replay.")
-    if stream not in (keys.events_inbound, keys.workflow_inbound) \
-            and await _canceled(app[DB], record, stream == keys.scheduled):
-        raise ApiError(409, "notification_canceled",
-                       "This entry's notification was canceled, so it is not sent; delete "
-                       "the entry to discard it.")
     replay_of = record.get("replayOf") or f"{stream}/{record.get('entryId') or entry_id}"
     # A fresh start: attempts a parked task carried in its payload do not count again.
     replayed = {k: v for k, v in payload.items() if k not in ("priorAttempts", "parkCount")}
@@ -153,6 +149,13 @@ async def replay_dlq(request: web.Request) -> web.Response:
     row = _replay_row(record, replayed[REPLAYED_ATTEMPTS], entry_id)
     script = app[REDIS].register_script(_REPLAY)
     async with app[DB].acquire() as conn, conn.transaction():
+        # Checked holding the notification FOR SHARE until the entry is back: a cancel under
+        # way (FOR UPDATE) is waited for, and one that comes after finds the task handed on.
+        if stream not in (keys.events_inbound, keys.workflow_inbound) \
+                and await _canceled(conn, record, stream == keys.scheduled):
+            raise ApiError(409, "notification_canceled",
+                           "This entry's notification was canceled, so it is not sent; "
+                           "delete the entry to discard it.")
         if row is not None:
             await insert_one(conn, row)
         new_id = await script(keys=[keys.dlq, stream],
@@ -165,7 +168,7 @@ async def replay_dlq(request: web.Request) -> web.Response:
     return json_response({"id": as_str(new_id), "stream": stream, "replayOf": replay_of}, 202)
 
 
-async def _canceled(db: asyncpg.Pool, record: dict[str, Any], scheduled: bool) -> bool:
+async def _canceled(db: asyncpg.Connection, record: dict[str, Any], scheduled: bool) -> bool:
     """Whether the entry is work of a notification canceled since: nothing more of it is
     sent. The events service's entries only record what happened, and are replayed."""
     work = record["payload"]
@@ -177,8 +180,8 @@ async def _canceled(db: asyncpg.Pool, record: dict[str, Any], scheduled: bool) -
     if event_id is None or project is None:
         return False
     return bool(await db.fetchval(
-        "SELECT canceled_at IS NOT NULL FROM notifications WHERE id = $1 AND project_id = $2",
-        event_id, project))
+        "SELECT canceled_at IS NOT NULL FROM notifications WHERE id = $1 AND project_id = $2 "
+        "FOR SHARE", event_id, project))
 
 
 def _replay_row(record: dict[str, Any], attempt: int, entry_id: str) -> LogRow | None:
