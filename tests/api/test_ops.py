@@ -508,6 +508,23 @@ async def test_an_entry_of_a_canceled_notification_is_not_replayed(
     assert (await api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full)).status == 202
 
 
+async def test_an_entry_with_nowhere_or_nothing_to_replay_is_a_409_and_stays(
+    api: Api, redis: Redis
+) -> None:
+    keys = Keys(api.settings.namespace)
+    a = await api.project("a")
+    for change in ({"stream": "elsewhere:stream"}, {"stream": keys.dlq}, {"payload": [1]}):
+        entry_id = await xadd(redis, keys.dlq, {**dlq_record(keys, a.id, "1-0", 0), **change},
+                              1000)
+        reply = await api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full)
+        assert (reply.status, reply.body["error"]["code"]) == (409, "not_replayable"), change
+        assert (await api.call("GET", f"/v1/dlq/{entry_id}", key=a.full)).status == 200
+    described = (await api.call("GET", "/openapi.json")).body["paths"][
+        "/v1/dlq/{entryId}/replay"]["post"]["responses"]["409"]["description"]
+    assert "not_replayable" in described
+    assert "notification_canceled" in described
+
+
 async def test_a_replay_racing_a_cancel_waits_for_it_and_is_refused(
     api: Api, redis: Redis, db: asyncpg.Pool
 ) -> None:

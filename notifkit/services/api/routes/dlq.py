@@ -123,7 +123,10 @@ async def get_dlq(request: web.Request) -> web.Response:
            responses={202: Reply(ref("Replayed"), "Back on its origin stream with a fresh "
                                                   "attempt count; gone from the DLQ."),
                       409: Reply(ref("Error"), "The entry names no notifkit stream to go back "
-                                               "to, or holds no payload (not_replayable).")})
+                                               "to, or holds no payload (not_replayable); or "
+                                               "its notification was canceled "
+                                               "(notification_canceled): it stays, to be "
+                                               "deleted.")})
 async def replay_dlq(request: web.Request) -> web.Response:
     app = request.app
     entry_id, record = await _find(request)
