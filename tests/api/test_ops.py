@@ -20,6 +20,7 @@ from notifkit.keys import Keys
 from notifkit.services.api.errors import store_unavailable
 from notifkit.services.api.routes import dlq as dlq_routes
 from notifkit.services.api.validation import encode_cursor
+from notifkit.services.events import outcome_row
 from notifkit.streams import decode, encode, ensure_group, xadd
 from notifkit.worker import write_heartbeat
 from tests.api.conftest import ADMIN, Api, Project, start_api
@@ -411,6 +412,42 @@ async def test_a_replayed_engine_entry_reopens_its_recipient(
     assert body["status"] == "processing"
 
 
+@pytest.mark.parametrize("odd", [
+    {"channel": "fax"},  # no channel of the timeline's
+    {"channel": None},
+    {"userId": "u\x001"},  # nothing a text column holds
+    {"campaignId": "c\x00"},
+    {"taskId": "t\x00"},
+])
+async def test_an_entry_whose_ids_the_timeline_cannot_hold_as_they_are_is_replayed(
+    api: Api, redis: Redis, db: asyncpg.Pool, odd: dict[str, Any]
+) -> None:
+    """A poison's own data is what made it fail: the replay's row is written where the
+    events service wrote its dead_lettered row, not refused by PostgreSQL as a 500."""
+    keys = Keys(api.settings.namespace)
+    a = await api.project("a")
+    await api.call("PUT", "/v1/templates/t", key=a.full,
+                   json={"channels": {"email": {"subject": "s", "text": "t"}}})
+    event = (await api.call("POST", "/v1/notifications", key=a.send,
+                            json={"to": "u1", "template": "t"})).body["id"]
+    task = "01a00000-0000-7000-8000-000000000001"
+    record = dlq_record(keys, a.id, "1-0", 0)
+    record["stream"] = keys.outbound("normal")
+    record["payload"] = {"projectId": a.id, "eventId": event, "taskId": task, "userId": "u1",
+                         "channel": "email", **odd}
+    entry_id = await xadd(redis, keys.dlq, record, 1000)
+    reply = await api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full)
+    assert reply.status == 202, reply.body
+    dead = outcome_row({"type": "notification:failed", "stream": record["stream"],
+                        "attempts": 3, **record["payload"]})
+    assert dead is not None
+    row = await db.fetchrow("SELECT task_id, channel FROM message_logs "
+                            "WHERE kind = 'replayed'")
+    assert row is not None
+    assert (row["task_id"], row["channel"]) == (dead.task_id.replace("\x00", "\ufffd"),
+                                                dead.channel)
+
+
 async def test_a_dlq_page_that_runs_out_of_scan_budget_goes_on_from_where_it_stopped(
     api: Api, redis: Redis, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -469,6 +506,85 @@ async def test_an_entry_of_a_canceled_notification_is_not_replayed(
     record["payload"] = {"type": "notification:failed", "projectId": a.id, "eventId": event}
     entry_id = await xadd(redis, keys.dlq, record, 1000)
     assert (await api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full)).status == 202
+
+
+async def test_an_entry_with_nowhere_or_nothing_to_replay_is_a_409_and_stays(
+    api: Api, redis: Redis
+) -> None:
+    keys = Keys(api.settings.namespace)
+    a = await api.project("a")
+    for change in ({"stream": "elsewhere:stream"}, {"stream": keys.dlq}, {"payload": [1]}):
+        entry_id = await xadd(redis, keys.dlq, {**dlq_record(keys, a.id, "1-0", 0), **change},
+                              1000)
+        reply = await api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full)
+        assert (reply.status, reply.body["error"]["code"]) == (409, "not_replayable"), change
+        assert (await api.call("GET", f"/v1/dlq/{entry_id}", key=a.full)).status == 200
+    described = (await api.call("GET", "/openapi.json")).body["paths"][
+        "/v1/dlq/{entryId}/replay"]["post"]["responses"]["409"]["description"]
+    assert "not_replayable" in described
+    assert "notification_canceled" in described
+
+
+async def test_a_replay_racing_a_cancel_waits_for_it_and_is_refused(
+    api: Api, redis: Redis, db: asyncpg.Pool
+) -> None:
+    """A cancel holds its notification FOR UPDATE until it commits: a replay checked while it
+    was under way must wait for the outcome, not read the row as it was and send the task."""
+    keys = Keys(api.settings.namespace)
+    a = await api.project("a")
+    await api.call("PUT", "/v1/templates/t", key=a.full,
+                   json={"channels": {"email": {"subject": "s", "text": "t"}}})
+    event = (await api.call("POST", "/v1/notifications", key=a.send,
+                            json={"to": "u1", "template": "t",
+                                  "sendAt": "2099-01-01T00:00:00Z"})).body["id"]
+    record = dlq_record(keys, a.id, "1-0", 0)
+    record["stream"] = keys.outbound("normal")
+    record["payload"] = {"projectId": a.id, "eventId": event, "userId": "u1",
+                         "taskId": "01a00000-0000-7000-8000-000000000001", "channel": "email"}
+    entry_id = await xadd(redis, keys.dlq, record, 1000)
+    async with db.acquire() as conn:
+        cancel = conn.transaction()
+        await cancel.start()
+        await conn.execute("SELECT 1 FROM notifications WHERE id = $1 FOR UPDATE", event)
+        await conn.execute("UPDATE notifications SET canceled_at = now() WHERE id = $1", event)
+        replay = asyncio.create_task(
+            api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full))
+        await asyncio.sleep(0.5)
+        await cancel.commit()
+    reply = await replay
+    assert reply.status == 409, reply.body
+    assert await redis.xlen(keys.outbound("normal")) == 0
+
+
+async def test_a_scheduler_entry_of_a_canceled_notification_is_not_replayed(
+    api: Api, redis: Redis, db: asyncpg.Pool
+) -> None:
+    """The scheduler's entries carry the task they hold as their own payload: the cancel
+    check looks at that task's notification, so the replay is refused as for any other
+    stage's entry rather than moved out of the DLQ for the scheduler to drop."""
+    keys = Keys(api.settings.namespace)
+    a = await api.project("a")
+    await api.call("PUT", "/v1/templates/t", key=a.full,
+                   json={"channels": {"email": {"subject": "s", "text": "t"}}})
+    event = (await api.call("POST", "/v1/notifications", key=a.send,
+                            json={"to": "u1", "template": "t",
+                                  "sendAt": "2099-01-01T00:00:00Z"})).body["id"]
+    task = {"projectId": a.id, "eventId": event, "userId": "u1",
+            "taskId": "01a00000-0000-7000-8000-000000000001", "channel": "email"}
+    record = dlq_record(keys, a.id, "1-0", 0)
+    record.update(stream=keys.scheduled, group="notifkit:group:scheduler", service="scheduler",
+                  payload={"taskId": task["taskId"], "projectId": a.id, "dueAt": 1,
+                           "stream": keys.outbound("normal"), "payload": task,
+                           "reason": "rateLimited"}, replayOf=f"{keys.scheduled}/1-0")
+    entry_id = await xadd(redis, keys.dlq, record, 1000)
+    assert (await api.call("POST", f"/v1/notifications/{event}/cancel", key=a.full)).status \
+        == 200
+    reply = await api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full)
+    assert reply.status == 409, reply.body
+    assert reply.body["error"]["code"] == "notification_canceled"
+    assert await redis.xlen(keys.scheduled) == 0
+    assert [e["id"] for e in (await api.call("GET", "/v1/dlq", key=a.full)).body["items"]] \
+        == [entry_id]
 
 
 async def test_one_dlq_entry_reads_as_the_list_shows_it_and_only_in_its_project(

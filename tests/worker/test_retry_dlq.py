@@ -115,6 +115,23 @@ async def test_a_permanent_failure_is_dead_lettered_after_one_attempt(
     assert await redis.exists(keys.attempts(worker.group, entry_id, stream)) == 0
 
 
+async def test_an_event_the_events_service_cannot_record_is_dead_lettered_without_another(
+    make_worker: WorkerFactory, keys: Keys, add: Add, payloads: Payloads,
+) -> None:
+    """A notification:failed for it would go to the very service that failed: it would be
+    dead-lettered in turn, and emit another, without end."""
+    processor = AlwaysFails(PermanentFailure("refused"))
+    worker = make_worker(processor, service="events", streams=[keys.events_inbound])
+    event = {"type": "notification:failed", "projectId": "p1", "eventId": "ev-3"}
+    entry_id = await add(keys.events_inbound, event)
+
+    await worker.run_until_idle()
+
+    [dead] = await payloads(keys.dlq)
+    assert (dead["entryId"], dead["payload"]) == (entry_id, event)
+    assert await payloads(keys.events_inbound) == [event]  # the original alone, acked
+
+
 async def test_the_failed_event_numbers_a_replays_last_attempt_after_the_earlier_ones(
     make_worker: WorkerFactory, keys: Keys, add: Add, payloads: Payloads,
 ) -> None:

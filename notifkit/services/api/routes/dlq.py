@@ -9,7 +9,8 @@ stream with ``"_replayOf"`` set, so the dedup marks the original claimed are hon
 record enqueue it once. The new entry id has no attempt counter, so the count starts afresh;
 ``"_replayedAttempts"`` carries the attempts made before, for the timeline's numbering only.
 Work of a notification canceled since is not replayed (409): the cancel said nothing more of it
-is sent. Work of a notification gets a ``replayed`` timeline row (status ``processing``),
+is sent (checked holding the notification FOR SHARE, so a cancel under way is waited for).
+Work of a notification gets a ``replayed`` timeline row (status ``processing``),
 written before the XADD so that no row of the replayed work can precede it, and committed
 after it, so that of two concurrent replays only the one that moved the entry leaves a row.
 """
@@ -28,6 +29,7 @@ from notifkit import codec
 from notifkit.db.logs import Kind, LogRow, Status, insert_one
 from notifkit.errors import MalformedPayload
 from notifkit.ids import untasked_row_id
+from notifkit.messages import CHANNELS
 from notifkit.services.api.auth import Principal
 from notifkit.services.api.errors import ApiError, json_response
 from notifkit.services.api.middleware import principal
@@ -40,6 +42,7 @@ from notifkit.services.api.validation import (
     parse_uuid,
 )
 from notifkit.streams import as_str, decode
+from notifkit.transports.base import storable
 from notifkit.worker import REPLAYED_ATTEMPTS, attempts_before, payload_user
 
 log = logging.getLogger("notifkit.api")
@@ -120,7 +123,10 @@ async def get_dlq(request: web.Request) -> web.Response:
            responses={202: Reply(ref("Replayed"), "Back on its origin stream with a fresh "
                                                   "attempt count; gone from the DLQ."),
                       409: Reply(ref("Error"), "The entry names no notifkit stream to go back "
-                                               "to, or holds no payload (not_replayable).")})
+                                               "to, or holds no payload (not_replayable); or "
+                                               "its notification was canceled "
+                                               "(notification_canceled): it stays, to be "
+                                               "deleted.")})
 async def replay_dlq(request: web.Request) -> web.Response:
     app = request.app
     entry_id, record = await _find(request)
@@ -132,11 +138,6 @@ async def replay_dlq(request: web.Request) -> web.Response:
     payload = record.get("payload")
     if not isinstance(payload, dict):
         raise ApiError(409, "not_replayable", "This entry has no payload to replay.")
-    if stream not in (keys.events_inbound, keys.workflow_inbound) \
-            and await _canceled(app[DB], record):
-        raise ApiError(409, "notification_canceled",
-                       "This entry's notification was canceled, so it is not sent; delete "
-                       "the entry to discard it.")
     replay_of = record.get("replayOf") or f"{stream}/{record.get('entryId') or entry_id}"
     # A fresh start: attempts a parked task carried in its payload do not count again.
     replayed = {k: v for k, v in payload.items() if k not in ("priorAttempts", "parkCount")}
@@ -151,6 +152,13 @@ async def replay_dlq(request: web.Request) -> web.Response:
     row = _replay_row(record, replayed[REPLAYED_ATTEMPTS], entry_id)
     script = app[REDIS].register_script(_REPLAY)
     async with app[DB].acquire() as conn, conn.transaction():
+        # Checked holding the notification FOR SHARE until the entry is back: a cancel under
+        # way (FOR UPDATE) is waited for, and one that comes after finds the task handed on.
+        if stream not in (keys.events_inbound, keys.workflow_inbound) \
+                and await _canceled(conn, record, stream == keys.scheduled):
+            raise ApiError(409, "notification_canceled",
+                           "This entry's notification was canceled, so it is not sent; "
+                           "delete the entry to discard it.")
         if row is not None:
             await insert_one(conn, row)
         new_id = await script(keys=[keys.dlq, stream],
@@ -163,16 +171,20 @@ async def replay_dlq(request: web.Request) -> web.Response:
     return json_response({"id": as_str(new_id), "stream": stream, "replayOf": replay_of}, 202)
 
 
-async def _canceled(db: asyncpg.Pool, record: dict[str, Any]) -> bool:
+async def _canceled(db: asyncpg.Connection, record: dict[str, Any], scheduled: bool) -> bool:
     """Whether the entry is work of a notification canceled since: nothing more of it is
     sent. The events service's entries only record what happened, and are replayed."""
-    event_id = _uuid_field(record["payload"], "eventId")
+    work = record["payload"]
+    if scheduled and isinstance(work.get("payload"), dict):
+        # A scheduler entry wraps the task it holds; the scheduler would refuse it anyway.
+        work = work["payload"]
+    event_id = _uuid_field(work, "eventId")
     project = _uuid_field(record, "projectId")
     if event_id is None or project is None:
         return False
     return bool(await db.fetchval(
-        "SELECT canceled_at IS NOT NULL FROM notifications WHERE id = $1 AND project_id = $2",
-        event_id, project))
+        "SELECT canceled_at IS NOT NULL FROM notifications WHERE id = $1 AND project_id = $2 "
+        "FOR SHARE", event_id, project))
 
 
 def _replay_row(record: dict[str, Any], attempt: int, entry_id: str) -> LogRow | None:
@@ -184,15 +196,20 @@ def _replay_row(record: dict[str, Any], attempt: int, entry_id: str) -> LogRow |
     project = _uuid_field(record, "projectId")
     if event_id is None or project is None:
         return None
+    # The same task and channel as the events service's dead_lettered row (outcome_row): a
+    # poison's own fields are often what no timeline row holds as they are.
     user, campaign = payload_user(payload), payload.get("campaignId")
     task, channel = payload.get("taskId"), payload.get("channel")
-    if not (isinstance(task, str) and task and isinstance(channel, str)):
+    if isinstance(task, str) and task:
+        channel = channel if channel in CHANNELS else ""
+    else:
         task, channel = untasked_row_id(event_id, user), ""
     return LogRow(
-        project_id=project, event_id=event_id, task_id=task, user_id=user, channel=channel,
+        project_id=project, event_id=event_id, task_id=storable(task),
+        user_id=storable(user) if user is not None else None, channel=channel,
         kind=Kind.REPLAYED, status=Status.PROCESSING, attempt=attempt,
         detail="replayed from the dead-letter queue",
-        campaign_id=campaign if isinstance(campaign, str) else None,
+        campaign_id=storable(campaign) if isinstance(campaign, str) else None,
         metadata={"dlqEntry": entry_id},
     )
 
