@@ -12,17 +12,27 @@ template id and the data:
     push     title "Invoice paid", body "amount: 12.00, ..."
     inapp    text as for sms
     webhook  body = JSON {"template": id, "data": data}
+
+Built from data of any length, the generic sms text and push body are cut to what their
+providers take (ending in "…"): sent whole, a long one would be refused for good.
 """
 
 from __future__ import annotations
 
 import html
 import json
+from collections.abc import Callable
 from typing import Any
 
 from notifkit import templates
 from notifkit.db.routing import Template
 from notifkit.messages import EnrichedMessage
+
+# The most text a channel's provider takes, in characters, or in bytes of the JSON text as
+# UTF-8: Twilio refuses an SMS body over 1,600 characters (21617), FCM a message over 4 KB
+# (notification and data together, hence half of it for the body).
+MAX_SMS_CHARS = 1600
+MAX_PUSH_BODY_BYTES = 2048
 
 
 def context_for(
@@ -71,11 +81,32 @@ def generic(template_id: str, channel: str, context: dict[str, Any]) -> dict[str
         return {"subject": title, "text": "\n".join(lines) or title,
                 "html": f"<h1>{html.escape(title)}</h1>{paragraphs}"}
     if channel == "push":
-        return {"title": title, "body": summary or title}
+        return {"title": title, "body": cut(summary or title, MAX_PUSH_BODY_BYTES,
+                                            json_text_bytes)}
     if channel == "webhook":
         return {"body": json.dumps({"template": template_id, "data": data},
                                    ensure_ascii=False, default=str)}
+    if channel == "sms":
+        line = cut(line, MAX_SMS_CHARS, len)
     return {"text": line}
+
+
+def json_text_bytes(text: str) -> int:
+    return len(json.dumps(text, ensure_ascii=False).encode()) - 2
+
+
+def cut(text: str, limit: int, size: Callable[[str], int]) -> str:
+    """``text`` if its ``size`` is within ``limit``, else its longest start that is, with
+    "…" after it."""
+    if size(text) <= limit:
+        return text
+    room = limit - size("…")
+    used = 0
+    for index, char in enumerate(text):
+        used += size(char)
+        if used > room:
+            return text[:index].rstrip() + "…"
+    return text  # pragma: no cover - the whole text fits
 
 
 def humanise(template_id: str) -> str:
