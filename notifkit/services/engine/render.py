@@ -3,8 +3,8 @@
 Templates render in the sandboxed Jinja2 environment of :mod:`notifkit.templates` with the
 context of API.md (``data``, ``user``, ``notification``, ``channel``, ``unsubscribeUrl`` for
 email, ``items`` for a digest). A template without content for a channel (or whose content fails
-to render, e.g. a variable the data lacks) falls back to a generic message built from the
-template id and the data:
+to render, e.g. a variable the data lacks, or renders an SMS text or e-mail subject blank) falls
+back to a generic message built from the template id and the data:
 
     email    subject "Invoice paid" (the id, humanised), text "amount: 12.00" one line per
              field, html the same lines as paragraphs
@@ -33,6 +33,10 @@ from notifkit.messages import EnrichedMessage
 # (notification and data together, hence half of it for the body).
 MAX_SMS_CHARS = 1600
 MAX_PUSH_BODY_BYTES = 2048
+# Fields the providers refuse blank, for good (Twilio 21602 "Message body is required"; Resend
+# and SendGrid an e-mail without a subject): one a template renders blank, from a null or empty
+# value in the data say, is a failed render, so the recipient gets the generic content.
+_NOT_BLANK: dict[str, tuple[str, ...]] = {"sms": ("text",), "email": ("subject",)}
 
 
 def context_for(
@@ -65,9 +69,15 @@ def render(
     if not isinstance(content, dict):
         return generic(template.id, channel, context), None
     try:
-        return templates.render_channel(content, channel, context), None
+        rendered = templates.render_channel(content, channel, context)
     except templates.RenderError as exc:
         return generic(template.id, channel, context), str(exc)
+    for field in _NOT_BLANK.get(channel, ()):
+        value = rendered.get(field)
+        if isinstance(value, str) and not value.strip():
+            return generic(template.id, channel, context), \
+                f"channels.{channel}.{field}: rendered empty"
+    return rendered, None
 
 
 def generic(template_id: str, channel: str, context: dict[str, Any]) -> dict[str, Any]:
