@@ -242,7 +242,11 @@ class EnrichedMessage(TypedDict):
 class FallbackContext(TypedDict):
     """Carried by a task sent on a fallback-chain channel: where to go if it fails."""
 
-    chain: list[str]  # the channels after this one, in order
+    chain: list[str]  # the channels after this one the user can be reached on, in order
+    # The channels after this one as the template lists them, up to the last of ``chain``: the
+    # re-entry's chain, so one passed over (no contact, say) is on the timeline. Absent in
+    # tasks queued before it existed: ``chain`` then.
+    route: NotRequired[list[str]]
     recipient: EnrichedMessage  # the recipient as the engine saw it (contacts of the chain)
 
 
@@ -342,6 +346,7 @@ def parse_outbound(payload: dict[str, Any]) -> OutboundTask:
     if fallback is not None and (
         not isinstance(fallback, dict)
         or not _str_list(fallback.get("chain"))
+        or not _str_list(fallback.get("route", []))
         or not isinstance(fallback.get("recipient"), dict)
     ):
         raise MalformedPayload("field 'fallback' is not {chain, recipient}")

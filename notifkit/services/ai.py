@@ -42,7 +42,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, ClassVar, cast
 
@@ -61,7 +61,13 @@ from notifkit.ids import is_uuid
 from notifkit.messages import AiSpec, AiTask, ScheduledTask, outbound_from_ai, parse_outbound
 from notifkit.ratelimit import ALL_PROJECTS, Bucket, TokenBuckets
 from notifkit.services.base import WorkerService
-from notifkit.services.engine.render import generic
+from notifkit.services.engine.render import (
+    MAX_PUSH_BODY_BYTES,
+    MAX_SMS_CHARS,
+    cut,
+    generic,
+    json_text_bytes,
+)
 from notifkit.services.timeline import task_row
 from notifkit.templates import (
     RenderError,
@@ -95,12 +101,8 @@ MAX_BUCKET_WAIT_S = 2.0
 BODY_FIELDS: dict[str, str] = {
     "email": "text", "sms": "text", "push": "body", "inapp": "text", "webhook": "body",
 }
-# The most of a model's text a channel's provider takes, in characters of JSON text as UTF-8
-# bytes: Twilio refuses an SMS body over 1,600 characters (21617), FCM a message over 4 KB
-# (notification and data together, hence half of it for the body). A longer answer is cut to
-# fit, since sent whole it would be refused for good after it was paid for.
-MAX_SMS_CHARS = 1600
-MAX_PUSH_BODY_BYTES = 2048
+# A model's answer longer than its channel's provider takes (MAX_SMS_CHARS, MAX_PUSH_BODY_BYTES)
+# is cut to fit, since sent whole it would be refused for good after it was paid for.
 
 
 class AiService(WorkerService):
@@ -351,7 +353,7 @@ def content_for(channel: str, text: str, base: dict[str, Any]) -> dict[str, Any]
     if channel == "sms":
         text = cut(text, MAX_SMS_CHARS, len)
     elif channel == "push":
-        text = cut(text, MAX_PUSH_BODY_BYTES, _json_bytes)
+        text = cut(text, MAX_PUSH_BODY_BYTES, json_text_bytes)
     elif channel == "webhook":
         # A webhook's body is sent parsed when it reads as JSON (a template's author writes
         # it so); the model writes text, and an answer such as `{"admin": true}` or `42` (a
@@ -374,19 +376,3 @@ def _html_paragraph(text: str) -> str:
     return "<p>" + html.escape(text).replace("\n", "<br>\n") + "</p>"
 
 
-def _json_bytes(text: str) -> int:
-    return len(json.dumps(text, ensure_ascii=False).encode()) - 2
-
-
-def cut(text: str, limit: int, size: Callable[[str], int]) -> str:
-    """``text`` if its ``size`` is within ``limit``, else its longest start that is, with
-    "…" after it."""
-    if size(text) <= limit:
-        return text
-    room = limit - size("…")
-    used = 0
-    for index, char in enumerate(text):
-        used += size(char)
-        if used > room:
-            return text[:index].rstrip() + "…"
-    return text  # pragma: no cover - the whole text fits

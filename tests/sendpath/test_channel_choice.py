@@ -65,6 +65,10 @@ def test_decisions_respect_every_no(
         if d.channel != "inapp":
             assert set(d.destinations) <= set(message["contacts"].get(d.channel, []))
         assert set(d.chain) <= set(template.fallback) - {d.channel}
+        # the route re-entered on a failure: the chain, with the channels passed over between
+        assert [c for c in d.route if c in d.chain] == d.chain
+        assert d.route[-1:] == d.chain[-1:]
+        assert set(d.route) <= set(template.fallback) - {d.channel}
         for later in d.chain:  # a fallback the user cannot be reached on would only be skipped
             assert prefs["channels"].get(later) is not False
             assert later == "inapp" or any((later, t) not in suppressed

@@ -189,6 +189,36 @@ async def test_a_chain_of_three_is_followed_in_the_templates_order(
     assert [m["to"] for m in await sim.messages("resend")] == ["u1@example.com"]
 
 
+async def test_a_chain_channel_the_user_cannot_be_reached_on_is_on_the_timeline_when_reached(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    # Given a chain push -> sms -> email, a user without a phone number, and a push provider
+    # answering 503 to the first user's device only
+    for user in ("u1", "u2"):
+        await add_user(db, project, user, contacts=[("push", f"device-{user}"),
+                                                    ("email", f"{user}@example.com")])
+    await add_template(db, project, "alert", {"push": PUSH, "sms": SMS, "email": EMAIL},
+                       fallback=["push", "sms", "email"])
+    await sim.add_fault("error", "fcm", status=503, to="device-u1")
+
+    event_id = await send(redis, keys, db, project, "alert", ["u1", "u2"], data={"amount": "9"})
+    await drain(*await stages(services, sim_settings))
+
+    # Then the chain passed sms, which says why, on its way to the e-mail
+    rows = await timeline(db, event_id)
+    mine = [r for r in rows if r["user_id"] == "u1"]
+    assert [(r["channel"], r["kind"]) for r in mine] == [
+        ("push", "queued"), ("push", "failed"), ("sms", "skipped"), ("email", "queued"),
+        ("email", "sent")]
+    assert mine[2]["status"] == "skipped"
+    assert mine[2]["detail"] == "no contact"
+    assert [m["to"] for m in await sim.messages("resend")] == ["u1@example.com"]
+    # And a chain that never got past push says nothing of the channels after it
+    assert [(r["channel"], r["kind"]) for r in rows if r["user_id"] == "u2"] == [
+        ("push", "queued"), ("push", "sent")]
+
+
 async def test_an_invalid_push_token_disables_the_contact_and_the_fallback_is_used(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
     sim: SimulatorServer, sim_settings: Settings,

@@ -204,6 +204,10 @@ async def test_a_task_carries_only_the_chain_channels_it_could_fall_back_to(
     assert sorted(tasks) == ["pushmail", "pushonly"]
     assert "fallback" not in tasks["pushonly"]
     assert tasks["pushmail"]["fallback"]["chain"] == ["email"]
+    # ... while the route a fallback re-enters the engine with passes sms, so the timeline
+    # says why it was passed over
+    assert tasks["pushmail"]["fallback"]["route"] == ["sms", "email"]
+    assert tasks["pushmail"]["fallback"]["recipient"]["contacts"] == {"email": ["b@x.io"]}
 
 
 async def test_a_channel_without_template_content_gets_generic_content(

@@ -500,7 +500,9 @@ class DeliveryService(WorkerService):
             entry.emit(self.keys.events_inbound,
                        _event(outcome, task, provider, None, attempt, verdict.reason))
         entry.emit(self.keys.enriched(task["priority"]), {
-            **fallback["recipient"], "fallbackChain": fallback["chain"],
+            **fallback["recipient"],
+            # The route, so the engine records a channel it passes over on the way.
+            "fallbackChain": fallback.get("route") or fallback["chain"],
             "fallbackFrom": came_from,
         })
         log.warning("Not sent on %s (%s); falling back to %s.", task["channel"],

@@ -8,7 +8,10 @@ template and the suppression list.
 The fallback chain (the template's ``fallback`` list) is tried in order: of the requested
 channels that are in the chain, only the first available one is sent on, and its task carries
 the rest of the chain's available channels so delivery can go on to the next one if the
-provider fails (none left: the failure goes to the retry cycle). The
+provider fails (none left: the failure goes to the retry cycle). It also carries the rest of the
+chain as the template lists it (``route``): the fallback re-enters the engine with that, so a
+channel passed over on the way (no contact, say) gets its skipped row when, and only when, the
+chain reaches it. The
 requested channels outside the chain are sent on independently. An unavailable channel is a
 decision too (skipped or suppressed, with the reason) and ends up on the timeline.
 """
@@ -37,6 +40,9 @@ class Decision:
     kind: Kind | None = None  # skipped | suppressed when not sent
     reason: str | None = None
     chain: list[str] = field(default_factory=list)  # fallback channels after this one
+    # The chain after this one with the channels the user cannot be reached on too, up to the
+    # last one in ``chain``: what a fallback re-entry decides on (and says why it passes over).
+    route: list[str] = field(default_factory=list)
 
 
 def template_channels(template: Template) -> list[str]:
@@ -65,9 +71,11 @@ def decide(
             # Only the channels the user can be reached on now: with none left, a provider's
             # 5xx on this one goes to the retry cycle rather than to a fallback that is bound
             # to end skipped, leaving the send failed after one attempt (CONTRACT §5).
-            rest = [c for c in chain[index + 1:]
-                    if _availability(message, template, c, suppressed).send]
-            decisions.append(Decision(channel, True, decision.destinations, chain=rest))
+            after = chain[index + 1:]
+            rest = [c for c in after if _availability(message, template, c, suppressed).send]
+            route = after[:after.index(rest[-1]) + 1] if rest else []
+            decisions.append(Decision(channel, True, decision.destinations, chain=rest,
+                                      route=route))
             break
         decisions.append(decision)
     return decisions

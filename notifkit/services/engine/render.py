@@ -3,8 +3,8 @@
 Templates render in the sandboxed Jinja2 environment of :mod:`notifkit.templates` with the
 context of API.md (``data``, ``user``, ``notification``, ``channel``, ``unsubscribeUrl`` for
 email, ``items`` for a digest). A template without content for a channel (or whose content fails
-to render, e.g. a variable the data lacks) falls back to a generic message built from the
-template id and the data:
+to render, e.g. a variable the data lacks, or renders an SMS text or e-mail subject blank) falls
+back to a generic message built from the template id and the data:
 
     email    subject "Invoice paid" (the id, humanised), text "amount: 12.00" one line per
              field, html the same lines as paragraphs
@@ -12,17 +12,31 @@ template id and the data:
     push     title "Invoice paid", body "amount: 12.00, ..."
     inapp    text as for sms
     webhook  body = JSON {"template": id, "data": data}
+
+Built from data of any length, the generic sms text and push body are cut to what their
+providers take (ending in "…"): sent whole, a long one would be refused for good.
 """
 
 from __future__ import annotations
 
 import html
 import json
+from collections.abc import Callable
 from typing import Any
 
 from notifkit import templates
 from notifkit.db.routing import Template
 from notifkit.messages import EnrichedMessage
+
+# The most text a channel's provider takes, in characters, or in bytes of the JSON text as
+# UTF-8: Twilio refuses an SMS body over 1,600 characters (21617), FCM a message over 4 KB
+# (notification and data together, hence half of it for the body).
+MAX_SMS_CHARS = 1600
+MAX_PUSH_BODY_BYTES = 2048
+# Fields the providers refuse blank, for good (Twilio 21602 "Message body is required"; Resend
+# and SendGrid an e-mail without a subject): one a template renders blank, from a null or empty
+# value in the data say, is a failed render, so the recipient gets the generic content.
+_NOT_BLANK: dict[str, tuple[str, ...]] = {"sms": ("text",), "email": ("subject",)}
 
 
 def context_for(
@@ -55,9 +69,15 @@ def render(
     if not isinstance(content, dict):
         return generic(template.id, channel, context), None
     try:
-        return templates.render_channel(content, channel, context), None
+        rendered = templates.render_channel(content, channel, context)
     except templates.RenderError as exc:
         return generic(template.id, channel, context), str(exc)
+    for field in _NOT_BLANK.get(channel, ()):
+        value = rendered.get(field)
+        if isinstance(value, str) and not value.strip():
+            return generic(template.id, channel, context), \
+                f"channels.{channel}.{field}: rendered empty"
+    return rendered, None
 
 
 def generic(template_id: str, channel: str, context: dict[str, Any]) -> dict[str, Any]:
@@ -71,11 +91,32 @@ def generic(template_id: str, channel: str, context: dict[str, Any]) -> dict[str
         return {"subject": title, "text": "\n".join(lines) or title,
                 "html": f"<h1>{html.escape(title)}</h1>{paragraphs}"}
     if channel == "push":
-        return {"title": title, "body": summary or title}
+        return {"title": title, "body": cut(summary or title, MAX_PUSH_BODY_BYTES,
+                                            json_text_bytes)}
     if channel == "webhook":
         return {"body": json.dumps({"template": template_id, "data": data},
                                    ensure_ascii=False, default=str)}
+    if channel == "sms":
+        line = cut(line, MAX_SMS_CHARS, len)
     return {"text": line}
+
+
+def json_text_bytes(text: str) -> int:
+    return len(json.dumps(text, ensure_ascii=False).encode()) - 2
+
+
+def cut(text: str, limit: int, size: Callable[[str], int]) -> str:
+    """``text`` if its ``size`` is within ``limit``, else its longest start that is, with
+    "…" after it."""
+    if size(text) <= limit:
+        return text
+    room = limit - size("…")
+    used = 0
+    for index, char in enumerate(text):
+        used += size(char)
+        if used > room:
+            return text[:index].rstrip() + "…"
+    return text  # pragma: no cover - the whole text fits
 
 
 def humanise(template_id: str) -> str:

@@ -230,7 +230,7 @@ class EngineService(WorkerService):
         if unsubscribe is not None:
             task["unsubscribeUrl"] = unsubscribe
         if s.decision.chain:
-            task["fallback"] = _fallback(m, s.decision.chain)
+            task["fallback"] = _fallback(m, s.decision.chain, s.decision.route)
 
         ai = s.template.ai or {}
         notes = ""  # what the row says besides where the task went, wherever it went
@@ -285,13 +285,15 @@ class EngineService(WorkerService):
                          f"{why} until {at}{notes}", metadata=metadata))
 
 
-def _fallback(m: EnrichedMessage, chain: list[str]) -> FallbackContext:
-    """What delivery needs to go on along the chain: the recipient, with only the chain's
-    contacts (delivery re-enters it on enriched:{p} restricted to the rest of the chain)."""
+def _fallback(m: EnrichedMessage, chain: list[str], route: list[str]) -> FallbackContext:
+    """What delivery needs to go on along the chain: the recipient, with only the route's
+    contacts (delivery re-enters it on enriched:{p} restricted to the rest of the route, so a
+    channel passed over says why, suppressed addresses included)."""
     recipient: dict[str, Any] = {k: v for k, v in m.items()
                                  if k not in ("fallbackChain", "fallbackFrom", "contacts")}
-    recipient["contacts"] = {c: t for c, t in m["contacts"].items() if c in chain}
-    return {"chain": chain, "recipient": recipient}  # type: ignore[typeddict-item]
+    recipient["contacts"] = {c: t for c, t in m["contacts"].items() if c in route}
+    return {"chain": chain, "route": route,
+            "recipient": recipient}  # type: ignore[typeddict-item]
 
 
 def _row(
