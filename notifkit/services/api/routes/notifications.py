@@ -471,6 +471,9 @@ def summary_status(recipients: list[dict[str, Any]], event_rows: list[dict[str, 
         # dead_lettered, or skipped for a segment without members.
         latest = event_rows[-1]["status"] if event_rows else "accepted"
         return latest if latest in RECIPIENT_STATUSES else "processing"
+    if event_rows and event_rows[-1]["kind"] == "fanout":
+        # More recipients follow, on pages the enricher has not reached yet.
+        return "processing"
     statuses = {r["status"] for r in recipients}
     for status in IN_PROGRESS:
         if status in statuses:
