@@ -255,6 +255,28 @@ async def test_a_large_payload_is_fanned_out_in_pages_bounded_by_bytes(
         (None, "fanned_out", "every recipient enriched")]
 
 
+async def test_pages_of_two_notifications_whose_keys_and_cursors_hold_colons_both_go_on(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    """Page marks joined the notification's key and the cursor with ':' bare: key 'batch'
+    after member 'de:u1' and key 'batch:de' after member 'u1' were one mark, and the second
+    notification's page was dropped as a duplicate of the first's."""
+    # Given two segments, and an enricher whose pages hold one recipient each
+    for user_id, segment in (("de:u1", "de"), ("de:u2", "de"), ("u1", "all"), ("u2", "all")):
+        await add_user(db, project, user_id, segments=[segment])
+    enricher = await services(EnricherService, bytes_per_batch=1)
+
+    # When one goes out under the key 'batch', then the other under 'batch:de'
+    await send(redis, keys, db, project, "t", {"segment": "de"}, idempotency_key="batch")
+    await enricher.run_until_idle()
+    await send(redis, keys, db, project, "t", {"segment": "all"}, idempotency_key="batch:de")
+    await enricher.run_until_idle()
+
+    # Then every member of both got its message
+    users = [m["user"]["id"] for m in await entries(redis, keys.enriched("normal"))]
+    assert sorted(users) == ["de:u1", "de:u2", "u1", "u2"]
+
+
 async def test_a_segment_without_members_is_skipped_as_a_whole(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
 ) -> None:
