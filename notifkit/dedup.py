@@ -43,8 +43,11 @@ def enricher_key(project_id: str, *, idempotency_key: str | None, event_id: str)
 
 def enricher_page_key(notification_key: str, after: str) -> str:
     """A segment continuation: its notification's key and the page's cursor. It starts with
-    ``page:``, which no notification key (a project id first) does."""
-    return f"page:{notification_key}:{after}"
+    ``page:``, which no notification key (a project id first) does. The key's length goes
+    first because a caller's key and a user id may both hold ``:``: joined bare, key
+    ``batch`` after ``de:u1`` and key ``batch:de`` after ``u1`` were one mark, and the later
+    notification's page was dropped as a duplicate."""
+    return f"page:{len(notification_key)}:{notification_key}:{after}"
 
 
 def engine_key(raw_event_id: str, recipient_id: str, channel: str) -> str:

@@ -52,6 +52,12 @@ class Kind(StrEnum):
     CANCELED = "canceled"
     # The ai service's, about writing the content: apart from delivery's kinds, since both
     # number their attempts from 1 and rows are unique per (task, channel, attempt, kind).
+    # The enricher's, about the whole notification, when its recipients take more than one
+    # page: the first page's row says more follow, the last page's that every recipient is
+    # enriched. Between the two the notification is in progress, whatever its first pages'
+    # recipients reached.
+    FANOUT = "fanout"
+    FANNED_OUT = "fanned_out"
     GENERATION_DEFERRED = "generation_deferred"
     GENERATION_FAILED = "generation_failed"
 

@@ -125,6 +125,11 @@ class EnricherService(WorkerService):
             if w.continuation is not None:
                 rest = {**m, "segmentAfter": w.continuation}
                 w.entry.emit(self.keys.inbound(m["priority"]), rest)
+                if "segmentAfter" not in m:
+                    logs.append(_fanout(m, Kind.FANOUT, "recipients are enriched in pages; "
+                                                        "more follow"))
+            elif "segmentAfter" in m:
+                logs.append(_fanout(m, Kind.FANNED_OUT, "every recipient enriched"))
         await insert_logs(self.pool, logs)
         for w, skipped in zip(work, unknown, strict=True):
             log.info("Enriched %d recipients of the notification%s%s.",
@@ -262,6 +267,19 @@ def _empty_segment(m: InboundMessage) -> LogRow:
         project_id=m["projectId"], event_id=m["eventId"], task_id=m["eventId"], user_id=None,
         channel="", kind=Kind.SKIPPED, status=Status.SKIPPED,
         detail=f"segment {m['to']['segment']!r} has no members",
+        campaign_id=m.get("campaignId"),
+    )
+
+
+def _fanout(m: InboundMessage, kind: Kind, detail: str) -> LogRow:
+    """A row about the whole event: a continuation can wait long (at the end of the inbound
+    stream, or for the reclaim after a crash) while the first pages' recipients are all sent,
+    and without it the notification would read as done meanwhile. One of each kind per
+    notification (rows are unique per task, channel, attempt and kind), so a page retried
+    after a crash adds nothing."""
+    return LogRow(
+        project_id=m["projectId"], event_id=m["eventId"], task_id=m["eventId"], user_id=None,
+        channel="", kind=kind, status=Status.PROCESSING, detail=detail,
         campaign_id=m.get("campaignId"),
     )
 

@@ -159,3 +159,17 @@ def test_the_ai_key_differs_from_the_engine_key_of_the_same_message(
     as bare keys, so a mark copied between stages can never pass for the other's."""
     assert ai_key(event_id, recipient_id, channel_name) != engine_key(
         event_id, recipient_id, channel_name)
+
+
+@given(enricher_input, free_text, enricher_input, free_text)
+@example(("enricher", "00000000-0000-7000-8000-000000000000", "key", "batch"), "de:u1",
+         ("enricher", "00000000-0000-7000-8000-000000000000", "key", "batch:de"), "u1")
+def test_pages_of_two_notifications_never_share_a_key(
+    spec: tuple[Any, ...], after: str, other: tuple[Any, ...], other_after: str,
+) -> None:
+    """Callers' idempotency keys and user ids may both hold ':': a page of one notification
+    that passed for a page of another would be dropped as its duplicate, and its recipients
+    never enriched."""
+    if dedup_key(spec) != dedup_key(other):
+        assert enricher_page_key(dedup_key(spec), after) != enricher_page_key(
+            dedup_key(other), other_after)

@@ -10,10 +10,12 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
+from notifkit.db.logs import Kind, LogRow, Status, insert_logs
 from notifkit.errors import MalformedPayload
-from notifkit.ids import uuid7
+from notifkit.ids import derived_uuid7, uuid7
 from notifkit.keys import Keys
 from notifkit.messages import parse_inbound
+from notifkit.services.api.routes.notifications import notification_body
 from notifkit.services.enricher import EnricherService
 from notifkit.streams import encode
 from tests.support.streams import xrange
@@ -178,6 +180,44 @@ async def test_a_segment_is_fanned_out_in_pages_through_continuations(
     assert [m.get("segmentAfter") for m in inbound] == [None, "m0100", "m0200"]
 
 
+async def test_a_notification_reads_processing_until_its_last_page_is_enriched(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    """A continuation waits its turn at the end of the inbound stream (or for the reclaim
+    after a crash): meanwhile the first page's recipients may all be sent, and the
+    notification used to read 'sent' with most of the segment not yet enriched."""
+    # Given a segment of 250 members, enriched 100 a batch
+    await _segment_of(db, project, 250, digits=4)
+    enricher = await services(EnricherService, recipients_per_batch=100)
+    event_id = await send(redis, keys, db, project, "t", {"segment": "beta"})
+
+    # When only the first page is enriched, and each of its recipients is sent
+    await enricher.worker.run_until_idle(reclaim=False, max_rounds=1)
+    first = await entries(redis, keys.enriched("normal"))
+    assert len(first) == 100
+    await insert_logs(db, [_sent(project, event_id, m["user"]["id"]) for m in first])
+
+    # Then the notification is still in progress
+    body = await notification_body(db, project, event_id)
+    assert body is not None
+    assert body["status"] == "processing", body
+
+    # And once the last page is enriched and sent too, it reads sent
+    await enricher.run_until_idle()
+    rest = (await entries(redis, keys.enriched("normal")))[100:]
+    assert len(rest) == 150
+    await insert_logs(db, [_sent(project, event_id, m["user"]["id"]) for m in rest])
+    body = await notification_body(db, project, event_id)
+    assert body is not None
+    assert body["status"] == "sent", body
+
+
+def _sent(project: str, event_id: str, user_id: str) -> LogRow:
+    return LogRow(project_id=project, event_id=event_id,
+                  task_id=derived_uuid7(event_id, user_id, "email"), user_id=user_id,
+                  channel="email", kind=Kind.SENT, status=Status.SENT, attempt=1)
+
+
 async def test_a_large_payload_is_fanned_out_in_pages_bounded_by_bytes(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
 ) -> None:
@@ -207,9 +247,34 @@ async def test_a_large_payload_is_fanned_out_in_pages_bounded_by_bytes(
         assert pages[0] is None, pages
         assert len(set(pages)) == len(pages), pages
         assert all(m["data"] == data for m in await entries(redis, keys.enriched(priority)))
-    # And the stranger on the list is still on its timeline
-    assert [(r["user_id"], r["detail"]) for r in await timeline(db, listed)] == [
-        ("ghost", "unknown user")]
+    # And the stranger on the list (first in id order) is still on its timeline, beside the
+    # rows saying the recipients went out in pages and that the last page is done
+    assert [(r["user_id"], r["kind"], r["detail"]) for r in await timeline(db, listed)] == [
+        ("ghost", "skipped", "unknown user"),
+        (None, "fanout", "recipients are enriched in pages; more follow"),
+        (None, "fanned_out", "every recipient enriched")]
+
+
+async def test_pages_of_two_notifications_whose_keys_and_cursors_hold_colons_both_go_on(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    """Page marks joined the notification's key and the cursor with ':' bare: key 'batch'
+    after member 'de:u1' and key 'batch:de' after member 'u1' were one mark, and the second
+    notification's page was dropped as a duplicate of the first's."""
+    # Given two segments, and an enricher whose pages hold one recipient each
+    for user_id, segment in (("de:u1", "de"), ("de:u2", "de"), ("u1", "all"), ("u2", "all")):
+        await add_user(db, project, user_id, segments=[segment])
+    enricher = await services(EnricherService, bytes_per_batch=1)
+
+    # When one goes out under the key 'batch', then the other under 'batch:de'
+    await send(redis, keys, db, project, "t", {"segment": "de"}, idempotency_key="batch")
+    await enricher.run_until_idle()
+    await send(redis, keys, db, project, "t", {"segment": "all"}, idempotency_key="batch:de")
+    await enricher.run_until_idle()
+
+    # Then every member of both got its message
+    users = [m["user"]["id"] for m in await entries(redis, keys.enriched("normal"))]
+    assert sorted(users) == ["de:u1", "de:u2", "u1", "u2"]
 
 
 async def test_a_recipient_is_loaded_with_its_own_projects_profile_alone(

@@ -471,6 +471,11 @@ def summary_status(recipients: list[dict[str, Any]], event_rows: list[dict[str, 
         # dead_lettered, or skipped for a segment without members.
         latest = event_rows[-1]["status"] if event_rows else "accepted"
         return latest if latest in RECIPIENT_STATUSES else "processing"
+    kinds = [row["kind"] for row in event_rows]
+    if "fanout" in kinds and "fanned_out" not in kinds and kinds[-1] != "dead_lettered":
+        # More recipients follow, on pages the enricher has not reached yet (a page that was
+        # dead-lettered waits for an operator instead, until its replay).
+        return "processing"
     statuses = {r["status"] for r in recipients}
     for status in IN_PROGRESS:
         if status in statuses:
