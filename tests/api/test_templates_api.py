@@ -300,6 +300,27 @@ async def test_preview_errors_name_the_field(api: Api, project: Project) -> None
     assert unknown.status == 404
 
 
+async def test_preview_of_a_field_a_send_would_not_go_out_with_blank_is_a_400_naming_it(
+    api: Api, project: Project
+) -> None:
+    """An SMS text or an e-mail subject that renders blank is a failed render for a send
+    (it gets the generic content): the preview says so rather than show the blank."""
+    await api.call("PUT", "/v1/templates/blank", key=project.full, json={"channels": {
+        "email": {"subject": "{{ data.title }}", "text": "hello"},
+        "sms": {"text": "{{ data.note }}"},
+        "push": {"title": "{{ data.title }}", "body": "b"},
+    }})
+    reply = await api.call("POST", "/v1/templates/blank/preview", key=project.full,
+                           json={"data": {"title": " ", "note": ""}})
+    assert reply.status == 400, reply.body
+    assert reply.error["code"] == "template_render_error"
+    assert sorted(reply.fields) == ["channels.email.subject", "channels.sms.text"]
+    filled = await api.call("POST", "/v1/templates/blank/preview", key=project.full,
+                            json={"data": {"title": "Hi", "note": "n"}})
+    assert filled.status == 200, filled.body
+    assert filled.body["channels"]["sms"]["text"] == "n"
+
+
 async def test_preview_of_a_digest_template_renders_the_items_given(
     api: Api, project: Project
 ) -> None:

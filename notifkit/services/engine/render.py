@@ -72,12 +72,20 @@ def render(
         rendered = templates.render_channel(content, channel, context)
     except templates.RenderError as exc:
         return generic(template.id, channel, context), str(exc)
+    blank = blank_field(channel, rendered)
+    if blank is not None:
+        return generic(template.id, channel, context), f"{blank}: rendered empty"
+    return rendered, None
+
+
+def blank_field(channel: str, rendered: dict[str, Any]) -> str | None:
+    """The field (``channels.sms.text``) of ``rendered`` that a provider refuses blank and
+    that rendered blank, if one did."""
     for field in _NOT_BLANK.get(channel, ()):
         value = rendered.get(field)
         if isinstance(value, str) and not value.strip():
-            return generic(template.id, channel, context), \
-                f"channels.{channel}.{field}: rendered empty"
-    return rendered, None
+            return f"channels.{channel}.{field}"
+    return None
 
 
 def generic(template_id: str, channel: str, context: dict[str, Any]) -> dict[str, Any]:

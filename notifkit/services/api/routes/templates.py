@@ -31,6 +31,7 @@ from notifkit.services.api.validation import (
     path_id,
     read_json,
 )
+from notifkit.services.engine.render import blank_field
 from notifkit.templates import (
     CHANNEL_FIELDS,
     RenderError,
@@ -219,6 +220,11 @@ async def preview_template(request: web.Request) -> web.Response:
             rendered[channel] = render_channel(content, channel, context_for(channel))
         except RenderError as exc:
             problems.append(detail(exc.field, exc.message))
+            continue
+        if (blank := blank_field(channel, rendered[channel])) is not None:
+            # A send would not go out with it: it gets the generic content instead.
+            problems.append(detail(blank, "renders empty with this data, so a send gets the "
+                                          "generic content instead"))
             continue
         if channel == "inapp" and unsafe_url(rendered[channel].get("url")):
             # What the recipient gets: the in-app transport sends the message without it.
