@@ -200,6 +200,13 @@ class WorkflowService(WorkerService):
             log.warning("Workflow instance %s does not exist (or its workflow was deleted); "
                         "nothing to run.", instance_id, extra={"instance_id": instance_id})
             return
+        replayed = any("_replayOf" in e.payload for e in entries)
+        # A DLQ replay of the entry that failed it: back to where it was, and on.
+        if instance.status == "failed" and replayed and await db.reopen_dead_lettered(
+                self.pool, instance_id, as_datetime(self.clock())):
+            log.info("Workflow instance failed by a dead-lettered entry carries on, as the "
+                     "entry is replayed.", extra={"instance_id": instance_id})
+            instance = await db.get_instance(self.pool, instance_id, project_id) or instance
         if instance.finished:
             self._busy.pop(instance_id, None)
             return
