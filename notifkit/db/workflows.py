@@ -189,9 +189,12 @@ async def set_state(
 ) -> None:
     """Move the instance on; raises InstanceCanceled, writing nothing, when it was canceled
     meanwhile (a runner that loaded it before the cancel must not bring it back)."""
+    # A run moving it on clears a dead-lettered entry's mark: the instance carries on after
+    # all, and only a failure of that entry is for a DLQ replay to undo.
     moved = await conn.fetchval(
         """UPDATE workflow_instances
-              SET status = $3, cursor = $4, current_step = $5, wake_at = $6, updated_at = $7
+              SET status = $3, cursor = $4, current_step = $5, wake_at = $6, updated_at = $7,
+                  dead_letter = NULL
             WHERE id = $1 AND project_id = $2 AND status <> 'canceled' RETURNING true""",
         instance.id, instance.project_id, status, cursor, current_step, wake_at, now,
     )
