@@ -182,8 +182,7 @@ async def test_an_instance_whose_entry_was_dead_lettered_reads_failed_and_a_repl
     # And once the cause is gone, replaying the entry from the DLQ carries it on to the end
     monkeypatch.setattr(service.runner, "run", real_run)
     [(dlq_id, _fields)] = await xrange(redis, Keys(settings.namespace).dlq)
-    # (a timer's wake names no project: the operator's admin key replays it)
-    replay = await api.admin("POST", f"/v1/dlq/{as_str(dlq_id)}/replay")
+    replay = await api.call("POST", f"/v1/dlq/{as_str(dlq_id)}/replay", key=project.full)
     assert replay.status == 202, replay.body
     await service.run_until_idle()
     done = await api.call("GET", f"/v1/workflow-instances/{instance_id}", key=project.full)

@@ -200,6 +200,10 @@ class WorkflowService(WorkerService):
             log.warning("Workflow instance %s does not exist (or its workflow was deleted); "
                         "nothing to run.", instance_id, extra={"instance_id": instance_id})
             return
+        for entry in entries:
+            # A timer's wake names no project: named here, a DLQ record of the entry is the
+            # project's own to see and replay, not only an operator's.
+            entry.payload.setdefault("projectId", instance.project_id)
         replayed = any("_replayOf" in e.payload for e in entries)
         # A DLQ replay of the entry that failed it: back to where it was, and on.
         if instance.status == "failed" and replayed and await db.reopen_dead_lettered(
