@@ -191,3 +191,44 @@ async def test_an_instance_whose_entry_was_dead_lettered_reads_failed_and_a_repl
     assert [(s["type"], s["status"]) for s in done.body["steps"]] == [
         ("wait", "completed"), ("send", "completed"),
     ]
+
+
+async def test_a_dead_lettered_trigger_fails_its_pending_instance_until_it_is_replayed(
+    api: Api, project: Project, settings: Settings, make_service: ServiceFactory,
+    redis: Redis, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    put = await api.call("PUT", "/v1/workflows/now", key=project.full,
+                         json={"steps": [{"type": "send", "template": "hello"}]})
+    assert put.status == 201, put.body
+    chosen = settings.replace(max_attempts=1)
+    service = make_service(settings=chosen)
+    await service.open()
+    real_run = service.runner.run
+
+    async def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the database refused the step")
+
+    # Given the trigger failing until it is dead-lettered
+    monkeypatch.setattr(service.runner, "run", broken)
+    trigger = await api.call("POST", "/v1/workflows/now/trigger", key=project.send,
+                             json={"userId": "u1"})
+    instance_id = trigger.body["instanceId"]
+    await service.run_until_idle()
+    events = EventsService(chosen)
+    try:
+        await events.run_until_idle()
+    finally:
+        await events.stop()
+    # Then the instance reads failed, with why
+    failed = await api.call("GET", f"/v1/workflow-instances/{instance_id}", key=project.full)
+    assert failed.body["status"] == "failed", failed.body
+    assert "the database refused the step" in failed.body["error"]
+    # And a replay runs it from the start
+    monkeypatch.setattr(service.runner, "run", real_run)
+    [(dlq_id, _fields)] = await xrange(redis, Keys(settings.namespace).dlq)
+    replay = await api.call("POST", f"/v1/dlq/{as_str(dlq_id)}/replay", key=project.full)
+    assert replay.status == 202, replay.body
+    await service.run_until_idle()
+    done = await api.call("GET", f"/v1/workflow-instances/{instance_id}", key=project.full)
+    assert done.body["status"] == "completed", done.body
+    assert [(s["type"], s["status"]) for s in done.body["steps"]] == [("send", "completed")]
