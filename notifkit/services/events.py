@@ -15,6 +15,9 @@ Consumes ``notifkit:stream:events:inbound`` (CONTRACT §6). Per read batch:
                                                        waitForEvent on "clicked" (say)
     custom (POST /v1/events)                        -> workflow:inbound {"type": "event", ...},
                                                        written atomically with the ack
+    notification:failed of a workflow:inbound       -> the instance marked failed, with the
+      trigger or wake (``instanceId``)                 error (a DLQ replay of the entry
+                                                       carries it on)
 
 Every row is inserted with ON CONFLICT DO NOTHING on its natural key, so a replayed entry or
 a provider repeating a webhook records nothing twice. A receipt whose message notifkit cannot
