@@ -189,9 +189,12 @@ async def set_state(
 ) -> None:
     """Move the instance on; raises InstanceCanceled, writing nothing, when it was canceled
     meanwhile (a runner that loaded it before the cancel must not bring it back)."""
+    # A run moving it on clears a dead-lettered entry's mark: the instance carries on after
+    # all, and only a failure of that entry is for a DLQ replay to undo.
     moved = await conn.fetchval(
         """UPDATE workflow_instances
-              SET status = $3, cursor = $4, current_step = $5, wake_at = $6, updated_at = $7
+              SET status = $3, cursor = $4, current_step = $5, wake_at = $6, updated_at = $7,
+                  dead_letter = NULL
             WHERE id = $1 AND project_id = $2 AND status <> 'canceled' RETURNING true""",
         instance.id, instance.project_id, status, cursor, current_step, wake_at, now,
     )
@@ -252,6 +255,32 @@ async def cancel_instance(conn: asyncpg.Connection, project_id: str, instance_id
             instance_id, project_id,
         )
     return True
+
+
+async def fail_dead_lettered(conn: Conn, instance_id: str, error: str, now: datetime) -> bool:
+    """Mark an instance that has not finished ``failed`` because an entry of it was
+    dead-lettered, keeping ``error`` and the status it had (for a DLQ replay); False when it
+    had finished (or is unknown)."""
+    done = await conn.fetchval(
+        """UPDATE workflow_instances
+              SET dead_letter = jsonb_build_object('error', $2::text, 'status', status),
+                  status = 'failed', updated_at = $3
+            WHERE id = $1 AND NOT (status = ANY($4::text[])) RETURNING true""",
+        instance_id, error, now, list(TERMINAL_STATUSES),
+    )
+    return bool(done)
+
+
+async def reopen_dead_lettered(conn: Conn, instance_id: str, now: datetime) -> bool:
+    """Put an instance failed by a dead-lettered entry back in the status it had, as the
+    entry is replayed; False when it was not failed that way."""
+    done = await conn.fetchval(
+        """UPDATE workflow_instances
+              SET status = dead_letter->>'status', dead_letter = NULL, updated_at = $2
+            WHERE id = $1 AND status = 'failed' AND dead_letter IS NOT NULL RETURNING true""",
+        instance_id, now,
+    )
+    return bool(done)
 
 
 async def sleeping_instances(

@@ -15,6 +15,9 @@ Consumes ``notifkit:stream:events:inbound`` (CONTRACT §6). Per read batch:
                                                        waitForEvent on "clicked" (say)
     custom (POST /v1/events)                        -> workflow:inbound {"type": "event", ...},
                                                        written atomically with the ack
+    notification:failed of a workflow:inbound       -> the instance marked failed, with the
+      trigger or wake (``instanceId``)                 error (a DLQ replay of the entry
+                                                       carries it on)
 
 Every row is inserted with ON CONFLICT DO NOTHING on its natural key, so a replayed entry or
 a provider repeating a webhook records nothing twice. A receipt whose message notifkit cannot
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -39,6 +43,7 @@ import asyncpg
 from notifkit import metrics
 from notifkit.clock import utc_now_iso
 from notifkit.db import events as events_db
+from notifkit.db import workflows as workflows_db
 from notifkit.db.events import MessageLookup, SentMessage, Suppression, TimelineRow
 from notifkit.destinations import normalise_contact
 from notifkit.errors import MalformedPayload, PermanentFailure, RetryLater
@@ -85,11 +90,16 @@ class EventsService(WorkerService):
     async def process(self, batch: list[Entry]) -> None:
         rows: list[TimelineRow] = []
         receipts: list[tuple[Entry, dict[str, Any]]] = []
+        dead_instances: list[tuple[str, str]] = []
         for entry in batch:
             try:
                 kind = entry.payload.get("type")
                 if kind in ("notification:sent", "notification:failed",
                             "notification:invalid_token"):
+                    dead = dead_workflow_instance(entry.payload, self.keys.workflow_inbound)
+                    if dead is not None:
+                        dead_instances.append(dead)
+                        continue
                     if entry.payload.get("recorded") is True:
                         continue  # delivery wrote this row itself before it acked
                     row = outcome_row(entry.payload)
@@ -109,6 +119,12 @@ class EventsService(WorkerService):
                                  "event_id": entry.payload.get("eventId")})
         # Outcomes first: a receipt in the same batch may name a message sent just before.
         await events_db.insert_timeline(self.pool, rows)
+        for instance_id, error in dead_instances:
+            if await workflows_db.fail_dead_lettered(self.pool, instance_id, error,
+                                                     datetime.now(UTC)):
+                log.warning("Marked a workflow instance failed: its entry was dead-lettered "
+                            "(%s). Replaying the entry from the DLQ carries it on.", error,
+                            extra={"instance_id": instance_id})
         if receipts:
             await self._receipts(receipts)
 
@@ -190,6 +206,22 @@ class EventsService(WorkerService):
 
 
 # -- outcome events ------------------------------------------------------------------------
+
+
+def dead_workflow_instance(event: Mapping[str, Any], workflow_stream: str
+                           ) -> tuple[str, str] | None:
+    """(instance id, error) when ``event`` is a dead-lettered workflow trigger or wake: its
+    instance would otherwise look in progress for good (a timer's wake names no project, so
+    it is found by its globally unique id)."""
+    if event.get("type") != "notification:failed" or event.get("stream") != workflow_stream:
+        return None
+    instance_id = event.get("instanceId")
+    if not isinstance(instance_id, str) or not is_uuid(instance_id):
+        return None
+    attempts = _count(event.get("attempts"))
+    error = _text(event.get("error")) or "unknown error"
+    return instance_id, (f"dead-lettered after {counted(attempts, 'attempt')}: "
+                         f"{error.replace(chr(0), chr(0xFFFD))}")
 
 
 def outcome_row(event: Mapping[str, Any]) -> TimelineRow | None:

@@ -89,6 +89,9 @@ def failed_event(entry: Entry, record: Mapping[str, Any]) -> dict[str, Any]:
         "userId": payload_user(p),
         "channel": p.get("channel"),
         "campaignId": p.get("campaignId"),
+        # A workflow trigger or wake names its instance (a timer's wake as "{id}:{tag}"):
+        # the instance is marked failed, rather than left looking in progress for good.
+        "instanceId": workflow_instance(p),
         "stream": entry.stream,
         "entryId": entry.id,
         "error": record["error"],
@@ -98,6 +101,19 @@ def failed_event(entry: Entry, record: Mapping[str, Any]) -> dict[str, Any]:
         "attempt": attempts_before(p) + record["attempts"],
         "at": record["failedAt"],
     }
+
+
+def workflow_instance(payload: Mapping[str, Any]) -> str | None:
+    """The workflow instance a ``workflow:inbound`` trigger or wake is for, else None."""
+    if payload.get("type") not in ("trigger", "wake"):
+        return None
+    instance = payload.get("instanceId")
+    if isinstance(instance, str) and instance:
+        return instance
+    timer = payload.get("timer")
+    if isinstance(timer, str) and timer:
+        return timer.split(":", 1)[0]
+    return None
 
 
 def payload_user(payload: Mapping[str, Any]) -> str | None:

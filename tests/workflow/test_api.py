@@ -3,16 +3,22 @@ validated by step, triggers run, instances shown step by step, AI tokens totalle
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import pytest
+from redis.asyncio import Redis
 
+from notifkit.config import Settings
 from notifkit.ids import uuid7
+from notifkit.keys import Keys
 from notifkit.services.api.routes import workflows as workflow_routes
+from notifkit.services.events import EventsService
+from notifkit.streams import as_str
 from notifkit.workflow_defs import validate_steps
 from tests.api.conftest import Api, Project
 from tests.support.held_check import HeldCheck
+from tests.support.streams import xrange
 
 if TYPE_CHECKING:
     from .conftest import FakeClock, ServiceFactory
@@ -138,3 +144,91 @@ async def test_a_definition_is_checked_while_the_api_answers_other_requests(
         lambda: api.call("GET", "/v1/workflows/w", key=project.full),
     )
     assert (other.status, put.status) == (404, 201)
+
+
+async def test_an_instance_whose_entry_was_dead_lettered_reads_failed_and_a_replay_carries_it_on(
+    api: Api, project: Project, settings: Settings, make_service: ServiceFactory,
+    clock: FakeClock, redis: Redis, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    put = await api.call("PUT", "/v1/workflows/later", key=project.full, json={"steps": [
+        {"type": "wait", "seconds": 60}, {"type": "send", "template": "hello"},
+    ]})
+    assert put.status == 201, put.body
+    trigger = await api.call("POST", "/v1/workflows/later/trigger", key=project.send,
+                             json={"userId": "u1"})
+    instance_id = trigger.body["instanceId"]
+    chosen = settings.replace(max_attempts=1)
+    service = make_service(settings=chosen)
+    await service.run_until_idle()
+    # Given the wake at the end of the wait failing until it is dead-lettered
+    real_run = service.runner.run
+
+    async def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the database refused the step")
+
+    monkeypatch.setattr(service.runner, "run", broken)
+    clock.advance(60)
+    await service.run_until_idle()
+    events = EventsService(chosen)
+    try:
+        await events.run_until_idle()
+    finally:
+        await events.stop()
+    # Then the instance reads failed, with why
+    failed = await api.call("GET", f"/v1/workflow-instances/{instance_id}", key=project.full)
+    assert failed.body["status"] == "failed", failed.body
+    assert "the database refused the step" in failed.body["error"]
+    assert "dead-lettered" in failed.body["error"]
+    # And once the cause is gone, replaying the entry from the DLQ carries it on to the end
+    monkeypatch.setattr(service.runner, "run", real_run)
+    [(dlq_id, _fields)] = await xrange(redis, Keys(settings.namespace).dlq)
+    replay = await api.call("POST", f"/v1/dlq/{as_str(dlq_id)}/replay", key=project.full)
+    assert replay.status == 202, replay.body
+    await service.run_until_idle()
+    done = await api.call("GET", f"/v1/workflow-instances/{instance_id}", key=project.full)
+    assert done.body["status"] == "completed", done.body
+    assert "error" not in done.body
+    assert [(s["type"], s["status"]) for s in done.body["steps"]] == [
+        ("wait", "completed"), ("send", "completed"),
+    ]
+
+
+async def test_a_dead_lettered_trigger_fails_its_pending_instance_until_it_is_replayed(
+    api: Api, project: Project, settings: Settings, make_service: ServiceFactory,
+    redis: Redis, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    put = await api.call("PUT", "/v1/workflows/now", key=project.full,
+                         json={"steps": [{"type": "send", "template": "hello"}]})
+    assert put.status == 201, put.body
+    chosen = settings.replace(max_attempts=1)
+    service = make_service(settings=chosen)
+    await service.open()
+    real_run = service.runner.run
+
+    async def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the database refused the step")
+
+    # Given the trigger failing until it is dead-lettered
+    monkeypatch.setattr(service.runner, "run", broken)
+    trigger = await api.call("POST", "/v1/workflows/now/trigger", key=project.send,
+                             json={"userId": "u1"})
+    instance_id = trigger.body["instanceId"]
+    await service.run_until_idle()
+    events = EventsService(chosen)
+    try:
+        await events.run_until_idle()
+    finally:
+        await events.stop()
+    # Then the instance reads failed, with why
+    failed = await api.call("GET", f"/v1/workflow-instances/{instance_id}", key=project.full)
+    assert failed.body["status"] == "failed", failed.body
+    assert "the database refused the step" in failed.body["error"]
+    # And a replay runs it from the start
+    monkeypatch.setattr(service.runner, "run", real_run)
+    [(dlq_id, _fields)] = await xrange(redis, Keys(settings.namespace).dlq)
+    replay = await api.call("POST", f"/v1/dlq/{as_str(dlq_id)}/replay", key=project.full)
+    assert replay.status == 202, replay.body
+    await service.run_until_idle()
+    done = await api.call("GET", f"/v1/workflow-instances/{instance_id}", key=project.full)
+    assert done.body["status"] == "completed", done.body
+    assert [(s["type"], s["status"]) for s in done.body["steps"]] == [("send", "completed")]

@@ -4,6 +4,7 @@ instance does with its entry, and the timer set (atomic moves, rebuilt from Post
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING
 
 import pytest
@@ -63,6 +64,39 @@ async def test_a_busy_instance_is_looked_at_again_after_its_holder_lets_go(
     clock.advance(1)
     await service.run_until_idle()
     assert [m["template"] for m in await flow.sent()] == ["hello"]
+    assert (await flow.instance(instance_id))["status"] == "completed"
+
+
+async def test_an_instance_whose_holder_died_is_looked_at_less_and_less_often_and_said_once(
+    flow: Flow, make_service: ServiceFactory, clock: FakeClock, redis: Redis, keys: Keys,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    await flow.define("one", [{"type": "send", "template": "hello"}])
+    instance_id = await flow.trigger("one", "u1")
+    # Given a process that died holding the instance's lock (its TTL runs out by itself)
+    await redis.set(keys.workflow_lock(instance_id), "dead-process", px=60_000)
+    service = make_service()
+    caplog.set_level(logging.INFO, logger="notifkit.workflow")
+    await service.run_until_idle()
+    # Then the first look again is as soon as for a holder about to let go
+    first = await redis.zscore(keys.workflow_timers, f"{instance_id}:retry")
+    assert first is not None
+    assert first <= (clock() + service.lock_retry_s) * 1000
+    # When 20 s pass while the lock stays held
+    looks = 0
+    for _ in range(80):
+        clock.advance(0.25)
+        if await service.poll_timers():
+            looks += 1
+            await service.worker.run_until_idle()
+    # Then it was looked at a handful of times, not four times a second, and said once
+    assert 2 <= looks <= 8
+    said = [r for r in caplog.records if "running elsewhere" in r.getMessage()]
+    assert len(said) == 1
+    # And once the lock is free, the next look runs it
+    await redis.delete(keys.workflow_lock(instance_id))
+    clock.advance(60)
+    await service.run_until_idle()
     assert (await flow.instance(instance_id))["status"] == "completed"
 
 

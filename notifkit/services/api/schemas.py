@@ -364,6 +364,8 @@ COMPONENTS: dict[str, Schema] = {
             "output": {},
             "at": DATETIME}, ("index", "type", "status", "output", "at"))},
         "createdAt": DATETIME, "updatedAt": DATETIME,
+        # Only on an instance failed because an entry of it was dead-lettered.
+        "error": STRING,
     }, ("id", "workflowId", "status", "currentStep", "steps")),
     # -- inbox ---------------------------------------------------------------------------------
     "InboxMessage": obj({

@@ -36,7 +36,8 @@ from notifkit.worker import Entry
 
 log = logging.getLogger("notifkit.workflow")
 
-LOCK_RETRY_S = 0.25  # a busy instance is looked at again this much later
+LOCK_RETRY_S = 0.25  # a busy instance is first looked at again this much later
+BUSY_REMEMBERED = 10_000  # instances whose retry delay is remembered; more start afresh
 TIMER_BATCH = 500
 REBUILD_PAGE = 1000  # sleeping instances read per query when rebuilding the timers
 
@@ -51,6 +52,10 @@ class WorkflowService(WorkerService):
             "timer_poll_interval_s", settings.scheduler_poll_interval_s
         )
         self.lock_retry_s: float = options.get("lock_retry_s", LOCK_RETRY_S)
+        # Busy instances and the delay of their last retry: a holder that died keeps its
+        # lock for the whole TTL, so each retry waits twice as long (never past the lock's
+        # expiry) rather than looking four times a second for a minute.
+        self._busy: dict[str, float] = {}
         self.locks = InstanceLocks(
             self.redis, int(options.get("lock_ttl_ms", settings.workflow_lock_ttl_s * 1000)),
             exclusive=not settings.injects("ignore_workflow_locks"),  # test-only fault
@@ -191,15 +196,29 @@ class WorkflowService(WorkerService):
                       extra={"instance_id": instance_id})
             return
         if instance is None:
+            self._busy.pop(instance_id, None)
             log.warning("Workflow instance %s does not exist (or its workflow was deleted); "
                         "nothing to run.", instance_id, extra={"instance_id": instance_id})
             return
+        for entry in entries:
+            # A timer's wake names no project: named here, a DLQ record of the entry is the
+            # project's own to see and replay, not only an operator's.
+            entry.payload.setdefault("projectId", instance.project_id)
+        replayed = any("_replayOf" in e.payload for e in entries)
+        # A DLQ replay of the entry that failed it: back to where it was, and on.
+        if instance.status == "failed" and replayed and await db.reopen_dead_lettered(
+                self.pool, instance_id, as_datetime(self.clock())):
+            log.info("Workflow instance failed by a dead-lettered entry carries on, as the "
+                     "entry is replayed.", extra={"instance_id": instance_id})
+            instance = await db.get_instance(self.pool, instance_id, project_id) or instance
         if instance.finished:
+            self._busy.pop(instance_id, None)
             return
         lock = await self.locks.acquire(self.keys.workflow_lock(instance_id))
         if lock is None:
             await self._retry_soon(instance_id)
             return
+        self._busy.pop(instance_id, None)
         try:
             await self.run_locked(instance_id, project_id, lock)
         except LockLost:
@@ -208,11 +227,25 @@ class WorkflowService(WorkerService):
             await lock.release()
 
     async def _retry_soon(self, instance_id: str) -> None:
-        """Someone else runs the instance: look at it again once they are likely done."""
-        due_ms = int((self.clock() + self.lock_retry_s) * 1000)
-        await self.timers.schedule(instance_id, "retry", due_ms)
-        log.info("Workflow instance is running elsewhere; looking at it again shortly.",
-                 extra={"instance_id": instance_id})
+        """Someone else runs the instance: look at it again once they are likely done. The
+        first look is soon (a live holder is usually about to let go), each next one twice as
+        late, but never after the lock would expire: the TTL is how long a holder that died
+        keeps it. Said once per wait."""
+        previous = self._busy.get(instance_id)
+        delay_s = self.lock_retry_s
+        if previous is not None:
+            left_ms = await self.redis.pttl(self.keys.workflow_lock(instance_id))
+            delay_s = previous * 2
+            if left_ms >= 0:
+                delay_s = min(delay_s, left_ms / 1000 + self.lock_retry_s)
+            delay_s = max(self.lock_retry_s, delay_s)
+        elif len(self._busy) >= BUSY_REMEMBERED:
+            self._busy.clear()
+        self._busy[instance_id] = delay_s
+        await self.timers.schedule(instance_id, "retry", int((self.clock() + delay_s) * 1000))
+        if previous is None:
+            log.info("Workflow instance is running elsewhere; looking at it again once its "
+                     "lock is free.", extra={"instance_id": instance_id})
 
     async def run_locked(self, instance_id: str, project_id: str | None, lock: HeldLock) -> None:
         """Run the instance while holding ``lock``; re-reads the instance under it."""

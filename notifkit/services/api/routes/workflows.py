@@ -237,8 +237,8 @@ async def instance_body(
 ) -> dict[str, Any] | None:
     """What GET /v1/workflow-instances/{instanceId} answers; None for no such instance."""
     row = await pool.fetchrow(
-        "SELECT id, workflow_id, user_id, status, current_step, created_at, updated_at "
-        "FROM workflow_instances WHERE id = $1 AND project_id = $2",
+        "SELECT id, workflow_id, user_id, status, current_step, created_at, updated_at, "
+        "dead_letter->>'error' AS error FROM workflow_instances WHERE id = $1 AND project_id = $2",
         instance_id, project,
     )
     if row is None:
@@ -249,7 +249,7 @@ async def instance_body(
         "FROM workflow_steps WHERE instance_id = $1 AND project_id = $2 ORDER BY step_index",
         instance_id, project,
     )
-    return {
+    body: dict[str, Any] = {
         "id": str(row["id"]), "workflowId": row["workflow_id"], "userId": row["user_id"],
         "status": row["status"], "currentStep": row["current_step"],
         "steps": [{"index": s["step_index"], "path": s["path"], "type": s["type"],
@@ -257,6 +257,9 @@ async def instance_body(
                   for s in steps],
         "createdAt": iso(row["created_at"]), "updatedAt": iso(row["updated_at"]),
     }
+    if row["status"] == "failed" and row["error"] is not None:
+        body["error"] = row["error"]  # an entry of it was dead-lettered
+    return body
 
 
 # ---------------------------------------------------------------------------------------------
