@@ -8,6 +8,7 @@ since long before them)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -266,3 +267,27 @@ async def test_only_the_scheduler_holding_the_poll_lock_reconciles(
     assert len(holders) == len(others) == 1
     assert counters[id(holders[0])].passes >= 1
     assert counters[id(others[0])].passes == 0
+
+
+async def test_a_pass_cut_off_by_a_stalled_postgresql_names_the_timeout(
+    settings: Settings, make_scheduler: SchedulerFactory, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A PostgreSQL that stops answering ends a pass with a TimeoutError, whose text is empty:
+    the warning names the error instead of saying "failed ()"."""
+    scheduler = make_scheduler(settings=settings.replace(reconcile_grace_s=1.0),
+                               clock=wall_clock_ms)
+
+    async def stalled(*_args: Any, **_kwargs: Any) -> Pass:
+        raise TimeoutError
+
+    scheduler.reconciler.run_once = stalled  # type: ignore[method-assign]
+    caplog.set_level(logging.WARNING, logger="notifkit.scheduler")
+    await scheduler.start()
+
+    deadline = time.monotonic() + 10
+    while not any("reconciliation pass failed" in r.getMessage() for r in caplog.records):
+        assert time.monotonic() < deadline, "no pass failed"
+        await asyncio.sleep(0.05)
+    warning = next(r.getMessage() for r in caplog.records
+                   if "reconciliation pass failed" in r.getMessage())
+    assert "failed (TimeoutError)" in warning
