@@ -32,6 +32,10 @@ Other keys:
     notif:reconcile:cursor                   STR   time (ms, UUIDv7 order) up to which the poll
                                                    lock holder has checked accepted notifications
                                                    for ones never enqueued (notifkit.reconcile)
+    notif:reconcile:since                    STR   Redis time (ms) of the first reconciliation
+                                                   pass of this data set: the streams can tell
+                                                   about entries from then on only; missing =
+                                                   Redis lost its data (or a first start)
     lock:workflow:{instanceId}               STR   token of the instance's runner, 60 s TTL
     throttle:{projectId}:user:{userId}       ZSET  sliding window of send times per user
     notif:processed:{stage}:{dedupKey}       STR   dedup mark = id of the stream entry that
@@ -178,6 +182,10 @@ class Keys:
     @property
     def reconcile_cursor(self) -> str:
         return self._k("notif:reconcile:cursor")
+
+    @property
+    def reconcile_since(self) -> str:
+        return self._k("notif:reconcile:since")
 
     def workflow_lock(self, instance_id: str) -> str:
         return self._k(f"lock:workflow:{instance_id}")

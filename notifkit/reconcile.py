@@ -17,6 +17,14 @@ runs :meth:`Reconciler.run_once` now and then:
                                               why, and it is never sent (its caller got no 202)
                    absent, but the stream
                    was trimmed past it     -> cannot be told: left alone and logged
+                   absent, from before
+                   ``notif:reconcile:since`` -> cannot be told either: Redis lost its data
+                                              since (a restart without persistence), and the
+                                              streams made afresh lost nothing only since then
+
+``notif:reconcile:since`` is set (Redis's time) by the first pass that finds it missing, and
+goes with the rest when Redis loses its data: a stream's own counters cannot show that, since
+the workers' MKSTREAM makes a new empty stream that has "lost nothing".
 
 Candidates are found by primary key: ids are UUIDv7, so a range of ids is a range of creation
 times, and each pass reads one slice of ``SLICE_MS`` after another up to the grace horizon,
@@ -121,6 +129,7 @@ class Reconciler:
         raw = await self.redis.get(self.keys.reconcile_cursor)
         cursor = int(raw) if raw is not None else horizon - FIRST_LOOKBACK_MS
         outcome = Pass()
+        since = await self._history_since()
         for _ in range(SLICES_PER_PASS):
             if cursor >= horizon or not still_leader():
                 break
@@ -132,12 +141,19 @@ class Reconciler:
                                         self.settings.reconcile_grace_s,
                                         timeout=SLICE_QUERY_TIMEOUT_S)
             if rows:
-                await self._settle(rows, outcome)
+                await self._settle(rows, outcome, since)
             cursor = end
             await self.redis.set(self.keys.reconcile_cursor, cursor)
         return outcome
 
-    async def _settle(self, rows: list[asyncpg.Record], outcome: Pass) -> None:
+    async def _history_since(self) -> int:
+        """Since when (Redis's clock, ms) Redis has kept its data."""
+        seconds, micros = await self.redis.time()
+        await self.redis.set(self.keys.reconcile_since, seconds * 1000 + micros // 1000, nx=True)
+        raw = await self.redis.get(self.keys.reconcile_since)
+        return int(raw) if raw is not None else seconds * 1000 + micros // 1000
+
+    async def _settle(self, rows: list[asyncpg.Record], outcome: Pass, since: int) -> None:
         by_stream: dict[str, list[asyncpg.Record]] = {}
         for row in rows:
             by_stream.setdefault(self.keys.inbound(row["priority"]), []).append(row)
@@ -150,7 +166,7 @@ class Reconciler:
                 ids = {"event_id": row["id"], "project_id": row["project_id"]}
                 if row["id"] in search.found:
                     outcome.in_stream.append(row["id"])
-                elif search.complete:
+                elif search.complete and since_ms >= since:
                     outcome.failed.append(row["id"])
                     failed.append(LogRow(
                         project_id=row["project_id"], event_id=row["id"], task_id=row["id"],
@@ -159,6 +175,13 @@ class Reconciler:
                         metadata={"reason": "never_enqueued"}))
                     log.warning("Settled an accepted notification as failed: it was never "
                                 "enqueued on %s, and will not be sent.", stream, extra=ids)
+                elif since_ms < since:
+                    outcome.undecided.append(row["id"])
+                    log.warning("An accepted notification has nothing on its timeline and no "
+                                "entry on %s, which holds only what was added since Redis "
+                                "last lost its data, after its time: it cannot be told whether "
+                                "it was ever enqueued, so it is left as it is.",
+                                stream, extra=ids)
                 else:
                     outcome.undecided.append(row["id"])
                     log.warning("An accepted notification has nothing on its timeline and no "

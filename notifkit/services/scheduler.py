@@ -81,6 +81,7 @@ from notifkit.streams import as_str
 from notifkit.tasks import cancel_all
 from notifkit.wording import counted
 from notifkit.worker import Entry
+from notifkit.worker.entry import describe_error
 
 log = logging.getLogger("notifkit.scheduler")
 
@@ -402,7 +403,8 @@ class SchedulerService(WorkerService):
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a chore: log and carry on
-                log.warning("A scheduler poll failed (%s); polling again in %.2f s.", exc,
+                log.warning("A scheduler poll failed (%s); polling again in %.2f s.",
+                            str(exc) or describe_error(exc),
                             interval_s, extra={"service": self.name})
             await asyncio.sleep(interval_s)
 
@@ -416,7 +418,8 @@ class SchedulerService(WorkerService):
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a chore: log and carry on
-                log.warning("A reconciliation pass failed (%s); trying again in %.0f s.", exc,
+                log.warning("A reconciliation pass failed (%s); trying again in %.0f s.",
+                            str(exc) or describe_error(exc),
                             self.reconcile_interval_s, extra={"service": self.name})
 
     async def poll_once(self, now_ms: int | None = None) -> int:
@@ -434,7 +437,8 @@ class SchedulerService(WorkerService):
             raise
         except Exception as exc:  # moving never waits for PostgreSQL; the rows can lag
             log.warning("Could not delete moved tasks from PostgreSQL (%s); the next poll "
-                        "tries again.", exc, extra={"service": self.name})
+                        "tries again.", str(exc) or describe_error(exc),
+                        extra={"service": self.name})
         return len(moved)
 
     async def move_due(self, now_ms: int, *, token: str | None = None) -> list[MovedTask]:

@@ -778,9 +778,16 @@ class StreamWorker:
                 await asyncio.shield(self._handle_failures(failed))
         except asyncio.CancelledError:
             pass  # left pending: another process (or this one) reclaims it
-        except Exception:
-            log.exception("Could not record the outcome of a batch; its entries stay pending "
-                          "and will be reclaimed.", extra={"service": self.service})
+        except Exception as exc:
+            if isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError) \
+                    or availability.unavailable(exc):
+                # A store that cannot serve, not a bug: the reclaim after it is the retry.
+                log.warning("Could not record the outcome of a batch (%s); its entries stay "
+                            "pending and will be reclaimed.", str(exc) or describe_error(exc),
+                            extra={"service": self.service})
+            else:
+                log.exception("Could not record the outcome of a batch; its entries stay "
+                              "pending and will be reclaimed.", extra={"service": self.service})
         finally:
             for entry in batch:
                 self._in_flight.pop((entry.stream, entry.id), None)

@@ -2,16 +2,19 @@
 its INSERT and its XADD) is settled as failed, from what its stream holds; one whose entry is
 on the stream, one the pipeline already took (a scheduled send) and one the stream can no
 longer tell about are left alone. Real Redis and PostgreSQL; the rows are made ten minutes
-old, past the grace period, instead of waiting for it."""
+old, past the grace period, instead of waiting for it (and Redis is made to have kept its data
+since long before them)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+import pytest
 from redis.asyncio import Redis
 
 from notifkit.config import Settings
@@ -43,6 +46,11 @@ def _message(project_id: str, *, send_at: str | None = None) -> InboundMessage:
             "data": {"code": "42"}, "channels": None, "priority": "normal", "sendAt": send_at,
             "campaignId": None, "idempotencyKey": None,
             "createdAt": "2026-12-01T00:00:00.000Z"}
+
+
+@pytest.fixture(autouse=True)
+async def _redis_kept_its_data(settings: Settings, redis: Redis) -> None:
+    await redis.set(Keys(settings.namespace).reconcile_since, 0)
 
 
 class Api:
@@ -122,6 +130,28 @@ async def test_a_notification_never_enqueued_fails_with_its_reason_and_an_enqueu
     # And a second pass looks at neither again
     again = await _reconciler(settings, redis, db).run_once()
     assert (again.failed, again.in_stream, again.undecided) == ([], [], [])
+
+
+async def test_an_enqueued_notification_redis_lost_with_its_data_is_not_called_never_enqueued(
+    settings: Settings, redis: Redis, db: asyncpg.Pool,
+) -> None:
+    """A Redis restarted without persistence comes back empty, and the workers' MKSTREAM makes
+    fresh streams that have lost nothing since they were made: they cannot tell about an entry
+    from before. A send answered 202 must not be settled as never enqueued."""
+    # Given a send accepted (answered 202, its entry on the stream)
+    keys = Keys(settings.namespace)
+    accepted = await Api(settings, redis, db).accept(_message(await _project(db, "a")))
+    # And Redis losing all its data, then a worker making its group again
+    stream = keys.inbound("normal")
+    await redis.delete(stream, keys.reconcile_cursor, keys.reconcile_since)
+    await redis.xgroup_create(stream, "notifkit:group:enricher", id="0", mkstream=True)
+
+    # When the reconciliation runs past the grace period
+    done = await _reconciler(settings, redis, db).run_once()
+
+    # Then the send is left as it is, not failed
+    assert (done.failed, done.in_stream, done.undecided) == ([], [], [accepted])
+    assert await _kinds(db, accepted) == [("accepted", "accepted", "")]
 
 
 async def test_a_slice_slower_than_the_pools_query_limit_still_settles(
@@ -237,3 +267,27 @@ async def test_only_the_scheduler_holding_the_poll_lock_reconciles(
     assert len(holders) == len(others) == 1
     assert counters[id(holders[0])].passes >= 1
     assert counters[id(others[0])].passes == 0
+
+
+async def test_a_pass_cut_off_by_a_stalled_postgresql_names_the_timeout(
+    settings: Settings, make_scheduler: SchedulerFactory, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A PostgreSQL that stops answering ends a pass with a TimeoutError, whose text is empty:
+    the warning names the error instead of saying "failed ()"."""
+    scheduler = make_scheduler(settings=settings.replace(reconcile_grace_s=1.0),
+                               clock=wall_clock_ms)
+
+    async def stalled(*_args: Any, **_kwargs: Any) -> Pass:
+        raise TimeoutError
+
+    scheduler.reconciler.run_once = stalled  # type: ignore[method-assign]
+    caplog.set_level(logging.WARNING, logger="notifkit.scheduler")
+    await scheduler.start()
+
+    deadline = time.monotonic() + 10
+    while not any("reconciliation pass failed" in r.getMessage() for r in caplog.records):
+        assert time.monotonic() < deadline, "no pass failed"
+        await asyncio.sleep(0.05)
+    warning = next(r.getMessage() for r in caplog.records
+                   if "reconciliation pass failed" in r.getMessage())
+    assert "failed (TimeoutError)" in warning

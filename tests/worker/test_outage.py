@@ -9,11 +9,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from notifkit.db.availability import lock_wait, unavailable
 from notifkit.keys import Keys
@@ -253,3 +254,37 @@ async def test_a_failure_of_the_work_during_a_lock_wait_still_counts(
     assert record["attempts"] == worker.max_attempts
     assert record["error"].startswith("CheckViolationError")
     assert worker.stats.dead_lettered == 1
+
+
+async def test_redis_lost_while_a_batch_is_recorded_is_a_warning_and_the_entry_is_retried(
+    make_worker: WorkerFactory, stream: str, add: Add, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis going away between a batch's work and its ack is an outage, not a bug: one
+    warning naming it, no traceback, and the entry stays pending for the retry."""
+    caplog.set_level(logging.INFO, logger="notifkit.worker")
+    done: list[str] = []
+
+    async def process(batch: list[Entry]) -> None:
+        done.extend(e.id for e in batch)
+
+    worker = make_worker(process, streams=[stream])
+    settle = worker._settle
+    failures = [RedisConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")]
+
+    async def settle_once_refused(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return await settle(*args, **kwargs)
+
+    monkeypatch.setattr(worker, "_settle", settle_once_refused)
+    entry = await add(stream, {"n": 1})
+
+    await worker.start()
+    await until(lambda: done.count(entry) >= 2, "the entry retried")
+
+    records = [r for r in caplog.records if "outcome of a batch" in r.getMessage()]
+    assert len(records) == 1
+    assert records[0].levelno == logging.WARNING
+    assert records[0].exc_info is None
+    assert "Connection refused" in records[0].getMessage()

@@ -33,6 +33,7 @@ from notifkit.services.workflow.lock import HeldLock, InstanceLocks
 from notifkit.services.workflow.runner import LockLost, Runner, as_datetime, iso, ms
 from notifkit.services.workflow.timers import Timers, instance_of
 from notifkit.worker import Entry
+from notifkit.worker.entry import describe_error
 
 log = logging.getLogger("notifkit.workflow")
 
@@ -144,7 +145,7 @@ class WorkflowService(WorkerService):
                 raise
             except Exception as exc:  # a chore: log and carry on
                 log.warning("Moving due workflow timers failed (%s); trying again in %.2f s.",
-                            exc, self.timer_poll_interval_s)
+                            str(exc) or describe_error(exc), self.timer_poll_interval_s)
             await asyncio.sleep(self.timer_poll_interval_s)
 
     # -- processing ---------------------------------------------------------------------------
