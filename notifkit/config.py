@@ -1003,6 +1003,15 @@ def _validate(s: Settings) -> None:
             raise ConfigError(variable, f"must be at most {most:,}, got {value}")
     if s.queue_max_len > MAX_REDIS_INT:
         raise ConfigError("QUEUE_MAX_LEN", f"must be at most {MAX_REDIS_INT}")
+    if s.scheduler_poll_interval_s >= s.scheduler_lock_ttl_s:
+        # Not refused (it still works: the move script checks the lock's token), but the
+        # holder renews its lock only when it polls, so the lock lapses between polls and the
+        # poll-lock holder's chores (reconciliation) may briefly run in two schedulers.
+        log.warning("SCHEDULER_POLL_INTERVAL_SECONDS (%s) is not shorter than "
+                    "SCHEDULER_LOCK_TTL_SECONDS (%s): the poller's lock lapses between polls, "
+                    "and another scheduler may take polling over each time; make the interval "
+                    "shorter than the lock's TTL.", s.scheduler_poll_interval_s,
+                    s.scheduler_lock_ttl_s, extra={"setting": "SCHEDULER_POLL_INTERVAL_SECONDS"})
     if not s.heartbeat_ttl_s > s.heartbeat_interval_s:
         raise ConfigError("HEARTBEAT_INTERVAL_SECONDS",
                           f"must be shorter than the health key's TTL ({s.heartbeat_ttl_s} s), "

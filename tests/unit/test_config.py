@@ -696,6 +696,25 @@ def test_an_access_token_beside_a_credentials_file_is_used_with_a_warning(
                for r in caplog.records)
 
 
+def test_a_scheduler_poll_interval_past_the_lock_ttl_starts_with_a_warning_naming_both(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The lock is renewed only by a poll: polled less often than it lives, it lapses.
+    with caplog.at_level(logging.WARNING, logger="notifkit.config"):
+        s = Settings.from_env({"SCHEDULER_POLL_INTERVAL_SECONDS": "60",
+                               "SCHEDULER_LOCK_TTL_SECONDS": "5"})
+    assert s.scheduler_poll_interval_s == 60
+    [warning] = caplog.records
+    assert warning.getMessage().startswith(
+        "SCHEDULER_POLL_INTERVAL_SECONDS (60.0) is not shorter than SCHEDULER_LOCK_TTL_SECONDS "
+        "(5)")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="notifkit.config"):
+        Settings.from_env({"SCHEDULER_POLL_INTERVAL_SECONDS": "4.9",
+                           "SCHEDULER_LOCK_TTL_SECONDS": "5"})
+    assert caplog.records == []
+
+
 @pytest.mark.parametrize("path", ["/dev/zero", "big"])
 def test_a_credentials_file_past_a_mebibyte_is_refused_unread(tmp_path: Path, path: str) -> None:
     # /dev/zero (or a log file named by mistake) was read whole at start, without end.
