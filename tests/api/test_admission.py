@@ -4,8 +4,10 @@ each one is accepted, refused or rolled back on its own."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
+from typing import Any, cast
 
 import asyncpg
 import pytest
@@ -89,6 +91,43 @@ async def test_a_send_whose_enqueue_fails_leaves_no_rows_and_its_neighbours_are_
     assert {r["event_id"] for r in logs} == accepted
     assert await redis.xlen(keys.inbound("normal")) == 2
     assert await redis.xlen(keys.inbound("critical")) == 1
+
+
+async def test_rows_left_by_a_failed_enqueue_with_postgresql_down_too_are_a_warning(
+    api: Api, project: Project, template: str, redis: Redis, db: asyncpg.Pool,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Both stores failing (the enqueue, then the cleanup of its rows) is an outage, not a
+    bug: one warning naming the error, no traceback; reconciliation settles the rows."""
+    keys = Keys(api.settings.namespace)
+    await redis.set(keys.inbound("normal"), "not a stream")
+
+    class DownPool:
+        def acquire(self) -> Any:
+            raise ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 5432)")
+
+    forget = Admission._forget
+
+    async def forget_with_postgresql_down(self: Admission, messages: Any) -> None:
+        real, self.pool = self.pool, cast(asyncpg.Pool, DownPool())
+        try:
+            await forget(self, messages)
+        finally:
+            self.pool = real
+
+    monkeypatch.setattr(Admission, "_forget", forget_with_postgresql_down)
+    with caplog.at_level(logging.WARNING, logger="notifkit.api"):
+        reply = await api.call("POST", "/v1/notifications", key=project.send,
+                               json={"to": "u1", "template": template})
+
+    assert reply.status >= 500
+    [record] = [r for r in caplog.records if "Could not delete the rows" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    assert record.exc_info is None
+    assert "ConnectionRefusedError" in record.getMessage()
+    # The rows stay for reconciliation to settle.
+    assert await db.fetchval("SELECT count(*) FROM notifications WHERE project_id = $1",
+                             project.id) == 1
 
 
 async def test_a_send_of_a_vanished_project_fails_alone_and_is_never_enqueued(

@@ -46,6 +46,7 @@ from notifkit.keys import Keys
 from notifkit.messages import InboundMessage
 from notifkit.ratelimit import Bucket, TokenBuckets
 from notifkit.redis_pipe import ReplyLost, pipe
+from notifkit.services.api.errors import store_unavailable
 from notifkit.services.api.idempotency import MaybeDone, Remember
 from notifkit.streams import XADD_AND_SET, find_notifications, queue_xadd, xadd_and_set_args
 
@@ -298,10 +299,17 @@ class Admission:
                     await conn.execute(
                         "DELETE FROM notifications WHERE project_id = $1 "
                         "AND id = ANY($2::uuid[])", project, events)
-        except Exception:
-            log.exception("Could not delete the rows of notifications that were never "
-                          "enqueued; they will show as accepted.",
-                          extra={"event_id": messages[0]["eventId"]})
+        except Exception as exc:
+            # Left for the scheduler's reconciliation, which settles them as never enqueued.
+            # A store that is down (both of them, as the enqueue failed) is no bug to trace.
+            if not store_unavailable(exc):
+                log.exception("Could not delete the rows of notifications that were never "
+                              "enqueued; reconciliation settles them as never enqueued.",
+                              extra={"event_id": messages[0]["eventId"]})
+                return
+            log.warning("Could not delete the rows of notifications that were never enqueued "
+                        "(%s: %s); reconciliation settles them as never enqueued.",
+                        type(exc).__name__, exc, extra={"event_id": messages[0]["eventId"]})
 
 
 class ProjectMissing(Exception):
