@@ -63,6 +63,25 @@ async def test_every_invalid_user_field_is_named(api: Api, project: Project) -> 
         "contacts[0].channel", "contacts[1].target", "colour"}
 
 
+@pytest.mark.parametrize(("locale", "status"), [
+    ("de", 200), ("de_DE", 200), ("zh-Hant-HK", 200), ("en-US-u-ca-gregory", 200),
+    ("sr-Latn-RS-u-nu-latn-x-priv", 200),
+    ("en-abcdefgh-abcdefgh-abcdefgh-abcde", 200),  # 35 characters
+    ("en-abcdefgh-abcdefgh-abcdefgh-abcdef", 400),  # 36
+    ("e", 400), ("en--US", 400), ("en-US-", 400), ("en-toolongsubtag", 400),
+])
+async def test_a_locale_is_a_language_tag_of_up_to_35_characters(
+    api: Api, project: Project, locale: str, status: int
+) -> None:
+    # Tags with extensions (a calendar, numbering system) have more than three subtags.
+    reply = await api.call("PUT", "/v1/users/u1", key=project.full, json={"locale": locale})
+    assert reply.status in ((200, 201) if status == 200 else (400,)), reply.body
+    if status == 400:
+        assert reply.fields == ["locale"]
+    else:
+        assert reply.body["locale"] == locale
+
+
 @pytest.mark.parametrize("zone", ["localtime", "Factory", "posixrules"])
 async def test_files_of_the_tz_database_that_are_no_place_are_no_timezone(
     api: Api, project: Project, zone: str

@@ -193,7 +193,7 @@ COMPONENTS: dict[str, Schema] = {
         "timezone": nullable({"type": "string", "minLength": 1, "maxLength": 64,
                               "description": "An IANA time zone such as Europe/Berlin."}),
         "locale": nullable({"type": "string", "pattern":
-                            r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]{1,8}){0,3}$"}),
+                            r"^(?=.{2,35}$)[A-Za-z]{2,3}([-_][A-Za-z0-9]{1,8}){0,7}$"}),
         "segments": {"type": "array", "maxItems": 100, "uniqueItems": True,
                      "items": name_string(100)},
         "contacts": {"type": "array", "maxItems": 100,

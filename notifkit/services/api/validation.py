@@ -69,7 +69,9 @@ _EMAIL = re.compile(
     r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+\Z"
 )
-_LOCALE = re.compile(r"^[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{1,8}){0,3}\Z")
+# A BCP 47 language tag (`de`, `zh-Hant-HK`, `en-US-u-ca-gregory`; `_` as POSIX locales write
+# it), up to 35 characters, the length RFC 5646 asks every implementation to take.
+_LOCALE = re.compile(r"^(?=.{2,35}\Z)[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{1,8}){0,7}\Z")
 # Seconds optional; ASCII digits only (\d takes any script's) and nothing after the time.
 _HHMM = re.compile(r"([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9])?\Z")
 # C0 and C1 control characters nowhere: for names (see notifkit/text.py).
