@@ -249,6 +249,27 @@ async def test_adding_an_existing_contact_is_idempotent(api: Api, project: Proje
     assert again.body == first.body
 
 
+async def test_a_user_holds_at_most_100_contacts_however_they_are_added(
+    api: Api, project: Project
+) -> None:
+    # PUT refuses more than 100; adding them one at a time must not get round it, or one user
+    # could hold addresses without bound (each send loads them all).
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={"contacts": [
+        {"channel": "push", "target": f"token-{n}"} for n in range(99)]})
+    last = await api.call("POST", "/v1/users/u1/contacts", key=project.full,
+                          json={"channel": "push", "target": "token-99"})
+    again = await api.call("POST", "/v1/users/u1/contacts", key=project.full,
+                           json={"channel": "push", "target": "token-99"})
+    over = await api.call("POST", "/v1/users/u1/contacts", key=project.full,
+                          json={"channel": "email", "target": "ada@example.com"})
+    assert (last.status, again.status) == (201, 200)
+    assert (over.status, over.body["error"]["code"]) == (409, "too_many_contacts")
+    assert over.fields == ["target"]
+    got = await api.call("GET", "/v1/users/u1", key=project.full)
+    assert len(got.body["contacts"]) == 100
+    assert "ada@example.com" not in {c["target"] for c in got.body["contacts"]}
+
+
 async def test_an_e_mail_address_at_an_international_domain_is_stored_as_sent(
     api: Api, project: Project
 ) -> None:

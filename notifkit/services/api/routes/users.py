@@ -20,7 +20,7 @@ from notifkit.db import workflows as workflows_db
 from notifkit.db.logs import insert_logs
 from notifkit.destinations import normalise_contact
 from notifkit.messages import CHANNELS
-from notifkit.services.api.errors import json_response, not_found
+from notifkit.services.api.errors import ApiError, detail, json_response, not_found
 from notifkit.services.api.middleware import project_id
 from notifkit.services.api.routing import Operations, Reply
 from notifkit.services.api.schemas import CONTACT_CHANNELS, ref
@@ -179,7 +179,8 @@ async def _drop_waiting_sends(request: web.Request, project: str, user_id: str,
            body=ref("ContactCreate"),
            responses={201: ref("Contact"),
                       200: Reply(ref("Contact"), "The user already had this address; the "
-                                                 "existing contact, unchanged.")})
+                                                 "existing contact, unchanged.")},
+           errors=(409,))
 async def add_contact(request: web.Request) -> web.Response:
     project = project_id(request)
     user_id = lookup_id(request, "userId", "user")
@@ -189,28 +190,39 @@ async def add_contact(request: web.Request) -> web.Response:
     fields.raise_if_invalid()
     assert channel is not None
     assert target is not None
-    pool = request.app[DB]
-    while True:
-        try:
-            row = await pool.fetchrow(
-                "INSERT INTO user_contacts (project_id, user_id, channel, target) "
-                "VALUES ($1, $2, $3, $4) ON CONFLICT (project_id, user_id, channel, target) "
-                "DO NOTHING RETURNING id, channel, target, enabled, created_at",
-                project, user_id, channel, target,
-            )
-        except asyncpg.ForeignKeyViolationError:
-            raise not_found("user", user_id) from None
-        if row is not None:
-            return json_response(contact_json(row), 201)
-        row = await pool.fetchrow(
+    async with request.app[DB].acquire() as conn, conn.transaction():
+        # The user's row lock orders this against other additions, a PUT of the contacts and
+        # the user's erasure, so the count below stays true until the insert commits.
+        if not await conn.fetchval(
+            "SELECT true FROM users WHERE project_id = $1 AND id = $2 FOR NO KEY UPDATE",
+            project, user_id,
+        ):
+            raise not_found("user", user_id)
+        row = await conn.fetchrow(
             "SELECT id, channel, target, enabled, created_at FROM user_contacts "
             "WHERE project_id = $1 AND user_id = $2 AND channel = $3 AND target = $4",
             project, user_id, channel, target,
         )
         if row is not None:
             return json_response(contact_json(row), 200)
-        # Removed between the two statements (a PUT of the user's contacts, or the user's
-        # erasure): add it after all, or find the user gone.
+        held = await conn.fetchval(
+            "SELECT count(*) FROM user_contacts WHERE project_id = $1 AND user_id = $2",
+            project, user_id,
+        )
+        if held >= MAX_CONTACTS:
+            raise ApiError(
+                409, "too_many_contacts",
+                f"This user already has {MAX_CONTACTS} contacts, the most one user may hold; "
+                "remove one first.",
+                [detail("target", f"the user already has {MAX_CONTACTS} contacts")],
+            )
+        row = await conn.fetchrow(
+            "INSERT INTO user_contacts (project_id, user_id, channel, target) "
+            "VALUES ($1, $2, $3, $4) RETURNING id, channel, target, enabled, created_at",
+            project, user_id, channel, target,
+        )
+    assert row is not None
+    return json_response(contact_json(row), 201)
 
 
 @ops.route("DELETE", "/v1/users/{userId}/contacts/{contactId}", "Remove a contact",
