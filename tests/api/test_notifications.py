@@ -99,6 +99,11 @@ async def test_optional_fields_sent_as_null_are_left_out(
     ("2026-12-02T00:30:00+14:00", "2026-12-01T10:30:00.000Z"),
     ("2026-03-29T02:30:00+05:45", "2026-03-28T20:45:00.000Z"),
     ("9999-12-31T23:59:59Z", "9999-12-31T23:59:59.000Z"),
+    # A leap second (RFC 3339 time-second 60, in the last minute of an hour in the writer's
+    # offset) is the instant that follows it, as POSIX time counts it
+    ("2016-12-31T23:59:60Z", "2017-01-01T00:00:00.000Z"),
+    ("2016-12-31T23:59:60.25Z", "2017-01-01T00:00:00.250Z"),
+    ("2017-01-01T05:29:60+05:30", "2017-01-01T00:00:00.000Z"),
 ])
 async def test_a_send_at_in_any_rfc_3339_spelling_is_enqueued_as_the_same_instant_in_utc(
     api: Api, project: Project, template: str, redis: Redis, given: str, enqueued: str
@@ -129,6 +134,8 @@ async def test_a_send_at_in_any_rfc_3339_spelling_is_enqueued_as_the_same_instan
     ({"to": "u1", "template": "invoice", "sendAt": "2026-12-01T09:00:00+05:60"}, {"sendAt"}),
     ({"to": "u1", "template": "invoice", "sendAt": "2026-12-01T09:00:00-00:99"}, {"sendAt"}),
     ({"to": "u1", "template": "invoice", "sendAt": "2026-02-29T09:00:00Z"}, {"sendAt"}),
+    ({"to": "u1", "template": "invoice", "sendAt": "2026-12-01T09:00:60Z"}, {"sendAt"}),
+    ({"to": "u1", "template": "invoice", "sendAt": "9999-12-31T23:59:60Z"}, {"sendAt"}),
     ({"to": "u1", "template": "invoice", "sendAt": "2026-12-01T09:00:00Z\n"}, {"sendAt"}),
     ({"to": "u1", "template": "invoice", "campaignId": 7, "data": []},
      {"campaignId", "data"}),

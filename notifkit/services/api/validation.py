@@ -19,7 +19,7 @@ import zlib
 import zoneinfo
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit
@@ -595,12 +595,28 @@ def parse_uuid(value: str) -> str | None:
         return None
 
 
+def _from_iso(value: str) -> datetime:
+    """``value`` (which matched ``_RFC3339``) as a datetime; a leap second (23:59:60 in UTC,
+    whatever the offset it is written in) is the instant after 23:59:59, as POSIX time, which
+    has no leap seconds, folds it. ValueError when it is no time (a 30 February, a second 60
+    at any other minute), OverflowError when its leap second ends the calendar."""
+    spelled = value.replace("z", "Z").replace("t", "T")
+    if spelled[17:19] != "60":
+        return datetime.fromisoformat(spelled)
+    before = datetime.fromisoformat(spelled[:17] + "59" + spelled[19:])
+    if before.tzinfo is not None:
+        in_utc = before.astimezone(UTC)
+        if (in_utc.hour, in_utc.minute) != (23, 59):
+            raise ValueError("a leap second is 23:59:60 in UTC")
+    return before + timedelta(seconds=1)
+
+
 def parse_rfc3339(value: str) -> datetime | None:
     if not _RFC3339.match(value):
         return None
     try:
-        parsed = datetime.fromisoformat(value.replace("z", "Z").replace("t", "T"))
-    except ValueError:
+        parsed = _from_iso(value)
+    except (ValueError, OverflowError):
         return None
     if parsed.tzinfo is None:
         return None
@@ -619,7 +635,9 @@ def timestamp_problem(value: Any) -> str:
     offset carries it past either end of the calendar in UTC is told apart from a misspelt one."""
     if isinstance(value, str) and _RFC3339.match(value):
         try:
-            parsed = datetime.fromisoformat(value.replace("z", "Z").replace("t", "T"))
+            parsed = _from_iso(value)
+        except OverflowError:
+            return OUT_OF_CALENDAR_MESSAGE
         except ValueError:
             parsed = None
         if parsed is not None and parsed.tzinfo is not None:
