@@ -549,11 +549,22 @@ async def test_a_replay_racing_a_cancel_waits_for_it_and_is_refused(
         await conn.execute("UPDATE notifications SET canceled_at = now() WHERE id = $1", event)
         replay = asyncio.create_task(
             api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full))
-        await asyncio.sleep(0.5)
+        # The race proper: the replay's check is waiting on the cancel's row lock.
+        await until_blocked_by(db, conn.get_server_pid(), replay)
         await cancel.commit()
     reply = await replay
     assert reply.status == 409, reply.body
     assert await redis.xlen(keys.outbound("normal")) == 0
+
+
+async def until_blocked_by(db: asyncpg.Pool, holder: int, request: asyncio.Task[Any]) -> None:
+    """Returns once some session waits on a lock ``holder`` (a backend's pid) holds; fails if
+    ``request`` ends first (it did not wait for the lock)."""
+    while not await db.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))", holder
+    ):
+        assert not request.done(), "the request did not wait for the lock"
+        await asyncio.sleep(0.01)
 
 
 async def test_a_scheduler_entry_of_a_canceled_notification_is_not_replayed(
