@@ -78,7 +78,8 @@ VARIABLES: Final = frozenset({
     "REDIS_URL", "RESEND_API_KEY",
     "RESEND_BASE_URL", "RESEND_WEBHOOK_SECRET", "SCHEDULER_LOCK_TTL_SECONDS",
     "SCHEDULER_POLL_INTERVAL_SECONDS", "SENDGRID_API_KEY", "SENDGRID_BASE_URL",
-    "SENDGRID_WEBHOOK_SECRET", "SHUTDOWN_GRACE_SECONDS", "SMTP_URL", "SMTP_WEBHOOK_SECRET",
+    "SENDGRID_WEBHOOK_PUBLIC_KEY", "SENDGRID_WEBHOOK_SECRET", "SHUTDOWN_GRACE_SECONDS",
+    "SMTP_URL", "SMTP_WEBHOOK_SECRET",
     "THROTTLE_LIMIT", "THROTTLE_WINDOW_SECONDS", "TWILIO_ACCOUNT_SID", "TWILIO_AUTH_TOKEN",
     "TWILIO_BASE_URL", "TWILIO_FROM", "WEBHOOK_ALLOW_PRIVATE_NETWORKS", "WORKER_CONCURRENCY",
     "WORKFLOW_LOCK_TTL_SECONDS",
@@ -231,6 +232,8 @@ class WebhookSecrets:
     fcm: str | None = None
     smtp: str | None = None
     twilio_auth_token: str | None = None
+    # SendGrid's own Signed Event Webhook (ECDSA): its verification key, base64 or PEM.
+    sendgrid_public_key: str | None = None
 
 
 # The settings that group a transport's variables: given in code, each must be its class (an
@@ -564,6 +567,7 @@ def _read_env(env: Mapping[str, str]) -> dict[str, Any]:
         fcm=_get(env, "FCM_WEBHOOK_SECRET"),
         smtp=_get(env, "SMTP_WEBHOOK_SECRET"),
         twilio_auth_token=_get(env, "TWILIO_AUTH_TOKEN"),
+        sendgrid_public_key=_get(env, "SENDGRID_WEBHOOK_PUBLIC_KEY"),
     )
     return values
 
@@ -1083,6 +1087,14 @@ def _validate(s: Settings) -> None:
         except ValueError as exc:
             # Taken as it was, it verified no webhook: each a 401, nothing saying why.
             raise ConfigError(variable, str(exc)) from None
+    if s.webhooks.sendgrid_public_key is not None:
+        from notifkit.sendgrid_signature import load_public_key
+
+        try:
+            load_public_key(s.webhooks.sendgrid_public_key)
+        except (ValueError, RuntimeError) as exc:
+            # Taken as it was, every signed event post would be a 401 saying nothing of why.
+            raise ConfigError("SENDGRID_WEBHOOK_PUBLIC_KEY", str(exc)) from None
     _check_base_url("NOTIFKIT_SIMULATOR_URL", s.simulator_url)
     _check_base_url("NOTIFKIT_PUBLIC_URL", s.public_url)
     simulator_smtp = None if s.simulator_smtp is None else _HOST_PORT_RE.match(s.simulator_smtp)

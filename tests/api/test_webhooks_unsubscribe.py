@@ -11,6 +11,8 @@ from urllib.parse import urlencode
 
 import asyncpg
 import pytest
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from redis.asyncio import Redis
 
 from notifkit.clock import utc_now_iso
@@ -131,6 +133,61 @@ async def test_sendgrid_event_lists(hooks: Api, redis: Redis) -> None:
     assert reply.body == {"received": 2, "ignored": 1}
     assert [(r["kind"], r["providerMessageId"]) for r in await receipts(redis, hooks)] == [
         ("delivered", "abc"), ("clicked", "abc")]
+
+
+def sendgrid_signed(key: ec.EllipticCurvePrivateKey, body: str,
+                    at: int | None = None) -> dict[str, str]:
+    timestamp = str(int(time.time()) if at is None else at)
+    signature = key.sign(timestamp.encode() + body.encode(), ec.ECDSA(hashes.SHA256()))
+    return {"Content-Type": "application/json",
+            "X-Twilio-Email-Event-Webhook-Signature": base64.b64encode(signature).decode(),
+            "X-Twilio-Email-Event-Webhook-Timestamp": timestamp}
+
+
+async def test_sendgrids_own_ecdsa_signed_event_posts_are_verified(
+    api_settings: Settings, redis: Redis
+) -> None:
+    """A SendGrid account posting to notifkit directly signs with its ECDSA key, not Svix's
+    scheme: with SENDGRID_WEBHOOK_PUBLIC_KEY its events are taken in, forgeries refused."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    public = base64.b64encode(key.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)).decode()
+    settings = api_settings.replace(webhooks=WebhookSecrets(sendgrid_public_key=public))
+    body = json.dumps([{"event": "bounce", "sg_message_id": "abc.filter0001",
+                        "email": "a@b.co", "timestamp": 1900000000, "sg_event_id": "e1"}])
+    async with running_api(settings) as api:
+        project = await api.project()
+        url = f"/v1/webhooks/sendgrid/{project.id}"
+        forged = await api.call("POST", url, data=body,
+                                headers=sendgrid_signed(ec.generate_private_key(ec.SECP256R1()),
+                                                        body))
+        stale = await api.call("POST", url, data=body,
+                               headers=sendgrid_signed(key, body, int(time.time()) - 301))
+        altered = await api.call("POST", url, data=body.replace("bounce", "open"),
+                                 headers=sendgrid_signed(key, body))
+        assert [r.status for r in (forged, stale, altered)] == [401, 401, 401]
+        assert await receipts(redis, api) == []
+        reply = await api.call("POST", url, data=body, headers=sendgrid_signed(key, body))
+        assert reply.body == {"received": 1, "ignored": 0}
+        [receipt] = await receipts(redis, api)
+        assert (receipt["kind"], receipt["providerMessageId"], receipt["webhookId"]) == (
+            "bounced", "abc", "sendgrid:sg_event_id:e1")
+        # Svix-signed posts (the simulators') still need the Svix secret, which is not set
+        svix = await api.call("POST", url, data=body, headers={
+            "Content-Type": "application/json", **svix_headers(SHARED_SECRET, body)})
+        assert (svix.status, svix.error["code"]) == (401, "webhook_not_configured")
+
+
+async def test_an_ecdsa_signed_post_without_the_public_key_names_the_setting(
+    hooks: Api
+) -> None:
+    project = await hooks.project()
+    body = "[]"
+    reply = await hooks.call("POST", f"/v1/webhooks/sendgrid/{project.id}", data=body,
+                             headers=sendgrid_signed(ec.generate_private_key(ec.SECP256R1()),
+                                                     body))
+    assert (reply.status, reply.error["code"]) == (401, "webhook_not_configured")
+    assert "SENDGRID_WEBHOOK_PUBLIC_KEY" in reply.error["message"]
 
 
 @pytest.mark.parametrize("timestamp", [True, False, "1900000000", 10**15])

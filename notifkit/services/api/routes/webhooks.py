@@ -8,6 +8,10 @@ authentication, and a bad one is a 401 that changes nothing.
   space-separated signatures allowed), with that provider's secret from the settings (a
   ``whsec_`` secret is base64 of the key). Timestamps more than 5 minutes away are refused, so
   a captured callback cannot be replayed later.
+- sendgrid, also: SendGrid's own Signed Event Webhook, ``X-Twilio-Email-Event-Webhook-Signature``
+  (ECDSA P-256 over ``X-Twilio-Email-Event-Webhook-Timestamp`` + the body), verified with
+  ``SENDGRID_WEBHOOK_PUBLIC_KEY``; a post carrying that header is checked this way only. The
+  same 5-minute window applies.
 - twilio: ``X-Twilio-Signature`` = base64 HMAC-SHA1(auth token, URL + the form parameters
   sorted by name, each as name + value), over ``NOTIFKIT_PUBLIC_URL`` + the request path, since
   that is the URL each SMS gives Twilio, or over the URL the callback was posted to (scheme,
@@ -46,6 +50,7 @@ from aiohttp import web
 
 from notifkit.clock import utc_now_iso
 from notifkit.config import Settings, svix_key
+from notifkit.sendgrid_signature import SIGNATURE_HEADER, TIMESTAMP_HEADER, load_public_key, verify
 from notifkit.services.api.auth import project_not_found, unauthorized
 from notifkit.services.api.errors import ApiError, Detail, invalid, json_response
 from notifkit.services.api.routing import Operations, Reply
@@ -90,7 +95,9 @@ _TASK_TAGS = ("taskId", "task_id", "notifkit_task_id")
                       401: Reply(ref("Error"), "The signature is missing, wrong or too old; "
                                                "nothing was recorded.")},
            description="Signed like the provider signs (Svix headers; X-Twilio-Signature for "
-                       "twilio). Each receipt goes to the events service.")
+                       "twilio; SendGrid's own ECDSA signature, "
+                       "X-Twilio-Email-Event-Webhook-Signature, with "
+                       "SENDGRID_WEBHOOK_PUBLIC_KEY). Each receipt goes to the events service.")
 async def provider_webhook(request: web.Request) -> web.Response:
     provider = request.match_info["provider"]
     if provider not in PROVIDERS:
@@ -108,11 +115,16 @@ async def provider_webhook(request: web.Request) -> web.Response:
         _check_form_storable(params)
         events = _twilio_events(params)
     else:
-        _check_svix(settings, provider, request, raw)
+        if provider == "sendgrid" and SIGNATURE_HEADER in request.headers:
+            _check_sendgrid(settings, request, raw)
+        else:
+            _check_svix(settings, provider, request, raw)
         events = _json_events(provider, raw)
     if not await app[DB].fetchval("SELECT 1 FROM projects WHERE id = $1", project):
         raise project_not_found()
-    svix_id = request.headers.get("svix-id") or ""
+    # Names the delivery where an event carries no id of its own: Svix's, or for SendGrid's
+    # own signature (whose events carry sg_event_id) the body's digest.
+    svix_id = request.headers.get("svix-id") or hashlib.sha256(raw).hexdigest()[:32]
     pipe = app[REDIS].pipeline(transaction=True)
     receipts = 0
     # Every event of the body, however many: the provider takes the 200 as "all delivered"
@@ -160,6 +172,24 @@ def _check_svix(settings: Settings, provider: str, request: web.Request, body: b
         if version == "v1" and hmac.compare_digest(expected, value.encode("utf-8", "replace")):
             return
     raise _bad_signature()
+
+
+def _check_sendgrid(settings: Settings, request: web.Request, body: bytes) -> None:
+    """SendGrid's Signed Event Webhook (ECDSA), for accounts that post to notifkit directly."""
+    key_text = settings.webhooks.sendgrid_public_key
+    if not key_text:
+        raise unauthorized("webhook_not_configured",
+                           "This callback is signed with SendGrid's ECDSA key, and no "
+                           "SENDGRID_WEBHOOK_PUBLIC_KEY is configured to verify it.")
+    signature = request.headers.get(SIGNATURE_HEADER, "")
+    timestamp = request.headers.get(TIMESTAMP_HEADER, "")
+    if not (signature and timestamp.isascii() and timestamp.isdigit()) or len(timestamp) > 12:
+        raise _bad_signature()
+    if abs(time.time() - int(timestamp)) > SVIX_TOLERANCE_S:
+        raise unauthorized("invalid_signature",
+                           "The webhook timestamp is more than 5 minutes away from now.")
+    if not verify(load_public_key(key_text), signature, timestamp, body):
+        raise _bad_signature()
 
 
 def _check_twilio(settings: Settings, request: web.Request,
