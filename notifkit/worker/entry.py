@@ -81,14 +81,18 @@ def dlq_record(entry: Entry, service: str, group: str, failed_at: str) -> dict[s
 
 def failed_event(entry: Entry, record: Mapping[str, Any]) -> dict[str, Any]:
     p = entry.payload
+    # A scheduler entry holds the task it moves later under "payload": the failure is that
+    # task's, so its row goes on the task's timeline.
+    held = p.get("payload")
+    task = held if isinstance(held, dict) and "eventId" not in p else p
     return {
         "type": "notification:failed",
         "projectId": p.get("projectId"),
-        "eventId": p.get("eventId"),
-        "taskId": p.get("taskId"),
-        "userId": payload_user(p),
-        "channel": p.get("channel"),
-        "campaignId": p.get("campaignId"),
+        "eventId": task.get("eventId"),
+        "taskId": p.get("taskId") or task.get("taskId"),
+        "userId": payload_user(task),
+        "channel": task.get("channel"),
+        "campaignId": task.get("campaignId"),
         # A workflow trigger or wake names its instance (a timer's wake as "{id}:{tag}"):
         # the instance is marked failed, rather than left looking in progress for good.
         "instanceId": workflow_instance(p),

@@ -131,6 +131,29 @@ async def test_a_dead_lettered_engine_entry_is_a_row_about_its_recipient(
     assert await timeline(db, event_id) == []
 
 
+async def test_a_dead_lettered_scheduler_entry_is_a_row_about_the_task_it_holds(
+    make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
+) -> None:
+    # Given a scheduler entry (a task to move to outbound later) dead-lettered before it
+    # reached a shard: its notification and recipient are the held task's
+    events = make_events()
+    event_id = uuid7()
+    task = {"projectId": project_id, "eventId": event_id, "taskId": "task-held",
+            "userId": "user-1", "channel": "sms", "priority": "normal", "campaignId": "c1"}
+    entry = Entry(keys.scheduled, "1-0", {
+        "taskId": "task-held", "projectId": project_id, "dueAt": 1, "reason": "sendAt",
+        "stream": keys.outbound("normal"), "payload": task}, attempt=3)
+    dead = failed_event(entry, {"error": "RuntimeError: boom", "attempts": 3, "failedAt": AT})
+    assert (dead["eventId"], dead["userId"], dead["channel"], dead["campaignId"]) == (
+        event_id, "user-1", "sms", "c1")
+    await put(redis, keys, dead)
+    await events.run_until_idle()
+    # Then the task's timeline says it was dead-lettered, rather than nothing at all
+    assert await timeline(db, "task-held") == [("dead_lettered", "dead_lettered", 3, "sms")]
+    assert await db.fetchval("SELECT user_id FROM message_logs WHERE task_id = 'task-held'") \
+        == "user-1"
+
+
 async def test_an_outcome_delivery_already_recorded_is_acked_without_a_second_write(
     make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
 ) -> None:
