@@ -38,6 +38,7 @@ from notifkit.worker.entry import (
     attempts_made,
     batch_stream,
     failed_event,
+    held_task,
     payload_user,
 )
 from notifkit.worker.health import (
@@ -55,6 +56,7 @@ __all__ = [
     "BatchProcessor", "ClaimKey", "Dependency", "Entry", "Outage", "StreamWorker",
     "WorkerStats", "attempts_before",
     "attempts_made", "batch_stream", "consumer_name", "failed_event", "heartbeat_failure",
+    "held_task",
     "is_nogroup",
     "payload_user", "remove_heartbeat", "write_heartbeat",
 ]

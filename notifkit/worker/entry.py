@@ -81,10 +81,7 @@ def dlq_record(entry: Entry, service: str, group: str, failed_at: str) -> dict[s
 
 def failed_event(entry: Entry, record: Mapping[str, Any]) -> dict[str, Any]:
     p = entry.payload
-    # A scheduler entry holds the task it moves later under "payload": the failure is that
-    # task's, so its row goes on the task's timeline.
-    held = p.get("payload")
-    task = held if isinstance(held, dict) and "eventId" not in p else p
+    task = held_task(p)
     return {
         "type": "notification:failed",
         "projectId": p.get("projectId"),
@@ -105,6 +102,14 @@ def failed_event(entry: Entry, record: Mapping[str, Any]) -> dict[str, Any]:
         "attempt": attempts_before(p) + record["attempts"],
         "at": record["failedAt"],
     }
+
+
+def held_task(payload: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The work a stage's payload is about: a scheduler entry holds the task it moves later
+    under ``payload`` (its failure is that task's, on that task's timeline); any other entry
+    is its own."""
+    held = payload.get("payload")
+    return held if isinstance(held, dict) and "eventId" not in payload else payload
 
 
 def workflow_instance(payload: Mapping[str, Any]) -> str | None:

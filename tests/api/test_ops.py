@@ -681,6 +681,35 @@ async def test_dlq_is_scoped_replayable_and_deletable(
         (f"Discarded dead-lettered entry {ids[2]}; its work is never retried.", "e2", a.id)]
 
 
+async def test_the_dlq_lists_one_stream_or_one_notification(api: Api, redis: Redis) -> None:
+    keys = Keys(api.settings.namespace)
+    a = await api.project("a")
+    event = "01a00000-0000-7000-8000-0000000000e1"
+    engine = dlq_record(keys, a.id, "1-0", 0)
+    delivery = {**dlq_record(keys, a.id, "1-1", 1), "stream": keys.outbound("normal")}
+    delivery["payload"] = {"projectId": a.id, "eventId": event, "taskId": "t1"}
+    scheduler = {**dlq_record(keys, a.id, "1-2", 2), "stream": keys.scheduled,
+                 "payload": {"taskId": "t2", "projectId": a.id, "dueAt": 1,
+                             "stream": keys.outbound("normal"),
+                             "payload": {"projectId": a.id, "eventId": event, "taskId": "t2"}}}
+    ids = [await xadd(redis, keys.dlq, record, 1000)
+           for record in (engine, delivery, scheduler)]
+
+    async def listed(**params: str) -> list[str]:
+        reply = await api.call("GET", "/v1/dlq", key=a.full, params=params)
+        assert reply.status == 200, reply.body
+        return [item["id"] for item in reply.body["items"]]
+
+    assert await listed(stream=keys.outbound("normal")) == [ids[1]]
+    # A scheduler entry is about the task it holds
+    assert await listed(eventId=event) == [ids[1], ids[2]]
+    assert await listed(eventId=event, stream=keys.scheduled) == [ids[2]]
+    assert await listed(eventId=event.upper(), limit="1") == [ids[1]]
+    bad = await api.call("GET", "/v1/dlq", key=a.full,
+                         params={"stream": "outbound:nowhere", "eventId": "e0", "limit": "0"})
+    assert (bad.status, sorted(bad.fields)) == (400, ["eventId", "limit", "stream"])
+
+
 async def test_concurrent_replays_enqueue_once(api: Api, project: Project, redis: Redis) -> None:
     keys = Keys(api.settings.namespace)
     entry = await xadd(redis, keys.dlq, dlq_record(keys, project.id, "1-0", 0), 1000)

@@ -31,19 +31,22 @@ from notifkit.errors import MalformedPayload
 from notifkit.ids import untasked_row_id
 from notifkit.messages import CHANNELS
 from notifkit.services.api.auth import Principal
-from notifkit.services.api.errors import ApiError, json_response
+from notifkit.services.api.errors import ApiError, invalid_field, json_response
 from notifkit.services.api.middleware import principal
 from notifkit.services.api.routing import CURSOR, LIMIT, Operations, Param, Reply
 from notifkit.services.api.schemas import ref
 from notifkit.services.api.state import DB, KEYS, REDIS, SETTINGS
 from notifkit.services.api.validation import (
+    QueryChecks,
     encode_cursor,
+    enum_query,
     page_query,
     parse_uuid,
+    query_value,
 )
 from notifkit.streams import as_str, decode
 from notifkit.transports.base import storable
-from notifkit.worker import REPLAYED_ATTEMPTS, attempts_before, payload_user
+from notifkit.worker import REPLAYED_ATTEMPTS, attempts_before, held_task, payload_user
 
 log = logging.getLogger("notifkit.api")
 
@@ -71,12 +74,24 @@ ENTRY_NOT_FOUND = ("dlq_entry_not_found", "No dead-lettered entry with that id e
                CURSOR,
                Param("projectId", "query", {"type": "string", "format": "uuid"},
                      "Admin key only: one project's entries (default: every project's)."),
+               Param("stream", "query", {"type": "string"},
+                     "Only entries that came from this stream, as items name it "
+                     "(e.g. notifkit:stream:outbound:normal)."),
+               Param("eventId", "query", {"type": "string", "format": "uuid"},
+                     "Only entries about this notification (a scheduler entry's is the "
+                     "notification of the task it holds)."),
            ),
            responses={200: ref("DlqList")})
 async def list_dlq(request: web.Request) -> web.Response:
     who = principal(request)
-    limit, cursor = page_query(request, 1, lambda parts: isinstance(parts[0], str)
-                               and is_entry_id(parts[0]))
+    keys = request.app[KEYS]
+    checks = QueryChecks()  # one 400 names every bad parameter
+    page = checks(page_query, request, 1, lambda parts: isinstance(parts[0], str)
+                  and is_entry_id(parts[0]))
+    stream = checks(enum_query, request, "stream", tuple(keys.all_streams()))
+    event = checks(_event_query, request)
+    checks.done()
+    limit, cursor = page
     start = "-" if cursor is None else "(" + cursor[0]
     redis = request.app[REDIS]
     dlq = request.app[KEYS].dlq
@@ -94,7 +109,9 @@ async def list_dlq(request: web.Request) -> web.Response:
             scanned += 1
             last_id = as_str(raw_id)
             record = _record(fields)
-            if record is not None and _visible(who, record):
+            if record is not None and _visible(who, record) \
+                    and (stream is None or record.get("stream") == stream) \
+                    and (event is None or _event_of(record) == event):
                 items.append(entry_json(last_id, record))
                 ids.append(last_id)
                 if len(items) > limit:
@@ -278,6 +295,25 @@ def _record(fields: Any) -> dict[str, Any] | None:
         return decode(fields)
     except MalformedPayload:
         return None
+
+
+def _event_query(request: web.Request) -> str | None:
+    value = query_value(request, "eventId")
+    if value is None:
+        return None
+    parsed = parse_uuid(value)
+    if parsed is None:
+        raise invalid_field("eventId", "must be a notification id (UUID)")
+    return parsed
+
+
+def _event_of(record: dict[str, Any]) -> str | None:
+    """The notification a record's work belongs to, as its ``notification:failed`` names it."""
+    payload = record.get("payload")
+    if not isinstance(payload, dict):
+        return None
+    event = held_task(payload).get("eventId")
+    return parse_uuid(event) if isinstance(event, str) else None
 
 
 def _visible(who: Principal, record: dict[str, Any]) -> bool:
