@@ -306,16 +306,17 @@ class DeliveryService(WorkerService):
             started = time.perf_counter()
             # From here the attempt happened, whatever fails after it (PostgreSQL included).
             entry.irreversible = True
+            raised = False
             try:
                 result = await transport.send(_message(task, destination))
             except Exception as exc:  # one message's failure stays its own
-                result = _raised(task, transport, exc)
+                result, raised = _raised(task, transport, exc), True
             result = _storable(result)
             metrics.PROVIDER_LATENCY.labels(task["channel"], transport.provider).observe(
                 time.perf_counter() - started)
             metrics.DELIVERIES.labels(task["channel"], transport.provider,
                                       result.outcome.value).inc()
-            return Attempted(destination, result, possible_duplicate)
+            return Attempted(destination, result, possible_duplicate, raised=raised)
 
         return await _every(*(one(d) for d in task["to"]))
 
