@@ -1,6 +1,6 @@
 """A channel that fails for good moves on to the template's fallback chain like a 5xx does:
-a permanent refusal (4xx), an invalid token or address. Against the provider simulators, real
-Redis and PostgreSQL.
+a permanent refusal (4xx), an invalid token or address, a channel without a transport. Against
+the provider simulators, real Redis and PostgreSQL.
 
 What does not move on: the transport raising on the message's own content (notifkit's fault,
 dead-lettered for a replay once fixed), and a failure with no channel left (as before: the DLQ
@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from redis.asyncio import Redis
 
-from notifkit.config import Settings
+from notifkit.config import PushSettings, Settings
 from notifkit.keys import Keys
 from notifkit.services.delivery import DeliveryService
 from notifkit.services.engine import EngineService
@@ -158,6 +158,36 @@ async def test_a_webhook_gone_or_not_found_falls_back_to_the_email(
     assert await db.fetchval(
         "SELECT enabled FROM user_contacts WHERE channel = 'webhook'") is not disabled
     assert await entries(redis, keys.dlq) == []
+
+
+async def test_a_channel_without_a_transport_falls_back_naming_the_settings(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    # Given a deployment without push configured, and a chain push -> sms
+    await add_chain_user(db, project)
+    await add_template(db, project, "alert", {"push": PUSH, "sms": SMS}, fallback=["push", "sms"])
+    settings = sim_settings.replace(push=PushSettings())
+
+    event_id = await send(redis, keys, db, project, "alert", "u1", data={"amount": "9"})
+    await drain(*await with_events(services, settings))
+
+    # Then the SMS went out once, and the push row says which settings are missing
+    [sms] = await sim.messages("twilio")
+    assert sms["acceptCount"] == 1
+    assert await entries(redis, keys.dlq) == []
+    rows = await timeline(db, event_id)
+    assert rows_of(rows) == [
+        ("push", "queued", "processing"), ("push", "failed", "failed"),
+        ("sms", "queued", "processing"), ("sms", "sent", "sent")]
+    failed = next(r for r in rows if r["kind"] == "failed")
+    assert failed["detail"].startswith("no push transport is configured; set FCM_PROJECT_ID")
+    assert failed["detail"].endswith("; trying sms next")
+    assert failed["attempt"] == 1
+    assert sorted(await outcome_events(redis, keys)) == [
+        ("notification:failed", "push"), ("notification:sent", "sms")]
+    assert await db.fetchval(
+        "SELECT enabled FROM user_contacts WHERE target = 'device-1'") is True
 
 
 async def test_a_chain_that_fails_on_every_channel_ends_in_the_dlq_as_before(

@@ -26,6 +26,9 @@ A task goes to one or more destinations (a user's push devices; one address else
     notifkit's own bucket empty               -> PARK, not counted (nothing reached a provider)
     all INVALID_RECIPIENT                     -> contacts disabled; FALLBACK if there is a next
                                                   channel, else INVALID (failed, not retried)
+
+A channel without a transport is a PERMANENT failure too, moved on the same way by delivery
+before anything is sent.
 """
 
 from __future__ import annotations
