@@ -1,6 +1,7 @@
 """A channel that fails for good moves on to the template's fallback chain like a 5xx does:
-a permanent refusal (4xx), an invalid token or address, a channel without a transport. Against
-the provider simulators, real Redis and PostgreSQL.
+a permanent refusal (4xx), an invalid token or address, a channel without a transport, a 429
+still there at the attempt limit. Against the provider simulators, real Redis and
+PostgreSQL.
 
 What does not move on: the transport raising on the message's own content (notifkit's fault,
 dead-lettered for a replay once fixed), and a failure with no channel left (as before: the DLQ
@@ -22,13 +23,14 @@ from notifkit.keys import Keys
 from notifkit.services.delivery import DeliveryService
 from notifkit.services.engine import EngineService
 from notifkit.services.enricher import EnricherService
+from notifkit.services.scheduler import SchedulerService
 from notifkit.streams import ensure_group, xadd
 from simulators import SimulatorServer
 from tests.support.streams import xrange
 
 from .conftest import ServiceFactory
 from .helpers import add_template, add_user, drain, entries, send, timeline
-from .test_delivery import EMAIL, PUSH, SMS, ContentBreakingSms, stages, with_events
+from .test_delivery import EMAIL, PUSH, SMS, Clock, ContentBreakingSms, stages, with_events
 
 CHAIN = ["push", "sms", "email"]
 CONTENT = {"push": PUSH, "sms": SMS, "email": EMAIL}
@@ -188,6 +190,42 @@ async def test_a_channel_without_a_transport_falls_back_naming_the_settings(
         ("notification:failed", "push"), ("notification:sent", "sms")]
     assert await db.fetchval(
         "SELECT enabled FROM user_contacts WHERE target = 'device-1'") is True
+
+
+async def test_a_429_still_there_at_the_attempt_limit_falls_back(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    # Given a chain sms -> email, and Twilio answering 429 to every attempt
+    await add_user(db, project, "u1", contacts=[("sms", "+15550000001"),
+                                                ("email", "u1@example.com")])
+    await add_template(db, project, "t", {"sms": SMS, "email": EMAIL}, fallback=["sms", "email"])
+    await sim.add_fault("rate_limit", "twilio", retry_after_s=1)
+    clock = Clock()
+    pipeline = (*await stages(services, sim_settings),
+                await services(SchedulerService, sim_settings, clock=clock))
+
+    event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(*pipeline)
+    # Then a 429 parks (it does not fall back) while attempts are left
+    assert await sim.messages("resend") == []
+    for _ in range(2):  # each time the window reopens, Twilio says 429 again
+        clock.now_ms += 2_000
+        await drain(*pipeline)
+
+    # And at the limit the e-mail goes out, once, and nothing is dead-lettered
+    assert (await sim.stats())["twilio"]["requests"] == 3
+    assert [m["to"] for m in await sim.messages("resend")] == ["u1@example.com"]
+    assert await entries(redis, keys.dlq) == []
+    rows = await timeline(db, event_id)
+    assert [(c, k, s) for c, k, s in rows_of(rows)] == [
+        ("sms", "queued", "processing"), ("sms", "deferred", "scheduled"),
+        ("sms", "deferred", "scheduled"), ("sms", "failed", "failed"),
+        ("email", "queued", "processing"), ("email", "sent", "sent")]
+    failed = next(r for r in rows if r["kind"] == "failed")
+    assert failed["attempt"] == 3
+    assert failed["detail"].startswith("still rate limited after 3 attempts")
+    assert failed["detail"].endswith("; trying email next")
 
 
 async def test_a_chain_that_fails_on_every_channel_ends_in_the_dlq_as_before(

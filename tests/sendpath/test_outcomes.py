@@ -30,6 +30,8 @@ def answer(outcome: Outcome, retry_after_s: float | None = None, *,
     ([Outcome.RETRY], False, 1, Action.RETRY),
     ([Outcome.RETRY], False, 3, Action.DEAD),
     ([Outcome.RATE_LIMITED], True, 1, Action.PARK),  # a 429 waits rather than falls back
+    ([Outcome.RATE_LIMITED], True, 2, Action.PARK),
+    ([Outcome.RATE_LIMITED], True, 3, Action.FALLBACK),  # ... while attempts are left
     ([Outcome.RATE_LIMITED], False, 3, Action.DEAD),
     ([Outcome.INVALID_RECIPIENT], False, 1, Action.INVALID),
     ([Outcome.INVALID_RECIPIENT], True, 1, Action.FALLBACK),
@@ -66,6 +68,17 @@ def test_a_task_out_of_attempts_says_so_and_why() -> None:
     verdict = judge([answer(Outcome.RATE_LIMITED, 2.0)], has_next_channel=False, attempt=1,
                     max_attempts=1)
     assert verdict.reason == "still rate limited after 1 attempt: rate_limited"
+
+
+def test_a_429_at_the_attempt_limit_falls_back_saying_it_was_still_rate_limited() -> None:
+    verdict = judge([answer(Outcome.RATE_LIMITED, 2.0)], has_next_channel=True, attempt=3,
+                    max_attempts=3)
+    assert verdict.action is Action.FALLBACK
+    assert verdict.reason == "still rate limited after 3 attempts: rate_limited"
+    # notifkit's own bucket is no provider's refusal: it parks, uncounted, whatever the attempt
+    own = judge([answer(Outcome.RATE_LIMITED, 2.0, local=True)], has_next_channel=True,
+                attempt=3, max_attempts=3)
+    assert (own.action, own.counts_as_attempt) == (Action.PARK, False)
 
 
 def test_a_message_the_transport_raised_on_is_dead_lettered_even_with_a_next_channel() -> None:

@@ -22,7 +22,8 @@ A task goes to one or more destinations (a user's push devices; one address else
                                                   is one, else RETRY (the reclaim cycle), and
                                                   DEAD once the attempts are used up
     any provider RATE_LIMITED                 -> PARK until Retry-After, counting as an
-                                                  attempt; DEAD once the attempts are used up
+                                                  attempt; once the attempts are used up,
+                                                  FALLBACK if there is a next channel, else DEAD
     notifkit's own bucket empty               -> PARK, not counted (nothing reached a provider)
     all INVALID_RECIPIENT                     -> contacts disabled; FALLBACK if there is a next
                                                   channel, else INVALID (failed, not retried)
@@ -134,8 +135,10 @@ def judge(
         reason = (by_provider or limited)[0].result.detail
         if by_provider:
             if exhausted:
-                return Verdict(Action.DEAD, "still rate limited after "
-                               f"{counted(attempt, 'attempt')}: {reason}")
+                reason = f"still rate limited after {counted(attempt, 'attempt')}: {reason}"
+                if has_next_channel:
+                    return Verdict(Action.FALLBACK, reason)
+                return Verdict(Action.DEAD, reason)
             return Verdict(Action.PARK, reason, wait_s)
         return Verdict(Action.PARK, reason, wait_s, counts_as_attempt=False)
     reason = first[Outcome.INVALID_RECIPIENT].result.detail if attempted else "no destination"
