@@ -9,7 +9,8 @@ for a provider failure. Delivery maps outcomes to actions in one place
     RETRY              timeout, connection error, 5xx: a failed attempt (fallback, then retry)
     RATE_LIMITED       429 (SMTP: 421/451 4.7.x): park until ``retry_after_s``
     INVALID_RECIPIENT  the token/address is invalid: disable the contact, never retry it
-    PERMANENT          a rejection retrying cannot fix (bad credentials, rejected payload)
+    PERMANENT          a rejection retrying cannot fix (bad credentials, rejected payload):
+                       the fallback chain's next channel, else the DLQ at once
 
 ``maybe_accepted`` marks a RETRY whose request may have reached the provider (a timeout or a
 connection lost after sending): retrying it on a provider without idempotency keys is the one

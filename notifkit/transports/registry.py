@@ -9,7 +9,8 @@
 ``NOTIFKIT_SIMULATOR_URL`` fills in every provider left unset (see notifkit.config). Transports
 given in code (``NotifkitServer(transports=[...])``) replace the configured one of their channel.
 A channel without a transport is not an error at start: its tasks fail permanently with a
-message naming the variables to set.
+message naming the variables to set (and move on to their fallback chain's next channel, if
+they have one).
 """
 
 from __future__ import annotations

@@ -30,11 +30,19 @@ def answer(outcome: Outcome, retry_after_s: float | None = None, *,
     ([Outcome.RETRY], False, 1, Action.RETRY),
     ([Outcome.RETRY], False, 3, Action.DEAD),
     ([Outcome.RATE_LIMITED], True, 1, Action.PARK),  # a 429 waits rather than falls back
+    ([Outcome.RATE_LIMITED], True, 2, Action.PARK),
+    ([Outcome.RATE_LIMITED], True, 3, Action.FALLBACK),  # ... while attempts are left
     ([Outcome.RATE_LIMITED], False, 3, Action.DEAD),
     ([Outcome.INVALID_RECIPIENT], False, 1, Action.INVALID),
     ([Outcome.INVALID_RECIPIENT], True, 1, Action.FALLBACK),
     ([Outcome.INVALID_RECIPIENT, Outcome.RETRY], False, 1, Action.RETRY),
-    ([Outcome.PERMANENT, Outcome.RETRY], True, 1, Action.PERMANENT),
+    # a provider's refusal for good: the chain's next channel, else the DLQ at once
+    ([Outcome.PERMANENT], True, 1, Action.FALLBACK),
+    ([Outcome.PERMANENT], False, 1, Action.PERMANENT),
+    ([Outcome.PERMANENT, Outcome.RETRY], True, 1, Action.FALLBACK),
+    ([Outcome.PERMANENT, Outcome.RETRY], False, 1, Action.PERMANENT),
+    ([Outcome.PERMANENT, Outcome.INVALID_RECIPIENT], True, 1, Action.FALLBACK),
+    ([Outcome.PERMANENT, Outcome.INVALID_RECIPIENT], False, 1, Action.PERMANENT),
 ])
 def test_answers_to_actions(answers: list[Outcome], has_next: bool, attempt: int,
                             expected: Action) -> None:
@@ -60,6 +68,31 @@ def test_a_task_out_of_attempts_says_so_and_why() -> None:
     verdict = judge([answer(Outcome.RATE_LIMITED, 2.0)], has_next_channel=False, attempt=1,
                     max_attempts=1)
     assert verdict.reason == "still rate limited after 1 attempt: rate_limited"
+
+
+def test_a_429_at_the_attempt_limit_falls_back_saying_it_was_still_rate_limited() -> None:
+    verdict = judge([answer(Outcome.RATE_LIMITED, 2.0)], has_next_channel=True, attempt=3,
+                    max_attempts=3)
+    assert verdict.action is Action.FALLBACK
+    assert verdict.reason == "still rate limited after 3 attempts: rate_limited"
+    # notifkit's own bucket is no provider's refusal: it parks, uncounted, whatever the attempt
+    own = judge([answer(Outcome.RATE_LIMITED, 2.0, local=True)], has_next_channel=True,
+                attempt=3, max_attempts=3)
+    assert (own.action, own.counts_as_attempt) == (Action.PARK, False)
+
+
+def test_a_message_the_transport_raised_on_is_dead_lettered_even_with_a_next_channel() -> None:
+    """notifkit's own failure to build the message says nothing about the address: the DLQ
+    keeps it for a replay once fixed, with its own reason first."""
+    raised = Attempted("a", SendResult(Outcome.PERMANENT, detail="ValueError: body"),
+                       raised=True)
+    refused = Attempted("b", SendResult(Outcome.PERMANENT, detail="HTTP 400"))
+    for answers in ([raised], [refused, raised]):
+        verdict = judge(answers, has_next_channel=True, attempt=1, max_attempts=3)
+        assert (verdict.action, verdict.reason) == (Action.PERMANENT, "ValueError: body")
+    # beside an accepted device it is that device's failure alone, as any refusal
+    assert judge([raised, answer(Outcome.SENT)], has_next_channel=True, attempt=1,
+                 max_attempts=3).action is Action.SENT
 
 
 def test_destinations_suppressed_since_routing_are_left_out() -> None:

@@ -13,15 +13,23 @@ A task goes to one or more destinations (a user's push devices; one address else
                                                   or PARK for those alone (the outbox keeps the
                                                   accepted ones from going out twice), no
                                                   fallback since the recipient has it
-    any PERMANENT                             -> PERMANENT: dead-lettered now
+    any PERMANENT raised by notifkit itself   -> PERMANENT: dead-lettered now, never a
+    (the transport could not build the            fallback: the message is at fault, not the
+    message)                                      address, and a replay sends it once fixed
+    any PERMANENT from the provider (a 4xx)   -> FALLBACK to the chain's next channel if there
+                                                  is one, else PERMANENT: dead-lettered now
     any RETRY (timeout, 5xx, connection)      -> FALLBACK to the chain's next channel if there
                                                   is one, else RETRY (the reclaim cycle), and
                                                   DEAD once the attempts are used up
     any provider RATE_LIMITED                 -> PARK until Retry-After, counting as an
-                                                  attempt; DEAD once the attempts are used up
+                                                  attempt; once the attempts are used up,
+                                                  FALLBACK if there is a next channel, else DEAD
     notifkit's own bucket empty               -> PARK, not counted (nothing reached a provider)
     all INVALID_RECIPIENT                     -> contacts disabled; FALLBACK if there is a next
                                                   channel, else INVALID (failed, not retried)
+
+A channel without a transport is a PERMANENT failure too, moved on the same way by delivery
+before anything is sent.
 """
 
 from __future__ import annotations
@@ -56,6 +64,9 @@ class Attempted:
     # key: if this send is accepted too, the recipient may get the message twice.
     possible_duplicate: bool = False
     local_limit: bool = False  # refused by notifkit's own token bucket, not by the provider
+    # The transport raised instead of answering: a failure to build or encode the message is
+    # notifkit's own, the same on every attempt, and says nothing about the address.
+    raised: bool = False
     # The outbox says an earlier attempt was accepted: nothing was sent this time.
     already_sent: bool = False
     # The address was suppressed (bounce, complaint) after the task was routed: not sent.
@@ -104,7 +115,11 @@ def judge(
                                rest.counts_as_attempt)
         return Verdict(Action.SENT, "accepted")
     if Outcome.PERMANENT in first:
-        return Verdict(Action.PERMANENT, first[Outcome.PERMANENT].result.detail)
+        refused = [a for a in attempted if a.result.outcome is Outcome.PERMANENT]
+        ours = [a for a in refused if a.raised]
+        if has_next_channel and not ours:
+            return Verdict(Action.FALLBACK, first[Outcome.PERMANENT].result.detail)
+        return Verdict(Action.PERMANENT, (ours or refused)[0].result.detail)
     exhausted = attempt >= max_attempts
     if Outcome.RETRY in first:
         reason = first[Outcome.RETRY].result.detail
@@ -120,8 +135,10 @@ def judge(
         reason = (by_provider or limited)[0].result.detail
         if by_provider:
             if exhausted:
-                return Verdict(Action.DEAD, "still rate limited after "
-                               f"{counted(attempt, 'attempt')}: {reason}")
+                reason = f"still rate limited after {counted(attempt, 'attempt')}: {reason}"
+                if has_next_channel:
+                    return Verdict(Action.FALLBACK, reason)
+                return Verdict(Action.DEAD, reason)
             return Verdict(Action.PARK, reason, wait_s)
         return Verdict(Action.PARK, reason, wait_s, counts_as_attempt=False)
     reason = first[Outcome.INVALID_RECIPIENT].result.detail if attempted else "no destination"

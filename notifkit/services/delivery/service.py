@@ -12,8 +12,8 @@ Per read batch:
    share one query), except the batch's last send to finish and sends to a provider that
    takes the task id as its idempotency key, whose records go with step 5;
 4. each task's answers become one action (:mod:`.outcomes`): sent, fallback (an enriched
-   message restricted to the chain's next channel), retry, park on ``scheduled`` after a 429,
-   invalid (contact disabled), or dead-lettered;
+   message restricted to the chain's next channel; also for a channel without a transport),
+   retry, park on ``scheduled`` after a 429, invalid (contact disabled), or dead-lettered;
 5. the outbox outcomes and the timeline rows are written in one statement, disabled contacts
    in another; outcome events, fallbacks and parked tasks go out atomically with the ack.
 """
@@ -141,8 +141,15 @@ class DeliveryService(WorkerService):
             if transport is None:
                 why = (f"no {task['channel']} transport is configured; set "
                        f"{MISSING.get(task['channel'], 'one in code')}")
-                logs.append(task_row(task, self._attempt(entry, task), Kind.DEAD_LETTERED,
-                                     Status.DEAD_LETTERED, why))
+                attempt = self._attempt(entry, task)
+                if self._has_next(task):
+                    # Nothing was sent: the recipient is reached on the chain's next channel,
+                    # as after a provider's refusal.
+                    self._fall_back(entry, task, None, Verdict(Action.FALLBACK, why), attempt,
+                                    False, logs)
+                    continue
+                logs.append(task_row(task, attempt, Kind.DEAD_LETTERED, Status.DEAD_LETTERED,
+                                     why))
                 entry.fail(PermanentFailure(why))
             else:
                 runnable.append((entry, task, transport))
@@ -165,9 +172,7 @@ class DeliveryService(WorkerService):
         unsent: dict[str, Recipient] = {}  # task id -> recipient: skipped, reached no one
         for (entry, task, transport), answers in zip(runnable, attempted, strict=True):
             attempt = self._attempt(entry, task)
-            has_next = (bool(task.get("fallback", {}).get("chain"))
-                        and not self.settings.injects("skip_fallback"))  # test-only fault
-            verdict = judge(answers, has_next_channel=has_next,
+            verdict = judge(answers, has_next_channel=self._has_next(task),
                             attempt=attempt, max_attempts=self.settings.max_attempts)
             if verdict.action is Action.RETRY and entry.attempt >= self.worker.max_attempts:
                 # No attempt left for the destinations that failed: those accepted stand.
@@ -218,6 +223,11 @@ class DeliveryService(WorkerService):
     async def _record_sent(self, rows: list[SentRow]) -> list[None]:
         await outbox.settle(self.pool, rows)
         return [None] * len(rows)
+
+    def _has_next(self, task: OutboundTask) -> bool:
+        """Whether the task's fallback chain has a channel left to try."""
+        return (bool(task.get("fallback", {}).get("chain"))
+                and not self.settings.injects("skip_fallback"))  # test-only fault
 
     def _attempt(self, entry: Entry, task: OutboundTask) -> int:
         """This attempt's number for the task, counting its earlier (parked) entries."""
@@ -306,16 +316,17 @@ class DeliveryService(WorkerService):
             started = time.perf_counter()
             # From here the attempt happened, whatever fails after it (PostgreSQL included).
             entry.irreversible = True
+            raised = False
             try:
                 result = await transport.send(_message(task, destination))
             except Exception as exc:  # one message's failure stays its own
-                result = _raised(task, transport, exc)
+                result, raised = _raised(task, transport, exc), True
             result = _storable(result)
             metrics.PROVIDER_LATENCY.labels(task["channel"], transport.provider).observe(
                 time.perf_counter() - started)
             metrics.DELIVERIES.labels(task["channel"], transport.provider,
                                       result.outcome.value).inc()
-            return Attempted(destination, result, possible_duplicate)
+            return Attempted(destination, result, possible_duplicate, raised=raised)
 
         return await _every(*(one(d) for d in task["to"]))
 
@@ -470,11 +481,14 @@ class DeliveryService(WorkerService):
         error = AttemptsExhausted if action is Action.DEAD else PermanentFailure
         entry.fail(error(verdict.reason))
 
-    def _fall_back(self, entry: Entry, task: OutboundTask, provider: str, verdict: Verdict,
-                   attempt: int, invalid: bool, logs: list[LogRow], note: str = "") -> None:
-        """Hand the recipient to the chain's next channel. A channel that was never tried
-        (every address suppressed, erased or turned off since routing) is recorded as such,
-        with no outcome event: nothing failed."""
+    def _fall_back(self, entry: Entry, task: OutboundTask, provider: str | None,
+                   verdict: Verdict, attempt: int, invalid: bool, logs: list[LogRow],
+                   note: str = "") -> None:
+        """Hand the recipient to the chain's next channel (``provider`` None: the channel has
+        no transport). A channel that was never tried (every address suppressed, erased or
+        turned off since routing) is recorded as such, with no outcome event: nothing
+        failed. The re-entry goes out atomically with the ack, and the engine's dedup
+        (event, recipient, channel) drops a second one."""
         fallback = task["fallback"]
         next_channel = fallback["chain"][0]
         metadata = {"fallback": next_channel}
@@ -549,7 +563,7 @@ def _message(task: OutboundTask, destination: str) -> Message:
     )
 
 
-def _event(kind: str, task: OutboundTask, provider: str, message_id: str | None,
+def _event(kind: str, task: OutboundTask, provider: str | None, message_id: str | None,
            attempt: int, error: str | None = None) -> dict[str, Any]:
     event: dict[str, Any] = {
         "type": kind, "projectId": task["projectId"], "eventId": task["eventId"],
