@@ -18,9 +18,11 @@ Other keys:
 
     notif:scheduled:zset:{0..f}              ZSET  task id -> due time (ms); shard = last hex
                                                    digit of the task id
-    notif:scheduled:payload:{0..f}           HASH  task id -> "{target stream}\n{entry JSON}":
-                                                   what the move script XADDs when it is due
-    notif:scheduled:moved:{0..f}             ZSET  task id -> due time (ms) of tasks moved whose
+    notif:scheduled:payload:{0..f}           HASH  task id -> "{target stream}\n{projectId}\n
+                                                   {entry JSON}": what the move script XADDs
+                                                   when it is due (the project scopes a cancel)
+    notif:scheduled:moved:{0..f}             ZSET  "{projectId} {taskId}" -> due time (ms) of
+                                                   tasks moved (or canceled) whose
                                                    scheduled_payloads row is not deleted yet
     notif:scheduled:ready                    STR   set once the shards are built; missing =
                                                    Redis lost them, rebuild from PostgreSQL
