@@ -18,9 +18,11 @@ Other keys:
 
     notif:scheduled:zset:{0..f}              ZSET  task id -> due time (ms); shard = last hex
                                                    digit of the task id
-    notif:scheduled:payload:{0..f}           HASH  task id -> "{target stream}\n{entry JSON}":
-                                                   what the move script XADDs when it is due
-    notif:scheduled:moved:{0..f}             ZSET  task id -> due time (ms) of tasks moved whose
+    notif:scheduled:payload:{0..f}           HASH  task id -> "{target stream}\n{projectId}\n
+                                                   {entry JSON}": what the move script XADDs
+                                                   when it is due (the project scopes a cancel)
+    notif:scheduled:moved:{0..f}             ZSET  "{projectId} {taskId}" -> due time (ms) of
+                                                   tasks moved (or canceled) whose
                                                    scheduled_payloads row is not deleted yet
     notif:scheduled:ready                    STR   set once the shards are built; missing =
                                                    Redis lost them, rebuild from PostgreSQL
@@ -41,12 +43,17 @@ Other keys:
     notif:processed:{stage}:{dedupKey}       STR   dedup mark = id of the stream entry that
                                                    claimed it; 1 h TTL (24 h for caller keys)
     notif:attempts:{group}:{entryId}         STR   attempt counter (INCR before each attempt),
-                                                   2 h TTL, deleted on ack. Stream ids are unique
-                                                   only per stream and a group reads one stream
-                                                   per priority, so an entry of a critical or low
-                                                   stream appends its priority
-                                                   (``...:{entryId}:critical``): two entries with
-                                                   the same id never share a counter.
+                                                   2 h TTL, deleted on ack; every entry has one.
+                                                   Stream ids are unique only per stream and a
+                                                   group reads one stream per priority (two XADDs
+                                                   in one millisecond give both entries the same
+                                                   id), so an entry of a priority stream is also
+                                                   counted, the same way, under
+                                                   ``...:{entryId}:{priority}``, and that counter
+                                                   is the one its attempt limit reads: two
+                                                   entries with the same id never share the
+                                                   count that decides (the plain one, shared,
+                                                   may then read high or go early).
     notif:health:{consumer}                  STR   JSON heartbeat, a few beats' TTL
     notif:heartbeats                         ZSET  consumer -> time of its last beat (s): the
                                                    consumers /health reads, found without a
@@ -72,9 +79,9 @@ from dataclasses import dataclass, field
 from typing import Final
 
 PRIORITIES: Final = ("critical", "normal", "low")
-# Priority lanes whose entries' attempt counters carry the lane's name (normal keeps the plain
-# name, as does every stream that is the only one its group reads).
-_OWN_COUNTER_LANES: Final = frozenset(("critical", "low"))
+# Priority lanes whose entries' deciding attempt counters carry the lane's name (a stream that
+# is the only one its group reads counts under the plain name alone).
+_OWN_COUNTER_LANES: Final = frozenset(PRIORITIES)
 SCHEDULER_SHARDS: Final = "0123456789abcdef"
 
 
@@ -198,10 +205,18 @@ class Keys:
         return self._k(f"notif:processed:{stage}:{dedup_key}")
 
     def attempts(self, group: str, entry_id: str, stream: str) -> str:
-        """The attempt counter of ``stream``'s entry ``entry_id`` (see the schema above)."""
+        """The attempt counter whose count decides for ``stream``'s entry ``entry_id`` (see
+        the schema above)."""
         name = f"notif:attempts:{group}:{entry_id}"
         lane = stream.rpartition(":")[2]
         return self._k(f"{name}:{lane}" if lane in _OWN_COUNTER_LANES else name)
+
+    def attempt_counters(self, group: str, entry_id: str, stream: str) -> list[str]:
+        """Every counter the entry's attempts are counted in: the deciding one first, then
+        the contract's ``notif:attempts:{group}:{entryId}`` when that is another key."""
+        deciding = self.attempts(group, entry_id, stream)
+        named = self._k(f"notif:attempts:{group}:{entry_id}")
+        return [deciding] if named == deciding else [deciding, named]
 
     def health(self, consumer: str) -> str:
         return self._k(f"notif:health:{consumer}")

@@ -592,7 +592,8 @@ class StreamWorker:
         """Pending entries the stream no longer holds (trimmed by ``MAXLEN ~ QUEUE_MAX_LEN``
         before they were done): XAUTOCLAIM took them off the pending list, and they can never
         be processed, so say so and drop their attempt counters."""
-        await self.redis.delete(*[self.keys.attempts(self.group, i, stream) for i in entry_ids])
+        await self.redis.delete(*[key for i in entry_ids
+                                  for key in self.keys.attempt_counters(self.group, i, stream)])
         log.warning("Pending entries of %s were trimmed from the stream before being "
                     "processed (QUEUE_MAX_LEN is below the backlog) and are lost: %d (%s).",
                     stream, len(entry_ids), ", ".join(entry_ids[:20]),
@@ -673,16 +674,17 @@ class StreamWorker:
         entries = [Entry(stream, entry_id, payload, 0, reclaimed)
                    for stream, entry_id, payload in parsed]
         batch_pipe = pipe(self.redis)
+        counters = [self.keys.attempt_counters(self.group, entry_id, stream)
+                    for stream, entry_id, _p in parsed]
         if parsed:
-            batch_pipe.eval(scripts.COUNT_ATTEMPTS, len(parsed),
-                            *[self.keys.attempts(self.group, entry_id, stream)
-                              for stream, entry_id, _p in parsed],
+            counter_keys = [key for keys in counters for key in keys]
+            batch_pipe.eval(scripts.COUNT_ATTEMPTS, len(counter_keys), *counter_keys,
                             self.settings.attempts_ttl_s)
         for stream, entry_id, _reason in malformed:
             if self.settings.injects("retry_malformed"):  # test-only fault
                 continue
             batch_pipe.xack(stream, self.group, entry_id)
-            batch_pipe.delete(self.keys.attempts(self.group, entry_id, stream))
+            batch_pipe.delete(*self.keys.attempt_counters(self.group, entry_id, stream))
         if self.settings.injects("ack_before_process"):  # test-only fault: breaks at-least-once
             for stream, entry_id, _payload in parsed:
                 batch_pipe.xack(stream, self.group, entry_id)
@@ -704,11 +706,17 @@ class StreamWorker:
             log.error("Acked a malformed entry without processing it: %s.", reason,
                       extra={"service": self.service, "stream": stream, "entry_id": entry_id})
 
-        counts = results[0] if parsed else []
+        # An entry's count is its deciding counter's, the first of its counters.
+        replies = results[0] if parsed else []
+        deciding: list[int] = []
+        at = 0
+        for keys in counters:
+            deciding.append(int(replies[at]))
+            at += len(keys)
         batch: list[Entry] = []
         over_limit: list[Entry] = []
         for index, entry in enumerate(entries):
-            attempt = int(counts[index])
+            attempt = deciding[index]
             entry.attempt = attempt
             # Counting the attempts of the entries a parked task came from (priorAttempts):
             # a task whose last attempt was in flight on a process that died is given up
@@ -886,8 +894,8 @@ class StreamWorker:
         # A try that called a provider happened, outage or not: it counts.
         spared = [e for e in waited + met if not e.irreversible]
         if spared:
-            await self._give_back(keys=[self.keys.attempts(self.group, e.id, e.stream)
-                                        for e in spared])
+            await self._give_back(keys=[key for e in spared for key in
+                                        self.keys.attempt_counters(self.group, e.id, e.stream)])
             self.stats.held += len(spared)
         if waited:
             # Said once, when the wait begins: each try that meets the lock again is silent.
@@ -934,7 +942,8 @@ class StreamWorker:
             by_stream.setdefault(entry.stream, []).append(entry.id)
         keys = [stream for stream, _payload in outputs]
         keys += by_stream
-        keys += [self.keys.attempts(self.group, e.id, e.stream) for e in entries]
+        keys += [key for e in entries
+                 for key in self.keys.attempt_counters(self.group, e.id, e.stream)]
         args: list[Any] = [len(outputs), len(by_stream), self.settings.queue_max_len,
                            self.group]
         for stream, payload in outputs:

@@ -77,25 +77,31 @@ def test_consumer_groups_are_named_by_service_and_live_inside_their_streams() ->
 
 
 def test_attempt_counters_name_the_group_and_the_entry() -> None:
-    # Exactly CONTRACT §2 for every stream a group reads alone, and for normal priority.
+    # Exactly CONTRACT §2 for every stream a group reads alone: the one counter there is.
     keys = Keys()
-    for stream in (keys.outbound("normal"), keys.ai_pending, keys.scheduled,
-                   keys.events_inbound, keys.workflow_inbound):
+    for stream in (keys.ai_pending, keys.scheduled, keys.events_inbound, keys.workflow_inbound):
+        assert keys.attempt_counters("notifkit:group:engine", "1-0", stream) == [
+            "notif:attempts:notifkit:group:engine:1-0"
+        ]
         assert keys.attempts("notifkit:group:engine", "1-0", stream) == (
             "notif:attempts:notifkit:group:engine:1-0"
         )
-    assert Keys("ns").attempts("notifkit:group:engine", "1-0", keys.enriched("normal")) == (
-        "ns:notif:attempts:notifkit:group:engine:1-0"
-    )
 
 
-@pytest.mark.parametrize("priority", ["critical", "low"])
-def test_a_critical_or_low_entry_has_a_counter_of_its_own(priority: str) -> None:
-    # Ids are unique per stream only: 5-0 on the critical and the normal stream are two entries.
+@pytest.mark.parametrize("priority", ["critical", "normal", "low"])
+def test_a_priority_entry_is_counted_under_the_contracts_name_and_one_of_its_own(
+    priority: str,
+) -> None:
+    # Ids are unique per stream only: 5-0 on the critical and the normal stream are two
+    # entries. Each is counted under CONTRACT §2's name and, deciding, under its priority's.
+    for namespace, prefix in (("", ""), ("ns", "ns:")):
+        keys = Keys(namespace)
+        deciding = f"{prefix}notif:attempts:notifkit:group:engine:5-0:{priority}"
+        assert keys.attempts("notifkit:group:engine", "5-0", keys.enriched(priority)) == deciding
+        assert keys.attempt_counters("notifkit:group:engine", "5-0", keys.enriched(priority)) == [
+            deciding, f"{prefix}notif:attempts:notifkit:group:engine:5-0"
+        ]
     keys = Keys()
-    assert keys.attempts("notifkit:group:engine", "5-0", keys.enriched(priority)) == (
-        f"notif:attempts:notifkit:group:engine:5-0:{priority}"
-    )
     assert len({keys.attempts("notifkit:group:engine", "5-0", keys.enriched(p))
                 for p in ("critical", "normal", "low")}) == 3
 

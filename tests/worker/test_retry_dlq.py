@@ -390,19 +390,47 @@ async def test_a_failed_attempt_leaves_its_counter_with_the_contract_ttl(
     processor = AlwaysFails(RuntimeError("boom"))
     worker = make_worker(processor)
     normal, low = keys.enriched("normal"), keys.enriched("low")
-    first = await add(normal, {"n": 1})
-    second = await add(low, {"n": 2})
+    # (ids of their own: two XADDs in one millisecond may give both the same id)
+    first, second = "1-0", "2-0"
+    await redis.xadd(normal, encode({"n": 1}), id=first)
+    await redis.xadd(low, encode({"n": 2}), id=second)
     await worker.run_until_idle(reclaim=False)  # one attempt each, nothing reclaimed
 
     # Then each counter is a plain INCR counter saying one attempt, expiring in 2 h: the
-    # contract's name for the normal stream, the priority appended for the low one
-    assert keys.attempts(worker.group, first, normal) == keys.attempts(worker.group, first,
-                                                                      keys.dlq)
+    # deciding one with the priority appended, and the contract's name beside it
     assert keys.attempts(worker.group, second, low).endswith(f"{second}:low")
     for stream, entry_id in ((normal, first), (low, second)):
-        key = keys.attempts(worker.group, entry_id, stream)
-        assert await redis.get(key) == b"1"
+        counters = keys.attempt_counters(worker.group, entry_id, stream)
+        assert counters[1] == keys.attempts(worker.group, entry_id, keys.dlq)
+        for key in counters:
+            assert await redis.get(key) == b"1"
+            assert 7000 < await redis.ttl(key) <= 7200
+
+
+async def test_an_entry_of_every_priority_counts_under_the_contracts_name(
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, pending: Pending, namespace: str,
+) -> None:
+    # Given a failing entry on each priority stream of one group, each with an id of its own
+    processor = AlwaysFails(RuntimeError("boom"))
+    worker = make_worker(processor)
+    ids = {p: f"{n}-0" for n, p in enumerate(("critical", "normal", "low"), start=1)}
+    for priority, entry_id in ids.items():
+        await redis.xadd(keys.enriched(priority), encode({"p": priority}), id=entry_id)
+    await worker.run_until_idle(reclaim=False)  # one attempt each, nothing reclaimed
+
+    # Then notif:attempts:{group}:{entryId}, exactly as CONTRACT §2 names it, counts each
+    # one's attempt with the 2 h TTL, whatever its priority
+    for entry_id in ids.values():
+        key = f"{namespace}:notif:attempts:{worker.group}:{entry_id}"
+        assert await redis.get(key) == b"1", key
         assert 7000 < await redis.ttl(key) <= 7200
+
+    # And when they are dead-lettered (acked), no counter of theirs is left behind
+    processor.error = PermanentFailure("rejected")
+    await worker.run_until_idle()
+    for priority in ids:
+        assert await pending(keys.enriched(priority), worker.group) == 0
+    assert [k async for k in redis.scan_iter(match=f"{namespace}:notif:attempts:*")] == []
 
 
 async def test_a_failure_without_a_message_is_logged_by_its_type(
