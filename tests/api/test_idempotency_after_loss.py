@@ -117,6 +117,26 @@ async def test_a_template_deleted_since_does_not_stop_the_replay_after_the_loss(
     assert await redis.get(keys.api_idempotency(project.id, "after-delete")) is None
 
 
+async def test_a_lookup_postgresql_cannot_answer_is_a_503_that_frees_the_key(
+    api: Api, project: Project, template: str, redis: Redis, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first = await send(api, project, "down")
+    await redis_loses_its_data(redis, api)
+
+    async def unreachable(project_id: str, key: str) -> KeyedSend | None:
+        raise ConnectionRefusedError("PostgreSQL is down")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(admission(api), "first_keyed_send", unreachable)
+        refused = await send(api, project, "down")
+    assert refused.status == 503
+    keys = Keys(api.settings.namespace)
+    assert await redis.xlen(keys.inbound("normal")) == 0
+    assert await redis.get(keys.api_idempotency(project.id, "down")) is None
+    again = await send(api, project, "down")
+    assert (again.status, again.body) == (202, first.body)
+
+
 async def test_without_a_loss_no_key_is_looked_up_in_postgresql(
     api: Api, project: Project, template: str, redis: Redis, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

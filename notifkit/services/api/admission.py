@@ -25,6 +25,10 @@ call for the sends' entries. A send found there is accepted (202); one provably 
 rolled back as above; one Redis cannot tell about (still unreachable, or the stream trimmed
 past the call) keeps its rows and gets the 503, and the scheduler's reconciliation
 (:mod:`notifkit.reconcile`) settles it later from what the stream holds.
+
+For 24 h after Redis lost its data, a send under an idempotency key Redis does not know looks
+the key up here first (:meth:`Admission.first_keyed_send`; see
+:mod:`notifkit.services.api.idempotency`); those lookups are coalesced like the rest.
 """
 
 from __future__ import annotations
