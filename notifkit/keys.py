@@ -61,6 +61,7 @@ Other keys:
                                                    this data set; missing = Redis lost its data
                                                    (or a first start). Younger than 24 h: a key
                                                    missing here is looked up in PostgreSQL
+                                                   among the sends made before this time
     notif:channel:keys                       PUB/SUB  API-key revocations
     notif:channel:templates                  PUB/SUB  template deletions
     notif:channel:inbox:{projectId}:{userId} PUB/SUB  new in-app messages (SSE)

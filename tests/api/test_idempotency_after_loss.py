@@ -44,11 +44,11 @@ def count_lookups(api: Api, monkeypatch: pytest.MonkeyPatch,
     real = target.first_keyed_send
     seen: list[str] = []
 
-    async def spy(project_id: str, key: str) -> KeyedSend | None:
+    async def spy(project_id: str, key: str, before_ms: int) -> KeyedSend | None:
         seen.append(key)
         if before is not None:
             await before()
-        return await real(project_id, key)
+        return await real(project_id, key, before_ms)
 
     monkeypatch.setattr(target, "first_keyed_send", spy)
     return seen
@@ -101,6 +101,23 @@ async def test_a_key_sent_before_redis_lost_its_data_replays_the_first_answer(
     assert lookups == ["order-42", "order-43"]
 
 
+async def test_a_send_made_since_the_loss_without_a_record_is_no_earlier_send(
+    api: Api, project: Project, template: str, redis: Redis, db: asyncpg.Pool,
+) -> None:
+    keys = Keys(api.settings.namespace)
+    # Given a send made in this data set whose record Redis does not have: an enqueue left
+    # unanswered (a 503 keeping the rows) whose pending claim then lapsed, never answered 202
+    unsure = await send(api, project, "unsure")
+    await redis.delete(keys.api_idempotency(project.id, "unsure"))
+    # When the caller retries, within 24 h of the data set's start
+    again = await send(api, project, "unsure")
+    # Then it is a new send, as it is once Redis has kept its data for a day
+    assert again.status == 202
+    assert again.body["id"] != unsure.body["id"]
+    assert "x-idempotent-replay" not in again.headers
+    assert await db.fetchval("SELECT count(*) FROM notifications") == 2
+
+
 async def test_a_template_deleted_since_does_not_stop_the_replay_after_the_loss(
     api: Api, project: Project, template: str, redis: Redis,
 ) -> None:
@@ -123,7 +140,7 @@ async def test_a_lookup_postgresql_cannot_answer_is_a_503_that_frees_the_key(
     first = await send(api, project, "down")
     await redis_loses_its_data(redis, api)
 
-    async def unreachable(project_id: str, key: str) -> KeyedSend | None:
+    async def unreachable(project_id: str, key: str, before_ms: int) -> KeyedSend | None:
         raise ConnectionRefusedError("PostgreSQL is down")
 
     with monkeypatch.context() as patch:
@@ -244,5 +261,5 @@ async def test_the_lookup_is_served_by_an_index(db: asyncpg.Pool) -> None:
         await conn.execute("SET LOCAL enable_seqscan = off")
         plan = "\n".join(r[0] for r in await conn.fetch(
             "EXPLAIN " + _KEYED_SENDS,
-            ["00000000-0000-0000-0000-000000000001"], ["k"], 86400))
+            ["00000000-0000-0000-0000-000000000001"], ["k"], [0], 86400))
     assert "notifications_idempotency_idx" in plan, plan

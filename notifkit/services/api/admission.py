@@ -90,19 +90,22 @@ FROM n
 ON CONFLICT (task_id, channel, attempt, kind) DO NOTHING
 """
 
-# Per wanted (project, key), the first send that took the key within the last $3 seconds and
-# the seconds its key has left, from notifications_idempotency_idx (migration 0018). A workflow's
+# Per wanted (project, key, before: epoch ms), the first send that took the key before then and
+# within the last $4 seconds, and the seconds its key has left, from
+# notifications_idempotency_idx (migration 0018). A workflow's
 # send (its accepted row names the user) holds a key of the instance's making, and a send
 # reconciliation settled as never enqueued was never answered 202: neither is a first answer.
 _KEYED_SENDS = """
 SELECT w.i, x.id::text AS id, x.ttl_s
-FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS w (project_id, key, i)
+FROM unnest($1::uuid[], $2::text[], $3::bigint[]) WITH ORDINALITY AS w (project_id, key,
+                                                                        before_ms, i)
 CROSS JOIN LATERAL (
-    SELECT n.id, ceil(extract(epoch FROM n.created_at - now()) + $3::int)::int AS ttl_s
+    SELECT n.id, ceil(extract(epoch FROM n.created_at - now()) + $4::int)::int AS ttl_s
     FROM notifications n
     WHERE n.project_id = w.project_id AND n.idempotency_key = w.key
       AND n.idempotency_key IS NOT NULL
-      AND n.created_at > now() - make_interval(secs => $3::int)
+      AND n.created_at > now() - make_interval(secs => $4::int)
+      AND n.created_at < to_timestamp(w.before_ms / 1000.0)
       AND NOT EXISTS (SELECT 1 FROM message_logs m
                       WHERE m.project_id = n.project_id AND m.event_id = n.id
                         AND ((m.kind = 'accepted' AND m.user_id IS NOT NULL)
@@ -145,7 +148,7 @@ class Admission:
         self.clock: Callable[[], float] = time.monotonic
         self._accept: Coalescer[tuple[InboundMessage, Remember | None], None] = Coalescer(
             self._accept_many)
-        self._keyed_sends: Coalescer[tuple[str, str], KeyedSend | None] = Coalescer(
+        self._keyed_sends: Coalescer[tuple[str, str, int], KeyedSend | None] = Coalescer(
             self._load_keyed_sends)
 
     # -- what handlers call -------------------------------------------------------------
@@ -181,10 +184,12 @@ class Admission:
         caller's idempotency record, written by the same script call, when it has one)."""
         await self._accept.submit((message, remember))
 
-    async def first_keyed_send(self, project_id: str, key: str) -> KeyedSend | None:
-        """The send accepted with ``key`` in the project within the key's lifetime (24 h),
-        if PostgreSQL holds one. Asked only while Redis may have lost the key's record."""
-        return await self._keyed_sends.submit((project_id, key))
+    async def first_keyed_send(self, project_id: str, key: str,
+                               before_ms: int) -> KeyedSend | None:
+        """The send accepted with ``key`` in the project within the key's lifetime (24 h) and
+        before ``before_ms`` (epoch ms), if PostgreSQL holds one. Asked only while Redis may
+        have lost the key's record."""
+        return await self._keyed_sends.submit((project_id, key, before_ms))
 
     # -- the batches --------------------------------------------------------------------
     async def _take_rate(self, projects: list[str]) -> list[float]:
@@ -200,9 +205,12 @@ class Admission:
             found[row["n"] - 1] = True
         return found
 
-    async def _load_keyed_sends(self, wanted: list[tuple[str, str]]) -> list[KeyedSend | None]:
-        rows = await self.pool.fetch(_KEYED_SENDS, [p for p, _k in wanted],
-                                     [k for _p, k in wanted],
+    async def _load_keyed_sends(
+        self, wanted: list[tuple[str, str, int]]
+    ) -> list[KeyedSend | None]:
+        rows = await self.pool.fetch(_KEYED_SENDS, [p for p, _k, _b in wanted],
+                                     [k for _p, k, _b in wanted],
+                                     [b for _p, _k, b in wanted],
                                      self.settings.caller_idempotency_ttl_s)
         found: list[KeyedSend | None] = [None] * len(wanted)
         for row in rows:

@@ -23,10 +23,11 @@ replica). ``notif:idempotency:since`` says since when (Redis's time) the data se
 them: the claim that finds it missing sets it, in the same script call. While it is younger
 than a key's lifetime (24 h), a claim won for a key Redis does not know may be a retry of a
 request whose record went with the data, so a route that keeps its sends in PostgreSQL looks
-the key up there (``recover`` in :func:`answer_once`) before doing the work: found, the first
-response is replayed and its record restored for the rest of its 24 h. Only the claim's winner
-looks, holding the claim, so racing retries wait for its answer as they would for any first
-request; once the marker is older than 24 h no request looks at all.
+the key up there (``recover`` in :func:`answer_once`; only sends made before the marker, as
+one made since whose record is missing was never answered) before doing the work: found, the
+first response is replayed and its record restored for the rest of its 24 h. Only the
+claim's winner looks, holding the claim, so racing retries wait for its answer as they would
+for any first request; once the marker is older than 24 h no request looks at all.
 """
 
 from __future__ import annotations
@@ -89,9 +90,9 @@ class Earlier:
     ttl_s: int
 
 
-# SET NX the pending record; the winner also learns how old (ms) the data set holding the
-# records is, marking its start if the mark is missing (a first start, or Redis lost its data).
-# A loser gets the record that beat it, in the same round trip.
+# SET NX the pending record; the winner also learns when (Redis's time, ms) the data set holding
+# the records began and what time it is now, marking the start if the mark is missing (a first
+# start, or Redis lost its data). A loser gets the record that beat it, in the same round trip.
 _CLAIM = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
     local t = redis.call('TIME')
@@ -101,7 +102,7 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
         since = now
         redis.call('SET', KEYS[2], now)
     end
-    return {1, now - since}
+    return {1, since, now}
 end
 return {0, redis.call('GET', KEYS[1])}
 """
@@ -184,9 +185,10 @@ class IdempotencyKey:
         self.fingerprint = fingerprint(route, body)
         self.ttl_s = ttl_s
         self.since_key = since_key
-        # Set by a won claim: whether Redis lost its data less than a key's lifetime ago, so
-        # the key's record may have gone with it.
-        self.records_may_be_lost = False
+        # Set by a won claim: when (Redis's time, ms) Redis last lost its data, if less than a
+        # key's lifetime ago. A record written before then may have gone with the data; one
+        # of a send made since then would still be here.
+        self.lost_records_before_ms: int | None = None
 
     async def claim(self) -> Replay | None:
         """None: this request owns the key and must :meth:`finish` or :meth:`release` it.
@@ -196,10 +198,12 @@ class IdempotencyKey:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + WAIT_TOTAL_S
         while True:
-            won, value = await self.redis.eval(  # type: ignore[misc]
+            won, value, *now = await self.redis.eval(  # type: ignore[misc]
                 _CLAIM, 2, self.key, self.since_key, pending, PENDING_TTL_S)
             if won:
-                self.records_may_be_lost = int(value) < self.ttl_s * 1000
+                since_ms = int(value)
+                if int(now[0]) - since_ms < self.ttl_s * 1000:
+                    self.lost_records_before_ms = since_ms
                 return None
             record = codec.loads(value)
             if record.get("route") != self.route:
@@ -230,14 +234,16 @@ class IdempotencyKey:
 async def answer_once(
     request: web.Request, project: str, key: str | None, route: str, body: Any, status: int,
     response: Any, enqueue: Callable[[Remember | None], Awaitable[None]],
-    recover: Callable[[], Awaitable[Earlier | None]] | None = None,
+    recover: Callable[[int], Awaitable[Earlier | None]] | None = None,
 ) -> web.Response:
     """Run ``enqueue`` and answer ``response`` with ``status``; under an idempotency key, only
     the first request with that key runs it and the others replay its answer. ``enqueue``
     gets the key's finished record (None without a key) and writes it atomically with its
     XADD, so no instant exists at which the work is queued but the key is not answered.
-    ``recover`` finds the key's first response in the system of record; it is asked only
-    by the claim's winner, and only while Redis may have lost the key's record."""
+    ``recover(before_ms)`` finds the key's first response in the system of record, from a
+    request made before ``before_ms`` (Redis's time of its last loss of data: a later one left
+    its record in Redis); it is asked only by the claim's winner, and only within a key's
+    lifetime of that loss."""
     if key is None:
         await enqueue(None)
         return json_response(response, status)
@@ -249,8 +255,8 @@ async def answer_once(
     if replay is not None:
         return json_response(replay.body, replay.status, {REPLAY_HEADER: "true"})
     try:
-        if recover is not None and idem.records_may_be_lost:
-            earlier = await recover()
+        if recover is not None and idem.lost_records_before_ms is not None:
+            earlier = await recover(idem.lost_records_before_ms)
             if earlier is not None:
                 await idem.finish(earlier.status, earlier.body, earlier.ttl_s)
                 log.info("Replayed the first response to an idempotency key from PostgreSQL: "

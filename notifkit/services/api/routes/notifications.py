@@ -137,14 +137,18 @@ async def send_notification(request: web.Request) -> web.Response:
 
     return await answer_once(request, project, key, _SEND_ROUTE, body, 202,
                              {"id": message["eventId"], "status": "accepted"}, accept,
-                             recover=lambda: _first_send(request, project, key))
+                             recover=lambda before_ms: _first_send(request, project, key,
+                                                                   before_ms))
 
 
-async def _first_send(request: web.Request, project: str, key: str | None) -> Earlier | None:
-    """The first answer to ``key``, from the send PostgreSQL holds under it (after Redis lost
-    the key's record): the answer the Redis path replays, ``{"id", "status": "accepted"}``."""
+async def _first_send(request: web.Request, project: str, key: str | None,
+                      before_ms: int) -> Earlier | None:
+    """The first answer to ``key``, from the send PostgreSQL holds under it, made before Redis
+    lost the key's record: the answer the Redis path replays, ``{"id", "status": "accepted"}``.
+    A send made since then that Redis has no record of was never answered 202 (its enqueue
+    failed or was never known to run), so it is no first answer."""
     assert key is not None
-    found = await request.app[ADMISSION].first_keyed_send(project, key)
+    found = await request.app[ADMISSION].first_keyed_send(project, key, before_ms)
     if found is None:
         return None
     return Earlier(202, {"id": found.event_id, "status": "accepted"}, found.ttl_s)
