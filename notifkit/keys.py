@@ -64,6 +64,11 @@ Other keys:
     notif:ratelimit:{provider}:{projectId}   HASH  token bucket shared by delivery processes
     notif:apirate:{projectId}                HASH  API request token bucket per project
     notif:idempotency:api:{projectId}:{key}  STR   first response to a caller's idempotency key
+    notif:idempotency:since                  STR   Redis time (ms) of the first key claimed in
+                                                   this data set; missing = Redis lost its data
+                                                   (or a first start). Younger than 24 h: a key
+                                                   missing here is looked up in PostgreSQL
+                                                   among the sends made before this time
     notif:channel:keys                       PUB/SUB  API-key revocations
     notif:channel:templates                  PUB/SUB  template deletions
     notif:channel:inbox:{projectId}:{userId} PUB/SUB  new in-app messages (SSE)
@@ -244,6 +249,10 @@ class Keys:
 
     def api_idempotency(self, project_id: str, key: str) -> str:
         return self._k(f"notif:idempotency:api:{project_id}:{key}")
+
+    @property
+    def api_idempotency_since(self) -> str:
+        return self._k("notif:idempotency:since")
 
     @property
     def key_revocations(self) -> str:

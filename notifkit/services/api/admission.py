@@ -25,6 +25,10 @@ call for the sends' entries. A send found there is accepted (202); one provably 
 rolled back as above; one Redis cannot tell about (still unreachable, or the stream trimmed
 past the call) keeps its rows and gets the 503, and the scheduler's reconciliation
 (:mod:`notifkit.reconcile`) settles it later from what the stream holds.
+
+For 24 h after Redis lost its data, a send under an idempotency key Redis does not know looks
+the key up here first (:meth:`Admission.first_keyed_send`; see
+:mod:`notifkit.services.api.idempotency`); those lookups are coalesced like the rest.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -85,12 +90,45 @@ FROM n
 ON CONFLICT (task_id, channel, attempt, kind) DO NOTHING
 """
 
+# Per wanted (project, key, before: epoch ms), the first send that took the key before then and
+# within the last $4 seconds, and the seconds its key has left, from
+# notifications_idempotency_idx (migration 0018). A workflow's
+# send (its accepted row names the user) holds a key of the instance's making, and a send
+# reconciliation settled as never enqueued was never answered 202: neither is a first answer.
+_KEYED_SENDS = """
+SELECT w.i, x.id::text AS id, x.ttl_s
+FROM unnest($1::uuid[], $2::text[], $3::bigint[]) WITH ORDINALITY AS w (project_id, key,
+                                                                        before_ms, i)
+CROSS JOIN LATERAL (
+    SELECT n.id, ceil(extract(epoch FROM n.created_at - now()) + $4::int)::int AS ttl_s
+    FROM notifications n
+    WHERE n.project_id = w.project_id AND n.idempotency_key = w.key
+      AND n.idempotency_key IS NOT NULL
+      AND n.created_at > now() - make_interval(secs => $4::int)
+      AND n.created_at < to_timestamp(w.before_ms / 1000.0)
+      AND NOT EXISTS (SELECT 1 FROM message_logs m
+                      WHERE m.project_id = n.project_id AND m.event_id = n.id
+                        AND ((m.kind = 'accepted' AND m.user_id IS NOT NULL)
+                             OR (m.kind = 'failed'
+                                 AND m.metadata->>'reason' = 'never_enqueued')))
+    ORDER BY n.created_at, n.id
+    LIMIT 1) x
+"""
+
 # Which of the wanted templates exist: all that accepting a send needs to know of them.
 _TEMPLATES = (
     "SELECT w.n "
     "FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS w (project_id, id, n) "
     "JOIN templates t ON t.project_id = w.project_id AND t.id = w.id"
 )
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedSend:
+    """The send that first took an idempotency key, and how long (s) its key has left."""
+
+    event_id: str
+    ttl_s: int
 
 
 class Admission:
@@ -110,6 +148,8 @@ class Admission:
         self.clock: Callable[[], float] = time.monotonic
         self._accept: Coalescer[tuple[InboundMessage, Remember | None], None] = Coalescer(
             self._accept_many)
+        self._keyed_sends: Coalescer[tuple[str, str, int], KeyedSend | None] = Coalescer(
+            self._load_keyed_sends)
 
     # -- what handlers call -------------------------------------------------------------
     async def rate_wait_s(self, project_id: str) -> float:
@@ -144,6 +184,13 @@ class Admission:
         caller's idempotency record, written by the same script call, when it has one)."""
         await self._accept.submit((message, remember))
 
+    async def first_keyed_send(self, project_id: str, key: str,
+                               before_ms: int) -> KeyedSend | None:
+        """The send accepted with ``key`` in the project within the key's lifetime (24 h) and
+        before ``before_ms`` (epoch ms), if PostgreSQL holds one. Asked only while Redis may
+        have lost the key's record."""
+        return await self._keyed_sends.submit((project_id, key, before_ms))
+
     # -- the batches --------------------------------------------------------------------
     async def _take_rate(self, projects: list[str]) -> list[float]:
         rate, burst = self.settings.api_rate_per_second, self.settings.api_rate_burst
@@ -156,6 +203,18 @@ class Admission:
         found = [False] * len(wanted)
         for row in rows:
             found[row["n"] - 1] = True
+        return found
+
+    async def _load_keyed_sends(
+        self, wanted: list[tuple[str, str, int]]
+    ) -> list[KeyedSend | None]:
+        rows = await self.pool.fetch(_KEYED_SENDS, [p for p, _k, _b in wanted],
+                                     [k for _p, k, _b in wanted],
+                                     [b for _p, _k, b in wanted],
+                                     self.settings.caller_idempotency_ttl_s)
+        found: list[KeyedSend | None] = [None] * len(wanted)
+        for row in rows:
+            found[row["i"] - 1] = KeyedSend(row["id"], max(1, row["ttl_s"]))
         return found
 
     async def _accept_many(

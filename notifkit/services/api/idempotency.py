@@ -17,6 +17,17 @@ must still have the right shape: one that would be a 400 without the key (malfor
 missing, mistyped or unknown field) is that 400 with it too, while what depends on stored
 state (a template or workflow that exists) is checked only after the replay. The same
 key on another route is a 409: that response would answer a request the caller did not make.
+
+Redis may lose every record at once (a restart without persistence, a failover to an empty
+replica). ``notif:idempotency:since`` says since when (Redis's time) the data set has held
+them: the claim that finds it missing sets it, in the same script call. While it is younger
+than a key's lifetime (24 h), a claim won for a key Redis does not know may be a retry of a
+request whose record went with the data, so a route that keeps its sends in PostgreSQL looks
+the key up there (``recover`` in :func:`answer_once`; only sends made before the marker, as
+one made since whose record is missing was never answered) before doing the work: found, the
+first response is replayed and its record restored for the rest of its 24 h. Only the
+claim's winner looks, holding the claim, so racing retries wait for its answer as they would
+for any first request; once the marker is older than 24 h no request looks at all.
 """
 
 from __future__ import annotations
@@ -67,6 +78,34 @@ class MaybeDone(RedisConnectionError):
 class Replay:
     status: int
     body: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Earlier:
+    """A first response found in the system of record after Redis lost the key's record,
+    with how long its key has left to live."""
+
+    status: int
+    body: Any
+    ttl_s: int
+
+
+# SET NX the pending record; the winner also learns when (Redis's time, ms) the data set holding
+# the records began and what time it is now, marking the start if the mark is missing (a first
+# start, or Redis lost its data). A loser gets the record that beat it, in the same round trip.
+_CLAIM = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local since = tonumber(redis.call('GET', KEYS[2]))
+    if not since then
+        since = now
+        redis.call('SET', KEYS[2], now)
+    end
+    return {1, since, now}
+end
+return {0, redis.call('GET', KEYS[1])}
+"""
 
 
 async def pause() -> None:
@@ -138,12 +177,18 @@ def key_in_use() -> ApiError:
 
 
 class IdempotencyKey:
-    def __init__(self, redis: Redis, key: str, route: str, body: Any, ttl_s: int) -> None:
+    def __init__(self, redis: Redis, key: str, route: str, body: Any, ttl_s: int,
+                 since_key: str) -> None:
         self.redis = redis
         self.key = key
         self.route = route
         self.fingerprint = fingerprint(route, body)
         self.ttl_s = ttl_s
+        self.since_key = since_key
+        # Set by a won claim: when (Redis's time, ms) Redis last lost its data, if less than a
+        # key's lifetime ago. A record written before then may have gone with the data; one
+        # of a send made since then would still be here.
+        self.lost_records_before_ms: int | None = None
 
     async def claim(self) -> Replay | None:
         """None: this request owns the key and must :meth:`finish` or :meth:`release` it.
@@ -153,12 +198,14 @@ class IdempotencyKey:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + WAIT_TOTAL_S
         while True:
-            if await self.redis.set(self.key, pending, nx=True, ex=PENDING_TTL_S):
+            won, value, *now = await self.redis.eval(  # type: ignore[misc]
+                _CLAIM, 2, self.key, self.since_key, pending, PENDING_TTL_S)
+            if won:
+                since_ms = int(value)
+                if int(now[0]) - since_ms < self.ttl_s * 1000:
+                    self.lost_records_before_ms = since_ms
                 return None
-            raw = await self.redis.get(self.key)
-            if raw is None:
-                continue  # released or expired between the two calls: try to claim again
-            record = codec.loads(raw)
+            record = codec.loads(value)
             if record.get("route") != self.route:
                 raise key_reused()
             if record.get("state") == "done":
@@ -175,9 +222,10 @@ class IdempotencyKey:
                   "status": status, "body": body}
         return Remember(self.key, codec.dumps(record), self.ttl_s)
 
-    async def finish(self, status: int, body: Any) -> None:
+    async def finish(self, status: int, body: Any, ttl_s: int | None = None) -> None:
         done = self.remember(status, body)
-        await self.redis.set(done.key, done.record, ex=done.ttl_s)
+        await self.redis.set(done.key, done.record,
+                             ex=done.ttl_s if ttl_s is None else max(1, ttl_s))
 
     async def release(self) -> None:
         await self.redis.delete(self.key)
@@ -186,21 +234,35 @@ class IdempotencyKey:
 async def answer_once(
     request: web.Request, project: str, key: str | None, route: str, body: Any, status: int,
     response: Any, enqueue: Callable[[Remember | None], Awaitable[None]],
+    recover: Callable[[int], Awaitable[Earlier | None]] | None = None,
 ) -> web.Response:
     """Run ``enqueue`` and answer ``response`` with ``status``; under an idempotency key, only
     the first request with that key runs it and the others replay its answer. ``enqueue``
     gets the key's finished record (None without a key) and writes it atomically with its
-    XADD, so no instant exists at which the work is queued but the key is not answered."""
+    XADD, so no instant exists at which the work is queued but the key is not answered.
+    ``recover(before_ms)`` finds the key's first response in the system of record, from a
+    request made before ``before_ms`` (Redis's time of its last loss of data: a later one left
+    its record in Redis); it is asked only by the claim's winner, and only within a key's
+    lifetime of that loss."""
     if key is None:
         await enqueue(None)
         return json_response(response, status)
     app = request.app
-    idem = IdempotencyKey(app[REDIS], app[KEYS].api_idempotency(project, key), route, body,
-                          app[SETTINGS].caller_idempotency_ttl_s)
+    keys = app[KEYS]
+    idem = IdempotencyKey(app[REDIS], keys.api_idempotency(project, key), route, body,
+                          app[SETTINGS].caller_idempotency_ttl_s, keys.api_idempotency_since)
     replay = await idem.claim()
     if replay is not None:
         return json_response(replay.body, replay.status, {REPLAY_HEADER: "true"})
     try:
+        if recover is not None and idem.lost_records_before_ms is not None:
+            earlier = await recover(idem.lost_records_before_ms)
+            if earlier is not None:
+                await idem.finish(earlier.status, earlier.body, earlier.ttl_s)
+                log.info("Replayed the first response to an idempotency key from PostgreSQL: "
+                         "Redis lost its record with the rest of its data.",
+                         extra={"route": route, "project_id": project})
+                return json_response(earlier.body, earlier.status, {REPLAY_HEADER: "true"})
         await enqueue(idem.remember(status, response))
     except MaybeDone:
         raise

@@ -30,6 +30,7 @@ from notifkit.messages import CHANNELS, PRIORITIES, InboundMessage, Recipients
 from notifkit.services.api.errors import ApiError, invalid_field, json_response, not_found
 from notifkit.services.api.idempotency import (
     REPLAY_HEADER,
+    Earlier,
     Remember,
     answer_once,
     header_key,
@@ -123,15 +124,34 @@ async def send_notification(request: web.Request) -> web.Response:
     message = _validate(project, body)
     if (earlier := await replay_earlier(request, project, key, _SEND_ROUTE)) is not None:
         return earlier
-    # After the replay: a template deleted since the first request does not take its answer
-    # from a retry. A requested channel the template has no content for is no error: the
-    # engine sends generic content built from the template id and the data there (CONTRACT §6).
-    if not await request.app[ADMISSION].template_exists(project, message["template"]):
-        raise invalid_field("template", "no template with this id exists in this project")
     message["idempotencyKey"] = key
+
+    async def accept(remember: Remember | None) -> None:
+        # After the replay (from Redis, or from PostgreSQL once Redis lost the key's record):
+        # a template deleted since the first request does not take its answer from a retry.
+        # A requested channel the template has no content for is no error: the engine sends
+        # generic content built from the template id and the data there (CONTRACT §6).
+        if not await request.app[ADMISSION].template_exists(project, message["template"]):
+            raise invalid_field("template", "no template with this id exists in this project")
+        await _accept(request, message, remember)
+
     return await answer_once(request, project, key, _SEND_ROUTE, body, 202,
-                             {"id": message["eventId"], "status": "accepted"},
-                             lambda remember: _accept(request, message, remember))
+                             {"id": message["eventId"], "status": "accepted"}, accept,
+                             recover=lambda before_ms: _first_send(request, project, key,
+                                                                   before_ms))
+
+
+async def _first_send(request: web.Request, project: str, key: str | None,
+                      before_ms: int) -> Earlier | None:
+    """The first answer to ``key``, from the send PostgreSQL holds under it, made before Redis
+    lost the key's record: the answer the Redis path replays, ``{"id", "status": "accepted"}``.
+    A send made since then that Redis has no record of was never answered 202 (its enqueue
+    failed or was never known to run), so it is no first answer."""
+    assert key is not None
+    found = await request.app[ADMISSION].first_keyed_send(project, key, before_ms)
+    if found is None:
+        return None
+    return Earlier(202, {"id": found.event_id, "status": "accepted"}, found.ttl_s)
 
 
 @ops.route("GET", "/v1/notifications/{eventId}", "A notification's status and timelines",

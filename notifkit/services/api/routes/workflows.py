@@ -172,9 +172,10 @@ async def trigger_workflow(request: web.Request) -> web.Response:
     if key is None:
         instance_id, _ = await _start(request, project, workflow_id, user_id, data, steps, None)
         return json_response({"instanceId": instance_id}, 202)
+    # No PostgreSQL lookup after Redis lost the key: the instance's unique key arbitrates.
     idem = IdempotencyKey(
         app[REDIS], app[KEYS].api_idempotency(project, key), route, body,
-        app[SETTINGS].caller_idempotency_ttl_s,
+        app[SETTINGS].caller_idempotency_ttl_s, app[KEYS].api_idempotency_since,
     )
     replay = await idem.claim()
     if replay is not None:
