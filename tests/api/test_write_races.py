@@ -16,7 +16,6 @@ from redis.asyncio import Redis
 
 from notifkit.config import Settings
 from notifkit.db import logs
-from notifkit.db.pool import create_pool
 from notifkit.ids import uuid7
 from notifkit.keys import Keys
 from notifkit.services.api import idempotency
@@ -25,7 +24,7 @@ from notifkit.services.api.routes import inbox as inbox_routes
 from notifkit.services.api.state import HUB
 from notifkit.streams import xadd
 from notifkit.unsubscribe import make_token
-from tests.api.conftest import Api, Project, start_api
+from tests.api.conftest import Api, Project
 from tests.support.sessions import schema_session
 from tests.support.waiting import until, until_async
 
@@ -293,50 +292,31 @@ async def test_an_inbox_stream_opening_as_its_key_is_revoked_is_not_left_open(
     assert reply.status == 401, reply.body
 
 
-class _LiftedBetween:
-    """A pool whose first contact INSERT that finds the address already there sees it
-    deleted (by a PUT of the user's contacts, say) before the handler's next statement."""
-
-    def __init__(self, pool: asyncpg.Pool) -> None:
-        self._pool = pool
-        self.lifted = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._pool, name)
-
-    async def fetchrow(self, query: str, *args: Any) -> Any:
-        row = await self._pool.fetchrow(query, *args)
-        if query.startswith("INSERT INTO user_contacts") and row is None and not self.lifted:
-            self.lifted = True
-            await self._pool.execute(
-                "DELETE FROM user_contacts WHERE project_id = $1 AND user_id = $2 "
-                "AND channel = $3 AND target = $4", *args)
-        return row
-
-
 async def test_a_contact_added_as_the_same_address_is_removed_is_added(
-    api_settings: Settings,
+    api: Api, project: Project, other: asyncpg.Connection,
 ) -> None:
-    pool = await create_pool(api_settings)
-    lifting = _LiftedBetween(pool)
-    _server, client = await start_api(api_settings, db=lifting)
-    api = Api(client, api_settings)
-    try:
-        project = await api.project()
-        # Given a user with an address
-        made = await api.call("PUT", "/v1/users/u1", key=project.full, json={
-            "contacts": [{"channel": "email", "target": "ada@example.com"}]})
-        assert made.status == 201, made.body
+    # Given a user with an address
+    made = await api.call("PUT", "/v1/users/u1", key=project.full, json={
+        "contacts": [{"channel": "email", "target": "ada@example.com"}]})
+    assert made.status == 201, made.body
 
-        # When the address is added again while it is being removed
-        added = await api.call("POST", "/v1/users/u1/contacts", key=project.full,
-                               json={"channel": "email", "target": "ada@example.com"})
+    # And a PUT of the user's contacts under way, holding the user's row
+    removing = other.transaction()
+    await removing.start()
+    await other.execute("SELECT 1 FROM users WHERE project_id = $1 AND id = 'u1' "
+                        "FOR NO KEY UPDATE", project.id)
 
-        # Then it is added (the user exists: no 404 saying otherwise)
-        assert lifting.lifted
-        assert added.status == 201, added.body
-        got = await api.call("GET", "/v1/users/u1", key=project.full)
-        assert [c["target"] for c in got.body["contacts"]] == ["ada@example.com"]
-    finally:
-        await client.close()
-        await pool.close()
+    # When the address is added again meanwhile, and the PUT then removes it and commits
+    adding = asyncio.create_task(api.call(
+        "POST", "/v1/users/u1/contacts", key=project.full,
+        json={"channel": "email", "target": "ada@example.com"}))
+    await until_async(lambda: waiting_on_a_lock(other))
+    await other.execute("DELETE FROM user_contacts WHERE project_id = $1 AND user_id = 'u1'",
+                        project.id)
+    await removing.commit()
+    added = await adding
+
+    # Then the addition, coming second, added it (no 200 naming a contact that is gone)
+    assert added.status == 201, added.body
+    got = await api.call("GET", "/v1/users/u1", key=project.full)
+    assert [c["id"] for c in got.body["contacts"]] == [added.body["id"]]
