@@ -174,6 +174,7 @@ async def test_a_first_claim_marks_when_the_data_set_began(
     api: Api, project: Project, template: str, redis: Redis,
 ) -> None:
     keys = Keys(api.settings.namespace)
+    await redis_loses_its_data(redis, api)
     assert await redis.get(keys.api_idempotency_since) is None
     await send(api, project, "k1")
     since = await redis.get(keys.api_idempotency_since)
@@ -181,6 +182,35 @@ async def test_a_first_claim_marks_when_the_data_set_began(
     await send(api, project, "k2")
     assert await redis.get(keys.api_idempotency_since) == since
     assert await redis.ttl(keys.api_idempotency_since) == -1
+
+
+async def test_a_new_data_set_beside_no_recent_keyed_send_skips_every_lookup(
+    api: Api, project: Project, template: str, redis: Redis, db: asyncpg.Pool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At start, a Redis without the marker whose PostgreSQL holds no keyed send of the last
+    24 h lost nothing a retry could need: marked old, no keyed send looks anything up."""
+    keys = Keys(api.settings.namespace)
+    seconds, micros = await redis.time()
+    now_ms = seconds * 1000 + micros // 1000
+    since = await redis.get(keys.api_idempotency_since)
+    assert since is not None
+    assert int(since) < now_ms - DAY_MS
+    lookups = count_lookups(api, monkeypatch)
+    assert (await send(api, project, "k1")).status == 202
+    assert lookups == []
+    # While with a keyed send of the last 24 h in PostgreSQL, the marker is left to the
+    # first claim, which dates the data set from now (and looks keys up)
+    await redis_loses_its_data(redis, api)
+    marked = await idempotency.date_fresh_data_set(redis, keys.api_idempotency_since, db,
+                                                   api.settings.caller_idempotency_ttl_s)
+    assert (marked, await redis.get(keys.api_idempotency_since)) == (False, None)
+    # And a store that cannot answer leaves it to the claims as well, with a warning
+    closed = await asyncpg.create_pool(api.settings.database_url, min_size=0)
+    await closed.close()
+    assert not await idempotency.date_fresh_data_set(
+        redis, keys.api_idempotency_since, closed, api.settings.caller_idempotency_ttl_s)
+    assert await redis.get(keys.api_idempotency_since) is None
 
 
 async def test_requests_racing_after_the_loss_enqueue_nothing_and_share_one_lookup(

@@ -22,6 +22,7 @@ from notifkit.ratelimit import TokenBuckets
 from notifkit.services.api.admission import Admission
 from notifkit.services.api.auth import KeyCache
 from notifkit.services.api.errors import Handler, error_middleware, quiet_malformed_requests
+from notifkit.services.api.idempotency import date_fresh_data_set
 from notifkit.services.api.middleware import auth_middleware
 from notifkit.services.api.pubsub import Hub
 from notifkit.services.api.routing import Operation
@@ -164,6 +165,8 @@ def _resources(
         app[KEY_CACHE] = KeyCache(pool)
         app[RATE] = TokenBuckets(client)
         app[ADMISSION] = Admission(settings, app[KEYS], client, pool, app[RATE])
+        await date_fresh_data_set(client, app[KEYS].api_idempotency_since, pool,
+                                  settings.caller_idempotency_ttl_s)
         hub = Hub(client, app[KEYS], app[KEY_CACHE], app[ADMISSION])
         app[HUB] = hub
         task = asyncio.create_task(hub.run(), name="notifkit-api-pubsub")

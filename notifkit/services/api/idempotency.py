@@ -36,13 +36,16 @@ import asyncio
 import hashlib
 import json
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
 from aiohttp import web
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 
 from notifkit import codec
 from notifkit.services.api.errors import ApiError, invalid_field, json_response
@@ -106,6 +109,39 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
 end
 return {0, redis.call('GET', KEYS[1])}
 """
+
+
+# How long the start-up check below may ask PostgreSQL before leaving the marker to the claims.
+FRESH_CHECK_TIMEOUT_S = 2.0
+
+
+async def date_fresh_data_set(redis: Redis, since_key: str, pool: asyncpg.Pool,
+                              lifetime_s: int) -> bool:
+    """At start, a data set without the marker (a new Redis, or one that lost its data) whose
+    PostgreSQL holds no keyed send of the last ``lifetime_s`` lost no record a retry could
+    need: it is marked as older than that, so keyed sends skip the lookup from the first.
+    Otherwise the marker is left to the first claim, which dates the data set from now.
+    Best effort: a store that cannot answer leaves it to the claims too. True if it marked."""
+    try:
+        async with asyncio.timeout(FRESH_CHECK_TIMEOUT_S):
+            if await redis.exists(since_key):
+                return False
+            seconds, micros = await redis.time()
+            now_ms = seconds * 1000 + micros // 1000
+            oldest_ms = now_ms - lifetime_s * 1000
+            # Event ids are UUIDv7, time-ordered: the primary key finds the window's sends.
+            recent = await pool.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM notifications WHERE id >= $1 "
+                "AND idempotency_key IS NOT NULL)", uuid.UUID(int=max(0, oldest_ms) << 80))
+            if recent:
+                return False
+            return bool(await redis.set(since_key, oldest_ms - 1, nx=True))
+    except (RedisError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError,
+            TimeoutError) as exc:
+        log.warning("Could not tell at start whether Redis lost idempotency records (%s): "
+                    "keyed sends look up their key in PostgreSQL for up to 24 h.",
+                    type(exc).__name__)
+        return False
 
 
 async def pause() -> None:
