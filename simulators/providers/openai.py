@@ -113,6 +113,9 @@ MAX_METADATA_VALUE_CHARS = 512
 TASK_KEY = "notifkit_task_id"
 MODEL_CREATED_S = 1_700_000_000
 FINGERPRINT = "fp_notifkit_sim"
+# The tiers a completion can say it was served by; "auto" (and no tier asked for) is served
+# by the default tier, as OpenAI reports it.
+SERVICE_TIERS = frozenset({"default", "flex", "scale", "priority"})
 # Completion text is drawn from these words.
 _VOCABULARY = (
     "notification delivered reliably across every channel while the queue stays calm and the "
@@ -305,6 +308,8 @@ class OpenAI(HttpProvider):
             payload=payload,
             meta={
                 "model": model,
+                "service_tier": payload.get("service_tier")
+                if payload.get("service_tier") in SERVICE_TIERS else "default",
                 "choices": choices,
                 "prompt_tokens": prompt_size,
                 "stream": payload.get("stream") is True,
@@ -322,10 +327,16 @@ class OpenAI(HttpProvider):
     def success(self, record: MessageRecord, submission: Submission, request: web.Request) -> Reply:
         meta = record.meta
         completion_tokens = sum(choice["tokens"] for choice in meta["choices"])
-        usage = {
+        # OpenAI itemises every usage; nothing here is cached, reasoned, spoken or predicted.
+        usage: dict[str, Any] = {
             "prompt_tokens": meta["prompt_tokens"],
             "completion_tokens": completion_tokens,
             "total_tokens": meta["prompt_tokens"] + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+            "completion_tokens_details": {
+                "reasoning_tokens": 0, "audio_tokens": 0,
+                "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0,
+            },
         }
         created = int(record.received_at.timestamp())
         headers = {
@@ -353,6 +364,7 @@ class OpenAI(HttpProvider):
                 for index, choice in enumerate(meta["choices"])
             ],
             "usage": usage,
+            "service_tier": meta.get("service_tier", "default"),
             "system_fingerprint": FINGERPRINT,
         }
         return json_reply(200, completion, headers=headers)
@@ -897,7 +909,7 @@ def _stored_message(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def _event_stream(
-    completion_id: str, created: int, meta: dict[str, Any], usage: dict[str, int]
+    completion_id: str, created: int, meta: dict[str, Any], usage: dict[str, Any]
 ) -> bytes:
     """The same completion as chat.completion.chunk events, one word per chunk."""
     base = {
@@ -905,6 +917,7 @@ def _event_stream(
         "object": "chat.completion.chunk",
         "created": created,
         "model": meta["model"],
+        "service_tier": meta.get("service_tier", "default"),
     }
     base["system_fingerprint"] = FINGERPRINT
     events: list[dict[str, Any]] = []

@@ -772,3 +772,32 @@ async def test_a_forced_tool_call_past_max_tokens_is_cut_off(
         Lookup.model_validate_json(call.function.arguments)
     assert answer.usage is not None
     assert answer.usage.completion_tokens == 1
+
+
+async def test_usage_breaks_its_tokens_down_and_names_the_service_tier(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    """OpenAI's completions itemise usage (cached prompt tokens, reasoning tokens) and name
+    the tier that served them, plain and streamed; code reading
+    ``usage.completion_tokens_details.reasoning_tokens`` must not fail only here."""
+    ai = client(sim)
+    plain = await ai.chat.completions.create(model="o4-mini", messages=PROMPT)
+    flex = await ai.chat.completions.create(model="gpt-4o", messages=PROMPT,
+                                            service_tier="flex")
+    stream = await ai.chat.completions.create(
+        model="gpt-4o", messages=PROMPT, stream=True, stream_options={"include_usage": True})
+    chunks = [chunk async for chunk in stream]
+
+    for usage in (plain.usage, flex.usage, chunks[-1].usage):
+        assert usage is not None
+        assert usage.prompt_tokens_details is not None
+        assert usage.prompt_tokens_details.cached_tokens == 0
+        assert usage.prompt_tokens_details.audio_tokens == 0
+        assert usage.completion_tokens_details is not None
+        assert usage.completion_tokens_details.reasoning_tokens == 0
+        assert usage.completion_tokens_details.audio_tokens == 0
+        assert usage.completion_tokens_details.accepted_prediction_tokens == 0
+        assert usage.completion_tokens_details.rejected_prediction_tokens == 0
+    assert plain.service_tier == "default"
+    assert flex.service_tier == "flex"
+    assert {chunk.service_tier for chunk in chunks} == {"default"}
