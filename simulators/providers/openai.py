@@ -369,6 +369,20 @@ class OpenAI(HttpProvider):
         }
         return json_reply(200, completion, headers=headers)
 
+    def quota_headers(self, state: SimState, api_key: str) -> dict[str, str]:
+        """OpenAI states its request limit with every answer: the limit per minute, what the
+        key has left and when it is full again. Unmetered (no limit set) the simulator has
+        no limit to state, and states none."""
+        quota = state.limits.quota(self.provider, api_key)
+        if quota is None:
+            return {}
+        limit, remaining, refill_s = quota
+        return {
+            "x-ratelimit-limit-requests": str(limit.per_minute),
+            "x-ratelimit-remaining-requests": str(remaining),
+            "x-ratelimit-reset-requests": _duration(refill_s),
+        }
+
     def no_route(self, method: str, path: str, status: int) -> Reply:
         error = {
             "message": f"Invalid URL ({method} {path})",
@@ -406,6 +420,17 @@ class OpenAI(HttpProvider):
             }
         }
         return json_reply(spec.status, body, headers=headers, retry_after_s=spec.retry_after_s)
+
+
+def _duration(seconds: float) -> str:
+    """A wait as OpenAI writes it in its reset headers: ``17ms``, ``8.64s``, ``6m0s``."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        return f"{math.ceil(seconds * 1000)}ms"
+    minutes, rest = divmod(round(seconds, 3), 60)
+    text = f"{rest:.3f}".rstrip("0").rstrip(".")
+    return f"{int(minutes)}m{text}s" if minutes else f"{text}s"
 
 
 def _request_id() -> dict[str, str]:
