@@ -116,6 +116,7 @@ FINGERPRINT = "fp_notifkit_sim"
 # The tiers a completion can say it was served by; "auto" (and no tier asked for) is served
 # by the default tier, as OpenAI reports it.
 SERVICE_TIERS = frozenset({"default", "flex", "scale", "priority"})
+ASKABLE_TIERS = ("auto", "default", "flex", "scale", "priority")
 # Completion text is drawn from these words.
 _VOCABULARY = (
     "notification delivered reliably across every channel while the queue stays calm and the "
@@ -254,6 +255,7 @@ class OpenAI(HttpProvider):
         _check_metadata(payload.get("metadata"))
         _check_companions(payload)
         _check_stop_and_logprobs(payload)
+        _check_service_tier(payload.get("service_tier"))
         n = _positive_int(payload, "n", maximum=128) or 1
         limit = _positive_int(payload, "max_completion_tokens", maximum=1_000_000)
         limit = limit or _positive_int(payload, "max_tokens", maximum=1_000_000)
@@ -808,6 +810,20 @@ def _check_reasoning_options(payload: dict[str, Any]) -> None:
             field_name="temperature",
             code="unsupported_value",
         )
+
+
+def _check_service_tier(tier: object) -> None:
+    """A tier OpenAI has (its JSON type was checked with every argument's)."""
+    if tier is None or tier in ASKABLE_TIERS:
+        return
+    shown = json.dumps(tier)[:40]
+    raise Rejection(
+        ErrorCase.BAD_REQUEST,
+        f"Invalid value: {shown}. Supported values are: 'auto', 'default', 'flex', 'scale', "
+        "and 'priority'.",
+        field_name="service_tier",
+        code="invalid_value",
+    )
 
 
 def _check_stop_and_logprobs(payload: dict[str, Any]) -> None:

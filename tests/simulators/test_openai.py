@@ -801,3 +801,25 @@ async def test_usage_breaks_its_tokens_down_and_names_the_service_tier(
     assert plain.service_tier == "default"
     assert flex.service_tier == "flex"
     assert {chunk.service_tier for chunk in chunks} == {"default"}
+
+
+async def test_a_service_tier_openai_does_not_have_is_its_400(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    """OpenAI serves auto (its default tier), default, flex, scale and priority, and refuses
+    any other tier naming it, rather than serving it as the default."""
+    ai = client(sim)
+    auto = await ai.chat.completions.create(model="gpt-4o", messages=PROMPT, service_tier="auto")
+    assert auto.service_tier == "default"
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        await ai.chat.completions.create(
+            model="gpt-4o", messages=PROMPT,
+            extra_body={"service_tier": "premium"})
+
+    error = refused.value.body
+    assert isinstance(error, dict)
+    assert (error["param"], error["code"]) == ("service_tier", "invalid_value")
+    assert error["message"] == ("Invalid value: \"premium\". Supported values are: 'auto', "
+                                "'default', 'flex', 'scale', and 'priority'.")
+    assert len(await sim.messages("openai")) == 1
