@@ -266,6 +266,11 @@ class OpenAI(HttpProvider):
         base_model = SNAPSHOTS.get(model, model)
         if base_model in REASONING_MODELS:
             _check_reasoning_options(payload)
+        elif payload.get("reasoning_effort") is not None and not model.startswith(
+                SIM_MODEL_PREFIX):
+            # A model that does not reason does not know the argument, in OpenAI's words.
+            raise Rejection(ErrorCase.BAD_REQUEST,
+                            "Unrecognized request argument supplied: reasoning_effort")
         prompt_size = prompt_tokens(messages)
         window = CONTEXT_TOKENS.get(base_model, DEFAULT_CONTEXT_TOKENS)
         if prompt_size > window:

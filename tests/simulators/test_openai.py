@@ -644,11 +644,41 @@ def test_the_simulator_knows_every_parameter_the_sdk_sends() -> None:
 async def test_every_documented_parameter_is_accepted(
     sim: SimulatorServer, client: Factory
 ) -> None:
+    # reasoning_effort is a reasoning model's (below); gpt-4o refuses it.
     completion = await client(sim).chat.completions.create(
-        model="gpt-4o", messages=PROMPT, **EVERY_PARAMETER)
+        model="gpt-4o", messages=PROMPT,
+        **{k: v for k, v in EVERY_PARAMETER.items() if k != "reasoning_effort"})
     assert len(completion.choices) == 2
     [record] = await sim.messages("openai")
     assert record["taskId"] == "task-every"
+
+
+@pytest.mark.parametrize("model", ["o4-mini", "gpt-5-mini-2025-08-07", "sim-digest"])
+async def test_reasoning_effort_is_taken_by_the_reasoning_models(
+    sim: SimulatorServer, client: Factory, model: str
+) -> None:
+    completion = await client(sim).chat.completions.create(
+        model=model, messages=PROMPT, reasoning_effort="low")
+    assert completion.choices[0].message.content
+
+
+@pytest.mark.parametrize("model", ["gpt-4o", "gpt-4o-mini-2024-07-18", "gpt-4.1-nano",
+                                   "gpt-3.5-turbo"])
+async def test_reasoning_effort_is_an_unrecognized_argument_to_other_models(
+    sim: SimulatorServer, client: Factory, model: str
+) -> None:
+    """OpenAI refuses reasoning_effort to a model that does not reason, as an argument it
+    does not know; the simulator answered it, so a client sending it to gpt-4o passed only
+    here."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client(sim).chat.completions.create(
+            model=model, messages=PROMPT, reasoning_effort="low")
+
+    error = refused.value.body
+    assert isinstance(error, dict)
+    assert error["message"] == "Unrecognized request argument supplied: reasoning_effort"
+    assert (error["param"], error["code"]) == (None, None)
+    assert await sim.messages("openai") == []
 
 
 class Lookup(BaseModel):
