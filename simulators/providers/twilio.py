@@ -3,7 +3,8 @@
 HTTP Basic auth (Account SID or API key SID : Auth Token or secret; an Account SID other
 than the path's is 401 20003, as Twilio answers it), form-encoded body with
 `To`, `From` (or `MessagingServiceSid`) and `Body` (or `MediaUrl` / `ContentSid`).
-Success is 201 with the Message resource (`sid` "SM" + 32 hex, `status` "queued").
+Success is 201 with the Message resource (`sid` "SM" + 32 hex, `status` "queued"; "scheduled"
+for one sent later, `ScheduleType` fixed with a `SendAt`, until its time).
 Errors are `{"code", "message", "more_info", "status"}` with Twilio's error codes.
 
 Twilio's test credentials answer fixed errors for "magic" To numbers; so does the simulator:
@@ -41,6 +42,7 @@ from simulators.pipeline import (
     header_task_id,
 )
 from simulators.providers.common import drop_none, is_phone_number, stored_text, task_id_text
+from simulators.receipts import due_in_s
 from simulators.records import MessageRecord
 from simulators.replies import Reply, json_reply
 from simulators.state import SimState
@@ -150,6 +152,7 @@ class Twilio(HttpProvider):
         callback = fields.get("StatusCallback") or None
         if callback is not None and not _absolute_http_url(callback):
             raise _error(21609, f"The StatusCallback URL {callback} is not a valid URL.")
+        send_at = _schedule(fields, service)
         _, auth_token = basic_auth(request)
         return Submission(
             recipients=[to],
@@ -161,6 +164,7 @@ class Twilio(HttpProvider):
                     "messaging_service_sid": service or None,
                     "media_url": media or None,
                     "status_callback": callback,
+                    "send_at": send_at,
                 }
             ),
             task_id=header_task_id(request) or _callback_task_id(callback),
@@ -172,6 +176,7 @@ class Twilio(HttpProvider):
                 "status_callback": callback,
                 "messaging_service_sid": service or None,
                 "num_media": len(media),
+                "send_at": send_at,
             },
         )
 
@@ -230,6 +235,32 @@ def _valid_period(value: str) -> bool:
             and 1 <= int(text) <= MAX_VALIDITY_S)
 
 
+def _schedule(fields: dict[str, str], service: str) -> str | None:
+    """`SendAt` of a message scheduled for later (`ScheduleType` fixed), checked as Twilio
+    checks it: only a Messaging Service schedules, and the time must be one ahead; None for
+    a message sent now."""
+    kind = fields.get("ScheduleType", "").strip()
+    if not kind:
+        return None
+    if kind != "fixed":
+        raise _error(35126, "The ScheduleType value provided is not supported for this "
+                            "channel.")
+    send_at = fields.get("SendAt", "").strip()
+    if not send_at:
+        raise _error(35111, "SendAt timestamp is missing.")
+    if not service:
+        raise _error(35118, "MessagingServiceSid is required to schedule a message.")
+    try:
+        moment = datetime.fromisoformat(send_at.replace("Z", "+00:00"))
+    except ValueError:
+        moment = None
+    if moment is not None and moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    if moment is None or moment <= datetime.now(UTC):
+        raise _error(35114, "Scheduling does not support this timestamp.")
+    return send_at
+
+
 def message_resource(record: MessageRecord, *, created: bool = False) -> dict[str, Any]:
     """The Message resource: as the create call answers it (`created`), or as it reads later,
     its status from the receipts the simulator has drawn for it."""
@@ -237,7 +268,10 @@ def message_resource(record: MessageRecord, *, created: bool = False) -> dict[st
     uri = f"/{API_VERSION}/Accounts/{account_sid}/Messages/{record.id}"
     text = record.content.get("body") or ""
     received = _rfc2822(record.received_at)
-    if created:
+    if due_in_s(record) > 0:
+        # Until its time comes a scheduled message is only that, whatever fate it will meet.
+        status, date_sent, date_updated = "scheduled", None, received
+    elif created:
         status = "accepted" if record.meta.get("messaging_service_sid") else "queued"
         date_sent, date_updated = None, received
     else:
