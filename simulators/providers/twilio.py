@@ -139,6 +139,11 @@ class Twilio(HttpProvider):
         if sender in MAGIC_SENDERS:
             code, message = MAGIC_SENDERS[sender]
             raise _error(code, message.format(sender=sender))
+        if sender == to:
+            # A number cannot message itself; a channel address (whatsapp:...) has its own code.
+            if ":" in to:
+                raise _error(63031, "Channels message cannot have same 'From' and 'To'")
+            raise _error(21266, "'To' and 'From' numbers cannot be the same")
         if to in MAGIC_NUMBERS:
             code, message = MAGIC_NUMBERS[to]
             raise _error(code, message.format(to=to))
