@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import re
 from datetime import UTC, datetime
 from email.utils import format_datetime
@@ -266,6 +267,19 @@ def _schedule(fields: dict[str, str], service: str) -> str | None:
     return send_at
 
 
+def sent_at(record: MessageRecord) -> datetime | None:
+    """When the message went out: None while a scheduled one waits for its time, which is
+    then when it went; any other when it was accepted."""
+    if due_in_s(record) > 0:
+        return None
+    when = record.meta.get("send_at")
+    if isinstance(when, str):
+        with contextlib.suppress(ValueError):
+            moment = datetime.fromisoformat(when.replace("Z", "+00:00"))
+            return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return record.received_at
+
+
 def message_resource(record: MessageRecord, *, created: bool = False) -> dict[str, Any]:
     """The Message resource: as the create call answers it (`created`), or as it reads later,
     its status from the receipts the simulator has drawn for it."""
@@ -281,7 +295,7 @@ def message_resource(record: MessageRecord, *, created: bool = False) -> dict[st
         date_sent, date_updated = None, received
     else:
         status = _STATUS.get(record.last_event, "delivered")
-        date_sent = received
+        date_sent = _rfc2822(sent_at(record) or record.received_at)
         date_updated = _rfc2822(record.last_event_at or record.received_at)
     error_code, error_message = _DELIVERY_ERROR if status == "undelivered" else (None, None)
     return {

@@ -266,3 +266,25 @@ async def test_a_schedule_twilio_cannot_take_is_its_400(
 
     assert (status, body["code"]) == (400, code)
     assert await sim.messages("twilio") == []
+
+
+async def test_a_message_not_sent_yet_has_no_date_sent_to_be_found_by(
+    sim: SimulatorServer
+) -> None:
+    """A scheduled message waiting for its time has not been sent: a DateSent filter does not
+    find it (its date_sent is null), while the plain list does."""
+    twilio = client(sim)
+    send_at = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=0)
+    scheduled = await asyncio.to_thread(
+        twilio.messages.create, to="+15558675310", messaging_service_sid=SERVICE_SID,
+        body="Tomorrow", schedule_type="fixed", send_at=send_at)
+    hour_ago = datetime.now(UTC) - timedelta(hours=1)
+
+    everything = await asyncio.to_thread(twilio.messages.list)
+    sent_since = await asyncio.to_thread(twilio.messages.list, date_sent_after=hour_ago)
+    created_on = scheduled.date_created.astimezone(UTC).date()
+    sent_that_day = await asyncio.to_thread(twilio.messages.list, date_sent=created_on)
+
+    assert [m.sid for m in everything] == [scheduled.sid]
+    assert sent_since == []
+    assert sent_that_day == []
