@@ -118,14 +118,15 @@ def parse_config(payload: object) -> ReceiptConfig:
 
 
 # Where each provider that schedules keeps a message's time (an ISO 8601 text): Resend's
-# `scheduled_at`, Twilio's `SendAt`.
-_SCHEDULED_AT = {Provider.RESEND: "scheduled_at", Provider.TWILIO: "send_at"}
+# `scheduled_at`, Twilio's `SendAt`, SendGrid's `send_at` (a Unix time on the wire).
+_SCHEDULED_AT = {Provider.RESEND: "scheduled_at", Provider.TWILIO: "send_at",
+                 Provider.SENDGRID: "send_at"}
 
 
 def due_in_s(record: MessageRecord) -> float:
     """Seconds until a message scheduled for later (a Resend email's `scheduled_at`, a Twilio
-    message's `SendAt`) is sent; 0 for one sent now, or whose time the simulator does not
-    read (Resend's natural language, "in 1 min")."""
+    message's `SendAt`, a SendGrid message's `send_at`) is sent; 0 for one sent now, or whose
+    time the simulator does not read (Resend's natural language, "in 1 min")."""
     key = _SCHEDULED_AT.get(record.provider)
     when = record.meta.get(key) if key else None
     if not isinstance(when, str):

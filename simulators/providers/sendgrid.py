@@ -14,6 +14,7 @@ import binascii
 import math
 import string
 import time
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from aiohttp import web
@@ -36,7 +37,7 @@ from simulators.providers.common import (
     stored_text,
     task_id_text,
 )
-from simulators.records import MessageRecord
+from simulators.records import MessageRecord, iso
 from simulators.replies import Reply, json_reply
 from simulators.schema_instance import json_type
 from simulators.state import SimState
@@ -189,6 +190,8 @@ class SendGrid(HttpProvider):
         bodies = {str(b.get("type")): stored_text(b.get("value")) for b in blocks}
         settings = payload.get("mail_settings")
         sandbox = isinstance(settings, dict) and _enabled(settings.get("sandbox_mode"))
+        # A personalization's send_at overrides the message's, as SendGrid reads them.
+        later = first.get("send_at") if type(first.get("send_at")) is int else send_at
         return Submission(
             recipients=recipients,
             recipient_fields=recipient_fields,
@@ -209,6 +212,8 @@ class SendGrid(HttpProvider):
             task_id=task_id,
             idempotency_key=request.headers.get(IDEMPOTENCY_HEADER),
             payload=payload,
+            meta={"send_at": iso(datetime.fromtimestamp(later, UTC))}
+            if type(later) is int else {},
             deliver=not sandbox,
         )
 

@@ -395,3 +395,30 @@ async def test_provider_rate_limit(sim: SimulatorServer) -> None:
     # X-RateLimit-Reset is a Unix time no sooner than Retry-After allows.
     reset_at = int(caught.value.headers["X-RateLimit-Reset"])
     assert reset_at >= int(time.time()) + int(caught.value.headers["Retry-After"]) - 1
+
+
+@pytest.mark.parametrize("where", ["message", "personalization"])
+async def test_a_message_sent_later_gets_its_receipts_after_its_send_at(
+    sim: SimulatorServer, where: str
+) -> None:
+    """SendGrid sends a message with a send_at (on the message or its personalization) at
+    that time, and nothing happens to it before; the simulator's receipts for it came at
+    once."""
+    from simulators.kinds import Provider
+    from simulators.receipts import due_in_s
+
+    later = int(time.time()) + 3600
+    mail = message().get()
+    if where == "message":
+        mail["send_at"] = later
+    else:
+        mail["personalizations"][0]["send_at"] = later
+    await send(client(sim), mail)
+    await send(client(sim), message("bob@example.com"))
+
+    [now_sent, scheduled] = [sim.state.messages.find(Provider.SENDGRID, m["id"])
+                             for m in await sim.messages("sendgrid")]
+    assert scheduled is not None
+    assert now_sent is not None
+    assert 3500 < due_in_s(scheduled) <= 3600
+    assert due_in_s(now_sent) == 0.0
