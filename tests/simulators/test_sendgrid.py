@@ -173,17 +173,25 @@ async def test_other_content_types_come_after_plain_text_and_html(sim: Simulator
     assert errors(caught)[0]["field"] == "content"
 
 
-@pytest.mark.parametrize("send_at", ["1700000000", 1.5, -1, True])
+@pytest.mark.parametrize("send_at", ["1700000000", 1.5, -1, True, -99_999_999_999_999])
+@pytest.mark.parametrize("where", ["message", "personalization"])
 async def test_send_at_that_is_not_a_unix_timestamp_is_400(
-    sim: SimulatorServer, send_at: object
+    sim: SimulatorServer, send_at: object, where: str
 ) -> None:
+    # A personalization's send_at is the same Unix timestamp as the message's; it was taken
+    # whatever it held, and one far before 1970 was the simulator's 500.
     body = message().get()
-    body["send_at"] = send_at
+    if where == "message":
+        body["send_at"] = send_at
+    else:
+        body["personalizations"][0]["send_at"] = send_at
 
     with pytest.raises(exceptions.BadRequestsError) as caught:
         await send(client(sim), body)
 
-    assert errors(caught)[0]["field"] == "send_at"
+    field = "send_at" if where == "message" else "personalizations.0.send_at"
+    assert errors(caught)[0]["field"] == field
+    assert await sim.messages("sendgrid") == []
 
 
 ATTACHMENT = {"content": "aGVsbG8=", "filename": "a.txt", "type": "text/plain"}
