@@ -97,6 +97,7 @@ _ERRORS: dict[ErrorCase, tuple[int, str]] = {
 }
 MAX_BODY_CHARS = 1600
 MAX_VALIDITY_S = 36_000  # ValidityPeriod: at most 10 hours
+MAX_SCHEDULE_AHEAD_S = 35 * 86_400  # SendAt: at most 35 days ahead
 
 
 class Twilio(HttpProvider):
@@ -262,7 +263,9 @@ def _schedule(fields: dict[str, str], service: str) -> str | None:
         moment = None
     if moment is not None and moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    if moment is None or moment <= datetime.now(UTC):
+    # Comparing the offsets out: a time at the end of the calendar cannot be moved to UTC.
+    ahead_s = moment.timestamp() - datetime.now(UTC).timestamp() if moment else 0.0
+    if not 0 < ahead_s <= MAX_SCHEDULE_AHEAD_S:
         raise _error(35114, "Scheduling does not support this timestamp.")
     return send_at
 

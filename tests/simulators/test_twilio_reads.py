@@ -252,7 +252,11 @@ def test_a_scheduled_message_gets_its_receipts_once_its_time_has_come() -> None:
      35114),
     ({"ScheduleType": "fixed", "SendAt": "2020-01-01T00:00:00Z",
       "MessagingServiceSid": SERVICE_SID}, 35114),
-], ids=["no-send-at", "no-messaging-service", "not-fixed", "send-at-no-time", "send-at-past"])
+    # Twilio schedules up to 35 days ahead.
+    ({"ScheduleType": "fixed", "SendAt": "9999-12-31T23:59:59-23:59",
+      "MessagingServiceSid": SERVICE_SID}, 35114),
+], ids=["no-send-at", "no-messaging-service", "not-fixed", "send-at-no-time", "send-at-past",
+        "send-at-past-35-days"])
 async def test_a_schedule_twilio_cannot_take_is_its_400(
     sim: SimulatorServer, fields: dict[str, str], code: int
 ) -> None:
