@@ -108,7 +108,8 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
 
         # Unaffected: the same processes deliver a normal notification.
         system.check_alive(result, LAYOUT)
-        sent = await system.send_many(users[: int(params["messages"])] * 2, template="basic")
+        sent = await system.send_many(
+            [users[i % len(users)] for i in range(int(params["messages"]))], template="basic")
         waiting = await system.quiesce(float(params["drain_timeout_s"]))
         result.check(not waiting, f"the system never drained after the garbage: {waiting}")
         await system.account(sent, result)

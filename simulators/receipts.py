@@ -117,12 +117,19 @@ def parse_config(payload: object) -> ReceiptConfig:
     return ReceiptConfig(url=url, secret=secret, delay_ms=delay_ms, probabilities=probabilities)
 
 
+# Where each provider that schedules keeps a message's time (an ISO 8601 text): Resend's
+# `scheduled_at`, Twilio's `SendAt`, SendGrid's `send_at` (a Unix time on the wire).
+_SCHEDULED_AT = {Provider.RESEND: "scheduled_at", Provider.TWILIO: "send_at",
+                 Provider.SENDGRID: "send_at"}
+
+
 def due_in_s(record: MessageRecord) -> float:
-    """Seconds until a Resend email scheduled for later (`scheduled_at`, an ISO 8601 time) is
-    sent; 0 for one sent now, or whose time the simulator does not read (Resend's natural
-    language, "in 1 min")."""
-    when = record.meta.get("scheduled_at")
-    if record.provider is not Provider.RESEND or not isinstance(when, str):
+    """Seconds until a message scheduled for later (a Resend email's `scheduled_at`, a Twilio
+    message's `SendAt`, a SendGrid message's `send_at`) is sent; 0 for one sent now, or whose
+    time the simulator does not read (Resend's natural language, "in 1 min")."""
+    key = _SCHEDULED_AT.get(record.provider)
+    when = record.meta.get(key) if key else None
+    if not isinstance(when, str):
         return 0.0
     try:
         moment = datetime.fromisoformat(when.strip().replace("Z", "+00:00"))
@@ -318,7 +325,7 @@ class ReceiptSender:
     async def _send_all(
         self, config: ReceiptConfig, record: MessageRecord, events: list[str]
     ) -> None:
-        # Nothing happens to a scheduled email before it is sent.
+        # Nothing happens to a scheduled message before it is sent.
         wait_s = config.delay_ms / 1000.0 + due_in_s(record)
         if wait_s:
             await asyncio.sleep(wait_s)

@@ -113,6 +113,10 @@ MAX_METADATA_VALUE_CHARS = 512
 TASK_KEY = "notifkit_task_id"
 MODEL_CREATED_S = 1_700_000_000
 FINGERPRINT = "fp_notifkit_sim"
+# The tiers a completion can say it was served by; "auto" (and no tier asked for) is served
+# by the default tier, as OpenAI reports it.
+SERVICE_TIERS = frozenset({"default", "flex", "scale", "priority"})
+ASKABLE_TIERS = ("auto", "default", "flex", "scale", "priority")
 # Completion text is drawn from these words.
 _VOCABULARY = (
     "notification delivered reliably across every channel while the queue stays calm and the "
@@ -251,6 +255,7 @@ class OpenAI(HttpProvider):
         _check_metadata(payload.get("metadata"))
         _check_companions(payload)
         _check_stop_and_logprobs(payload)
+        _check_service_tier(payload.get("service_tier"))
         n = _positive_int(payload, "n", maximum=128) or 1
         limit = _positive_int(payload, "max_completion_tokens", maximum=1_000_000)
         limit = limit or _positive_int(payload, "max_tokens", maximum=1_000_000)
@@ -261,6 +266,11 @@ class OpenAI(HttpProvider):
         base_model = SNAPSHOTS.get(model, model)
         if base_model in REASONING_MODELS:
             _check_reasoning_options(payload)
+        elif payload.get("reasoning_effort") is not None and not model.startswith(
+                SIM_MODEL_PREFIX):
+            # A model that does not reason does not know the argument, in OpenAI's words.
+            raise Rejection(ErrorCase.BAD_REQUEST,
+                            "Unrecognized request argument supplied: reasoning_effort")
         prompt_size = prompt_tokens(messages)
         window = CONTEXT_TOKENS.get(base_model, DEFAULT_CONTEXT_TOKENS)
         if prompt_size > window:
@@ -305,6 +315,8 @@ class OpenAI(HttpProvider):
             payload=payload,
             meta={
                 "model": model,
+                "service_tier": payload.get("service_tier")
+                if payload.get("service_tier") in SERVICE_TIERS else "default",
                 "choices": choices,
                 "prompt_tokens": prompt_size,
                 "stream": payload.get("stream") is True,
@@ -322,10 +334,16 @@ class OpenAI(HttpProvider):
     def success(self, record: MessageRecord, submission: Submission, request: web.Request) -> Reply:
         meta = record.meta
         completion_tokens = sum(choice["tokens"] for choice in meta["choices"])
-        usage = {
+        # OpenAI itemises every usage; nothing here is cached, reasoned, spoken or predicted.
+        usage: dict[str, Any] = {
             "prompt_tokens": meta["prompt_tokens"],
             "completion_tokens": completion_tokens,
             "total_tokens": meta["prompt_tokens"] + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+            "completion_tokens_details": {
+                "reasoning_tokens": 0, "audio_tokens": 0,
+                "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0,
+            },
         }
         created = int(record.received_at.timestamp())
         headers = {
@@ -353,9 +371,24 @@ class OpenAI(HttpProvider):
                 for index, choice in enumerate(meta["choices"])
             ],
             "usage": usage,
+            "service_tier": meta.get("service_tier", "default"),
             "system_fingerprint": FINGERPRINT,
         }
         return json_reply(200, completion, headers=headers)
+
+    def quota_headers(self, state: SimState, api_key: str) -> dict[str, str]:
+        """OpenAI states its request limit with every answer: the limit per minute, what the
+        key has left and when it is full again. Unmetered (no limit set) the simulator has
+        no limit to state, and states none."""
+        quota = state.limits.quota(self.provider, api_key)
+        if quota is None:
+            return {}
+        limit, remaining, refill_s = quota
+        return {
+            "x-ratelimit-limit-requests": str(limit.per_minute),
+            "x-ratelimit-remaining-requests": str(remaining),
+            "x-ratelimit-reset-requests": _duration(refill_s),
+        }
 
     def no_route(self, method: str, path: str, status: int) -> Reply:
         error = {
@@ -394,6 +427,17 @@ class OpenAI(HttpProvider):
             }
         }
         return json_reply(spec.status, body, headers=headers, retry_after_s=spec.retry_after_s)
+
+
+def _duration(seconds: float) -> str:
+    """A wait as OpenAI writes it in its reset headers: ``17ms``, ``8.64s``, ``6m0s``."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        return f"{math.ceil(seconds * 1000)}ms"
+    minutes, rest = divmod(round(seconds, 3), 60)
+    text = f"{rest:.3f}".rstrip("0").rstrip(".")
+    return f"{int(minutes)}m{text}s" if minutes else f"{text}s"
 
 
 def _request_id() -> dict[str, str]:
@@ -773,6 +817,20 @@ def _check_reasoning_options(payload: dict[str, Any]) -> None:
         )
 
 
+def _check_service_tier(tier: object) -> None:
+    """A tier OpenAI has (its JSON type was checked with every argument's)."""
+    if tier is None or tier in ASKABLE_TIERS:
+        return
+    shown = json.dumps(tier)[:40]
+    raise Rejection(
+        ErrorCase.BAD_REQUEST,
+        f"Invalid value: {shown}. Supported values are: 'auto', 'default', 'flex', 'scale', "
+        "and 'priority'.",
+        field_name="service_tier",
+        code="invalid_value",
+    )
+
+
 def _check_stop_and_logprobs(payload: dict[str, Any]) -> None:
     """Up to 4 `stop` sequences, each a string, and 0-20 `top_logprobs` (their JSON types
     were checked with every argument's), in OpenAI's words."""
@@ -897,7 +955,7 @@ def _stored_message(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def _event_stream(
-    completion_id: str, created: int, meta: dict[str, Any], usage: dict[str, int]
+    completion_id: str, created: int, meta: dict[str, Any], usage: dict[str, Any]
 ) -> bytes:
     """The same completion as chat.completion.chunk events, one word per chunk."""
     base = {
@@ -905,6 +963,7 @@ def _event_stream(
         "object": "chat.completion.chunk",
         "created": created,
         "model": meta["model"],
+        "service_tier": meta.get("service_tier", "default"),
     }
     base["system_fingerprint"] = FINGERPRINT
     events: list[dict[str, Any]] = []

@@ -14,6 +14,7 @@ import binascii
 import math
 import string
 import time
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from aiohttp import web
@@ -36,7 +37,7 @@ from simulators.providers.common import (
     stored_text,
     task_id_text,
 )
-from simulators.records import MessageRecord
+from simulators.records import MessageRecord, iso
 from simulators.replies import Reply, json_reply
 from simulators.schema_instance import json_type
 from simulators.state import SimState
@@ -160,16 +161,12 @@ class SendGrid(HttpProvider):
                 )
         _check_content_order(blocks)
         send_at = payload.get("send_at")
-        if send_at is not None and (type(send_at) is not int or send_at < 0):
-            raise _invalid(
-                "send_at must be a Unix timestamp: a whole number of seconds.",
-                "send_at",
-                "#message.send_at",
-            )
+        _check_timestamp(send_at, "send_at")
         _check_custom_args(payload.get("custom_args"), "custom_args")
         for index, personalization in enumerate(personalizations):
             _check_custom_args(personalization.get("custom_args"),
                                f"personalizations.{index}.custom_args")
+            _check_timestamp(personalization.get("send_at"), f"personalizations.{index}.send_at")
             _check_scheduling(personalization.get("send_at"),
                               f"personalizations.{index}.send_at")
             _check_headers(personalization.get("headers"), f"personalizations.{index}.headers")
@@ -189,6 +186,8 @@ class SendGrid(HttpProvider):
         bodies = {str(b.get("type")): stored_text(b.get("value")) for b in blocks}
         settings = payload.get("mail_settings")
         sandbox = isinstance(settings, dict) and _enabled(settings.get("sandbox_mode"))
+        # A personalization's send_at overrides the message's, as SendGrid reads them.
+        later = first.get("send_at") if type(first.get("send_at")) is int else send_at
         return Submission(
             recipients=recipients,
             recipient_fields=recipient_fields,
@@ -209,6 +208,8 @@ class SendGrid(HttpProvider):
             task_id=task_id,
             idempotency_key=request.headers.get(IDEMPOTENCY_HEADER),
             payload=payload,
+            meta={"send_at": iso(datetime.fromtimestamp(later, UTC))}
+            if type(later) is int else {},
             deliver=not sandbox,
         )
 
@@ -266,6 +267,13 @@ def _check_custom_args(args: object, field_name: str) -> None:
     if not all(isinstance(value, str) for value in args.values()):
         raise _invalid("All values of custom arguments object must be strings",
                        field_name, "#message.custom_args")
+
+
+def _check_timestamp(send_at: object, field_name: str) -> None:
+    """A send_at, the message's or a personalization's, is a Unix timestamp or absent."""
+    if send_at is not None and (type(send_at) is not int or send_at < 0):
+        raise _invalid("send_at must be a Unix timestamp: a whole number of seconds.",
+                       field_name, "#message.send_at")
 
 
 def _check_scheduling(send_at: object, field_name: str) -> None:

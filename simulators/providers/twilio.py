@@ -3,7 +3,8 @@
 HTTP Basic auth (Account SID or API key SID : Auth Token or secret; an Account SID other
 than the path's is 401 20003, as Twilio answers it), form-encoded body with
 `To`, `From` (or `MessagingServiceSid`) and `Body` (or `MediaUrl` / `ContentSid`).
-Success is 201 with the Message resource (`sid` "SM" + 32 hex, `status` "queued").
+Success is 201 with the Message resource (`sid` "SM" + 32 hex, `status` "queued"; "scheduled"
+for one sent later, `ScheduleType` fixed with a `SendAt`, until its time).
 Errors are `{"code", "message", "more_info", "status"}` with Twilio's error codes.
 
 Twilio's test credentials answer fixed errors for "magic" To numbers; so does the simulator:
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import re
 from datetime import UTC, datetime
 from email.utils import format_datetime
@@ -41,6 +43,7 @@ from simulators.pipeline import (
     header_task_id,
 )
 from simulators.providers.common import drop_none, is_phone_number, stored_text, task_id_text
+from simulators.receipts import due_in_s
 from simulators.records import MessageRecord
 from simulators.replies import Reply, json_reply
 from simulators.state import SimState
@@ -94,6 +97,7 @@ _ERRORS: dict[ErrorCase, tuple[int, str]] = {
 }
 MAX_BODY_CHARS = 1600
 MAX_VALIDITY_S = 36_000  # ValidityPeriod: at most 10 hours
+MAX_SCHEDULE_AHEAD_S = 35 * 86_400  # SendAt: at most 35 days ahead
 
 
 class Twilio(HttpProvider):
@@ -137,6 +141,11 @@ class Twilio(HttpProvider):
         if sender in MAGIC_SENDERS:
             code, message = MAGIC_SENDERS[sender]
             raise _error(code, message.format(sender=sender))
+        if sender == to:
+            # A number cannot message itself; a channel address (whatsapp:...) has its own code.
+            if ":" in to:
+                raise _error(63031, "Channels message cannot have same 'From' and 'To'")
+            raise _error(21266, "'To' and 'From' numbers cannot be the same")
         if to in MAGIC_NUMBERS:
             code, message = MAGIC_NUMBERS[to]
             raise _error(code, message.format(to=to))
@@ -150,6 +159,7 @@ class Twilio(HttpProvider):
         callback = fields.get("StatusCallback") or None
         if callback is not None and not _absolute_http_url(callback):
             raise _error(21609, f"The StatusCallback URL {callback} is not a valid URL.")
+        send_at = _schedule(fields, service)
         _, auth_token = basic_auth(request)
         return Submission(
             recipients=[to],
@@ -161,6 +171,7 @@ class Twilio(HttpProvider):
                     "messaging_service_sid": service or None,
                     "media_url": media or None,
                     "status_callback": callback,
+                    "send_at": send_at,
                 }
             ),
             task_id=header_task_id(request) or _callback_task_id(callback),
@@ -172,6 +183,7 @@ class Twilio(HttpProvider):
                 "status_callback": callback,
                 "messaging_service_sid": service or None,
                 "num_media": len(media),
+                "send_at": send_at,
             },
         )
 
@@ -230,6 +242,47 @@ def _valid_period(value: str) -> bool:
             and 1 <= int(text) <= MAX_VALIDITY_S)
 
 
+def _schedule(fields: dict[str, str], service: str) -> str | None:
+    """`SendAt` of a message scheduled for later (`ScheduleType` fixed), checked as Twilio
+    checks it: only a Messaging Service schedules, and the time must be one ahead; None for
+    a message sent now."""
+    kind = fields.get("ScheduleType", "").strip()
+    if not kind:
+        return None
+    if kind != "fixed":
+        raise _error(35126, "The ScheduleType value provided is not supported for this "
+                            "channel.")
+    send_at = fields.get("SendAt", "").strip()
+    if not send_at:
+        raise _error(35111, "SendAt timestamp is missing.")
+    if not service:
+        raise _error(35118, "MessagingServiceSid is required to schedule a message.")
+    try:
+        moment = datetime.fromisoformat(send_at.replace("Z", "+00:00"))
+    except ValueError:
+        moment = None
+    if moment is not None and moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    # Comparing the offsets out: a time at the end of the calendar cannot be moved to UTC.
+    ahead_s = moment.timestamp() - datetime.now(UTC).timestamp() if moment else 0.0
+    if not 0 < ahead_s <= MAX_SCHEDULE_AHEAD_S:
+        raise _error(35114, "Scheduling does not support this timestamp.")
+    return send_at
+
+
+def sent_at(record: MessageRecord) -> datetime | None:
+    """When the message went out: None while a scheduled one waits for its time, which is
+    then when it went; any other when it was accepted."""
+    if due_in_s(record) > 0:
+        return None
+    when = record.meta.get("send_at")
+    if isinstance(when, str):
+        with contextlib.suppress(ValueError):
+            moment = datetime.fromisoformat(when.replace("Z", "+00:00"))
+            return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return record.received_at
+
+
 def message_resource(record: MessageRecord, *, created: bool = False) -> dict[str, Any]:
     """The Message resource: as the create call answers it (`created`), or as it reads later,
     its status from the receipts the simulator has drawn for it."""
@@ -237,12 +290,15 @@ def message_resource(record: MessageRecord, *, created: bool = False) -> dict[st
     uri = f"/{API_VERSION}/Accounts/{account_sid}/Messages/{record.id}"
     text = record.content.get("body") or ""
     received = _rfc2822(record.received_at)
-    if created:
+    if due_in_s(record) > 0:
+        # Until its time comes a scheduled message is only that, whatever fate it will meet.
+        status, date_sent, date_updated = "scheduled", None, received
+    elif created:
         status = "accepted" if record.meta.get("messaging_service_sid") else "queued"
         date_sent, date_updated = None, received
     else:
         status = _STATUS.get(record.last_event, "delivered")
-        date_sent = received
+        date_sent = _rfc2822(sent_at(record) or record.received_at)
         date_updated = _rfc2822(record.last_event_at or record.received_at)
     error_code, error_message = _DELIVERY_ERROR if status == "undelivered" else (None, None)
     return {

@@ -24,7 +24,7 @@ from urllib.parse import urlencode
 from aiohttp import web
 
 from simulators.kinds import ErrorCase, Provider
-from simulators.providers.twilio import API_VERSION, Twilio, message_resource
+from simulators.providers.twilio import API_VERSION, Twilio, message_resource, sent_at
 from simulators.records import MessageRecord
 from simulators.replies import Reply, json_reply
 from simulators.state import STATE
@@ -157,11 +157,16 @@ def _matcher(filters: dict[str, str]) -> Callable[[MessageRecord], bool]:
     after = _span(filters, "DateSent>")
 
     def wanted(record: MessageRecord) -> bool:
-        sent = record.received_at.astimezone(UTC)
         if to is not None and record.to != to:
             return False
         if sender is not None and record.content.get("from") != sender:
             return False
+        if on is None and before is None and after is None:
+            return True
+        moment = sent_at(record)
+        if moment is None:  # not sent yet: no date to be found by
+            return False
+        sent = moment.astimezone(UTC)
         if on is not None and not on[0] <= sent < on[1]:
             return False
         if before is not None and not sent < before[1]:

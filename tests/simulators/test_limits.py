@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 
 import aiohttp
 import pytest
@@ -186,3 +187,34 @@ async def test_openai_s_limit_is_taken_before_a_fault_or_a_record(sim: Simulator
     assert rule["kind"] == "error"
     assert len(await sim.messages("openai")) == 1
     assert sum((await sim.stats())["openai"]["faults"].values()) == 0
+
+
+async def test_openai_states_a_configured_limit_on_every_answer(sim: SimulatorServer) -> None:
+    """OpenAI sends its request limit, what is left of it and when it is full again with
+    every answer, not only a 429's, so a client can pace itself before it is refused; the
+    simulator states the configured limit the same way (and, unmetered, no limit at all)."""
+    auth = {"Authorization": "Bearer key-1"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(sim.base_url + LIMITED_CHAT, json=CHAT, headers=auth) as free:
+            assert free.status == 200
+            assert not [h for h in free.headers if h.lower().startswith("x-ratelimit-")]
+        await sim.set_limit("openai", 0.5, 3)
+        answers = []
+        for _ in range(2):
+            async with http.post(sim.base_url + LIMITED_CHAT, json=CHAT, headers=auth) as reply:
+                answers.append((reply.status, reply.headers.copy()))
+        stream = {**CHAT, "stream": True}
+        async with http.post(sim.base_url + LIMITED_CHAT, json=stream, headers=auth) as reply:
+            await reply.read()
+            answers.append((reply.status, reply.headers.copy()))
+        async with http.post(sim.base_url + LIMITED_CHAT, json=CHAT,
+                             headers={"Authorization": "Bearer key-2"}) as other:
+            answers.append((other.status, other.headers.copy()))
+
+    assert [status for status, _ in answers] == [200, 200, 200, 200]
+    assert [h["x-ratelimit-limit-requests"] for _, h in answers] == ["30"] * 4
+    # What each key's bucket still holds after the request: three of key-1's, one of key-2's.
+    assert [h["x-ratelimit-remaining-requests"] for _, h in answers] == ["2", "1", "0", "2"]
+    for _, headers in answers:
+        reset = headers["x-ratelimit-reset-requests"]
+        assert re.fullmatch(r"(\d+m)?\d+(\.\d+)?s|\d+ms", reset), reset

@@ -644,11 +644,41 @@ def test_the_simulator_knows_every_parameter_the_sdk_sends() -> None:
 async def test_every_documented_parameter_is_accepted(
     sim: SimulatorServer, client: Factory
 ) -> None:
+    # reasoning_effort is a reasoning model's (below); gpt-4o refuses it.
     completion = await client(sim).chat.completions.create(
-        model="gpt-4o", messages=PROMPT, **EVERY_PARAMETER)
+        model="gpt-4o", messages=PROMPT,
+        **{k: v for k, v in EVERY_PARAMETER.items() if k != "reasoning_effort"})
     assert len(completion.choices) == 2
     [record] = await sim.messages("openai")
     assert record["taskId"] == "task-every"
+
+
+@pytest.mark.parametrize("model", ["o4-mini", "gpt-5-mini-2025-08-07", "sim-digest"])
+async def test_reasoning_effort_is_taken_by_the_reasoning_models(
+    sim: SimulatorServer, client: Factory, model: str
+) -> None:
+    completion = await client(sim).chat.completions.create(
+        model=model, messages=PROMPT, reasoning_effort="low")
+    assert completion.choices[0].message.content
+
+
+@pytest.mark.parametrize("model", ["gpt-4o", "gpt-4o-mini-2024-07-18", "gpt-4.1-nano",
+                                   "gpt-3.5-turbo"])
+async def test_reasoning_effort_is_an_unrecognized_argument_to_other_models(
+    sim: SimulatorServer, client: Factory, model: str
+) -> None:
+    """OpenAI refuses reasoning_effort to a model that does not reason, as an argument it
+    does not know; the simulator answered it, so a client sending it to gpt-4o passed only
+    here."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client(sim).chat.completions.create(
+            model=model, messages=PROMPT, reasoning_effort="low")
+
+    error = refused.value.body
+    assert isinstance(error, dict)
+    assert error["message"] == "Unrecognized request argument supplied: reasoning_effort"
+    assert (error["param"], error["code"]) == (None, None)
+    assert await sim.messages("openai") == []
 
 
 class Lookup(BaseModel):
@@ -772,3 +802,54 @@ async def test_a_forced_tool_call_past_max_tokens_is_cut_off(
         Lookup.model_validate_json(call.function.arguments)
     assert answer.usage is not None
     assert answer.usage.completion_tokens == 1
+
+
+async def test_usage_breaks_its_tokens_down_and_names_the_service_tier(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    """OpenAI's completions itemise usage (cached prompt tokens, reasoning tokens) and name
+    the tier that served them, plain and streamed; code reading
+    ``usage.completion_tokens_details.reasoning_tokens`` must not fail only here."""
+    ai = client(sim)
+    plain = await ai.chat.completions.create(model="o4-mini", messages=PROMPT)
+    flex = await ai.chat.completions.create(model="gpt-4o", messages=PROMPT,
+                                            service_tier="flex")
+    stream = await ai.chat.completions.create(
+        model="gpt-4o", messages=PROMPT, stream=True, stream_options={"include_usage": True})
+    chunks = [chunk async for chunk in stream]
+
+    for usage in (plain.usage, flex.usage, chunks[-1].usage):
+        assert usage is not None
+        assert usage.prompt_tokens_details is not None
+        assert usage.prompt_tokens_details.cached_tokens == 0
+        assert usage.prompt_tokens_details.audio_tokens == 0
+        assert usage.completion_tokens_details is not None
+        assert usage.completion_tokens_details.reasoning_tokens == 0
+        assert usage.completion_tokens_details.audio_tokens == 0
+        assert usage.completion_tokens_details.accepted_prediction_tokens == 0
+        assert usage.completion_tokens_details.rejected_prediction_tokens == 0
+    assert plain.service_tier == "default"
+    assert flex.service_tier == "flex"
+    assert {chunk.service_tier for chunk in chunks} == {"default"}
+
+
+async def test_a_service_tier_openai_does_not_have_is_its_400(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    """OpenAI serves auto (its default tier), default, flex, scale and priority, and refuses
+    any other tier naming it, rather than serving it as the default."""
+    ai = client(sim)
+    auto = await ai.chat.completions.create(model="gpt-4o", messages=PROMPT, service_tier="auto")
+    assert auto.service_tier == "default"
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        await ai.chat.completions.create(
+            model="gpt-4o", messages=PROMPT,
+            extra_body={"service_tier": "premium"})
+
+    error = refused.value.body
+    assert isinstance(error, dict)
+    assert (error["param"], error["code"]) == ("service_tier", "invalid_value")
+    assert error["message"] == ("Invalid value: \"premium\". Supported values are: 'auto', "
+                                "'default', 'flex', 'scale', and 'priority'.")
+    assert len(await sim.messages("openai")) == 1

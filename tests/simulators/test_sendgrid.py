@@ -173,17 +173,25 @@ async def test_other_content_types_come_after_plain_text_and_html(sim: Simulator
     assert errors(caught)[0]["field"] == "content"
 
 
-@pytest.mark.parametrize("send_at", ["1700000000", 1.5, -1, True])
+@pytest.mark.parametrize("send_at", ["1700000000", 1.5, -1, True, -99_999_999_999_999])
+@pytest.mark.parametrize("where", ["message", "personalization"])
 async def test_send_at_that_is_not_a_unix_timestamp_is_400(
-    sim: SimulatorServer, send_at: object
+    sim: SimulatorServer, send_at: object, where: str
 ) -> None:
+    # A personalization's send_at is the same Unix timestamp as the message's; it was taken
+    # whatever it held, and one far before 1970 was the simulator's 500.
     body = message().get()
-    body["send_at"] = send_at
+    if where == "message":
+        body["send_at"] = send_at
+    else:
+        body["personalizations"][0]["send_at"] = send_at
 
     with pytest.raises(exceptions.BadRequestsError) as caught:
         await send(client(sim), body)
 
-    assert errors(caught)[0]["field"] == "send_at"
+    field = "send_at" if where == "message" else "personalizations.0.send_at"
+    assert errors(caught)[0]["field"] == field
+    assert await sim.messages("sendgrid") == []
 
 
 ATTACHMENT = {"content": "aGVsbG8=", "filename": "a.txt", "type": "text/plain"}
@@ -395,3 +403,30 @@ async def test_provider_rate_limit(sim: SimulatorServer) -> None:
     # X-RateLimit-Reset is a Unix time no sooner than Retry-After allows.
     reset_at = int(caught.value.headers["X-RateLimit-Reset"])
     assert reset_at >= int(time.time()) + int(caught.value.headers["Retry-After"]) - 1
+
+
+@pytest.mark.parametrize("where", ["message", "personalization"])
+async def test_a_message_sent_later_gets_its_receipts_after_its_send_at(
+    sim: SimulatorServer, where: str
+) -> None:
+    """SendGrid sends a message with a send_at (on the message or its personalization) at
+    that time, and nothing happens to it before; the simulator's receipts for it came at
+    once."""
+    from simulators.kinds import Provider
+    from simulators.receipts import due_in_s
+
+    later = int(time.time()) + 3600
+    mail = message().get()
+    if where == "message":
+        mail["send_at"] = later
+    else:
+        mail["personalizations"][0]["send_at"] = later
+    await send(client(sim), mail)
+    await send(client(sim), message("bob@example.com"))
+
+    [now_sent, scheduled] = [sim.state.messages.find(Provider.SENDGRID, m["id"])
+                             for m in await sim.messages("sendgrid")]
+    assert scheduled is not None
+    assert now_sent is not None
+    assert 3500 < due_in_s(scheduled) <= 3600
+    assert due_in_s(now_sent) == 0.0

@@ -248,3 +248,19 @@ async def test_error_fault_400_is_unsubscribed_recipient(sim: SimulatorServer) -
 ])
 def test_segments_are_counted_by_encoding(body: str, segments: int) -> None:
     assert _segments(body) == segments
+
+
+@pytest.mark.parametrize(("to", "from_", "code"), [
+    ("+15558675310", "+15558675310", 21266),
+    ("whatsapp:+15558675310", "whatsapp:+15558675310", 63031),
+])
+async def test_a_message_from_a_number_to_itself_is_refused(
+    sim: SimulatorServer, to: str, from_: str, code: int
+) -> None:
+    """Twilio refuses an SMS whose To is its From (a channel message its own code); the
+    simulator sent it."""
+    with pytest.raises(TwilioRestException) as refused:
+        await send(client(sim), to=to, from_=from_)
+
+    assert (refused.value.status, refused.value.code) == (400, code)
+    assert await sim.messages("twilio") == []

@@ -198,3 +198,97 @@ async def test_date_sent_at_the_ends_of_time_is_answered(sim: SimulatorServer, q
     async with aiohttp.ClientSession() as http, http.get(url, headers=headers) as response:
         assert response.status == 200
         assert len((await response.json())["messages"]) == 1
+
+
+SERVICE_SID = "MG" + "0" * 32
+
+
+async def test_a_message_scheduled_for_later_reads_as_scheduled_until_then(
+    sim: SimulatorServer
+) -> None:
+    """Twilio answers a message scheduled for later (ScheduleType fixed, SendAt) as
+    "scheduled", not sent, and it reads so until its time; the simulator answered it as
+    queued and read it as delivered at once."""
+    twilio = client(sim)
+    send_at = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=0)
+
+    created = await asyncio.to_thread(
+        twilio.messages.create, to="+15558675310", messaging_service_sid=SERVICE_SID,
+        body="Tomorrow", schedule_type="fixed", send_at=send_at)
+    fetched = await asyncio.to_thread(twilio.messages(created.sid).fetch)
+
+    assert created.status == "scheduled"
+    assert (fetched.status, fetched.date_sent) == ("scheduled", None)
+    [record] = await sim.messages("twilio")
+    assert record["content"]["send_at"] == send_at.isoformat().replace("+00:00", "Z")
+
+
+def test_a_scheduled_message_gets_its_receipts_once_its_time_has_come() -> None:
+    """Nothing happens to a scheduled SMS before it is sent, as to a scheduled e-mail."""
+    from simulators.kinds import Provider
+    from simulators.receipts import due_in_s
+    from simulators.records import MessageRecord
+
+    now = datetime.now(UTC)
+    later = MessageRecord(
+        id="SM1", provider=Provider.TWILIO, recipients=["+15558675310"], task_id=None,
+        idempotency_key=None, received_at=now, content={},
+        meta={"send_at": (now + timedelta(hours=1)).isoformat()})
+    past = MessageRecord(
+        id="SM2", provider=Provider.TWILIO, recipients=["+15558675310"], task_id=None,
+        idempotency_key=None, received_at=now, content={},
+        meta={"send_at": (now - timedelta(hours=1)).isoformat()})
+
+    assert 3500 < due_in_s(later) <= 3600
+    assert due_in_s(past) == 0.0
+
+
+@pytest.mark.parametrize(("fields", "code"), [
+    ({"ScheduleType": "fixed", "MessagingServiceSid": SERVICE_SID}, 35111),
+    ({"ScheduleType": "fixed", "SendAt": "2099-01-01T00:00:00Z", "From": SENDER}, 35118),
+    ({"ScheduleType": "later", "SendAt": "2099-01-01T00:00:00Z",
+      "MessagingServiceSid": SERVICE_SID}, 35126),
+    ({"ScheduleType": "fixed", "SendAt": "tomorrow", "MessagingServiceSid": SERVICE_SID},
+     35114),
+    ({"ScheduleType": "fixed", "SendAt": "2020-01-01T00:00:00Z",
+      "MessagingServiceSid": SERVICE_SID}, 35114),
+    # Twilio schedules up to 35 days ahead.
+    ({"ScheduleType": "fixed", "SendAt": "9999-12-31T23:59:59-23:59",
+      "MessagingServiceSid": SERVICE_SID}, 35114),
+], ids=["no-send-at", "no-messaging-service", "not-fixed", "send-at-no-time", "send-at-past",
+        "send-at-past-35-days"])
+async def test_a_schedule_twilio_cannot_take_is_its_400(
+    sim: SimulatorServer, fields: dict[str, str], code: int
+) -> None:
+    credentials = base64.b64encode(f"{ACCOUNT_SID}:{AUTH_TOKEN}".encode()).decode()
+    headers = {"Authorization": f"Basic {credentials}"}
+    url = f"{sim.base_url}/2010-04-01/Accounts/{ACCOUNT_SID}/Messages.json"
+    form = {"To": "+15558675310", "Body": "Later", **fields}
+    async with aiohttp.ClientSession() as http, http.post(url, headers=headers,
+                                                          data=form) as reply:
+        status, body = reply.status, await reply.json()
+
+    assert (status, body["code"]) == (400, code)
+    assert await sim.messages("twilio") == []
+
+
+async def test_a_message_not_sent_yet_has_no_date_sent_to_be_found_by(
+    sim: SimulatorServer
+) -> None:
+    """A scheduled message waiting for its time has not been sent: a DateSent filter does not
+    find it (its date_sent is null), while the plain list does."""
+    twilio = client(sim)
+    send_at = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=0)
+    scheduled = await asyncio.to_thread(
+        twilio.messages.create, to="+15558675310", messaging_service_sid=SERVICE_SID,
+        body="Tomorrow", schedule_type="fixed", send_at=send_at)
+    hour_ago = datetime.now(UTC) - timedelta(hours=1)
+
+    everything = await asyncio.to_thread(twilio.messages.list)
+    sent_since = await asyncio.to_thread(twilio.messages.list, date_sent_after=hour_ago)
+    created_on = scheduled.date_created.astimezone(UTC).date()
+    sent_that_day = await asyncio.to_thread(twilio.messages.list, date_sent=created_on)
+
+    assert [m.sid for m in everything] == [scheduled.sid]
+    assert sent_since == []
+    assert sent_that_day == []
