@@ -17,7 +17,11 @@ Formats, as each provider posts them:
 - Twilio: the form-encoded status callback (MessageSid, MessageStatus, ...) to the message's
   own StatusCallback if it had one, else to `url`; signed with X-Twilio-Signature using the
   Auth Token the message was sent with, as Twilio does.
-- SendGrid, SMTP, FCM: JSON `{"type": "email.delivered" | "push.delivered" ..., "created_at",
+- SendGrid: its Event Webhook's JSON list, one event per post: `[{"email", "timestamp",
+  "event": "delivered" | "bounce" | "spamreport" | "open" | "click", "sg_event_id",
+  "sg_message_id": "{X-Message-Id}.filter…", "smtp-id", ...the send's custom_args}]`,
+  Svix-signed with `secret` (the scheme SIMULATORS.md gives every provider but Twilio).
+- SMTP, FCM: JSON `{"type": "email.delivered" | "push.delivered" ..., "created_at",
   "data": {"provider", "message_id", "to", "task_id"}}`, Svix-signed with `secret`.
 OpenAI completions get no receipts.
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import binascii
+import hashlib
 import json
 import logging
 import random
@@ -170,6 +175,10 @@ def build_delivery(config: ReceiptConfig, record: MessageRecord, event: str) -> 
     now = iso(datetime.now(UTC))
     if record.provider is Provider.TWILIO:
         return _twilio_delivery(config, record, event)
+    if record.provider is Provider.SENDGRID:
+        body = json.dumps([_sendgrid_event(record, event)], ensure_ascii=False).encode()
+        return Delivery(url=config.url, body=body, headers={
+            "Content-Type": "application/json", **svix_headers(config.secret, body)})
     if record.provider is Provider.RESEND:
         payload: dict[str, Any] = {
             "type": f"email.{event}",
@@ -191,6 +200,41 @@ def build_delivery(config: ReceiptConfig, record: MessageRecord, event: str) -> 
     body = json.dumps(payload, ensure_ascii=False).encode()
     headers = {"Content-Type": "application/json", **svix_headers(config.secret, body)}
     return Delivery(url=config.url, body=body, headers=headers)
+
+
+# The simulators' event names in SendGrid's words.
+_SENDGRID_EVENTS = {"delivered": "delivered", "bounced": "bounce", "complained": "spamreport",
+                    "opened": "open", "clicked": "click"}
+
+
+def _sendgrid_event(record: MessageRecord, event: str) -> dict[str, Any]:
+    now = datetime.now(UTC)
+    content = record.content
+    # SendGrid echoes a send's custom_args as top-level fields of each of its events.
+    custom = content.get("custom_args")
+    item: dict[str, Any] = dict(custom) if isinstance(custom, dict) else {}
+    item.update({
+        "email": record.to,
+        "timestamp": int(now.timestamp()),
+        "event": _SENDGRID_EVENTS[event],
+        # One id per message and event, as SendGrid keeps an event's id when it posts again.
+        "sg_event_id": hashlib.sha256(f"{record.id}:{event}".encode()).hexdigest()[:22],
+        # The message id SendGrid answered (X-Message-Id) plus its filter suffix.
+        "sg_message_id": f"{record.id}.filterdrecv-0-0",
+        "smtp-id": f"<{record.id}@ismtpd0001p1mdw1.sendgrid.net>",
+    })
+    if event == "bounced":
+        item.update({"type": "bounce", "status": "5.1.1",
+                     "bounce_classification": "Invalid Address",
+                     "reason": "550 5.1.1 The email account that you tried to reach does "
+                               "not exist."})
+    elif event == "clicked":
+        item.update({"url": "https://example.com/", "useragent": "notifkit-simulators",
+                     "ip": "127.0.0.1"})
+    elif event == "opened":
+        item.update({"useragent": "notifkit-simulators", "ip": "127.0.0.1",
+                     "sg_machine_open": False})
+    return item
 
 
 def _resend_data(record: MessageRecord, event: str) -> dict[str, Any]:

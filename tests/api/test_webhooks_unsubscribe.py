@@ -20,6 +20,9 @@ from notifkit.config import Settings, WebhookSecrets
 from notifkit.keys import Keys
 from notifkit.streams import decode
 from notifkit.unsubscribe import make_token
+from simulators.kinds import Provider
+from simulators.receipts import ReceiptConfig, build_delivery
+from simulators.records import MessageRecord
 from simulators.signing import svix_headers, twilio_sign
 from tests.api.conftest import Api, Project, running_api
 from tests.support.streams import xrange
@@ -133,6 +136,31 @@ async def test_sendgrid_event_lists(hooks: Api, redis: Redis) -> None:
     assert reply.body == {"received": 2, "ignored": 1}
     assert [(r["kind"], r["providerMessageId"]) for r in await receipts(redis, hooks)] == [
         ("delivered", "abc"), ("clicked", "abc")]
+
+
+@pytest.mark.parametrize(("event", "kind"), [("delivered", "delivered"),
+                                             ("bounced", "bounced"),
+                                             ("complained", "complained"),
+                                             ("opened", "opened"), ("clicked", "clicked")])
+async def test_the_sendgrid_simulators_receipts_are_taken_as_sendgrids(
+    hooks: Api, redis: Redis, event: str, kind: str
+) -> None:
+    project = await hooks.project()
+    record = MessageRecord("sg-msg-1", Provider.SENDGRID, ["ada@example.com"], "task-9", None,
+                           {"custom_args": {"notifkit_task_id": "task-9"}})
+    delivery = build_delivery(ReceiptConfig("http://unused", SHARED_SECRET), record, event)
+    reply = await hooks.call("POST", f"/v1/webhooks/sendgrid/{project.id}",
+                             data=delivery.body, headers=delivery.headers)
+    assert reply.body == {"received": 1, "ignored": 0}
+    [receipt] = await receipts(redis, hooks)
+    assert (receipt["kind"], receipt["providerMessageId"], receipt["taskId"], receipt["to"]) \
+        == (kind, "sg-msg-1", "task-9", "ada@example.com")
+    assert receipt["webhookId"].startswith("sendgrid:sg_event_id:")
+    # Posted to the one URL every provider's simulated receipts go to, it is SendGrid's still
+    again = await hooks.call("POST", f"/v1/webhooks/fcm/{project.id}", data=delivery.body,
+                             headers=delivery.headers)
+    assert again.body == {"received": 1, "ignored": 0}
+    assert (await receipts(redis, hooks))[-1]["provider"] == "sendgrid"
 
 
 def sendgrid_signed(key: ec.EllipticCurvePrivateKey, body: str,

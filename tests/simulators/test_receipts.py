@@ -125,36 +125,56 @@ async def test_twilio_status_callback_is_signed_with_the_auth_token(
     assert RequestValidator(TWILIO_TOKEN).validate(callback, params, signature)
 
 
-@pytest.mark.parametrize("provider", ["sendgrid", "fcm"])
-async def test_other_providers_post_generic_signed_events(
-    http: aiohttp.ClientSession, sim: SimulatorServer, receiver: Any, provider: str
+async def test_fcm_posts_generic_signed_events(
+    http: aiohttp.ClientSession, sim: SimulatorServer, receiver: Any
 ) -> None:
     await sim.set_receipts(receiver.url, SECRET)
     headers = {"Authorization": "Bearer key", "X-Notifkit-Task-Id": "task-g"}
-    if provider == "sendgrid":
-        url = f"{sim.base_url}/v3/mail/send"
-        body: dict[str, Any] = {
-            "personalizations": [{"to": [{"email": "ada@example.com"}]}],
-            "from": {"email": "noreply@example.com"},
-            "subject": "s",
-            "content": [{"type": "text/plain", "value": "v"}],
-        }
-    else:
-        url = f"{sim.base_url}/v1/projects/p/messages:send"
-        body = {"message": {"token": "device-1", "notification": {"title": "t"}}}
+    url = f"{sim.base_url}/v1/projects/p/messages:send"
+    body = {"message": {"token": "device-1", "notification": {"title": "t"}}}
     async with http.post(url, json=body, headers=headers) as response:
         assert response.status < 300
 
     [received] = await receiver.wait_for(1)
     event = verify_svix(received)
-    [record] = await sim.messages(provider)
-    assert event["type"] == ("email.delivered" if provider == "sendgrid" else "push.delivered")
+    [record] = await sim.messages("fcm")
+    assert event["type"] == "push.delivered"
     assert event["data"] == {
-        "provider": provider,
+        "provider": "fcm",
         "message_id": record["id"],
         "to": record["to"],
         "task_id": "task-g",
     }
+
+
+async def test_sendgrid_posts_its_event_webhooks_list(
+    http: aiohttp.ClientSession, sim: SimulatorServer, receiver: Any
+) -> None:
+    """SendGrid's Event Webhook body: a list of events naming the message as
+    ``{X-Message-Id}.filter…``, the send's custom_args echoed as fields of their own."""
+    await sim.set_receipts(receiver.url, SECRET, bounced=0.0, opened=1.0)
+    body = {
+        "personalizations": [{"to": [{"email": "ada@example.com"}]}],
+        "from": {"email": "noreply@example.com"}, "subject": "s",
+        "content": [{"type": "text/plain", "value": "v"}],
+        "custom_args": {"notifkit_task_id": "task-g"},
+    }
+    async with http.post(f"{sim.base_url}/v3/mail/send", json=body,
+                         headers={"Authorization": "Bearer key"}) as response:
+        assert response.status == 202
+        message_id = response.headers["X-Message-Id"]
+
+    received = await receiver.wait_for(2)
+    for r in received:
+        assert svix_verify(SECRET, r.headers, r.body)
+    events: list[dict[str, Any]] = [item for r in received for item in json.loads(r.body)]
+    assert [e["event"] for e in events] == ["delivered", "open"]
+    for event in events:
+        assert event["email"] == "ada@example.com"
+        assert event["sg_message_id"].split(".", 1)[0] == message_id
+        assert event["notifkit_task_id"] == "task-g"
+        assert isinstance(event["timestamp"], int)
+    assert len({e["sg_event_id"] for e in events}) == 2
 
 
 async def test_failed_webhook_is_retried_then_counted(

@@ -267,7 +267,9 @@ def _json_events(provider: str, raw: bytes) -> list[dict[str, Any] | None]:
         check_storable(items, "body", problems)
         if problems:  # each event's raw form goes onto a stream and into jsonb
             raise invalid(problems)
-        return [_sendgrid_event(provider, item) for item in items]
+        # Only SendGrid posts lists, whichever route took them (the simulators post every
+        # provider's receipts to one URL): its messages are found under its name.
+        return [_sendgrid_event("sendgrid", item) for item in items]
     return [_typed_event(provider, parse_json_object(raw))]
 
 
