@@ -277,38 +277,3 @@ async def test_a_nul_in_a_campaign_id_filter_is_refused_as_a_send_refuses_it(
     assert (reply.status, reply.fields) == (400, ["campaignId"])
     assert reply.error["details"][0]["message"] == "must not contain NUL characters"
 
-
-
-@pytest.mark.parametrize(("send_at", "due"), [
-    # RFC 3339's own example of a leap second, in UTC and at an offset (section 5.8).
-    ("2030-12-31T23:59:60Z", "2031-01-01T00:00:00.000Z"),
-    ("2030-12-31T15:59:60-08:00", "2031-01-01T00:00:00.000Z"),
-    ("2030-06-30T23:59:60.5Z", "2030-07-01T00:00:00.500Z"),
-])
-async def test_a_send_at_on_a_leap_second_is_taken_as_rfc_3339_has_it(
-    api: Api, project: Project, send_at: str, due: str
-) -> None:
-    reply = await send_at_reply(api, project, send_at)
-    assert reply.status == 202, reply.body
-    shown = await api.call("GET", f"/v1/notifications/{reply.body['id']}", key=project.full)
-    assert shown.body["sendAt"] == due
-
-
-@pytest.mark.parametrize(("send_at", "said"), [
-    ("2030-12-01T09:30:60Z", "leap second"),       # a leap second ends a UTC day
-    ("2030-12-31T23:59:60+01:00", "leap second"),  # 22:59:60 in UTC
-    ("2030-12-31T23:59:61Z", "RFC 3339 date-time such as"),
-    ("9999-12-31T23:59:60Z", "9999-12-31T23:59:59.999Z"),  # the instant after is past it
-])
-async def test_a_second_60_that_is_no_leap_second_is_a_400_naming_the_field(
-    api: Api, project: Project, send_at: str, said: str
-) -> None:
-    reply = await send_at_reply(api, project, send_at)
-    assert (reply.status, reply.fields) == (400, ["sendAt"])
-    assert said in reply.error["details"][0]["message"]
-
-
-async def test_a_time_filter_on_a_leap_second_is_taken(api: Api, project: Project) -> None:
-    reply = await api.call("GET", "/v1/messages", key=project.full,
-                           params={"since": "2016-12-31T23:59:60Z"})
-    assert reply.status == 200, reply.body

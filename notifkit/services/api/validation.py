@@ -19,7 +19,7 @@ import zlib
 import zoneinfo
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit
@@ -598,54 +598,31 @@ def parse_uuid(value: str) -> str | None:
 def parse_rfc3339(value: str) -> datetime | None:
     if not _RFC3339.match(value):
         return None
-    parsed, leap = _read_rfc3339(value)
-    if parsed is None or parsed.tzinfo is None:
+    try:
+        parsed = datetime.fromisoformat(value.replace("z", "Z").replace("t", "T"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
         return None
     try:
-        utc = parsed.astimezone(UTC)
-        if not leap:
-            return utc
-        if (utc.hour, utc.minute) != (23, 59):
-            return None
-        return utc + timedelta(seconds=1)
+        return parsed.astimezone(UTC)
     except OverflowError:
         return None
 
 
-def _read_rfc3339(value: str) -> tuple[datetime | None, bool]:
-    """``value`` (matching :data:`_RFC3339`) as written, and whether it names second 60.
-
-    RFC 3339 writes a leap second as second 60 (its example: 1990-12-31T23:59:60Z), which a
-    datetime cannot hold; it is read as second 59, and the caller takes the instant after it,
-    as PostgreSQL reads such a time."""
-    leap = value[17:19] == "60"
-    if leap:
-        value = f"{value[:17]}59{value[19:]}"
-    try:
-        return datetime.fromisoformat(value.replace("z", "Z").replace("t", "T")), leap
-    except ValueError:
-        return None, leap
-
-
 OUT_OF_CALENDAR_MESSAGE = ("must lie from 0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z "
                            "once converted to UTC")
-NOT_A_LEAP_SECOND_MESSAGE = ("has second 60, which RFC 3339 allows only for a leap second: "
-                             "23:59:60 in UTC")
 
 
 def timestamp_problem(value: Any) -> str:
     """Why ``value`` (which :func:`parse_rfc3339` refused) is no time: a well-formed time whose
-    offset carries it past either end of the calendar in UTC, or whose second 60 is no leap
-    second, is told apart from a misspelt one."""
+    offset carries it past either end of the calendar in UTC is told apart from a misspelt one."""
     if isinstance(value, str) and _RFC3339.match(value):
-        parsed, leap = _read_rfc3339(value)
+        try:
+            parsed = datetime.fromisoformat(value.replace("z", "Z").replace("t", "T"))
+        except ValueError:
+            parsed = None
         if parsed is not None and parsed.tzinfo is not None:
-            try:
-                utc = parsed.astimezone(UTC)
-            except OverflowError:
-                return OUT_OF_CALENDAR_MESSAGE
-            if leap and (utc.hour, utc.minute) != (23, 59):
-                return NOT_A_LEAP_SECOND_MESSAGE
             return OUT_OF_CALENDAR_MESSAGE
     return "must be an RFC 3339 date-time such as 2026-12-01T09:00:00Z"
 
