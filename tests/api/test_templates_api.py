@@ -333,11 +333,28 @@ async def test_preview_of_a_digest_template_renders_the_items_given(
     reply = await api.call("POST", "/v1/templates/weekly/preview", key=project.full,
                            json={"items": items})
     assert reply.status == 200, reply.body
-    assert reply.body["channels"]["sms"]["text"] == "2: 1@2026-12-01T09:00:00Z 2@ "
+    # ``at`` as a digest step hands it over: in UTC, to the millisecond.
+    assert reply.body["channels"]["sms"]["text"] == "2: 1@2026-12-01T09:00:00.000Z 2@ "
     # Without items it renders as a send outside a digest would: ``items`` is undefined.
     plain = await api.call("POST", "/v1/templates/weekly/preview", key=project.full, json={})
     assert plain.status == 400, plain.body
     assert plain.fields == ["channels.sms.text"]
+
+
+async def test_preview_items_times_read_as_a_digest_s_do_in_utc(
+    api: Api, project: Project
+) -> None:
+    """A digest's template sees each trigger's time as the API writes every time (UTC, with
+    milliseconds), so the preview hands over the time given in that spelling, not as typed."""
+    await api.call("PUT", "/v1/templates/weekly", key=project.full, json={"channels": {
+        "sms": {"text": "{% for i in items %}{{ i.at }}|{{ i.at[:10] }} {% endfor %}"}}})
+    items = [{"data": {}, "at": "2026-12-01T00:30:00+01:00"},
+             {"data": {}, "at": "2026-12-01t09:00:00.5z"}]
+    reply = await api.call("POST", "/v1/templates/weekly/preview", key=project.full,
+                           json={"items": items})
+    assert reply.status == 200, reply.body
+    assert reply.body["channels"]["sms"]["text"] == (
+        "2026-11-30T23:30:00.000Z|2026-11-30 2026-12-01T09:00:00.500Z|2026-12-01 ")
 
 
 @pytest.mark.parametrize(("items", "fields"), [

@@ -163,8 +163,8 @@ def digest_items(fields: Fields) -> list[dict[str, Any]] | None:
         item.only(("data", "at"))
         data = item.obj("data", nullable=True)
         at = item.timestamp("at", nullable=True)
-        items.append({"data": data if data is not None else {},
-                      "at": value["at"] if at is not None else None})
+        # As a digest step hands it over: in UTC to the millisecond, however it was written.
+        items.append({"data": data if data is not None else {}, "at": iso(at)})
     return items
 
 
