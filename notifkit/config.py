@@ -159,6 +159,19 @@ class ConfigError(ValueError):
         self.problem = problem
 
 
+# Where the address the api binds comes from, said in a failure to bind it.
+ADDRESS_SETTINGS: Final = "(HOST:PORT)"
+
+
+def port_given_as(exc: ConfigError, option: str) -> ConfigError:
+    """``exc``, about PORT, for a port given as ``option`` (``--port``): named so, and without
+    saying the address came from HOST:PORT, since PORT, which the user may never have set, did
+    not take part."""
+    if option == "PORT":
+        return exc
+    return ConfigError(option, exc.problem.replace(f" {ADDRESS_SETTINGS}", ""))
+
+
 class UnknownArgument(ConfigError, TypeError):
     """A keyword argument that names no setting: a ``ConfigError`` naming it, and still the
     ``TypeError`` Python raises for any function's unknown keyword."""

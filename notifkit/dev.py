@@ -27,7 +27,7 @@ from typing import Any
 
 import aiohttp
 
-from notifkit.config import ConfigError, Settings
+from notifkit.config import ConfigError, Settings, port_given_as
 from simulators.server import ListenError, SimulatorServer
 
 log = logging.getLogger("notifkit.dev")
@@ -324,7 +324,7 @@ async def _api_port_named(option: str) -> AsyncIterator[None]:
     except ConfigError as exc:
         if exc.variable != "PORT":
             raise
-        raise ConfigError(option, exc.problem) from exc
+        raise port_given_as(exc, option) from exc
 
 
 class DemoError(RuntimeError):

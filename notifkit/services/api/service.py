@@ -21,13 +21,14 @@ from aiohttp import web
 from redis.exceptions import RedisError
 
 from notifkit.clock import utc_now_iso
-from notifkit.config import ConfigError, Settings
+from notifkit.config import ADDRESS_SETTINGS, ConfigError, Settings
 from notifkit.db.pool import QUERY_TIMEOUT_S
 from notifkit.services.api.app import create_app
 from notifkit.services.api.errors import ApiRunner
 from notifkit.services.api.state import IN_FLIGHT
 from notifkit.services.base import Service
 from notifkit.tasks import cancel_and_wait
+from notifkit.wording import bind_reason
 from notifkit.worker import (
     consumer_name,
     heartbeat_failure,
@@ -86,7 +87,7 @@ class ApiService(Service):
                        or exc.errno == errno.EADDRNOTAVAIL else "PORT")
             raise ConfigError(
                 setting, f"cannot listen on {host_port(self.settings.host, self.settings.port)} "
-                f"(HOST:PORT): {exc.strerror or exc}"
+                f"{ADDRESS_SETTINGS}: {bind_reason(exc)}"
             ) from exc
         except BaseException:
             await runner.cleanup()
