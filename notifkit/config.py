@@ -134,6 +134,15 @@ _NUMBERS: Final[dict[str, tuple[str, type, float]]] = {
     "heartbeat_interval_s": ("HEARTBEAT_INTERVAL_SECONDS", float, 0.1),
     "shutdown_grace_s": ("SHUTDOWN_GRACE_SECONDS", float, 0.0),
 }
+# Whole numbers no variable sets, since their defaults serve every deployment, that code may
+# still give: named by their field, with the least and most each takes.
+_CODE_NUMBERS: Final[dict[str, tuple[int, int]]] = {
+    "caller_idempotency_ttl_s": (1, MAX_DURATION_S),
+    "attempts_ttl_s": (1, MAX_DURATION_S),
+    "heartbeat_ttl_s": (1, MAX_DURATION_S),
+    # XREADGROUP's BLOCK: 0 would wait for an entry forever, deaf to a stop.
+    "read_block_ms": (1, MAX_DURATION_S * 1000),
+}
 _TEXTS: Final = {
     "redis_url": "REDIS_URL", "database_url": "DATABASE_URL",
     "namespace": "NOTIFKIT_NAMESPACE", "db_schema": "DB_SCHEMA", "host": "HOST",
@@ -952,6 +961,12 @@ def _check_types(s: Settings) -> None:
             raise ConfigError(variable, f"must be {what}, got {value!r}")
         if not value >= least:  # also refuses NaN
             raise ConfigError(variable, f"must be at least {least}, got {value}")
+    for name, (least, most) in _CODE_NUMBERS.items():
+        value = getattr(s, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(name, f"must be a whole number, got {value!r}")
+        if not least <= value <= most:
+            raise ConfigError(name, f"must be from {least} to {most:,}, got {value}")
 
 
 def _validate(s: Settings) -> None:

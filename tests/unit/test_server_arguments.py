@@ -229,3 +229,29 @@ def test_one_transport_per_channel_with_a_rate_is_taken() -> None:
     server = NotifkitServer(services=["delivery"], settings=Settings(),
                             transports=[Limited(), _Sms()])
     assert [t.channel for t in server.transports] == ["email", "sms"]
+
+
+# Settings fields no environment variable sets (their defaults serve every deployment), which
+# code may still give: each was taken as given, a string or 0 failing only in a running worker
+# (XREADGROUP BLOCK -5 refused at every read; an attempts counter given a TTL of 0 deleted at
+# once, so no entry ever reached its attempt limit).
+CODE_ONLY_NUMBERS = ["read_block_ms", "attempts_ttl_s", "caller_idempotency_ttl_s",
+                     "heartbeat_ttl_s"]
+
+
+@pytest.mark.parametrize("name", CODE_ONLY_NUMBERS)
+@pytest.mark.parametrize("value", ["5", True, 1.5, 0, -5, 10**18],
+                         ids=["str", "bool", "fraction", "zero", "negative", "past-ten-years"])
+def test_a_setting_without_a_variable_is_checked_too_naming_it(name: str, value: Any) -> None:
+    with pytest.raises(ConfigError) as caught:
+        NotifkitServer(settings=Settings(), **{name: value})
+    assert caught.value.variable == name
+    with pytest.raises(ConfigError) as caught:
+        Settings(**{name: value})
+    assert caught.value.variable == name
+
+
+@pytest.mark.parametrize("name", CODE_ONLY_NUMBERS)
+def test_a_setting_without_a_variable_takes_a_sound_value(name: str) -> None:
+    # 31 s: more than the heartbeat's default interval, which its TTL must exceed.
+    assert getattr(Settings().replace(**{name: 31}), name) == 31
