@@ -974,6 +974,11 @@ def _validate(s: Settings) -> None:
     _check_redis_url(s.redis_url)
     _check_url("DATABASE_URL", s.database_url, ("postgresql", "postgres"), hostless=True)
     database_dsn(s.database_url)
+    # A string is iterable too, and was taken letter by letter ("unknown service 'a'").
+    if not (isinstance(s.services, tuple | list)
+            and all(isinstance(name, str) for name in s.services)):
+        raise ConfigError("NOTIFKIT_SERVICES", f"must be a tuple of service names, got "
+                          f"{s.services!r}")
     if not s.services:
         raise ConfigError("NOTIFKIT_SERVICES", "names no service")
     unknown = [name for name in s.services if name not in SERVICES]
