@@ -262,11 +262,38 @@ _SECTIONS: Final[dict[str, type]] = {"email": EmailSettings, "sms": SmsSettings,
                                      "webhooks": WebhookSecrets}
 
 
+# Each section field's variable: a value of the wrong type given in code is named by it (an int
+# for OPENAI_MODEL was an AttributeError that named nothing; one for TWILIO_FROM failed every
+# send).
+_SECTION_VARIABLES: Final[dict[str, dict[str, str]]] = {
+    "email": {"transport": "EMAIL_TRANSPORT", "from_addr": "EMAIL_FROM",
+              "resend_api_key": "RESEND_API_KEY", "resend_base_url": "RESEND_BASE_URL",
+              "sendgrid_api_key": "SENDGRID_API_KEY", "sendgrid_base_url": "SENDGRID_BASE_URL",
+              "smtp_url": "SMTP_URL"},
+    "sms": {"account_sid": "TWILIO_ACCOUNT_SID", "auth_token": "TWILIO_AUTH_TOKEN",
+            "from_number": "TWILIO_FROM", "base_url": "TWILIO_BASE_URL"},
+    "push": {"project_id": "FCM_PROJECT_ID", "access_token": "FCM_ACCESS_TOKEN",
+             "credentials_file": "FCM_CREDENTIALS_FILE", "base_url": "FCM_BASE_URL"},
+    "ai": {"api_key": "OPENAI_API_KEY", "base_url": "OPENAI_BASE_URL", "model": "OPENAI_MODEL"},
+    "webhooks": {"resend": "RESEND_WEBHOOK_SECRET", "sendgrid": "SENDGRID_WEBHOOK_SECRET",
+                 "fcm": "FCM_WEBHOOK_SECRET", "smtp": "SMTP_WEBHOOK_SECRET",
+                 "twilio_auth_token": "TWILIO_AUTH_TOKEN"},
+}
+
+
 def _check_sections(values: Mapping[str, Any]) -> None:
     for name, cls in _SECTIONS.items():
-        if name in values and not isinstance(values[name], cls):
-            raise ConfigError(name, f"must be an instance of {cls.__name__}, "
-                              f"got {values[name]!r}")
+        if name not in values:
+            continue
+        section = values[name]
+        if not isinstance(section, cls):
+            raise ConfigError(name, f"must be an instance of {cls.__name__}, got {section!r}")
+        for member in dataclasses.fields(cls):
+            value = getattr(section, member.name)
+            # A field whose default is None may be left unset; the others are always text.
+            if not (isinstance(value, str) or (value is None and member.default is None)):
+                raise ConfigError(_SECTION_VARIABLES[name][member.name],
+                                  f"must be a string, got {value!r}")
 
 
 # The Svix-signed providers' secrets, by the variable that sets each.

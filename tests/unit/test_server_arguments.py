@@ -5,6 +5,7 @@ character (a string of transports)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -255,3 +256,44 @@ def test_a_setting_without_a_variable_is_checked_too_naming_it(name: str, value:
 def test_a_setting_without_a_variable_takes_a_sound_value(name: str) -> None:
     # 31 s: more than the heartbeat's default interval, which its TTL must exceed.
     assert getattr(Settings().replace(**{name: 31}), name) == 31
+
+
+# Every field of a transport section, by the variable that sets it.
+SECTION_FIELDS = [
+    ("email", "transport", "EMAIL_TRANSPORT"), ("email", "from_addr", "EMAIL_FROM"),
+    ("email", "resend_api_key", "RESEND_API_KEY"), ("email", "resend_base_url", "RESEND_BASE_URL"),
+    ("email", "sendgrid_api_key", "SENDGRID_API_KEY"),
+    ("email", "sendgrid_base_url", "SENDGRID_BASE_URL"), ("email", "smtp_url", "SMTP_URL"),
+    ("sms", "account_sid", "TWILIO_ACCOUNT_SID"), ("sms", "auth_token", "TWILIO_AUTH_TOKEN"),
+    ("sms", "from_number", "TWILIO_FROM"), ("sms", "base_url", "TWILIO_BASE_URL"),
+    ("push", "project_id", "FCM_PROJECT_ID"), ("push", "access_token", "FCM_ACCESS_TOKEN"),
+    ("push", "credentials_file", "FCM_CREDENTIALS_FILE"), ("push", "base_url", "FCM_BASE_URL"),
+    ("ai", "api_key", "OPENAI_API_KEY"), ("ai", "base_url", "OPENAI_BASE_URL"),
+    ("ai", "model", "OPENAI_MODEL"),
+    ("webhooks", "resend", "RESEND_WEBHOOK_SECRET"),
+    ("webhooks", "sendgrid", "SENDGRID_WEBHOOK_SECRET"),
+    ("webhooks", "fcm", "FCM_WEBHOOK_SECRET"), ("webhooks", "smtp", "SMTP_WEBHOOK_SECRET"),
+    ("webhooks", "twilio_auth_token", "TWILIO_AUTH_TOKEN"),
+]
+
+
+def test_every_section_field_is_listed() -> None:
+    settings = Settings()
+    listed = {(section, name) for section, name, _variable in SECTION_FIELDS}
+    sections = ("email", "sms", "push", "ai", "webhooks")
+    assert listed == {(section, field.name) for section in sections
+                      for field in dataclasses.fields(getattr(settings, section))}
+
+
+@pytest.mark.parametrize(("section", "name", "variable"), SECTION_FIELDS,
+                         ids=[f"{section}.{name}" for section, name, _ in SECTION_FIELDS])
+@pytest.mark.parametrize("value", [5, b"x", ["x"]], ids=["int", "bytes", "list"])
+def test_a_section_field_of_the_wrong_type_is_refused_naming_its_variable(
+    section: str, name: str, variable: str, value: Any
+) -> None:
+    # An int for OPENAI_MODEL or RESEND_API_KEY was an AttributeError ('int' object has no
+    # attribute 'isprintable'); one for TWILIO_FROM was taken and failed at every send.
+    given = dataclasses.replace(getattr(Settings(), section), **{name: value})
+    with pytest.raises(ConfigError) as caught:
+        NotifkitServer(settings=Settings(), **{section: given})
+    assert caught.value.variable == variable
