@@ -68,7 +68,8 @@ def test_the_roles_that_do_not_migrate_start_once_the_api_has() -> None:
     listens only once migrated, so its /health answering is the mark to wait for."""
     services = compose()["services"]
     check = services["api"]["healthcheck"]["test"]
-    assert check[0] == "CMD" and "http://127.0.0.1:8080/health" in " ".join(check)
+    assert check[0] == "CMD"
+    assert "http://127.0.0.1:8080/health" in " ".join(check)
     for name, spec in notifkit_services().items():
         if name != "api":
             assert spec["depends_on"]["api"] == {"condition": "service_healthy"}, name
