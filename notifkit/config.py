@@ -421,6 +421,17 @@ def _local_url(port: int) -> str:
     return f"http://127.0.0.1:{port}"
 
 
+# Addresses that listen on every interface: this machine reaches them on its loopback.
+WILDCARD_HOSTS: Final = frozenset({"0.0.0.0", "::", ""})
+
+
+def local_url(host: str, port: int) -> str:
+    """Where this machine reaches an API listening on ``host``:``port`` (an IPv6 address in
+    brackets); one listening on every interface on 127.0.0.1."""
+    dial = "127.0.0.1" if host in WILDCARD_HOSTS else host
+    return f"http://[{dial}]:{port}" if ":" in dial else f"http://{dial}:{port}"
+
+
 # ---------------------------------------------------------------------------
 # Reading the environment
 

@@ -21,7 +21,7 @@ from aiohttp import web
 from redis.exceptions import RedisError
 
 from notifkit.clock import utc_now_iso
-from notifkit.config import ADDRESS_SETTINGS, ConfigError, Settings
+from notifkit.config import ADDRESS_SETTINGS, ConfigError, Settings, local_url
 from notifkit.db.pool import QUERY_TIMEOUT_S
 from notifkit.services.api.app import create_app
 from notifkit.services.api.errors import ApiRunner
@@ -66,10 +66,7 @@ class ApiService(Service):
     def base_url(self) -> str:
         if self.port is None:
             raise RuntimeError("the api service has not been started")
-        host = self.settings.host
-        if host in ("0.0.0.0", "::", ""):
-            host = "127.0.0.1"
-        return f"http://{host_port(host, self.port)}"
+        return local_url(self.settings.host, self.port)
 
     async def start(self) -> None:
         await self.open()
