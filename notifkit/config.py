@@ -277,7 +277,8 @@ _SECTION_VARIABLES: Final[dict[str, dict[str, str]]] = {
     "ai": {"api_key": "OPENAI_API_KEY", "base_url": "OPENAI_BASE_URL", "model": "OPENAI_MODEL"},
     "webhooks": {"resend": "RESEND_WEBHOOK_SECRET", "sendgrid": "SENDGRID_WEBHOOK_SECRET",
                  "fcm": "FCM_WEBHOOK_SECRET", "smtp": "SMTP_WEBHOOK_SECRET",
-                 "twilio_auth_token": "TWILIO_AUTH_TOKEN"},
+                 "twilio_auth_token": "TWILIO_AUTH_TOKEN",
+                 "sendgrid_public_key": "SENDGRID_WEBHOOK_PUBLIC_KEY"},
 }
 
 
@@ -292,8 +293,8 @@ def _check_sections(values: Mapping[str, Any]) -> None:
             value = getattr(section, member.name)
             # A field whose default is None may be left unset; the others are always text.
             if not (isinstance(value, str) or (value is None and member.default is None)):
-                raise ConfigError(_SECTION_VARIABLES[name][member.name],
-                                  f"must be a string, got {value!r}")
+                variable = _SECTION_VARIABLES[name].get(member.name, f"{name}.{member.name}")
+                raise ConfigError(variable, f"must be a string, got {value!r}")
 
 
 # The Svix-signed providers' secrets, by the variable that sets each.
