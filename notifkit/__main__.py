@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from notifkit import __version__
-from notifkit.config import LOG_FORMATS, ConfigError, Settings, parse_services
+from notifkit.config import LOG_FORMATS, ConfigError, Settings, parse_services, port_given_as
 from notifkit.log import process_service_name, set_process_service, setup_logging
 
 log = logging.getLogger("notifkit")
@@ -179,7 +179,7 @@ async def serve(settings: Settings, port_option: str = "PORT") -> int:
     except Exception as exc:
         await server.stop()
         if isinstance(exc, ConfigError) and exc.variable == "PORT":
-            exc = ConfigError(port_option, exc.problem)
+            exc = port_given_as(exc, port_option)
         why = describe_failure(exc)
         log.error("notifkit could not start: %s", why, extra=setting_of(why))
         return 2 if isinstance(exc, ConfigError) else 1

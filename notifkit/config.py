@@ -135,6 +135,15 @@ _NUMBERS: Final[dict[str, tuple[str, type, float]]] = {
     "heartbeat_interval_s": ("HEARTBEAT_INTERVAL_SECONDS", float, 0.1),
     "shutdown_grace_s": ("SHUTDOWN_GRACE_SECONDS", float, 0.0),
 }
+# Whole numbers no variable sets, since their defaults serve every deployment, that code may
+# still give: named by their field, with the least and most each takes.
+_CODE_NUMBERS: Final[dict[str, tuple[int, int]]] = {
+    "caller_idempotency_ttl_s": (1, MAX_DURATION_S),
+    "attempts_ttl_s": (1, MAX_DURATION_S),
+    "heartbeat_ttl_s": (1, MAX_DURATION_S),
+    # XREADGROUP's BLOCK: 0 would wait for an entry forever, deaf to a stop.
+    "read_block_ms": (1, MAX_DURATION_S * 1000),
+}
 _TEXTS: Final = {
     "redis_url": "REDIS_URL", "database_url": "DATABASE_URL",
     "namespace": "NOTIFKIT_NAMESPACE", "db_schema": "DB_SCHEMA", "host": "HOST",
@@ -158,6 +167,19 @@ class ConfigError(ValueError):
         super().__init__(f"{variable}: {problem}")
         self.variable = variable
         self.problem = problem
+
+
+# Where the address the api binds comes from, said in a failure to bind it.
+ADDRESS_SETTINGS: Final = "(HOST:PORT)"
+
+
+def port_given_as(exc: ConfigError, option: str) -> ConfigError:
+    """``exc``, about PORT, for a port given as ``option`` (``--port``): named so, and without
+    saying the address came from HOST:PORT, since PORT, which the user may never have set, did
+    not take part."""
+    if option == "PORT":
+        return exc
+    return ConfigError(option, exc.problem.replace(f" {ADDRESS_SETTINGS}", ""))
 
 
 class UnknownArgument(ConfigError, TypeError):
@@ -243,11 +265,39 @@ _SECTIONS: Final[dict[str, type]] = {"email": EmailSettings, "sms": SmsSettings,
                                      "webhooks": WebhookSecrets}
 
 
+# Each section field's variable: a value of the wrong type given in code is named by it (an int
+# for OPENAI_MODEL was an AttributeError that named nothing; one for TWILIO_FROM failed every
+# send).
+_SECTION_VARIABLES: Final[dict[str, dict[str, str]]] = {
+    "email": {"transport": "EMAIL_TRANSPORT", "from_addr": "EMAIL_FROM",
+              "resend_api_key": "RESEND_API_KEY", "resend_base_url": "RESEND_BASE_URL",
+              "sendgrid_api_key": "SENDGRID_API_KEY", "sendgrid_base_url": "SENDGRID_BASE_URL",
+              "smtp_url": "SMTP_URL"},
+    "sms": {"account_sid": "TWILIO_ACCOUNT_SID", "auth_token": "TWILIO_AUTH_TOKEN",
+            "from_number": "TWILIO_FROM", "base_url": "TWILIO_BASE_URL"},
+    "push": {"project_id": "FCM_PROJECT_ID", "access_token": "FCM_ACCESS_TOKEN",
+             "credentials_file": "FCM_CREDENTIALS_FILE", "base_url": "FCM_BASE_URL"},
+    "ai": {"api_key": "OPENAI_API_KEY", "base_url": "OPENAI_BASE_URL", "model": "OPENAI_MODEL"},
+    "webhooks": {"resend": "RESEND_WEBHOOK_SECRET", "sendgrid": "SENDGRID_WEBHOOK_SECRET",
+                 "fcm": "FCM_WEBHOOK_SECRET", "smtp": "SMTP_WEBHOOK_SECRET",
+                 "twilio_auth_token": "TWILIO_AUTH_TOKEN",
+                 "sendgrid_public_key": "SENDGRID_WEBHOOK_PUBLIC_KEY"},
+}
+
+
 def _check_sections(values: Mapping[str, Any]) -> None:
     for name, cls in _SECTIONS.items():
-        if name in values and not isinstance(values[name], cls):
-            raise ConfigError(name, f"must be an instance of {cls.__name__}, "
-                              f"got {values[name]!r}")
+        if name not in values:
+            continue
+        section = values[name]
+        if not isinstance(section, cls):
+            raise ConfigError(name, f"must be an instance of {cls.__name__}, got {section!r}")
+        for member in dataclasses.fields(cls):
+            value = getattr(section, member.name)
+            # A field whose default is None may be left unset; the others are always text.
+            if not (isinstance(value, str) or (value is None and member.default is None)):
+                variable = _SECTION_VARIABLES[name].get(member.name, f"{name}.{member.name}")
+                raise ConfigError(variable, f"must be a string, got {value!r}")
 
 
 # The Svix-signed providers' secrets, by the variable that sets each.
@@ -373,6 +423,17 @@ class Settings:
 def _local_url(port: int) -> str:
     """The links' URL when NOTIFKIT_PUBLIC_URL is unset: this machine's API on ``port``."""
     return f"http://127.0.0.1:{port}"
+
+
+# Addresses that listen on every interface: this machine reaches them on its loopback.
+WILDCARD_HOSTS: Final = frozenset({"0.0.0.0", "::", ""})
+
+
+def local_url(host: str, port: int) -> str:
+    """Where this machine reaches an API listening on ``host``:``port`` (an IPv6 address in
+    brackets); one listening on every interface on 127.0.0.1."""
+    dial = "127.0.0.1" if host in WILDCARD_HOSTS else host
+    return f"http://[{dial}]:{port}" if ":" in dial else f"http://{dial}:{port}"
 
 
 # ---------------------------------------------------------------------------
@@ -943,6 +1004,12 @@ def _check_types(s: Settings) -> None:
             raise ConfigError(variable, f"must be {what}, got {value!r}")
         if not value >= least:  # also refuses NaN
             raise ConfigError(variable, f"must be at least {least}, got {value}")
+    for name, (least, most) in _CODE_NUMBERS.items():
+        value = getattr(s, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(name, f"must be a whole number, got {value!r}")
+        if not least <= value <= most:
+            raise ConfigError(name, f"must be from {least} to {most:,}, got {value}")
 
 
 def _validate(s: Settings) -> None:
@@ -950,6 +1017,11 @@ def _validate(s: Settings) -> None:
     _check_redis_url(s.redis_url)
     _check_url("DATABASE_URL", s.database_url, ("postgresql", "postgres"), hostless=True)
     database_dsn(s.database_url)
+    # A string is iterable too, and was taken letter by letter ("unknown service 'a'").
+    if not (isinstance(s.services, tuple | list)
+            and all(isinstance(name, str) for name in s.services)):
+        raise ConfigError("NOTIFKIT_SERVICES", f"must be a tuple of service names, got "
+                          f"{s.services!r}")
     if not s.services:
         raise ConfigError("NOTIFKIT_SERVICES", "names no service")
     unknown = [name for name in s.services if name not in SERVICES]

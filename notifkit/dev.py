@@ -27,7 +27,7 @@ from typing import Any
 
 import aiohttp
 
-from notifkit.config import ConfigError, Settings
+from notifkit.config import ConfigError, Settings, local_url, port_given_as
 from simulators.server import ListenError, SimulatorServer
 
 log = logging.getLogger("notifkit.dev")
@@ -244,7 +244,7 @@ def dev_environment(environ: Mapping[str, str], *, port: int, host: str, redis_u
         "RECLAIM_INTERVAL_SECONDS": _given(environ, "RECLAIM_INTERVAL_SECONDS") or "5",
         "RECLAIM_MIN_IDLE_SECONDS": _given(environ, "RECLAIM_MIN_IDLE_SECONDS") or "5",
         "NOTIFKIT_PUBLIC_URL": _given(environ, "NOTIFKIT_PUBLIC_URL")
-        or f"http://127.0.0.1:{port}",
+        or local_url(host, port),
         # A laptop's webhooks go to a receiver on the laptop.
         "WEBHOOK_ALLOW_PRIVATE_NETWORKS": _given(environ, "WEBHOOK_ALLOW_PRIVATE_NETWORKS")
         or "true",
@@ -275,8 +275,9 @@ async def _serve_dev(settings: Settings, environ: dict[str, str], folder: Path, 
         async with _api_port_named("--port"), NotifkitServer(settings=dev_settings) as server:
             # The port actually bound is the one to print and dial.
             api = server.service("api")
+            # Where it listens: HOST=::1 (or one interface's address) has nothing on 127.0.0.1.
             bound = api.port if isinstance(api, ApiService) and api.port else port
-            api_url = f"http://127.0.0.1:{bound}"
+            api_url = local_url(host, bound)
             demo = await ensure_demo(api_url, dev_settings.admin_key or "", folder)
             print_welcome(api_url, sim.base_url, demo)
             started.set()
@@ -324,7 +325,7 @@ async def _api_port_named(option: str) -> AsyncIterator[None]:
     except ConfigError as exc:
         if exc.variable != "PORT":
             raise
-        raise ConfigError(option, exc.problem) from exc
+        raise port_given_as(exc, option) from exc
 
 
 class DemoError(RuntimeError):

@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from notifkit.refusals import RefusingRunner
+from notifkit.wording import bind_reason
 from simulators.app import answer_refusal, create_app
 from simulators.client import Op, SimulatorControl
 from simulators.control import MAX_SEED
@@ -42,7 +43,7 @@ class ListenError(OSError):
     cannot be bound at all)."""
 
     def __init__(self, which: str, host: str, port: int, cause: OSError) -> None:
-        super().__init__(cause.errno, f"cannot listen on {host}:{port}: {cause.strerror or cause}")
+        super().__init__(cause.errno, f"cannot listen on {host}:{port}: {bind_reason(cause)}")
         # EINVAL: an address no socket binds (IPv4-mapped IPv6); EAFNOSUPPORT: its family is
         # not enabled on this machine. Neither is the port's doing.
         host_at_fault = isinstance(cause, socket.gaierror) or cause.errno in (

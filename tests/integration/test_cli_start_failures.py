@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -130,6 +131,14 @@ def test_an_unusable_fcm_credentials_file_is_refused_before_anything_starts(
     assert not asyncio.run(_schema_exists(database_url, env["DB_SCHEMA"]))
 
 
+def _the_reason_once(result: subprocess.CompletedProcess[str], port: int) -> None:
+    """The line gives the system's reason once, not asyncio's wording of the bind around it
+    ("error while attempting to bind on address ('127.0.0.1', 8080): address already in use")."""
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr, result.stderr
+    assert "error while attempting to bind" not in result.stderr, result.stderr
+    assert os.strerror(errno.EADDRINUSE) in result.stderr, result.stderr
+
+
 def test_a_port_in_use_is_named(redis_url: str, database_url: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -137,7 +146,24 @@ def test_a_port_in_use_is_named(redis_url: str, database_url: str) -> None:
         port = taken.getsockname()[1]
         env = _env(redis_url, database_url, NOTIFKIT_SERVICES="api", HOST="127.0.0.1",
                    PORT=str(port), AUTO_MIGRATE="true")
-        _one_line_naming(run_cli(env, "serve"), "PORT")
+        result = run_cli(env, "serve")
+    _one_line_naming(result, "PORT")
+    _the_reason_once(result, port)
+
+
+def test_a_port_option_in_use_is_named_without_port(redis_url: str, database_url: str) -> None:
+    # Given --port, the line said "--port: cannot listen on ... (HOST:PORT)": the PORT the
+    # user never set, beside the option they typed.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = _env(redis_url, database_url, NOTIFKIT_SERVICES="api", HOST="127.0.0.1",
+                   AUTO_MIGRATE="true")
+        result = run_cli(env, "serve", "--port", str(port))
+    _one_line_naming(result, "--port: cannot listen on")
+    assert "PORT" not in result.stderr, result.stderr
+    _the_reason_once(result, port)
 
 
 @pytest.mark.parametrize("host", ["192.0.2.1", "no-such-host.invalid"])
@@ -236,6 +262,9 @@ def test_a_dev_port_in_use_is_named_by_its_option(
                          "--data-dir", str(tmp_path), *args)
     assert result.returncode == 2, result.stderr
     _one_line_naming(result, f"{option}: cannot listen on")
+    # dev takes no PORT at all: the line used to say the address came from HOST:PORT.
+    assert "PORT" not in result.stderr, result.stderr
+    assert "error while attempting to bind" not in result.stderr, result.stderr
 
 
 def test_an_unmigrated_schema_without_auto_migrate_is_named(

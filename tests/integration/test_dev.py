@@ -308,3 +308,37 @@ async def test_each_dev_start_seeds_the_simulators_afresh() -> None:
         async with _simulators(0, 0) as sim:
             seeds.append(sim.state.settings.seed)
     assert seeds[0] != seeds[1]
+
+
+def test_dev_on_an_ipv6_host_makes_its_demo_and_prints_where_it_listens(
+    redis_url: str, database_url: str, namespace: str, db_schema: str, tmp_path: Path,
+) -> None:
+    with socket.socket(socket.AF_INET6) as probe:
+        try:
+            probe.bind(("::1", 0))
+        except OSError:
+            pytest.skip("no IPv6 loopback on this machine")
+    # Given HOST=::1: dev dialled 127.0.0.1 for its demo, where nothing listened, and stopped
+    # with "Cannot connect to host 127.0.0.1:...", status 1
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("NOTIFKIT_", "REDIS", "DATABASE", "DB_", "PORT", "HOST"))}
+    env.update(REDIS_URL=redis_url, DATABASE_URL=database_url, NOTIFKIT_NAMESPACE=namespace,
+               DB_SCHEMA=db_schema, LOG_FORMAT="text", HOST="::1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "notifkit", "dev", "--data-dir", str(tmp_path), "--port", "0",
+         "--sim-port", "0", "--sim-smtp-port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        start_new_session=True,
+    )
+    try:
+        printed = read_until_ready(proc, timeout_s=60)
+        api = re.search(r"API:\s+http://\[::1\]:(\d+)", printed)
+        assert api is not None, printed
+        # Then the printed curl works as printed
+        curl = printed[printed.index("curl -s"):printed.index("Press Ctrl-C")].strip()
+        result = subprocess.run(["bash", "-c", curl], capture_output=True, text=True,
+                                timeout=30, check=True)
+        assert json.loads(result.stdout)["id"]
+    finally:
+        code = stop(proc)
+    assert code == 0

@@ -59,3 +59,17 @@ def test_the_image_can_sign_with_an_fcm_credentials_file() -> None:
     [install] = [line for line in dockerfile.splitlines() if "pip install" in line]
     extras = install.split("'.[", 1)[1].split("]'", 1)[0].split(",")
     assert "fcm" in extras, install
+
+
+def test_the_roles_that_do_not_migrate_start_once_the_api_has() -> None:
+    """pipeline and delivery run with AUTO_MIGRATE=false and stop at start on a schema that
+    lacks a migration: started beside the api ("service_started"), a first `docker compose up`
+    had each fail with a DB_SCHEMA error line and restart until the api had migrated. The api
+    listens only once migrated, so its /health answering is the mark to wait for."""
+    services = compose()["services"]
+    check = services["api"]["healthcheck"]["test"]
+    assert check[0] == "CMD"
+    assert "http://127.0.0.1:8080/health" in " ".join(check)
+    for name, spec in notifkit_services().items():
+        if name != "api":
+            assert spec["depends_on"]["api"] == {"condition": "service_healthy"}, name

@@ -128,6 +128,15 @@ def test_a_service_given_twice_in_code_is_refused() -> None:
     assert info.value.variable == "NOTIFKIT_SERVICES"
 
 
+@pytest.mark.parametrize("services", [5, "api", b"api", ("api", 5), None])
+def test_services_of_the_wrong_kind_in_code_are_refused_naming_them(services: Any) -> None:
+    # 5 raised a bare TypeError ('int' object is not iterable); "api" was taken letter by
+    # letter and refused as "unknown service 'a'".
+    with pytest.raises(ConfigError, match="must be a tuple of service names") as info:
+        Settings().replace(services=services)
+    assert info.value.variable == "NOTIFKIT_SERVICES"
+
+
 @pytest.mark.parametrize("url", [
     # libpq's forms for a server on a Unix socket: no host, or the socket directory as host.
     "postgresql:///notifkit?host=/var/run/postgresql&user=app",

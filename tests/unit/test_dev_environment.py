@@ -57,3 +57,14 @@ def test_dev_logs_text_when_log_format_is_set_to_nothing(blank: str) -> None:
     assert intended_log_format("dev", {"LOG_FORMAT": blank}) == "text"
     assert intended_log_format("dev", {"LOG_FORMAT": "json"}) == "json"
     assert intended_log_format("serve", {"LOG_FORMAT": blank}) == "json"
+
+
+@pytest.mark.parametrize(("host", "public_url"), [
+    ("0.0.0.0", "http://127.0.0.1:9080"), ("::", "http://127.0.0.1:9080"),
+    ("::1", "http://[::1]:9080"), ("localhost", "http://localhost:9080"),
+    ("10.1.2.3", "http://10.1.2.3:9080"),
+])
+def test_links_point_where_the_api_listens(host: str, public_url: str) -> None:
+    # HOST=::1 (or an address of one interface) put http://127.0.0.1:9080 in every unsubscribe
+    # link, where nothing listened.
+    assert merged({"HOST": host}).public_url == public_url

@@ -5,13 +5,14 @@ character (a string of transports)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from notifkit.config import ConfigError, Settings
+from notifkit.config import _SECTION_VARIABLES, VARIABLES, ConfigError, Settings
 from notifkit.server import NotifkitServer
 from notifkit.transports.base import Message, SendResult, TransportContext
 
@@ -229,3 +230,54 @@ def test_one_transport_per_channel_with_a_rate_is_taken() -> None:
     server = NotifkitServer(services=["delivery"], settings=Settings(),
                             transports=[Limited(), _Sms()])
     assert [t.channel for t in server.transports] == ["email", "sms"]
+
+
+# Settings fields no environment variable sets (their defaults serve every deployment), which
+# code may still give: each was taken as given, a string or 0 failing only in a running worker
+# (XREADGROUP BLOCK -5 refused at every read; an attempts counter given a TTL of 0 deleted at
+# once, so no entry ever reached its attempt limit).
+CODE_ONLY_NUMBERS = ["read_block_ms", "attempts_ttl_s", "caller_idempotency_ttl_s",
+                     "heartbeat_ttl_s"]
+
+
+@pytest.mark.parametrize("name", CODE_ONLY_NUMBERS)
+@pytest.mark.parametrize("value", ["5", True, 1.5, 0, -5, 10**18],
+                         ids=["str", "bool", "fraction", "zero", "negative", "past-ten-years"])
+def test_a_setting_without_a_variable_is_checked_too_naming_it(name: str, value: Any) -> None:
+    with pytest.raises(ConfigError) as caught:
+        NotifkitServer(settings=Settings(), **{name: value})
+    assert caught.value.variable == name
+    with pytest.raises(ConfigError) as caught:
+        Settings(**{name: value})
+    assert caught.value.variable == name
+
+
+@pytest.mark.parametrize("name", CODE_ONLY_NUMBERS)
+def test_a_setting_without_a_variable_takes_a_sound_value(name: str) -> None:
+    # 31 s: more than the heartbeat's default interval, which its TTL must exceed.
+    assert getattr(Settings().replace(**{name: 31}), name) == 31
+
+
+# Every field of a transport section, with the variable that sets it.
+SECTION_FIELDS = [(section, field.name, _SECTION_VARIABLES[section].get(field.name, ""))
+                  for section in ("email", "sms", "push", "ai", "webhooks")
+                  for field in dataclasses.fields(getattr(Settings(), section))]
+
+
+def test_every_section_field_has_its_variable() -> None:
+    for section, name, variable in SECTION_FIELDS:
+        assert variable in VARIABLES, f"{section}.{name}"
+
+
+@pytest.mark.parametrize(("section", "name", "variable"), SECTION_FIELDS,
+                         ids=[f"{section}.{name}" for section, name, _ in SECTION_FIELDS])
+@pytest.mark.parametrize("value", [5, b"x", ["x"]], ids=["int", "bytes", "list"])
+def test_a_section_field_of_the_wrong_type_is_refused_naming_its_variable(
+    section: str, name: str, variable: str, value: Any
+) -> None:
+    # An int for OPENAI_MODEL or RESEND_API_KEY was an AttributeError ('int' object has no
+    # attribute 'isprintable'); one for TWILIO_FROM was taken and failed at every send.
+    given = dataclasses.replace(getattr(Settings(), section), **{name: value})
+    with pytest.raises(ConfigError) as caught:
+        NotifkitServer(settings=Settings(), **{section: given})
+    assert caught.value.variable == variable

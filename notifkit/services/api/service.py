@@ -21,13 +21,14 @@ from aiohttp import web
 from redis.exceptions import RedisError
 
 from notifkit.clock import utc_now_iso
-from notifkit.config import ConfigError, Settings
+from notifkit.config import ADDRESS_SETTINGS, ConfigError, Settings, local_url
 from notifkit.db.pool import QUERY_TIMEOUT_S
 from notifkit.services.api.app import create_app
 from notifkit.services.api.errors import ApiRunner
 from notifkit.services.api.state import IN_FLIGHT
 from notifkit.services.base import Service
 from notifkit.tasks import cancel_and_wait
+from notifkit.wording import bind_reason
 from notifkit.worker import (
     consumer_name,
     heartbeat_failure,
@@ -65,10 +66,7 @@ class ApiService(Service):
     def base_url(self) -> str:
         if self.port is None:
             raise RuntimeError("the api service has not been started")
-        host = self.settings.host
-        if host in ("0.0.0.0", "::", ""):
-            host = "127.0.0.1"
-        return f"http://{host_port(host, self.port)}"
+        return local_url(self.settings.host, self.port)
 
     async def start(self) -> None:
         await self.open()
@@ -86,7 +84,7 @@ class ApiService(Service):
                        or exc.errno == errno.EADDRNOTAVAIL else "PORT")
             raise ConfigError(
                 setting, f"cannot listen on {host_port(self.settings.host, self.settings.port)} "
-                f"(HOST:PORT): {exc.strerror or exc}"
+                f"{ADDRESS_SETTINGS}: {bind_reason(exc)}"
             ) from exc
         except BaseException:
             await runner.cleanup()
