@@ -44,7 +44,7 @@ async def test_tasks_parked_by_a_429_leave_after_the_window_and_are_sent_once(
         time=lambda: clock.now_ms / 1000, monotonic=time.monotonic,
         perf_counter=time.perf_counter))
     s = settings.replace(provider_timeout_s=2.0, sms=SmsSettings(
-        account_sid="AC" + "1" * 32, auth_token="twilio-token", from_number="+15550000000",
+        account_sid="AC" + "1" * 32, auth_token="twilio-token", from_number="+15005550006",
         base_url=sim.base_url))
     for i in range(USERS):
         await add_user(db, project_id, f"u{i}", contacts=[("sms", f"+1555000100{i}")])
