@@ -8,6 +8,7 @@ what the services' idempotent writes (ON CONFLICT ...) rely on, so they are asse
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -212,6 +213,46 @@ async def test_a_failing_migration_rolls_back_and_names_itself(
             "SELECT pg_try_advisory_lock($1)", migration_lock_key(fresh_schema)
         )
     finally:
+        await conn.close()
+
+
+async def test_a_long_migration_says_it_is_still_at_work_until_it_ends(
+    database_url: str, fresh_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One line before and one after said nothing for the minutes an index on a large table
+    takes, which looks like a hung process."""
+    # (notifkit.db.migrate the attribute is the function: the module is found by name)
+    monkeypatch.setattr(sys.modules["notifkit.db.migrate"], "PROGRESS_INTERVAL_S", 0.01)
+    blocker = await asyncpg.connect(database_url)
+    conn = await asyncpg.connect(database_url)
+    said: list[str] = []
+    still = asyncio.Event()
+    stack = contextlib.ExitStack()
+
+    def progress(message: str) -> None:
+        said.append(message)
+        if "Still applying" in message:
+            still.set()
+
+    try:
+        # Given a migration that cannot finish while another session holds a lock it needs
+        await blocker.execute("SELECT pg_advisory_lock(424242)")
+        slow = Migration(1, "0001_slow", "SELECT pg_advisory_xact_lock(424242);")
+        run = asyncio.ensure_future(
+            migrate_connection(conn, fresh_schema, migrations=[slow], progress=progress))
+        stack.callback(run.cancel)
+        # Then, while it runs, the runner says it is still applying it, naming it
+        await asyncio.wait_for(still.wait(), timeout=30)
+        assert any("0001_slow" in line and "Still applying" in line for line in said), said
+        assert not run.done()
+        # And once it ends, the progress lines stop and the usual summary follows
+        await blocker.execute("SELECT pg_advisory_unlock(424242)")
+        assert await run == ["0001_slow"]
+        assert said[-1].startswith("Applied migration 0001_slow")
+        assert not [t for t in asyncio.all_tasks() if t.get_name() == "migration-progress"]
+    finally:
+        stack.close()
+        await blocker.close()
         await conn.close()
 
 
