@@ -98,11 +98,27 @@ def _quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+# What notifkit's schema_migrations holds; another tool's table of that name lacks some.
+_LEDGER_COLUMNS = {"version": "integer", "name": "text", "checksum": "text"}
+
+
 async def applied_versions(conn: asyncpg.Connection) -> dict[int, str]:
-    """Applied version -> checksum, read from ``schema_migrations`` on the search path."""
-    exists = await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL")
-    if not exists:
+    """Applied version -> checksum, read from ``schema_migrations`` on the search path.
+    A table of that name that is not notifkit's (another tool's, in a shared schema) is a
+    :class:`MigrationError`."""
+    table = await conn.fetchval("SELECT to_regclass('schema_migrations')::oid")
+    if table is None:
         return {}
+    columns = dict(await conn.fetch(
+        "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute "
+        "WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped", table))
+    if any(columns.get(name) != kind for name, kind in _LEDGER_COLUMNS.items()):
+        schema = await conn.fetchval("SELECT current_schema()")
+        held = ", ".join(f"{name} {kind}" for name, kind in columns.items())
+        raise MigrationError(
+            f"schema {schema!r} holds a schema_migrations table that is not notifkit's "
+            f"({held}): another tool keeps its migrations there; point DB_SCHEMA at a "
+            "schema of notifkit's own (it is created if missing)")
     rows = await conn.fetch("SELECT version, checksum FROM schema_migrations")
     return {row["version"]: row["checksum"] for row in rows}
 
