@@ -17,6 +17,8 @@ whose meaning it cannot know.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import logging
 import re
@@ -49,6 +51,10 @@ MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 _FILE_RE = re.compile(r"^(?P<version>\d{4})_(?P<slug>[a-z0-9_]+)\.sql$")
 
 Progress = Callable[[str], None]
+
+# How often a migration still running says so: an index built on a large table takes minutes,
+# and a process silent for that long looks hung (and may be killed as such).
+PROGRESS_INTERVAL_S = 30.0
 
 
 class MigrationError(RuntimeError):
@@ -92,11 +98,27 @@ def _quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+# What notifkit's schema_migrations holds; another tool's table of that name lacks some.
+_LEDGER_COLUMNS = {"version": "integer", "name": "text", "checksum": "text"}
+
+
 async def applied_versions(conn: asyncpg.Connection) -> dict[int, str]:
-    """Applied version -> checksum, read from ``schema_migrations`` on the search path."""
-    exists = await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL")
-    if not exists:
+    """Applied version -> checksum, read from ``schema_migrations`` on the search path.
+    A table of that name that is not notifkit's (another tool's, in a shared schema) is a
+    :class:`MigrationError`."""
+    table = await conn.fetchval("SELECT to_regclass('schema_migrations')::oid")
+    if table is None:
         return {}
+    columns = dict(await conn.fetch(
+        "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute "
+        "WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped", table))
+    if any(columns.get(name) != kind for name, kind in _LEDGER_COLUMNS.items()):
+        schema = await conn.fetchval("SELECT current_schema()")
+        held = ", ".join(f"{name} {kind}" for name, kind in columns.items())
+        raise MigrationError(
+            f"schema {schema!r} holds a schema_migrations table that is not notifkit's "
+            f"({held}): another tool keeps its migrations there; point DB_SCHEMA at a "
+            "schema of notifkit's own (it is created if missing)")
     rows = await conn.fetch("SELECT version, checksum FROM schema_migrations")
     return {row["version"]: row["checksum"] for row in rows}
 
@@ -204,6 +226,9 @@ async def migrate_connection(
                     "of order.", migration.name, schema, newest_applied,
                 )
             started = time.perf_counter()
+            ticker = asyncio.get_running_loop().create_task(
+                _still_applying(say, migration.name, schema, started),
+                name="migration-progress")
             try:
                 async with conn.transaction():
                     await conn.execute(migration.sql)
@@ -217,6 +242,10 @@ async def migrate_connection(
                     f"migration {migration.name} failed in schema {schema!r} and was rolled "
                     f"back: {exc}"
                 ) from exc
+            finally:
+                ticker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await ticker
             elapsed_ms = (time.perf_counter() - started) * 1000
             say(f"Applied migration {migration.name} to schema {schema!r} in {elapsed_ms:.0f} ms.")
             done.append(migration.name)
@@ -224,3 +253,10 @@ async def migrate_connection(
     finally:
         if not conn.is_closed():  # a closed session has released its lock already
             await conn.execute("SELECT pg_advisory_unlock($1)", key)
+
+
+async def _still_applying(say: Progress, name: str, schema: str, started: float) -> None:
+    while True:
+        await asyncio.sleep(PROGRESS_INTERVAL_S)
+        say(f"Still applying migration {name} to schema {schema!r} "
+            f"({time.perf_counter() - started:.0f} s so far).")

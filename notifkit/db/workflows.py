@@ -261,11 +261,23 @@ async def fail_dead_lettered(conn: Conn, instance_id: str, error: str, now: date
     """Mark an instance that has not finished ``failed`` because an entry of it was
     dead-lettered, keeping ``error`` and the status it had (for a DLQ replay); False when it
     had finished (or is unknown)."""
+    # Its open digest windows close with it (one statement: the pool may be the caller's
+    # connection), as a cancel closes them: the user's later triggers would otherwise join a
+    # window whose owner sends nothing until someone replays the dead letter, perhaps never.
+    # A replay sends what the closed window holds (Runner._digest).
     done = await conn.fetchval(
-        """UPDATE workflow_instances
-              SET dead_letter = jsonb_build_object('error', $2::text, 'status', status),
-                  status = 'failed', updated_at = $3
-            WHERE id = $1 AND NOT (status = ANY($4::text[])) RETURNING true""",
+        """WITH failed AS (
+               UPDATE workflow_instances
+                  SET dead_letter = jsonb_build_object('error', $2::text, 'status', status),
+                      status = 'failed', updated_at = $3
+                WHERE id = $1 AND NOT (status = ANY($4::text[]))
+            RETURNING id, project_id),
+           closed AS (
+               UPDATE workflow_digests d SET closed_at = $3
+                 FROM failed
+                WHERE d.project_id = failed.project_id AND d.owner_instance_id = failed.id
+                  AND d.closed_at IS NULL)
+           SELECT EXISTS (SELECT 1 FROM failed)""",
         instance_id, error, now, list(TERMINAL_STATUSES),
     )
     return bool(done)

@@ -280,6 +280,53 @@ def test_an_unmigrated_schema_without_auto_migrate_is_named(
     assert "python -m notifkit migrate" in result.stderr
 
 
+# Other tools' tables of that name: dbmate and Rails (version text), golang-migrate
+# (version bigint, dirty boolean).
+_FOREIGN_LEDGERS = {
+    "rails": "version varchar PRIMARY KEY",
+    "golang-migrate": "version bigint PRIMARY KEY, dirty boolean NOT NULL DEFAULT false",
+}
+
+
+@pytest.mark.parametrize("auto_migrate", ["true", "false"])
+@pytest.mark.parametrize("tool", sorted(_FOREIGN_LEDGERS))
+def test_a_schema_holding_another_tools_schema_migrations_is_named(
+    tool: str, auto_migrate: str, redis_url: str, database_url: str
+) -> None:
+    # A shared database's schema (public, the default) often holds another tool's
+    # schema_migrations: every command stopped with 'DATABASE_URL: column "checksum" does not
+    # exist', blaming the URL for what DB_SCHEMA chose.
+    env = _env(redis_url, database_url, AUTO_MIGRATE=auto_migrate, NOTIFKIT_SERVICES="api")
+    asyncio.run(_make_foreign_ledger(database_url, env["DB_SCHEMA"], _FOREIGN_LEDGERS[tool]))
+    for command in ("migrate", "serve"):
+        result = run_cli(env, command)
+        _one_line_naming(result, "DB_SCHEMA")
+        assert "schema_migrations" in result.stderr, result.stderr
+        assert "checksum" not in result.stderr, result.stderr
+    # And the other tool's table is left as it was
+    assert asyncio.run(_tables_in(database_url, env["DB_SCHEMA"])) == {"schema_migrations"}
+
+
+async def _make_foreign_ledger(database_url: str, schema: str, columns: str) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(f'CREATE SCHEMA "{schema}"')
+        await conn.execute(f'CREATE TABLE "{schema}".schema_migrations ({columns})')
+        await conn.execute(f"INSERT INTO \"{schema}\".schema_migrations (version) VALUES ('1')")
+    finally:
+        await conn.close()
+
+
+async def _tables_in(database_url: str, schema: str) -> set[str]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = $1", schema)
+        return {row["table_name"] for row in rows}
+    finally:
+        await conn.close()
+
+
 def test_an_api_alone_refuses_an_unmigrated_schema_at_start(
     redis_url: str, database_url: str
 ) -> None:

@@ -232,3 +232,60 @@ async def test_a_dead_lettered_trigger_fails_its_pending_instance_until_it_is_re
     done = await api.call("GET", f"/v1/workflow-instances/{instance_id}", key=project.full)
     assert done.body["status"] == "completed", done.body
     assert [(s["type"], s["status"]) for s in done.body["steps"]] == [("send", "completed")]
+
+
+async def test_a_digest_owner_failed_by_a_dead_letter_takes_in_no_later_trigger(
+    api: Api, project: Project, settings: Settings, make_service: ServiceFactory,
+    clock: FakeClock, redis: Redis, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    put = await api.call("PUT", "/v1/workflows/daily", key=project.full, json={"steps": [
+        {"type": "digest", "windowSeconds": 60, "template": "digest"},
+    ]})
+    assert put.status == 201, put.body
+    first = await api.call("POST", "/v1/workflows/daily/trigger", key=project.send,
+                           json={"userId": "u1", "data": {"n": 1}})
+    owner_id = first.body["instanceId"]
+    chosen = settings.replace(max_attempts=1)
+    service = make_service(settings=chosen)
+    await service.run_until_idle()
+    # Given the owner's wake at the end of its window dead-lettered, the instance failed
+    real_run = service.runner.run
+
+    async def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the database refused the step")
+
+    monkeypatch.setattr(service.runner, "run", broken)
+    clock.advance(60)
+    await service.run_until_idle()
+    events = EventsService(chosen)
+    try:
+        await events.run_until_idle()
+    finally:
+        await events.stop()
+    failed = await api.call("GET", f"/v1/workflow-instances/{owner_id}", key=project.full)
+    assert failed.body["status"] == "failed", failed.body
+    # When the user is triggered again, before anyone replays the dead letter
+    monkeypatch.setattr(service.runner, "run", real_run)
+    second = await api.call("POST", "/v1/workflows/daily/trigger", key=project.send,
+                            json={"userId": "u1", "data": {"n": 2}})
+    await service.run_until_idle()
+    # Then the new trigger opens a window of its own, which sends when it ends, instead of
+    # joining the failed owner's, which nothing sends unless the dead letter is replayed
+    later = await api.call("GET", f"/v1/workflow-instances/{second.body['instanceId']}",
+                           key=project.full)
+    assert later.body["status"] == "waiting", later.body
+    assert "digestedInto" not in (later.body["steps"][0]["output"] or {}), later.body
+    clock.advance(60)
+    await service.run_until_idle()
+    done = await api.call("GET", f"/v1/workflow-instances/{second.body['instanceId']}",
+                          key=project.full)
+    assert done.body["status"] == "completed", done.body
+    assert done.body["steps"][0]["output"]["items"] == 1, done.body
+    # And a replay of the dead letter still sends the owner's digest of what it collected
+    [(dlq_id, _fields)] = await xrange(redis, Keys(settings.namespace).dlq)
+    replay = await api.admin("POST", f"/v1/dlq/{as_str(dlq_id)}/replay")
+    assert replay.status == 202, replay.body
+    await service.run_until_idle()
+    resumed = await api.call("GET", f"/v1/workflow-instances/{owner_id}", key=project.full)
+    assert resumed.body["status"] == "completed", resumed.body
+    assert resumed.body["steps"][0]["output"]["items"] == 1, resumed.body

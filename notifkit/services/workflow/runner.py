@@ -373,9 +373,13 @@ class Runner:
     ) -> Outcome | None:
         instance = run.instance
         output = row.output if isinstance(row.output, dict) else {}
-        if row.status == "running" and not output.get("digestId"):
-            return await self._join_digest(run, step, path, row)
         window = await db.owned_window(self.pool, instance, row.path)
+        if row.status == "running" and not output.get("digestId") and (
+                window is None or window.closed_at is None):
+            # A window it opened that a dead letter closed before its id was recorded is
+            # still its own to send (others may have joined it); an open one is joined again,
+            # which finds its item already there.
+            return await self._join_digest(run, step, path, row)
         if window is None:  # the window row vanished: start over as a fresh joiner
             return await self._join_digest(run, step, path, row)
         if self.now() < window.window_ends_at and window.closed_at is None:
