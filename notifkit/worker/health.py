@@ -7,7 +7,7 @@ import os
 import socket
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -15,6 +15,7 @@ from redis.exceptions import RedisError
 
 from notifkit import codec
 from notifkit.keys import Keys
+from notifkit.streams import as_str
 
 
 def consumer_name(service: str) -> str:
@@ -71,6 +72,7 @@ async def remove_heartbeat(redis: Redis, keys: Keys, consumer: str) -> None:
             gone.delete(keys.health(consumer))
             gone.zrem(keys.heartbeats, consumer)
             await gone.execute()
+            await forget_dead_siblings(redis, keys, consumer)
             return
         except RedisConnectionError:
             if last:
@@ -80,3 +82,23 @@ async def remove_heartbeat(redis: Redis, keys: Keys, consumer: str) -> None:
                 await redis.connection_pool.disconnect(inuse_connections=False)
         except (RedisError, OSError):
             return
+
+
+async def forget_dead_siblings(redis: Redis, keys: Keys, consumer: str) -> None:
+    """Take off the index the killed processes of ``consumer``'s service (heartbeat key
+    expired) that a clean stop follows: /health lists a service's last dead process, stale,
+    to say nothing runs it since a crash, and once a later process of it stopped cleanly
+    that is no longer true. One killed but not yet expired stays, as does a live one."""
+    prefix = consumer.partition("-")[0] + "-"
+    indexed = cast(list[bytes], await redis.zrange(keys.heartbeats, 0, -1))
+    members = [as_str(m) for m in indexed]
+    siblings = [m for m in members if m.startswith(prefix) and m != consumer]
+    if not siblings:
+        return
+    checks = redis.pipeline(transaction=False)
+    for name in siblings:
+        checks.exists(keys.health(name))
+    dead = [name for name, alive in zip(siblings, await checks.execute(), strict=True)
+            if not alive]
+    if dead:
+        await redis.zrem(keys.heartbeats, *dead)

@@ -172,6 +172,7 @@ class StreamWorker:
         self._taking = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
+        self._keep_alive_task: asyncio.Task[None] | None = None
         self._groups_ready = False
         # The last blocking read left every stream empty (see _read_new).
         self._drained = False
@@ -221,8 +222,8 @@ class StreamWorker:
             asyncio.create_task(self._heartbeat_loop(), name=f"{self.consumer}:heartbeat"),
         ]
         if self.settings.reclaim_min_idle_s >= KEEP_ALIVE_MIN_IDLE_S:
-            self._loops.append(asyncio.create_task(self._keep_alive_loop(),
-                                                   name=f"{self.consumer}:keep-alive"))
+            self._keep_alive_task = asyncio.create_task(self._keep_alive_loop(),
+                                                        name=f"{self.consumer}:keep-alive")
         log.info("Worker started; reading %s.", ", ".join(self.streams),
                  extra={"service": self.service, "consumer": self.consumer})
 
@@ -234,6 +235,9 @@ class StreamWorker:
         grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
         deadline = asyncio.get_running_loop().time() + grace
         self._stopping.set()
+        # The keep-alive runs on through the grace: a batch still finishing would otherwise go
+        # idle and be reclaimed, and done a second time, by another process while this one
+        # completes it (a grace longer than two thirds of RECLAIM_MIN_IDLE_SECONDS).
         await cancel_all(self._loops)
         self._loops = []
         if self.outage is not None:
@@ -250,6 +254,9 @@ class StreamWorker:
                 for task in pending:
                     task.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
+        if self._keep_alive_task is not None:
+            await cancel_all([self._keep_alive_task])
+            self._keep_alive_task = None
         try:
             # What is left of the grace, and at least STOP_GOODBYE_MIN_S: a stalled Redis held
             # each of these calls for the client's timeouts, one after another.
@@ -626,7 +633,7 @@ class StreamWorker:
     # -- keeping entries in progress -------------------------------------------------
     async def _keep_alive_loop(self) -> None:
         interval = self.settings.reclaim_min_idle_s / 3
-        while not self._stopping.is_set():
+        while True:  # until stop() cancels it, once nothing is in flight
             await asyncio.sleep(interval)
             try:
                 await self.keep_alive()

@@ -22,7 +22,7 @@ from notifkit.services.api.routes import dlq as dlq_routes
 from notifkit.services.api.validation import encode_cursor
 from notifkit.services.events import outcome_row
 from notifkit.streams import decode, encode, ensure_group, xadd
-from notifkit.worker import write_heartbeat
+from notifkit.worker import remove_heartbeat, write_heartbeat
 from tests.api.conftest import ADMIN, Api, Project, start_api
 from tests.support.pg_proxy import PostgresProxy
 from tests.support.streams import xrange
@@ -98,6 +98,29 @@ async def test_health_keeps_a_service_whose_every_process_died(api: Api, redis: 
     healed = await api.call("GET", "/health")
     assert healed.body["status"] == "ok"
     assert sorted(healed.body["services"]) == ["delivery-host-2", "engine-host-1"]
+
+
+async def test_health_forgets_a_dead_process_once_its_successor_stopped_cleanly(
+    api: Api, redis: Redis
+) -> None:
+    """Seen on a fleet: an engine killed and replaced, the replacement stopped cleanly later
+    (scaled to zero) -> /health listed the long-dead one, stale, and said degraded, although
+    the service's last process had stopped cleanly."""
+    keys = Keys(api.settings.namespace)
+    beat = {"service": "engine", "lastBeat": "2030-01-01T00:00:00.000Z", "inFlight": 0,
+            "ts": time.time()}
+    await write_heartbeat(redis, keys, "engine-host-1", beat, 30)
+    await redis.zadd(keys.heartbeats, {"engine-host-1": time.time() - 600})
+    await redis.delete(keys.health("engine-host-1"))  # SIGKILL, then its key expired
+    await write_heartbeat(redis, keys, "engine-host-2", beat, 30)
+    await write_heartbeat(redis, keys, "delivery-host-3", {**beat, "service": "delivery"}, 30)
+    await redis.zadd(keys.heartbeats, {"delivery-host-3": time.time() - 600})
+    await redis.delete(keys.health("delivery-host-3"))  # another service's dead one stays
+
+    await remove_heartbeat(redis, keys, "engine-host-2")  # the replacement's clean stop
+
+    reply = await api.call("GET", "/health")
+    assert list(reply.body["services"]) == ["delivery-host-3"]
 
 
 async def test_health_lists_only_the_last_dead_process_of_a_service(

@@ -131,3 +131,50 @@ async def test_a_batch_stuck_past_the_limit_is_no_longer_kept(
     idle = {r["message_id"].decode(): r["time_since_delivered"] for r in rows}
     assert idle[kept.id] < idle[stale.id]
     assert idle[stale.id] >= 200
+
+
+async def test_a_stopping_worker_keeps_its_unfinished_batch_from_other_processes(
+    make_worker: WorkerFactory, worker_settings: Settings, redis: Redis, keys: Keys,
+    add: Add, pending: Pending,
+) -> None:
+    """Found by running a fleet with RECLAIM_MIN_IDLE_SECONDS=5 and SHUTDOWN_GRACE_SECONDS=10:
+    a delivery process finishing its batch after SIGTERM had its entries reclaimed by another
+    one, and both sent the same e-mails over SMTP."""
+    stream = keys.enriched("normal")
+    settings = worker_settings.replace(reclaim_min_idle_s=1.0, reclaim_interval_s=60.0)
+    release = asyncio.Event()
+    done: list[str] = []
+
+    async def slow(batch: list[Entry]) -> None:
+        await release.wait()
+        done.extend(e.id for e in batch)
+
+    taken_over: list[str] = []
+
+    async def record(batch: list[Entry]) -> None:
+        taken_over.extend(e.id for e in batch)
+
+    busy = make_worker(slow, settings=settings, streams=[stream], consumer="engine-busy-1")
+    other = make_worker(record, settings=settings, streams=[stream], consumer="engine-other-2")
+    await busy.start()
+    entry_id = await add(stream, {"n": 1})
+    await until(lambda: busy.in_flight == 1)
+
+    # Given the worker stopping, its grace far longer than RECLAIM_MIN_IDLE_SECONDS, while
+    # its batch is still running
+    stopping = asyncio.create_task(busy.stop(grace_s=60.0))
+    await until(lambda: busy._stopping.is_set())
+
+    # When another process sweeps for idle entries for 2.5 times that idle time
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:
+        await other.reclaim_once()
+        await asyncio.sleep(0.1)
+
+    # Then it took nothing: the stopping worker finishes and acks the entry, done once
+    assert taken_over == []
+    assert await owner(redis, stream, busy.group, entry_id) == "engine-busy-1"
+    release.set()
+    await stopping
+    assert done == [entry_id]
+    assert await pending(stream, busy.group) == 0
