@@ -357,11 +357,13 @@ class SchedulerService(WorkerService):
                     log.info("Left a scheduled task waiting for its later time; this older "
                              "copy of it was read again.",
                              extra={"task_id": task_id, "project_id": task["projectId"],
+                                    "event_id": _event_id(task["payload"]),
                                     "entry_due_ms": task["dueAt"]})
                     continue
                 if task_id not in written:
                     log.warning("Dropped a scheduled task: its project no longer exists.",
-                                extra={"task_id": task_id, "project_id": task["projectId"]})
+                                extra={"task_id": task_id, "project_id": task["projectId"],
+                                       "event_id": _event_id(task["payload"])})
                     continue
                 shard = shard_of(task_id)
                 value = encode_entry(task["stream"], task["projectId"], task["payload"])
@@ -384,7 +386,8 @@ class SchedulerService(WorkerService):
             if task["taskId"] in written:
                 log.debug("Scheduled a task; it leaves for %s at %d ms (%s).", task["stream"],
                           task["dueAt"], task.get("reason"),
-                          extra={"task_id": task["taskId"], "project_id": task["projectId"]})
+                          extra={"task_id": task["taskId"], "project_id": task["projectId"],
+                                 "event_id": _event_id(task["payload"])})
 
     def _parse(self, payload: dict[str, Any]) -> ScheduledTask:
         task = parse_scheduled_task(payload)

@@ -3,6 +3,7 @@ PostgreSQL. Every test drives time with an injected clock and drains with run_un
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections import Counter
 from typing import Any, cast
@@ -64,6 +65,22 @@ async def test_tasks_wait_for_their_due_time_and_leave_exactly_once(
     for shard in "0123456789abcdef":
         assert await redis.exists(keys.scheduled_shard(shard), keys.scheduled_payloads(shard),
                                   keys.scheduled_moved(shard)) == 0
+
+
+async def test_the_record_of_a_scheduled_task_names_its_notification(
+    make_scheduler: SchedulerFactory, schedule: Schedule, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # It named the task and project only: the notification's other records could not be
+    # joined to it by event_id.
+    scheduler = make_scheduler()
+    task = await schedule(T0_MS + 10_000, eventId=str(uuid.uuid4()))
+    caplog.set_level(logging.DEBUG, logger="notifkit.scheduler")
+    await scheduler.run_until_idle()
+    [record] = [r for r in caplog.records if r.getMessage().startswith("Scheduled a task")]
+    fields = vars(record)
+    assert fields["task_id"] == task["taskId"]
+    assert fields["event_id"] == task["payload"]["eventId"]
+    assert fields["project_id"] == task["payload"]["projectId"]
 
 
 async def test_a_task_is_durable_before_it_is_visible(
