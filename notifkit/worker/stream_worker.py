@@ -821,7 +821,8 @@ class StreamWorker:
         if len(again) < 2:
             return
         log.warning("A batch of %d failed as a whole (%s); trying each of %d entries alone.",
-                    len(batch), str(exc) or describe_error(exc), len(again),
+                    len(batch), describe_error(exc) if is_bug(exc) else
+                    str(exc) or describe_error(exc), len(again),
                     extra={"service": self.service, "stream": batch[0].stream})
         for entry in again:
             entry.error = None

@@ -555,6 +555,9 @@ async def test_a_bug_met_again_and_again_is_traced_once(
     assert len(attempts) == 4 * 3
     assert len([r for r in attempts if r.exc_info]) == 1
     assert all("KeyError" in r.getMessage() or r.exc_info for r in attempts)
+    whole = [r.getMessage() for r in caplog.records if "failed as a whole" in r.getMessage()]
+    assert whole
+    assert all("KeyError: 'userId'" in message for message in whole), whole
 
 
 async def test_an_expected_failure_carries_no_traceback(
