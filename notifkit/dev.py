@@ -368,7 +368,9 @@ async def ensure_demo(api_url: str, admin_key: str, folder: Path) -> dict[str, A
             "timezone": "Europe/London",
             "contacts": [
                 {"channel": "email", "target": "ada@example.com"},
-                {"channel": "sms", "target": "+15005550006"},
+                # Not +15005550006, the simulated Twilio's From: Twilio refuses a message
+                # whose To is its From (21266).
+                {"channel": "sms", "target": "+15558675310"},
                 {"channel": "push", "target": "demo-device-token"},
             ],
         }

@@ -410,7 +410,8 @@ def suppression_for(receipt: Mapping[str, Any], message: SentMessage) -> Suppres
     target = message.destination or (named and normalise_contact(message.channel, named))
     if not target:
         log.warning("A %s names no address notifkit can find; nothing is suppressed.", kind,
-                    extra={"project_id": receipt["projectId"], "task_id": message.task_id})
+                    extra={"project_id": receipt["projectId"], "task_id": message.task_id,
+                           "event_id": message.event_id})
         return None
     return Suppression(receipt["projectId"], message.channel, target, reason,
                        _receipt_detail(receipt))

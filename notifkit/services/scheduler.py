@@ -90,6 +90,9 @@ Clock = Callable[[], int]
 # How often the lock holder reconciles: a fraction of the grace period, so a never-enqueued
 # notification is settled soon after it, within a minute at most.
 RECONCILE_SHARE = 4
+# A rebuild after Redis lost its data holds every waiting task back until it ends: one that
+# reads many pages says how far it got at most this often.
+REBUILD_PROGRESS_S = 10.0
 MAX_RECONCILE_INTERVAL_S = 60.0
 
 # KEYS: zset, payload hash, moved set, lock. ARGV: now_ms, limit, maxlen, token ('' = no check).
@@ -357,11 +360,13 @@ class SchedulerService(WorkerService):
                     log.info("Left a scheduled task waiting for its later time; this older "
                              "copy of it was read again.",
                              extra={"task_id": task_id, "project_id": task["projectId"],
+                                    "event_id": _event_id(task["payload"]),
                                     "entry_due_ms": task["dueAt"]})
                     continue
                 if task_id not in written:
                     log.warning("Dropped a scheduled task: its project no longer exists.",
-                                extra={"task_id": task_id, "project_id": task["projectId"]})
+                                extra={"task_id": task_id, "project_id": task["projectId"],
+                                       "event_id": _event_id(task["payload"])})
                     continue
                 shard = shard_of(task_id)
                 value = encode_entry(task["stream"], task["projectId"], task["payload"])
@@ -384,7 +389,8 @@ class SchedulerService(WorkerService):
             if task["taskId"] in written:
                 log.debug("Scheduled a task; it leaves for %s at %d ms (%s).", task["stream"],
                           task["dueAt"], task.get("reason"),
-                          extra={"task_id": task["taskId"], "project_id": task["projectId"]})
+                          extra={"task_id": task["taskId"], "project_id": task["projectId"],
+                                 "event_id": _event_id(task["payload"])})
 
     def _parse(self, payload: dict[str, Any]) -> ScheduledTask:
         task = parse_scheduled_task(payload)
@@ -533,13 +539,20 @@ class SchedulerService(WorkerService):
         log.info("The scheduler's shards are not marked as built in Redis (a first start, or "
                  "Redis lost its data); rebuilding them from scheduled_payloads before polling.",
                  extra={"service": self.name})
-        added = 0
+        added = read = 0
+        reported = time.monotonic()
         async for page in scheduled_db.pages(self.pool, self.batch_size):
             added += await self.add_rows(page)
+            read += len(page)
             if not await self.acquire_lock():
                 log.warning("Lost the scheduler poll lock during a rebuild; the holder "
                             "finishes it.", extra={"service": self.name})
                 return added
+            if time.monotonic() - reported >= REBUILD_PROGRESS_S:
+                reported = time.monotonic()
+                log.info("Rebuilding the scheduler's shards: %d waiting tasks read from "
+                         "PostgreSQL so far, %d re-added.", read, added,
+                         extra={"service": self.name})
         await self.redis.set(self.keys.scheduled_ready, str(self.clock()))
         log.log(logging.WARNING if added else logging.INFO,
                 "Rebuilt the scheduler's shards: %d waiting tasks re-added from PostgreSQL.",

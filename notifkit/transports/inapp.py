@@ -62,8 +62,7 @@ class InAppTransport:
         if unsafe_url(content.get("url")):
             # An inbox renders the link: a script URL (from the template or the send's data)
             # would run in the recipient's app. The message goes out without it.
-            log.warning("Dropped an in-app link with a script scheme.",
-                        extra={"task_id": message.task_id})
+            log.warning("Dropped an in-app link with a script scheme.", extra=_ids(message))
             content["url"] = None
         try:
             row = await ctx.db.fetchrow(_INSERT, message.project_id, message.user_id,
@@ -90,6 +89,10 @@ class InAppTransport:
         except (RedisError, OSError) as exc:
             # The message is stored, so the inbox lists it; only the live push is lost.
             log.warning("Stored an in-app message but could not announce it (%s); open inbox "
-                        "streams will not show it until reloaded.", exc,
-                        extra={"task_id": message.task_id})
+                        "streams will not show it until reloaded.", exc, extra=_ids(message))
         return SendResult(Outcome.SENT, row["id"], "stored")
+
+
+def _ids(message: Message) -> dict[str, str | None]:
+    return {"event_id": message.event_id, "task_id": message.task_id,
+            "project_id": message.project_id}

@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import time
+import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +77,13 @@ KEEP_ALIVE_MIN_IDLE_S = 0.03
 # Beyond two reclaim cycles, how long an entry held for a lock wait may stay away before the
 # wait stops counting it (see Outage.forget_after_s).
 LOCK_WAIT_FORGET_S = 60.0
+
+
+# How long a bug's traceback, once written, stands for the same bug met again (a poison
+# entry's attempts, the reclaim sweep's default minute apart, fall within it), and how many
+# distinct bugs are remembered meanwhile.
+TRACE_WINDOW_S = 600.0
+MAX_TRACED = 256
 
 
 def is_bug(exc: BaseException) -> bool:
@@ -164,6 +172,8 @@ class StreamWorker:
         self._batches: dict[str, int] = {}  # stream -> batches in flight
         self.stats = WorkerStats()
         self._in_flight: dict[tuple[str, str], Entry] = {}
+        # bug (type, text, line raising it) -> when its traceback was last written
+        self._traced: dict[tuple[Any, ...], float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._capacity = asyncio.Event()
         self._capacity.set()
@@ -818,7 +828,8 @@ class StreamWorker:
         if len(again) < 2:
             return
         log.warning("A batch of %d failed as a whole (%s); trying each of %d entries alone.",
-                    len(batch), str(exc) or describe_error(exc), len(again),
+                    len(batch), describe_error(exc) if is_bug(exc) else
+                    str(exc) or describe_error(exc), len(again),
                     extra={"service": self.service, "stream": batch[0].stream})
         for entry in again:
             entry.error = None
@@ -847,8 +858,6 @@ class StreamWorker:
     async def _handle_failures(self, failed: list[Entry]) -> None:
         held = await self._hold_for_outage(failed)
         last: list[Entry] = []
-        # A bug fails every entry of a batch alike: its traceback once per batch is enough.
-        traced: set[tuple[type[BaseException], str]] = set()
         for entry in failed:
             if id(entry) in held:
                 if entry.marks:
@@ -859,14 +868,14 @@ class StreamWorker:
             metrics.FAILED.labels(self.service, entry.stream, channel_label(entry)).inc()
             permanent = isinstance(entry.error, PermanentFailure)
             final = permanent or attempts_made(entry) >= self.max_attempts
-            trace: BaseException | None = None
-            if entry.error is not None and is_bug(entry.error):
-                kind = (type(entry.error), str(entry.error))
-                trace = None if kind in traced else entry.error
-                traced.add(kind)
+            error = entry.error
+            bug = error is not None and is_bug(error)
+            trace = error if error is not None and bug and self._first_trace(error) else None
             log.warning(
                 "Attempt %d of %d failed: %s. %s", attempts_made(entry), self.max_attempts,
-                # A query timeout's TimeoutError has no text: name its type instead.
+                # A query timeout's TimeoutError has no text, and a bug's (a KeyError's
+                # 'userId') says little without its type: name the type too.
+                describe_error(entry.error) if bug else
                 str(entry.error) or describe_error(entry.error),
                 "Dead-lettering it." if final else "It stays pending for the reclaim sweep.",
                 extra=log_fields(self.service, entry),
@@ -881,6 +890,23 @@ class StreamWorker:
             self.outage.settled([(e.stream, e.id) for e in failed if id(e) not in held])
         if last:
             await self._dead_letter(last)
+
+    def _first_trace(self, error: BaseException) -> bool:
+        """Whether ``error``'s traceback is to be written: not when the same bug (type, text
+        and the line raising it) was traced in the last ``TRACE_WINDOW_S``. A bug that fails
+        all the traffic met it in every batch, a poison entry in every attempt: the first
+        traceback says where it is, and the records after it name it by type and text."""
+        frames = traceback.extract_tb(error.__traceback__)
+        where = (frames[-1].filename, frames[-1].lineno) if frames else None
+        key = (type(error), str(error), where)
+        now = time.monotonic()
+        last = self._traced.get(key)
+        if last is not None and now - last < TRACE_WINDOW_S:
+            return False
+        if len(self._traced) >= MAX_TRACED:
+            self._traced = {k: t for k, t in self._traced.items() if now - t < TRACE_WINDOW_S}
+        self._traced[key] = now
+        return True
 
     async def _hold_for_outage(self, failed: list[Entry]) -> set[int]:
         """The failed entries (their ``id()``s) that met an outage of the stage's dependency,

@@ -15,8 +15,11 @@ from redis.exceptions import ResponseError
 
 from notifkit import metrics
 from notifkit.config import Settings
-from notifkit.ids import untasked_row_id
+from notifkit.ids import untasked_row_id, uuid7
 from notifkit.keys import Keys
+from notifkit.messages import InboundMessage
+from notifkit.ratelimit import TokenBuckets
+from notifkit.services.api.admission import Admission
 from notifkit.services.api.errors import store_unavailable
 from notifkit.services.api.routes import dlq as dlq_routes
 from notifkit.services.api.validation import encode_cursor
@@ -756,6 +759,55 @@ async def test_a_redis_refusal_on_accept_answers_503_and_keeps_nothing(
     assert reply.body["error"]["code"] == "service_unavailable"
     assert reply.headers["Retry-After"] == "1"
     assert await db.fetchval("SELECT count(*) FROM notifications") == 0
+
+
+async def test_a_failed_enqueue_of_several_sends_names_every_event(
+    settings: Settings, project: Project, redis: Redis, db: asyncpg.Pool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Sends accepted together fail together; the record named the first one's event only.
+    keys = Keys(settings.namespace)
+    await redis.set(keys.inbound("normal"), "not a stream")
+    admission = Admission(settings, keys, redis, db, TokenBuckets(redis))
+    messages: list[InboundMessage] = [
+        {"eventId": uuid7(), "projectId": project.id, "template": "t",
+         "to": {"userId": "u1"}, "data": {}, "channels": None, "priority": "normal",
+         "sendAt": None, "campaignId": None, "idempotencyKey": None,
+         "createdAt": "2026-12-01T00:00:00.000Z"} for _ in range(3)]
+    caplog.set_level(logging.WARNING, logger="notifkit.api")
+    outcomes = await asyncio.gather(*(admission.accept(m) for m in messages),
+                                    return_exceptions=True)
+    assert all(isinstance(o, ResponseError) for o in outcomes), outcomes
+    named: set[str] = set()
+    for record in caplog.records:
+        if "Enqueueing" in record.getMessage():
+            fields = vars(record)
+            assert fields["project_id"] == project.id
+            named |= {fields["event_id"], *fields.get("event_ids", ())}
+    assert named == {m["eventId"] for m in messages}
+
+
+async def test_a_send_answered_503_is_logged_with_its_project_and_event(
+    api: Api, project: Project, redis: Redis, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The 503's record named only the path: an operator could not tell whose send failed,
+    # nor find the notification the send had minted (whose rows, when Redis cannot tell
+    # whether the entry was enqueued, stay for the reconciliation and may still be sent).
+    created = await api.call("PUT", "/v1/templates/any", key=project.full,
+                             json={"channels": {"sms": {"text": "t"}}})
+    assert created.status == 201
+    await redis.set(Keys(api.settings.namespace).inbound("normal"), "not a stream")
+    caplog.set_level(logging.WARNING, logger="notifkit.api")
+    reply = await api.call("POST", "/v1/notifications", key=project.send,
+                           json={"to": "u1", "template": "any"})
+    assert reply.status == 503, reply.body
+    [record] = [r for r in caplog.records if "the client is told to retry" in r.getMessage()]
+    fields = vars(record)
+    assert (fields["path"], fields["method"]) == ("/v1/notifications", "POST")
+    assert fields["project_id"] == project.id
+    [enqueue] = [r for r in caplog.records if "Enqueueing" in r.getMessage()]
+    assert fields["event_id"] == vars(enqueue)["event_id"]
+    assert vars(enqueue)["project_id"] == project.id
 
 
 @pytest.mark.parametrize(("error", "unavailable"), [

@@ -3,6 +3,7 @@ and PostgreSQL servers, the simulators as providers, a demo project and a ready 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -20,12 +21,14 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from twilio.rest import Client
 
 from notifkit.config import Settings
 from notifkit.dev import _simulators, ensure_demo
 from notifkit.server import NotifkitServer
 from notifkit.services.api.service import ApiService
 from scenarios.processes import free_port
+from simulators import SimulatorServer
 from tests.support.services import require_module
 from tests.support.signals import stop_insistently
 
@@ -342,3 +345,25 @@ def test_dev_on_an_ipv6_host_makes_its_demo_and_prints_where_it_listens(
     finally:
         code = stop(proc)
     assert code == 0
+
+
+async def test_the_demo_users_phone_takes_the_simulated_twilios_sms(
+    api_url: str, settings: Settings, tmp_path: Path,
+) -> None:
+    # The demo's phone number was the simulators' Twilio From number: Twilio refuses a
+    # message to its own sender (21266), so the demo's SMS was dead-lettered at once.
+    demo = await ensure_demo(api_url, settings.admin_key or "", tmp_path)
+    async with aiohttp.ClientSession(api_url) as http, \
+            http.get("/v1/users/demo-user",
+                     headers={"Authorization": f"Bearer {demo['key']}"}) as resp:
+        user = await resp.json()
+    [phone] = [c["target"] for c in user["contacts"] if c["channel"] == "sms"]
+    async with SimulatorServer(seed=1) as sim:
+        simulated = settings.derive(simulator_url=sim.base_url).sms
+        assert simulated.account_sid is not None
+        assert simulated.auth_token is not None
+        twilio = Client(simulated.account_sid, simulated.auth_token)
+        twilio.api.base_url = sim.base_url
+        message = await asyncio.to_thread(twilio.messages.create, to=phone,
+                                          from_=simulated.from_number, body="code 1234")
+        assert message.status == "queued"

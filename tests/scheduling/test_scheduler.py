@@ -3,6 +3,7 @@ PostgreSQL. Every test drives time with an injected clock and drains with run_un
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections import Counter
 from typing import Any, cast
@@ -13,6 +14,7 @@ from redis.asyncio import Redis
 
 from notifkit.db import scheduled as scheduled_db
 from notifkit.keys import Keys, shard_of
+from notifkit.services import scheduler as scheduler_module
 from notifkit.streams import xadd
 
 from .helpers import T0_MS, FakeClock, Schedule, SchedulerFactory, Sent, wipe_scheduler_state
@@ -64,6 +66,22 @@ async def test_tasks_wait_for_their_due_time_and_leave_exactly_once(
     for shard in "0123456789abcdef":
         assert await redis.exists(keys.scheduled_shard(shard), keys.scheduled_payloads(shard),
                                   keys.scheduled_moved(shard)) == 0
+
+
+async def test_the_record_of_a_scheduled_task_names_its_notification(
+    make_scheduler: SchedulerFactory, schedule: Schedule, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # It named the task and project only: the notification's other records could not be
+    # joined to it by event_id.
+    scheduler = make_scheduler()
+    task = await schedule(T0_MS + 10_000, eventId=str(uuid.uuid4()))
+    caplog.set_level(logging.DEBUG, logger="notifkit.scheduler")
+    await scheduler.run_until_idle()
+    [record] = [r for r in caplog.records if r.getMessage().startswith("Scheduled a task")]
+    fields = vars(record)
+    assert fields["task_id"] == task["taskId"]
+    assert fields["event_id"] == task["payload"]["eventId"]
+    assert fields["project_id"] == task["payload"]["projectId"]
 
 
 async def test_a_task_is_durable_before_it_is_visible(
@@ -298,6 +316,32 @@ async def test_shards_lost_with_redis_are_rebuilt_from_postgres(
     assert await redis.exists(keys.scheduled_ready) == 1
     assert Counter(p["taskId"] for p in await outbound()) == {t["taskId"]: 1 for t in tasks}
     assert await pending_rows(db) == {}
+
+
+async def test_a_long_rebuild_reports_its_progress(
+    make_scheduler: SchedulerFactory, schedule: Schedule, redis: Redis, keys: Keys,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A rebuild of millions of waiting tasks (Redis lost its data) holds every sendAt back
+    # until it ends, and said nothing between its first record and its last.
+    monkeypatch.setattr(scheduler_module, "REBUILD_PROGRESS_S", 0.0)  # every page reports
+    scheduler = make_scheduler(batch_size=7)
+    for i in range(20):
+        await schedule(T0_MS + 1_000 * (i + 1))
+    await scheduler.run_until_idle()
+    await wipe_scheduler_state(redis, keys)
+    caplog.set_level(logging.INFO, logger="notifkit.scheduler")
+    assert await scheduler.rebuild() == 20
+    progress = [r.getMessage() for r in caplog.records
+                if r.getMessage().startswith("Rebuilding the scheduler's shards")]
+    assert progress == [
+        "Rebuilding the scheduler's shards: 7 waiting tasks read from PostgreSQL so far, "
+        "7 re-added.",
+        "Rebuilding the scheduler's shards: 14 waiting tasks read from PostgreSQL so far, "
+        "14 re-added.",
+        "Rebuilding the scheduler's shards: 20 waiting tasks read from PostgreSQL so far, "
+        "20 re-added.",
+    ]
 
 
 async def test_a_rebuild_skips_tasks_already_moved(

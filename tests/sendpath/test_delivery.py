@@ -972,7 +972,7 @@ async def test_the_other_email_transports_deliver_too(
 
 async def test_webhooks_are_signed_and_in_app_messages_are_stored_and_announced(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
-    sim_settings: Settings,
+    sim_settings: Settings, caplog: pytest.LogCaptureFixture,
 ) -> None:
     sim_settings = sim_settings.replace(webhook_allow_private_networks=True)  # a local receiver
     received: list[tuple[bytes, dict[str, str]]] = []
@@ -999,7 +999,11 @@ async def test_webhooks_are_signed_and_in_app_messages_are_stored_and_announced(
         # A link from the send's data that would run script in the inbox is dropped
         event_id = await send(redis, keys, db, project, "t", "u1",
                               data={"amount": "7", "link": " JavaScript:alert(1)"})
+        caplog.set_level(logging.WARNING, logger="notifkit.transports")
         await drain(*await stages(services, sim_settings))
+        # and the record saying so names the notification, not only the task
+        [dropped] = [vars(r) for r in caplog.records if "script scheme" in r.getMessage()]
+        assert (dropped["event_id"], dropped["project_id"]) == (event_id, project)
 
         # The webhook: JSON with the rendered body, signed with the deployment's secret
         [(body, headers)] = received

@@ -467,7 +467,8 @@ async def test_each_failed_attempt_is_logged_and_the_dead_lettering_names_its_ca
     records = [(r.levelname, r.getMessage()) for r in caplog.records
                if r.name == "notifkit.worker"]
     assert [level for level, _ in records] == ["WARNING", "WARNING", "WARNING", "ERROR"]
-    assert records[0][1].startswith("Attempt 1 of 3 failed: provider exploded.")
+    # (a RuntimeError is no failure a stage expects: a bug, named by its type as well)
+    assert records[0][1].startswith("Attempt 1 of 3 failed: RuntimeError: provider exploded.")
     assert records[2][1].endswith("Dead-lettering it.")
     assert "after 3 attempts (RuntimeError: provider exploded)" in records[3][1]
 
@@ -534,6 +535,29 @@ async def test_an_unexpected_error_is_logged_with_its_traceback_once_per_batch(
     assert len(with_traceback) == 1  # one per batch, not one per entry
     assert "KeyError" in caplog.text
     assert 'payload["userId"]' in caplog.text
+
+
+async def test_a_bug_met_again_and_again_is_traced_once(
+    make_worker: WorkerFactory, keys: Keys, add: Add, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Each attempt of each batch carried the same traceback again: a bug that fails all the
+    # traffic wrote one per batch (hundreds a minute under load), and a poison entry one per
+    # attempt. The first says where the bug is; the others name it by its text.
+    worker = make_worker(Buggy(), service="engine")
+    for n in range(3):
+        await add(keys.enriched("normal"), {"projectId": "p1", "eventId": f"ev-{n}"})
+    with caplog.at_level("WARNING", logger="notifkit.worker"):
+        await worker.run_until_idle()
+        await add(keys.enriched("normal"), {"projectId": "p1", "eventId": "ev-later"})
+        await worker.run_until_idle()
+
+    attempts = [r for r in caplog.records if r.getMessage().startswith("Attempt ")]
+    assert len(attempts) == 4 * 3
+    assert len([r for r in attempts if r.exc_info]) == 1
+    assert all("KeyError" in r.getMessage() or r.exc_info for r in attempts)
+    whole = [r.getMessage() for r in caplog.records if "failed as a whole" in r.getMessage()]
+    assert whole
+    assert all("KeyError: 'userId'" in message for message in whole), whole
 
 
 async def test_an_expected_failure_carries_no_traceback(

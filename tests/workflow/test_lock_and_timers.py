@@ -11,6 +11,7 @@ import pytest
 from redis.asyncio import Redis
 
 from notifkit.keys import Keys
+from notifkit.services.workflow import service as workflow_service
 from notifkit.services.workflow.lock import InstanceLocks
 from notifkit.services.workflow.timers import Timers
 from notifkit.streams import decode
@@ -146,6 +147,32 @@ async def test_timers_lost_while_the_service_runs_are_all_rebuilt_at_its_next_po
     await service.run_until_idle()
     assert sorted(m["to"]["userId"] for m in await flow.sent()) == [f"u{i}" for i in range(7)]
     assert {(await flow.instance(i))["status"] for i in instances} == {"completed"}
+
+
+async def test_a_timer_rebuild_reports_its_progress_and_its_end(
+    flow: Flow, make_service: ServiceFactory, redis: Redis, keys: Keys,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Rebuilding the timers after Redis lost its data said it began, then nothing: neither
+    # how far a long rebuild had got nor that it was over.
+    monkeypatch.setattr(workflow_service, "REBUILD_PROGRESS_S", 0.0)  # every page reports
+    await flow.define("slow", [{"type": "wait", "seconds": 60},
+                               {"type": "send", "template": "late"}])
+    for i in range(7):
+        await flow.trigger("slow", f"u{i}")
+    service = make_service(rebuild_page_size=3)
+    await service.run_until_idle()
+    await redis.delete(keys.workflow_timers, keys.workflow_timers_ready)  # Redis lost its data
+    caplog.clear()
+    caplog.set_level(logging.INFO, logger="notifkit.workflow")
+    assert await service.rebuild_timers_if_lost() == 7
+    messages = [r.getMessage() for r in caplog.records if "workflow timers" in r.getMessage()]
+    assert messages[1:] == [
+        "Rebuilding the workflow timers: 3 sleeping instances re-added so far.",
+        "Rebuilding the workflow timers: 6 sleeping instances re-added so far.",
+        "Rebuilding the workflow timers: 7 sleeping instances re-added so far.",
+        "Rebuilt the workflow timers: 7 sleeping instances re-added from PostgreSQL.",
+    ]
 
 
 class _LosesAfter:

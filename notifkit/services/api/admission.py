@@ -258,12 +258,12 @@ class Admission:
                         "reply was lost, and Redis is unreachable or the stream was trimmed "
                         "past the call); their callers get a 503 and their rows stay for the "
                         "scheduler's reconciliation to settle.",
-                        len(unsure), extra={"event_id": unsure[0]["eventId"]})
+                        len(unsure), extra=_ids(unsure))
         if failed:
             log.warning("Enqueueing %d accepted notifications failed (%s); deleting their rows "
                         "so nothing is left half-accepted.", len(failed),
                         next(r for r in results if r is not None),
-                        extra={"event_id": failed[0]["eventId"]})
+                        extra=_ids(failed))
             await self._forget(failed)
         return results
 
@@ -276,11 +276,11 @@ class Admission:
                 found, searched = await self._search_streams(messages, started_s)
         except (RedisError, OSError, TimeoutError) as exc:
             log.warning("Could not look for notifications whose enqueue reply was lost (%s).",
-                        exc, extra={"event_id": messages[0]["eventId"]})
+                        exc, extra=_ids(messages))
             return [_Unsure(error)] * len(messages)
         log.warning("Lost the reply to enqueueing %d notifications (%s); %d of them are on "
                     "their streams and stay accepted.", len(messages), error, len(found),
-                    extra={"event_id": messages[0]["eventId"]})
+                    extra=_ids(messages))
         return [m["eventId"] if m["eventId"] in found
                 else error if searched[self.keys.inbound(m["priority"])] else _Unsure(error)
                 for m in messages]
@@ -364,11 +364,21 @@ class Admission:
             if not store_unavailable(exc):
                 log.exception("Could not delete the rows of notifications that were never "
                               "enqueued; reconciliation settles them as never enqueued.",
-                              extra={"event_id": messages[0]["eventId"]})
+                              extra=_ids(messages))
                 return
             log.warning("Could not delete the rows of notifications that were never enqueued "
                         "(%s: %s); reconciliation settles them as never enqueued.",
-                        type(exc).__name__, exc, extra={"event_id": messages[0]["eventId"]})
+                        type(exc).__name__, exc, extra=_ids(messages))
+
+
+def _ids(messages: list[InboundMessage]) -> dict[str, Any]:
+    """The fields of a record about a batch of sends: the first one's ids, as a record about
+    one send names them, and every send's event id when there are more."""
+    fields: dict[str, Any] = {"event_id": messages[0]["eventId"],
+                              "project_id": messages[0]["projectId"]}
+    if len(messages) > 1:
+        fields["event_ids"] = [m["eventId"] for m in messages]
+    return fields
 
 
 class ProjectMissing(Exception):

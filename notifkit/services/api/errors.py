@@ -32,9 +32,30 @@ from notifkit.db.availability import (
     rolled_back_for_another,
 )
 from notifkit.refusals import Refusal, RefusingRunner, quiet_refusals
-from notifkit.services.api.state import SETTINGS
+from notifkit.services.api.state import PRINCIPAL, SETTINGS
 
 log = logging.getLogger("notifkit.api")
+
+# Ids a handler learned that the record of its failure should carry: the event id a send
+# minted (its caller got a 503, yet the notification's rows may stay for the reconciliation
+# and it may still go out), so the caller's failed request and the notification can be tied.
+LOG_FIELDS: web.RequestKey[dict[str, str]] = web.RequestKey("log_fields")
+
+
+def note_log_fields(request: web.Request, **fields: str) -> None:
+    """Name ``fields`` in any record the middleware writes about ``request``."""
+    if LOG_FIELDS not in request:
+        request[LOG_FIELDS] = {}
+    request[LOG_FIELDS].update(fields)
+
+
+def _request_fields(request: web.Request) -> dict[str, str]:
+    fields = {"path": request.path, "method": request.method}
+    who = request.get(PRINCIPAL)
+    if who is not None and who.project_id is not None:
+        fields["project_id"] = who.project_id
+    fields.update(request.get(LOG_FIELDS, {}))
+    return fields
 
 
 class Detail(TypedDict):
@@ -161,12 +182,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if not store_unavailable(exc):
             log.exception("An unexpected error escaped a handler; answering 500. This is a bug: "
                           "the request should have been rejected by validation.",
-                          extra={"path": request.path, "method": request.method})
+                          extra=_request_fields(request))
             return error_response(ApiError(500, "internal_error",
                                            "The server failed to handle the request."))
         log.warning("A request failed because a backing store is unreachable or refused the "
                     "command (%s: %s); the client is told to retry.", type(exc).__name__, exc,
-                    extra={"path": request.path})
+                    extra=_request_fields(request))
         return error_response(ApiError(
             503, "service_unavailable",
             "Redis or PostgreSQL cannot serve the request right now; retry it shortly.",

@@ -41,6 +41,9 @@ LOCK_RETRY_S = 0.25  # a busy instance is first looked at again this much later
 BUSY_REMEMBERED = 10_000  # instances whose retry delay is remembered; more start afresh
 TIMER_BATCH = 500
 REBUILD_PAGE = 1000  # sleeping instances read per query when rebuilding the timers
+# A rebuild after Redis lost its data leaves sleepers unwoken until it ends: one that reads
+# many pages says how far it got at most this often.
+REBUILD_PROGRESS_S = 10.0
 
 
 class WorkflowService(WorkerService):
@@ -114,6 +117,7 @@ class WorkflowService(WorkerService):
         re-added for an instance that has moved on only wakes it for nothing."""
         added = 0
         after: tuple[datetime, str] | None = None
+        reported = time.monotonic()
         while True:
             page = await db.sleeping_instances(self.pool, self.rebuild_page_size, after)
             if page:
@@ -122,6 +126,10 @@ class WorkflowService(WorkerService):
                     {f"{iid}:{path}": ms(wake_at) for iid, path, wake_at in page}, nx=True,
                 )
                 added += len(page)
+                if time.monotonic() - reported >= REBUILD_PROGRESS_S:
+                    reported = time.monotonic()
+                    log.info("Rebuilding the workflow timers: %d sleeping instances re-added "
+                             "so far.", added, extra={"service": self.name})
             if len(page) < self.rebuild_page_size:
                 break
             after = (page[-1][2], page[-1][0])
@@ -135,7 +143,10 @@ class WorkflowService(WorkerService):
             return 0
         log.warning("The workflow timers are not marked as built in Redis (Redis lost its "
                     "data); rebuilding them from PostgreSQL.")
-        return await self.rebuild_timers()
+        added = await self.rebuild_timers()
+        log.info("Rebuilt the workflow timers: %d sleeping instances re-added from PostgreSQL.",
+                 added, extra={"service": self.name})
+        return added
 
     async def _timer_loop(self) -> None:
         while True:

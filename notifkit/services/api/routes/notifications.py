@@ -27,7 +27,13 @@ from notifkit.clock import utc_now_iso
 from notifkit.db.logs import insert_logs
 from notifkit.ids import uuid7
 from notifkit.messages import CHANNELS, PRIORITIES, InboundMessage, Recipients
-from notifkit.services.api.errors import ApiError, invalid_field, json_response, not_found
+from notifkit.services.api.errors import (
+    ApiError,
+    invalid_field,
+    json_response,
+    not_found,
+    note_log_fields,
+)
 from notifkit.services.api.idempotency import (
     REPLAY_HEADER,
     Earlier,
@@ -433,6 +439,7 @@ def _recipients(fields: Fields) -> Recipients | None:
 
 async def _accept(request: web.Request, message: InboundMessage,
                   remember: Remember | None) -> None:
+    note_log_fields(request, event_id=message["eventId"])
     await request.app[ADMISSION].accept(message, remember)
     log.info("Accepted a notification and queued it for the enricher.",
              extra={"event_id": message["eventId"], "project_id": message["projectId"]})
