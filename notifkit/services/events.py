@@ -166,8 +166,8 @@ class EventsService(WorkerService):
             if engagement is not None:
                 entry.emit(self.keys.workflow_inbound, engagement)
             if suppression is not None:
-                log.info("Suppressed a %s address after a %s; it is never contacted again in "
-                         "this project.", suppression.channel, receipt["kind"],
+                log.info("Suppressed an address on %s after a %s receipt; it is never contacted "
+                         "again in this project.", suppression.channel, receipt["kind"],
                          extra={"project_id": receipt["projectId"], "task_id": message.task_id,
                                 "event_id": message.event_id})
         try:
