@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 
 from notifkit.keys import Keys
 from notifkit.messages import parse_inbound
+from notifkit.services.api.idempotency import replay_earlier
 from notifkit.services.api.routes import notifications as routes
 from notifkit.services.api.validation import encode_cursor
 from notifkit.streams import decode
@@ -213,11 +214,10 @@ async def test_a_retry_that_found_no_answer_yet_waits_for_the_first_and_replays_
     """Two requests with one key both look for an earlier answer before either claims the
     key: the loser of the claim waits for the winner's answer and replays it, marked as a
     replay, and nothing is enqueued twice."""
-    real = routes.replay_earlier
     both_looked = asyncio.Barrier(2)
 
     async def looked_up_together(*args: Any) -> Any:
-        earlier = await real(*args)
+        earlier = await replay_earlier(*args)
         await both_looked.wait()
         return earlier
 
