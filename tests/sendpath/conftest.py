@@ -42,7 +42,7 @@ def simulated(settings: Settings, sim: SimulatorServer, *, email: str = "resend"
             smtp_url=f"smtp://{sim.smtp_host}:{sim.smtp_port}",
         ),
         sms=SmsSettings(account_sid="AC" + "1" * 32, auth_token="twilio-token",
-                        from_number="+15550000000", base_url=sim.base_url),
+                        from_number="+15559990000", base_url=sim.base_url),
         push=PushSettings(project_id="notifkit-test", access_token="fcm-token",
                           base_url=sim.base_url),
     )
