@@ -6,6 +6,7 @@ import asyncio
 import gzip
 import json
 import logging
+import re
 import time
 import uuid
 import zlib
@@ -19,7 +20,7 @@ from redis.asyncio import Redis
 from notifkit.config import MAX_BODY_BYTES_LIMIT, Settings
 from notifkit.keys import Keys
 from notifkit.services.api import validation
-from notifkit.services.api.app import create_app
+from notifkit.services.api.app import create_app, operations
 from notifkit.services.api.auth import PROJECT_CHECK_INTERVAL_S
 from notifkit.services.api.state import HUB, KEY_CACHE
 from tests.api.conftest import ADMIN, Api, Project, running_api, start_api
@@ -116,6 +117,25 @@ async def test_a_send_key_may_only_send(api: Api, project: Project) -> None:
     for path in ("/v1/notifications", "/v1/events", "/v1/workflows/w/trigger"):
         reply = await api.call("POST", path, key=project.send, json={})
         assert reply.status in (400, 404), (path, reply.body)
+
+
+async def test_every_route_but_the_sending_ones_refuses_a_send_key(
+    api: Api, project: Project
+) -> None:
+    """Walks the route table, so a management route added or edited later is held to it."""
+    checked = 0
+    for op in operations():
+        if op.access not in ("project", "ops") or "send" in op.roles:
+            continue
+        path = re.sub(r"\{[^}]+\}", "x", op.path)
+        reply = await api.call(op.method, path, key=project.send, json={})
+        assert reply.status == 403, (op.method, op.path, reply.status)
+        assert reply.error["code"] == "forbidden"
+        checked += 1
+    assert checked > 20
+    assert {(op.method, op.path) for op in operations() if "send" in op.roles} == {
+        ("POST", "/v1/notifications"), ("POST", "/v1/events"),
+        ("POST", "/v1/workflows/{workflowId}/trigger")}
 
 
 async def test_project_keys_cannot_call_admin_routes(api: Api, project: Project) -> None:

@@ -12,6 +12,8 @@ from redis.asyncio import Redis
 
 from notifkit.keys import Keys
 from notifkit.messages import parse_inbound
+from notifkit.services.api.idempotency import replay_earlier
+from notifkit.services.api.routes import notifications as routes
 from notifkit.services.api.validation import encode_cursor
 from notifkit.streams import decode
 from tests.api.conftest import Api, Project
@@ -203,6 +205,30 @@ async def test_concurrent_identical_requests_enqueue_once(
     assert {r.status for r in replies} == {202}
     assert len({r.body["id"] for r in replies}) == 1
     assert sum(r.headers.get("x-idempotent-replay") == "true" for r in replies) == 7
+    assert await redis.xlen(Keys(api.settings.namespace).inbound("normal")) == 1
+
+
+async def test_a_retry_that_found_no_answer_yet_waits_for_the_first_and_replays_it(
+    api: Api, project: Project, template: str, redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two requests with one key both look for an earlier answer before either claims the
+    key: the loser of the claim waits for the winner's answer and replays it, marked as a
+    replay, and nothing is enqueued twice."""
+    both_looked = asyncio.Barrier(2)
+
+    async def looked_up_together(*args: Any) -> Any:
+        earlier = await replay_earlier(*args)
+        await both_looked.wait()
+        return earlier
+
+    monkeypatch.setattr(routes, "replay_earlier", looked_up_together)
+    body = {"to": "u1", "template": template}
+    replies = await asyncio.gather(*(
+        api.call("POST", "/v1/notifications", key=project.send, json=body,
+                 headers={"x-idempotency-key": "pair"}) for _ in range(2)))
+    assert [r.status for r in replies] == [202, 202]
+    assert replies[0].body == replies[1].body
+    assert sorted(r.headers.get("x-idempotent-replay") or "" for r in replies) == ["", "true"]
     assert await redis.xlen(Keys(api.settings.namespace).inbound("normal")) == 1
 
 

@@ -115,6 +115,22 @@ async def test_a_full_window_refuses_until_the_oldest_send_leaves_it(
     assert await allow(redis, keys, "other-project", "u", 2, 60, t0 + 60_000)
 
 
+async def test_sends_exactly_one_window_apart_never_share_a_window(
+    redis: Redis, namespace: str
+) -> None:
+    """Windows are half-open: a send due exactly one window after another (or before it) is
+    in no window with it, for scheduled sends too, where nothing has been trimmed yet."""
+    keys = Keys(namespace)
+    now = 1_780_000_000_000
+    hour = 3_600_000
+    rule = ThrottleRule(limit=1, window_s=3600)
+    at = now + 5 * hour
+    assert await check(redis, keys, "p", "u", rule, now, "middle", at_ms=at)
+    assert await check(redis, keys, "p", "u", rule, now, "after", at_ms=at + hour)
+    assert await check(redis, keys, "p", "u", rule, now, "before", at_ms=at - hour)
+    assert not await check(redis, keys, "p", "u", rule, now, "inside", at_ms=at + hour - 1)
+
+
 async def test_limit_zero_is_off_and_touches_nothing(redis: Redis, namespace: str) -> None:
     keys = Keys(namespace)
     for _ in range(5):

@@ -386,6 +386,26 @@ async def test_the_per_user_throttle_logs_what_it_holds_back(
         assert row["metadata"]["windowSeconds"] == 3600
 
 
+async def test_the_throttle_window_is_each_users_own(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, services: ServiceFactory
+) -> None:
+    """One send an hour per user: a send to one user does not use up another's window."""
+    from .helpers import add_project
+    project = await add_project(db, {"throttle": {"limit": 1, "windowSeconds": 3600}})
+    for user, phone in (("u1", "+15550001"), ("u2", "+15550002")):
+        await add_user(db, project, user, contacts=[("sms", phone)])
+    await add_template(db, project, "t", {"sms": SMS})
+    stages = await pipeline(services)
+
+    first = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    second = await send(redis, keys, db, project, "t", "u2", data={"amount": "2"})
+    await drain(*stages)
+
+    assert {t["eventId"] for t in await entries(redis, keys.outbound("normal"))} == {
+        first, second}
+    assert [r["kind"] for r in await timeline(db, second)] == ["queued"]
+
+
 async def test_a_scheduled_send_counts_against_the_throttle_when_it_goes_out(
     db: asyncpg.Pool, redis: Redis, keys: Keys, services: ServiceFactory
 ) -> None:

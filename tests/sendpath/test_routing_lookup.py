@@ -46,3 +46,17 @@ async def test_one_statement_answers_each_lookup_for_its_own_project(db: asyncpg
 async def test_an_empty_batch_asks_nothing(db: asyncpg.Pool) -> None:
     routing = await load_routing(db, [], [], [])
     assert (routing.templates, routing.suppressed, routing.settings) == ({}, {}, {})
+
+
+async def test_a_suppression_holds_on_its_own_channel_only(db: asyncpg.Pool) -> None:
+    # Given a number that replied STOP to SMS
+    project = await add_project(db)
+    await db.execute("INSERT INTO suppressions (project_id, channel, target, reason) "
+                     "VALUES ($1, 'sms', '+15550001', 'unsubscribed')", project)
+
+    # When the same string is a target on another channel too
+    routing = await load_routing(
+        db, [], [(project, "sms", "+15550001"), (project, "webhook", "+15550001")], [])
+
+    # Then only the SMS target is suppressed
+    assert routing.suppressed == {(project, "sms", "+15550001"): "unsubscribed"}

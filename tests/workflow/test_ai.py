@@ -21,6 +21,7 @@ from notifkit.keys import Keys
 from notifkit.services.ai import AiService, content_for, headline
 from notifkit.streams import decode, xadd
 from simulators import SimulatorServer
+from simulators.providers.openai import prompt_tokens
 from tests.support.compiling import watch_compiles
 from tests.support.streams import xrange
 
@@ -123,8 +124,10 @@ async def test_generated_text_becomes_the_outbound_tasks_content_and_tokens_are_
     # and tokens are recorded in ai_usage and in the timeline's metadata
     usage = await db.fetchrow("SELECT * FROM ai_usage WHERE task_id = $1", task["taskId"])
     assert usage is not None
-    assert usage["prompt_tokens"] > 0
-    assert usage["completion_tokens"] > 0
+    # as the model counted them: each count in its own column
+    assert usage["prompt_tokens"] == prompt_tokens(message["content"]["messages"])
+    assert usage["completion_tokens"] == len(generated.split())
+    assert usage["prompt_tokens"] != usage["completion_tokens"]
     meta = await db.fetchval(
         "SELECT metadata FROM message_logs WHERE task_id = $1 AND kind = 'generated'",
         task["taskId"],

@@ -300,6 +300,30 @@ async def test_digest_turns_n_triggers_within_the_window_into_one_message_listin
     assert [i["data"] for i in sent[2]["digestItems"]] == [{"comment": "late"}]
 
 
+async def test_a_wake_before_the_digest_window_ends_sends_nothing(
+    flow: Flow, make_service: ServiceFactory, clock: FakeClock, redis: Redis, keys: Keys,
+) -> None:
+    """A wake that comes early (a timer moved twice, a wake replayed from the DLQ) finds the
+    window still open: it sleeps again, and the digest goes out once, when the window ends."""
+    await flow.define("comments", [
+        {"type": "digest", "windowSeconds": 600, "template": "comment-digest"},
+    ])
+    service = make_service()
+    owner = await flow.trigger("comments", "ada", {"comment": 1})
+    await service.run_until_idle()
+    clock.advance(100)
+    await flow.trigger("comments", "ada", {"comment": 2})
+    await xadd(redis, keys.workflow_inbound, {"type": "wake", "timer": f"{owner}:0"}, 10_000)
+    await service.run_until_idle()
+    assert await flow.sent() == []
+    assert (await flow.instance(owner))["status"] == "waiting"
+
+    clock.advance(501)
+    await service.run_until_idle()
+    [digest] = await flow.sent()
+    assert [item["data"]["comment"] for item in digest["digestItems"]] == [1, 2]
+
+
 async def test_a_digest_join_slower_than_the_pools_query_limit_still_joins(
     flow: Flow, make_service: ServiceFactory, clock: FakeClock, db: asyncpg.Pool,
     monkeypatch: pytest.MonkeyPatch,
