@@ -176,19 +176,25 @@ async def stop_mid_flight(system: System, victim: str, stage: str, rng: random.R
 
 
 async def let_run(system: System, victim: str, rng: random.Random) -> None:
-    """Resume the stopped ``victim`` a few milliseconds, and at least until its event loop
-    has waited twice (two voluntary context switches: on a loaded machine a few milliseconds
-    may pass without it running at all), then stop it again."""
+    """Resume the stopped ``victim`` until its event loop has waited twice (two voluntary
+    context switches: on a loaded machine a few milliseconds may pass without it running at
+    all), then stop it again at once.
+
+    Watched without yielding for the first few milliseconds: a stage like the enricher is
+    done with an entry a millisecond after its second wait on a fast machine, so a watch that
+    slept a millisecond between looks (and first let it run 2-6 ms) stopped it after its ack
+    nearly every time, and a CI-sized run's kills all found it idle."""
     pid = system.processes[victim].pid
     before = voluntary_switches(pid)
     system.resume(victim)
-    await asyncio.sleep(rng.uniform(0.002, 0.006))
-    give_up = time.monotonic() + 0.5
+    started = time.monotonic()
+    spin_until, give_up = started + rng.uniform(0.004, 0.006), started + 0.5
     while before is not None and time.monotonic() < give_up:
         now = voluntary_switches(pid)
         if now is None or now >= before + 2:
             break
-        await asyncio.sleep(0.001)
+        if time.monotonic() >= spin_until:
+            await asyncio.sleep(0.001)
     system.pause(victim)
 
 
