@@ -118,12 +118,9 @@ def test_dev_sends_the_printed_curl_and_keeps_its_data(tmp_path: Path) -> None:
         assert listen_addresses(port) == {"127.0.0.1"}  # not every interface, unless HOST
         key = re.search(r"API key:\s+(\S+)", printed)
         assert key is not None, printed
-        curl = printed[printed.index("curl -s"):printed.index("Press Ctrl-C")].strip()
 
         # When the printed curl is run as printed
-        result = subprocess.run(["bash", "-c", curl], capture_output=True, text=True,
-                                timeout=30, check=True)
-        event_id = json.loads(result.stdout)["id"]
+        event_id = run_printed_curl(printed)["id"]
 
         # Then the simulators receive the demo user's notification
         deadline = time.monotonic() + 30
@@ -273,31 +270,46 @@ async def test_a_usable_demo_file_is_kept(api_url: str, settings: Settings,
     assert await ensure_demo(api_url, settings.admin_key or "", tmp_path) == first
 
 
-def test_dev_on_port_0_prints_and_uses_the_port_it_bound(
-    redis_url: str, database_url: str, namespace: str, db_schema: str, tmp_path: Path,
-) -> None:
-    # Given --port 0 (and free simulator ports): it used to dial port 0 for the demo, status 1
+def start_dev_on_port_0(data_dir: Path, redis_url: str, database_url: str, namespace: str,
+                       db_schema: str, **extra: str) -> subprocess.Popen[str]:
+    """dev on the test's Redis namespace and schema, every port its own to choose."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("NOTIFKIT_", "REDIS", "DATABASE", "DB_", "PORT"))}
+           if not k.startswith(("NOTIFKIT_", "REDIS", "DATABASE", "DB_", "PORT", "HOST"))}
     env.update(REDIS_URL=redis_url, DATABASE_URL=database_url, NOTIFKIT_NAMESPACE=namespace,
-               DB_SCHEMA=db_schema, LOG_FORMAT="text")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "notifkit", "dev", "--data-dir", str(tmp_path), "--port", "0",
+               DB_SCHEMA=db_schema, LOG_FORMAT="text", **extra)
+    return subprocess.Popen(
+        [sys.executable, "-m", "notifkit", "dev", "--data-dir", str(data_dir), "--port", "0",
          "--sim-port", "0", "--sim-smtp-port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
         start_new_session=True,
     )
+
+
+def printed_curl(printed: str) -> str:
+    return printed[printed.index("curl -s"):printed.index("Press Ctrl-C")].strip()
+
+
+def run_printed_curl(printed: str) -> dict[str, object]:
+    """Run the curl dev printed, as printed; its answer."""
+    result = subprocess.run(["bash", "-c", printed_curl(printed)], capture_output=True,
+                            text=True, timeout=30, check=True)
+    answer: dict[str, object] = json.loads(result.stdout)
+    return answer
+
+
+def test_dev_on_port_0_prints_and_uses_the_port_it_bound(
+    redis_url: str, database_url: str, namespace: str, db_schema: str, tmp_path: Path,
+) -> None:
+    # Given --port 0 (and free simulator ports): it used to dial port 0 for the demo, status 1
+    proc = start_dev_on_port_0(tmp_path, redis_url, database_url, namespace, db_schema)
     try:
         printed = read_until_ready(proc, timeout_s=60)
         api = re.search(r"API:\s+http://127\.0\.0\.1:(\d+)", printed)
         assert api is not None, printed
         assert int(api.group(1)) != 0
         # Then the printed curl works as printed
-        curl = printed[printed.index("curl -s"):printed.index("Press Ctrl-C")].strip()
-        assert f"http://127.0.0.1:{api.group(1)}/v1/notifications" in curl
-        result = subprocess.run(["bash", "-c", curl], capture_output=True, text=True,
-                                timeout=30, check=True)
-        assert json.loads(result.stdout)["id"]
+        assert f"http://127.0.0.1:{api.group(1)}/v1/notifications" in printed_curl(printed)
+        assert run_printed_curl(printed)["id"]
     finally:
         code = stop(proc)
     assert code == 0
@@ -323,25 +335,14 @@ def test_dev_on_an_ipv6_host_makes_its_demo_and_prints_where_it_listens(
             pytest.skip("no IPv6 loopback on this machine")
     # Given HOST=::1: dev dialled 127.0.0.1 for its demo, where nothing listened, and stopped
     # with "Cannot connect to host 127.0.0.1:...", status 1
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("NOTIFKIT_", "REDIS", "DATABASE", "DB_", "PORT", "HOST"))}
-    env.update(REDIS_URL=redis_url, DATABASE_URL=database_url, NOTIFKIT_NAMESPACE=namespace,
-               DB_SCHEMA=db_schema, LOG_FORMAT="text", HOST="::1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "notifkit", "dev", "--data-dir", str(tmp_path), "--port", "0",
-         "--sim-port", "0", "--sim-smtp-port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        start_new_session=True,
-    )
+    proc = start_dev_on_port_0(tmp_path, redis_url, database_url, namespace, db_schema,
+                               HOST="::1")
     try:
         printed = read_until_ready(proc, timeout_s=60)
         api = re.search(r"API:\s+http://\[::1\]:(\d+)", printed)
         assert api is not None, printed
         # Then the printed curl works as printed
-        curl = printed[printed.index("curl -s"):printed.index("Press Ctrl-C")].strip()
-        result = subprocess.run(["bash", "-c", curl], capture_output=True, text=True,
-                                timeout=30, check=True)
-        assert json.loads(result.stdout)["id"]
+        assert run_printed_curl(printed)["id"]
     finally:
         code = stop(proc)
     assert code == 0

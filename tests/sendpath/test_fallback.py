@@ -40,6 +40,12 @@ def rows_of(rows: list[dict[str, Any]], user: str = "u1") -> list[tuple[str, str
     return [(r["channel"], r["kind"], r["status"]) for r in rows if r["user_id"] == user]
 
 
+def fell_back(first: str, then: str) -> list[tuple[str, str, str]]:
+    """The timeline of a send that failed on ``first`` and went out on ``then``."""
+    return [(first, "queued", "processing"), (first, "failed", "failed"),
+            (then, "queued", "processing"), (then, "sent", "sent")]
+
+
 async def add_chain_user(db: asyncpg.Pool, project: str, *, push: str = "device-1",
                          sms: str = "+15550000001") -> None:
     await add_user(db, project, "u1", contacts=[("push", push), ("sms", sms),
@@ -71,9 +77,7 @@ async def test_a_push_refused_for_good_falls_back_to_the_sms_once(
     assert await entries(redis, keys.dlq) == []
     # And the push row stays, failed with the provider's answer, before the SMS's rows
     rows = await timeline(db, event_id)
-    assert rows_of(rows) == [
-        ("push", "queued", "processing"), ("push", "failed", "failed"),
-        ("sms", "queued", "processing"), ("sms", "sent", "sent")]
+    assert rows_of(rows) == fell_back("push", "sms")
     failed = next(r for r in rows if r["kind"] == "failed")
     assert failed["detail"].startswith(f"HTTP {status}")
     assert failed["detail"].endswith("; trying sms next")
@@ -153,9 +157,7 @@ async def test_a_webhook_gone_or_not_found_falls_back_to_the_email(
 
     assert got == [status]
     assert [m["to"] for m in await sim.messages("resend")] == ["u1@example.com"]
-    assert rows_of(await timeline(db, event_id)) == [
-        ("webhook", "queued", "processing"), ("webhook", "failed", "failed"),
-        ("email", "queued", "processing"), ("email", "sent", "sent")]
+    assert rows_of(await timeline(db, event_id)) == fell_back("webhook", "email")
     # 410 Gone disables the URL for good; a 404 is a refusal of this message only
     assert await db.fetchval(
         "SELECT enabled FROM user_contacts WHERE channel = 'webhook'") is not disabled
@@ -179,9 +181,7 @@ async def test_a_channel_without_a_transport_falls_back_naming_the_settings(
     assert sms["acceptCount"] == 1
     assert await entries(redis, keys.dlq) == []
     rows = await timeline(db, event_id)
-    assert rows_of(rows) == [
-        ("push", "queued", "processing"), ("push", "failed", "failed"),
-        ("sms", "queued", "processing"), ("sms", "sent", "sent")]
+    assert rows_of(rows) == fell_back("push", "sms")
     failed = next(r for r in rows if r["kind"] == "failed")
     assert failed["detail"].startswith("no push transport is configured; set FCM_PROJECT_ID")
     assert failed["detail"].endswith("; trying sms next")
@@ -307,9 +307,7 @@ async def test_a_refused_task_delivered_twice_falls_back_once(
 
     [sms] = await sim.messages("twilio")
     assert sms["acceptCount"] == 1
-    assert rows_of(await timeline(db, event_id)) == [
-        ("push", "queued", "processing"), ("push", "failed", "failed"),
-        ("sms", "queued", "processing"), ("sms", "sent", "sent")]
+    assert rows_of(await timeline(db, event_id)) == fell_back("push", "sms")
 
 
 async def test_a_refused_task_reclaimed_after_its_process_died_falls_back_once(
@@ -338,9 +336,7 @@ async def test_a_refused_task_reclaimed_after_its_process_died_falls_back_once(
     assert len([e for e in await entries(redis, keys.enriched("normal"))
                 if e.get("fallbackFrom")]) == 1
     rows = await timeline(db, event_id)
-    assert rows_of(rows) == [
-        ("push", "queued", "processing"), ("push", "failed", "failed"),
-        ("sms", "queued", "processing"), ("sms", "sent", "sent")]
+    assert rows_of(rows) == fell_back("push", "sms")
     assert rows[1]["attempt"] == 2
     assert await redis.xpending(stream, group) == {
         "pending": 0, "min": None, "max": None, "consumers": []}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -30,44 +31,66 @@ async def owner(redis: Redis, stream: str, group: str, entry_id: str) -> str | N
     return rows[0]["consumer"].decode() if rows else None
 
 
-async def test_a_slow_batch_is_not_taken_over_while_its_worker_lives(
-    make_worker: WorkerFactory, worker_settings: Settings, redis: Redis, keys: Keys,
-    add: Add, pending: Pending,
-) -> None:
+@dataclass
+class Contest:
+    """A worker whose batches wait for ``release`` and another process's reclaim sweeps,
+    on one stream whose idle time is 1 s."""
+
+    busy: StreamWorker
+    other: StreamWorker
+    stream: str
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    done: list[str] = field(default_factory=list)
+    taken_over: list[str] = field(default_factory=list)
+
+    async def sweep(self, seconds: float) -> None:
+        """The other process sweeping for idle entries every 0.1 s for ``seconds``: idle
+        time is wall time, so the sweep takes as long as it must."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            await self.other.reclaim_once()
+            await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+def contest(make_worker: WorkerFactory, worker_settings: Settings, keys: Keys) -> Contest:
     stream = keys.enriched("normal")
     settings = worker_settings.replace(reclaim_min_idle_s=1.0, reclaim_interval_s=60.0)
     release = asyncio.Event()
     done: list[str] = []
+    taken_over: list[str] = []
 
     async def slow(batch: list[Entry]) -> None:
         await release.wait()
         done.extend(e.id for e in batch)
 
-    taken_over: list[str] = []
-
     async def record(batch: list[Entry]) -> None:
         taken_over.extend(e.id for e in batch)
 
-    # Given a live worker whose batch takes far longer than RECLAIM_MIN_IDLE_SECONDS
     busy = make_worker(slow, settings=settings, streams=[stream], consumer="engine-busy-1")
     other = make_worker(record, settings=settings, streams=[stream], consumer="engine-other-2")
+    return Contest(busy, other, stream, release, done, taken_over)
+
+
+async def test_a_slow_batch_is_not_taken_over_while_its_worker_lives(
+    contest: Contest, redis: Redis, add: Add, pending: Pending,
+) -> None:
+    busy = contest.busy
+    # Given a live worker whose batch takes far longer than RECLAIM_MIN_IDLE_SECONDS
     await busy.start()
-    entry_id = await add(stream, {"n": 1})
+    entry_id = await add(contest.stream, {"n": 1})
     await until(lambda: busy.in_flight == 1)
 
     # When another process sweeps for idle entries for 2.5 times that long
-    deadline = time.monotonic() + 2.5
-    while time.monotonic() < deadline:
-        await other.reclaim_once()
-        await asyncio.sleep(0.1)
+    await contest.sweep(2.5)
 
     # Then it took nothing: the entry is still the busy worker's, done once when it finishes
-    assert taken_over == []
-    assert await owner(redis, stream, busy.group, entry_id) == "engine-busy-1"
-    release.set()
+    assert contest.taken_over == []
+    assert await owner(redis, contest.stream, busy.group, entry_id) == "engine-busy-1"
+    contest.release.set()
     await until(lambda: busy.in_flight == 0)
-    assert done == [entry_id]
-    assert await pending(stream, busy.group) == 0
+    assert contest.done == [entry_id]
+    assert await pending(contest.stream, busy.group) == 0
 
 
 @pytest.fixture
@@ -134,30 +157,14 @@ async def test_a_batch_stuck_past_the_limit_is_no_longer_kept(
 
 
 async def test_a_stopping_worker_keeps_its_unfinished_batch_from_other_processes(
-    make_worker: WorkerFactory, worker_settings: Settings, redis: Redis, keys: Keys,
-    add: Add, pending: Pending,
+    contest: Contest, redis: Redis, add: Add, pending: Pending,
 ) -> None:
     """Found by running a fleet with RECLAIM_MIN_IDLE_SECONDS=5 and SHUTDOWN_GRACE_SECONDS=10:
     a delivery process finishing its batch after SIGTERM had its entries reclaimed by another
     one, and both sent the same e-mails over SMTP."""
-    stream = keys.enriched("normal")
-    settings = worker_settings.replace(reclaim_min_idle_s=1.0, reclaim_interval_s=60.0)
-    release = asyncio.Event()
-    done: list[str] = []
-
-    async def slow(batch: list[Entry]) -> None:
-        await release.wait()
-        done.extend(e.id for e in batch)
-
-    taken_over: list[str] = []
-
-    async def record(batch: list[Entry]) -> None:
-        taken_over.extend(e.id for e in batch)
-
-    busy = make_worker(slow, settings=settings, streams=[stream], consumer="engine-busy-1")
-    other = make_worker(record, settings=settings, streams=[stream], consumer="engine-other-2")
+    busy = contest.busy
     await busy.start()
-    entry_id = await add(stream, {"n": 1})
+    entry_id = await add(contest.stream, {"n": 1})
     await until(lambda: busy.in_flight == 1)
 
     # Given the worker stopping, its grace far longer than RECLAIM_MIN_IDLE_SECONDS, while
@@ -166,15 +173,12 @@ async def test_a_stopping_worker_keeps_its_unfinished_batch_from_other_processes
     await until(lambda: busy._stopping.is_set())
 
     # When another process sweeps for idle entries for 2.5 times that idle time
-    deadline = time.monotonic() + 2.5
-    while time.monotonic() < deadline:
-        await other.reclaim_once()
-        await asyncio.sleep(0.1)
+    await contest.sweep(2.5)
 
     # Then it took nothing: the stopping worker finishes and acks the entry, done once
-    assert taken_over == []
-    assert await owner(redis, stream, busy.group, entry_id) == "engine-busy-1"
-    release.set()
+    assert contest.taken_over == []
+    assert await owner(redis, contest.stream, busy.group, entry_id) == "engine-busy-1"
+    contest.release.set()
     await stopping
-    assert done == [entry_id]
-    assert await pending(stream, busy.group) == 0
+    assert contest.done == [entry_id]
+    assert await pending(contest.stream, busy.group) == 0

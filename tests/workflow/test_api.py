@@ -21,7 +21,41 @@ from tests.support.held_check import HeldCheck
 from tests.support.streams import xrange
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from notifkit.services.workflow import WorkflowService
+
     from .conftest import FakeClock, ServiceFactory
+
+
+def break_the_runner(service: WorkflowService, monkeypatch: pytest.MonkeyPatch,
+                     ) -> Callable[[], None]:
+    """Make every step the service runs fail; the returned call mends it."""
+    real_run = service.runner.run
+
+    async def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the database refused the step")
+
+    monkeypatch.setattr(service.runner, "run", broken)
+    return lambda: monkeypatch.setattr(service.runner, "run", real_run)
+
+
+async def record_dead_letters(settings: Settings) -> None:
+    """Let the events service record what the workers dead-lettered meanwhile."""
+    events = EventsService(settings)
+    try:
+        await events.run_until_idle()
+    finally:
+        await events.stop()
+
+
+async def replay_the_dead_letter(api: Api, redis: Redis, settings: Settings,
+                                 key: str | None = None) -> None:
+    """Replay the only DLQ entry, with ``key`` or else the admin key."""
+    [(dlq_id, _fields)] = await xrange(redis, Keys(settings.namespace).dlq)
+    path = f"/v1/dlq/{as_str(dlq_id)}/replay"
+    replay = await (api.admin("POST", path) if key is None else api.call("POST", path, key=key))
+    assert replay.status == 202, replay.body
 
 
 async def test_a_definition_is_validated_per_step(api: Api, project: Project) -> None:
@@ -161,29 +195,18 @@ async def test_an_instance_whose_entry_was_dead_lettered_reads_failed_and_a_repl
     service = make_service(settings=chosen)
     await service.run_until_idle()
     # Given the wake at the end of the wait failing until it is dead-lettered
-    real_run = service.runner.run
-
-    async def broken(*args: Any, **kwargs: Any) -> None:
-        raise RuntimeError("the database refused the step")
-
-    monkeypatch.setattr(service.runner, "run", broken)
+    mend = break_the_runner(service, monkeypatch)
     clock.advance(60)
     await service.run_until_idle()
-    events = EventsService(chosen)
-    try:
-        await events.run_until_idle()
-    finally:
-        await events.stop()
+    await record_dead_letters(chosen)
     # Then the instance reads failed, with why
     failed = await api.call("GET", f"/v1/workflow-instances/{instance_id}", key=project.full)
     assert failed.body["status"] == "failed", failed.body
     assert "the database refused the step" in failed.body["error"]
     assert "dead-lettered" in failed.body["error"]
     # And once the cause is gone, replaying the entry from the DLQ carries it on to the end
-    monkeypatch.setattr(service.runner, "run", real_run)
-    [(dlq_id, _fields)] = await xrange(redis, Keys(settings.namespace).dlq)
-    replay = await api.call("POST", f"/v1/dlq/{as_str(dlq_id)}/replay", key=project.full)
-    assert replay.status == 202, replay.body
+    mend()
+    await replay_the_dead_letter(api, redis, settings, key=project.full)
     await service.run_until_idle()
     done = await api.call("GET", f"/v1/workflow-instances/{instance_id}", key=project.full)
     assert done.body["status"] == "completed", done.body
@@ -203,31 +226,20 @@ async def test_a_dead_lettered_trigger_fails_its_pending_instance_until_it_is_re
     chosen = settings.replace(max_attempts=1)
     service = make_service(settings=chosen)
     await service.open()
-    real_run = service.runner.run
-
-    async def broken(*args: Any, **kwargs: Any) -> None:
-        raise RuntimeError("the database refused the step")
-
     # Given the trigger failing until it is dead-lettered
-    monkeypatch.setattr(service.runner, "run", broken)
+    mend = break_the_runner(service, monkeypatch)
     trigger = await api.call("POST", "/v1/workflows/now/trigger", key=project.send,
                              json={"userId": "u1"})
     instance_id = trigger.body["instanceId"]
     await service.run_until_idle()
-    events = EventsService(chosen)
-    try:
-        await events.run_until_idle()
-    finally:
-        await events.stop()
+    await record_dead_letters(chosen)
     # Then the instance reads failed, with why
     failed = await api.call("GET", f"/v1/workflow-instances/{instance_id}", key=project.full)
     assert failed.body["status"] == "failed", failed.body
     assert "the database refused the step" in failed.body["error"]
     # And a replay runs it from the start
-    monkeypatch.setattr(service.runner, "run", real_run)
-    [(dlq_id, _fields)] = await xrange(redis, Keys(settings.namespace).dlq)
-    replay = await api.call("POST", f"/v1/dlq/{as_str(dlq_id)}/replay", key=project.full)
-    assert replay.status == 202, replay.body
+    mend()
+    await replay_the_dead_letter(api, redis, settings, key=project.full)
     await service.run_until_idle()
     done = await api.call("GET", f"/v1/workflow-instances/{instance_id}", key=project.full)
     assert done.body["status"] == "completed", done.body
@@ -249,23 +261,14 @@ async def test_a_digest_owner_failed_by_a_dead_letter_takes_in_no_later_trigger(
     service = make_service(settings=chosen)
     await service.run_until_idle()
     # Given the owner's wake at the end of its window dead-lettered, the instance failed
-    real_run = service.runner.run
-
-    async def broken(*args: Any, **kwargs: Any) -> None:
-        raise RuntimeError("the database refused the step")
-
-    monkeypatch.setattr(service.runner, "run", broken)
+    mend = break_the_runner(service, monkeypatch)
     clock.advance(60)
     await service.run_until_idle()
-    events = EventsService(chosen)
-    try:
-        await events.run_until_idle()
-    finally:
-        await events.stop()
+    await record_dead_letters(chosen)
     failed = await api.call("GET", f"/v1/workflow-instances/{owner_id}", key=project.full)
     assert failed.body["status"] == "failed", failed.body
     # When the user is triggered again, before anyone replays the dead letter
-    monkeypatch.setattr(service.runner, "run", real_run)
+    mend()
     second = await api.call("POST", "/v1/workflows/daily/trigger", key=project.send,
                             json={"userId": "u1", "data": {"n": 2}})
     await service.run_until_idle()
@@ -282,9 +285,7 @@ async def test_a_digest_owner_failed_by_a_dead_letter_takes_in_no_later_trigger(
     assert done.body["status"] == "completed", done.body
     assert done.body["steps"][0]["output"]["items"] == 1, done.body
     # And a replay of the dead letter still sends the owner's digest of what it collected
-    [(dlq_id, _fields)] = await xrange(redis, Keys(settings.namespace).dlq)
-    replay = await api.admin("POST", f"/v1/dlq/{as_str(dlq_id)}/replay")
-    assert replay.status == 202, replay.body
+    await replay_the_dead_letter(api, redis, settings)
     await service.run_until_idle()
     resumed = await api.call("GET", f"/v1/workflow-instances/{owner_id}", key=project.full)
     assert resumed.body["status"] == "completed", resumed.body
