@@ -177,4 +177,8 @@ def log_fields(service: str, entry: Entry) -> dict[str, Any]:
     for key, name in (("eventId", "event_id"), ("taskId", "task_id"), ("projectId", "project_id")):
         if p.get(key):
             fields[name] = p[key]
+    # Which channel failed is the first thing an operator filters a failure by.
+    channel = channel_label(entry)
+    if channel:
+        fields["channel"] = channel
     return fields

@@ -483,7 +483,7 @@ async def test_the_dead_letter_log_line_names_the_dlq_entry_to_replay(
                          streams=keys.outbound_all())
     entry_id = await add(keys.outbound("normal"), {"projectId": "p1", "eventId": "ev-1",
                                                    "taskId": "t-1", "channel": "sms"})
-    with caplog.at_level("ERROR", logger="notifkit.worker"):
+    with caplog.at_level("WARNING", logger="notifkit.worker"):
         await worker.run_until_idle()
 
     [(dlq_id, _fields)] = await xrange(redis, keys.dlq)
@@ -491,6 +491,11 @@ async def test_the_dead_letter_log_line_names_the_dlq_entry_to_replay(
     assert record.dlq_id == dlq_id.decode()  # type: ignore[attr-defined]
     assert record.entry_id == entry_id  # type: ignore[attr-defined]
     assert f"POST /v1/dlq/{dlq_id.decode()}/replay" in record.getMessage()
+    # and which channel failed, as every line about the entry does
+    assert record.channel == "sms"  # type: ignore[attr-defined]
+    attempts = [r for r in caplog.records if r.getMessage().startswith("Attempt ")]
+    assert attempts
+    assert all(r.channel == "sms" for r in attempts)  # type: ignore[attr-defined]
 
 
 async def test_the_reclaim_line_names_the_stream_and_entries_it_took(
