@@ -28,6 +28,7 @@ from simulators.providers.resend_reads import get_email, list_emails
 from simulators.providers.sendgrid import SendGrid
 from simulators.providers.twilio import Twilio
 from simulators.providers.twilio_reads import fetch_message, list_messages
+from simulators.providers.twilio_update import update_message
 from simulators.state import STATE, SimState
 from simulators.validation import ControlError
 
@@ -135,6 +136,7 @@ def create_app(state: SimState) -> web.Application:
             web.post("/2010-04-01/Accounts/{sid}/Messages.json", _send(Twilio())),
             web.get("/2010-04-01/Accounts/{sid}/Messages.json", list_messages),
             web.get("/2010-04-01/Accounts/{sid}/Messages/{message_sid}.json", fetch_message),
+            web.post("/2010-04-01/Accounts/{sid}/Messages/{message_sid}.json", update_message),
             web.post("/v1/projects/{project}/messages:send", _send(Fcm())),
             web.post("/token", token_endpoint),
             web.post("/v1/chat/completions", _send(OpenAI())),

@@ -311,7 +311,7 @@ async def _handle(
                                recipient=await provider.limited_recipient(request, state)
                                ).response()
 
-    body = await _read_body(request, provider, state)
+    body = await read_request_body(request, provider, state)
     submission = await provider.parse(request, body, state)
 
     decision = state.faults.decide(name, submission.recipients)
@@ -415,7 +415,9 @@ def accept(state: SimState, stats: ProviderStats, record: MessageRecord) -> None
     )
 
 
-async def _read_body(request: web.Request, provider: HttpProvider, state: SimState) -> bytes:
+async def read_request_body(request: web.Request, provider: HttpProvider,
+                            state: SimState) -> bytes:
+    """The body with its Content-Encoding undone, or the provider's refusal of it."""
     limit = state.settings.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise Rejection(ErrorCase.TOO_LARGE)
@@ -435,7 +437,7 @@ async def body_if_readable(
     """The body as a request within the limit reads it, or None where that read refuses it
     (too large, an encoding it cannot undo)."""
     try:
-        return await _read_body(request, provider, state)
+        return await read_request_body(request, provider, state)
     except Rejection:
         return None
 

@@ -42,7 +42,7 @@ from urllib.parse import urlencode
 import aiohttp
 
 from simulators.kinds import Provider
-from simulators.records import MessageRecord, iso
+from simulators.records import CANCELED, MessageRecord, iso
 from simulators.signing import svix_headers, svix_key, twilio_sign
 from simulators.validation import (
     ControlError,
@@ -373,6 +373,8 @@ class ReceiptSender:
         wait_s = config.delay_ms / 1000.0 + due_in_s(record)
         if wait_s:
             await asyncio.sleep(wait_s)
+        if record.meta.get(CANCELED):
+            return  # canceled while it waited (Twilio): it never went out
         for event in events:
             # The event has happened whether or not its webhook gets through.
             record.note_event(event)

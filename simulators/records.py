@@ -68,6 +68,11 @@ def has_lone_surrogate(value: Any) -> bool:
     return scrub(value) is not value
 
 
+# A message canceled before it went out (a scheduled Twilio message): its mark in ``meta``,
+# and the status it reads from then on.
+CANCELED = "canceled"
+
+
 class MessageRecord:
     """One accepted message.
 

@@ -44,7 +44,7 @@ from simulators.pipeline import (
 )
 from simulators.providers.common import drop_none, is_phone_number, stored_text, task_id_text
 from simulators.receipts import due_in_s
-from simulators.records import MessageRecord
+from simulators.records import CANCELED, MessageRecord
 from simulators.replies import Reply, json_reply
 from simulators.state import SimState
 from simulators.validation import http_url_problem
@@ -290,7 +290,11 @@ def message_resource(record: MessageRecord, *, created: bool = False) -> dict[st
     uri = f"/{API_VERSION}/Accounts/{account_sid}/Messages/{record.id}"
     text = record.content.get("body") or ""
     received = _rfc2822(record.received_at)
-    if due_in_s(record) > 0:
+    if record.meta.get(CANCELED):
+        # Canceled while it waited: it never went out.
+        status, date_sent = CANCELED, None
+        date_updated = _rfc2822(record.last_event_at or record.received_at)
+    elif due_in_s(record) > 0:
         # Until its time comes a scheduled message is only that, whatever fate it will meet.
         status, date_sent, date_updated = "scheduled", None, received
     elif created:

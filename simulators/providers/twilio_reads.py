@@ -43,7 +43,7 @@ class _BadQuery(Exception):
 
 async def fetch_message(request: web.Request) -> web.Response:
     provider = Twilio()
-    refused = _unauthenticated(provider, request)
+    refused = unauthenticated(provider, request)
     if refused is not None:
         return refused.response()
     record = request.app[STATE].messages.find(Provider.TWILIO, request.match_info["message_sid"])
@@ -54,7 +54,7 @@ async def fetch_message(request: web.Request) -> web.Response:
 
 async def list_messages(request: web.Request) -> web.Response:
     provider = Twilio()
-    refused = _unauthenticated(provider, request)
+    refused = unauthenticated(provider, request)
     if refused is not None:
         return refused.response()
     account_sid = request.match_info["sid"]
@@ -73,7 +73,7 @@ def not_found(provider: Twilio, path: str) -> Reply:
     )
 
 
-def _unauthenticated(provider: Twilio, request: web.Request) -> Reply | None:
+def unauthenticated(provider: Twilio, request: web.Request) -> Reply | None:
     return None if provider.credentials(request) else provider.render(ErrorCase.MISSING_CREDENTIALS)
 
 
