@@ -91,6 +91,9 @@ SNAPSHOTS = {
 # Reasoning models (the o-series, GPT-5): max_completion_tokens only, and only the default
 # sampling temperature.
 REASONING_MODELS = frozenset({"o4-mini", "o3", "o3-mini", "gpt-5", "gpt-5-mini", "gpt-5-nano"})
+GPT5_MODELS = frozenset({"gpt-5", "gpt-5-mini", "gpt-5-nano"})
+REASONING_EFFORTS = ("minimal", "low", "medium", "high")
+VERBOSITIES = ("low", "medium", "high")
 SIM_MODEL_PREFIX = "sim-"
 # Context windows in tokens; a prompt longer than its model's is refused.
 CONTEXT_TOKENS = {
@@ -264,8 +267,10 @@ class OpenAI(HttpProvider):
                 ErrorCase.NOT_FOUND, _ERRORS[ErrorCase.NOT_FOUND][0].format(model=model)
             )
         base_model = SNAPSHOTS.get(model, model)
+        if not model.startswith(SIM_MODEL_PREFIX):
+            _check_verbosity(payload.get("verbosity"), base_model)
         if base_model in REASONING_MODELS:
-            _check_reasoning_options(payload)
+            _check_reasoning_options(payload, base_model)
         elif payload.get("reasoning_effort") is not None and not model.startswith(
                 SIM_MODEL_PREFIX):
             # A model that does not reason does not know the argument, in OpenAI's words.
@@ -796,8 +801,16 @@ def _check_metadata(metadata: object) -> None:
             raise _too_long(f"metadata.{key}", MAX_METADATA_VALUE_CHARS, len(value))
 
 
-def _check_reasoning_options(payload: dict[str, Any]) -> None:
-    """What an o-series model refuses that gpt-4o takes, in OpenAI's words."""
+def _check_reasoning_options(payload: dict[str, Any], base_model: str) -> None:
+    """What an o-series model refuses that gpt-4o takes, in OpenAI's words, and the efforts
+    each reasoning model takes (``minimal`` is the gpt-5 family's only)."""
+    effort = payload.get("reasoning_effort")
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise _invalid_value("reasoning_effort", effort, REASONING_EFFORTS)
+        takes = REASONING_EFFORTS if base_model in GPT5_MODELS else REASONING_EFFORTS[1:]
+        if effort not in takes:
+            raise _unsupported_value("reasoning_effort", effort, takes)
     if payload.get("max_tokens") is not None:
         raise Rejection(
             ErrorCase.BAD_REQUEST,
@@ -815,6 +828,41 @@ def _check_reasoning_options(payload: dict[str, Any]) -> None:
             field_name="temperature",
             code="unsupported_value",
         )
+
+
+def _check_verbosity(verbosity: object, base_model: str) -> None:
+    """A verbosity OpenAI has; any but ``medium`` is the gpt-5 family's alone."""
+    if verbosity is None:
+        return
+    if verbosity not in VERBOSITIES:
+        raise _invalid_value("verbosity", verbosity, VERBOSITIES)
+    if base_model not in GPT5_MODELS and verbosity != "medium":
+        raise _unsupported_value("verbosity", verbosity, ("medium",))
+
+
+def _quoted(values: tuple[str, ...]) -> str:
+    """'a', 'b', and 'c', as OpenAI lists what it takes."""
+    items = [f"'{v}'" for v in values]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + ", and " + items[-1]
+
+
+def _invalid_value(name: str, value: object, values: tuple[str, ...]) -> Rejection:
+    return Rejection(
+        ErrorCase.BAD_REQUEST,
+        f"Invalid value: '{str(value)[:40]}'. Supported values are: {_quoted(values)}.",
+        field_name=name,
+        code="invalid_value",
+    )
+
+
+def _unsupported_value(name: str, value: object, values: tuple[str, ...]) -> Rejection:
+    return Rejection(
+        ErrorCase.BAD_REQUEST,
+        f"Unsupported value: '{name}' does not support '{str(value)[:40]}' with this "
+        f"model. Supported values are: {_quoted(values)}.",
+        field_name=name,
+        code="unsupported_value",
+    )
 
 
 def _check_service_tier(tier: object) -> None:

@@ -618,7 +618,7 @@ EVERY_PARAMETER: dict[str, Any] = {
     "top_logprobs": 2,
     "top_p": 0.9,
     "user": "user-1",
-    "verbosity": "low",
+    "verbosity": "medium",  # any other is the gpt-5 family's (below)
     "web_search_options": {},
 }
 
@@ -679,6 +679,49 @@ async def test_reasoning_effort_is_an_unrecognized_argument_to_other_models(
     assert error["message"] == "Unrecognized request argument supplied: reasoning_effort"
     assert (error["param"], error["code"]) == (None, None)
     assert await sim.messages("openai") == []
+
+
+@pytest.mark.parametrize(("model", "argument", "value", "code", "message"), [
+    ("gpt-5", "reasoning_effort", "extreme", "invalid_value",
+     "Invalid value: 'extreme'. Supported values are: 'minimal', 'low', 'medium', and "
+     "'high'."),
+    ("o4-mini", "reasoning_effort", "minimal", "unsupported_value",
+     "Unsupported value: 'reasoning_effort' does not support 'minimal' with this model. "
+     "Supported values are: 'low', 'medium', and 'high'."),
+    ("gpt-4o", "verbosity", "low", "unsupported_value",
+     "Unsupported value: 'verbosity' does not support 'low' with this model. Supported "
+     "values are: 'medium'."),
+    ("gpt-5-mini", "verbosity", "loud", "invalid_value",
+     "Invalid value: 'loud'. Supported values are: 'low', 'medium', and 'high'."),
+], ids=["effort-unknown", "effort-minimal-o-series", "verbosity-gpt-4o", "verbosity-unknown"])
+async def test_an_effort_or_verbosity_the_model_does_not_take_is_openais_400(
+    sim: SimulatorServer, client: Factory, model: str, argument: str, value: str, code: str,
+    message: str,
+) -> None:
+    """OpenAI refuses these values naming the argument; the simulator answered them."""
+    options: dict[str, Any] = {argument: value}
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client(sim).chat.completions.create(model=model, messages=PROMPT, **options)
+
+    error = refused.value.body
+    assert isinstance(error, dict)
+    assert (error["param"], error["code"], error["message"]) == (argument, code, message)
+    assert await sim.messages("openai") == []
+
+
+@pytest.mark.parametrize(("model", "effort", "verbosity"), [
+    ("gpt-5-nano", "minimal", "high"), ("o3", "high", "medium"), ("gpt-4.1", None, "medium"),
+    ("sim-digest", "minimal", "low"),
+])
+async def test_an_effort_and_verbosity_the_model_takes_are_answered(
+    sim: SimulatorServer, client: Factory, model: str, effort: str | None, verbosity: str,
+) -> None:
+    options: dict[str, Any] = {"verbosity": verbosity}
+    if effort is not None:
+        options["reasoning_effort"] = effort
+    completion = await client(sim).chat.completions.create(
+        model=model, messages=PROMPT, **options)
+    assert completion.choices[0].message.content
 
 
 class Lookup(BaseModel):
