@@ -183,6 +183,7 @@ class StreamWorker:
         self._stopping = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
         self._keep_alive_task: asyncio.Task[None] | None = None
+        self._heartbeat_task: asyncio.Task[None] | None = None
         self._groups_ready = False
         # The last blocking read left every stream empty (see _read_new).
         self._drained = False
@@ -229,8 +230,9 @@ class StreamWorker:
         self._loops = [
             asyncio.create_task(self._read_loop(), name=f"{self.consumer}:read"),
             asyncio.create_task(self._reclaim_loop(), name=f"{self.consumer}:reclaim"),
-            asyncio.create_task(self._heartbeat_loop(), name=f"{self.consumer}:heartbeat"),
         ]
+        self._heartbeat_task = asyncio.create_task(self._heartbeat_loop(),
+                                                   name=f"{self.consumer}:heartbeat")
         if self.settings.reclaim_min_idle_s >= KEEP_ALIVE_MIN_IDLE_S:
             self._keep_alive_task = asyncio.create_task(self._keep_alive_loop(),
                                                         name=f"{self.consumer}:keep-alive")
@@ -247,7 +249,9 @@ class StreamWorker:
         self._stopping.set()
         # The keep-alive runs on through the grace: a batch still finishing would otherwise go
         # idle and be reclaimed, and done a second time, by another process while this one
-        # completes it (a grace longer than two thirds of RECLAIM_MIN_IDLE_SECONDS).
+        # completes it (a grace longer than two thirds of RECLAIM_MIN_IDLE_SECONDS). So does
+        # the heartbeat: with a grace longer than its key's life, /health lost the process
+        # while it still finished its batches.
         await cancel_all(self._loops)
         self._loops = []
         if self.outage is not None:
@@ -264,9 +268,9 @@ class StreamWorker:
                 for task in pending:
                     task.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
-        if self._keep_alive_task is not None:
-            await cancel_all([self._keep_alive_task])
-            self._keep_alive_task = None
+        await cancel_all([t for t in (self._keep_alive_task, self._heartbeat_task)
+                          if t is not None])
+        self._keep_alive_task = self._heartbeat_task = None
         try:
             # What is left of the grace, and at least STOP_GOODBYE_MIN_S: a stalled Redis held
             # each of these calls for the client's timeouts, one after another.
@@ -992,7 +996,7 @@ class StreamWorker:
 
     # -- heartbeat -----------------------------------------------------------------
     async def _heartbeat_loop(self) -> None:
-        while not self._stopping.is_set():
+        while True:  # until stop() has let the last batch finish
             try:
                 await self.beat()
             except asyncio.CancelledError:

@@ -18,7 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from notifkit.config import Settings
 from notifkit.keys import Keys
 from notifkit.worker import Entry, consumer_name, remove_heartbeat, stream_worker, write_heartbeat
-from tests.support.waiting import until
+from tests.support.waiting import until, until_async
 
 if TYPE_CHECKING:
     from .conftest import Add, Pending, WorkerFactory
@@ -104,6 +104,44 @@ async def test_stop_lets_the_batch_in_flight_finish_within_the_grace_period(
     assert sorted(gate.finished) == sorted(ids)
     assert worker.stats.processed == 4
     assert await pending(stream, worker.group) == 0
+
+
+async def test_a_stopping_worker_beats_until_its_batch_finishes(
+    make_worker: WorkerFactory, worker_settings: Settings, redis: Redis, keys: Keys, add: Add,
+) -> None:
+    """Found by running a fleet with a grace longer than the heartbeat's life: a stopping
+    process stopped beating at once, so /health no longer listed it while it still finished
+    its batches."""
+    gate = Gate()
+    settings = worker_settings.replace(heartbeat_interval_s=0.1, heartbeat_ttl_s=1)
+    worker = make_worker(gate, settings=settings)
+    await add(keys.enriched("normal"), {"n": 1})
+    await worker.start()
+    await asyncio.wait_for(gate.entered.wait(), WAIT_S)
+    health = keys.health(worker.consumer)
+
+    async def beats_busy() -> bool:
+        raw = await redis.get(health)
+        return raw is not None and json.loads(raw)["inFlight"] == 1
+
+    await until_async(beats_busy)
+
+    # When it stops with a grace longer than its heartbeat key lives, and the batch outlasts
+    # that life
+    stopping = asyncio.create_task(worker.stop(grace_s=30))
+    await until(lambda: worker._stopping.is_set())
+    deadline = time.monotonic() + 2.5 * settings.heartbeat_ttl_s
+    while time.monotonic() < deadline:  # idle time is wall time: the key's life must pass
+        # Then its heartbeat is still there, still counting the batch
+        raw = await redis.get(health)
+        assert raw is not None, "the stopping worker's heartbeat expired"
+        assert json.loads(raw)["inFlight"] == 1
+        await asyncio.sleep(0.1)
+
+    # And once the batch is done and the worker stopped, it is gone
+    gate.opened.set()
+    await asyncio.wait_for(stopping, WAIT_S)
+    assert await redis.exists(health) == 0
 
 
 async def test_stop_without_grace_acks_nothing_and_another_worker_takes_over(
