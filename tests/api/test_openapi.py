@@ -126,9 +126,12 @@ async def test_every_query_parameter_documented_as_taking_an_empty_value_takes_o
             params = op.get("parameters", [])
             empty = [p["name"] for p in params if p.get("allowEmptyValue")]
             assert "projectId" not in empty, f"{method.upper()} {path}"
+            if method != "get":
+                # Only an inbox token stands in for the key there, and is read as left out.
+                assert empty in ([], ["token"]), f"{method.upper()} {path}"
+                continue
             if not empty or op["operationId"] in SKIPPED:
                 continue
-            assert method == "get", f"{method.upper()} {path}"
             url = re.sub(r"{(\w+)}", lambda m: _PATH_VALUES[m.group(1)], path)
             reply = await api.call("GET", url + "?" + "&".join(f"{n}=" for n in empty),
                                    key=project.full)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any, cast
@@ -25,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
+from notifkit.inbox_token import verify_inbox_token
 from notifkit.keys import SCHEDULER_SHARDS, Keys, shard_of
 from notifkit.services.api.app import operations
 from notifkit.services.api.routing import Operation
@@ -237,6 +239,12 @@ async def test_ids_of_one_project_are_404_for_another(
     await check("GET", "/v1/templates/{templateId}", mine, templateId=template)
     await check("GET", "/v1/workflows/{workflowId}", mine, workflowId=workflow)
     await check("GET", "/v1/users/{userId}/inbox", mine, userId=user)
+    # A token for B's user, never for A's user of the same id.
+    token = await check("POST", "/v1/users/{userId}/inbox/token", 201 if exists else 404,
+                        userId=user)
+    if token.status == 201:
+        assert verify_inbox_token(api.settings.secret, token.body["token"],
+                                  time.time()).project_id == b.id
     preview = await check("POST", "/v1/templates/{templateId}/preview", mine,
                           {"userId": user, "data": {}}, templateId=template)
     if preview.status == 200:  # B's template rendered for B's user

@@ -54,6 +54,8 @@ class Principal:
     role: Role
     project_id: str | None
     key_id: str | None = None
+    # An inbox token's caller: that one user's inbox routes only (notifkit/inbox_token.py).
+    user_id: str | None = None
 
     @property
     def is_admin(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from urllib.parse import unquote_to_bytes
 
 import asyncpg
@@ -16,6 +17,8 @@ from aiohttp import web
 from redis.exceptions import RedisError
 
 from notifkit import codec
+from notifkit.inbox_token import QUERY_PARAM as INBOX_TOKEN
+from notifkit.inbox_token import InvalidInboxToken, verify_inbox_token
 from notifkit.services.api.admission import ProjectMissing
 from notifkit.services.api.auth import (
     Principal,
@@ -98,6 +101,24 @@ async def _project_gone(request: web.Request) -> ApiError | None:
     return await _forget_key(request, who)
 
 
+def _inbox_principal(request: web.Request) -> Principal:
+    """The caller of an inbox route with ``?token=``: the token's user, on that user's own
+    inbox only."""
+    if request.headers.get("Authorization") is not None:
+        raise invalid([detail(INBOX_TOKEN, "give either this token or an Authorization "
+                                           "header, not both")])
+    try:
+        grant = verify_inbox_token(request.app[SETTINGS].secret, request.query[INBOX_TOKEN],
+                                   time.time())
+    except InvalidInboxToken as exc:
+        raise ApiError(401, "invalid_token",
+                       f"The inbox token is not valid ({exc}); ask your backend for a new "
+                       "one.") from None
+    if request.match_info.get("userId") != grant.user_id:
+        raise forbidden("The inbox token is for another user's inbox.")
+    return Principal("full", grant.project_id, user_id=grant.user_id)
+
+
 async def require_project(request: web.Request) -> None:
     """A project key whose project was deleted while the key sat in the key cache is refused
     and forgotten as on a write, whatever the route: a read would otherwise list an empty
@@ -108,6 +129,8 @@ async def require_project(request: web.Request) -> None:
     if who.is_admin or who.project_id is None:
         return
     if not await request.app[KEY_CACHE].project_exists(who.project_id):
+        if who.user_id is not None:
+            raise ApiError(401, "invalid_token", "The inbox token's project no longer exists.")
         raise await _forget_key(request, who)
 
 
@@ -185,6 +208,9 @@ def _decodes(raw: str) -> bool:
 
 async def authenticate(request: web.Request, op: Operation) -> Principal:
     app = request.app
+    # An empty ?token= is the parameter left out, as every optional one is.
+    if request.query.get(INBOX_TOKEN) and any(p.name == INBOX_TOKEN for p in op.query):
+        return _inbox_principal(request)
     key = bearer_key(request.headers.get("Authorization"))
     if is_admin_key(key, app[SETTINGS].admin_key):
         return await _admin(request, op, _named_project(request, op))

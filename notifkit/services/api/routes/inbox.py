@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 from aiohttp import web
 
 from notifkit import codec
+from notifkit.inbox_token import MAX_TOKEN_CHARS, make_inbox_token
+from notifkit.inbox_token import QUERY_PARAM as INBOX_TOKEN
 from notifkit.services.api.auth import unauthorized
 from notifkit.services.api.errors import ApiError, invalid_field, json_response, not_found
 from notifkit.services.api.middleware import principal, project_id
@@ -39,6 +43,7 @@ from notifkit.services.api.state import (
     SSE_LIVE_WAIT_S,
 )
 from notifkit.services.api.validation import (
+    Fields,
     QueryChecks,
     encode_cursor,
     iso,
@@ -46,6 +51,8 @@ from notifkit.services.api.validation import (
     lookup_id,
     parse_uuid,
     query_bool,
+    read_json,
+    read_raw,
     time_uuid_cursor,
     uuid_id,
 )
@@ -57,11 +64,55 @@ RESUME_LIMIT = 1_000  # messages a reconnecting stream replays before going live
 LAST_EVENT_ID = "Last-Event-ID"
 
 
+# The inbox routes take an inbox token instead of a key (notifkit/inbox_token.py).
+TOKEN = Param(INBOX_TOKEN, "query", {"type": "string", "maxLength": MAX_TOKEN_CHARS},
+              "An inbox token (POST /v1/users/{userId}/inbox/token) instead of the "
+              "Authorization header, for a browser or app: EventSource cannot send a header, "
+              "and a project key must not reach a user's device.")
+DEFAULT_TOKEN_TTL_S = 3600
+MIN_TOKEN_TTL_S = 60
+MAX_TOKEN_TTL_S = 7 * 86_400
+
+
+@ops.route("POST", "/v1/users/{userId}/inbox/token",
+           "A token for one user's own inbox, to hand to their browser or app",
+           body={"type": "object", "additionalProperties": False, "properties": {
+               "ttlSeconds": {"type": "integer", "minimum": MIN_TOKEN_TTL_S,
+                              "maximum": MAX_TOKEN_TTL_S,
+                              "description": "How long it lasts (default 3600)."}}},
+           body_required=False,
+           responses={201: Reply({"type": "object", "required": ["token", "userId",
+                                                                  "expiresAt"],
+                                  "properties": {"token": {"type": "string"},
+                                                 "userId": {"type": "string"},
+                                                 "expiresAt": {"type": "string",
+                                                               "format": "date-time"}}},
+                                 "The token: `?token=` on this user's inbox routes until "
+                                 "`expiresAt`. It cannot be revoked before then.")})
+async def inbox_token(request: web.Request) -> web.Response:
+    project = project_id(request)
+    user_id = lookup_id(request, "userId", "user")
+    ttl_s = DEFAULT_TOKEN_TTL_S
+    if (await read_raw(request)).strip():
+        fields = Fields(await read_json(request))
+        fields.only(("ttlSeconds",))
+        asked = fields.integer("ttlSeconds", minimum=MIN_TOKEN_TTL_S, maximum=MAX_TOKEN_TTL_S)
+        fields.raise_if_invalid()
+        ttl_s = asked or ttl_s
+    await _require_user(request.app[DB], project, user_id)
+    expires_at_s = int(time.time()) + ttl_s
+    token = make_inbox_token(request.app[SETTINGS].secret, project, user_id, expires_at_s)
+    return json_response({"token": token, "userId": user_id,
+                          "expiresAt": iso(datetime.fromtimestamp(expires_at_s, UTC))},
+                         status=201)
+
+
 @ops.route("GET", "/v1/users/{userId}/inbox", "A user's in-app messages, newest first",
            query=(
                Param("unread", "query", {"type": "boolean"}, "Only messages not yet read"),
                LIMIT,
                CURSOR,
+               TOKEN,
            ),
            responses={200: ref("InboxList")})
 async def list_inbox(request: web.Request) -> web.Response:
@@ -97,6 +148,7 @@ async def list_inbox(request: web.Request) -> web.Response:
 
 
 @ops.route("POST", "/v1/users/{userId}/inbox/{messageId}/read", "Mark an in-app message read",
+           query=(TOKEN,),
            responses={204: Reply(None, "Marked read (again, if it was already); the first "
                                        "read is the message's `opened` receipt.")})
 async def mark_read(request: web.Request) -> web.Response:
@@ -124,6 +176,7 @@ async def mark_read(request: web.Request) -> web.Response:
 
 
 @ops.route("GET", "/v1/users/{userId}/inbox/stream", "Server-sent events of new in-app messages",
+           query=(TOKEN,),
            headers=(Param(LAST_EVENT_ID, "header", {"type": "string", "format": "uuid"},
                           "Resume: first the messages stored after this one (the `id` of the "
                           "last event seen), oldest first, up to 1,000; with more, the stream "

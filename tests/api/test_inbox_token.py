@@ -1,0 +1,151 @@
+"""Inbox tokens: a user's browser reads that user's inbox with ``?token=``, never a project
+key (a browser's EventSource cannot send an Authorization header)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import asyncpg
+import pytest
+from redis.asyncio import Redis
+
+from notifkit.inbox_token import make_inbox_token
+from notifkit.keys import Keys
+from notifkit.unsubscribe import make_token
+from tests.api.conftest import Api, Project
+
+from .test_inbox import add_message, read_message
+
+
+async def token_for(api: Api, project: Project, user: str, **body: int) -> str:
+    made = await api.call("POST", f"/v1/users/{user}/inbox/token", key=project.full,
+                          json=body or None)
+    assert made.status == 201, made.body
+    assert made.body["userId"] == user
+    token: str = made.body["token"]
+    return token
+
+
+async def test_a_token_reads_its_users_inbox_marks_read_and_streams(
+    api: Api, project: Project, db: asyncpg.Pool, redis: Redis,
+) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    message = await add_message(db, project.id, "u1", "t1", "2030-01-01T00:00:01Z")
+    token = await token_for(api, project, "u1")
+
+    listed = await api.call("GET", "/v1/users/u1/inbox", params={"token": token})
+    read = await api.call("POST", f"/v1/users/u1/inbox/{message}/read",
+                          params={"token": token})
+    unread = await api.call("GET", "/v1/users/u1/inbox",
+                            params={"token": token, "unread": "true"})
+
+    assert [m["id"] for m in listed.body["items"]] == [message]
+    assert read.status == 204
+    assert unread.body["items"] == []
+    channel = Keys(api.settings.namespace).inbox_channel(project.id, "u1")
+    async with api.client.get("/v1/users/u1/inbox/stream", params={"token": token}) as stream:
+        assert stream.status == 200
+        assert await stream.content.readuntil(b"\n\n") == b"retry: 3000\n: connected\n\n"
+        await redis.publish(channel, json.dumps({"id": "m1", "text": "hello"}))
+        assert (await read_message(stream))["data"] == {"id": "m1", "text": "hello"}
+
+
+async def test_a_token_opens_no_other_users_inbox_and_no_other_route(
+    api: Api, project: Project,
+) -> None:
+    for user in ("u1", "u2"):
+        await api.call("PUT", f"/v1/users/{user}", key=project.full, json={})
+    token = await token_for(api, project, "u1")
+
+    other = await api.call("GET", "/v1/users/u2/inbox", params={"token": token})
+    profile = await api.call("GET", "/v1/users/u1", params={"token": token})
+    mint = await api.call("POST", "/v1/users/u1/inbox/token", params={"token": token})
+
+    assert other.status == 403
+    # Elsewhere a token is no credential: no key was sent at all
+    assert (profile.status, profile.body["error"]["code"]) == (401, "missing_api_key")
+    assert mint.status == 401
+
+
+async def test_another_projects_token_finds_nothing_of_this_one(
+    api: Api, project: Project,
+) -> None:
+    other = await api.project("other")
+    for owner in (project, other):
+        await api.call("PUT", "/v1/users/u1", key=owner.full, json={})
+    token = await token_for(api, other, "u1")
+
+    listed = await api.call("GET", "/v1/users/u1/inbox", params={"token": token})
+
+    assert listed.status == 200
+    assert listed.body["items"] == []  # the other project's u1, whose inbox is empty
+
+
+@pytest.mark.parametrize("forged", ["expired", "altered", "unsubscribe", "garbage"])
+async def test_a_token_this_deployment_did_not_sign_or_that_expired_is_a_401(
+    api: Api, project: Project, forged: str,
+) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    secret = api.settings.secret
+    token = {
+        "expired": make_inbox_token(secret, project.id, "u1", int(time.time()) - 1),
+        "altered": make_inbox_token(secret, project.id, "u1", int(time.time()) + 60)[:-2]
+        + "AA",
+        # An unsubscribe link's token is signed by the same secret, for another purpose.
+        "unsubscribe": make_token(secret, project.id, "u1", "email", None),
+        "garbage": "not a token",
+    }[forged]
+
+    reply = await api.call("GET", "/v1/users/u1/inbox", params={"token": token})
+
+    assert (reply.status, reply.body["error"]["code"]) == (401, "invalid_token")
+
+
+async def test_a_token_and_a_key_together_are_a_400(api: Api, project: Project) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    token = await token_for(api, project, "u1")
+
+    both = await api.call("GET", "/v1/users/u1/inbox", key=project.full,
+                          params={"token": token})
+
+    assert (both.status, both.fields) == (400, ["token"])
+
+
+async def test_minting_takes_a_life_and_needs_a_full_key_and_a_user(
+    api: Api, project: Project,
+) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    before = time.time()
+    made = await api.call("POST", "/v1/users/u1/inbox/token", key=project.full,
+                          json={"ttlSeconds": 120})
+    too_long = await api.call("POST", "/v1/users/u1/inbox/token", key=project.full,
+                              json={"ttlSeconds": 8 * 86_400})
+    unknown = await api.call("POST", "/v1/users/u1/inbox/token", key=project.full,
+                             json={"ttl": 60})
+    by_send_key = await api.call("POST", "/v1/users/u1/inbox/token", key=project.send)
+    nobody = await api.call("POST", "/v1/users/ghost/inbox/token", key=project.full)
+
+    assert made.status == 201
+    expires = made.body["expiresAt"]
+    assert before + 119 <= _epoch(expires) <= time.time() + 121
+    assert (too_long.status, too_long.fields) == (400, ["ttlSeconds"])
+    assert (unknown.status, unknown.fields) == (400, ["ttl"])
+    assert by_send_key.status == 403
+    assert nobody.status == 404
+
+
+async def test_a_token_whose_life_ends_stops_working(api: Api, project: Project) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    token = make_inbox_token(api.settings.secret, project.id, "u1", int(time.time()) + 1)
+    assert (await api.call("GET", "/v1/users/u1/inbox", params={"token": token})).status == 200
+
+    await asyncio.sleep(2.0)  # the token's life is wall time
+
+    assert (await api.call("GET", "/v1/users/u1/inbox", params={"token": token})).status == 401
+
+
+def _epoch(text: str) -> float:
+    from datetime import datetime
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
