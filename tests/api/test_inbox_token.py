@@ -149,3 +149,28 @@ async def test_a_token_whose_life_ends_stops_working(api: Api, project: Project)
 def _epoch(text: str) -> float:
     from datetime import datetime
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+async def test_a_page_on_another_origin_may_read_what_its_token_asked(
+    api: Api, project: Project,
+) -> None:
+    """EventSource and fetch from the user's page, on another origin than the API: the
+    browser shows the page the answer (and why a token was refused) only with CORS."""
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    token = await token_for(api, project, "u1")
+    origin = {"Origin": "https://app.example.com"}
+
+    listed = await api.call("GET", "/v1/users/u1/inbox", params={"token": token},
+                            headers=origin)
+    refused = await api.call("GET", "/v1/users/u1/inbox", params={"token": "x.y"},
+                             headers=origin)
+    keyed = await api.call("GET", "/v1/users/u1/inbox", key=project.full, headers=origin)
+    async with api.client.get("/v1/users/u1/inbox/stream", params={"token": token},
+                              headers=origin) as stream:
+        streamed = stream.headers.get("Access-Control-Allow-Origin")
+
+    assert listed.headers.get("Access-Control-Allow-Origin") == "*"
+    assert refused.headers.get("Access-Control-Allow-Origin") == "*"
+    assert streamed == "*"
+    # A project key is for backends: its answers are not opened to pages
+    assert "Access-Control-Allow-Origin" not in keyed.headers

@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 
 from notifkit.config import Settings
 from notifkit.db.pool import QUERY_TIMEOUT_S
+from notifkit.inbox_token import QUERY_PARAM as INBOX_TOKEN
 from notifkit.keys import Keys
 from notifkit.ratelimit import TokenBuckets
 from notifkit.services.api.admission import Admission
@@ -117,7 +118,20 @@ def create_app(
     app[OPERATIONS] = table
     app.cleanup_ctx.append(_resources(settings, redis, db))
     app.on_shutdown.append(_close_streams)
+    app.on_response_prepare.append(_open_to_inbox_pages)
     return app
+
+
+async def _open_to_inbox_pages(request: web.Request, response: web.StreamResponse) -> None:
+    """A user's page on any origin may read what it asked with an inbox token, errors
+    included: the credential is in the URL the page was given, not one the browser adds by
+    itself (no cookies here), so no other site can borrow it. A page on another origin than
+    the API could not read the stream otherwise."""
+    if not request.query.get(INBOX_TOKEN):
+        return
+    op = request.app[OPERATIONS].get(request.match_info.route.name or "")
+    if op is not None and any(p.name == INBOX_TOKEN for p in op.query):
+        response.headers["Access-Control-Allow-Origin"] = "*"
 
 
 @web.middleware
