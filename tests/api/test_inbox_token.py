@@ -103,7 +103,7 @@ async def test_a_token_this_deployment_did_not_sign_or_that_expired_is_a_401(
     assert (reply.status, reply.body["error"]["code"]) == (401, "invalid_token")
 
 
-async def test_a_token_and_a_key_together_are_a_400(api: Api, project: Project) -> None:
+async def test_a_token_with_a_key_or_given_twice_is_a_400(api: Api, project: Project) -> None:
     await api.call("PUT", "/v1/users/u1", key=project.full, json={})
     token = await token_for(api, project, "u1")
 
@@ -111,6 +111,8 @@ async def test_a_token_and_a_key_together_are_a_400(api: Api, project: Project) 
                           params={"token": token})
 
     assert (both.status, both.fields) == (400, ["token"])
+    twice = await api.call("GET", f"/v1/users/u1/inbox?token={token}&token={token}")
+    assert (twice.status, twice.fields) == (400, ["token"])
 
 
 async def test_minting_takes_a_life_and_needs_a_full_key_and_a_user(

@@ -107,6 +107,8 @@ def _inbox_principal(request: web.Request) -> Principal:
     if request.headers.get("Authorization") is not None:
         raise invalid([detail(INBOX_TOKEN, "give either this token or an Authorization "
                                            "header, not both")])
+    if len(request.query.getall(INBOX_TOKEN)) > 1:
+        raise invalid([detail(INBOX_TOKEN, "must be given once")])
     try:
         grant = verify_inbox_token(request.app[SETTINGS].secret, request.query[INBOX_TOKEN],
                                    time.time())
