@@ -4,11 +4,8 @@ A browser's ``EventSource`` cannot send an ``Authorization`` header, and a proje
 never reach an end user's device. So the customer's backend asks
 ``POST /v1/users/{userId}/inbox/token`` for a token, hands it to the user's page, and the page
 opens ``GET /v1/users/{userId}/inbox/stream?token=...`` (the list and mark-read routes take it
-too). A token is ``<payload>.<signature>``, both base64url without padding:
-
-    payload   = base64url(JSON {"p": projectId, "u": userId, "exp": unix seconds})
-    signature = base64url(HMAC-SHA256(key, payload)), key = HMAC-SHA256(NOTIFKIT_SECRET,
-                                                                       "notifkit inbox token")
+too). A token (notifkit/signed_token.py) signs ``{"p": projectId, "u": userId, "exp": unix
+seconds}`` with HMAC-SHA256(NOTIFKIT_SECRET, "notifkit inbox token") as its key.
 
 The key is derived for this use alone, so no other token this deployment signs (an
 unsubscribe link's) is ever taken as an inbox token, nor the other way round. A token cannot
@@ -18,14 +15,9 @@ and every unsubscribe link with them): keep their lives short.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import hmac
-import json
 from dataclasses import dataclass
 
-from notifkit import codec
+from notifkit.signed_token import BadToken, open_token, purpose_key, seal
 
 __all__ = ["QUERY_PARAM", "InboxGrant", "InvalidInboxToken", "make_inbox_token",
            "verify_inbox_token"]
@@ -35,7 +27,7 @@ QUERY_PARAM = "token"  # where an inbox route takes it
 _PURPOSE = b"notifkit inbox token"
 
 
-class InvalidInboxToken(ValueError):
+class InvalidInboxToken(BadToken):
     """Not made by this deployment, altered, or expired."""
 
 
@@ -46,34 +38,16 @@ class InboxGrant:
     expires_at_s: int
 
 
-def _b64(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _sign(secret: str, payload: str) -> str:
-    key = hmac.new(secret.encode(), _PURPOSE, hashlib.sha256).digest()
-    return _b64(hmac.new(key, payload.encode(), hashlib.sha256).digest())
-
-
 def make_inbox_token(secret: str, project_id: str, user_id: str, expires_at_s: int) -> str:
-    payload = _b64(codec.dumps({"p": project_id, "u": user_id, "exp": expires_at_s}))
-    return f"{payload}.{_sign(secret, payload)}"
+    return seal(purpose_key(secret, _PURPOSE), {"p": project_id, "u": user_id, "exp": expires_at_s})
 
 
 def verify_inbox_token(secret: str, token: str, now_s: float) -> InboxGrant:
     """What a token this deployment signed grants; :class:`InvalidInboxToken` otherwise."""
-    if not token or len(token) > MAX_TOKEN_CHARS or token.count(".") != 1:
-        raise InvalidInboxToken("malformed token")
-    payload, signature = token.split(".")
-    if not hmac.compare_digest(_sign(secret, payload).encode(),
-                               signature.encode("utf-8", "replace")):
-        raise InvalidInboxToken("bad signature")
     try:
-        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-    except (ValueError, binascii.Error):
-        raise InvalidInboxToken("unreadable payload") from None
-    if not isinstance(claims, dict):
-        raise InvalidInboxToken("unreadable payload")
+        claims = open_token(purpose_key(secret, _PURPOSE), token, MAX_TOKEN_CHARS)
+    except BadToken as exc:
+        raise InvalidInboxToken(str(exc)) from None
     project, user, expires = claims.get("p"), claims.get("u"), claims.get("exp")
     if not (isinstance(project, str) and isinstance(user, str) and isinstance(expires, int)):
         raise InvalidInboxToken("incomplete claims")

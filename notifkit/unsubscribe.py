@@ -1,10 +1,7 @@
 """Signed unsubscribe links (``GET``/``POST /v1/unsubscribe?token=...``, RFC 8058 one-click).
 
-A token is ``<payload>.<signature>``, both base64url without padding:
-
-    payload   = base64url(JSON {"p": projectId, "u": userId, "c": channel, "t": topic | null,
-                                "target"?: address})
-    signature = base64url(HMAC-SHA256(NOTIFKIT_SECRET, payload))
+A token (notifkit/signed_token.py) signs with NOTIFKIT_SECRET itself the claims
+``{"p": projectId, "u": userId, "c": channel, "t": topic | null, "target"?: address}``.
 
 The token names what to turn off: the topic when there is one, else the channel. When it names
 the address (``target``), unsubscribing also records a suppression for that address. Tokens do
@@ -17,16 +14,11 @@ Delivery puts ``unsubscribe_url(...)`` in the List-Unsubscribe header of every e
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import hmac
-import json
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from notifkit import codec
 from notifkit.config import Settings
+from notifkit.signed_token import BadToken, open_token, seal
 
 __all__ = ["InvalidToken", "Unsubscribe", "make_token", "unsubscribe_url", "verify_token"]
 
@@ -35,7 +27,7 @@ TOKEN_PATTERN = r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$"
 _CHANNELS = ("email", "sms", "push", "inapp", "webhook")
 
 
-class InvalidToken(ValueError):
+class InvalidToken(BadToken):
     """The token was not made by this deployment, or was altered."""
 
 
@@ -48,18 +40,6 @@ class Unsubscribe:
     target: str | None = None
 
 
-def _b64(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def _sign(secret: str, payload: str) -> str:
-    return _b64(hmac.new(secret.encode(), payload.encode(), hashlib.sha256).digest())
-
-
 def make_token(
     secret: str, project_id: str, user_id: str, channel: str, topic: str | None,
     target: str | None = None,
@@ -67,24 +47,15 @@ def make_token(
     claims: dict[str, str | None] = {"p": project_id, "u": user_id, "c": channel, "t": topic}
     if target is not None:
         claims["target"] = target
-    payload = _b64(codec.dumps(claims))
-    return f"{payload}.{_sign(secret, payload)}"
+    return seal(secret.encode(), claims)
 
 
 def verify_token(secret: str, token: str) -> Unsubscribe:
     """The claims of a token this deployment signed; :class:`InvalidToken` otherwise."""
-    if not token or len(token) > MAX_TOKEN_CHARS or token.count(".") != 1:
-        raise InvalidToken("malformed token")
-    payload, signature = token.split(".")
-    if not hmac.compare_digest(_sign(secret, payload).encode(), signature.encode("utf-8",
-                                                                                "replace")):
-        raise InvalidToken("bad signature")
     try:
-        claims = json.loads(_unb64(payload))
-    except (ValueError, binascii.Error) as exc:
-        raise InvalidToken(f"unreadable payload: {exc}") from None
-    if not isinstance(claims, dict):
-        raise InvalidToken("unreadable payload")
+        claims = open_token(secret.encode(), token, MAX_TOKEN_CHARS)
+    except BadToken as exc:
+        raise InvalidToken(str(exc)) from None
     project, user, channel = claims.get("p"), claims.get("u"), claims.get("c")
     topic, target = claims.get("t"), claims.get("target")
     if not (isinstance(project, str) and isinstance(user, str) and channel in _CHANNELS):

@@ -10,11 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from notifkit.config import Settings
+from notifkit.signed_token import b64, signature
 from notifkit.unsubscribe import (
     InvalidToken,
     Unsubscribe,
-    _b64,
-    _sign,
     make_token,
     unsubscribe_url,
     verify_token,
@@ -49,9 +48,9 @@ def test_another_secret_or_an_altered_payload_is_rejected() -> None:
 def test_claims_no_text_column_can_hold_are_rejected(claims: dict[str, str | None]) -> None:
     """Correctly signed, but naming what PostgreSQL cannot store: an invalid token (400), not
     a failed query (500)."""
-    payload = _b64(json.dumps(claims).encode())
+    payload = b64(json.dumps(claims).encode())
     with pytest.raises(InvalidToken):
-        verify_token(SECRET, f"{payload}.{_sign(SECRET, payload)}")
+        verify_token(SECRET, f"{payload}.{signature(SECRET.encode(), payload)}")
 
 
 @given(st.text(max_size=300))
