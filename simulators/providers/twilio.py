@@ -119,7 +119,7 @@ class Twilio(HttpProvider):
         try:
             form = parse_qs(body.decode("utf-8"), keep_blank_values=True)
         except UnicodeDecodeError:
-            raise _error(21602, "Message body is required.") from None
+            raise twilio_error(21602, "Message body is required.") from None
         fields = {name: values[0] for name, values in form.items() if values}
         to = fields.get("To", "").strip()
         sender = fields.get("From", "").strip()
@@ -127,38 +127,38 @@ class Twilio(HttpProvider):
         text = fields.get("Body", "")
         media = form.get("MediaUrl", [])
         if not to:
-            raise _error(21604, "A 'To' phone number is required.")
+            raise twilio_error(21604, "A 'To' phone number is required.")
         if not sender and not service:
-            raise _error(21603, "A 'From' phone number is required.")
+            raise twilio_error(21603, "A 'From' phone number is required.")
         if not text and not media and not fields.get("ContentSid"):
-            raise _error(21602, "Message body is required.")
+            raise twilio_error(21602, "Message body is required.")
         if len(text) > MAX_BODY_CHARS:
-            raise _error(21617, _ERRORS[ErrorCase.TOO_LARGE][1])
+            raise twilio_error(21617, _ERRORS[ErrorCase.TOO_LARGE][1])
         if not is_phone_number(to):
-            raise _error(21211, _ERRORS[ErrorCase.INVALID_RECIPIENT][1].format(to=to))
+            raise twilio_error(21211, _ERRORS[ErrorCase.INVALID_RECIPIENT][1].format(to=to))
         if sender and not _valid_sender(sender):
-            raise _error(21212, MAGIC_SENDERS["+15005550001"][1].format(sender=sender))
+            raise twilio_error(21212, MAGIC_SENDERS["+15005550001"][1].format(sender=sender))
         if sender in MAGIC_SENDERS:
             code, message = MAGIC_SENDERS[sender]
-            raise _error(code, message.format(sender=sender))
+            raise twilio_error(code, message.format(sender=sender))
         if sender == to:
             # A number cannot message itself; a channel address (whatsapp:...) has its own code.
             if ":" in to:
-                raise _error(63031, "Channels message cannot have same 'From' and 'To'")
-            raise _error(21266, "'To' and 'From' numbers cannot be the same")
+                raise twilio_error(63031, "Channels message cannot have same 'From' and 'To'")
+            raise twilio_error(21266, "'To' and 'From' numbers cannot be the same")
         if to in MAGIC_NUMBERS:
             code, message = MAGIC_NUMBERS[to]
-            raise _error(code, message.format(to=to))
+            raise twilio_error(code, message.format(to=to))
         bad_media = [url for url in media if not _absolute_http_url(url)]
         if bad_media:
-            raise _error(21620, f"Invalid media URL(s): {', '.join(bad_media)[:200]}")
+            raise twilio_error(21620, f"Invalid media URL(s): {', '.join(bad_media)[:200]}")
         validity = fields.get("ValidityPeriod")
         if validity is not None and not _valid_period(validity):
-            raise _error(21624, "Validity period can only be set to integers between 1 and "
+            raise twilio_error(21624, "Validity period can only be set to integers between 1 and "
                                 f"{MAX_VALIDITY_S:,} seconds ({MAX_VALIDITY_S // 3600} hours max).")
         callback = fields.get("StatusCallback") or None
         if callback is not None and not _absolute_http_url(callback):
-            raise _error(21609, f"The StatusCallback URL {callback} is not a valid URL.")
+            raise twilio_error(21609, f"The StatusCallback URL {callback} is not a valid URL.")
         send_at = _schedule(fields, service)
         _, auth_token = basic_auth(request)
         return Submission(
@@ -190,7 +190,7 @@ class Twilio(HttpProvider):
     def unreadable_body(self) -> Rejection:
         # Twilio's generic 400, "Bad Request": its default for a 400 here is 21610, an
         # unsubscribed recipient, which a client would take as the number being dead.
-        return _error(400, UNREADABLE_BODY)
+        return twilio_error(400, UNREADABLE_BODY)
 
     def malformed_request(self, status: int, detail: str) -> Reply:
         # The generic code again (400), not the 21610 an unsubscribed recipient gets.
@@ -250,13 +250,13 @@ def _schedule(fields: dict[str, str], service: str) -> str | None:
     if not kind:
         return None
     if kind != "fixed":
-        raise _error(35126, "The ScheduleType value provided is not supported for this "
+        raise twilio_error(35126, "The ScheduleType value provided is not supported for this "
                             "channel.")
     send_at = fields.get("SendAt", "").strip()
     if not send_at:
-        raise _error(35111, "SendAt timestamp is missing.")
+        raise twilio_error(35111, "SendAt timestamp is missing.")
     if not service:
-        raise _error(35118, "MessagingServiceSid is required to schedule a message.")
+        raise twilio_error(35118, "MessagingServiceSid is required to schedule a message.")
     try:
         moment = datetime.fromisoformat(send_at.replace("Z", "+00:00"))
     except ValueError:
@@ -266,7 +266,7 @@ def _schedule(fields: dict[str, str], service: str) -> str | None:
     # Comparing the offsets out: a time at the end of the calendar cannot be moved to UTC.
     ahead_s = moment.timestamp() - datetime.now(UTC).timestamp() if moment else 0.0
     if not 0 < ahead_s <= MAX_SCHEDULE_AHEAD_S:
-        raise _error(35114, "Scheduling does not support this timestamp.")
+        raise twilio_error(35114, "Scheduling does not support this timestamp.")
     return send_at
 
 
@@ -378,7 +378,8 @@ def basic_auth(request: web.Request) -> tuple[str, str]:
     return user, password
 
 
-def _error(code: int, message: str) -> Rejection:
+def twilio_error(code: int, message: str) -> Rejection:
+    """A 400 carrying Twilio's error ``code``."""
     return Rejection(ErrorCase.BAD_REQUEST, message, code=str(code))
 
 

@@ -17,9 +17,9 @@ from urllib.parse import parse_qs
 
 from aiohttp import web
 
-from simulators.kinds import ErrorCase, Provider
+from simulators.kinds import Provider
 from simulators.pipeline import Rejection, read_request_body
-from simulators.providers.twilio import Twilio, message_resource
+from simulators.providers.twilio import Twilio, message_resource, twilio_error
 from simulators.providers.twilio_reads import not_found, unauthenticated
 from simulators.receipts import due_in_s
 from simulators.records import CANCELED, MessageRecord
@@ -49,33 +49,30 @@ def _apply(record: MessageRecord, body: bytes) -> None:
     try:
         form = parse_qs(body.decode("utf-8"), keep_blank_values=True)
     except UnicodeDecodeError:
-        raise _refusal(20001, "The request body is not form-encoded UTF-8 text.") from None
+        raise twilio_error(20001, "The request body is not form-encoded UTF-8 text.") from None
     fields = {name: values[0] for name, values in form.items() if values}
     if "Status" in fields:
         status = fields["Status"].strip()
         if status != CANCELED:
-            raise _refusal(20001, f"Status: {status!r} is not a status a message can be given; "
+            raise twilio_error(20001, f"Status: {status!r} is not a status a message can be given; "
                                 "the only one is 'canceled'.")
         if record.meta.get(CANCELED):
             return
         if due_in_s(record) <= 0:
-            raise _refusal(30409, "This message cannot be canceled: it is no longer scheduled.")
+            raise twilio_error(30409, "This message cannot be canceled: it is no longer scheduled.")
         record.meta[CANCELED] = True
         record.note_event(CANCELED)
         return
     if "Body" in fields:
         if fields["Body"] != "":
-            raise _refusal(20001, "Body: a message's body can only be redacted (Body set to an "
+            raise twilio_error(20001, "Body: a message's body can only be redacted (Body set to an "
                                 "empty string), not changed.")
         if record.meta.get(CANCELED) or due_in_s(record) > 0:
-            raise _refusal(20009, "A message's body can be redacted only once it was sent.")
+            raise twilio_error(20009, "A message's body can be redacted only once it was sent.")
         content = record.content
         content["body"] = ""
         record.content = content
         record.pack()
         return
-    raise _refusal(20001, "Nothing to update: give Status=canceled or an empty Body.")
+    raise twilio_error(20001, "Nothing to update: give Status=canceled or an empty Body.")
 
-
-def _refusal(code: int, message: str) -> Rejection:
-    return Rejection(ErrorCase.BAD_REQUEST, message, code=str(code))
