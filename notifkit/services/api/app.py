@@ -17,14 +17,13 @@ from redis.asyncio import Redis
 
 from notifkit.config import Settings
 from notifkit.db.pool import QUERY_TIMEOUT_S
-from notifkit.inbox_token import QUERY_PARAM as INBOX_TOKEN
 from notifkit.keys import Keys
 from notifkit.ratelimit import TokenBuckets
 from notifkit.services.api.admission import Admission
 from notifkit.services.api.auth import KeyCache
 from notifkit.services.api.errors import Handler, error_middleware, quiet_malformed_requests
 from notifkit.services.api.idempotency import date_fresh_data_set
-from notifkit.services.api.middleware import auth_middleware
+from notifkit.services.api.middleware import auth_middleware, gives_inbox_token
 from notifkit.services.api.pubsub import Hub
 from notifkit.services.api.routing import Operation
 from notifkit.services.api.state import (
@@ -127,10 +126,8 @@ async def _open_to_inbox_pages(request: web.Request, response: web.StreamRespons
     included: the credential is in the URL the page was given, not one the browser adds by
     itself (no cookies here), so no other site can borrow it. A page on another origin than
     the API could not read the stream otherwise."""
-    if not request.query.get(INBOX_TOKEN):
-        return
     op = request.app[OPERATIONS].get(request.match_info.route.name or "")
-    if op is not None and any(p.name == INBOX_TOKEN for p in op.query):
+    if op is not None and gives_inbox_token(request, op):
         response.headers["Access-Control-Allow-Origin"] = "*"
 
 

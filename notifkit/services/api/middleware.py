@@ -101,6 +101,13 @@ async def _project_gone(request: web.Request) -> ApiError | None:
     return await _forget_key(request, who)
 
 
+def gives_inbox_token(request: web.Request, op: Operation) -> bool:
+    """Whether the request authenticates with an inbox token: ``?token=`` on a route that
+    takes one. An empty one is the parameter left out, as every optional one is."""
+    return bool(request.query.get(INBOX_TOKEN)) and any(p.name == INBOX_TOKEN
+                                                         for p in op.query)
+
+
 def _inbox_principal(request: web.Request) -> Principal:
     """The caller of an inbox route with ``?token=``: the token's user, on that user's own
     inbox only."""
@@ -210,8 +217,7 @@ def _decodes(raw: str) -> bool:
 
 async def authenticate(request: web.Request, op: Operation) -> Principal:
     app = request.app
-    # An empty ?token= is the parameter left out, as every optional one is.
-    if request.query.get(INBOX_TOKEN) and any(p.name == INBOX_TOKEN for p in op.query):
+    if gives_inbox_token(request, op):
         return _inbox_principal(request)
     key = bearer_key(request.headers.get("Authorization"))
     if is_admin_key(key, app[SETTINGS].admin_key):
