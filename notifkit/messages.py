@@ -269,6 +269,9 @@ class OutboundTask(TypedDict):
     unsubscribeUrl: NotRequired[str]  # email: List-Unsubscribe target
     parkCount: NotRequired[int]  # times parked after a provider 429
     priorAttempts: NotRequired[int]  # attempts made by earlier (parked) entries of this task
+    # Set on a task that waited on the scheduler (sendAt, quiet hours): when it was due, UTC.
+    # The user's quiet hours were read before it waited, so delivery reads them again.
+    heldUntil: NotRequired[str]
     fallback: NotRequired[FallbackContext]
     workflowInstanceId: NotRequired[str]
     workflowStep: NotRequired[int]
@@ -351,7 +354,7 @@ def parse_outbound(payload: dict[str, Any]) -> OutboundTask:
     ):
         raise MalformedPayload("field 'fallback' is not {chain, recipient}")
     _optional_strings(payload, "topic", "campaignId")
-    for name in ("createdAt", "unsubscribeUrl"):
+    for name in ("createdAt", "unsubscribeUrl", "heldUntil"):
         if not isinstance(payload.get(name, ""), str):
             raise MalformedPayload(f"field {name!r} is not a string")
     payload.setdefault("createdAt", "")

@@ -64,6 +64,16 @@ def wall_time(value: time) -> str:
     return value.strftime("%H:%M:%S" if value.second else "%H:%M")
 
 
+def deferred_for(prefs: QuietHours | Mapping[str, Any] | None,
+                 tz: str | None) -> tuple[str, str]:
+    """How a timeline row says a send waits for quiet hours, and the zone they were read in
+    (a user without a known timezone is held by UTC quiet hours, which only this says)."""
+    quiet = QuietHours.parse(prefs)
+    where = zone(tz).key
+    hours = "" if quiet is None else f"{wall_time(quiet.start)}-{wall_time(quiet.end)} "
+    return f"deferred for quiet hours ({hours}{where})", where
+
+
 def parse_time(value: object) -> time:
     """A quiet-hours time from HH:MM, HH:MM:SS or a ``time``."""
     if isinstance(value, time):

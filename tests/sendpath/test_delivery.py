@@ -8,7 +8,7 @@ import json
 import logging
 import re
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
 from typing import Any
 
@@ -432,6 +432,58 @@ async def test_a_scheduled_send_turned_off_by_preference_meanwhile_is_not_sent(
                if r["kind"] in ("skipped", "sent")}
     assert outcome == {"chan": ("skipped", "skipped"), "topic": ("skipped", "skipped"),
                        "other": ("sent", "sent")}
+    assert await entries(redis, keys.dlq) == []
+
+
+@pytest.mark.parametrize("priority", ["normal", "critical"])
+async def test_quiet_hours_set_while_a_send_waits_hold_it_until_they_end(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings, priority: str,
+) -> None:
+    # Given an e-mail an hour away to a user without quiet hours
+    await add_user(db, project, "u1", contacts=[("email", "late@example.com")], timezone="UTC",
+                   attributes={"name": "Ada"})
+    await add_template(db, project, "t", {"email": EMAIL})
+    clock = Clock()
+    delivery_clock = Clock()
+    pipeline = (await services(EnricherService, sim_settings),
+                await services(EngineService, sim_settings),
+                await services(DeliveryService, sim_settings,
+                               clock=lambda: delivery_clock.now_ms / 1000),
+                await services(SchedulerService, sim_settings, clock=clock))
+    send_at = datetime.fromtimestamp(time.time() + 3600, UTC).replace(microsecond=0)
+    event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"},
+                          priority=priority,
+                          send_at=send_at.isoformat().replace("+00:00", "Z"))
+    await drain(*pipeline)
+
+    # When the user sets quiet hours around the send time before it comes
+    quiet_end = send_at + timedelta(hours=2)
+    await db.execute("INSERT INTO quiet_hours VALUES ($1, 'u1', $2, $3)", project,
+                     (send_at - timedelta(minutes=30)).time(), quiet_end.time())
+    clock.now_ms = delivery_clock.now_ms = int(send_at.timestamp() * 1000) + 1
+    await drain(*pipeline)
+
+    if priority == "critical":
+        # Then a critical send goes at its time regardless, as the engine would have sent it
+        assert [m["to"] for m in await sim.messages("resend")] == ["late@example.com"]
+        return
+    # Then nothing is sent, and the timeline says it waits for the quiet hours' end
+    assert await sim.messages("resend") == []
+    [held] = [r for r in await timeline(db, event_id) if r["kind"] == "deferred"]
+    assert held["status"] == "scheduled"
+    assert "deferred for quiet hours" in held["detail"]
+    assert "changed while the send waited" in held["detail"]
+    assert held["metadata"]["dueAt"] == \
+        quiet_end.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+    # When the quiet hours end (delivery's clock a moment behind the scheduler's)
+    clock.now_ms = int(quiet_end.timestamp() * 1000) + 1
+    delivery_clock.now_ms = clock.now_ms - 1500
+    await drain(*pipeline)
+
+    # Then it is sent once, and nothing was dead-lettered
+    assert [m["to"] for m in await sim.messages("resend")] == ["late@example.com"]
     assert await entries(redis, keys.dlq) == []
 
 

@@ -11,6 +11,8 @@ Per read batch:
    recorded ``sent`` in the outbox as soon as it is accepted (writes that finish together
    share one query), except the batch's last send to finish and sends to a provider that
    takes the task id as its idempotency key, whose records go with step 5;
+   Before the claim, a task that waited on the scheduler reads the user's quiet hours again:
+   set or moved while it waited, they hold it once more until they end;
 4. each task's answers become one action (:mod:`.outcomes`): sent, fallback (an enriched
    message restricted to the chain's next channel; also for a channel without a transport),
    retry, park on ``scheduled`` after a 429, invalid (contact disabled), or dead-lettered;
@@ -26,17 +28,19 @@ import logging
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar, cast
 
-from notifkit import metrics
+from notifkit import metrics, quiet_hours
 from notifkit.clock import utc_now_iso
 from notifkit.coalesce import Coalescer
 from notifkit.config import Settings
 from notifkit.db import outbox
 from notifkit.db.logs import Kind, LogRow, Status, insert_first_of_kind
-from notifkit.db.routing import project_settings
+from notifkit.db.routing import project_settings, quiet_hours_of
 from notifkit.dedup import Dedup, delivery_key
 from notifkit.errors import AttemptsExhausted, PermanentFailure, RetryLater
+from notifkit.ids import is_uuid
 from notifkit.messages import OutboundTask, ScheduledTask, parse_outbound
 from notifkit.ratelimit import ALL_PROJECTS, Bucket, TokenBuckets
 from notifkit.services.base import WorkerService
@@ -66,6 +70,8 @@ SentRow = tuple[str, str, str, str, str | None]
 # task on the scheduler instead, so a slot is never held long enough to be reclaimed.
 MAX_BUCKET_WAIT_S = 2.0
 DEFAULT_PARK_S = 1.0
+# How far apart two processes' clocks may be (see _hold_for_quiet_hours).
+CLOCK_SKEW_S = 2.0
 PROJECT_SETTINGS_TTL_S = 30.0
 # Projects whose rateLimits a process remembers at once: past it, those not asked for are
 # forgotten (and read again when next asked for), so a process sending for every project
@@ -93,6 +99,7 @@ class DeliveryService(WorkerService):
         # transport's own rate_per_s; None = no bucket).
         self.provider_rates: dict[str, float] = dict(options.get("provider_rates") or {})
         self.buckets = TokenBuckets(self.redis)
+        self.clock = options.get("clock") or time.time  # seconds; tests move time
         self.dedup = Dedup(self.redis, self.keys, "delivery", settings.idempotency_ttl_s)
         self._opened: list[Transport] = []
         self._project_settings: dict[str, tuple[float, dict[str, Any]]] = {}
@@ -135,6 +142,7 @@ class DeliveryService(WorkerService):
         if not tasks:
             return
         logs: list[LogRow] = []
+        tasks = await self._hold_for_quiet_hours(tasks, logs)
         runnable: list[tuple[Entry, OutboundTask, Transport]] = []
         for entry, task in tasks:
             transport = self.transports.get(task["channel"])
@@ -201,6 +209,56 @@ class DeliveryService(WorkerService):
                              insert_first_of_kind(self.pool, first_of_kind))
         if unsent:
             await self._release_unsent(unsent)
+
+    async def _hold_for_quiet_hours(
+        self, tasks: list[tuple[Entry, OutboundTask]], logs: list[LogRow]
+    ) -> list[tuple[Entry, OutboundTask]]:
+        """The tasks to send now. One that waited on the scheduler (``heldUntil``) was
+        routed with the user's quiet hours as they were then: a user who set or moved them
+        meanwhile, so that now falls inside them, has it held again until they end, as the
+        engine would have. Critical sends go regardless, as in the engine."""
+        waited = [(e, t) for e, t in tasks
+                  if t.get("heldUntil") and t["priority"] != "critical"
+                  and is_uuid(t["projectId"])]
+        if not waited or self.settings.injects("ignore_quiet_hours"):
+            return tasks
+        quiet = await quiet_hours_of(self.pool, [(t["projectId"], t["userId"])
+                                                 for _e, t in waited])
+        now = datetime.fromtimestamp(self.clock(), UTC)
+        held: set[int] = set()
+        for entry, task in waited:
+            hours, timezone = quiet.get((task["projectId"], task["userId"]), (None, None))
+            until = quiet_hours.deferral(hours, timezone, now)
+            # Not for the last moments of the period: the scheduler may run on a clock a
+            # little ahead of this one, and moved the task on as the period ended.
+            if until is not None and (until - now).total_seconds() > CLOCK_SKEW_S:
+                held.add(id(entry))
+                await self._hold(entry, task, until, quiet_hours.deferred_for(hours, timezone),
+                                 logs)
+        return [(e, t) for e, t in tasks if id(e) not in held]
+
+    async def _hold(self, entry: Entry, task: OutboundTask, until: datetime,
+                    why: tuple[str, str], logs: list[LogRow]) -> None:
+        """Back to the scheduler until ``until``; the hold is not an attempt."""
+        attempt = self._attempt(entry, task)
+        at = until.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        waiting: dict[str, Any] = {**task, "priorAttempts": attempt - 1, "heldUntil": at}
+        scheduled: ScheduledTask = {
+            "taskId": task["taskId"], "projectId": task["projectId"],
+            "dueAt": int(until.timestamp() * 1000),
+            "stream": self.keys.outbound(task["priority"]), "payload": waiting,
+            "reason": "quietHours",
+        }
+        entry.emit(self.keys.scheduled, scheduled)
+        # The task comes back as a new entry with the same task id: let it through.
+        await self.dedup.release(entry)
+        detail, timezone = why
+        logs.append(task_row(task, attempt, Kind.DEFERRED, Status.SCHEDULED,
+                             f"{detail} until {at}; they changed while the send waited", None,
+                             metadata={"dueAt": at, "reason": "quietHours",
+                                       "timezone": timezone}))
+        log.info("Held a scheduled send again: the user's quiet hours, set meanwhile, cover "
+                 "it.", extra=_ids(task))
 
     async def _release_unsent(self, unsent: dict[str, Recipient]) -> None:
         """Sends skipped here (the user turned the channel off, or the address was suppressed,

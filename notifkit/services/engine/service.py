@@ -263,24 +263,21 @@ class EngineService(WorkerService):
                              detail + notes))
             return
         reason = s.due_reason
+        at = _utc_text(s.due_ms)
+        # The user's quiet hours were read now: delivery reads them again when it comes due.
+        payload["heldUntil"] = at
         scheduled: ScheduledTask = {
             "taskId": s.task_id, "projectId": m["projectId"], "dueAt": s.due_ms,
             "stream": stream, "payload": payload, "reason": reason,
         }
         s.entry.emit(self.keys.scheduled, scheduled)
-        at = _utc_text(s.due_ms)
         metadata = {"dueAt": at, "reason": reason}
         if reason == "sendAt":
             kind, why = Kind.SCHEDULED, "scheduled"
         else:
-            # Which hours, read in which zone: a user without a known timezone is held by UTC
-            # quiet hours, which only this says.
-            quiet = quiet_hours.QuietHours.parse(m["preferences"].get("quietHours"))
-            where = quiet_hours.zone(m["user"].get("timezone")).key
-            hours = "" if quiet is None else \
-                f"{quiet_hours.wall_time(quiet.start)}-{quiet_hours.wall_time(quiet.end)} "
-            kind, why = Kind.DEFERRED, f"deferred for quiet hours ({hours}{where})"
-            metadata["timezone"] = where
+            why, metadata["timezone"] = quiet_hours.deferred_for(
+                m["preferences"].get("quietHours"), m["user"].get("timezone"))
+            kind = Kind.DEFERRED
         logs.append(_row(m, channel, s.task_id, kind, Status.SCHEDULED,
                          f"{why} until {at}{notes}", metadata=metadata))
 
