@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextvars
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,4 +181,20 @@ def log_fields(service: str, entry: Entry) -> dict[str, Any]:
     channel = channel_label(entry)
     if channel:
         fields["channel"] = channel
+    return fields
+
+
+# How many of a batch's entries a line about the whole batch names.
+BATCH_IDS_LOGGED = 20
+
+
+def batch_fields(service: str, entries: Sequence[Entry]) -> dict[str, Any]:
+    """What a line about a whole batch carries: its stream and the first entries' ids, and
+    their notifications' event ids, so an operator can follow one notification to it."""
+    named = entries[:BATCH_IDS_LOGGED]
+    fields: dict[str, Any] = {"service": service, "stream": entries[0].stream,
+                              "entry_ids": [e.id for e in named]}
+    events = [e.payload.get("eventId") for e in named]
+    if any(isinstance(event, str) and event for event in events):
+        fields["event_ids"] = [event for event in events if isinstance(event, str) and event]
     return fields

@@ -36,6 +36,7 @@ from notifkit.worker.entry import (
     ClaimKey,
     Entry,
     attempts_made,
+    batch_fields,
     batch_stream,
     channel_label,
     describe_error,
@@ -813,10 +814,11 @@ class StreamWorker:
                 # A store that cannot serve, not a bug: the reclaim after it is the retry.
                 log.warning("Could not record the outcome of a batch (%s); its entries stay "
                             "pending and will be reclaimed.", str(exc) or describe_error(exc),
-                            extra={"service": self.service})
+                            extra=batch_fields(self.service, batch))
             else:
                 log.exception("Could not record the outcome of a batch; its entries stay "
-                              "pending and will be reclaimed.", extra={"service": self.service})
+                              "pending and will be reclaimed.",
+                              extra=batch_fields(self.service, batch))
         finally:
             for entry in batch:
                 self._in_flight.pop((entry.stream, entry.id), None)
@@ -834,7 +836,7 @@ class StreamWorker:
         log.warning("A batch of %d failed as a whole (%s); trying each of %d entries alone.",
                     len(batch), describe_error(exc) if is_bug(exc) else
                     str(exc) or describe_error(exc), len(again),
-                    extra={"service": self.service, "stream": batch[0].stream})
+                    extra=batch_fields(self.service, batch))
         for entry in again:
             entry.error = None
             entry.emits.clear()  # the failed run's outputs never leave
@@ -943,8 +945,7 @@ class StreamWorker:
             log.info("%d of a batch's entries met the %s outage; they stay pending, and this "
                      "attempt does not count against them.", len(held_met),
                      outage.dependency.name,
-                     extra={"service": self.service, "stream": held_met[0].stream,
-                            "entry_ids": [e.id for e in held_met[:20]]})
+                     extra=batch_fields(self.service, held_met))
         return {id(e) for e in spared}
 
     async def _dead_letter(self, entries: list[Entry]) -> None:

@@ -565,6 +565,23 @@ async def test_a_bug_met_again_and_again_is_traced_once(
     assert all("KeyError: 'userId'" in message for message in whole), whole
 
 
+async def test_a_line_about_a_whole_batch_names_its_entries_and_notifications(
+    make_worker: WorkerFactory, keys: Keys, add: Add, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # "A batch of 3 failed as a whole" named only the stream: which notifications it held
+    # could not be found from the line, so nobody could follow one of them to it.
+    worker = make_worker(Buggy(), service="engine")
+    ids = [await add(keys.enriched("normal"), {"projectId": "p1", "eventId": f"ev-{n}"})
+           for n in range(3)]
+    with caplog.at_level("WARNING", logger="notifkit.worker"):
+        await worker.run_until_idle()
+
+    first = next(r for r in caplog.records if "failed as a whole" in r.getMessage())
+    assert first.stream == keys.enriched("normal")  # type: ignore[attr-defined]
+    assert first.entry_ids == ids  # type: ignore[attr-defined]
+    assert first.event_ids == ["ev-0", "ev-1", "ev-2"]  # type: ignore[attr-defined]
+
+
 async def test_an_expected_failure_carries_no_traceback(
     make_worker: WorkerFactory, keys: Keys, add: Add, caplog: pytest.LogCaptureFixture,
 ) -> None:
