@@ -3,6 +3,8 @@
 Per read batch:
 
 1. dedup on the task id (a task parked and brought back by the scheduler releases its mark);
+   a task that waited on the scheduler reads the user's quiet hours again: set or moved
+   while it waited, they hold it once more until they end;
 2. ``delivery_outbox`` claimed for every (task, channel, destination) in one query: a
    destination already ``sent`` is never sent again; one left ``sending`` by an earlier
    attempt may have reached the provider (crash or lost response);
@@ -11,8 +13,6 @@ Per read batch:
    recorded ``sent`` in the outbox as soon as it is accepted (writes that finish together
    share one query), except the batch's last send to finish and sends to a provider that
    takes the task id as its idempotency key, whose records go with step 5;
-   Before the claim, a task that waited on the scheduler reads the user's quiet hours again:
-   set or moved while it waited, they hold it once more until they end;
 4. each task's answers become one action (:mod:`.outcomes`): sent, fallback (an enriched
    message restricted to the chain's next channel; also for a channel without a transport),
    retry, park on ``scheduled`` after a 429, invalid (contact disabled), or dead-lettered;
