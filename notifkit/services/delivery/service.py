@@ -243,15 +243,7 @@ class DeliveryService(WorkerService):
         attempt = self._attempt(entry, task)
         at = until.isoformat(timespec="milliseconds").replace("+00:00", "Z")
         waiting: dict[str, Any] = {**task, "priorAttempts": attempt - 1, "heldUntil": at}
-        scheduled: ScheduledTask = {
-            "taskId": task["taskId"], "projectId": task["projectId"],
-            "dueAt": int(until.timestamp() * 1000),
-            "stream": self.keys.outbound(task["priority"]), "payload": waiting,
-            "reason": "quietHours",
-        }
-        entry.emit(self.keys.scheduled, scheduled)
-        # The task comes back as a new entry with the same task id: let it through.
-        await self.dedup.release(entry)
+        await self._to_scheduler(entry, waiting, int(until.timestamp() * 1000), "quietHours")
         detail, timezone = why
         logs.append(task_row(task, attempt, Kind.DEFERRED, Status.SCHEDULED,
                              f"{detail} until {at}; they changed while the send waited", None,
@@ -259,6 +251,19 @@ class DeliveryService(WorkerService):
                                        "timezone": timezone}))
         log.info("Held a scheduled send again: the user's quiet hours, set meanwhile, cover "
                  "it.", extra=_ids(task))
+
+    async def _to_scheduler(self, entry: Entry, payload: dict[str, Any], due_ms: int,
+                            reason: str) -> None:
+        """The task (as ``payload``) waits on the scheduler until ``due_ms``, going out with
+        this entry's ack, and comes back as a new entry with the same task id, which the
+        released dedup mark lets through."""
+        scheduled: ScheduledTask = {
+            "taskId": payload["taskId"], "projectId": payload["projectId"], "dueAt": due_ms,
+            "stream": self.keys.outbound(payload["priority"]), "payload": payload,
+            "reason": reason,
+        }
+        entry.emit(self.keys.scheduled, scheduled)
+        await self.dedup.release(entry)
 
     async def _release_unsent(self, unsent: dict[str, Recipient]) -> None:
         """Sends skipped here (the user turned the channel off, or the address was suppressed,
@@ -512,14 +517,7 @@ class DeliveryService(WorkerService):
                 parked["priorAttempts"] = attempt
             else:
                 parked["priorAttempts"] = attempt - 1
-            scheduled: ScheduledTask = {
-                "taskId": task["taskId"], "projectId": task["projectId"], "dueAt": due_ms,
-                "stream": self.keys.outbound(task["priority"]), "payload": parked,
-                "reason": "rateLimited",
-            }
-            entry.emit(self.keys.scheduled, scheduled)
-            # The task comes back as a new entry with the same task id: let it through.
-            await self.dedup.release(entry)
+            await self._to_scheduler(entry, parked, due_ms, "rateLimited")
             kind = Kind.DEFERRED if verdict.counts_as_attempt else Kind.RATE_LIMITED
             logs.append(task_row(task, attempt, kind, Status.SCHEDULED,
                                  f"{verdict.reason}{note}; parked for {wait_s:g} s", provider,
