@@ -4,7 +4,8 @@ Completions are deterministic: the text is derived from a hash of the model and 
 so the same prompt always gets the same answer and tests can assert on it. `usage` counts
 tokens approximately (about four characters per prompt token, one per completion word).
 `stream: true` answers as server-sent events, `max_tokens` truncates with
-`finish_reason: "length"`. `response_format` `json_object` answers `{"text": <the text>}`;
+`finish_reason: "length"`, and the text ends before the first `stop` sequence it holds.
+`response_format` `json_object` answers `{"text": <the text>}`;
 `json_schema` answers a JSON instance of its `schema` built from the text (see
 simulators/schema_instance.py), which the SDK's `parse()` helpers validate. A JSON answer
 counts one token per word of its JSON text; one longer than `max_tokens` is cut to the plain
@@ -296,8 +297,9 @@ class OpenAI(HttpProvider):
                 field_name="messages",
             )
         forced = _forced_tool(payload)
+        stop = _stop_sequences(payload)
         choices = [
-            _choice(completion_text(model, messages, index), answer_format, limit)
+            _choice(completion_text(model, messages, index), answer_format, limit, stop)
             if forced is None
             else _tool_call(*forced, completion_text(model, messages, index), index, limit)
             for index in range(n)
@@ -703,15 +705,31 @@ def _check_schema_name(name: str) -> None:
         )
 
 
-def _choice(text: str, answer_format: AnswerFormat, limit: int | None) -> dict[str, Any]:
-    """One choice: its content, finish reason and completion tokens (one per word)."""
-    answer = _answer(text, answer_format)
+def _choice(
+    text: str, answer_format: AnswerFormat, limit: int | None, stop: list[str]
+) -> dict[str, Any]:
+    """One choice: its content, finish reason and completion tokens (one per word). The
+    content ends before the first of the `stop` sequences it holds, which OpenAI leaves out."""
+    answer = _before_stop(_answer(text, answer_format), stop)
+    text = _before_stop(text, stop)
     if limit is not None and len(answer.split()) > limit:
         # A cut-off answer is the plain text's first words in every mode: cut JSON does not
         # parse, and OpenAI's cut-off structured answer does not either.
         words = text.split()[:limit]
         return {"content": " ".join(words), "finish_reason": "length", "tokens": len(words)}
     return {"content": answer, "finish_reason": "stop", "tokens": len(answer.split())}
+
+
+def _stop_sequences(payload: dict[str, Any]) -> list[str]:
+    """`stop` as a list: a string is one sequence, and an empty one stops nothing."""
+    stop = payload.get("stop")
+    sequences = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+    return [sequence for sequence in sequences if sequence]
+
+
+def _before_stop(text: str, stop: list[str]) -> str:
+    cut = min((i for i in (text.find(sequence) for sequence in stop) if i >= 0), default=-1)
+    return text if cut < 0 else text[:cut]
 
 
 def _forced_tool(payload: dict[str, Any]) -> tuple[dict[str, Any], str] | None:

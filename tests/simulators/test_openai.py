@@ -88,6 +88,31 @@ async def test_task_id_from_metadata_and_max_tokens(sim: SimulatorServer, client
     assert record["to"] == "sim-digest"
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+async def test_a_stop_sequence_ends_the_answer_before_it(
+    sim: SimulatorServer, client: Factory, stream: bool
+) -> None:
+    """OpenAI stops at the first stop sequence the text holds and leaves it out."""
+    full = await client(sim).chat.completions.create(model="gpt-4o-mini", messages=PROMPT)
+    words = (full.choices[0].message.content or "").split()
+    assert len(words) > 3
+    stop = " " + words[2]
+    expected = (full.choices[0].message.content or "").split(stop)[0]
+    if stream:
+        chunks = await client(sim).chat.completions.create(
+            model="gpt-4o-mini", messages=PROMPT, stop=[stop, "never in it"], stream=True
+        )
+        text = "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+    else:
+        cut = await client(sim).chat.completions.create(
+            model="gpt-4o-mini", messages=PROMPT, stop=stop
+        )
+        assert cut.choices[0].finish_reason == "stop"
+        text = cut.choices[0].message.content or ""
+    assert text == expected
+    assert stop not in text
+
+
 async def test_json_mode_returns_json(sim: SimulatorServer, client: Factory) -> None:
     completion = await client(sim).chat.completions.create(
         model="gpt-4o", messages=JSON_PROMPT, response_format={"type": "json_object"}
