@@ -160,6 +160,7 @@ class SendGrid(HttpProvider):
                     "#message.content.value",
                 )
         _check_content_order(blocks)
+        _check_reply_to(payload)
         send_at = payload.get("send_at")
         _check_timestamp(send_at, "send_at")
         _check_custom_args(payload.get("custom_args"), "custom_args")
@@ -354,6 +355,23 @@ def _check_asm_and_batch(payload: dict[str, Any]) -> None:
     batch_id = payload.get("batch_id")
     if batch_id is not None and not isinstance(batch_id, str):
         raise _invalid("The batch_id must be a string.", "batch_id", "#message.batch_id")
+
+
+def _check_reply_to(payload: dict[str, Any]) -> None:
+    """`reply_to` and each entry of `reply_to_list` name one address, as `from` does."""
+    reply_to = payload.get("reply_to")
+    if reply_to is not None and (
+        not isinstance(reply_to, dict) or bare_address(reply_to.get("email")) is None
+    ):
+        raise _invalid("The reply_to email does not contain a valid address.",
+                       "reply_to.email", "#message.reply_to")
+    reply_list = payload.get("reply_to_list")
+    if reply_list is None:
+        return
+    for index, entry in enumerate(reply_list if isinstance(reply_list, list) else [None]):
+        if not isinstance(entry, dict) or bare_address(entry.get("email")) is None:
+            raise _invalid("The reply_to_list email does not contain a valid address.",
+                           f"reply_to_list.{index}.email", "#message.reply_to_list")
 
 
 def _invalid(message: str, field_name: str, anchor: str) -> Rejection:

@@ -225,10 +225,17 @@ ATTACHMENT = {"content": "aGVsbG8=", "filename": "a.txt", "type": "text/plain"}
     ({"headers": {"subject": "Hi"}}, "headers", "Header cannot be one of the reserved keys."),
     ({"asm": {"group_id": "12"}}, "asm.group_id", "The ASM group ID must be an integer."),
     ({"batch_id": 7}, "batch_id", "The batch_id must be a string."),
+    ({"reply_to": {"email": "not-an-address"}}, "reply_to.email",
+     "The reply_to email does not contain a valid address."),
+    ({"reply_to": {"email": ""}}, "reply_to.email",
+     "The reply_to email does not contain a valid address."),
+    ({"reply_to_list": [{"email": "a@example.com"}, {"email": "nope"}]},
+     "reply_to_list.1.email", "The reply_to_list email does not contain a valid address."),
 ], ids=["send-at-past-72h", "eleven-categories", "category-number", "categories-string",
         "long-category", "repeated-category", "non-ascii-category", "attachment-not-base64",
         "attachment-empty", "attachment-no-filename", "attachment-disposition",
-        "header-number", "reserved-header", "asm-group-string", "batch-id-number"])
+        "header-number", "reserved-header", "asm-group-string", "batch-id-number",
+        "reply-to-no-address", "reply-to-empty", "reply-to-list-no-address"])
 async def test_what_sendgrid_refuses_beside_the_recipients_is_its_400(
     sim: SimulatorServer, extra: dict[str, Any], field: str, text: str
 ) -> None:
@@ -249,6 +256,7 @@ async def test_what_sendgrid_takes_beside_the_recipients_is_sent(sim: SimulatorS
             "categories": [f"c{i}" for i in range(10)],
             "attachments": [{**ATTACHMENT, "disposition": "inline", "content_id": "logo"}],
             "headers": {"X-Entity-Ref-ID": "1"}, "asm": {"group_id": 12},
+            "reply_to": {"email": "help@example.com", "name": "Help"},
             "batch_id": "YzJmNDcxMzQtZTUyNi0xMWU2LWI1ZDktNTI1NDAwMGRhNWMzLTg4YjIyYmFiYg"}
     body["personalizations"][0]["dynamic_template_data"] = {"name": "Ada", "items": [1, 2]}
     response = await send(client(sim), body)
