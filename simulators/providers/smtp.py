@@ -30,9 +30,11 @@ its fault's line says `task_id=None`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Callable
-from typing import Any, NoReturn
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any, AnyStr, NoReturn
 
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 
@@ -68,6 +70,24 @@ MALFORMED = "2x0 this is not an SMTP reply"
 UNDECLARED_UTF8 = "553 5.6.7 Must declare SMTPUTF8 to send unicode address"
 # Set on an envelope once its transaction is counted in the stats.
 _COUNTED = "notifkit_sim_counted"
+# RFC 3463's code for each reply that aiosmtpd or the handler writes without one, as Postfix
+# gives them; any other reply gets its class's x.0.0.
+_ENHANCED = {500: "5.5.2", 501: "5.5.4", 502: "5.5.1", 503: "5.5.1", 504: "5.5.4",
+             530: "5.7.0", 552: "5.3.4", 553: "5.1.3"}
+_ENHANCED_AFTER = {("MAIL", 250): "2.1.0", ("RCPT", 250): "2.1.5"}
+_REPLY = re.compile(r"([245])\d\d([ -])(.*)", re.DOTALL)
+_HAS_ENHANCED = re.compile(r"[245]\.\d{1,3}\.\d{1,3}(?: |$)")
+
+
+def with_enhanced_code(reply: str, command: str | None) -> str:
+    """``reply`` with RFC 2034's enhanced status code after its own, unless it has one; a 3xx
+    reply (354, an AUTH challenge) or a line that is no reply stays as it is."""
+    match = _REPLY.fullmatch(reply)
+    if match is None or _HAS_ENHANCED.match(match[3]):
+        return reply
+    status = int(reply[:3])
+    code = _ENHANCED_AFTER.get((command or "", status)) or _ENHANCED.get(status)
+    return f"{reply[:4]}{code or match[1] + '.0.0'} {match[3]}"
 
 
 def reply_text(status: int, recipient: str) -> str:
@@ -244,11 +264,40 @@ def _login(session: Session) -> str:
 
 
 class TrackedSMTP(SMTP):
-    """An aiosmtpd session that keeps itself in `connections` while open, for shutdown."""
+    """An aiosmtpd session that keeps itself in `connections` while open, for shutdown, and
+    puts enhanced status codes on its replies once the client said EHLO (RFC 2034: all but the
+    greeting and the answers to HELO and EHLO), which aiosmtpd writes only on some."""
 
     def __init__(self, handler: SmtpHandler, connections: set[TrackedSMTP], **options: Any) -> None:
         super().__init__(handler, **options)
         self._connections = connections
+        self._command: str | None = None
+        for name, method in list(self._smtp_methods.items()):
+            self._smtp_methods[name] = self._noting(name, method)
+
+    def _noting(
+        self, name: str, method: Callable[[str], Awaitable[None]]
+    ) -> Callable[[str], Awaitable[None]]:
+        """``method`` noting its command while it runs, for the codes of the replies it writes
+        (`wraps` keeps the syntax aiosmtpd's HELP reads off it)."""
+        @functools.wraps(method)
+        async def run(arg: str) -> None:
+            self._command = name
+            try:
+                await method(arg)
+            finally:
+                self._command = None
+        return run
+
+    async def push(self, status: AnyStr) -> None:
+        if (
+            isinstance(status, str)
+            and self.session is not None
+            and self.session.extended_smtp
+            and self._command not in ("EHLO", "HELO")
+        ):
+            status = with_enhanced_code(status, self._command)  # type: ignore[assignment]
+        await super().push(status)
 
     def connection_made(self, transport: Any) -> None:
         self._connections.add(self)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import re
 import smtplib
 from collections.abc import Iterator
 from email.message import EmailMessage
@@ -396,6 +397,52 @@ async def test_ehlo_advertises_pipelining_and_enhanced_status_codes(
     assert "enhancedstatuscodes" in found
     assert found["auth"].split() == ["LOGIN", "PLAIN"]
     assert "size" in found
+
+
+async def dialogue(sim: SimulatorServer, greeting: bytes, *commands: bytes) -> list[bytes]:
+    """The server's last reply line to each command, after ``greeting`` (EHLO or HELO)."""
+    reader, writer = await asyncio.open_connection(sim.smtp_host, sim.smtp_port)
+    try:
+        assert (await reader.readline()).startswith(b"220 ")
+        writer.write(greeting + b"\r\n")
+        while (line := await reader.readline())[3:4] == b"-":
+            pass
+        replies = [line.rstrip()]
+        for command in commands:
+            writer.write(command + b"\r\n")
+            await writer.drain()
+            while (line := await reader.readline())[3:4] == b"-":
+                pass
+            replies.append(line.rstrip())
+        return replies
+    finally:
+        writer.close()
+
+
+async def test_after_ehlo_every_reply_carries_an_enhanced_status_code(
+    sim: SimulatorServer,
+) -> None:
+    """RFC 2034: once advertised, every reply but the greeting, EHLO's and the 3xx ones
+    carries one, those aiosmtpd words itself included (codes as Postfix gives them)."""
+    replies = await dialogue(
+        sim, b"EHLO client.example.com", b"MAIL FROM:<a@example.com>",
+        b"MAIL FROM:<a@example.com>", b"FOO", b"RCPT TO:<b@example.com>", b"DATA",
+        b"Subject: hi\r\n\r\nhello\r\n.", b"NOOP", b"RSET", b"RCPT TO:<b@example.com>",
+        b"QUIT",
+    )
+    assert [reply[:10] for reply in replies] == [
+        b"250 HELP", b"250 2.1.0 ", b"503 5.5.1 ", b"500 5.5.2 ", b"250 2.1.5 ", b"354 End da",
+        b"250 2.0.0 ", b"250 2.0.0 ", b"250 2.0.0 ", b"503 5.5.1 ", b"221 2.0.0 ",
+    ]
+    [record] = await sim.messages("smtp")
+    assert record["content"]["rcpt_tos"] == ["b@example.com"]
+
+
+async def test_after_helo_replies_carry_no_enhanced_status_code(sim: SimulatorServer) -> None:
+    replies = await dialogue(sim, b"HELO client.example.com", b"MAIL FROM:<a@example.com>",
+                             b"FOO", b"QUIT")
+    assert [reply[:3] for reply in replies] == [b"250", b"250", b"500", b"221"]
+    assert not [reply for reply in replies if re.match(rb"\d{3} [245]\.\d+\.\d+ ", reply)]
 
 
 async def test_pipelined_commands_are_answered_in_order(sim: SimulatorServer) -> None:
