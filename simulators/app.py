@@ -21,7 +21,8 @@ from aiohttp import web
 from notifkit.refusals import Refusal
 from simulators import control
 from simulators.pipeline import HttpProvider, handle_send
-from simulators.providers.fcm import Fcm, token_endpoint
+from simulators.providers.fcm import Fcm
+from simulators.providers.oauth_token import token_endpoint
 from simulators.providers.openai import OpenAI, get_model, list_models
 from simulators.providers.resend import Resend, ResendBatch
 from simulators.providers.resend_reads import get_email, list_emails

@@ -11,9 +11,8 @@ field FCM's proto types do not have, or a value of the wrong type, in the messag
 Errors use Google's format:
 `{"error": {"code", "message", "status", "details": [{"@type": ".../FcmError",
 "errorCode": "UNREGISTERED"}]}}`. An `error` fault without a status is 503 UNAVAILABLE.
-`POST /token` is a stand-in OAuth2 token endpoint: point a service account's `token_uri` at
-it and google-auth style clients get a token the simulator accepts (any non-empty Bearer
-token is accepted).
+Any non-empty Bearer token is accepted; `POST /token` (oauth_token.py) hands out such tokens
+to service accounts whose `token_uri` points at it.
 Task id: `X-Notifkit-Task-Id` header, else `message.data.notifkit_task_id`.
 """
 
@@ -24,19 +23,10 @@ import re
 from typing import Any, ClassVar
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestPayloadError
 
-from simulators.bodies import (
-    InflatedTooLarge,
-    UndecodableBody,
-    UnsupportedEncoding,
-    read_body,
-    unsupported_message,
-)
 from simulators.kinds import ErrorCase, Provider
 from simulators.pipeline import (
     IDEMPOTENCY_HEADER,
-    UNREADABLE_BODY,
     ErrorSpec,
     HttpProvider,
     Rejection,
@@ -48,7 +38,7 @@ from simulators.providers.common import drop_none, load_json, task_id_text
 from simulators.providers.fcm_fields import OBJECT_FIELDS, check_known, invalid, string_map
 from simulators.records import MessageRecord
 from simulators.replies import Reply, json_reply
-from simulators.state import STATE, SimState
+from simulators.state import SimState
 
 TASK_KEY = "notifkit_task_id"
 # A message names exactly one target. `fid` (a Firebase Installation ID) is what current
@@ -67,7 +57,6 @@ MESSAGE_FIELDS = frozenset({
     *TARGETS,
 })
 MAX_PAYLOAD_BYTES = 4096  # FCM's limit on a message's notification + data
-TOKEN_LIFETIME_S = 3599
 FCM_ERROR_TYPE = "type.googleapis.com/google.firebase.fcm.v1.FcmError"
 BAD_REQUEST_TYPE = "type.googleapis.com/google.rpc.BadRequest"
 _EXPECTED_CREDENTIAL = (
@@ -313,25 +302,3 @@ def _reserved_data_key(key: str) -> bool:
     "gcm"): a message using one is refused whole, so a template that sets one must fail here
     as it would in production."""
     return key in RESERVED_DATA_KEYS or key.startswith(RESERVED_DATA_PREFIXES)
-
-
-async def token_endpoint(request: web.Request) -> web.Response:
-    """OAuth2 token endpoint: any grant (a service account's signed JWT included) gets a token,
-    once its body is readable; an unreadable one is an OAuth2 error (RFC 6749 section 5.2)."""
-    state = request.app[STATE]
-    try:
-        await read_body(request, state.settings.max_body_bytes)
-    except UnsupportedEncoding as exc:
-        return _oauth_error(415, unsupported_message(exc.coding))
-    except (UndecodableBody, RequestPayloadError):
-        return _oauth_error(400, UNREADABLE_BODY)
-    except InflatedTooLarge:
-        return _oauth_error(413, "The request body is too large.")
-    token = "ya29.sim-" + state.ids.token(48)
-    body = {"access_token": token, "expires_in": TOKEN_LIFETIME_S, "token_type": "Bearer"}
-    return json_reply(200, body).response()
-
-
-def _oauth_error(status: int, description: str) -> web.Response:
-    body = {"error": "invalid_request", "error_description": description}
-    return json_reply(status, body).response()

@@ -8,11 +8,13 @@ import gzip
 import json
 import zlib
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 import pytest
 
 from simulators import SimulatorServer
+from tests.support.service_account import jwt_grant
 
 RESEND = {"Authorization": "Bearer re_1", "Content-Type": "application/json"}
 TWILIO = {"Authorization": "Basic QUMxOnRvaw==",
@@ -37,7 +39,7 @@ ROUTES: list[tuple[str, dict[str, str], bytes, int, str]] = [
         "model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}).encode(), 200,
      '"type": "invalid_request_error"'),
     ("/token", {"Content-Type": "application/x-www-form-urlencoded"},
-     b"grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer&assertion=a.b.c", 200,
+     urlencode(jwt_grant()).encode(), 200,
      '"error": "invalid_request"'),
     ("/_sim/faults", {}, b'{"provider": "fcm", "kind": "error"}', 201, '"error"'),
 ]

@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from firebase_admin import credentials, messaging
 
 from simulators import SimulatorServer
+from tests.support.service_account import jwt_grant
 
 PROJECT = "notifkit-test"
 FCM_ERROR = "type.googleapis.com/google.firebase.fcm.v1.FcmError"
@@ -31,8 +32,7 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 async def access_token(http: aiohttp.ClientSession, sim: SimulatorServer) -> str:
     # What google-auth does with a service account whose token_uri is the simulator.
-    form = {"grant_type": "urn:ietf:params:oauth:grant-type:jwt-bearer", "assertion": "a.b.c"}
-    async with http.post(f"{sim.base_url}/token", data=form) as response:
+    async with http.post(f"{sim.base_url}/token", data=jwt_grant()) as response:
         assert response.status == 200
         body = await response.json()
     assert body["token_type"] == "Bearer"
@@ -83,6 +83,49 @@ async def test_send_with_token_from_token_endpoint(
     assert record["taskId"] == "task-p"
     assert record["to"] == "device-token-1"
     assert record["content"]["notification"]["title"] == "Hi"
+
+
+SHORT_LIVED = ("Invalid JWT: Token must be a short-lived token (60 minutes) and in a reasonable "
+               "timeframe. Check your iat and exp values in the JWT claim.")
+NOT_A_JWT = "Invalid JWT: the assertion is not a signed JWT (base64url header.claims.signature)"
+GRANT = jwt_grant()
+
+
+@pytest.mark.parametrize(("form", "error", "description"), [
+    ({}, "invalid_request", "Missing required parameter: grant_type"),
+    ({"grant_type": "bogus"}, "unsupported_grant_type", "Invalid grant_type: bogus"),
+    ({"grant_type": GRANT["grant_type"]}, "invalid_request",
+     "Missing required parameter: assertion"),
+    ({**GRANT, "assertion": "a.b.c"}, "invalid_grant", NOT_A_JWT),
+    ({**GRANT, "assertion": GRANT["assertion"].rsplit(".", 1)[0]}, "invalid_grant", NOT_A_JWT),
+    (jwt_grant(lifetime_s=7200), "invalid_grant", SHORT_LIVED),
+    (jwt_grant(now_s=datetime.datetime(2020, 1, 1).timestamp()), "invalid_grant", SHORT_LIVED),
+    (jwt_grant(iat="now"), "invalid_grant", SHORT_LIVED),
+    (jwt_grant(exp=float("nan")), "invalid_grant", SHORT_LIVED),
+    ({"grant_type": "refresh_token"}, "invalid_request",
+     "Missing required parameter: refresh_token"),
+], ids=["no-grant", "other-grant", "no-assertion", "not-json", "no-signature", "two-hours",
+        "expired", "iat-not-a-number", "exp-nan", "refresh-without-token"])
+async def test_the_token_endpoint_refuses_what_google_refuses(
+    http: aiohttp.ClientSession, sim: SimulatorServer, form: dict[str, Any], error: str,
+    description: str,
+) -> None:
+    """A client that could not get a token from Google gets none here either: 400 with
+    RFC 6749's error body."""
+    async with http.post(f"{sim.base_url}/token", data=form) as response:
+        assert response.status == 400
+        assert await response.json() == {"error": error, "error_description": description}
+
+
+async def test_a_refresh_token_grant_gets_a_token(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    """What google-auth's user credentials post (gcloud's application-default login)."""
+    form = {"grant_type": "refresh_token", "refresh_token": "1//r", "client_id": "c",
+            "client_secret": "s"}
+    async with http.post(f"{sim.base_url}/token", data=form) as response:
+        assert response.status == 200
+        assert (await response.json())["access_token"].startswith("ya29.sim-")
 
 
 async def test_message_names_replay_with_the_seed(http: aiohttp.ClientSession) -> None:
