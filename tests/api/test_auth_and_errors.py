@@ -10,6 +10,7 @@ import re
 import time
 import uuid
 import zlib
+from typing import Any
 
 import asyncpg
 import pytest
@@ -201,6 +202,38 @@ async def test_a_project_key_naming_another_project_is_refused(
     # And nothing was written anywhere
     assert (await api.call("GET", "/v1/users/u-2", key=project.full)).status == 404
     assert (await api.call("GET", "/v1/users/u-2", key=other.full)).status == 404
+
+
+async def test_the_admin_routes_hold_to_the_project_the_admin_key_names(api: Api) -> None:
+    """On the admin routes a named project (header or query, alike) says which project the
+    caller means: the call is not quietly made for another one."""
+    a, b = await api.project(), await api.project()
+    made = await api.admin("POST", f"/v1/projects/{b.id}/keys", json={"role": "send"})
+    b_key = made.body["id"]
+    # Another project's path, key or none at all: 400 naming the field, or the key's 404.
+    for where in ("header", "query"):
+        named: dict[str, Any] = ({"project": a.id} if where == "header"
+                                 else {"params": {"projectId": a.id}})
+        field = "x-project-id" if where == "header" else "projectId"
+        read = await api.admin("GET", f"/v1/projects/{b.id}", **named)
+        assert (read.status, read.fields) == (400, [field])
+        key = await api.admin("POST", f"/v1/projects/{b.id}/keys", json={"role": "full"},
+                              **named)
+        assert (key.status, key.fields) == (400, [field])
+        created = await api.admin("POST", "/v1/projects", json={"name": "x"}, **named)
+        assert (created.status, created.fields) == (400, [field])
+        revoked = await api.admin("DELETE", f"/v1/keys/{b_key}", **named)
+        assert (revoked.status, revoked.error["code"]) == (404, "key_not_found")
+    # Nothing was done: B's send key still sends, and no key was made for B.
+    sent = await api.call("POST", "/v1/notifications", key=made.body["key"],
+                          json={"to": "u1", "template": "none"})
+    assert sent.status != 401, sent.body
+    # Naming the right project (or none) is the usual call.
+    assert (await api.admin("GET", f"/v1/projects/{b.id}", project=b.id.upper())).status == 200
+    assert (await api.admin("DELETE", f"/v1/keys/{b_key}", project=b.id)).status == 204
+    gone = await api.call("POST", "/v1/notifications", key=made.body["key"],
+                          json={"to": "u1", "template": "none"})
+    assert gone.status == 401
 
 
 async def test_unknown_projects_and_keys_are_404s_that_name_no_project(api: Api) -> None:
@@ -947,6 +980,12 @@ async def test_a_route_that_takes_no_body_refuses_one_with_fields(
         assert read.status == 404, nothing  # the route ran: no such message
     assert (await api.call("DELETE", "/v1/users/u1", key=project.full,
                            data=b" null ")).status == 204
+    # A GET's too: filters sent in a body would otherwise quietly list everything.
+    for path in ("/v1/messages", "/v1/users/u1"):
+        listed = await api.call("GET", path, key=project.full, json={"userId": "u1"})
+        assert (listed.status, listed.fields) == (400, ["body"]), path
+        plain = await api.call("GET", path, key=project.full, json={})
+        assert plain.status == (200 if path == "/v1/messages" else 404), path
 
 
 async def test_a_body_that_stops_arriving_is_a_408_and_a_slow_one_is_read(

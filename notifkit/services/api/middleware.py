@@ -64,7 +64,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     request[PRINCIPAL] = await authenticate(request, op)
     await require_project(request)
     _reject_unknown_query(request, op)
-    if op.body is None and op.method not in ("GET", "HEAD") and request.body_exists:
+    if op.body is None and request.body_exists:
         await _reject_body(request)
     try:
         return await handler(request)
@@ -176,9 +176,7 @@ def _reject_repeated_headers(request: web.Request) -> None:
 def _reject_unknown_query(request: web.Request, op: Operation) -> None:
     """A misspelt filter (``?userid=``) must not silently widen a list: unknown query
     parameters are a 400 naming them, and so are parameters given more than once."""
-    allowed = {p.name for p in op.query}
-    if op.access in ("project", "ops"):
-        allowed.add(PROJECT_QUERY)
+    allowed = {p.name for p in op.query} | {PROJECT_QUERY}
     names = list(dict.fromkeys(request.query))
     unknown = [name for name in names if name not in allowed]
     if unknown:
@@ -239,9 +237,9 @@ async def authenticate(request: web.Request, op: Operation) -> Principal:
         # did not mean to; whether the named project exists is not this key's to learn.
         # A key not allowed to act there: 403, as API.md has it for a call the key may not
         # make, for any project but its own, existing or not.
-        field = PROJECT_HEADER if request.headers.get(PROJECT_HEADER) else PROJECT_QUERY
         raise ApiError(403, "forbidden", "This API key belongs to another project.",
-                       [detail(field, "names another project than the API key's")])
+                       [detail(naming_field(request), "names another project than the API "
+                                                      "key's")])
     wait_s = await app[ADMISSION].rate_wait_s(record.project_id)
     if wait_s > 0:
         retry_after_s = max(1, math.ceil(wait_s))
@@ -261,7 +259,10 @@ def _named_project(request: web.Request, op: Operation) -> str | None:
 
 async def _admin(request: web.Request, op: Operation, project_id: str | None) -> Principal:
     if op.access == "admin":
-        return Principal("admin", None)
+        # The admin routes' project is in their path (or they act on none); a header naming
+        # one says which project the caller means, which the route holds to (projects.py).
+        return Principal("admin", named_project(request.headers.get(PROJECT_HEADER),
+                                                request.query.get(PROJECT_QUERY)))
     if project_id is None:
         if op.access == "ops":
             return Principal("admin", None)
@@ -275,6 +276,11 @@ async def _admin(request: web.Request, op: Operation, project_id: str | None) ->
     if not exists:
         raise project_not_found()
     return Principal("admin", project_id)
+
+
+def naming_field(request: web.Request) -> str:
+    """Where the request names its project: the header if sent, else the query parameter."""
+    return PROJECT_HEADER if request.headers.get(PROJECT_HEADER) else PROJECT_QUERY
 
 
 def principal(request: web.Request) -> Principal:

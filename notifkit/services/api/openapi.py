@@ -88,6 +88,12 @@ def _operation(op: Operation) -> dict[str, Any]:
         if not any(p.name == "projectId" for p in query):
             query.append(Param("projectId", "query", UUID,
                                "Admin key only: the project to act for (or x-project-id)."))
+    elif op.access == "admin" and (op.method != "POST" or "{projectId}" in op.path):
+        # Creating a project names none: there either is a 400.
+        meant = ("the project the caller means: it must be the path's" if "{projectId}" in
+                 op.path else "the project the caller means: another project's key is a 404")
+        headers.append(Param("x-project-id", "header", UUID, f"Optional: {meant}."))
+        query.append(Param("projectId", "query", UUID, f"Optional: {meant} (or x-project-id)."))
     for p in [*query, *headers]:
         entry: dict[str, Any] = {"name": p.name, "in": p.where, "required": p.required,
                                  "schema": p.schema}
@@ -126,7 +132,7 @@ def _responses(op: Operation, has_path: bool, has_query: bool) -> dict[str, Any]
     if op.body is not None:
         # 415 also answers a Content-Encoding the API does not decode, whatever the media type.
         statuses |= {400, 408, 413, 415}
-    elif op.method not in ("GET", "HEAD"):
+    else:
         statuses.add(408)  # a body it does not take is still read, to refuse one with fields
     if has_path:
         statuses |= {400, 404}

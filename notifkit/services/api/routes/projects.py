@@ -15,7 +15,8 @@ from aiohttp import web
 
 from notifkit.config import MIN_PROVIDER_RATE
 from notifkit.services.api.auth import ROLES, hash_key, new_key, project_not_found
-from notifkit.services.api.errors import ApiError, json_response
+from notifkit.services.api.errors import ApiError, invalid_field, json_response
+from notifkit.services.api.middleware import naming_field, principal
 from notifkit.services.api.routing import Operations, Reply
 from notifkit.services.api.schemas import CONTACT_CHANNELS, ref
 from notifkit.services.api.state import DB, HUB, SETTINGS
@@ -31,6 +32,8 @@ MAX_RATE_PER_S = 100_000
 @ops.route("POST", "/v1/projects", "Create a project", access="admin",
            body=ref("ProjectCreate"), responses={201: ref("Project")})
 async def create_project(request: web.Request) -> web.Response:
+    if principal(request).project_id is not None:
+        raise invalid_field(naming_field(request), "does not apply: this call creates a project")
     fields = Fields(await read_json(request))
     fields.only(("name", "settings"))
     name = fields.name("name", required=True, max_len=200)
@@ -47,7 +50,7 @@ async def create_project(request: web.Request) -> web.Response:
 @ops.route("GET", "/v1/projects/{projectId}", "Get a project", access="admin",
            responses={200: ref("Project")})
 async def get_project(request: web.Request) -> web.Response:
-    project_id = _uuid(request, "projectId", project_not_found)
+    project_id = _path_project(request)
     row = await request.app[DB].fetchrow(
         "SELECT id, name, settings, created_at FROM projects WHERE id = $1", project_id
     )
@@ -59,7 +62,7 @@ async def get_project(request: web.Request) -> web.Response:
 @ops.route("POST", "/v1/projects/{projectId}/keys", "Create an API key (shown once)",
            access="admin", body=ref("KeyCreate"), responses={201: ref("KeyCreated")})
 async def create_key(request: web.Request) -> web.Response:
-    project_id = _uuid(request, "projectId", project_not_found)
+    project_id = _path_project(request)
     fields = Fields(await read_json(request))
     fields.only(("role", "name"))
     role = fields.choice("role", ROLES, required=True)
@@ -85,10 +88,11 @@ async def create_key(request: web.Request) -> web.Response:
            responses={204: Reply(None, "Revoked; every API process rejects it within 1 s.")})
 async def revoke_key(request: web.Request) -> web.Response:
     key_id = _uuid(request, "keyId", key_not_found)
+    # Naming a project, the caller means a key of that project: another's is a 404.
     row = await request.app[DB].fetchrow(
         "UPDATE project_api_keys SET revoked_at = coalesce(revoked_at, now()) "
-        "WHERE id = $1 RETURNING key_hash",
-        key_id,
+        "WHERE id = $1 AND ($2::uuid IS NULL OR project_id = $2::uuid) RETURNING key_hash",
+        key_id, principal(request).project_id,
     )
     if row is None:
         raise key_not_found()
@@ -152,6 +156,15 @@ def project_json(row: asyncpg.Record) -> dict[str, Any]:
 
 def key_not_found() -> ApiError:
     return ApiError(404, "key_not_found", "No key with that id exists.")
+
+
+def _path_project(request: web.Request) -> str:
+    """The path's project, which x-project-id or ?projectId=, if sent, must name too."""
+    project_id = _uuid(request, "projectId", project_not_found)
+    named = principal(request).project_id
+    if named is not None and named != project_id:
+        raise invalid_field(naming_field(request), "names another project than the path")
+    return project_id
 
 
 def _uuid(request: web.Request, name: str, missing: Callable[[], ApiError]) -> str:
