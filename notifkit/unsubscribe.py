@@ -1,11 +1,14 @@
 """Signed unsubscribe links (``GET``/``POST /v1/unsubscribe?token=...``, RFC 8058 one-click).
 
 A token (notifkit/signed_token.py) signs with NOTIFKIT_SECRET itself the claims
-``{"p": projectId, "u": userId, "c": channel, "t": topic | null, "target"?: address}``.
+``{"p": projectId, "u": userId, "c": channel, "t": topic | null, "target"?: address,
+"preview"?: true}``.
 
 The token names what to turn off: the topic when there is one, else the channel. When it names
 the address (``target``), unsubscribing also records a suppression for that address. Tokens do
-not expire: an unsubscribe link must keep working for as long as the e-mail is kept.
+not expire: an unsubscribe link must keep working for as long as the e-mail is kept. A
+template preview's link is marked ``preview``: it shows what a recipient's would be, and
+following it changes nothing.
 
 Delivery puts ``unsubscribe_url(...)`` in the List-Unsubscribe header of every e-mail (with
 ``List-Unsubscribe-Post: List-Unsubscribe=One-Click``) and templates see it as
@@ -38,15 +41,19 @@ class Unsubscribe:
     channel: str
     topic: str | None
     target: str | None = None
+    preview: bool = False
 
 
 def make_token(
     secret: str, project_id: str, user_id: str, channel: str, topic: str | None,
-    target: str | None = None,
+    target: str | None = None, *, preview: bool = False,
 ) -> str:
-    claims: dict[str, str | None] = {"p": project_id, "u": user_id, "c": channel, "t": topic}
+    claims: dict[str, str | bool | None] = {"p": project_id, "u": user_id, "c": channel,
+                                            "t": topic}
     if target is not None:
         claims["target"] = target
+    if preview:
+        claims["preview"] = True
     return seal(secret.encode(), claims)
 
 
@@ -64,10 +71,13 @@ def verify_token(secret: str, token: str) -> Unsubscribe:
         raise InvalidToken("bad topic")
     if target is not None and not isinstance(target, str):
         raise InvalidToken("bad target")
+    preview = claims.get("preview", False)
+    if not isinstance(preview, bool):
+        raise InvalidToken("bad preview")
     if not all(_storable(v) for v in (project, user, topic, target)):
         raise InvalidToken("claims PostgreSQL cannot store")
     assert isinstance(channel, str)
-    return Unsubscribe(project, user, channel, topic, target)
+    return Unsubscribe(project, user, channel, topic, target, preview)
 
 
 def _storable(value: str | None) -> bool:
@@ -86,8 +96,9 @@ def _storable(value: str | None) -> bool:
 
 def unsubscribe_url(
     settings: Settings, project_id: str, user_id: str, channel: str, topic: str | None,
-    target: str | None = None,
+    target: str | None = None, *, preview: bool = False,
 ) -> str:
     """The one-click unsubscribe link for one recipient (GET to open, POST per RFC 8058)."""
-    token = make_token(settings.secret, project_id, user_id, channel, topic, target)
+    token = make_token(settings.secret, project_id, user_id, channel, topic, target,
+                       preview=preview)
     return f"{settings.public_url.rstrip('/')}/v1/unsubscribe?token={quote(token, safe='')}"

@@ -224,8 +224,29 @@ async def test_preview_renders_every_channel_with_the_documented_context(
     href = channels["email"]["html"].split("href='")[1].split("'")[0]
     token = parse_qs(urlsplit(href.replace("&amp;", "&")).query)["token"][0]
     claims = verify_token(api.settings.secret, token)
-    assert (claims.project_id, claims.user_id, claims.channel, claims.topic) == (
-        project.id, "u1", "email", "billing")
+    assert (claims.project_id, claims.user_id, claims.channel, claims.topic, claims.preview) == (
+        project.id, "u1", "email", "billing", True)
+
+
+async def test_a_previews_unsubscribe_link_changes_nothing(api: Api, project: Project) -> None:
+    """The author trying the rendered link would otherwise turn the topic off for the user
+    the preview was rendered for (a real one, named by userId), with no suppression."""
+    await api.call("PUT", "/v1/templates/invoice", key=project.full, json=INVOICE)
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={
+        "contacts": [{"channel": "email", "target": "u1@example.com"}]})
+    reply = await api.call("POST", "/v1/templates/invoice/preview", key=project.full,
+                           json={"userId": "u1", "data": {"amount": "1", "number": 1}})
+    href = reply.body["channels"]["email"]["html"].split("href='")[1].split("'")[0]
+    link = urlsplit(href.replace("&amp;", "&"))
+    for method in ("GET", "POST"):
+        followed = await api.call(method, f"{link.path}?{link.query}")
+        assert followed.status == 200, followed.body
+        assert followed.body == {"unsubscribed": False, "channel": "email", "topic": "billing",
+                                 "suppressed": False, "preview": True}
+    preferences = await api.call("GET", "/v1/users/u1/preferences", key=project.full)
+    assert preferences.body["topics"] == {}
+    suppressions = await api.call("GET", "/v1/suppressions", key=project.full)
+    assert suppressions.body["items"] == []
 
 
 async def test_preview_shows_an_in_app_script_link_left_out_as_delivery_leaves_it_out(

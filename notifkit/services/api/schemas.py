@@ -416,6 +416,8 @@ COMPONENTS: dict[str, Schema] = {
     "Unsubscribed": obj({
         "unsubscribed": {"type": "boolean"}, "channel": CHANNEL, "topic": nullable(STRING),
         "suppressed": {"type": "boolean"},
+        "preview": {"type": "boolean", "description": "A template preview's link: nothing "
+                                                      "was changed."},
     }, ("unsubscribed", "channel", "topic", "suppressed")),
 }
 

@@ -210,8 +210,10 @@ async def preview_template(request: web.Request) -> web.Response:
     def context_for(channel: str) -> dict[str, Any]:
         return build_context(
             data=data, user=user, notification=notification, channel=channel,
+            # Marked a preview's: whoever follows it (the template's author, trying the
+            # link) turns nothing off for the user it was rendered for.
             unsubscribe_url=unsubscribe_url(settings, project, user["id"], channel,
-                                            row["topic"]),
+                                            row["topic"], preview=True),
             items=items,
         )
 

@@ -4,7 +4,8 @@ The token (notifkit/unsubscribe.py) is the authentication. It turns the named to
 the channel when it names no topic; when it names the address it also records a suppression
 (reason ``unsubscribe``) so that address is never contacted again in the project. Repeating it
 changes nothing further and answers the same. A forged or altered token is a 400 that changes
-nothing.
+nothing; a template preview's link (its token marked ``preview``) answers 200 with
+``unsubscribed: false, preview: true`` and changes nothing either.
 """
 
 from __future__ import annotations
@@ -103,6 +104,9 @@ def _claims(secret: str, token: str | None) -> tuple[str, Unsubscribe]:
 
 async def _apply(request: web.Request, token: str | None) -> web.Response:
     project, claims = _claims(request.app[SETTINGS].secret, token)
+    if claims.preview:
+        return json_response({"unsubscribed": False, "channel": claims.channel,
+                              "topic": claims.topic, "suppressed": False, "preview": True})
     suppressed = await _unsubscribe(request, project, claims)
     log.info("Unsubscribed a user through a signed link.",
              extra={"project_id": project, "channel": claims.channel, "topic": claims.topic})
