@@ -315,7 +315,8 @@ class OpenAI(HttpProvider):
                 "model": model,
                 "messages": [_stored_message(m) for m in messages],
                 "completion": choices[0]["content"],
-                **({"tool_calls": choices[0]["tool_calls"]} if forced is not None else {}),
+                **{name: choices[0][name] for name in ("tool_calls", "function_call")
+                   if name in choices[0]},
             },
             task_id=task_id,
             idempotency_key=request.headers.get(IDEMPOTENCY_HEADER),
@@ -370,7 +371,8 @@ class OpenAI(HttpProvider):
                     "index": index,
                     "message": {
                         "role": "assistant", "content": choice["content"], "refusal": None,
-                        **({"tool_calls": choice["tool_calls"]} if "tool_calls" in choice else {}),
+                        **{name: choice[name] for name in ("tool_calls", "function_call")
+                           if name in choice},
                     },
                     "logprobs": _logprobs(_pieces(choice["content"]), meta.get("top_logprobs")),
                     "finish_reason": choice["finish_reason"],
@@ -732,10 +734,24 @@ def _before_stop(text: str, stop: list[str]) -> str:
     return text if cut < 0 else text[:cut]
 
 
-def _forced_tool(payload: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
-    """The function that `tool_choice` makes the model call, and the finish reason OpenAI
-    gives that answer: `"required"` calls the first function tool (`tool_calls`), a named
-    function that one (`stop`). None when the model may answer in text."""
+def _forced_tool(payload: dict[str, Any]) -> tuple[dict[str, Any], str, bool] | None:
+    """The function that `tool_choice` (or the legacy `function_call`, the third item True)
+    makes the model call, and the finish reason OpenAI gives that answer: `"required"` calls
+    the first function tool (`tool_calls`), a named function that one (`stop`). None when the
+    model may answer in text."""
+    legacy = payload.get("function_call")
+    if isinstance(legacy, dict):
+        name = legacy.get("name")
+        listed = payload.get("functions")
+        for function in listed if isinstance(listed, list) else []:
+            if isinstance(function, dict) and function.get("name") == name:
+                return function, "stop", True
+        raise Rejection(
+            ErrorCase.BAD_REQUEST,
+            f"Invalid value for 'function_call': function '{str(name)[:64]}' not found in "
+            "'functions' parameter.",
+            field_name="function_call",
+        )
     choice = payload.get("tool_choice")
     tools = payload.get("tools")
     functions = [
@@ -744,13 +760,13 @@ def _forced_tool(payload: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
         and isinstance(tool["function"].get("name"), str)
     ]
     if choice == "required":
-        return (functions[0], "tool_calls") if functions else None
+        return (functions[0], "tool_calls", False) if functions else None
     if not (isinstance(choice, dict) and isinstance(choice.get("function"), dict)):
         return None
     name = choice["function"].get("name")
     for function in functions:
         if function["name"] == name:
-            return function, "stop"
+            return function, "stop", False
     raise Rejection(
         ErrorCase.BAD_REQUEST,
         f"Invalid value for 'tool_choice': tool choice '{str(name)[:64]}' not found in "
@@ -760,22 +776,28 @@ def _forced_tool(payload: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
 
 
 def _tool_call(
-    function: dict[str, Any], finish_reason: str, text: str, index: int, limit: int | None
+    function: dict[str, Any], finish_reason: str, legacy: bool, text: str, index: int,
+    limit: int | None,
 ) -> dict[str, Any]:
     """One choice that calls ``function``, its arguments a JSON instance of its parameters
     built from the completion text (cut off after ``limit`` tokens, finish reason `length`, as
-    OpenAI cuts them); the call id is derived from them, so a replay names it alike."""
+    OpenAI cuts them); the call id is derived from them, so a replay names it alike. A
+    ``legacy`` call answers `function_call` (name and arguments, no id) instead."""
     parameters = function.get("parameters")
     schema = parameters if isinstance(parameters, dict) else {"type": "object"}
     arguments = json.dumps(instance(schema, text), ensure_ascii=False)
     if limit is not None and len(arguments.split(" ")) > limit:
         arguments = " ".join(arguments.split(" ")[:limit])
         finish_reason = "length"
+    tokens = len(arguments.split(" "))
+    if legacy:
+        return {"content": None, "finish_reason": finish_reason, "tokens": tokens,
+                "function_call": {"name": function["name"], "arguments": arguments}}
     digest = hashlib.sha256(f"{function['name']}\0{arguments}\0{index}".encode()).hexdigest()
     call = {"id": "call_" + digest[:24], "type": "function",
             "function": {"name": function["name"], "arguments": arguments}}
     return {"content": None, "tool_calls": [call], "finish_reason": finish_reason,
-            "tokens": len(arguments.split(" "))}
+            "tokens": tokens}
 
 
 def _answer(text: str, answer_format: AnswerFormat) -> str:
@@ -943,6 +965,13 @@ def _check_companions(payload: dict[str, Any]) -> None:
             "The 'metadata' parameter is only allowed when 'store' is enabled.",
             field_name="metadata",
         )
+    if payload.get("function_call") is not None and payload.get("functions") is None:
+        raise Rejection(
+            ErrorCase.BAD_REQUEST,
+            "Invalid value for 'function_call': 'function_call' is only allowed when "
+            "'functions' are specified.",
+            field_name="function_call",
+        )
     if payload.get("tools") is None:
         for name in ("tool_choice", "parallel_tool_calls"):
             if payload.get(name) is not None:
@@ -1035,6 +1064,7 @@ def _event_stream(
     events: list[dict[str, Any]] = []
     for index, choice in enumerate(meta["choices"]):
         calls = choice.get("tool_calls")
+        legacy = choice.get("function_call")
         if calls:
             # A call streams as its id and name first, then its arguments piece by piece.
             call = calls[0]
@@ -1042,6 +1072,11 @@ def _event_stream(
             events.append({**base, "choices": [_delta(
                 index, {"role": "assistant", "content": None, "tool_calls": [opening]})]})
             pieces = call["function"]["arguments"].split(" ")
+        elif legacy:
+            events.append({**base, "choices": [_delta(index, {
+                "role": "assistant", "content": None,
+                "function_call": {"name": legacy["name"], "arguments": ""}})]})
+            pieces = legacy["arguments"].split(" ")
         else:
             events.append(
                 {**base, "choices": [_delta(index, {"role": "assistant", "content": ""})]})
@@ -1049,9 +1084,10 @@ def _event_stream(
         for position, word in enumerate(pieces):
             piece = word if position == 0 else " " + word
             delta = ({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]} if calls
+                     else {"function_call": {"arguments": piece}} if legacy
                      else {"content": piece})
             chunk = _delta(index, delta)
-            if not calls and meta.get("top_logprobs") is not None:
+            if not (calls or legacy) and meta.get("top_logprobs") is not None:
                 [entry] = _token_logprobs([piece], meta["top_logprobs"], first=position)
                 chunk["logprobs"] = {"content": [entry], "refusal": None}
             events.append({**base, "choices": [chunk]})

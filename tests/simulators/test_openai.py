@@ -803,6 +803,53 @@ async def test_a_forced_tool_call_streams_and_parses_with_the_sdk(
     assert final.choices[0].finish_reason == "tool_calls"
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+async def test_a_forced_legacy_function_call_is_answered_with_that_call(
+    sim: SimulatorServer, client: Factory, stream: bool
+) -> None:
+    """`functions` with `function_call: {"name"}`, which the API still takes, answers
+    `message.function_call` (name and arguments), no text and no tool_calls."""
+    ai = client(sim)
+    functions: Any = [{"name": "lookup", "parameters": Lookup.model_json_schema()}]
+    forced: Any = {"name": "lookup"}
+    if stream:
+        chunks = await ai.chat.completions.create(
+            model="gpt-4o-mini", messages=PROMPT, functions=functions, function_call=forced,
+            stream=True)
+        deltas = [c.choices[0].delta async for c in chunks if c.choices]
+        calls = [d.function_call for d in deltas if d.function_call is not None]
+        assert calls[0].name == "lookup"
+        arguments = "".join(call.arguments or "" for call in calls)
+        assert not [d for d in deltas if d.content or d.tool_calls]
+    else:
+        answer = await ai.chat.completions.create(
+            model="gpt-4o-mini", messages=PROMPT, functions=functions, function_call=forced)
+        choice = answer.choices[0]
+        assert (choice.finish_reason, choice.message.content, choice.message.tool_calls) == (
+            "stop", None, None)
+        assert choice.message.function_call is not None
+        assert choice.message.function_call.name == "lookup"
+        arguments = choice.message.function_call.arguments
+    Lookup.model_validate_json(arguments)
+
+
+async def test_a_legacy_function_call_naming_no_function_is_refused(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    ai = client(sim)
+    lookup: Any = [{"name": "lookup", "parameters": Lookup.model_json_schema()}]
+    for functions, name in ((lookup, "weather"), (None, "lookup")):
+        with pytest.raises(openai.BadRequestError) as refused:
+            await ai.chat.completions.create(
+                model="gpt-4o-mini", messages=PROMPT, function_call={"name": name},
+                **({"functions": functions} if functions else {}))
+        assert refused.value.param == "function_call"
+    plain = await ai.chat.completions.create(
+        model="gpt-4o-mini", messages=PROMPT, functions=lookup, function_call="auto")
+    assert plain.choices[0].message.content
+    assert len(await sim.messages("openai")) == 1
+
+
 async def test_a_tool_choice_naming_no_tool_is_refused(
     sim: SimulatorServer, client: Factory
 ) -> None:
