@@ -20,6 +20,13 @@ from tests.api.conftest import Api, Project, Reply, running_api
 SECRET = "sendgrid-webhook-secret-0123456789"
 
 
+async def send_raw(api: Api, project: Project, raw: str | bytes, method: str = "PUT",
+                   path: str = "/v1/users/u1") -> Reply:
+    """``raw`` as a JSON body, as written (a client's own serialiser may not write it)."""
+    return await api.call(method, path, key=project.full, data=raw,
+                          headers={"Content-Type": "application/json"})
+
+
 @pytest.mark.parametrize("raw", [
     '{"attributes": {"x": 1e400}}',      # valid JSON, beyond a double
     '{"attributes": {"x": -1e400}}',
@@ -28,8 +35,7 @@ SECRET = "sendgrid-webhook-secret-0123456789"
 async def test_a_value_out_of_range_is_a_400_naming_its_field(
     api: Api, project: Project, raw: str
 ) -> None:
-    reply = await api.call("PUT", "/v1/users/u1", key=project.full, data=raw,
-                           headers={"Content-Type": "application/json"})
+    reply = await send_raw(api, project, raw)
     assert reply.status == 400, reply.body
     assert reply.fields == ["attributes.x"]
 
@@ -48,10 +54,43 @@ async def test_a_key_with_a_lone_surrogate_is_a_400_naming_its_object(
 async def test_what_is_not_json_stays_an_invalid_json_400(
     api: Api, project: Project, raw: str | bytes
 ) -> None:
-    reply = await api.call("PUT", "/v1/users/u1", key=project.full, data=raw,
-                           headers={"Content-Type": "application/json"})
+    reply = await send_raw(api, project, raw)
     assert (reply.status, reply.fields) == (400, ["body"])
     assert reply.error["code"] == "invalid_json"
+
+
+@pytest.mark.parametrize(("method", "path", "raw", "key"), [
+    ("POST", "/v1/notifications", '{"to": "u1", "to": "u2", "template": "t"}', "to"),
+    ("PUT", "/v1/users/u1", '{"timezone": "Europe/Berlin", "timezone" : "Asia/Tokyo"}',
+     "timezone"),
+    ("PUT", "/v1/users/u1", '{"attributes": {"plan": "pro", "a": [{"x": 1, "plan": 2}],'
+                            ' "plan":\n"free"}}', "plan"),
+    ("POST", "/v1/events", '{"name": "e", "userId": "u1", "": 1, "": 2}', ""),
+])
+async def test_a_key_given_twice_in_one_object_is_a_400_and_nothing_is_done(
+    api: Api, project: Project, method: str, path: str, raw: str, key: str
+) -> None:
+    """Which of the two was meant is a guess: refused, as a header or query parameter sent
+    twice is, rather than read as the last (a proxy or a log reader may show the first)."""
+    reply = await send_raw(api, project, raw, method, path)
+    assert (reply.status, reply.fields) == (400, ["body"]), reply.body
+    assert reply.error["details"][0]["message"].startswith(f"gives the key {key!r} more than")
+    assert (await api.call("GET", "/v1/users/u1", key=project.full)).status == 404
+    listed = await api.call("GET", "/v1/messages", key=project.full)
+    assert listed.body["items"] == []
+
+
+@pytest.mark.parametrize("raw", [
+    '{"attributes": {"note": "a \\": b", "plan": "x"}}',  # a key's end, inside a string
+    '{"attributes": {"a": {"k": 1}, "b": {"k": 2}}}',     # one name in two objects
+])
+async def test_the_same_name_in_two_objects_or_inside_a_string_is_no_repeat(
+    api: Api, project: Project, raw: str
+) -> None:
+    reply = await send_raw(api, project, raw)
+    assert reply.status == 201, reply.body
+    assert (await api.call("GET", "/v1/users/u1", key=project.full)).body["attributes"] == \
+        json.loads(raw)["attributes"]
 
 
 @pytest.mark.parametrize("send_at", [

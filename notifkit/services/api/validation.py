@@ -48,6 +48,8 @@ from notifkit.text import (
 )
 
 MAX_JSON_DEPTH = 32
+# A key's closing quote and its colon: the text holds at least one per key it gives.
+_KEY_END = re.compile(rb'"[ \t\r\n]*:')
 _LONG_DIGITS = re.compile(rb"\d{19}")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 JSON_TYPES = ("application/json",)
@@ -274,10 +276,50 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise invalid_json("The request body must be a JSON object.")
     problems: list[Detail] = []
-    check_storable(value, "", problems)
+    keys = check_storable(value, "", problems)
     if problems:
         raise invalid(problems)
+    repeated = repeated_key(raw, keys)
+    if repeated is not None:
+        # Which of the two the caller meant is a guess (a parser keeps the last, a proxy or
+        # a log reader may show the first): refused, as a header or parameter sent twice is.
+        raise invalid([detail("body", f"gives the key {repeated!r} more than once in one "
+                                      "object; send each field once")])
     return value
+
+
+class _RepeatedKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def repeated_key(raw: bytes, keys: int) -> str | None:
+    """A key ``raw`` gives twice in one object, or None; ``keys`` is how many it holds once
+    parsed (a repeated key is kept once). Every key in the text ends in a quote and a colon, so
+    when there are no more of those than ``keys`` none was repeated; only otherwise (a string
+    holding ``":``, say) is the text read again, key by key."""
+    if len(_KEY_END.findall(raw)) <= keys:
+        return None
+    try:
+        json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_pairs)
+    except _RepeatedKey as found:
+        return found.key[:100]
+    except (ValueError, RecursionError):  # read by orjson alone: nothing to say about keys
+        return None
+    return None
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) < len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _RepeatedKey(key)
+            seen.add(key)
+    return value
+
 
 
 def _reject_constant(name: str) -> Any:
@@ -295,22 +337,23 @@ def _lenient_loads(raw: bytes, orjson_error: Exception) -> Any:
         raise invalid_json(f"The request body is not valid JSON: {orjson_error}.") from None
 
 
-def check_storable(value: Any, path: str, problems: list[Detail], depth: int = 0) -> None:
+def check_storable(value: Any, path: str, problems: list[Detail], depth: int = 0) -> int:
     """Flag what PostgreSQL's jsonb or the stream codec cannot hold: NUL characters, integers
-    beyond 64 bits, non-finite numbers, and nesting deeper than :data:`MAX_JSON_DEPTH`."""
+    beyond 64 bits, non-finite numbers, and nesting deeper than :data:`MAX_JSON_DEPTH`. Returns
+    how many object keys ``value`` holds, nested ones included (for :func:`repeated_key`)."""
     if len(problems) >= 20:
-        return
+        return 0
     where = path or "body"
     if depth > MAX_JSON_DEPTH:
         problems.append(detail(where, f"is nested deeper than {MAX_JSON_DEPTH} levels"))
-        return
+        return 0
     if isinstance(value, str):
         if "\x00" in value:
             problems.append(detail(where, "must not contain NUL characters"))
         elif not value.isascii() and not _utf8(value):
             problems.append(detail(where, "must be valid Unicode (no lone surrogates)"))
     elif isinstance(value, bool) or value is None:
-        return
+        return 0
     elif isinstance(value, int):
         if not _INT64_MIN <= value <= _INT64_MAX:
             problems.append(detail(where, "is outside the 64-bit integer range"))
@@ -318,16 +361,22 @@ def check_storable(value: Any, path: str, problems: list[Detail], depth: int = 0
         if not math.isfinite(value):
             problems.append(detail(where, "must be a finite number"))
     elif isinstance(value, dict):
+        keys = len(value)
         for key, item in value.items():
             if "\x00" in key or not _utf8(key):
                 problems.append(detail(where, "has a key with a NUL character or a lone "
                                               "surrogate"))
                 continue
             name = key or "''"  # as Fields names an empty key
-            check_storable(item, f"{path}.{name}" if path else name, problems, depth + 1)
+            keys += check_storable(item, f"{path}.{name}" if path else name, problems,
+                                   depth + 1)
+        return keys
     elif isinstance(value, list):
+        keys = 0
         for index, item in enumerate(value):
-            check_storable(item, f"{where}[{index}]", problems, depth + 1)
+            keys += check_storable(item, f"{where}[{index}]", problems, depth + 1)
+        return keys
+    return 0
 
 
 def _utf8(value: str) -> bool:
