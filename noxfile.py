@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
 import nox
 
 nox.options.sessions = ["tests", "lint"]
@@ -21,10 +26,33 @@ def install(session: nox.Session, *groups: str, extras: str = "fast") -> None:
         session.install(*nox.project.dependency_groups(PYPROJECT, group))
 
 
+@contextmanager
+def noting_interrupts() -> Iterator[list[int]]:
+    """The SIGINTs that arrive inside the block, raised as usual. nox forgets a Ctrl-C that
+    comes while a command runs if the command still ends well (pip usually does), so a
+    session that should stop at one must look for itself."""
+    seen: list[int] = []
+    previous = signal.getsignal(signal.SIGINT)
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @nox.session(python=PYTHON, default=False)
 def dev(session: nox.Session) -> None:
     """Run notifkit locally: every service, the simulators, embedded Redis and PostgreSQL."""
-    install(session, extras="fast,dev")
+    with noting_interrupts() as interrupted:
+        install(session, extras="fast,dev")
+    if interrupted:
+        session.log("Interrupted while installing: notifkit was not started.")
+        return
     session.run("python", "-m", "notifkit", "dev", *session.posargs)
 
 

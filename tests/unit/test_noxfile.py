@@ -1,10 +1,16 @@
-"""``nox -s scenarios``: the suite, unless the arguments after ``--`` name scenarios."""
+"""``nox -s scenarios``: the suite, unless the arguments after ``--`` name scenarios; ``nox -s
+dev``: a Ctrl-C while it installs stops it."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+from typing import Any
+
 import pytest
 
-from noxfile import scenario_arguments
+from noxfile import dev, noting_interrupts, scenario_arguments
 
 
 @pytest.mark.parametrize(
@@ -27,3 +33,40 @@ from noxfile import scenario_arguments
 def test_scenario_names_after_the_double_dash_replace_all(posargs: list[str],
                                                           expected: list[str]) -> None:
     assert scenario_arguments(posargs) == expected
+
+
+class InstallingSession:
+    """A nox session whose install meets a Ctrl-C and, as nox does when the interrupted
+    command still exits 0, carries on."""
+
+    def __init__(self) -> None:
+        self.posargs: list[str] = []
+        self.ran: list[tuple[Any, ...]] = []
+        self.logged: list[str] = []
+
+    def install(self, *args: str) -> None:
+        with contextlib.suppress(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def run(self, *args: Any) -> None:
+        self.ran.append(args)
+
+    def log(self, message: str) -> None:
+        self.logged.append(message)
+
+
+def test_a_ctrl_c_while_dev_installs_stops_it_before_notifkit_starts() -> None:
+    before = signal.getsignal(signal.SIGINT)
+    session = InstallingSession()
+
+    dev.func(session)  # type: ignore[attr-defined]
+
+    assert session.ran == []
+    assert session.logged == ["Interrupted while installing: notifkit was not started."]
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_interrupts_outside_the_block_are_not_noted() -> None:
+    with noting_interrupts() as interrupted:
+        pass
+    assert interrupted == []
