@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -28,10 +29,13 @@ from typing import Any
 import aiohttp
 
 from notifkit.config import ConfigError, Settings, local_url, port_given_as
+from notifkit.wording import bind_reason, host_port
 from simulators.server import ListenError, SimulatorServer
 
 log = logging.getLogger("notifkit.dev")
 
+# The simulators listen on this machine only: their control API takes faults from anyone.
+SIM_HOST = "127.0.0.1"
 DEMO_USER = "demo-user"
 DEMO_TEMPLATE = "welcome"
 
@@ -263,6 +267,9 @@ async def _serve_dev(settings: Settings, environ: dict[str, str], folder: Path, 
         # callbacks) is fixed in the settings before the API binds. Should another process take
         # it first, the bind fails naming --port.
         port = await asyncio.to_thread(_free_port, host)
+    await asyncio.to_thread(refuse_ports_in_use, [
+        ("--port", host, port), ("--sim-port", SIM_HOST, sim_port),
+        ("--sim-smtp-port", SIM_HOST, sim_smtp_port)])
     # pgserver narrates every command it runs; its warnings are all a developer needs.
     logging.getLogger("pgserver").setLevel(logging.WARNING)
     async with embedded_services(folder, environ) as local, _simulators(
@@ -286,6 +293,25 @@ async def _serve_dev(settings: Settings, environ: dict[str, str], folder: Path, 
     return 0
 
 
+def refuse_ports_in_use(wanted: list[tuple[str, str, int]]) -> None:
+    """A port another process listens on stops the start here, naming its option, before the
+    embedded servers start and the migrations run only to be stopped again. Anything else a
+    bind may meet (a HOST this machine does not have), and a port taken after this look, is
+    left to the bind itself, which names it too."""
+    for option, host, port in wanted:
+        if port == 0:
+            continue
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            # As the servers bind: a port whose last connections linger in TIME_WAIT is free.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise ConfigError(option, f"cannot listen on {host_port(host, port)}: "
+                                              f"{bind_reason(exc)}") from None
+
+
 def _free_port(host: str) -> int:
     """A TCP port free on ``host`` now; 0 (the API binds one itself) if host cannot be bound,
     so the API's own bind reports the problem, naming HOST."""
@@ -306,7 +332,7 @@ async def _simulators(port: int, smtp_port: int) -> AsyncIterator[SimulatorServe
     seed = secrets.randbelow(2**32)
     log.info("Simulators seeded with %d.", seed)
     try:
-        sim = SimulatorServer(host="127.0.0.1", port=port, smtp_port=smtp_port, seed=seed)
+        sim = SimulatorServer(host=SIM_HOST, port=port, smtp_port=smtp_port, seed=seed)
         await sim.start()
     except ListenError as exc:
         option = "--sim-port" if exc.which == "port" else "--sim-smtp-port"

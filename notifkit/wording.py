@@ -11,6 +11,11 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as a URL writes it: an IPv6 address in brackets (``[::1]:8080``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def bind_reason(exc: OSError) -> str:
     """Why a port could not be bound, as the system says it (``Address already in use``).
     asyncio's server wraps the error in its own sentence, repeating the address the caller's

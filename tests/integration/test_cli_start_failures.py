@@ -262,6 +262,9 @@ def test_a_dev_port_in_use_is_named_by_its_option(
                          "--data-dir", str(tmp_path), *args)
     assert result.returncode == 2, result.stderr
     _one_line_naming(result, f"{option}: cannot listen on")
+    # Before anything started: no migration ran (about 35 lines of them came first, with the
+    # embedded servers' start, and then all of it was stopped again).
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     # dev takes no PORT at all: the line used to say the address came from HOST:PORT.
     assert "PORT" not in result.stderr, result.stderr
     assert "error while attempting to bind" not in result.stderr, result.stderr

@@ -28,7 +28,7 @@ from notifkit.services.api.errors import ApiRunner
 from notifkit.services.api.state import IN_FLIGHT
 from notifkit.services.base import Service
 from notifkit.tasks import cancel_and_wait
-from notifkit.wording import bind_reason
+from notifkit.wording import bind_reason, host_port
 from notifkit.worker import (
     consumer_name,
     heartbeat_failure,
@@ -39,11 +39,6 @@ from notifkit.worker import (
 log = logging.getLogger("notifkit.api")
 
 SHUTDOWN_TIMEOUT_S = 5.0
-
-
-def host_port(host: str, port: int) -> str:
-    """``host:port`` as a URL writes it: an IPv6 address in brackets (``[::1]:8080``)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class ApiService(Service):
