@@ -114,7 +114,7 @@ def _jwt_claims(assertion: str) -> dict[str, Any]:
 def _json_object(segment: str) -> dict[str, Any] | None:
     try:
         value = json.loads(base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4)))
-    except (binascii.Error, ValueError):
+    except (binascii.Error, ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 
@@ -123,7 +123,11 @@ def _number(value: object) -> float | None:
     """A JSON number's value, if finite (`NaN` compares with nothing)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        number = float(value)  # an integer of hundreds of digits is beyond a float
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _form(body: bytes) -> dict[str, str]:

@@ -4,6 +4,7 @@ and Google-format errors with the FcmError detail codes clients branch on."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime
 import json
 import re
@@ -102,10 +103,13 @@ GRANT = jwt_grant()
     (jwt_grant(now_s=datetime.datetime(2020, 1, 1).timestamp()), "invalid_grant", SHORT_LIVED),
     (jwt_grant(iat="now"), "invalid_grant", SHORT_LIVED),
     (jwt_grant(exp=float("nan")), "invalid_grant", SHORT_LIVED),
+    (jwt_grant(iat=10**400), "invalid_grant", SHORT_LIVED),
+    ({**GRANT, "assertion": "e30." + base64.urlsafe_b64encode(b"[" * 5000).decode() + ".c2ln"},
+     "invalid_grant", NOT_A_JWT),
     ({"grant_type": "refresh_token"}, "invalid_request",
      "Missing required parameter: refresh_token"),
 ], ids=["no-grant", "other-grant", "no-assertion", "not-json", "no-signature", "two-hours",
-        "expired", "iat-not-a-number", "exp-nan", "refresh-without-token"])
+        "expired", "iat-not-a-number", "exp-nan", "iat-beyond-a-float", "claims-nested-deep", "refresh-without-token"])
 async def test_the_token_endpoint_refuses_what_google_refuses(
     http: aiohttp.ClientSession, sim: SimulatorServer, form: dict[str, Any], error: str,
     description: str,
