@@ -301,9 +301,14 @@ def refuse_ports_in_use(wanted: list[tuple[str, str, int]]) -> None:
     for option, host, port in wanted:
         if port == 0:
             continue
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-            # As the servers bind: a port whose last connections linger in TIME_WAIT is free.
+        ipv6 = ":" in host
+        with socket.socket(socket.AF_INET6 if ipv6 else socket.AF_INET) as probe:
+            # As the servers bind: a port whose last connections linger in TIME_WAIT is free,
+            # and an IPv6 address is bound alone, not with its IPv4 twin ("::" beside another
+            # process's "0.0.0.0").
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if ipv6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             try:
                 probe.bind((host, port))
             except OSError as exc:

@@ -3,11 +3,13 @@ leaves unset, where a variable set to nothing (or blanks) counts as unset, as ev
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from notifkit.__main__ import intended_log_format
-from notifkit.config import Settings
-from notifkit.dev import dev_environment, dev_host
+from notifkit.config import ConfigError, Settings
+from notifkit.dev import dev_environment, dev_host, refuse_ports_in_use
 
 UNSET = ["", "  "]
 
@@ -68,3 +70,18 @@ def test_links_point_where_the_api_listens(host: str, public_url: str) -> None:
     # HOST=::1 (or an address of one interface) put http://127.0.0.1:9080 in every unsubscribe
     # link, where nothing listened.
     assert merged({"HOST": host}).public_url == public_url
+
+
+def test_a_port_in_use_is_refused_by_its_option_and_its_ipv6_twin_is_not() -> None:
+    """The servers bind an IPv6 address alone (IPV6_V6ONLY): "::" beside another process's
+    "0.0.0.0" on the same port binds, so the look before the start must not refuse it."""
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError) as refused:
+            refuse_ports_in_use([("--port", "127.0.0.1", 0), ("--sim-port", "127.0.0.1", port)])
+        assert refused.value.variable == "--sim-port"
+        assert refused.value.problem == (
+            f"cannot listen on 127.0.0.1:{port}: Address already in use")
+        refuse_ports_in_use([("--port", "::", port)])
