@@ -547,14 +547,16 @@ async def test_a_link_of_a_project_that_is_gone_is_a_documented_404(api: Api) ->
     from notifkit.services.api.app import operations
     from notifkit.services.api.openapi import document
 
-    token = make_token(api.settings.secret, "00000000-0000-7000-8000-000000000000", "u1",
-                       "email", None, "a@b.co")
+    gone = "00000000-0000-7000-8000-000000000000"
     paths = document(operations())["paths"]["/v1/unsubscribe"]
-    for method in ("GET", "POST"):
-        reply = await api.call(method, "/v1/unsubscribe", params={"token": token})
-        assert reply.status == 404
-        assert reply.error["code"] == "project_not_found"
-        assert "404" in paths[method.lower()]["responses"]
+    for preview in (False, True):  # a template preview's link too
+        token = make_token(api.settings.secret, gone, "u1", "email", None, "a@b.co",
+                           preview=preview)
+        for method in ("GET", "POST"):
+            reply = await api.call(method, "/v1/unsubscribe", params={"token": token})
+            assert reply.status == 404, (preview, reply.body)
+            assert reply.error["code"] == "project_not_found"
+            assert "404" in paths[method.lower()]["responses"]
 
 
 async def test_a_token_given_twice_is_400_and_changes_nothing(

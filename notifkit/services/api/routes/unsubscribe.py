@@ -105,6 +105,8 @@ def _claims(secret: str, token: str | None) -> tuple[str, Unsubscribe]:
 async def _apply(request: web.Request, token: str | None) -> web.Response:
     project, claims = _claims(request.app[SETTINGS].secret, token)
     if claims.preview:
+        if not await request.app[DB].fetchval("SELECT 1 FROM projects WHERE id = $1", project):
+            raise _project_gone()
         return json_response({"unsubscribed": False, "channel": claims.channel,
                               "topic": claims.topic, "suppressed": False, "preview": True})
     suppressed = await _unsubscribe(request, project, claims)
@@ -117,8 +119,7 @@ async def _apply(request: web.Request, token: str | None) -> web.Response:
 async def _unsubscribe(request: web.Request, project: str, claims: Unsubscribe) -> bool:
     async with request.app[DB].acquire() as conn, conn.transaction():
         if not await conn.fetchval("SELECT 1 FROM projects WHERE id = $1", project):
-            raise ApiError(404, "project_not_found", "The project of this link no longer "
-                                                     "exists.")
+            raise _project_gone()
         # The preference rows need the user; a user erased since the e-mail was sent has no
         # preferences left to change, but the suppression below still applies. The row is
         # held until the commit, so an erasure under way is waited for, not written under.
@@ -149,3 +150,7 @@ async def _unsubscribe(request: web.Request, project: str, claims: Unsubscribe) 
             f"unsubscribe link (topic {claims.topic})" if claims.topic else "unsubscribe link",
         )
         return True
+
+
+def _project_gone() -> ApiError:
+    return ApiError(404, "project_not_found", "The project of this link no longer exists.")
