@@ -46,6 +46,8 @@ from simulators.providers.smtp_content import header_text, message_content, pars
 from simulators.records import MessageRecord, scrub
 from simulators.state import SimState
 
+log = logging.getLogger("simulators")
+
 ANONYMOUS = "anonymous"
 # Give up waiting for the connection to be torn down after we closed it ourselves.
 CLOSE_GRACE_S = 5.0
@@ -68,6 +70,7 @@ MALFORMED = "2x0 this is not an SMTP reply"
 # RFC 6531: a non-ASCII envelope address is allowed only once MAIL FROM declared SMTPUTF8.
 # Postfix's words; a client that forgets the declaration fails here as at a real server.
 UNDECLARED_UTF8 = "553 5.6.7 Must declare SMTPUTF8 to send unicode address"
+INTERNAL_ERROR = "451 4.3.0 Error: internal simulator error (logged)"
 # Set on an envelope once its transaction is counted in the stats.
 _COUNTED = "notifkit_sim_counted"
 # RFC 3463's code for each reply that aiosmtpd or the handler writes without one, as Postfix
@@ -111,6 +114,13 @@ class SmtpHandler:
         session.host_name = hostname  # aiosmtpd leaves this to a handler with this hook
         *features, last = responses
         return [*features, "250-PIPELINING", "250-ENHANCEDSTATUSCODES", last]
+
+    async def handle_exception(self, error: Exception) -> str:
+        """A failure of the simulator's own is a local error, as Postfix reports one (451
+        4.3.0: try again later), not aiosmtpd's 500, which a client reads as a syntax error."""
+        log.error("An SMTP session failed: %s: %s", type(error).__name__, error,
+                  exc_info=error)
+        return INTERNAL_ERROR
 
     async def handle_MAIL(self, server: SMTP, session: Session, envelope: Envelope,
                           address: str, mail_options: list[str]) -> str:

@@ -19,6 +19,7 @@ import pytest
 from scenarios.harness import fault_hits
 from simulators import SimulatorServer
 from simulators.logs import TEXT_FORMAT
+from simulators.providers import smtp as smtp_provider
 
 SHORT_TIMEOUT_S = 0.5
 
@@ -142,6 +143,24 @@ async def test_rate_limit_fault_is_421_and_closes(sim: SimulatorServer) -> None:
     # A fresh connection succeeds once the rule is spent.
     await send(sim, mail())
     assert len(await sim.messages("smtp")) == 1
+
+
+async def test_a_failure_of_the_simulator_is_a_temporary_local_error(
+    sim: SimulatorServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As Postfix reports a local failure (451 4.3.0, try again), not aiosmtpd's 500, which a
+    client reads as its own syntax error; and the failure is logged with its traceback."""
+    def broken(*args: Any) -> dict[str, Any]:
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(smtp_provider, "message_content", broken)
+    with pytest.raises(aiosmtplib.SMTPDataError) as refused:
+        await send(sim, mail())
+    assert (refused.value.code, refused.value.message) == (
+        451, "4.3.0 Error: internal simulator error (logged)")
+    [record] = [r for r in caplog.records if r.getMessage().startswith("An SMTP session")]
+    assert record.exc_info is not None
+    assert await sim.messages("smtp") == []
 
 
 async def test_timeout_fault_stalls_and_records_nothing(sim: SimulatorServer) -> None:
