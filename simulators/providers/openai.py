@@ -741,17 +741,11 @@ def _forced_tool(payload: dict[str, Any]) -> tuple[dict[str, Any], str, bool] | 
     model may answer in text."""
     legacy = payload.get("function_call")
     if isinstance(legacy, dict):
-        name = legacy.get("name")
         listed = payload.get("functions")
-        for function in listed if isinstance(listed, list) else []:
-            if isinstance(function, dict) and function.get("name") == name:
-                return function, "stop", True
-        raise Rejection(
-            ErrorCase.BAD_REQUEST,
-            f"Invalid value for 'function_call': function '{str(name)[:64]}' not found in "
-            "'functions' parameter.",
-            field_name="function_call",
-        )
+        functions = [f for f in (listed if isinstance(listed, list) else [])
+                     if isinstance(f, dict)]
+        called = _named(functions, legacy.get("name"), "function_call", "function", "functions")
+        return called, "stop", True
     choice = payload.get("tool_choice")
     tools = payload.get("tools")
     functions = [
@@ -764,14 +758,21 @@ def _forced_tool(payload: dict[str, Any]) -> tuple[dict[str, Any], str, bool] | 
     if not (isinstance(choice, dict) and isinstance(choice.get("function"), dict)):
         return None
     name = choice["function"].get("name")
+    return _named(functions, name, "tool_choice", "tool choice", "tools"), "stop", False
+
+
+def _named(
+    functions: list[dict[str, Any]], name: object, field: str, what: str, listed_in: str
+) -> dict[str, Any]:
+    """The function of ``functions`` called ``name``, else OpenAI's 400 on ``field``."""
     for function in functions:
-        if function["name"] == name:
-            return function, "stop", False
+        if function.get("name") == name:
+            return function
     raise Rejection(
         ErrorCase.BAD_REQUEST,
-        f"Invalid value for 'tool_choice': tool choice '{str(name)[:64]}' not found in "
-        "'tools' parameter.",
-        field_name="tool_choice",
+        f"Invalid value for '{field}': {what} '{str(name)[:64]}' not found in '{listed_in}' "
+        "parameter.",
+        field_name=field,
     )
 
 
