@@ -109,7 +109,8 @@ GRANT = jwt_grant()
     ({"grant_type": "refresh_token"}, "invalid_request",
      "Missing required parameter: refresh_token"),
 ], ids=["no-grant", "other-grant", "no-assertion", "not-json", "no-signature", "two-hours",
-        "expired", "iat-not-a-number", "exp-nan", "iat-beyond-a-float", "claims-nested-deep", "refresh-without-token"])
+        "expired", "iat-not-a-number", "exp-nan", "iat-beyond-a-float", "claims-nested-deep",
+        "refresh-without-token"])
 async def test_the_token_endpoint_refuses_what_google_refuses(
     http: aiohttp.ClientSession, sim: SimulatorServer, form: dict[str, Any], error: str,
     description: str,
