@@ -19,14 +19,19 @@ def uuid7(now_ms: int | None = None) -> str:
     return _layout(ms, int.from_bytes(os.urandom(10), "big"))
 
 
+def uuid7_ms(value: str) -> int | None:
+    """The Unix time in milliseconds a UUIDv7 carries; None for what is no UUID."""
+    try:
+        return uuid.UUID(value).int >> 80
+    except ValueError:
+        return None
+
+
 def derived_uuid7(anchor: str, *parts: str) -> str:
     """A UUIDv7 that is a pure function of ``anchor`` (a UUIDv7, whose time it keeps) and
     ``parts``. Task ids are derived this way from (event, recipient, channel), so a stage that
     runs twice produces the same task id and every later stage deduplicates on it."""
-    try:
-        ms = uuid.UUID(anchor).int >> 80
-    except ValueError:
-        ms = 0
+    ms = uuid7_ms(anchor) or 0
     digest = hashlib.sha256("\x1f".join((anchor, *parts)).encode()).digest()
     return _layout(ms, int.from_bytes(digest[:10], "big"))
 

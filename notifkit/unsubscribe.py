@@ -2,13 +2,15 @@
 
 A token (notifkit/signed_token.py) signs with NOTIFKIT_SECRET itself the claims
 ``{"p": projectId, "u": userId, "c": channel, "t": topic | null, "target"?: address,
-"preview"?: true}``.
+"s"?: sentMs, "preview"?: true}``; ``s`` is when the notification was accepted (Unix ms).
 
 The token names what to turn off: the topic when there is one, else the channel. When it names
 the address (``target``), unsubscribing also records a suppression for that address. Tokens do
 not expire: an unsubscribe link must keep working for as long as the e-mail is kept. A
 template preview's link is marked ``preview``: it shows what a recipient's would be, and
-following it changes nothing.
+following it changes nothing. A link followed once its user id was deleted and given to a
+new user (created more than an hour after the send) turns nothing off for that new user; the
+address's suppression still applies.
 
 Delivery puts ``unsubscribe_url(...)`` in the List-Unsubscribe header of every e-mail (with
 ``List-Unsubscribe-Post: List-Unsubscribe=One-Click``) and templates see it as
@@ -42,16 +44,19 @@ class Unsubscribe:
     topic: str | None
     target: str | None = None
     preview: bool = False
+    sent_ms: int | None = None
 
 
 def make_token(
     secret: str, project_id: str, user_id: str, channel: str, topic: str | None,
-    target: str | None = None, *, preview: bool = False,
+    target: str | None = None, *, preview: bool = False, sent_ms: int | None = None,
 ) -> str:
-    claims: dict[str, str | bool | None] = {"p": project_id, "u": user_id, "c": channel,
-                                            "t": topic}
+    claims: dict[str, str | bool | int | None] = {"p": project_id, "u": user_id, "c": channel,
+                                                  "t": topic}
     if target is not None:
         claims["target"] = target
+    if sent_ms is not None:
+        claims["s"] = sent_ms
     if preview:
         claims["preview"] = True
     return seal(secret.encode(), claims)
@@ -74,10 +79,13 @@ def verify_token(secret: str, token: str) -> Unsubscribe:
     preview = claims.get("preview", False)
     if not isinstance(preview, bool):
         raise InvalidToken("bad preview")
+    sent_ms = claims.get("s")
+    if sent_ms is not None and (isinstance(sent_ms, bool) or not isinstance(sent_ms, int)):
+        raise InvalidToken("bad send time")
     if not all(_storable(v) for v in (project, user, topic, target)):
         raise InvalidToken("claims PostgreSQL cannot store")
     assert isinstance(channel, str)
-    return Unsubscribe(project, user, channel, topic, target, preview)
+    return Unsubscribe(project, user, channel, topic, target, preview, sent_ms)
 
 
 def _storable(value: str | None) -> bool:
@@ -96,9 +104,9 @@ def _storable(value: str | None) -> bool:
 
 def unsubscribe_url(
     settings: Settings, project_id: str, user_id: str, channel: str, topic: str | None,
-    target: str | None = None, *, preview: bool = False,
+    target: str | None = None, *, preview: bool = False, sent_ms: int | None = None,
 ) -> str:
     """The one-click unsubscribe link for one recipient (GET to open, POST per RFC 8058)."""
     token = make_token(settings.secret, project_id, user_id, channel, topic, target,
-                       preview=preview)
+                       preview=preview, sent_ms=sent_ms)
     return f"{settings.public_url.rstrip('/')}/v1/unsubscribe?token={quote(token, safe='')}"

@@ -27,6 +27,8 @@ def test_a_token_round_trips_its_claims() -> None:
     assert verify_token(SECRET, token) == Unsubscribe("p1", "user-1", "email", "marketing",
                                                       "ada@example.com")
     assert verify_token(SECRET, make_token(SECRET, "p1", "u", "sms", None)).topic is None
+    sent = make_token(SECRET, "p1", "u", "email", None, sent_ms=1_764_921_600_000)
+    assert verify_token(SECRET, sent).sent_ms == 1_764_921_600_000
 
 
 def test_another_secret_or_an_altered_payload_is_rejected() -> None:
@@ -44,10 +46,12 @@ def test_another_secret_or_an_altered_payload_is_rejected() -> None:
     {"p": "p1", "u": "u", "c": "email", "t": "news\u0000"},
     {"p": "p1", "u": "u", "c": "email", "t": None, "target": "a\u0000@b.co"},
     {"p": "p1", "u": "\ud800", "c": "email", "t": None},
+    {"p": "p1", "u": "u", "c": "email", "t": None, "s": "yesterday"},
+    {"p": "p1", "u": "u", "c": "email", "t": None, "s": True},
 ])
-def test_claims_no_text_column_can_hold_are_rejected(claims: dict[str, str | None]) -> None:
-    """Correctly signed, but naming what PostgreSQL cannot store: an invalid token (400), not
-    a failed query (500)."""
+def test_claims_no_text_column_can_hold_are_rejected(claims: dict[str, object]) -> None:
+    """Correctly signed, but naming what PostgreSQL cannot store (or a send time that is no
+    number): an invalid token (400), not a failed query (500)."""
     payload = b64(json.dumps(claims).encode())
     with pytest.raises(InvalidToken):
         verify_token(SECRET, f"{payload}.{signature(SECRET.encode(), payload)}")

@@ -473,6 +473,28 @@ async def test_get_turns_the_topic_off(api: Api, project: Project, db: asyncpg.P
     assert again.status == 200
 
 
+async def test_a_link_of_a_user_whose_id_was_given_anew_spares_the_new_user(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
+    """A link sent to a user since erased, whose id a new user was given more than an hour
+    after the send, turns nothing off for the new user; the address is suppressed all the
+    same. A link sent after the user was created (or one minted before links carried their
+    send time) turns the channel off as ever."""
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    now_ms = int(time.time() * 1000)
+    for sent_ms, turned_off in ((now_ms - 7_200_000, False), (now_ms - 600_000, True),
+                                (None, True)):
+        await api.call("PUT", "/v1/users/u1/preferences", key=project.full,
+                       json={"channels": {"email": True}})
+        token = make_token(api.settings.secret, project.id, "u1", "email", None,
+                           "ada@example.com", sent_ms=sent_ms)
+        reply = await api.call("GET", "/v1/unsubscribe", params={"token": token})
+        assert (reply.status, reply.body["suppressed"]) == (200, True), reply.body
+        assert (await preferences(api, project))["channels"] == {"email": not turned_off}, \
+            sent_ms
+    assert await db.fetchval("SELECT count(*) FROM suppressions") == 1
+
+
 async def test_head_on_the_link_changes_nothing(
     api: Api, project: Project, db: asyncpg.Pool
 ) -> None:

@@ -3,6 +3,7 @@ timeline. Driven through the enricher from inbound messages, as in production.""
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote
@@ -62,6 +63,7 @@ async def test_each_requested_channel_is_rendered_and_queued(
 
     unsub = verify_token("test-secret-0123456789abcdef", unquote(token))
     assert (unsub.project_id, unsub.user_id, unsub.topic) == (project, "u1", "billing")
+    assert unsub.sent_ms == uuid.UUID(event_id).int >> 80  # when it was accepted
     assert tasks["sms"]["content"] == {"text": "Paid 12.00"}
     assert "fallback" not in tasks["sms"]
 

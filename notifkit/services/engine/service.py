@@ -32,7 +32,7 @@ from notifkit.config import Settings
 from notifkit.db.logs import Kind, LogRow, Status, insert_logs
 from notifkit.db.routing import Template, load_routing
 from notifkit.dedup import Dedup, engine_key
-from notifkit.ids import derived_uuid7, is_uuid
+from notifkit.ids import derived_uuid7, is_uuid, uuid7_ms
 from notifkit.messages import (
     AiTask,
     EnrichedMessage,
@@ -215,7 +215,8 @@ class EngineService(WorkerService):
         unsubscribe = None
         if channel == "email":
             unsubscribe = unsubscribe_url(self.settings, m["projectId"], m["user"]["id"],
-                                          channel, s.template.topic, s.decision.destinations[0])
+                                          channel, s.template.topic, s.decision.destinations[0],
+                                          sent_ms=uuid7_ms(m["eventId"]))
         context = context_for(m, channel, unsubscribe)
         task: dict[str, Any] = {
             "taskId": s.task_id, "eventId": m["eventId"], "projectId": m["projectId"],

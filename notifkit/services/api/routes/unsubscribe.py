@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from datetime import datetime
 from urllib.parse import parse_qs
 
 from aiohttp import web
@@ -30,6 +31,8 @@ from notifkit.unsubscribe import (
 )
 
 log = logging.getLogger("notifkit.api")
+
+RECREATED_AFTER_MS = 3_600_000
 
 ops = Operations("unsubscribe")
 
@@ -121,12 +124,14 @@ async def _unsubscribe(request: web.Request, project: str, claims: Unsubscribe) 
         if not await conn.fetchval("SELECT 1 FROM projects WHERE id = $1", project):
             raise _project_gone()
         # The preference rows need the user; a user erased since the e-mail was sent has no
-        # preferences left to change, but the suppression below still applies. The row is
-        # held until the commit, so an erasure under way is waited for, not written under.
-        user_exists = await conn.fetchval(
-            "SELECT 1 FROM users WHERE project_id = $1 AND id = $2 FOR KEY SHARE",
+        # preferences left to change, but the suppression below still applies, and so does it
+        # for a new user given the erased one's id since. The row is held until the commit,
+        # so an erasure under way is waited for, not written under.
+        created = await conn.fetchval(
+            "SELECT created_at FROM users WHERE project_id = $1 AND id = $2 FOR KEY SHARE",
             project, claims.user_id,
         )
+        user_exists = created is not None and not _created_since(created, claims.sent_ms)
         if user_exists and claims.topic is not None:
             await conn.execute(
                 "INSERT INTO user_topic_preferences (project_id, user_id, topic, enabled) "
@@ -154,3 +159,12 @@ async def _unsubscribe(request: web.Request, project: str, claims: Unsubscribe) 
 
 def _project_gone() -> ApiError:
     return ApiError(404, "project_not_found", "The project of this link no longer exists.")
+
+
+def _created_since(created: datetime, sent_ms: int | None) -> bool:
+    """Whether the user was created well after the send the link came with: then it is
+    another user under the same id. The enricher reads the user moments after the accept; an
+    hour's margin keeps a user created meanwhile (or a slow enrichment) the link's own."""
+    if sent_ms is None:
+        return False
+    return created.timestamp() * 1000 > sent_ms + RECREATED_AFTER_MS
