@@ -319,6 +319,21 @@ def svix_key(secret: str) -> bytes:
     return key
 
 
+def svix_keys(secret: str) -> list[bytes]:
+    """The keys a signature made with `secret` may use: ``svix_key``'s, and for a secret
+    without ``whsec_`` also its base64 reading, since the official svix libraries (which a
+    sender may sign with) base64-decode a secret whether or not it has the prefix."""
+    keys = [svix_key(secret)]
+    if not secret.startswith("whsec_"):
+        try:
+            decoded = base64.b64decode(secret)  # lenient, as the svix libraries decode
+        except (binascii.Error, ValueError):
+            decoded = b""
+        if decoded and decoded != keys[0]:
+            keys.append(decoded)
+    return keys
+
+
 @dataclass(frozen=True)
 class Settings:
     redis_url: str = "redis://127.0.0.1:6379/0"

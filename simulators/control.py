@@ -43,7 +43,7 @@ from simulators.kinds import Provider
 from simulators.limits import LimitItem
 from simulators.page import render_page
 from simulators.receipts import ReceiptsItem
-from simulators.records import MessageItem, has_lone_surrogate
+from simulators.records import MAX_TASK_ID_CHARS, MessageItem, has_lone_surrogate
 from simulators.state import STATE, SimState
 from simulators.stats import ProviderStatsItem
 from simulators.validation import ControlError, get_int, reject_unknown, require_object, show
@@ -94,7 +94,9 @@ def list_messages(state: SimState, query: Mapping[str, str]) -> dict[str, list[M
         # ASCII digits only, as in the notifkit API: int() also reads a fullwidth "\uff15",
         # "1_0", " 5" and "+5", none of them the number the caller typed.
         if not (raw_limit.isascii() and raw_limit.isdigit()):
-            raise ControlError(f"'limit' must be an integer, got {show(raw_limit)}")
+            raise ControlError(
+                f"'limit' must be a whole number from 1 to {MAX_LIMIT}, got {show(raw_limit)}"
+            )
         # Any number past 9 digits is too big, and past 4,300 int() will not read one at all.
         digits = raw_limit.lstrip("0") or "0"
         limit = int(digits) if len(digits) <= 9 else MAX_LIMIT + 1
@@ -103,7 +105,7 @@ def list_messages(state: SimState, query: Mapping[str, str]) -> dict[str, list[M
     records = state.messages.query(
         provider=provider,
         to=query.get("to") or None,
-        task_id=query.get("taskId") or None,
+        task_id=(query.get("taskId") or "").strip()[:MAX_TASK_ID_CHARS] or None,
         limit=limit,
     )
     return {"items": [record.to_item() for record in records]}
@@ -173,12 +175,33 @@ async def _raw_body(request: web.Request) -> bytes:
                            status=413) from None
 
 
+class _RepeatedKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose key comes twice is refused: the last one would silently win, so
+    `{"provider": "resend", ..., "provider": "sendgrid"}` would be a sendgrid rule."""
+    value: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in value:
+            raise _RepeatedKey(key)
+        value[key] = item
+    return value
+
+
 async def _body(request: web.Request) -> object:
     raw = await _raw_body(request)
     if not raw.strip():
         return None
     try:
-        value = json.loads(raw.decode("utf-8"))
+        value = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except _RepeatedKey as exc:
+        raise ControlError(
+            f"request body gives the key {show(exc.key)} more than once in one object"
+        ) from None
     except UnicodeDecodeError:
         raise ControlError("request body must be valid UTF-8 JSON") from None
     except json.JSONDecodeError as exc:

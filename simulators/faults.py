@@ -193,9 +193,16 @@ def parse_rule(payload: object, rule_id: str) -> FaultRule:
 
 def _check_status(kind: FaultKind, provider: str, status: int) -> None:
     if provider == Provider.SMTP.value:
-        if not 400 <= status <= 599:
+        if kind is FaultKind.MALFORMED:
             raise ControlError(
-                f"'status' for smtp must be an SMTP reply code 400-599, got {status}"
+                "'status' does not apply to kind 'malformed' for smtp: its reply is no SMTP "
+                "reply, so it has no code"
+            )
+        # RFC 5321 4.2: the second digit of a reply code is 0-5; 4x6..5x9 do not exist.
+        if not 400 <= status <= 599 or status // 10 % 10 > 5:
+            raise ControlError(
+                "'status' for smtp must be an SMTP failure reply code (4yz or 5yz with y "
+                f"0-5, as RFC 5321 has them), got {status}"
             )
     elif kind is FaultKind.MALFORMED:
         # 204 and 304 carry no body, so nothing would be malformed.

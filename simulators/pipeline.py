@@ -33,7 +33,7 @@ from simulators.faults import FaultDecision
 from simulators.idempotency import Lookup, fingerprint
 from simulators.kinds import ErrorCase, FaultKind, Provider, case_for_status
 from simulators.limits import Limit
-from simulators.records import MessageRecord
+from simulators.records import MAX_TASK_ID_CHARS, MessageRecord
 from simulators.replies import EVENT_STREAM, Reply, malformed_reply
 from simulators.state import STATE, SimState
 from simulators.stats import ProviderStats
@@ -42,7 +42,6 @@ log = logging.getLogger("simulators")
 
 TASK_ID_HEADER = "X-Notifkit-Task-Id"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
-MAX_TASK_ID_CHARS = 256
 
 # The status each case answers with unless a provider or a fault rule says otherwise.
 DEFAULT_STATUS: dict[ErrorCase, int] = {

@@ -22,6 +22,9 @@ except ImportError:  # pragma: no cover - the plain json module does the same, s
     _orjson = None  # type: ignore[assignment]
 
 DEFAULT_MAX_MESSAGES = 10_000
+# A task id is kept to this many characters, wherever it came from; a `taskId` filter is
+# cut the same way, so an over-long id still finds its messages.
+MAX_TASK_ID_CHARS = 256
 # Task counters outlive their messages so a duplicate is still seen after the buffer turned.
 TASK_COUNTERS_PER_MESSAGE = 4
 

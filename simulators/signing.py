@@ -6,6 +6,9 @@ Svix (Resend's webhooks, and the simulators' receipts for the other providers):
                       "whsec_", else the secret's UTF-8 bytes
     svix-signature  = "v1," + base64(HMAC-SHA256(key, signed content)); the header may carry
                       several space-separated signatures (key rotation), any one may match.
+    A secret without "whsec_" is signed twice, with its UTF-8 bytes and with what base64
+    makes of it, since the official svix libraries base64-decode a secret whether or not it
+    has the prefix: a receiver checking with either rule finds its signature.
 
 Twilio status callbacks:
     X-Twilio-Signature = base64(HMAC-SHA1(auth token, url + key1 + value1 + key2 + value2...))
@@ -35,12 +38,29 @@ def svix_key(secret: str) -> bytes:
     return secret.encode()
 
 
+def svix_keys(secret: str) -> list[bytes]:
+    """Every key a receiver may hold for `secret`: its own, and for a secret without
+    "whsec_" also its base64 reading, decoded leniently as the svix libraries do."""
+    keys = [svix_key(secret)]
+    if not secret.startswith(SVIX_SECRET_PREFIX):
+        try:
+            decoded = base64.b64decode(secret)
+        except (binascii.Error, ValueError):
+            decoded = b""
+        if decoded and decoded != keys[0]:
+            keys.append(decoded)
+    return keys
+
+
 def svix_sign(secret: str, msg_id: str, timestamp: int | str, body: bytes | str) -> str:
-    """The `svix-signature` header value (one `v1,` signature) for one delivery."""
+    """The `svix-signature` header value for one delivery: one `v1,` signature a key of
+    `svix_keys`, separated by spaces."""
     payload = body.encode() if isinstance(body, str) else body
     signed = f"{msg_id}.{timestamp}.".encode() + payload
-    digest = hmac.new(svix_key(secret), signed, hashlib.sha256).digest()
-    return "v1," + base64.b64encode(digest).decode()
+    return " ".join(
+        "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+        for key in svix_keys(secret)
+    )
 
 
 def svix_headers(
@@ -84,7 +104,8 @@ def svix_verify(
     if abs(now - sent_s) > tolerance_s:
         return False
     return any(
-        hmac.compare_digest(expected.encode(), candidate.encode(errors="replace"))
+        hmac.compare_digest(mine.encode(), candidate.encode(errors="replace"))
+        for mine in expected.split()
         for candidate in signatures.split()
     )
 

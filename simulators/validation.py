@@ -88,7 +88,8 @@ def get_number(
         raise ControlError(f"'{name}' must be a number")
     if not minimum <= value <= maximum:
         raise ControlError(f"'{name}' must be in [{minimum:g}, {maximum:g}], got {show(value)}")
-    return float(value)
+    # + 0.0 turns -0.0 into 0.0, which is what a rule echoes back.
+    return float(value) + 0.0
 
 
 def get_int(

@@ -10,7 +10,7 @@ from typing import Any
 from simulators.jsondepth import MAX_JSON_DEPTH, too_deep
 from simulators.kinds import ErrorCase
 from simulators.pipeline import Rejection
-from simulators.records import has_lone_surrogate
+from simulators.records import MAX_TASK_ID_CHARS, has_lone_surrogate
 
 # Stored email bodies are cut here so a few huge messages cannot exhaust the ring buffer.
 MAX_STORED_TEXT = 256 * 1024
@@ -104,5 +104,5 @@ def drop_none(values: dict[str, Any]) -> dict[str, Any]:
 def task_id_text(value: object) -> str | None:
     if isinstance(value, str | int) and not isinstance(value, bool):
         text = str(value).strip()
-        return text[:256] or None
+        return text[:MAX_TASK_ID_CHARS] or None
     return None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 import time
 from collections.abc import AsyncIterator
@@ -107,6 +109,32 @@ async def test_svix_signatures_follow_svix_on_rotation_and_clock_skew(
     assert (await hooks.call("POST", url, data=body, headers={**json_type, **rotated})
             ).status == 200
     assert [r["kind"] for r in await receipts(redis, hooks)] == ["bounced"]
+
+def _signed_with(key: bytes, body: str) -> dict[str, str]:
+    msg_id, timestamp = "msg_one_reading", str(int(time.time()))
+    digest = hmac.new(key, f"{msg_id}.{timestamp}.{body}".encode(), hashlib.sha256).digest()
+    return {"Content-Type": "application/json", "svix-id": msg_id, "svix-timestamp": timestamp,
+            "svix-signature": "v1," + base64.b64encode(digest).decode()}
+
+
+async def test_a_secret_without_the_prefix_takes_a_signature_of_either_reading(
+    api_settings: Settings, redis: Redis
+) -> None:
+    """A sender signing with the official svix library base64-decodes a secret whether or not
+    it starts with whsec_; one signing with the secret's bytes does not. Both are taken."""
+    secret = base64.b64encode(b"an-unprefixed-svix-key").decode()
+    settings = api_settings.replace(webhooks=WebhookSecrets(fcm=secret))
+    async with running_api(settings) as api:
+        project = await api.project()
+        url = f"/v1/webhooks/fcm/{project.id}"
+        for n, key in enumerate((secret.encode(), base64.b64decode(secret), b"wrong-key")):
+            body = json.dumps({"type": "push.opened", "created_at": "2030-01-01T00:00:00Z",
+                               "data": {"provider": "fcm", "message_id": f"m{n}", "to": "x",
+                                        "task_id": f"t{n}"}})
+            reply = await api.call("POST", url, data=body, headers=_signed_with(key, body))
+            assert reply.status == (401 if key == b"wrong-key" else 200)
+        assert [r["taskId"] for r in await receipts(redis, api)] == ["t0", "t1"]
+
 
 async def test_simulator_style_receipts_for_other_providers(hooks: Api, redis: Redis) -> None:
     project = await hooks.project()

@@ -154,6 +154,46 @@ async def test_ambiguous_message_queries_are_400_naming_the_parameter(
     assert named in body["error"]
 
 
+async def test_an_over_long_task_id_finds_its_messages_by_the_whole_id(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    """A task id is kept to 256 characters; the filter is cut alike, so the id the caller
+    sent still finds the message instead of nothing."""
+    long_id = "t" * 300 + "-end"
+    await send_email(http, sim, "a@example.com", long_id)
+    await send_email(http, sim, "b@example.com", "other")
+    _, found = await call(http, sim, "GET", "/_sim/messages", params={"taskId": long_id})
+    assert [m["to"] for m in found["items"]] == ["a@example.com"]
+    assert found["items"][0]["taskId"] == long_id[:256]
+
+
+async def test_a_key_given_twice_in_a_control_body_is_400_and_adds_nothing(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    body = b'{"provider": "resend", "kind": "error", "provider": "sendgrid"}'
+    status, answer = await call(http, sim, "POST", "/_sim/faults", data=body)
+    assert status == 400
+    assert "'provider' more than once" in answer["error"]
+    assert (await call(http, sim, "GET", "/_sim/faults"))[1] == {"items": []}
+
+
+async def test_a_negative_limit_names_the_range(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    status, answer = await call(http, sim, "GET", "/_sim/messages", params={"limit": "-1"})
+    assert status == 400
+    assert "whole number from 1 to 100000" in answer["error"]
+
+
+async def test_a_probability_of_minus_zero_reads_back_as_zero(
+    http: aiohttp.ClientSession, sim: SimulatorServer
+) -> None:
+    status, created = await call(http, sim, "POST", "/_sim/faults", data=b'{"provider": "*", '
+                                 b'"kind": "error", "probability": -0.0}')
+    assert status == 201
+    assert str(created["probability"]) == "0.0"
+
+
 async def test_stats_shape(http: aiohttp.ClientSession, sim: SimulatorServer) -> None:
     await call(
         http, sim, "POST", "/_sim/faults", json={"provider": "resend", "kind": "error", "times": 1}

@@ -96,7 +96,12 @@ RESEND = {"provider": "resend"}
         ({**RESEND, "kind": "latency", "delayMs": 2.5}, "'delayMs' must be an integer"),
         ({**RESEND, "kind": "error", "times": 1.5}, "'times' must be an integer"),
         ({**RESEND, "kind": "error", "probabilty": 0.5}, "unknown field(s) 'probabilty'"),
-        ({"kind": "error", "provider": "smtp", "status": 250}, "SMTP reply code"),
+        ({"kind": "error", "provider": "smtp", "status": 250}, "SMTP failure reply code"),
+        # RFC 5321's second digit is 0-5: no server answers 599 or 463.
+        ({"kind": "error", "provider": "smtp", "status": 599}, "SMTP failure reply code"),
+        ({"kind": "rate_limit", "provider": "smtp", "status": 463}, "SMTP failure reply code"),
+        # An SMTP `malformed` reply is no SMTP line at all, so a code would be ignored.
+        ({"kind": "malformed", "provider": "smtp", "status": 451}, "no SMTP reply"),
         ([], "must be a JSON object"),
     ],
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import time
+from typing import Any
 
 import resend
 from twilio.request_validator import RequestValidator
@@ -29,6 +30,20 @@ TWILIO_PARAMS = {
     "To": "+18005551212",
 }
 TWILIO_SIGNATURE = "0/KCTR6DLpKmkAf8muzZqo1nDgQ="
+
+
+def verify_with_resend_sdk(secret: str, headers: dict[str, str], body: str) -> Any:
+    return resend.Webhooks.verify(
+        {
+            "payload": body,
+            "headers": {
+                "id": headers["svix-id"],
+                "timestamp": headers["svix-timestamp"],
+                "signature": headers["svix-signature"],
+            },
+            "webhook_secret": secret,
+        }
+    )
 
 
 def test_svix_published_example() -> None:
@@ -70,17 +85,7 @@ def test_svix_headers_verify_with_the_resend_sdk() -> None:
     body = '{"type": "email.delivered"}'
     headers = svix_headers(SVIX_SECRET, body)
     assert svix_verify(SVIX_SECRET, headers, body)
-    verified = resend.Webhooks.verify(
-        {
-            "payload": body,
-            "headers": {
-                "id": headers["svix-id"],
-                "timestamp": headers["svix-timestamp"],
-                "signature": headers["svix-signature"],
-            },
-            "webhook_secret": SVIX_SECRET,
-        }
-    )
+    verified = verify_with_resend_sdk(SVIX_SECRET, headers, body)
     assert verified["type"] == "email.delivered"
     assert abs(int(headers["svix-timestamp"]) - time.time()) < 5
 
@@ -89,6 +94,23 @@ def test_plain_secret_is_used_as_raw_bytes() -> None:
     headers = svix_headers("not-base64!", "{}")
     assert svix_verify("not-base64!", headers, "{}")
     assert not svix_verify("not-base64?", headers, "{}")
+
+
+def test_a_secret_without_the_prefix_verifies_with_either_reading() -> None:
+    """The official SDKs base64-decode a secret with or without `whsec_`; notifkit (and many
+    receivers) take an unprefixed secret as its bytes. Both readings find a signature."""
+    secret = SVIX_SECRET.removeprefix("whsec_")
+    body = '{"type": "email.delivered"}'
+    headers = svix_headers(secret, body)
+    assert len(headers["svix-signature"].split()) == 2
+    assert svix_verify(secret, headers, body)
+    verified = verify_with_resend_sdk(secret, headers, body)
+    assert verified["type"] == "email.delivered"
+    # Each signature alone, as a receiver of one reading sees it.
+    own, decoded = headers["svix-signature"].split()
+    assert svix_verify(secret, {**headers, "svix-signature": own}, body)
+    assert svix_verify(secret, {**headers, "svix-signature": decoded}, body)
+    assert not svix_verify("whsec_" + base64.b64encode(b"other").decode(), headers, body)
 
 
 def test_twilio_published_example_and_sdk_validator() -> None:

@@ -49,7 +49,7 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 
 from notifkit.clock import utc_now_iso
-from notifkit.config import Settings, svix_key
+from notifkit.config import Settings, svix_keys
 from notifkit.sendgrid_signature import SIGNATURE_HEADER, TIMESTAMP_HEADER, load_public_key, verify
 from notifkit.services.api.auth import project_not_found, unauthorized
 from notifkit.services.api.errors import ApiError, Detail, invalid, json_response
@@ -166,10 +166,12 @@ def _check_svix(settings: Settings, provider: str, request: web.Request, body: b
         raise unauthorized("invalid_signature",
                            "The webhook timestamp is more than 5 minutes away from now.")
     signed = f"{msg_id}.{timestamp}.".encode() + body
-    expected = base64.b64encode(hmac.new(svix_key(secret), signed, hashlib.sha256).digest())
+    expected = [base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest())
+                for key in svix_keys(secret)]
     for candidate in signatures.split():
         version, _, value = candidate.partition(",")
-        if version == "v1" and hmac.compare_digest(expected, value.encode("utf-8", "replace")):
+        given = value.encode("utf-8", "replace")
+        if version == "v1" and any(hmac.compare_digest(mine, given) for mine in expected):
             return
     raise _bad_signature()
 
