@@ -33,7 +33,7 @@ from typing import Any, NoReturn
 
 from notifkit import __version__
 from notifkit.config import LOG_FORMATS, ConfigError, Settings, parse_services, port_given_as
-from notifkit.log import process_service_name, set_process_service, setup_logging
+from notifkit.log import RepeatFilter, process_service_name, set_process_service, setup_logging
 
 log = logging.getLogger("notifkit")
 
@@ -42,7 +42,19 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a bad argument is one line on stderr (exit 2) rather than usage + error."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: invalid arguments: {message} (see --help)\n")
+        text = f"{self.prog}: invalid arguments: {message} (see --help)"
+        # A subcommand's parser is named "python -m notifkit COMMAND"; the top one's errors
+        # (an unknown command, say) come before any command, so serve's format applies.
+        command = self.prog.removeprefix(PROG).strip() or "serve"
+        if intended_log_format(command, os.environ) == "json":
+            # Whatever collects JSON logs parses every line, this one too.
+            setup_logging("json", "INFO")
+            set_process_service(command)
+            named = re.match(r"argument ([^:\s]+)", message)
+            setting = named.group(1).split("/")[0] if named else "arguments"
+            log.error("%s", text, extra={"setting": setting})
+            sys.exit(2)
+        self.exit(2, text + "\n")
 
 
 class _Once(argparse.Action):
@@ -61,11 +73,12 @@ class _Once(argparse.Action):
 
 
 TOP_LEVEL_OPTIONS = ("-h", "--help", "--version")
+PROG = "python -m notifkit"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="python -m notifkit",
+        prog=PROG,
         description="Reliable multi-channel notifications on Redis Streams and PostgreSQL.",
     )
     parser.add_argument("--version", action="version", version=f"notifkit {__version__}")
@@ -97,7 +110,8 @@ def whole_number(text: str) -> int:
     """argparse's ``int`` in ASCII digits only: int() reads any script's, so a full-width
     ``--port ８０`` listened on port 80."""
     try:
-        if not text.isascii():
+        # int() also reads "8_080" and "+80", which no port is written as.
+        if not re.fullmatch(r"-?[0-9]+", text):
             raise ValueError(text)
         return int(text)
     except ValueError:
@@ -244,17 +258,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         words.insert(0, "serve")  # ``python -m notifkit --services api``: serve is the default
     args = parser.parse_args(words)
     command = args.command or "serve"
+    # Logging in the format asked for before the settings are read, so the warnings reading
+    # them gives (EMAIL_TRANSPORT left to choose, say) come out as JSON records too, not as
+    # Python's bare last-resort lines; the one repeat filter across both set-ups writes a
+    # warning the settings give again, once the server checks them, only once.
+    repeats = RepeatFilter()
+    early_format = intended_log_format(command, os.environ)
+    if early_format is not None:
+        setup_logging(early_format, intended_log_level(os.environ), repeats=repeats)
+        set_process_service(intended_process_service(command, args, os.environ))
     try:
         settings = load_settings(args)
     except ConfigError as exc:
-        log_format = intended_log_format(command, os.environ)
-        if log_format is not None:
-            setup_logging(log_format, "INFO")
-            set_process_service(intended_process_service(command, args, os.environ))
-        refuse(f"invalid configuration: {exc}", log_format, setting=exc.variable)
+        refuse(f"invalid configuration: {exc}", early_format, setting=exc.variable)
         return 2
-    log_format = intended_log_format(command, os.environ) or settings.log_format
-    setup_logging(log_format, settings.log_level)
+    log_format = early_format or settings.log_format
+    setup_logging(log_format, settings.log_level, repeats=repeats)
     # Records of the process itself (starting, stopping, migrating, a library's) name it too.
     set_process_service(command if command != "serve"
                         else process_service_name(settings.services))
@@ -329,6 +348,12 @@ def intended_log_format(command: str, env: Mapping[str, str]) -> str | None:
         return "text"
     raw = (env.get("LOG_FORMAT") or "").strip().lower() or Settings.log_format
     return raw if raw in LOG_FORMATS else None
+
+
+def intended_log_level(env: Mapping[str, str]) -> str:
+    """LOG_LEVEL before the settings are read: INFO when it is unset or no level."""
+    raw = (env.get("LOG_LEVEL") or "").strip().upper()
+    return raw if raw in ("DEBUG", "INFO", "WARNING", "ERROR") else "INFO"
 
 
 def intended_process_service(command: str, args: argparse.Namespace,

@@ -93,6 +93,9 @@ MIN_PROVIDER_RATE: Final = 0.001
 # typo, and it would fail only later (XREADGROUP refuses a COUNT past 64 bits, so every worker
 # logs a failed read forever; asyncpg sets up every slot of a pool when it creates it).
 MAX_WORKER_CONCURRENCY: Final = 1_000_000
+# An entry retried this often has long been a poison message: the retry cycle is one reclaim
+# a minute by default, and a larger limit only keeps it from the DLQ (and people) longer.
+MAX_ATTEMPTS_LIMIT: Final = 1_000
 MAX_DB_CONNECTIONS: Final = 10_000
 # The API holds a whole body in memory, decoded too; and past 2**63 bytes zlib cannot be told
 # how much to inflate, so every compressed request failed with a 500.
@@ -470,7 +473,8 @@ def _int(env: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
     try:
         # int() and float() read any script's digits (full-width '８０' is 80); a URL's port
         # takes only 0-9, and so does every number here.
-        if not raw.isascii():
+        # int() also reads "5_0" as 50 and float() "1_0" as 10: digits 0-9 only.
+        if not raw.isascii() or "_" in raw:
             raise ValueError(raw)
         value = int(raw)
     except ValueError:
@@ -485,7 +489,7 @@ def _float(env: Mapping[str, str], name: str, minimum: float = 0.0) -> float | N
     if raw is None:
         return None
     try:
-        if not raw.isascii():  # as in _int
+        if not raw.isascii() or "_" in raw:  # as in _int
             raise ValueError(raw)
         value = float(raw)
     except ValueError:
@@ -949,7 +953,11 @@ def _check_redis_options(value: str) -> None:
     try:
         connection = ConnectionPool.from_url(value).make_connection()  # type: ignore[no-untyped-call]
     except (ValueError, TypeError, RedisError) as exc:
-        raise ConfigError("REDIS_URL", f"has an option the client cannot use ({exc}): "
+        # An unknown option reaches the connection's constructor, whose complaint names
+        # the client's internals ("__init__() got an unexpected keyword argument 'bogus'").
+        unknown = re.search(r"unexpected keyword argument '([^']*)'", str(exc))
+        why = f"unknown option {unknown.group(1)!r}" if unknown else str(exc)
+        raise ConfigError("REDIS_URL", f"has an option the client cannot use ({why}): "
                           f"{_shown(value)}") from None
     # The client takes any float for these and fails only at the first command, with a
     # timeout that reads as a slow Redis, or with an error naming no setting (NaN).
@@ -1088,6 +1096,8 @@ def _validate(s: Settings) -> None:
         "WORKER_CONCURRENCY": (s.worker_concurrency, MAX_WORKER_CONCURRENCY),
         "DB_MAX_CONNECTIONS": (s.db_max_connections, MAX_DB_CONNECTIONS),
         "MAX_BODY_BYTES": (s.max_body_bytes, MAX_BODY_BYTES_LIMIT),
+        "MAX_ATTEMPTS": (s.max_attempts, MAX_ATTEMPTS_LIMIT),
+        "ENRICHER_MAX_ATTEMPTS": (s.enricher_max_attempts, MAX_ATTEMPTS_LIMIT),
     }
     for variable, (value, most) in bounded.items():
         if value > most:
@@ -1228,18 +1238,63 @@ def _validate(s: Settings) -> None:
         raise ConfigError("TWILIO_FROM", "is required when Twilio is configured")
 
 
-def _validate_email(e: EmailSettings) -> None:
-    # Checked with no e-mail transport configured too, as the other providers' settings are: a
-    # malformed value set is a mistake whether or not e-mail is on yet.
-    _name, address = parseaddr(e.from_addr)
+def check_from_address(variable: str, value: object) -> None:
+    """A sender as EMAIL_FROM takes it: ``no-reply@acme.example`` or ``Acme <...>``."""
+    if not isinstance(value, str):
+        raise ConfigError(variable, f"must be an e-mail address, got {value!r}")
+    _name, address = parseaddr(value)
     local, at, domain = address.rpartition("@")
     # parseaddr stops at a line break, so 'a@b.example\r\nBcc: x@y' looked valid here and
     # then failed every send: the SMTP transport refuses a header with a line break, and a
     # provider API rejects it as a sender. A tab is folding white space, allowed in a header.
-    control = any((ord(char) < 32 and char != "\t") or ord(char) == 127 for char in e.from_addr)
+    control = any((ord(char) < 32 and char != "\t") or ord(char) == 127 for char in value)
     if control or not (at and local and domain and " " not in address):
-        raise ConfigError("EMAIL_FROM", "must be an e-mail address, e.g. "
-                          f"'Acme <no-reply@acme.example>', got {e.from_addr!r}")
+        raise ConfigError(variable, "must be an e-mail address, e.g. "
+                          f"'Acme <no-reply@acme.example>', got {value!r}")
+
+
+def check_base_url(variable: str, value: object) -> None:
+    """A provider's base URL given in code, by the rules its variable follows."""
+    if not isinstance(value, str):
+        raise ConfigError(variable, f"must be an http(s) URL, got {value!r}")
+    _check_base_url(variable, value)
+
+
+def check_credential(variable: str, value: object) -> None:
+    """A key or token that goes out in a header: text, not empty, no control character."""
+    if not isinstance(value, str):
+        raise ConfigError(variable, f"must be a string, got {type(value).__name__}")
+    if not value:
+        raise ConfigError(variable, "must not be empty")
+    if not value.isprintable():
+        raise ConfigError(variable, "must not hold control characters (a line break, say), "
+                          "which no HTTP header may carry")
+
+
+def check_path_segment(variable: str, value: object) -> None:
+    """An id that goes as it is into the path of every request (an account or project)."""
+    if not isinstance(value, str) or not _PATH_SEGMENT_RE.match(value):
+        raise ConfigError(variable, f"may hold only letters, digits and . _ - (it goes "
+                          f"into the path of every request), got {value!r}")
+
+
+def check_timeout(variable: str, value: object) -> None:
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not (math.isfinite(value) and 0 < value <= MAX_DURATION_S)):
+        raise ConfigError(variable, f"must be a number of seconds above 0, got {value!r}")
+
+
+def check_smtp_url(variable: str, value: object) -> None:
+    if not isinstance(value, str):
+        raise ConfigError(variable, f"must be an smtp:// or smtps:// URL, got {value!r}")
+    _check_url(variable, value, ("smtp", "smtps"))
+    _check_smtp_url(value, variable)
+
+
+def _validate_email(e: EmailSettings) -> None:
+    # Checked with no e-mail transport configured too, as the other providers' settings are: a
+    # malformed value set is a mistake whether or not e-mail is on yet.
+    check_from_address("EMAIL_FROM", e.from_addr)
     if e.transport is not None and e.transport not in EMAIL_TRANSPORTS:
         raise ConfigError(
             "EMAIL_TRANSPORT", f"must be resend, sendgrid or smtp, got {e.transport!r}"
@@ -1258,7 +1313,7 @@ def _validate_email(e: EmailSettings) -> None:
     _check_smtp_url(e.smtp_url)
 
 
-def _check_smtp_url(url: str | None) -> None:
+def _check_smtp_url(url: str | None, variable: str = "SMTP_URL") -> None:
     """A user and a password, or neither. With a user alone the transport logged in with an
     empty password, which the server refused at every send; a password alone was dropped and
     the mail went unauthenticated. The message leaves the password out. The transport reads
@@ -1267,14 +1322,14 @@ def _check_smtp_url(url: str | None) -> None:
         return
     parts = urlsplit(url)
     if parts.path not in ("", "/") or parts.query or parts.fragment or "?" in url:
-        raise ConfigError("SMTP_URL", "takes no path, query or fragment: "
+        raise ConfigError(variable, "takes no path, query or fragment: "
                           "smtp://user:password@host:port, or smtps:// for TLS from the start")
     if parts.username and not parts.password:
-        raise ConfigError("SMTP_URL", f"names the user {unquote(parts.username)!r} but no "
+        raise ConfigError(variable, f"names the user {unquote(parts.username)!r} but no "
                           "password: smtp://user:password@host:port (percent-encode '@', "
                           "':', '/', '?' and '#' in either)")
     if parts.password and not parts.username:
-        raise ConfigError("SMTP_URL", "gives a password but no user: "
+        raise ConfigError(variable, "gives a password but no user: "
                           "smtp://user:password@host:port")
 
 

@@ -151,10 +151,13 @@ def _identity(record: logging.LogRecord) -> tuple[Any, ...]:
             None if exc is None else (type(exc), str(exc)))
 
 
-def setup_logging(fmt: str = "json", level: str = "INFO") -> None:
+def setup_logging(fmt: str = "json", level: str = "INFO",
+                  repeats: RepeatFilter | None = None) -> None:
+    """Every record to stderr, one a line; ``repeats`` carries what was written across a
+    second set-up (a fresh filter otherwise)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    handler.addFilter(RepeatFilter())
+    handler.addFilter(repeats or RepeatFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -105,6 +105,11 @@ def check_transports(transports: Sequence[Any] | None) -> list[Transport]:
                                  or not (math.isfinite(rate) and rate >= 0)):
             raise ConfigError("transports", f"{transport!r} has rate_per_s {rate!r}; it "
                               "must be None or 0 (no limit), or sends a second")
+        # A built-in transport's own arguments, by the rules their variables follow: a base
+        # URL of ftp:// or a key with a line break failed every send, into the DLQ.
+        check = getattr(transport, "check_arguments", None)
+        if callable(check):
+            check()
         # One per channel: the later replaced the earlier without a word.
         if any(other.channel == transport.channel for other in checked):
             raise ConfigError("transports", f"two transports for channel "

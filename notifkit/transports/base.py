@@ -41,7 +41,7 @@ import asyncpg
 from redis.asyncio import Redis
 
 from notifkit import codec
-from notifkit.config import Settings
+from notifkit.config import ConfigError, Settings, check_base_url, check_timeout
 from notifkit.keys import Keys
 
 # The longest a provider's Retry-After parks a task: a day (no provider asks for more).
@@ -234,6 +234,8 @@ class HttpTransport:
     channel: str = ""
     provider: str = ""
     idempotent: bool = False
+    # Whether requests go to paths under base_url (a webhook's go to each contact's own URL).
+    has_base_url: bool = True
 
     def __init__(
         self,
@@ -248,6 +250,20 @@ class HttpTransport:
         self.connections = connections
         self.rate_per_s = rate_per_s
         self._session: aiohttp.ClientSession | None = None
+
+    def check_arguments(self) -> None:
+        """Refuses what would fail every send, naming the argument, as the environment's
+        variables are refused at start: ``NotifkitServer(transports=[...])`` calls it."""
+        if self.has_base_url:
+            check_base_url(self.argument("base_url"), self.base_url)
+        check_timeout(self.argument("timeout_s"), self.timeout_s)
+        if (isinstance(self.connections, bool) or not isinstance(self.connections, int)
+                or self.connections < 1):
+            raise ConfigError(self.argument("connections"),
+                              f"must be a whole number of at least 1, got {self.connections!r}")
+
+    def argument(self, name: str) -> str:
+        return f"{type(self).__name__}({name})"
 
     async def open(self, ctx: TransportContext) -> None:
         if self._session is None:

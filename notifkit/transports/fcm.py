@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from notifkit.config import ConfigError
+from notifkit.config import ConfigError, check_path_segment
 from notifkit.transports.base import (
     METADATA_FIELD,
     HttpReply,
@@ -61,6 +61,10 @@ class FcmTransport(HttpTransport):
         self._account = account
         self._token: tuple[str, float] | None = None  # (token, expires at, monotonic)
         self._token_lock = asyncio.Lock()
+
+    def check_arguments(self) -> None:
+        super().check_arguments()
+        check_path_segment(self.argument("project_id"), self.project_id)
 
     async def _send(self, message: Message) -> SendResult:
         content = message.content

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from notifkit.config import check_credential, check_from_address
 from notifkit.transports.base import (
     METADATA_FIELD,
     HttpReply,
@@ -35,6 +36,11 @@ class SendgridTransport(HttpTransport):
         super().__init__(base_url=base_url, **options)
         self.api_key = api_key
         self.from_addr = from_addr
+
+    def check_arguments(self) -> None:
+        super().check_arguments()
+        check_credential(self.argument("api_key"), self.api_key)
+        check_from_address(self.argument("from_addr"), self.from_addr)
 
     async def _send(self, message: Message) -> SendResult:
         email = build_email(message, self.from_addr)

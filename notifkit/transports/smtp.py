@@ -30,6 +30,7 @@ from urllib.parse import unquote, urlsplit
 
 import aiosmtplib
 
+from notifkit.config import check_from_address, check_smtp_url, check_timeout
 from notifkit.transports.base import Message, Outcome, SendResult, TransportContext, quoted
 from notifkit.transports.email import build_email
 
@@ -67,6 +68,7 @@ class SmtpTransport:
 
     def __init__(self, *, url: str, from_addr: str, timeout_s: float = 10.0,
                  connections: int = 4, rate_per_s: float | None = None) -> None:
+        self.url = url
         parts = urlsplit(url)
         self.hostname = parts.hostname or "localhost"
         self.use_tls = parts.scheme == "smtps"
@@ -78,6 +80,13 @@ class SmtpTransport:
         self.rate_per_s = rate_per_s
         self._slots = asyncio.Semaphore(connections)
         self._idle: list[_Client] = []
+
+    def check_arguments(self) -> None:
+        """As HttpTransport.check_arguments: SMTP_URL's and EMAIL_FROM's rules, naming the
+        argument."""
+        check_smtp_url("SmtpTransport(url)", self.url)
+        check_from_address("SmtpTransport(from_addr)", self.from_addr)
+        check_timeout("SmtpTransport(timeout_s)", self.timeout_s)
 
     async def open(self, ctx: TransportContext) -> None:
         return None

@@ -13,6 +13,7 @@ import base64
 from typing import Any
 from urllib.parse import quote
 
+from notifkit.config import check_base_url, check_credential, check_path_segment
 from notifkit.transports.base import (
     HttpReply,
     HttpTransport,
@@ -47,6 +48,13 @@ class TwilioTransport(HttpTransport):
         self.authorization = f"Basic {credentials}"
         self.from_number = from_number
         self.public_url = public_url.rstrip("/") if public_url else None
+
+    def check_arguments(self) -> None:
+        super().check_arguments()
+        check_path_segment(self.argument("account_sid"), self.account_sid)
+        check_credential(self.argument("from_number"), self.from_number)
+        if self.public_url is not None:
+            check_base_url(self.argument("public_url"), self.public_url)
 
     async def _send(self, message: Message) -> SendResult:
         text = message.content.get("text")

@@ -124,6 +124,7 @@ class WebhookTransport(HttpTransport):
     channel: str = "webhook"
     provider: str = "webhook"
     idempotent: bool = False
+    has_base_url = False
 
     def __init__(self, *, secret: str, allow_private_networks: bool = False,
                  resolver: AbstractResolver | None = None, **options: Any) -> None:

@@ -73,6 +73,12 @@ def run_cli(*args: str, env: dict[str, str] | None = None,
         ("DB_MAX_CONNECTIONS", "99999999999999999"),
         ("NOTIFKIT_PUBLIC_URL", "http://:8080"),
         ("NOTIFKIT_SIMULATOR_URL", "http://sim ulators:8025"),
+        # int() reads "5_0" as 50: numbers are written in the digits 0-9.
+        ("WORKER_CONCURRENCY", "5_0"),
+        ("RECLAIM_INTERVAL_SECONDS", "1_0"),
+        ("MAX_ATTEMPTS", "99999999999999999999"),
+        ("ENRICHER_MAX_ATTEMPTS", "1001"),
+        ("REDIS_URL", "redis://127.0.0.1:6379/0?bogus=1"),
     ],
 )
 def test_invalid_configuration_exits_2_naming_the_variable(variable: str, value: str) -> None:
@@ -91,7 +97,7 @@ def test_a_unix_socket_redis_url_is_accepted() -> None:
 
 
 # Full-width digits (pasted from a document) were read as 80: a port nobody asked for.
-@pytest.mark.parametrize("port", ["abc", "\uff18\uff10"])
+@pytest.mark.parametrize("port", ["abc", "\uff18\uff10", "8_080"])
 def test_a_bad_argument_is_one_line_naming_the_option(port: str) -> None:
     result = run_cli("serve", "--port", port)
     assert result.returncode == 2
@@ -299,7 +305,7 @@ def test_a_bare_services_flag_reaches_the_settings(monkeypatch: pytest.MonkeyPat
         return 0
 
     monkeypatch.setattr(cli, "serve", fake_serve)
-    monkeypatch.setattr(cli, "setup_logging", lambda *_args: None)
+    monkeypatch.setattr(cli, "setup_logging", lambda *_args, **_options: None)
     monkeypatch.setattr(cli, "_install_event_loop", lambda: None)
     assert cli.main(["--services", "engine,api", "--port", "0"]) == 0
     assert seen == [("api", "engine")]
@@ -516,6 +522,51 @@ def test_with_text_logs_or_an_invalid_log_format_the_line_is_plain_text() -> Non
     assert unknown.returncode == 2
     assert unknown.stderr.strip().splitlines() == [
         "notifkit: invalid configuration: LOG_FORMAT: must be json or text, got 'xml'"]
+
+
+def test_an_unknown_redis_url_option_is_named_without_the_clients_internals() -> None:
+    result = run_cli("serve", env={"REDIS_URL": "redis://127.0.0.1:6379/0?bogus=1",
+                                   "LOG_FORMAT": "text"})
+    assert result.returncode == 2
+    assert "unknown option 'bogus'" in result.stderr
+    assert "__init__" not in result.stderr
+
+
+@pytest.mark.parametrize(("argv", "setting"), [
+    (["serve", "--port", "abc"], "--port"),
+    (["serve", "--services", "api", "--services", "api"], "--services"),
+    (["migrate", "--services", "api"], "arguments"),
+    (["bogus"], "COMMAND"),
+])
+def test_with_json_logs_a_bad_argument_is_one_json_record_naming_it(
+    argv: list[str], setting: str
+) -> None:
+    result = run_cli(*argv, env={"LOG_FORMAT": "json"})
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    record = json.loads(line)
+    assert record["level"] == "error"
+    assert record["setting"] == setting
+    assert "invalid arguments" in record["msg"]
+    text = run_cli(*argv, env={"LOG_FORMAT": "text"})
+    assert text.returncode == 2
+    assert text.stderr.startswith("python -m notifkit")
+
+
+@pytest.mark.parametrize(("command", "env", "warned"), [
+    ("serve", {"RESEND_API_KEY": "re_x", "SENDGRID_API_KEY": "SG.x"}, "EMAIL_TRANSPORT"),
+    ("serve", {"SCHEDULER_POLL_INTERVAL_SECONDS": "60"}, "SCHEDULER_POLL_INTERVAL_SECONDS"),
+    ("migrate", {"SCHEDULER_POLL_INTERVAL_SECONDS": "60"}, "SCHEDULER_POLL_INTERVAL_SECONDS"),
+])
+def test_with_json_logs_a_warning_about_the_settings_is_one_json_record(
+    command: str, env: dict[str, str], warned: str
+) -> None:
+    """Read before logging was set up, the settings' warnings came out as Python's bare
+    last-resort lines (and once more as a record when the server checked them again)."""
+    result = run_cli(command, env={**env, "LOG_FORMAT": "json"})
+    records = [json.loads(line) for line in result.stderr.strip().splitlines()]
+    warnings = [r for r in records if r["level"] == "warning" and warned in r["msg"]]
+    assert len(warnings) == 1, result.stderr
 
 
 def test_with_json_logs_migrate_writes_only_json_records() -> None:

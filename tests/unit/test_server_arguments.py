@@ -281,3 +281,60 @@ def test_a_section_field_of_the_wrong_type_is_refused_naming_its_variable(
     with pytest.raises(ConfigError) as caught:
         NotifkitServer(settings=Settings(), **{section: given})
     assert caught.value.variable == variable
+
+
+def _built_in_transports() -> dict[str, Any]:
+    from notifkit.transports.fcm import FcmTransport
+    from notifkit.transports.resend import ResendTransport
+    from notifkit.transports.sendgrid import SendgridTransport
+    from notifkit.transports.smtp import SmtpTransport
+    from notifkit.transports.twilio import TwilioTransport
+
+    return {"resend": ResendTransport, "sendgrid": SendgridTransport, "smtp": SmtpTransport,
+            "twilio": TwilioTransport, "fcm": FcmTransport}
+
+
+GOOD_TRANSPORT_ARGUMENTS: dict[str, dict[str, Any]] = {
+    "resend": {"api_key": "re_1", "from_addr": "Acme <a@acme.example>",
+               "base_url": "https://api.resend.com"},
+    "sendgrid": {"api_key": "SG.1", "from_addr": "a@acme.example"},
+    "smtp": {"url": "smtp://user:pw@mail.example:2525", "from_addr": "a@acme.example"},
+    "twilio": {"account_sid": "AC1", "auth_token": "t", "from_number": "+15550100"},
+    "fcm": {"project_id": "demo", "access_token": "ya29.x"},
+}
+
+
+@pytest.mark.parametrize(("kind", "changed", "named"), [
+    ("resend", {"api_key": "re_1\nX-Injected: 1"}, "ResendTransport(api_key)"),
+    ("resend", {"from_addr": "nope"}, "ResendTransport(from_addr)"),
+    ("resend", {"base_url": "ftp://x"}, "ResendTransport(base_url)"),
+    ("resend", {"timeout_s": -1}, "ResendTransport(timeout_s)"),
+    ("sendgrid", {"api_key": ""}, "SendgridTransport(api_key)"),
+    ("sendgrid", {"connections": 0}, "SendgridTransport(connections)"),
+    ("smtp", {"url": "http://127.0.0.1:2525"}, "SmtpTransport(url)"),
+    ("smtp", {"url": "smtp://user@mail.example"}, "SmtpTransport(url)"),
+    ("smtp", {"from_addr": "nope"}, "SmtpTransport(from_addr)"),
+    ("smtp", {"timeout_s": float("nan")}, "SmtpTransport(timeout_s)"),
+    ("twilio", {"account_sid": "AC#1"}, "TwilioTransport(account_sid)"),
+    ("twilio", {"from_number": ""}, "TwilioTransport(from_number)"),
+    ("fcm", {"project_id": "a/b"}, "FcmTransport(project_id)"),
+    ("fcm", {"base_url": "https://fcm.example?x=1"}, "FcmTransport(base_url)"),
+])
+def test_a_built_in_transport_with_an_argument_that_fails_every_send_is_refused_naming_it(
+    kind: str, changed: dict[str, Any], named: str
+) -> None:
+    """Given in the environment these values stop the start; given in code they were taken,
+    and every message through the transport went to the DLQ."""
+    transport = _built_in_transports()[kind](**{**GOOD_TRANSPORT_ARGUMENTS[kind], **changed})
+    with pytest.raises(ConfigError) as caught:
+        NotifkitServer(services=["delivery"], settings=Settings(), transports=[transport])
+    assert caught.value.variable == named
+
+
+def test_built_in_transports_with_sound_arguments_are_taken() -> None:
+    classes = _built_in_transports()
+    for kind, arguments in GOOD_TRANSPORT_ARGUMENTS.items():
+        transport = classes[kind](**arguments)
+        server = NotifkitServer(services=["delivery"], settings=Settings(),
+                                transports=[transport])
+        assert server.transports == [transport]
