@@ -13,21 +13,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MS = timedelta(milliseconds=1)
-
-
-def from_ms(ms: int) -> datetime:
-    return EPOCH + ms * _MS
-
-
-def to_ms(when: datetime) -> int:
-    return (when - EPOCH) // _MS
+from notifkit.clock import from_ms, to_ms
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
+from notifkit.clock import to_ms
 from notifkit.db import scheduled as scheduled_db
 from notifkit.keys import Keys, shard_of
 from notifkit.services import scheduler as scheduler_module
@@ -22,7 +23,7 @@ from .helpers import T0_MS, FakeClock, Schedule, SchedulerFactory, Sent, wipe_sc
 
 async def pending_rows(db: asyncpg.Pool) -> dict[str, int]:
     rows = await db.fetch("SELECT task_id, due_at FROM scheduled_payloads")
-    return {r["task_id"]: scheduled_db.to_ms(r["due_at"]) for r in rows}
+    return {r["task_id"]: to_ms(r["due_at"]) for r in rows}
 
 
 async def test_tasks_wait_for_their_due_time_and_leave_exactly_once(

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from notifkit import quiet_hours, throttle
 from notifkit import templates as jinja
-from notifkit.clock import utc_now_iso
+from notifkit.clock import from_ms, iso_from_ms, to_ms, utc_now_iso
 from notifkit.config import Settings
 from notifkit.db.logs import Kind, LogRow, Status, insert_logs
 from notifkit.db.routing import Template, load_routing
@@ -152,10 +152,10 @@ class EngineService(WorkerService):
         if m["priority"] != "critical" and not self.settings.injects("ignore_quiet_hours"):
             quiet_end = quiet_hours.deferral(
                 m["preferences"].get("quietHours"), m["user"].get("timezone"),
-                datetime.fromtimestamp(due_ms / 1000, UTC),
+                from_ms(due_ms),
             )
             if quiet_end is not None:
-                due_ms, reason = int(quiet_end.timestamp() * 1000), "quietHours"
+                due_ms, reason = to_ms(quiet_end), "quietHours"
         return (due_ms if due_ms > now_ms else None), reason
 
     async def _deduplicate(self, sends: list[_Send], now_ms: int) -> list[_Send]:
@@ -201,7 +201,7 @@ class EngineService(WorkerService):
                 # The rule too: the project's or the deployment's, a count alone does not say.
                 rule = c.rule
                 # A send that waits is throttled in the window it would go out in.
-                around = "" if s.due_ms is None else f" around {_utc_text(s.due_ms)}"
+                around = "" if s.due_ms is None else f" around {iso_from_ms(s.due_ms)}"
                 logs.append(_row(
                     s.message, s.decision.channel, s.task_id, Kind.THROTTLED, Status.THROTTLED,
                     f"throttled: the limit is {counted(rule.limit, 'send')} per "
@@ -264,7 +264,7 @@ class EngineService(WorkerService):
                              detail + notes))
             return
         reason = s.due_reason
-        at = _utc_text(s.due_ms)
+        at = iso_from_ms(s.due_ms)
         # The user's quiet hours were read now: delivery reads them again when it comes due.
         payload["heldUntil"] = at
         scheduled: ScheduledTask = {
@@ -305,12 +305,6 @@ def _row(
     )
 
 
-def _utc_text(ms: int) -> str:
-    """As every API time is written: UTC, milliseconds, Z."""
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(
-        timespec="milliseconds").replace("+00:00", "Z")
-
-
 def _parse_ms(value: str | None) -> int | None:
     if not value:
         return None
@@ -320,7 +314,7 @@ def _parse_ms(value: str | None) -> int | None:
         return None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)
+    return to_ms(moment)
 
 
 def _ids(m: EnrichedMessage, task_id: str) -> dict[str, Any]:

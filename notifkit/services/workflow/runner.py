@@ -29,6 +29,7 @@ import asyncpg
 from redis.asyncio import Redis
 
 from notifkit import streams
+from notifkit.clock import to_ms
 from notifkit.config import Settings
 from notifkit.db import workflows as db
 from notifkit.errors import RetryLater
@@ -104,7 +105,7 @@ def iso(moment: datetime) -> str:
 
 
 def ms(moment: datetime) -> int:
-    return int(moment.timestamp() * 1000)
+    return to_ms(moment)
 
 
 def micros(moment: datetime) -> int:
