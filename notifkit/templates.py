@@ -102,6 +102,11 @@ CHANNEL_FIELDS: Final[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     "webhook": (("body",), ()),
 }
 HTML_FIELDS: Final = frozenset({("email", "html")})
+# The field a model's answer fills, per channel, when a template's ai block writes it (email's
+# html is made from the same answer).
+AI_WRITTEN_FIELDS: Final[dict[str, str]] = {
+    "email": "text", "sms": "text", "push": "body", "inapp": "text", "webhook": "body",
+}
 MAX_OUTPUT_CHARS: Final = 1_000_000
 MAX_POWER_EXPONENT: Final = 1000
 MAX_RESULT_BITS: Final = 100_000

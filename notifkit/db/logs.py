@@ -1,7 +1,11 @@
 """The timeline: ``message_logs`` rows written by the pipeline, in batches.
 
 Every pipeline decision is one row; rows are inserted with ``ON CONFLICT (task_id, channel,
-attempt, kind) DO NOTHING``, so a stage that runs an entry twice records nothing twice.
+attempt, kind)``, so a stage that runs an entry twice records nothing twice. A wait decided
+again within one attempt (REPEATABLE_KINDS: parked again on notifkit's own rate, held again
+for quiet hours that changed) updates its row instead: its detail and metadata become the
+latest decision's, and ``metadata.repeats`` counts the decisions (the row keeps its first
+time, so a walk over the log by time meets it once).
 ``status`` is the recipient+channel status after the row (the API's status values).
 """
 
@@ -62,6 +66,11 @@ class Kind(StrEnum):
     GENERATION_FAILED = "generation_failed"
 
 
+# Kinds a stage may decide again within one attempt, each time with a new "until": the row
+# says the latest. Every other kind's first row stands.
+REPEATABLE_KINDS = frozenset({Kind.RATE_LIMITED, Kind.DEFERRED, Kind.GENERATION_DEFERRED})
+
+
 @dataclass(slots=True)
 class LogRow:
     project_id: str
@@ -94,8 +103,14 @@ FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::inte
             $13::text[])
      AS r (project_id, event_id, task_id, user_id, channel, attempt, kind, status, detail,
            provider, provider_message_id, campaign_id, metadata)
-ON CONFLICT (task_id, channel, attempt, kind) DO NOTHING
-"""
+ON CONFLICT (task_id, channel, attempt, kind) DO UPDATE
+SET detail = EXCLUDED.detail,
+    metadata = EXCLUDED.metadata || jsonb_build_object(
+        'repeats', COALESCE((message_logs.metadata ->> 'repeats')::integer, 1) + 1)
+WHERE message_logs.kind IN ({repeatable})
+  AND (message_logs.detail, message_logs.metadata - 'repeats')
+      IS DISTINCT FROM (EXCLUDED.detail, EXCLUDED.metadata)
+""".format(repeatable=", ".join(f"'{kind.value}'" for kind in sorted(REPEATABLE_KINDS)))
 
 
 # The same row, unless its task+channel already has a row of its kind at any attempt.
@@ -132,12 +147,27 @@ async def insert_first_of_kind(db: asyncpg.Pool | asyncpg.Connection,
 
 
 def log_columns(rows: Sequence[LogRow]) -> list[list[Any]]:
+    """The rows as INSERT_ROWS's 13 arrays, one row per key: a statement whose ON CONFLICT
+    may update fails on a key it meets twice, so the first row of a key stands (as DO NOTHING
+    had it), or for REPEATABLE_KINDS the last (the latest decision)."""
+    rows = _one_per_key(rows)
     return [[r.project_id for r in rows], [r.event_id for r in rows],
             [r.task_id for r in rows], [r.user_id for r in rows], [r.channel for r in rows],
             [r.attempt for r in rows], [r.kind.value for r in rows],
             [r.status.value for r in rows], [r.detail for r in rows],
             [r.provider for r in rows], [r.provider_message_id for r in rows],
             [r.campaign_id for r in rows], [json_text(r.metadata) for r in rows]]
+
+
+def _one_per_key(rows: Sequence[LogRow]) -> Sequence[LogRow]:
+    if len(rows) < 2:
+        return rows
+    kept: dict[tuple[str, str, int, str], LogRow] = {}
+    for row in rows:
+        key = (row.task_id, row.channel, row.attempt, row.kind)
+        if key not in kept or row.kind in REPEATABLE_KINDS:
+            kept[key] = row
+    return rows if len(kept) == len(rows) else list(kept.values())
 
 
 def _args(r: LogRow) -> tuple[Any, ...]:

@@ -70,6 +70,7 @@ from notifkit.services.engine.render import (
 )
 from notifkit.services.timeline import task_row
 from notifkit.templates import (
+    AI_WRITTEN_FIELDS,
     RenderError,
     render_channel,
     render_string,
@@ -98,9 +99,6 @@ SYSTEM_PROMPTS: dict[str, str] = {
 # it, so a slot is never held long enough to be reclaimed (as in delivery).
 MAX_BUCKET_WAIT_S = 2.0
 
-BODY_FIELDS: dict[str, str] = {
-    "email": "text", "sms": "text", "push": "body", "inapp": "text", "webhook": "body",
-}
 # A model's answer longer than its channel's provider takes (MAX_SMS_CHARS, MAX_PUSH_BODY_BYTES)
 # is cut to fit, since sent whole it would be refused for good after it was paid for.
 
@@ -285,9 +283,16 @@ class AiService(WorkerService):
         for mark in list(entry.marks):
             await self._release_mark(keys=[mark], args=[entry.owner])
             entry.marks.remove(mark)
-        log.warning("The AI provider is rate limiting; parked the task for %.1f s (parking %d "
-                    "of %d).", after_s, parks, self.settings.max_attempts,
-                    extra={"task_id": task["taskId"], "event_id": task["eventId"]})
+        # Own-bucket parkings spend no attempt, so "parking N of the limit" would read as a
+        # limit passed; only the provider's 429s count towards it.
+        if counts:
+            log.warning("The AI provider is rate limiting; parked the task for %.1f s "
+                        "(attempt %d of %d).", after_s, attempt, self.settings.max_attempts,
+                        extra={"task_id": task["taskId"], "event_id": task["eventId"]})
+        else:
+            log.info("notifkit's own rate for the AI provider is used up; parked the task for "
+                     "%.1f s (parking %d, no attempt spent).", after_s, parks,
+                     extra={"task_id": task["taskId"], "event_id": task["eventId"]})
 
     async def _templates(
         self, tasks: list[tuple[Entry, AiTask]]
@@ -359,7 +364,7 @@ def content_for(channel: str, text: str, base: dict[str, Any]) -> dict[str, Any]
         # it so); the model writes text, and an answer such as `{"admin": true}` or `42` (a
         # prompt's data can lead it there) is sent as that text, as a JSON string.
         text = json.dumps(text, ensure_ascii=False)
-    content[BODY_FIELDS.get(channel, "text")] = text
+    content[AI_WRITTEN_FIELDS.get(channel, "text")] = text
     if channel == "email":
         paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
         content["html"] = "".join(_html_paragraph(p) for p in paragraphs)

@@ -173,6 +173,16 @@ AI = {"model": "gpt-4o-mini", "prompt": "Write it.", "channels": ["sms"]}
     {"channels": {"sms": {"text": ""}}, "ai": AI},
     {"channels": {"email": {"subject": "", "text": ""}}, "ai": AI},
     {"channels": {"email": {"subject": ""}}, "ai": {**AI, "channels": ["email"]}},
+    # The field the model fills may be left out of a channel it writes, and only there.
+    {"channels": {"sms": {}}, "ai": AI},
+    {"channels": {"sms": {}}},
+    {"channels": {"push": {"title": "T"}}, "ai": {**AI, "channels": ["push"]}},
+    {"channels": {"push": {"title": "T"}}},
+    {"channels": {"push": {"body": "b"}}, "ai": {**AI, "channels": ["push"]}},
+    {"channels": {"inapp": {"url": "https://x.example"}}, "ai": {**AI, "channels": ["inapp"]}},
+    {"channels": {"webhook": {}}, "ai": {**AI, "channels": ["webhook"]}},
+    {"channels": {"webhook": {}}},
+    {"channels": {"webhook": {"body": ""}}},
 ], ids=ascii)
 async def test_a_template_the_document_admits_is_one_the_server_takes(
     api: Api, project: Project, body: dict[str, Any]

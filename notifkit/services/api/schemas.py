@@ -114,7 +114,9 @@ def _content_says_something(channel: str) -> Schema:
     writes that channel, each field it requires says something. An e-mail's html and text are
     each optional, as API.md has them: one with neither goes out with an empty body."""
     required, _optional = CHANNEL_FIELDS[channel]
-    says: Schema = {"properties": {key: {"minLength": 1} for key in required}}
+    says: Schema = {"required": list(required)}
+    if channel != "webhook":  # a webhook's body may be any template, the empty one included
+        says["properties"] = {key: {"minLength": 1} for key in required}
     ai_writes = {"properties": {"ai": {"type": "object", "properties": {
         "channels": {"contains": {"const": channel}}}, "required": ["channels"]}},
         "required": ["ai"]}
@@ -208,16 +210,16 @@ COMPONENTS: dict[str, Schema] = {
     }, ("id", "attributes", "timezone", "locale", "segments", "contacts", "preferences",
         "createdAt", "updatedAt")),
     # -- templates ---------------------------------------------------------------------------
+    # The field the ai fills (AI_WRITTEN_FIELDS) may be left out of a channel it writes;
+    # TemplatePut's allOf requires it of every other.
     "TemplateChannels": obj({
-        # An e-mail's body (text, html or both) is required by TemplatePut, unless the ai
-        # writes it.
         "email": obj({"subject": TEMPLATE_TEXT, "html": TEMPLATE_TEXT, "text": TEMPLATE_TEXT},
                      ("subject",)),
-        "sms": obj({"text": TEMPLATE_TEXT}, ("text",)),
+        "sms": obj({"text": TEMPLATE_TEXT}),
         "push": obj({"title": TEMPLATE_TEXT, "body": TEMPLATE_TEXT, "data": ANY_OBJECT},
-                    ("title", "body")),
-        "inapp": obj({"text": TEMPLATE_TEXT, "url": TEMPLATE_TEXT}, ("text",)),
-        "webhook": obj({"body": {"anyOf": [TEMPLATE_TEXT, ANY_OBJECT]}}, ("body",)),
+                    ("title",)),
+        "inapp": obj({"text": TEMPLATE_TEXT, "url": TEMPLATE_TEXT}),
+        "webhook": obj({"body": {"anyOf": [TEMPLATE_TEXT, ANY_OBJECT]}}),
     }),
     "TemplateAi": obj({
         "model": name_string(200),
@@ -237,9 +239,7 @@ COMPONENTS: dict[str, Schema] = {
         # Something to send: content for a channel, or ai to write it.
         "anyOf": [{"properties": {"channels": {"minProperties": 1}}},
                   {"properties": {"ai": {"type": "object"}}, "required": ["ai"]}],
-        # A webhook's body may be any template, the empty one included.
-        "allOf": [_content_says_something(channel) for channel in CHANNEL_FIELDS
-                  if channel != "webhook"]},
+        "allOf": [_content_says_something(channel) for channel in CHANNEL_FIELDS]},
     "Template": obj({
         "id": STRING, "topic": nullable(STRING),
         "channels": {"type": "object"},

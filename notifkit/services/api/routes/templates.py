@@ -33,6 +33,7 @@ from notifkit.services.api.validation import (
 )
 from notifkit.services.engine.render import blank_field
 from notifkit.templates import (
+    AI_WRITTEN_FIELDS,
     CHANNEL_FIELDS,
     RenderError,
     build_context,
@@ -306,7 +307,8 @@ def _channels(fields: Fields, written_by_ai: list[Any]) -> dict[str, Any] | None
             elif channel == "webhook" and key == "body":
                 body = content.get("body")
                 if "body" not in content:
-                    inner.fail("body", "is required")
+                    if channel not in written_by_ai:
+                        inner.fail("body", "is required")
                 elif not isinstance(body, str | dict):
                     inner.fail("body", "must be a template string or an object")
                 elif isinstance(body, str) and len(body) > MAX_TEMPLATE_CHARS:
@@ -314,9 +316,12 @@ def _channels(fields: Fields, written_by_ai: list[Any]) -> dict[str, Any] | None
                 else:
                     _refuse_long(body, f"channels.{channel}.body", fields)
             else:
-                must_say = key in required and channel not in written_by_ai
-                inner.string(key, required=key in required, min_len=1 if must_say else 0,
-                             max_len=MAX_TEMPLATE_CHARS)
+                by_ai = channel in written_by_ai
+                must_say = key in required and not by_ai
+                # The field the model fills may be left out; the others may be empty.
+                inner.string(key, required=key in required and not (
+                                 by_ai and AI_WRITTEN_FIELDS[channel] == key),
+                             min_len=1 if must_say else 0, max_len=MAX_TEMPLATE_CHARS)
         if channel == "inapp" and unsafe_url(content.get("url")):
             inner.fail("url", "must not be a javascript:, vbscript: or data: link")
         out[channel] = content
