@@ -43,9 +43,9 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         text = f"{self.prog}: invalid arguments: {message} (see --help)"
-        # A subcommand's parser is named "python -m notifkit COMMAND"; the top one's errors
-        # (an unknown command, say) come before any command, so serve's format applies.
-        command = self.prog.removeprefix(PROG).strip() or "serve"
+        # The command the words name, not the parser's: argparse reports an unknown option of
+        # a command (``dev --bogus``) from the top parser, which names none.
+        command = _command_given
         if intended_log_format(command, os.environ) == "json":
             # Whatever collects JSON logs parses every line, this one too.
             setup_logging("json", "INFO")
@@ -74,6 +74,9 @@ class _Once(argparse.Action):
 
 TOP_LEVEL_OPTIONS = ("-h", "--help", "--version")
 PROG = "python -m notifkit"
+COMMANDS = ("serve", "migrate", "dev")
+# The command the command line names (serve unless another is), for the parser's errors.
+_command_given = "serve"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -256,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     if words and words[0].startswith("-") and words[0] not in TOP_LEVEL_OPTIONS:
         words.insert(0, "serve")  # ``python -m notifkit --services api``: serve is the default
+    global _command_given
+    _command_given = words[0] if words and words[0] in COMMANDS else "serve"
     args = parser.parse_args(words)
     command = args.command or "serve"
     # Logging in the format asked for before the settings are read, so the warnings reading

@@ -473,8 +473,9 @@ def _int(env: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
     try:
         # int() and float() read any script's digits (full-width '８０' is 80); a URL's port
         # takes only 0-9, and so does every number here.
-        # int() also reads "5_0" as 50 and float() "1_0" as 10: digits 0-9 only.
-        if not raw.isascii() or "_" in raw:
+        # int() also reads "5_0" as 50 and "+5" as 5: digits 0-9 only (a minus is read, to
+        # be refused as below the least value).
+        if not raw.isascii() or "_" in raw or raw.startswith("+"):
             raise ValueError(raw)
         value = int(raw)
     except ValueError:
@@ -489,7 +490,7 @@ def _float(env: Mapping[str, str], name: str, minimum: float = 0.0) -> float | N
     if raw is None:
         return None
     try:
-        if not raw.isascii() or "_" in raw:  # as in _int
+        if not raw.isascii() or "_" in raw or raw.startswith("+"):  # as in _int
             raise ValueError(raw)
         value = float(raw)
     except ValueError:
@@ -788,7 +789,9 @@ def _check_url(variable: str, value: str | None, schemes: tuple[str, ...], *,
     if parts.scheme not in schemes or not (parts.netloc or (hostless and "://" in value)):
         raise ConfigError(
             variable,
-            f"must be a {' or '.join(s + '://' for s in schemes)} URL, got {_shown(value)}",
+            # "an http://", "an smtp://": the article goes by the letter's sound.
+            f"must be {'an' if schemes[0][0] in 'hs' else 'a'} "
+            f"{' or '.join(s + '://' for s in schemes)} URL, got {_shown(value)}",
         )
     # urlsplit takes both, and the process started: 'http://:8025' or 'https://user@' then
     # failed every call made with it, and white space every link or request line built on it.
@@ -1282,6 +1285,19 @@ def check_timeout(variable: str, value: object) -> None:
     if (isinstance(value, bool) or not isinstance(value, (int, float))
             or not (math.isfinite(value) and 0 < value <= MAX_DURATION_S)):
         raise ConfigError(variable, f"must be a number of seconds above 0, got {value!r}")
+
+
+def check_connections(variable: str, value: object) -> None:
+    """A connection pool's size: 0 would leave every send waiting for a connection."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(variable, f"must be a whole number of at least 1, got {value!r}")
+
+
+def check_sender_number(variable: str, value: object) -> None:
+    """A sender's phone number or alphanumeric id, sent in every message's form body."""
+    if not isinstance(value, str) or not value.strip() or not value.isprintable():
+        raise ConfigError(variable, f"must be the sender's number (or id), without control "
+                          f"characters, got {value!r}")
 
 
 def check_smtp_url(variable: str, value: object) -> None:

@@ -105,7 +105,7 @@ def list_messages(state: SimState, query: Mapping[str, str]) -> dict[str, list[M
     records = state.messages.query(
         provider=provider,
         to=query.get("to") or None,
-        task_id=(query.get("taskId") or "").strip()[:MAX_TASK_ID_CHARS] or None,
+        task_id=_task_id_filter(query.get("taskId")),
         limit=limit,
     )
     return {"items": [record.to_item() for record in records]}
@@ -160,6 +160,14 @@ def _json(payload: Any, status: int = 200) -> web.Response:
     # escaped rather than failing the whole listing.
     body = json.dumps(payload, ensure_ascii=False).encode("utf-8", "backslashreplace")
     return web.Response(body=body, status=status, content_type="application/json")
+
+
+def _task_id_filter(raw: str | None) -> str | None:
+    """The id as records keep it (stripped, cut to MAX_TASK_ID_CHARS). Given but blank, it
+    matches no message (no record keeps a blank id), rather than every one."""
+    if not raw:
+        return None
+    return raw.strip()[:MAX_TASK_ID_CHARS] or " "
 
 
 async def _raw_body(request: web.Request) -> bytes:

@@ -92,25 +92,54 @@ class LogRow:
 # it once, where an executemany of N rows is N executions (each planned afresh under
 # plan_cache_mode = force_custom_plan). metadata travels as JSON text: an array of jsonb would
 # take a JSON list for a nested array. Its parameters are the 13 arrays of log_columns ($1 to
-# $13); a statement that does more in the same commit puts a data-modifying WITH before it.
-INSERT_ROWS = """
-INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, attempt, kind,
-                          status, detail, provider, provider_message_id, campaign_id, metadata)
-SELECT r.project_id, r.event_id, r.task_id, r.user_id, r.channel, r.attempt, r.kind, r.status,
-       r.detail, r.provider, r.provider_message_id, r.campaign_id, r.metadata::jsonb
-FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::integer[],
+# $13); a statement that does more in the same commit puts a data-modifying WITH before it
+# (insert_rows_sql).
+_COLUMNS = """project_id, event_id, task_id, user_id, channel, attempt, kind, status, detail,
+           provider, provider_message_id, campaign_id, metadata"""
+_ROWS = """unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::integer[],
             $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[],
-            $13::text[])
-     AS r (project_id, event_id, task_id, user_id, channel, attempt, kind, status, detail,
-           provider, provider_message_id, campaign_id, metadata)
-ON CONFLICT (task_id, channel, attempt, kind) DO UPDATE
+            $13::text[]) AS r (""" + _COLUMNS + ")"
+_SELECT = """SELECT r.project_id, r.event_id, r.task_id, r.user_id, r.channel, r.attempt, r.kind,
+       r.status, r.detail, r.provider, r.provider_message_id, r.campaign_id, r.metadata::jsonb"""
+_KEY = "(task_id, channel, attempt, kind)"
+INSERT_ROWS = f"""
+INSERT INTO message_logs ({_COLUMNS})
+{_SELECT}
+FROM {_ROWS}
+ON CONFLICT {_KEY} DO NOTHING
+"""
+_REPEATABLE = ", ".join(f"'{kind.value}'" for kind in sorted(REPEATABLE_KINDS))
+# A batch holding a repeated wait: its other rows as INSERT_ROWS has them (DO NOTHING takes
+# no lock on a row already there, so replays of overlapping batches cannot deadlock), the
+# waits updating their row, only for a decision of the same reason (a park on notifkit's own
+# rate does not overwrite a provider's 429 of the same attempt) and only when it says
+# something new (the same row written again by a reclaimed entry changes nothing).
+_INSERT_WITH_WAITS = f"""
+r AS (SELECT * FROM {_ROWS}),
+others AS (
+  INSERT INTO message_logs ({_COLUMNS})
+  {_SELECT} FROM r WHERE r.kind NOT IN ({_REPEATABLE})
+  ON CONFLICT {_KEY} DO NOTHING
+)
+INSERT INTO message_logs ({_COLUMNS})
+{_SELECT} FROM r WHERE r.kind IN ({_REPEATABLE})
+ORDER BY r.task_id, r.channel, r.attempt, r.kind
+ON CONFLICT {_KEY} DO UPDATE
 SET detail = EXCLUDED.detail,
     metadata = EXCLUDED.metadata || jsonb_build_object(
         'repeats', COALESCE((message_logs.metadata ->> 'repeats')::integer, 1) + 1)
-WHERE message_logs.kind IN ({repeatable})
+WHERE message_logs.metadata ->> 'reason' IS NOT DISTINCT FROM EXCLUDED.metadata ->> 'reason'
   AND (message_logs.detail, message_logs.metadata - 'repeats')
       IS DISTINCT FROM (EXCLUDED.detail, EXCLUDED.metadata)
-""".format(repeatable=", ".join(f"'{kind.value}'" for kind in sorted(REPEATABLE_KINDS)))
+"""
+
+
+def insert_rows_sql(rows: Sequence[LogRow], before: str | None = None) -> str:
+    """The statement that writes ``rows`` (as ``log_columns`` gives them), after ``before``,
+    a data-modifying ``name AS (...)`` to run in the same commit."""
+    if any(row.kind in REPEATABLE_KINDS for row in rows):
+        return "WITH " + (f"{before}, " if before else "") + _INSERT_WITH_WAITS
+    return (f"WITH {before} " if before else "") + INSERT_ROWS
 
 
 # The same row, unless its task+channel already has a row of its kind at any attempt.
@@ -128,12 +157,13 @@ ON CONFLICT (task_id, channel, attempt, kind) DO NOTHING
 async def insert_logs(db: asyncpg.Pool | asyncpg.Connection, rows: Sequence[LogRow]) -> None:
     """Write a read batch's rows in one statement."""
     if rows:
-        await db.execute(INSERT_ROWS, *log_columns(rows))
+        await db.execute(insert_rows_sql(rows), *log_columns(rows))
 
 
 async def insert_one(db: asyncpg.Pool | asyncpg.Connection, row: LogRow) -> int | None:
-    """Write one row; its id, or None when the same row was there already."""
-    value = await db.fetchval(INSERT_ROWS + " RETURNING id", *log_columns([row]))
+    """Write one row; its id, or None when the same row was there already (a repeated wait
+    updates its row, and so answers its id)."""
+    value = await db.fetchval(insert_rows_sql([row]) + " RETURNING id", *log_columns([row]))
     return int(value) if value is not None else None
 
 
@@ -147,9 +177,9 @@ async def insert_first_of_kind(db: asyncpg.Pool | asyncpg.Connection,
 
 
 def log_columns(rows: Sequence[LogRow]) -> list[list[Any]]:
-    """The rows as INSERT_ROWS's 13 arrays, one row per key: a statement whose ON CONFLICT
-    may update fails on a key it meets twice, so the first row of a key stands (as DO NOTHING
-    had it), or for REPEATABLE_KINDS the last (the latest decision)."""
+    """The rows as the 13 arrays insert_rows_sql's statements take. A batch holding a repeated
+    wait has one row per key: an ON CONFLICT that may update fails on a key it meets twice,
+    so the first row of a key stands (as DO NOTHING has it), or a wait's last."""
     rows = _one_per_key(rows)
     return [[r.project_id for r in rows], [r.event_id for r in rows],
             [r.task_id for r in rows], [r.user_id for r in rows], [r.channel for r in rows],
@@ -160,7 +190,7 @@ def log_columns(rows: Sequence[LogRow]) -> list[list[Any]]:
 
 
 def _one_per_key(rows: Sequence[LogRow]) -> Sequence[LogRow]:
-    if len(rows) < 2:
+    if len(rows) < 2 or not any(row.kind in REPEATABLE_KINDS for row in rows):
         return rows
     kept: dict[tuple[str, str, int, str], LogRow] = {}
     for row in rows:

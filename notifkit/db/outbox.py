@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from notifkit.db.logs import INSERT_ROWS, LogRow, insert_logs, log_columns
+from notifkit.db.logs import LogRow, insert_logs, insert_rows_sql, log_columns
 from notifkit.db.recipients import Executor
 
 SENDING, SENT, FAILED = "sending", "sent", "failed"
@@ -173,8 +173,8 @@ async def settle_and_log(
         await insert_logs(db, logs)
         return
     columns = log_columns(logs)
-    await db.execute(f"WITH settled AS ({_settle_sql(len(columns) + 1)}) "
-                     + INSERT_ROWS, *columns, *_settle_columns(rows))
+    await db.execute(insert_rows_sql(logs, f"settled AS ({_settle_sql(len(columns) + 1)})"),
+                     *columns, *_settle_columns(rows))
 
 
 async def disable_contacts(

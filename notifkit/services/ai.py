@@ -243,7 +243,7 @@ class AiService(WorkerService):
         channel = task["channel"]
         fields = templates.get((task["projectId"], task["template"]), {}).get(channel)
         content: dict[str, Any] | None = None
-        if isinstance(fields, dict):
+        if isinstance(fields, dict) and _has_body(fields, channel):
             with contextlib.suppress(RenderError):
                 content = render_channel(fields, channel, task["context"])
         sent = "the template's content" if content is not None else "generic content"
@@ -278,7 +278,8 @@ class AiService(WorkerService):
         entry.emit(self.keys.scheduled, parked)
         logs.append(task_row(task, attempt, Kind.GENERATION_DEFERRED, Status.SCHEDULED,
                              f"{exc}; parked for {after_s:g} s", self.client.provider,
-                             metadata={"retryAfterSeconds": after_s, "parkCount": parks}))
+                             metadata={"retryAfterSeconds": after_s, "parkCount": parks,
+                                       "reason": "rateLimited" if counts else "ownRate"}))
         # The task comes back as a new entry: it must find the dedup key free.
         for mark in list(entry.marks):
             await self._release_mark(keys=[mark], args=[entry.owner])
@@ -350,6 +351,15 @@ def headline(text: str, limit: int = 78) -> str:
     match = _SENTENCE.match(first)
     line = match.group(1) if match else first
     return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
+
+
+def _has_body(fields: dict[str, Any], channel: str) -> bool:
+    """Whether a template's own content for a channel the ai writes says something: the
+    field the model fills may be left out or a blank placeholder, and sent without the model
+    such content would go out empty (an SMS without a body is refused by the provider)."""
+    names = ("text", "html") if channel == "email" else (AI_WRITTEN_FIELDS.get(channel, "text"),)
+    return any((isinstance(value, str) and value.strip()) or (isinstance(value, dict) and value)
+               for value in (fields.get(name) for name in names))
 
 
 def content_for(channel: str, text: str, base: dict[str, Any]) -> dict[str, Any]:

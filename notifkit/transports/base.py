@@ -41,7 +41,7 @@ import asyncpg
 from redis.asyncio import Redis
 
 from notifkit import codec
-from notifkit.config import ConfigError, Settings, check_base_url, check_timeout
+from notifkit.config import Settings, check_base_url, check_connections, check_timeout
 from notifkit.keys import Keys
 
 # The longest a provider's Retry-After parks a task: a day (no provider asks for more).
@@ -254,13 +254,11 @@ class HttpTransport:
     def check_arguments(self) -> None:
         """Refuses what would fail every send, naming the argument, as the environment's
         variables are refused at start: ``NotifkitServer(transports=[...])`` calls it."""
-        if self.has_base_url:
+        # Empty: a subclass of one's own that builds whole URLs itself, as webhooks do.
+        if self.has_base_url and self.base_url:
             check_base_url(self.argument("base_url"), self.base_url)
         check_timeout(self.argument("timeout_s"), self.timeout_s)
-        if (isinstance(self.connections, bool) or not isinstance(self.connections, int)
-                or self.connections < 1):
-            raise ConfigError(self.argument("connections"),
-                              f"must be a whole number of at least 1, got {self.connections!r}")
+        check_connections(self.argument("connections"), self.connections)
 
     def argument(self, name: str) -> str:
         return f"{type(self).__name__}({name})"

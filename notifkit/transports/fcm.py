@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from notifkit.config import ConfigError, check_path_segment
+from notifkit.config import ConfigError, check_credential, check_path_segment
 from notifkit.transports.base import (
     METADATA_FIELD,
     HttpReply,
@@ -65,6 +65,8 @@ class FcmTransport(HttpTransport):
     def check_arguments(self) -> None:
         super().check_arguments()
         check_path_segment(self.argument("project_id"), self.project_id)
+        if self._static_token is not None:
+            check_credential(self.argument("access_token"), self._static_token)
 
     async def _send(self, message: Message) -> SendResult:
         content = message.content

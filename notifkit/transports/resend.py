@@ -37,12 +37,12 @@ class ResendTransport(HttpTransport):
         super().__init__(base_url=base_url, **options)
         self.api_key = api_key
         self.from_addr = from_addr
+        self._send_idempotency_key = True
 
     def check_arguments(self) -> None:
         super().check_arguments()
         check_credential(self.argument("api_key"), self.api_key)
         check_from_address(self.argument("from_addr"), self.from_addr)
-        self._send_idempotency_key = True
 
     async def open(self, ctx: TransportContext) -> None:
         await super().open(ctx)

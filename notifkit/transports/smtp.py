@@ -30,7 +30,12 @@ from urllib.parse import unquote, urlsplit
 
 import aiosmtplib
 
-from notifkit.config import check_from_address, check_smtp_url, check_timeout
+from notifkit.config import (
+    check_connections,
+    check_from_address,
+    check_smtp_url,
+    check_timeout,
+)
 from notifkit.transports.base import Message, Outcome, SendResult, TransportContext, quoted
 from notifkit.transports.email import build_email
 
@@ -69,6 +74,7 @@ class SmtpTransport:
     def __init__(self, *, url: str, from_addr: str, timeout_s: float = 10.0,
                  connections: int = 4, rate_per_s: float | None = None) -> None:
         self.url = url
+        self.connections = connections
         parts = urlsplit(url)
         self.hostname = parts.hostname or "localhost"
         self.use_tls = parts.scheme == "smtps"
@@ -87,6 +93,7 @@ class SmtpTransport:
         check_smtp_url("SmtpTransport(url)", self.url)
         check_from_address("SmtpTransport(from_addr)", self.from_addr)
         check_timeout("SmtpTransport(timeout_s)", self.timeout_s)
+        check_connections("SmtpTransport(connections)", self.connections)
 
     async def open(self, ctx: TransportContext) -> None:
         return None

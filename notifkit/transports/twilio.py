@@ -13,7 +13,7 @@ import base64
 from typing import Any
 from urllib.parse import quote
 
-from notifkit.config import check_base_url, check_credential, check_path_segment
+from notifkit.config import check_base_url, check_path_segment, check_sender_number
 from notifkit.transports.base import (
     HttpReply,
     HttpTransport,
@@ -52,7 +52,7 @@ class TwilioTransport(HttpTransport):
     def check_arguments(self) -> None:
         super().check_arguments()
         check_path_segment(self.argument("account_sid"), self.account_sid)
-        check_credential(self.argument("from_number"), self.from_number)
+        check_sender_number(self.argument("from_number"), self.from_number)
         if self.public_url is not None:
             check_base_url(self.argument("public_url"), self.public_url)
 

@@ -3,6 +3,7 @@ a wait decided again within one attempt, whose row says the latest decision."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import asyncpg
@@ -75,6 +76,36 @@ async def test_one_batch_holding_a_key_twice_is_written_whole(db: asyncpg.Pool) 
         _row(event_id, Kind.RATE_LIMITED, "parked for 1.0 s"),
         _row(event_id, Kind.QUEUED, "queued"),
     ])
-    assert await _rows(db, event_id) == [("failed", "first failure", {}),
-                                         ("rate_limited", "parked for 1.0 s", {}),
-                                         ("queued", "queued", {})]
+    # (In any order: the waits go by a statement of their own within the one statement.)
+    assert sorted(await _rows(db, event_id)) == [("failed", "first failure", {}),
+                                                 ("queued", "queued", {}),
+                                                 ("rate_limited", "parked for 1.0 s", {})]
+
+
+async def test_a_wait_of_another_reason_does_not_overwrite_the_row(db: asyncpg.Pool) -> None:
+    # A park on notifkit's own rate meeting the row of the provider's 429 at the same attempt.
+    event_id = uuid7()
+    await insert_logs(db, [_row(event_id, Kind.GENERATION_DEFERRED, "HTTP 429; parked for 6 s",
+                                metadata={"reason": "rateLimited"})])
+    await insert_logs(db, [_row(event_id, Kind.GENERATION_DEFERRED, "own rate; parked for 1 s",
+                                metadata={"reason": "ownRate"})])
+    assert await _rows(db, event_id) == [
+        ("generation_deferred", "HTTP 429; parked for 6 s", {"reason": "rateLimited"})]
+
+
+async def test_rows_already_there_take_no_lock_so_crossed_batches_cannot_deadlock(
+    db: asyncpg.Pool,
+) -> None:
+    """Two transactions writing rows that exist already, in opposite orders (a reclaimed
+    batch beside its slow first run, say): DO NOTHING locks nothing, so neither waits."""
+    first, second = uuid7(), uuid7()
+    a = _row(first, Kind.FAILED, "a")
+    b = _row(second, Kind.SENT, "b")
+    await insert_logs(db, [a, b])
+    async with db.acquire() as one, db.acquire() as two, one.transaction(), two.transaction():
+        await insert_logs(one, [a])
+        await insert_logs(two, [b])
+        await asyncio.wait_for(asyncio.gather(insert_logs(one, [b]), insert_logs(two, [a])),
+                               timeout=10)
+    assert len(await _rows(db, first)) == 1
+    assert len(await _rows(db, second)) == 1

@@ -165,6 +165,9 @@ async def test_an_over_long_task_id_finds_its_messages_by_the_whole_id(
     _, found = await call(http, sim, "GET", "/_sim/messages", params={"taskId": long_id})
     assert [m["to"] for m in found["items"]] == ["a@example.com"]
     assert found["items"][0]["taskId"] == long_id[:256]
+    # A blank id names no message's task: nothing, not every message.
+    _, blank = await call(http, sim, "GET", "/_sim/messages", params={"taskId": " "})
+    assert blank == {"items": []}
 
 
 async def test_a_key_given_twice_in_a_control_body_is_400_and_adds_nothing(

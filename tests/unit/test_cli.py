@@ -75,6 +75,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None,
         ("NOTIFKIT_SIMULATOR_URL", "http://sim ulators:8025"),
         # int() reads "5_0" as 50: numbers are written in the digits 0-9.
         ("WORKER_CONCURRENCY", "5_0"),
+        ("WORKER_CONCURRENCY", "+5"),
         ("RECLAIM_INTERVAL_SECONDS", "1_0"),
         ("MAX_ATTEMPTS", "99999999999999999999"),
         ("ENRICHER_MAX_ATTEMPTS", "1001"),
@@ -537,6 +538,7 @@ def test_an_unknown_redis_url_option_is_named_without_the_clients_internals() ->
     (["serve", "--services", "api", "--services", "api"], "--services"),
     (["migrate", "--services", "api"], "arguments"),
     (["bogus"], "COMMAND"),
+    (["dev", "--bogus"], "arguments"),
 ])
 def test_with_json_logs_a_bad_argument_is_one_json_record_naming_it(
     argv: list[str], setting: str
@@ -547,10 +549,19 @@ def test_with_json_logs_a_bad_argument_is_one_json_record_naming_it(
     record = json.loads(line)
     assert record["level"] == "error"
     assert record["setting"] == setting
+    # The command named on the line, though argparse reports an unknown option from the top.
+    assert record["service"] == (argv[0] if argv[0] in ("dev", "migrate") else "serve")
     assert "invalid arguments" in record["msg"]
     text = run_cli(*argv, env={"LOG_FORMAT": "text"})
     assert text.returncode == 2
     assert text.stderr.startswith("python -m notifkit")
+
+
+def test_dev_with_a_bad_argument_and_no_log_format_speaks_plain_text() -> None:
+    # dev's logs are text unless LOG_FORMAT says otherwise, its refusals too.
+    result = run_cli("dev", "--bogus")
+    assert result.returncode == 2
+    assert result.stderr.startswith("python -m notifkit: invalid arguments: unrecognized")
 
 
 @pytest.mark.parametrize(("command", "env", "warned"), [

@@ -319,6 +319,9 @@ GOOD_TRANSPORT_ARGUMENTS: dict[str, dict[str, Any]] = {
     ("twilio", {"from_number": ""}, "TwilioTransport(from_number)"),
     ("fcm", {"project_id": "a/b"}, "FcmTransport(project_id)"),
     ("fcm", {"base_url": "https://fcm.example?x=1"}, "FcmTransport(base_url)"),
+    ("fcm", {"access_token": "ya29\nx"}, "FcmTransport(access_token)"),
+    # A pool of no connection: every send would wait for one forever.
+    ("smtp", {"connections": 0}, "SmtpTransport(connections)"),
 ])
 def test_a_built_in_transport_with_an_argument_that_fails_every_send_is_refused_naming_it(
     kind: str, changed: dict[str, Any], named: str
@@ -338,3 +341,15 @@ def test_built_in_transports_with_sound_arguments_are_taken() -> None:
         server = NotifkitServer(services=["delivery"], settings=Settings(),
                                 transports=[transport])
         assert server.transports == [transport]
+
+
+def test_an_http_transport_of_ones_own_that_builds_whole_urls_is_taken() -> None:
+    from notifkit.transports.base import HttpTransport
+
+    class Mine(HttpTransport):
+        channel = "webhook"
+        provider = "mine"
+
+    transport = Mine()
+    assert NotifkitServer(services=["delivery"], settings=Settings(),
+                          transports=[transport]).transports == [transport]

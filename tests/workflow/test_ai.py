@@ -228,6 +228,30 @@ async def test_a_prompt_that_does_not_render_sends_the_templates_content_without
     assert ("template's content" if channel == "email" else "generic content") in detail
 
 
+@pytest.mark.parametrize("email", [{"subject": "Paid"}, {"subject": "Paid", "text": " "}],
+                         ids=["text-left-out", "text-blank"])
+async def test_without_the_model_a_template_leaving_its_field_empty_sends_generic_content(
+    email: dict[str, str], ai: AiService, redis: Redis, keys: Keys, db: asyncpg.Pool,
+    project_id: str, template: str,
+) -> None:
+    """A channel the ai writes may leave out the field the model fills; without the model,
+    that content would go out empty (an SMS with no body is refused at the provider)."""
+    await db.execute("UPDATE templates SET content = jsonb_set(content, '{email}', $3::jsonb) "
+                     "WHERE project_id = $1 AND id = $2", project_id, "paid", email)
+    prompt = "About {{ data.missing.field }}."
+    await set_template_ai(db, project_id, prompt=prompt)
+    task = ai_task(project_id, channel="email")
+    task["ai"]["prompt"] = prompt
+    await xadd(redis, keys.ai_pending, task, 10_000)
+    await ai.run_until_idle()
+    [out] = await stream(redis, keys.outbound("normal"))
+    assert out["content"]["text"].strip()
+    detail = await db.fetchval(
+        "SELECT detail FROM message_logs WHERE task_id = $1 AND kind = 'generation_failed'",
+        task["taskId"])
+    assert "generic content" in detail
+
+
 async def test_a_503_is_retried_up_to_the_attempt_limit(
     ai: AiService, ai_settings: Settings, sim: SimulatorServer, redis: Redis, keys: Keys,
     project_id: str, template: str,
@@ -282,7 +306,7 @@ async def test_a_429_parks_the_task_with_the_scheduler_until_retry_after(
     assert (row["attempt"], row["kind"], row["status"], row["provider"]) == (
         1, "generation_deferred", "scheduled", "openai")
     assert "parked for 7 s" in row["detail"]
-    assert row["metadata"] == {"retryAfterSeconds": 7, "parkCount": 1}
+    assert row["metadata"] == {"retryAfterSeconds": 7, "parkCount": 1, "reason": "rateLimited"}
     # When the scheduler hands it back, the dedup key is free and the text is written
     await xadd(redis, keys.ai_pending, parked["payload"], 10_000)
     await ai.run_until_idle()

@@ -522,7 +522,11 @@ class DeliveryService(WorkerService):
             logs.append(task_row(task, attempt, kind, Status.SCHEDULED,
                                  f"{verdict.reason}{note}; parked for {wait_s:g} s", provider,
                                  metadata={"retryAfterSeconds": wait_s,
-                                           "parkCount": parked.get("parkCount", 0), **noted}))
+                                           "parkCount": parked.get("parkCount", 0),
+                                           # Which wait: a row updated by a repeated wait
+                                           # is one of the same reason (db/logs.py).
+                                           "reason": "rateLimited" if verdict.counts_as_attempt
+                                           else "ownRate", **noted}))
             log.info("Rate limited by %s; parked for %.1f s.", provider, wait_s, extra=ids)
             return
         if action is Action.RETRY:
