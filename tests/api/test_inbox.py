@@ -56,8 +56,10 @@ async def test_listing_unread_and_marking_read(
     unread = await api.call("GET", "/v1/users/u1/inbox", key=project.full,
                             params={"unread": "true"})
     assert [m["taskId"] for m in unread.body["items"]] == ["t2", "t1"]
-    assert (await api.call("POST", f"/v1/users/u2/inbox/{ids[2]}/read", key=project.full)
-            ).status == 404
+    elsewhere = await api.call("POST", f"/v1/users/u2/inbox/{ids[2]}/read", key=project.full)
+    assert elsewhere.status == 404
+    # Another user's message: unknown for this user, not said to be missing from the project.
+    assert elsewhere.error["message"] == f"No in-app message {ids[2]!r} exists for user 'u2'."
     assert (await api.call("GET", "/v1/users/ghost/inbox", key=project.full)).status == 404
     bad = await api.call("GET", "/v1/users/u1/inbox", key=project.full,
                          params={"unread": "maybe"})

@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 
 from notifkit.config import Settings, WebhookSecrets
 from notifkit.keys import Keys
+from notifkit.services.api.validation import list_scope
 from simulators.signing import svix_headers
 from tests.api.conftest import Api, Project, Reply, running_api
 
@@ -177,8 +178,10 @@ async def test_a_signed_event_list_names_the_value_it_cannot_store(
     assert await redis.xlen(Keys(hooks.settings.namespace).events_inbound) == 0
 
 
-def forged_cursor(*parts: object) -> str:
-    return base64.urlsafe_b64encode(json.dumps(list(parts)).encode()).decode().rstrip("=")
+def forged_cursor(path: str, *parts: object) -> str:
+    """A cursor of ``path``'s list (no filters) holding ``parts``, made by hand."""
+    return base64.urlsafe_b64encode(json.dumps([*parts, list_scope(path, {})]).encode()
+                                    ).decode().rstrip("=")
 
 
 @pytest.mark.parametrize("path", ["/v1/templates", "/v1/workflows"])
@@ -189,7 +192,7 @@ async def test_a_cursor_naming_no_possible_id_is_a_400_not_a_500(
     """A cursor of a list by id holds the last id of a page; one that holds what no id can
     be (a NUL, which PostgreSQL's text refuses, among them) is no cursor this API returned."""
     reply = await api.call("GET", path, key=project.full,
-                           params={"cursor": forged_cursor(after)})
+                           params={"cursor": forged_cursor(path, after)})
     assert (reply.status, reply.fields) == (400, ["cursor"]), reply.body
 
 

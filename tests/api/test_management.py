@@ -11,7 +11,7 @@ import pytest
 
 from notifkit.config import Settings
 from notifkit.services.api.state import ADMISSION
-from notifkit.services.api.validation import encode_cursor
+from notifkit.services.api.validation import list_scope, scoped_cursor
 from tests.api.conftest import ADMIN, Api, Project, start_api
 from tests.support.waiting import until
 
@@ -73,8 +73,10 @@ async def test_suppressions_are_listed_newest_first_page_by_page_and_filtered(
     ({"limit": "0"}, ["limit"]),
     ({"limit": "501"}, ["limit"]),
     ({"cursor": "nonsense"}, ["cursor"]),
-    ({"cursor": encode_cursor("x", 1)}, ["cursor"]),  # a cursor's form, not its content
-    ({"cursor": encode_cursor("2030-01-01T00:00:00+00:00", "x")}, ["cursor"]),
+    # a cursor's form, not its content
+    ({"cursor": scoped_cursor(list_scope("/v1/suppressions", {}), "x", 1)}, ["cursor"]),
+    ({"cursor": scoped_cursor(list_scope("/v1/suppressions", {}), "2030-01-01T00:00:00+00:00",
+                              "x")}, ["cursor"]),
     ({"channel": "pigeon", "limit": "x"}, ["limit", "channel"]),
     ({"status": "bounce"}, ["status"]),
 ])

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from notifkit.services.api.errors import shown
 from tests.api.conftest import Api, Project, Reply
 
 # NUL is refused earlier, as PostgreSQL cannot store it; these reach the field checks.
@@ -92,7 +93,8 @@ async def test_a_name_with_a_control_character_is_a_400_naming_its_field(
             reply = await send(api, project, name)
             assert reply.status == 400, (label, name, reply.body)
             assert reply.error["details"] == [
-                {"field": field.replace("{name}", name),
+                # The name as sent, its control character escaped (no raw one in an answer).
+                {"field": field.replace("{name}", shown(name)),
                  "message": "must not contain control characters"}
             ], (label, name)
     reply = await send(api, project, GOOD)

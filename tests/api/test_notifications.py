@@ -14,7 +14,7 @@ from notifkit.keys import Keys
 from notifkit.messages import parse_inbound
 from notifkit.services.api.idempotency import replay_earlier
 from notifkit.services.api.routes import notifications as routes
-from notifkit.services.api.validation import encode_cursor
+from notifkit.services.api.validation import list_scope, scoped_cursor
 from notifkit.streams import decode
 from tests.api.conftest import Api, Project
 from tests.support.streams import xrange
@@ -557,13 +557,38 @@ async def test_messages_filter_and_paginate_with_an_opaque_cursor(
                           ({"limit": "\u00b2"}, "limit"), ({"limit": "\uff15"}, "limit"),
                           ({"limit": "0" * 4400 + "5"}, "limit"),
                           # forged cursors: past bigint, and a bool for the id
-                          ({"cursor": encode_cursor("2030-01-01T00:00:00+00:00", 2**64 - 1)},
+                          ({"cursor": scoped_cursor(list_scope("/v1/messages", {}),
+                                                    "2030-01-01T00:00:00+00:00", 2**64 - 1)},
                            "cursor"),
-                          ({"cursor": encode_cursor("2030-01-01T00:00:00+00:00", True)},
+                          ({"cursor": scoped_cursor(list_scope("/v1/messages", {}),
+                                                    "2030-01-01T00:00:00+00:00", True)},
                            "cursor")):
         reply = await api.call("GET", "/v1/messages", key=project.full, params=params)
         assert reply.status == 400
         assert reply.fields == [field]
+
+
+async def test_a_cursor_walks_only_the_list_it_came_from(
+    api: Api, project: Project, db: asyncpg.Pool
+) -> None:
+    """Taken to another filter (or path), a cursor answered 200 with that list's rows before
+    its position silently left out."""
+    event = str(uuid.uuid4())
+    for i in range(6):
+        await log(db, project.id, event, f"t{i}", "u1" if i % 2 else "u2", "email", "sent",
+                  "sent", f"2030-01-01T00:00:0{i}Z")
+    first = await api.call("GET", "/v1/messages", key=project.full,
+                           params={"userId": "u1", "limit": "1"})
+    cursor = first.body["nextCursor"]
+    same = await api.call("GET", "/v1/messages", key=project.full,
+                          params={"userId": "u1", "limit": "5", "cursor": cursor})
+    assert [i["taskId"] for i in same.body["items"]] == ["t3", "t1"]
+    for path, params in (("/v1/messages", {"userId": "u2"}), ("/v1/messages", {}),
+                         ("/v1/suppressions", {})):
+        other = await api.call("GET", path, key=project.full,
+                               params={**params, "cursor": cursor})
+        assert (other.status, other.fields) == (400, ["cursor"]), other.body
+        assert "another list's cursor" in other.body["error"]["details"][0]["message"]
 
 
 async def test_messages_filter_by_a_time_range_and_page_within_it(

@@ -22,7 +22,7 @@ from notifkit.ratelimit import TokenBuckets
 from notifkit.services.api.admission import Admission
 from notifkit.services.api.errors import store_unavailable
 from notifkit.services.api.routes import dlq as dlq_routes
-from notifkit.services.api.validation import encode_cursor
+from notifkit.services.api.validation import list_scope, scoped_cursor
 from notifkit.services.events import outcome_row
 from notifkit.streams import decode, encode, ensure_group, xadd
 from notifkit.worker import remove_heartbeat, write_heartbeat
@@ -671,7 +671,8 @@ async def test_dlq_is_scoped_replayable_and_deletable(
         == ([ids[1]], None)
     for forged in ("99999999999999999999-0", "18446744073709551616-0"):
         bad = await api.call("GET", "/v1/dlq", key=a.full,
-                             params={"cursor": encode_cursor(forged)})
+                             params={"cursor": scoped_cursor(list_scope("/v1/dlq", {}),
+                                                             forged)})
         assert (bad.status, bad.fields) == (400, ["cursor"])
     everything = await api.admin("GET", "/v1/dlq")
     assert len(everything.body["items"]) == 3
@@ -832,8 +833,8 @@ async def test_a_bad_limit_and_a_bad_cursor_are_named_in_one_answer(
     both = await api.call("GET", path, key=project.full, params={"limit": "0", "cursor": "zz"})
     assert (both.status, sorted(both.fields)) == (400, ["cursor", "limit"])
     # A cursor that decodes but names nothing this list made is still refused.
-    forged = await api.call("GET", path, key=project.full,
-                            params={"cursor": encode_cursor(-1 if path != "/v1/streams" else "x")})
+    forged = await api.call("GET", path, key=project.full, params={"cursor": scoped_cursor(
+        list_scope(path, {}), -1 if path != "/v1/streams" else "x")})
     assert (forged.status, forged.fields) == (400, ["cursor"])
 
 

@@ -530,7 +530,7 @@ async def test_blank_segment_and_topic_names_are_refused_and_nothing_is_stored(
     topic = await api.call("PUT", "/v1/users/blank/preferences", key=project.full,
                            json={"topics": {" \t": False}})
     assert topic.status == 400
-    assert topic.fields == ["topics. \t"]
+    assert topic.fields == ["topics. \\u0009"]  # the tab shown escaped
     user = await api.call("GET", "/v1/users/blank", key=project.full)
     assert user.body["segments"] == ["beta"]
     assert user.body["preferences"]["topics"] == {}

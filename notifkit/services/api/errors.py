@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypedDict
 
@@ -82,7 +83,19 @@ class ApiError(Exception):
         self.headers = dict(headers or {})
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"code": self.code, "message": self.message, "details": self.details}}
+        # Messages and field paths quote what the request sent (a key, an id): its control
+        # characters are shown escaped, as they would otherwise reach logs and UIs raw.
+        return {"error": {"code": self.code, "message": shown(self.message),
+                          "details": [{"field": shown(d["field"]), "message": shown(d["message"])}
+                                      for d in self.details]}}
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def shown(text: str) -> str:
+    """``text`` with its control characters as ``\\uXXXX`` escapes."""
+    return _CONTROL.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
 
 
 def detail(field: str, message: str) -> Detail:

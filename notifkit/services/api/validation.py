@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
 import json
 import math
 import re
@@ -831,13 +832,33 @@ def limit_param(request: web.Request, default: int = 50, maximum: int = 500) -> 
     return int(raw)
 
 
-def encode_cursor(*parts: Any) -> str:
-    """An opaque cursor; times go in as ``isoformat()`` to keep PostgreSQL's microseconds."""
-    return base64.urlsafe_b64encode(codec.dumps(list(parts))).decode().rstrip("=")
+# Query parameters that move along one list rather than choose it.
+_PAGING_PARAMS = frozenset({"cursor", "limit"})
+
+
+def list_scope(path: str, query: Mapping[str, str]) -> str:
+    """Which list a cursor walks: its path and filters (every query parameter but the paging
+    ones), as a short digest. A cursor of one user's inbox, or of one filter, taken to another
+    answered 200 with rows silently skipped; it is a 400 now."""
+    chosen = sorted((name, value) for name, value in query.items()
+                    if name not in _PAGING_PARAMS)
+    digest = hashlib.blake2s(codec.dumps([path, chosen]), digest_size=6).digest()
+    return base64.urlsafe_b64encode(digest).decode()
+
+
+def encode_cursor(request: web.Request, *parts: Any) -> str:
+    """An opaque cursor of the request's list; times go in as ``isoformat()`` to keep
+    PostgreSQL's microseconds."""
+    return scoped_cursor(list_scope(request.path, request.query), *parts)
+
+
+def scoped_cursor(scope: str, *parts: Any) -> str:
+    return base64.urlsafe_b64encode(codec.dumps([*parts, scope])).decode().rstrip("=")
 
 
 def decode_cursor(request: web.Request, arity: int) -> list[Any] | None:
-    """The cursor's parts, None without a cursor; a cursor we did not make is a 400."""
+    """The cursor's parts, None without a cursor; a cursor we did not make is a 400, and so
+    is one of another list."""
     raw = query_value(request, "cursor")
     if raw is None:
         return None
@@ -847,9 +868,13 @@ def decode_cursor(request: web.Request, arity: int) -> list[Any] | None:
         parts = codec.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
     except (ValueError, TypeError, binascii.Error):
         parts = None
-    if not isinstance(parts, list) or len(parts) != arity:
+    if not isinstance(parts, list) or len(parts) != arity + 1:
         raise invalid_field("cursor", "is not a cursor this API returned")
-    return parts
+    if parts[-1] != list_scope(request.path, request.query):
+        raise invalid_field("cursor", "is another list's cursor (another path or other "
+                                      "filters); go on with the filters it was given with, or "
+                                      "start again without it")
+    return parts[:-1]
 
 
 def cursor_time(value: Any) -> datetime:
@@ -905,13 +930,14 @@ def id_page_query(request: web.Request) -> tuple[int, str | None]:
     return limit, cursor[0] if cursor is not None else None
 
 
-def id_page(rows: Sequence[Any], limit: int,
+def id_page(request: web.Request, rows: Sequence[Any], limit: int,
             to_json: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
     """The answer of a list by id fetched with one row past the page, which says whether
     another page follows."""
     page = rows[:limit]
     return {"items": [to_json(r) for r in page],
-            "nextCursor": encode_cursor(page[-1]["id"]) if len(rows) > limit else None}
+            "nextCursor": encode_cursor(request, page[-1]["id"]) if len(rows) > limit
+            else None}
 
 
 def time_uuid_cursor(request: web.Request) -> tuple[datetime, str] | None:

@@ -121,10 +121,10 @@ async def list_dlq(request: web.Request) -> web.Response:
     next_cursor = None
     if len(items) > limit:
         del items[limit:]
-        next_cursor = encode_cursor(ids[limit - 1])
+        next_cursor = encode_cursor(request, ids[limit - 1])
     elif more and last_id is not None:
         # The scan budget ran out before the page filled: go on from where it stopped.
-        next_cursor = encode_cursor(last_id)
+        next_cursor = encode_cursor(request, last_id)
     return json_response({"items": items, "nextCursor": next_cursor})
 
 

@@ -142,7 +142,7 @@ async def list_inbox(request: web.Request) -> web.Response:
     next_cursor = None
     if len(rows) > limit:
         last = page[-1]
-        next_cursor = encode_cursor(last["created_at"].isoformat(), str(last["id"]))
+        next_cursor = encode_cursor(request, last["created_at"].isoformat(), str(last["id"]))
     return json_response({"items": [inbox_json(r, user_id) for r in page],
                           "nextCursor": next_cursor})
 
@@ -162,7 +162,10 @@ async def mark_read(request: web.Request) -> web.Response:
         message_id, project, user_id,
     )
     if read is None:
-        raise not_found("message", message_id)
+        # Another user's message is as unknown here as a message of another project, but
+        # "in this project" would read as if it did not exist at all.
+        raise ApiError(404, "message_not_found",
+                       f"No in-app message {message_id!r} exists for user {user_id!r}.")
     # Reading is the in-app channel's open, as a provider's open receipt is an e-mail's: the
     # events service puts it on the send's timeline and campaign log and wakes a workflow
     # waiting for "opened". It goes out on every call, so a retry after Redis failed still

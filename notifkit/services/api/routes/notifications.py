@@ -366,7 +366,7 @@ async def list_messages(request: web.Request) -> web.Response:
     next_cursor = None
     if len(rows) > limit:
         last = page[-1]
-        next_cursor = encode_cursor(last["created_at"].isoformat(), last["id"])
+        next_cursor = encode_cursor(request, last["created_at"].isoformat(), last["id"])
     return json_response({"items": [message_json(r) for r in page], "nextCursor": next_cursor})
 
 

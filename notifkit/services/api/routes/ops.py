@@ -103,7 +103,8 @@ async def list_streams(request: web.Request) -> web.Response:
     streams = await stream_stats(app[REDIS], app[KEYS])
     end = start + limit
     return json_response({"items": streams[start:end],
-                          "nextCursor": encode_cursor(end) if end < len(streams) else None})
+                          "nextCursor": encode_cursor(request, end) if end < len(streams)
+                          else None})
 
 
 @ops.route("GET", "/openapi.json", "This document", access="public",

@@ -76,7 +76,7 @@ async def list_suppressions(request: web.Request) -> web.Response:
     next_cursor = None
     if len(rows) > limit:
         last = page[-1]
-        next_cursor = encode_cursor(last["created_at"].isoformat(), str(last["id"]))
+        next_cursor = encode_cursor(request, last["created_at"].isoformat(), str(last["id"]))
     return json_response({"items": [suppression_json(r) for r in page],
                           "nextCursor": next_cursor})
 

@@ -122,7 +122,7 @@ async def list_templates(request: web.Request) -> web.Response:
         "WHERE project_id = $1 AND ($2::text IS NULL OR id > $2) ORDER BY id LIMIT $3",
         project_id(request), after, limit + 1,
     )
-    return json_response(id_page(rows, limit, template_json))
+    return json_response(id_page(request, rows, limit, template_json))
 
 
 @ops.route("DELETE", "/v1/templates/{templateId}", "Delete a template",

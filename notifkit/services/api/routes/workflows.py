@@ -124,7 +124,7 @@ async def list_workflows(request: web.Request) -> web.Response:
         "WHERE project_id = $1 AND ($2::text IS NULL OR id > $2) ORDER BY id LIMIT $3",
         project_id(request), after, limit + 1,
     )
-    return json_response(id_page(rows, limit, workflow_json))
+    return json_response(id_page(request, rows, limit, workflow_json))
 
 
 @ops.route("DELETE", "/v1/workflows/{workflowId}", "Delete a workflow",
