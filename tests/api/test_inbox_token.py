@@ -51,6 +51,25 @@ async def test_a_token_reads_its_users_inbox_marks_read_and_streams(
         assert (await read_message(stream))["data"] == {"id": "m1", "text": "hello"}
 
 
+async def test_a_walk_goes_on_with_a_renewed_token(
+    api: Api, project: Project, db: asyncpg.Pool,
+) -> None:
+    """A cursor belongs to its list, and the token only says who asks: a page that renewed its
+    token mid-walk goes on where it was, with the key as much as with the new token."""
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    for n in range(3):
+        await add_message(db, project.id, "u1", f"t{n}", f"2030-01-01T00:00:0{n}Z")
+    first = await api.call("GET", "/v1/users/u1/inbox",
+                           params={"token": await token_for(api, project, "u1"), "limit": "1"})
+    renewed = await token_for(api, project, "u1")
+    rest = await api.call("GET", "/v1/users/u1/inbox",
+                          params={"token": renewed, "cursor": first.body["nextCursor"]})
+    assert [m["taskId"] for m in first.body["items"] + rest.body["items"]] == ["t2", "t1", "t0"]
+    keyed = await api.call("GET", "/v1/users/u1/inbox", key=project.full,
+                           params={"cursor": first.body["nextCursor"]})
+    assert [m["taskId"] for m in keyed.body["items"]] == ["t1", "t0"]
+
+
 async def test_a_token_opens_no_other_users_inbox_and_no_other_route(
     api: Api, project: Project,
 ) -> None:

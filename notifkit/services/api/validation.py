@@ -30,6 +30,7 @@ from yarl import URL
 
 from notifkit import codec
 from notifkit.destinations import ascii_domain, refused_host
+from notifkit.inbox_token import QUERY_PARAM as INBOX_TOKEN
 from notifkit.services.api.errors import (
     ApiError,
     Detail,
@@ -832,8 +833,9 @@ def limit_param(request: web.Request, default: int = 50, maximum: int = 500) -> 
     return int(raw)
 
 
-# Query parameters that move along one list rather than choose it.
-_PAGING_PARAMS = frozenset({"cursor", "limit"})
+# Query parameters that move along one list rather than choose it, and an inbox token, which
+# says who asks (a page's token may be renewed during a walk), not what is listed.
+_PAGING_PARAMS = frozenset({"cursor", "limit", INBOX_TOKEN})
 
 
 def list_scope(path: str, query: Mapping[str, str]) -> str:
