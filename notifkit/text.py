@@ -20,6 +20,12 @@ def has_control_chars(value: str) -> bool:
     return _CONTROL.search(value) is not None
 
 
+def escape_control_chars(value: str) -> str:
+    """``value`` with each control character written as a ``\\uXXXX`` escape, for text that
+    quotes what a caller sent (an error naming a key) and goes to logs and UIs."""
+    return _CONTROL.sub(lambda found: f"\\u{ord(found.group()):04x}", value)
+
+
 def identifier_problem(value: str) -> str | None:
     """Why ``value`` cannot be a caller-chosen id (user, template, workflow), or None."""
     if not 1 <= len(value) <= 255:

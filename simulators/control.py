@@ -102,10 +102,15 @@ def list_messages(state: SimState, query: Mapping[str, str]) -> dict[str, list[M
         limit = int(digits) if len(digits) <= 9 else MAX_LIMIT + 1
         if not 1 <= limit <= MAX_LIMIT:
             raise ControlError(f"'limit' must be between 1 and {MAX_LIMIT}, got {show(raw_limit)}")
+    # A task id as records keep it (stripped, cut to MAX_TASK_ID_CHARS); one given but blank
+    # names no record's task, so it matches nothing rather than every message.
+    task_id = query.get("taskId")
+    if task_id and not task_id.strip():
+        return {"items": []}
     records = state.messages.query(
         provider=provider,
         to=query.get("to") or None,
-        task_id=_task_id_filter(query.get("taskId")),
+        task_id=task_id.strip()[:MAX_TASK_ID_CHARS] if task_id else None,
         limit=limit,
     )
     return {"items": [record.to_item() for record in records]}
@@ -160,14 +165,6 @@ def _json(payload: Any, status: int = 200) -> web.Response:
     # escaped rather than failing the whole listing.
     body = json.dumps(payload, ensure_ascii=False).encode("utf-8", "backslashreplace")
     return web.Response(body=body, status=status, content_type="application/json")
-
-
-def _task_id_filter(raw: str | None) -> str | None:
-    """The id as records keep it (stripped, cut to MAX_TASK_ID_CHARS). Given but blank, it
-    matches no message (no record keeps a blank id), rather than every one."""
-    if not raw:
-        return None
-    return raw.strip()[:MAX_TASK_ID_CHARS] or " "
 
 
 async def _raw_body(request: web.Request) -> bytes:

@@ -225,6 +225,11 @@ def classify_status(reply: HttpReply, detail: str, message_id: str | None = None
     return SendResult(Outcome.PERMANENT, None, detail, reply.status)
 
 
+def argument_of(transport: object, name: str) -> str:
+    """How a refusal names a transport's argument: ``ResendTransport(api_key)``."""
+    return f"{type(transport).__name__}({name})"
+
+
 class HttpTransport:
     """Base of the HTTP transports: session, connector, timeout and failure mapping.
 
@@ -261,7 +266,7 @@ class HttpTransport:
         check_connections(self.argument("connections"), self.connections)
 
     def argument(self, name: str) -> str:
-        return f"{type(self).__name__}({name})"
+        return argument_of(self, name)
 
     async def open(self, ctx: TransportContext) -> None:
         if self._session is None:

@@ -36,7 +36,14 @@ from notifkit.config import (
     check_smtp_url,
     check_timeout,
 )
-from notifkit.transports.base import Message, Outcome, SendResult, TransportContext, quoted
+from notifkit.transports.base import (
+    Message,
+    Outcome,
+    SendResult,
+    TransportContext,
+    argument_of,
+    quoted,
+)
 from notifkit.transports.email import build_email
 
 INVALID_MAILBOX_CODES = frozenset({550, 551, 553})
@@ -90,10 +97,10 @@ class SmtpTransport:
     def check_arguments(self) -> None:
         """As HttpTransport.check_arguments: SMTP_URL's and EMAIL_FROM's rules, naming the
         argument."""
-        check_smtp_url("SmtpTransport(url)", self.url)
-        check_from_address("SmtpTransport(from_addr)", self.from_addr)
-        check_timeout("SmtpTransport(timeout_s)", self.timeout_s)
-        check_connections("SmtpTransport(connections)", self.connections)
+        check_smtp_url(argument_of(self, "url"), self.url)
+        check_from_address(argument_of(self, "from_addr"), self.from_addr)
+        check_timeout(argument_of(self, "timeout_s"), self.timeout_s)
+        check_connections(argument_of(self, "connections"), self.connections)
 
     async def open(self, ctx: TransportContext) -> None:
         return None

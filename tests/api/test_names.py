@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from notifkit.services.api.errors import shown
+from notifkit.text import escape_control_chars
 from tests.api.conftest import Api, Project, Reply
 
 # NUL is refused earlier, as PostgreSQL cannot store it; these reach the field checks.
@@ -94,7 +94,7 @@ async def test_a_name_with_a_control_character_is_a_400_naming_its_field(
             assert reply.status == 400, (label, name, reply.body)
             assert reply.error["details"] == [
                 # The name as sent, its control character escaped (no raw one in an answer).
-                {"field": field.replace("{name}", shown(name)),
+                {"field": field.replace("{name}", escape_control_chars(name)),
                  "message": "must not contain control characters"}
             ], (label, name)
     reply = await send(api, project, GOOD)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypedDict
 
@@ -34,6 +33,7 @@ from notifkit.db.availability import (
 )
 from notifkit.refusals import Refusal, RefusingRunner, quiet_refusals
 from notifkit.services.api.state import PRINCIPAL, SETTINGS
+from notifkit.text import escape_control_chars
 
 log = logging.getLogger("notifkit.api")
 
@@ -85,17 +85,10 @@ class ApiError(Exception):
     def body(self) -> dict[str, Any]:
         # Messages and field paths quote what the request sent (a key, an id): its control
         # characters are shown escaped, as they would otherwise reach logs and UIs raw.
-        return {"error": {"code": self.code, "message": shown(self.message),
-                          "details": [{"field": shown(d["field"]), "message": shown(d["message"])}
+        return {"error": {"code": self.code, "message": escape_control_chars(self.message),
+                          "details": [{"field": escape_control_chars(d["field"]),
+                                       "message": escape_control_chars(d["message"])}
                                       for d in self.details]}}
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-
-
-def shown(text: str) -> str:
-    """``text`` with its control characters as ``\\uXXXX`` escapes."""
-    return _CONTROL.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
 
 
 def detail(field: str, message: str) -> Detail:

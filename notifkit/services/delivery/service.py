@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar, cast
 
 from notifkit import metrics, quiet_hours
-from notifkit.clock import to_ms, utc_now_iso
+from notifkit.clock import iso_from_ms, to_ms, utc_now_iso
 from notifkit.coalesce import Coalescer
 from notifkit.config import Settings
 from notifkit.db import outbox
@@ -241,9 +241,10 @@ class DeliveryService(WorkerService):
                     why: tuple[str, str], logs: list[LogRow]) -> None:
         """Back to the scheduler until ``until``; the hold is not an attempt."""
         attempt = self._attempt(entry, task)
-        at = until.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        due_ms = to_ms(until)
+        at = iso_from_ms(due_ms)
         waiting: dict[str, Any] = {**task, "priorAttempts": attempt - 1, "heldUntil": at}
-        await self._to_scheduler(entry, waiting, to_ms(until), "quietHours")
+        await self._to_scheduler(entry, waiting, due_ms, "quietHours")
         detail, timezone = why
         logs.append(task_row(task, attempt, Kind.DEFERRED, Status.SCHEDULED,
                              f"{detail} until {at}; they changed while the send waited", None,

@@ -17,6 +17,7 @@ from urllib.parse import parse_qs
 
 from aiohttp import web
 
+from notifkit.clock import to_ms
 from notifkit.services.api.errors import ApiError, json_response
 from notifkit.services.api.routing import Operations, Param, Reply, Schema
 from notifkit.services.api.schemas import CONTACT_CHANNELS, ref
@@ -167,4 +168,4 @@ def _created_since(created: datetime, sent_ms: int | None) -> bool:
     hour's margin keeps a user created meanwhile (or a slow enrichment) the link's own."""
     if sent_ms is None:
         return False
-    return created.timestamp() * 1000 > sent_ms + RECREATED_AFTER_MS
+    return to_ms(created) > sent_ms + RECREATED_AFTER_MS
