@@ -25,6 +25,7 @@ from notifkit.keys import Keys
 from notifkit.redis_pipe import pipe
 from notifkit.streams import as_str
 from notifkit.worker import Entry
+from notifkit.worker.scripts import RELEASE_MARKS
 
 STAGES = ("enricher", "engine", "ai", "delivery")
 
@@ -60,15 +61,6 @@ def ai_key(enriched_event_id: str, recipient_id: str, channel: str) -> str:
 
 def delivery_key(task_id: str) -> str:
     return task_id
-
-
-# Compare-and-delete, as the worker releases the marks of a failed entry.
-_RELEASE_OWN = """
-for _, key in ipairs(KEYS) do
-  if redis.call('GET', key) == ARGV[1] then redis.call('DEL', key) end
-end
-return 0
-"""
 
 
 class Dedup:
@@ -126,7 +118,8 @@ class Dedup:
         but hands its work back under the same key, e.g. a task parked until a provider's
         Retry-After, which must not be taken for its own duplicate when it returns."""
         if entry.marks:
-            await self.redis.eval(_RELEASE_OWN, len(entry.marks), *entry.marks, entry.owner)
+            # The worker's own compare-and-delete: one script for a failed entry and this.
+            await self.redis.eval(RELEASE_MARKS, len(entry.marks), *entry.marks, entry.owner)
             entry.marks.clear()
 
     async def extend(self, key: str, ttl_s: int) -> None:

@@ -1,4 +1,5 @@
-"""Provisional dedup marks (CONTRACT §4), the pure logic on fakeredis.
+"""Provisional dedup marks (CONTRACT §4) on a real Redis (``SET NX GET``, TTLs, the release
+script).
 
 The worker-level behaviour (released on failure, kept across a crash, replay) is tested on a
 real Redis in tests/worker/test_dedup_with_worker.py; here: who may claim a mark, its TTL,
@@ -7,17 +8,15 @@ and that releasing is compare-and-delete.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import fakeredis
 import pytest
+from redis.asyncio import Redis
 
 from notifkit.dedup import Dedup
 from notifkit.keys import Keys
 from notifkit.worker import Entry
 from notifkit.worker.scripts import RELEASE_MARKS
 
-STREAM = "ns:notifkit:stream:enriched:normal"
+STREAM = Keys("ns").enriched("normal")  # names an entry's owner; never read
 
 
 def entry(entry_id: str, **payload: object) -> Entry:
@@ -25,18 +24,13 @@ def entry(entry_id: str, **payload: object) -> Entry:
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[fakeredis.FakeAsyncRedis]:
-    client = fakeredis.FakeAsyncRedis()
-    yield client
-    await client.aclose()
+def keys(namespace: str) -> Keys:
+    return Keys(namespace)
 
 
 @pytest.fixture
-def dedup(fake: fakeredis.FakeAsyncRedis) -> Dedup:
-    return Dedup(fake, Keys("ns"), "engine", ttl_s=3600)
-
-
-MARK = "ns:notif:processed:engine:k1"
+def dedup(redis: Redis, keys: Keys) -> Dedup:
+    return Dedup(redis, keys, "engine", ttl_s=3600)
 
 
 def test_an_entry_owns_its_marks_by_stream_and_id_or_by_what_it_replays() -> None:
@@ -46,31 +40,33 @@ def test_an_entry_owns_its_marks_by_stream_and_id_or_by_what_it_replays() -> Non
 
 
 async def test_the_first_claim_wins_and_records_the_mark_on_the_entry(
-    dedup: Dedup, fake: fakeredis.FakeAsyncRedis
+    dedup: Dedup, redis: Redis, keys: Keys
 ) -> None:
+    mark = keys.processed("engine", "k1")
     first = entry("1-0")
     assert await dedup.claim(first, "k1") is True
-    assert first.marks == [MARK]
-    assert await fake.get(MARK) == f"{STREAM}/1-0".encode()
-    assert 3590 < await fake.ttl(MARK) <= 3600
+    assert first.marks == [mark]
+    assert await redis.get(mark) == f"{STREAM}/1-0".encode()
+    assert 3590 < await redis.ttl(mark) <= 3600
 
 
 async def test_another_entry_with_the_same_key_is_a_duplicate(
-    dedup: Dedup, fake: fakeredis.FakeAsyncRedis
+    dedup: Dedup, redis: Redis, keys: Keys
 ) -> None:
+    mark = keys.processed("engine", "k1")
     await dedup.claim(entry("1-0"), "k1")
     second = entry("2-0")
     assert await dedup.claim(second, "k1") is False
     assert second.marks == []  # nothing of its own to release if it fails
-    assert await fake.get(MARK) == f"{STREAM}/1-0".encode()
+    assert await redis.get(mark) == f"{STREAM}/1-0".encode()
 
 
-async def test_the_same_entry_claiming_again_may_proceed(dedup: Dedup) -> None:
+async def test_the_same_entry_claiming_again_may_proceed(dedup: Dedup, keys: Keys) -> None:
     # A reclaimed retry is a new Entry object for the same stream entry.
     await dedup.claim(entry("1-0"), "k1")
     retry = Entry(STREAM, "1-0", {}, attempt=2, reclaimed=True)
     assert await dedup.claim(retry, "k1") is True
-    assert retry.marks == [MARK]
+    assert retry.marks == [keys.processed("engine", "k1")]
 
 
 async def test_a_replay_may_proceed_and_an_impostor_may_not(dedup: Dedup) -> None:
@@ -80,57 +76,65 @@ async def test_a_replay_may_proceed_and_an_impostor_may_not(dedup: Dedup) -> Non
 
 
 async def test_claim_many_answers_per_claim_in_order(
-    dedup: Dedup, fake: fakeredis.FakeAsyncRedis
+    dedup: Dedup, redis: Redis, keys: Keys
 ) -> None:
+    mark = keys.processed("engine", "k1")
     a, b, c = entry("1-0"), entry("2-0"), entry("3-0")
     assert await dedup.claim_many([]) == []
     assert await dedup.claim_many([(a, "k1", None), (b, "k1", None), (c, "k2", 60)]) == [
         True, False, True,
     ]
-    assert (a.marks, b.marks, c.marks) == ([MARK], [], ["ns:notif:processed:engine:k2"])
-    assert 0 < await fake.ttl("ns:notif:processed:engine:k2") <= 60
+    assert (a.marks, b.marks, c.marks) == ([mark], [], [keys.processed("engine", "k2")])
+    assert 0 < await redis.ttl(keys.processed("engine", "k2")) <= 60
 
 
 async def test_a_caller_key_window_overrides_the_default(
-    fake: fakeredis.FakeAsyncRedis,
+    redis: Redis, keys: Keys
 ) -> None:
-    enricher = Dedup(fake, Keys("ns"), "enricher", ttl_s=3600)
+    enricher = Dedup(redis, keys, "enricher", ttl_s=3600)
     await enricher.claim(entry("1-0"), "p1:abc", ttl_s=24 * 3600)
-    assert 24 * 3600 - 10 < await fake.ttl("ns:notif:processed:enricher:p1:abc") <= 86400
+    assert 24 * 3600 - 10 < await redis.ttl(keys.processed("enricher", "p1:abc")) <= 86400
 
 
 async def test_extend_lengthens_a_mark_but_never_shortens_it(
-    dedup: Dedup, fake: fakeredis.FakeAsyncRedis
+    dedup: Dedup, redis: Redis, keys: Keys
 ) -> None:
+    mark = keys.processed("engine", "k1")
     await dedup.claim(entry("1-0"), "k1")
     await dedup.extend("k1", 7200)
-    assert 7190 < await fake.ttl(MARK) <= 7200
+    assert 7190 < await redis.ttl(mark) <= 7200
     await dedup.extend("k1", 60)
-    assert await fake.ttl(MARK) > 7000
+    assert await redis.ttl(mark) > 7000
     await dedup.extend("missing", 60)  # no mark, nothing to extend
-    assert await fake.exists("ns:notif:processed:engine:missing") == 0
+    assert await redis.exists(keys.processed("engine", "missing")) == 0
 
 
-def test_an_unknown_stage_is_refused(fake: fakeredis.FakeAsyncRedis) -> None:
+def test_an_unknown_stage_is_refused(redis: Redis) -> None:
     with pytest.raises(ValueError, match="unknown dedup stage"):
-        Dedup(fake, Keys(), "sender", ttl_s=60)
+        Dedup(redis, Keys(), "sender", ttl_s=60)
 
 
+@pytest.mark.parametrize("by", ["worker", "dedup"])
 async def test_release_deletes_only_marks_the_entry_still_owns(
-    dedup: Dedup, fake: fakeredis.FakeAsyncRedis
+    dedup: Dedup, redis: Redis, keys: Keys, by: str
 ) -> None:
+    mark = keys.processed("engine", "k1")
     # Given an entry that claimed two marks, one of which has since expired and been claimed
     # by another entry
-    release = fake.register_script(RELEASE_MARKS)
     failing = entry("1-0")
     await dedup.claim_many([(failing, "k1", None), (failing, "k2", None)])
-    await fake.delete("ns:notif:processed:engine:k2")
+    await redis.delete(keys.processed("engine", "k2"))
     await dedup.claim(entry("2-0"), "k2")
 
-    # When the failing entry releases its marks
-    released = await release(keys=failing.marks, args=[failing.owner])
+    # When the failing entry's marks are released, by the worker's script or by
+    # Dedup.release (a task parked, not failed)
+    if by == "worker":
+        release = redis.register_script(RELEASE_MARKS)
+        assert await release(keys=failing.marks, args=[failing.owner]) == 1
+    else:
+        await dedup.release(failing)
+        assert failing.marks == []
 
     # Then only its own mark is gone; the other entry's claim stands
-    assert released == 1
-    assert await fake.exists(MARK) == 0
-    assert await fake.get("ns:notif:processed:engine:k2") == f"{STREAM}/2-0".encode()
+    assert await redis.exists(mark) == 0
+    assert await redis.get(keys.processed("engine", "k2")) == f"{STREAM}/2-0".encode()
