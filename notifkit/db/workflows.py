@@ -89,19 +89,6 @@ async def get_definition(conn: Conn, project_id: str, workflow_id: str) -> list[
     return steps
 
 
-async def put_definition(
-    conn: Conn, project_id: str, workflow_id: str, steps: list[Any]
-) -> bool:
-    """Create or replace a definition; True when it was created."""
-    created: bool = await conn.fetchval(
-        """INSERT INTO workflow_definitions (project_id, id, steps) VALUES ($1, $2, $3)
-           ON CONFLICT (project_id, id) DO UPDATE SET steps = EXCLUDED.steps, updated_at = now()
-           RETURNING (xmax = 0)""",
-        project_id, workflow_id, steps,
-    )
-    return created
-
-
 # -- instances --------------------------------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import signal
 import socket
@@ -194,3 +195,25 @@ def test_a_log_level_is_taken_in_either_case_as_notifkit_takes_it(given: str,
     from simulators.__main__ import parse_args
 
     assert parse_args(["--log-level", given]).log_level == level
+
+
+def test_a_json_record_stays_one_line_whatever_its_message_holds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # U+2028 and U+2029 are line ends to splitlines and JavaScript: escaped, as notifkit's
+    # records escape them, one collector reads both.
+    from simulators.logs import setup_logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        setup_logging("json", "INFO")
+        logging.getLogger("simulators.test").info("a\u2028b\u2029c\nd", extra={"to": "x"})
+        lines = capsys.readouterr().err.splitlines()
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    assert len(lines) == 1, lines
+    record = json.loads(lines[0])
+    assert (record["msg"], record["to"], record["logger"]) == (
+        "a\u2028b\u2029c\nd", "x", "simulators.test")

@@ -163,10 +163,7 @@ async def trigger_workflow(request: web.Request) -> web.Response:
     # Before the definition is read: a workflow deleted since does not take a retry's answer.
     if (earlier := await replay_earlier(request, project, key, route)) is not None:
         return earlier
-    steps = await app[DB].fetchval(
-        "SELECT steps FROM workflow_definitions WHERE project_id = $1 AND id = $2",
-        project, workflow_id,
-    )
+    steps = await workflows_db.get_definition(app[DB], project, workflow_id)
     if steps is None:
         raise not_found("workflow", workflow_id)
     if key is None:
