@@ -25,7 +25,7 @@ from notifkit.db.migrate import migrate
 from notifkit.errors import MalformedPayload
 from notifkit.keys import Keys
 from notifkit.streams import as_str, decode
-from scenarios.harness import remove_run_data, stream_backlog
+from scenarios.harness import remove_run_data, service_urls, stream_backlog
 from scenarios.processes import (
     ManagedProcess,
     child_env,
@@ -35,8 +35,6 @@ from scenarios.processes import (
 )
 from simulators import SimulatorClient
 
-DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
-DEFAULT_DATABASE = "postgresql://postgres@127.0.0.1:5432/test"
 ADMIN_KEY = "bench-admin-key-0123456789"
 SECRET = "bench-secret-0123456789abcdef"
 TEMPLATE = "bench"
@@ -60,13 +58,6 @@ TOPOLOGIES: dict[str, dict[str, list[str]]] = {
         "delivery": ["delivery"],
     },
 }
-
-
-def service_urls() -> tuple[str, str]:
-    redis_url = os.environ.get("NOTIFKIT_TEST_REDIS_URL") or os.environ.get("REDIS_URL")
-    database_url = (os.environ.get("NOTIFKIT_TEST_DATABASE_URL")
-                    or os.environ.get("DATABASE_URL"))
-    return redis_url or DEFAULT_REDIS, database_url or DEFAULT_DATABASE
 
 
 def user_id(index: int) -> str:
@@ -301,6 +292,3 @@ class BenchSystem:
     async def accepted_at_sim(self) -> int:
         stats: Any = await self.sim.stats()
         return sum(int(s.get("accepted", 0)) for s in stats.values())
-
-    async def dlq_length(self) -> int:
-        return int(await self.redis.xlen(self.keys.dlq))

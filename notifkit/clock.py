@@ -23,8 +23,18 @@ def utc_now_iso() -> str:
     return _last_stamp[1]
 
 
+def now_ms() -> int:
+    """The wall clock in whole milliseconds, as due times and stream ids count it."""
+    return time.time_ns() // 1_000_000
+
+
+def iso(moment: datetime) -> str:
+    """RFC 3339 in UTC with milliseconds and a Z, the way every API time is written."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 # In whole milliseconds, not through a float of seconds: 9999-12-31T23:59:59.999 as a float
-# is ...59.99899, which came out a millisecond early.
+# is ...59.99899, a millisecond early.
 def from_ms(ms: int) -> datetime:
     return EPOCH + ms * _MS
 

@@ -1003,7 +1003,7 @@ def _provider_rates(raw: str) -> dict[str, float]:
             raise ConfigError("PROVIDER_RATE_LIMITS",
                               f"{name}: a rate must be 0 (no limit) or at least "
                               f"{MIN_PROVIDER_RATE:g} sends per second, got {value.strip()}")
-        if name in rates:  # the later pair used to win without a word
+        if name in rates:  # which of two rates was meant cannot be told
             raise ConfigError("PROVIDER_RATE_LIMITS", f"names {name!r} twice")
         rates[name] = rate
     return rates

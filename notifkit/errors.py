@@ -37,7 +37,3 @@ class PermanentFailure(NotifkitError):
 class AttemptsExhausted(PermanentFailure):
     """A transient failure (timeout, 5xx, 429) on the last attempt: dead-letter now, and say
     so rather than calling the cause permanent."""
-
-
-class InvalidRecipient(PermanentFailure):
-    """The provider says the token/address is invalid: disable the contact, never retry it."""

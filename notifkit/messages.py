@@ -125,6 +125,12 @@ class ScheduledTask(TypedDict):
     reason: str  # one of SCHEDULE_REASONS
 
 
+def count_of(value: Any) -> int:
+    """An attempt count carried in a payload: a whole number above zero, else 0 (missing,
+    negative, a bool or anything else a hand-made entry may hold)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def require(payload: dict[str, Any], field: str, kind: type | tuple[type, ...]) -> Any:
     value = payload.get(field)
     if not isinstance(value, kind):

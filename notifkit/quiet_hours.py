@@ -166,10 +166,6 @@ def _wall(instant: datetime, where: ZoneInfo) -> time:
     return instant.astimezone(where).time().replace(tzinfo=None)
 
 
-def is_quiet(prefs: QuietHours | Mapping[str, Any] | None, tz: str | None, now: datetime) -> bool:
-    return deferral(prefs, tz, now) is not None
-
-
 def wall_instants(day: date, wall: time, where: ZoneInfo) -> list[datetime]:
     """The UTC instants at which the clock in ``where`` reaches ``wall`` on ``day``, in order.
 

@@ -36,7 +36,6 @@ lost its data) starts ``FIRST_LOOKBACK_MS`` before the horizon.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from dataclasses import dataclass, field
 import asyncpg
 from redis.asyncio import Redis
 
+from notifkit.clock import now_ms
 from notifkit.config import Settings
 from notifkit.db.logs import Kind, LogRow, Status, insert_logs
 from notifkit.db.pool import allow_lock_wait
@@ -92,10 +92,6 @@ class Pass:
     undecided: list[str] = field(default_factory=list)
 
 
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def id_floor(ms: int) -> str:
     """The lowest UUID whose UUIDv7 time is ``ms``."""
     return str(uuid.UUID(int=(ms & ((1 << 48) - 1)) << 80))
@@ -108,7 +104,7 @@ def id_ms(event_id: str) -> int:
 class Reconciler:
     def __init__(self, settings: Settings, keys: Keys, redis: Redis,
                  pool: asyncpg.Pool | Callable[[], asyncpg.Pool],
-                 clock: Callable[[], int] = wall_clock_ms) -> None:
+                 clock: Callable[[], int] = now_ms) -> None:
         self.settings = settings
         self.keys = keys
         self.redis = redis

@@ -35,6 +35,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from notifkit.stop_signals import cancel_requested
+
 __all__ = ["Pipe", "ReplyLost", "ReplyTimedOut", "pipe"]
 
 Command = tuple[Any, ...]
@@ -97,7 +99,7 @@ class _Lane:
                 except BaseException:
                     self._drop(conn)
                     raise
-                if _cancel_was_swallowed():
+                if cancel_requested():
                     self.give_back(conn, healthy=True)  # the new connection itself is sound
                     raise asyncio.CancelledError
                 return conn, False
@@ -257,21 +259,9 @@ class Pipe:
 
     async def _call(self, conn: AbstractConnection) -> list[Any]:
         await conn.send_packed_command(pack(self.commands), check_health=False)
-        if _cancel_was_swallowed():
+        if cancel_requested():
             raise asyncio.CancelledError  # replies are owed: the connection is closed
         return [await _read(conn) for _ in self.commands]
-
-
-def _cancel_was_swallowed() -> bool:
-    """Whether this task was cancelled and is running on regardless.
-
-    Python 3.11's ``asyncio.wait_for``, which redis-py's connect and socket writes use,
-    returns its result and drops a cancel that lands as the awaited call completes. The call
-    would then go on: a blocking read for its whole BLOCK time, holding up a shutdown. Every
-    await that can drop a cancel is followed by this check, which honours it.
-    """
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 # Headers of the common lengths, built once: formatting one per argument was the packer's

@@ -36,6 +36,7 @@ from notifkit.keys import Keys
 from notifkit.log import service_context
 from notifkit.messages import CHANNELS
 from notifkit.services.base import Service, open_redis
+from notifkit.stop_signals import cancel_requested
 from notifkit.transports.base import Transport
 
 log = logging.getLogger("notifkit.server")
@@ -174,7 +175,7 @@ class NotifkitServer:
         except asyncio.CancelledError:
             # stop() abandoned the start: the server is stopped, as asked, and the start ends
             # without an error. A cancellation of the caller's own task goes on.
-            if not starting.cancelled() or _being_cancelled():
+            if not starting.cancelled() or cancel_requested():
                 raise
         finally:
             if self._starting is starting and starting.done():
@@ -287,13 +288,6 @@ def _check_setting_names(overrides: Mapping[str, Any]) -> None:
             hint = (f"; did you mean {close[0]!r}?" if close else
                     " (its keyword arguments are the fields of notifkit.config.Settings)")
             raise UnknownArgument(name, f"NotifkitServer() takes no such argument{hint}")
-
-
-def _being_cancelled() -> bool:
-    """Whether the running task has been asked to cancel (its own cancellation, not that of
-    a task it awaits)."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 class RedisUnavailable(RedisConnectionError, ConnectionError):

@@ -144,3 +144,16 @@ def _quiet_switch_reports() -> None:
 
     hook._notifkit_stop_signals = True  # type: ignore[attr-defined]
     sys.unraisablehook = hook
+
+
+def cancel_requested() -> bool:
+    """Whether the running task has been asked to cancel (its own cancellation, not that of a
+    task it awaits), and so is running on regardless if it is still here.
+
+    Python 3.11's ``asyncio.wait_for``, which redis-py's connect and socket writes use,
+    returns its result and drops a cancel that lands as the awaited call completes; the call
+    would then go on (a blocking read for its whole BLOCK time, holding up a shutdown). An
+    await that can drop a cancel is followed by this check, which honours it.
+    """
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

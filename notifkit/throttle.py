@@ -184,36 +184,3 @@ async def release(redis: Redis, keys: Keys,
     for project_id, user_id, member in batch:
         forget.zrem(keys.throttle(project_id, user_id), member)
     await forget.execute()
-
-
-class WindowModel:
-    """The throttle's meaning in a few lines, for tests: every allowed send is remembered at
-    the time it goes out, and a send due at ``at`` (now unless later) is allowed while fewer
-    than ``limit`` allowed sends lie in ``(at - window, at + window)``, so that no window
-    holds more than ``limit``. Assumes ``now`` never goes backwards, as one clock's readings
-    do."""
-
-    def __init__(self) -> None:
-        self.allowed: dict[tuple[str, str], dict[str, int]] = {}
-
-    def allow(self, project_id: str, user_id: str, rule: ThrottleRule, now_ms: int,
-              member: str, at_ms: int | None = None) -> bool:
-        if not rule.enabled:
-            return True
-        window_ms = rule.window_s * 1000
-        at = max(now_ms, at_ms) if at_ms is not None else now_ms
-        sends = self.allowed.setdefault((project_id, user_id), {})
-        live = {m: t for m, t in sends.items() if t > now_ms - window_ms}
-        if member in live:
-            return True
-        if sum(1 for t in live.values() if at - window_ms < t < at + window_ms) < rule.limit:
-            sends[member] = at
-            return True
-        return False
-
-    def busiest_window(self, project_id: str, user_id: str, rule: ThrottleRule) -> int:
-        """The most allowed sends any one window holds: never more than the limit."""
-        times = sorted(self.allowed.get((project_id, user_id), {}).values())
-        window_ms = rule.window_s * 1000
-        return max((sum(1 for t in times if end - window_ms < t <= end) for end in times),
-                   default=0)

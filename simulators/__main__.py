@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import secrets
 import sys
 from collections.abc import Coroutine
 from typing import Any, NoReturn
 
+from notifkit.gc_tuning import tune_gc
 from notifkit.stop_signals import defer_stop_signals, stop_on_signals
 from simulators.logs import LOG_FORMATS, setup_logging
 
@@ -166,7 +166,7 @@ async def serve(args: argparse.Namespace) -> None:
         max_messages=args.max_messages,
     )
     await server.start()
-    settle_gc()
+    tune_gc()
     try:
         log.info(
             "Simulators listening on %s (SMTP %s:%d), seed %d; page at %s/_sim/.",
@@ -180,21 +180,6 @@ async def serve(args: argparse.Namespace) -> None:
         log.info("Stopping: held requests are released and connections closed.")
     finally:
         await server.stop()
-
-
-# Collect the youngest objects every 20,000 allocations instead of 700: each request makes
-# many short-lived ones.
-GC_GEN0_THRESHOLD = 20_000
-
-
-def settle_gc() -> None:
-    """Once listening: move what lives for good (modules, routes, the server) out of the
-    collector's sight and collect less often. Full collections then walk only what the stored
-    messages and idempotency keys add; before, each one paused a loaded simulator for up to
-    150 ms, which showed up as notifkit's p99 in the benchmark."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(GC_GEN0_THRESHOLD, 20, 50)
 
 
 def _run(main: Coroutine[Any, Any, None]) -> None:

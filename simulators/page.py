@@ -11,8 +11,9 @@ import json
 from html import escape
 from typing import Any
 
+from notifkit.clock import iso
 from simulators.kinds import Provider
-from simulators.records import MessageRecord, iso
+from simulators.records import MessageRecord
 from simulators.state import SimState
 
 REFRESH_S = 3

@@ -41,8 +41,9 @@ from urllib.parse import urlencode
 
 import aiohttp
 
+from notifkit.clock import iso
 from simulators.kinds import Provider
-from simulators.records import CANCELED, MessageRecord, iso
+from simulators.records import CANCELED, MessageRecord
 from simulators.signing import svix_headers, svix_key, twilio_sign
 from simulators.validation import (
     ControlError,

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, TypedDict
 
+from notifkit.clock import iso
 from simulators.kinds import Provider
 from simulators.recipients import same_recipient
 
@@ -172,11 +173,6 @@ def _compact_json(value: Any) -> str:
     except UnicodeEncodeError:
         return json.dumps(scrub(value), ensure_ascii=False, separators=(",", ":"))
     return text
-
-
-def iso(moment: datetime) -> str:
-    """RFC 3339 with milliseconds and a Z, the way the control API shows times."""
-    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class MessageStore:

@@ -48,7 +48,7 @@ from notifkit.db.events import MessageLookup, SentMessage, Suppression, Timeline
 from notifkit.destinations import normalise_contact
 from notifkit.errors import MalformedPayload, PermanentFailure, RetryLater
 from notifkit.ids import derived_uuid7, is_uuid, untasked_row_id
-from notifkit.messages import CHANNELS, RECEIPT_KINDS, WorkflowEvent
+from notifkit.messages import CHANNELS, RECEIPT_KINDS, WorkflowEvent, count_of
 from notifkit.services.base import WorkerService
 from notifkit.wording import counted
 from notifkit.worker import Entry
@@ -218,7 +218,7 @@ def dead_workflow_instance(event: Mapping[str, Any], workflow_stream: str
     instance_id = event.get("instanceId")
     if not isinstance(instance_id, str) or not is_uuid(instance_id):
         return None
-    attempts = _count(event.get("attempts"))
+    attempts = count_of(event.get("attempts"))
     error = _text(event.get("error")) or "unknown error"
     return instance_id, (f"dead-lettered after {counted(attempts, 'attempt')}: "
                          f"{error.replace(chr(0), chr(0xFFFD))}")
@@ -249,23 +249,23 @@ def outcome_row(event: Mapping[str, Any]) -> TimelineRow | None:
     earlier_attempts = 0
     if kind == "notification:sent":
         row_kind, status = "sent", "sent"
-        attempt = _count(event.get("attempt"))
+        attempt = count_of(event.get("attempt"))
         detail = f"accepted by {provider}" if provider else "accepted by the provider"
     elif kind == "notification:invalid_token":
         row_kind, status = "failed", "failed"
-        attempt = _count(event.get("attempt"))
+        attempt = count_of(event.get("attempt"))
         detail = f"invalid recipient, contact disabled: {error or 'rejected by the provider'}"
         metadata["reason"] = "invalid_recipient"
     elif "attempts" in event and "stream" in event:  # the worker's dead-lettering
         row_kind, status = "dead_lettered", "dead_lettered"
-        attempts = _count(event.get("attempts"))
-        attempt = max(_count(event.get("attempt")), attempts)
+        attempts = count_of(event.get("attempts"))
+        attempt = max(count_of(event.get("attempt")), attempts)
         earlier_attempts = attempt - attempts
         detail = f"dead-lettered after {counted(attempts, 'attempt')}: {error or 'unknown error'}"
         metadata.update(stream=event.get("stream"), entryId=event.get("entryId"))
     else:
         row_kind, status = "failed", "failed"
-        attempt = _count(event.get("attempt"))
+        attempt = count_of(event.get("attempt"))
         detail = error or "the send failed"
     return TimelineRow(
         project_id=project_id, event_id=event_id, task_id=task_id,
@@ -501,7 +501,3 @@ def _text(value: Any) -> str | None:
 
 def _channel(value: Any) -> str:
     return value if value in CHANNELS else ""
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0

@@ -67,6 +67,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from notifkit import codec, metrics, throttle
+from notifkit.clock import now_ms
 from notifkit.config import Settings
 from notifkit.db import scheduled as scheduled_db
 from notifkit.db.logs import LogRow, insert_logs, recipient_task_rows
@@ -197,10 +198,6 @@ class MovedTask:
     project_id: str
 
 
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def encode_entry(stream: str, project_id: str, payload: dict[str, Any]) -> bytes:
     """The payload-hash value the move script splits: target stream, project, entry JSON."""
     return b"\n".join((stream.encode(), project_id.encode(), codec.dumps(payload)))
@@ -268,7 +265,7 @@ class SchedulerService(WorkerService):
 
     def __init__(self, settings: Settings, **options: Any) -> None:
         super().__init__(settings, **options)
-        self.clock: Clock = options.get("clock") or wall_clock_ms
+        self.clock: Clock = options.get("clock") or now_ms
         self.batch_size: int = int(options.get("batch_size", 500))
         self.lock_ttl_ms = int(settings.scheduler_lock_ttl_s * 1000)
         self.token: str | None = None  # set while this scheduler holds the poll lock

@@ -12,8 +12,10 @@ message impossible to build on every attempt.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from notifkit.transports.base import TASK_ID_HEADER, Message
+from notifkit.config import check_credential, check_from_address
+from notifkit.transports.base import TASK_ID_HEADER, HttpTransport, Message
 
 
 @dataclass(frozen=True)
@@ -55,3 +57,20 @@ def _str(value: object) -> str | None:
     if value is None:
         return None
     return value if isinstance(value, str) else str(value)
+
+
+class HttpEmailTransport(HttpTransport):
+    """An e-mail provider's HTTP API reached with an API key, sending from one address."""
+
+    channel: str = "email"
+
+    def __init__(self, *, api_key: str, from_addr: str, base_url: str,
+                 **options: Any) -> None:
+        super().__init__(base_url=base_url, **options)
+        self.api_key = api_key
+        self.from_addr = from_addr
+
+    def check_arguments(self) -> None:
+        super().check_arguments()
+        check_credential(self.argument("api_key"), self.api_key)
+        check_from_address(self.argument("from_addr"), self.from_addr)

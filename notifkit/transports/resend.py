@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from notifkit.config import check_credential, check_from_address
 from notifkit.transports.base import (
     METADATA_FIELD,
     HttpReply,
-    HttpTransport,
     Message,
     Outcome,
     SendResult,
@@ -21,28 +19,20 @@ from notifkit.transports.base import (
     classify_status,
     error_detail,
 )
-from notifkit.transports.email import build_email
+from notifkit.transports.email import HttpEmailTransport, build_email
 
 # Resend's error names (``{"name": ..., "message": ...}``) that mean the address is bad.
 _INVALID_RECIPIENT_NAMES = {"invalid_to_address", "invalid_recipient"}
 
 
-class ResendTransport(HttpTransport):
-    channel: str = "email"
+class ResendTransport(HttpEmailTransport):
     provider: str = "resend"
     idempotent: bool = True
 
     def __init__(self, *, api_key: str, from_addr: str,
                  base_url: str = "https://api.resend.com", **options: Any) -> None:
-        super().__init__(base_url=base_url, **options)
-        self.api_key = api_key
-        self.from_addr = from_addr
+        super().__init__(api_key=api_key, from_addr=from_addr, base_url=base_url, **options)
         self._send_idempotency_key = True
-
-    def check_arguments(self) -> None:
-        super().check_arguments()
-        check_credential(self.argument("api_key"), self.api_key)
-        check_from_address(self.argument("from_addr"), self.from_addr)
 
     async def open(self, ctx: TransportContext) -> None:
         await super().open(ctx)

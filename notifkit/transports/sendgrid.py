@@ -10,11 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from notifkit.config import check_credential, check_from_address
 from notifkit.transports.base import (
     METADATA_FIELD,
     HttpReply,
-    HttpTransport,
     Message,
     Outcome,
     SendResult,
@@ -23,24 +21,16 @@ from notifkit.transports.base import (
     header,
     parse_reset_at,
 )
-from notifkit.transports.email import build_email
+from notifkit.transports.email import HttpEmailTransport, build_email
 
 
-class SendgridTransport(HttpTransport):
-    channel: str = "email"
+class SendgridTransport(HttpEmailTransport):
     provider: str = "sendgrid"
     idempotent: bool = False
 
     def __init__(self, *, api_key: str, from_addr: str,
                  base_url: str = "https://api.sendgrid.com", **options: Any) -> None:
-        super().__init__(base_url=base_url, **options)
-        self.api_key = api_key
-        self.from_addr = from_addr
-
-    def check_arguments(self) -> None:
-        super().check_arguments()
-        check_credential(self.argument("api_key"), self.api_key)
-        check_from_address(self.argument("from_addr"), self.from_addr)
+        super().__init__(api_key=api_key, from_addr=from_addr, base_url=base_url, **options)
 
     async def _send(self, message: Message) -> SendResult:
         email = build_email(message, self.from_addr)

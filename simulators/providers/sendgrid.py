@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 from aiohttp import web
 
+from notifkit.clock import iso
 from simulators.kinds import ErrorCase, Provider
 from simulators.pipeline import (
     IDEMPOTENCY_HEADER,
@@ -37,7 +38,7 @@ from simulators.providers.common import (
     stored_text,
     task_id_text,
 )
-from simulators.records import MessageRecord, iso
+from simulators.records import MessageRecord
 from simulators.replies import Reply, json_reply
 from simulators.schema_instance import json_type
 from simulators.state import SimState

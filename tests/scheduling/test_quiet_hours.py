@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, time, timedelta
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from notifkit.quiet_hours import QuietHours, deferral, is_quiet, wall_instants, zone
+from notifkit.quiet_hours import QuietHours, deferral, wall_instants, zone
 
 NIGHT = {"start": "22:00", "end": "07:00"}
+
+
+def is_quiet(prefs: QuietHours | dict[str, Any] | None, tz: str | None, now: datetime) -> bool:
+    return deferral(prefs, tz, now) is not None
 
 
 def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0,

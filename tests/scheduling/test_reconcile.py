@@ -17,6 +17,7 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
+from notifkit.clock import now_ms
 from notifkit.config import Settings
 from notifkit.db.pool import create_pool
 from notifkit.db.workflows import record_notification
@@ -24,7 +25,7 @@ from notifkit.ids import uuid7
 from notifkit.keys import Keys
 from notifkit.messages import InboundMessage
 from notifkit.ratelimit import TokenBuckets
-from notifkit.reconcile import Pass, Reconciler, wall_clock_ms
+from notifkit.reconcile import Pass, Reconciler
 from notifkit.services.api.admission import Admission
 from notifkit.services.engine import EngineService
 from notifkit.services.enricher import EnricherService
@@ -247,7 +248,7 @@ async def test_only_the_scheduler_holding_the_poll_lock_reconciles(
     project = await _project(db, "a")
     orphan = await Api(settings, redis, db).crash_before_xadd(_message(project))
     quick = settings.replace(reconcile_grace_s=1.0)
-    schedulers = [make_scheduler(name, settings=quick, clock=wall_clock_ms)
+    schedulers = [make_scheduler(name, settings=quick, clock=now_ms)
                   for name in ("a", "b")]
     counters = {id(s): Counted(s.reconciler) for s in schedulers}
     for scheduler in schedulers:
@@ -275,7 +276,7 @@ async def test_a_pass_cut_off_by_a_stalled_postgresql_names_the_timeout(
     """A PostgreSQL that stops answering ends a pass with a TimeoutError, whose text is empty:
     the warning names the error instead of saying "failed ()"."""
     scheduler = make_scheduler(settings=settings.replace(reconcile_grace_s=1.0),
-                               clock=wall_clock_ms)
+                               clock=now_ms)
 
     async def stalled(*_args: Any, **_kwargs: Any) -> Pass:
         raise TimeoutError

@@ -213,7 +213,7 @@ def test_dev_help_shows_each_option_default() -> None:
 def test_a_started_service_freezes_what_is_alive_and_collects_less_often() -> None:
     import gc
 
-    from notifkit.__main__ import GC_GEN0_THRESHOLD, tune_gc
+    from notifkit.gc_tuning import GC_GEN0_THRESHOLD, tune_gc
 
     before = gc.get_threshold()
     try:

@@ -29,7 +29,7 @@ import asyncpg
 from redis.asyncio import Redis
 
 from notifkit import streams
-from notifkit.clock import to_ms
+from notifkit.clock import iso, to_ms
 from notifkit.config import Settings
 from notifkit.db import workflows as db
 from notifkit.errors import RetryLater
@@ -98,10 +98,6 @@ class _Run:
 
 def as_datetime(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, UTC)
-
-
-def iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def ms(moment: datetime) -> int:

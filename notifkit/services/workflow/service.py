@@ -26,12 +26,13 @@ from typing import Any, ClassVar
 import asyncpg
 
 from notifkit import metrics
+from notifkit.clock import iso
 from notifkit.config import Settings
 from notifkit.db import workflows as db
 from notifkit.services.base import WorkerService
 from notifkit.services.workflow.lock import HeldLock, InstanceLocks
-from notifkit.services.workflow.runner import LockLost, Runner, as_datetime, iso, ms
-from notifkit.services.workflow.timers import Timers, instance_of
+from notifkit.services.workflow.runner import LockLost, Runner, as_datetime, ms
+from notifkit.services.workflow.timers import Timers, instance_of, timer_member
 from notifkit.worker import Entry
 from notifkit.worker.entry import describe_error
 
@@ -123,7 +124,7 @@ class WorkflowService(WorkerService):
             if page:
                 await self.redis.zadd(
                     self.keys.workflow_timers,
-                    {f"{iid}:{path}": ms(wake_at) for iid, path, wake_at in page}, nx=True,
+                    {timer_member(iid, path): ms(wake_at) for iid, path, wake_at in page}, nx=True,
                 )
                 added += len(page)
                 if time.monotonic() - reported >= REBUILD_PROGRESS_S:

@@ -29,7 +29,7 @@ from notifkit import codec
 from notifkit.db.logs import Kind, LogRow, Status, insert_one
 from notifkit.errors import MalformedPayload
 from notifkit.ids import untasked_row_id
-from notifkit.messages import CHANNELS
+from notifkit.messages import CHANNELS, count_of
 from notifkit.services.api.auth import Principal
 from notifkit.services.api.errors import ApiError, invalid_field, json_response
 from notifkit.services.api.middleware import principal
@@ -161,7 +161,7 @@ async def replay_dlq(request: web.Request) -> web.Response:
     replayed["_replayOf"] = replay_of
     # They still happened: the timeline numbers the new attempts after them, so the rows of
     # a replay that fails again are not taken for repeats of the first round's.
-    replayed[REPLAYED_ATTEMPTS] = attempts_before(payload) + _count(record.get("attempts"))
+    replayed[REPLAYED_ATTEMPTS] = attempts_before(payload) + count_of(record.get("attempts"))
     # The timeline's row goes first: once the entry is back on its stream, its next row may
     # be written at any moment, and the replay must not come after it. It is committed only
     # once the entry is back, and a concurrent replay's row (the same one) waits on it: the
@@ -284,10 +284,6 @@ async def read_entry(redis: Redis, dlq: str, entry_id: str) -> dict[str, Any] | 
             return None
         raise
     return _record(found[0][1]) if found else None
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _record(fields: Any) -> dict[str, Any] | None:
