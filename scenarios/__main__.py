@@ -97,7 +97,7 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"--set expects KEY=VALUE, got {pair!r}")
-        if key in overrides:  # the later value used to win without a word
+        if key in overrides:  # which of two values was meant cannot be told
             raise ValueError(f"--set {key}: given twice")
         try:
             overrides[key] = ascii_int(value)
@@ -259,6 +259,7 @@ async def run_all(names: list[str], seed: int, overrides: dict[str, Any],
             result = ScenarioResult(name=name, seed=seed)
             result.violations.append(f"the scenario itself failed: {type(exc).__name__}: {exc}")
         result.wall_s = time.monotonic() - started
+        result.logs = options.log_folders
         progress.done()
         status = "ok" if result.ok else "FAILED"
         print(f"{name}: {status} in {result.wall_s:.1f} s", file=sys.stderr, flush=True)

@@ -14,9 +14,16 @@ import math
 import uuid
 from typing import Any
 
-from notifkit.config import Settings
 from notifkit.streams import encode
-from scenarios.harness import ADMIN_KEY, RunOptions, Sent, System, basic_template
+from scenarios.harness import (
+    ADMIN_KEY,
+    RunOptions,
+    Sent,
+    System,
+    attempt_limits,
+    basic_template,
+    failed_event_ids,
+)
 from scenarios.report import ScenarioResult
 
 DESCRIPTION = ("messages that always fail (provider 500 for one recipient; enricher and engine "
@@ -29,9 +36,6 @@ PARAMS: dict[str, Any] = {"users": 20, "messages": 40, "drain_timeout_s": 60.0}
 RANGES = {"users": (2, math.inf), "messages": (2, math.inf)}
 POSITIVE = frozenset({"drain_timeout_s"})
 
-# CONTRACT §3: 3 attempts, 5 for the enricher.
-SPEC_LIMITS = (5, 3)
-
 LAYOUT = {"api": ["api"], "workers": ["enricher", "delivery", "scheduler", "events"],
           "engine": ["engine"]}
 
@@ -39,13 +43,7 @@ LAYOUT = {"api": ["api"], "workers": ["enricher", "delivery", "scheduler", "even
 async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
     result = ScenarioResult(options.name, options.seed)
     async with System(options, LAYOUT) as system:
-        limits = Settings.from_env(system.env_for(["delivery"]))
-        overridden = {"MAX_ATTEMPTS", "ENRICHER_MAX_ATTEMPTS"} & set(options.env)
-        result.check(bool(overridden) or (limits.enricher_max_attempts, limits.max_attempts)
-                     == SPEC_LIMITS,
-                     f"the processes run with attempt limits enricher "
-                     f"{limits.enricher_max_attempts}, elsewhere {limits.max_attempts}; the "
-                     f"contract's are {SPEC_LIMITS[0]} and {SPEC_LIMITS[1]}")
+        limits = attempt_limits(system, options, result)
         users = await system.bootstrap(users=int(params["users"]), channels=("email",),
                                        templates={"mail": basic_template(["email"])})
         poison_user, others = users[0], users[1:]
@@ -166,12 +164,6 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
 
 async def dead_letters(system: System) -> dict[str, dict[str, Any]]:
     return dict(await system.stream_entries(system.keys.dlq))
-
-
-async def failed_event_ids(system: System) -> set[str]:
-    return {str(event["eventId"])
-            for _id, event in await system.stream_entries(system.keys.events_inbound)
-            if event.get("type") == "notification:failed" and event.get("eventId")}
 
 
 def event_of(record: dict[str, Any]) -> str | None:

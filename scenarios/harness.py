@@ -78,6 +78,9 @@ class RunOptions:
     reclaim_s: float = 1.0
     env: dict[str, str] = field(default_factory=dict)
     progress: Progress | None = None
+    # Each System's folder of process logs, in the order they started (the JSON result
+    # names them, so a result can be told its logs among several runs').
+    log_folders: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -142,6 +145,7 @@ class System:
         self.schema = f"sc_{options.name}_{suffix}"[:60]
         self.keys = Keys(self.namespace)
         self.folder = options.run_dir / f"{options.name}-{suffix}"
+        options.log_folders.append(str(self.folder))
         self.processes: dict[str, ManagedProcess] = {}
         self.api_ports: dict[str, int] = {}
         self.sim_port = free_port()
@@ -428,7 +432,7 @@ class System:
                     stream, group, min="-", max="+", count=10_000, consumername=consumer)
             except Exception:  # no such group on this stream
                 continue
-            held.extend((stream, _text(r["message_id"])) for r in rows)
+            held.extend((stream, text_of(r["message_id"])) for r in rows)
         return held
 
     async def pending_of_dead_consumers(self) -> dict[str, int]:
@@ -442,7 +446,7 @@ class System:
                 continue
             for group in groups:
                 for consumer in await self.redis.xinfo_consumers(stream, group["name"]):
-                    name = _text(consumer["name"])
+                    name = text_of(consumer["name"])
                     pid = name.rsplit("-", 1)[-1]
                     if int(consumer.get("pending") or 0) and (
                             not pid.isdigit() or int(pid) not in live):
@@ -528,7 +532,7 @@ class System:
         out: list[tuple[str, dict[str, Any]]] = []
         for entry_id, fields in await self.redis.xrange(stream) or []:
             with contextlib.suppress(Exception):
-                out.append((_text(entry_id), decode(fields)))  # type: ignore[arg-type]
+                out.append((text_of(entry_id), decode(fields)))  # type: ignore[arg-type]
         return out
 
     async def fault_count(self, provider: str, kind: str) -> int:
@@ -624,7 +628,7 @@ class System:
             event_id = task_event.get(message.get("taskId") or "")
             if event_id is None:
                 continue
-            received = _epoch(message.get("receivedAt"))
+            received = epoch(message.get("receivedAt"))
             if event_id not in delivered or received < delivered[event_id]:
                 delivered[event_id] = received
         # A task accepted n times shows n records with acceptCount 1..n: count n - 1 once.
@@ -691,16 +695,38 @@ def summarize_counter(counter: Counter[str]) -> str:
     return ", ".join(f"{k}={v}" for k, v in counter.items())
 
 
-def _text(value: Any) -> str:
+# CONTRACT §3: 3 attempts, 5 for the enricher.
+SPEC_LIMITS = (5, 3)
+
+
+def attempt_limits(system: System, options: RunOptions, result: ScenarioResult) -> Settings:
+    """The processes' settings, having checked that their attempt limits are the contract's
+    unless the run set them: a scenario that took its limits from the code under test alone
+    would pass a wrong default."""
+    limits = Settings.from_env(system.env_for(["delivery"]))
+    overridden = {"MAX_ATTEMPTS", "ENRICHER_MAX_ATTEMPTS"} & set(options.env)
+    result.check(bool(overridden) or (limits.enricher_max_attempts, limits.max_attempts)
+                 == SPEC_LIMITS,
+                 f"the processes run with attempt limits enricher "
+                 f"{limits.enricher_max_attempts}, elsewhere {limits.max_attempts}; the "
+                 f"contract's are {SPEC_LIMITS[0]} and {SPEC_LIMITS[1]}")
+    return limits
+
+
+def text_of(value: Any) -> str:
+    """A Redis reply's bytes (or anything else) as text."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+async def failed_event_ids(system: System) -> set[str]:
+    """The events whose ``notification:failed`` is on the events stream."""
+    return {str(event["eventId"])
+            for _id, event in await system.stream_entries(system.keys.events_inbound)
+            if event.get("type") == "notification:failed" and event.get("eventId")}
+
+
 def epoch(value: Any) -> float:
-    """An RFC 3339 time from the simulators as epoch seconds."""
-    return _epoch(value)
-
-
-def _epoch(value: Any) -> float:
+    """An RFC 3339 time (the simulators', a timeline's) as epoch seconds; none is now."""
     if not value:
         return time.time()
     return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
@@ -758,7 +784,7 @@ async def group_unread(redis: Redis, stream: str, group: dict[str, Any]) -> int:
     # Redis cannot tell the lag (after replaying its AOF, for one): count what lies past the
     # group's last delivered entry instead of taking it for nothing.
     past = await redis.xrange(
-        stream, f"({_text(group['last-delivered-id'])}", "+", count=UNREAD_SCAN)
+        stream, f"({text_of(group['last-delivered-id'])}", "+", count=UNREAD_SCAN)
     return len(past or ())
 
 
@@ -779,5 +805,5 @@ async def stream_backlog(redis: Redis, keys: Keys) -> dict[str, int]:
             pending = int(group.get("pending") or 0)
             unread = await group_unread(redis, stream, group)
             if pending or unread:
-                waiting[f"{stream}/{_text(group['name'])}"] = pending + unread
+                waiting[f"{stream}/{text_of(group['name'])}"] = pending + unread
     return waiting

@@ -12,7 +12,7 @@ import re
 import time
 from typing import Any
 
-from scenarios.harness import RunOptions, System
+from scenarios.harness import RunOptions, System, text_of
 from scenarios.report import ScenarioResult
 
 DESCRIPTION = ("raw garbage XADDed into each stream: acked at once, reported once, never "
@@ -50,11 +50,13 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         for stream in streams:
             for fields in GARBAGE:
                 entry_id = await system.redis.xadd(stream, fields)  # type: ignore[arg-type]
-                added.add((stream, _text(entry_id)))
+                added.add((stream, text_of(entry_id)))
         system.say(f"XADDed {len(added)} garbage entries into {len(streams)} streams",
                    force=True)
         # Acked: nothing left pending or unread. (Acked by the *first* read is checked below
-        # from the logs: a second read could only be a reclaim, and it would report again.)
+        # by the malformed counter: a second read could only be a reclaim, and it would count
+        # the entry again. Not by the log lines: a record identical to one written within
+        # 30 s is left out of the log, so a second report of the same entry is never seen.)
         deadline = started + float(params["drain_timeout_s"])
         unacked = set(added)
         while unacked and time.monotonic() < deadline:
@@ -67,7 +69,7 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         for stream, entry_id in sorted(await still_unacked(system, added)):
             result.check(False, f"garbage {entry_id} in {stream} is still unacked")
 
-        # Reported exactly once each, and never an attempt that failed (= a retry).
+        # Reported, and never an attempt that failed (= a retry).
         reports: dict[tuple[str, str], int] = {}
         retried: set[tuple[str, str]] = set()
         # Services with a single stream may leave it out of their log lines.
@@ -89,17 +91,17 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
         for stream, entry_id in sorted(added):
             count = reports.get((stream, entry_id), 0)
             result.check(count != 0, f"garbage {entry_id} in {stream} was never reported")
-            result.check(count <= 1, f"garbage {entry_id} in {stream} was not acked by its "
-                                     f"first read: handled {count} times")
         for stream, entry_id in sorted(retried):
             result.check(False, f"garbage {entry_id} in {stream} was retried")
-        # Counted: notifkit_malformed_total, per stream, says how many each stream had.
+        # Counted once each: notifkit_malformed_total, per stream, says how many each stream
+        # had (more: an entry was read again, so its first read did not ack it).
         counted = await malformed_counts(system)
         for stream in streams:
             expected = sum(1 for s, _i in added if s == stream)
             result.check(counted.get(stream, 0) == expected,
                          f"notifkit_malformed_total for {stream} is {counted.get(stream, 0):g}, "
-                         f"but {expected} garbage entries went into it")
+                         f"but {expected} garbage entries went into it (each is counted by "
+                         "every read that handles it, and must be acked by the first)")
         reclaimed = system.count_log_lines("Reclaimed ", "idle entries")
         result.check(not reclaimed, f"a reclaim sweep found work: {reclaimed}")
         result.facts.update(garbage=len(added), streams=len(streams),
@@ -131,21 +133,17 @@ async def still_unacked(system: System,
             waiting |= ids  # nobody consumes it yet
             continue
         for group in groups:
-            last = _text(group["last-delivered-id"])
+            last = text_of(group["last-delivered-id"])
             waiting |= {(s, i) for s, i in ids if _after(i, last)}
             rows = await system.redis.xpending_range(stream, group["name"], min="-", max="+",
                                                      count=10_000)
-            waiting |= ids & {(stream, _text(r["message_id"])) for r in rows}
+            waiting |= ids & {(stream, text_of(r["message_id"])) for r in rows}
     return waiting
 
 
 def _after(entry_id: str, last: str) -> bool:
     a, b = entry_id.split("-"), last.split("-")
     return (int(a[0]), int(a[1])) > (int(b[0]), int(b[1]))
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 async def malformed_counts(system: System) -> dict[str, float]:

@@ -53,6 +53,14 @@ def through(url: str, port: int) -> str:
                                      else host))
 
 
+async def accepted_since(system: System, since: float) -> int:
+    """Notifications of the run's project the api accepted from ``since`` (epoch seconds)."""
+    assert system.db is not None
+    return int(await system.db.fetchval(
+        "SELECT count(*) FROM notifications WHERE project_id = $1 "
+        "AND created_at >= to_timestamp($2)", system.project_id, since))
+
+
 async def pending_total(system: System) -> int:
     total = 0
     for stream in system.keys.all_streams():
@@ -119,6 +127,7 @@ async def _run(system: System, params: dict[str, Any], result: ScenarioResult,
 
     await asyncio.sleep(float(params["cut_after_s"]))
     await proxy.cut()
+    cut_at = time.time()
     system.say(f"PostgreSQL unreachable for {params['down_s']} s", force=True)
     held = 0
     waiting: set[str] = set()  # workers /health showed waiting for PostgreSQL
@@ -127,6 +136,10 @@ async def _run(system: System, params: dict[str, Any], result: ScenarioResult,
         held = max(held, await pending_total(system))
         waiting |= await waiting_for_postgres(system)
         await asyncio.sleep(0.2)
+    # What the api accepted meanwhile (it reaches PostgreSQL directly) cannot have gone
+    # through the pipeline: every such notification still has an entry waiting somewhere.
+    backlog_at_end = sum((await system.backlog()).values())
+    accepted_during = await accepted_since(system, cut_at)
     proxy.restore()
     system.say("PostgreSQL reachable again", force=True)
 
@@ -135,6 +148,14 @@ async def _run(system: System, params: dict[str, Any], result: ScenarioResult,
     result.facts["connections refused during the outage"] = proxy.refused
     result.check(held > 0, "no entry was held pending while PostgreSQL was away: either the "
                            "outage hit no work or the workers acked what they could not do")
+    result.facts["accepted during the outage"] = accepted_during
+    result.facts["entries waiting at the outage's end"] = backlog_at_end
+    result.check(accepted_during > 0, "the api accepted nothing during the outage: the run "
+                                      "cannot show that the workers held new work")
+    result.check(backlog_at_end >= accepted_during,
+                 f"{accepted_during} notifications were accepted during the outage, but only "
+                 f"{backlog_at_end} entries were waiting at its end: the workers acked work "
+                 "they could not do")
     result.check(proxy.refused > 0, "nothing tried to reach PostgreSQL during the outage")
     retry_span_s = MOST_ATTEMPTS * CYCLES_PER_TRY * float(params["reclaim_s"])
     result.facts["worst-case span of the enricher's attempts without holding (s)"] = retry_span_s

@@ -13,8 +13,7 @@ import time
 from itertools import pairwise
 from typing import Any
 
-from notifkit.config import Settings
-from scenarios.harness import RunOptions, System, epoch
+from scenarios.harness import RunOptions, System, attempt_limits, epoch, failed_event_ids
 from scenarios.report import ScenarioResult
 
 DESCRIPTION = ("email provider 100% 500s for a period, then recovers: retry cycle, DLQ after "
@@ -41,7 +40,7 @@ RETRY_GAP_FRACTION = 0.5
 async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
     result = ScenarioResult(options.name, options.seed)
     async with System(options, LAYOUT) as system:
-        limit = Settings.from_env(system.env_for(["delivery"])).max_attempts
+        limit = attempt_limits(system, options, result).max_attempts
         users = await system.bootstrap(users=int(params["users"]), channels=("email",))
         rate = float(params["send_rate_per_s"])
         count = int(rate * float(params["traffic_s"]))
@@ -119,9 +118,3 @@ async def dlq_by_event(system: System) -> dict[str, int]:
         if event_id:
             out[str(event_id)] = int(record.get("attempts") or 0)
     return out
-
-
-async def failed_event_ids(system: System) -> set[str]:
-    return {str(event["eventId"])
-            for _id, event in await system.stream_entries(system.keys.events_inbound)
-            if event.get("type") == "notification:failed" and event.get("eventId")}

@@ -151,7 +151,9 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
                                    "hours ended")
         for s in quiet_critical:
             arrived = times.get(s.event_id, [])
-            result.check(bool(arrived) and min(arrived) < quiet_end,
+            result.check(bool(arrived), f"critical {s.event_id} ({s.user_id}) never reached "
+                                        "the provider")
+            result.check(not arrived or min(arrived) < quiet_end,
                          f"critical {s.event_id} ({s.user_id}) waited for quiet hours")
         result.check(len(over_normal) > limit,
                      f"{len(over_normal)} normal sends to {THROTTLED} were accepted, none over "

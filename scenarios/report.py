@@ -27,6 +27,7 @@ class ScenarioResult:
     wall_s: float = 0.0
     violations: list[str] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)  # scenario-specific observations
+    logs: list[str] = field(default_factory=list)  # the run's folders of process logs
 
     @property
     def ok(self) -> bool:

@@ -22,10 +22,9 @@ import asyncio
 import math
 import random
 import time
-from datetime import datetime
 from typing import Any
 
-from scenarios.harness import RunOptions, Sent, System
+from scenarios.harness import RunOptions, Sent, System, epoch
 from scenarios.report import ScenarioResult
 
 DESCRIPTION = "waitForEvent with a timeout; SIGKILL a workflow process mid-step: the right " \
@@ -49,6 +48,9 @@ LAYOUT = {
 
 # The processes' clocks and the database's agree to well within this on one machine.
 CLOCK_SLACK_S = 0.05
+# How long past its timeout a waitForEvent may end beyond what a dead lock holds it back:
+# the timers' poll, the wake-up's way through the stream and a busy machine.
+LATE_WAKE_S = 3.0
 
 TEMPLATES = {
     name: {"channels": {"email": {"subject": name, "text": f"{name} {{{{ user.id }}}}"}}}
@@ -170,11 +172,13 @@ async def run(options: RunOptions, params: dict[str, Any]) -> ScenarioResult:
                 # Latency counts from the send step's finish, not the trigger: the waits
                 # between steps are the workflow's, the rest is the pipeline's.
                 if step.get("type") == "send" and output.get("eventId"):
-                    sent.append(Sent(output["eventId"], user, _epoch(step.get("at"))))
-            times = [_epoch(s.get("at")) for s in steps if s.get("at")]
+                    sent.append(Sent(output["eventId"], user, epoch(step.get("at"))))
+            times = [epoch(s.get("at")) for s in steps if s.get("at")]
             result.check(times == sorted(times),
                          f"instance of {user} ran steps out of order: {steps}")
         for problem in await ran_under_dead_lock(system, locks, killed_at):
+            result.check(False, problem)
+        for problem in await waits_off_time(system, instances, posted, params):
             result.check(False, problem)
         result.facts["users who sent the event"] = len(posted)
         result.facts["instances"] = len(instances)
@@ -221,7 +225,35 @@ async def ran_under_dead_lock(system: System, locks: dict[str, int],
     return problems
 
 
-def _epoch(value: Any) -> float:
-    if not value:
-        return time.time()
-    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+async def waits_off_time(system: System, instances: dict[str, str], posted: dict[str, float],
+                         params: dict[str, Any]) -> list[str]:
+    """Each waitForEvent that ended at the wrong time: one timed out must have waited its
+    timeout, neither less nor much more (a dead process's instance lock may hold it back up
+    to the lock's TTL, and the timers' poll a little more); one whose event came must have
+    ended after the event was posted."""
+    assert system.db is not None
+    timeout_s = float(params["timeout_s"])
+    late_s = float(params["lock_ttl_s"]) + LATE_WAKE_S
+    rows = await system.db.fetch(
+        "SELECT instance_id::text AS instance_id, started_at, finished_at FROM workflow_steps "
+        "WHERE project_id = $1 AND type = 'waitForEvent' AND instance_id::text = ANY($2::text[])",
+        system.project_id, list(instances.values()))
+    ended = {r["instance_id"]: r for r in rows}
+    problems: list[str] = []
+    for user, instance_id in sorted(instances.items()):
+        row = ended.get(instance_id)
+        if row is None or row["finished_at"] is None:
+            problems.append(f"{user}'s waitForEvent never ended")
+            continue
+        waited = (row["finished_at"] - row["started_at"]).total_seconds()
+        if user in posted:
+            if row["finished_at"].timestamp() < posted[user] - CLOCK_SLACK_S:
+                problems.append(f"{user}'s waitForEvent ended {waited:.3f} s after it began, "
+                                "before the event was posted")
+        elif waited < timeout_s - CLOCK_SLACK_S:
+            problems.append(f"{user}'s waitForEvent timed out after {waited:.3f} s, before "
+                            f"its timeout of {timeout_s:g} s")
+        elif waited > timeout_s + late_s:
+            problems.append(f"{user}'s waitForEvent timed out after {waited:.3f} s, more than "
+                            f"{late_s:g} s past its timeout of {timeout_s:g} s")
+    return problems
