@@ -29,7 +29,7 @@ from notifkit.server import NotifkitServer
 from notifkit.services.api.service import ApiService
 from scenarios.processes import free_port
 from simulators import SimulatorServer
-from tests.support.services import require_module
+from tests.support.services import require_module, skip_unless_ci
 from tests.support.signals import stop_insistently
 
 pytestmark = pytest.mark.slow
@@ -332,7 +332,7 @@ def test_dev_on_an_ipv6_host_makes_its_demo_and_prints_where_it_listens(
         try:
             probe.bind(("::1", 0))
         except OSError:
-            pytest.skip("no IPv6 loopback on this machine")
+            skip_unless_ci("no IPv6 loopback on this machine")
     # Given HOST=::1: dev dialled 127.0.0.1 for its demo, where nothing listened, and stopped
     # with "Cannot connect to host 127.0.0.1:...", status 1
     proc = start_dev_on_port_0(tmp_path, redis_url, database_url, namespace, db_schema,

@@ -47,7 +47,7 @@ PIPELINE_CASES: list[tuple[str, str, dict[str, Any], str]] = [
     ("dlq_poison", "skip_failed_event", {"users": 5, "messages": 5},
      r"no notification:failed event"),
     ("malformed", "retry_malformed", {"users": 2, "messages": 2},
-     r"was not acked by its first read|still unacked"),
+     r"must be acked by the first|still unacked"),
     ("rate_limit_429", "ignore_retry_after", {"users": 10, "messages": 20},
      r"before its Retry-After ran out|dropped to the DLQ"),
     ("invalid_token", "keep_invalid_contacts", {"users": 6, "invalid_users": 2},
