@@ -357,11 +357,15 @@ async def test_a_hard_bounce_or_a_complaint_suppresses_the_address(
                       "suppressed")
 
 
+# Invalid number, replied STOP, not a mobile number, unreachable, unknown, landline: each
+# a number that can never receive (30003, unreachable handset, is the passing one below).
+@pytest.mark.parametrize("code", ["21211", "21610", "21614", "30004", "30005", "30006"])
 async def test_a_twilio_failure_for_a_number_that_can_never_receive_suppresses_it(
     make_events: EventsFactory, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str,
+    code: str,
 ) -> None:
-    # Given two SMS sent, then Twilio reporting both "failed": one number replied STOP
-    # (21610), the other failed for a passing reason (30008, unknown error)
+    # Given two SMS sent, then Twilio reporting both "failed": one number can never receive
+    # (`code`), the other failed for a passing reason (30003, handset unreachable)
     events = make_events()
     event_id = uuid7()
     for task, number, message in (("task-s1", "+14155550101", "SM1"),
@@ -372,11 +376,12 @@ async def test_a_twilio_failure_for_a_number_that_can_never_receive_suppresses_i
     await events.run_until_idle()
     await put(redis, keys,
               receipt(project_id, "SM1", "failed", {"MessageStatus": "failed",
-                                                     "ErrorCode": "21610"}, "twilio"),
+                                                     "ErrorCode": code}, "twilio"),
               receipt(project_id, "SM2", "failed", {"MessageStatus": "failed",
-                                                     "ErrorCode": "30008"}, "twilio"))
+                                                     "ErrorCode": "30003"}, "twilio"))
     await events.run_until_idle()
-    # Then only the opted-out number is suppressed, and both stay "failed" on the timeline
+    # Then only the number that can never receive is suppressed, and both stay "failed" on
+    # the timeline
     rows = await db.fetch("SELECT channel, target, reason FROM suppressions")
     assert [tuple(r) for r in rows] == [("sms", "+14155550101", "bounce")]
     assert await timeline(db, "task-s1") == [("sent", "sent", 1, "sms"),

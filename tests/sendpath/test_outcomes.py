@@ -59,6 +59,14 @@ def test_notifkits_own_bucket_parks_without_using_an_attempt() -> None:
     assert verdict.retry_after_s == 4.0
 
 
+def test_several_rate_limited_destinations_park_for_the_longest_wait() -> None:
+    # The shortest would bring the task back into the other destinations' 429s.
+    verdict = judge([answer(Outcome.RATE_LIMITED, 5.0), answer(Outcome.RATE_LIMITED, 30.0),
+                     answer(Outcome.RATE_LIMITED, 12.0)],
+                    has_next_channel=False, attempt=1, max_attempts=3)
+    assert (verdict.action, verdict.retry_after_s) == (Action.PARK, 30.0)
+
+
 def test_a_task_out_of_attempts_says_so_and_why() -> None:
     # The DLQ entry and the timeline must tell an operator it was given up, not rejected.
     verdict = judge([answer(Outcome.RETRY)], has_next_channel=False, attempt=3, max_attempts=3)

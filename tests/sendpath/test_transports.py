@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import json
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiosmtpd.smtp
@@ -631,6 +633,22 @@ async def test_push_addresses_a_device_token_never_an_fcm_topic(
 )
 def test_retry_after_is_a_finite_bounded_wait(header: str, expected: float | None) -> None:
     assert parse_retry_after(header) == expected
+
+
+@pytest.mark.parametrize(("offset_s", "zone", "low", "high"), [
+    (30, "GMT", 25, 30),  # the IMF-fixdate form HTTP servers send
+    (30, "-0000", 25, 30),  # UTC with no zone said: read as UTC
+    (-30, "GMT", 0, 0),  # already past: send now
+])
+def test_retry_after_may_be_an_http_date(offset_s: int, zone: str, low: float,
+                                         high: float) -> None:
+    when = datetime.now(UTC) + timedelta(seconds=offset_s)
+    text = (email.utils.format_datetime(when, usegmt=True) if zone == "GMT"
+            else email.utils.format_datetime(when.replace(tzinfo=None)))
+    assert text.endswith(zone)
+    wait = parse_retry_after(text)
+    assert wait is not None, text
+    assert low <= wait <= high, (text, wait)
 
 
 @pytest.mark.parametrize("name", ["Retry-After", "retry-after", "RETRY-AFTER"])

@@ -59,14 +59,15 @@ def sender(redis: Redis, worker_settings: Settings) -> Sender:
     return Sender(redis, worker_settings)
 
 
+@pytest.mark.parametrize("who", ["stage", "worker"])
 async def test_a_failed_attempt_releases_its_mark_and_the_retry_claims_it(
     make_worker: WorkerFactory, redis: Redis, keys: Keys, add: Add, pending: Pending,
-    sender: Sender,
+    sender: Sender, who: str,
 ) -> None:
     stream = keys.enriched("normal")
     payload = {"eventId": "ev-1", "userId": "u-1", "failFirst": True}
     mark = keys.processed("engine", Sender.key_of(payload))
-    worker = make_worker(sender)
+    worker = make_worker(sender, **claimed_by(who, sender))
     entry_id = await add(stream, payload)
 
     # When the first attempt claims the mark and then fails
@@ -85,16 +86,26 @@ async def test_a_failed_attempt_releases_its_mark_and_the_retry_claims_it(
     assert await pending(stream, worker.group) == 0
 
 
+def claimed_by(who: str, sender: Sender) -> dict[str, Any]:
+    """The worker's options for a mark claimed by the stage itself (``Dedup.claim_many``), or
+    by the worker in the round trip that counts the attempt (``claim_key``, as the enricher
+    and delivery claim theirs)."""
+    if who == "stage":
+        return {}
+    return {"claim_key": lambda _stream, payload: sender.dedup.mark_of(Sender.key_of(payload))}
+
+
+@pytest.mark.parametrize("who", ["stage", "worker"])
 async def test_a_crash_after_claiming_does_not_swallow_the_retry(
     make_worker: WorkerFactory, redis: Redis, keys: Keys, add: Add, pending: Pending,
-    sender: Sender,
+    sender: Sender, who: str,
 ) -> None:
     # Given a worker that claimed the mark and then died before acking (stopped with no
     # grace: its batch is cancelled, nothing is released or acked)
     stream = keys.enriched("normal")
     payload = {"eventId": "ev-2", "userId": "u-2", "hang": True}
     mark = keys.processed("engine", Sender.key_of(payload))
-    crashed = make_worker(sender, consumer="engine-host-a-1")
+    crashed = make_worker(sender, consumer="engine-host-a-1", **claimed_by(who, sender))
     entry_id = await add(stream, payload)
     await crashed.start()
     await asyncio.wait_for(sender.hanging.wait(), WAIT_S)
@@ -103,7 +114,7 @@ async def test_a_crash_after_claiming_does_not_swallow_the_retry(
     assert await pending(stream, crashed.group) == 1
 
     # When another worker reclaims the entry
-    survivor = make_worker(sender, consumer="engine-host-b-1")
+    survivor = make_worker(sender, consumer="engine-host-b-1", **claimed_by(who, sender))
     await survivor.run_until_idle()
 
     # Then the retry finds its own mark, proceeds and sends: the entry is not its own duplicate
