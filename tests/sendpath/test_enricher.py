@@ -240,12 +240,7 @@ async def test_a_large_payload_is_fanned_out_in_pages_bounded_by_bytes(
     # Then every user got exactly one message of each, and the rest went on as continuations
     # of a few recipients each
     for priority in ("low", "normal"):
-        users = [m["user"]["id"] for m in await entries(redis, keys.enriched(priority))]
-        assert sorted(users) == everyone, priority
-        pages = [m.get("segmentAfter") for m in await entries(redis, keys.inbound(priority))]
-        assert len(pages) >= 3, pages
-        assert pages[0] is None, pages
-        assert len(set(pages)) == len(pages), pages
+        await _each_once_in_pages(redis, keys, priority, everyone)
         assert all(m["data"] == data for m in await entries(redis, keys.enriched(priority)))
     # And the stranger on the list (first in id order) is still on its timeline, beside the
     # rows saying the recipients went out in pages and that the last page is done
@@ -253,6 +248,31 @@ async def test_a_large_payload_is_fanned_out_in_pages_bounded_by_bytes(
         ("ghost", "skipped", "unknown user"),
         (None, "fanout", "recipients are enriched in pages; more follow"),
         (None, "fanned_out", "every recipient enriched")]
+
+
+async def test_pages_are_bounded_by_the_bytes_of_the_users_profiles_too(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
+) -> None:
+    """Every recipient's message carries its user's attributes, which a tenant may fill: a
+    page sized by the send alone put 240 users of 900 kB each in one write of 216 MB."""
+    # Given twelve users with 9 kB of attributes each, in a segment, and an enricher that
+    # fans out about 40 kB a batch
+    await _segment_of(db, project, 12, digits=2)
+    await db.execute("UPDATE users SET attributes = $2 WHERE project_id = $1", project,
+                     {"blob": "b" * 9_000})
+    enricher = await services(EnricherService, bytes_per_batch=40_000)
+    everyone = [f"m{i:02d}" for i in range(1, 13)]
+
+    # When a small send goes to the segment, and another to the list (in no order)
+    await send(redis, keys, db, project, "t", {"segment": "beta"}, priority="low")
+    listed = await send(redis, keys, db, project, "t", [*reversed(everyone), "ghost"])
+    await enricher.run_until_idle()
+
+    # Then every user got exactly one message of each, in pages of a few recipients each
+    for priority in ("low", "normal"):
+        await _each_once_in_pages(redis, keys, priority, everyone)
+    assert [(r["user_id"], r["kind"]) for r in await timeline(db, listed)] == [
+        ("ghost", "skipped"), (None, "fanout"), (None, "fanned_out")]
 
 
 async def test_pages_of_two_notifications_whose_keys_and_cursors_hold_colons_both_go_on(
@@ -366,6 +386,18 @@ async def test_a_poison_entry_fails_alone_and_its_batch_neighbours_are_enriched(
     assert out == {first, second}
     dead = [m["payload"]["eventId"] for m in await entries(redis, keys.dlq)]
     assert dead == [poison]
+
+
+async def _each_once_in_pages(redis: Redis, keys: Keys, priority: str,
+                              everyone: list[str]) -> None:
+    """Every user got one message of the ``priority`` send, which went out in three pages or
+    more: the first entry and its continuations, each after another member."""
+    users = [m["user"]["id"] for m in await entries(redis, keys.enriched(priority))]
+    assert sorted(users) == everyone, priority
+    pages = [m.get("segmentAfter") for m in await entries(redis, keys.inbound(priority))]
+    assert len(pages) >= 3, pages
+    assert pages[0] is None, pages
+    assert len(set(pages)) == len(pages), pages
 
 
 async def _segment_of(db: asyncpg.Pool, project: str, size: int, *, digits: int) -> None:
