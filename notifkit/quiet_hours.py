@@ -117,14 +117,14 @@ def deferral(
     try:
         return _deferral(quiet, zone(tz), now)
     except OverflowError:
-        # A sendAt on the calendar's last day (the API takes up to 9999-12-31T23:59:59Z): the
-        # local date or the period's end lies past what datetime can show. Wait until the
-        # last second it can: never early, and never an error the engine retries forever.
+        # A sendAt on the calendar's last day (the API takes up to 9999-12-31T23:59:59.999Z):
+        # the local date or the period's end lies past what datetime can show. Wait until the
+        # last millisecond it can: never early, and never an error the engine retries forever.
         return _LAST_INSTANT
 
 
-# The last whole second: datetime.max's timestamp() rounds up into year 10000.
-_LAST_INSTANT = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+# The last millisecond a due time can hold (due times are whole milliseconds, clock.to_ms).
+_LAST_INSTANT = datetime(9999, 12, 31, 23, 59, 59, 999_000, tzinfo=UTC)
 
 
 def _deferral(quiet: QuietHours, where: ZoneInfo, now: datetime) -> datetime | None:

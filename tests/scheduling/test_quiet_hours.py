@@ -143,10 +143,12 @@ def test_rows_from_the_database_and_unknown_zones() -> None:
 
 
 def test_a_send_due_on_the_calendars_last_day_is_deferred_not_crashed_on() -> None:
-    """The API takes any sendAt up to 9999-12-31T23:59:59Z. A period that ends, or a local
-    date that lies, past the last day datetime can show waits until the calendar's last
-    second: never early, and the engine never fails the send on every retry."""
-    last = utc(9999, 12, 31, 23, 59, 59)
+    """The API takes any sendAt up to 9999-12-31T23:59:59.999Z. A period that ends, or a
+    local date that lies, past the last day datetime can show waits until the calendar's
+    last millisecond: never early (it said ...59.000 for a send due at ...59.999), and the
+    engine never fails the send on every retry."""
+    last = utc(9999, 12, 31, 23, 59, 59) + timedelta(milliseconds=999)
+    assert deferral(NIGHT, "UTC", last) == last
     assert deferral(NIGHT, "UTC", utc(9999, 12, 31, 23, 30)) == last
     assert deferral(NIGHT, "Asia/Tokyo", utc(9999, 12, 31, 14, 0)) == last  # 23:00 JST
     assert deferral(NIGHT, "Asia/Tokyo", utc(9999, 12, 31, 16, 0)) == last  # 01:00, year 10000

@@ -12,6 +12,7 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
+from notifkit.clock import to_ms
 from notifkit.ids import uuid7
 from notifkit.keys import Keys
 from notifkit.services.engine import EngineService
@@ -301,8 +302,8 @@ async def test_a_future_send_and_quiet_hours_go_to_the_scheduler(
 async def test_a_send_due_on_the_calendars_last_day_in_quiet_hours_is_deferred(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
 ) -> None:
-    """The API takes a sendAt up to 9999-12-31T23:59:59Z; in quiet hours that end in year
-    10000 the engine defers it to the calendar's last second instead of failing the entry on
+    """The API takes a sendAt up to 9999-12-31T23:59:59.999Z; in quiet hours that end in year
+    10000 the engine defers it to the calendar's last millisecond instead of failing the entry on
     every attempt until it is dead-lettered."""
     await add_user(db, project, "tokyo", contacts=[("sms", "+15550001")],
                    timezone="Asia/Tokyo")
@@ -317,8 +318,7 @@ async def test_a_send_due_on_the_calendars_last_day_in_quiet_hours_is_deferred(
     [scheduled] = await entries(redis, keys.scheduled)
     assert scheduled["payload"]["eventId"] == event
     assert scheduled["reason"] == "quietHours"
-    assert scheduled["dueAt"] == int(datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
-                                     * 1000)
+    assert scheduled["dueAt"] == to_ms(datetime(9999, 12, 31, 23, 59, 59, 999_000, tzinfo=UTC))
     [deferred] = await timeline(db, event)
     assert (deferred["kind"], deferred["status"]) == ("deferred", "scheduled")
 
