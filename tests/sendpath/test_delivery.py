@@ -1151,11 +1151,14 @@ async def test_a_projects_rate_limit_holds_sends_back_without_using_attempts(
     # Given a project allowed one SMS every ten seconds, and two recipients
     project = await one_sms_every_ten_seconds(db)
 
-    await send(redis, keys, db, project, "t", ["u0", "u1"], data={"amount": "1"})
+    event_id = await send(redis, keys, db, project, "t", ["u0", "u1"], data={"amount": "1"})
     await drain(*await stages(services, sim_settings))
 
-    # Then one SMS went out and the other waits for the bucket, with no attempt used
+    # Then one SMS went out and the other waits for the bucket, with no attempt used, its row
+    # naming the project's limit
     assert len(await sim.messages("twilio")) == 1
+    [waits] = [r for r in await timeline(db, event_id) if r["kind"] == "rate_limited"]
+    assert "this project's sms rate limit (0.1/s)" in waits["detail"], waits["detail"]
     [parked] = await entries(redis, keys.scheduled)
     assert parked["reason"] == "rateLimited"
     assert parked["payload"].get("parkCount", 0) == 0

@@ -375,7 +375,8 @@ class DeliveryService(WorkerService):
             if wait_s > 0:
                 return Attempted(destination, SendResult(
                     Outcome.RATE_LIMITED,
-                    detail=f"notifkit's {transport.provider} rate limit is used up",
+                    detail=f"{_limit_named(buckets, transport.provider, task['channel'])} "
+                           "is used up",
                     retry_after_s=wait_s), local_limit=True)
             started = time.perf_counter()
             # From here the attempt happened, whatever fails after it (PostgreSQL included).
@@ -622,6 +623,19 @@ def _message(task: OutboundTask, destination: str) -> Message:
         campaign_id=task.get("campaignId"), unsubscribe_url=task.get("unsubscribeUrl"),
         created_at=task.get("createdAt", ""),
     )
+
+
+def _limit_named(buckets: list[Bucket], provider: str, channel: str) -> str:
+    """The rate limit a send waits for, as its row says it: notifkit's for the provider, the
+    project's for the channel (``rateLimits``), or either when both apply (the take says
+    only how long, not which bucket was short)."""
+    own = [b for b in buckets if not b.key.endswith(f":{ALL_PROJECTS}")]
+    if not own:
+        return f"notifkit's {provider} rate limit"
+    project = f"this project's {channel} rate limit ({own[0].rate_per_s:g}/s)"
+    if len(own) == len(buckets):
+        return project
+    return f"{project} or notifkit's {provider} rate limit"
 
 
 def _event(kind: str, task: OutboundTask, provider: str | None, message_id: str | None,
