@@ -378,11 +378,17 @@ def content_for(channel: str, text: str, base: dict[str, Any]) -> dict[str, Any]
     if channel == "email":
         paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
         content["html"] = "".join(_html_paragraph(p) for p in paragraphs)
-        if not content.get("subject"):
+        if _blank(content.get("subject")):
             content["subject"] = headline(text)
-    elif channel == "push" and not content.get("title"):
+    elif channel == "push" and _blank(content.get("title")):
         content["title"] = headline(text, 60)
     return content
+
+
+def _blank(value: object) -> bool:
+    """A field the template left for the model: absent, empty or white space (a subject that
+    rendered blank), which providers refuse or show as nothing."""
+    return not isinstance(value, str) or not value.strip()
 
 
 def _html_paragraph(text: str) -> str:

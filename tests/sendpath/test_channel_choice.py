@@ -64,6 +64,10 @@ def test_decisions_respect_every_no(
         assert not any((d.channel, t) in suppressed for t in d.destinations)
         if d.channel != "inapp":
             assert set(d.destinations) <= set(message["contacts"].get(d.channel, []))
+            # push goes to every device; any other channel to one address, the first (the
+            # oldest) not suppressed, so a user with two e-mail addresses gets one e-mail
+            live = [t for t in message["contacts"][d.channel] if (d.channel, t) not in suppressed]
+            assert d.destinations == (live if d.channel == "push" else live[:1])
         assert set(d.chain) <= set(template.fallback) - {d.channel}
         # the route re-entered on a failure: the chain, with the channels passed over between
         assert [c for c in d.route if c in d.chain] == d.chain

@@ -272,16 +272,19 @@ async def test_a_future_send_and_quiet_hours_go_to_the_scheduler(
                        send_at="2026-06-02T09:30:00Z")
     urgent = await send(redis, keys, db, project, "t", "night", data={"amount": "1"},
                         priority="critical")
+    # (a sendAt already past, at noon, outside quiet hours: it is due now, in them)
+    overdue = await send(redis, keys, db, project, "t", "night", data={"amount": "1"},
+                         send_at="2026-06-01T12:00:00Z")
     await drain(*stages)
 
-    # Then the critical one goes out now, the other two wait on the scheduled stream
+    # Then the critical one goes out now, the other three wait on the scheduled stream
     [now_task] = await entries(redis, keys.outbound("critical"))
     assert now_task["eventId"] == urgent
     scheduled = {s["payload"]["eventId"]: s for s in await entries(redis, keys.scheduled)}
-    assert set(scheduled) == {quiet, later}
-    assert scheduled[quiet]["reason"] == "quietHours"
-    assert scheduled[quiet]["dueAt"] == int(datetime(2026, 6, 2, 7, 0, tzinfo=UTC).timestamp()
-                                            * 1000)
+    assert set(scheduled) == {quiet, later, overdue}
+    morning = int(datetime(2026, 6, 2, 7, 0, tzinfo=UTC).timestamp() * 1000)
+    for held in (quiet, overdue):
+        assert (scheduled[held]["reason"], scheduled[held]["dueAt"]) == ("quietHours", morning)
     assert scheduled[later]["reason"] == "sendAt"
     assert scheduled[later]["stream"] == keys.outbound("normal")
     assert scheduled[later]["payload"]["content"] == {"text": "Paid 1"}

@@ -5,12 +5,13 @@ provider takes."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from notifkit.db.routing import Template
-from notifkit.services.engine.render import generic, render
+from notifkit.services.engine.render import cut, generic, render
 from notifkit.templates import build_context
 
 
@@ -39,6 +40,16 @@ def test_short_generic_content_is_left_whole() -> None:
     assert generic("invoice-paid", "sms", context) == {"text": "Invoice paid: amount: 12.00"}
     assert generic("invoice-paid", "push", context) == {"title": "Invoice paid",
                                                         "body": "amount: 12.00"}
+
+
+@pytest.mark.parametrize(("limit", "size"), [(1600, len), (2048, _push_body_bytes)])
+def test_content_exactly_at_the_limit_is_left_whole_and_one_past_it_is_cut(
+    limit: int, size: Callable[[str], int],
+) -> None:
+    assert cut("x" * limit, limit, size) == "x" * limit
+    longer = cut("x" * (limit + 1), limit, size)
+    assert longer.endswith("…")
+    assert size(longer) <= limit
 
 
 def _context(channel: str, data: dict[str, Any]) -> dict[str, Any]:

@@ -266,6 +266,22 @@ async def test_a_503_is_retried_up_to_the_attempt_limit(
     assert await stream(redis, keys.outbound("normal")) == []
 
 
+async def test_a_task_parked_before_has_only_its_remaining_attempts(
+    ai: AiService, ai_settings: Settings, sim: SimulatorServer, redis: Redis, keys: Keys,
+    project_id: str, template: str,
+) -> None:
+    # Given a task parked once already on a 429 (one attempt spent), and a model answering 503
+    await sim.add_fault("error", "openai", status=503)
+    task = {**ai_task(project_id), "priorAttempts": 1}
+    await xadd(redis, keys.ai_pending, task, 10_000)
+
+    # Then it asks the model only for the attempts left, and is dead-lettered saying so
+    await ai.run_until_idle()
+    assert await requests_made(sim) == ai_settings.max_attempts - 1
+    [dead] = await stream(redis, keys.dlq)
+    assert f"after {ai_settings.max_attempts} attempts" in dead["error"], dead["error"]
+
+
 async def test_a_503_that_clears_before_the_limit_delivers(
     ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys, db: asyncpg.Pool,
     project_id: str, template: str,
@@ -401,6 +417,10 @@ def test_content_for_fills_the_channels_body_and_a_missing_subject() -> None:
     assert signed["html"] == "<p>Paid.</p><p>Best,<br>\nThe &lt;b&gt;team&lt;/b&gt;</p>"
     push = content_for("push", "Hello there", {"title": "Kept"})
     assert push == {"title": "Kept", "body": "Hello there"}
+    # a subject or title the template left empty, or that rendered blank, is the model's too
+    for blank in ("", " \n"):
+        assert content_for("email", "Paid. Thanks", {"subject": blank})["subject"] == "Paid."
+        assert content_for("push", "Hello there", {"title": blank})["title"] == "Hello there"
     assert headline("x" * 100, 10) == "x" * 9 + "…"
 
 
