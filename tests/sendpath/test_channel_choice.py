@@ -81,3 +81,10 @@ def test_decisions_respect_every_no(
         if not d.send:
             assert d.kind in (Kind.SKIPPED, Kind.SUPPRESSED)
             assert d.reason
+
+
+def test_a_send_naming_no_channel_gets_the_templates_content_chain_and_ai_channels() -> None:
+    template = Template(id="t", topic=None, content={"email": {"subject": "s"}},
+                        fallback=["push", "email"],
+                        ai={"model": "m", "prompt": "p", "channels": ["sms"]})
+    assert sorted(template_channels(template)) == ["email", "push", "sms"]

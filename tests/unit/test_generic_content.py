@@ -35,6 +35,11 @@ def test_generic_sms_and_push_fit_what_their_providers_take(value: str) -> None:
     assert push.endswith("…")
 
 
+def test_a_generic_email_without_data_says_its_title_rather_than_nothing() -> None:
+    assert generic("invoice-paid", "email", {"data": {}}) == {
+        "subject": "Invoice paid", "text": "Invoice paid", "html": "<h1>Invoice paid</h1>"}
+
+
 def test_short_generic_content_is_left_whole() -> None:
     context = {"data": {"amount": "12.00"}}
     assert generic("invoice-paid", "sms", context) == {"text": "Invoice paid: amount: 12.00"}
