@@ -845,6 +845,18 @@ async def test_projects_validate_their_settings(api: Api) -> None:
         "settings.color"}
 
 
+async def test_a_throttle_window_is_at_most_a_year(api: Api) -> None:
+    # A year (31,536,000 s) is the longest window a project may count sends over, as the
+    # OpenAPI document says; one second more is a 400 naming the field.
+    year = await api.admin("POST", "/v1/projects", json={
+        "name": "p", "settings": {"throttle": {"limit": 5, "windowSeconds": 31_536_000}}})
+    assert year.status == 201, year.body
+    assert year.body["settings"]["throttle"] == {"limit": 5, "windowSeconds": 31_536_000}
+    longer = await api.admin("POST", "/v1/projects", json={
+        "name": "p", "settings": {"throttle": {"limit": 5, "windowSeconds": 31_536_001}}})
+    assert (longer.status, longer.fields) == (400, ["settings.throttle.windowSeconds"])
+
+
 async def test_a_whole_number_written_with_a_fraction_part_is_a_whole_number(api: Api) -> None:
     # JSON has one number type: 60.0 is the integer 60, as the OpenAPI document's "integer"
     # (JSON Schema) has it. A fraction is still refused.

@@ -156,6 +156,29 @@ async def test_minting_takes_a_life_and_needs_a_full_key_and_a_user(
     assert nobody.status == 404
 
 
+@pytest.mark.parametrize(("body", "life"), [
+    (None, 3600),                  # none asked: an hour
+    ({"ttlSeconds": 60}, 60),      # a minute at least
+    ({"ttlSeconds": 604_800}, 604_800),  # and a week at most
+    ({"ttlSeconds": 59}, None),
+    ({"ttlSeconds": 604_801}, None),
+])
+async def test_a_token_lives_a_minute_to_a_week_and_an_hour_unless_asked(
+    api: Api, project: Project, body: dict[str, int] | None, life: int | None,
+) -> None:
+    """The bounds and default README gives: a life outside them is a 400 naming ttlSeconds,
+    and a token minted without one expires an hour on."""
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    before = int(time.time())
+    made = await api.call("POST", "/v1/users/u1/inbox/token", key=project.full, json=body)
+    if life is None:
+        assert (made.status, made.fields) == (400, ["ttlSeconds"])
+        return
+    assert made.status == 201, made.body
+    # expiresAt is whole seconds of the clock read while minting, between these two reads.
+    assert before + life <= _epoch(made.body["expiresAt"]) <= time.time() + life
+
+
 def test_a_token_is_good_until_its_expiry_and_not_at_it() -> None:
     """The boundary, on the clock the caller passes (the API passes the wall clock)."""
     secret = "inbox-token-test-secret-0123"

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 from urllib.parse import quote
 
+import asyncpg
 import pytest
 from redis.asyncio import Redis
 
@@ -151,6 +154,37 @@ async def test_an_offset_whose_plus_arrived_as_a_space_is_told_so(
                            params={"since": "2030-12-01T09:00:00 5"})
     assert (other.status, other.fields) == (400, ["since"])
     assert "%2B" not in other.error["details"][0]["message"]
+
+
+@pytest.mark.parametrize(("path", "rows"), [
+    ("/v1/messages", lambda body: len(body["items"])),
+    ("/v1/usage/ai", lambda body: body["requests"]),
+])
+async def test_until_equal_to_since_is_an_empty_range_not_a_400(
+    api: Api, project: Project, db: asyncpg.Pool, path: str,
+    rows: Callable[[dict[str, Any]], int],
+) -> None:
+    """Given a row logged at the very instant both bounds name, [since, until) holds nothing:
+    the answer is an empty 200 (a range can be empty), and only until before since, bounds
+    swapped, is the 400 naming until."""
+    at = "2030-01-01T00:00:00Z"
+    await db.execute(
+        "INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, attempt, "
+        "kind, status, created_at) VALUES ($1, $2, 't1', 'u1', 'email', 0, 'sent', 'sent', "
+        "$3::text::timestamptz)", project.id, str(uuid.uuid4()), at)
+    await db.execute(
+        "INSERT INTO ai_usage (task_id, project_id, model, prompt_tokens, completion_tokens, "
+        "created_at) VALUES ('t1', $1, 'gpt-4o', 1, 1, $2::text::timestamptz)", project.id, at)
+    found = await api.call("GET", path, key=project.full,
+                           params={"since": at, "until": "2030-01-01T00:00:00.001Z"})
+    empty = await api.call("GET", path, key=project.full, params={"since": at, "until": at})
+    swapped = await api.call("GET", path, key=project.full,
+                             params={"since": at, "until": "2029-12-31T23:59:59.999Z"})
+    assert found.status == 200, found.body
+    assert rows(found.body) == 1
+    assert empty.status == 200, empty.body
+    assert rows(empty.body) == 0
+    assert (swapped.status, swapped.fields) == (400, ["until"])
 
 
 @pytest.fixture

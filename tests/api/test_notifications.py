@@ -12,7 +12,9 @@ from redis.asyncio import Redis
 
 from notifkit.keys import Keys
 from notifkit.messages import parse_inbound
+from notifkit.services.api.app import operations
 from notifkit.services.api.idempotency import replay_earlier
+from notifkit.services.api.openapi import document
 from notifkit.services.api.routes import notifications as routes
 from notifkit.services.api.validation import list_scope, scoped_cursor
 from notifkit.streams import decode
@@ -151,6 +153,33 @@ async def test_every_invalid_field_is_named_and_nothing_is_enqueued(
     assert reply.status == 400, reply.body
     assert set(reply.fields) == fields
     assert await inbound(redis, api) == []
+
+
+async def test_a_campaign_id_is_at_most_255_characters(
+    api: Api, project: Project, template: str, redis: Redis
+) -> None:
+    """One bound for a send, the /v1/messages filter and the OpenAPI document of both: a send
+    naming a longer campaign is refused (no filter could find it), the longest one is kept."""
+    longest = await api.call("POST", "/v1/notifications", key=project.send,
+                             json={"to": "u1", "template": template, "campaignId": "c" * 255})
+    too_long = await api.call("POST", "/v1/notifications", key=project.send,
+                              json={"to": "u1", "template": template, "campaignId": "c" * 256})
+    assert longest.status == 202, longest.body
+    assert too_long.status == 400
+    assert too_long.error["details"] == [
+        {"field": "campaignId", "message": "must be at most 255 characters"}]
+    [message] = await inbound(redis, api)
+    assert message["campaignId"] == "c" * 255
+    for length, status in ((255, 200), (256, 400)):
+        filtered = await api.call("GET", "/v1/messages", key=project.full,
+                                  params={"campaignId": "c" * length})
+        assert filtered.status == status, filtered.body
+    doc = document(operations())
+    [param] = [p for p in doc["paths"]["/v1/messages"]["get"]["parameters"]
+               if p["name"] == "campaignId"]
+    [sent, _null] = doc["components"]["schemas"]["NotificationCreate"]["properties"][
+        "campaignId"]["anyOf"]
+    assert param["schema"]["maxLength"] == sent["maxLength"] == 255
 
 
 async def test_a_channel_the_template_has_no_content_for_is_accepted(

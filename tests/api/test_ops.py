@@ -274,6 +274,12 @@ async def test_streams_report_length_pending_and_age(
     assert f'notifkit_stream_length{{stream="{stream}"}} 3.0' in metrics.body
     assert (f'notifkit_stream_pending{{group="notifkit:group:delivery",stream="{stream}"}} 2.0'
             in metrics.body)
+    # The age of the oldest pending entry is the gauge a stuck consumer is alerted on: it is
+    # there for the group, as old as the entry ten seconds in the past.
+    age = f'notifkit_stream_oldest_pending_age_seconds{{group="notifkit:group:delivery",' \
+          f'stream="{stream}"}} '
+    [line] = [line for line in metrics.body.splitlines() if line.startswith(age)]
+    assert 10 <= float(line.removeprefix(age)) < 60
     assert "notifkit_processed_total" in metrics.body
 
 

@@ -133,6 +133,11 @@ async def test_an_id_that_is_not_utf_8_does_not_alias_its_escaped_spelling(
     assert (await api.call("GET", "/v1/users/%25FF", key=project.full)).status == 200
 
 
+# 254 characters, the most an e-mail address may have: the longest local part (64) at a
+# domain of three full labels.
+LONGEST_EMAIL = "l" * 64 + "@" + "a" * 63 + "." + "b" * 63 + "." + "c" * 57 + ".com"
+
+
 @pytest.mark.parametrize(("channel", "target"), [
     ("email", "ada@example.com"), ("email", "a.b+tag@sub.example.co.uk"),
     ("sms", "+14155550100"), ("push", "fcm-token:APA91b-xyz_123"),
@@ -140,6 +145,7 @@ async def test_an_id_that_is_not_utf_8_does_not_alias_its_escaped_spelling(
     ("webhook", "https://b\u00fccher.example/hook"), ("webhook", "https://example.com./hook"),
     ("webhook", "https://in_bound.example.com/"), ("webhook", "https://93.184.215.14:8443/"),
     ("webhook", "https://" + "a" * 63 + ".example.com/"),
+    ("email", LONGEST_EMAIL),
 ])
 async def test_valid_contacts_are_added(
     api: Api, project: Project, channel: str, target: str
@@ -166,6 +172,9 @@ async def test_valid_contacts_are_added(
     ("webhook", "https://%31%32%37.0.0.1/"), ("webhook", "https://exa!mple.com/"),
     ("webhook", "https://" + "a" * 64 + ".example.com/"),
     ("webhook", "https://" + "a." * 127 + "com/"),
+    # Valid parts, but one character over the 254 an address may have in all (RFC 5321's path
+    # of 256 less its angle brackets): no provider would take it.
+    ("email", LONGEST_EMAIL.replace(".com", "c.com")),
 ])
 async def test_invalid_contact_targets_are_400_naming_target(
     api: Api, project: Project, channel: str, target: str
@@ -293,14 +302,16 @@ async def test_an_e_mail_address_at_an_international_domain_is_stored_as_sent(
 async def test_a_webhook_url_differing_only_in_scheme_or_host_case_is_the_same_contact(
     api: Api, project: Project
 ) -> None:
-    # Scheme and host are case-insensitive (RFC 3986), and so is an explicit default port: a
-    # second spelling of one endpoint as its own contact would get every notification twice.
+    # Scheme and host are case-insensitive (RFC 3986), and an explicit default port or an empty
+    # one (":", which RFC 3986 reads as the default) is none: a second spelling of one endpoint
+    # as its own contact would get every notification twice.
     await api.call("PUT", "/v1/users/u1", key=project.full, json={})
     first = await api.call("POST", "/v1/users/u1/contacts", key=project.full,
                            json={"channel": "webhook", "target": "HTTPS://Hooks.Example.COM/In/X?A=B"})
     assert first.status == 201
     assert first.body["target"] == "https://hooks.example.com/In/X?A=B"
-    for spelling in ("https://hooks.example.com/In/X?A=B", "https://HOOKS.example.com:443/In/X?A=B"):
+    for spelling in ("https://hooks.example.com/In/X?A=B", "https://HOOKS.example.com:443/In/X?A=B",
+                     "https://hooks.example.com:/In/X?A=B"):
         again = await api.call("POST", "/v1/users/u1/contacts", key=project.full,
                                json={"channel": "webhook", "target": spelling})
         assert (again.status, again.body) == (200, first.body)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import email.utils
 import json
 import socket
@@ -41,6 +42,7 @@ from notifkit.transports.fcm import FcmTransport
 from notifkit.transports.fcm import classify as fcm_classify
 from notifkit.transports.registry import build_transports
 from notifkit.transports.resend import ResendTransport
+from notifkit.transports.resend import classify as resend_classify
 from notifkit.transports.sendgrid import SendgridTransport
 from notifkit.transports.sendgrid import classify as sendgrid_classify
 from notifkit.transports.smtp import SmtpTransport
@@ -117,6 +119,39 @@ async def test_an_accepted_send_names_the_recipient_and_the_task(
     assert record["to"].lower() == spec.to.lower()
     assert record["taskId"] == "task-accepted"
     assert record["acceptCount"] == 1
+
+
+# Where each provider's webhooks name the task: a field of the request body, the only part of
+# the request a provider echoes (the X-Notifkit-Task-Id header never comes back in an event).
+TASK_ID_IN_BODY: dict[str, Callable[[dict[str, Any]], object]] = {
+    "sendgrid": lambda content: (content.get("custom_args") or {}).get("notifkit_task_id"),
+    "resend": lambda content: [tag for tag in content.get("tags") or []
+                               if tag.get("name") == "notifkit_task_id"],
+    "fcm": lambda content: (content.get("data") or {}).get("notifkit_task_id"),
+}
+BODY_TASK_ID_EXPECTED: dict[str, object] = {
+    "sendgrid": "task-in-body",
+    "resend": [{"name": "notifkit_task_id", "value": "task-in-body"}],
+    "fcm": "task-in-body",
+}
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.provider in TASK_ID_IN_BODY],
+                         indirect=True, ids=[c.provider for c in CASES
+                                             if c.provider in TASK_ID_IN_BODY])
+async def test_an_accepted_send_carries_the_task_id_in_the_body_field_its_webhooks_echo(
+    case: tuple[Case, Transport], sim: SimulatorServer
+) -> None:
+    # The simulator reads the task id from the header first, so record["taskId"] alone would
+    # not show the body field missing; without it, the provider's delivery events could not be
+    # matched to the task.
+    spec, transport = case
+    result = await transport.send(message(spec, "task-in-body"))
+
+    assert result.outcome is Outcome.SENT, result.detail
+    [record] = await sim.messages(spec.provider)
+    assert TASK_ID_IN_BODY[spec.provider](record["content"]) == (
+        BODY_TASK_ID_EXPECTED[spec.provider])
 
 
 @pytest.mark.parametrize(("fault", "outcome"), [
@@ -339,6 +374,9 @@ SENDER_REFUSED = [
     ("rcpt", "450 4.7.1 Client host rejected: cannot find your hostname", Outcome.RETRY),
     ("data", "454 4.7.0 Temporary authentication failure", Outcome.RETRY),
     ("data", "554 5.7.1 Message rejected as spam", Outcome.PERMANENT),
+    # A bare 550 to DATA names no address: the message was refused, not the recipient (a bare
+    # 550 to RCPT TO is about the address it answers, see ADDRESS_REFUSED).
+    ("data", "550 Message content rejected", Outcome.PERMANENT),
     *[(stage, reply, Outcome.INVALID_RECIPIENT) for stage, reply in ADDRESS_REFUSED],
     *[(stage, reply, Outcome.PERMANENT) for stage, reply in SENDER_REFUSED],
     ("mail", "451 4.3.0 Error: queue file write error", Outcome.RETRY),
@@ -470,6 +508,59 @@ def test_fcm_invalid_argument_disables_a_token_only_when_it_is_about_the_token(
                                    "errorCode": "INVALID_ARGUMENT"}]}}
     reply = HttpReply(400, {}, json.dumps(body).encode())
     assert fcm_classify(reply).outcome is expected
+
+
+@pytest.mark.parametrize(("field", "text", "expected"), [
+    ("personalizations.0.to.0.email", "Does not contain a valid address.",
+     Outcome.INVALID_RECIPIENT),
+    # Another field of the personalization says nothing about the address: disabling the
+    # contact for it would lose a good address for a fault of the message.
+    ("personalizations.0.subject", "The subject of a personalization must be a string.",
+     Outcome.PERMANENT),
+])
+def test_sendgrid_400_disables_an_address_only_when_it_names_a_recipient_field(
+    field: str, text: str, expected: Outcome,
+) -> None:
+    body = {"errors": [{"message": text, "field": field, "help": None}]}
+    reply = HttpReply(400, {}, json.dumps(body).encode())
+    assert sendgrid_classify(reply).outcome is expected
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("Invalid `to` field. The email address needs to follow the `email@example.com` or "
+     "`Name <email@example.com>` format.", Outcome.INVALID_RECIPIENT),
+    # Resend answers every invalid field with validation_error: only one about `to` is the
+    # address's fault.
+    ("Invalid `subject` field.", Outcome.PERMANENT),
+])
+def test_resend_validation_error_disables_an_address_only_when_it_is_about_to(
+    text: str, expected: Outcome,
+) -> None:
+    body = {"statusCode": 422, "name": "validation_error", "message": text}
+    reply = HttpReply(422, {}, json.dumps(body).encode())
+    assert resend_classify(reply).outcome is expected
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.provider == "twilio"], indirect=True,
+                         ids=["twilio"])
+@pytest.mark.parametrize(("number", "expected"), [
+    ("+15005550001", Outcome.INVALID_RECIPIENT),  # 21211 not a valid phone number
+    ("+15005550002", Outcome.INVALID_RECIPIENT),  # 21612 not reachable from our number
+    ("+15005550004", Outcome.INVALID_RECIPIENT),  # 21610 the recipient replied STOP
+    ("+15005550009", Outcome.INVALID_RECIPIENT),  # 21614 not a mobile number
+    # 21408: the account may not send to the region yet, which Twilio's console fixes; the
+    # number itself is fine, so the contact stays enabled.
+    ("+15005550003", Outcome.PERMANENT),
+])
+async def test_twilio_codes_that_mean_the_number_cannot_receive_are_invalid_recipients(
+    case: tuple[Case, Transport], sim: SimulatorServer, number: str, expected: Outcome
+) -> None:
+    # The simulator answers Twilio's test numbers with their documented error codes.
+    spec, transport = case
+    result = await transport.send(message(dataclasses.replace(spec, to=number)))
+
+    assert (result.outcome, result.status) == (expected, 400), result.detail
+    assert await sim.messages("twilio") == []
 
 
 def test_an_accepted_send_whose_answer_is_nested_too_deep_to_parse_is_still_sent() -> None:

@@ -14,6 +14,8 @@ from sendgrid import SendGridAPIClient
 from sendgrid.helpers.mail import CustomArg, Mail, MailSettings, SandBoxMode
 
 from simulators import SimulatorServer
+from simulators.kinds import ErrorCase
+from simulators.providers.sendgrid import SendGrid
 
 SHORT_TIMEOUT_S = 0.5
 
@@ -356,6 +358,17 @@ async def test_invalid_token_fault_is_400_invalid_address(sim: SimulatorServer) 
     with pytest.raises(exceptions.BadRequestsError) as caught:
         await send(client(sim), message())
     assert errors(caught)[0]["message"] == "Does not contain a valid address."
+
+
+def test_an_invalid_address_answer_not_told_the_field_names_the_first_recipients_email() -> None:
+    """SendGrid names the field of the refused address; when the simulator was not told which
+    recipient it was, it names the first one's, as SendGrid does for a one-recipient request,
+    so a client that maps the field back to an address still finds one."""
+    reply = SendGrid().render(ErrorCase.INVALID_RECIPIENT)
+
+    [error] = json.loads(reply.body)["errors"]
+    assert (reply.status, error["field"], error["message"]) == (
+        400, "personalizations.0.to.0.email", "Does not contain a valid address.")
 
 
 async def test_invalid_token_fault_names_the_field_of_the_recipient_it_matched(

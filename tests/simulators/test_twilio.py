@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -28,10 +29,11 @@ def client(sim: SimulatorServer, *, timeout_s: float = 5.0, token: str = AUTH_TO
 
 
 async def send(
-    twilio: Client, to: str = "+15558675310", from_: str = "+15017122661", **extra: Any
+    twilio: Client, to: str = "+15558675310", from_: str = "+15017122661",
+    body: str = "Your code is 123456", **extra: Any
 ) -> Any:
     return await asyncio.to_thread(
-        twilio.messages.create, to=to, from_=from_, body="Your code is 123456", **extra
+        twilio.messages.create, to=to, from_=from_, body=body, **extra
     )
 
 
@@ -92,6 +94,40 @@ async def test_invalid_media_url_is_21620(sim: SimulatorServer) -> None:
     assert await sim.messages("twilio") == []
 
 
+async def test_a_body_of_1600_characters_is_sent_and_one_longer_is_21617(
+    sim: SimulatorServer,
+) -> None:
+    """Twilio's limit is 1,600 characters: a body of exactly that many is sent, one more is
+    refused before anything is sent."""
+    twilio = client(sim)
+    sent = await send(twilio, body="a" * 1600)
+
+    with pytest.raises(TwilioRestException) as caught:
+        await send(twilio, body="a" * 1601)
+
+    assert (caught.value.status, caught.value.code) == (400, 21617)
+    assert [m["id"] for m in await sim.messages("twilio")] == [sent.sid]
+
+
+async def test_an_error_answer_is_twilios_code_message_more_info_and_status(
+    sim: SimulatorServer,
+) -> None:
+    """Twilio's error body is exactly these four fields; its SDKs and clients' logs link an
+    error to its documentation page by more_info."""
+    twilio = client(sim)
+    with pytest.raises(TwilioRestException):
+        await send(twilio, to="12345")
+
+    last = twilio.http_client._test_only_last_response  # the SDK's hook for exactly this
+    assert last is not None
+    assert json.loads(last.text) == {
+        "code": 21211,
+        "message": "The 'To' number 12345 is not a valid phone number.",
+        "more_info": "https://www.twilio.com/docs/errors/21211",
+        "status": 400,
+    }
+
+
 async def test_invalid_number_is_21211(sim: SimulatorServer) -> None:
     with pytest.raises(TwilioRestException) as caught:
         await send(client(sim), to="12345")
@@ -100,7 +136,8 @@ async def test_invalid_number_is_21211(sim: SimulatorServer) -> None:
 
 @pytest.mark.parametrize(
     ("number", "code"),
-    [("+15005550001", 21211), ("+15005550004", 21610), ("+15005550009", 21614)],
+    [("+15005550001", 21211), ("+15005550002", 21612), ("+15005550004", 21610),
+     ("+15005550009", 21614)],
 )
 async def test_magic_test_numbers(sim: SimulatorServer, number: str, code: int) -> None:
     with pytest.raises(TwilioRestException) as caught:
