@@ -77,6 +77,9 @@ async def test_a_signed_resend_receipt_goes_to_the_events_stream(
     svix_headers("another-secret", json.dumps(RESEND_BOUNCE)),
     svix_headers(RESEND_SECRET, json.dumps(RESEND_BOUNCE), timestamp=int(time.time()) - 600),
     svix_headers(RESEND_SECRET, json.dumps({**RESEND_BOUNCE, "type": "email.delivered"})),
+    # a good signature under a scheme other than v1: only v1 is HMAC-SHA256
+    {k: v.replace("v1,", "v2,") for k, v in
+     svix_headers(RESEND_SECRET, json.dumps(RESEND_BOUNCE)).items()},
 ])
 async def test_a_bad_signature_is_401_and_records_nothing(
     hooks: Api, redis: Redis, headers: dict[str, str]
@@ -89,6 +92,20 @@ async def test_a_bad_signature_is_401_and_records_nothing(
     assert reply.error["code"] in ("invalid_signature",)
     assert await receipts(redis, hooks) == []
 
+
+
+async def test_a_signature_covers_the_body_as_sent_white_space_included(
+    hooks: Api, redis: Redis
+) -> None:
+    """Svix signs the raw body: one ending in a newline verifies as sent, and the same
+    signature does not hold for the body without it."""
+    project = await hooks.project()
+    url = f"/v1/webhooks/resend/{project.id}"
+    body = json.dumps(RESEND_BOUNCE) + "\n"
+    headers = {"Content-Type": "application/json", **svix_headers(RESEND_SECRET, body)}
+    assert (await hooks.call("POST", url, data=body.strip(), headers=headers)).status == 401
+    assert (await hooks.call("POST", url, data=body, headers=headers)).status == 200
+    assert [r["kind"] for r in await receipts(redis, hooks)] == ["bounced"]
 
 
 async def test_svix_signatures_follow_svix_on_rotation_and_clock_skew(
