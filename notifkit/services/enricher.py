@@ -261,13 +261,13 @@ def _fit(w: _Work, recipients: dict[tuple[str, str], Recipient], budget: int) ->
         attributes = recipient.user.get("attributes") if recipient is not None else None
         return base + (len(dumps(attributes)) if attributes else 0)
 
-    sizes = [size(u) for u in w.user_ids]
-    if sum(sizes) <= budget:
+    sized = {u: size(u) for u in w.user_ids}
+    if sum(sized.values()) <= budget:
         return
     ids = w.user_ids
     if "userIds" in m["to"] and w.continuation is None and "segmentAfter" not in m:
         ids = sorted(ids)  # a list paged from now on, by id, as _resolve pages one
-        sizes = [size(u) for u in ids]
+    sizes = [sized[u] for u in ids]
     kept, total = 1, sizes[0]  # one at least, however large: a page always moves on
     while total + sizes[kept] <= budget:  # the sizes sum past the budget: this stops
         total += sizes[kept]
