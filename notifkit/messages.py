@@ -275,6 +275,9 @@ class OutboundTask(TypedDict):
     unsubscribeUrl: NotRequired[str]  # email: List-Unsubscribe target
     parkCount: NotRequired[int]  # times parked after a provider 429
     priorAttempts: NotRequired[int]  # attempts made by earlier (parked) entries of this task
+    # Parked for its turn in notifkit's own token bucket (ratelimit.py): back at that turn, it
+    # does not queue for another.
+    bucketTurn: NotRequired[bool]
     # Set on a task that waited on the scheduler (sendAt, quiet hours): when it was due, UTC.
     # The user's quiet hours were read before it waited, so delivery reads them again.
     heldUntil: NotRequired[str]
@@ -347,6 +350,8 @@ def parse_outbound(payload: dict[str, Any]) -> OutboundTask:
     if not _str_list(payload.get("to")) or not payload["to"]:
         raise MalformedPayload("field 'to' is not a non-empty list of destinations")
     require(payload, "content", dict)
+    if not isinstance(payload.get("bucketTurn", False), bool):
+        raise MalformedPayload("field 'bucketTurn' is not true or false")
     for name in ("parkCount", "priorAttempts"):
         value = payload.setdefault(name, 0)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -370,9 +375,10 @@ def parse_outbound(payload: dict[str, Any]) -> OutboundTask:
 def outbound_from_ai(task: AiTask, content: dict[str, Any]) -> OutboundTask:
     """The outbound task of an AI task once its content is written."""
     # The AI stage's own attempts (priorAttempts, parkCount, and those before a DLQ replay
-    # of the AI task) are not delivery's.
+    # of the AI task) and its turn in the model's bucket are not delivery's.
     out = {k: v for k, v in task.items()
-           if k not in ("ai", "context", "priorAttempts", "parkCount", "_replayedAttempts")}
+           if k not in ("ai", "context", "priorAttempts", "parkCount", "_replayedAttempts",
+                        "bucketTurn")}
     out["content"] = content
     return out  # type: ignore[return-value]
 

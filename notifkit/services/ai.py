@@ -184,7 +184,8 @@ class AiService(WorkerService):
             {"role": "system", "content": SYSTEM_PROMPTS.get(channel, SYSTEM_PROMPTS["webhook"])},
             {"role": "user", "content": prompt},
         ]
-        wait_s = await self.buckets.take_soon(self._bucket, MAX_BUCKET_WAIT_S)
+        wait_s = await self.buckets.take_soon(self._bucket, MAX_BUCKET_WAIT_S,
+                                              turn_came=task.get("bucketTurn", False))
         if wait_s > 0:
             limited = RateLimited(f"notifkit's {self.client.provider} rate limit is used up",
                                   after_s=wait_s)
@@ -269,7 +270,8 @@ class AiService(WorkerService):
                 f"still rate limited after {counted(attempt, 'attempt')}: {exc}"))
             return
         after_s = exc.after_s if exc.after_s is not None else 1.0
-        payload: dict[str, Any] = {**task, "parkCount": parks, "priorAttempts": attempt}
+        payload: dict[str, Any] = {**task, "parkCount": parks, "priorAttempts": attempt,
+                                   "bucketTurn": not counts}
         parked: ScheduledTask = {
             "taskId": task["taskId"], "projectId": task["projectId"],
             "dueAt": int((time.time() + after_s) * 1000), "stream": self.keys.ai_pending,

@@ -1134,11 +1134,11 @@ async def test_a_channel_without_a_transport_is_dead_lettered_naming_the_setting
     assert "TWILIO_ACCOUNT_SID" in dead["error"]
 
 
-async def one_sms_every_ten_seconds(db: asyncpg.Pool) -> str:
-    """A project whose rate limit allows one SMS every ten seconds, template 't' and two users
-    (u0, u1) with a number each."""
+async def one_sms_every_ten_seconds(db: asyncpg.Pool, users: int = 2) -> str:
+    """A project whose rate limit allows one SMS every ten seconds, template 't' and ``users``
+    users (u0, u1, ...) with a number each."""
     project = await add_project(db, {"rateLimits": {"sms": 0.1}})
-    for i in range(2):
+    for i in range(users):
         await add_user(db, project, f"u{i}", contacts=[("sms", f"+1555000000{i}")])
     await add_template(db, project, "t", {"sms": SMS})
     return project
@@ -1169,6 +1169,31 @@ async def test_a_projects_rate_limit_holds_sends_back_without_using_attempts(
     assert await redis.exists(bucket)
 
 
+async def test_sends_held_by_the_projects_rate_limit_come_back_one_token_apart(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    # Given a project allowed one SMS every ten seconds, and four recipients at once
+    project = await one_sms_every_ten_seconds(db, users=4)
+
+    await send(redis, keys, db, project, "t", [f"u{i}" for i in range(4)],
+               data={"amount": "1"})
+    await drain(*await stages(services, sim_settings))
+
+    # Then one SMS went out and the three others are parked for turns ten seconds apart, so
+    # each finds its token when it comes back (all parked until the next token, two of the
+    # three would find the bucket empty again and park once more)
+    assert len(await sim.messages("twilio")) == 1
+    parked = await entries(redis, keys.scheduled)
+    assert len(parked) == 3
+    created_ms = int((await xrange(redis, keys.scheduled))[0][0].decode().split("-")[0])
+    waits_s = sorted((p["dueAt"] - created_ms) / 1000 for p in parked)
+    for turn, wait_s in enumerate(waits_s, start=1):
+        assert 10 * turn - 5 <= wait_s <= 10 * turn + 0.5, waits_s
+    # ... and back at its turn, none queues for another
+    assert all(p["payload"]["bucketTurn"] is True for p in parked)
+
+
 async def test_a_task_held_by_notifkits_own_bucket_then_refused_429_shows_both(
     db: asyncpg.Pool, redis: Redis, keys: Keys, services: ServiceFactory,
     sim: SimulatorServer, sim_settings: Settings,
@@ -1181,6 +1206,7 @@ async def test_a_task_held_by_notifkits_own_bucket_then_refused_429_shows_both(
     event_id = await send(redis, keys, db, project, "t", ["u0", "u1"], data={"amount": "1"})
     await drain(*pipeline)
     [held] = await entries(redis, keys.scheduled)
+    assert held["payload"]["bucketTurn"] is True  # parked for its turn in the bucket
 
     # When the held task comes back (its bucket refilled) and Twilio answers 429 once; the
     # 429's second of Retry-After is past on the scheduler's clock at once, and the bucket,
@@ -1189,6 +1215,12 @@ async def test_a_task_held_by_notifkits_own_bucket_then_refused_429_shows_both(
     await sim.add_fault("rate_limit", "twilio", times=1, retry_after_s=1)
     clock.now_ms = held["dueAt"] + 1
     await drain(*pipeline)
+    # (parked by the provider's 429, the task holds no turn in notifkit's bucket; held by the
+    # bucket again afterwards, it does)
+    deferred, held_again = [e["payload"] for e in await entries(redis, keys.scheduled)
+                            if e["payload"]["parkCount"]]
+    assert "bucketTurn" not in deferred
+    assert held_again["bucketTurn"] is True
     await redis.delete(keys.provider_bucket("twilio", project))
     clock.now_ms += 11_000
     await drain(*pipeline)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
+
 from redis.asyncio import Redis
 
 from notifkit.keys import Keys
@@ -50,6 +53,10 @@ async def test_an_extreme_bucket_still_answers_within_ten_years(
     starved = Bucket(keys.api_rate("p-starved"), rate_per_s=1e-300, burst=1.0)
     assert await buckets.take([starved]) == 0.0
     assert 0 < await buckets.take([starved]) <= ten_years_s
+    # ... and so would the turns it hands out, one token (10^300 s) apart.
+    for _ in range(3):
+        assert 0 < await buckets.take([starved], queue=True) <= ten_years_s
+    assert 0 < await redis.pttl(starved.key) <= ten_years_s * 1000
 
 
 async def test_no_bucket_means_no_limit(redis: Redis) -> None:
@@ -73,3 +80,48 @@ async def test_take_many_answers_as_one_take_per_request_in_order(
     # The refused requests took nothing: the bucket holds what three takes left.
     tokens = float(await redis.hget(shared.key, "tokens") or -1)
     assert 0.0 <= tokens < 0.1
+
+
+async def test_callers_that_come_back_get_turns_one_token_apart(
+    redis: Redis, keys: Keys
+) -> None:
+    bucket = Bucket.per_second(keys.provider_bucket("twilio", "p1"), 0.1)  # 1 in 10 s
+    buckets = TokenBuckets(redis)
+    assert await buckets.take([bucket], queue=True) == 0.0
+
+    # Four callers short of tokens are each told their own turn, a token's time after the
+    # one before, not all the next token (when one would get it and three be short again).
+    waits = [await buckets.take([bucket], queue=True) for _ in range(4)]
+    for turn, wait_s in enumerate(waits, start=1):
+        assert 10 * turn - 5 < wait_s <= 10 * turn, waits
+
+    # A refused caller that is not coming back (the API's admission), or whose turn has
+    # come, is told when the next token is there, and takes no turn from those waiting.
+    assert 5 < await buckets.take([bucket]) <= 10
+    assert 45 < await buckets.take([bucket], queue=True) <= 50
+    assert 5 < await buckets.take_soon([bucket], 1.0, turn_came=True) <= 10
+    # The turns live as long as they are owed (to 60 s), and a refill time (10 s) past that.
+    assert 60_000 < await redis.pttl(bucket.key) <= 71_000
+
+
+async def test_a_crowd_waiting_for_tokens_asks_about_twice_each(
+    redis: Redis, keys: Keys
+) -> None:
+    bucket = Bucket.per_second(keys.provider_bucket("twilio", "p1"), 20.0)
+    buckets = TokenBuckets(redis)
+    asked = 0
+    take = buckets.take
+
+    async def counted(bs: Sequence[Bucket], cost: float = 1.0, queue: bool = False) -> float:
+        nonlocal asked
+        asked += 1
+        return await take(bs, cost, queue)
+
+    buckets.take = counted  # type: ignore[method-assign,assignment]
+
+    # Forty sends at once on a bucket of twenty a second: all are let through in turn ...
+    results = await asyncio.gather(*(buckets.take_soon([bucket], 5.0) for _ in range(40)))
+    assert results == [0.0] * 40
+    # ... twenty at once and twenty waiting, each of which asked twice (refused, then taken
+    # at its turn), where waking all waiting at each next token made them ask 250 times.
+    assert asked <= 2 * 40, asked

@@ -328,9 +328,11 @@ async def test_a_429_parks_the_task_with_the_scheduler_until_retry_after(
     await ai.run_until_idle()
     [out] = await stream(redis, keys.outbound("normal"))
     assert await requests_made(sim) == 2
-    # Delivery counts its own attempts from zero
+    # Delivery counts its own attempts from zero, and holds no turn in the model's bucket
     assert "priorAttempts" not in out
     assert "parkCount" not in out
+    assert "bucketTurn" in parked["payload"]
+    assert "bucketTurn" not in out
 
 
 async def test_a_replayed_ai_tasks_earlier_attempts_are_not_deliverys(
@@ -603,6 +605,7 @@ async def test_notifkits_own_rate_for_the_model_parks_what_it_cannot_send_withou
     assert parked["reason"] == "rateLimited"
     assert parked["dueAt"] > int(time.time() * 1000) + 60_000
     assert parked["payload"]["priorAttempts"] == 0
+    assert parked["payload"]["bucketTurn"] is True  # back at its turn, it queues no more
     assert await stream(redis, keys.dlq) == []
     [row] = await db.fetch("SELECT kind, status, detail FROM message_logs WHERE task_id = $1",
                            parked["taskId"])

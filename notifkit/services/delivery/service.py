@@ -371,7 +371,8 @@ class DeliveryService(WorkerService):
                     maybe_accepted=before is not None and before.status == outbox.SENDING))
             possible_duplicate = (before is not None and before.status == outbox.SENDING
                                   and not transport.idempotent)
-            wait_s = await self.buckets.take_soon(buckets, MAX_BUCKET_WAIT_S)
+            wait_s = await self.buckets.take_soon(buckets, MAX_BUCKET_WAIT_S,
+                                                  turn_came=task.get("bucketTurn", False))
             if wait_s > 0:
                 return Attempted(destination, SendResult(
                     Outcome.RATE_LIMITED,
@@ -517,8 +518,10 @@ class DeliveryService(WorkerService):
             if verdict.counts_as_attempt:
                 parked["parkCount"] = int(task.get("parkCount", 0)) + 1
                 parked["priorAttempts"] = attempt
+                parked.pop("bucketTurn", None)
             else:
                 parked["priorAttempts"] = attempt - 1
+                parked["bucketTurn"] = True
             await self._to_scheduler(entry, parked, due_ms, "rateLimited")
             kind = Kind.DEFERRED if verdict.counts_as_attempt else Kind.RATE_LIMITED
             logs.append(task_row(task, attempt, kind, Status.SCHEDULED,
