@@ -16,6 +16,8 @@ channels a template's ``ai`` block names). Per task:
 4. build the channel content: the template's own content for that channel, rendered, with its
    body field (email text/html, sms text, push body, in-app text, webhook body) replaced by
    the model's text; a missing email subject or push title is the answer's first sentence;
+   an sms text or push title or body longer than the provider takes is cut to fit (as the
+   engine cuts content it renders);
 5. emit the outbound task (atomically with the ack) and record tokens in ``ai_usage`` and a
    ``generated`` row of the timeline whose metadata holds them.
 
@@ -61,13 +63,7 @@ from notifkit.ids import is_uuid
 from notifkit.messages import AiSpec, AiTask, ScheduledTask, outbound_from_ai, parse_outbound
 from notifkit.ratelimit import ALL_PROJECTS, Bucket, TokenBuckets
 from notifkit.services.base import WorkerService
-from notifkit.services.engine.render import (
-    MAX_PUSH_BODY_BYTES,
-    MAX_SMS_CHARS,
-    cut,
-    generic,
-    json_text_bytes,
-)
+from notifkit.services.engine.render import fit, generic
 from notifkit.services.timeline import task_row
 from notifkit.templates import (
     AI_WRITTEN_FIELDS,
@@ -99,8 +95,6 @@ SYSTEM_PROMPTS: dict[str, str] = {
 # it, so a slot is never held long enough to be reclaimed (as in delivery).
 MAX_BUCKET_WAIT_S = 2.0
 
-# A model's answer longer than its channel's provider takes (MAX_SMS_CHARS, MAX_PUSH_BODY_BYTES)
-# is cut to fit, since sent whole it would be refused for good after it was paid for.
 
 
 class AiService(WorkerService):
@@ -250,10 +244,12 @@ class AiService(WorkerService):
         sent = "the template's content" if content is not None else "generic content"
         if content is None:
             content = generic(task["template"], channel, task["context"])
+        content, cuts = fit(channel, content)
         entry.emit(self.keys.outbound(task["priority"]), outbound_from_ai(task, content))
         attempt = int(task.get("priorAttempts") or 0) + entry.attempt
         logs.append(task_row(task, attempt, Kind.GENERATION_FAILED, Status.PROCESSING,
-                             f"the AI prompt does not render ({error}); {sent} sent instead"))
+                             f"the AI prompt does not render ({error}); {sent} sent instead"
+                             + "".join(f"; {note}" for note in cuts)))
         log.warning("The AI prompt does not render (%s); sending %s without the model.",
                     error, sent, extra={"task_id": task["taskId"], "event_id": task["eventId"]})
 
@@ -367,11 +363,7 @@ def _has_body(fields: dict[str, Any], channel: str) -> bool:
 def content_for(channel: str, text: str, base: dict[str, Any]) -> dict[str, Any]:
     """The channel's content with its body written by the model."""
     content = dict(base)
-    if channel == "sms":
-        text = cut(text, MAX_SMS_CHARS, len)
-    elif channel == "push":
-        text = cut(text, MAX_PUSH_BODY_BYTES, json_text_bytes)
-    elif channel == "webhook":
+    if channel == "webhook":
         # A webhook's body is sent parsed when it reads as JSON (a template's author writes
         # it so); the model writes text, and an answer such as `{"admin": true}` or `42` (a
         # prompt's data can lead it there) is sent as that text, as a JSON string.
@@ -384,7 +376,9 @@ def content_for(channel: str, text: str, base: dict[str, Any]) -> dict[str, Any]
             content["subject"] = headline(text)
     elif channel == "push" and _blank(content.get("title")):
         content["title"] = headline(text, 60)
-    return content
+    # An answer longer than the channel's provider takes (or a template's title) is cut to
+    # fit, since sent whole it would be refused for good after it was paid for.
+    return fit(channel, content)[0]
 
 
 def _blank(value: object) -> bool:

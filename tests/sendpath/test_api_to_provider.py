@@ -102,3 +102,52 @@ async def test_two_projects_sharing_every_caller_chosen_name_each_deliver_their_
         assert shown.body["status"] == "sent", shown.body
         [recipient] = shown.body["recipients"]
         assert (recipient["userId"], recipient["status"]) == ("ada", "sent")
+
+
+async def test_a_templates_content_longer_than_its_provider_takes_is_sent_cut_to_fit(
+    api: Api, services: ServiceFactory, sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    """An SMS text over Twilio's 1,600 characters (21617) and a push title and body past
+    FCM's 4 KB were sent whole, refused for good and dead-lettered, while the preview showed
+    them whole: both are cut to fit, the preview shows what the provider gets, and the queued
+    row says what was cut."""
+    project = await api.project()
+    await api.call("PUT", "/v1/users/ada", key=project.full, json={
+        "contacts": [{"channel": "sms", "target": "+15557654321"},
+                     {"channel": "push", "target": "device-ada"}]})
+    template = await api.call("PUT", "/v1/templates/report", key=project.full, json={
+        "channels": {"sms": {"text": "Report: {{ data.lines }}"},
+                     "push": {"title": "{{ data.headline }}", "body": "{{ data.lines }}"}}})
+    assert template.status == 201, template.body
+    data = {"lines": "Zeile für Zeile. " * 200, "headline": "日本語の見出し" * 100}
+    preview = await api.call("POST", "/v1/templates/report/preview", key=project.full,
+                             json={"data": data})
+    assert preview.status == 200, preview.body
+
+    accepted = await api.call("POST", "/v1/notifications", key=project.send,
+                              json={"to": "ada", "template": "report", "data": data})
+    assert accepted.status == 202, accepted.body
+    await drain(*[await services(cls, sim_settings) for cls in
+                  (EnricherService, EngineService, DeliveryService, EventsService)])
+
+    # The providers took the cut content, the very content the preview showed
+    [sms] = await sim.messages("twilio")
+    text = sms["content"]["body"]
+    assert len(text) == 1599  # 1,600 less the blank before the cut
+    assert text.startswith("Report: Zeile für Zeile.")
+    assert text.endswith("…")
+    assert preview.body["channels"]["sms"] == {"text": text}
+    [push] = await sim.messages("fcm")
+    notification = push["content"]["notification"]
+    assert notification["title"].endswith("…")
+    assert notification["body"].endswith("…")
+    assert preview.body["channels"]["push"] == notification
+    shown = await api.call("GET", f"/v1/notifications/{accepted.body['id']}", key=project.full)
+    assert shown.status == 200, shown.body
+    assert shown.body["status"] == "sent"
+    queued = {r["channel"]: r["timeline"][0] for r in shown.body["recipients"]}
+    assert {channel: (step["kind"], step["detail"]) for channel, step in queued.items()} == {
+        "sms": ("queued", "queued; sms text cut to 1,600 characters"),
+        "push": ("queued", "queued; push title cut to 1,024 bytes; "
+                           "push body cut to 2,048 bytes"),
+    }

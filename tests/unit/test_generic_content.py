@@ -22,9 +22,10 @@ def _push_body_bytes(text: str) -> int:
 @pytest.mark.parametrize("value", ["y" * 2100, "é" * 5000, "\n" * 3000])
 def test_generic_sms_and_push_fit_what_their_providers_take(value: str) -> None:
     context = {"data": {"note": value, "amount": "12.00"}}
+    template = Template(id="invoice-paid", topic=None, content={}, fallback=[], ai=None)
 
-    sms = generic("invoice-paid", "sms", context)["text"]
-    push = generic("invoice-paid", "push", context)["body"]
+    sms = render(template, "sms", context).content["text"]
+    push = render(template, "push", context).content["body"]
 
     # Twilio refuses a body over 1,600 characters (21617), FCM a message over 4 KB
     assert len(sms) <= 1600
@@ -80,7 +81,7 @@ def test_a_field_the_provider_refuses_blank_that_renders_blank_gets_generic_cont
                         ai=None)
     context = _context(channel, {"note": None, "amount": "12.00"})
 
-    rendered, error = render(template, channel, context)
+    rendered, error, _cuts = render(template, channel, context)
 
     assert rendered == generic("invoice-paid", channel, context)
     assert error == f"{field}: rendered empty"
@@ -92,5 +93,5 @@ def test_optional_or_non_blank_fields_are_sent_as_rendered() -> None:
         "push": {"title": "{{ data.note }}", "body": "{{ data.note }}"}})
     email = _context("email", {"note": None})
     push = _context("push", {"note": None})
-    assert render(template, "email", email) == ({"subject": "Paid ", "text": ""}, None)
-    assert render(template, "push", push) == ({"title": "", "body": ""}, None)
+    assert render(template, "email", email) == ({"subject": "Paid ", "text": ""}, None, [])
+    assert render(template, "push", push) == ({"title": "", "body": ""}, None, [])

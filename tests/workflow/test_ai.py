@@ -228,6 +228,29 @@ async def test_a_prompt_that_does_not_render_sends_the_templates_content_without
     assert ("template's content" if channel == "email" else "generic content") in detail
 
 
+async def test_without_the_model_a_templates_text_too_long_for_sms_is_cut_to_fit(
+    ai: AiService, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str, template: str,
+) -> None:
+    """The template's own SMS text over Twilio's 1,600 characters went out whole, to be
+    refused for good (21617): it is cut as the engine cuts it, and the row says so."""
+    await db.execute("UPDATE templates SET content = jsonb_set(content, '{sms}', $3::jsonb) "
+                     "WHERE project_id = $1 AND id = $2", project_id, "paid",
+                     {"text": "{{ data.amount }} " + "ok " * 600})
+    prompt = "About {{ data.missing.field }}."
+    await set_template_ai(db, project_id, prompt=prompt)
+    task = ai_task(project_id, channel="sms")
+    task["ai"]["prompt"] = prompt
+    await xadd(redis, keys.ai_pending, task, 10_000)
+    await ai.run_until_idle()
+    [out] = await stream(redis, keys.outbound("normal"))
+    assert out["content"] == {"text": ("12.00 " + "ok " * 600)[:1599].rstrip() + "…"}
+    detail = await db.fetchval(
+        "SELECT detail FROM message_logs WHERE task_id = $1 AND kind = 'generation_failed'",
+        task["taskId"])
+    assert detail.endswith("the template's content sent instead; sms text cut to 1,600 "
+                           "characters")
+
+
 @pytest.mark.parametrize("email", [{"subject": "Paid"}, {"subject": "Paid", "text": " "}],
                          ids=["text-left-out", "text-blank"])
 async def test_without_the_model_a_template_leaving_its_field_empty_sends_generic_content(

@@ -13,8 +13,10 @@ back to a generic message built from the template id and the data:
     inapp    text as for sms
     webhook  body = JSON {"template": id, "data": data}
 
-Built from data of any length, the generic sms text and push body are cut to what their
-providers take (ending in "…"): sent whole, a long one would be refused for good.
+Whatever wrote it (the template, the generic builder above, or a model in the ai service), a
+channel's content goes through :func:`fit`: an sms text and a push title and body longer than
+their providers take are cut to fit (ending in "…"), since sent whole they would be refused for
+good.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import html
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from notifkit import templates
 from notifkit.db.routing import Template
@@ -30,9 +32,11 @@ from notifkit.messages import EnrichedMessage
 
 # The most text a channel's provider takes, in characters, or in bytes of the JSON text as
 # UTF-8: Twilio refuses an SMS body over 1,600 characters (21617), FCM a message over 4 KB
-# (notification and data together, hence half of it for the body).
+# (notification and data together, hence half of it for the body, and half the rest for the
+# title, leaving a kilobyte for the template's data and the message's own keys).
 MAX_SMS_CHARS = 1600
 MAX_PUSH_BODY_BYTES = 2048
+MAX_PUSH_TITLE_BYTES = 1024
 # Fields the providers refuse blank, for good (Twilio 21602 "Message body is required"; Resend
 # and SendGrid an e-mail without a subject): one a template renders blank, from a null or empty
 # value in the data say, is a failed render, so the recipient gets the generic content.
@@ -57,14 +61,28 @@ def context_for(
     )
 
 
-def render(
-    template: Template, channel: str, context: dict[str, Any]
-) -> tuple[dict[str, Any], str | None]:
-    """The channel's content, and the template error that made it generic (None if none).
+class Rendered(NamedTuple):
+    content: dict[str, Any]
+    # The template error that made the content generic, if one did.
+    error: str | None
+    # What was cut to fit the provider (``sms text cut to 1,600 characters``), for the timeline.
+    cuts: list[str]
+
+
+def render(template: Template, channel: str, context: dict[str, Any]) -> Rendered:
+    """The channel's content as it is sent: the template's, or the generic one.
 
     A template that fails to render (say, a variable the data does not carry) does not stop
     the send: the generic content goes out and the error is recorded on the timeline.
     """
+    content, error = _content(template, channel, context)
+    fitted, cuts = fit(channel, content)
+    return Rendered(fitted, error, cuts)
+
+
+def _content(
+    template: Template, channel: str, context: dict[str, Any]
+) -> tuple[dict[str, Any], str | None]:
     content = template.content.get(channel)
     if not isinstance(content, dict):
         return generic(template.id, channel, context), None
@@ -89,6 +107,7 @@ def blank_field(channel: str, rendered: dict[str, Any]) -> str | None:
 
 
 def generic(template_id: str, channel: str, context: dict[str, Any]) -> dict[str, Any]:
+    """The content built from the template id and the data, before :func:`fit`."""
     title = humanise(template_id)
     data = context.get("data") or {}
     lines = [f"{key}: {_text(value)}" for key, value in data.items()]
@@ -99,18 +118,43 @@ def generic(template_id: str, channel: str, context: dict[str, Any]) -> dict[str
         return {"subject": title, "text": "\n".join(lines) or title,
                 "html": f"<h1>{html.escape(title)}</h1>{paragraphs}"}
     if channel == "push":
-        return {"title": title, "body": cut(summary or title, MAX_PUSH_BODY_BYTES,
-                                            json_text_bytes)}
+        return {"title": title, "body": summary or title}
     if channel == "webhook":
         return {"body": json.dumps({"template": template_id, "data": data},
                                    ensure_ascii=False, default=str)}
-    if channel == "sms":
-        line = cut(line, MAX_SMS_CHARS, len)
     return {"text": line}
 
 
 def json_text_bytes(text: str) -> int:
     return len(json.dumps(text, ensure_ascii=False).encode()) - 2
+
+
+class _Limit(NamedTuple):
+    most: int
+    size: Callable[[str], int]
+    unit: str
+
+
+# Per channel, the fields its provider limits, measured as the provider measures them.
+_LIMITS: dict[str, dict[str, _Limit]] = {
+    "sms": {"text": _Limit(MAX_SMS_CHARS, len, "characters")},
+    "push": {"title": _Limit(MAX_PUSH_TITLE_BYTES, json_text_bytes, "bytes"),
+             "body": _Limit(MAX_PUSH_BODY_BYTES, json_text_bytes, "bytes")},
+}
+
+
+def fit(channel: str, content: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``content`` with each field its channel's provider limits cut to fit, and what was cut
+    (``sms text cut to 1,600 characters``). The one place the limits apply, whoever wrote
+    the content: the template, the generic builder or a model."""
+    fitted = dict(content)
+    cuts: list[str] = []
+    for field, limit in _LIMITS.get(channel, {}).items():
+        value = fitted.get(field)
+        if isinstance(value, str) and limit.size(value) > limit.most:
+            fitted[field] = cut(value, limit.most, limit.size)
+            cuts.append(f"{channel} {field} cut to {limit.most:,} {limit.unit}")
+    return fitted, cuts
 
 
 def cut(text: str, limit: int, size: Callable[[str], int]) -> str:

@@ -241,7 +241,7 @@ class EngineService(WorkerService):
                                "context": context}
             stream, payload, detail = self.keys.ai_pending, dict(ai_task), "waiting for AI content"
         else:
-            task["content"], template_error = render(s.template, channel, context)
+            task["content"], template_error, cuts = render(s.template, channel, context)
             stream, payload, detail = self.keys.outbound(m["priority"]), task, "queued"
             if template_error is not None:
                 # Rendered now, also for a send that waits: its row must say so as well.
@@ -252,6 +252,8 @@ class EngineService(WorkerService):
                 # A channel the send or the fallback chain names, but the template has no
                 # content for: the recipient gets the generic text, and the row says why.
                 notes += f"; the template has no {channel} content, generic content sent"
+            # The recipient gets less than the content says: the row says what was cut.
+            notes += "".join(f"; {note}" for note in cuts)
 
         fallback_from = m.get("fallbackFrom")
         if fallback_from:

@@ -31,7 +31,7 @@ from notifkit.services.api.validation import (
     path_id,
     read_json,
 )
-from notifkit.services.engine.render import blank_field
+from notifkit.services.engine.render import blank_field, fit
 from notifkit.templates import (
     AI_WRITTEN_FIELDS,
     CHANNEL_FIELDS,
@@ -173,7 +173,9 @@ def digest_items(fields: Fields) -> list[dict[str, Any]] | None:
            body=ref("PreviewRequest"), responses={200: ref("Preview")},
            description="Renders every channel with data, user (the named user, or a "
                        "placeholder), notification (placeholders), channel and, for e-mail, "
-                       "unsubscribeUrl; items (each {data, at}) for a digest template. An AI "
+                       "unsubscribeUrl; items (each {data, at}) for a digest template, "
+                       "as a send carries it (an SMS text over 1,600 characters, a push "
+                       "title over 1 KB or body over 2 KB of UTF-8 cut to fit). An AI "
                        "template's prompt is rendered for each channel the model writes "
                        "(ai.prompts; ai.prompt is the first channel's). A render error is a "
                        "400 naming the field.")
@@ -232,6 +234,8 @@ async def preview_template(request: web.Request) -> web.Response:
         if channel == "inapp" and unsafe_url(rendered[channel].get("url")):
             # What the recipient gets: the in-app transport sends the message without it.
             rendered[channel]["url"] = None
+        # What a send carries: a text longer than the channel's provider takes is cut to fit.
+        rendered[channel] = fit(channel, rendered[channel])[0]
     ai_out = None
     if row["ai"]:
         # As the ai service renders it: once per channel it writes, with that channel, the
