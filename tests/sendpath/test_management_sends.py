@@ -142,3 +142,35 @@ async def test_sends_of_a_deleted_template_fail_on_their_timeline_without_a_dead
     assert await redis.xlen(keys.dlq) == 0
     for service in pipeline:
         assert await service.run_until_idle() == 0
+
+
+async def test_a_fallback_whose_template_was_deleted_fails_on_the_next_channel(
+    api: Api, pipeline: list[Service], sim: SimulatorServer,
+) -> None:
+    # Given Ada reachable by SMS and e-mail, a template falling back from SMS to e-mail, and
+    # Twilio failing
+    project = await api.project()
+    user = await api.call("PUT", "/v1/users/ada", key=project.full, json={"contacts": [
+        {"channel": "sms", "target": "+15550000001"},
+        {"channel": "email", "target": "ada@example.com"}]})
+    assert user.status in (200, 201), user.body
+    template = await api.call("PUT", "/v1/templates/welcome", key=project.full, json={
+        "channels": {"sms": {"text": "Hi {{ data.n }}"}, **WELCOME["channels"]},
+        "fallback": ["sms", "email"]})
+    assert template.status in (200, 201), template.body
+    await sim.add_fault("error", "twilio", status=400)
+    enricher, engine, delivery, _events = pipeline
+    event_id = await send(api, project, 1)
+    await drain(enricher, engine)
+    await drain(delivery)  # the SMS fails for good: its fallback waits for the engine
+
+    # When the template is deleted before the fallback to e-mail is routed
+    assert (await api.call("DELETE", "/v1/templates/welcome", key=project.full)).status == 204
+    await drain(*pipeline)
+
+    # Then nothing is sent by e-mail, and the e-mail's row says why (it had no channel)
+    assert await sim.messages("resend") == []
+    body = await shown(api, project, event_id)
+    email = [r for r in body["recipients"] if r["channel"] == "email"]
+    assert [r["timeline"][-1]["detail"] for r in email] == ["template not found"], body
+    assert sorted(str(r["channel"]) for r in body["recipients"]) == ["email", "sms"], body

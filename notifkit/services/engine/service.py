@@ -109,7 +109,11 @@ class EngineService(WorkerService):
         for entry, m in parsed:
             template = templates.get((m["projectId"], m["template"]))
             if template is None:
-                logs.append(_row(m, "", derived_uuid7(m["eventId"], m["user"]["id"], ""),
+                # A fallback whose template was deleted meanwhile: the row is about the channel
+                # the chain would have gone on to, where the recipient's timeline looks.
+                chain = m.get("fallbackChain") or [""]
+                logs.append(_row(m, chain[0], derived_uuid7(m["eventId"], m["user"]["id"],
+                                                            chain[0]),
                                  Kind.FAILED, Status.FAILED, "template not found"))
                 continue
             mine = {(c, t): why for (p, c, t), why in suppressed.items()
