@@ -156,11 +156,17 @@ async def insert_triggered(
     return bool(inserted)
 
 
-async def keyed_instance(conn: Conn, project_id: str, idempotency_key: str) -> Instance | None:
-    """The instance that holds ``idempotency_key`` (None when none does)."""
+async def keyed_instance(
+    conn: Conn, project_id: str, idempotency_key: str, within_s: int | None = None,
+) -> Instance | None:
+    """The instance that holds ``idempotency_key`` (None when none does); with ``within_s``,
+    only one started within the last ``within_s`` seconds (PostgreSQL's clock, as
+    insert_triggered): an older one holds its key only until a new trigger takes it over."""
     row = await conn.fetchrow(
         f"SELECT {_INSTANCE_COLUMNS} FROM workflow_instances "
-        "WHERE project_id = $1 AND idempotency_key = $2", project_id, idempotency_key,
+        "WHERE project_id = $1 AND idempotency_key = $2 "
+        "AND ($3::float8 IS NULL OR created_at > now() - make_interval(secs => $3))",
+        project_id, idempotency_key, within_s,
     )
     return _instance(row)
 

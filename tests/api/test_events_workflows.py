@@ -349,6 +349,41 @@ async def test_a_trigger_key_replays_for_24_hours_and_then_starts_a_new_instance
                                                                 (second, "signup-3")]
 
 
+async def test_a_trigger_key_replays_for_a_deleted_workflow_after_redis_lost_its_record(
+    api: Api, project: Project, template: str, redis: Redis, db: asyncpg.Pool
+) -> None:
+    """The instance row holds the key for its 24 h whether or not the workflow is still
+    there: a retry after both the deletion and Redis losing the key's record gets the first
+    answer, as it does with either alone, not a 404."""
+    for name in ("onboarding", "other"):
+        await api.call("PUT", f"/v1/workflows/{name}", key=project.full, json={"steps": STEPS})
+    headers = {"x-idempotency-key": "signup-4"}
+    first = await api.call("POST", "/v1/workflows/onboarding/trigger", key=project.send,
+                           json={"userId": "u1"}, headers=headers)
+    assert first.status == 202, first.body
+    for name in ("onboarding", "other"):
+        deleted = await api.call("DELETE", f"/v1/workflows/{name}", key=project.full)
+        assert deleted.status == 204
+    await expire_trigger_key(api, project, redis, db, "signup-4", 23)
+    retry = await api.call("POST", "/v1/workflows/onboarding/trigger", key=project.send,
+                           json={"userId": "u1"}, headers=headers)
+    assert (retry.status, retry.body) == (202, first.body)
+    assert retry.headers["x-idempotent-replay"] == "true"
+    # Still pending (no workflow service here): queued again, as any replay from the row does,
+    # so a trigger whose stream entry went with Redis's data still runs on its own steps.
+    inbound = await stream(redis, Keys(api.settings.namespace).workflow_inbound)
+    assert [e["instanceId"] for e in inbound] == [first.body["instanceId"]] * 2
+    # The key named another workflow, deleted too: that one is unknown, as without a key.
+    other = await api.call("POST", "/v1/workflows/other/trigger", key=project.send,
+                           json={"userId": "u1"}, headers=headers)
+    assert (other.status, other.body["error"]["code"]) == (404, "workflow_not_found")
+    # Past the key's 24 h the deleted workflow is unknown again.
+    await expire_trigger_key(api, project, redis, db, "signup-4", 2)
+    late = await api.call("POST", "/v1/workflows/onboarding/trigger", key=project.send,
+                          json={"userId": "u1"}, headers=headers)
+    assert (late.status, late.body["error"]["code"]) == (404, "workflow_not_found")
+
+
 async def test_concurrent_triggers_with_a_key_past_its_24_hours_start_one_instance(
     api: Api, project: Project, template: str, redis: Redis, db: asyncpg.Pool
 ) -> None:

@@ -165,6 +165,13 @@ async def trigger_workflow(request: web.Request) -> web.Response:
         return earlier
     steps = await workflows_db.get_definition(app[DB], project, workflow_id)
     if steps is None:
+        # Redis lost the key's record (else replay_earlier answered): the instance row still
+        # holds the key for its 24 h, and the instance runs on its own copy of the steps.
+        if key is not None and (existing := await workflows_db.keyed_instance(
+                app[DB], project, key, app[SETTINGS].caller_idempotency_ttl_s)) is not None \
+                and existing.workflow_id == workflow_id:
+            await _requeue_if_pending(request, project, existing)
+            return json_response({"instanceId": existing.id}, 202, {REPLAY_HEADER: "true"})
         raise not_found("workflow", workflow_id)
     if key is None:
         instance_id, _ = await _start(request, project, workflow_id, user_id, data, steps, None)
@@ -294,15 +301,7 @@ async def _start(
             # The key's Redis record, which would have said so, is gone; the row still knows
             # the key started another workflow, and that instance is not this trigger's answer.
             raise key_reused()
-        if existing.status == "pending":
-            # Nothing has run it yet: the request that created it may have died between the
-            # INSERT and the XADD. Enqueueing it again is harmless (the workflow service runs
-            # an instance from its own state, under its lock) and means it is never stranded.
-            await xadd(app[REDIS], app[KEYS].workflow_inbound, {
-                "type": "trigger", "projectId": project, "workflowId": existing.workflow_id,
-                "instanceId": existing.id, "userId": existing.user_id,
-                "data": existing.trigger_data,
-            }, app[SETTINGS].queue_max_len)
+        await _requeue_if_pending(request, project, existing)
         return existing.id, False
     payload = {"type": "trigger", "projectId": project, "workflowId": workflow_id,
                "instanceId": instance_id, "userId": user_id, "data": data}
@@ -317,6 +316,21 @@ async def _start(
     log.info("Started workflow %r and queued the instance for the workflow service.",
              workflow_id, extra={"instance_id": instance_id, "project_id": project})
     return instance_id, True
+
+
+async def _requeue_if_pending(request: web.Request, project: str,
+                              existing: workflows_db.Instance) -> None:
+    """Enqueue again a keyed instance a replay answers with, if nothing has run it yet."""
+    if existing.status != "pending":
+        return
+    # The request that created it may have died between the INSERT and the XADD, or the
+    # entry went with Redis's data. Enqueueing it again is harmless (the workflow service
+    # runs an instance from its own state, under its lock) and means it is never stranded.
+    app = request.app
+    await xadd(app[REDIS], app[KEYS].workflow_inbound, {
+        "type": "trigger", "projectId": project, "workflowId": existing.workflow_id,
+        "instanceId": existing.id, "userId": existing.user_id, "data": existing.trigger_data,
+    }, app[SETTINGS].queue_max_len)
 
 
 def workflow_json(row: asyncpg.Record) -> dict[str, Any]:
