@@ -3,6 +3,7 @@ key (a browser's EventSource cannot send an Authorization header)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -49,6 +50,26 @@ async def test_a_token_reads_its_users_inbox_marks_read_and_streams(
         assert await stream.content.readuntil(b"\n\n") == b"retry: 3000\n: connected\n\n"
         await redis.publish(channel, json.dumps({"id": "m1", "text": "hello"}))
         assert (await read_message(stream))["data"] == {"id": "m1", "text": "hello"}
+
+
+async def test_a_stream_opened_with_a_token_ends_when_the_token_expires(
+    api: Api, project: Project, redis: Redis,
+) -> None:
+    """A token grants the inbox until its expiry, the stream too: one opened just before
+    would otherwise go on forwarding the user's messages for as long as the connection
+    lasts. It ends then, and the client's reconnect with the token is refused (401), so the
+    page asks its backend for a new one."""
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    token = make_inbox_token(api.settings.secret, project.id, "u1", int(time.time()) + 2)
+    channel = Keys(api.settings.namespace).inbox_channel(project.id, "u1")
+    async with api.client.get("/v1/users/u1/inbox/stream", params={"token": token}) as stream:
+        assert stream.status == 200
+        await redis.publish(channel, json.dumps({"id": "m1", "text": "before"}))
+        assert (await read_message(stream))["data"] == {"id": "m1", "text": "before"}
+        rest = await asyncio.wait_for(stream.content.read(), 10)  # to the end of the stream
+    assert b"event: message" not in rest
+    again = await api.call("GET", "/v1/users/u1/inbox/stream", params={"token": token})
+    assert (again.status, again.body["error"]["code"]) == (401, "invalid_token")
 
 
 async def test_a_walk_goes_on_with_a_renewed_token(

@@ -54,8 +54,10 @@ class Principal:
     role: Role
     project_id: str | None
     key_id: str | None = None
-    # An inbox token's caller: that one user's inbox routes only (notifkit/inbox_token.py).
+    # An inbox token's caller: that one user's inbox routes only (notifkit/inbox_token.py),
+    # until the token expires (unix seconds).
     user_id: str | None = None
+    expires_at_s: int | None = None
 
     @property
     def is_admin(self) -> bool:

@@ -125,7 +125,8 @@ def _inbox_principal(request: web.Request) -> Principal:
                        "one.") from None
     if request.match_info.get("userId") != grant.user_id:
         raise forbidden("The inbox token is for another user's inbox.")
-    return Principal("full", grant.project_id, user_id=grant.user_id)
+    return Principal("full", grant.project_id, user_id=grant.user_id,
+                     expires_at_s=grant.expires_at_s)
 
 
 async def require_project(request: web.Request) -> None:

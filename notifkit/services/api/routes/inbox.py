@@ -187,7 +187,8 @@ async def mark_read(request: web.Request) -> web.Response:
            responses={200: Reply({"type": "string"},
                                  "An endless text/event-stream: `event: message` with the "
                                  "message as JSON data and its id as the event id, and a "
-                                 "comment heartbeat.",
+                                 "comment heartbeat. One opened with `?token=` ends when the "
+                                 "token expires.",
                                  content_type="text/event-stream")})
 async def inbox_stream(request: web.Request) -> web.StreamResponse:
     project = project_id(request)
@@ -197,7 +198,11 @@ async def inbox_stream(request: web.Request) -> web.StreamResponse:
     await _require_user(pool, project, user_id)
     hub = request.app[HUB]
     heartbeat_s = request.app[SSE_HEARTBEAT_S]
-    key_id = principal(request).key_id  # None for the admin key, which is never revoked
+    caller = principal(request)
+    key_id = caller.key_id  # None for the admin key, which is never revoked
+    # A token grants the inbox until it expires, so a stream it opened ends then: the
+    # client's reconnect is refused and its page asks for a new token.
+    ends_at_s = caller.expires_at_s
     await _subscribed(hub, request.app[SSE_LIVE_WAIT_S])
     queue = hub.listen(project, user_id, key_id)
     response = web.StreamResponse(headers={
@@ -223,10 +228,16 @@ async def inbox_stream(request: web.Request) -> web.StreamResponse:
         # reconnect (with the last id it got) continues the replay. Going live now would
         # skip the rest for good.
         while len(missed) <= RESUME_LIMIT:
+            wait_s = heartbeat_s
+            if ends_at_s is not None:
+                wait_s = min(wait_s, ends_at_s - time.time())
+                if wait_s <= 0:
+                    break
             try:
-                raw = await asyncio.wait_for(queue.get(), heartbeat_s)
+                raw = await asyncio.wait_for(queue.get(), wait_s)
             except TimeoutError:
-                await response.write(b": heartbeat\n\n")
+                if ends_at_s is None or time.time() < ends_at_s:
+                    await response.write(b": heartbeat\n\n")
                 continue
             if raw == CLOSE:
                 break
