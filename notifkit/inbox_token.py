@@ -5,7 +5,10 @@ never reach an end user's device. So the customer's backend asks
 ``POST /v1/users/{userId}/inbox/token`` for a token, hands it to the user's page, and the page
 opens ``GET /v1/users/{userId}/inbox/stream?token=...`` (the list and mark-read routes take it
 too). A token (notifkit/signed_token.py) signs ``{"p": projectId, "u": userId, "exp": unix
-seconds}`` with HMAC-SHA256(NOTIFKIT_SECRET, "notifkit inbox token") as its key.
+seconds, "c": the user's creation time in unix microseconds}`` with HMAC-SHA256(NOTIFKIT_SECRET,
+"notifkit inbox token") as its key. ``c`` ties the token to that user: once the user id is
+deleted and given to a new user, the token opens nothing (tokens made before ``c`` was signed
+have none, and are taken as they were).
 
 The key is derived for this use alone, so no other token this deployment signs (an
 unsubscribe link's) is ever taken as an inbox token, nor the other way round. A token cannot
@@ -36,10 +39,16 @@ class InboxGrant:
     project_id: str
     user_id: str
     expires_at_s: int
+    user_created_us: int | None = None  # None: a token made before it was signed
 
 
-def make_inbox_token(secret: str, project_id: str, user_id: str, expires_at_s: int) -> str:
-    return seal(purpose_key(secret, _PURPOSE), {"p": project_id, "u": user_id, "exp": expires_at_s})
+def make_inbox_token(secret: str, project_id: str, user_id: str, expires_at_s: int,
+                     user_created_us: int | None) -> str:
+    """None for ``user_created_us`` makes a token as they were before it was signed."""
+    claims: dict[str, object] = {"p": project_id, "u": user_id, "exp": expires_at_s}
+    if user_created_us is not None:
+        claims["c"] = user_created_us
+    return seal(purpose_key(secret, _PURPOSE), claims)
 
 
 def verify_inbox_token(secret: str, token: str, now_s: float) -> InboxGrant:
@@ -49,8 +58,10 @@ def verify_inbox_token(secret: str, token: str, now_s: float) -> InboxGrant:
     except BadToken as exc:
         raise InvalidInboxToken(str(exc)) from None
     project, user, expires = claims.get("p"), claims.get("u"), claims.get("exp")
-    if not (isinstance(project, str) and isinstance(user, str) and isinstance(expires, int)):
+    created = claims.get("c")
+    if not (isinstance(project, str) and isinstance(user, str) and isinstance(expires, int)
+            and (created is None or isinstance(created, int))):
         raise InvalidInboxToken("incomplete claims")
     if expires <= now_s:
         raise InvalidInboxToken("expired")
-    return InboxGrant(project, user, expires)
+    return InboxGrant(project, user, expires, created)

@@ -60,7 +60,7 @@ async def test_a_stream_opened_with_a_token_ends_when_the_token_expires(
     lasts. It ends then, and the client's reconnect with the token is refused (401), so the
     page asks its backend for a new one."""
     await api.call("PUT", "/v1/users/u1", key=project.full, json={})
-    token = make_inbox_token(api.settings.secret, project.id, "u1", int(time.time()) + 2)
+    token = make_inbox_token(api.settings.secret, project.id, "u1", int(time.time()) + 2, None)
     channel = Keys(api.settings.namespace).inbox_channel(project.id, "u1")
     async with api.client.get("/v1/users/u1/inbox/stream", params={"token": token}) as stream:
         assert stream.status == 200
@@ -129,8 +129,8 @@ async def test_a_token_this_deployment_did_not_sign_or_that_expired_is_a_401(
     await api.call("PUT", "/v1/users/u1", key=project.full, json={})
     secret = api.settings.secret
     token = {
-        "expired": make_inbox_token(secret, project.id, "u1", int(time.time()) - 1),
-        "altered": make_inbox_token(secret, project.id, "u1", int(time.time()) + 60)[:-2]
+        "expired": make_inbox_token(secret, project.id, "u1", int(time.time()) - 1, None),
+        "altered": make_inbox_token(secret, project.id, "u1", int(time.time()) + 60, None)[:-2]
         + "AA",
         # An unsubscribe link's token is signed by the same secret, for another purpose.
         "unsubscribe": make_token(secret, project.id, "u1", "email", None),
@@ -203,7 +203,7 @@ async def test_a_token_lives_a_minute_to_a_week_and_an_hour_unless_asked(
 def test_a_token_is_good_until_its_expiry_and_not_at_it() -> None:
     """The boundary, on the clock the caller passes (the API passes the wall clock)."""
     secret = "inbox-token-test-secret-0123"
-    token = make_inbox_token(secret, "p1", "u1", 1_000)
+    token = make_inbox_token(secret, "p1", "u1", 1_000, None)
 
     assert verify_inbox_token(secret, token, 999.9).user_id == "u1"
     with pytest.raises(InvalidInboxToken, match="expired"):
@@ -240,3 +240,46 @@ async def test_a_page_on_another_origin_may_read_what_its_token_asked(
     assert streamed == "*"
     # A project key is for backends: its answers are not opened to pages
     assert "Access-Control-Allow-Origin" not in keyed.headers
+
+
+async def test_a_token_opens_nothing_once_its_user_id_is_given_to_a_new_user(
+    api: Api, project: Project, db: asyncpg.Pool,
+) -> None:
+    """User ids are the caller's, and may be given again: a token made for a user erased
+    since must not read the inbox of the next user of the id (unsubscribe links guard the
+    same way). The old token is a 401, as an expired one; a new token reads the new inbox."""
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    old = await token_for(api, project, "u1")
+    assert (await api.call("DELETE", "/v1/users/u1", key=project.full)).status == 204
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    message = await add_message(db, project.id, "u1", "t1", "2030-01-01T00:00:01Z")
+
+    for method, path in (("GET", "/v1/users/u1/inbox"),
+                         ("POST", f"/v1/users/u1/inbox/{message}/read"),
+                         ("GET", "/v1/users/u1/inbox/stream")):
+        refused = await api.call(method, path, params={"token": old})
+        assert (refused.status, refused.body["error"]["code"]) == (401, "invalid_token"), path
+        assert "earlier user" in refused.body["error"]["message"]
+    assert await db.fetchval("SELECT read_at FROM inapp_messages WHERE id = $1",
+                             message) is None  # the refused mark-read changed nothing
+    new = await token_for(api, project, "u1")
+    listed = await api.call("GET", "/v1/users/u1/inbox", params={"token": new})
+    assert [m["id"] for m in listed.body["items"]] == [message]
+
+
+async def test_an_erased_users_open_streams_end(api: Api, project: Project) -> None:
+    """A stream open when its user is erased ends (in every API process: the erasure is
+    published on the user's channel), whether a token or a key opened it: else it would go
+    on with the messages of a user created again under the id."""
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    token = await token_for(api, project, "u1")
+    async with api.client.get("/v1/users/u1/inbox/stream", params={"token": token}) as by_token, \
+            api.client.get("/v1/users/u1/inbox/stream",
+                           headers={"Authorization": f"Bearer {project.full}"}) as by_key:
+        for stream in (by_token, by_key):
+            assert stream.status == 200
+            assert await stream.content.readuntil(b"\n\n") == b"retry: 3000\n: connected\n\n"
+        assert (await api.call("DELETE", "/v1/users/u1", key=project.full)).status == 204
+        for stream in (by_token, by_key):
+            rest = await asyncio.wait_for(stream.content.read(), 10)  # to the end
+            assert b"event: message" not in rest

@@ -58,6 +58,7 @@ class Principal:
     # until the token expires (unix seconds).
     user_id: str | None = None
     expires_at_s: int | None = None
+    user_created_us: int | None = None  # the token's user: created then (inbox_token.py)
 
     @property
     def is_admin(self) -> bool:

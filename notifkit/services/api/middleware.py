@@ -126,7 +126,7 @@ def _inbox_principal(request: web.Request) -> Principal:
     if request.match_info.get("userId") != grant.user_id:
         raise forbidden("The inbox token is for another user's inbox.")
     return Principal("full", grant.project_id, user_id=grant.user_id,
-                     expires_at_s=grant.expires_at_s)
+                     expires_at_s=grant.expires_at_s, user_created_us=grant.user_created_us)
 
 
 async def require_project(request: web.Request) -> None:

@@ -36,7 +36,9 @@ log = logging.getLogger("notifkit.api.pubsub")
 RECONNECT_DELAY_S = 0.5
 MAX_RECONNECT_DELAY_S = 5.0
 QUEUE_SIZE = 256  # messages an inbox stream may fall behind by before it is ended
-CLOSE = b""  # put on a stream's queue to end it: shutdown, its key revoked, or it fell behind
+# Put on a stream's queue to end it: shutdown, its key revoked, its user erased, or it fell
+# behind. Published on a user's inbox channel, it ends that user's streams in every process.
+CLOSE = b""
 
 
 class Hub:
@@ -83,6 +85,13 @@ class Hub:
         _discard(self._listeners, self.keys.inbox_channel(project_id, user_id), queue)
         if key_id is not None:
             _discard(self._by_key, key_id, queue)
+
+    async def end_user_streams(self, project_id: str, user_id: str) -> None:
+        """End every open inbox stream of a user just erased, in every API process: an
+        empty message on the user's channel, which each process's streams take as their
+        end. Else a stream would go on with the messages of a user created again under the
+        id (a token made for the erased user is refused from then on; inbox_token.py)."""
+        await self.redis.publish(self.keys.inbox_channel(project_id, user_id), CLOSE)
 
     def close_streams(self) -> None:
         """Tell every open inbox stream to end (an empty message): the server is stopping."""

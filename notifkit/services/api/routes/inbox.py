@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -60,6 +60,8 @@ from notifkit.streams import xadd
 
 ops = Operations("inbox")
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 RESUME_LIMIT = 1_000  # messages a reconnecting stream replays before going live
 LAST_EVENT_ID = "Last-Event-ID"
 
@@ -99,9 +101,10 @@ async def inbox_token(request: web.Request) -> web.Response:
         asked = fields.integer("ttlSeconds", minimum=MIN_TOKEN_TTL_S, maximum=MAX_TOKEN_TTL_S)
         fields.raise_if_invalid()
         ttl_s = asked or ttl_s
-    await _require_user(request.app[DB], project, user_id)
+    created_us = await _require_user(request, project, user_id)
     expires_at_s = int(time.time()) + ttl_s
-    token = make_inbox_token(request.app[SETTINGS].secret, project, user_id, expires_at_s)
+    token = make_inbox_token(request.app[SETTINGS].secret, project, user_id, expires_at_s,
+                             created_us)
     return json_response({"token": token, "userId": user_id,
                           "expiresAt": iso(datetime.fromtimestamp(expires_at_s, UTC))},
                          status=201)
@@ -124,7 +127,7 @@ async def list_inbox(request: web.Request) -> web.Response:
     cursor = checks(time_uuid_cursor, request)
     checks.done()
     pool = request.app[DB]
-    await _require_user(pool, project, user_id)
+    await _require_user(request, project, user_id)
     where = ["project_id = $1", "user_id = $2"]
     args: list[Any] = [project, user_id]
     if unread:
@@ -156,6 +159,8 @@ async def mark_read(request: web.Request) -> web.Response:
     user_id = lookup_id(request, "userId", "user")
     message_id = uuid_id(request, "messageId", "message")
     app = request.app
+    if principal(request).user_created_us is not None:
+        await _require_user(request, project, user_id)  # the token's user, not a later one
     read = await app[DB].fetchrow(
         "UPDATE inapp_messages SET read_at = coalesce(read_at, now()) "
         "WHERE id = $1 AND project_id = $2 AND user_id = $3 RETURNING task_id, read_at",
@@ -195,7 +200,7 @@ async def inbox_stream(request: web.Request) -> web.StreamResponse:
     user_id = lookup_id(request, "userId", "user")
     resume_after = _last_event_id(request)
     pool = request.app[DB]
-    await _require_user(pool, project, user_id)
+    await _require_user(request, project, user_id)
     hub = request.app[HUB]
     heartbeat_s = request.app[SSE_HEARTBEAT_S]
     caller = principal(request)
@@ -315,10 +320,21 @@ async def _stored_after(pool: asyncpg.Pool, project: str, user_id: str,
     return rows
 
 
-async def _require_user(pool: asyncpg.Pool, project: str, user_id: str) -> None:
-    if not await pool.fetchval("SELECT 1 FROM users WHERE project_id = $1 AND id = $2",
-                               project, user_id):
+async def _require_user(request: web.Request, project: str, user_id: str) -> int:
+    """When the user was created (unix microseconds); a 404 for no such user, and a 401 for an
+    inbox token made for an earlier user of this id (deleted since: the id is the caller's,
+    and may be given to someone else)."""
+    created = await request.app[DB].fetchval(
+        "SELECT created_at FROM users WHERE project_id = $1 AND id = $2", project, user_id)
+    if created is None:
         raise not_found("user", user_id)
+    created_us: int = (created - _EPOCH) // _MICROSECOND
+    token_user = principal(request).user_created_us
+    if token_user is not None and token_user != created_us:
+        raise ApiError(401, "invalid_token",
+                       "The inbox token is not valid (made for an earlier user with this id, "
+                       "deleted since); ask your backend for a new one.")
+    return created_us
 
 
 def inbox_json(row: asyncpg.Record, user_id: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from notifkit.services.api.errors import ApiError, detail, json_response, not_fo
 from notifkit.services.api.middleware import project_id
 from notifkit.services.api.routing import Operations, Reply
 from notifkit.services.api.schemas import CONTACT_CHANNELS, ref
-from notifkit.services.api.state import DB, KEYS, REDIS, SETTINGS
+from notifkit.services.api.state import DB, HUB, KEYS, REDIS, SETTINGS
 from notifkit.services.api.validation import (
     MAX_TARGET_BYTES,
     Fields,
@@ -157,6 +157,7 @@ async def delete_user(request: web.Request) -> web.Response:
     # Their throttle window goes too: named by their id, it lived as long as their latest
     # send was due, and the sends just dropped held back a user created again under the id.
     await request.app[REDIS].delete(request.app[KEYS].throttle(project, user_id))
+    await request.app[HUB].end_user_streams(project, user_id)
     return web.Response(status=204)
 
 
