@@ -516,22 +516,33 @@ def _bool(env: Mapping[str, str], name: str) -> bool | None:
 
 def parse_services(raw: str, variable: str = "NOTIFKIT_SERVICES") -> tuple[str, ...]:
     """``"all"`` or a comma-separated list of service names, in canonical order."""
-    names = [part.strip().lower() for part in raw.split(",") if part.strip()]
+    parts = [part.strip().lower() for part in raw.split(",")]
+    names = [part for part in parts if part]
     if not names:
         raise ConfigError(variable, "names no service; use 'all' or e.g. 'api,delivery'")
+    # An empty entry (api,,delivery or a trailing comma) is most likely a name left out, a
+    # variable that expanded to nothing, say: running the others alone would say nothing.
+    if len(names) < len(parts):
+        raise ConfigError(variable, f"has an empty entry in {raw.strip()!r}; give the names "
+                          "separated by single commas")
     # A name given twice is most likely a slip for another service (api,api for api,engine):
     # running the one once would leave the other unrun without a word.
     twice = _named_twice(names)
     if twice is not None:
         raise ConfigError(variable, f"names {twice!r} twice")
     unknown = [name for name in names if name not in SERVICES and name != "all"]
-    if not unknown and "all" in names:
-        return SERVICES
     if unknown:
         raise ConfigError(
             variable,
             f"unknown service {unknown[0]!r}; choose from all, {', '.join(SERVICES)}",
         )
+    if "all" in names:
+        if len(names) > 1:
+            # api,all ran every service without a word, whatever the other names meant
+            # (all but those, say): all names each service already, so it stands alone.
+            raise ConfigError(variable, "names 'all' with other services; 'all' already "
+                              "runs every service: give it alone, or list the services")
+        return SERVICES
     return tuple(name for name in SERVICES if name in names)
 
 

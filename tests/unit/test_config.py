@@ -110,9 +110,25 @@ def test_code_overrides_win_over_the_environment() -> None:
     assert (s.worker_concurrency, s.db_schema) == (9, "code")
 
 
-@pytest.mark.parametrize("raw", ["all", "api,all", " ALL "])
+@pytest.mark.parametrize("raw", ["all", " ALL "])
 def test_all_means_every_service(raw: str) -> None:
     assert parse_services(raw) == SERVICES
+
+
+@pytest.mark.parametrize("raw", ["api,all", "all,delivery", "ALL, api"])
+def test_all_with_other_services_is_refused(raw: str) -> None:
+    # api,all ran every service without a word, whatever the other name was meant to say.
+    with pytest.raises(ConfigError, match="'all' with other services") as info:
+        parse_services(raw)
+    assert info.value.variable == "NOTIFKIT_SERVICES"
+
+
+@pytest.mark.parametrize("raw", ["api,,delivery", "api,", ",api", "api, ,delivery"])
+def test_an_empty_service_entry_is_refused(raw: str) -> None:
+    # api,$UNSET,delivery ran api and delivery alone without a word.
+    with pytest.raises(ConfigError, match="empty entry") as info:
+        parse_services(raw, "--services")
+    assert info.value.variable == "--services"
 
 
 @pytest.mark.parametrize("raw", ["api,api", "api, delivery ,Api", "all,all"])
