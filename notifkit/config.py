@@ -458,12 +458,31 @@ def local_url(host: str, port: int) -> str:
 # Reading the environment
 
 
+# Settings whose value may be any bytes: a file name is the file system's, not text.
+_BYTES_ALLOWED = frozenset({"FCM_CREDENTIALS_FILE"})
+
+
 def _get(env: Mapping[str, str], name: str) -> str | None:
     value = env.get(name)
     if value is None:
         return None
     value = value.strip()
+    if name not in _BYTES_ALLOWED and not _is_utf8(value):
+        # Python keeps bytes that are no UTF-8 as lone surrogates, which every later
+        # .encode() refuses: NOTIFKIT_SECRET or TWILIO_AUTH_TOKEN failed each signing or send
+        # that used them, long after a start that said nothing. The value is not shown: it
+        # may be a secret, and it cannot be printed as it is.
+        raise ConfigError(name, "holds bytes that are not UTF-8 text (set it in UTF-8, or "
+                          "in ASCII)")
     return value or None
+
+
+def _is_utf8(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _int(env: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
@@ -1176,6 +1195,13 @@ def _validate(s: Settings) -> None:
                           f"{', '.join(FAULT_INJECTIONS)}")
     if len(s.secret) < 16:
         raise ConfigError("NOTIFKIT_SECRET", "must be at least 16 characters")
+    # Given in code, as from the environment (see _get): each is encoded at every use.
+    for variable, text in (("NOTIFKIT_SECRET", s.secret), ("TWILIO_AUTH_TOKEN", s.sms.auth_token),
+                           ("TWILIO_AUTH_TOKEN", s.webhooks.twilio_auth_token),
+                           ("TWILIO_FROM", s.sms.from_number)):
+        if isinstance(text, str) and not _is_utf8(text):
+            raise ConfigError(variable, "holds characters that cannot be UTF-8 encoded "
+                              "(lone surrogates)")
     if s.admin_key is not None and len(s.admin_key) < 16:
         raise ConfigError("NOTIFKIT_ADMIN_KEY", "must be at least 16 characters")
     # Each goes out (the admin key comes in) as an Authorization header, which may hold no

@@ -795,3 +795,40 @@ def test_a_password_with_a_slash_is_hidden_too() -> None:
     with pytest.raises(ConfigError) as caught:
         Settings.from_env({"REDIS_URL": "redis://cache.example:99999/0"})
     assert "'redis://cache.example:99999/0'" in str(caught.value)
+
+
+# Bytes that are no UTF-8, as os.environ hands them over (lone surrogates).
+NOT_UTF8 = "abcdefghijklmnopqrs\udcff\udcfe"
+
+
+@pytest.mark.parametrize(("variable", "extra"), [
+    ("NOTIFKIT_SECRET", {}),
+    ("TWILIO_AUTH_TOKEN", {"TWILIO_ACCOUNT_SID": "AC123", "TWILIO_FROM": "+15005550006"}),
+    ("TWILIO_FROM", {"TWILIO_ACCOUNT_SID": "AC123", "TWILIO_AUTH_TOKEN": "token"}),
+    ("RESEND_WEBHOOK_SECRET", {}),
+    ("NOTIFKIT_ADMIN_KEY", {}),
+    ("OPENAI_MODEL", {}),
+])
+def test_a_setting_holding_bytes_that_are_no_utf8_is_refused_naming_it(
+        variable: str, extra: dict[str, str]) -> None:
+    # NOTIFKIT_SECRET and the Twilio settings were taken as they were: every unsubscribe
+    # link, outgoing webhook or SMS then failed on encoding them, after a silent start.
+    with pytest.raises(ConfigError, match="not UTF-8") as info:
+        Settings.from_env({variable: NOT_UTF8, **extra})
+    assert info.value.variable == variable
+    assert "\udcff" not in str(info.value)  # a secret is not shown, nor unprintable text
+
+
+def test_a_credentials_file_name_may_hold_any_bytes() -> None:
+    # A file name is the file system's bytes: refused because there is no such file, not for
+    # its encoding.
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"FCM_PROJECT_ID": "p", "FCM_CREDENTIALS_FILE": "/nonexistent-\udcff"})
+    assert info.value.variable == "FCM_CREDENTIALS_FILE"
+    assert "UTF-8" not in str(info.value)
+
+
+def test_a_secret_given_in_code_that_cannot_be_encoded_is_refused() -> None:
+    with pytest.raises(ConfigError, match="UTF-8") as info:
+        Settings(secret=NOT_UTF8)
+    assert info.value.variable == "NOTIFKIT_SECRET"
