@@ -86,6 +86,9 @@ VARIABLES: Final = frozenset({
 })
 # NOTIFKIT_SECRET unset: fine against the simulators, public everywhere else.
 DEVELOPMENT_SECRET: Final = "notifkit-development-secret"
+# The longest admin key: one longer than the API reads in a header line (64 KiB) was taken at
+# start, and every request sending it was refused as malformed. Common proxies stop at 8 KiB.
+ADMIN_KEY_MAX_BYTES: Final = 4096
 MAX_DURATION_S: Final = 10 * 365 * 24 * 3600
 MAX_REDIS_INT: Final = 2**63 - 1
 MIN_PROVIDER_RATE: Final = 0.001
@@ -1204,6 +1207,10 @@ def _validate(s: Settings) -> None:
                               "(lone surrogates)")
     if s.admin_key is not None and len(s.admin_key) < 16:
         raise ConfigError("NOTIFKIT_ADMIN_KEY", "must be at least 16 characters")
+    if s.admin_key is not None and _is_utf8(s.admin_key) and len(
+            s.admin_key.encode()) > ADMIN_KEY_MAX_BYTES:
+        raise ConfigError("NOTIFKIT_ADMIN_KEY", f"must be at most {ADMIN_KEY_MAX_BYTES:,} "
+                          "bytes (in UTF-8), which an Authorization header can carry")
     # Each goes out (the admin key comes in) as an Authorization header, which may hold no
     # control character: aiohttp refuses to send one, so every send through that provider
     # failed, and no client could send the admin key. The value itself is a secret, not shown.

@@ -832,3 +832,14 @@ def test_a_secret_given_in_code_that_cannot_be_encoded_is_refused() -> None:
     with pytest.raises(ConfigError, match="UTF-8") as info:
         Settings(secret=NOT_UTF8)
     assert info.value.variable == "NOTIFKIT_SECRET"
+
+
+def test_an_admin_key_longer_than_a_header_carries_is_refused() -> None:
+    # 100,000 characters started, and every request sending the key was a 400 (the API reads
+    # header lines up to 64 KiB): an admin key no client could use.
+    Settings.from_env({"NOTIFKIT_ADMIN_KEY": "k" * 4096})
+    with pytest.raises(ConfigError, match="at most 4,096 bytes") as info:
+        Settings.from_env({"NOTIFKIT_ADMIN_KEY": "k" * 100_000})
+    assert info.value.variable == "NOTIFKIT_ADMIN_KEY"
+    with pytest.raises(ConfigError, match="at most 4,096 bytes"):
+        Settings(admin_key="é" * 2049)  # 4,098 bytes in UTF-8
