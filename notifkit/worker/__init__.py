@@ -44,6 +44,7 @@ from notifkit.worker.entry import (
 from notifkit.worker.health import (
     consumer_name,
     heartbeat_failure,
+    next_beat_in,
     remove_heartbeat,
     write_heartbeat,
 )
@@ -57,6 +58,6 @@ __all__ = [
     "WorkerStats", "attempts_before",
     "attempts_made", "batch_stream", "consumer_name", "failed_event", "heartbeat_failure",
     "held_task",
-    "is_nogroup",
+    "is_nogroup", "next_beat_in",
     "payload_user", "remove_heartbeat", "write_heartbeat",
 ]

@@ -27,6 +27,15 @@ _PIPELINE_ERROR = " of pipeline caused error: "
 # How long a process that stopped beating without a clean stop (killed) stays in the index:
 # /health lists it, stale, meanwhile. Every beat and every /health drops older entries.
 HEARTBEAT_INDEX_KEEP_S = 3600
+# How soon a failed beat is tried again, at most.
+BEAT_RETRY_S = 1.0
+
+
+def next_beat_in(interval_s: float, failed: bool) -> float:
+    """Seconds until the next beat. After a failed one (Redis away) the next comes within
+    ``BEAT_RETRY_S``: waiting a whole interval kept /health degraded, the process listed as
+    stale, for up to that long after Redis answered again."""
+    return min(interval_s, BEAT_RETRY_S) if failed else interval_s
 
 
 def heartbeat_failure(exc: BaseException) -> str:

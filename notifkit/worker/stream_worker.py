@@ -47,6 +47,7 @@ from notifkit.worker.entry import (
 from notifkit.worker.health import (
     consumer_name,
     heartbeat_failure,
+    next_beat_in,
     remove_heartbeat,
     write_heartbeat,
 )
@@ -192,6 +193,9 @@ class StreamWorker:
         # Why reads fail, while they do: the heartbeat carries it, so /health says a worker
         # that beats but cannot read is not well.
         self._read_error: str | None = None
+        # Set when the heartbeat should not wait for its interval: reads began or ceased to
+        # fail, which /health should show now rather than at the next beat.
+        self._beat_now = asyncio.Event()
         self.sweep_cut_short = False  # the last reclaim sweep stopped for want of free slots
         self._release = redis.register_script(scripts.RELEASE_MARKS)
         self._give_back = redis.register_script(scripts.GIVE_BACK_ATTEMPTS)
@@ -341,7 +345,7 @@ class StreamWorker:
                     taken = await self._read_new(block_ms=None, only=open_streams)
                 else:
                     taken = await self._read_new(block_ms=self.settings.read_block_ms)
-                self._read_error = None
+                self._set_read_error(None)
                 if failing_since is not None:
                     self._read_again(failing_since)
                     failing_since = None
@@ -354,13 +358,21 @@ class StreamWorker:
                 log.warning("Reading %s failed (%s); retrying in 1 s.", self.service, exc,
                             extra={"service": self.service})
                 failing_since = failing_since or time.monotonic()
-                self._read_error = str(exc) or type(exc).__name__
+                self._set_read_error(str(exc) or type(exc).__name__)
                 await asyncio.sleep(1.0)
             except Exception as exc:
                 log.exception("Unexpected error in the read loop; retrying in 1 s.",
                               extra={"service": self.service})
-                self._read_error = f"{type(exc).__name__}: {exc}"
+                self._set_read_error(f"{type(exc).__name__}: {exc}")
                 await asyncio.sleep(1.0)
+
+    def _set_read_error(self, error: str | None) -> None:
+        """Record why reads fail (None: they work), beating at once when that changes: after
+        an outage the last beat said the reads failed, and /health stayed degraded until the
+        next interval's beat."""
+        if (error is None) != (self._read_error is None):
+            self._beat_now.set()
+        self._read_error = error
 
     def _read_again(self, failing_since: float) -> None:
         """After failed reads, say that reading works again: the warnings just stop, and an
@@ -998,14 +1010,20 @@ class StreamWorker:
     # -- heartbeat -----------------------------------------------------------------
     async def _heartbeat_loop(self) -> None:
         while True:  # until stop() has let the last batch finish
+            # Cleared before the beat, so a change of read state during it beats again.
+            self._beat_now.clear()
+            failed = False
             try:
                 await self.beat()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                failed = True
                 log.warning("Heartbeat failed (%s); trying again.", heartbeat_failure(exc),
                             extra={"service": self.service})
-            await asyncio.sleep(self.settings.heartbeat_interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._beat_now.wait(), next_beat_in(
+                    self.settings.heartbeat_interval_s, failed))
 
     async def beat(self) -> None:
         beat = {

@@ -104,6 +104,29 @@ async def test_a_running_api_beats_with_the_requests_it_is_answering(
 
 
 
+async def test_an_api_whose_beat_failed_beats_again_within_a_second(
+    settings: Settings, redis: Redis
+) -> None:
+    """A failed beat (Redis away) waited a whole interval for the next, so after an outage
+    /health listed the API as stale, and answered degraded, for up to that long. With an
+    interval of an hour, only the retry can put it back."""
+    keys = Keys(settings.namespace)
+    await redis.set(keys.heartbeats, "not a sorted set")  # the beat at start fails
+    service = ApiService(settings.replace(port=0, host="127.0.0.1", heartbeat_interval_s=3600.0,
+                                          heartbeat_ttl_s=14_400))
+    await service.start()
+    try:
+        assert await redis.type(keys.heartbeats) == b"string"
+        await redis.delete(keys.heartbeats)  # Redis serves again
+        for _ in range(1000):  # bounded: the retry, which comes within a second
+            if await redis.zscore(keys.heartbeats, service.consumer) is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert await redis.zscore(keys.heartbeats, service.consumer) is not None
+    finally:
+        await service.stop()
+
+
 async def test_a_clean_stop_after_a_redis_blip_still_takes_the_heartbeat(
     settings: Settings, redis: Redis
 ) -> None:

@@ -9,6 +9,7 @@ import os
 import re
 import socket
 import time
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -326,6 +327,67 @@ async def test_a_worker_whose_reads_fail_says_so_in_its_heartbeat(
     await redis.delete(stream)  # fixed: the worker joins the stream again and reads on
     await read_error_is(False)
     gate.opened.set()
+
+
+async def test_a_worker_beats_at_once_when_its_reads_fail_and_when_they_work_again(
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, worker_settings: Settings,
+) -> None:
+    """/health stayed degraded after Redis came back until the next beat, an interval later:
+    the last beat said the reads failed. A change of read state now beats at once. With an
+    interval of an hour, only such beats can show it here."""
+    slow = worker_settings.replace(heartbeat_interval_s=3600.0, heartbeat_ttl_s=14_400)
+    gate = Gate()
+    worker = make_worker(gate, service="delivery", streams=keys.outbound_all(), settings=slow)
+    await worker.start()
+    health = keys.health(worker.consumer)
+
+    async def read_error() -> str | None:
+        raw = await redis.get(health)
+        assert raw is not None
+        error = json.loads(raw).get("readError")
+        return error if isinstance(error, str) else None
+
+    assert await read_error() is None
+    stream = keys.outbound("low")
+    await redis.delete(stream)
+    await redis.set(stream, "not a stream")
+    await until_async(lambda: _is_not_none(read_error()))
+    await redis.delete(stream)  # fixed: reads work again, and the beat says so at once
+    await until_async(lambda: _is_none(read_error()))
+    gate.opened.set()
+
+
+async def _is_none(value: Awaitable[object]) -> bool:
+    return await value is None
+
+
+async def _is_not_none(value: Awaitable[object]) -> bool:
+    return await value is not None
+
+
+async def test_a_failed_beat_is_tried_again_within_a_second(
+    make_worker: WorkerFactory, redis: Redis, keys: Keys, worker_settings: Settings,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A beat that failed (Redis away) waited a whole interval for the next: after an outage
+    /health listed the process as stale, and answered degraded, for up to that long."""
+    slow = worker_settings.replace(heartbeat_interval_s=3600.0, heartbeat_ttl_s=14_400)
+    caplog.set_level(logging.WARNING, logger="notifkit.worker")
+    worker = make_worker(Gate(), service="delivery", streams=keys.outbound_all(), settings=slow)
+    await worker.start()
+    await redis.set(keys.heartbeats, "not a sorted set")  # every beat now fails
+    stream = keys.outbound("low")
+    await redis.delete(stream)
+    await redis.set(stream, "not a stream")  # reads fail: a beat is due at once, and fails
+    await until(lambda: any(r.getMessage().startswith("Heartbeat failed")
+                            for r in caplog.records))
+    await redis.delete(keys.heartbeats)  # Redis serves again: only a retry can beat now
+
+    async def indexed() -> bool:
+        return await redis.zscore(keys.heartbeats, worker.consumer) is not None
+
+    await until_async(indexed)
+    await redis.delete(stream)
 
 
 async def test_a_failing_heartbeat_writes_the_same_warning_each_time(

@@ -9,7 +9,6 @@ requests it is answering as ``inFlight``, so ``/health`` shows each API process 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 import os
@@ -32,6 +31,7 @@ from notifkit.wording import bind_reason, host_port
 from notifkit.worker import (
     consumer_name,
     heartbeat_failure,
+    next_beat_in,
     remove_heartbeat,
     write_heartbeat,
 )
@@ -87,9 +87,12 @@ class ApiService(Service):
         self._runner = runner
         self.port = _bound_port(runner, self.settings.port)
         log.info("The API is listening on %s.", host_port(self.settings.host, self.port))
-        with contextlib.suppress(RedisError, OSError):
+        failed = False
+        try:
             await self.beat()  # listed by /health as soon as start() returns
-        self._heartbeat = asyncio.create_task(self._heartbeat_loop(),
+        except (RedisError, OSError):
+            failed = True  # tried again soon, not after a whole interval
+        self._heartbeat = asyncio.create_task(self._heartbeat_loop(failed),
                                               name=f"{self.consumer}:heartbeat")
 
     async def beat(self) -> None:
@@ -100,12 +103,14 @@ class ApiService(Service):
         await write_heartbeat(self.redis, self.keys, self.consumer, beat,
                               self.settings.heartbeat_ttl_s)
 
-    async def _heartbeat_loop(self) -> None:
+    async def _heartbeat_loop(self, failed: bool) -> None:
         while True:
-            await asyncio.sleep(self.settings.heartbeat_interval_s)
+            await asyncio.sleep(next_beat_in(self.settings.heartbeat_interval_s, failed))
             try:
                 await self.beat()
+                failed = False
             except (RedisError, OSError) as exc:
+                failed = True
                 log.warning("Heartbeat failed (%s); trying again.", heartbeat_failure(exc),
                             extra={"service": self.name})
 
