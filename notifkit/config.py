@@ -12,6 +12,7 @@ import base64
 import binascii
 import dataclasses
 import functools
+import ipaddress
 import logging
 import math
 import re
@@ -478,6 +479,14 @@ def _get(env: Mapping[str, str], name: str) -> str | None:
         raise ConfigError(name, "holds bytes that are not UTF-8 text (set it in UTF-8, or "
                           "in ASCII)")
     return value or None
+
+
+def _is_ipv6_address(host: str) -> bool:
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _is_utf8(value: str) -> bool:
@@ -1160,6 +1169,14 @@ def _validate(s: Settings) -> None:
     if any(char.isspace() or not char.isprintable() for char in s.host):
         raise ConfigError("HOST", f"must be a host name or address, without white space or "
                           f"control characters, got {s.host!r}")
+    # [::1] (as a URL writes it) or 0.0.0.0:8080 failed only at the bind, after the
+    # migrations, as a name that does not resolve ("cannot listen on [[::1]]:8080").
+    if ":" in s.host and not _is_ipv6_address(s.host):
+        bare = s.host[1:-1] if s.host.startswith("[") and s.host.endswith("]") else None
+        hint = (f"an IPv6 address without brackets ({bare})" if bare is not None
+                and _is_ipv6_address(bare) else "no port (PORT or --port sets it)")
+        raise ConfigError("HOST", f"must be a host name or address, with {hint}, "
+                          f"got {s.host!r}")
     if s.log_format not in LOG_FORMATS:
         raise ConfigError("LOG_FORMAT", f"must be json or text, got {s.log_format!r}")
     if s.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -843,3 +844,21 @@ def test_an_admin_key_longer_than_a_header_carries_is_refused() -> None:
     assert info.value.variable == "NOTIFKIT_ADMIN_KEY"
     with pytest.raises(ConfigError, match="at most 4,096 bytes"):
         Settings(admin_key="é" * 2049)  # 4,098 bytes in UTF-8
+
+
+@pytest.mark.parametrize(("host", "hint"), [
+    ("[::1]", "without brackets (::1)"),
+    ("0.0.0.0:8080", "no port"),
+    ("localhost:80", "no port"),
+])
+def test_a_host_in_url_form_is_refused_at_start(host: str, hint: str) -> None:
+    # It started, migrated the schema, then failed at the bind as a name that does not
+    # resolve: "cannot listen on [[::1]]:8080".
+    with pytest.raises(ConfigError, match=re.escape(hint)) as info:
+        Settings.from_env({"HOST": host})
+    assert info.value.variable == "HOST"
+
+
+@pytest.mark.parametrize("host", ["::1", "::", "fe80::1%lo", "0.0.0.0", "localhost"])
+def test_a_bare_host_or_ipv6_address_is_taken(host: str) -> None:
+    assert Settings.from_env({"HOST": host}).host == host
