@@ -969,6 +969,10 @@ def _connect_timeout_s(value: str) -> float:
     return max(seconds, 0.0)
 
 
+# The largest database index Redis's SELECT takes (a signed 32-bit number).
+REDIS_MAX_DB: Final = 2**31 - 1
+
+
 def _check_redis_url(value: str) -> None:
     if value.startswith("unix://"):
         try:
@@ -1004,6 +1008,13 @@ def _check_redis_options(value: str) -> None:
         why = f"unknown option {unknown.group(1)!r}" if unknown else str(exc)
         raise ConfigError("REDIS_URL", f"has an option the client cannot use ({why}): "
                           f"{_shown(value)}") from None
+    # ?db=-1 or ?db=99999999999 (which the path form refuses) failed only at the connection,
+    # with status 1 as if Redis were away. Past the server's own count of databases (16 by
+    # default) it is still refused there: only the server knows that count.
+    db = getattr(connection, "db", 0)
+    if isinstance(db, int) and not 0 <= db <= REDIS_MAX_DB:
+        raise ConfigError("REDIS_URL", f"db must be a database number from 0 to "
+                          f"{REDIS_MAX_DB}, got {db}: {_shown(value)}")
     # The client takes any float for these and fails only at the first command, with a
     # timeout that reads as a slow Redis, or with an error naming no setting (NaN).
     for option, least, inclusive in (("socket_timeout", 0.0, False),

@@ -862,3 +862,19 @@ def test_a_host_in_url_form_is_refused_at_start(host: str, hint: str) -> None:
 @pytest.mark.parametrize("host", ["::1", "::", "fe80::1%lo", "0.0.0.0", "localhost"])
 def test_a_bare_host_or_ipv6_address_is_taken(host: str) -> None:
     assert Settings.from_env({"HOST": host}).host == host
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0?db=-1",
+                                 "redis://127.0.0.1:6379/?db=99999999999",
+                                 "redis://127.0.0.1:6379/99999999999"])
+def test_a_redis_database_number_no_redis_takes_is_refused_at_start(url: str) -> None:
+    # The path form's -1 was refused at start, but ?db=-1 (and any number past what SELECT
+    # takes) started and failed at the connection, with status 1 as if Redis were away.
+    with pytest.raises(ConfigError, match="database number") as info:
+        Settings.from_env({"REDIS_URL": url})
+    assert info.value.variable == "REDIS_URL"
+
+
+def test_a_redis_database_number_in_the_query_is_taken() -> None:
+    assert Settings.from_env({"REDIS_URL": "redis://127.0.0.1:6379/?db=3"}).redis_url.endswith(
+        "?db=3")
