@@ -318,7 +318,11 @@ class StreamWorker:
         while not self._stopping.is_set():
             try:
                 if self.outage is not None and self.outage.holding:
+                    # /health says the worker waits now, and that it works again once it
+                    # does, rather than an interval later.
+                    self._beat_now.set()
                     await self.outage.ok.wait()
+                    self._beat_now.set()
                     continue
                 free = self.concurrency - self.in_flight
                 if free <= 0:

@@ -16,6 +16,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from notifkit.config import Settings
 from notifkit.db.availability import lock_wait, unavailable
 from notifkit.keys import Keys
 from notifkit.worker import Dependency, Entry
@@ -106,6 +107,34 @@ async def test_an_outage_holds_the_work_and_costs_no_attempt(
     # One line when the outage began and one when it ended, however many probes came between
     phases = [getattr(r, "outage", None) for r in caplog.records]
     assert [p for p in phases if p] == ["start", "end"]
+
+
+async def test_the_heartbeat_says_at_once_when_an_outage_holds_the_work_and_when_it_ends(
+    make_worker: WorkerFactory, store: Store, stream: str, redis: Redis, keys: Keys, add: Add,
+    worker_settings: Settings,
+) -> None:
+    """The beat after an outage ended could still say the worker waited for PostgreSQL, and
+    /health stayed degraded until the next one, an interval later. With an interval of an
+    hour, only a beat at the change itself can show it here."""
+    slow = worker_settings.replace(heartbeat_interval_s=3600.0, heartbeat_ttl_s=14_400)
+    worker = make_worker(store.process, streams=[stream], dependency=store.dependency(),
+                         settings=slow)
+    store.up = False
+    await add(stream, {"n": 1})
+    await worker.start()
+
+    async def says_it_waits() -> bool:
+        return b"waiting for PostgreSQL" in (await redis.get(keys.health(worker.consumer))
+                                             or b"")
+
+    await until(says_it_waits, "a beat saying the worker waits")
+    store.up = True
+    await until(lambda: len(store.done) == 1, "the entry done")
+
+    async def says_it_works() -> bool:
+        return not await says_it_waits()
+
+    await until(says_it_works, "a beat saying the wait is over")
 
 
 @pytest.mark.parametrize(("error", "probes"), [
