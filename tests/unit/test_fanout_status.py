@@ -6,7 +6,7 @@ from typing import Any
 
 from notifkit.services.api.routes.notifications import summary_status
 
-SENT = [{"status": "sent"}, {"status": "skipped"}]
+SENT = {"sent", "skipped"}
 
 
 def event(*kinds: str) -> list[dict[str, Any]]:

@@ -303,7 +303,10 @@ COMPONENTS: dict[str, Schema] = {
         "createdAt": DATETIME,
         "recipients": {"type": "array", "items": {"$ref": "#/components/schemas/Recipient"}},
         "timeline": {"type": "array", "items": {"$ref": "#/components/schemas/TimelineEntry"}},
-    }, ("id", "status", "template", "priority", "createdAt", "recipients")),
+        "nextCursor": {**nullable(STRING), "description": (
+            "Fetches the recipients that follow (GET with cursor); null when every recipient "
+            "is listed.")},
+    }, ("id", "status", "template", "priority", "createdAt", "recipients", "nextCursor")),
     "MessageLog": obj({
         "id": STRING, "eventId": UUID, "taskId": STRING, "userId": nullable(STRING),
         "channel": nullable(CHANNEL), "attempt": {"type": "integer"}, "kind": STRING,

@@ -858,9 +858,10 @@ def scoped_cursor(scope: str, *parts: Any) -> str:
     return base64.urlsafe_b64encode(codec.dumps([*parts, scope])).decode().rstrip("=")
 
 
-def decode_cursor(request: web.Request, arity: int) -> list[Any] | None:
+def decode_cursor(request: web.Request, arity: int,
+                  scope: str | None = None) -> list[Any] | None:
     """The cursor's parts, None without a cursor; a cursor we did not make is a 400, and so
-    is one of another list."""
+    is one of another list (``scope``, by default the request's own, see :func:`list_scope`)."""
     raw = query_value(request, "cursor")
     if raw is None:
         return None
@@ -872,7 +873,7 @@ def decode_cursor(request: web.Request, arity: int) -> list[Any] | None:
         parts = None
     if not isinstance(parts, list) or len(parts) != arity + 1:
         raise invalid_field("cursor", "is not a cursor this API returned")
-    if parts[-1] != list_scope(request.path, request.query):
+    if parts[-1] != (scope or list_scope(request.path, request.query)):
         raise invalid_field("cursor", "is another list's cursor (another path or other "
                                       "filters); go on with the filters it was given with, or "
                                       "start again without it")

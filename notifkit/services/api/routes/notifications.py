@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 import math
-from datetime import datetime, timedelta
+from collections.abc import Collection, Iterable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -62,12 +63,14 @@ from notifkit.services.api.validation import (
     enum_query,
     iso,
     limit_param,
+    list_scope,
     name_problem,
     parse_rfc3339,
     parse_uuid,
     query_string,
     query_value,
     read_json,
+    scoped_cursor,
     time_query,
     time_range_order,
     uuid_id,
@@ -93,9 +96,41 @@ UNDELIVERED_RECEIPTS = frozenset({"bounced", "failed"})
 OUTCOME_ORDER = ("delivered", "sent", "dead_lettered", "failed", "throttled", "suppressed",
                  "skipped")
 
-_TIMELINE = (
-    "SELECT task_id, user_id, channel, attempt, kind, status, detail, provider_message_id, "
-    "created_at FROM message_logs WHERE project_id = $1 AND event_id = $2 ORDER BY created_at, id"
+# Recipients one answer lists when the caller names no limit, and the most a limit may ask
+# for: a send to a list of users (up to 1,000, with several channels each) comes whole; a
+# campaign to a large segment (100,000 users are some 500,000 timeline rows) comes in pages
+# rather than all in memory and in one answer.
+RECIPIENTS_PER_ANSWER = 10_000
+RECIPIENT_LIMIT = Param("limit", "query",
+                        {"type": "integer", "minimum": 1, "maximum": RECIPIENTS_PER_ANSWER},
+                        f"Recipients per answer (default and at most {RECIPIENTS_PER_ANSWER:,}).")
+
+_ROW_COLUMNS = ("task_id, user_id, channel, attempt, kind, status, detail, provider_message_id, "
+                "created_at")
+# The event's own rows ($3 = the event id), by the (task_id, channel, ...) unique index.
+_EVENT_ROWS = (
+    f"SELECT {_ROW_COLUMNS} FROM message_logs WHERE project_id = $1 AND event_id = $2 "
+    "AND task_id = $3 AND channel = '' ORDER BY created_at, id"
+)
+# A page of recipients, in the order of each one's first row (the order the whole timeline
+# lists them in): the first rows after the cursor's ($4, $5), at most $6 of them. Rows are
+# walked by message_logs_event_idx; whether a row is its recipient's first is one probe of the
+# (task_id, channel, ...) unique index.
+FIRST_ROWS_SQL = (
+    "SELECT r.task_id, r.channel, r.created_at, r.id FROM message_logs r "
+    "WHERE r.project_id = $1 AND r.event_id = $2 AND (r.created_at, r.id) > ($4, $5) "
+    "AND NOT (r.task_id = $3 AND r.channel = '') "
+    "AND NOT EXISTS (SELECT FROM message_logs e WHERE e.task_id = r.task_id "
+    "AND e.channel = r.channel AND e.project_id = r.project_id AND e.event_id = r.event_id "
+    "AND (e.created_at, e.id) < (r.created_at, r.id)) "
+    "ORDER BY r.created_at, r.id LIMIT $6"
+)
+# Every row of the recipients ($3, $4: task ids and channels) of a page.
+_RECIPIENT_ROWS = (
+    f"SELECT {', '.join('m.' + c for c in _ROW_COLUMNS.split(', '))} "
+    "FROM unnest($3::text[], $4::text[]) AS p(task_id, channel) "
+    "JOIN message_logs m ON m.task_id = p.task_id AND m.channel = p.channel "
+    "WHERE m.project_id = $1 AND m.event_id = $2 ORDER BY m.created_at, m.id"
 )
 
 # GET /v1/messages, given its conditions (project_id first) and its LIMIT parameter.
@@ -161,11 +196,21 @@ async def _first_send(request: web.Request, project: str, key: str | None,
 
 
 @ops.route("GET", "/v1/notifications/{eventId}", "A notification's status and timelines",
-           responses={200: ref("Notification")})
+           query=(RECIPIENT_LIMIT, CURSOR),
+           responses={200: ref("Notification")},
+           description=(
+               "Recipients are listed in the order of their first timeline entry, up to "
+               f"{RECIPIENTS_PER_ANSWER:,} (or limit) per answer; nextCursor (null when the "
+               "list is complete) fetches the next ones. The notification's status and its "
+               "own timeline always cover every recipient."))
 async def get_notification(request: web.Request) -> web.Response:
     project = project_id(request)
     event_id = uuid_id(request, "eventId", "notification")
-    body = await notification_body(request.app[DB], project, event_id)
+    checks = QueryChecks()
+    limit = checks(limit_param, request, RECIPIENTS_PER_ANSWER, RECIPIENTS_PER_ANSWER)
+    after = checks(_recipient_cursor, request, event_id)
+    checks.done()
+    body = await notification_body(request.app[DB], project, event_id, limit, after)
     if body is None:
         raise not_found("notification", event_id)
     return json_response(body)
@@ -200,8 +245,7 @@ async def cancel_notification(request: web.Request) -> web.Response:
                 "WHERE id = $1 AND project_id = $2 FOR UPDATE", event_id, project)
             if row is None:
                 raise not_found("notification", event_id)
-            recipients, _ = timelines(event_id, await conn.fetch(_TIMELINE, project, event_id))
-            scheduled = {r["taskId"]: r for r in recipients if r["status"] == "scheduled"}
+            scheduled = await _scheduled_recipients(conn, project, event_id)
             if row["canceled_at"] is None:
                 ahead = row["send_at"] is not None and row["send_at"] > row["now"]
                 if not ahead and not await waiting_tasks(redis, keys, scheduled) \
@@ -279,21 +323,40 @@ def scheduled_due(metadata: Any, logged_at: datetime) -> datetime | None:
 
 
 async def notification_body(
-    db: asyncpg.Pool, project: str, event_id: str
+    db: asyncpg.Pool, project: str, event_id: str, limit: int = RECIPIENTS_PER_ANSWER,
+    after: tuple[datetime, int] | None = None,
 ) -> dict[str, Any] | None:
-    """What GET /v1/notifications/{eventId} answers; None for no such notification."""
-    row = await db.fetchrow(
-        "SELECT id, template_id, priority, recipients_spec, channels, campaign_id, "
-        "send_at, created_at FROM notifications WHERE id = $1 AND project_id = $2",
-        event_id, project,
-    )
-    if row is None:
-        return None
-    logs = await db.fetch(_TIMELINE, project, event_id)
-    recipients, timeline = timelines(event_id, logs)
+    """What GET /v1/notifications/{eventId} answers: up to ``limit`` recipients, those whose
+    first row comes after ``after`` (a cursor's (created_at, id)); None for no such
+    notification."""
+    async with db.acquire() as conn, conn.transaction(isolation="repeatable_read",
+                                                       readonly=True):
+        # One snapshot: the status and the recipients listed agree, as one query made them.
+        row = await conn.fetchrow(
+            "SELECT id, template_id, priority, recipients_spec, channels, campaign_id, "
+            "send_at, created_at FROM notifications WHERE id = $1 AND project_id = $2",
+            event_id, project,
+        )
+        if row is None:
+            return None
+        firsts = await conn.fetch(FIRST_ROWS_SQL, project, event_id, event_id,
+                                  *(after or (datetime.min.replace(tzinfo=UTC), 0)), limit + 1)
+        page = firsts[:limit]
+        logs = await conn.fetch(_RECIPIENT_ROWS, project, event_id,
+                                [r["task_id"] for r in page], [r["channel"] for r in page])
+        recipients, _ = timelines(event_id, logs)
+        _, timeline = timelines(event_id, await conn.fetch(_EVENT_ROWS, project, event_id,
+                                                            event_id))
+        statuses = {r["status"] for r in await conn.fetch(_STATUSES, project, event_id,
+                                                           event_id)}
+    next_cursor = None
+    if len(firsts) > limit:
+        last = page[-1]
+        next_cursor = scoped_cursor(_recipients_scope(event_id), last["created_at"].isoformat(),
+                                    last["id"])
     return {
         "id": event_id,
-        "status": summary_status(recipients, timeline),
+        "status": summary_status(statuses, timeline),
         "template": row["template_id"],
         "priority": row["priority"],
         "to": row["recipients_spec"],
@@ -303,7 +366,30 @@ async def notification_body(
         "createdAt": iso(row["created_at"]),
         "recipients": recipients,
         "timeline": timeline,
+        "nextCursor": next_cursor,
     }
+
+
+def _recipients_scope(event_id: str) -> str:
+    """The list a notification's recipient cursor walks: GET's, whichever route answered the
+    page (a cancel answers the first one), and only this notification's."""
+    return list_scope(f"/v1/notifications/{event_id}", {})
+
+
+def _recipient_cursor(request: web.Request, event_id: str) -> tuple[datetime, int] | None:
+    """The (created_at, id) of the first row of the recipient a cursor's page ended with."""
+    cursor = decode_cursor(request, 2, scope=_recipients_scope(event_id))
+    if cursor is None:
+        return None
+    return cursor_time(cursor[0]), _log_id(cursor[1])
+
+
+async def _scheduled_recipients(conn: asyncpg.Connection, project: str,
+                                event_id: str) -> dict[str, dict[str, Any]]:
+    """The recipients whose status is 'scheduled', by task id, as GET shows them."""
+    rows = await conn.fetch(_SCHEDULED_RECIPIENTS, project, event_id, event_id)
+    return {r["task_id"]: {"userId": r["user_id"], "channel": r["channel"] or None,
+                           "taskId": r["task_id"], "status": "scheduled"} for r in rows}
 
 
 @ops.route("GET", "/v1/messages", "Message-log entries, newest first",
@@ -492,8 +578,10 @@ def next_status(current: str, row_status: str, kind: str = "") -> str:
     return row_status
 
 
-def summary_status(recipients: list[dict[str, Any]], event_rows: list[dict[str, Any]]) -> str:
-    if not recipients:
+def summary_status(statuses: Collection[str], event_rows: list[dict[str, Any]]) -> str:
+    """The notification's status, from its recipients' distinct ``statuses`` and its own
+    rows."""
+    if not statuses:
         # Before any recipient's row, the event's own latest row tells: accepted, or e.g.
         # dead_lettered, or skipped for a segment without members.
         latest = event_rows[-1]["status"] if event_rows else "accepted"
@@ -503,7 +591,6 @@ def summary_status(recipients: list[dict[str, Any]], event_rows: list[dict[str, 
         # More recipients follow, on pages the enricher has not reached yet (a page that was
         # dead-lettered waits for an operator instead, until its replay).
         return "processing"
-    statuses = {r["status"] for r in recipients}
     for status in IN_PROGRESS:
         if status in statuses:
             return "processing" if status == "accepted" else status
@@ -511,6 +598,54 @@ def summary_status(recipients: list[dict[str, Any]], event_rows: list[dict[str, 
         if status in statuses:
             return status
     return "processing"
+
+
+def _sql_list(values: Iterable[str]) -> str:
+    return ", ".join(f"'{value}'" for value in sorted(values))
+
+
+# Each recipient's status as timelines() folds its rows, computed in PostgreSQL so that a
+# notification of any size is summarised without reading its rows into the API ($1 project,
+# $2 event, $3 the event id as the task id of the event's own rows). Of a recipient's rows in
+# (created_at, id) order, its first always sets the status, and a later 'delivered' one does
+# not when an undelivered receipt of the same (attempt, provider message id) came at or before
+# it. Of the rows that count, each sets the status but a 'processing' one not from a replay,
+# which only turns a status still in progress into 'processing': so the status is that of the
+# last row that is no such 'processing' row, unless that status is in progress and such a row
+# follows it (then 'processing'), and 'processing' when there is no such row at all.
+RECIPIENT_STATUS_SQL = f"""
+WITH numbered AS (
+  SELECT task_id, channel, user_id, status, kind, created_at, id,
+         row_number() OVER (PARTITION BY task_id, channel ORDER BY created_at, id) AS n,
+         bool_or(kind IN ({_sql_list(UNDELIVERED_RECEIPTS)})) OVER (
+           PARTITION BY task_id, channel, attempt, provider_message_id
+           ORDER BY created_at, id ROWS UNBOUNDED PRECEDING) AS undelivered
+  FROM message_logs
+  WHERE project_id = $1 AND event_id = $2 AND NOT (task_id = $3 AND channel = '')
+), weighed AS (
+  SELECT *, n = 1 OR NOT (status = 'delivered' AND undelivered) AS counts,
+         NOT (status = 'processing' AND kind <> 'replayed') AS settles
+  FROM numbered
+), recipients AS (
+  SELECT task_id, channel,
+         (array_agg(user_id ORDER BY n) FILTER (WHERE user_id IS NOT NULL))[1] AS user_id,
+         max(created_at) FILTER (WHERE n = 1) AS first_at,
+         max(id) FILTER (WHERE n = 1) AS first_id,
+         (array_agg(status ORDER BY n DESC) FILTER (WHERE counts AND settles))[1] AS settled,
+         max(n) FILTER (WHERE counts AND settles) AS settled_n,
+         max(n) FILTER (WHERE counts) AS last_n
+  FROM weighed GROUP BY task_id, channel
+)
+SELECT task_id, channel, user_id, first_at, first_id,
+       CASE WHEN settled_n = last_n OR settled IN ({_sql_list(TERMINAL)}) THEN settled
+            ELSE 'processing' END AS status
+FROM recipients
+"""
+_STATUSES = f"SELECT DISTINCT status FROM ({RECIPIENT_STATUS_SQL}) s"
+_SCHEDULED_RECIPIENTS = (
+    f"SELECT task_id, channel, user_id FROM ({RECIPIENT_STATUS_SQL}) s "
+    "WHERE status = 'scheduled' ORDER BY first_at, first_id"
+)
 
 
 def message_json(row: asyncpg.Record) -> dict[str, Any]:
@@ -555,8 +690,11 @@ def _message_cursor(request: web.Request) -> tuple[Any, int] | None:
     cursor = decode_cursor(request, 2)
     if cursor is None:
         return None
+    return cursor_time(cursor[0]), _log_id(cursor[1])
+
+
+def _log_id(value: Any) -> int:
     # message_logs.id is a bigint; a bool is an int to Python but not an id.
-    if (not isinstance(cursor[1], int) or isinstance(cursor[1], bool)
-            or not 0 < cursor[1] < 2**63):
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < 2**63:
         raise invalid_field("cursor", "is not a cursor this API returned")
-    return cursor_time(cursor[0]), cursor[1]
+    return value
