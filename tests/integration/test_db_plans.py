@@ -9,6 +9,7 @@ per batch once 50,000 notifications had arrived in a few seconds (priority_isola
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 
 import asyncpg
 import pytest
@@ -18,7 +19,12 @@ from notifkit.db.recipients import _RECIPIENTS_SQL
 from notifkit.db.workflows import OWNED_WINDOW_SQL
 from notifkit.ids import uuid7
 from notifkit.reconcile import _CANDIDATES, id_floor
-from notifkit.services.api.routes.notifications import MESSAGES_SQL
+from notifkit.services.api.routes.notifications import (
+    FIRST_ROWS_SQL,
+    MESSAGES_SQL,
+    RECIPIENT_ROWS_SQL,
+    RECIPIENT_STATUS_SQL,
+)
 from notifkit.services.api.routes.users import WAITING_SENDS_SQL
 
 # A batch UPDATE by primary key, as the workers issue them.
@@ -221,3 +227,42 @@ async def test_a_digest_owner_finds_its_window_by_index(db: asyncpg.Pool) -> Non
         rows = await conn.fetch("EXPLAIN (COSTS OFF) " + OWNED_WINDOW_SQL, project, owner, "0")
     plan = "\n".join(r[0] for r in rows)
     assert "Seq Scan on workflow_digests" not in plan, plan
+
+
+async def test_a_notifications_recipients_and_status_are_read_by_the_event_index(
+    db: asyncpg.Pool,
+) -> None:
+    """GET /v1/notifications/{eventId} of a large send among a project's many others: its
+    page of recipients, their rows and the statuses of all of them are read by index (the
+    event's rows, each recipient's by its key), never by a scan of every row ever logged."""
+    event = uuid7()
+    async with db.acquire() as conn:
+        project = await _grown_project(
+            conn, "message_logs",
+            # 20,000 rows of the event (4,000 recipients of 5 rows), 100,000 of 2,000 others.
+            "INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, "
+            "attempt, kind, status, created_at) "
+            "SELECT $1, CASE WHEN g <= 4000 THEN $2 ELSE ('00000000-0000-7000-8000-' || "
+            "lpad((g % 2000)::text, 12, '0'))::uuid END, 'task-' || g, 'u' || g, 'email', 1, "
+            "k.kind, k.status, now() - interval '1 hour' + (k.step * 25000 + g) * interval '1 ms' "
+            "FROM generate_series(1, 24000) g, (VALUES (0, 'queued', 'processing'), "
+            "(1, 'sent', 'sent'), (2, 'delivered', 'delivered'), (3, 'opened', 'delivered'), "
+            "(4, 'clicked', 'delivered')) AS k(step, kind, status)", event)
+        firsts = await conn.fetch("EXPLAIN (COSTS OFF) " + FIRST_ROWS_SQL, project, event,
+                                  str(event), datetime.min.replace(tzinfo=UTC), 0, 10_001)
+        tasks = [f"task-{g}" for g in range(1, 4001)]
+        rows = await conn.fetch("EXPLAIN (COSTS OFF) " + RECIPIENT_ROWS_SQL, project, event,
+                                tasks, ["email"] * len(tasks))
+        statuses = await conn.fetch("EXPLAIN (COSTS OFF) " + RECIPIENT_STATUS_SQL, project,
+                                    event, str(event))
+    first_plan, rows_plan, status_plan = ("\n".join(r[0] for r in p)
+                                          for p in (firsts, rows, statuses))
+    for plan in (first_plan, rows_plan, status_plan):
+        assert "Seq Scan on message_logs" not in plan, plan
+    # A page walks the event's rows in order and probes each recipient by key: nothing of it
+    # hashes every row of the event, whatever the page's size.
+    assert "Index Scan using message_logs_event_idx" in first_plan, first_plan
+    for plan in (first_plan, rows_plan):
+        assert "Hash" not in plan, plan
+        assert "message_logs_task_id_channel_attempt_kind_key" in plan, plan
+    assert "message_logs_event_idx" in status_plan, status_plan
