@@ -11,6 +11,8 @@ outranks a later ``processing`` one (a retry that had already been decided) unle
 a DLQ replay's ``replayed`` row, and a receipt saying a message arrived does not outrank an
 earlier bounce or failure of that message (webhooks come in any order). The notification's
 own status summarises its recipients: still in progress while any is, else the best outcome.
+A large send's recipients come in pages; its status is summarised in PostgreSQL, so no answer
+reads every row of it.
 """
 
 from __future__ import annotations
