@@ -1,5 +1,5 @@
-"""Developer tasks: ``nox -s tests``, ``nox -s lint``, ``nox -s typecheck``, ``nox -s scenarios``,
-``nox -s bench``. Extra arguments after ``--`` go to the underlying tool."""
+"""Developer tasks: ``nox -s dev``, ``nox -s tests``, ``nox -s lint``, ``nox -s typecheck``,
+``nox -s scenarios``, ``nox -s bench``. Extra arguments after ``--`` go to the underlying tool."""
 
 from __future__ import annotations
 
