@@ -77,9 +77,10 @@ def _start_valkey(folder: Path, stack: contextlib.ExitStack) -> str:
     server = ValkeyServer(data_dir=str(folder), persist=True, config={"appendonly": "yes"})
     server.start()
     stack.callback(server.stop)
-    log.info("Embedded Redis-compatible server on %s:%s (data in %s).",
-             server.host, server.port, folder)
-    return f"redis://{server.host}:{server.port}/0"
+    url = f"redis://{server.host}:{server.port}/0"
+    log.info("REDIS_URL is not set: an embedded Redis-compatible server (Valkey) listens on "
+             "%s (data in %s).", url, folder)
+    return url
 
 
 def _start_postgres(folder: Path, stack: contextlib.ExitStack) -> str:
@@ -99,7 +100,8 @@ def _start_postgres(folder: Path, stack: contextlib.ExitStack) -> str:
     server = pgserver.get_server(folder.resolve(), cleanup_mode="stop")  # type: ignore[attr-defined]
     stack.callback(server.cleanup)
     uri = str(server.get_uri())
-    log.info("Embedded PostgreSQL (data in %s).", folder)
+    log.info("DATABASE_URL is not set: an embedded PostgreSQL listens on %s (data in %s).",
+             uri, folder)
     return uri
 
 

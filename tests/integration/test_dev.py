@@ -29,7 +29,7 @@ from notifkit.server import NotifkitServer
 from notifkit.services.api.service import ApiService
 from scenarios.processes import free_port
 from simulators import SimulatorServer
-from tests.support.services import require_module, skip_unless_ci
+from tests.support.services import POSTGRES, REDIS, answers, require_module, skip_unless_ci
 from tests.support.signals import stop_insistently
 
 pytestmark = pytest.mark.slow
@@ -116,6 +116,13 @@ def test_dev_sends_the_printed_curl_and_keeps_its_data(tmp_path: Path) -> None:
         # A first start without XDG_RUNTIME_DIR (a container's usual setup) warns of nothing
         assert " WARNING " not in printed, printed
         assert listen_addresses(port) == {"127.0.0.1"}  # not every interface, unless HOST
+        # And the log says why it started embedded servers and where they answer
+        redis_at = re.search(r"REDIS_URL is not set: .* on (redis://\S+) ", printed)
+        postgres_at = re.search(r"DATABASE_URL is not set: .* on (postgresql://\S+) ", printed)
+        assert redis_at is not None, printed
+        assert postgres_at is not None, printed
+        assert answers(REDIS, redis_at.group(1))
+        assert answers(POSTGRES, postgres_at.group(1))
         key = re.search(r"API key:\s+(\S+)", printed)
         assert key is not None, printed
 
