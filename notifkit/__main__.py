@@ -103,9 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="HTTP port of the api service, on 127.0.0.1 unless HOST is set; "
                           "0 picks a free one (default: %(default)s)")
     dev.add_argument("--sim-port", type=whole_number, action=_Once, default=8025,
-                     help="HTTP port of the simulators (default: %(default)s)")
+                     help="HTTP port of the simulators, on 127.0.0.1; 0 picks a free one "
+                          "(default: %(default)s)")
     dev.add_argument("--sim-smtp-port", type=whole_number, action=_Once, default=2525,
-                     help="SMTP port of the simulators (default: %(default)s)")
+                     help="SMTP port of the simulators, on 127.0.0.1; 0 picks a free one, "
+                          "shown by GET /_sim/health (default: %(default)s)")
     return parser
 
 

@@ -210,6 +210,16 @@ def test_dev_help_shows_each_option_default() -> None:
         assert f"(default: {default})" in text, option
 
 
+def test_dev_help_says_where_each_port_listens_and_that_0_picks_one() -> None:
+    # The README says so of every port option; --help said it of --port alone.
+    text = " ".join(run_cli("dev", "--help").stdout.split())
+    for option, metavar in (("--port", "PORT"), ("--sim-port", "SIM_PORT"),
+                            ("--sim-smtp-port", "SIM_SMTP_PORT")):
+        described = text.split(f"{option} {metavar} ")[-1].split("(default:")[0]
+        assert "on 127.0.0.1" in described, option
+        assert "0 picks a free one" in described, option
+
+
 def test_a_started_service_freezes_what_is_alive_and_collects_less_often() -> None:
     import gc
 
