@@ -71,6 +71,25 @@ async def test_a_signed_resend_receipt_goes_to_the_events_stream(
         "webhookId": receipt["webhookId"]}
 
 
+async def test_svixs_unbranded_header_names_are_taken_too(hooks: Api, redis: Redis) -> None:
+    """Svix sends Standard Webhooks' names (webhook-id, ...) to some accounts, and its own
+    verifiers take either: the same signature under those names is the same receipt."""
+    project = await hooks.project()
+    body = json.dumps(RESEND_BOUNCE)
+    unbranded = {name.replace("svix-", "webhook-"): value
+                 for name, value in svix_headers(RESEND_SECRET, body).items()}
+    reply = await hooks.call("POST", f"/v1/webhooks/resend/{project.id}", data=body,
+                             headers={"Content-Type": "application/json", **unbranded})
+    assert (reply.status, reply.body) == (200, {"received": 1, "ignored": 0})
+    [receipt] = await receipts(redis, hooks)
+    assert receipt["webhookId"] == f"resend:{unbranded['webhook-id']}:0"
+    # ... and a bad one under those names is refused as under Svix's
+    unbranded["webhook-signature"] = "v1,AAAA"
+    refused = await hooks.call("POST", f"/v1/webhooks/resend/{project.id}", data=body,
+                               headers={"Content-Type": "application/json", **unbranded})
+    assert refused.status == 401
+
+
 @pytest.mark.parametrize("headers", [
     {},
     {"svix-id": "msg_1", "svix-timestamp": str(int(time.time())), "svix-signature": "v1,AAAA"},

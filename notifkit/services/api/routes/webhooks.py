@@ -5,9 +5,9 @@ authentication, and a bad one is a 401 that changes nothing.
 
 - resend, sendgrid, fcm, smtp: Svix-style headers ``svix-id``, ``svix-timestamp``,
   ``svix-signature: v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}.{body}")>`` (several
-  space-separated signatures allowed), with that provider's secret from the settings (a
-  ``whsec_`` secret is base64 of the key). Timestamps more than 5 minutes away are refused, so
-  a captured callback cannot be replayed later.
+  space-separated signatures allowed; the same under ``webhook-id``, ... too), with that
+  provider's secret from the settings (a ``whsec_`` secret is base64 of the key). Timestamps
+  more than 5 minutes away are refused, so a captured callback cannot be replayed later.
 - sendgrid, also: SendGrid's own Signed Event Webhook, ``X-Twilio-Email-Event-Webhook-Signature``
   (ECDSA P-256 over ``X-Twilio-Email-Event-Webhook-Timestamp`` + the body), verified with
   ``SENDGRID_WEBHOOK_PUBLIC_KEY``; a post carrying that header is checked this way only. The
@@ -124,7 +124,7 @@ async def provider_webhook(request: web.Request) -> web.Response:
         raise project_not_found()
     # Names the delivery where an event carries no id of its own: Svix's, or for SendGrid's
     # own signature (whose events carry sg_event_id) the body's digest.
-    svix_id = request.headers.get("svix-id") or hashlib.sha256(raw).hexdigest()[:32]
+    svix_id = _svix_header(request, "id") or hashlib.sha256(raw).hexdigest()[:32]
     pipe = app[REDIS].pipeline(transaction=True)
     receipts = 0
     # Every event of the body, however many: the provider takes the 200 as "all delivered"
@@ -150,15 +150,22 @@ def _secret(settings: Settings, provider: str) -> str | None:
     return secret
 
 
+def _svix_header(request: web.Request, name: str) -> str:
+    """``svix-{name}``, else ``webhook-{name}``: Svix sends its unbranded (Standard Webhooks)
+    names to some accounts, and its own verifiers take either."""
+    return (request.headers.get(f"svix-{name}")
+            or request.headers.get(f"webhook-{name}") or "")
+
+
 def _check_svix(settings: Settings, provider: str, request: web.Request, body: bytes) -> None:
     secret = _secret(settings, provider)
     if not secret:
         raise unauthorized("webhook_not_configured",
                            f"No webhook secret is configured for {provider}; the callback "
                            "cannot be verified.")
-    msg_id = request.headers.get("svix-id", "")
-    timestamp = request.headers.get("svix-timestamp", "")
-    signatures = request.headers.get("svix-signature", "")
+    msg_id = _svix_header(request, "id")
+    timestamp = _svix_header(request, "timestamp")
+    signatures = _svix_header(request, "signature")
     if not (msg_id and signatures and timestamp.isascii() and timestamp.isdigit()) \
             or len(timestamp) > 12:
         raise _bad_signature()
