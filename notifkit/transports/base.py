@@ -75,6 +75,9 @@ class SendResult:
     status: int | None = None  # the provider's HTTP (or SMTP) status, when it answered
     retry_after_s: float | None = None
     maybe_accepted: bool = False
+    # The destination is gone (its user erased) as the send was made, after delivery's check:
+    # nothing was sent, and the task is left out as one erased before that check would be.
+    removed: bool = False
 
     @property
     def sent(self) -> bool:

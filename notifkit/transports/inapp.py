@@ -17,9 +17,15 @@ from notifkit.transports.base import Message, Outcome, SendResult, TransportCont
 
 log = logging.getLogger("notifkit.transports.inapp")
 
+# Stored only while the user exists, holding their row until the insert commits: a user
+# erased after delivery's check (DELETE /v1/users/{id} erases the inbox in the same
+# transaction as the row) would otherwise keep a message nobody's inbox erases, which a user
+# created again under the id would read as theirs.
 _INSERT = """
 INSERT INTO inapp_messages (project_id, user_id, task_id, event_id, content)
-VALUES ($1, $2, $3, $4, $5)
+SELECT u.project_id, u.id, $3::text, $4::uuid, $5::jsonb
+  FROM users u WHERE u.project_id = $1::uuid AND u.id = $2::text
+  FOR KEY SHARE
 ON CONFLICT (task_id) DO NOTHING
 RETURNING id::text AS id, created_at
 """
@@ -67,11 +73,16 @@ class InAppTransport:
         try:
             row = await ctx.db.fetchrow(_INSERT, message.project_id, message.user_id,
                                         message.task_id, message.event_id, content)
-            if row is None:  # delivered before: the stored message stands, announced already
+            if row is None:  # delivered before, or the user is gone
                 existing = await ctx.db.fetchval(
                     "SELECT id::text FROM inapp_messages WHERE task_id = $1 AND project_id = $2",
                     message.task_id, message.project_id,
                 )
+                if existing is None:
+                    return SendResult(Outcome.INVALID_RECIPIENT,
+                                      detail="no user: erased after the task was queued; "
+                                             "not sent", removed=True)
+                # The stored message stands, announced already.
                 return SendResult(Outcome.SENT, existing, "already stored")
         except (asyncpg.PostgresError, OSError) as exc:
             return SendResult(Outcome.RETRY, detail=f"could not store the message: {exc}")

@@ -28,6 +28,7 @@ from notifkit.services.events import EventsService
 from notifkit.services.scheduler import SchedulerService
 from notifkit.streams import ensure_group, xadd
 from notifkit.transports.base import Message, Outcome, SendResult
+from notifkit.transports.inapp import InAppTransport
 from notifkit.transports.smtp import SmtpTransport
 from notifkit.transports.webhook import SIGNATURE_HEADER, verify
 from notifkit.worker import batch_stream
@@ -393,6 +394,43 @@ async def test_a_scheduled_send_to_a_user_or_contact_erased_meanwhile_is_not_sen
     assert erased == {c: ("skipped", "skipped") for c in ("email", "sms", "push", "inapp")}
     assert ("sent", "sent") in {(r["kind"], r["status"]) for r in rows
                                 if r["user_id"] == "kept" and r["channel"] == "push"}
+    assert await entries(redis, keys.dlq) == []
+
+
+class ErasingInApp(InAppTransport):
+    """The in-app transport, with the user erased (as DELETE /v1/users/{id} does, inbox
+    included) after delivery checked that they exist and before the message is stored."""
+
+    async def send(self, message: Message) -> SendResult:
+        assert self._ctx is not None
+        assert self._ctx.db is not None
+        async with self._ctx.db.acquire() as conn, conn.transaction():
+            await conn.execute("DELETE FROM users WHERE project_id = $1 AND id = $2",
+                               message.project_id, message.user_id)
+            await conn.execute("DELETE FROM inapp_messages WHERE project_id = $1 "
+                               "AND user_id = $2", message.project_id, message.user_id)
+        return await super().send(message)
+
+
+async def test_an_in_app_message_for_a_user_erased_as_it_is_stored_is_not_kept(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sp_settings: Settings,
+) -> None:
+    # Given an in-app send whose user is erased between delivery's check and the insert
+    await add_user(db, project, "erased")
+    await add_template(db, project, "t", {"inapp": {"text": "Paid"}})
+    pipeline = (await services(EnricherService, sp_settings),
+                await services(EngineService, sp_settings),
+                await services(DeliveryService, sp_settings, transports=[ErasingInApp()]))
+
+    event_id = await send(redis, keys, db, project, "t", "erased", data={})
+    await drain(*pipeline)
+
+    # Then no message is left in an inbox a user created again under the id would read, and
+    # the task is skipped as one whose user was erased before delivery's check
+    assert await db.fetchval("SELECT count(*) FROM inapp_messages") == 0
+    rows = await timeline(db, event_id)
+    assert kinds(rows, "inapp") == [("queued", "processing", 0), ("skipped", "skipped", 1)]
     assert await entries(redis, keys.dlq) == []
 
 

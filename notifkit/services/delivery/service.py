@@ -392,7 +392,8 @@ class DeliveryService(WorkerService):
                 time.perf_counter() - started)
             metrics.DELIVERIES.labels(task["channel"], transport.provider,
                                       result.outcome.value).inc()
-            return Attempted(destination, result, possible_duplicate, raised=raised)
+            return Attempted(destination, result, possible_duplicate, raised=raised,
+                             removed=result.removed and not result.sent)
 
         return await _every(*(one(d) for d in task["to"]))
 
