@@ -293,6 +293,56 @@ async def test_an_inbox_stream_opening_as_its_key_is_revoked_is_not_left_open(
     assert reply.status == 401, reply.body
 
 
+async def test_an_inbox_stream_opening_as_its_user_is_erased_is_not_left_open(
+    api: Api, project: Project, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    await api.call("PUT", "/v1/users/u1", key=project.full, json={})
+    minted = await api.call("POST", "/v1/users/u1/inbox/token", key=project.full)
+    assert minted.status == 201, minted.body
+    hub = api.client.app[HUB]
+
+    # Given a stream opened with the user's token, held after the user was found and before
+    # it starts listening
+    checked = asyncio.Event()
+    go_on = asyncio.Event()
+    real_require_user = inbox_routes._require_user
+
+    async def held_require_user(*args: Any) -> int:
+        created: int = await real_require_user(*args)
+        if not checked.is_set():
+            checked.set()
+            await go_on.wait()
+        return created
+
+    monkeypatch.setattr(inbox_routes, "_require_user", held_require_user)
+    opening = asyncio.create_task(api.client.get("/v1/users/u1/inbox/stream",
+                                                 params={"token": minted.body["token"]}))
+    await checked.wait()
+
+    # When the user is erased, and the process has heard the erasure end the user's streams,
+    # before the stream listens
+    heard = asyncio.Event()
+    real_handle = hub._handle
+
+    def handle(message: dict[str, Any]) -> None:
+        real_handle(message)
+        if message.get("type") == "pmessage" and message.get("data") in (b"", ""):
+            heard.set()
+
+    monkeypatch.setattr(hub, "_handle", handle)
+    assert (await api.call("DELETE", "/v1/users/u1", key=project.full)).status == 204
+    await heard.wait()
+    go_on.set()
+
+    # Then the stream is refused as one for an unknown user, not left open for good (it would
+    # go on with the messages of a user created again under the id)
+    response = await opening
+    try:
+        assert response.status == 404
+    finally:
+        response.close()
+
+
 async def test_a_contact_added_as_the_same_address_is_removed_is_added(
     api: Api, project: Project, other: asyncpg.Connection,
 ) -> None:

@@ -220,6 +220,10 @@ async def inbox_stream(request: web.Request) -> web.StreamResponse:
         if key_id is not None and not await pool.fetchval(
                 "SELECT 1 FROM project_api_keys WHERE id = $1 AND revoked_at IS NULL", key_id):
             raise unauthorized("invalid_api_key", "The API key is unknown or has been revoked.")
+        # Likewise an erasure of the user heard in between ended no stream of this one: the
+        # user is looked up again now that an erasure committed later will end it (a token's
+        # user created again meanwhile is another user, refused as at the first look).
+        await _require_user(request, project, user_id)
         missed = [] if resume_after is None else await _stored_after(
             pool, project, user_id, resume_after)
         await response.prepare(request)
