@@ -510,6 +510,20 @@ def test_fcm_invalid_argument_disables_a_token_only_when_it_is_about_the_token(
     assert fcm_classify(reply).outcome is expected
 
 
+@pytest.mark.parametrize("status", [429, 403, 500])
+def test_fcm_quota_exceeded_is_rate_limited_whatever_the_http_status(status: int) -> None:
+    """FCM's own error code says what went wrong, as UNREGISTERED does: a quota answer is
+    waited out (honouring its Retry-After) and tried again, never failed for good nor retried
+    at once, even under a status a gateway in between rewrote."""
+    body = {"error": {"code": status, "message": "Quota exceeded for quota metric",
+                      "status": "RESOURCE_EXHAUSTED",
+                      "details": [{"@type": "type.googleapis.com/google.firebase.fcm.v1.FcmError",
+                                   "errorCode": "QUOTA_EXCEEDED"}]}}
+    result = fcm_classify(HttpReply(status, {"Retry-After": "30"}, json.dumps(body).encode()))
+    assert (result.outcome, result.retry_after_s, result.status) == (
+        Outcome.RATE_LIMITED, 30.0, status)
+
+
 @pytest.mark.parametrize(("field", "text", "expected"), [
     ("personalizations.0.to.0.email", "Does not contain a valid address.",
      Outcome.INVALID_RECIPIENT),
