@@ -8,6 +8,7 @@ echoes in its event webhooks, and in the ``X-Notifkit-Task-Id`` header.
 from __future__ import annotations
 
 import dataclasses
+from email.utils import parseaddr
 from typing import Any
 
 from notifkit.transports.base import (
@@ -83,8 +84,9 @@ def classify(reply: HttpReply) -> SendResult:
 
 
 def _split_address(value: str) -> tuple[str, str]:
-    """``"Name <a@b>"`` -> ("Name", "a@b"); a bare address has no name."""
-    if "<" in value and value.rstrip().endswith(">"):
-        name, _, rest = value.partition("<")
-        return name.strip().strip('"'), rest.rstrip().rstrip(">").strip()
-    return "", value.strip()
+    """``"Name <a@b>"`` -> ("Name", "a@b"); a bare address has no name.
+
+    Read by RFC 5322, as EMAIL_FROM is checked: a quoted name may hold ``<`` and escaped
+    quotes. Cut at its first ``<``, ``"Ops <team>" <a@b>`` gave an address SendGrid refused
+    on every send, and a name's escaped quote kept its backslash in the recipient's inbox."""
+    return parseaddr(value)

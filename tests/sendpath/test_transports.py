@@ -660,6 +660,49 @@ async def test_sendgrid_leaves_out_empty_content_blocks(
     assert record["taskId"] == "t-empty"
 
 
+@pytest.mark.parametrize(("from_addr", "sender"), [
+    ("n@example.com", {"email": "n@example.com"}),
+    ("Acme <n@example.com>", {"email": "n@example.com", "name": "Acme"}),
+    ('"Doe, Jane" <n@example.com>', {"email": "n@example.com", "name": "Doe, Jane"}),
+    ('"Jane \\"JJ\\" Doe" <n@example.com>', {"email": "n@example.com", "name": 'Jane "JJ" Doe'}),
+    ('"Ops <team>" <n@example.com>', {"email": "n@example.com", "name": "Ops <team>"}),
+    ("n@example.com (Acme Ops)", {"email": "n@example.com", "name": "Acme Ops"}),
+])
+async def test_sendgrid_sends_the_from_name_and_address_as_the_header_means_them(
+    from_addr: str, sender: dict[str, str]
+) -> None:
+    """EMAIL_FROM is a From header's value; SendGrid takes its name and address apart. A
+    quoted name holding '<' was cut there into an address SendGrid refused on every send,
+    and an escaped quote kept its backslash in the name every recipient saw."""
+    received: list[Any] = []
+    routes = web.RouteTableDef()
+
+    @routes.post("/v3/mail/send")
+    async def mail_send(request: web.Request) -> web.Response:
+        received.append(await request.json())
+        return web.Response(status=202, headers={"X-Message-Id": "m-1"})
+
+    app = web.Application()
+    app.add_routes(routes)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    transport = SendgridTransport(api_key="SG.test", from_addr=from_addr,
+                                  base_url=f"http://127.0.0.1:{runner.addresses[0][1]}")
+    transport.check_arguments()  # EMAIL_FROM's own check takes each of them
+    await transport.open(None)  # type: ignore[arg-type]
+    try:
+        result = await transport.send(Message(
+            task_id="t-from", event_id="e", project_id="p", user_id="u", channel="email",
+            to="ada@example.com", content={"subject": "s", "text": "t"}))
+    finally:
+        await transport.close()
+        await runner.cleanup()
+    assert result.outcome is Outcome.SENT, result.detail
+    [body] = received
+    assert body["from"] == sender
+
+
 async def test_an_email_with_a_subject_alone_is_sent_by_every_email_transport(
     sim: SimulatorServer, settings: Settings, redis: Redis
 ) -> None:
