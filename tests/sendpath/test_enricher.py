@@ -275,6 +275,57 @@ async def test_pages_are_bounded_by_the_bytes_of_the_users_profiles_too(
         ("ghost", "skipped"), (None, "fanout"), (None, "fanned_out")]
 
 
+@pytest.mark.parametrize("to", [{"segment": "beta"}, ["m3", "m1", "m2"]],
+                         ids=["segment", "list"])
+async def test_a_last_page_exactly_full_ends_the_fan_out(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    to: dict[str, str] | list[str],
+) -> None:
+    """A page says more follow only when a recipient past it exists: a continuation after
+    the last recipient would be one more entry and page mark for nothing, and the
+    notification's timeline would say 'more follow' of a page that holds no one."""
+    # Given three users, and an enricher whose pages hold one recipient each
+    await _segment_of(db, project, 3, digits=1)
+    enricher = await services(EnricherService, bytes_per_batch=1)
+
+    # When a notification to the three is enriched
+    event_id = await send(redis, keys, db, project, "t", to)
+    await enricher.run_until_idle()
+
+    # Then it took three pages, the last one full and without a continuation
+    users = [m["user"]["id"] for m in await entries(redis, keys.enriched("normal"))]
+    assert users == ["m1", "m2", "m3"]
+    pages = [m.get("segmentAfter") for m in await entries(redis, keys.inbound("normal"))]
+    assert pages == [None, "m1", "m2"]
+    assert [(r["kind"], r["detail"]) for r in await timeline(db, event_id)] == [
+        ("fanout", "recipients are enriched in pages; more follow"),
+        ("fanned_out", "every recipient enriched")]
+
+
+async def test_a_continuation_whose_members_left_the_segment_ends_it_without_a_skip(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+) -> None:
+    """A continuation page may find no one (the rest of the segment's members were removed
+    meanwhile): the notification already went to its first page's members, so that is the
+    end of its fan-out, not a segment without members skipped as a whole."""
+    # Given a segment of two, paged one member at a time, whose first page is enriched
+    await _segment_of(db, project, 2, digits=1)
+    enricher = await services(EnricherService, bytes_per_batch=1)
+    event_id = await send(redis, keys, db, project, "t", {"segment": "beta"})
+    await enricher.worker.run_until_idle(reclaim=False, max_rounds=1)
+    assert [m["user"]["id"] for m in await entries(redis, keys.enriched("normal"))] == ["m1"]
+
+    # When the other member leaves the segment before the continuation is read
+    await db.execute("DELETE FROM user_segments WHERE project_id = $1 AND user_id = 'm2'",
+                     project)
+    await enricher.run_until_idle()
+
+    # Then the fan-out ends with no one more, and nothing on the timeline says skipped
+    assert [m["user"]["id"] for m in await entries(redis, keys.enriched("normal"))] == ["m1"]
+    assert [(r["kind"], r["status"]) for r in await timeline(db, event_id)] == [
+        ("fanout", "processing"), ("fanned_out", "processing")]
+
+
 async def test_pages_of_two_notifications_whose_keys_and_cursors_hold_colons_both_go_on(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory
 ) -> None:
