@@ -627,9 +627,11 @@ def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             if isinstance(precision, int) and abs(precision) > MAX_POWER_EXPONENT:
                 raise SecurityError(f"round's precision may be at most {MAX_POWER_EXPONENT}")
         elif name == "tojson":
-            # (eval_ctx, value, indent): the indent is repeated on every line of the output.
+            # (eval_ctx, value, indent): the indent is repeated on every line of the output,
+            # as that many spaces or as the string given (json.dumps takes both).
             indent = kwargs.get("indent", args[2] if len(args) > 2 else None)
-            if isinstance(indent, int) and indent > MAX_JSON_INDENT:
+            width = len(indent) if isinstance(indent, str) else indent
+            if isinstance(width, int) and width > MAX_JSON_INDENT:
                 raise SecurityError(f"tojson's indent may be at most {MAX_JSON_INDENT}")
         elif name == "join" and len(args) >= 2 and isinstance(args[1], Iterable):
             items = list(args[1])

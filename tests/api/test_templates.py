@@ -170,6 +170,11 @@ def test_the_sandbox_refuses_escapes_mutation_and_huge_output(source: str) -> No
     # 300 lines, each indented by 10^8 spaces: 30 GB, built in one json.dumps call.
     ("{{ data.xs[:300]|tojson(indent=100000000) }}", "indent may be at most"),
     ("{{ data.xs[:300]|tojson(100000000) }}", "indent may be at most"),
+    # json.dumps repeats a string indent as it is: 1,000 lines of 900 kB, 0.9 GB, took 5 s
+    # in one call before the size check saw the result.
+    ("{{ data.xs|tojson(indent='x' * 900000) }}", "indent may be at most"),
+    ("{{ data.xs[:3]|tojson(indent=' ' * 17) }}", "indent may be at most"),
+    ("{{ data.xs[:3]|tojson(indent=17) }}", "indent may be at most"),
 ])
 def test_rendering_is_bounded_in_time_and_memory(source: str, why: str) -> None:
     with pytest.raises(RenderError) as caught:
@@ -354,6 +359,8 @@ def test_the_bounds_leave_ordinary_templates_alone() -> None:
     assert len(render_string("{{ lipsum(2, html=False) }}", context).split()) >= 40
     assert render_string("{{ data.tree|tojson(indent=2) }} {{ 7|tojson }}", context) \
         .startswith('[\n  {\n    "c": [')
+    assert render_string("{{ [1]|tojson(indent=16) }}{{ [2]|tojson(indent='\t' * 16) }}",
+                         context) == "[\n" + " " * 16 + "1\n][\n" + "\t" * 16 + "2\n]"
     assert render_string("{% for n in data.tree recursive %}{{ n.v }}{% if n.c %}"
                          "({{ loop(n.c) }}){% endif %}{% endfor %}", context) == "1(2)"
 
