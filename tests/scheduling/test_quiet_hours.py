@@ -142,6 +142,31 @@ def test_rows_from_the_database_and_unknown_zones() -> None:
         QuietHours.parse({"start": "25:00", "end": "07:00"})
 
 
+@pytest.mark.parametrize("name", ["../etc/localtime", "/UTC", "Europe/../UTC", "Europe/Berlin\x00"])
+def test_a_zone_name_zoneinfo_refuses_as_a_path_is_read_as_utc(name: str) -> None:
+    # ZoneInfo raises ValueError, not ZoneInfoNotFoundError, for a name shaped like a path:
+    # the user's stored timezone must not fail every send of theirs on it.
+    assert zone(name).key == "UTC"
+    assert deferral(QuietHours(time(22, 0), time(7, 0)), name, utc(2026, 6, 1, 23)) \
+        == utc(2026, 6, 2, 7)
+
+
+@pytest.mark.parametrize("spelling", ["22", "22:00:00:00", "\uff12\uff12:00", "22:0\u00b2"])
+def test_a_quiet_hours_time_is_hh_mm_or_hh_mm_ss_in_ascii_digits(spelling: str) -> None:
+    # Two or three fields, each of ASCII digits: int() reads other scripts' digits, and a
+    # fourth field was dropped unread ("22:00:00:99" read as 22:00).
+    with pytest.raises(ValueError, match="must be HH:MM or HH:MM:SS"):
+        QuietHours.parse({"start": spelling, "end": "07:00"})
+
+
+def test_a_time_with_microseconds_is_read_to_the_second_as_it_is_shown() -> None:
+    # A period is shown (and compared) to the second; a stored time carrying microseconds
+    # would start half a second later than the time the timeline names.
+    quiet = QuietHours.parse({"start": time(22, 0, 0, 500_000), "end": time(7, 0, 0, 1)})
+    assert quiet == QuietHours(time(22, 0), time(7, 0))
+    assert is_quiet(quiet, None, utc(2026, 6, 1, 22, 0) + timedelta(microseconds=200_000))
+
+
 def test_a_send_due_on_the_calendars_last_day_is_deferred_not_crashed_on() -> None:
     """The API takes any sendAt up to 9999-12-31T23:59:59.999Z. A period that ends, or a
     local date that lies, past the last day datetime can show waits until the calendar's
