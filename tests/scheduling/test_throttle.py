@@ -131,7 +131,8 @@ async def test_a_full_window_refuses_until_the_oldest_send_leaves_it(
     keys = Keys(namespace)
     t0 = 1_780_000_000_000
     rule = ThrottleRule(limit=2, window_s=60)
-    assert await check(redis, keys, "p", "u", rule, t0, "task-1")
+    first = await check(redis, keys, "p", "u", rule, t0, "task-1")
+    assert (first.allowed, first.count, first.retry_at_ms) == (True, 1, None)
     assert await check(redis, keys, "p", "u", rule, t0 + 1_000, "task-2")
     refused = await check(redis, keys, "p", "u", rule, t0 + 2_000, "task-3")
     assert not refused.allowed
@@ -164,6 +165,20 @@ async def test_sends_exactly_one_window_apart_never_share_a_window(
     assert not await check(redis, keys, "p", "u", rule, now, "inside", at_ms=at + hour - 1)
 
 
+async def test_an_overdue_send_counts_when_it_goes_out_now(
+    redis: Redis, namespace: str
+) -> None:
+    """A send whose due time passed while it waited (a backlog, a scheduler catching up)
+    goes out now, so it counts now: recorded at its old due time, more than a window ago, it
+    was trimmed at once and the next send went out beside it over the limit."""
+    keys = Keys(namespace)
+    now = 1_780_000_000_000
+    rule = ThrottleRule(limit=1, window_s=60)
+    assert await check(redis, keys, "p", "u", rule, now, "overdue", at_ms=now - 120_000)
+    second = await check(redis, keys, "p", "u", rule, now + 1_000, "next")
+    assert (second.allowed, second.count, second.retry_at_ms) == (False, 1, now + 60_000)
+
+
 async def test_limit_zero_is_off_and_touches_nothing(redis: Redis, namespace: str) -> None:
     keys = Keys(namespace)
     for _ in range(5):
@@ -184,3 +199,9 @@ def test_project_settings_override_the_deployment_default() -> None:
         10, 3600
     )
     assert not rule_for(None, Settings()).enabled  # THROTTLE_LIMIT defaults to 0: off
+    # A JSON true is no count, and a window of 0 s would turn the project's throttle off:
+    # each falls back to the deployment's value
+    assert rule_for({"throttle": {"limit": True, "windowSeconds": True}}, defaults) \
+        == ThrottleRule(10, 3600)
+    assert rule_for({"throttle": {"limit": 3, "windowSeconds": 0}}, defaults) \
+        == ThrottleRule(3, 3600)
