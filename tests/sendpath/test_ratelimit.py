@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 
+import pytest
 from redis.asyncio import Redis
 
 from notifkit.keys import Keys
@@ -125,3 +127,61 @@ async def test_a_crowd_waiting_for_tokens_asks_about_twice_each(
     # ... twenty at once and twenty waiting, each of which asked twice (refused, then taken
     # at its turn), where waking all waiting at each next token made them ask 250 times.
     assert asked <= 2 * 40, asked
+
+
+async def test_an_idle_bucket_refills_to_its_burst_and_no_further(
+    redis: Redis, keys: Keys
+) -> None:
+    # Given a bucket of 2 at 1 a second, left alone for a minute (its last take moved back,
+    # on the Redis server's clock the script reads)
+    bucket = Bucket(keys.api_rate("p-idle"), rate_per_s=1.0, burst=2.0)
+    buckets = TokenBuckets(redis)
+    assert await buckets.take([bucket]) == 0.0
+    seconds, micros = await redis.time()
+    await redis.hset(bucket.key, mapping={"ts": seconds * 1000 + micros // 1000 - 60_000})
+
+    # Then it holds its burst, not the 60 tokens a minute at its rate would make
+    assert await buckets.take([bucket]) == 0.0
+    assert await buckets.take([bucket]) == 0.0
+    assert await buckets.take([bucket]) > 0.0
+
+
+@pytest.mark.parametrize("rate", [0.0, -1.0, math.inf, math.nan])
+async def test_a_bucket_without_a_finite_positive_rate_limits_nothing(
+    redis: Redis, keys: Keys, rate: float
+) -> None:
+    # Such a bucket limits nothing and is never sent to Redis: a rate of 0 made every wait
+    # ten years, and Lua reads no infinity or NaN.
+    bucket = Bucket(keys.api_rate("p-unlimited"), rate_per_s=rate, burst=1.0)
+    buckets = TokenBuckets(redis)
+    for _ in range(3):
+        assert await buckets.take([bucket]) == 0.0
+    assert await buckets.take_many([[bucket], [bucket]]) == [0.0, 0.0]
+    assert await redis.exists(bucket.key) == 0
+
+
+@pytest.mark.parametrize(("answers", "outcome", "waits"), [
+    # A bucket another process keeps draining answers a short wait again and again: the
+    # send is parked once the waits add up past max_wait_s, not held by its worker for ever.
+    ([0.1, 0.1, 0.1, 0.0], 0.1, [0.1, 0.1]),
+    # Waits adding up to exactly max_wait_s are within it (binary fractions: no rounding).
+    ([0.125, 0.125, 0.0], 0.0, [0.125, 0.125]),
+])
+async def test_take_soon_waits_in_process_no_longer_than_it_is_given(
+    redis: Redis, monkeypatch: pytest.MonkeyPatch,
+    answers: list[float], outcome: float, waits: list[float],
+) -> None:
+    replies = iter(answers)
+    slept: list[float] = []
+
+    async def take(_buckets: object, cost: float = 1.0, queue: bool = False) -> float:
+        return next(replies)
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    buckets = TokenBuckets(redis)
+    monkeypatch.setattr(buckets, "take", take)
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    assert await buckets.take_soon([], max_wait_s=0.25) == outcome
+    assert slept == waits
