@@ -25,11 +25,11 @@ from notifkit.ids import uuid7
 from notifkit.keys import Keys
 from notifkit.messages import InboundMessage
 from notifkit.ratelimit import TokenBuckets
-from notifkit.reconcile import Pass, Reconciler
+from notifkit.reconcile import Pass, Reconciler, id_ms
 from notifkit.services.api.admission import Admission
 from notifkit.services.engine import EngineService
 from notifkit.services.enricher import EnricherService
-from notifkit.streams import xadd
+from notifkit.streams import encode, xadd
 
 from .helpers import SchedulerFactory
 from .pipeline import EMAIL, add_template, add_user, drain, timeline
@@ -292,3 +292,68 @@ async def test_a_pass_cut_off_by_a_stalled_postgresql_names_the_timeout(
     warning = next(r.getMessage() for r in caplog.records
                    if "reconciliation pass failed" in r.getMessage())
     assert "failed (TimeoutError)" in warning
+
+
+async def test_a_notification_inside_its_grace_period_is_settled_by_a_later_pass(
+    settings: Settings, redis: Redis, db: asyncpg.Pool,
+) -> None:
+    """Passes read up to the grace horizon and no further: a slice read past it finds a
+    young orphan too young to settle, and the cursor moving on past it never came back."""
+    # Given an orphan whose id is 290 s old, created (by PostgreSQL's clock) just now
+    grace = settings.replace(reconcile_grace_s=300.0)
+    project = await _project(db, "a")
+    now = _now_ms()
+    message = _message(project)
+    message["eventId"] = orphan = uuid7(now - 290_000)
+    results: list[BaseException | None] = [None]
+    await Api(settings, redis, db).admission._insert([message], results)
+    assert results == [None]
+    reconciler = _reconciler(grace, redis, db)
+
+    # When passes run while it is inside its grace period (a first pass, then another 5 s
+    # later, whose horizon moved less than a slice)
+    for at in (now, now + 5_000):
+        done = await reconciler.run_once(now_ms=at)
+        assert (done.failed, done.in_stream, done.undecided) == ([], [], [])
+    # And a pass once it is past it
+    await db.execute("UPDATE notifications SET created_at = created_at - $2::interval "
+                     "WHERE id = $1", orphan, AGE)
+    done = await reconciler.run_once(now_ms=now + 20_000)
+
+    # Then that pass settles it
+    assert done.failed == [orphan]
+
+
+async def test_an_entry_stamped_by_a_redis_clock_behind_the_apis_is_found(
+    settings: Settings, redis: Redis, db: asyncpg.Pool,
+) -> None:
+    """Event ids carry the API host's clock, stream ids Redis's: an entry XADDed when
+    Redis's clock read 30 s behind the API's is still the notification's entry, not proof
+    that it was never enqueued."""
+    project = await _project(db, "a")
+    api = Api(settings, redis, db)
+    message = _message(project)
+    event_id = await api.crash_before_xadd(message)
+    await redis.xadd(Keys(settings.namespace).inbound("normal"),
+                     encode(dict(message)), id=f"{id_ms(event_id) - 30_000}-0")
+
+    done = await _reconciler(settings, redis, db).run_once()
+
+    assert (done.failed, done.in_stream, done.undecided) == ([], [event_id], [])
+    assert await _kinds(db, event_id) == [("accepted", "accepted", "")]
+
+
+async def test_a_pass_stops_as_soon_as_its_scheduler_is_no_longer_the_leader(
+    settings: Settings, redis: Redis, db: asyncpg.Pool,
+) -> None:
+    # Given an orphan, and a scheduler that lost the poll lock before its pass began
+    orphan = await Api(settings, redis, db).crash_before_xadd(_message(await _project(db, "a")))
+    keys = Keys(settings.namespace)
+
+    # Then the pass settles nothing and leaves the cursor where it was, for the new leader
+    done = await _reconciler(settings, redis, db).run_once(still_leader=lambda: False)
+    assert (done.failed, done.in_stream, done.undecided) == ([], [], [])
+    assert await redis.get(keys.reconcile_cursor) is None
+    assert await _kinds(db, orphan) == [("accepted", "accepted", "")]
+    # And the next leader's pass settles it
+    assert (await _reconciler(settings, redis, db).run_once()).failed == [orphan]
