@@ -14,6 +14,7 @@ import pytest
 from redis.asyncio import Redis
 
 from notifkit.clock import to_ms
+from notifkit.config import Settings
 from notifkit.db import scheduled as scheduled_db
 from notifkit.keys import Keys, shard_of
 from notifkit.services import scheduler as scheduler_module
@@ -119,6 +120,8 @@ async def test_malformed_tasks_and_deleted_projects_are_acked_and_dropped(
     await schedule(T0_MS, project="not-a-uuid")
     await scheduler.run_until_idle()
     assert await outbound() == []
+    # (a task for a stream tasks do not return to is never scheduled, so never moved there)
+    assert await redis.xlen(keys.dlq) == 0
     summary = await redis.xpending(keys.scheduled, keys.group("scheduler"))
     assert summary["pending"] == 0
     # Each one acked unread is reported with its stream and entry
@@ -467,3 +470,68 @@ class TaskRecords(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if asyncio.current_task() is self.task:
             self.messages.append(record.getMessage())
+
+
+async def test_the_last_copy_of_a_task_in_one_read_batch_wins(
+    make_scheduler: SchedulerFactory, schedule: Schedule, outbound: Sent, clock: FakeClock,
+    db: asyncpg.Pool,
+) -> None:
+    # Given a task scheduled twice before the scheduler reads either (parked again, later)
+    scheduler = make_scheduler()
+    await schedule(T0_MS + 1_000, task_id="task-000c", note="first")
+    await schedule(T0_MS + 5_000, task_id="task-000c", note="second")
+    # When both are read in one batch
+    await scheduler.ingest_until_idle()
+    # Then the task waits as the second says
+    assert await pending_rows(db) == {"task-000c": T0_MS + 5_000}
+    clock.now_ms = T0_MS + 5_000
+    assert await scheduler.run_until_idle() == 1
+    assert [p.get("note") for p in await outbound()] == ["second"]
+
+
+async def test_a_cancel_takes_no_task_of_another_project(
+    make_scheduler: SchedulerFactory, schedule: Schedule, redis: Redis, keys: Keys,
+) -> None:
+    # Given a project's task waiting in its shard
+    scheduler = make_scheduler()
+    task = await schedule(T0_MS + 60_000)
+    await scheduler.ingest_until_idle()
+    # When another project's cancel names its id
+    taken = await scheduler_module.cancel_waiting(redis, keys, str(uuid.uuid4()),
+                                                  [task["taskId"]])
+    # Then it is not taken: it waits on
+    assert taken == set()
+    assert await scheduler_module.waiting_tasks(redis, keys, [task["taskId"]]) \
+        == {task["taskId"]}
+
+
+async def test_a_rebuild_adds_a_task_moved_before_at_another_due_time(
+    make_scheduler: SchedulerFactory, schedule: Schedule, redis: Redis, keys: Keys,
+    db: asyncpg.Pool, clock: FakeClock,
+) -> None:
+    """A task moved (its moved-set member still there) and parked again for later waits
+    under its new due time: only a member of that same due time says it already left."""
+    scheduler = make_scheduler()
+    task = await schedule(T0_MS + 30_000, task_id="task-000d")
+    await scheduler.ingest_until_idle()
+    shard = shard_of(task["taskId"])
+    member = scheduler_module.moved_member(task["projectId"], task["taskId"])
+    await redis.zadd(keys.scheduled_moved(shard), {member: T0_MS})
+    await redis.zrem(keys.scheduled_shard(shard), task["taskId"])
+    rows = await scheduled_db.by_task_ids(db, [task["taskId"]])
+
+    assert await scheduler.add_rows(rows) == 1
+    assert await redis.zscore(keys.scheduled_shard(shard), task["taskId"]) == T0_MS + 30_000
+    # And a member of the same due time does say so
+    await redis.zrem(keys.scheduled_shard(shard), task["taskId"])
+    await redis.zadd(keys.scheduled_moved(shard), {member: T0_MS + 30_000})
+    assert await scheduler.add_rows(rows) == 0
+
+
+def test_reconciliation_runs_at_least_once_a_minute(make_scheduler: SchedulerFactory,
+                                                    settings: Settings) -> None:
+    # A quarter of the grace period, but never less often than once a minute
+    assert make_scheduler(settings=settings.replace(reconcile_grace_s=8.0)) \
+        .reconcile_interval_s == 2.0
+    assert make_scheduler(settings=settings.replace(reconcile_grace_s=3600.0)) \
+        .reconcile_interval_s == 60.0
