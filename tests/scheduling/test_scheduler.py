@@ -113,7 +113,9 @@ async def test_malformed_tasks_and_deleted_projects_are_acked_and_dropped(
     scheduler = make_scheduler()
     await xadd(redis, keys.scheduled, {"taskId": "t-1", "dueAt": "soon"}, maxlen=1000)
     await schedule(T0_MS, stream=keys.dlq)  # not a stream tasks return to
-    bad_stream = {"taskId": "t-2", "projectId": project_id, "dueAt": T0_MS, "stream": "elsewhere",
+    # (named in the test's namespace: a scheduler that did move it leaves nothing behind)
+    elsewhere = keys.outbound("normal").replace(":outbound:", ":elsewhere:")
+    bad_stream = {"taskId": "t-2", "projectId": project_id, "dueAt": T0_MS, "stream": elsewhere,
                   "payload": {}}
     await xadd(redis, keys.scheduled, bad_stream, maxlen=1000)
     await schedule(T0_MS, project=str(uuid.uuid4()))  # no such project
@@ -122,6 +124,7 @@ async def test_malformed_tasks_and_deleted_projects_are_acked_and_dropped(
     assert await outbound() == []
     # (a task for a stream tasks do not return to is never scheduled, so never moved there)
     assert await redis.xlen(keys.dlq) == 0
+    assert await redis.exists(elsewhere) == 0
     summary = await redis.xpending(keys.scheduled, keys.group("scheduler"))
     assert summary["pending"] == 0
     # Each one acked unread is reported with its stream and entry
