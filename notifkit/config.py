@@ -22,6 +22,8 @@ from email.utils import parseaddr
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote, unquote_plus, urlsplit
 
+from notifkit.text import is_utf8
+
 if TYPE_CHECKING:
     from notifkit.transports.fcm import ServiceAccount
 
@@ -471,7 +473,7 @@ def _get(env: Mapping[str, str], name: str) -> str | None:
     if value is None:
         return None
     value = value.strip()
-    if name not in _BYTES_ALLOWED and not _is_utf8(value):
+    if name not in _BYTES_ALLOWED and not is_utf8(value):
         # Python keeps bytes that are no UTF-8 as lone surrogates, which every later
         # .encode() refuses: NOTIFKIT_SECRET or TWILIO_AUTH_TOKEN failed each signing or send
         # that used them, long after a start that said nothing. The value is not shown: it
@@ -485,14 +487,6 @@ def _is_ipv6_address(host: str) -> bool:
     try:
         ipaddress.IPv6Address(host)
     except ValueError:
-        return False
-    return True
-
-
-def _is_utf8(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
         return False
     return True
 
@@ -1230,12 +1224,12 @@ def _validate(s: Settings) -> None:
     for variable, text in (("NOTIFKIT_SECRET", s.secret), ("TWILIO_AUTH_TOKEN", s.sms.auth_token),
                            ("TWILIO_AUTH_TOKEN", s.webhooks.twilio_auth_token),
                            ("TWILIO_FROM", s.sms.from_number)):
-        if isinstance(text, str) and not _is_utf8(text):
+        if isinstance(text, str) and not is_utf8(text):
             raise ConfigError(variable, "holds characters that cannot be UTF-8 encoded "
                               "(lone surrogates)")
     if s.admin_key is not None and len(s.admin_key) < 16:
         raise ConfigError("NOTIFKIT_ADMIN_KEY", "must be at least 16 characters")
-    if s.admin_key is not None and _is_utf8(s.admin_key) and len(
+    if s.admin_key is not None and is_utf8(s.admin_key) and len(
             s.admin_key.encode()) > ADMIN_KEY_MAX_BYTES:
         raise ConfigError("NOTIFKIT_ADMIN_KEY", f"must be at most {ADMIN_KEY_MAX_BYTES:,} "
                           "bytes (in UTF-8), which an Authorization header can carry")

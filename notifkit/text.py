@@ -16,6 +16,16 @@ CONTROL_CHARS_MESSAGE = "must not contain control characters"
 _CONTROL = re.compile(f"[{CONTROL_CHARS}]")
 
 
+def is_utf8(value: str) -> bool:
+    """Whether ``value`` can be written as UTF-8: no lone surrogate (what Python keeps of bytes
+    that were no UTF-8 in an environment variable, or a JSON escape such as ``\ud800``)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def has_control_chars(value: str) -> bool:
     return _CONTROL.search(value) is not None
 

@@ -195,6 +195,25 @@ async def test_a_rejection_is_dead_lettered_after_exactly_one_request(
     assert ai.worker.stats.dead_lettered == 1
 
 
+async def sent_without_the_model(
+    ai: AiService, redis: Redis, keys: Keys, db: asyncpg.Pool, project_id: str, channel: str,
+    prompt: str = "About {{ data.missing.field }}.",
+) -> tuple[dict[str, Any], str]:
+    """Run a task whose prompt does not render for its data: the outbound task the ai service
+    writes without the model, and its generation_failed row's detail."""
+    await set_template_ai(db, project_id, prompt=prompt)
+    task = ai_task(project_id, channel=channel)
+    task["ai"]["prompt"] = prompt
+    await xadd(redis, keys.ai_pending, task, 10_000)
+    await ai.run_until_idle()
+    [out] = await stream(redis, keys.outbound("normal"))
+    assert out["taskId"] == task["taskId"]
+    detail: str = await db.fetchval(
+        "SELECT detail FROM message_logs WHERE task_id = $1 AND kind = 'generation_failed'",
+        task["taskId"])
+    return out, detail
+
+
 @pytest.mark.parametrize(("channel", "expected"), [
     # the template's own e-mail content renders: it goes out as written
     ("email", {"subject": "Paid: 12.00", "text": "fallback"}),
@@ -208,22 +227,14 @@ async def test_a_prompt_that_does_not_render_sends_the_templates_content_without
     """Like a template that fails to render in the engine, a prompt that fails for this
     recipient's data does not stop the send: the message goes out with the content a send
     without AI would carry, the timeline says why, and the model is not asked."""
-    prompt = "Tell {{ user.attributes.name }} about {{ data.missing.field }}."
-    await set_template_ai(db, project_id, prompt=prompt)
-    task = ai_task(project_id, channel=channel)
-    task["ai"]["prompt"] = prompt
-    await xadd(redis, keys.ai_pending, task, 10_000)
-    await ai.run_until_idle()
-    [out] = await stream(redis, keys.outbound("normal"))
-    assert out["taskId"] == task["taskId"]
+    out, detail = await sent_without_the_model(
+        ai, redis, keys, db, project_id, channel,
+        "Tell {{ user.attributes.name }} about {{ data.missing.field }}.")
     assert {k: out["content"][k] for k in expected} == expected
     assert "ai" not in out
     assert "context" not in out
     assert await stream(redis, keys.dlq) == []
     assert await requests_made(sim) == 0
-    detail = await db.fetchval(
-        "SELECT detail FROM message_logs WHERE task_id = $1 AND kind = 'generation_failed'",
-        task["taskId"])
     assert detail.startswith("the AI prompt does not render")
     assert ("template's content" if channel == "email" else "generic content") in detail
 
@@ -236,17 +247,8 @@ async def test_without_the_model_a_templates_text_too_long_for_sms_is_cut_to_fit
     await db.execute("UPDATE templates SET content = jsonb_set(content, '{sms}', $3::jsonb) "
                      "WHERE project_id = $1 AND id = $2", project_id, "paid",
                      {"text": "{{ data.amount }} " + "ok " * 600})
-    prompt = "About {{ data.missing.field }}."
-    await set_template_ai(db, project_id, prompt=prompt)
-    task = ai_task(project_id, channel="sms")
-    task["ai"]["prompt"] = prompt
-    await xadd(redis, keys.ai_pending, task, 10_000)
-    await ai.run_until_idle()
-    [out] = await stream(redis, keys.outbound("normal"))
+    out, detail = await sent_without_the_model(ai, redis, keys, db, project_id, "sms")
     assert out["content"] == {"text": ("12.00 " + "ok " * 600)[:1599].rstrip() + "…"}
-    detail = await db.fetchval(
-        "SELECT detail FROM message_logs WHERE task_id = $1 AND kind = 'generation_failed'",
-        task["taskId"])
     assert detail.endswith("the template's content sent instead; sms text cut to 1,600 "
                            "characters")
 
@@ -261,17 +263,8 @@ async def test_without_the_model_a_template_leaving_its_field_empty_sends_generi
     that content would go out empty (an SMS with no body is refused at the provider)."""
     await db.execute("UPDATE templates SET content = jsonb_set(content, '{email}', $3::jsonb) "
                      "WHERE project_id = $1 AND id = $2", project_id, "paid", email)
-    prompt = "About {{ data.missing.field }}."
-    await set_template_ai(db, project_id, prompt=prompt)
-    task = ai_task(project_id, channel="email")
-    task["ai"]["prompt"] = prompt
-    await xadd(redis, keys.ai_pending, task, 10_000)
-    await ai.run_until_idle()
-    [out] = await stream(redis, keys.outbound("normal"))
+    out, detail = await sent_without_the_model(ai, redis, keys, db, project_id, "email")
     assert out["content"]["text"].strip()
-    detail = await db.fetchval(
-        "SELECT detail FROM message_logs WHERE task_id = $1 AND kind = 'generation_failed'",
-        task["taskId"])
     assert "generic content" in detail
 
 

@@ -47,6 +47,7 @@ from notifkit.text import (
     CONTROL_CHARS_MESSAGE,
     has_control_chars,
     identifier_problem,
+    is_utf8,
 )
 
 MAX_JSON_DEPTH = 32
@@ -353,7 +354,7 @@ def check_storable(value: Any, path: str, problems: list[Detail], depth: int = 0
     if isinstance(value, str):
         if "\x00" in value:
             problems.append(detail(where, "must not contain NUL characters"))
-        elif not value.isascii() and not _utf8(value):
+        elif not value.isascii() and not is_utf8(value):
             problems.append(detail(where, "must be valid Unicode (no lone surrogates)"))
     elif isinstance(value, bool) or value is None:
         return 0
@@ -366,7 +367,7 @@ def check_storable(value: Any, path: str, problems: list[Detail], depth: int = 0
     elif isinstance(value, dict):
         keys = len(value)
         for key, item in value.items():
-            if "\x00" in key or not _utf8(key):
+            if "\x00" in key or not is_utf8(key):
                 problems.append(detail(where, "has a key with a NUL character or a lone "
                                               "surrogate"))
                 continue
@@ -382,12 +383,6 @@ def check_storable(value: Any, path: str, problems: list[Detail], depth: int = 0
     return 0
 
 
-def _utf8(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 # ---------------------------------------------------------------------------------------------
