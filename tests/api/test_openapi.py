@@ -77,6 +77,25 @@ def test_every_route_is_documented_and_every_documented_route_exists() -> None:
     assert len(ids) == len(set(ids))
 
 
+def test_an_inbox_route_that_takes_a_token_documents_it_as_a_credential() -> None:
+    """A user's browser calls the inbox routes with ?token= and no key: the document says a
+    key or the token will do there, and a key elsewhere."""
+    from notifkit.services.api.openapi import document
+
+    doc = document(operations())
+    assert doc["components"]["securitySchemes"]["inboxToken"] == {
+        "type": "apiKey", "in": "query", "name": "token",
+        "description": doc["components"]["securitySchemes"]["inboxToken"]["description"]}
+    either: list[dict[str, list[str]]] = [{"bearer": []}, {"inboxToken": []}]
+    by_token = {(method, path) for path, item in doc["paths"].items()
+                for method, op in item.items() if op["security"] == either}
+    assert by_token == {("get", "/v1/users/{userId}/inbox"),
+                        ("post", "/v1/users/{userId}/inbox/{messageId}/read"),
+                        ("get", "/v1/users/{userId}/inbox/stream")}
+    # Minting a token takes a key.
+    assert doc["paths"]["/v1/users/{userId}/inbox/token"]["post"]["security"] == [{"bearer": []}]
+
+
 def test_every_route_that_takes_a_project_header_documents_the_query_parameter_too() -> None:
     """The server reads the project from ``x-project-id`` or ``projectId`` on every such
     route (DLQ replay and the stream listing included), so the document says so."""

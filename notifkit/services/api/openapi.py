@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from notifkit import __version__
+from notifkit.inbox_token import QUERY_PARAM as INBOX_TOKEN
 from notifkit.services.api.routing import Operation, Param, Reply
 from notifkit.services.api.schemas import COMPONENTS, ID, UUID, ref
 
@@ -69,7 +70,13 @@ def document(operations: list[Operation]) -> dict[str, Any]:
         "paths": paths,
         "components": {
             "schemas": COMPONENTS,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                # An inbox route's other credential, for a user's browser or app.
+                "inboxToken": {"type": "apiKey", "in": "query", "name": INBOX_TOKEN,
+                               "description": "An inbox token (POST /v1/users/{userId}/"
+                                              "inbox/token): that one user's inbox routes."},
+            },
         },
     }
 
@@ -110,7 +117,7 @@ def _operation(op: Operation) -> dict[str, Any]:
         "tags": [op.tag],
         "parameters": params,
         "responses": _responses(op, bool(path_names), bool(query)),
-        "security": [] if op.access == "public" else [{"bearer": []}],
+        "security": _security(op),
     }
     if op.description:
         out["description"] = op.description
@@ -120,6 +127,15 @@ def _operation(op: Operation) -> dict[str, Any]:
             "content": {media: {"schema": op.body} for media in op.body_types},
         }
     return out
+
+
+def _security(op: Operation) -> list[dict[str, list[str]]]:
+    """Who may call it: no one in particular, a key, or (an inbox route) a key or a token."""
+    if op.access == "public":
+        return []
+    if any(p.name == INBOX_TOKEN for p in op.query):
+        return [{"bearer": []}, {"inboxToken": []}]
+    return [{"bearer": []}]
 
 
 def _responses(op: Operation, has_path: bool, has_query: bool) -> dict[str, Any]:
