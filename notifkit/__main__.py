@@ -31,7 +31,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from notifkit import __version__
-from notifkit.config import LOG_FORMATS, ConfigError, Settings, parse_services, port_given_as
+from notifkit.config import (
+    LOG_FORMATS,
+    ConfigError,
+    Settings,
+    parse_services,
+    port_given_as,
+    warn_of_risky_settings,
+)
 from notifkit.gc_tuning import tune_gc
 from notifkit.log import RepeatFilter, process_service_name, set_process_service, setup_logging
 
@@ -270,6 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     set_process_service(command if command != "serve"
                         else process_service_name(settings.services))
     warn_unknown_settings(os.environ)
+    if command == "serve":
+        warn_of_risky_settings(settings)
     try:
         _install_event_loop()
         if command == "migrate":

@@ -93,6 +93,9 @@ DEVELOPMENT_SECRET: Final = "notifkit-development-secret"
 # start, and every request sending it was refused as malformed. Common proxies stop at 8 KiB.
 ADMIN_KEY_MAX_BYTES: Final = 4096
 MAX_DURATION_S: Final = 10 * 365 * 24 * 3600
+# Below this RECLAIM_MIN_IDLE_SECONDS a worker keeps no entry it works on from going idle, so
+# every sweep (of any process) takes over what the others are working on.
+KEEP_ALIVE_MIN_RECLAIM_IDLE_S: Final = 0.03
 MAX_REDIS_INT: Final = 2**63 - 1
 MIN_PROVIDER_RATE: Final = 0.001
 # Upper bounds for sizes that are allocated or sent to Redis as counts: beyond them a value is a
@@ -1083,6 +1086,17 @@ def _check_types(s: Settings) -> None:
             raise ConfigError(name, f"must be a whole number, got {value!r}")
         if not least <= value <= most:
             raise ConfigError(name, f"must be from {least} to {most:,}, got {value}")
+
+
+def warn_of_risky_settings(s: Settings) -> None:
+    """Warnings, once per process, for settings that work but give up a guarantee."""
+    if s.reclaim_min_idle_s < KEEP_ALIVE_MIN_RECLAIM_IDLE_S:
+        # Taken, since tests and a lone process per service use it to retry at once.
+        log.warning("RECLAIM_MIN_IDLE_SECONDS is %g: every reclaim sweep takes over the "
+                    "entries other processes are still working on, so with more than one "
+                    "process per service a send may go out twice; keep it above the longest "
+                    "a batch takes (the default is 60).", s.reclaim_min_idle_s,
+                    extra={"setting": "RECLAIM_MIN_IDLE_SECONDS"})
 
 
 def _validate(s: Settings) -> None:

@@ -22,7 +22,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from notifkit import metrics
 from notifkit.clock import utc_now_iso
-from notifkit.config import Settings
+from notifkit.config import KEEP_ALIVE_MIN_RECLAIM_IDLE_S, Settings
 from notifkit.db import availability
 from notifkit.errors import MalformedPayload, NotifkitError, PermanentFailure
 from notifkit.keys import Keys
@@ -75,7 +75,7 @@ RECLAIM_AGAIN_S = 0.1
 # never returns) is taken over like a dead process's.
 KEEP_ALIVE_LIMIT = 10
 # Below this RECLAIM_MIN_IDLE_SECONDS nothing is kept alive (0 means "reclaim at once").
-KEEP_ALIVE_MIN_IDLE_S = 0.03
+KEEP_ALIVE_MIN_IDLE_S = KEEP_ALIVE_MIN_RECLAIM_IDLE_S
 # Beyond two reclaim cycles, how long an entry held for a lock wait may stay away before the
 # wait stops counting it (see Outage.forget_after_s).
 LOCK_WAIT_FORGET_S = 60.0

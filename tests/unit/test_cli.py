@@ -578,6 +578,8 @@ def test_dev_with_a_bad_argument_and_no_log_format_speaks_plain_text() -> None:
     ("serve", {"RESEND_API_KEY": "re_x", "SENDGRID_API_KEY": "SG.x"}, "EMAIL_TRANSPORT"),
     ("serve", {"SCHEDULER_POLL_INTERVAL_SECONDS": "60"}, "SCHEDULER_POLL_INTERVAL_SECONDS"),
     ("migrate", {"SCHEDULER_POLL_INTERVAL_SECONDS": "60"}, "SCHEDULER_POLL_INTERVAL_SECONDS"),
+    # Taken (tests and one process per service use it), but a fleet would send twice.
+    ("serve", {"RECLAIM_MIN_IDLE_SECONDS": "0"}, "RECLAIM_MIN_IDLE_SECONDS is 0"),
 ])
 def test_with_json_logs_a_warning_about_the_settings_is_one_json_record(
     command: str, env: dict[str, str], warned: str
@@ -588,6 +590,12 @@ def test_with_json_logs_a_warning_about_the_settings_is_one_json_record(
     records = [json.loads(line) for line in result.stderr.strip().splitlines()]
     warnings = [r for r in records if r["level"] == "warning" and warned in r["msg"]]
     assert len(warnings) == 1, result.stderr
+
+
+@pytest.mark.parametrize("idle", ["0.03", "60"])
+def test_a_reclaim_idle_time_that_keeps_entries_alive_draws_no_warning(idle: str) -> None:
+    result = run_cli("serve", env={"RECLAIM_MIN_IDLE_SECONDS": idle, "LOG_FORMAT": "json"})
+    assert "RECLAIM_MIN_IDLE_SECONDS is" not in result.stderr
 
 
 def test_with_json_logs_migrate_writes_only_json_records() -> None:
