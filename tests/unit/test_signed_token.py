@@ -57,7 +57,7 @@ def test_a_token_signed_with_the_secret_itself_is_no_inbox_token() -> None:
     assert verify_token(SECRET, both).user_id == "u1"
     with pytest.raises(InvalidInboxToken, match="bad signature"):
         verify_inbox_token(SECRET, both, 1_000)
-    inbox = make_inbox_token(SECRET, "p1", "u1", 2_000_000_000)
+    inbox = make_inbox_token(SECRET, "p1", "u1", 2_000_000_000, 1_700_000_000_000_000)
     with pytest.raises(InvalidToken, match="bad signature"):
         verify_token(SECRET, inbox)
 
@@ -68,6 +68,7 @@ def test_a_token_signed_with_the_secret_itself_is_no_inbox_token() -> None:
     {"p": "p1", "u": "u1", "exp": "2000000000"},
     {"p": "p1", "u": "u1", "exp": 2e9},
     {"p": "p1", "u": "u1"},
+    {"p": "p1", "u": "u1", "exp": 2_000_000_000, "c": "2024-01-01"},
 ])
 def test_inbox_claims_of_the_wrong_shape_are_incomplete(claims: dict[str, object]) -> None:
     token = seal(purpose_key(SECRET, b"notifkit inbox token"), claims)
@@ -77,10 +78,11 @@ def test_inbox_claims_of_the_wrong_shape_are_incomplete(claims: dict[str, object
 
 def test_an_inbox_token_past_its_length_limit_is_malformed() -> None:
     long_user = "u" * MAX_TOKEN_CHARS
-    token = make_inbox_token(SECRET, "p1", long_user, 2_000_000_000)
+    token = make_inbox_token(SECRET, "p1", long_user, 2_000_000_000, 1_700_000_000_000_000)
     with pytest.raises(InvalidInboxToken, match="malformed"):
         verify_inbox_token(SECRET, token, 1_000)
-    fits = make_inbox_token(SECRET, "p1", "u" * (MAX_TOKEN_CHARS // 2 - 100), 2_000_000_000)
+    fits = make_inbox_token(SECRET, "p1", "u" * (MAX_TOKEN_CHARS // 2 - 100), 2_000_000_000,
+                            1_700_000_000_000_000)
     assert len(fits) <= MAX_TOKEN_CHARS
     assert verify_inbox_token(SECRET, fits, 1_000).user_id == "u" * (MAX_TOKEN_CHARS // 2 - 100)
 
