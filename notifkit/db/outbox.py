@@ -177,6 +177,15 @@ async def settle_and_log(
                      *columns, *_settle_columns(rows))
 
 
+DISABLE_CONTACTS_SQL = (
+    "UPDATE user_contacts c SET enabled = false, disabled_reason = u.reason, "
+    "disabled_at = now() "
+    "FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) "
+    "AS u(project_id, channel, target, reason) "
+    "WHERE c.project_id = u.project_id AND c.channel = u.channel "
+    "AND c.target = u.target AND c.enabled")
+
+
 async def disable_contacts(
     db: Executor, contacts: Sequence[tuple[str, str, str, str]]
 ) -> None:
@@ -184,12 +193,7 @@ async def disable_contacts(
     if not contacts:
         return
     await db.execute(
-        "UPDATE user_contacts c SET enabled = false, disabled_reason = u.reason, "
-        "disabled_at = now() "
-        "FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) "
-        "AS u(project_id, channel, target, reason) "
-        "WHERE c.project_id = u.project_id AND c.channel = u.channel "
-        "AND c.target = u.target AND c.enabled",
+        DISABLE_CONTACTS_SQL,
         [c[0] for c in contacts], [c[1] for c in contacts], [c[2] for c in contacts],
         [c[3] for c in contacts],
     )

@@ -19,6 +19,14 @@ saturation PostgreSQL spent about 0.07 ms more CPU per notification (0.64 agains
 two interleaved runs each), with no loss of throughput beyond the noise; at moderate load, where
 batches are small, it is more (PostgreSQL used a seventh less CPU at 500/s offered with generic
 plans, measured only). A plan a hundred times slower costs more than that.
+
+The send path's own stages (enricher, engine, delivery) are the exception: their statements
+are key probes and batch writes whose plans do not depend on the values they are given, and
+at moderate load, where each batch is a notification or two, planning was 60 % of their
+PostgreSQL time (0.26 ms to plan delivery's outbox claim against 0.08 ms to run it). Their
+pools (``generic_plans=True``) run ``force_generic_plan`` and drop each prepared statement
+``GENERIC_PLAN_LIFETIME_S`` after preparing it, so a plan is at most that old: made for the
+tables as they are now, not as they were when the schema was new (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -35,9 +43,9 @@ from notifkit.codec import loads as json_loads
 from notifkit.config import DatabaseDsn, Settings, database_dsn
 from notifkit.db.priority_pool import PriorityPool
 
-__all__ = ["LOCK_WAIT_SHARE", "POOL_CLOSE_TIMEOUT_S", "QUERY_TIMEOUT_S", "DatabaseUnavailable",
-           "allow_lock_wait", "close_pool", "connect", "create_pool", "init_connection",
-           "lock_timeout_ms"]
+__all__ = ["GENERIC_PLAN_LIFETIME_S", "LOCK_WAIT_SHARE", "POOL_CLOSE_TIMEOUT_S",
+           "QUERY_TIMEOUT_S", "DatabaseUnavailable", "allow_lock_wait", "close_pool", "connect",
+           "create_pool", "init_connection", "lock_timeout_ms"]
 
 log = logging.getLogger("notifkit.db")
 
@@ -153,11 +161,20 @@ async def allow_lock_wait(conn: asyncpg.Connection, limit_s: float) -> None:
     await conn.execute(f"SET LOCAL lock_timeout = {lock_timeout_ms(limit_s)}")
 
 
+# Seconds a generic plan lives (generic_plans=True): long enough that planning is paid once
+# per statement and connection every few thousand executions under load, short enough that a
+# table filling up fast (tens of thousands of rows into a new schema) is soon planned for
+# its new size.
+GENERIC_PLAN_LIFETIME_S = 2
+
+
 def _server_settings(settings: Settings, application_name: str,
-                     query_limit_s: float | None = None) -> dict[str, str]:
+                     query_limit_s: float | None = None,
+                     generic_plans: bool = False) -> dict[str, str]:
     # DB_SCHEMA is validated as a lower-case identifier; quoting keeps words like "user" literal.
     server = {"search_path": f'"{settings.db_schema}"', "application_name": application_name,
-              "plan_cache_mode": "force_custom_plan"}
+              "plan_cache_mode": "force_generic_plan" if generic_plans
+              else "force_custom_plan"}
     if query_limit_s is not None:
         server["lock_timeout"] = str(lock_timeout_ms(query_limit_s))
     return server
@@ -172,6 +189,7 @@ async def create_pool(
     urgent: Callable[[], bool] | None = None,
     command_timeout: float | None = None,
     acquire_timeout: float | None = None,
+    generic_plans: bool = False,
 ) -> PriorityPool:
     """A pool of at most ``max_size`` (default ``DB_MAX_CONNECTIONS``) prepared connections;
     when every connection is busy, tasks for which ``urgent()`` is true get the next one.
@@ -180,7 +198,9 @@ async def create_pool(
     ``connect_timeout`` in DATABASE_URL bounds opening a connection. With a limit, a wait for
     a lock ends sooner, at ``LOCK_WAIT_SHARE`` of it, as 55P03 (lock_not_available).
     ``acquire_timeout``: seconds a caller may wait for a free connection (opening one
-    included) before it fails with ``TimeoutError`` (None: no limit)."""
+    included) before it fails with ``TimeoutError`` (None: no limit). ``generic_plans``:
+    statements keep one generic plan for ``GENERIC_PLAN_LIFETIME_S`` instead of being planned
+    at every execution (see the module's docstring for when that is right)."""
     size = settings.db_max_connections if max_size is None else max_size
     quiet_pool_floor_warnings()
     dsn = database_dsn(settings.database_url)
@@ -190,11 +210,13 @@ async def create_pool(
         min_size=min(min_size, size),
         max_size=size,
         max_queries=50_000,
+        max_cached_statement_lifetime=GENERIC_PLAN_LIFETIME_S if generic_plans else 300,
         max_inactive_connection_lifetime=300.0,
         loop=None,
         connection_class=asyncpg.Connection,
         record_class=asyncpg.Record,
-        server_settings=_server_settings(settings, application_name, command_timeout),
+        server_settings=_server_settings(settings, application_name, command_timeout,
+                                         generic_plans),
         init=init_connection,
         reset=_keep_session,
         urgent=urgent,

@@ -111,6 +111,10 @@ async def load_recipients(
     return found
 
 
+SEGMENT_PAGE_SQL = ("SELECT user_id FROM user_segments WHERE project_id = $1 AND segment = $2 "
+                    "AND user_id > $3 ORDER BY user_id LIMIT $4")
+
+
 async def segment_page(
     db: Executor, project_id: str, segment: str, after: str | None, limit: int
 ) -> list[str]:
@@ -119,9 +123,5 @@ async def segment_page(
     is why fan-out keeps the pool's query limit: a page of a 100,000-member segment is no
     slower than one of a small segment (measured: the 50 pages of a 100,000-member segment
     took 7 s in all)."""
-    rows = await db.fetch(
-        "SELECT user_id FROM user_segments WHERE project_id = $1 AND segment = $2 "
-        "AND user_id > $3 ORDER BY user_id LIMIT $4",
-        project_id, segment, after or "", limit,
-    )
+    rows = await db.fetch(SEGMENT_PAGE_SQL, project_id, segment, after or "", limit)
     return [row["user_id"] for row in rows]

@@ -101,6 +101,13 @@ async def load_routing(
     return routing
 
 
+QUIET_HOURS_SQL = (
+    "SELECT q.project_id::text AS project_id, q.user_id, q.start_time, q.end_time, "
+    "u.timezone FROM unnest($1::uuid[], $2::text[]) AS i(project_id, user_id) "
+    "JOIN quiet_hours q ON q.project_id = i.project_id AND q.user_id = i.user_id "
+    "JOIN users u ON u.project_id = q.project_id AND u.id = q.user_id")
+
+
 async def quiet_hours_of(
     db: Executor, users: Iterable[tuple[str, str]]
 ) -> dict[tuple[str, str], tuple[dict[str, Any], str | None]]:
@@ -109,12 +116,7 @@ async def quiet_hours_of(
     pairs = sorted(set(users))
     if not pairs:
         return {}
-    rows = await db.fetch(
-        "SELECT q.project_id::text AS project_id, q.user_id, q.start_time, q.end_time, "
-        "u.timezone FROM unnest($1::uuid[], $2::text[]) AS i(project_id, user_id) "
-        "JOIN quiet_hours q ON q.project_id = i.project_id AND q.user_id = i.user_id "
-        "JOIN users u ON u.project_id = q.project_id AND u.id = q.user_id",
-        [p for p, _u in pairs], [u for _p, u in pairs])
+    rows = await db.fetch(QUIET_HOURS_SQL, [p for p, _u in pairs], [u for _p, u in pairs])
     return {(r["project_id"], r["user_id"]): ({"start": r["start_time"], "end": r["end_time"]},
                                               r["timezone"])
             for r in rows}

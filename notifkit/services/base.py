@@ -58,6 +58,9 @@ class Service:
     # Seconds a caller may wait for a free connection of the pool (None: as long as it takes).
     # A worker's batch waits its turn; the api service's requests do not (ApiService).
     acquire_timeout_s: ClassVar[float | None] = None
+    # Whether the pool keeps generic plans for a short while (notifkit.db.pool): only for
+    # services whose every statement is a key probe or a batch write.
+    generic_plans: ClassVar[bool] = False
 
     def __init__(self, settings: Settings, **options: Any) -> None:
         self.settings = settings
@@ -76,7 +79,8 @@ class Service:
 
             self.db = await create_pool(self.settings, urgent=self._urgent_batch,
                                         command_timeout=self.query_timeout_s,
-                                        acquire_timeout=self.acquire_timeout_s)
+                                        acquire_timeout=self.acquire_timeout_s,
+                                        generic_plans=self.generic_plans)
 
     def _urgent_batch(self) -> bool:
         """Whether the current task's queries go ahead of others waiting for a connection."""

@@ -66,6 +66,8 @@ class _Work:
 
 class EnricherService(WorkerService):
     name: ClassVar[str] = "enricher"
+    # Key probes and batch writes only: short-lived generic plans (notifkit.db.pool).
+    generic_plans: ClassVar[bool] = True
     # One batch in flight per priority stream: entries arriving meanwhile go in the next,
     # larger batch, which shares its round trips (about 40 % lower latency at 500/s offered,
     # see benchmarks/RESULTS.md). Per stream, so critical entries never wait for

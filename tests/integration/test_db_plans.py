@@ -26,6 +26,7 @@ from notifkit.services.api.routes.notifications import (
     RECIPIENT_STATUS_SQL,
 )
 from notifkit.services.api.routes.users import WAITING_SENDS_SQL
+from tests.support.plans import plan_of_cached_statement
 
 # A batch UPDATE by primary key, as the workers issue them.
 _UPDATE = ("UPDATE notifications n SET status = 'processing', updated_at = now() "
@@ -35,15 +36,6 @@ _UPDATE = ("UPDATE notifications n SET status = 'processing', updated_at = now()
 
 async def _update(conn: asyncpg.Connection, project: uuid.UUID) -> None:
     await conn.execute(_UPDATE, [project], [uuid7()])
-
-
-async def _plan_of_cached_statement(conn: asyncpg.Connection, prefix: str,
-                                    args_sql: str) -> str:
-    name = await conn.fetchval(
-        "SELECT name FROM pg_prepared_statements WHERE statement LIKE $1", prefix + "%")
-    assert name, f"no prepared statement starting {prefix!r} on this connection"
-    rows = await conn.fetch(f'EXPLAIN EXECUTE "{name}"({args_sql})')
-    return "\n".join(r[0] for r in rows)
 
 
 async def test_a_statement_prepared_on_an_empty_table_uses_the_index_once_it_has_grown(
@@ -61,7 +53,7 @@ async def test_a_statement_prepared_on_an_empty_table_uses_the_index_once_it_has
             project)
         await _update(conn, project)
 
-        plan = await _plan_of_cached_statement(
+        plan = await plan_of_cached_statement(
             conn, "UPDATE notifications n SET status = 'processing'",
             f"ARRAY['{project}']::uuid[], ARRAY['{uuid7()}']::uuid[]")
     assert "Index Scan using notifications_pkey" in plan, plan

@@ -81,6 +81,8 @@ MAX_PROJECT_SETTINGS = 10_000
 
 class DeliveryService(WorkerService):
     name: ClassVar[str] = "delivery"
+    # Key probes and batch writes only: short-lived generic plans (notifkit.db.pool).
+    generic_plans: ClassVar[bool] = True
     # A batch runs in phases (dedup, outbox claim, sends, writes) and holds its slots until the
     # last one ends. Batches of a quarter of the slots overlap, so sends are always in flight
     # while other batches claim or write: about 10-30 % more throughput on the benchmark.
