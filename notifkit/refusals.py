@@ -44,12 +44,13 @@ _PARTS = (
 )
 
 
-_ECHO = re.compile(r":? b['\"]")
+_ECHO = re.compile(r":? (?:bytearray\()?b['\"]")
 
 
 def refusal(status: int, reason: str | None, target: str | None = None) -> Refusal:
     lines = (reason or "").strip().splitlines()
-    # A line over the limit is named with its first bytes ("... when reading: b'aaa...'").
+    # A line over the limit is named with its first bytes ("... when reading: b'aaa...'", or
+    # "bytearray(b'aaa...')" for a request line), which the answer does not repeat.
     said = _ECHO.split(lines[0], maxsplit=1)[0].strip().rstrip(":") if lines else ""
     said = said or "unparseable"
     part = next((name for word, name in _PARTS if word in said.lower()), "request")
