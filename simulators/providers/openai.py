@@ -258,6 +258,7 @@ class OpenAI(HttpProvider):
         _check_ranges(payload)
         _check_metadata(payload.get("metadata"))
         _check_companions(payload)
+        _check_tools(payload)
         _check_stop_and_logprobs(payload)
         _check_service_tier(payload.get("service_tier"))
         n = _positive_int(payload, "n", maximum=128) or 1
@@ -982,6 +983,88 @@ def _check_companions(payload: dict[str, Any]) -> None:
                     "specified.",
                     field_name=name,
                 )
+
+
+# The modes a `tool_choice` (or the legacy `function_call`) string may name.
+TOOL_CHOICES = ("none", "auto", "required")
+FUNCTION_CALL_MODES = ("none", "auto")
+
+
+def _check_tools(payload: dict[str, Any]) -> None:
+    """`tools`, `tool_choice` and the legacy `functions` and `function_call`, checked as OpenAI
+    checks them (their own types were checked with every argument's): each tool an object with
+    a `type`, a function tool's `function` an object with a `name`, a choice one of OpenAI's
+    modes or an object naming its function. Anything else is OpenAI's 400 naming the field,
+    not an answer in text or a call of a function with no name."""
+    tools = payload.get("tools")
+    for index, tool in enumerate(tools if isinstance(tools, list) else []):
+        where = f"tools[{index}]"
+        if not isinstance(tool, dict):
+            raise _invalid_type(where, "an object", tool)
+        kind = tool.get("type")
+        if kind is None:
+            raise _missing(f"{where}.type")
+        if not isinstance(kind, str):
+            raise _invalid_type(f"{where}.type", "a string", kind)
+        if kind == "function":
+            _check_function(tool.get("function"), f"{where}.function")
+    functions = payload.get("functions")
+    for index, function in enumerate(functions if isinstance(functions, list) else []):
+        _check_function(function, f"functions[{index}]")
+    choice = payload.get("tool_choice")
+    _check_mode(choice, "tool_choice", TOOL_CHOICES)
+    if isinstance(choice, dict):
+        kind = choice.get("type")
+        if kind is None:
+            raise _missing("tool_choice.type")
+        if not isinstance(kind, str):
+            raise _invalid_type("tool_choice.type", "a string", kind)
+        if kind == "function":
+            _check_called(choice.get("function"), "tool_choice.function")
+    call = payload.get("function_call")
+    _check_mode(call, "function_call", FUNCTION_CALL_MODES)
+    if isinstance(call, dict):
+        _check_called(call, "function_call")
+
+
+def _check_function(function: object, where: str) -> None:
+    """A function definition: an object with a `name` and, if any, `parameters` an object."""
+    if function is None:
+        raise _missing(where)
+    if not isinstance(function, dict):
+        raise _invalid_type(where, "an object", function)
+    _check_called(function, where)
+    parameters = function.get("parameters")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise _invalid_type(f"{where}.parameters", "an object", parameters)
+
+
+def _check_called(function: object, where: str) -> None:
+    """An object naming a function (`{"name": ...}`), as a definition and a choice do."""
+    if function is None:
+        raise _missing(where)
+    if not isinstance(function, dict):
+        raise _invalid_type(where, "an object", function)
+    name = function.get("name")
+    if name is None:
+        raise _missing(f"{where}.name")
+    if not isinstance(name, str):
+        raise _invalid_type(f"{where}.name", "a string", name)
+
+
+def _check_mode(choice: object, field: str, modes: tuple[str, ...]) -> None:
+    """A string `tool_choice` or `function_call` must be one of OpenAI's modes."""
+    if not isinstance(choice, str) or choice in modes:
+        return
+    listed = [f"'{mode}'" for mode in modes]
+    supported = (f"{listed[0]} and {listed[1]}" if len(listed) == 2
+                 else ", ".join(listed[:-1]) + f", and {listed[-1]}")
+    raise Rejection(
+        ErrorCase.BAD_REQUEST,
+        f"Invalid value: {json.dumps(choice)[:40]}. Supported values are: {supported}.",
+        field_name=field,
+        code="invalid_value",
+    )
 
 
 def _missing(name: str) -> Rejection:

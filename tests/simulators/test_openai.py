@@ -562,6 +562,50 @@ async def test_a_malformed_response_format_is_400_naming_the_parameter(
     assert await sim.messages("openai") == []
 
 
+FUNCTION_TOOL = {"type": "function", "function": {"name": "notify"}}
+
+
+@pytest.mark.parametrize(
+    ("request_options", "param", "code"),
+    [
+        ({"tools": [5]}, "tools[0]", "invalid_type"),
+        ({"tools": [{}]}, "tools[0].type", "missing_required_parameter"),
+        ({"tools": [{"type": "function"}], "tool_choice": "required"}, "tools[0].function",
+         "missing_required_parameter"),
+        ({"tools": [{"type": "function", "function": {}}]}, "tools[0].function.name",
+         "missing_required_parameter"),
+        ({"tools": [{"type": "function", "function": {"name": 5}}]}, "tools[0].function.name",
+         "invalid_type"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": 5}}]},
+         "tools[0].function.parameters", "invalid_type"),
+        ({"tools": [FUNCTION_TOOL], "tool_choice": "always"}, "tool_choice", "invalid_value"),
+        ({"tools": [FUNCTION_TOOL], "tool_choice": {}}, "tool_choice.type",
+         "missing_required_parameter"),
+        ({"tools": [FUNCTION_TOOL], "tool_choice": {"type": "function"}},
+         "tool_choice.function", "missing_required_parameter"),
+        ({"tools": [FUNCTION_TOOL], "tool_choice": {"type": "function", "function": {}}},
+         "tool_choice.function.name", "missing_required_parameter"),
+        ({"functions": [5], "function_call": "auto"}, "functions[0]", "invalid_type"),
+        ({"functions": [{"name": "f"}], "function_call": "required"}, "function_call",
+         "invalid_value"),
+        ({"functions": [{"name": "f"}], "function_call": {}}, "function_call.name",
+         "missing_required_parameter"),
+    ],
+)
+async def test_a_malformed_tool_or_tool_choice_is_400_naming_the_parameter(
+    sim: SimulatorServer, client: Factory, request_options: dict[str, Any], param: str,
+    code: str,
+) -> None:
+    """OpenAI refuses a tool that is no object or names no function, and a choice it does not
+    have; the simulator answered them in text (or called a function with no name), so a
+    malformed tools payload passed here and failed in production."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client(sim).chat.completions.create(
+            model="gpt-4o", messages=PROMPT, **request_options)
+    assert (caught.value.param, caught.value.code) == (param, code)
+    assert await sim.messages("openai") == []
+
+
 async def test_an_unknown_argument_is_400_unrecognized(
     sim: SimulatorServer, client: Factory
 ) -> None:
