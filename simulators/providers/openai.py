@@ -493,7 +493,19 @@ def _messages(value: object) -> list[Any]:
             )
         assert isinstance(message, dict)
         _check_content(message, index)
+        # A tool's answer names the call it answers, a legacy function's the function.
+        if role in _ANSWER_NAMES:
+            where = f"messages[{index}].{_ANSWER_NAMES[role]}"
+            named = message.get(_ANSWER_NAMES[role])
+            if named is None:
+                raise _missing(where)
+            if not isinstance(named, str):
+                raise _invalid_type(where, "a string", named)
     return value
+
+
+# The member a `tool` or `function` message must carry, as OpenAI requires it.
+_ANSWER_NAMES = {"tool": "tool_call_id", "function": "name"}
 
 
 def _check_content(message: dict[str, Any], index: int) -> None:

@@ -341,6 +341,42 @@ async def test_assistant_turn_with_only_tool_calls_is_accepted(
     assert completion.choices[0].message.content
 
 
+@pytest.mark.parametrize(
+    ("answer", "param", "code"),
+    [
+        ({"role": "tool", "content": "42"}, "messages[1].tool_call_id",
+         "missing_required_parameter"),
+        ({"role": "tool", "content": "42", "tool_call_id": 5}, "messages[1].tool_call_id",
+         "invalid_type"),
+        ({"role": "function", "content": "42"}, "messages[1].name", "missing_required_parameter"),
+    ],
+)
+async def test_a_tool_answer_that_names_no_call_is_400_naming_the_field(
+    sim: SimulatorServer, client: Factory, answer: dict[str, Any], param: str, code: str
+) -> None:
+    """OpenAI needs the call a `tool` message answers (and a `function` message's name);
+    the simulator answered without them, so such a conversation passed only here."""
+    messages: list[Any] = [*PROMPT, answer]
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client(sim).chat.completions.create(model="gpt-4o", messages=messages)
+    assert (caught.value.param, caught.value.code) == (param, code)
+    assert await sim.messages("openai") == []
+
+
+async def test_a_tool_answer_naming_its_call_is_accepted(
+    sim: SimulatorServer, client: Factory
+) -> None:
+    messages: list[ChatCompletionMessageParam] = [
+        *PROMPT,
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "count", "arguments": "{}"}}]},
+        {"role": "tool", "content": "42", "tool_call_id": "call_1"},
+    ]
+    completion = await client(sim).chat.completions.create(model="gpt-4o", messages=messages)
+    assert completion.choices[0].message.content
+
+
 async def test_missing_key_is_401(sim: SimulatorServer, client: Factory) -> None:
     ai = client(sim)
     with pytest.raises(openai.AuthenticationError):
