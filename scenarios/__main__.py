@@ -312,15 +312,21 @@ async def stoppable(work: Awaitable[T]) -> T:
     return result
 
 
-def write_out(text: str) -> None:
-    """``text`` on stdout. A reader that stopped early (``list | head``) is nothing wrong with
-    the run: the interpreter's own flush at exit would fail again, so stdout goes nowhere
-    now."""
+def write_out(text: str) -> bool:
+    """``text`` on stdout; False when stdout could not take it. A reader that stopped early
+    (``list | head``) is nothing wrong with the run; stdout that fails (a full disk) is one
+    line on stderr. Either way the interpreter's own flush at exit would fail again, so stdout
+    goes nowhere now."""
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError as exc:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"scenarios: cannot write to stdout: {exc.strerror or exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -329,9 +335,9 @@ def main(argv: list[str] | None = None) -> int:
         defer_stop_signals()
     args = parse_args(argv)
     if args.command == "list":
-        write_out("".join(f"{name:<26} {catalog.load(name).DESCRIPTION}\n"
-                          for name in catalog.available()))
-        return 0
+        listed = write_out("".join(f"{name:<26} {catalog.load(name).DESCRIPTION}\n"
+                                   for name in catalog.available()))
+        return 0 if listed else 1
     if "all" in args.names and args.names != ["all"]:
         print("scenarios: 'all' runs every scenario; name scenarios or 'all', not both",
               file=sys.stderr)
@@ -376,12 +382,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     # The results first: a table nobody reads (``| head``) must not cost them.
     write_json(args.json, results)
-    write_out(table(results) + "\n")
+    printed = write_out(table(results) + "\n")
     problems = violations_text(results)
     if problems:
         print("\nViolated invariants:\n" + problems, file=sys.stderr)
         return 1
-    return 0
+    return 0 if printed else 1
 
 
 if __name__ == "__main__":

@@ -180,6 +180,16 @@ def test_a_list_read_by_a_reader_that_stopped_early_ends_without_a_traceback() -
     assert result.returncode == 0
 
 
+def test_a_list_stdout_cannot_take_is_one_line_and_status_1() -> None:
+    # ``python -m scenarios list > file`` on a full disk (/dev/full fails every write) ended
+    # in an OSError traceback; it is one line naming stdout.
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "scenarios", "list"], stdout=full,
+                                stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    assert result.stderr == "scenarios: cannot write to stdout: No space left on device\n"
+    assert result.returncode == 1
+
+
 def test_a_count_of_0_that_proves_nothing_is_refused_by_the_runner() -> None:
     # crash_reclaim ran and passed with messages=0, having shown nothing.
     result = subprocess.run([sys.executable, "-m", "scenarios", "crash_reclaim", "--set",
