@@ -3,11 +3,15 @@ the simulator has the message and GET /v1/notifications/{id} shows every step.""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from redis.asyncio import Redis
 
 from notifkit.config import Settings
 from notifkit.services.delivery import DeliveryService
 from notifkit.services.engine import EngineService
+from notifkit.services.engine import service as engine_service
 from notifkit.services.enricher import EnricherService
 from notifkit.services.events import EventsService
 from simulators import SimulatorServer
@@ -151,3 +155,51 @@ async def test_a_templates_content_longer_than_its_provider_takes_is_sent_cut_to
         "push": ("queued", "queued; push title cut to 1,024 bytes; "
                            "push body cut to 2,048 bytes"),
     }
+
+
+async def test_a_replayed_engine_entry_ends_with_its_channels_outcome(
+    api: Api, redis: Redis, services: ServiceFactory, sim: SimulatorServer,
+    sim_settings: Settings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A recipient's engine entry dead-lettered, then replayed once the fault was gone, was
+    routed and sent, but its recipient row (channel null) kept the replay's 'processing', so
+    the notification read 'processing' for ever."""
+    # Given a recipient whose engine entry fails until it is dead-lettered
+    project = await api.project()
+    await api.call("PUT", "/v1/users/ada", key=project.full,
+                   json={"contacts": [{"channel": "email", "target": "ada@example.com"}]})
+    await api.call("PUT", "/v1/templates/welcome", key=project.full,
+                   json={"channels": {"email": {"subject": "Hi", "text": "Welcome"}}})
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("engine fault")
+
+    decide = engine_service.decide
+    monkeypatch.setattr(engine_service, "decide", broken)
+    stages = [await services(cls, sim_settings) for cls in
+              (EnricherService, EngineService, DeliveryService, EventsService)]
+    accepted = await api.call("POST", "/v1/notifications", key=project.send,
+                              json={"to": "ada", "template": "welcome"})
+    event = accepted.body["id"]
+    await drain(*stages)
+    [dead] = (await api.call("GET", "/v1/dlq", key=project.full)).body["items"]
+    assert dead["group"] == "notifkit:group:engine"
+    shown = await api.call("GET", f"/v1/notifications/{event}", key=project.full)
+    assert shown.body["status"] == "dead_lettered"
+
+    # When the fault is gone and the entry is replayed
+    monkeypatch.setattr(engine_service, "decide", decide)
+    replay = await api.call("POST", f"/v1/dlq/{dead['id']}/replay", key=project.full)
+    assert replay.status == 202, replay.body
+    await drain(*stages)
+
+    # Then the e-mail goes out once and the notification ends 'sent', its recipient row
+    # (channel null) no longer in progress
+    assert len(await sim.messages("resend")) == 1
+    shown = await api.call("GET", f"/v1/notifications/{event}", key=project.full)
+    by_channel = {r["channel"]: r for r in shown.body["recipients"]}
+    assert by_channel["email"]["status"] == "sent"
+    assert [e["kind"] for e in by_channel[None]["timeline"]] == [
+        "dead_lettered", "replayed", "skipped"]
+    assert by_channel[None]["status"] == "skipped"
+    assert shown.body["status"] == "sent"

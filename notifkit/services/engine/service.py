@@ -32,7 +32,7 @@ from notifkit.config import Settings
 from notifkit.db.logs import Kind, LogRow, Status, insert_logs
 from notifkit.db.routing import Template, load_routing
 from notifkit.dedup import Dedup, engine_key
-from notifkit.ids import derived_uuid7, is_uuid, uuid7_ms
+from notifkit.ids import derived_uuid7, is_uuid, untasked_row_id, uuid7_ms
 from notifkit.messages import (
     AiTask,
     EnrichedMessage,
@@ -47,7 +47,7 @@ from notifkit.services.payloads import parse_each
 from notifkit.services.timeline import canceled_row
 from notifkit.unsubscribe import unsubscribe_url
 from notifkit.wording import counted
-from notifkit.worker import Entry
+from notifkit.worker import Entry, attempts_before
 
 log = logging.getLogger("notifkit.engine")
 
@@ -148,6 +148,8 @@ class EngineService(WorkerService):
         sends = await self._throttle(sends, logs, now_ms, settings_of)
         for send in sends:
             self._route(send, logs)
+        logs.extend(_replay_done(entry, m) for entry, m in parsed
+                    if "_replayOf" in entry.payload and entry.error is None)
         await insert_logs(self.pool, logs)
 
     # -- the steps ------------------------------------------------------------------
@@ -304,13 +306,23 @@ def _fallback(m: EnrichedMessage, chain: list[str], route: list[str]) -> Fallbac
 
 def _row(
     m: EnrichedMessage, channel: str, task_id: str, kind: Kind, status: Status,
-    detail: str | None, metadata: dict[str, Any] | None = None,
+    detail: str | None, metadata: dict[str, Any] | None = None, attempt: int = 0,
 ) -> LogRow:
     return LogRow(
         project_id=m["projectId"], event_id=m["eventId"], task_id=task_id,
-        user_id=m["user"]["id"], channel=channel, kind=kind, status=status, detail=detail,
-        campaign_id=m.get("campaignId"), metadata=metadata or {},
+        user_id=m["user"]["id"], channel=channel, kind=kind, status=status, attempt=attempt,
+        detail=detail, campaign_id=m.get("campaignId"), metadata=metadata or {},
     )
+
+
+def _replay_done(entry: Entry, m: EnrichedMessage) -> LogRow:
+    """The row that ends a replayed entry's recipient row (channel '', no task yet: where its
+    dead_lettered and replayed rows are), which the replay left in progress: the recipient's
+    outcome is now its channels' own rows. ``skipped`` ranks below every other outcome, so the
+    notification's status is what those channels reach."""
+    return _row(m, "", untasked_row_id(m["eventId"], m["user"]["id"]), Kind.SKIPPED,
+                Status.SKIPPED, "routed again after the replay: each channel's rows follow",
+                attempt=attempts_before(entry.payload))
 
 
 def _parse_ms(value: str | None) -> int | None:
