@@ -283,6 +283,34 @@ async def test_a_token_called_invalid_is_not_tried_again_when_its_task_is_retrie
     assert failed["metadata"]["disabled"] == 1
 
 
+async def test_a_device_called_invalid_beside_one_that_falls_back_is_on_the_failed_row(
+    db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
+    sim: SimulatorServer, sim_settings: Settings,
+) -> None:
+    """Every other row naming the contacts disabled beside another answer carried
+    metadata.disabled; the row of a push that fell back to the chain's next channel said so
+    in its detail only."""
+    # Given two devices, one the provider calls invalid, the other failing with a 5xx, and
+    # a chain push -> sms
+    await add_user(db, project, "u1", contacts=[("push", "dead-token"), ("push", "live-token"),
+                                                 ("sms", "+15557654321")])
+    await add_template(db, project, "t", {"push": PUSH, "sms": SMS}, fallback=["push", "sms"])
+    await sim.add_fault("invalid_token", "fcm", to="dead-token")
+    await sim.add_fault("error", "fcm", to="live-token")
+
+    event_id = await send(redis, keys, db, project, "t", "u1", data={"amount": "1"})
+    await drain(*await with_events(services, sim_settings))
+
+    # Then the SMS goes out, and the push's failed row says, in its detail and its metadata,
+    # that one contact was disabled
+    assert len(await sim.messages("twilio")) == 1
+    [failed] = [r for r in await timeline(db, event_id)
+                if (r["channel"], r["kind"]) == ("push", "failed")]
+    assert "1 of 2 destinations not sent: invalid recipient, contact disabled; trying sms " \
+        "next" in failed["detail"]
+    assert (failed["metadata"]["fallback"], failed["metadata"]["disabled"]) == ("sms", 1)
+
+
 async def test_a_device_called_invalid_beside_an_accepted_one_is_on_the_sent_row(
     db: asyncpg.Pool, redis: Redis, keys: Keys, project: str, services: ServiceFactory,
     sim: SimulatorServer, sim_settings: Settings,

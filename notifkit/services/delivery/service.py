@@ -510,7 +510,8 @@ class DeliveryService(WorkerService):
                               verdict.reason))
             return
         if action is Action.FALLBACK:
-            self._fall_back(entry, task, provider, verdict, attempt, invalid, logs, note)
+            self._fall_back(entry, task, provider, verdict, attempt, invalid, logs, note,
+                            noted)
             return
         if action is Action.PARK:
             wait_s = verdict.retry_after_s if verdict.retry_after_s else DEFAULT_PARK_S
@@ -551,7 +552,7 @@ class DeliveryService(WorkerService):
 
     def _fall_back(self, entry: Entry, task: OutboundTask, provider: str | None,
                    verdict: Verdict, attempt: int, invalid: bool, logs: list[LogRow],
-                   note: str = "") -> None:
+                   note: str = "", noted: dict[str, Any] | None = None) -> None:
         """Hand the recipient to the chain's next channel (``provider`` None: the channel has
         no transport). A channel that was never tried (every address suppressed, erased or
         turned off since routing) is recorded as such, with no outcome event: nothing
@@ -559,7 +560,7 @@ class DeliveryService(WorkerService):
         (event, recipient, channel) drops a second one."""
         fallback = task["fallback"]
         next_channel = fallback["chain"][0]
-        metadata = {"fallback": next_channel}
+        metadata: dict[str, Any] = {"fallback": next_channel, **(noted or {})}
         if invalid:
             metadata["reason"] = "invalid_recipient"
         detail = f"{verdict.reason}{note}; trying {next_channel} next"
