@@ -630,6 +630,49 @@ async def test_a_scheduler_entry_of_a_canceled_notification_is_not_replayed(
         == [entry_id]
 
 
+async def test_a_replayed_scheduler_entry_reopens_the_task_it_holds(
+    api: Api, redis: Redis, db: asyncpg.Pool
+) -> None:
+    """A scheduler entry carries its task under ``payload``, where the events service finds
+    it for the dead_lettered row; the replay looked for the notification at the top level,
+    found none and wrote no 'replayed' row, so the notification read dead_lettered until the
+    task was sent (a sendAt days away: for days)."""
+    keys = Keys(api.settings.namespace)
+    a = await api.project("a")
+    await api.call("PUT", "/v1/templates/t", key=a.full,
+                   json={"channels": {"email": {"subject": "s", "text": "t"}}})
+    event = (await api.call("POST", "/v1/notifications", key=a.send,
+                            json={"to": "u1", "template": "t",
+                                  "sendAt": "2099-01-01T00:00:00Z"})).body["id"]
+    task_id = "01a00000-0000-7000-8000-000000000001"
+    task = {"projectId": a.id, "eventId": event, "userId": "u1", "taskId": task_id,
+            "channel": "email", "campaignId": "c1"}
+    # Given the scheduler dead-lettered the entry holding the task, after three attempts
+    await db.execute(
+        "INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, attempt, "
+        "kind, status) VALUES ($1, $2, $3, 'u1', 'email', 3, 'dead_lettered', 'dead_lettered')",
+        a.id, event, task_id)
+    record = dlq_record(keys, a.id, "1-0", 0)
+    record.update(stream=keys.scheduled, group="notifkit:group:scheduler", service="scheduler",
+                  payload={"taskId": task_id, "projectId": a.id, "dueAt": 4070908800000,
+                           "stream": keys.outbound("normal"), "payload": task,
+                           "reason": "sendAt"}, replayOf=f"{keys.scheduled}/1-0")
+    entry_id = await xadd(redis, keys.dlq, record, 1000)
+
+    # When it is replayed
+    assert (await api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full)).status == 202
+
+    # Then the task's own timeline says so, and it is in progress again
+    body = (await api.call("GET", f"/v1/notifications/{event}", key=a.full)).body
+    [recipient] = body["recipients"]
+    assert (recipient["taskId"], recipient["channel"]) == (task_id, "email")
+    assert [e["kind"] for e in recipient["timeline"]] == ["dead_lettered", "replayed"]
+    assert (recipient["status"], body["status"]) == ("processing", "processing")
+    row = await db.fetchrow("SELECT user_id, attempt, campaign_id FROM message_logs "
+                            "WHERE kind = 'replayed'")
+    assert tuple(row) == ("u1", 3, "c1")
+
+
 async def test_one_dlq_entry_reads_as_the_list_shows_it_and_only_in_its_project(
     api: Api, redis: Redis
 ) -> None:

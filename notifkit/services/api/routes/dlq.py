@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import asyncpg
@@ -207,8 +208,9 @@ async def _canceled(db: asyncpg.Connection, record: dict[str, Any], scheduled: b
 def _replay_row(record: dict[str, Any], attempt: int, entry_id: str) -> LogRow | None:
     """The notification's timeline row saying the work is back in progress, where its
     dead_lettered row is: on the task's timeline, else the recipient's, else the whole
-    notification's; none for work of no notification."""
-    payload = record["payload"]
+    notification's; none for work of no notification. A scheduler entry's row is about the
+    task it holds, as its dead_lettered row is."""
+    payload = held_task(record["payload"])
     event_id = _uuid_field(payload, "eventId")
     project = _uuid_field(record, "projectId")
     if event_id is None or project is None:
@@ -231,7 +233,7 @@ def _replay_row(record: dict[str, Any], attempt: int, entry_id: str) -> LogRow |
     )
 
 
-def _uuid_field(source: dict[str, Any], name: str) -> str | None:
+def _uuid_field(source: Mapping[str, Any], name: str) -> str | None:
     value = source.get(name)
     return parse_uuid(value) if isinstance(value, str) else None
 
