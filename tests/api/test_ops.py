@@ -673,6 +673,48 @@ async def test_a_replayed_scheduler_entry_reopens_the_task_it_holds(
     assert tuple(row) == ("u1", 3, "c1")
 
 
+async def test_a_replayed_record_of_the_events_or_workflow_service_reopens_no_task(
+    api: Api, redis: Redis, db: asyncpg.Pool
+) -> None:
+    """The events service's entries record what happened to a task (and the workflow
+    service's are triggers, wakes and custom events): replaying one records it again and
+    redoes no work of the task. A 'replayed' row put the sent task back to 'processing',
+    and nothing came after it (the record's row was there already), so the notification
+    read 'processing' for ever."""
+    keys = Keys(api.settings.namespace)
+    a = await api.project("a")
+    await api.call("PUT", "/v1/templates/t", key=a.full,
+                   json={"channels": {"email": {"subject": "s", "text": "t"}}})
+    event = (await api.call("POST", "/v1/notifications", key=a.send,
+                            json={"to": "u1", "template": "t"})).body["id"]
+    task = "01a00000-0000-7000-8000-000000000001"
+    # Given a task delivery sent, whose notification:sent the events service dead-lettered
+    await db.execute(
+        "INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, attempt, "
+        "kind, status) VALUES ($1, $2, $3, 'u1', 'email', 1, 'sent', 'sent')",
+        a.id, event, task)
+    sent = {"type": "notification:sent", "projectId": a.id, "eventId": event, "taskId": task,
+            "userId": "u1", "channel": "email", "provider": "resend", "attempt": 1}
+    custom = {"type": "event", "projectId": a.id, "name": "opened", "userId": "u1",
+              "data": {}, "eventId": str(uuid7())}
+    for stream, group, payload in (
+            (keys.events_inbound, "notifkit:group:events", sent),
+            (keys.workflow_inbound, "notifkit:group:workflow", custom)):
+        record = dlq_record(keys, a.id, "1-0", 0)
+        record.update(stream=stream, group=group, payload=payload,
+                      service=group.rpartition(":")[2], replayOf=f"{stream}/1-0")
+        entry_id = await xadd(redis, keys.dlq, record, 1000)
+
+        # When it is replayed
+        reply = await api.call("POST", f"/v1/dlq/{entry_id}/replay", key=a.full)
+        assert (reply.status, reply.body["stream"]) == (202, stream), reply.body
+
+    # Then it is back on its stream, and no timeline has a 'replayed' row: the task is sent
+    body = (await api.call("GET", f"/v1/notifications/{event}", key=a.full)).body
+    assert (body["status"], body["recipients"][0]["status"]) == ("sent", "sent")
+    assert await db.fetchval("SELECT count(*) FROM message_logs WHERE kind = 'replayed'") == 0
+
+
 async def test_one_dlq_entry_reads_as_the_list_shows_it_and_only_in_its_project(
     api: Api, redis: Redis
 ) -> None:

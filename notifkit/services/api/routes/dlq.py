@@ -10,7 +10,8 @@ record enqueue it once. The new entry id has no attempt counter, so the count st
 ``"_replayedAttempts"`` carries the attempts made before, for the timeline's numbering only.
 Work of a notification canceled since is not replayed (409): the cancel said nothing more of it
 is sent (checked holding the notification FOR SHARE, so a cancel under way is waited for).
-Work of a notification gets a ``replayed`` timeline row (status ``processing``),
+Work of a notification gets a ``replayed`` timeline row (status ``processing``; an entry of the
+events or workflow service, a record rather than a task's work, gets none),
 written before the XADD so that no row of the replayed work can precede it, and committed
 after it, so that of two concurrent replays only the one that moved the entry leaves a row.
 """
@@ -167,13 +168,16 @@ async def replay_dlq(request: web.Request) -> web.Response:
     # be written at any moment, and the replay must not come after it. It is committed only
     # once the entry is back, and a concurrent replay's row (the same one) waits on it: the
     # request that moved the entry keeps the row, and one that found it gone leaves none.
-    row = _replay_row(record, replayed[REPLAYED_ATTEMPTS], entry_id)
+    # The events service's entries record what happened to a task, and the workflow
+    # service's are triggers, wakes and custom events: replaying one redoes no task's work,
+    # so no timeline goes back to 'processing' (nothing would end it again).
+    records = stream in (keys.events_inbound, keys.workflow_inbound)
+    row = None if records else _replay_row(record, replayed[REPLAYED_ATTEMPTS], entry_id)
     script = app[REDIS].register_script(_REPLAY)
     async with app[DB].acquire() as conn, conn.transaction():
         # Checked holding the notification FOR SHARE until the entry is back: a cancel under
         # way (FOR UPDATE) is waited for, and one that comes after finds the task handed on.
-        if stream not in (keys.events_inbound, keys.workflow_inbound) \
-                and await _canceled(conn, record, stream == keys.scheduled):
+        if not records and await _canceled(conn, record, stream == keys.scheduled):
             raise ApiError(409, "notification_canceled",
                            "This entry's notification was canceled, so it is not sent; "
                            "delete the entry to discard it.")
