@@ -10,8 +10,7 @@ from redis.asyncio import Redis
 
 from notifkit.config import Settings
 from notifkit.services.delivery import DeliveryService
-from notifkit.services.engine import EngineService
-from notifkit.services.engine import service as engine_service
+from notifkit.services.engine import EngineService, channels
 from notifkit.services.enricher import EnricherService
 from notifkit.services.events import EventsService
 from simulators import SimulatorServer
@@ -174,8 +173,8 @@ async def test_a_replayed_engine_entry_ends_with_its_channels_outcome(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("engine fault")
 
-    decide = engine_service.decide
-    monkeypatch.setattr(engine_service, "decide", broken)
+    # The engine's own reference to decide (it imported the name).
+    monkeypatch.setattr("notifkit.services.engine.service.decide", broken)
     stages = [await services(cls, sim_settings) for cls in
               (EnricherService, EngineService, DeliveryService, EventsService)]
     accepted = await api.call("POST", "/v1/notifications", key=project.send,
@@ -188,7 +187,7 @@ async def test_a_replayed_engine_entry_ends_with_its_channels_outcome(
     assert shown.body["status"] == "dead_lettered"
 
     # When the fault is gone and the entry is replayed
-    monkeypatch.setattr(engine_service, "decide", decide)
+    monkeypatch.setattr("notifkit.services.engine.service.decide", channels.decide)
     replay = await api.call("POST", f"/v1/dlq/{dead['id']}/replay", key=project.full)
     assert replay.status == 202, replay.body
     await drain(*stages)
