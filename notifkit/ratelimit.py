@@ -61,9 +61,10 @@ for i, key in ipairs(KEYS) do
     wait = math.max(wait, (cost - have) * 1000 / rate)
   end
 end
+-- PEXPIRE takes whole milliseconds, and a turn falls between two when 1000 / rate is none.
 local function keep(key, rate, burst, until_ms)
   local ttl = math.max(0, until_ms - now) + math.ceil(burst * 1000 / rate) + 1000
-  redis.call('PEXPIRE', key, math.min(ttl, MAX_MS))
+  redis.call('PEXPIRE', key, math.min(math.ceil(ttl), MAX_MS))
 end
 if wait > 0 then
   if queue then

@@ -185,3 +185,27 @@ async def test_take_soon_waits_in_process_no_longer_than_it_is_given(
     monkeypatch.setattr(asyncio, "sleep", sleep)
     assert await buckets.take_soon([], max_wait_s=0.25) == outcome
     assert slept == waits
+
+
+@pytest.mark.parametrize("rate", [3.0, 0.7, 7.5])
+async def test_a_rate_whose_token_time_is_no_whole_number_of_ms_still_hands_out_turns(
+    redis: Redis, keys: Keys, rate: float
+) -> None:
+    # A token every 1000 / 3 ms: the turns the script hands out and the TTL it derives from
+    # them fall between milliseconds, and PEXPIRE takes whole ones only ("value is not an
+    # integer or out of range"), so every send short of a token failed its attempt.
+    bucket = Bucket.per_second(keys.provider_bucket("resend", "p-odd"), rate)
+    buckets = TokenBuckets(redis)
+    waits = [await buckets.take([bucket], queue=True) for _ in range(math.ceil(rate) + 3)]
+    assert waits[:math.floor(rate) or 1] == [0.0] * (math.floor(rate) or 1)
+    turns = [w for w in waits if w > 0]
+    assert turns == sorted(turns), waits
+    assert len(turns) >= 3, waits
+    assert await redis.pttl(bucket.key) > 0
+    # A take that finds its tokens while such a turn is still owed keeps the key alive as
+    # long as the turn: the same fraction of a millisecond.
+    await redis.hset(bucket.key, "tokens", str(bucket.burst))
+    assert await buckets.take([bucket]) == 0.0
+    [wait_s] = await buckets.take_many([[bucket]])  # in one pipeline, as the API asks
+    assert 0.0 <= wait_s <= 1 / rate + 0.01
+    assert await redis.pttl(bucket.key) > 0
