@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+import uuid
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from notifkit.keys import Keys
@@ -209,3 +212,24 @@ async def test_a_rate_whose_token_time_is_no_whole_number_of_ms_still_hands_out_
     [wait_s] = await buckets.take_many([[bucket]])  # in one pipeline, as the API asks
     assert 0.0 <= wait_s <= 1 / rate + 0.01
     assert await redis.pttl(bucket.key) > 0
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None,
+          max_examples=60)
+@given(rate=st.floats(0.001, 100_000),  # what the API's rateLimits takes
+       takes=st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=8))
+async def test_every_rate_the_api_takes_hands_out_waits_and_keeps_its_bucket(
+    redis: Redis, keys: Keys, rate: float, takes: list[tuple[bool, bool]]
+) -> None:
+    """Whatever the rate: every take answers a wait (no Redis error from the script's
+    arithmetic, as a PEXPIRE of a fraction of a millisecond was), alone or in the API's
+    pipeline, and the bucket's key is kept, never left without an expiry or dropped."""
+    bucket = Bucket.per_second(keys.provider_bucket("resend", uuid.uuid4().hex), rate)
+    buckets = TokenBuckets(redis)
+    for queue, pipelined in takes:
+        if pipelined:
+            [wait_s] = await buckets.take_many([[bucket]])
+        else:
+            wait_s = await buckets.take([bucket], queue=queue)
+        assert wait_s >= 0.0
+        assert await redis.pttl(bucket.key) > 0
