@@ -342,6 +342,35 @@ async def test_preview_of_a_field_a_send_would_not_go_out_with_blank_is_a_400_na
     assert filled.body["channels"]["sms"]["text"] == "n"
 
 
+async def test_preview_of_an_ai_template_takes_blank_fields_the_model_fills(
+    api: Api, project: Project
+) -> None:
+    """A channel the model writes may leave its body blank (the answer fills it) and its
+    e-mail subject or push title blank (the answer's first sentence): the PUT takes such a
+    template and every send goes out with the model's text, but the preview answered 400
+    "renders empty ..., so a send gets the generic content instead", which no send does."""
+    put = await api.call("PUT", "/v1/templates/ai-blank", key=project.full, json={
+        "channels": {"email": {"subject": "{{ data.subject }}"}, "sms": {"text": ""},
+                     "push": {"title": "", "body": ""}},
+        "ai": {"model": "gpt-4o-mini", "prompt": "Write to {{ data.name }}",
+               "channels": ["email", "sms", "push"]}})
+    assert put.status == 201, put.body
+    reply = await api.call("POST", "/v1/templates/ai-blank/preview", key=project.full,
+                           json={"data": {"subject": " ", "name": "Ann"}})
+    assert reply.status == 200, reply.body
+    assert reply.body["ai"]["prompts"] == {"email": "Write to Ann", "sms": "Write to Ann",
+                                           "push": "Write to Ann"}
+    # A channel the model does not write is still held to the rule.
+    await api.call("PUT", "/v1/templates/ai-blank", key=project.full, json={
+        "channels": {"email": {"subject": "{{ data.subject }}", "text": "t"},
+                     "sms": {"text": ""}},
+        "ai": {"model": "gpt-4o-mini", "prompt": "Write", "channels": ["sms"]}})
+    reply = await api.call("POST", "/v1/templates/ai-blank/preview", key=project.full,
+                           json={"data": {"subject": " "}})
+    assert reply.status == 400, reply.body
+    assert reply.fields == ["channels.email.subject"]
+
+
 async def test_preview_of_a_digest_template_renders_the_items_given(
     api: Api, project: Project
 ) -> None:

@@ -205,6 +205,7 @@ async def preview_template(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     rendered: dict[str, Any] = {}
     problems = []
+    written_by_ai: list[str] = list(row["ai"]["channels"]) if row["ai"] else []
     prompt_source = row["ai"]["prompt"] if row["ai"] else None
     await warm_beside_loop(
         [field for channel, content in row["content"].items() if isinstance(content, dict)
@@ -226,8 +227,11 @@ async def preview_template(request: web.Request) -> web.Response:
         except RenderError as exc:
             problems.append(detail(exc.field, exc.message))
             continue
-        if (blank := blank_field(channel, rendered[channel])) is not None:
-            # A send would not go out with it: it gets the generic content instead.
+        if channel not in written_by_ai and (
+                blank := blank_field(channel, rendered[channel])) is not None:
+            # A send would not go out with it: it gets the generic content instead. Not so
+            # for a channel the model writes: its body is the answer, and a blank e-mail
+            # subject (or push title) is the answer's first sentence.
             problems.append(detail(blank, "renders empty with this data, so a send gets the "
                                           "generic content instead"))
             continue
