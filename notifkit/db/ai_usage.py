@@ -23,6 +23,9 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     content: dict[str, Any]
+    # What the generated row adds after the tokens (the template's own content for the
+    # channel did not render, say), each a clause of its own.
+    notes: tuple[str, ...] = ()
 
 
 async def written(conn: Conn, task_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -54,7 +57,8 @@ async def record(conn: Conn, usages: Sequence[Usage], now: datetime) -> None:
            VALUES ($1, $2, $3, $4, $5, 0, 'generated', 'processing', $6, 'openai', $7, $8)
            ON CONFLICT (task_id, channel, attempt, kind) DO NOTHING""",
         [(u.project_id, u.event_id, u.task_id, u.user_id, u.channel,
-          f"content written by {u.model} ({u.prompt_tokens + u.completion_tokens} tokens)",
+          f"content written by {u.model} ({u.prompt_tokens + u.completion_tokens} tokens)"
+          + "".join(f"; {note}" for note in u.notes),
           {"ai": {"model": u.model, "promptTokens": u.prompt_tokens,
                   "completionTokens": u.completion_tokens,
                   "totalTokens": u.prompt_tokens + u.completion_tokens}}, now)

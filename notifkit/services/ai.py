@@ -208,12 +208,20 @@ class AiService(WorkerService):
             entry.fail(exc)
             return
         base: dict[str, Any] = {}
+        notes: tuple[str, ...] = ()
         channel_content = templates.get((task["projectId"], task["template"]), {}).get(channel)
         if isinstance(channel_content, dict):
             try:
                 base = render_channel(channel_content, channel, task["context"])
-            except RenderError:
-                base = {}  # the model's text replaces the body; a subject is made below
+            except RenderError as exc:
+                # The model's text replaces the body and a subject or title is made from it
+                # below; the template's other fields are lost, and the timeline says why, as
+                # the engine's row says so of a template that fails there.
+                base = {}
+                notes = (f"the template's {channel} content does not render ({exc}); the "
+                         "model's text sent without it",)
+                log.warning("The template's %s content does not render (%s); sending the "
+                            "model's text without it.", channel, exc, extra=ids)
         content = content_for(channel, completion.text, base)
         entry.emit(self.keys.outbound(task["priority"]), outbound_from_ai(task, content))
         # Recorded as soon as it is paid for, not when the batch's slowest answer comes: a
@@ -222,7 +230,7 @@ class AiService(WorkerService):
             task_id=task["taskId"], project_id=task["projectId"], event_id=task["eventId"],
             user_id=task["userId"], channel=channel, model=completion.model,
             prompt_tokens=completion.prompt_tokens,
-            completion_tokens=completion.completion_tokens, content=content,
+            completion_tokens=completion.completion_tokens, content=content, notes=notes,
         )], datetime.now(UTC))
         log.info("AI content written with %s (%d tokens); queued for delivery.",
                  completion.model, completion.total_tokens, extra=ids)

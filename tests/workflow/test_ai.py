@@ -136,6 +136,31 @@ async def test_generated_text_becomes_the_outbound_tasks_content_and_tokens_are_
     assert await requests_made(sim) == 1
 
 
+async def test_template_content_that_does_not_render_is_named_on_the_generated_row(
+    ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys, db: asyncpg.Pool,
+    project_id: str, template: str,
+) -> None:
+    """The template's own subject failing for this recipient's data (a variable it lacks)
+    was dropped in silence: the e-mail went out with the answer's first sentence as its
+    subject and the timeline said only that content was written. The generated row now
+    says what did not render, as the engine's row does for a template failing there."""
+    await db.execute("UPDATE templates SET content = $3 WHERE project_id = $1 AND id = $2",
+                     project_id, "paid",
+                     {"email": {"subject": "Paid: {{ data.missing.field }}"}})
+    task = ai_task(project_id)
+    await xadd(redis, keys.ai_pending, task, 10_000)
+    await ai.run_until_idle()
+    [out] = await stream(redis, keys.outbound("normal"))
+    [message] = await sim.messages("openai")
+    assert out["content"]["subject"] == headline(message["content"]["completion"])
+    detail = await db.fetchval(
+        "SELECT detail FROM message_logs WHERE task_id = $1 AND kind = 'generated'",
+        task["taskId"])
+    assert detail.startswith("content written by gpt-4o-mini (")
+    assert "the template's email content does not render (channels.email.subject: " in detail
+    assert detail.endswith("the model's text sent without it")
+
+
 async def test_a_duplicate_task_for_the_same_recipient_and_channel_costs_nothing(
     ai: AiService, sim: SimulatorServer, redis: Redis, keys: Keys, project_id: str,
     template: str,
