@@ -257,3 +257,32 @@ async def test_a_lookup_under_way_when_its_template_is_deleted_is_not_remembered
     refused = await api.call("POST", "/v1/notifications", key=project.send,
                              json={"to": "u1", "template": template})
     assert (refused.status, refused.fields) == (400, ["template"])
+
+
+async def test_a_send_of_a_vanished_project_beside_a_refused_row_is_never_enqueued(
+    settings: Settings, project: Project, redis: Redis, db: asyncpg.Pool,
+) -> None:
+    """When the batch statement fails and each row is written alone, a row of a project gone
+    meanwhile writes nothing: its send fails as ProjectMissing rather than being enqueued
+    with no notification row behind it."""
+    keys = Keys(settings.namespace)
+    admission = Admission(settings, keys, redis, db, TokenBuckets(redis))
+    gone = str(uuid.uuid4())
+
+    def message(project_id: str, priority: str) -> InboundMessage:
+        return {"eventId": uuid7(), "projectId": project_id, "template": "t",
+                "to": {"userId": "u1"}, "data": {}, "channels": None, "priority": priority,
+                "sendAt": None, "campaignId": None, "idempotencyKey": None,
+                "createdAt": "2026-11-30T00:00:00.000Z"}
+
+    messages = [message(project.id, "normal"), message(project.id, "urgent"),
+                message(gone, "normal")]
+    results = await asyncio.gather(*(admission.accept(m) for m in messages),
+                                   return_exceptions=True)
+
+    assert results[0] is None
+    assert isinstance(results[1], asyncpg.CheckViolationError)
+    assert isinstance(results[2], ProjectMissing)
+    assert len(await xrange(redis, keys.inbound("normal"))) == 1
+    stored = await db.fetch("SELECT id::text FROM notifications")
+    assert {r["id"] for r in stored} == {messages[0]["eventId"]}
