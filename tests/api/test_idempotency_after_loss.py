@@ -293,3 +293,29 @@ async def test_the_lookup_is_served_by_an_index(db: asyncpg.Pool) -> None:
             "EXPLAIN " + _KEYED_SENDS,
             ["00000000-0000-0000-0000-000000000001"], ["k"], [0], 86400))
     assert "notifications_idempotency_idx" in plan, plan
+
+
+async def test_a_send_made_since_a_recent_loss_is_looked_up_and_not_taken_for_earlier(
+    api: Api, project: Project, template: str, redis: Redis, db: asyncpg.Pool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Within 24 h of a loss every claimed key is looked up, but only sends made before the
+    loss count: one made since whose record Redis lacks was never answered 202, so a retry
+    is a new send, not a replay of it."""
+    keys = Keys(api.settings.namespace)
+    # Given Redis lost its data an hour ago
+    seconds, micros = await redis.time()
+    await redis.set(keys.api_idempotency_since, seconds * 1000 + micros // 1000 - 3600_000)
+    # And a send made since then left no record (its enqueue went unanswered, its claim lapsed)
+    unsure = await send(api, project, "since-the-loss")
+    assert unsure.status == 202
+    await redis.delete(keys.api_idempotency(project.id, "since-the-loss"))
+    lookups = count_lookups(api, monkeypatch)
+    # When the caller retries
+    again = await send(api, project, "since-the-loss")
+    # Then PostgreSQL was asked, found no earlier send, and the retry is a new send
+    assert lookups == ["since-the-loss"]
+    assert again.status == 202
+    assert again.body["id"] != unsure.body["id"]
+    assert "x-idempotent-replay" not in again.headers
+    assert await db.fetchval("SELECT count(*) FROM notifications") == 2
