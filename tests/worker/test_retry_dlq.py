@@ -591,3 +591,34 @@ async def test_an_expected_failure_carries_no_traceback(
     with caplog.at_level("WARNING", logger="notifkit.worker"):
         await worker.run_until_idle()
     assert not [r for r in caplog.records if r.exc_info]
+
+
+async def test_an_entry_that_did_something_irreversible_is_not_tried_again_alone(
+    make_worker: WorkerFactory, keys: Keys, add: Add, payloads: Payloads,
+) -> None:
+    """A batch that raises is tried entry by entry, but not an entry that already called its
+    provider in the failed run: trying it again within the same attempt would send it twice.
+    It fails this attempt and is retried (counted) by the sweep."""
+    stream = keys.enriched("normal")
+    provider_calls: list[tuple[str, int]] = []
+
+    async def process(batch: list[Entry]) -> None:
+        for entry in batch:
+            if entry.payload["sends"]:
+                entry.irreversible = True  # set before the provider is called
+                provider_calls.append((entry.id, entry.attempt))
+        if any(entry.payload["bad"] for entry in batch):
+            raise ValueError("the batch's INSERT refused a row")
+
+    worker = make_worker(process)
+    sender = await add(stream, {"sends": True, "bad": False})
+    await add(stream, {"sends": False, "bad": False})
+    await add(stream, {"sends": False, "bad": True})
+
+    await worker.run_until_idle()
+
+    # One provider call per attempt of the sender, never two within one attempt
+    assert provider_calls
+    assert all(entry_id == sender for entry_id, _attempt in provider_calls)
+    assert len(set(provider_calls)) == len(provider_calls)
+    assert worker.stats.processed == 1  # the other neighbour, tried alone
