@@ -138,3 +138,27 @@ async def test_release_deletes_only_marks_the_entry_still_owns(
     # Then only its own mark is gone; the other entry's claim stands
     assert await redis.exists(mark) == 0
     assert await redis.get(keys.processed("engine", "k2")) == f"{STREAM}/2-0".encode()
+
+
+async def test_the_workers_claim_answers_only_for_the_mark_it_claimed(
+    dedup: Dedup, redis: Redis, keys: Keys
+) -> None:
+    """The answer the worker got while counting the attempt is reused for that mark alone:
+    another key the stage claims for the same entry is still asked of Redis."""
+    await dedup.claim(entry("1-0"), "taken")
+    mine = entry("2-0")
+    mine.claimed = (keys.processed("engine", "counted"), True)
+    assert await dedup.claim_many([(mine, "counted", None), (mine, "taken", None)]) \
+        == [True, False]
+    assert mine.marks == []  # the worker recorded its own mark; the duplicate adds none
+    assert await redis.get(keys.processed("engine", "counted")) is None  # not asked again
+
+
+async def test_extend_leaves_a_mark_without_expiry_as_it_is(
+    dedup: Dedup, redis: Redis, keys: Keys
+) -> None:
+    """A mark that never expires already lasts long enough: extending it gives it no TTL."""
+    mark = keys.processed("engine", "k-forever")
+    await redis.set(mark, f"{STREAM}/1-0")
+    await dedup.extend("k-forever", 60)
+    assert await redis.ttl(mark) == -1
