@@ -622,3 +622,36 @@ async def test_an_entry_that_did_something_irreversible_is_not_tried_again_alone
     assert all(entry_id == sender for entry_id, _attempt in provider_calls)
     assert len(set(provider_calls)) == len(provider_calls)
     assert worker.stats.processed == 1  # the other neighbour, tried alone
+
+
+async def test_a_replayed_entry_dead_lettered_again_names_the_first_entry_as_its_owner(
+    make_worker: WorkerFactory, keys: Keys, add: Add, payloads: Payloads,
+) -> None:
+    """The DLQ record says who holds the work's dedup marks: for a replayed entry, the entry
+    it replays (``_replayOf``), so a second replay still finds the marks its own."""
+    stream = keys.enriched("normal")
+    worker = make_worker(AlwaysFails(PermanentFailure("still broken")))
+    first = f"{stream}/1-0"
+    entry_id = await add(stream, {"eventId": "ev-r", "_replayOf": first})
+
+    await worker.run_until_idle()
+
+    [dead] = await payloads(keys.dlq)
+    assert (dead["entryId"], dead["replayOf"]) == (entry_id, first)
+
+
+async def test_counts_carried_as_booleans_are_no_attempts(
+    make_worker: WorkerFactory, keys: Keys, add: Add, payloads: Payloads,
+) -> None:
+    """``priorAttempts`` and ``_replayedAttempts`` count only as whole numbers: ``true`` (which
+    Python would add as 1) adds nothing to the attempts recorded or numbered."""
+    worker = make_worker(AlwaysFails(PermanentFailure("still broken")), service="delivery")
+    await add(keys.enriched("normal"),
+              {"eventId": "ev-b", "priorAttempts": True, "_replayedAttempts": True})
+
+    await worker.run_until_idle()
+
+    [dead] = await payloads(keys.dlq)
+    assert dead["attempts"] == 1
+    [failed] = await payloads(keys.events_inbound)
+    assert (failed["attempts"], failed["attempt"]) == (1, 1)
