@@ -20,6 +20,7 @@ from notifkit.config import Settings
 from notifkit.db.availability import lock_wait, unavailable
 from notifkit.keys import Keys
 from notifkit.worker import Dependency, Entry
+from notifkit.worker.scripts import GIVE_BACK_ATTEMPTS
 
 if TYPE_CHECKING:
     from .conftest import Add, Payloads, WorkerFactory
@@ -318,3 +319,18 @@ async def test_redis_lost_while_a_batch_is_recorded_is_a_warning_and_the_entry_i
     assert records[0].levelno == logging.WARNING
     assert records[0].exc_info is None
     assert "Connection refused" in records[0].getMessage()
+
+
+async def test_giving_back_an_attempt_leaves_a_counter_already_gone_gone(
+    redis: Redis, keys: Keys,
+) -> None:
+    """A counter deleted by an ack (another process settled the entry) or expired before the
+    attempt is given back stays gone: a DECR would bring it back at -1, with no TTL."""
+    stream = keys.enriched("normal")
+    kept = keys.attempt_counters("notifkit:group:engine", "1-0", stream)[0]
+    gone = keys.attempt_counters("notifkit:group:engine", "2-0", stream)[0]
+    await redis.set(kept, 2, ex=3600)
+    given: Any = await redis.eval(GIVE_BACK_ATTEMPTS, 2, kept, gone)  # type: ignore[misc]
+    assert given == 1
+    assert await redis.get(kept) == b"1"
+    assert await redis.exists(gone) == 0
