@@ -655,3 +655,33 @@ async def test_counts_carried_as_booleans_are_no_attempts(
     assert dead["attempts"] == 1
     [failed] = await payloads(keys.events_inbound)
     assert (failed["attempts"], failed["attempt"]) == (1, 1)
+
+
+async def test_an_entry_failed_with_its_own_error_keeps_it_when_the_batch_then_raises(
+    make_worker: WorkerFactory, keys: Keys, add: Add, payloads: Payloads,
+) -> None:
+    """A processor that failed one entry (``Entry.fail``) and then raised for the batch: that
+    entry's own error stands (a permanent one dead-letters it at once) and it is not tried
+    again alone; only its neighbours are."""
+    stream = keys.enriched("normal")
+    calls: dict[str, int] = {}
+
+    async def process(batch: list[Entry]) -> None:
+        for entry in batch:
+            calls[entry.id] = calls.get(entry.id, 0) + 1
+            if entry.payload["refused"]:
+                entry.fail(PermanentFailure("address refused"))
+        if len(batch) > 1:
+            raise ValueError("the batch's INSERT refused a row")
+
+    worker = make_worker(process)
+    refused = await add(stream, {"refused": True})
+    neighbours = [await add(stream, {"refused": False}) for _ in range(2)]
+
+    await worker.run_until_idle()
+
+    assert calls == {refused: 1, **dict.fromkeys(neighbours, 2)}
+    [dead] = await payloads(keys.dlq)
+    assert (dead["entryId"], dead["error"], dead["attempts"]) \
+        == (refused, "PermanentFailure: address refused", 1)
+    assert worker.stats.processed == 2
