@@ -10,7 +10,6 @@ moment its notification was accepted.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -30,6 +29,7 @@ from benchmarks.stats import (
 from benchmarks.system import LARGE_SEGMENT, SMALL_SEGMENT, TEMPLATE, BenchSystem
 from notifkit import codec
 from notifkit.ids import derived_uuid7
+from notifkit.tasks import cancel_and_wait
 
 SIM_QUERY_LIMIT = 100_000
 MAX_BACKLOG = 5_000
@@ -98,10 +98,11 @@ class Brake:
             await asyncio.sleep(self.interval_s)
 
     async def stop(self, task: asyncio.Task[None]) -> None:
-        """End ``task`` (this brake's run) and let the senders go."""
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        """End ``task`` (this brake's run) and let the senders go. Cancelled again until it
+        ends: on Python 3.11 a cancellation that lands as one of redis-py's calls completes
+        is swallowed (``asyncio.wait_for``), and the brake read on, for good, with the run
+        waiting for it."""
+        await cancel_and_wait(task, timeout_s=60)
         self.paused.clear()
 
 

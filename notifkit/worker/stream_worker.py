@@ -270,9 +270,9 @@ class StreamWorker:
                     "pending and will be reclaimed: %s", len(pending), ", ".join(stuck[:20]),
                     extra={"service": self.service},
                 )
-                for task in pending:
-                    task.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
+                # Cancelled again until they end (a cancellation can be swallowed by a call
+                # completing as it lands: asyncio.wait_for on Python 3.11), within a bound.
+                await cancel_all(list(pending))
         await cancel_all([t for t in (self._keep_alive_task, self._heartbeat_task)
                           if t is not None])
         self._keep_alive_task = self._heartbeat_task = None

@@ -10,6 +10,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from benchmarks.phases import Brake
 from benchmarks.stats import Progress
+from notifkit.tasks import cancel_all
 
 
 class Readings:
@@ -71,3 +72,32 @@ async def test_a_failure_that_is_no_connection_problem_still_ends_the_brake() ->
     await readings.next.put(ValueError("a bug"))
     with pytest.raises(ValueError, match="a bug"):
         await task
+
+
+async def test_a_reading_that_swallows_the_cancellation_does_not_keep_the_brake_going() -> None:
+    """On Python 3.11, redis-py's calls go through ``asyncio.wait_for``, which swallows a
+    cancellation that lands as the call completes: the brake read on for good, and the
+    saturation phase waited for it (a benchmark run held still for 15 minutes)."""
+    swallowed = asyncio.Event()
+
+    async def reading() -> int:
+        if not swallowed.is_set():
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                swallowed.set()  # as wait_for does when its call has just completed
+        return 0
+
+    brake = Brake(reading, Progress(quiet=True), limit=100, interval_s=0)
+    task = asyncio.create_task(brake.run())
+    await asyncio.sleep(0)
+    stopping = asyncio.create_task(brake.stop(task))
+    # Waited for without cancelling it (a cancellation would end the brake by itself): the
+    # bound only keeps a hang from hanging the suite, it measures nothing.
+    await asyncio.wait({stopping}, timeout=30)
+    try:
+        assert stopping.done()
+        assert swallowed.is_set()
+        assert task.done()
+    finally:
+        await cancel_all([stopping, task])

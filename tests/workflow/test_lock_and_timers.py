@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from redis.asyncio import Redis
@@ -15,6 +15,7 @@ from notifkit.services.workflow import service as workflow_service
 from notifkit.services.workflow.lock import InstanceLocks
 from notifkit.services.workflow.timers import Timers
 from notifkit.streams import decode
+from notifkit.tasks import cancel_all
 from tests.support.streams import xrange
 
 if TYPE_CHECKING:
@@ -206,3 +207,41 @@ async def test_a_runner_that_loses_its_lock_stops_before_the_next_step(
     assert [s["path"] for s in await flow.steps(instance_id)] == ["0"]
     # and the instance is at the next step, for whoever holds the lock now
     assert (await flow.instance(instance_id))["cursor"] == "1"
+
+
+async def test_releasing_a_lock_ends_a_renewal_that_swallowed_the_cancellation(
+    redis: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A renewal's call completing as the release cancels it (asyncio.wait_for in redis-py
+    swallows that cancellation on Python 3.11): the renewer went on renewing and the release
+    waited for it for good, the instance's lock held all the while."""
+    locks = InstanceLocks(redis, ttl_ms=30)  # a renewal every 10 ms
+    renew = locks._renew
+    inside, swallowed = asyncio.Event(), asyncio.Event()
+
+    async def renew_swallowing_one_cancellation(**kwargs: Any) -> Any:
+        result = await renew(**kwargs)
+        if not swallowed.is_set():
+            inside.set()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                swallowed.set()
+        return result
+
+    monkeypatch.setattr(locks, "_renew", renew_swallowing_one_cancellation)
+    key = keys.workflow_lock("i-swallow")
+    held = await locks.acquire(key)
+    assert held is not None
+    async with asyncio.timeout(30):  # guards against hangs, as below
+        await inside.wait()  # the renewer is inside its renewal now
+    releasing = asyncio.create_task(held.release())
+    # Waited for without cancelling it (a cancellation would end the renewer by itself): the
+    # bound only keeps a hang from hanging the suite, it measures nothing.
+    await asyncio.wait({releasing}, timeout=30)
+    try:
+        assert releasing.done()
+        assert swallowed.is_set()
+        assert await redis.exists(key) == 0
+    finally:
+        await cancel_all([t for t in (releasing, held._renewer) if t is not None])

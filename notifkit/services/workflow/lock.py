@@ -9,12 +9,13 @@ runner that fails to renew marks the lock ``lost`` and stops before its next ste
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+
+from notifkit.tasks import cancel_and_wait
 
 log = logging.getLogger("notifkit.workflow")
 
@@ -77,8 +78,9 @@ class HeldLock:
 
     async def release(self) -> None:
         if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+            # Cancelled again until it ends: a cancellation landing as a renewal's call
+            # completes can be swallowed (asyncio.wait_for on Python 3.11), and the renewer
+            # would go on holding the lock while this waited for it.
+            await cancel_and_wait(self._renewer)
         if not self.lost:
             await self.locks._release(keys=[self.key], args=[self.token])
