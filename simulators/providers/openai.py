@@ -687,15 +687,8 @@ def _json_schema(spec: object) -> dict[str, Any] | None:
     """The schema of `response_format.json_schema`, once its `name`, `schema` and `strict`
     are the types OpenAI takes."""
     where = "response_format.json_schema"
-    if spec is None:
-        raise _missing(where)
-    if not isinstance(spec, dict):
-        raise _invalid_type(where, "an object", spec)
-    name = spec.get("name")
-    if name is None:
-        raise _missing(f"{where}.name")
-    if not isinstance(name, str):
-        raise _invalid_type(f"{where}.name", "a string", name)
+    spec = _check_named(spec, where)
+    name: str = spec["name"]
     _check_schema_name(name)
     schema = spec.get("schema")
     if schema is not None and not isinstance(schema, dict):
@@ -1032,11 +1025,11 @@ def _check_tools(payload: dict[str, Any]) -> None:
         if not isinstance(kind, str):
             raise _invalid_type("tool_choice.type", "a string", kind)
         if kind == "function":
-            _check_called(choice.get("function"), "tool_choice.function")
+            _check_named(choice.get("function"), "tool_choice.function")
     call = payload.get("function_call")
     _check_mode(call, "function_call", FUNCTION_CALL_MODES)
     if isinstance(call, dict):
-        _check_called(call, "function_call")
+        _check_named(call, "function_call")
 
 
 def _check_function(function: object, where: str) -> None:
@@ -1045,23 +1038,25 @@ def _check_function(function: object, where: str) -> None:
         raise _missing(where)
     if not isinstance(function, dict):
         raise _invalid_type(where, "an object", function)
-    _check_called(function, where)
+    _check_named(function, where)
     parameters = function.get("parameters")
     if parameters is not None and not isinstance(parameters, dict):
         raise _invalid_type(f"{where}.parameters", "an object", parameters)
 
 
-def _check_called(function: object, where: str) -> None:
-    """An object naming a function (`{"name": ...}`), as a definition and a choice do."""
-    if function is None:
+def _check_named(value: object, where: str) -> dict[str, Any]:
+    """``value`` as an object with a string `name` (a function's definition or choice, a
+    response format's schema), else OpenAI's 400 naming what is missing or mistyped."""
+    if value is None:
         raise _missing(where)
-    if not isinstance(function, dict):
-        raise _invalid_type(where, "an object", function)
-    name = function.get("name")
+    if not isinstance(value, dict):
+        raise _invalid_type(where, "an object", value)
+    name = value.get("name")
     if name is None:
         raise _missing(f"{where}.name")
     if not isinstance(name, str):
         raise _invalid_type(f"{where}.name", "a string", name)
+    return value
 
 
 def _check_mode(choice: object, field: str, modes: tuple[str, ...]) -> None:

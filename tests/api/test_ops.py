@@ -364,16 +364,24 @@ async def test_a_replay_goes_back_to_the_very_stream_it_came_from(
         await redis.delete(origin)
 
 
-async def test_a_replay_shows_on_the_timeline_and_reopens_the_task(
-    api: Api, redis: Redis, db: asyncpg.Pool
-) -> None:
-    keys = Keys(api.settings.namespace)
+async def _project_with_a_send(api: Api, to: str | list[str] = "u1",
+                               **fields: Any) -> tuple[Project, str]:
+    """Project "a" with an e-mail template "t", and the id of a send of it to ``to``."""
     a = await api.project("a")
     made = await api.call("PUT", "/v1/templates/t", key=a.full,
                           json={"channels": {"email": {"subject": "s", "text": "t"}}})
     assert made.status == 201
-    event = (await api.call("POST", "/v1/notifications", key=a.send,
-                            json={"to": "u1", "template": "t"})).body["id"]
+    sent = await api.call("POST", "/v1/notifications", key=a.send,
+                          json={"to": to, "template": "t", **fields})
+    assert sent.status == 202, sent.body
+    return a, str(sent.body["id"])
+
+
+async def test_a_replay_shows_on_the_timeline_and_reopens_the_task(
+    api: Api, redis: Redis, db: asyncpg.Pool
+) -> None:
+    keys = Keys(api.settings.namespace)
+    a, event = await _project_with_a_send(api)
     task = "01a00000-0000-7000-8000-000000000001"
     # Given its email task was dead-lettered after three attempts
     await db.execute(
@@ -420,11 +428,7 @@ async def test_a_replayed_engine_entry_reopens_its_recipient(
     api: Api, redis: Redis, db: asyncpg.Pool
 ) -> None:
     keys = Keys(api.settings.namespace)
-    a = await api.project("a")
-    await api.call("PUT", "/v1/templates/t", key=a.full,
-                   json={"channels": {"email": {"subject": "s", "text": "t"}}})
-    event = (await api.call("POST", "/v1/notifications", key=a.send,
-                            json={"to": "u1", "template": "t"})).body["id"]
+    a, event = await _project_with_a_send(api)
     # Given the recipient's engine entry (no task yet) was dead-lettered
     row_id = untasked_row_id(event, "u1")
     await db.execute(
@@ -457,11 +461,7 @@ async def test_an_entry_whose_ids_the_timeline_cannot_hold_as_they_are_is_replay
     """A poison's own data is what made it fail: the replay's row is written where the
     events service wrote its dead_lettered row, not refused by PostgreSQL as a 500."""
     keys = Keys(api.settings.namespace)
-    a = await api.project("a")
-    await api.call("PUT", "/v1/templates/t", key=a.full,
-                   json={"channels": {"email": {"subject": "s", "text": "t"}}})
-    event = (await api.call("POST", "/v1/notifications", key=a.send,
-                            json={"to": "u1", "template": "t"})).body["id"]
+    a, event = await _project_with_a_send(api)
     task = "01a00000-0000-7000-8000-000000000001"
     record = dlq_record(keys, a.id, "1-0", 0)
     record["stream"] = keys.outbound("normal")
@@ -508,12 +508,7 @@ async def test_an_entry_of_a_canceled_notification_is_not_replayed(
     """A cancel promises that nothing more of the notification is sent: a replay (say, of
     everything dead-lettered during a provider outage) must not send part of it after all."""
     keys = Keys(api.settings.namespace)
-    a = await api.project("a")
-    await api.call("PUT", "/v1/templates/t", key=a.full,
-                   json={"channels": {"email": {"subject": "s", "text": "t"}}})
-    event = (await api.call("POST", "/v1/notifications", key=a.send,
-                            json={"to": ["u1", "u2"], "template": "t",
-                                  "sendAt": "2099-01-01T00:00:00Z"})).body["id"]
+    a, event = await _project_with_a_send(api, to=["u1", "u2"], sendAt="2099-01-01T00:00:00Z")
     # Given one of its tasks was dead-lettered, and the notification was canceled since
     record = dlq_record(keys, a.id, "1-0", 0)
     record["stream"] = keys.outbound("normal")
@@ -563,12 +558,7 @@ async def test_a_replay_racing_a_cancel_waits_for_it_and_is_refused(
     """A cancel holds its notification FOR UPDATE until it commits: a replay checked while it
     was under way must wait for the outcome, not read the row as it was and send the task."""
     keys = Keys(api.settings.namespace)
-    a = await api.project("a")
-    await api.call("PUT", "/v1/templates/t", key=a.full,
-                   json={"channels": {"email": {"subject": "s", "text": "t"}}})
-    event = (await api.call("POST", "/v1/notifications", key=a.send,
-                            json={"to": "u1", "template": "t",
-                                  "sendAt": "2099-01-01T00:00:00Z"})).body["id"]
+    a, event = await _project_with_a_send(api, sendAt="2099-01-01T00:00:00Z")
     record = dlq_record(keys, a.id, "1-0", 0)
     record["stream"] = keys.outbound("normal")
     record["payload"] = {"projectId": a.id, "eventId": event, "userId": "u1",
@@ -606,12 +596,7 @@ async def test_a_scheduler_entry_of_a_canceled_notification_is_not_replayed(
     check looks at that task's notification, so the replay is refused as for any other
     stage's entry rather than moved out of the DLQ for the scheduler to drop."""
     keys = Keys(api.settings.namespace)
-    a = await api.project("a")
-    await api.call("PUT", "/v1/templates/t", key=a.full,
-                   json={"channels": {"email": {"subject": "s", "text": "t"}}})
-    event = (await api.call("POST", "/v1/notifications", key=a.send,
-                            json={"to": "u1", "template": "t",
-                                  "sendAt": "2099-01-01T00:00:00Z"})).body["id"]
+    a, event = await _project_with_a_send(api, sendAt="2099-01-01T00:00:00Z")
     task = {"projectId": a.id, "eventId": event, "userId": "u1",
             "taskId": "01a00000-0000-7000-8000-000000000001", "channel": "email"}
     record = dlq_record(keys, a.id, "1-0", 0)
@@ -638,12 +623,7 @@ async def test_a_replayed_scheduler_entry_reopens_the_task_it_holds(
     found none and wrote no 'replayed' row, so the notification read dead_lettered until the
     task was sent (a sendAt days away: for days)."""
     keys = Keys(api.settings.namespace)
-    a = await api.project("a")
-    await api.call("PUT", "/v1/templates/t", key=a.full,
-                   json={"channels": {"email": {"subject": "s", "text": "t"}}})
-    event = (await api.call("POST", "/v1/notifications", key=a.send,
-                            json={"to": "u1", "template": "t",
-                                  "sendAt": "2099-01-01T00:00:00Z"})).body["id"]
+    a, event = await _project_with_a_send(api, sendAt="2099-01-01T00:00:00Z")
     task_id = "01a00000-0000-7000-8000-000000000001"
     task = {"projectId": a.id, "eventId": event, "userId": "u1", "taskId": task_id,
             "channel": "email", "campaignId": "c1"}
@@ -682,11 +662,7 @@ async def test_a_replayed_record_of_the_events_or_workflow_service_reopens_no_ta
     and nothing came after it (the record's row was there already), so the notification
     read 'processing' for ever."""
     keys = Keys(api.settings.namespace)
-    a = await api.project("a")
-    await api.call("PUT", "/v1/templates/t", key=a.full,
-                   json={"channels": {"email": {"subject": "s", "text": "t"}}})
-    event = (await api.call("POST", "/v1/notifications", key=a.send,
-                            json={"to": "u1", "template": "t"})).body["id"]
+    a, event = await _project_with_a_send(api)
     task = "01a00000-0000-7000-8000-000000000001"
     # Given a task delivery sent, whose notification:sent the events service dead-lettered
     await db.execute(
