@@ -1006,25 +1006,14 @@ def _check_tools(payload: dict[str, Any]) -> None:
         where = f"tools[{index}]"
         if not isinstance(tool, dict):
             raise _invalid_type(where, "an object", tool)
-        kind = tool.get("type")
-        if kind is None:
-            raise _missing(f"{where}.type")
-        if not isinstance(kind, str):
-            raise _invalid_type(f"{where}.type", "a string", kind)
-        if kind == "function":
+        if _string_member(tool, "type", where) == "function":
             _check_function(tool.get("function"), f"{where}.function")
     functions = payload.get("functions")
     for index, function in enumerate(functions if isinstance(functions, list) else []):
         _check_function(function, f"functions[{index}]")
     choice = payload.get("tool_choice")
     _check_mode(choice, "tool_choice", TOOL_CHOICES)
-    if isinstance(choice, dict):
-        kind = choice.get("type")
-        if kind is None:
-            raise _missing("tool_choice.type")
-        if not isinstance(kind, str):
-            raise _invalid_type("tool_choice.type", "a string", kind)
-        if kind == "function":
+    if isinstance(choice, dict) and _string_member(choice, "type", "tool_choice") == "function":
             _check_named(choice.get("function"), "tool_choice.function")
     call = payload.get("function_call")
     _check_mode(call, "function_call", FUNCTION_CALL_MODES)
@@ -1034,11 +1023,7 @@ def _check_tools(payload: dict[str, Any]) -> None:
 
 def _check_function(function: object, where: str) -> None:
     """A function definition: an object with a `name` and, if any, `parameters` an object."""
-    if function is None:
-        raise _missing(where)
-    if not isinstance(function, dict):
-        raise _invalid_type(where, "an object", function)
-    _check_named(function, where)
+    function = _check_named(function, where)
     parameters = function.get("parameters")
     if parameters is not None and not isinstance(parameters, dict):
         raise _invalid_type(f"{where}.parameters", "an object", parameters)
@@ -1051,12 +1036,18 @@ def _check_named(value: object, where: str) -> dict[str, Any]:
         raise _missing(where)
     if not isinstance(value, dict):
         raise _invalid_type(where, "an object", value)
-    name = value.get("name")
-    if name is None:
-        raise _missing(f"{where}.name")
-    if not isinstance(name, str):
-        raise _invalid_type(f"{where}.name", "a string", name)
+    _string_member(value, "name", where)
     return value
+
+
+def _string_member(value: dict[str, Any], member: str, where: str) -> str:
+    """``value[member]``, a string, else OpenAI's 400 naming ``{where}.{member}``."""
+    found = value.get(member)
+    if found is None:
+        raise _missing(f"{where}.{member}")
+    if not isinstance(found, str):
+        raise _invalid_type(f"{where}.{member}", "a string", found)
+    return found
 
 
 def _check_mode(choice: object, field: str, modes: tuple[str, ...]) -> None:

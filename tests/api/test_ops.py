@@ -377,6 +377,15 @@ async def _project_with_a_send(api: Api, to: str | list[str] = "u1",
     return a, str(sent.body["id"])
 
 
+async def _u1_row(db: asyncpg.Pool, a: Project, event: str, task: str, channel: str,
+                  attempt: int, kind: str, status: str) -> None:
+    """A timeline row of ``event``'s recipient u1, as a stage would have written it."""
+    await db.execute(
+        "INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, attempt, "
+        "kind, status) VALUES ($1, $2, $3, 'u1', $4, $5, $6, $7)",
+        a.id, event, task, channel, attempt, kind, status)
+
+
 async def test_a_replay_shows_on_the_timeline_and_reopens_the_task(
     api: Api, redis: Redis, db: asyncpg.Pool
 ) -> None:
@@ -384,10 +393,7 @@ async def test_a_replay_shows_on_the_timeline_and_reopens_the_task(
     a, event = await _project_with_a_send(api)
     task = "01a00000-0000-7000-8000-000000000001"
     # Given its email task was dead-lettered after three attempts
-    await db.execute(
-        "INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, attempt, "
-        "kind, status) VALUES ($1, $2, $3, 'u1', 'email', 3, 'dead_lettered', 'dead_lettered')",
-        a.id, event, task)
+    await _u1_row(db, a, event, task, "email", 3, "dead_lettered", "dead_lettered")
     record = dlq_record(keys, a.id, "1-0", 0)
     record["stream"] = keys.outbound("normal")
     record["payload"] = {"projectId": a.id, "eventId": event, "taskId": task, "userId": "u1",
@@ -409,10 +415,7 @@ async def test_a_replay_shows_on_the_timeline_and_reopens_the_task(
     assert recipient["timeline"][1]["detail"] == "replayed from the dead-letter queue"
     assert (recipient["status"], body["status"]) == ("processing", "processing")
     # And a failed attempt of the replay keeps it in progress, numbered after the first round
-    await db.execute(
-        "INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, attempt, "
-        "kind, status) VALUES ($1, $2, $3, 'u1', 'email', 4, 'failed', 'processing')",
-        a.id, event, task)
+    await _u1_row(db, a, event, task, "email", 4, "failed", "processing")
     assert (await shown())["status"] == "processing"
     replay_row = await db.fetchrow("SELECT attempt, campaign_id FROM message_logs "
                                    "WHERE task_id = $1 AND kind = 'replayed'", task)
@@ -431,10 +434,7 @@ async def test_a_replayed_engine_entry_reopens_its_recipient(
     a, event = await _project_with_a_send(api)
     # Given the recipient's engine entry (no task yet) was dead-lettered
     row_id = untasked_row_id(event, "u1")
-    await db.execute(
-        "INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, attempt, "
-        "kind, status) VALUES ($1, $2, $3, 'u1', '', 3, 'dead_lettered', 'dead_lettered')",
-        a.id, event, row_id)
+    await _u1_row(db, a, event, row_id, "", 3, "dead_lettered", "dead_lettered")
     record = dlq_record(keys, a.id, "1-0", 0)
     record["payload"] = {"projectId": a.id, "eventId": event, "user": {"id": "u1"}}
     entry_id = await xadd(redis, keys.dlq, record, 1000)
@@ -628,10 +628,7 @@ async def test_a_replayed_scheduler_entry_reopens_the_task_it_holds(
     task = {"projectId": a.id, "eventId": event, "userId": "u1", "taskId": task_id,
             "channel": "email", "campaignId": "c1"}
     # Given the scheduler dead-lettered the entry holding the task, after three attempts
-    await db.execute(
-        "INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, attempt, "
-        "kind, status) VALUES ($1, $2, $3, 'u1', 'email', 3, 'dead_lettered', 'dead_lettered')",
-        a.id, event, task_id)
+    await _u1_row(db, a, event, task_id, "email", 3, "dead_lettered", "dead_lettered")
     record = dlq_record(keys, a.id, "1-0", 0)
     record.update(stream=keys.scheduled, group="notifkit:group:scheduler", service="scheduler",
                   payload={"taskId": task_id, "projectId": a.id, "dueAt": 4070908800000,
@@ -665,10 +662,7 @@ async def test_a_replayed_record_of_the_events_or_workflow_service_reopens_no_ta
     a, event = await _project_with_a_send(api)
     task = "01a00000-0000-7000-8000-000000000001"
     # Given a task delivery sent, whose notification:sent the events service dead-lettered
-    await db.execute(
-        "INSERT INTO message_logs (project_id, event_id, task_id, user_id, channel, attempt, "
-        "kind, status) VALUES ($1, $2, $3, 'u1', 'email', 1, 'sent', 'sent')",
-        a.id, event, task)
+    await _u1_row(db, a, event, task, "email", 1, "sent", "sent")
     sent = {"type": "notification:sent", "projectId": a.id, "eventId": event, "taskId": task,
             "userId": "u1", "channel": "email", "provider": "resend", "attempt": 1}
     custom = {"type": "event", "projectId": a.id, "name": "opened", "userId": "u1",
